@@ -1,0 +1,352 @@
+//! The everyday subcommands: serve, status, kernels, run, demo.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use agora::{Session, SessionOptions};
+use agora_apps::AppReport;
+use agora_daemon::DaemonConfig;
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+
+use crate::size::parse_bytes;
+
+/// `agora serve` options.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// CPU lanes (default: one per core).
+    #[arg(long, value_name = "N")]
+    cpu_lanes: Option<usize>,
+    /// Worker threads per CPU lane; a lane runs one task at a time over all its threads.
+    #[arg(long, value_name = "N")]
+    cpu_threads_per_lane: Option<usize>,
+    /// Largest buffer heap one session may have, e.g. 512M or 4G.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    session_quota: Option<u64>,
+    /// Submission/completion ring entries per session (a power of two).
+    #[arg(long, value_name = "N")]
+    ring_capacity: Option<u32>,
+    /// Run tasks estimated below this many nanoseconds inline on the dispatcher (0: never).
+    #[arg(long, value_name = "NS")]
+    inline_max_ns: Option<u64>,
+    /// Longest the dispatcher polls for new work before it sleeps, in microseconds.
+    #[arg(long, value_name = "US")]
+    max_spin_us: Option<u64>,
+}
+
+impl ServeArgs {
+    pub(crate) fn config(&self, socket: Option<PathBuf>) -> DaemonConfig {
+        let mut c = DaemonConfig {
+            socket: agora_transport_path(socket),
+            ..DaemonConfig::default()
+        };
+        if let Some(v) = self.cpu_lanes {
+            c.cpu_lanes = v;
+        }
+        if let Some(v) = self.cpu_threads_per_lane {
+            c.cpu_threads_per_lane = v;
+        }
+        if let Some(v) = self.session_quota {
+            c.session_quota = v;
+        }
+        if let Some(v) = self.ring_capacity {
+            c.ring_capacity = v;
+        }
+        if let Some(v) = self.inline_max_ns {
+            c.inline_max_ns = v;
+        }
+        if let Some(v) = self.max_spin_us {
+            c.max_spin = Duration::from_micros(v);
+        }
+        c
+    }
+}
+
+fn agora_transport_path(socket: Option<PathBuf>) -> PathBuf {
+    // The same resolution the client library uses.
+    match socket {
+        Some(p) => p,
+        None => DaemonConfig::default().socket,
+    }
+}
+
+pub fn serve(socket: Option<PathBuf>, args: ServeArgs) -> Result<()> {
+    let config = args.config(socket);
+    if !config.ring_capacity.is_power_of_two()
+        || config.ring_capacity < 2
+        || config.ring_capacity > 1 << 16
+    {
+        bail!("--ring-capacity must be a power of two between 2 and 65536");
+    }
+    agora_daemon::run(config).context("the daemon stopped with an error")
+}
+
+/// `agora status` options.
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn status(socket: Option<PathBuf>, args: StatusArgs) -> Result<()> {
+    let report = agora::daemon_status(socket)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!(
+        "agora {} · pid {} · up {:.0}s · policy {} · {} tasks done, {} failed",
+        report.version,
+        report.pid,
+        report.uptime_s,
+        report.policy,
+        report.tasks_completed,
+        report.tasks_failed
+    );
+    for d in &report.devices {
+        println!(
+            "device {} ({}) · {} lanes × {} threads",
+            d.name,
+            d.kind,
+            d.lanes.len(),
+            d.threads_per_lane
+        );
+        for (i, l) in d.lanes.iter().enumerate() {
+            println!(
+                "  lane {i}: {:<4} queued {:<4} completed {:<8} busy {:.3}s",
+                if l.busy { "busy" } else { "idle" },
+                l.queued,
+                l.completed,
+                l.busy_ns as f64 / 1e9
+            );
+        }
+    }
+    println!(
+        "sessions: {} live, {} closing · {} opened, {} closed since start",
+        report.sessions.len(),
+        report.closing_sessions,
+        report.sessions_opened,
+        report.sessions_closed
+    );
+    for s in &report.sessions {
+        println!(
+            "  #{:<4} {:<16} pid {:<7} uid {:<6} queues {:<3} buffers {:<4} heap {}/{} MiB · tasks {} ok {} failed {} in flight",
+            s.id,
+            s.name,
+            s.pid,
+            s.uid,
+            s.queues.len(),
+            s.buffers,
+            s.heap_used >> 20,
+            s.heap_quota >> 20,
+            s.tasks_completed,
+            s.tasks_failed,
+            s.in_flight
+        );
+    }
+    Ok(())
+}
+
+pub fn kernels(socket: Option<PathBuf>) -> Result<()> {
+    let session = Session::connect_with(SessionOptions {
+        socket,
+        name: Some("agora kernels".into()),
+        heap_bytes: Some(4096),
+    })?;
+    for k in session.kernels()? {
+        println!("{k}\n    {}", k.doc);
+    }
+    Ok(())
+}
+
+/// A bundled workload.
+#[derive(ValueEnum, Clone, Copy, Debug)]
+pub enum App {
+    /// Rodinia Gaussian elimination (gaussian.fan1 + gaussian.fan2 per column).
+    Gaussian,
+    /// A stream of saxpy launches on one queue.
+    Saxpy,
+    /// fill + vector_add.
+    VectorAdd,
+}
+
+/// `agora run` options.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Which workload.
+    app: App,
+    /// Problem size: matrix order for gaussian (default 512), elements for saxpy and vector-add
+    /// (default 1M).
+    #[arg(long)]
+    size: Option<usize>,
+    /// Launches for saxpy.
+    #[arg(long, default_value_t = 100)]
+    iterations: usize,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(socket: Option<PathBuf>, args: RunArgs) -> Result<()> {
+    let name = format!("agora run {:?}", args.app).to_lowercase();
+    let session = Session::connect_with(SessionOptions {
+        socket,
+        name: Some(name),
+        heap_bytes: None,
+    })?;
+    let report = match args.app {
+        App::Gaussian => {
+            let size = args.size.unwrap_or(512);
+            if size < 2 {
+                bail!("--size must be at least 2 for gaussian");
+            }
+            agora_apps::gaussian(&session, size)?
+        }
+        App::Saxpy => agora_apps::saxpy_stream(
+            &session,
+            args.size.unwrap_or(1 << 20).max(1),
+            args.iterations,
+        )?,
+        App::VectorAdd => agora_apps::vector_add(&session, args.size.unwrap_or(1 << 20).max(1))?,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!(
+            "{} size {}: {} tasks in {:.3}s, max error {:.2e}, {}",
+            report.app,
+            report.size,
+            report.tasks,
+            report.seconds,
+            report.max_error,
+            if report.verified {
+                "verified OK"
+            } else {
+                "VERIFICATION FAILED"
+            }
+        );
+    }
+    if !report.verified {
+        bail!("{} result does not match the host reference", report.app);
+    }
+    Ok(())
+}
+
+/// `agora demo` options.
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// Gaussian matrix order.
+    #[arg(long, default_value_t = 384)]
+    gaussian_size: usize,
+    /// Elements per saxpy stream.
+    #[arg(long, default_value_t = 1 << 20)]
+    saxpy_size: usize,
+    /// Concurrent client processes of each kind.
+    #[arg(long, default_value_t = 2)]
+    clients: usize,
+}
+
+pub fn demo(args: DemoArgs) -> Result<()> {
+    let dir = std::env::temp_dir().join(format!("agora-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let socket = dir.join("agora.sock");
+    let config = DaemonConfig {
+        socket: socket.clone(),
+        ..DaemonConfig::default()
+    };
+    println!(
+        "agora demo: embedded daemon on {} ({} CPU lanes × {} threads)",
+        socket.display(),
+        config.cpu_lanes,
+        config.cpu_threads_per_lane
+    );
+    let daemon = agora_daemon::spawn(config)?;
+    let exe = std::env::current_exe()?;
+    let started = Instant::now();
+    let mut children = Vec::new();
+    for i in 0..args.clients.max(1) {
+        for (app, size, extra) in [
+            ("gaussian", args.gaussian_size, vec![]),
+            (
+                "saxpy",
+                args.saxpy_size,
+                vec!["--iterations".to_string(), "200".to_string()],
+            ),
+        ] {
+            let child = Command::new(&exe)
+                .args(["run", app, "--json", "--size", &size.to_string()])
+                .args(&extra)
+                .env("AGORA_SOCKET", &socket)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .with_context(|| format!("starting client {app} #{i}"))?;
+            children.push((format!("{app}#{i}"), child));
+        }
+    }
+    println!(
+        "started {} client processes (gaussian + saxpy streams), all sharing the daemon",
+        children.len()
+    );
+    let mut reports: Vec<(String, u32, Option<AppReport>)> = Vec::new();
+    for (label, child) in children {
+        let pid = child.id();
+        let out = child.wait_with_output()?;
+        let report = serde_json::from_slice::<AppReport>(&out.stdout).ok();
+        reports.push((label, pid, report));
+    }
+    let wall = started.elapsed();
+    let status = agora::daemon_status(Some(socket.clone()))?;
+    daemon.stop()?;
+    let _ = std::fs::remove_dir_all(&dir);
+
+    println!(
+        "\n{:<12} {:>8} {:>10} {:>9} {:>10}  result",
+        "client", "pid", "size", "tasks", "time (s)"
+    );
+    let mut all_ok = true;
+    let mut tasks = 0;
+    for (label, pid, report) in &reports {
+        match report {
+            Some(r) => {
+                tasks += r.tasks;
+                all_ok &= r.verified;
+                println!(
+                    "{:<12} {:>8} {:>10} {:>9} {:>10.3}  {}",
+                    label,
+                    pid,
+                    r.size,
+                    r.tasks,
+                    r.seconds,
+                    if r.verified {
+                        "verification OK"
+                    } else {
+                        "VERIFICATION FAILED"
+                    }
+                );
+            }
+            None => {
+                all_ok = false;
+                println!(
+                    "{label:<12} {pid:>8} {:>10} {:>9} {:>10}  client failed (see its error above)",
+                    "-", "-", "-"
+                );
+            }
+        }
+    }
+    println!(
+        "\n{} tasks from {} clients in {:.2}s wall; daemon counted {} completed, {} failed",
+        tasks,
+        reports.len(),
+        wall.as_secs_f64(),
+        status.tasks_completed,
+        status.tasks_failed
+    );
+    if !all_ok {
+        bail!("at least one client failed or did not verify");
+    }
+    println!("all results verified against host references");
+    Ok(())
+}

@@ -1,0 +1,69 @@
+//! `agora`: the command-line front end — run the daemon, inspect it, run bundled workloads and
+//! benchmarks. Every subcommand honours `--socket` and the `AGORA_SOCKET` environment variable.
+
+mod bench;
+mod cmd;
+mod size;
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+/// Agora: share every accelerator of a node among many processes.
+#[derive(Parser, Debug)]
+#[command(name = "agora", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    /// Control socket of the daemon (default: $AGORA_SOCKET, else $XDG_RUNTIME_DIR/agora/agora.sock,
+    /// else /tmp/agora-$UID/agora.sock).
+    #[arg(long, global = true, env = "AGORA_SOCKET", value_name = "PATH")]
+    socket: Option<PathBuf>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the daemon in the foreground (stops cleanly on Ctrl-C / SIGTERM).
+    Serve(cmd::ServeArgs),
+    /// Show devices, lanes and sessions of a running daemon.
+    Status(cmd::StatusArgs),
+    /// List the kernels the daemon offers, with their signatures.
+    Kernels,
+    /// Run a bundled workload as a client of a running daemon and verify its result.
+    Run(cmd::RunArgs),
+    /// Start an embedded daemon, run several client processes against it, print a summary.
+    Demo(cmd::DemoArgs),
+    /// Benchmarks, measured side by side in one run.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+    /// Client side of a benchmark (started by `agora bench`; not for direct use).
+    #[command(hide = true, name = "bench-client")]
+    BenchClient(bench::ClientArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let verbose = matches!(cli.command, Command::Serve(_));
+    let filter = tracing_subscriber::EnvFilter::try_from_env("AGORA_LOG").unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(if verbose { "info" } else { "warn" })
+    });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let result: Result<()> = match cli.command {
+        Command::Serve(args) => cmd::serve(cli.socket, args),
+        Command::Status(args) => cmd::status(cli.socket, args),
+        Command::Kernels => cmd::kernels(cli.socket),
+        Command::Run(args) => cmd::run(cli.socket, args),
+        Command::Demo(args) => cmd::demo(args),
+        Command::Bench(command) => bench::run(cli.socket, command),
+        Command::BenchClient(args) => bench::client(cli.socket, args),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,145 @@
+//! Buffers: opaque handles whose host copy lives in the session's shared segment.
+
+use std::sync::Arc;
+
+use agora_protocol::{Op, RawArg, TaskDescriptor};
+
+use crate::session::Inner;
+use crate::Error;
+
+/// A buffer. Its host copy is shared memory: [`Buffer::as_mut_slice`] and [`Buffer::write`] put
+/// data where the daemon reads it, with no extra copy.
+///
+/// # The host copy and running tasks
+/// Between issuing a task that uses a buffer and that task's completion, the daemon may read or
+/// write the host copy. Write the host copy before `sync_to`, read it after the `sync_from` task
+/// (or `queue.finish()`) has completed; touching it in between gives unspecified values (never
+/// memory unsafety for other tenants — each session has its own segment).
+///
+/// Dropping a `Buffer` releases it; the daemon reclaims the memory once no issued task uses it.
+pub struct Buffer {
+    session: Arc<Inner>,
+    handle: u64,
+    ptr: *mut u8,
+    len: u64,
+}
+
+// SAFETY: the pointer refers to the session's mapping, which `session` keeps alive; the type
+// hands out `&[T]` only through `&self` and `&mut [T]` only through `&mut self`.
+unsafe impl Send for Buffer {}
+// SAFETY: as above; shared access is read-only.
+unsafe impl Sync for Buffer {}
+
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Buffer")
+            .field("handle", &format_args!("{:#x}", self.handle))
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl Buffer {
+    pub(crate) fn new(
+        session: Arc<Inner>,
+        handle: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<Self, Error> {
+        let ptr = session
+            .segment()
+            .view()
+            .heap_range(offset, len)
+            .ok_or_else(|| {
+                Error::Protocol(format!(
+                    "the daemon placed a buffer outside the heap ({offset}+{len})"
+                ))
+            })?;
+        Ok(Buffer {
+            session,
+            handle,
+            ptr,
+            len,
+        })
+    }
+
+    pub(crate) fn handle(&self) -> u64 {
+        self.handle
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the buffer is empty (never: buffers are at least one byte).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub(crate) fn zero(&self) {
+        // SAFETY: ptr..ptr+len is this buffer's range of the live mapping; a fresh buffer is not
+        // used by any task yet.
+        unsafe { std::ptr::write_bytes(self.ptr, 0, self.len as usize) };
+    }
+
+    /// Copies `data` into the host copy at byte `offset`.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), Error> {
+        let end = offset.checked_add(data.len() as u64).unwrap_or(u64::MAX);
+        if end > self.len {
+            return Err(Error::OutOfBounds {
+                offset,
+                len: data.len() as u64,
+                capacity: self.len,
+            });
+        }
+        // SAFETY: bounds checked above against this buffer's range of the live mapping.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(offset as usize), data.len())
+        };
+        Ok(())
+    }
+
+    /// Copies `data` (any plain-old-data element type) into the host copy from the start.
+    pub fn write_slice<T: bytemuck::Pod>(&self, data: &[T]) -> Result<(), Error> {
+        self.write(0, bytemuck::cast_slice(data))
+    }
+
+    /// A copy of the host copy's bytes.
+    pub fn read(&self) -> Vec<u8> {
+        self.as_slice::<u8>().to_vec()
+    }
+
+    /// A copy of the host copy as elements of `T` (trailing bytes that do not fill a `T` are
+    /// left out).
+    pub fn read_vec<T: bytemuck::Pod>(&self) -> Vec<T> {
+        self.as_slice::<T>().to_vec()
+    }
+
+    /// The host copy viewed as elements of `T`, in place (zero-copy).
+    pub fn as_slice<T: bytemuck::Pod>(&self) -> &[T] {
+        let n = self.len as usize / std::mem::size_of::<T>();
+        // SAFETY: the heap hands out 64-byte aligned ranges (enough for any Pod scalar) inside the
+        // mapping that `session` keeps alive; every bit pattern is a valid T.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const T, n) }
+    }
+
+    /// The host copy viewed as elements of `T`, mutably, in place (zero-copy).
+    pub fn as_mut_slice<T: bytemuck::Pod>(&mut self) -> &mut [T] {
+        let n = self.len as usize / std::mem::size_of::<T>();
+        // SAFETY: as for `as_slice`; `&mut self` makes this the only view from this process.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut T, n) }
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        let mut d = TaskDescriptor::zeroed();
+        d.op = Op::ReleaseBuffer as u32;
+        d.arg_count = 1;
+        d.args[0] = RawArg::buffer(self.handle);
+        // Goes through the ring, so it is ordered after every task issued before it. If the
+        // daemon is gone there is nothing left to release.
+        let _ = self.session.submit(0, d);
+    }
+}

@@ -1,0 +1,55 @@
+//! Rust client for Agora, the node-level runtime that lets many processes share every
+//! accelerator of a server.
+//!
+//! An application opens a [`Session`] with the local daemon, creates [`Queue`]s (ordered streams
+//! of tasks, bound to no device), [`Buffer`]s (whose host copy lives in memory shared with the
+//! daemon, so writing one needs no extra copy), looks [`Kernel`]s up by name and issues
+//! [`Task`]s. The daemon picks the device for each task as late as possible.
+//!
+//! ```no_run
+//! use agora::{Session, Arg};
+//!
+//! # fn main() -> Result<(), agora::Error> {
+//! let session = Session::connect()?;              // $AGORA_SOCKET or the default path
+//! let queue = session.queue("example")?;
+//! let saxpy = session.kernel("saxpy")?;
+//! let n = 1 << 20;
+//! let x = session.buffer_from(&vec![1.0f32; n])?;
+//! let y = session.buffer_from(&vec![2.0f32; n])?;
+//! queue.sync_to(&x)?;
+//! queue.sync_to(&y)?;
+//! queue.launch(&saxpy, &[Arg::F32(3.0), (&x).into(), (&y).into()], n)?;
+//! queue.sync_from(&y)?;
+//! queue.finish()?;                                // waits; reports the first failure
+//! assert!(y.as_slice::<f32>().iter().all(|v| *v == 5.0));
+//! # Ok(()) }
+//! ```
+//!
+//! # Threads
+//! A `Session` is cheap to clone and may be used from many threads at once; so may queues,
+//! buffers (for reading) and tasks.
+//!
+//! # Errors
+//! A task's failure (bad arguments, unknown kernel, buffer too small…) is reported by
+//! [`Task::wait`] or, for tasks nobody waited on, by [`Queue::finish`], as [`Error::Task`] with a
+//! [`TaskError`] that names the problem. If the daemon stops or is killed, every pending and
+//! future call returns [`Error::Disconnected`] within about 20 ms.
+
+mod buffer;
+mod error;
+mod queue;
+mod session;
+
+pub use agora_protocol::control::{QueueClass, StatusReport};
+pub use agora_protocol::{KernelSignature, TaskError};
+pub use buffer::Buffer;
+pub use error::Error;
+pub use queue::{Arg, NdRange, Queue, QueueOptions, Task};
+pub use session::{daemon_status, Kernel, Session, SessionOptions};
+
+/// Low-level hooks for testing the daemon against malformed input. Not part of the stable API.
+#[doc(hidden)]
+pub mod testing {
+    pub use crate::session::testing::*;
+    pub use agora_protocol::{descriptor, ArgTag, Op, RawArg, TaskDescriptor};
+}

@@ -1,0 +1,311 @@
+//! Queues and tasks.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use agora_protocol::control::QueueClass;
+use agora_protocol::{Op, RawArg, TaskDescriptor, MAX_ARGS};
+
+use crate::buffer::Buffer;
+use crate::session::{Inner, Kernel};
+use crate::Error;
+
+/// How to create a queue.
+#[derive(Debug, Clone, Default)]
+pub struct QueueOptions {
+    /// Name shown by `agora status`.
+    pub name: String,
+    /// Scheduling class.
+    pub class: QueueClass,
+}
+
+/// One kernel argument.
+#[derive(Debug, Clone, Copy)]
+pub enum Arg<'a> {
+    /// A buffer.
+    Buffer(&'a Buffer),
+    /// `f32`.
+    F32(f32),
+    /// `f64`.
+    F64(f64),
+    /// `i32`.
+    I32(i32),
+    /// `u32`.
+    U32(u32),
+    /// `i64`.
+    I64(i64),
+    /// `u64`.
+    U64(u64),
+}
+
+impl<'a> From<&'a Buffer> for Arg<'a> {
+    fn from(b: &'a Buffer) -> Self {
+        Arg::Buffer(b)
+    }
+}
+impl From<f32> for Arg<'_> {
+    fn from(v: f32) -> Self {
+        Arg::F32(v)
+    }
+}
+impl From<f64> for Arg<'_> {
+    fn from(v: f64) -> Self {
+        Arg::F64(v)
+    }
+}
+impl From<i32> for Arg<'_> {
+    fn from(v: i32) -> Self {
+        Arg::I32(v)
+    }
+}
+impl From<u32> for Arg<'_> {
+    fn from(v: u32) -> Self {
+        Arg::U32(v)
+    }
+}
+impl From<i64> for Arg<'_> {
+    fn from(v: i64) -> Self {
+        Arg::I64(v)
+    }
+}
+impl From<u64> for Arg<'_> {
+    fn from(v: u64) -> Self {
+        Arg::U64(v)
+    }
+}
+
+impl Arg<'_> {
+    fn raw(&self) -> RawArg {
+        match *self {
+            Arg::Buffer(b) => RawArg::buffer(b.handle()),
+            Arg::F32(v) => RawArg::f32(v),
+            Arg::F64(v) => RawArg::f64(v),
+            Arg::I32(v) => RawArg::i32(v),
+            Arg::U32(v) => RawArg::u32(v),
+            Arg::I64(v) => RawArg::i64(v),
+            Arg::U64(v) => RawArg::u64(v),
+        }
+    }
+}
+
+/// The index space of a launch: 1 to 3 dimensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NdRange {
+    dims: [u64; 3],
+    count: u32,
+}
+
+impl NdRange {
+    /// A 1-D range.
+    pub fn d1(x: u64) -> Self {
+        NdRange {
+            dims: [x, 1, 1],
+            count: 1,
+        }
+    }
+    /// A 2-D range.
+    pub fn d2(x: u64, y: u64) -> Self {
+        NdRange {
+            dims: [x, y, 1],
+            count: 2,
+        }
+    }
+    /// A 3-D range.
+    pub fn d3(x: u64, y: u64, z: u64) -> Self {
+        NdRange {
+            dims: [x, y, z],
+            count: 3,
+        }
+    }
+}
+
+impl From<u64> for NdRange {
+    fn from(x: u64) -> Self {
+        NdRange::d1(x)
+    }
+}
+impl From<usize> for NdRange {
+    fn from(x: usize) -> Self {
+        NdRange::d1(x as u64)
+    }
+}
+impl From<(u64, u64)> for NdRange {
+    fn from((x, y): (u64, u64)) -> Self {
+        NdRange::d2(x, y)
+    }
+}
+impl From<(u64, u64, u64)> for NdRange {
+    fn from((x, y, z): (u64, u64, u64)) -> Self {
+        NdRange::d3(x, y, z)
+    }
+}
+
+/// An issued task. Dropping it does not cancel it; an unobserved failure is reported by the
+/// queue's next [`Queue::finish`].
+#[must_use = "a task runs anyway, but its failure is only seen through wait() or queue.finish()"]
+pub struct Task {
+    session: Arc<Inner>,
+    id: u64,
+}
+
+impl std::fmt::Debug for Task {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Task").field("id", &self.id).finish()
+    }
+}
+
+impl Task {
+    pub(crate) fn new(session: Arc<Inner>, id: u64) -> Self {
+        Task { session, id }
+    }
+
+    /// Task id within the session.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Blocks until the task completes; returns its error if it failed.
+    pub fn wait(self) -> Result<(), Error> {
+        self.session.wait(self.id)
+    }
+
+    /// Whether the task has completed (successfully or not), without blocking.
+    pub fn is_complete(&self) -> Result<bool, Error> {
+        self.session.poll(self.id)
+    }
+}
+
+/// An ordered stream of tasks, bound to no device. Tasks of one queue run and complete in issue
+/// order; different queues are independent and may run at the same time.
+pub struct Queue {
+    session: Arc<Inner>,
+    handle: u64,
+    last: AtomicU64,
+}
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue")
+            .field("handle", &format_args!("{:#x}", self.handle))
+            .finish()
+    }
+}
+
+impl Queue {
+    pub(crate) fn new(session: Arc<Inner>, handle: u64) -> Self {
+        Queue {
+            session,
+            handle,
+            last: AtomicU64::new(0),
+        }
+    }
+
+    fn issue(&self, descriptor: TaskDescriptor) -> Result<Task, Error> {
+        let id = self.session.submit(self.handle, descriptor)?;
+        self.last.fetch_max(id, Ordering::AcqRel);
+        Ok(Task::new(self.session.clone(), id))
+    }
+
+    /// Launches `kernel` over `range` with `args` (checked by the daemon against the kernel's
+    /// signature; a mismatch fails the task with an error naming the argument).
+    pub fn launch(
+        &self,
+        kernel: &Kernel,
+        args: &[Arg<'_>],
+        range: impl Into<NdRange>,
+    ) -> Result<Task, Error> {
+        let range = range.into();
+        let mut d = TaskDescriptor::zeroed();
+        d.op = Op::Launch as u32;
+        d.kernel = kernel.id;
+        if args.len() > MAX_ARGS {
+            return Err(Error::Task(agora_protocol::TaskError::ArgumentCount {
+                expected: kernel.signature().params.len() as u32,
+                got: args.len() as u32,
+            }));
+        }
+        d.arg_count = args.len() as u32;
+        for (slot, arg) in d.args.iter_mut().zip(args) {
+            *slot = arg.raw();
+        }
+        d.dims = range.count;
+        d.range = range.dims;
+        self.issue(d)
+    }
+
+    fn transfer(&self, op: Op, buffer: &Buffer, offset: u64, len: u64) -> Result<Task, Error> {
+        let mut d = TaskDescriptor::zeroed();
+        d.op = op as u32;
+        d.arg_count = 3;
+        d.args[0] = RawArg::buffer(buffer.handle());
+        d.args[1] = RawArg::u64(offset);
+        d.args[2] = RawArg::u64(len);
+        self.issue(d)
+    }
+
+    /// Makes the devices see the buffer's host copy (after the host wrote it).
+    pub fn sync_to(&self, buffer: &Buffer) -> Result<Task, Error> {
+        self.transfer(Op::SyncTo, buffer, 0, 0)
+    }
+
+    /// Makes the host copy current (read it after this task completes).
+    pub fn sync_from(&self, buffer: &Buffer) -> Result<Task, Error> {
+        self.transfer(Op::SyncFrom, buffer, 0, 0)
+    }
+
+    /// Sets every byte of `buffer` to `value`.
+    pub fn memset(&self, buffer: &Buffer, value: u8) -> Result<Task, Error> {
+        let mut d = TaskDescriptor::zeroed();
+        d.op = Op::Memset as u32;
+        d.arg_count = 2;
+        d.args[0] = RawArg::buffer(buffer.handle());
+        d.args[1] = RawArg::u32(u32::from(value));
+        self.issue(d)
+    }
+
+    /// Copies `len` bytes (0 = all of `src` from `src_offset`) between buffers.
+    pub fn copy(
+        &self,
+        src: &Buffer,
+        src_offset: u64,
+        dst: &Buffer,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<Task, Error> {
+        let mut d = TaskDescriptor::zeroed();
+        d.op = Op::Copy as u32;
+        d.arg_count = 5;
+        d.args[0] = RawArg::buffer(src.handle());
+        d.args[1] = RawArg::buffer(dst.handle());
+        d.args[2] = RawArg::u64(src_offset);
+        d.args[3] = RawArg::u64(dst_offset);
+        d.args[4] = RawArg::u64(len);
+        self.issue(d)
+    }
+
+    /// Waits for every task issued so far on this queue; returns the first failure among them
+    /// that no `Task::wait` reported yet.
+    pub fn finish(&self) -> Result<(), Error> {
+        let last = self.last.load(Ordering::Acquire);
+        if last > 0 {
+            self.session.wait_done(last)?;
+        }
+        match self.session.take_queue_errors(self.handle) {
+            Some((_, e)) => Err(Error::Task(e)),
+            None => Ok(()),
+        }
+    }
+
+    /// Raw handle (for diagnostics).
+    pub fn handle(&self) -> u64 {
+        self.handle
+    }
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        let mut d = TaskDescriptor::zeroed();
+        d.op = Op::ReleaseQueue as u32;
+        let _ = self.session.submit(self.handle, d);
+    }
+}

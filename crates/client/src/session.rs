@@ -1,0 +1,531 @@
+//! Sessions: the connection to the daemon, the shared segment and the completion bookkeeping.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use agora_protocol::control::{QueueClass, Request, Response, StatusReport};
+use agora_protocol::ring::{CompletionConsumer, SubmissionProducer};
+use agora_protocol::segment::Geometry;
+use agora_protocol::{KernelSignature, TaskDescriptor, TaskError, PROTOCOL_VERSION};
+use agora_transport::shm::Segment;
+use agora_transport::socket::{peer_hung_up, recv, recv_with_fds, send, socket_path};
+use agora_transport::wake::{futex_wait, futex_wake_all, AdaptiveSpin, Doorbell};
+
+use crate::buffer::Buffer;
+use crate::queue::{Queue, QueueOptions};
+use crate::Error;
+
+/// How long a blocked waiter sleeps before it checks that the daemon is still there.
+const LIVENESS_CHECK: Duration = Duration::from_millis(20);
+
+thread_local! {
+    static SPIN: RefCell<AdaptiveSpin> = RefCell::new(AdaptiveSpin::new(Duration::from_micros(1), Duration::from_micros(100)));
+}
+
+/// How to open a session.
+#[derive(Debug, Clone, Default)]
+pub struct SessionOptions {
+    /// Socket path; default `$AGORA_SOCKET`, else the per-user default path.
+    pub socket: Option<PathBuf>,
+    /// Name shown by `agora status`; default the program name.
+    pub name: Option<String>,
+    /// Heap bytes to ask for (the daemon grants at most its per-session quota).
+    pub heap_bytes: Option<u64>,
+}
+
+/// A kernel looked up by name.
+#[derive(Debug, Clone)]
+pub struct Kernel {
+    pub(crate) id: u32,
+    signature: KernelSignature,
+}
+
+impl Kernel {
+    /// Its signature as the daemon declares it.
+    pub fn signature(&self) -> &KernelSignature {
+        &self.signature
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.signature.name
+    }
+}
+
+struct Producer {
+    ring: SubmissionProducer,
+    next_id: u64,
+}
+
+struct Completions {
+    ring: CompletionConsumer,
+    /// Failed tasks not yet reported: task id → (queue handle, error).
+    errors: HashMap<u64, (u64, TaskError)>,
+}
+
+pub(crate) struct Inner {
+    control: Mutex<UnixStream>,
+    liveness: UnixStream,
+    segment: Segment,
+    doorbell: Doorbell,
+    producer: Mutex<Producer>,
+    completions: Mutex<Completions>,
+    /// `done[id % capacity]` holds the newest consumed task id in that slot.
+    done: Box<[AtomicU64]>,
+    /// Queue handle of the task issued into each slot.
+    slot_queue: Box<[AtomicU64]>,
+    /// Tasks issued and tasks whose completion was consumed.
+    issued: AtomicU64,
+    consumed: AtomicU64,
+    capacity: u64,
+    pending_errors: AtomicUsize,
+    disconnected: AtomicBool,
+    id: u64,
+}
+
+/// A connection to the daemon. Clone it freely; all clones share one session.
+#[derive(Clone)]
+pub struct Session {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("id", &self.inner.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    /// Connects to the daemon named by `$AGORA_SOCKET`, else the default socket path.
+    pub fn connect() -> Result<Session, Error> {
+        Self::connect_with(SessionOptions::default())
+    }
+
+    /// Connects with explicit options.
+    pub fn connect_with(options: SessionOptions) -> Result<Session, Error> {
+        let path = socket_path(options.socket.clone());
+        let stream = UnixStream::connect(&path).map_err(|source| Error::Connect {
+            path: path.clone(),
+            source,
+        })?;
+        let name = options.name.unwrap_or_else(|| {
+            std::env::args()
+                .next()
+                .map(|a| a.rsplit('/').next().unwrap_or("").to_string())
+                .unwrap_or_default()
+        });
+        send(
+            &stream,
+            &Request::Hello {
+                version: PROTOCOL_VERSION,
+                client_name: name,
+                heap_bytes: options.heap_bytes,
+            },
+        )?;
+        let (response, fds): (Response, _) = recv_with_fds(&stream)?;
+        let (session, sub_cap, comp_cap, heap_len) = match response {
+            Response::Welcome {
+                session,
+                submission_capacity,
+                completion_capacity,
+                heap_len,
+            } => (session, submission_capacity, completion_capacity, heap_len),
+            Response::Error(e) => return Err(Error::Control(e)),
+            other => {
+                return Err(Error::Protocol(format!(
+                    "unexpected reply to hello: {other:?}"
+                )))
+            }
+        };
+        let mut fds = fds.into_iter();
+        let (Some(segment_fd), Some(doorbell_fd)) = (fds.next(), fds.next()) else {
+            return Err(Error::Protocol("the daemon sent no segment".into()));
+        };
+        let geometry = Geometry::new(sub_cap, comp_cap, heap_len)
+            .map_err(|e| Error::Protocol(e.to_string()))?;
+        let segment = Segment::open(segment_fd, geometry)?;
+        let view = *segment.view();
+        // Never have more tasks outstanding than either ring holds.
+        let capacity = u64::from(sub_cap.min(comp_cap));
+        let liveness = stream
+            .try_clone()
+            .map_err(|e| Error::Protocol(e.to_string()))?;
+        let inner = Inner {
+            control: Mutex::new(stream),
+            liveness,
+            doorbell: Doorbell::from_fd(doorbell_fd),
+            producer: Mutex::new(Producer {
+                ring: SubmissionProducer::new(view),
+                next_id: 1,
+            }),
+            completions: Mutex::new(Completions {
+                ring: CompletionConsumer::new(view),
+                errors: HashMap::new(),
+            }),
+            done: (0..capacity).map(|_| AtomicU64::new(0)).collect(),
+            slot_queue: (0..capacity).map(|_| AtomicU64::new(0)).collect(),
+            issued: AtomicU64::new(0),
+            consumed: AtomicU64::new(0),
+            capacity,
+            pending_errors: AtomicUsize::new(0),
+            disconnected: AtomicBool::new(false),
+            id: session,
+            segment,
+        };
+        Ok(Session {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// Session id assigned by the daemon.
+    pub fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    /// Creates a batch-class queue.
+    pub fn queue(&self, name: &str) -> Result<Queue, Error> {
+        self.queue_with(QueueOptions {
+            name: name.to_string(),
+            class: QueueClass::Batch,
+        })
+    }
+
+    /// Creates a queue with options.
+    pub fn queue_with(&self, options: QueueOptions) -> Result<Queue, Error> {
+        match self.inner.request(&Request::CreateQueue {
+            name: options.name,
+            class: options.class,
+        })? {
+            Response::Queue { handle } => Ok(Queue::new(self.inner.clone(), handle)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Allocates a zero-filled buffer of `len` bytes in the session heap.
+    pub fn buffer(&self, len: u64) -> Result<Buffer, Error> {
+        match self.inner.request(&Request::AllocBuffer { len })? {
+            Response::Buffer {
+                handle,
+                offset,
+                len,
+            } => {
+                let buffer = Buffer::new(self.inner.clone(), handle, offset, len)?;
+                buffer.zero();
+                Ok(buffer)
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Allocates a buffer holding a copy of `data`.
+    pub fn buffer_from<T: bytemuck::Pod>(&self, data: &[T]) -> Result<Buffer, Error> {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let buffer = self.buffer(bytes.len().max(1) as u64)?;
+        buffer.write(0, bytes)?;
+        Ok(buffer)
+    }
+
+    /// Looks a kernel up by name.
+    pub fn kernel(&self, name: &str) -> Result<Kernel, Error> {
+        match self.inner.request(&Request::LookupKernel {
+            name: name.to_string(),
+        })? {
+            Response::Kernel { id, signature } => Ok(Kernel { id, signature }),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Every kernel the daemon offers.
+    pub fn kernels(&self) -> Result<Vec<KernelSignature>, Error> {
+        match self.inner.request(&Request::ListKernels)? {
+            Response::Kernels(list) => Ok(list),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// A snapshot of the daemon's state.
+    pub fn status(&self) -> Result<StatusReport, Error> {
+        match self.inner.request(&Request::Status)? {
+            Response::Status(report) => Ok(*report),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+/// Asks a daemon for its status without opening a session.
+pub fn daemon_status(socket: Option<PathBuf>) -> Result<StatusReport, Error> {
+    let path = socket_path(socket);
+    let stream = UnixStream::connect(&path).map_err(|source| Error::Connect { path, source })?;
+    send(&stream, &Request::Status)?;
+    match recv::<Response>(&stream)? {
+        Response::Status(report) => Ok(*report),
+        other => Err(unexpected(other)),
+    }
+}
+
+fn unexpected(response: Response) -> Error {
+    match response {
+        Response::Error(e) => Error::Control(e),
+        other => Error::Protocol(format!("unexpected reply: {other:?}")),
+    }
+}
+
+impl Inner {
+    pub(crate) fn request(&self, request: &Request) -> Result<Response, Error> {
+        if self.disconnected.load(Ordering::Relaxed) {
+            return Err(Error::Disconnected);
+        }
+        let stream = self.control.lock().unwrap_or_else(|e| e.into_inner());
+        let result = send(&stream, request).and_then(|()| recv::<Response>(&stream));
+        result.map_err(|e| {
+            let e = Error::from(e);
+            if matches!(e, Error::Disconnected) {
+                self.disconnected.store(true, Ordering::Relaxed);
+            }
+            e
+        })
+    }
+
+    pub(crate) fn segment(&self) -> &Segment {
+        &self.segment
+    }
+
+    fn lock_completions(&self) -> MutexGuard<'_, Completions> {
+        self.completions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Issues `descriptor` on `queue`; returns its task id. Waits while too many tasks are
+    /// outstanding.
+    pub(crate) fn submit(&self, queue: u64, mut descriptor: TaskDescriptor) -> Result<u64, Error> {
+        loop {
+            if self.disconnected.load(Ordering::Relaxed) {
+                return Err(Error::Disconnected);
+            }
+            let mut producer = self.producer.lock().unwrap_or_else(|e| e.into_inner());
+            let issued = self.issued.load(Ordering::Relaxed);
+            if issued - self.consumed.load(Ordering::Acquire) < self.capacity {
+                let id = producer.next_id;
+                descriptor.task_id = id;
+                descriptor.queue = queue;
+                if producer.ring.stage(&descriptor) {
+                    producer.next_id += 1;
+                    self.slot_queue[(id % self.capacity) as usize].store(queue, Ordering::Relaxed);
+                    producer.ring.publish();
+                    self.issued.store(issued + 1, Ordering::Release);
+                    drop(producer);
+                    self.ring_doorbell_if_asleep();
+                    return Ok(id);
+                }
+            }
+            drop(producer);
+            self.wait_for_progress()?;
+        }
+    }
+
+    fn ring_doorbell_if_asleep(&self) {
+        // Pairs with the daemon's fence between announcing sleep and its last look at the ring.
+        fence(Ordering::SeqCst);
+        if self
+            .segment
+            .view()
+            .header()
+            .daemon_sleeping
+            .load(Ordering::Relaxed)
+            != 0
+        {
+            self.doorbell.ring();
+        }
+    }
+
+    /// Consumes every available completion. Returns how many.
+    fn drain(&self) -> usize {
+        let mut c = self.lock_completions();
+        let mut n = 0usize;
+        while let Some(completion) = c.ring.take() {
+            let id = completion.task_id;
+            let slot = (id % self.capacity) as usize;
+            if let Err(e) = completion.result() {
+                let queue = self.slot_queue[slot].load(Ordering::Relaxed);
+                c.errors.insert(id, (queue, e));
+                self.pending_errors.fetch_add(1, Ordering::Relaxed);
+            }
+            self.done[slot].fetch_max(id, Ordering::Release);
+            n += 1;
+        }
+        if n > 0 {
+            c.ring.release();
+            drop(c);
+            self.consumed.fetch_add(n as u64, Ordering::Release);
+            // Another thread may be blocked waiting for one of the tasks we just consumed.
+            let header = self.segment.view().header();
+            if header.client_waiters.load(Ordering::SeqCst) > 0 {
+                futex_wake_all(&header.completion_tail);
+            }
+        }
+        n
+    }
+
+    pub(crate) fn is_done(&self, id: u64) -> bool {
+        self.done[(id % self.capacity) as usize].load(Ordering::Acquire) >= id
+    }
+
+    fn pending_in_ring(&self) -> bool {
+        let header = self.segment.view().header();
+        header.completion_tail.load(Ordering::Acquire)
+            != header.completion_head.load(Ordering::Relaxed)
+    }
+
+    /// Non-blocking: consumes what has arrived and says whether task `id` is complete.
+    pub(crate) fn poll(&self, id: u64) -> Result<bool, Error> {
+        if self.pending_in_ring() {
+            self.drain();
+        }
+        if self.is_done(id) {
+            return Ok(true);
+        }
+        if self.disconnected.load(Ordering::Relaxed) {
+            return Err(Error::Disconnected);
+        }
+        Ok(false)
+    }
+
+    /// Blocks until task `id` is complete; returns its error if it failed.
+    pub(crate) fn wait(&self, id: u64) -> Result<(), Error> {
+        self.wait_done(id)?;
+        match self.take_error(id) {
+            Some(e) => Err(Error::Task(e)),
+            None => Ok(()),
+        }
+    }
+
+    /// Blocks until task `id` is complete, leaving any error of it for later.
+    pub(crate) fn wait_done(&self, id: u64) -> Result<(), Error> {
+        while !self.is_done(id) {
+            if self.pending_in_ring() {
+                self.drain();
+                continue;
+            }
+            if SPIN.with(|s| {
+                s.borrow_mut()
+                    .spin(|| self.pending_in_ring() || self.is_done(id))
+            }) {
+                continue;
+            }
+            self.block(|| self.is_done(id))?;
+        }
+        Ok(())
+    }
+
+    /// Waits until at least one completion arrives (to make room in the rings).
+    fn wait_for_progress(&self) -> Result<(), Error> {
+        let before = self.consumed.load(Ordering::Acquire);
+        loop {
+            if self.drain() > 0 || self.consumed.load(Ordering::Acquire) != before {
+                return Ok(());
+            }
+            if SPIN.with(|s| s.borrow_mut().spin(|| self.pending_in_ring())) {
+                continue;
+            }
+            self.block(|| self.consumed.load(Ordering::Acquire) != before)?;
+        }
+    }
+
+    /// Sleeps on the completion futex once, unless `satisfied()` or completions are pending.
+    fn block(&self, satisfied: impl Fn() -> bool) -> Result<(), Error> {
+        let header = self.segment.view().header();
+        header.client_waiters.fetch_add(1, Ordering::SeqCst);
+        let tail = header.completion_tail.load(Ordering::SeqCst);
+        let mut timed_out = false;
+        if tail == header.completion_head.load(Ordering::Relaxed) && !satisfied() {
+            let start = std::time::Instant::now();
+            futex_wait(&header.completion_tail, tail, LIVENESS_CHECK);
+            let waited = start.elapsed();
+            timed_out = waited >= LIVENESS_CHECK;
+            SPIN.with(|s| s.borrow_mut().blocked_for(waited));
+        }
+        header.client_waiters.fetch_sub(1, Ordering::SeqCst);
+        if header.daemon_closed.load(Ordering::Acquire) != 0
+            || (timed_out && peer_hung_up(&self.liveness))
+        {
+            self.disconnected.store(true, Ordering::Relaxed);
+        }
+        if self.disconnected.load(Ordering::Relaxed) && !self.pending_in_ring() {
+            return Err(Error::Disconnected);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn take_error(&self, id: u64) -> Option<TaskError> {
+        if self.pending_errors.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let mut c = self.lock_completions();
+        let (_, e) = c.errors.remove(&id)?;
+        self.pending_errors.fetch_sub(1, Ordering::Relaxed);
+        Some(e)
+    }
+
+    /// Removes and returns the first (lowest id) unreported error of `queue`, clearing the rest.
+    pub(crate) fn take_queue_errors(&self, queue: u64) -> Option<(u64, TaskError)> {
+        if self.pending_errors.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let mut c = self.lock_completions();
+        let ids: Vec<u64> = c
+            .errors
+            .iter()
+            .filter(|(_, (q, _))| *q == queue)
+            .map(|(id, _)| *id)
+            .collect();
+        let mut first: Option<(u64, TaskError)> = None;
+        for id in ids {
+            if let Some((_, e)) = c.errors.remove(&id) {
+                self.pending_errors.fetch_sub(1, Ordering::Relaxed);
+                if first.is_none_or(|(f, _)| id < f) {
+                    first = Some((id, e));
+                }
+            }
+        }
+        first
+    }
+}
+
+/// Hooks for the daemon's hostile-input tests.
+pub mod testing {
+    use super::*;
+
+    /// Submits a raw descriptor (its `task_id` and `queue` are overwritten so the completion can
+    /// be matched; every other field goes to the daemon as given).
+    pub fn submit_raw(
+        session: &Session,
+        queue: u64,
+        descriptor: TaskDescriptor,
+    ) -> Result<crate::Task, Error> {
+        let id = session.inner.submit(queue, descriptor)?;
+        Ok(crate::Task::new(session.inner.clone(), id))
+    }
+
+    /// Publishes an impossible submission tail (a corrupt ring).
+    pub fn corrupt_submission_tail(session: &Session) {
+        let producer = session
+            .inner
+            .producer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        producer.ring.publish_raw_tail(u32::MAX / 2);
+        drop(producer);
+        session.inner.doorbell.ring();
+    }
+
+    /// Raw handle of a buffer or queue.
+    pub fn buffer_handle(buffer: &crate::Buffer) -> u64 {
+        buffer.handle()
+    }
+}

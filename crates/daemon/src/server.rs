@@ -1,0 +1,621 @@
+//! The dispatcher thread: one event loop that accepts clients, answers control requests, polls
+//! session rings and runs the scheduler.
+//!
+//! Everything that can wake it is one of the [`Token`]s registered with epoll: the listener, a
+//! connection's socket, a session's doorbell, or the stop signal. While work arrives it polls the
+//! rings without system calls (checking epoll every millisecond for control traffic); after an
+//! adaptive spin with nothing to do it announces that it sleeps in every segment and blocks in
+//! `epoll_wait`, so an idle daemon uses no CPU.
+//!
+//! Threat model: every client is hostile. Control frames are reassembled without blocking (half a
+//! frame cannot stall the loop), an oversize or undecodable frame closes that connection, a client
+//! that does not read its replies is disconnected, and a corrupt ring index ends that session.
+//! None of these affects another client.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agora_protocol::control::{decode_body, ControlError, Request, Response, StatusReport};
+use agora_protocol::segment::Geometry;
+use agora_protocol::PROTOCOL_VERSION;
+use agora_transport::shm::Segment;
+use agora_transport::socket::{send, send_with_fds, FrameReader};
+use agora_transport::wake::{AdaptiveSpin, Doorbell};
+use agora_transport::TransportError;
+use rustix::event::epoll;
+
+use crate::config::DaemonConfig;
+use crate::scheduler::Scheduler;
+use crate::session::{Credentials, QueueState, Session};
+use crate::DaemonError;
+
+/// What woke the loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Token {
+    Listener,
+    Stop,
+    Socket(u64),
+    Doorbell(u64),
+}
+
+impl Token {
+    fn encode(self) -> u64 {
+        match self {
+            Token::Listener => 1,
+            Token::Stop => 2,
+            Token::Socket(id) => (1 << 62) | id,
+            Token::Doorbell(id) => (2 << 62) | id,
+        }
+    }
+    fn decode(value: u64) -> Token {
+        match value >> 62 {
+            1 => Token::Socket(value & ((1 << 62) - 1)),
+            2 => Token::Doorbell(value & ((1 << 62) - 1)),
+            _ if value == 1 => Token::Listener,
+            _ => Token::Stop,
+        }
+    }
+}
+
+/// A connection before and after it opened a session.
+enum Conn {
+    /// Connected, no hello yet.
+    Pending {
+        stream: UnixStream,
+        reader: FrameReader,
+        credentials: Credentials,
+    },
+    /// A one-shot observer (`agora status`).
+    Observer {
+        stream: UnixStream,
+        reader: FrameReader,
+    },
+    /// A client session.
+    Session(Box<Session>),
+}
+
+impl Conn {
+    fn stream(&self) -> &UnixStream {
+        match self {
+            Conn::Pending { stream, .. } | Conn::Observer { stream, .. } => stream,
+            Conn::Session(s) => &s.stream,
+        }
+    }
+}
+
+pub(crate) struct Server {
+    config: DaemonConfig,
+    listener: UnixListener,
+    epoll: OwnedFd,
+    stop: Arc<Doorbell>,
+    scheduler: Scheduler,
+    conns: HashMap<u64, Conn>,
+    closing: Vec<Box<Session>>,
+    next_id: u64,
+    started: Instant,
+    sessions_opened: u64,
+    sessions_closed: u64,
+    retired_completed: u64,
+    retired_failed: u64,
+    spin: AdaptiveSpin,
+}
+
+impl Server {
+    pub(crate) fn new(
+        config: DaemonConfig,
+        listener: UnixListener,
+        scheduler: Scheduler,
+        stop: Arc<Doorbell>,
+    ) -> Result<Self, DaemonError> {
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| DaemonError::io("configuring the listener", e))?;
+        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC)
+            .map_err(|e| DaemonError::io("creating epoll", e.into()))?;
+        epoll::add(
+            &epoll,
+            &listener,
+            epoll::EventData::new_u64(Token::Listener.encode()),
+            epoll::EventFlags::IN,
+        )
+        .map_err(|e| DaemonError::io("watching the listener", e.into()))?;
+        epoll::add(
+            &epoll,
+            stop.fd(),
+            epoll::EventData::new_u64(Token::Stop.encode()),
+            epoll::EventFlags::IN,
+        )
+        .map_err(|e| DaemonError::io("watching the stop signal", e.into()))?;
+        let spin = AdaptiveSpin::new(Duration::from_micros(2), config.max_spin);
+        Ok(Server {
+            config,
+            listener,
+            epoll,
+            stop,
+            scheduler,
+            conns: HashMap::new(),
+            closing: Vec::new(),
+            next_id: 1,
+            started: Instant::now(),
+            sessions_opened: 0,
+            sessions_closed: 0,
+            retired_completed: 0,
+            retired_failed: 0,
+            spin,
+        })
+    }
+
+    /// Runs until the stop signal.
+    pub(crate) fn run(&mut self) -> Result<(), DaemonError> {
+        let mut last_poll = Instant::now();
+        let mut broken: Vec<u64> = Vec::new();
+        loop {
+            let mut worked = 0u32;
+            for (&id, conn) in self.conns.iter_mut() {
+                if let Conn::Session(session) = conn {
+                    match self.scheduler.ingest(session) {
+                        Ok(n) => worked += n,
+                        Err(e) => {
+                            tracing::warn!(session = id, pid = session.credentials.pid, error = %e, "ending session: corrupt submission ring");
+                            broken.push(id);
+                        }
+                    }
+                }
+            }
+            for id in broken.drain(..) {
+                self.close(id);
+            }
+            if worked > 0 {
+                if last_poll.elapsed() > Duration::from_millis(1) {
+                    last_poll = Instant::now();
+                    if self.poll_events(Some(Duration::ZERO))? {
+                        return self.shutdown();
+                    }
+                }
+                continue;
+            }
+            let conns = &self.conns;
+            if self.spin.spin(|| Self::any_pending(conns)) {
+                continue;
+            }
+            // Going to sleep: announce it, then look once more (pairs with the client's fence
+            // between publishing its tail and reading `daemon_sleeping`).
+            self.set_sleeping(1);
+            fence(Ordering::SeqCst);
+            if Self::any_pending(&self.conns) {
+                self.set_sleeping(0);
+                continue;
+            }
+            let housekeeping = !self.closing.is_empty()
+                || self
+                    .conns
+                    .values()
+                    .any(|c| matches!(c, Conn::Session(s) if !s.zombies.is_empty()));
+            let timeout = housekeeping.then(|| Duration::from_millis(20));
+            let slept = Instant::now();
+            let stop = self.poll_events(timeout)?;
+            self.set_sleeping(0);
+            self.spin.blocked_for(slept.elapsed());
+            last_poll = Instant::now();
+            if stop {
+                return self.shutdown();
+            }
+        }
+    }
+
+    fn any_pending(conns: &HashMap<u64, Conn>) -> bool {
+        conns.values().any(|c| match c {
+            Conn::Session(s) => s
+                .submissions
+                .available()
+                .map_or(true, |n| n > 0 && s.admission_room() > 0),
+            _ => false,
+        })
+    }
+
+    fn set_sleeping(&self, value: u32) {
+        for conn in self.conns.values() {
+            if let Conn::Session(s) = conn {
+                s.shared
+                    .segment
+                    .view()
+                    .header()
+                    .daemon_sleeping
+                    .store(value, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Waits for events (up to `timeout`, forever when `None`) and handles them.
+    /// Returns whether the daemon must stop.
+    fn poll_events(&mut self, timeout: Option<Duration>) -> Result<bool, DaemonError> {
+        let mut events = Vec::with_capacity(64);
+        let ts = timeout.map(|t| rustix::time::Timespec {
+            tv_sec: t.as_secs() as i64,
+            tv_nsec: i64::from(t.subsec_nanos()),
+        });
+        match epoll::wait(
+            &self.epoll,
+            rustix::buffer::spare_capacity(&mut events),
+            ts.as_ref(),
+        ) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(DaemonError::io("waiting for events", e.into())),
+        }
+        let mut stop = false;
+        for event in events.drain(..) {
+            match Token::decode(event.data.u64()) {
+                Token::Listener => self.accept(),
+                Token::Stop => {
+                    self.stop.drain();
+                    stop = true;
+                }
+                Token::Socket(id) => self.readable(id),
+                Token::Doorbell(id) => {
+                    if let Some(Conn::Session(s)) = self.conns.get(&id) {
+                        s.doorbell.drain();
+                    }
+                }
+            }
+        }
+        self.housekeeping();
+        Ok(stop)
+    }
+
+    fn housekeeping(&mut self) {
+        for conn in self.conns.values_mut() {
+            if let Conn::Session(s) = conn {
+                s.reclaim_zombies();
+            }
+        }
+        let mut i = 0;
+        while i < self.closing.len() {
+            if self.closing[i].shared.in_flight.load(Ordering::Acquire) == 0 {
+                let session = self.closing.swap_remove(i);
+                self.retire(session);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn retire(&mut self, mut session: Box<Session>) {
+        self.retired_completed += session.shared.completed.load(Ordering::Relaxed);
+        self.retired_failed += session.shared.failed.load(Ordering::Relaxed);
+        let buffers = session.buffers.drain().len();
+        tracing::info!(
+            session = session.id,
+            pid = session.credentials.pid,
+            buffers,
+            "session reclaimed"
+        );
+        // Dropping the session unmaps its segment and closes its memfd and doorbell.
+    }
+
+    fn accept(&mut self) {
+        loop {
+            match self.listener.accept() {
+                Ok((stream, _)) => {
+                    let credentials = match rustix::net::sockopt::socket_peercred(&stream) {
+                        Ok(c) => Credentials {
+                            pid: c.pid.as_raw_nonzero().get(),
+                            uid: c.uid.as_raw(),
+                            gid: c.gid.as_raw(),
+                        },
+                        Err(e) => {
+                            tracing::warn!(error = %e, "refusing a connection without peer credentials");
+                            continue;
+                        }
+                    };
+                    if let Err(e) = stream.set_nonblocking(true) {
+                        tracing::warn!(error = %e, "refusing a connection");
+                        continue;
+                    }
+                    let id = self.next_id;
+                    self.next_id += 1;
+                    let flags = epoll::EventFlags::IN | epoll::EventFlags::RDHUP;
+                    if let Err(e) = epoll::add(
+                        &self.epoll,
+                        &stream,
+                        epoll::EventData::new_u64(Token::Socket(id).encode()),
+                        flags,
+                    ) {
+                        tracing::warn!(error = %e, "refusing a connection");
+                        continue;
+                    }
+                    self.conns.insert(
+                        id,
+                        Conn::Pending {
+                            stream,
+                            reader: FrameReader::default(),
+                            credentials,
+                        },
+                    );
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn readable(&mut self, id: u64) {
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
+        let (reader, stream) = match conn {
+            Conn::Pending { reader, stream, .. } | Conn::Observer { reader, stream } => {
+                (reader, &*stream)
+            }
+            Conn::Session(s) => (&mut s.reader, &s.stream),
+        };
+        let frames = match reader.read_frames(stream) {
+            Ok(frames) => frames,
+            Err(TransportError::Closed) => return self.close(id),
+            Err(e) => {
+                tracing::warn!(connection = id, error = %e, "closing a connection that broke the protocol");
+                return self.close(id);
+            }
+        };
+        for frame in frames {
+            let response = match decode_body::<Request>(&frame) {
+                Ok(request) => self.handle(id, request),
+                Err(e) => {
+                    tracing::warn!(connection = id, error = %e, "closing a connection that sent an undecodable request");
+                    return self.close(id);
+                }
+            };
+            let Some(response) = response else { continue };
+            let Some(conn) = self.conns.get(&id) else {
+                return;
+            };
+            if let Err(e) = send(conn.stream(), &response) {
+                tracing::warn!(connection = id, error = %e, "closing a connection that does not read its replies");
+                return self.close(id);
+            }
+        }
+    }
+
+    /// Answers one request. `None` when the reply was already sent (hello with descriptors).
+    fn handle(&mut self, id: u64, request: Request) -> Option<Response> {
+        if let Request::Status = request {
+            if let Some(Conn::Pending { .. }) = self.conns.get(&id) {
+                if let Some(Conn::Pending { stream, reader, .. }) = self.conns.remove(&id) {
+                    self.conns.insert(id, Conn::Observer { stream, reader });
+                }
+            }
+            return Some(Response::Status(Box::new(self.status())));
+        }
+        if let Request::ListKernels = request {
+            return Some(Response::Kernels(
+                agora_kernels::library()
+                    .iter()
+                    .map(|k| k.signature())
+                    .collect(),
+            ));
+        }
+        if let Request::LookupKernel { name } = &request {
+            return Some(match agora_kernels::find(name) {
+                Some((kernel_id, k)) => Response::Kernel {
+                    id: kernel_id,
+                    signature: k.signature(),
+                },
+                None => Response::Error(ControlError::UnknownKernel {
+                    name: name.clone(),
+                    suggestions: agora_kernels::suggestions(name),
+                }),
+            });
+        }
+        match self.conns.get_mut(&id)? {
+            Conn::Pending { .. } => match request {
+                Request::Hello {
+                    version,
+                    client_name,
+                    heap_bytes,
+                } => self.hello(id, version, client_name, heap_bytes),
+                _ => Some(Response::Error(ControlError::BadRequest(
+                    "open a session with Hello first".into(),
+                ))),
+            },
+            Conn::Observer { .. } => Some(Response::Error(ControlError::BadRequest(
+                "this connection is an observer".into(),
+            ))),
+            Conn::Session(session) => Some(match request {
+                Request::AllocBuffer { len } => match session.alloc_buffer(len) {
+                    Ok((handle, offset)) => Response::Buffer {
+                        handle,
+                        offset,
+                        len,
+                    },
+                    Err(e) => Response::Error(e),
+                },
+                Request::CreateQueue { name, class } => {
+                    let queue = Arc::new(QueueState {
+                        name,
+                        class,
+                        in_flight: Default::default(),
+                        binding: Default::default(),
+                    });
+                    match session.queues.insert(queue) {
+                        Some(handle) => Response::Queue { handle },
+                        None => Response::Error(ControlError::TooMany {
+                            what: "queues".into(),
+                            limit: self.config.max_queues as u64,
+                        }),
+                    }
+                }
+                Request::Hello { .. } => Response::Error(ControlError::BadRequest(
+                    "a session is already open on this connection".into(),
+                )),
+                Request::Status | Request::ListKernels | Request::LookupKernel { .. } => {
+                    unreachable!("answered above")
+                }
+            }),
+        }
+    }
+
+    fn hello(
+        &mut self,
+        id: u64,
+        version: u32,
+        client_name: String,
+        heap_bytes: Option<u64>,
+    ) -> Option<Response> {
+        if version != PROTOCOL_VERSION {
+            return Some(Response::Error(ControlError::VersionMismatch {
+                daemon: PROTOCOL_VERSION,
+                client: version,
+            }));
+        }
+        let heap = heap_bytes
+            .unwrap_or(self.config.session_quota)
+            .min(self.config.session_quota);
+        let capacity = self.config.ring_capacity;
+        let opened = (|| -> Result<(Segment, Doorbell, Geometry), String> {
+            let geometry = Geometry::new(capacity, capacity, heap).map_err(|e| e.to_string())?;
+            let segment = Segment::create(&format!("agora-session-{id}"), geometry)
+                .map_err(|e| e.to_string())?;
+            let doorbell = Doorbell::new().map_err(|e| e.to_string())?;
+            Ok((segment, doorbell, geometry))
+        })();
+        let (segment, doorbell, geometry) = match opened {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::error!(error = %e, "could not create a session segment");
+                return Some(Response::Error(ControlError::BadRequest(format!(
+                    "the daemon could not create the session: {e}"
+                ))));
+            }
+        };
+        let Some(Conn::Pending {
+            stream,
+            reader,
+            credentials,
+        }) = self.conns.remove(&id)
+        else {
+            return None;
+        };
+        let welcome = Response::Welcome {
+            session: id,
+            submission_capacity: geometry.submission_capacity,
+            completion_capacity: geometry.completion_capacity,
+            heap_len: geometry.heap_len,
+        };
+        if let Err(e) = send_with_fds(&stream, &welcome, &[segment.fd(), doorbell.fd()]) {
+            tracing::warn!(error = %e, "client left during hello");
+            let _ = epoll::delete(&self.epoll, &stream);
+            return None;
+        }
+        if let Err(e) = epoll::add(
+            &self.epoll,
+            doorbell.fd(),
+            epoll::EventData::new_u64(Token::Doorbell(id).encode()),
+            epoll::EventFlags::IN,
+        ) {
+            tracing::warn!(error = %e, "could not watch a doorbell");
+        }
+        let name = if client_name.is_empty() {
+            format!("pid{}", credentials.pid)
+        } else {
+            client_name
+        };
+        tracing::info!(session = id, pid = credentials.pid, uid = credentials.uid, %name, heap, "session opened");
+        let session = Session::new(
+            id,
+            credentials,
+            name.chars().take(64).collect(),
+            stream,
+            reader,
+            doorbell,
+            segment,
+            self.config.max_queues,
+            self.config.max_buffers,
+        );
+        self.sessions_opened += 1;
+        self.conns.insert(id, Conn::Session(Box::new(session)));
+        None
+    }
+
+    /// Ends a connection; a session's running jobs finish (queued ones are cancelled) before its
+    /// memory is reclaimed.
+    fn close(&mut self, id: u64) {
+        let Some(conn) = self.conns.remove(&id) else {
+            return;
+        };
+        let _ = epoll::delete(&self.epoll, conn.stream());
+        if let Conn::Session(session) = conn {
+            let _ = epoll::delete(&self.epoll, session.doorbell.fd());
+            session.shared.cancelled.store(true, Ordering::Release);
+            self.sessions_closed += 1;
+            tracing::info!(session = id, pid = session.credentials.pid, "session ended");
+            if session.shared.in_flight.load(Ordering::Acquire) == 0 {
+                self.retire(session);
+            } else {
+                self.closing.push(session);
+            }
+        }
+    }
+
+    fn status(&self) -> StatusReport {
+        let mut sessions: Vec<_> = self
+            .conns
+            .values()
+            .filter_map(|c| match c {
+                Conn::Session(s) => Some(s.status()),
+                _ => None,
+            })
+            .collect();
+        sessions.sort_by_key(|s| s.id);
+        let live_completed: u64 = sessions.iter().map(|s| s.tasks_completed).sum();
+        let live_failed: u64 = sessions.iter().map(|s| s.tasks_failed).sum();
+        let closing_completed: u64 = self
+            .closing
+            .iter()
+            .map(|s| s.shared.completed.load(Ordering::Relaxed))
+            .sum();
+        let closing_failed: u64 = self
+            .closing
+            .iter()
+            .map(|s| s.shared.failed.load(Ordering::Relaxed))
+            .sum();
+        StatusReport {
+            pid: std::process::id(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            uptime_s: self.started.elapsed().as_secs_f64(),
+            policy: self.scheduler.policy_name().to_string(),
+            devices: self.scheduler.devices.iter().map(|d| d.status()).collect(),
+            sessions,
+            closing_sessions: self.closing.len() as u64,
+            sessions_opened: self.sessions_opened,
+            sessions_closed: self.sessions_closed,
+            tasks_completed: self.retired_completed + live_completed + closing_completed,
+            tasks_failed: self.retired_failed + live_failed + closing_failed,
+        }
+    }
+
+    fn shutdown(&mut self) -> Result<(), DaemonError> {
+        tracing::info!(sessions = self.conns.len(), "shutting down");
+        for conn in self.conns.values() {
+            if let Conn::Session(s) = conn {
+                s.shared.cancelled.store(true, Ordering::Release);
+                s.shared.close();
+            }
+        }
+        for device in &self.scheduler.devices {
+            device.shutdown();
+        }
+        let _ = std::fs::remove_file(&self.config.socket);
+        self.conns.clear();
+        self.closing.clear();
+        let _ = self.listener.as_fd();
+        Ok(())
+    }
+}

@@ -1,0 +1,248 @@
+//! Per-client state: the segment, the rings' daemon ends, queues, buffers, heap and counters.
+//!
+//! Must not know about devices: the scheduler turns a session's descriptors into device jobs.
+
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use agora_protocol::control::{ControlError, QueueClass, QueueStatus, SessionStatus};
+use agora_protocol::ring::{CompletionProducer, SubmissionConsumer};
+use agora_protocol::Completion;
+use agora_transport::shm::Segment;
+use agora_transport::socket::FrameReader;
+use agora_transport::wake::{futex_wake_all, Doorbell};
+
+use crate::handle::HandleTable;
+use crate::memory::{BufferRecord, Heap};
+
+/// Identity from `SO_PEERCRED`.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Credentials {
+    pub pid: i32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// The part of a session that lanes touch when a job completes.
+#[derive(Debug)]
+pub(crate) struct SessionShared {
+    pub segment: Segment,
+    completions: Mutex<CompletionProducer>,
+    /// Set when the client is gone: queued jobs are skipped.
+    pub cancelled: Arc<AtomicBool>,
+    pub completed: AtomicU64,
+    pub failed: AtomicU64,
+    /// Jobs handed to lanes and not yet completed.
+    pub in_flight: AtomicU64,
+}
+
+impl SessionShared {
+    /// Posts completions (in order) and wakes the client if it sleeps.
+    pub(crate) fn post(&self, completions: &[Completion]) {
+        if completions.is_empty() {
+            return;
+        }
+        {
+            let mut producer = self.completions.lock().unwrap_or_else(|e| e.into_inner());
+            for c in completions {
+                producer.push(c);
+            }
+        }
+        let mut failed = 0;
+        for c in completions {
+            failed += u64::from(c.code != 0);
+        }
+        self.failed.fetch_add(failed, Ordering::Relaxed);
+        self.completed
+            .fetch_add(completions.len() as u64 - failed, Ordering::Relaxed);
+        // Pairs with the client's fence between announcing itself in `client_waiters` and its
+        // last look at the tail: one of us sees the other's write.
+        fence(Ordering::SeqCst);
+        let header = self.segment.view().header();
+        if header.client_waiters.load(Ordering::Relaxed) != 0 {
+            futex_wake_all(&header.completion_tail);
+        }
+    }
+
+    /// Tells a waiting client the daemon is going away.
+    pub(crate) fn close(&self) {
+        let header = self.segment.view().header();
+        header.daemon_closed.store(1, Ordering::Release);
+        // Bump the futex word's neighbour-free way: waking is enough, waiters re-check the flag.
+        futex_wake_all(&header.completion_tail);
+    }
+}
+
+/// A queue as the daemon tracks it.
+#[derive(Debug)]
+pub(crate) struct QueueState {
+    pub name: String,
+    pub class: QueueClass,
+    /// Jobs of this queue handed to a lane and not completed.
+    pub in_flight: AtomicU32,
+    /// `(device << 16) | lane` the queue is bound to while `in_flight > 0`.
+    pub binding: AtomicU32,
+}
+
+/// One client session.
+#[derive(Debug)]
+pub(crate) struct Session {
+    pub id: u64,
+    pub credentials: Credentials,
+    pub name: String,
+    pub stream: UnixStream,
+    pub reader: FrameReader,
+    pub doorbell: Doorbell,
+    pub shared: Arc<SessionShared>,
+    pub submissions: SubmissionConsumer,
+    pub queues: HandleTable<Arc<QueueState>>,
+    pub buffers: HandleTable<Arc<BufferRecord>>,
+    pub heap: Heap,
+    /// Released buffers still named by running jobs; their heap range is freed when the last
+    /// job drops its reference.
+    pub zombies: Vec<Arc<BufferRecord>>,
+    /// Descriptors taken from the ring so far (wrapping), for admission control.
+    pub ingested: u32,
+    pub submitted: u64,
+    pub completion_capacity: u32,
+}
+
+impl Session {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        id: u64,
+        credentials: Credentials,
+        name: String,
+        stream: UnixStream,
+        reader: FrameReader,
+        doorbell: Doorbell,
+        segment: Segment,
+        max_queues: usize,
+        max_buffers: usize,
+    ) -> Self {
+        let view = *segment.view();
+        let heap = Heap::new(view.geometry().heap_len);
+        let completion_capacity = view.geometry().completion_capacity;
+        Session {
+            id,
+            credentials,
+            name,
+            stream,
+            reader,
+            doorbell,
+            submissions: SubmissionConsumer::new(view),
+            shared: Arc::new(SessionShared {
+                completions: Mutex::new(CompletionProducer::new(view)),
+                segment,
+                cancelled: Arc::new(AtomicBool::new(false)),
+                completed: AtomicU64::new(0),
+                failed: AtomicU64::new(0),
+                in_flight: AtomicU64::new(0),
+            }),
+            queues: HandleTable::new(max_queues),
+            buffers: HandleTable::new(max_buffers),
+            heap,
+            zombies: Vec::new(),
+            ingested: 0,
+            submitted: 0,
+            completion_capacity,
+        }
+    }
+
+    /// How many more descriptors we may take before the client must consume completions.
+    pub(crate) fn admission_room(&self) -> u32 {
+        let head = self
+            .shared
+            .segment
+            .view()
+            .header()
+            .completion_head
+            .load(Ordering::Acquire);
+        let outstanding = self.ingested.wrapping_sub(head);
+        // A head the client could not honestly have published counts as a full ring.
+        self.completion_capacity.saturating_sub(outstanding)
+    }
+
+    pub(crate) fn alloc_buffer(&mut self, len: u64) -> Result<(u64, u64), ControlError> {
+        if len == 0 {
+            return Err(ControlError::EmptyBuffer);
+        }
+        self.reclaim_zombies();
+        let Some(offset) = self.heap.alloc(len) else {
+            return Err(ControlError::QuotaExceeded {
+                requested: len,
+                available: self.heap.capacity() - self.heap.used(),
+                largest_free: self.heap.largest_free(),
+                quota: self.heap.capacity(),
+            });
+        };
+        match self.buffers.insert(Arc::new(BufferRecord { offset, len })) {
+            Some(handle) => Ok((handle, offset)),
+            None => {
+                self.heap.free(offset, len);
+                Err(ControlError::TooMany {
+                    what: "buffers".into(),
+                    limit: self.buffers.len() as u64,
+                })
+            }
+        }
+    }
+
+    pub(crate) fn release_buffer(&mut self, handle: u64) -> bool {
+        match self.buffers.remove(handle) {
+            Some(record) => {
+                self.zombies.push(record);
+                self.reclaim_zombies();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Frees the heap ranges of released buffers that no job references any more.
+    pub(crate) fn reclaim_zombies(&mut self) {
+        let heap = &mut self.heap;
+        self.zombies.retain(|record| {
+            if Arc::strong_count(record) == 1 {
+                heap.free(record.offset, record.len);
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    pub(crate) fn status(&self) -> SessionStatus {
+        let shared = &self.shared;
+        SessionStatus {
+            id: self.id,
+            pid: self.credentials.pid,
+            uid: self.credentials.uid,
+            gid: self.credentials.gid,
+            name: self.name.clone(),
+            queues: self
+                .queues
+                .values()
+                .map(|q| {
+                    let in_flight = u64::from(q.in_flight.load(Ordering::Relaxed));
+                    let binding = q.binding.load(Ordering::Relaxed);
+                    QueueStatus {
+                        name: q.name.clone(),
+                        class: q.class,
+                        in_flight,
+                        bound_to: (in_flight > 0)
+                            .then(|| format!("device{}/lane{}", binding >> 16, binding & 0xffff)),
+                    }
+                })
+                .collect(),
+            buffers: self.buffers.len() as u64,
+            heap_used: self.heap.used(),
+            heap_quota: self.heap.capacity(),
+            tasks_submitted: self.submitted,
+            tasks_completed: shared.completed.load(Ordering::Relaxed),
+            tasks_failed: shared.failed.load(Ordering::Relaxed),
+            in_flight: shared.in_flight.load(Ordering::Relaxed),
+        }
+    }
+}

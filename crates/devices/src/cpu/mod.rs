@@ -1,0 +1,238 @@
+//! The CPU device: worker threads partitioned into lanes.
+//!
+//! Each lane is a *gang* of `threads_per_lane` threads. The gang's leader takes the lane's next
+//! job; a kernel launch is split by rows of its first dimension into one stripe per thread (the
+//! leader runs stripe 0, helpers the rest) and the leader completes the job when every stripe is
+//! done. So one lane runs one job at a time, in order, using all its threads.
+//!
+//! Idle leaders spin briefly, then sleep on a condition variable; submitters notify only when the
+//! leader announced it sleeps, so a busy lane costs no system calls per job.
+
+mod gang;
+mod lane;
+
+use std::sync::Arc;
+
+use agora_kernels::{KernelCall, KernelDef};
+use agora_protocol::control::{DeviceStatus, LaneStatus};
+use agora_protocol::TaskError;
+
+use crate::{Device, DeviceInfo, DeviceKind, Job, Work};
+use lane::Lane;
+
+/// The CPU device.
+#[derive(Debug)]
+pub struct CpuDevice {
+    info: DeviceInfo,
+    lanes: Vec<Arc<Lane>>,
+    threads: std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>,
+}
+
+impl CpuDevice {
+    /// Starts `lanes` lanes of `threads_per_lane` threads each.
+    pub fn new(lanes: usize, threads_per_lane: usize) -> std::io::Result<Self> {
+        let lanes = lanes.max(1);
+        let threads_per_lane = threads_per_lane.max(1);
+        let mut handles = Vec::new();
+        let mut lane_list = Vec::new();
+        for index in 0..lanes {
+            let (lane, threads) = Lane::start(index, threads_per_lane)?;
+            lane_list.push(lane);
+            handles.extend(threads);
+        }
+        Ok(CpuDevice {
+            info: DeviceInfo {
+                name: "cpu0".to_string(),
+                kind: DeviceKind::Cpu,
+                lanes,
+                threads_per_lane,
+                shares_host_memory: true,
+            },
+            lanes: lane_list,
+            threads: std::sync::Mutex::new(handles),
+        })
+    }
+
+    /// A default partition of this machine's cores: one thread per lane, one lane per core.
+    pub fn default_partition() -> (usize, usize) {
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        (cores, 1)
+    }
+}
+
+impl Device for CpuDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn implements(&self, kernel: &KernelDef) -> bool {
+        kernel.cpu.is_some()
+    }
+
+    fn submit(&self, lane: usize, job: Job) {
+        self.lanes[lane % self.lanes.len()].push(job);
+    }
+
+    fn lane_load(&self, lane: usize) -> usize {
+        self.lanes[lane % self.lanes.len()].load()
+    }
+
+    fn run_inline(&self, work: &Work) -> Result<(), TaskError> {
+        execute(work, None)
+    }
+
+    fn status(&self) -> DeviceStatus {
+        DeviceStatus {
+            name: self.info.name.clone(),
+            kind: self.info.kind.name().to_string(),
+            threads_per_lane: self.info.threads_per_lane as u32,
+            lanes: self
+                .lanes
+                .iter()
+                .map(|l| l.status())
+                .collect::<Vec<LaneStatus>>(),
+        }
+    }
+
+    fn shutdown(&self) {
+        for lane in &self.lanes {
+            lane.stop();
+        }
+        let handles = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for h in handles {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for CpuDevice {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Runs `work` on the calling thread, or split over `gang` when given.
+pub(crate) fn execute(work: &Work, gang: Option<&gang::Gang>) -> Result<(), TaskError> {
+    match work {
+        Work::Nothing => Ok(()),
+        Work::Fill { ptr, len, value } => {
+            // SAFETY: the daemon checked that [ptr, ptr+len) lies in a live buffer kept mapped by
+            // the job's keepalive; this lane is the only writer.
+            unsafe { std::ptr::write_bytes(*ptr, *value, *len) };
+            Ok(())
+        }
+        Work::Copy { src, dst, len } => {
+            // SAFETY: both ranges were bounds-checked against live buffers; `copy` allows overlap.
+            unsafe { std::ptr::copy(*src, *dst, *len) };
+            Ok(())
+        }
+        Work::Launch {
+            kernel,
+            range,
+            dims,
+            args,
+            arg_count,
+        } => {
+            let cpu = kernel.cpu.ok_or(TaskError::KernelFault)?;
+            // SAFETY: the daemon resolved every buffer argument to a live, 64-byte-aligned range
+            // of the session heap kept mapped by the job, checked the launch against the kernel's
+            // signature and size check, and refused written buffers passed twice.
+            let call = unsafe { KernelCall::new(&range[..*dims], &args[..*arg_count]) };
+            let rows = range[0];
+            match gang {
+                Some(g) if g.threads() > 1 && rows > 1 => g.run(rows, &|r| cpu(&call, r)),
+                _ => run_guarded(&|| cpu(&call, 0..rows)),
+            }
+        }
+    }
+}
+
+/// Runs `f`, turning a panic (a kernel bug) into a task error.
+pub(crate) fn run_guarded(f: &(dyn Fn() + Sync)) -> Result<(), TaskError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|panic| {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        tracing::error!(%message, "kernel panicked; failing the task");
+        TaskError::KernelFault
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agora_kernels::ArgValue;
+    use agora_protocol::MAX_ARGS;
+    use std::sync::mpsc;
+
+    fn saxpy_job(x: &mut [f32], y: &mut [f32], tx: mpsc::Sender<Result<(), TaskError>>) -> Job {
+        let (_, k) = agora_kernels::find("saxpy").unwrap();
+        let mut args = [ArgValue::None; MAX_ARGS];
+        args[0] = ArgValue::Scalar(u64::from(2.0f32.to_bits()));
+        args[1] = ArgValue::Buffer {
+            ptr: x.as_mut_ptr() as *mut u8,
+            len: (x.len() * 4) as u64,
+        };
+        args[2] = ArgValue::Buffer {
+            ptr: y.as_mut_ptr() as *mut u8,
+            len: (y.len() * 4) as u64,
+        };
+        Job {
+            work: Work::Launch {
+                kernel: k,
+                range: [y.len() as u64, 1, 1],
+                dims: 1,
+                args,
+                arg_count: 3,
+            },
+            keepalive: None,
+            cancelled: None,
+            done: Box::new(move |r| tx.send(r).unwrap()),
+        }
+    }
+
+    #[test]
+    fn lanes_run_jobs_in_order_with_gangs() {
+        for threads in [1, 3] {
+            let dev = CpuDevice::new(2, threads).unwrap();
+            let mut x = vec![1.0f32; 100_003];
+            let mut y = vec![0.0f32; 100_003];
+            let (tx, rx) = mpsc::channel();
+            for _ in 0..10 {
+                dev.submit(1, saxpy_job(&mut x, &mut y, tx.clone()));
+            }
+            for _ in 0..10 {
+                rx.recv().unwrap().unwrap();
+            }
+            assert!(
+                y.iter().all(|v| *v == 20.0),
+                "10 ordered saxpy steps on {threads} threads"
+            );
+            assert_eq!(dev.status().lanes[1].completed, 10);
+            dev.shutdown();
+        }
+    }
+
+    #[test]
+    fn cancelled_jobs_do_not_run() {
+        let dev = CpuDevice::new(1, 1).unwrap();
+        let mut x = vec![1.0f32; 8];
+        let mut y = vec![0.0f32; 8];
+        let (tx, rx) = mpsc::channel();
+        let mut job = saxpy_job(&mut x, &mut y, tx);
+        job.cancelled = Some(Arc::new(std::sync::atomic::AtomicBool::new(true)));
+        dev.submit(0, job);
+        assert_eq!(rx.recv().unwrap(), Err(TaskError::Cancelled));
+        assert!(y.iter().all(|v| *v == 0.0));
+    }
+
+    #[test]
+    fn a_panicking_kernel_is_a_task_error_not_a_crash() {
+        let r = run_guarded(&|| panic!("boom"));
+        assert_eq!(r, Err(TaskError::KernelFault));
+    }
+}

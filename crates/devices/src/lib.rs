@@ -1,0 +1,138 @@
+//! The device layer: one small [`Device`] trait and its backends, one module (and cargo feature)
+//! per backend.
+//!
+//! Contract, in the style of wgpu-hal: the daemon validates every task before it reaches a
+//! device (handles resolved, signatures and sizes checked, byte ranges inside their buffers), so
+//! devices do not re-validate. A defensive check that fires here is a daemon bug; devices turn it
+//! into a [`TaskError::KernelFault`] for that task rather than crash.
+//!
+//! A device exposes *lanes*: independent execution contexts (a group of CPU threads, an OpenCL
+//! command queue, a CUDA stream). Each lane runs its jobs in submission order, one at a time, so a
+//! queue bound to a lane keeps its issue order for free. Several lanes give spatial sharing.
+//!
+//! This crate must not know about sessions, queues, policies or the wire protocol beyond kernel
+//! signatures and task errors.
+
+use std::any::Any;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use agora_kernels::{ArgValue, KernelDef};
+use agora_protocol::control::DeviceStatus;
+use agora_protocol::{TaskError, MAX_ARGS};
+
+#[cfg(feature = "cpu")]
+pub mod cpu;
+
+/// Kinds of device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// Host CPU cores.
+    Cpu,
+}
+
+impl DeviceKind {
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceKind::Cpu => "cpu",
+        }
+    }
+}
+
+/// Static facts about a device.
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    /// Name, e.g. `cpu0`.
+    pub name: String,
+    /// Kind.
+    pub kind: DeviceKind,
+    /// Number of lanes.
+    pub lanes: usize,
+    /// Threads (or compute units) per lane.
+    pub threads_per_lane: usize,
+    /// Whether the device computes directly on host memory (the session segment), so host and
+    /// device copies of a buffer are the same bytes and transfers are ordering points only.
+    pub shares_host_memory: bool,
+}
+
+/// What a job does.
+#[derive(Debug)]
+pub enum Work {
+    /// Run a kernel.
+    Launch {
+        /// The kernel.
+        kernel: &'static KernelDef,
+        /// Range (dims entries meaningful).
+        range: [u64; 3],
+        /// Number of dimensions.
+        dims: usize,
+        /// Resolved arguments.
+        args: [ArgValue; MAX_ARGS],
+        /// Number of arguments.
+        arg_count: usize,
+    },
+    /// Fill `len` bytes at `ptr` with `value`.
+    Fill {
+        /// Destination.
+        ptr: *mut u8,
+        /// Length.
+        len: usize,
+        /// Byte value.
+        value: u8,
+    },
+    /// Copy `len` bytes from `src` to `dst` (ranges may overlap).
+    Copy {
+        /// Source.
+        src: *const u8,
+        /// Destination.
+        dst: *mut u8,
+        /// Length.
+        len: usize,
+    },
+    /// An ordering point with nothing to do (e.g. a transfer on a host-memory device).
+    Nothing,
+}
+
+// SAFETY: the pointers in `Work` refer to session memory that the job's `keepalive` keeps mapped
+// until the job completes; the daemon hands each job to exactly one lane.
+unsafe impl Send for Work {}
+
+/// A unit of work for a lane.
+pub struct Job {
+    /// What to do.
+    pub work: Work,
+    /// Keeps the memory the work points into alive until the job is done.
+    pub keepalive: Option<Arc<dyn Any + Send + Sync>>,
+    /// When set before the job starts, the job is skipped and completes with `Cancelled`.
+    pub cancelled: Option<Arc<AtomicBool>>,
+    /// Called exactly once, on the lane's thread, with the outcome.
+    pub done: Box<dyn FnOnce(Result<(), TaskError>) + Send>,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job")
+            .field("work", &self.work)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A device: lanes that run jobs in order.
+pub trait Device: Send + Sync {
+    /// Static facts.
+    fn info(&self) -> &DeviceInfo;
+    /// Whether the device has an implementation of `kernel`.
+    fn implements(&self, kernel: &KernelDef) -> bool;
+    /// Appends `job` to `lane`'s queue.
+    fn submit(&self, lane: usize, job: Job);
+    /// Jobs queued or running on `lane` (a load estimate for policies).
+    fn lane_load(&self, lane: usize) -> usize;
+    /// Runs `work` on the calling thread, now. Only for devices that share host memory, and only
+    /// for work the caller has judged tiny; used to skip a thread hand-off for such tasks.
+    fn run_inline(&self, work: &Work) -> Result<(), TaskError>;
+    /// A status snapshot.
+    fn status(&self) -> DeviceStatus;
+    /// Stops the lanes after their queued jobs are cancelled.
+    fn shutdown(&self);
+}

@@ -1,0 +1,231 @@
+//! The kernel library.
+//!
+//! Each kernel is one [`KernelDef`]: a name, a declared signature (which arguments are buffers,
+//! read or written, which are scalars), a size check that says how large each buffer must be for
+//! a given range and scalars, and implementations per device kind (today: the CPU, as a Rust
+//! function over a slice of the range's first dimension, so a lane can split it among threads).
+//!
+//! The daemon checks every launch against the signature and the size check *before* it calls an
+//! implementation, so implementations may assume their buffers are large enough; they still
+//! access buffers only through bounds-checked views or through slices whose bounds the check
+//! established.
+//!
+//! This crate must not know about sessions, devices or scheduling.
+
+use std::ops::Range;
+
+use agora_protocol::{Access, ArgTag, ParamKind, RawArg, ScalarType, TaskError};
+
+mod basic;
+mod call;
+pub mod gaussian;
+
+pub use call::{run_on_host, ArgValue, KernelCall, LaunchShape, SharedMut};
+
+/// CPU implementation: runs the rows `rows` (a sub-range of the launch's first dimension).
+pub type CpuFn = fn(call: &KernelCall<'_>, rows: Range<u64>);
+
+/// Size check: given the launch's shape, says whether every buffer is large enough.
+pub type CheckFn = fn(shape: &LaunchShape<'_>) -> Result<(), TaskError>;
+
+/// One declared parameter.
+#[derive(Debug, Clone, Copy)]
+pub struct Param {
+    /// Name, for messages and listings.
+    pub name: &'static str,
+    /// Kind.
+    pub kind: ParamKind,
+}
+
+/// How expensive a kernel is, for the decision to run it inline on the dispatcher thread.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Cost {
+    /// Constant and negligible (e.g. `noop`).
+    Trivial,
+    /// About this many nanoseconds per work item on one CPU core.
+    PerItemNs(f64),
+}
+
+/// A kernel of the library.
+#[derive(Debug)]
+pub struct KernelDef {
+    /// Name, e.g. `gaussian.fan1`.
+    pub name: &'static str,
+    /// What it computes and the range it expects.
+    pub doc: &'static str,
+    /// Parameters in call order.
+    pub params: &'static [Param],
+    /// Cost estimate.
+    pub cost: Cost,
+    /// Buffer-size and scalar check.
+    pub check: CheckFn,
+    /// CPU implementation.
+    pub cpu: Option<CpuFn>,
+}
+
+impl KernelDef {
+    /// The wire form of the signature.
+    pub fn signature(&self) -> agora_protocol::KernelSignature {
+        agora_protocol::KernelSignature {
+            name: self.name.to_string(),
+            params: self
+                .params
+                .iter()
+                .map(|p| agora_protocol::ParamSpec {
+                    name: p.name.to_string(),
+                    kind: p.kind,
+                })
+                .collect(),
+            doc: self.doc.to_string(),
+        }
+    }
+
+    /// Checks that `args` match the declared parameter kinds (count and tags).
+    pub fn check_arguments(&self, args: &[RawArg]) -> Result<(), TaskError> {
+        if args.len() != self.params.len() {
+            return Err(TaskError::ArgumentCount {
+                expected: self.params.len() as u32,
+                got: args.len() as u32,
+            });
+        }
+        for (index, (param, arg)) in self.params.iter().zip(args).enumerate() {
+            let expected = match param.kind {
+                ParamKind::Buffer { .. } => ArgTag::Buffer,
+                ParamKind::Scalar(t) => ArgTag::for_scalar(t),
+            };
+            if arg.tag != expected as u32 {
+                return Err(TaskError::ArgumentType {
+                    index: index as u16,
+                    expected: expected as u32,
+                    got: arg.tag,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Estimated nanoseconds on one core for `items` work items.
+    pub fn estimated_ns(&self, items: u64) -> f64 {
+        match self.cost {
+            Cost::Trivial => 0.0,
+            Cost::PerItemNs(ns) => ns * items as f64,
+        }
+    }
+}
+
+/// Shorthand for a buffer parameter.
+pub(crate) const fn buffer(name: &'static str, element: ScalarType, access: Access) -> Param {
+    Param {
+        name,
+        kind: ParamKind::Buffer { element, access },
+    }
+}
+
+/// Shorthand for a scalar parameter.
+pub(crate) const fn scalar(name: &'static str, t: ScalarType) -> Param {
+    Param {
+        name,
+        kind: ParamKind::Scalar(t),
+    }
+}
+
+static LIBRARY: &[KernelDef] = &[
+    basic::NOOP,
+    basic::SAXPY,
+    basic::VECTOR_ADD,
+    basic::FILL,
+    gaussian::FAN1,
+    gaussian::FAN2,
+];
+
+/// Every kernel, indexed by kernel id.
+pub fn library() -> &'static [KernelDef] {
+    LIBRARY
+}
+
+/// Finds a kernel by name; returns its id and definition.
+pub fn find(name: &str) -> Option<(u32, &'static KernelDef)> {
+    LIBRARY
+        .iter()
+        .enumerate()
+        .find(|(_, k)| k.name == name)
+        .map(|(i, k)| (i as u32, k))
+}
+
+/// Names close to `name` (same prefix or small edit distance), for "did you mean" messages.
+pub fn suggestions(name: &str) -> Vec<String> {
+    let mut out: Vec<String> = LIBRARY
+        .iter()
+        .filter(|k| {
+            edit_distance(k.name, name) <= 2 || (name.len() >= 3 && k.name.starts_with(name))
+        })
+        .map(|k| k.name.to_string())
+        .collect();
+    out.truncate(3);
+    out
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            cur[j + 1] = (prev[j] + usize::from(ca != *cb))
+                .min(prev[j + 1] + 1)
+                .min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_found() {
+        for (i, k) in library().iter().enumerate() {
+            assert_eq!(find(k.name).unwrap().0, i as u32);
+            assert!(k.cpu.is_some(), "{} has a CPU implementation", k.name);
+        }
+        assert!(find("nope").is_none());
+    }
+
+    #[test]
+    fn suggests_close_names() {
+        assert_eq!(suggestions("saxp"), vec!["saxpy".to_string()]);
+        assert!(suggestions("gaussian").iter().any(|s| s == "gaussian.fan1"));
+        assert!(suggestions("zzzzzzzz").is_empty());
+    }
+
+    #[test]
+    fn argument_checks_name_the_problem() {
+        let (_, saxpy) = find("saxpy").unwrap();
+        let err = saxpy
+            .check_arguments(&[RawArg::f32(1.0), RawArg::buffer(1)])
+            .unwrap_err();
+        assert_eq!(
+            err,
+            TaskError::ArgumentCount {
+                expected: 3,
+                got: 2
+            }
+        );
+        let err = saxpy
+            .check_arguments(&[RawArg::f32(1.0), RawArg::f32(2.0), RawArg::buffer(1)])
+            .unwrap_err();
+        assert_eq!(
+            err,
+            TaskError::ArgumentType {
+                index: 1,
+                expected: ArgTag::Buffer as u32,
+                got: ArgTag::F32 as u32
+            }
+        );
+        saxpy
+            .check_arguments(&[RawArg::f32(1.0), RawArg::buffer(2), RawArg::buffer(1)])
+            .unwrap();
+    }
+}

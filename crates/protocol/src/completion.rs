@@ -1,0 +1,382 @@
+//! Completion records and the typed per-task error they carry.
+//!
+//! A completion is 32 bytes: the task id, an error code, an argument index and two numbers
+//! whose meaning depends on the code. [`TaskError`] converts both ways, so the daemon and every
+//! client print the same message for the same failure.
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::descriptor::ArgTag;
+
+/// The record the daemon writes into the completion ring.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C)]
+pub struct Completion {
+    /// The task id from the descriptor.
+    pub task_id: u64,
+    /// 0 on success, otherwise an error code.
+    pub code: u16,
+    /// Argument index, when the error concerns one.
+    pub arg: u16,
+    /// Zero.
+    pub reserved: u32,
+    /// First detail value.
+    pub a: u64,
+    /// Second detail value.
+    pub b: u64,
+}
+
+/// What is malformed in a descriptor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Malformed {
+    /// The operation code is unknown.
+    UnknownOp(u32),
+    /// `arg_count` exceeds [`crate::MAX_ARGS`].
+    TooManyArguments(u32),
+    /// An argument tag is unknown.
+    BadArgumentTag {
+        /// Which argument.
+        index: u16,
+        /// The tag found.
+        tag: u32,
+    },
+    /// `dims` is not 1, 2 or 3.
+    BadDimensions(u32),
+}
+
+/// Why a task failed. Every variant names the problem and, where it helps, what to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TaskError {
+    /// The descriptor's fixed fields are invalid (a corrupted or hand-written descriptor).
+    #[error("malformed task descriptor: {}", describe_malformed(.0))]
+    Malformed(Malformed),
+    /// The queue handle does not name a live queue of this session.
+    #[error(
+        "unknown queue handle {0:#x}: the queue was released or never created in this session"
+    )]
+    UnknownQueue(u64),
+    /// The kernel id is not in the daemon's kernel table.
+    #[error("unknown kernel id {0}: look kernels up by name with Session::kernel")]
+    UnknownKernel(u32),
+    /// Wrong number of arguments.
+    #[error("wrong argument count: the kernel takes {expected}, the launch passed {got}")]
+    ArgumentCount {
+        /// Declared count.
+        expected: u32,
+        /// Passed count.
+        got: u32,
+    },
+    /// An argument has the wrong type.
+    #[error("argument {index} has the wrong type: expected {}, got {}", tag_name(*.expected), tag_name(*.got))]
+    ArgumentType {
+        /// Which argument.
+        index: u16,
+        /// Expected [`ArgTag`].
+        expected: u32,
+        /// Found [`ArgTag`].
+        got: u32,
+    },
+    /// A buffer handle does not name a live buffer of this session.
+    #[error("argument {index}: invalid buffer handle {handle:#x} (released, never allocated, or from another session)")]
+    InvalidHandle {
+        /// Which argument.
+        index: u16,
+        /// The handle.
+        handle: u64,
+    },
+    /// A buffer is too small for the launch's range and scalars.
+    #[error("argument {index}: buffer too small for this launch: needs {needed} bytes, has {len}")]
+    BufferTooSmall {
+        /// Which argument.
+        index: u16,
+        /// Bytes the launch needs.
+        needed: u64,
+        /// Bytes the buffer has.
+        len: u64,
+    },
+    /// A byte range (sync, memset, copy) lies outside the buffer.
+    #[error("argument {index}: byte range ends at {end}, past the buffer's {len} bytes")]
+    OutOfBounds {
+        /// Which argument.
+        index: u16,
+        /// End of the requested range.
+        end: u64,
+        /// Buffer length.
+        len: u64,
+    },
+    /// A scalar argument is outside what the kernel accepts.
+    #[error("argument {index}: scalar value {value} is out of the kernel's accepted range")]
+    InvalidScalar {
+        /// Which argument.
+        index: u16,
+        /// The value (as i64 bits).
+        value: i64,
+    },
+    /// The range is empty or too large.
+    #[error("invalid range: {items} work items (each dimension must be at least 1, at most {max} items in all)")]
+    InvalidRange {
+        /// Items requested (saturated).
+        items: u64,
+        /// Most allowed.
+        max: u64,
+    },
+    /// One buffer is passed twice and at least one use writes it.
+    #[error("arguments {index} and {other} are the same buffer and one of them is written; pass distinct buffers")]
+    Aliased {
+        /// First use.
+        index: u16,
+        /// Second use.
+        other: u64,
+    },
+    /// No device of this node implements the kernel.
+    #[error("no device on this node implements kernel id {0}")]
+    NoDevice(u32),
+    /// The kernel faulted while running (a bug in the kernel library; the daemon survived).
+    #[error("the kernel faulted while running; the daemon logged the details")]
+    KernelFault,
+    /// The task was cancelled before it ran (its session or queue went away).
+    #[error("the task was cancelled before it ran")]
+    Cancelled,
+    /// The error code is not known to this client (a newer daemon).
+    #[error("unknown error code {0} from the daemon: upgrade the client")]
+    Unknown(u16),
+}
+
+fn tag_name(tag: u32) -> &'static str {
+    ArgTag::from_u32(tag)
+        .map(ArgTag::name)
+        .unwrap_or("an unknown tag")
+}
+
+fn describe_malformed(m: &Malformed) -> String {
+    match m {
+        Malformed::UnknownOp(op) => format!("unknown operation code {op}"),
+        Malformed::TooManyArguments(n) => {
+            format!("{n} arguments, at most {} allowed", crate::MAX_ARGS)
+        }
+        Malformed::BadArgumentTag { index, tag } => {
+            format!("argument {index} has unknown tag {tag}")
+        }
+        Malformed::BadDimensions(d) => format!("{d} range dimensions, expected 1 to 3"),
+    }
+}
+
+impl Completion {
+    /// A successful completion.
+    pub fn ok(task_id: u64) -> Self {
+        Completion {
+            task_id,
+            ..Default::default()
+        }
+    }
+
+    /// A failed completion.
+    pub fn failed(task_id: u64, error: TaskError) -> Self {
+        let (code, arg, a, b) = error.encode();
+        Completion {
+            task_id,
+            code,
+            arg,
+            reserved: 0,
+            a,
+            b,
+        }
+    }
+
+    /// The outcome this record carries.
+    pub fn result(&self) -> Result<(), TaskError> {
+        if self.code == 0 {
+            Ok(())
+        } else {
+            Err(TaskError::decode(self.code, self.arg, self.a, self.b))
+        }
+    }
+}
+
+impl TaskError {
+    /// Short stable name of the error kind, for metrics and bindings.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            TaskError::Malformed(_) => "malformed",
+            TaskError::UnknownQueue(_) => "unknown_queue",
+            TaskError::UnknownKernel(_) => "unknown_kernel",
+            TaskError::ArgumentCount { .. } => "argument_count",
+            TaskError::ArgumentType { .. } => "argument_type",
+            TaskError::InvalidHandle { .. } => "invalid_handle",
+            TaskError::BufferTooSmall { .. } => "buffer_too_small",
+            TaskError::OutOfBounds { .. } => "out_of_bounds",
+            TaskError::InvalidScalar { .. } => "invalid_scalar",
+            TaskError::InvalidRange { .. } => "invalid_range",
+            TaskError::Aliased { .. } => "aliased",
+            TaskError::NoDevice(_) => "no_device",
+            TaskError::KernelFault => "kernel_fault",
+            TaskError::Cancelled => "cancelled",
+            TaskError::Unknown(_) => "unknown",
+        }
+    }
+
+    fn encode(self) -> (u16, u16, u64, u64) {
+        match self {
+            TaskError::Malformed(Malformed::UnknownOp(op)) => (1, 0, u64::from(op), 0),
+            TaskError::Malformed(Malformed::TooManyArguments(n)) => (2, 0, u64::from(n), 0),
+            TaskError::Malformed(Malformed::BadArgumentTag { index, tag }) => {
+                (3, index, u64::from(tag), 0)
+            }
+            TaskError::Malformed(Malformed::BadDimensions(d)) => (4, 0, u64::from(d), 0),
+            TaskError::UnknownQueue(q) => (5, 0, q, 0),
+            TaskError::UnknownKernel(k) => (6, 0, u64::from(k), 0),
+            TaskError::ArgumentCount { expected, got } => {
+                (7, 0, u64::from(expected), u64::from(got))
+            }
+            TaskError::ArgumentType {
+                index,
+                expected,
+                got,
+            } => (8, index, u64::from(expected), u64::from(got)),
+            TaskError::InvalidHandle { index, handle } => (9, index, handle, 0),
+            TaskError::BufferTooSmall { index, needed, len } => (10, index, needed, len),
+            TaskError::OutOfBounds { index, end, len } => (11, index, end, len),
+            TaskError::InvalidScalar { index, value } => (12, index, value as u64, 0),
+            TaskError::InvalidRange { items, max } => (13, 0, items, max),
+            TaskError::Aliased { index, other } => (14, index, other, 0),
+            TaskError::NoDevice(k) => (15, 0, u64::from(k), 0),
+            TaskError::KernelFault => (16, 0, 0, 0),
+            TaskError::Cancelled => (17, 0, 0, 0),
+            TaskError::Unknown(code) => (code, 0, 0, 0),
+        }
+    }
+
+    fn decode(code: u16, arg: u16, a: u64, b: u64) -> Self {
+        let a32 = a as u32;
+        match code {
+            1 => TaskError::Malformed(Malformed::UnknownOp(a32)),
+            2 => TaskError::Malformed(Malformed::TooManyArguments(a32)),
+            3 => TaskError::Malformed(Malformed::BadArgumentTag {
+                index: arg,
+                tag: a32,
+            }),
+            4 => TaskError::Malformed(Malformed::BadDimensions(a32)),
+            5 => TaskError::UnknownQueue(a),
+            6 => TaskError::UnknownKernel(a32),
+            7 => TaskError::ArgumentCount {
+                expected: a32,
+                got: b as u32,
+            },
+            8 => TaskError::ArgumentType {
+                index: arg,
+                expected: a32,
+                got: b as u32,
+            },
+            9 => TaskError::InvalidHandle {
+                index: arg,
+                handle: a,
+            },
+            10 => TaskError::BufferTooSmall {
+                index: arg,
+                needed: a,
+                len: b,
+            },
+            11 => TaskError::OutOfBounds {
+                index: arg,
+                end: a,
+                len: b,
+            },
+            12 => TaskError::InvalidScalar {
+                index: arg,
+                value: a as i64,
+            },
+            13 => TaskError::InvalidRange { items: a, max: b },
+            14 => TaskError::Aliased {
+                index: arg,
+                other: a,
+            },
+            15 => TaskError::NoDevice(a32),
+            16 => TaskError::KernelFault,
+            17 => TaskError::Cancelled,
+            other => TaskError::Unknown(other),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_round_trips_through_a_completion() {
+        let errors = [
+            TaskError::Malformed(Malformed::UnknownOp(9)),
+            TaskError::Malformed(Malformed::TooManyArguments(40)),
+            TaskError::Malformed(Malformed::BadArgumentTag { index: 3, tag: 77 }),
+            TaskError::Malformed(Malformed::BadDimensions(0)),
+            TaskError::UnknownQueue(5),
+            TaskError::UnknownKernel(12),
+            TaskError::ArgumentCount {
+                expected: 3,
+                got: 2,
+            },
+            TaskError::ArgumentType {
+                index: 1,
+                expected: 1,
+                got: 6,
+            },
+            TaskError::InvalidHandle {
+                index: 2,
+                handle: 0xdead,
+            },
+            TaskError::BufferTooSmall {
+                index: 1,
+                needed: 4096,
+                len: 1024,
+            },
+            TaskError::OutOfBounds {
+                index: 0,
+                end: 99,
+                len: 64,
+            },
+            TaskError::InvalidScalar {
+                index: 3,
+                value: -4,
+            },
+            TaskError::InvalidRange { items: 0, max: 5 },
+            TaskError::Aliased { index: 1, other: 2 },
+            TaskError::NoDevice(4),
+            TaskError::KernelFault,
+            TaskError::Cancelled,
+        ];
+        for e in errors {
+            let c = Completion::failed(42, e);
+            assert_eq!(c.task_id, 42);
+            assert_eq!(c.result(), Err(e));
+            assert!(!e.to_string().is_empty());
+        }
+        assert_eq!(Completion::ok(1).result(), Ok(()));
+        assert_eq!(
+            Completion {
+                code: 999,
+                ..Default::default()
+            }
+            .result(),
+            Err(TaskError::Unknown(999))
+        );
+    }
+
+    #[test]
+    fn messages_name_the_problem() {
+        let e = TaskError::ArgumentType {
+            index: 1,
+            expected: ArgTag::Buffer as u32,
+            got: ArgTag::F32 as u32,
+        };
+        assert_eq!(
+            e.to_string(),
+            "argument 1 has the wrong type: expected buffer, got f32"
+        );
+        let e = TaskError::BufferTooSmall {
+            index: 2,
+            needed: 400,
+            len: 40,
+        };
+        assert!(e.to_string().contains("needs 400 bytes, has 40"));
+    }
+}

@@ -1,0 +1,306 @@
+//! Control-socket messages.
+//!
+//! Frames are a little-endian `u32` length followed by a postcard-encoded message. A frame longer
+//! than [`MAX_FRAME`] is a protocol error. The first message on a connection is either
+//! [`Request::Hello`] (open a session; the reply carries the segment and doorbell descriptors as
+//! `SCM_RIGHTS`) or [`Request::Status`] (a one-shot observer that opens no session).
+
+use serde::{Deserialize, Serialize};
+
+use crate::signature::KernelSignature;
+
+/// Largest control frame accepted, in bytes.
+pub const MAX_FRAME: u32 = 1 << 20;
+
+/// Class of a queue (scheduling hints for later policies).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum QueueClass {
+    /// Throughput work.
+    #[default]
+    Batch,
+    /// Latency-sensitive work.
+    Latency,
+}
+
+/// A request from a client.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Request {
+    /// Open a session.
+    Hello {
+        /// [`crate::PROTOCOL_VERSION`] of the client.
+        version: u32,
+        /// A name for status displays (the program name by default).
+        client_name: String,
+        /// Heap size wanted; the daemon grants at most its per-session quota.
+        heap_bytes: Option<u64>,
+    },
+    /// Allocate a buffer in the session heap.
+    AllocBuffer {
+        /// Length in bytes (at least 1).
+        len: u64,
+    },
+    /// Create a queue.
+    CreateQueue {
+        /// Display name.
+        name: String,
+        /// Class.
+        class: QueueClass,
+    },
+    /// Look a kernel up by name.
+    LookupKernel {
+        /// Kernel name.
+        name: String,
+    },
+    /// List every kernel.
+    ListKernels,
+    /// A snapshot of the daemon's state.
+    Status,
+}
+
+/// A reply from the daemon.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Response {
+    /// Session opened; the segment memfd and the doorbell eventfd follow as ancillary data.
+    Welcome {
+        /// Session id (unique for the daemon's lifetime).
+        session: u64,
+        /// Submission ring capacity.
+        submission_capacity: u32,
+        /// Completion ring capacity.
+        completion_capacity: u32,
+        /// Heap bytes granted.
+        heap_len: u64,
+    },
+    /// Buffer allocated.
+    Buffer {
+        /// Handle.
+        handle: u64,
+        /// Offset of its host copy in the heap.
+        offset: u64,
+        /// Length.
+        len: u64,
+    },
+    /// Queue created.
+    Queue {
+        /// Handle.
+        handle: u64,
+    },
+    /// Kernel found.
+    Kernel {
+        /// Id to put in launch descriptors.
+        id: u32,
+        /// Its signature.
+        signature: KernelSignature,
+    },
+    /// All kernels.
+    Kernels(Vec<KernelSignature>),
+    /// Daemon state.
+    Status(Box<StatusReport>),
+    /// The request failed.
+    Error(ControlError),
+}
+
+/// Why a control request failed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum ControlError {
+    /// Protocol versions differ.
+    #[error("protocol version mismatch: daemon speaks {daemon}, client {client}; use matching Agora builds")]
+    VersionMismatch {
+        /// Daemon's version.
+        daemon: u32,
+        /// Client's version.
+        client: u32,
+    },
+    /// The session heap cannot hold the buffer.
+    #[error("allocation of {requested} bytes failed: {available} of the session's {quota}-byte heap quota left (largest free block {largest_free}); free buffers or ask the operator for a larger quota (agora serve --session-quota)")]
+    QuotaExceeded {
+        /// Bytes requested.
+        requested: u64,
+        /// Bytes free in all.
+        available: u64,
+        /// Largest contiguous free block.
+        largest_free: u64,
+        /// The quota.
+        quota: u64,
+    },
+    /// A zero-length allocation.
+    #[error("buffers must be at least 1 byte long")]
+    EmptyBuffer,
+    /// No kernel by that name.
+    #[error("unknown kernel '{name}'{}", suggestion(.suggestions))]
+    UnknownKernel {
+        /// The name asked for.
+        name: String,
+        /// Close names that do exist.
+        suggestions: Vec<String>,
+    },
+    /// Too many queues or buffers in one session.
+    #[error("session limit reached: at most {limit} {what} per session")]
+    TooMany {
+        /// What ran out (`queues`, `buffers`).
+        what: String,
+        /// The limit.
+        limit: u64,
+    },
+    /// The request is not valid in this state (e.g. a second hello).
+    #[error("bad request: {0}")]
+    BadRequest(String),
+}
+
+fn suggestion(names: &[String]) -> String {
+    if names.is_empty() {
+        "; run `agora kernels` to list them".to_string()
+    } else {
+        format!("; did you mean {}?", names.join(", "))
+    }
+}
+
+/// State of one lane.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LaneStatus {
+    /// Whether a task is running.
+    pub busy: bool,
+    /// Tasks waiting in the lane.
+    pub queued: u64,
+    /// Tasks run to the end.
+    pub completed: u64,
+    /// Nanoseconds spent running tasks.
+    pub busy_ns: u64,
+}
+
+/// State of one device.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DeviceStatus {
+    /// Name, e.g. `cpu0`.
+    pub name: String,
+    /// Kind, e.g. `cpu`.
+    pub kind: String,
+    /// Threads per lane.
+    pub threads_per_lane: u32,
+    /// Lanes.
+    pub lanes: Vec<LaneStatus>,
+}
+
+/// State of one queue.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueueStatus {
+    /// Display name.
+    pub name: String,
+    /// Class.
+    pub class: QueueClass,
+    /// Tasks running or queued on a lane.
+    pub in_flight: u64,
+    /// `device/lane` it is bound to, when it has work in flight.
+    pub bound_to: Option<String>,
+}
+
+/// State of one session.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SessionStatus {
+    /// Session id.
+    pub id: u64,
+    /// Client pid (from SO_PEERCRED).
+    pub pid: i32,
+    /// Client uid.
+    pub uid: u32,
+    /// Client gid.
+    pub gid: u32,
+    /// Client name.
+    pub name: String,
+    /// Live queues.
+    pub queues: Vec<QueueStatus>,
+    /// Live buffers.
+    pub buffers: u64,
+    /// Heap bytes in use.
+    pub heap_used: u64,
+    /// Heap quota.
+    pub heap_quota: u64,
+    /// Tasks taken from the ring.
+    pub tasks_submitted: u64,
+    /// Tasks completed successfully.
+    pub tasks_completed: u64,
+    /// Tasks failed.
+    pub tasks_failed: u64,
+    /// Tasks taken but not yet completed.
+    pub in_flight: u64,
+}
+
+/// A snapshot of the whole daemon.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StatusReport {
+    /// Daemon pid.
+    pub pid: u32,
+    /// Agora version.
+    pub version: String,
+    /// Seconds since start.
+    pub uptime_s: f64,
+    /// Active placement policy.
+    pub policy: String,
+    /// Devices.
+    pub devices: Vec<DeviceStatus>,
+    /// Live sessions.
+    pub sessions: Vec<SessionStatus>,
+    /// Sessions that ended but still have tasks running (reclaimed when those finish).
+    pub closing_sessions: u64,
+    /// Sessions opened since start.
+    pub sessions_opened: u64,
+    /// Sessions ended since start (clean or not).
+    pub sessions_closed: u64,
+    /// Tasks completed since start, all sessions.
+    pub tasks_completed: u64,
+    /// Tasks failed since start, all sessions.
+    pub tasks_failed: u64,
+}
+
+/// Encodes a message into a frame (length prefix included).
+pub fn encode_frame<T: Serialize>(message: &T) -> Result<Vec<u8>, postcard::Error> {
+    let mut out = vec![0u8; 4];
+    let body = postcard::to_stdvec(message)?;
+    out.extend_from_slice(&body);
+    let len = body.len() as u32;
+    out[..4].copy_from_slice(&len.to_le_bytes());
+    Ok(out)
+}
+
+/// Decodes a frame body (without its length prefix).
+pub fn decode_body<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, postcard::Error> {
+    postcard::from_bytes(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip() {
+        let r = Request::AllocBuffer { len: 77 };
+        let f = encode_frame(&r).unwrap();
+        let len = u32::from_le_bytes(f[..4].try_into().unwrap()) as usize;
+        assert_eq!(len, f.len() - 4);
+        let back: Request = decode_body(&f[4..]).unwrap();
+        assert_eq!(back, r);
+    }
+
+    #[test]
+    fn garbage_bodies_fail_cleanly() {
+        let mut state = 12345u32;
+        for n in 0..2000usize {
+            let body: Vec<u8> = (0..(n % 64))
+                .map(|_| {
+                    state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    (state >> 24) as u8
+                })
+                .collect();
+            let _ = decode_body::<Request>(&body);
+        }
+    }
+
+    #[test]
+    fn unknown_kernel_message_suggests() {
+        let e = ControlError::UnknownKernel {
+            name: "saxp".into(),
+            suggestions: vec!["saxpy".into()],
+        };
+        assert_eq!(e.to_string(), "unknown kernel 'saxp'; did you mean saxpy?");
+    }
+}

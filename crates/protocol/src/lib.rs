@@ -1,0 +1,30 @@
+//! The contract between Agora clients and the daemon.
+//!
+//! This crate owns everything both sides must agree on, byte for byte:
+//!
+//! * [`segment`]: the layout of the per-client shared-memory segment (header, rings, heap);
+//! * [`ring`]: the single-producer/single-consumer index protocol of the submission and
+//!   completion rings;
+//! * [`descriptor`]: the fixed-size task descriptor a client writes into the submission ring and
+//!   its decoding, which treats every byte as hostile;
+//! * [`completion`]: the fixed-size completion record and the typed [`TaskError`] it carries;
+//! * [`control`]: the messages of the control socket (hello, allocate, create queue, look up
+//!   kernel, status);
+//! * [`signature`]: kernel signatures (which arguments are buffers, how they are accessed).
+//!
+//! It must not do I/O (sockets, mapping, futexes live in `agora-transport`) and must not
+//! allocate on the hot path: descriptor decoding and ring operations work on caller-owned memory.
+
+pub mod completion;
+pub mod control;
+pub mod descriptor;
+pub mod ring;
+pub mod segment;
+pub mod signature;
+
+pub use completion::{Completion, TaskError};
+pub use descriptor::{ArgTag, Op, RawArg, TaskDescriptor, MAX_ARGS};
+pub use signature::{Access, KernelSignature, ParamKind, ParamSpec, ScalarType};
+
+/// Version of the wire protocol; the hello exchange rejects a mismatch.
+pub const PROTOCOL_VERSION: u32 = 1;

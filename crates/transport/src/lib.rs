@@ -1,0 +1,47 @@
+//! Operating-system plumbing shared by the daemon and its clients.
+//!
+//! * [`shm`]: create, seal and map the per-client memfd segment;
+//! * [`wake`]: futex waits and wakes on segment words, the eventfd doorbell, adaptive spinning;
+//! * [`socket`]: control-socket paths, `SCM_RIGHTS` fd passing and length-prefixed framing.
+//!
+//! This crate knows the protocol's types but no policy: it must not know about sessions,
+//! queues, devices or kernels.
+
+pub mod shm;
+pub mod socket;
+pub mod wake;
+
+/// Errors from the transport layer.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// An operating-system call failed.
+    #[error("{what}: {source}")]
+    Os {
+        /// What was being done.
+        what: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The peer closed the connection.
+    #[error("the peer closed the connection")]
+    Closed,
+    /// The peer sent something that violates the protocol.
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+}
+
+impl TransportError {
+    pub(crate) fn os(what: &'static str) -> impl FnOnce(std::io::Error) -> TransportError {
+        move |source| TransportError::Os { what, source }
+    }
+}
+
+impl From<rustix::io::Errno> for TransportError {
+    fn from(e: rustix::io::Errno) -> Self {
+        TransportError::Os {
+            what: "system call",
+            source: e.into(),
+        }
+    }
+}
