@@ -46,9 +46,8 @@ enum Command {
 fn main() {
     let cli = Cli::parse();
     let verbose = matches!(cli.command, Command::Serve(_));
-    let filter = tracing_subscriber::EnvFilter::try_from_env("AGORA_LOG").unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(if verbose { "info" } else { "warn" })
-    });
+    let filter = tracing_subscriber::EnvFilter::try_from_env("AGORA_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(if verbose { "info" } else { "warn" }));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
