@@ -52,11 +52,7 @@ struct Ready {
 }
 
 impl Scheduler {
-    pub(crate) fn new(
-        devices: Vec<Arc<dyn Device>>,
-        policy: Box<dyn Policy>,
-        inline_max_ns: u64,
-    ) -> Self {
+    pub(crate) fn new(devices: Vec<Arc<dyn Device>>, policy: Box<dyn Policy>, inline_max_ns: u64) -> Self {
         Scheduler {
             devices,
             policy,
@@ -109,10 +105,7 @@ impl Scheduler {
                 Ok(())
             }
             Op::ReleaseQueue => {
-                session
-                    .queues
-                    .remove(d.queue)
-                    .ok_or(TaskError::UnknownQueue(d.queue))?;
+                session.queues.remove(d.queue).ok_or(TaskError::UnknownQueue(d.queue))?;
                 self.inline_done.push(Completion::ok(d.task_id));
                 Ok(())
             }
@@ -155,7 +148,8 @@ impl Scheduler {
             // A tiny task on an idle queue runs here and now, on a device that computes on host
             // memory: handing it to a lane would cost more than running it.
             let device = &self.devices[c.device];
-            if device.info().shares_host_memory && ready.estimated_ns <= self.inline_max_ns {
+            if self.inline_max_ns > 0.0 && device.info().shares_host_memory && ready.estimated_ns <= self.inline_max_ns
+            {
                 let result = device.run_inline(&ready.work);
                 self.inline_done.push(match result {
                     Ok(()) => Completion::ok(task_id),
@@ -201,11 +195,7 @@ impl Scheduler {
 }
 
 /// Looks up buffer argument `index` (handle in `handle`) in the session.
-fn buffer<'s>(
-    session: &'s Session,
-    index: usize,
-    handle: u64,
-) -> Result<&'s Arc<BufferRecord>, TaskError> {
+fn buffer(session: &Session, index: usize, handle: u64) -> Result<&Arc<BufferRecord>, TaskError> {
     session.buffers.get(handle).ok_or(TaskError::InvalidHandle {
         index: index as u16,
         handle,
@@ -213,18 +203,13 @@ fn buffer<'s>(
 }
 
 /// Checks that `[offset, offset+len)` (len 0 = to the end) lies in `record`; returns the range.
-fn byte_range(
-    record: &BufferRecord,
-    index: usize,
-    offset: u64,
-    len: u64,
-) -> Result<(u64, u64), TaskError> {
+fn byte_range(record: &BufferRecord, index: usize, offset: u64, len: u64) -> Result<(u64, u64), TaskError> {
     let len = if len == 0 {
         record.len.saturating_sub(offset)
     } else {
         len
     };
-    let end = offset.checked_add(len).unwrap_or(u64::MAX);
+    let end = offset.saturating_add(len);
     if end > record.len {
         return Err(TaskError::OutOfBounds {
             index: index as u16,
@@ -235,12 +220,7 @@ fn byte_range(
     Ok((offset, len))
 }
 
-fn heap_ptr(
-    session: &Session,
-    record: &BufferRecord,
-    offset: u64,
-    len: u64,
-) -> Result<*mut u8, TaskError> {
+fn heap_ptr(session: &Session, record: &BufferRecord, offset: u64, len: u64) -> Result<*mut u8, TaskError> {
     // The heap allocator only hands out in-heap ranges, so this cannot fail unless the daemon
     // is wrong; report it as a fault of this task rather than trusting it.
     session
@@ -272,9 +252,7 @@ fn resolve(session: &Session, d: &Decoded<'_>) -> Result<Ready, TaskError> {
                     let record = buffer(session, index, arg.value)?;
                     // One buffer twice is fine only when neither use writes it.
                     for earlier in 0..index {
-                        if d.args[earlier].tag == ArgTag::Buffer as u32
-                            && d.args[earlier].value == arg.value
-                        {
+                        if d.args[earlier].tag == ArgTag::Buffer as u32 && d.args[earlier].value == arg.value {
                             let writes = |p: &agora_kernels::Param| matches!(p.kind, ParamKind::Buffer { access, .. } if access.writes());
                             if writes(param) || writes(&kernel.params[earlier]) {
                                 return Err(TaskError::Aliased {
