@@ -52,13 +52,7 @@ pub fn gaussian(session: &Session, size: usize) -> Result<AppReport, Error> {
         )?;
         let _ = queue.launch(
             &fan2,
-            &[
-                (&m).into(),
-                (&a).into(),
-                (&b).into(),
-                Arg::I32(s),
-                Arg::I32(t as i32),
-            ],
+            &[(&m).into(), (&a).into(), (&b).into(), Arg::I32(s), Arg::I32(t as i32)],
             NdRange::d2(rows, (size - t) as u64),
         )?;
         tasks += 2;
@@ -69,11 +63,7 @@ pub fn gaussian(session: &Session, size: usize) -> Result<AppReport, Error> {
     }
     queue.finish()?;
     let seconds = start.elapsed().as_secs_f64();
-    let x = agora_kernels::gaussian::reference::back_substitute(
-        a.as_slice::<f32>(),
-        b.as_slice::<f32>(),
-        size,
-    );
+    let x = agora_kernels::gaussian::reference::back_substitute(a.as_slice::<f32>(), b.as_slice::<f32>(), size);
 
     // Host reference: the same elimination, then compare solutions.
     let (mut ra, mut rb) = (a_host.clone(), b_host.clone());
@@ -118,8 +108,7 @@ pub fn saxpy_stream(session: &Session, n: usize, iterations: usize) -> Result<Ap
         for _ in 0..iterations {
             expected += 2.0 * x_host[i];
         }
-        max_error =
-            max_error.max(f64::from((v - expected).abs()) / f64::from(expected.abs()).max(1.0));
+        max_error = max_error.max(f64::from((v - expected).abs()) / f64::from(expected.abs()).max(1.0));
     }
     Ok(AppReport {
         app: "saxpy".into(),

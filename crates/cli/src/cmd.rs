@@ -73,10 +73,7 @@ fn agora_transport_path(socket: Option<PathBuf>) -> PathBuf {
 
 pub fn serve(socket: Option<PathBuf>, args: ServeArgs) -> Result<()> {
     let config = args.config(socket);
-    if !config.ring_capacity.is_power_of_two()
-        || config.ring_capacity < 2
-        || config.ring_capacity > 1 << 16
-    {
+    if !config.ring_capacity.is_power_of_two() || config.ring_capacity < 2 || config.ring_capacity > 1 << 16 {
         bail!("--ring-capacity must be a power of two between 2 and 65536");
     }
     agora_daemon::run(config).context("the daemon stopped with an error")
@@ -98,12 +95,7 @@ pub fn status(socket: Option<PathBuf>, args: StatusArgs) -> Result<()> {
     }
     println!(
         "agora {} · pid {} · up {:.0}s · policy {} · {} tasks done, {} failed",
-        report.version,
-        report.pid,
-        report.uptime_s,
-        report.policy,
-        report.tasks_completed,
-        report.tasks_failed
+        report.version, report.pid, report.uptime_s, report.policy, report.tasks_completed, report.tasks_failed
     );
     for d in &report.devices {
         println!(
@@ -204,11 +196,7 @@ pub fn run(socket: Option<PathBuf>, args: RunArgs) -> Result<()> {
             }
             agora_apps::gaussian(&session, size)?
         }
-        App::Saxpy => agora_apps::saxpy_stream(
-            &session,
-            args.size.unwrap_or(1 << 20).max(1),
-            args.iterations,
-        )?,
+        App::Saxpy => agora_apps::saxpy_stream(&session, args.size.unwrap_or(1 << 20).max(1), args.iterations)?,
         App::VectorAdd => agora_apps::vector_add(&session, args.size.unwrap_or(1 << 20).max(1))?,
     };
     if args.json {

@@ -2,10 +2,7 @@
 
 /// Parses `N`, `NK`, `NM`, `NG` (powers of 1024; an optional trailing `B` or `iB`).
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
-    let t = text
-        .trim()
-        .trim_end_matches(['B', 'b'])
-        .trim_end_matches('i');
+    let t = text.trim().trim_end_matches(['B', 'b']).trim_end_matches('i');
     let (digits, shift) = match t.chars().last() {
         Some('K' | 'k') => (&t[..t.len() - 1], 10),
         Some('M' | 'm') => (&t[..t.len() - 1], 20),

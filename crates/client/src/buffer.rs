@@ -40,20 +40,10 @@ impl std::fmt::Debug for Buffer {
 }
 
 impl Buffer {
-    pub(crate) fn new(
-        session: Arc<Inner>,
-        handle: u64,
-        offset: u64,
-        len: u64,
-    ) -> Result<Self, Error> {
-        let ptr = session
-            .segment()
-            .view()
-            .heap_range(offset, len)
-            .ok_or_else(|| {
-                Error::Protocol(format!(
-                    "the daemon placed a buffer outside the heap ({offset}+{len})"
-                ))
+    pub(crate) fn new(session: Arc<Inner>, handle: u64, offset: u64, len: u64) -> Result<Self, Error> {
+        let ptr =
+            session.segment().view().heap_range(offset, len).ok_or_else(|| {
+                Error::Protocol(format!("the daemon placed a buffer outside the heap ({offset}+{len})"))
             })?;
         Ok(Buffer {
             session,
@@ -85,7 +75,7 @@ impl Buffer {
 
     /// Copies `data` into the host copy at byte `offset`.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), Error> {
-        let end = offset.checked_add(data.len() as u64).unwrap_or(u64::MAX);
+        let end = offset.saturating_add(data.len() as u64);
         if end > self.len {
             return Err(Error::OutOfBounds {
                 offset,
@@ -94,9 +84,7 @@ impl Buffer {
             });
         }
         // SAFETY: bounds checked above against this buffer's range of the live mapping.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(offset as usize), data.len())
-        };
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(offset as usize), data.len()) };
         Ok(())
     }
 

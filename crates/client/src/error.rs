@@ -9,13 +9,12 @@ use agora_protocol::TaskError;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// No daemon answers on the socket.
-    #[error("cannot reach the Agora daemon at {path}: {source}; start one with `agora serve`, or point AGORA_SOCKET at a running one")]
+    #[error("cannot reach the Agora daemon at {path}: {cause}; start one with `agora serve`, or point AGORA_SOCKET at a running one")]
     Connect {
         /// Socket path tried.
         path: PathBuf,
         /// Why.
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The daemon stopped or was killed; the session is gone.
     #[error("the Agora daemon went away (stopped or killed); this session is closed, open a new one once it is back")]
@@ -55,9 +54,9 @@ impl From<agora_transport::TransportError> for Error {
     fn from(e: agora_transport::TransportError) -> Self {
         match e {
             agora_transport::TransportError::Closed => Error::Disconnected,
-            agora_transport::TransportError::Os { source, .. }
+            agora_transport::TransportError::Os { cause, .. }
                 if matches!(
-                    source.kind(),
+                    cause.kind(),
                     std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
                 ) =>
             {

@@ -7,20 +7,20 @@
 //! [`Task`]s. The daemon picks the device for each task as late as possible.
 //!
 //! ```no_run
-//! use agora::{Session, Arg};
+//! use agora::{Arg, Session};
 //!
 //! # fn main() -> Result<(), agora::Error> {
-//! let session = Session::connect()?;              // $AGORA_SOCKET or the default path
+//! let session = Session::connect()?; // $AGORA_SOCKET, else the default socket path
 //! let queue = session.queue("example")?;
-//! let saxpy = session.kernel("saxpy")?;
+//! let saxpy = session.kernel("saxpy")?; // y <- a*x + y
 //! let n = 1 << 20;
-//! let x = session.buffer_from(&vec![1.0f32; n])?;
+//! let x = session.buffer_from(&vec![1.0f32; n])?; // host copies live in shared memory
 //! let y = session.buffer_from(&vec![2.0f32; n])?;
 //! queue.sync_to(&x)?;
 //! queue.sync_to(&y)?;
 //! queue.launch(&saxpy, &[Arg::F32(3.0), (&x).into(), (&y).into()], n)?;
 //! queue.sync_from(&y)?;
-//! queue.finish()?;                                // waits; reports the first failure
+//! queue.finish()?; // waits for the queue; reports its first failure
 //! assert!(y.as_slice::<f32>().iter().all(|v| *v == 5.0));
 //! # Ok(()) }
 //! ```

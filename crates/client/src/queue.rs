@@ -129,6 +129,18 @@ impl From<usize> for NdRange {
         NdRange::d1(x as u64)
     }
 }
+impl From<u32> for NdRange {
+    fn from(x: u32) -> Self {
+        NdRange::d1(u64::from(x))
+    }
+}
+/// Plain integer literals default to `i32`; a negative extent becomes 0, which the daemon refuses
+/// as an invalid range.
+impl From<i32> for NdRange {
+    fn from(x: i32) -> Self {
+        NdRange::d1(x.max(0) as u64)
+    }
+}
 impl From<(u64, u64)> for NdRange {
     fn from((x, y): (u64, u64)) -> Self {
         NdRange::d2(x, y)
@@ -142,7 +154,6 @@ impl From<(u64, u64, u64)> for NdRange {
 
 /// An issued task. Dropping it does not cancel it; an unobserved failure is reported by the
 /// queue's next [`Queue::finish`].
-#[must_use = "a task runs anyway, but its failure is only seen through wait() or queue.finish()"]
 pub struct Task {
     session: Arc<Inner>,
     id: u64,
@@ -208,12 +219,7 @@ impl Queue {
 
     /// Launches `kernel` over `range` with `args` (checked by the daemon against the kernel's
     /// signature; a mismatch fails the task with an error naming the argument).
-    pub fn launch(
-        &self,
-        kernel: &Kernel,
-        args: &[Arg<'_>],
-        range: impl Into<NdRange>,
-    ) -> Result<Task, Error> {
+    pub fn launch(&self, kernel: &Kernel, args: &[Arg<'_>], range: impl Into<NdRange>) -> Result<Task, Error> {
         let range = range.into();
         let mut d = TaskDescriptor::zeroed();
         d.op = Op::Launch as u32;
@@ -264,14 +270,7 @@ impl Queue {
     }
 
     /// Copies `len` bytes (0 = all of `src` from `src_offset`) between buffers.
-    pub fn copy(
-        &self,
-        src: &Buffer,
-        src_offset: u64,
-        dst: &Buffer,
-        dst_offset: u64,
-        len: u64,
-    ) -> Result<Task, Error> {
+    pub fn copy(&self, src: &Buffer, src_offset: u64, dst: &Buffer, dst_offset: u64, len: u64) -> Result<Task, Error> {
         let mut d = TaskDescriptor::zeroed();
         d.op = Op::Copy as u32;
         d.arg_count = 5;

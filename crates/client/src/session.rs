@@ -111,9 +111,9 @@ impl Session {
     /// Connects with explicit options.
     pub fn connect_with(options: SessionOptions) -> Result<Session, Error> {
         let path = socket_path(options.socket.clone());
-        let stream = UnixStream::connect(&path).map_err(|source| Error::Connect {
+        let stream = UnixStream::connect(&path).map_err(|cause| Error::Connect {
             path: path.clone(),
-            source,
+            cause,
         })?;
         let name = options.name.unwrap_or_else(|| {
             std::env::args()
@@ -138,25 +138,18 @@ impl Session {
                 heap_len,
             } => (session, submission_capacity, completion_capacity, heap_len),
             Response::Error(e) => return Err(Error::Control(e)),
-            other => {
-                return Err(Error::Protocol(format!(
-                    "unexpected reply to hello: {other:?}"
-                )))
-            }
+            other => return Err(Error::Protocol(format!("unexpected reply to hello: {other:?}"))),
         };
         let mut fds = fds.into_iter();
         let (Some(segment_fd), Some(doorbell_fd)) = (fds.next(), fds.next()) else {
             return Err(Error::Protocol("the daemon sent no segment".into()));
         };
-        let geometry = Geometry::new(sub_cap, comp_cap, heap_len)
-            .map_err(|e| Error::Protocol(e.to_string()))?;
+        let geometry = Geometry::new(sub_cap, comp_cap, heap_len).map_err(|e| Error::Protocol(e.to_string()))?;
         let segment = Segment::open(segment_fd, geometry)?;
         let view = *segment.view();
         // Never have more tasks outstanding than either ring holds.
         let capacity = u64::from(sub_cap.min(comp_cap));
-        let liveness = stream
-            .try_clone()
-            .map_err(|e| Error::Protocol(e.to_string()))?;
+        let liveness = stream.try_clone().map_err(|e| Error::Protocol(e.to_string()))?;
         let inner = Inner {
             control: Mutex::new(stream),
             liveness,
@@ -179,9 +172,7 @@ impl Session {
             id: session,
             segment,
         };
-        Ok(Session {
-            inner: Arc::new(inner),
-        })
+        Ok(Session { inner: Arc::new(inner) })
     }
 
     /// Session id assigned by the daemon.
@@ -211,11 +202,7 @@ impl Session {
     /// Allocates a zero-filled buffer of `len` bytes in the session heap.
     pub fn buffer(&self, len: u64) -> Result<Buffer, Error> {
         match self.inner.request(&Request::AllocBuffer { len })? {
-            Response::Buffer {
-                handle,
-                offset,
-                len,
-            } => {
+            Response::Buffer { handle, offset, len } => {
                 let buffer = Buffer::new(self.inner.clone(), handle, offset, len)?;
                 buffer.zero();
                 Ok(buffer)
@@ -234,9 +221,7 @@ impl Session {
 
     /// Looks a kernel up by name.
     pub fn kernel(&self, name: &str) -> Result<Kernel, Error> {
-        match self.inner.request(&Request::LookupKernel {
-            name: name.to_string(),
-        })? {
+        match self.inner.request(&Request::LookupKernel { name: name.to_string() })? {
             Response::Kernel { id, signature } => Ok(Kernel { id, signature }),
             other => Err(unexpected(other)),
         }
@@ -262,7 +247,7 @@ impl Session {
 /// Asks a daemon for its status without opening a session.
 pub fn daemon_status(socket: Option<PathBuf>) -> Result<StatusReport, Error> {
     let path = socket_path(socket);
-    let stream = UnixStream::connect(&path).map_err(|source| Error::Connect { path, source })?;
+    let stream = UnixStream::connect(&path).map_err(|cause| Error::Connect { path, cause })?;
     send(&stream, &Request::Status)?;
     match recv::<Response>(&stream)? {
         Response::Status(report) => Ok(*report),
@@ -332,14 +317,7 @@ impl Inner {
     fn ring_doorbell_if_asleep(&self) {
         // Pairs with the daemon's fence between announcing sleep and its last look at the ring.
         fence(Ordering::SeqCst);
-        if self
-            .segment
-            .view()
-            .header()
-            .daemon_sleeping
-            .load(Ordering::Relaxed)
-            != 0
-        {
+        if self.segment.view().header().daemon_sleeping.load(Ordering::Relaxed) != 0 {
             self.doorbell.ring();
         }
     }
@@ -378,8 +356,7 @@ impl Inner {
 
     fn pending_in_ring(&self) -> bool {
         let header = self.segment.view().header();
-        header.completion_tail.load(Ordering::Acquire)
-            != header.completion_head.load(Ordering::Relaxed)
+        header.completion_tail.load(Ordering::Acquire) != header.completion_head.load(Ordering::Relaxed)
     }
 
     /// Non-blocking: consumes what has arrived and says whether task `id` is complete.
@@ -412,10 +389,7 @@ impl Inner {
                 self.drain();
                 continue;
             }
-            if SPIN.with(|s| {
-                s.borrow_mut()
-                    .spin(|| self.pending_in_ring() || self.is_done(id))
-            }) {
+            if SPIN.with(|s| s.borrow_mut().spin(|| self.pending_in_ring() || self.is_done(id))) {
                 continue;
             }
             self.block(|| self.is_done(id))?;
@@ -451,9 +425,7 @@ impl Inner {
             SPIN.with(|s| s.borrow_mut().blocked_for(waited));
         }
         header.client_waiters.fetch_sub(1, Ordering::SeqCst);
-        if header.daemon_closed.load(Ordering::Acquire) != 0
-            || (timed_out && peer_hung_up(&self.liveness))
-        {
+        if header.daemon_closed.load(Ordering::Acquire) != 0 || (timed_out && peer_hung_up(&self.liveness)) {
             self.disconnected.store(true, Ordering::Relaxed);
         }
         if self.disconnected.load(Ordering::Relaxed) && !self.pending_in_ring() {
@@ -503,22 +475,14 @@ pub mod testing {
 
     /// Submits a raw descriptor (its `task_id` and `queue` are overwritten so the completion can
     /// be matched; every other field goes to the daemon as given).
-    pub fn submit_raw(
-        session: &Session,
-        queue: u64,
-        descriptor: TaskDescriptor,
-    ) -> Result<crate::Task, Error> {
+    pub fn submit_raw(session: &Session, queue: u64, descriptor: TaskDescriptor) -> Result<crate::Task, Error> {
         let id = session.inner.submit(queue, descriptor)?;
         Ok(crate::Task::new(session.inner.clone(), id))
     }
 
     /// Publishes an impossible submission tail (a corrupt ring).
     pub fn corrupt_submission_tail(session: &Session) {
-        let producer = session
-            .inner
-            .producer
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let producer = session.inner.producer.lock().unwrap_or_else(|e| e.into_inner());
         producer.ring.publish_raw_tail(u32::MAX / 2);
         drop(producer);
         session.inner.doorbell.ring();

@@ -39,21 +39,20 @@ pub enum DaemonError {
     #[error("a daemon is already running on {0}; stop it or pick another path with --socket / AGORA_SOCKET")]
     AlreadyRunning(PathBuf),
     /// An OS call failed.
-    #[error("{what}: {source}")]
+    #[error("{what}: {cause}")]
     Io {
         /// What was being done.
         what: String,
         /// The error.
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
 impl DaemonError {
-    pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+    pub(crate) fn io(what: impl Into<String>, cause: std::io::Error) -> Self {
         DaemonError::Io {
             what: what.into(),
-            source,
+            cause,
         }
     }
 }
@@ -80,12 +79,9 @@ impl DaemonHandle {
     fn stop_inner(&mut self) -> Result<(), DaemonError> {
         self.stop.ring();
         match self.thread.take() {
-            Some(t) => t.join().unwrap_or_else(|_| {
-                Err(DaemonError::io(
-                    "daemon thread",
-                    std::io::Error::other("panicked"),
-                ))
-            }),
+            Some(t) => t
+                .join()
+                .unwrap_or_else(|_| Err(DaemonError::io("daemon thread", std::io::Error::other("panicked")))),
             None => Ok(()),
         }
     }
@@ -106,10 +102,7 @@ fn bind(path: &Path) -> Result<UnixListener, DaemonError> {
         std::fs::remove_file(path)
             .map_err(|e| DaemonError::io(format!("removing stale socket {}", path.display()), e))?;
     }
-    if let Some(dir) = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty() && !d.exists())
-    {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -131,31 +124,22 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
         "device ready"
     );
     let devices: Vec<Arc<dyn Device>> = vec![Arc::new(cpu)];
-    let scheduler = scheduler::Scheduler::new(
-        devices,
-        Box::new(policy::RoundRobin::default()),
-        config.inline_max_ns,
-    );
+    let scheduler = scheduler::Scheduler::new(devices, Box::new(policy::RoundRobin::default()), config.inline_max_ns);
     tracing::info!(socket = %config.socket.display(), kernels = agora_kernels::library().len(), "listening");
     server::Server::new(config, listener, scheduler, stop)
 }
 
 /// Runs a daemon in the foreground until SIGINT or SIGTERM.
 pub fn run(config: DaemonConfig) -> Result<(), DaemonError> {
-    let stop = Arc::new(Doorbell::new().map_err(|e| {
-        DaemonError::io(
-            "creating the stop signal",
-            std::io::Error::other(e.to_string()),
-        )
-    })?);
-    let (reader, writer) =
-        UnixStream::pair().map_err(|e| DaemonError::io("creating the signal pipe", e))?;
+    let stop = Arc::new(
+        Doorbell::new()
+            .map_err(|e| DaemonError::io("creating the stop signal", std::io::Error::other(e.to_string())))?,
+    );
+    let (reader, writer) = UnixStream::pair().map_err(|e| DaemonError::io("creating the signal pipe", e))?;
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::low_level::pipe::register(
             signal,
-            writer
-                .try_clone()
-                .map_err(|e| DaemonError::io("signal pipe", e))?,
+            writer.try_clone().map_err(|e| DaemonError::io("signal pipe", e))?,
         )
         .map_err(|e| DaemonError::io("installing signal handlers", e))?;
     }
@@ -177,12 +161,10 @@ pub fn run(config: DaemonConfig) -> Result<(), DaemonError> {
 
 /// Starts a daemon on a background thread; it stops when the handle is stopped or dropped.
 pub fn spawn(config: DaemonConfig) -> Result<DaemonHandle, DaemonError> {
-    let stop = Arc::new(Doorbell::new().map_err(|e| {
-        DaemonError::io(
-            "creating the stop signal",
-            std::io::Error::other(e.to_string()),
-        )
-    })?);
+    let stop = Arc::new(
+        Doorbell::new()
+            .map_err(|e| DaemonError::io("creating the stop signal", std::io::Error::other(e.to_string())))?,
+    );
     let socket = config.socket.clone();
     let mut server = build(config, stop.clone())?;
     let thread = std::thread::Builder::new()

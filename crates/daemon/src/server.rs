@@ -70,10 +70,7 @@ enum Conn {
         credentials: Credentials,
     },
     /// A one-shot observer (`agora status`).
-    Observer {
-        stream: UnixStream,
-        reader: FrameReader,
-    },
+    Observer { stream: UnixStream, reader: FrameReader },
     /// A client session.
     Session(Box<Session>),
 }
@@ -94,6 +91,8 @@ pub(crate) struct Server {
     stop: Arc<Doorbell>,
     scheduler: Scheduler,
     conns: HashMap<u64, Conn>,
+    // Boxed because sessions move between `conns` (boxed in `Conn`) and here.
+    #[allow(clippy::vec_box)]
     closing: Vec<Box<Session>>,
     next_id: u64,
     started: Instant,
@@ -114,8 +113,8 @@ impl Server {
         listener
             .set_nonblocking(true)
             .map_err(|e| DaemonError::io("configuring the listener", e))?;
-        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC)
-            .map_err(|e| DaemonError::io("creating epoll", e.into()))?;
+        let epoll =
+            epoll::create(epoll::CreateFlags::CLOEXEC).map_err(|e| DaemonError::io("creating epoll", e.into()))?;
         epoll::add(
             &epoll,
             &listener,
@@ -238,11 +237,7 @@ impl Server {
             tv_sec: t.as_secs() as i64,
             tv_nsec: i64::from(t.subsec_nanos()),
         });
-        match epoll::wait(
-            &self.epoll,
-            rustix::buffer::spare_capacity(&mut events),
-            ts.as_ref(),
-        ) {
+        match epoll::wait(&self.epoll, rustix::buffer::spare_capacity(&mut events), ts.as_ref()) {
             Ok(_) => {}
             Err(rustix::io::Errno::INTR) => {}
             Err(e) => return Err(DaemonError::io("waiting for events", e.into())),
@@ -352,9 +347,7 @@ impl Server {
             return;
         };
         let (reader, stream) = match conn {
-            Conn::Pending { reader, stream, .. } | Conn::Observer { reader, stream } => {
-                (reader, &*stream)
-            }
+            Conn::Pending { reader, stream, .. } | Conn::Observer { reader, stream } => (reader, &*stream),
             Conn::Session(s) => (&mut s.reader, &s.stream),
         };
         let frames = match reader.read_frames(stream) {
@@ -396,10 +389,7 @@ impl Server {
         }
         if let Request::ListKernels = request {
             return Some(Response::Kernels(
-                agora_kernels::library()
-                    .iter()
-                    .map(|k| k.signature())
-                    .collect(),
+                agora_kernels::library().iter().map(|k| k.signature()).collect(),
             ));
         }
         if let Request::LookupKernel { name } = &request {
@@ -430,11 +420,7 @@ impl Server {
             ))),
             Conn::Session(session) => Some(match request {
                 Request::AllocBuffer { len } => match session.alloc_buffer(len) {
-                    Ok((handle, offset)) => Response::Buffer {
-                        handle,
-                        offset,
-                        len,
-                    },
+                    Ok((handle, offset)) => Response::Buffer { handle, offset, len },
                     Err(e) => Response::Error(e),
                 },
                 Request::CreateQueue { name, class } => {
@@ -462,13 +448,7 @@ impl Server {
         }
     }
 
-    fn hello(
-        &mut self,
-        id: u64,
-        version: u32,
-        client_name: String,
-        heap_bytes: Option<u64>,
-    ) -> Option<Response> {
+    fn hello(&mut self, id: u64, version: u32, client_name: String, heap_bytes: Option<u64>) -> Option<Response> {
         if version != PROTOCOL_VERSION {
             return Some(Response::Error(ControlError::VersionMismatch {
                 daemon: PROTOCOL_VERSION,
@@ -481,8 +461,7 @@ impl Server {
         let capacity = self.config.ring_capacity;
         let opened = (|| -> Result<(Segment, Doorbell, Geometry), String> {
             let geometry = Geometry::new(capacity, capacity, heap).map_err(|e| e.to_string())?;
-            let segment = Segment::create(&format!("agora-session-{id}"), geometry)
-                .map_err(|e| e.to_string())?;
+            let segment = Segment::create(&format!("agora-session-{id}"), geometry).map_err(|e| e.to_string())?;
             let doorbell = Doorbell::new().map_err(|e| e.to_string())?;
             Ok((segment, doorbell, geometry))
         })();

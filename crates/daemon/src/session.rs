@@ -231,8 +231,7 @@ impl Session {
                         name: q.name.clone(),
                         class: q.class,
                         in_flight,
-                        bound_to: (in_flight > 0)
-                            .then(|| format!("device{}/lane{}", binding >> 16, binding & 0xffff)),
+                        bound_to: (in_flight > 0).then(|| format!("device{}/lane{}", binding >> 16, binding & 0xffff)),
                     }
                 })
                 .collect(),

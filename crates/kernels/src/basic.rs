@@ -42,11 +42,7 @@ fn saxpy_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 pub const SAXPY: KernelDef = KernelDef {
     name: "saxpy",
     doc: "y[i] = a*x[i] + y[i] for i < n; range n",
-    params: &[
-        scalar("a", F32),
-        buffer("x", F32, Read),
-        buffer("y", F32, ReadWrite),
-    ],
+    params: &[scalar("a", F32), buffer("x", F32, Read), buffer("y", F32, ReadWrite)],
     cost: Cost::PerItemNs(0.5),
     check: saxpy_check,
     cpu: Some(saxpy_cpu),
@@ -74,11 +70,7 @@ fn vector_add_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 pub const VECTOR_ADD: KernelDef = KernelDef {
     name: "vector_add",
     doc: "c[i] = a[i] + b[i] for i < n; range n",
-    params: &[
-        buffer("a", F32, Read),
-        buffer("b", F32, Read),
-        buffer("c", F32, Write),
-    ],
+    params: &[buffer("a", F32, Read), buffer("b", F32, Read), buffer("c", F32, Write)],
     cost: Cost::PerItemNs(0.5),
     check: vector_add_check,
     cpu: Some(vector_add_cpu),

@@ -181,11 +181,7 @@ impl<'a, T: bytemuck::Pod> SharedMut<'a, T> {
     /// Reads element `i`. Panics when out of bounds (the lane turns it into a kernel fault).
     #[inline]
     pub fn get(&self, i: usize) -> T {
-        assert!(
-            i < self.len,
-            "kernel read index {i} out of bounds {}",
-            self.len
-        );
+        assert!(i < self.len, "kernel read index {i} out of bounds {}", self.len);
         // SAFETY: in bounds (checked above); the pointer is valid for len elements (KernelCall
         // contract). A plain read of Pod data.
         unsafe { self.ptr.add(i).read() }
@@ -194,11 +190,7 @@ impl<'a, T: bytemuck::Pod> SharedMut<'a, T> {
     /// Writes element `i`. Panics when out of bounds.
     #[inline]
     pub fn set(&self, i: usize, value: T) {
-        assert!(
-            i < self.len,
-            "kernel write index {i} out of bounds {}",
-            self.len
-        );
+        assert!(i < self.len, "kernel write index {i} out of bounds {}", self.len);
         // SAFETY: in bounds; the element belongs to the calling thread's rows.
         unsafe { self.ptr.add(i).write(value) }
     }

@@ -15,7 +15,7 @@ use crate::{buffer, scalar, Cost, KernelCall, KernelDef, LaunchShape};
 fn check_size_and_step(s: &LaunchShape<'_>, size_index: usize) -> Result<u64, TaskError> {
     let size = s.i32(size_index);
     let t = s.i32(size_index + 1);
-    if size < 2 || size > (1 << 20) {
+    if !(2..=(1 << 20)).contains(&size) {
         return Err(TaskError::InvalidScalar {
             index: size_index as u16,
             value: i64::from(size),
@@ -189,10 +189,7 @@ mod tests {
                     RawArg::i32(s),
                     RawArg::i32(t as i32),
                 ],
-                &mut [
-                    bytemuck::cast_slice_mut(&mut m),
-                    bytemuck::cast_slice_mut(&mut a),
-                ],
+                &mut [bytemuck::cast_slice_mut(&mut m), bytemuck::cast_slice_mut(&mut a)],
                 2,
             )
             .unwrap();
@@ -221,9 +218,7 @@ mod tests {
         // A x = b for the original system.
         let (a0, b0) = reference::matrix(size);
         for i in 0..size {
-            let lhs: f64 = (0..size)
-                .map(|j| f64::from(a0[i * size + j]) * f64::from(x[j]))
-                .sum();
+            let lhs: f64 = (0..size).map(|j| f64::from(a0[i * size + j]) * f64::from(x[j])).sum();
             assert!((lhs - f64::from(b0[i])).abs() < 1e-3, "row {i}: {lhs}");
         }
     }
@@ -236,16 +231,8 @@ mod tests {
         let err = run_on_host(
             fan1,
             &[3],
-            &[
-                RawArg::buffer(0),
-                RawArg::buffer(1),
-                RawArg::i32(4),
-                RawArg::i32(3),
-            ],
-            &mut [
-                bytemuck::cast_slice_mut(&mut m),
-                bytemuck::cast_slice_mut(&mut a),
-            ],
+            &[RawArg::buffer(0), RawArg::buffer(1), RawArg::i32(4), RawArg::i32(3)],
+            &mut [bytemuck::cast_slice_mut(&mut m), bytemuck::cast_slice_mut(&mut a)],
             1,
         )
         .unwrap_err();
@@ -253,16 +240,8 @@ mod tests {
         let err = run_on_host(
             fan1,
             &[3],
-            &[
-                RawArg::buffer(0),
-                RawArg::buffer(1),
-                RawArg::i32(5),
-                RawArg::i32(0),
-            ],
-            &mut [
-                bytemuck::cast_slice_mut(&mut m),
-                bytemuck::cast_slice_mut(&mut a),
-            ],
+            &[RawArg::buffer(0), RawArg::buffer(1), RawArg::i32(5), RawArg::i32(0)],
+            &mut [bytemuck::cast_slice_mut(&mut m), bytemuck::cast_slice_mut(&mut a)],
             1,
         )
         .unwrap_err();

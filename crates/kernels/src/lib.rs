@@ -156,9 +156,7 @@ pub fn find(name: &str) -> Option<(u32, &'static KernelDef)> {
 pub fn suggestions(name: &str) -> Vec<String> {
     let mut out: Vec<String> = LIBRARY
         .iter()
-        .filter(|k| {
-            edit_distance(k.name, name) <= 2 || (name.len() >= 3 && k.name.starts_with(name))
-        })
+        .filter(|k| edit_distance(k.name, name) <= 2 || (name.len() >= 3 && k.name.starts_with(name)))
         .map(|k| k.name.to_string())
         .collect();
     out.truncate(3);
@@ -171,9 +169,7 @@ fn edit_distance(a: &str, b: &str) -> usize {
     for (i, ca) in a.chars().enumerate() {
         let mut cur = vec![i + 1; b.len() + 1];
         for (j, cb) in b.iter().enumerate() {
-            cur[j + 1] = (prev[j] + usize::from(ca != *cb))
-                .min(prev[j + 1] + 1)
-                .min(cur[j] + 1);
+            cur[j + 1] = (prev[j] + usize::from(ca != *cb)).min(prev[j + 1] + 1).min(cur[j] + 1);
         }
         prev = cur;
     }
@@ -206,13 +202,7 @@ mod tests {
         let err = saxpy
             .check_arguments(&[RawArg::f32(1.0), RawArg::buffer(1)])
             .unwrap_err();
-        assert_eq!(
-            err,
-            TaskError::ArgumentCount {
-                expected: 3,
-                got: 2
-            }
-        );
+        assert_eq!(err, TaskError::ArgumentCount { expected: 3, got: 2 });
         let err = saxpy
             .check_arguments(&[RawArg::f32(1.0), RawArg::f32(2.0), RawArg::buffer(1)])
             .unwrap_err();

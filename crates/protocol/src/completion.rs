@@ -51,9 +51,7 @@ pub enum TaskError {
     #[error("malformed task descriptor: {}", describe_malformed(.0))]
     Malformed(Malformed),
     /// The queue handle does not name a live queue of this session.
-    #[error(
-        "unknown queue handle {0:#x}: the queue was released or never created in this session"
-    )]
+    #[error("unknown queue handle {0:#x}: the queue was released or never created in this session")]
     UnknownQueue(u64),
     /// The kernel id is not in the daemon's kernel table.
     #[error("unknown kernel id {0}: look kernels up by name with Session::kernel")]
@@ -77,7 +75,9 @@ pub enum TaskError {
         got: u32,
     },
     /// A buffer handle does not name a live buffer of this session.
-    #[error("argument {index}: invalid buffer handle {handle:#x} (released, never allocated, or from another session)")]
+    #[error(
+        "argument {index}: invalid buffer handle {handle:#x} (released, never allocated, or from another session)"
+    )]
     InvalidHandle {
         /// Which argument.
         index: u16,
@@ -143,9 +143,7 @@ pub enum TaskError {
 }
 
 fn tag_name(tag: u32) -> &'static str {
-    ArgTag::from_u32(tag)
-        .map(ArgTag::name)
-        .unwrap_or("an unknown tag")
+    ArgTag::from_u32(tag).map(ArgTag::name).unwrap_or("an unknown tag")
 }
 
 fn describe_malformed(m: &Malformed) -> String {
@@ -219,20 +217,12 @@ impl TaskError {
         match self {
             TaskError::Malformed(Malformed::UnknownOp(op)) => (1, 0, u64::from(op), 0),
             TaskError::Malformed(Malformed::TooManyArguments(n)) => (2, 0, u64::from(n), 0),
-            TaskError::Malformed(Malformed::BadArgumentTag { index, tag }) => {
-                (3, index, u64::from(tag), 0)
-            }
+            TaskError::Malformed(Malformed::BadArgumentTag { index, tag }) => (3, index, u64::from(tag), 0),
             TaskError::Malformed(Malformed::BadDimensions(d)) => (4, 0, u64::from(d), 0),
             TaskError::UnknownQueue(q) => (5, 0, q, 0),
             TaskError::UnknownKernel(k) => (6, 0, u64::from(k), 0),
-            TaskError::ArgumentCount { expected, got } => {
-                (7, 0, u64::from(expected), u64::from(got))
-            }
-            TaskError::ArgumentType {
-                index,
-                expected,
-                got,
-            } => (8, index, u64::from(expected), u64::from(got)),
+            TaskError::ArgumentCount { expected, got } => (7, 0, u64::from(expected), u64::from(got)),
+            TaskError::ArgumentType { index, expected, got } => (8, index, u64::from(expected), u64::from(got)),
             TaskError::InvalidHandle { index, handle } => (9, index, handle, 0),
             TaskError::BufferTooSmall { index, needed, len } => (10, index, needed, len),
             TaskError::OutOfBounds { index, end, len } => (11, index, end, len),
@@ -251,10 +241,7 @@ impl TaskError {
         match code {
             1 => TaskError::Malformed(Malformed::UnknownOp(a32)),
             2 => TaskError::Malformed(Malformed::TooManyArguments(a32)),
-            3 => TaskError::Malformed(Malformed::BadArgumentTag {
-                index: arg,
-                tag: a32,
-            }),
+            3 => TaskError::Malformed(Malformed::BadArgumentTag { index: arg, tag: a32 }),
             4 => TaskError::Malformed(Malformed::BadDimensions(a32)),
             5 => TaskError::UnknownQueue(a),
             6 => TaskError::UnknownKernel(a32),
@@ -267,10 +254,7 @@ impl TaskError {
                 expected: a32,
                 got: b as u32,
             },
-            9 => TaskError::InvalidHandle {
-                index: arg,
-                handle: a,
-            },
+            9 => TaskError::InvalidHandle { index: arg, handle: a },
             10 => TaskError::BufferTooSmall {
                 index: arg,
                 needed: a,
@@ -286,10 +270,7 @@ impl TaskError {
                 value: a as i64,
             },
             13 => TaskError::InvalidRange { items: a, max: b },
-            14 => TaskError::Aliased {
-                index: arg,
-                other: a,
-            },
+            14 => TaskError::Aliased { index: arg, other: a },
             15 => TaskError::NoDevice(a32),
             16 => TaskError::KernelFault,
             17 => TaskError::Cancelled,
@@ -311,10 +292,7 @@ mod tests {
             TaskError::Malformed(Malformed::BadDimensions(0)),
             TaskError::UnknownQueue(5),
             TaskError::UnknownKernel(12),
-            TaskError::ArgumentCount {
-                expected: 3,
-                got: 2,
-            },
+            TaskError::ArgumentCount { expected: 3, got: 2 },
             TaskError::ArgumentType {
                 index: 1,
                 expected: 1,
@@ -334,10 +312,7 @@ mod tests {
                 end: 99,
                 len: 64,
             },
-            TaskError::InvalidScalar {
-                index: 3,
-                value: -4,
-            },
+            TaskError::InvalidScalar { index: 3, value: -4 },
             TaskError::InvalidRange { items: 0, max: 5 },
             TaskError::Aliased { index: 1, other: 2 },
             TaskError::NoDevice(4),
@@ -368,10 +343,7 @@ mod tests {
             expected: ArgTag::Buffer as u32,
             got: ArgTag::F32 as u32,
         };
-        assert_eq!(
-            e.to_string(),
-            "argument 1 has the wrong type: expected buffer, got f32"
-        );
+        assert_eq!(e.to_string(), "argument 1 has the wrong type: expected buffer, got f32");
         let e = TaskError::BufferTooSmall {
             index: 2,
             needed: 400,

@@ -243,13 +243,10 @@ impl TaskDescriptor {
 
     /// Checks what can be checked without session state.
     pub fn decode(&self) -> Result<Decoded<'_>, TaskError> {
-        let op =
-            Op::from_u32(self.op).ok_or(TaskError::Malformed(Malformed::UnknownOp(self.op)))?;
+        let op = Op::from_u32(self.op).ok_or(TaskError::Malformed(Malformed::UnknownOp(self.op)))?;
         let count = self.arg_count as usize;
         if count > MAX_ARGS {
-            return Err(TaskError::Malformed(Malformed::TooManyArguments(
-                self.arg_count,
-            )));
+            return Err(TaskError::Malformed(Malformed::TooManyArguments(self.arg_count)));
         }
         let args = &self.args[..count];
         for (index, arg) in args.iter().enumerate() {
@@ -364,10 +361,7 @@ mod tests {
         d.args[1].tag = 0;
         assert!(matches!(
             d.decode(),
-            Err(TaskError::Malformed(Malformed::BadArgumentTag {
-                index: 1,
-                tag: 0
-            }))
+            Err(TaskError::Malformed(Malformed::BadArgumentTag { index: 1, tag: 0 }))
         ));
         let mut d = launch();
         d.dims = 4;

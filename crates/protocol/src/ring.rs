@@ -48,10 +48,7 @@ impl SubmissionProducer {
     pub fn free_slots(&self) -> u32 {
         let head = self.view.header().submission_head.load(Ordering::Acquire);
         let used = self.tail.wrapping_sub(head);
-        self.view
-            .geometry()
-            .submission_capacity
-            .saturating_sub(used)
+        self.view.geometry().submission_capacity.saturating_sub(used)
     }
 
     /// Writes `descriptor` into the ring without publishing it. Returns `false` when full.
@@ -66,19 +63,13 @@ impl SubmissionProducer {
 
     /// Makes every staged descriptor visible to the daemon.
     pub fn publish(&self) {
-        self.view
-            .header()
-            .submission_tail
-            .store(self.tail, Ordering::Release);
+        self.view.header().submission_tail.store(self.tail, Ordering::Release);
     }
 
     /// Test hook: publishes an arbitrary tail (for corrupt-index tests).
     #[doc(hidden)]
     pub fn publish_raw_tail(&self, tail: u32) {
-        self.view
-            .header()
-            .submission_tail
-            .store(tail, Ordering::Release);
+        self.view.header().submission_tail.store(tail, Ordering::Release);
     }
 }
 
@@ -119,10 +110,7 @@ impl SubmissionConsumer {
 
     /// Returns consumed slots to the client.
     pub fn release(&self) {
-        self.view
-            .header()
-            .submission_head
-            .store(self.head, Ordering::Release);
+        self.view.header().submission_head.store(self.head, Ordering::Release);
     }
 }
 
@@ -163,10 +151,7 @@ impl CompletionProducer {
     pub fn push(&mut self, completion: &Completion) {
         self.view.write_completion(self.tail, completion);
         self.tail = self.tail.wrapping_add(1);
-        self.view
-            .header()
-            .completion_tail
-            .store(self.tail, Ordering::Release);
+        self.view.header().completion_tail.store(self.tail, Ordering::Release);
     }
 }
 
@@ -209,10 +194,7 @@ impl CompletionConsumer {
 
     /// Returns taken slots to the daemon.
     pub fn release(&self) {
-        self.view
-            .header()
-            .completion_head
-            .store(self.head, Ordering::Release);
+        self.view.header().completion_head.store(self.head, Ordering::Release);
     }
 }
 
@@ -284,10 +266,7 @@ mod tests {
         c.release();
         assert_eq!(p.consumed(), 1);
         // A head beyond the tail is impossible: the ring counts as full.
-        m.view
-            .header()
-            .completion_head
-            .store(100, Ordering::Release);
+        m.view.header().completion_head.store(100, Ordering::Release);
         assert_eq!(p.posted().wrapping_sub(p.consumed()), 4);
     }
 }

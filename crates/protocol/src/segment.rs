@@ -102,9 +102,7 @@ pub enum GeometryError {
     #[error("segment size overflows")]
     Overflow,
     /// The header in a mapped segment does not match what was announced.
-    #[error(
-        "segment header does not match the announced geometry (wrong magic, version or sizes)"
-    )]
+    #[error("segment header does not match the announced geometry (wrong magic, version or sizes)")]
     Mismatch,
 }
 
@@ -114,11 +112,7 @@ fn round_up(value: u64, align: u64) -> Option<u64> {
 
 impl Geometry {
     /// Computes the layout for the given capacities and heap size.
-    pub fn new(
-        submission_capacity: u32,
-        completion_capacity: u32,
-        heap_len: u64,
-    ) -> Result<Self, GeometryError> {
+    pub fn new(submission_capacity: u32, completion_capacity: u32, heap_len: u64) -> Result<Self, GeometryError> {
         for cap in [submission_capacity, completion_capacity] {
             if cap < 2 || !cap.is_power_of_two() || cap > MAX_RING_CAPACITY {
                 return Err(GeometryError::Capacity(cap));
@@ -127,20 +121,12 @@ impl Geometry {
         let desc = std::mem::size_of::<TaskDescriptor>() as u64;
         let comp = std::mem::size_of::<Completion>() as u64;
         let submission_offset = HEADER_LEN;
-        let completion_offset = round_up(
-            submission_offset + desc * u64::from(submission_capacity),
-            4096,
-        )
-        .ok_or(GeometryError::Overflow)?;
-        let heap_offset = round_up(
-            completion_offset + comp * u64::from(completion_capacity),
-            4096,
-        )
-        .ok_or(GeometryError::Overflow)?;
+        let completion_offset =
+            round_up(submission_offset + desc * u64::from(submission_capacity), 4096).ok_or(GeometryError::Overflow)?;
+        let heap_offset =
+            round_up(completion_offset + comp * u64::from(completion_capacity), 4096).ok_or(GeometryError::Overflow)?;
         let heap_len = round_up(heap_len, 4096).ok_or(GeometryError::Overflow)?;
-        let total_len = heap_offset
-            .checked_add(heap_len)
-            .ok_or(GeometryError::Overflow)?;
+        let total_len = heap_offset.checked_add(heap_len).ok_or(GeometryError::Overflow)?;
         Ok(Geometry {
             submission_capacity,
             completion_capacity,
@@ -239,16 +225,14 @@ impl SegmentView {
 
     fn submission_slot(&self, index: u32) -> *mut TaskDescriptor {
         let slot = u64::from(index & (self.geometry.submission_capacity - 1));
-        let offset =
-            self.geometry.submission_offset + slot * std::mem::size_of::<TaskDescriptor>() as u64;
+        let offset = self.geometry.submission_offset + slot * std::mem::size_of::<TaskDescriptor>() as u64;
         // Offsets are bounded by the geometry; `as usize` is lossless on 64-bit targets.
         self.base.wrapping_add(offset as usize) as *mut TaskDescriptor
     }
 
     fn completion_slot(&self, index: u32) -> *mut Completion {
         let slot = u64::from(index & (self.geometry.completion_capacity - 1));
-        let offset =
-            self.geometry.completion_offset + slot * std::mem::size_of::<Completion>() as u64;
+        let offset = self.geometry.completion_offset + slot * std::mem::size_of::<Completion>() as u64;
         self.base.wrapping_add(offset as usize) as *mut Completion
     }
 
@@ -289,10 +273,7 @@ impl SegmentView {
         if end > self.geometry.heap_len {
             return None;
         }
-        Some(
-            self.base
-                .wrapping_add((self.geometry.heap_offset + offset) as usize),
-        )
+        Some(self.base.wrapping_add((self.geometry.heap_offset + offset) as usize))
     }
 }
 

@@ -15,13 +15,12 @@ pub mod wake;
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
     /// An operating-system call failed.
-    #[error("{what}: {source}")]
+    #[error("{what}: {cause}")]
     Os {
         /// What was being done.
         what: &'static str,
         /// The OS error.
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The peer closed the connection.
     #[error("the peer closed the connection")]
@@ -33,7 +32,7 @@ pub enum TransportError {
 
 impl TransportError {
     pub(crate) fn os(what: &'static str) -> impl FnOnce(std::io::Error) -> TransportError {
-        move |source| TransportError::Os { what, source }
+        move |cause| TransportError::Os { what, cause }
     }
 }
 
@@ -41,7 +40,7 @@ impl From<rustix::io::Errno> for TransportError {
     fn from(e: rustix::io::Errno) -> Self {
         TransportError::Os {
             what: "system call",
-            source: e.into(),
+            cause: e.into(),
         }
     }
 }

@@ -24,20 +24,22 @@ impl Segment {
     /// never truncate it under the daemon (which would turn the daemon's next access into a
     /// SIGBUS).
     pub fn create(name: &str, geometry: Geometry) -> Result<Self, TransportError> {
-        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
-            .map_err(|e| TransportError::Os {
+        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).map_err(|e| {
+            TransportError::Os {
                 what: "memfd_create",
-                source: e.into(),
-            })?;
+                cause: e.into(),
+            }
+        })?;
         rustix::fs::ftruncate(&fd, geometry.total_len).map_err(|e| TransportError::Os {
             what: "sizing the segment",
-            source: e.into(),
+            cause: e.into(),
         })?;
-        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
-            .map_err(|e| TransportError::Os {
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL).map_err(|e| {
+            TransportError::Os {
                 what: "sealing the segment",
-                source: e.into(),
-            })?;
+                cause: e.into(),
+            }
+        })?;
         let segment = Self::map_file(File::from(fd), geometry)?;
         segment.view.initialize();
         Ok(segment)

@@ -8,8 +8,7 @@ use std::path::PathBuf;
 
 use agora_protocol::control::{decode_body, encode_frame, MAX_FRAME};
 use rustix::net::{
-    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
-    SendAncillaryMessage, SendFlags,
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -45,16 +44,9 @@ pub fn send_with_fds<T: Serialize>(
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
-        return Err(TransportError::Protocol(
-            "too many descriptors for one message".into(),
-        ));
+        return Err(TransportError::Protocol("too many descriptors for one message".into()));
     }
-    let sent = rustix::net::sendmsg(
-        stream,
-        &[IoSlice::new(&frame)],
-        &mut control,
-        SendFlags::NOSIGNAL,
-    )?;
+    let sent = rustix::net::sendmsg(stream, &[IoSlice::new(&frame)], &mut control, SendFlags::NOSIGNAL)?;
     if sent != frame.len() {
         // The rest goes without descriptors; frames are small, so this is rare.
         let mut s = stream;
@@ -70,9 +62,7 @@ pub fn send<T: Serialize>(stream: &UnixStream, message: &T) -> Result<(), Transp
 }
 
 /// Receives one frame and any descriptors attached to its first bytes (blocking).
-pub fn recv_with_fds<T: DeserializeOwned>(
-    stream: &UnixStream,
-) -> Result<(T, Vec<OwnedFd>), TransportError> {
+pub fn recv_with_fds<T: DeserializeOwned>(stream: &UnixStream) -> Result<(T, Vec<OwnedFd>), TransportError> {
     let mut header = [0u8; 4];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
@@ -103,10 +93,8 @@ pub fn recv_with_fds<T: DeserializeOwned>(
         )));
     }
     let mut body = vec![0u8; len as usize];
-    s.read_exact(&mut body)
-        .map_err(closed_or("reading a frame"))?;
-    let message = decode_body(&body)
-        .map_err(|e| TransportError::Protocol(format!("undecodable message: {e}")))?;
+    s.read_exact(&mut body).map_err(closed_or("reading a frame"))?;
+    let message = decode_body(&body).map_err(|e| TransportError::Protocol(format!("undecodable message: {e}")))?;
     Ok((message, fds))
 }
 
@@ -120,7 +108,7 @@ fn closed_or(what: &'static str) -> impl FnOnce(std::io::Error) -> TransportErro
         if e.kind() == std::io::ErrorKind::UnexpectedEof {
             TransportError::Closed
         } else {
-            TransportError::Os { what, source: e }
+            TransportError::Os { what, cause: e }
         }
     }
 }
@@ -160,7 +148,7 @@ impl FrameReader {
                 Err(e) => {
                     return Err(TransportError::Os {
                         what: "reading the control socket",
-                        source: e,
+                        cause: e,
                     })
                 }
             }
@@ -193,10 +181,7 @@ impl FrameReader {
 pub fn peer_hung_up(stream: &UnixStream) -> bool {
     use rustix::event::{PollFd, PollFlags};
     let mut fds = [PollFd::new(stream, PollFlags::RDHUP | PollFlags::HUP)];
-    let zero = rustix::time::Timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let zero = rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 };
     match rustix::event::poll(&mut fds, Some(&zero)) {
         Ok(0) => false,
         Ok(_) => fds[0]
@@ -239,10 +224,7 @@ mod tests {
         let frames = r.read_frames(&b).unwrap();
         assert_eq!(frames.len(), 2);
         (&a).write_all(&(MAX_FRAME + 1).to_le_bytes()).unwrap();
-        assert!(matches!(
-            r.read_frames(&b),
-            Err(TransportError::Protocol(_))
-        ));
+        assert!(matches!(r.read_frames(&b), Err(TransportError::Protocol(_))));
         drop(a);
         let mut r = FrameReader::default();
         assert!(matches!(r.read_frames(&b), Err(TransportError::Closed)));

@@ -113,7 +113,7 @@ impl AdaptiveSpin {
             }
             iterations = iterations.wrapping_add(1);
             // Check the clock only every 64 polls: it costs ~20 ns.
-            if iterations % 64 == 0 && start.elapsed().as_nanos() as u64 >= self.budget_ns {
+            if iterations.is_multiple_of(64) && start.elapsed().as_nanos() as u64 >= self.budget_ns {
                 self.budget_ns = (self.budget_ns / 2).max(self.min_ns);
                 return false;
             }
@@ -172,10 +172,7 @@ mod tests {
         assert_eq!(rustix::event::poll(&mut fds, None).unwrap(), 1);
         d.drain();
         let mut fds = [rustix::event::PollFd::new(&d, rustix::event::PollFlags::IN)];
-        let zero = rustix::time::Timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
+        let zero = rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 };
         assert_eq!(rustix::event::poll(&mut fds, Some(&zero)).unwrap(), 0);
     }
 }

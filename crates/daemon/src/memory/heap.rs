@@ -30,8 +30,7 @@ impl Heap {
 
     /// Rounded size actually reserved for a request of `len` bytes.
     fn reserved(len: u64) -> Option<u64> {
-        len.checked_add(HEAP_ALIGN - 1)
-            .map(|v| v / HEAP_ALIGN * HEAP_ALIGN)
+        len.checked_add(HEAP_ALIGN - 1).map(|v| v / HEAP_ALIGN * HEAP_ALIGN)
     }
 
     /// Allocates `len` bytes; returns the offset.
@@ -61,8 +60,7 @@ impl Heap {
             }
         }
         if let Some(&next_len) = self.free.get(&(offset + Self::reserved(len).unwrap_or(0))) {
-            self.free
-                .remove(&(offset + Self::reserved(len).unwrap_or(0)));
+            self.free.remove(&(offset + Self::reserved(len).unwrap_or(0)));
             size += next_len;
         }
         self.free.insert(start, size);

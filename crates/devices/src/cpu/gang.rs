@@ -38,10 +38,7 @@ pub(crate) struct Gang {
 }
 
 impl Gang {
-    pub(crate) fn start(
-        lane: usize,
-        threads: usize,
-    ) -> std::io::Result<(Gang, Vec<std::thread::JoinHandle<()>>)> {
+    pub(crate) fn start(lane: usize, threads: usize) -> std::io::Result<(Gang, Vec<std::thread::JoinHandle<()>>)> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 generation: 0,
@@ -74,11 +71,11 @@ impl Gang {
         let s = &self.shared;
         s.faulted.store(false, Ordering::Relaxed);
         s.remaining.store(self.threads - 1, Ordering::Release);
-        // SAFETY (lifetime erasure): helpers dereference the pointer only between this publish
-        // and their decrement of `remaining`, and we do not return before `remaining` is zero,
-        // so `f` outlives every use.
-        let erased: StripeFn =
-            unsafe { std::mem::transmute::<&(dyn Fn(Range<u64>) + Sync), StripeFn>(f) };
+        // Lifetime erasure, so helpers on other threads can hold the pointer.
+        // SAFETY: helpers dereference the pointer only between this publish and their decrement
+        // of `remaining`, and we do not return before `remaining` is zero, so `f` outlives every
+        // use; the fat pointer's layout is unchanged.
+        let erased: StripeFn = unsafe { std::mem::transmute::<&(dyn Fn(Range<u64>) + Sync), StripeFn>(f) };
         {
             let mut st = s.state.lock().unwrap_or_else(|e| e.into_inner());
             st.generation += 1;
@@ -100,11 +97,7 @@ impl Gang {
     }
 
     pub(crate) fn stop(&self) {
-        self.shared
-            .state
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .stopping = true;
+        self.shared.state.lock().unwrap_or_else(|e| e.into_inner()).stopping = true;
         self.shared.start.notify_all();
     }
 }
@@ -159,10 +152,7 @@ mod tests {
                         covered[r as usize] += 1;
                     }
                 }
-                assert!(
-                    covered.iter().all(|c| *c == 1),
-                    "rows {rows} threads {threads}"
-                );
+                assert!(covered.iter().all(|c| *c == 1), "rows {rows} threads {threads}");
             }
         }
     }

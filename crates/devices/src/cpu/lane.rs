@@ -126,10 +126,7 @@ impl Lane {
     fn run(&self, gang: Gang) {
         while let Some(job) = self.next() {
             let start = Instant::now();
-            let cancelled = job
-                .cancelled
-                .as_ref()
-                .is_some_and(|c| c.load(Ordering::Acquire));
+            let cancelled = job.cancelled.as_ref().is_some_and(|c| c.load(Ordering::Acquire));
             let result = if cancelled {
                 Err(TaskError::Cancelled)
             } else {
@@ -139,9 +136,7 @@ impl Lane {
                 .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
             self.completed.fetch_add(1, Ordering::Relaxed);
             self.busy.store(false, Ordering::Relaxed);
-            let Job {
-                done, keepalive, ..
-            } = job;
+            let Job { done, keepalive, .. } = job;
             done(result);
             // Release the memory only after the completion is posted.
             drop(keepalive);

@@ -55,9 +55,7 @@ impl CpuDevice {
 
     /// A default partition of this machine's cores: one thread per lane, one lane per core.
     pub fn default_partition() -> (usize, usize) {
-        let cores = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1);
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         (cores, 1)
     }
 }
@@ -88,11 +86,7 @@ impl Device for CpuDevice {
             name: self.info.name.clone(),
             kind: self.info.kind.name().to_string(),
             threads_per_lane: self.info.threads_per_lane as u32,
-            lanes: self
-                .lanes
-                .iter()
-                .map(|l| l.status())
-                .collect::<Vec<LaneStatus>>(),
+            lanes: self.lanes.iter().map(|l| l.status()).collect::<Vec<LaneStatus>>(),
         }
     }
 

@@ -1,0 +1,46 @@
+//! The examples run against a real daemon, and the README shows the quick start verbatim.
+
+#[path = "../examples/quickstart.rs"]
+#[allow(dead_code)]
+mod quickstart;
+
+use agora::{Session, SessionOptions};
+
+fn daemon(tag: &str) -> (agora_daemon::DaemonHandle, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("agora-client-test-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("agora.sock");
+    let config = agora_daemon::DaemonConfig {
+        socket: socket.clone(),
+        cpu_lanes: 2,
+        ..Default::default()
+    };
+    (agora_daemon::spawn(config).expect("daemon starts"), socket)
+}
+
+#[test]
+fn quickstart_runs_against_a_daemon() {
+    let (daemon, socket) = daemon("quickstart");
+    let session = Session::connect_with(SessionOptions {
+        socket: Some(socket),
+        ..Default::default()
+    })
+    .unwrap();
+    quickstart::quickstart(&session).unwrap();
+    drop(session);
+    daemon.stop().unwrap();
+}
+
+#[test]
+fn readme_shows_the_quickstart_verbatim() {
+    let example = include_str!("../examples/quickstart.rs");
+    let readme = include_str!("../../../README.md");
+    let start = example.find("// README example begins").unwrap();
+    let end = example.find("// README example ends").unwrap();
+    let body: Vec<&str> = example[start..end].lines().skip(1).collect();
+    let body = body.join("\n");
+    assert!(
+        readme.contains(body.trim()),
+        "README.md must contain the quick start from crates/client/examples/quickstart.rs verbatim"
+    );
+}
