@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use agora::{Arg, Error, NdRange, Session};
+use agora::{Arg, DeviceKind, Error, NdRange, Queue, QueueOptions, Session};
 use serde::{Deserialize, Serialize};
 
 /// What a workload did.
@@ -24,13 +24,22 @@ pub struct AppReport {
     pub verified: bool,
 }
 
+/// A queue for workload `name`, preferring `device` when given.
+pub fn queue(session: &Session, name: &str, device: Option<DeviceKind>) -> Result<Queue, Error> {
+    session.queue_with(QueueOptions {
+        name: name.to_string(),
+        preferred_device: device,
+        ..Default::default()
+    })
+}
+
 /// Rodinia Gaussian elimination of a `size`×`size` system: forward elimination on Agora
 /// (`gaussian.fan1` + `gaussian.fan2` per column), back substitution on the host; compared with
 /// the same elimination done on the host.
-pub fn gaussian(session: &Session, size: usize) -> Result<AppReport, Error> {
+pub fn gaussian(session: &Session, size: usize, device: Option<DeviceKind>) -> Result<AppReport, Error> {
     assert!(size >= 2, "size must be at least 2");
     let (a_host, b_host) = agora_kernels::gaussian::reference::matrix(size);
-    let queue = session.queue("gaussian")?;
+    let queue = queue(session, "gaussian", device)?;
     let fan1 = session.kernel("gaussian.fan1")?;
     let fan2 = session.kernel("gaussian.fan2")?;
     let a = session.buffer_from(&a_host)?;
@@ -87,8 +96,13 @@ pub fn gaussian(session: &Session, size: usize) -> Result<AppReport, Error> {
 
 /// A stream of `iterations` saxpy launches over `n` elements on one queue, y ← 2·x + y each time,
 /// checked against the closed form.
-pub fn saxpy_stream(session: &Session, n: usize, iterations: usize) -> Result<AppReport, Error> {
-    let queue = session.queue("saxpy")?;
+pub fn saxpy_stream(
+    session: &Session,
+    n: usize,
+    iterations: usize,
+    device: Option<DeviceKind>,
+) -> Result<AppReport, Error> {
+    let queue = queue(session, "saxpy", device)?;
     let saxpy = session.kernel("saxpy")?;
     let x_host: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 * 0.001).collect();
     let x = session.buffer_from(&x_host)?;
@@ -121,8 +135,8 @@ pub fn saxpy_stream(session: &Session, n: usize, iterations: usize) -> Result<Ap
 }
 
 /// `vector_add` and `fill` over `n` elements, checked exactly.
-pub fn vector_add(session: &Session, n: usize) -> Result<AppReport, Error> {
-    let queue = session.queue("vector_add")?;
+pub fn vector_add(session: &Session, n: usize, device: Option<DeviceKind>) -> Result<AppReport, Error> {
+    let queue = queue(session, "vector_add", device)?;
     let add = session.kernel("vector_add")?;
     let fill = session.kernel("fill")?;
     let a = session.buffer((n * 4) as u64)?;

@@ -33,6 +33,12 @@ pub struct ServeArgs {
     /// Longest the dispatcher polls for new work before it sleeps, in microseconds.
     #[arg(long, value_name = "US")]
     max_spin_us: Option<u64>,
+    /// Lanes (command queues) per OpenCL device.
+    #[arg(long, value_name = "N")]
+    opencl_lanes: Option<usize>,
+    /// Do not look for OpenCL devices.
+    #[arg(long)]
+    no_opencl: bool,
 }
 
 impl ServeArgs {
@@ -59,6 +65,10 @@ impl ServeArgs {
         if let Some(v) = self.max_spin_us {
             c.max_spin = Duration::from_micros(v);
         }
+        if let Some(v) = self.opencl_lanes {
+            c.opencl_lanes = v.max(1);
+        }
+        c.opencl &= !self.no_opencl;
         c
     }
 }
@@ -141,6 +151,30 @@ pub fn status(socket: Option<PathBuf>, args: StatusArgs) -> Result<()> {
     Ok(())
 }
 
+pub fn devices(socket: Option<PathBuf>) -> Result<()> {
+    let report = agora::daemon_status(socket)?;
+    println!(
+        "{:<10} {:<7} {:>6} {:>12}  description",
+        "device", "kind", "lanes", "memory"
+    );
+    for d in &report.devices {
+        let memory = if d.memory_bytes == 0 {
+            "host".to_string()
+        } else {
+            format!("{} MiB", d.memory_bytes >> 20)
+        };
+        println!(
+            "{:<10} {:<7} {:>6} {:>12}  {}",
+            d.name,
+            d.kind,
+            d.lanes.len(),
+            memory,
+            d.description
+        );
+    }
+    Ok(())
+}
+
 pub fn kernels(socket: Option<PathBuf>) -> Result<()> {
     let session = Session::connect_with(SessionOptions {
         socket,
@@ -179,6 +213,30 @@ pub struct RunArgs {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+    /// Which kind of device the workload's queue prefers.
+    #[arg(long, value_enum, default_value_t = DeviceChoice::Any)]
+    device_kind: DeviceChoice,
+}
+
+/// A device-kind preference on the command line.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceChoice {
+    /// The CPU device.
+    Cpu,
+    /// An OpenCL device.
+    Opencl,
+    /// Whatever the daemon picks.
+    Any,
+}
+
+impl DeviceChoice {
+    pub(crate) fn kind(self) -> Option<agora::DeviceKind> {
+        match self {
+            DeviceChoice::Cpu => Some(agora::DeviceKind::Cpu),
+            DeviceChoice::Opencl => Some(agora::DeviceKind::OpenCl),
+            DeviceChoice::Any => None,
+        }
+    }
 }
 
 pub fn run(socket: Option<PathBuf>, args: RunArgs) -> Result<()> {
@@ -194,10 +252,17 @@ pub fn run(socket: Option<PathBuf>, args: RunArgs) -> Result<()> {
             if size < 2 {
                 bail!("--size must be at least 2 for gaussian");
             }
-            agora_apps::gaussian(&session, size)?
+            agora_apps::gaussian(&session, size, args.device_kind.kind())?
         }
-        App::Saxpy => agora_apps::saxpy_stream(&session, args.size.unwrap_or(1 << 20).max(1), args.iterations)?,
-        App::VectorAdd => agora_apps::vector_add(&session, args.size.unwrap_or(1 << 20).max(1))?,
+        App::Saxpy => agora_apps::saxpy_stream(
+            &session,
+            args.size.unwrap_or(1 << 20).max(1),
+            args.iterations,
+            args.device_kind.kind(),
+        )?,
+        App::VectorAdd => {
+            agora_apps::vector_add(&session, args.size.unwrap_or(1 << 20).max(1), args.device_kind.kind())?
+        }
     };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);

@@ -29,6 +29,8 @@ enum Command {
     Serve(cmd::ServeArgs),
     /// Show devices, lanes and sessions of a running daemon.
     Status(cmd::StatusArgs),
+    /// List the devices the daemon found, with kind, lanes and memory.
+    Devices,
     /// List the kernels the daemon offers, with their signatures.
     Kernels,
     /// Run a bundled workload as a client of a running daemon and verify its result.
@@ -48,13 +50,16 @@ fn main() {
     let verbose = matches!(cli.command, Command::Serve(_));
     let filter = tracing_subscriber::EnvFilter::try_from_env("AGORA_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(if verbose { "info" } else { "warn" }));
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
     let result: Result<()> = match cli.command {
         Command::Serve(args) => cmd::serve(cli.socket, args),
         Command::Status(args) => cmd::status(cli.socket, args),
+        Command::Devices => cmd::devices(cli.socket),
         Command::Kernels => cmd::kernels(cli.socket),
         Command::Run(args) => cmd::run(cli.socket, args),
         Command::Demo(args) => cmd::demo(args),

@@ -44,7 +44,7 @@ pub use agora_protocol::control::{QueueClass, StatusReport};
 pub use agora_protocol::{KernelSignature, TaskError};
 pub use buffer::Buffer;
 pub use error::Error;
-pub use queue::{Arg, NdRange, Queue, QueueOptions, Task};
+pub use queue::{Arg, DeviceKind, NdRange, Queue, QueueOptions, Task};
 pub use session::{daemon_status, Kernel, Session, SessionOptions};
 
 /// Low-level hooks for testing the daemon against malformed input. Not part of the stable API.

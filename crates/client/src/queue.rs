@@ -10,6 +10,26 @@ use crate::buffer::Buffer;
 use crate::session::{Inner, Kernel};
 use crate::Error;
 
+/// Kinds of device a queue may prefer. A preference is a hint: the daemon honours it when a
+/// device of that kind implements the kernel, and otherwise runs the task elsewhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// The host CPU device.
+    Cpu,
+    /// An OpenCL device.
+    OpenCl,
+}
+
+impl DeviceKind {
+    /// The daemon's name for the kind.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::OpenCl => "opencl",
+        }
+    }
+}
+
 /// How to create a queue.
 #[derive(Debug, Clone, Default)]
 pub struct QueueOptions {
@@ -17,6 +37,8 @@ pub struct QueueOptions {
     pub name: String,
     /// Scheduling class.
     pub class: QueueClass,
+    /// Preferred kind of device, if any.
+    pub preferred_device: Option<DeviceKind>,
 }
 
 /// One kernel argument.

@@ -185,6 +185,7 @@ impl Session {
         self.queue_with(QueueOptions {
             name: name.to_string(),
             class: QueueClass::Batch,
+            preferred_device: None,
         })
     }
 
@@ -193,6 +194,7 @@ impl Session {
         match self.inner.request(&Request::CreateQueue {
             name: options.name,
             class: options.class,
+            preferred_device: options.preferred_device.map(|k| k.name().to_string()),
         })? {
             Response::Queue { handle } => Ok(Queue::new(self.inner.clone(), handle)),
             other => Err(unexpected(other)),

@@ -23,6 +23,10 @@ pub struct DaemonConfig {
     /// Tasks estimated below this many nanoseconds run inline on the dispatcher thread when their
     /// queue has nothing in flight, skipping the hand-off to a lane. 0 disables inline runs.
     pub inline_max_ns: u64,
+    /// Whether to look for OpenCL devices.
+    pub opencl: bool,
+    /// Lanes (command queues) per OpenCL device.
+    pub opencl_lanes: usize,
     /// Longest the dispatcher polls the rings after its last work before it blocks.
     pub max_spin: Duration,
 }
@@ -40,6 +44,8 @@ impl Default for DaemonConfig {
             max_buffers: 1 << 16,
             inline_max_ns: 5_000,
             max_spin: Duration::from_micros(200),
+            opencl: true,
+            opencl_lanes: 2,
         }
     }
 }

@@ -123,7 +123,23 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
         threads_per_lane = cpu.info().threads_per_lane,
         "device ready"
     );
-    let devices: Vec<Arc<dyn Device>> = vec![Arc::new(cpu)];
+    let mut devices: Vec<Arc<dyn Device>> = vec![Arc::new(cpu)];
+    if config.opencl {
+        let (found, problems) = agora_devices::opencl::discover(config.opencl_lanes);
+        for problem in problems {
+            tracing::warn!("{problem}; continuing without it");
+        }
+        for device in found {
+            tracing::info!(
+                device = %device.info().name,
+                description = %device.info().description,
+                lanes = device.info().lanes,
+                memory_mib = device.info().memory_bytes >> 20,
+                "device ready"
+            );
+            devices.push(Arc::new(device));
+        }
+    }
     let scheduler = scheduler::Scheduler::new(devices, Box::new(policy::RoundRobin::default()), config.inline_max_ns);
     tracing::info!(socket = %config.socket.display(), kernels = agora_kernels::library().len(), "listening");
     server::Server::new(config, listener, scheduler, stop)

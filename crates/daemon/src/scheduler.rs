@@ -2,29 +2,31 @@
 //!
 //! For each descriptor, in ring order: copy it out (done by the ring), decode it, resolve its
 //! handles against the session's own tables, check it against the kernel's signature and size
-//! check, then either
+//! check; then pick where it runs and plan the data it needs there (`memory::Placement`), and
+//! either
 //!
-//! * run it **inline** on this thread, when its queue has nothing in flight, the device computes
-//!   on host memory and the kernel's estimated time is under `inline_max_ns` (a `noop`, a sync
-//!   on a host-memory device, a small kernel) — this skips a thread hand-off that would cost more
-//!   than the task; or
-//! * hand it to a **lane**: the lane its queue is bound to while the queue has work in flight
-//!   (so issue order holds), else the lane the [`Policy`] picks (late binding).
+//! * run it **inline** on this thread, when its queue has nothing in flight, the chosen device
+//!   computes on host memory, no transfer is needed and the estimated time is under
+//!   `inline_max_ns` (a `noop`, a sync, a small kernel) — this skips a thread hand-off that would
+//!   cost more than the task; or
+//! * hand it to a **lane**: the lane its queue is bound to while the queue has work in flight (so
+//!   issue order holds), else the lane the [`Policy`] picks among the devices that implement the
+//!   kernel (late binding), honouring the queue's preferred device kind when one qualifies.
 //!
-//! A descriptor that fails any check completes with a [`TaskError`] naming the problem; nothing
-//! a client writes can stop the loop. Inline completions are batched and flushed before anything
-//! is handed to a lane, so a queue's completions reach its ring in issue order.
+//! A descriptor that fails any check completes with a [`TaskError`] naming the problem; nothing a
+//! client writes can stop the loop. Inline completions are batched and flushed before anything is
+//! handed to a lane, so a queue's completions reach its ring in issue order.
 //!
 //! Must not contain vendor code: devices are reached only through the `Device` trait.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use agora_devices::{Device, Job, Work};
+use agora_devices::{Device, DeviceBuffer, DeviceKind, Job, Transfer, Work};
 use agora_kernels::{ArgValue, KernelDef, LaunchShape};
 use agora_protocol::descriptor::Decoded;
 use agora_protocol::ring::RingError;
-use agora_protocol::{ArgTag, Completion, Op, ParamKind, TaskError, MAX_ARGS};
+use agora_protocol::{Access, ArgTag, Completion, Op, ParamKind, TaskError, MAX_ARGS};
 
 use crate::memory::BufferRecord;
 use crate::policy::{Candidate, Policy};
@@ -42,13 +44,38 @@ pub(crate) struct Scheduler {
     candidates: Vec<Candidate>,
 }
 
-/// A task ready to run.
+/// What a resolved task does.
+// `Launch` is the common case; boxing it would cost an allocation per task.
+#[allow(clippy::large_enum_variant)]
+enum Action {
+    Launch {
+        kernel: &'static KernelDef,
+        range: [u64; 3],
+        dims: usize,
+        args: [ArgValue; MAX_ARGS],
+        arg_count: usize,
+    },
+    SyncTo,
+    SyncFrom,
+    Fill {
+        offset: u64,
+        len: u64,
+        value: u8,
+    },
+    Copy {
+        src_offset: u64,
+        dst_offset: u64,
+        len: u64,
+    },
+}
+
+/// A task whose arguments are resolved and checked.
 struct Ready {
     queue: Arc<QueueState>,
-    work: Work,
+    action: Action,
     estimated_ns: f64,
-    kernel: Option<&'static KernelDef>,
-    buffers: [Option<Arc<BufferRecord>>; MAX_ARGS],
+    /// Buffer arguments with their access (transfers name buffers by argument index).
+    buffers: [Option<(Arc<BufferRecord>, Access)>; MAX_ARGS],
 }
 
 impl Scheduler {
@@ -111,19 +138,21 @@ impl Scheduler {
             }
             _ => {
                 let ready = resolve(session, d)?;
-                self.dispatch(session, d.task_id, ready);
-                Ok(())
+                self.dispatch(session, d.task_id, ready)
             }
         }
     }
 
-    fn dispatch(&mut self, session: &Session, task_id: u64, ready: Ready) {
-        let queue = &ready.queue;
-        let idle = queue.in_flight.load(Ordering::Acquire) == 0;
-        let (device_index, lane) = if idle {
-            self.candidates.clear();
+    /// Lanes a task may go to when its queue is unbound.
+    fn candidates_for(&mut self, kernel: Option<&KernelDef>, preferred: Option<DeviceKind>, only: Option<usize>) {
+        self.candidates.clear();
+        for pass in 0..2 {
             for (index, device) in self.devices.iter().enumerate() {
-                if ready.kernel.is_some_and(|k| !device.implements(k)) {
+                if only.is_some_and(|o| o != index) || kernel.is_some_and(|k| !device.implements(k)) {
+                    continue;
+                }
+                // First pass: only the preferred kind; second pass (if none qualified): any.
+                if pass == 0 && preferred.is_some_and(|p| p != device.info().kind) {
                     continue;
                 }
                 for lane in 0..device.info().lanes {
@@ -134,46 +163,95 @@ impl Scheduler {
                     });
                 }
             }
+            if !self.candidates.is_empty() || preferred.is_none() {
+                return;
+            }
+        }
+    }
+
+    fn host_device(&self) -> usize {
+        self.devices
+            .iter()
+            .position(|d| d.info().shares_host_memory)
+            .unwrap_or(0)
+    }
+
+    fn dispatch(&mut self, session: &Session, task_id: u64, ready: Ready) -> Result<(), TaskError> {
+        let queue = ready.queue.clone();
+        let idle = queue.in_flight.load(Ordering::Acquire) == 0;
+        let kernel = match &ready.action {
+            Action::Launch { kernel, .. } => Some(*kernel),
+            _ => None,
+        };
+        // Where it runs.
+        let (device, lane) = if idle {
+            let only = match &ready.action {
+                Action::Launch { .. } => None,
+                // Host-side work runs on the device that shares host memory; a sync_from whose
+                // valid copy is on a device runs there (any lane can read a device buffer, but the
+                // owner's lanes are the natural place), everything else is an ordering point.
+                Action::SyncFrom => Some(
+                    ready.buffers[0]
+                        .as_ref()
+                        .and_then(|(b, _)| b.placement().owner())
+                        .unwrap_or(self.host_device()),
+                ),
+                _ => Some(self.host_device()),
+            };
+            self.candidates_for(kernel, queue.preferred, only);
             if self.candidates.is_empty() {
-                let id = ready
-                    .kernel
-                    .map(|k| agora_kernels::find(k.name).map_or(0, |(i, _)| i))
-                    .unwrap_or(0);
-                self.inline_done
-                    .push(Completion::failed(task_id, TaskError::NoDevice(id)));
-                return;
+                let id = kernel.and_then(|k| agora_kernels::find(k.name)).map_or(0, |(i, _)| i);
+                return Err(TaskError::NoDevice(id));
             }
-            let name = ready.kernel.map_or("transfer", |k| k.name);
-            let c = self.policy.choose(name, &self.candidates);
-            // A tiny task on an idle queue runs here and now, on a device that computes on host
-            // memory: handing it to a lane would cost more than running it.
-            let device = &self.devices[c.device];
-            if self.inline_max_ns > 0.0 && device.info().shares_host_memory && ready.estimated_ns <= self.inline_max_ns
-            {
-                let result = device.run_inline(&ready.work);
-                self.inline_done.push(match result {
-                    Ok(()) => Completion::ok(task_id),
-                    Err(e) => Completion::failed(task_id, e),
-                });
-                return;
-            }
-            queue
-                .binding
-                .store(((c.device as u32) << 16) | c.lane as u32, Ordering::Relaxed);
+            let c = self
+                .policy
+                .choose(kernel.map_or("transfer", |k| k.name), &self.candidates);
             (c.device, c.lane)
         } else {
             let binding = queue.binding.load(Ordering::Relaxed);
-            ((binding >> 16) as usize, (binding & 0xffff) as usize)
+            let device = (binding >> 16) as usize;
+            if kernel.is_some_and(|k| !self.devices[device].implements(k)) {
+                // The queue's device cannot run this kernel and the queue is busy there; moving it
+                // needs the migration protocol (not yet built).
+                let id = kernel.and_then(|k| agora_kernels::find(k.name)).map_or(0, |(i, _)| i);
+                return Err(TaskError::NoDevice(id));
+            }
+            (device, (binding & 0xffff) as usize)
         };
+
+        // What data it needs there, and the work itself.
+        let mut transfers: Vec<Transfer> = Vec::new();
+        let work = self.plan(session, device, ready.action, &ready.buffers, &mut transfers)?;
+
+        let target = self.devices[device].clone();
+        if idle
+            && self.inline_max_ns > 0.0
+            && target.info().shares_host_memory
+            && transfers.is_empty()
+            && ready.estimated_ns <= self.inline_max_ns
+        {
+            // Tiny, and nothing to move: run it here and now.
+            let result = target.run_inline(&work);
+            self.inline_done.push(match result {
+                Ok(()) => Completion::ok(task_id),
+                Err(e) => Completion::failed(task_id, e),
+            });
+            return Ok(());
+        }
+        if idle {
+            queue
+                .binding
+                .store(((device as u32) << 16) | lane as u32, Ordering::Relaxed);
+        }
         // Completions of earlier inline tasks must reach the ring before this job's.
         self.flush(&session.shared);
         queue.in_flight.fetch_add(1, Ordering::AcqRel);
         session.shared.in_flight.fetch_add(1, Ordering::Relaxed);
         let shared = session.shared.clone();
-        let queue = ready.queue.clone();
         let buffers = ready.buffers;
         let job = Job {
-            work: ready.work,
+            transfers,
+            work,
             keepalive: None,
             cancelled: Some(session.shared.cancelled.clone()),
             done: Box::new(move |result| {
@@ -190,7 +268,99 @@ impl Scheduler {
                 drop(shared);
             }),
         };
-        self.devices[device_index].submit(lane, job);
+        target.submit(lane, job);
+        Ok(())
+    }
+
+    /// Plans data placement for `action` on `device` and builds its work.
+    fn plan(
+        &self,
+        session: &Session,
+        device: usize,
+        action: Action,
+        buffers: &[Option<(Arc<BufferRecord>, Access)>; MAX_ARGS],
+        transfers: &mut Vec<Transfer>,
+    ) -> Result<Work, TaskError> {
+        let devices = &self.devices;
+        let host = |record: &BufferRecord| heap_ptr(session, record, 0, record.len);
+        Ok(match action {
+            Action::Launch {
+                kernel,
+                range,
+                dims,
+                mut args,
+                arg_count,
+            } => {
+                let mut device_args: [Option<Arc<dyn DeviceBuffer>>; MAX_ARGS] = Default::default();
+                for (index, entry) in buffers.iter().enumerate() {
+                    let Some((record, access)) = entry else { continue };
+                    let ptr = host(record)?;
+                    let mut placement = record.placement();
+                    device_args[index] = placement
+                        .prepare(devices, device, *access, ptr, record.len, transfers)
+                        .map_err(|e| match e {
+                            TaskError::DeviceOutOfMemory { needed, .. } => TaskError::DeviceOutOfMemory {
+                                index: index as u16,
+                                needed,
+                            },
+                            other => other,
+                        })?;
+                    args[index] = ArgValue::Buffer { ptr, len: record.len };
+                }
+                Work::Launch {
+                    kernel,
+                    range,
+                    dims,
+                    args,
+                    arg_count,
+                    device_args,
+                }
+            }
+            Action::SyncTo => {
+                let (record, _) = buffers[0].as_ref().ok_or(TaskError::KernelFault)?;
+                record.placement().host_written();
+                Work::Nothing
+            }
+            Action::SyncFrom => {
+                let (record, _) = buffers[0].as_ref().ok_or(TaskError::KernelFault)?;
+                let ptr = host(record)?;
+                record.placement().fetch_to_host(devices, ptr, record.len, transfers);
+                Work::Nothing
+            }
+            Action::Fill { offset, len, value } => {
+                let (record, _) = buffers[0].as_ref().ok_or(TaskError::KernelFault)?;
+                let base = host(record)?;
+                let mut placement = record.placement();
+                // A partial fill keeps the rest of the buffer: bring it home first.
+                placement.fetch_to_host(devices, base, record.len, transfers);
+                placement.host_written();
+                Work::Fill {
+                    ptr: heap_ptr(session, record, offset, len)?,
+                    len: len as usize,
+                    value,
+                }
+            }
+            Action::Copy {
+                src_offset,
+                dst_offset,
+                len,
+            } => {
+                let (src, _) = buffers[0].as_ref().ok_or(TaskError::KernelFault)?;
+                let (dst, _) = buffers[1].as_ref().ok_or(TaskError::KernelFault)?;
+                let src_base = host(src)?;
+                src.placement().fetch_to_host(devices, src_base, src.len, transfers);
+                if !Arc::ptr_eq(src, dst) {
+                    let dst_base = host(dst)?;
+                    dst.placement().fetch_to_host(devices, dst_base, dst.len, transfers);
+                }
+                dst.placement().host_written();
+                Work::Copy {
+                    src: heap_ptr(session, src, src_offset, len)?,
+                    dst: heap_ptr(session, dst, dst_offset, len)?,
+                    len: len as usize,
+                }
+            }
+        })
     }
 }
 
@@ -237,8 +407,8 @@ fn resolve(session: &Session, d: &Decoded<'_>) -> Result<Ready, TaskError> {
         .get(d.queue)
         .ok_or(TaskError::UnknownQueue(d.queue))?
         .clone();
-    let mut buffers: [Option<Arc<BufferRecord>>; MAX_ARGS] = Default::default();
-    let (work, estimated_ns, kernel) = match d.op {
+    let mut buffers: [Option<(Arc<BufferRecord>, Access)>; MAX_ARGS] = Default::default();
+    let (action, estimated_ns) = match d.op {
         Op::Launch => {
             let kernel = agora_kernels::library()
                 .get(d.kernel as usize)
@@ -250,24 +420,20 @@ fn resolve(session: &Session, d: &Decoded<'_>) -> Result<Ready, TaskError> {
             for (index, (arg, param)) in d.args.iter().zip(kernel.params).enumerate() {
                 if arg.tag == ArgTag::Buffer as u32 {
                     let record = buffer(session, index, arg.value)?;
+                    let access = match param.kind {
+                        ParamKind::Buffer { access, .. } => access,
+                        ParamKind::Scalar(_) => return Err(TaskError::KernelFault),
+                    };
                     // One buffer twice is fine only when neither use writes it.
-                    for earlier in 0..index {
-                        if d.args[earlier].tag == ArgTag::Buffer as u32 && d.args[earlier].value == arg.value {
-                            let writes = |p: &agora_kernels::Param| matches!(p.kind, ParamKind::Buffer { access, .. } if access.writes());
-                            if writes(param) || writes(&kernel.params[earlier]) {
-                                return Err(TaskError::Aliased {
-                                    index: earlier as u16,
-                                    other: index as u64,
-                                });
+                    for (earlier, entry) in buffers.iter().enumerate().take(index) {
+                        if let Some((other, other_access)) = entry {
+                            if Arc::ptr_eq(other, record) && (access.writes() || other_access.writes()) {
+                                return Err(TaskError::Aliased { index: earlier as u16, other: index as u64 });
                             }
                         }
                     }
                     lens[index] = record.len;
-                    args[index] = ArgValue::Buffer {
-                        ptr: heap_ptr(session, record, 0, record.len)?,
-                        len: record.len,
-                    };
-                    buffers[index] = Some(record.clone());
+                    buffers[index] = Some((record.clone(), access));
                 } else {
                     scalars[index] = arg.value;
                     args[index] = ArgValue::Scalar(arg.value);
@@ -283,7 +449,7 @@ fn resolve(session: &Session, d: &Decoded<'_>) -> Result<Ready, TaskError> {
             range[..d.range.len()].copy_from_slice(d.range);
             let estimated = kernel.estimated_ns(shape.items());
             (
-                Work::Launch {
+                Action::Launch {
                     kernel,
                     range,
                     dims: d.range.len(),
@@ -291,20 +457,23 @@ fn resolve(session: &Session, d: &Decoded<'_>) -> Result<Ready, TaskError> {
                     arg_count: d.args.len(),
                 },
                 estimated,
-                Some(kernel),
             )
         }
         Op::SyncTo | Op::SyncFrom => {
-            let handle = d.buffer_arg(0)?;
-            let record = buffer(session, 0, handle)?;
+            let record = buffer(session, 0, d.buffer_arg(0)?)?;
             byte_range(record, 0, d.u64_arg_or(1, 0)?, d.u64_arg_or(2, 0)?)?;
-            buffers[0] = Some(record.clone());
-            // Every device today computes on the host copy: a transfer is an ordering point.
-            (Work::Nothing, 0.0, None)
+            buffers[0] = Some((record.clone(), Access::Read));
+            (
+                if d.op == Op::SyncTo {
+                    Action::SyncTo
+                } else {
+                    Action::SyncFrom
+                },
+                0.0,
+            )
         }
         Op::Memset => {
-            let handle = d.buffer_arg(0)?;
-            let record = buffer(session, 0, handle)?;
+            let record = buffer(session, 0, d.buffer_arg(0)?)?;
             let value = d.u64_arg_or(1, 0)?;
             if value > 255 {
                 return Err(TaskError::InvalidScalar {
@@ -313,46 +482,39 @@ fn resolve(session: &Session, d: &Decoded<'_>) -> Result<Ready, TaskError> {
                 });
             }
             let (offset, len) = byte_range(record, 0, d.u64_arg_or(2, 0)?, d.u64_arg_or(3, 0)?)?;
-            let ptr = heap_ptr(session, record, offset, len)?;
-            buffers[0] = Some(record.clone());
+            buffers[0] = Some((record.clone(), Access::Write));
             (
-                Work::Fill {
-                    ptr,
-                    len: len as usize,
+                Action::Fill {
+                    offset,
+                    len,
                     value: value as u8,
                 },
                 len as f64 * 0.05,
-                None,
             )
         }
         Op::Copy => {
             let src = buffer(session, 0, d.buffer_arg(0)?)?;
             let dst = buffer(session, 1, d.buffer_arg(1)?)?;
-            let src_offset = d.u64_arg_or(2, 0)?;
+            let (src_offset, len) = byte_range(src, 0, d.u64_arg_or(2, 0)?, d.u64_arg_or(4, 0)?)?;
             let dst_offset = d.u64_arg_or(3, 0)?;
-            let (src_offset, len) = byte_range(src, 0, src_offset, d.u64_arg_or(4, 0)?)?;
             byte_range(dst, 1, dst_offset, len)?;
-            let src_ptr = heap_ptr(session, src, src_offset, len)?;
-            let dst_ptr = heap_ptr(session, dst, dst_offset, len)?;
-            buffers[0] = Some(src.clone());
-            buffers[1] = Some(dst.clone());
+            buffers[0] = Some((src.clone(), Access::Read));
+            buffers[1] = Some((dst.clone(), Access::Write));
             (
-                Work::Copy {
-                    src: src_ptr,
-                    dst: dst_ptr,
-                    len: len as usize,
+                Action::Copy {
+                    src_offset,
+                    dst_offset,
+                    len,
                 },
                 len as f64 * 0.1,
-                None,
             )
         }
         Op::ReleaseBuffer | Op::ReleaseQueue => unreachable!("handled by admit"),
     };
     Ok(Ready {
         queue,
-        work,
+        action,
         estimated_ns,
-        kernel,
         buffers,
     })
 }

@@ -423,10 +423,26 @@ impl Server {
                     Ok((handle, offset)) => Response::Buffer { handle, offset, len },
                     Err(e) => Response::Error(e),
                 },
-                Request::CreateQueue { name, class } => {
+                Request::CreateQueue {
+                    name,
+                    class,
+                    preferred_device,
+                } => {
+                    let preferred = match preferred_device.as_deref() {
+                        None | Some("any") => None,
+                        Some(kind) => match agora_devices::DeviceKind::parse(kind) {
+                            Some(k) => Some(k),
+                            None => {
+                                return Some(Response::Error(ControlError::BadRequest(format!(
+                                    "unknown device kind '{kind}': use cpu, opencl or any"
+                                ))))
+                            }
+                        },
+                    };
                     let queue = Arc::new(QueueState {
                         name,
                         class,
+                        preferred,
                         in_flight: Default::default(),
                         binding: Default::default(),
                     });

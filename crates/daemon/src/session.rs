@@ -79,6 +79,8 @@ impl SessionShared {
 pub(crate) struct QueueState {
     pub name: String,
     pub class: QueueClass,
+    /// Device kind the client prefers, honoured when a device of that kind implements the kernel.
+    pub preferred: Option<agora_devices::DeviceKind>,
     /// Jobs of this queue handed to a lane and not completed.
     pub in_flight: AtomicU32,
     /// `(device << 16) | lane` the queue is bound to while `in_flight > 0`.
@@ -177,7 +179,7 @@ impl Session {
                 quota: self.heap.capacity(),
             });
         };
-        match self.buffers.insert(Arc::new(BufferRecord { offset, len })) {
+        match self.buffers.insert(Arc::new(BufferRecord::new(offset, len))) {
             Some(handle) => Ok((handle, offset)),
             None => {
                 self.heap.free(offset, len);

@@ -23,12 +23,17 @@ use agora_protocol::{TaskError, MAX_ARGS};
 
 #[cfg(feature = "cpu")]
 pub mod cpu;
+pub mod lane;
+#[cfg(feature = "opencl")]
+pub mod opencl;
 
 /// Kinds of device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceKind {
     /// Host CPU cores.
     Cpu,
+    /// An OpenCL device (any platform: PoCL on the CPU, a GPU, an FPGA).
+    OpenCl,
 }
 
 impl DeviceKind {
@@ -36,9 +41,59 @@ impl DeviceKind {
     pub fn name(self) -> &'static str {
         match self {
             DeviceKind::Cpu => "cpu",
+            DeviceKind::OpenCl => "opencl",
+        }
+    }
+
+    /// Parses a lower-case name.
+    pub fn parse(name: &str) -> Option<DeviceKind> {
+        match name {
+            "cpu" => Some(DeviceKind::Cpu),
+            "opencl" => Some(DeviceKind::OpenCl),
+            _ => None,
         }
     }
 }
+
+/// Memory a device allocated for one buffer. Freed when the last reference goes.
+pub trait DeviceBuffer: Send + Sync + std::fmt::Debug {
+    /// Length in bytes.
+    fn len(&self) -> u64;
+    /// Whether it is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// For the owning backend to get its concrete type back.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A data movement that runs, in order, before a job's work.
+#[derive(Debug)]
+pub enum Transfer {
+    /// Host bytes into a buffer of the job's own device.
+    ToDevice {
+        /// Source (the buffer's host copy).
+        host: *const u8,
+        /// Bytes.
+        len: usize,
+        /// Destination.
+        to: Arc<dyn DeviceBuffer>,
+    },
+    /// A buffer of `device` (any device) into host memory.
+    ToHost {
+        /// Source.
+        from: Arc<dyn DeviceBuffer>,
+        /// The device that owns `from`.
+        device: Arc<dyn Device>,
+        /// Destination (the buffer's host copy).
+        host: *mut u8,
+        /// Bytes.
+        len: usize,
+    },
+}
+
+// SAFETY: the host pointers refer to session memory kept mapped by the job until it completes.
+unsafe impl Send for Transfer {}
 
 /// Static facts about a device.
 #[derive(Debug, Clone)]
@@ -51,6 +106,10 @@ pub struct DeviceInfo {
     pub lanes: usize,
     /// Threads (or compute units) per lane.
     pub threads_per_lane: usize,
+    /// Longer description (platform and device names).
+    pub description: String,
+    /// Device memory in bytes (0 when it shares host memory).
+    pub memory_bytes: u64,
     /// Whether the device computes directly on host memory (the session segment), so host and
     /// device copies of a buffer are the same bytes and transfers are ordering points only.
     pub shares_host_memory: bool,
@@ -74,6 +133,8 @@ pub enum Work {
         args: [ArgValue; MAX_ARGS],
         /// Number of arguments.
         arg_count: usize,
+        /// Device buffers for buffer arguments, on devices with memory of their own.
+        device_args: [Option<Arc<dyn DeviceBuffer>>; MAX_ARGS],
     },
     /// Fill `len` bytes at `ptr` with `value`.
     Fill {
@@ -101,8 +162,30 @@ pub enum Work {
 // until the job completes; the daemon hands each job to exactly one lane.
 unsafe impl Send for Work {}
 
+/// Runs work that touches only host memory (fills, copies, ordering points) on the calling
+/// thread; `None` for kernel launches. Every backend's lanes can run these.
+pub fn run_host_work(work: &Work) -> Option<Result<(), TaskError>> {
+    match work {
+        Work::Nothing => Some(Ok(())),
+        Work::Fill { ptr, len, value } => {
+            // SAFETY: the daemon checked that [ptr, ptr+len) lies in a live buffer's host copy,
+            // kept mapped by the job; this lane is the only writer.
+            unsafe { std::ptr::write_bytes(*ptr, *value, *len) };
+            Some(Ok(()))
+        }
+        Work::Copy { src, dst, len } => {
+            // SAFETY: both ranges were bounds-checked against live buffers; `copy` allows overlap.
+            unsafe { std::ptr::copy(*src, *dst, *len) };
+            Some(Ok(()))
+        }
+        Work::Launch { .. } => None,
+    }
+}
+
 /// A unit of work for a lane.
 pub struct Job {
+    /// Data movements to perform first, in order.
+    pub transfers: Vec<Transfer>,
     /// What to do.
     pub work: Work,
     /// Keeps the memory the work points into alive until the job is done.
@@ -120,7 +203,7 @@ impl std::fmt::Debug for Job {
 }
 
 /// A device: lanes that run jobs in order.
-pub trait Device: Send + Sync {
+pub trait Device: Send + Sync + std::fmt::Debug {
     /// Static facts.
     fn info(&self) -> &DeviceInfo;
     /// Whether the device has an implementation of `kernel`.
@@ -132,6 +215,14 @@ pub trait Device: Send + Sync {
     /// Runs `work` on the calling thread, now. Only for devices that share host memory, and only
     /// for work the caller has judged tiny; used to skip a thread hand-off for such tasks.
     fn run_inline(&self, work: &Work) -> Result<(), TaskError>;
+    /// Allocates device memory for a buffer of `len` bytes. Devices that share host memory have
+    /// no memory of their own and return `None`.
+    fn alloc(&self, len: u64) -> Option<Result<Arc<dyn DeviceBuffer>, TaskError>>;
+    /// Copies `len` bytes of `from` (a buffer of this device) into `host`, synchronously.
+    ///
+    /// # Safety
+    /// `host` must be valid for `len` bytes of writes.
+    unsafe fn read(&self, from: &dyn DeviceBuffer, host: *mut u8, len: usize) -> Result<(), TaskError>;
     /// A status snapshot.
     fn status(&self) -> DeviceStatus;
     /// Stops the lanes after their queued jobs are cancelled.

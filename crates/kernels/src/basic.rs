@@ -4,7 +4,7 @@ use std::ops::Range;
 
 use agora_protocol::{Access::*, ScalarType::*, TaskError};
 
-use crate::{buffer, scalar, Cost, KernelCall, KernelDef, LaunchShape};
+use crate::{buffer, opencl, programs::BASIC, scalar, Cost, KernelCall, KernelDef, LaunchShape};
 
 fn no_check(_: &LaunchShape<'_>) -> Result<(), TaskError> {
     Ok(())
@@ -20,6 +20,7 @@ pub const NOOP: KernelDef = KernelDef {
     cost: Cost::Trivial,
     check: no_check,
     cpu: Some(noop_cpu),
+    opencl: opencl("basic", BASIC, "noop"),
 };
 
 fn saxpy_check(s: &LaunchShape<'_>) -> Result<(), TaskError> {
@@ -46,6 +47,7 @@ pub const SAXPY: KernelDef = KernelDef {
     cost: Cost::PerItemNs(0.5),
     check: saxpy_check,
     cpu: Some(saxpy_cpu),
+    opencl: opencl("basic", BASIC, "saxpy"),
 };
 
 fn vector_add_check(s: &LaunchShape<'_>) -> Result<(), TaskError> {
@@ -74,6 +76,7 @@ pub const VECTOR_ADD: KernelDef = KernelDef {
     cost: Cost::PerItemNs(0.5),
     check: vector_add_check,
     cpu: Some(vector_add_cpu),
+    opencl: opencl("basic", BASIC, "vector_add"),
 };
 
 fn fill_check(s: &LaunchShape<'_>) -> Result<(), TaskError> {
@@ -95,6 +98,7 @@ pub const FILL: KernelDef = KernelDef {
     cost: Cost::PerItemNs(0.25),
     check: fill_check,
     cpu: Some(fill_cpu),
+    opencl: opencl("basic", BASIC, "fill"),
 };
 
 #[cfg(test)]

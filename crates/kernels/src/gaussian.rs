@@ -9,7 +9,7 @@ use std::ops::Range;
 
 use agora_protocol::{Access::*, ScalarType::*, TaskError};
 
-use crate::{buffer, scalar, Cost, KernelCall, KernelDef, LaunchShape};
+use crate::{buffer, opencl, programs::GAUSSIAN, scalar, Cost, KernelCall, KernelDef, LaunchShape};
 
 /// Checks `size` (argument `size_index`) and `t` (the next argument): `size ≥ 1`, `0 ≤ t < size-1`.
 fn check_size_and_step(s: &LaunchShape<'_>, size_index: usize) -> Result<u64, TaskError> {
@@ -62,6 +62,7 @@ pub const FAN1: KernelDef = KernelDef {
     cost: Cost::PerItemNs(1.0),
     check: fan1_check,
     cpu: Some(fan1_cpu),
+    opencl: opencl("gaussian", GAUSSIAN, "fan1"),
 };
 
 fn fan2_check(s: &LaunchShape<'_>) -> Result<(), TaskError> {
@@ -111,6 +112,7 @@ pub const FAN2: KernelDef = KernelDef {
     cost: Cost::PerItemNs(0.5),
     check: fan2_check,
     cpu: Some(fan2_cpu),
+    opencl: opencl("gaussian", GAUSSIAN, "fan2"),
 };
 
 /// Host reference and helpers shared by applications and tests.

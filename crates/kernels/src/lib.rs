@@ -37,6 +37,30 @@ pub struct Param {
     pub kind: ParamKind,
 }
 
+/// An OpenCL implementation: the program (one `.cl` file under `src/opencl/`, compiled once per
+/// device and cached) and the kernel's entry point in it.
+///
+/// Calling convention: arguments are passed in signature order (buffers as `__global T*`, scalars
+/// by value with the matching OpenCL type: `int`, `uint`, `long`, `ulong`, `float`, `double`).
+///
+/// *Guarded* kernels (preferred) declare three more trailing parameters, `const ulong range0,
+/// const ulong range1, const ulong range2` — the launch's true range — and return early for work
+/// items beyond it. For them the backend uses a fixed work-group size (64, 8×8 or 4×4×4, or
+/// `local` when given) and rounds the global size up, so an OpenCL compiler that specialises per
+/// work-group size (PoCL does) compiles the kernel once. Kernels without the trailing parameters
+/// get the exact range as global size and a power-of-two work-group size that divides it.
+#[derive(Debug, Clone, Copy)]
+pub struct OpenClImpl {
+    /// Program name, used as the cache key (e.g. `basic`).
+    pub program: &'static str,
+    /// Program source.
+    pub source: &'static str,
+    /// Kernel function name in the program.
+    pub entry: &'static str,
+    /// Required local work size, when the kernel depends on one (e.g. tiled sgemm).
+    pub local: Option<[usize; 3]>,
+}
+
 /// How expensive a kernel is, for the decision to run it inline on the dispatcher thread.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Cost {
@@ -61,6 +85,8 @@ pub struct KernelDef {
     pub check: CheckFn,
     /// CPU implementation.
     pub cpu: Option<CpuFn>,
+    /// OpenCL implementation.
+    pub opencl: Option<OpenClImpl>,
 }
 
 impl KernelDef {
@@ -119,6 +145,22 @@ pub(crate) const fn buffer(name: &'static str, element: ScalarType, access: Acce
         name,
         kind: ParamKind::Buffer { element, access },
     }
+}
+
+/// Sources of the OpenCL programs.
+pub(crate) mod programs {
+    pub const BASIC: &str = include_str!("opencl/basic.cl");
+    pub const GAUSSIAN: &str = include_str!("opencl/gaussian.cl");
+}
+
+/// Shorthand for an OpenCL implementation without a required local size.
+pub(crate) const fn opencl(program: &'static str, source: &'static str, entry: &'static str) -> Option<OpenClImpl> {
+    Some(OpenClImpl {
+        program,
+        source,
+        entry,
+        local: None,
+    })
 }
 
 /// Shorthand for a scalar parameter.

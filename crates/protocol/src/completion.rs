@@ -137,6 +137,17 @@ pub enum TaskError {
     /// The task was cancelled before it ran (its session or queue went away).
     #[error("the task was cancelled before it ran")]
     Cancelled,
+    /// A device could not allocate memory for a buffer the task needs.
+    #[error("argument {index}: the device has no room for {needed} more bytes; use smaller buffers or fewer at once")]
+    DeviceOutOfMemory {
+        /// Which argument.
+        index: u16,
+        /// Bytes requested.
+        needed: u64,
+    },
+    /// The device reported an error running the task (logged by the daemon).
+    #[error("the device failed to run the task (OpenCL error {0}); the daemon logged the details")]
+    DeviceFailed(i64),
     /// The error code is not known to this client (a newer daemon).
     #[error("unknown error code {0} from the daemon: upgrade the client")]
     Unknown(u16),
@@ -209,6 +220,8 @@ impl TaskError {
             TaskError::NoDevice(_) => "no_device",
             TaskError::KernelFault => "kernel_fault",
             TaskError::Cancelled => "cancelled",
+            TaskError::DeviceOutOfMemory { .. } => "device_out_of_memory",
+            TaskError::DeviceFailed(_) => "device_failed",
             TaskError::Unknown(_) => "unknown",
         }
     }
@@ -232,6 +245,8 @@ impl TaskError {
             TaskError::NoDevice(k) => (15, 0, u64::from(k), 0),
             TaskError::KernelFault => (16, 0, 0, 0),
             TaskError::Cancelled => (17, 0, 0, 0),
+            TaskError::DeviceOutOfMemory { index, needed } => (18, index, needed, 0),
+            TaskError::DeviceFailed(code) => (19, 0, code as u64, 0),
             TaskError::Unknown(code) => (code, 0, 0, 0),
         }
     }
@@ -274,6 +289,8 @@ impl TaskError {
             15 => TaskError::NoDevice(a32),
             16 => TaskError::KernelFault,
             17 => TaskError::Cancelled,
+            18 => TaskError::DeviceOutOfMemory { index: arg, needed: a },
+            19 => TaskError::DeviceFailed(a as i64),
             other => TaskError::Unknown(other),
         }
     }
@@ -318,6 +335,11 @@ mod tests {
             TaskError::NoDevice(4),
             TaskError::KernelFault,
             TaskError::Cancelled,
+            TaskError::DeviceOutOfMemory {
+                index: 2,
+                needed: 1 << 30,
+            },
+            TaskError::DeviceFailed(-5),
         ];
         for e in errors {
             let c = Completion::failed(42, e);

@@ -45,6 +45,8 @@ pub enum Request {
         name: String,
         /// Class.
         class: QueueClass,
+        /// Kind of device the client prefers for this queue (`cpu`, `opencl`), if any.
+        preferred_device: Option<String>,
     },
     /// Look a kernel up by name.
     LookupKernel {
@@ -175,6 +177,12 @@ pub struct DeviceStatus {
     pub name: String,
     /// Kind, e.g. `cpu`.
     pub kind: String,
+    /// What it is (e.g. the OpenCL platform and device name).
+    pub description: String,
+    /// Device memory in bytes (0 for devices that compute on host memory).
+    pub memory_bytes: u64,
+    /// Device memory allocated for buffers now.
+    pub memory_used: u64,
     /// Threads per lane.
     pub threads_per_lane: u32,
     /// Lanes.

@@ -1,15 +1,12 @@
 //! The CPU device: worker threads partitioned into lanes.
 //!
-//! Each lane is a *gang* of `threads_per_lane` threads. The gang's leader takes the lane's next
-//! job; a kernel launch is split by rows of its first dimension into one stripe per thread (the
-//! leader runs stripe 0, helpers the rest) and the leader completes the job when every stripe is
-//! done. So one lane runs one job at a time, in order, using all its threads.
-//!
-//! Idle leaders spin briefly, then sleep on a condition variable; submitters notify only when the
-//! leader announced it sleeps, so a busy lane costs no system calls per job.
+//! Each lane is a *gang* of `threads_per_lane` threads. The lane's thread takes the next job; a
+//! kernel launch is split by rows of its first dimension into one stripe per thread (the lane
+//! thread runs stripe 0, helpers the rest) and the job completes when every stripe is done. So
+//! one lane runs one job at a time, in order, using all its threads. The CPU device computes on
+//! host memory (the session segments) in place: it has no memory of its own.
 
 mod gang;
-mod lane;
 
 use std::sync::Arc;
 
@@ -17,8 +14,9 @@ use agora_kernels::{KernelCall, KernelDef};
 use agora_protocol::control::{DeviceStatus, LaneStatus};
 use agora_protocol::TaskError;
 
-use crate::{Device, DeviceInfo, DeviceKind, Job, Work};
-use lane::Lane;
+use crate::lane::{Executor, Lane};
+use crate::{Device, DeviceBuffer, DeviceInfo, DeviceKind, Job, Work};
+use gang::Gang;
 
 /// The CPU device.
 #[derive(Debug)]
@@ -26,6 +24,25 @@ pub struct CpuDevice {
     info: DeviceInfo,
     lanes: Vec<Arc<Lane>>,
     threads: std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>,
+}
+
+struct CpuExecutor {
+    gang: Gang,
+}
+
+impl Executor for CpuExecutor {
+    fn to_device(&mut self, _: *const u8, _: usize, _: &dyn DeviceBuffer) -> Result<(), TaskError> {
+        // The CPU has no device buffers; a transfer to one is a scheduler bug.
+        Err(TaskError::KernelFault)
+    }
+
+    fn execute(&mut self, work: &Work) -> Result<(), TaskError> {
+        execute(work, Some(&self.gang))
+    }
+
+    fn stop(&mut self) {
+        self.gang.stop();
+    }
 }
 
 impl CpuDevice {
@@ -36,14 +53,19 @@ impl CpuDevice {
         let mut handles = Vec::new();
         let mut lane_list = Vec::new();
         for index in 0..lanes {
-            let (lane, threads) = Lane::start(index, threads_per_lane)?;
+            let (gang, helpers) = Gang::start(index, threads_per_lane)?;
+            handles.extend(helpers);
+            let (lane, thread) = Lane::start(format!("agora-cpu-lane{index}"), Box::new(CpuExecutor { gang }))?;
             lane_list.push(lane);
-            handles.extend(threads);
+            handles.push(thread);
         }
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         Ok(CpuDevice {
             info: DeviceInfo {
                 name: "cpu0".to_string(),
                 kind: DeviceKind::Cpu,
+                description: format!("host CPU, {cores} cores"),
+                memory_bytes: 0,
                 lanes,
                 threads_per_lane,
                 shares_host_memory: true,
@@ -81,10 +103,21 @@ impl Device for CpuDevice {
         execute(work, None)
     }
 
+    fn alloc(&self, _len: u64) -> Option<Result<Arc<dyn DeviceBuffer>, TaskError>> {
+        None
+    }
+
+    unsafe fn read(&self, _from: &dyn DeviceBuffer, _host: *mut u8, _len: usize) -> Result<(), TaskError> {
+        Err(TaskError::KernelFault)
+    }
+
     fn status(&self) -> DeviceStatus {
         DeviceStatus {
             name: self.info.name.clone(),
             kind: self.info.kind.name().to_string(),
+            description: self.info.description.clone(),
+            memory_bytes: 0,
+            memory_used: 0,
             threads_per_lane: self.info.threads_per_lane as u32,
             lanes: self.lanes.iter().map(|l| l.status()).collect::<Vec<LaneStatus>>(),
         }
@@ -108,26 +141,18 @@ impl Drop for CpuDevice {
 }
 
 /// Runs `work` on the calling thread, or split over `gang` when given.
-pub(crate) fn execute(work: &Work, gang: Option<&gang::Gang>) -> Result<(), TaskError> {
+pub(crate) fn execute(work: &Work, gang: Option<&Gang>) -> Result<(), TaskError> {
+    if let Some(result) = crate::run_host_work(work) {
+        return result;
+    }
     match work {
-        Work::Nothing => Ok(()),
-        Work::Fill { ptr, len, value } => {
-            // SAFETY: the daemon checked that [ptr, ptr+len) lies in a live buffer kept mapped by
-            // the job's keepalive; this lane is the only writer.
-            unsafe { std::ptr::write_bytes(*ptr, *value, *len) };
-            Ok(())
-        }
-        Work::Copy { src, dst, len } => {
-            // SAFETY: both ranges were bounds-checked against live buffers; `copy` allows overlap.
-            unsafe { std::ptr::copy(*src, *dst, *len) };
-            Ok(())
-        }
         Work::Launch {
             kernel,
             range,
             dims,
             args,
             arg_count,
+            ..
         } => {
             let cpu = kernel.cpu.ok_or(TaskError::KernelFault)?;
             // SAFETY: the daemon resolved every buffer argument to a live, 64-byte-aligned range
@@ -140,6 +165,7 @@ pub(crate) fn execute(work: &Work, gang: Option<&gang::Gang>) -> Result<(), Task
                 _ => run_guarded(&|| cpu(&call, 0..rows)),
             }
         }
+        _ => unreachable!("host work handled above"),
     }
 }
 
@@ -176,12 +202,14 @@ mod tests {
             len: (y.len() * 4) as u64,
         };
         Job {
+            transfers: Vec::new(),
             work: Work::Launch {
                 kernel: k,
                 range: [y.len() as u64, 1, 1],
                 dims: 1,
                 args,
                 arg_count: 3,
+                device_args: Default::default(),
             },
             keepalive: None,
             cancelled: None,

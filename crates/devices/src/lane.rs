@@ -1,4 +1,8 @@
-//! One CPU lane: a FIFO of jobs and the gang of threads that runs them.
+//! A lane: a FIFO of jobs and the thread that runs them one at a time, in order.
+//!
+//! Shared by every backend; what running a job means is the backend's [`Executor`]. Idle lane
+//! threads spin briefly, then sleep on a condition variable that submitters signal only when the
+//! thread said it sleeps, so a busy lane costs no system call per job.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -8,8 +12,7 @@ use std::time::{Duration, Instant};
 use agora_protocol::control::LaneStatus;
 use agora_protocol::TaskError;
 
-use super::gang::Gang;
-use crate::Job;
+use crate::{Job, Transfer, Work};
 
 /// How long an idle leader polls before it sleeps. Short: lanes matter for throughput, not for
 /// the latency of tiny tasks (those run inline on the dispatcher).
@@ -22,9 +25,39 @@ struct Queue {
     stopping: bool,
 }
 
+/// How a backend runs the jobs of one lane (on the lane's thread).
+pub trait Executor: Send + 'static {
+    /// Copies host bytes into one of this device's buffers.
+    fn to_device(&mut self, host: *const u8, len: usize, to: &dyn crate::DeviceBuffer) -> Result<(), TaskError>;
+    /// Runs the work (after the job's transfers).
+    fn execute(&mut self, work: &Work) -> Result<(), TaskError>;
+    /// Called once when the lane stops.
+    fn stop(&mut self) {}
+}
+
+/// Runs a job's transfers, then its work.
+fn run_job(executor: &mut dyn Executor, job: &Job) -> Result<(), TaskError> {
+    for transfer in &job.transfers {
+        match transfer {
+            Transfer::ToDevice { host, len, to } => executor.to_device(*host, *len, to.as_ref())?,
+            Transfer::ToHost {
+                from,
+                device,
+                host,
+                len,
+            } => {
+                // SAFETY: the scheduler built this transfer from a live buffer's host range of
+                // `len` bytes, kept mapped by the job until it completes.
+                unsafe { device.read(from.as_ref(), *host, *len)? }
+            }
+        }
+    }
+    executor.execute(&job.work)
+}
+
 /// A lane.
 #[derive(Debug)]
-pub(crate) struct Lane {
+pub struct Lane {
     queue: Mutex<Queue>,
     wake: Condvar,
     pending: AtomicUsize,
@@ -35,10 +68,11 @@ pub(crate) struct Lane {
 
 impl Lane {
     /// Starts the lane's leader and helpers.
-    pub(crate) fn start(
-        index: usize,
-        threads: usize,
-    ) -> std::io::Result<(Arc<Lane>, Vec<std::thread::JoinHandle<()>>)> {
+    /// Starts the lane's thread, named `name`, running jobs with `executor`.
+    pub fn start(
+        name: String,
+        executor: Box<dyn Executor>,
+    ) -> std::io::Result<(Arc<Lane>, std::thread::JoinHandle<()>)> {
         let lane = Arc::new(Lane {
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
@@ -47,17 +81,15 @@ impl Lane {
             completed: AtomicU64::new(0),
             busy_ns: AtomicU64::new(0),
         });
-        let (gang, mut handles) = Gang::start(index, threads)?;
-        let leader_lane = lane.clone();
-        handles.push(
-            std::thread::Builder::new()
-                .name(format!("agora-cpu-lane{index}"))
-                .spawn(move || leader_lane.run(gang))?,
-        );
-        Ok((lane, handles))
+        let runner = lane.clone();
+        let handle = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || runner.run(executor))?;
+        Ok((lane, handle))
     }
 
-    pub(crate) fn push(&self, job: Job) {
+    /// Appends a job.
+    pub fn push(&self, job: Job) {
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         if q.stopping {
             drop(q);
@@ -73,11 +105,13 @@ impl Lane {
         }
     }
 
-    pub(crate) fn load(&self) -> usize {
+    /// Jobs queued or running.
+    pub fn load(&self) -> usize {
         self.pending.load(Ordering::Relaxed) + usize::from(self.busy.load(Ordering::Relaxed))
     }
 
-    pub(crate) fn stop(&self) {
+    /// Cancels queued jobs and stops the thread after the running one.
+    pub fn stop(&self) {
         let jobs = {
             let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
             q.stopping = true;
@@ -90,7 +124,8 @@ impl Lane {
         }
     }
 
-    pub(crate) fn status(&self) -> LaneStatus {
+    /// A status snapshot.
+    pub fn status(&self) -> LaneStatus {
         LaneStatus {
             busy: self.busy.load(Ordering::Relaxed),
             queued: self.pending.load(Ordering::Relaxed) as u64,
@@ -123,24 +158,30 @@ impl Lane {
         }
     }
 
-    fn run(&self, gang: Gang) {
+    fn run(&self, mut executor: Box<dyn Executor>) {
         while let Some(job) = self.next() {
             let start = Instant::now();
             let cancelled = job.cancelled.as_ref().is_some_and(|c| c.load(Ordering::Acquire));
             let result = if cancelled {
                 Err(TaskError::Cancelled)
             } else {
-                super::execute(&job.work, Some(&gang))
+                run_job(executor.as_mut(), &job)
             };
             self.busy_ns
                 .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
             self.completed.fetch_add(1, Ordering::Relaxed);
             self.busy.store(false, Ordering::Relaxed);
-            let Job { done, keepalive, .. } = job;
+            let Job {
+                done,
+                keepalive,
+                transfers,
+                work,
+                ..
+            } = job;
             done(result);
             // Release the memory only after the completion is posted.
-            drop(keepalive);
+            drop((keepalive, transfers, work));
         }
-        gang.stop();
+        executor.stop();
     }
 }
