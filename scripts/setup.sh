@@ -6,11 +6,15 @@ cd "$(dirname "$0")/.."
 
 need_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
-# System packages: a C toolchain for the Rust build; more arrive with later devices (PoCL, ...).
+# System packages: a C toolchain for the Rust build, and OpenCL (loader + PoCL).
 missing=()
 command -v cc >/dev/null 2>&1 || missing+=(build-essential)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
+# OpenCL: the ICD loader and PoCL (a real OpenCL platform on the CPU), plus clinfo to inspect it.
+[ -e /etc/OpenCL/vendors/pocl.icd ] || missing+=(pocl-opencl-icd)
+ldconfig -p 2>/dev/null | grep -q 'libOpenCL.so.1' || missing+=(ocl-icd-libopencl1)
+command -v clinfo >/dev/null 2>&1 || missing+=(clinfo)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   need_root apt-get update -qq

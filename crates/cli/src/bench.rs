@@ -22,6 +22,32 @@ pub enum BenchCommand {
     /// Per-task latency and throughput of empty (`noop`) tasks from separate client processes,
     /// beside an in-process call of the same kernel (the floor).
     Latency(LatencyArgs),
+    /// Each program on each device kind, natively and through Agora (client process), and the
+    /// transfer round trip; ratios and their geometric mean.
+    Overhead(OverheadArgs),
+}
+
+/// `agora bench overhead` options.
+#[derive(Args, Debug)]
+pub struct OverheadArgs {
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    /// A short version for smoke checks (small sizes, 2 repetitions).
+    #[arg(long)]
+    quick: bool,
+    /// Repetitions per measurement (default 5), after one warm-up.
+    #[arg(long)]
+    reps: Option<usize>,
+    /// Programs to run (default: all).
+    #[arg(long, value_delimiter = ',')]
+    programs: Option<Vec<String>>,
+    /// Device kinds to run on (default: cpu,opencl).
+    #[arg(long, value_delimiter = ',')]
+    devices: Option<Vec<String>>,
+    /// Bytes for the transfer round trip (default 1G; 64M with --quick).
+    #[arg(long, value_parser = crate::size::parse_bytes)]
+    transfer_bytes: Option<u64>,
 }
 
 /// `agora bench latency` options.
@@ -50,6 +76,10 @@ pub enum ClientMode {
     Throughput,
     /// Open a session, run one task, then sit idle for `--iterations` milliseconds.
     Idle,
+    /// Run workload `--app` at `--size` `--iterations` times after a warm-up; print each time.
+    Workload,
+    /// sync_to + fill + sync_from of `--size` bytes, `--iterations` times after a warm-up.
+    Transfer,
 }
 
 /// `agora bench-client` options.
@@ -63,6 +93,77 @@ pub struct ClientArgs {
     /// Print "ready" and wait for a line on stdin before starting (to start several at once).
     #[arg(long)]
     wait_go: bool,
+    /// Workload name (workload mode).
+    #[arg(long)]
+    app: Option<String>,
+    /// Workload size, or bytes (transfer mode).
+    #[arg(long)]
+    size: Option<u64>,
+    /// Preferred device kind (cpu, opencl).
+    #[arg(long)]
+    device_kind: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Default, Clone)]
+struct RepeatResult {
+    seconds: Vec<f64>,
+    verified: bool,
+}
+
+fn device_kind(name: Option<&str>) -> Option<agora::DeviceKind> {
+    match name {
+        Some("cpu") => Some(agora::DeviceKind::Cpu),
+        Some("opencl") => Some(agora::DeviceKind::OpenCl),
+        _ => None,
+    }
+}
+
+/// Workload and transfer modes of the client.
+fn client_repeat(socket: Option<PathBuf>, args: &ClientArgs) -> Result<()> {
+    let session = Session::connect_with(SessionOptions {
+        socket,
+        name: Some("bench-overhead".into()),
+        heap_bytes: None,
+    })?;
+    let kind = device_kind(args.device_kind.as_deref());
+    let mut result = RepeatResult {
+        verified: true,
+        ..Default::default()
+    };
+    match args.mode {
+        ClientMode::Workload => {
+            let app = args.app.as_deref().context("--app")?;
+            let workload = agora_apps::build(app, args.size.context("--size")?, None).context("unknown app")?;
+            for rep in 0..=args.iterations {
+                let r = agora_apps::run_on_agora(&session, &workload, kind)?;
+                result.verified &= r.verified;
+                if rep > 0 {
+                    result.seconds.push(r.seconds);
+                }
+            }
+        }
+        ClientMode::Transfer => {
+            let bytes = args.size.context("--size")?;
+            let queue = agora_apps::queue(&session, "transfer", kind)?;
+            let fill = session.kernel("fill")?;
+            let buffer = session.buffer(bytes)?;
+            let n = bytes / 4;
+            for rep in 0..=args.iterations {
+                let t = Instant::now();
+                let _ = queue.sync_to(&buffer)?;
+                let _ = queue.launch(&fill, &[agora::Arg::F32(1.5), (&buffer).into()], n)?;
+                let _ = queue.sync_from(&buffer)?;
+                queue.finish()?;
+                if rep > 0 {
+                    result.seconds.push(t.elapsed().as_secs_f64());
+                }
+            }
+            result.verified = buffer.as_slice::<f32>().iter().all(|v| *v == 1.5);
+        }
+        _ => unreachable!("other modes are handled by client()"),
+    }
+    println!("{}", serde_json::to_string(&result)?);
+    Ok(())
 }
 
 #[derive(Serialize, Deserialize, Debug, Default, Clone)]
@@ -91,6 +192,9 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
 
 /// The client side, in its own process.
 pub fn client(socket: Option<PathBuf>, args: ClientArgs) -> Result<()> {
+    if matches!(args.mode, ClientMode::Workload | ClientMode::Transfer) {
+        return client_repeat(socket, &args);
+    }
     let session = Session::connect_with(SessionOptions {
         socket,
         name: Some(format!("bench-{:?}", args.mode).to_lowercase()),
@@ -139,6 +243,7 @@ pub fn client(socket: Option<PathBuf>, args: ClientArgs) -> Result<()> {
         ClientMode::Idle => {
             std::thread::sleep(Duration::from_millis(args.iterations));
         }
+        ClientMode::Workload | ClientMode::Transfer => unreachable!("handled above"),
     }
     println!("{}", serde_json::to_string(&result)?);
     Ok(())
@@ -470,5 +575,210 @@ fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
 pub fn run(socket: Option<PathBuf>, command: BenchCommand) -> Result<()> {
     match command {
         BenchCommand::Latency(args) => latency(socket, args),
+        BenchCommand::Overhead(args) => overhead(socket, args),
     }
+}
+
+/// Runs a repeat-mode client process and returns its result.
+fn repeat_client(socket: &Path, mode: &str, extra: &[String]) -> Result<RepeatResult> {
+    let out = Command::new(std::env::current_exe()?)
+        .args(["bench-client", mode])
+        .args(extra)
+        .arg("--socket")
+        .arg(socket)
+        .stderr(Stdio::inherit())
+        .output()
+        .context("starting a benchmark client")?;
+    if !out.status.success() {
+        bail!("a benchmark client failed ({})", out.status);
+    }
+    serde_json::from_slice(&out.stdout).context("benchmark client output")
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[v.len() / 2]
+}
+
+/// Sizes for the overhead benchmark: a few hundred milliseconds natively per run.
+fn overhead_size(program: &str, quick: bool) -> u64 {
+    match (program, quick) {
+        ("gaussian", false) => 1024,
+        ("gaussian", true) => 256,
+        (_, false) => 4 << 20,
+        (_, true) => 1 << 18,
+    }
+}
+
+#[derive(Serialize, Debug)]
+struct OverheadRow {
+    program: String,
+    device: String,
+    size: u64,
+    launches: usize,
+    native_s: f64,
+    agora_s: f64,
+    ratio: f64,
+    native_runs_s: Vec<f64>,
+    agora_runs_s: Vec<f64>,
+    verified: bool,
+}
+
+fn overhead(socket: Option<PathBuf>, args: OverheadArgs) -> Result<()> {
+    let reps = args.reps.unwrap_or(if args.quick { 2 } else { 5 }).max(1);
+    let programs: Vec<String> = args
+        .programs
+        .clone()
+        .unwrap_or_else(|| agora_apps::PROGRAMS.iter().map(|(n, _)| n.to_string()).collect());
+    let kinds = args
+        .devices
+        .clone()
+        .unwrap_or_else(|| vec!["cpu".into(), "opencl".into()]);
+    let mut native_cl = if kinds.iter().any(|k| k == "opencl") {
+        match agora_apps::native::NativeOpenCl::open() {
+            Ok(cl) => Some(cl),
+            Err(e) => bail!("the OpenCL baseline needs an OpenCL device ({e}); run `make setup` or pass --devices cpu"),
+        }
+    } else {
+        None
+    };
+    let daemon = DaemonProcess::start(socket.as_deref(), &[])?;
+    let mut rows = Vec::new();
+    for program in &programs {
+        let size = overhead_size(program, args.quick);
+        let workload = agora_apps::build(program, size, None).with_context(|| format!("unknown program {program}"))?;
+        for kind in &kinds {
+            let mut native_runs = Vec::new();
+            let mut verified = true;
+            for rep in 0..=reps {
+                let r = match kind.as_str() {
+                    "cpu" => agora_apps::native::run_cpu(&workload).map_err(anyhow::Error::msg)?,
+                    "opencl" => agora_apps::native::run_opencl(native_cl.as_mut().context("OpenCL")?, &workload)
+                        .map_err(anyhow::Error::msg)?,
+                    other => bail!("unknown device kind {other}: use cpu or opencl"),
+                };
+                verified &= r.verified;
+                if rep > 0 {
+                    native_runs.push(r.seconds);
+                }
+            }
+            let extra = [
+                "--iterations".to_string(),
+                reps.to_string(),
+                "--app".into(),
+                program.clone(),
+                "--size".into(),
+                size.to_string(),
+                "--device-kind".into(),
+                kind.clone(),
+            ];
+            let agora = repeat_client(&daemon.socket, "workload", &extra)?;
+            verified &= agora.verified;
+            let row = OverheadRow {
+                program: program.clone(),
+                device: kind.clone(),
+                size,
+                launches: workload.launches(),
+                native_s: median(&native_runs),
+                agora_s: median(&agora.seconds),
+                ratio: median(&agora.seconds) / median(&native_runs),
+                native_runs_s: native_runs,
+                agora_runs_s: agora.seconds,
+                verified,
+            };
+            if !args.json {
+                eprintln!(
+                    "  {:<12} {:<7} native {:>9.4}s  agora {:>9.4}s  ratio {:.3}{}",
+                    row.program,
+                    row.device,
+                    row.native_s,
+                    row.agora_s,
+                    row.ratio,
+                    if row.verified { "" } else { "  VERIFICATION FAILED" }
+                );
+            }
+            rows.push(row);
+        }
+    }
+    let geomean = (rows.iter().map(|r| r.ratio.ln()).sum::<f64>() / rows.len().max(1) as f64).exp();
+
+    // Transfer round trip on the OpenCL device: write, fill on the device, read back.
+    let transfer = if let Some(cl) = native_cl.as_mut() {
+        let bytes = args
+            .transfer_bytes
+            .unwrap_or(if args.quick { 64 << 20 } else { 1 << 30 });
+        let mut host = vec![0u8; bytes as usize];
+        let mut device = cl.transfer_buffer(bytes as usize).map_err(anyhow::Error::msg)?;
+        let mut native_runs = Vec::new();
+        for rep in 0..=reps {
+            let s = agora_apps::native::transfer_round_trip(cl, &mut device, &mut host).map_err(anyhow::Error::msg)?;
+            if rep > 0 {
+                native_runs.push(s);
+            }
+        }
+        let extra = [
+            "--iterations".to_string(),
+            reps.to_string(),
+            "--size".into(),
+            bytes.to_string(),
+            "--device-kind".into(),
+            "opencl".into(),
+        ];
+        let agora = repeat_client(&daemon.socket, "transfer", &extra)?;
+        Some((
+            bytes,
+            median(&native_runs),
+            median(&agora.seconds),
+            agora.verified,
+            native_runs,
+            agora.seconds,
+        ))
+    } else {
+        None
+    };
+    drop(daemon);
+
+    let all_verified = rows.iter().all(|r| r.verified) && transfer.as_ref().is_none_or(|t| t.3);
+    if args.json {
+        let out = serde_json::json!({
+            "repetitions": reps,
+            "programs": rows,
+            "geomean_ratio": geomean,
+            "transfer_bytes": transfer.as_ref().map(|t| t.0),
+            "transfer_native_s": transfer.as_ref().map(|t| t.1),
+            "transfer_agora_s": transfer.as_ref().map(|t| t.2),
+            "transfer_ratio": transfer.as_ref().map(|t| t.2 / t.1),
+            "transfer_native_runs_s": transfer.as_ref().map(|t| t.4.clone()),
+            "transfer_agora_runs_s": transfer.as_ref().map(|t| t.5.clone()),
+            "verified": all_verified,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!(
+            "\n{:<12} {:<7} {:>8} {:>9} {:>11} {:>11} {:>7}",
+            "program", "device", "size", "launches", "native (s)", "agora (s)", "ratio"
+        );
+        for r in &rows {
+            println!(
+                "{:<12} {:<7} {:>8} {:>9} {:>11.4} {:>11.4} {:>7.3}",
+                r.program, r.device, r.size, r.launches, r.native_s, r.agora_s, r.ratio
+            );
+        }
+        println!("geometric mean of ratios: {geomean:.3} (medians of {reps} runs each)");
+        if let Some((bytes, native, agora, _, _, _)) = &transfer {
+            println!(
+                "transfer round trip of {} MiB (write, fill on device, read): native {native:.3}s, agora {agora:.3}s, ratio {:.3}",
+                bytes >> 20,
+                agora / native
+            );
+        }
+    }
+    if !all_verified {
+        bail!("a result did not match its host reference");
+    }
+    Ok(())
 }

@@ -187,29 +187,21 @@ pub fn kernels(socket: Option<PathBuf>) -> Result<()> {
     Ok(())
 }
 
-/// A bundled workload.
-#[derive(ValueEnum, Clone, Copy, Debug)]
-pub enum App {
-    /// Rodinia Gaussian elimination (gaussian.fan1 + gaussian.fan2 per column).
-    Gaussian,
-    /// A stream of saxpy launches on one queue.
-    Saxpy,
-    /// fill + vector_add.
-    VectorAdd,
-}
-
 /// `agora run` options.
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// Which workload.
-    app: App,
-    /// Problem size: matrix order for gaussian (default 512), elements for saxpy and vector-add
-    /// (default 1M).
+    /// Which workload (see `agora run --list`).
+    #[arg(required_unless_present = "list")]
+    app: Option<String>,
+    /// List the workloads and what --size means for each.
     #[arg(long)]
-    size: Option<usize>,
-    /// Launches for saxpy.
-    #[arg(long, default_value_t = 100)]
-    iterations: usize,
+    list: bool,
+    /// Problem size (program-specific; see --list).
+    #[arg(long)]
+    size: Option<u64>,
+    /// Iterations, for iterative programs (e.g. saxpy launches).
+    #[arg(long)]
+    iterations: Option<usize>,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -240,30 +232,27 @@ impl DeviceChoice {
 }
 
 pub fn run(socket: Option<PathBuf>, args: RunArgs) -> Result<()> {
-    let name = format!("agora run {:?}", args.app).to_lowercase();
+    if args.list {
+        for (name, size) in agora_apps::PROGRAMS {
+            println!(
+                "{name:<12} --size = {size} (default {})",
+                agora_apps::default_size(name)
+            );
+        }
+        return Ok(());
+    }
+    let app = args.app.clone().unwrap_or_default();
+    let size = args.size.unwrap_or_else(|| agora_apps::default_size(&app));
+    let Some(workload) = agora_apps::build(&app, size, args.iterations) else {
+        let names: Vec<&str> = agora_apps::PROGRAMS.iter().map(|(n, _)| *n).collect();
+        bail!("unknown workload '{app}'; choose one of: {}", names.join(", "));
+    };
     let session = Session::connect_with(SessionOptions {
         socket,
-        name: Some(name),
+        name: Some(format!("agora run {app}")),
         heap_bytes: None,
     })?;
-    let report = match args.app {
-        App::Gaussian => {
-            let size = args.size.unwrap_or(512);
-            if size < 2 {
-                bail!("--size must be at least 2 for gaussian");
-            }
-            agora_apps::gaussian(&session, size, args.device_kind.kind())?
-        }
-        App::Saxpy => agora_apps::saxpy_stream(
-            &session,
-            args.size.unwrap_or(1 << 20).max(1),
-            args.iterations,
-            args.device_kind.kind(),
-        )?,
-        App::VectorAdd => {
-            agora_apps::vector_add(&session, args.size.unwrap_or(1 << 20).max(1), args.device_kind.kind())?
-        }
-    };
+    let report = agora_apps::run_on_agora(&session, &workload, args.device_kind.kind())?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {

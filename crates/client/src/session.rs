@@ -394,7 +394,7 @@ impl Inner {
             if SPIN.with(|s| s.borrow_mut().spin(|| self.pending_in_ring() || self.is_done(id))) {
                 continue;
             }
-            self.block(|| self.is_done(id))?;
+            self.block(id, || self.is_done(id))?;
         }
         Ok(())
     }
@@ -409,14 +409,16 @@ impl Inner {
             if SPIN.with(|s| s.borrow_mut().spin(|| self.pending_in_ring())) {
                 continue;
             }
-            self.block(|| self.consumed.load(Ordering::Acquire) != before)?;
+            self.block(0, || self.consumed.load(Ordering::Acquire) != before)?;
         }
     }
 
     /// Sleeps on the completion futex once, unless `satisfied()` or completions are pending.
-    fn block(&self, satisfied: impl Fn() -> bool) -> Result<(), Error> {
+    /// `target`: the task id this thread needs (0: any completion).
+    fn block(&self, target: u64, satisfied: impl Fn() -> bool) -> Result<(), Error> {
         let header = self.segment.view().header();
         header.client_waiters.fetch_add(1, Ordering::SeqCst);
+        header.client_wait_for.fetch_min(target, Ordering::SeqCst);
         let tail = header.completion_tail.load(Ordering::SeqCst);
         let mut timed_out = false;
         if tail == header.completion_head.load(Ordering::Relaxed) && !satisfied() {
@@ -426,7 +428,11 @@ impl Inner {
             timed_out = waited >= LIVENESS_CHECK;
             SPIN.with(|s| s.borrow_mut().blocked_for(waited));
         }
-        header.client_waiters.fetch_sub(1, Ordering::SeqCst);
+        if header.client_waiters.fetch_sub(1, Ordering::SeqCst) == 1 {
+            // Last waiter out. A waiter arriving right now may lose its target to this reset and
+            // then sleep until its liveness timeout (20 ms) at worst; it cannot hang.
+            header.client_wait_for.store(u64::MAX, Ordering::SeqCst);
+        }
         if header.daemon_closed.load(Ordering::Acquire) != 0 || (timed_out && peer_hung_up(&self.liveness)) {
             self.disconnected.store(true, Ordering::Relaxed);
         }

@@ -75,7 +75,7 @@ struct Ready {
     action: Action,
     estimated_ns: f64,
     /// Buffer arguments with their access (transfers name buffers by argument index).
-    buffers: [Option<(Arc<BufferRecord>, Access)>; MAX_ARGS],
+    buffers: [Option<(Arc<BufferRecord>, Access, bool)>; MAX_ARGS],
 }
 
 impl Scheduler {
@@ -183,8 +183,22 @@ impl Scheduler {
             Action::Launch { kernel, .. } => Some(*kernel),
             _ => None,
         };
-        // Where it runs.
-        let (device, lane) = if idle {
+        // Where it runs. A tiny task whose data is current on the host runs inline on the host
+        // device (no hand-off, no transfer) unless its queue prefers another kind of device.
+        let host = self.host_device();
+        let tiny_on_host = idle
+            && self.inline_max_ns > 0.0
+            && ready.estimated_ns <= self.inline_max_ns
+            && kernel.is_none_or(|k| self.devices[host].implements(k))
+            && queue.preferred.is_none_or(|p| p == self.devices[host].info().kind)
+            && ready
+                .buffers
+                .iter()
+                .flatten()
+                .all(|(b, _, _)| b.placement().owner().is_none());
+        let (device, lane) = if tiny_on_host {
+            (host, 0)
+        } else if idle {
             let only = match &ready.action {
                 Action::Launch { .. } => None,
                 // Host-side work runs on the device that shares host memory; a sync_from whose
@@ -193,7 +207,19 @@ impl Scheduler {
                 Action::SyncFrom => Some(
                     ready.buffers[0]
                         .as_ref()
-                        .and_then(|(b, _)| b.placement().owner())
+                        .and_then(|(b, _, _)| b.placement().owner())
+                        .unwrap_or(self.host_device()),
+                ),
+                // A queue that prefers a device with memory of its own gets its data pushed there
+                // at once; otherwise a sync_to only marks the host copy as the current one.
+                Action::SyncTo => Some(
+                    queue
+                        .preferred
+                        .and_then(|kind| {
+                            self.devices
+                                .iter()
+                                .position(|d| d.info().kind == kind && !d.info().shares_host_memory)
+                        })
                         .unwrap_or(self.host_device()),
                 ),
                 _ => Some(self.host_device()),
@@ -259,12 +285,14 @@ impl Scheduler {
                     Ok(()) => Completion::ok(task_id),
                     Err(e) => Completion::failed(task_id, e),
                 };
+                // Let go of the buffers before the client can see the completion: a release the
+                // client sends next then frees their memory at once, not at the next sweep.
+                drop(buffers);
                 shared.post(&[completion]);
                 // Post first, then unbind: the dispatcher may run this queue's next task inline
                 // as soon as it sees zero, and that completion must come after ours.
                 queue.in_flight.fetch_sub(1, Ordering::AcqRel);
                 shared.in_flight.fetch_sub(1, Ordering::Relaxed);
-                drop(buffers);
                 drop(shared);
             }),
         };
@@ -278,7 +306,7 @@ impl Scheduler {
         session: &Session,
         device: usize,
         action: Action,
-        buffers: &[Option<(Arc<BufferRecord>, Access)>; MAX_ARGS],
+        buffers: &[Option<(Arc<BufferRecord>, Access, bool)>; MAX_ARGS],
         transfers: &mut Vec<Transfer>,
     ) -> Result<Work, TaskError> {
         let devices = &self.devices;
@@ -293,11 +321,13 @@ impl Scheduler {
             } => {
                 let mut device_args: [Option<Arc<dyn DeviceBuffer>>; MAX_ARGS] = Default::default();
                 for (index, entry) in buffers.iter().enumerate() {
-                    let Some((record, access)) = entry else { continue };
+                    let Some((record, access, overwrites)) = entry else {
+                        continue;
+                    };
                     let ptr = host(record)?;
                     let mut placement = record.placement();
                     device_args[index] = placement
-                        .prepare(devices, device, *access, ptr, record.len, transfers)
+                        .prepare(devices, device, *access, *overwrites, ptr, record.len, transfers)
                         .map_err(|e| match e {
                             TaskError::DeviceOutOfMemory { needed, .. } => TaskError::DeviceOutOfMemory {
                                 index: index as u16,
@@ -317,18 +347,31 @@ impl Scheduler {
                 }
             }
             Action::SyncTo => {
-                let (record, _) = buffers[0].as_ref().ok_or(TaskError::KernelFault)?;
-                record.placement().host_written();
+                let (record, _, _) = buffers[0].as_ref().ok_or(TaskError::KernelFault)?;
+                let mut placement = record.placement();
+                placement.host_written();
+                if !devices[device].info().shares_host_memory {
+                    // Eager: the queue runs on a device with its own memory; copy in now.
+                    placement.prepare(
+                        devices,
+                        device,
+                        Access::Read,
+                        false,
+                        host(record)?,
+                        record.len,
+                        transfers,
+                    )?;
+                }
                 Work::Nothing
             }
             Action::SyncFrom => {
-                let (record, _) = buffers[0].as_ref().ok_or(TaskError::KernelFault)?;
+                let (record, _, _) = buffers[0].as_ref().ok_or(TaskError::KernelFault)?;
                 let ptr = host(record)?;
                 record.placement().fetch_to_host(devices, ptr, record.len, transfers);
                 Work::Nothing
             }
             Action::Fill { offset, len, value } => {
-                let (record, _) = buffers[0].as_ref().ok_or(TaskError::KernelFault)?;
+                let (record, _, _) = buffers[0].as_ref().ok_or(TaskError::KernelFault)?;
                 let base = host(record)?;
                 let mut placement = record.placement();
                 // A partial fill keeps the rest of the buffer: bring it home first.
@@ -345,8 +388,8 @@ impl Scheduler {
                 dst_offset,
                 len,
             } => {
-                let (src, _) = buffers[0].as_ref().ok_or(TaskError::KernelFault)?;
-                let (dst, _) = buffers[1].as_ref().ok_or(TaskError::KernelFault)?;
+                let (src, _, _) = buffers[0].as_ref().ok_or(TaskError::KernelFault)?;
+                let (dst, _, _) = buffers[1].as_ref().ok_or(TaskError::KernelFault)?;
                 let src_base = host(src)?;
                 src.placement().fetch_to_host(devices, src_base, src.len, transfers);
                 if !Arc::ptr_eq(src, dst) {
@@ -407,7 +450,7 @@ fn resolve(session: &Session, d: &Decoded<'_>) -> Result<Ready, TaskError> {
         .get(d.queue)
         .ok_or(TaskError::UnknownQueue(d.queue))?
         .clone();
-    let mut buffers: [Option<(Arc<BufferRecord>, Access)>; MAX_ARGS] = Default::default();
+    let mut buffers: [Option<(Arc<BufferRecord>, Access, bool)>; MAX_ARGS] = Default::default();
     let (action, estimated_ns) = match d.op {
         Op::Launch => {
             let kernel = agora_kernels::library()
@@ -426,25 +469,37 @@ fn resolve(session: &Session, d: &Decoded<'_>) -> Result<Ready, TaskError> {
                     };
                     // One buffer twice is fine only when neither use writes it.
                     for (earlier, entry) in buffers.iter().enumerate().take(index) {
-                        if let Some((other, other_access)) = entry {
+                        if let Some((other, other_access, _)) = entry {
                             if Arc::ptr_eq(other, record) && (access.writes() || other_access.writes()) {
-                                return Err(TaskError::Aliased { index: earlier as u16, other: index as u64 });
+                                return Err(TaskError::Aliased {
+                                    index: earlier as u16,
+                                    other: index as u64,
+                                });
                             }
                         }
                     }
                     lens[index] = record.len;
-                    buffers[index] = Some((record.clone(), access));
+                    buffers[index] = Some((record.clone(), access, false));
                 } else {
                     scalars[index] = arg.value;
                     args[index] = ArgValue::Scalar(arg.value);
                 }
             }
+            let needed: [std::cell::Cell<u64>; MAX_ARGS] = Default::default();
             let shape = LaunchShape {
                 range: d.range,
                 scalars: &scalars[..d.args.len()],
                 buffer_lens: &lens[..d.args.len()],
+                needed: &needed,
             };
             (kernel.check)(&shape)?;
+            // A write-only argument whose checked range is the whole buffer is overwritten
+            // entirely: its old contents need not reach the device.
+            for (index, entry) in buffers.iter_mut().enumerate() {
+                if let Some((record, access, overwrites)) = entry {
+                    *overwrites = *access == Access::Write && needed[index].get() >= record.len;
+                }
+            }
             let mut range = [1u64; 3];
             range[..d.range.len()].copy_from_slice(d.range);
             let estimated = kernel.estimated_ns(shape.items());
@@ -462,7 +517,7 @@ fn resolve(session: &Session, d: &Decoded<'_>) -> Result<Ready, TaskError> {
         Op::SyncTo | Op::SyncFrom => {
             let record = buffer(session, 0, d.buffer_arg(0)?)?;
             byte_range(record, 0, d.u64_arg_or(1, 0)?, d.u64_arg_or(2, 0)?)?;
-            buffers[0] = Some((record.clone(), Access::Read));
+            buffers[0] = Some((record.clone(), Access::Read, false));
             (
                 if d.op == Op::SyncTo {
                     Action::SyncTo
@@ -482,7 +537,7 @@ fn resolve(session: &Session, d: &Decoded<'_>) -> Result<Ready, TaskError> {
                 });
             }
             let (offset, len) = byte_range(record, 0, d.u64_arg_or(2, 0)?, d.u64_arg_or(3, 0)?)?;
-            buffers[0] = Some((record.clone(), Access::Write));
+            buffers[0] = Some((record.clone(), Access::Write, false));
             (
                 Action::Fill {
                     offset,
@@ -498,8 +553,8 @@ fn resolve(session: &Session, d: &Decoded<'_>) -> Result<Ready, TaskError> {
             let (src_offset, len) = byte_range(src, 0, d.u64_arg_or(2, 0)?, d.u64_arg_or(4, 0)?)?;
             let dst_offset = d.u64_arg_or(3, 0)?;
             byte_range(dst, 1, dst_offset, len)?;
-            buffers[0] = Some((src.clone(), Access::Read));
-            buffers[1] = Some((dst.clone(), Access::Write));
+            buffers[0] = Some((src.clone(), Access::Read, false));
+            buffers[1] = Some((dst.clone(), Access::Write, false));
             (
                 Action::Copy {
                     src_offset,

@@ -50,8 +50,10 @@ impl SessionShared {
             }
         }
         let mut failed = 0;
+        let mut newest = 0;
         for c in completions {
             failed += u64::from(c.code != 0);
+            newest = newest.max(c.task_id);
         }
         self.failed.fetch_add(failed, Ordering::Relaxed);
         self.completed
@@ -60,7 +62,9 @@ impl SessionShared {
         // last look at the tail: one of us sees the other's write.
         fence(Ordering::SeqCst);
         let header = self.segment.view().header();
-        if header.client_waiters.load(Ordering::Relaxed) != 0 {
+        if header.client_waiters.load(Ordering::Relaxed) != 0
+            && newest >= header.client_wait_for.load(Ordering::Relaxed)
+        {
             futex_wake_all(&header.completion_tail);
         }
     }

@@ -1,11 +1,17 @@
-//! A lane: a FIFO of jobs and the thread that runs them one at a time, in order.
+//! A lane: a FIFO of jobs and the thread that starts them, one at a time, in order.
 //!
-//! Shared by every backend; what running a job means is the backend's [`Executor`]. Idle lane
-//! threads spin briefly, then sleep on a condition variable that submitters signal only when the
-//! thread said it sleeps, so a busy lane costs no system call per job.
+//! Shared by every backend; what running a job means is the backend's [`Executor`]. An executor
+//! may finish a job before it returns (the CPU) or later, from another thread, once the device
+//! reports completion (OpenCL event callbacks) — so a lane can keep a device's command queue full
+//! while earlier commands run. Either way it calls [`JobEnd::finish`] exactly once per job, and
+//! finishes a lane's jobs in the order they started.
+//!
+//! Idle lane threads spin briefly, then sleep on a condition variable that submitters signal only
+//! when the thread said it sleeps, so a busy lane costs no system call per job.
 
+use std::any::Any;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -14,60 +20,70 @@ use agora_protocol::TaskError;
 
 use crate::{Job, Transfer, Work};
 
-/// How long an idle leader polls before it sleeps. Short: lanes matter for throughput, not for
-/// the latency of tiny tasks (those run inline on the dispatcher).
+/// How long an idle lane thread polls before it sleeps. Short: lanes matter for throughput, not
+/// for the latency of tiny tasks (those run inline on the dispatcher).
 const IDLE_SPIN: Duration = Duration::from_micros(20);
 
-#[derive(Debug, Default)]
+/// How a backend runs the jobs of one lane (started on the lane's thread).
+pub trait Executor: Send + 'static {
+    /// Starts `transfers` then `work`; calls `end.finish` when they are done (now or later).
+    fn run(&mut self, transfers: Vec<Transfer>, work: Work, end: JobEnd);
+    /// Called once when the lane stops.
+    fn stop(&mut self) {}
+}
+
+/// The end of one job: posts its outcome and updates the lane's counters.
+pub struct JobEnd {
+    lane: Arc<Lane>,
+    done: Box<dyn FnOnce(Result<(), TaskError>) + Send>,
+    keepalive: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+impl JobEnd {
+    /// Finishes the job with `result`. Memory the job used is released after the outcome is
+    /// posted.
+    pub fn finish(self, result: Result<(), TaskError>) {
+        let JobEnd { lane, done, keepalive } = self;
+        lane.completed.fetch_add(1, Ordering::Relaxed);
+        done(result);
+        if lane.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // The lane goes idle: count the wall time it had work in flight (jobs overlap on
+            // asynchronous devices, so per-job times would add up to more than the wall time).
+            let since = lane.busy_since.load(Ordering::Relaxed);
+            lane.busy_ns
+                .fetch_add(lane.epoch.elapsed().as_nanos() as u64 - since, Ordering::Relaxed);
+        }
+        drop(keepalive);
+    }
+}
+
+#[derive(Default)]
 struct Queue {
     jobs: VecDeque<Job>,
     sleeping: bool,
     stopping: bool,
 }
 
-/// How a backend runs the jobs of one lane (on the lane's thread).
-pub trait Executor: Send + 'static {
-    /// Copies host bytes into one of this device's buffers.
-    fn to_device(&mut self, host: *const u8, len: usize, to: &dyn crate::DeviceBuffer) -> Result<(), TaskError>;
-    /// Runs the work (after the job's transfers).
-    fn execute(&mut self, work: &Work) -> Result<(), TaskError>;
-    /// Called once when the lane stops.
-    fn stop(&mut self) {}
-}
-
-/// Runs a job's transfers, then its work.
-fn run_job(executor: &mut dyn Executor, job: &Job) -> Result<(), TaskError> {
-    for transfer in &job.transfers {
-        match transfer {
-            Transfer::ToDevice { host, len, to } => executor.to_device(*host, *len, to.as_ref())?,
-            Transfer::ToHost {
-                from,
-                device,
-                host,
-                len,
-            } => {
-                // SAFETY: the scheduler built this transfer from a live buffer's host range of
-                // `len` bytes, kept mapped by the job until it completes.
-                unsafe { device.read(from.as_ref(), *host, *len)? }
-            }
-        }
-    }
-    executor.execute(&job.work)
-}
-
 /// A lane.
-#[derive(Debug)]
 pub struct Lane {
     queue: Mutex<Queue>,
     wake: Condvar,
     pending: AtomicUsize,
-    busy: AtomicBool,
+    in_flight: AtomicUsize,
     completed: AtomicU64,
     busy_ns: AtomicU64,
+    /// Nanoseconds after `epoch` when the lane last went from idle to busy.
+    busy_since: AtomicU64,
+    epoch: Instant,
+}
+
+impl std::fmt::Debug for Lane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lane").field("status", &self.status()).finish()
+    }
 }
 
 impl Lane {
-    /// Starts the lane's leader and helpers.
     /// Starts the lane's thread, named `name`, running jobs with `executor`.
     pub fn start(
         name: String,
@@ -77,9 +93,11 @@ impl Lane {
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
             pending: AtomicUsize::new(0),
-            busy: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
             completed: AtomicU64::new(0),
             busy_ns: AtomicU64::new(0),
+            busy_since: AtomicU64::new(0),
+            epoch: Instant::now(),
         });
         let runner = lane.clone();
         let handle = std::thread::Builder::new()
@@ -105,12 +123,12 @@ impl Lane {
         }
     }
 
-    /// Jobs queued or running.
+    /// Jobs queued, started or running.
     pub fn load(&self) -> usize {
-        self.pending.load(Ordering::Relaxed) + usize::from(self.busy.load(Ordering::Relaxed))
+        self.pending.load(Ordering::Relaxed) + self.in_flight.load(Ordering::Relaxed)
     }
 
-    /// Cancels queued jobs and stops the thread after the running one.
+    /// Cancels queued jobs and stops the thread; waits (briefly) for started jobs to finish.
     pub fn stop(&self) {
         let jobs = {
             let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
@@ -127,7 +145,7 @@ impl Lane {
     /// A status snapshot.
     pub fn status(&self) -> LaneStatus {
         LaneStatus {
-            busy: self.busy.load(Ordering::Relaxed),
+            busy: self.in_flight.load(Ordering::Relaxed) > 0,
             queued: self.pending.load(Ordering::Relaxed) as u64,
             completed: self.completed.load(Ordering::Relaxed),
             busy_ns: self.busy_ns.load(Ordering::Relaxed),
@@ -136,17 +154,17 @@ impl Lane {
 
     fn next(&self) -> Option<Job> {
         let spin_until = Instant::now() + IDLE_SPIN;
-        loop {
-            if self.pending.load(Ordering::Acquire) > 0 || Instant::now() >= spin_until {
-                break;
-            }
+        while self.pending.load(Ordering::Acquire) == 0 && Instant::now() < spin_until {
             std::hint::spin_loop();
         }
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(job) = q.jobs.pop_front() {
                 self.pending.fetch_sub(1, Ordering::Relaxed);
-                self.busy.store(true, Ordering::Relaxed);
+                if self.in_flight.fetch_add(1, Ordering::AcqRel) == 0 {
+                    self.busy_since
+                        .store(self.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                }
                 return Some(job);
             }
             if q.stopping {
@@ -158,30 +176,58 @@ impl Lane {
         }
     }
 
-    fn run(&self, mut executor: Box<dyn Executor>) {
+    fn run(self: Arc<Self>, mut executor: Box<dyn Executor>) {
         while let Some(job) = self.next() {
-            let start = Instant::now();
-            let cancelled = job.cancelled.as_ref().is_some_and(|c| c.load(Ordering::Acquire));
-            let result = if cancelled {
-                Err(TaskError::Cancelled)
-            } else {
-                run_job(executor.as_mut(), &job)
-            };
-            self.busy_ns
-                .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            self.completed.fetch_add(1, Ordering::Relaxed);
-            self.busy.store(false, Ordering::Relaxed);
             let Job {
-                done,
-                keepalive,
                 transfers,
                 work,
-                ..
+                keepalive,
+                cancelled,
+                done,
             } = job;
-            done(result);
-            // Release the memory only after the completion is posted.
-            drop((keepalive, transfers, work));
+            let end = JobEnd {
+                lane: self.clone(),
+                done,
+                keepalive,
+            };
+            if cancelled.as_ref().is_some_and(|c| c.load(Ordering::Acquire)) {
+                end.finish(Err(TaskError::Cancelled));
+                continue;
+            }
+            executor.run(transfers, work, end);
         }
         executor.stop();
+        // Started jobs finish on the device's own threads; give them a moment before the
+        // device (and the memory their completions refer to) goes away.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.in_flight.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
+}
+
+/// Runs transfers and work synchronously on the calling thread, through `to_device` for
+/// host-to-device copies (for executors that have no asynchronous path).
+pub fn run_synchronously(
+    transfers: &[Transfer],
+    work: &Work,
+    mut to_device: impl FnMut(*const u8, usize, &dyn crate::DeviceBuffer) -> Result<(), TaskError>,
+    execute: impl FnOnce(&Work) -> Result<(), TaskError>,
+) -> Result<(), TaskError> {
+    for transfer in transfers {
+        match transfer {
+            Transfer::ToDevice { host, len, to } => to_device(*host, *len, to.as_ref())?,
+            Transfer::ToHost {
+                from,
+                device,
+                host,
+                len,
+            } => {
+                // SAFETY: the scheduler built this transfer from a live buffer's host range of
+                // `len` bytes, kept mapped by the job until it completes.
+                unsafe { device.read(from.as_ref(), *host, *len)? }
+            }
+        }
+    }
+    execute(work)
 }

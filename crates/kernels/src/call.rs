@@ -31,6 +31,9 @@ pub struct LaunchShape<'a> {
     pub scalars: &'a [u64],
     /// Buffer lengths per argument (0 for scalars).
     pub buffer_lens: &'a [u64],
+    /// Filled in by [`LaunchShape::need`]: bytes the launch touches in each buffer argument (the
+    /// scheduler uses it to skip copying in a write-only buffer the launch overwrites entirely).
+    pub needed: &'a [std::cell::Cell<u64>],
 }
 
 impl LaunchShape<'_> {
@@ -47,6 +50,9 @@ impl LaunchShape<'_> {
     /// Fails with `BufferTooSmall` unless buffer `index` has at least `elements` × `size` bytes.
     pub fn need(&self, index: usize, elements: u64, size: u64) -> Result<(), TaskError> {
         let needed = elements.saturating_mul(size);
+        if let Some(cell) = self.needed.get(index) {
+            cell.set(cell.get().max(needed));
+        }
         let len = self.buffer_lens[index];
         if len < needed {
             return Err(TaskError::BufferTooSmall {
@@ -256,10 +262,12 @@ pub fn run_on_host(
         }
     }
     kernel.check_arguments(scalars)?;
+    let needed = vec![std::cell::Cell::new(0u64); lens.len()];
     (kernel.check)(&LaunchShape {
         range,
         scalars: &bits,
         buffer_lens: &lens,
+        needed: &needed,
     })?;
     // SAFETY: buffers are live, distinct `&mut` slices for the duration of the call; alignment
     // is the caller's (tests allocate Vec<f32>, which is 4-byte aligned, enough for f32).

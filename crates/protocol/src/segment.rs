@@ -13,7 +13,7 @@
 //! keeps its own copy.
 
 use crossbeam_utils::CachePadded;
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::completion::Completion;
 use crate::descriptor::TaskDescriptor;
@@ -69,6 +69,10 @@ pub struct SegmentHeader {
     pub client_waiters: CachePadded<AtomicU32>,
     /// Set by the daemon when it shuts down cleanly, before it wakes every waiter.
     pub daemon_closed: CachePadded<AtomicU32>,
+    /// Smallest task id a blocked client thread waits for (`u64::MAX` when none): the daemon
+    /// wakes waiters only when it posts a completion for that id or a later one, so a client
+    /// waiting for the last of many tasks is not woken for each of them.
+    pub client_wait_for: CachePadded<AtomicU64>,
 }
 
 const _: () = assert!(std::mem::size_of::<SegmentHeader>() as u64 <= HEADER_LEN);
@@ -201,6 +205,7 @@ impl SegmentView {
             (*header).heap_len = g.heap_len;
             (*header).total_len = g.total_len;
         }
+        self.header().client_wait_for.store(u64::MAX, Ordering::Relaxed);
     }
 
     /// Checks that the header matches the announced geometry (client side, after mapping).

@@ -49,7 +49,10 @@ impl ScalarType {
 pub enum Access {
     /// The kernel only reads the buffer.
     Read,
-    /// The kernel only writes the buffer.
+    /// The kernel only writes the buffer, and writes every element of the range its size check
+    /// requires (so when that range is the whole buffer, the previous contents are not needed
+    /// and are not copied to the device). A kernel that writes only some elements declares
+    /// `ReadWrite`.
     Write,
     /// The kernel reads and writes the buffer.
     ReadWrite,

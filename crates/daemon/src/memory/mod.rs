@@ -114,17 +114,22 @@ impl Placement {
 
     /// Plans access `access` to this buffer by a task on `device`: appends the transfers the task
     /// needs and returns the device buffer to pass (None on devices that share host memory).
+    /// `overwrites`: the task writes every byte, so stale contents need not be copied in.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn prepare(
         &mut self,
         devices: &[Arc<dyn Device>],
         device: usize,
         access: Access,
+        overwrites: bool,
         host: *mut u8,
         len: u64,
         transfers: &mut Vec<Transfer>,
     ) -> Result<Option<Arc<dyn DeviceBuffer>>, TaskError> {
         if devices[device].info().shares_host_memory {
-            self.fetch_to_host(devices, host, len, transfers);
+            if !overwrites {
+                self.fetch_to_host(devices, host, len, transfers);
+            }
             if access.writes() {
                 self.host_written();
             }
@@ -142,8 +147,8 @@ impl Placement {
                 self.copies.len() - 1
             }
         };
-        if !self.copies[position].valid {
-            // Every access copies in, writes included: a kernel may write only part of a buffer.
+        if !self.copies[position].valid && !overwrites {
+            // Partial writes need the old contents too, so only a full overwrite skips this.
             self.fetch_to_host(devices, host, len, transfers);
             transfers.push(Transfer::ToDevice {
                 host,

@@ -14,8 +14,8 @@ use agora_kernels::{KernelCall, KernelDef};
 use agora_protocol::control::{DeviceStatus, LaneStatus};
 use agora_protocol::TaskError;
 
-use crate::lane::{Executor, Lane};
-use crate::{Device, DeviceBuffer, DeviceInfo, DeviceKind, Job, Work};
+use crate::lane::{run_synchronously, Executor, JobEnd, Lane};
+use crate::{Device, DeviceBuffer, DeviceInfo, DeviceKind, Job, Transfer, Work};
 use gang::Gang;
 
 /// The CPU device.
@@ -31,13 +31,15 @@ struct CpuExecutor {
 }
 
 impl Executor for CpuExecutor {
-    fn to_device(&mut self, _: *const u8, _: usize, _: &dyn DeviceBuffer) -> Result<(), TaskError> {
-        // The CPU has no device buffers; a transfer to one is a scheduler bug.
-        Err(TaskError::KernelFault)
-    }
-
-    fn execute(&mut self, work: &Work) -> Result<(), TaskError> {
-        execute(work, Some(&self.gang))
+    fn run(&mut self, transfers: Vec<Transfer>, work: Work, end: JobEnd) {
+        let result = run_synchronously(
+            &transfers,
+            &work,
+            // The CPU has no device buffers; a transfer to one is a scheduler bug.
+            |_, _, _| Err(TaskError::KernelFault),
+            |work| execute(work, Some(&self.gang)),
+        );
+        end.finish(result);
     }
 
     fn stop(&mut self) {

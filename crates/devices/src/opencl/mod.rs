@@ -22,13 +22,15 @@ use agora_protocol::{ParamKind, ScalarType, TaskError};
 use opencl3::command_queue::CommandQueue;
 use opencl3::context::Context;
 use opencl3::device::{Device as ClDeviceInfo, CL_DEVICE_TYPE_ALL};
+use opencl3::event::{Event, CL_COMPLETE};
 use opencl3::kernel::Kernel;
 use opencl3::memory::{Buffer, ClMem, CL_MEM_READ_WRITE};
 use opencl3::program::Program;
-use opencl3::types::{cl_device_id, CL_BLOCKING};
+use opencl3::types::{cl_device_id, cl_event, cl_int, CL_BLOCKING, CL_NON_BLOCKING};
+use std::ffi::c_void;
 
-use crate::lane::{Executor, Lane};
-use crate::{Device, DeviceBuffer, DeviceInfo, DeviceKind, Job, Work};
+use crate::lane::{Executor, JobEnd, Lane};
+use crate::{Device, DeviceBuffer, DeviceInfo, DeviceKind, Job, Transfer, Work};
 
 /// State shared by a device's lanes and its buffers.
 struct Shared {
@@ -169,37 +171,116 @@ fn as_cl(buffer: &dyn DeviceBuffer) -> Result<&ClBuffer, TaskError> {
     buffer.as_any().downcast_ref::<ClBuffer>().ok_or(TaskError::KernelFault)
 }
 
-impl Executor for ClExecutor {
-    fn to_device(&mut self, host: *const u8, len: usize, to: &dyn DeviceBuffer) -> Result<(), TaskError> {
-        let to = as_cl(to)?;
-        if len as u64 > to.len {
-            return Err(TaskError::KernelFault);
-        }
-        // SAFETY: `host` is valid for `len` bytes (Executor contract: a live buffer's host range)
-        // and the device buffer holds at least `len` bytes (checked); the write is blocking, so
-        // the host memory is not used after we return.
-        let event = unsafe {
-            opencl3::command_queue::enqueue_write_buffer(
-                self.queue.get(),
-                to.buffer.get(),
-                CL_BLOCKING,
-                0,
-                len,
-                host as *mut std::ffi::c_void,
-                0,
-                std::ptr::null(),
-            )
-        }
-        .map_err(cl_error)?;
-        drop(opencl3::event::Event::new(event));
+/// A started job waiting for its last command's completion callback.
+struct Pending {
+    end: JobEnd,
+    event: Event,
+    // Held until completion: the commands read and write the memory these point to.
+    _transfers: Vec<Transfer>,
+    _work: Work,
+}
+
+/// OpenCL's completion callback for a job's last command.
+extern "C" fn on_complete(_event: cl_event, status: cl_int, user: *mut c_void) {
+    // SAFETY: `user` is the `Box<Pending>` that `ClExecutor::run` leaked when it registered this
+    // callback; OpenCL invokes a registered callback exactly once.
+    let pending = unsafe { Box::from_raw(user as *mut Pending) };
+    let result = if status < 0 {
+        Err(TaskError::DeviceFailed(i64::from(status)))
+    } else {
         Ok(())
+    };
+    // Never unwind into the OpenCL runtime.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        let Pending { end, event, .. } = *pending;
+        end.finish(result);
+        drop(event);
+    }));
+}
+
+impl ClExecutor {
+    /// Enqueues a job's commands; returns the event of the last one.
+    fn start(&mut self, transfers: &[Transfer], work: &Work) -> Result<Event, TaskError> {
+        let queue = self.queue.get();
+        for transfer in transfers {
+            match transfer {
+                Transfer::ToDevice { host, len, to } => {
+                    let to = as_cl(to.as_ref())?;
+                    if *len as u64 > to.len {
+                        return Err(TaskError::KernelFault);
+                    }
+                    // SAFETY: `host` is valid for `len` bytes (a live buffer's host range) until
+                    // the job finishes, which is after this command completes; the device buffer
+                    // holds at least `len` bytes (checked).
+                    let event = unsafe {
+                        opencl3::command_queue::enqueue_write_buffer(
+                            queue,
+                            to.buffer.get(),
+                            CL_NON_BLOCKING,
+                            0,
+                            *len,
+                            *host as *mut c_void,
+                            0,
+                            std::ptr::null(),
+                        )
+                    }
+                    .map_err(cl_error)?;
+                    drop(Event::new(event));
+                }
+                Transfer::ToHost {
+                    from,
+                    device,
+                    host,
+                    len,
+                } => {
+                    let own = as_cl(from.as_ref()).is_ok_and(|b| Arc::ptr_eq(&b.shared, &self.shared));
+                    if own {
+                        let from = as_cl(from.as_ref())?;
+                        if *len as u64 > from.len {
+                            return Err(TaskError::KernelFault);
+                        }
+                        // SAFETY: as above, in the other direction; ordered after this lane's
+                        // earlier commands by the in-order queue.
+                        let event = unsafe {
+                            opencl3::command_queue::enqueue_read_buffer(
+                                queue,
+                                from.buffer.get(),
+                                CL_NON_BLOCKING,
+                                0,
+                                *len,
+                                *host as *mut c_void,
+                                0,
+                                std::ptr::null(),
+                            )
+                        }
+                        .map_err(cl_error)?;
+                        drop(Event::new(event));
+                    } else {
+                        // Another device's buffer: read it synchronously through that device.
+                        // SAFETY: `host` is valid for `len` bytes until the job finishes.
+                        unsafe { device.read(from.as_ref(), *host, *len)? };
+                    }
+                }
+            }
+        }
+        if matches!(work, Work::Fill { .. } | Work::Copy { .. }) {
+            // Host-memory work of a queue bound to this lane: it may read what earlier commands
+            // wrote to the host, so wait for them first.
+            self.queue.finish().map_err(|e| cl_error(e.0))?;
+            crate::run_host_work(work).unwrap_or(Err(TaskError::KernelFault))?;
+        }
+        if let Work::Launch { .. } = work {
+            return self.launch(work);
+        }
+        // Nothing left to run: a marker completes after every earlier command of this queue, so
+        // the job finishes in order.
+        // SAFETY: a marker with no wait list on a live queue.
+        let event = unsafe { opencl3::command_queue::enqueue_marker_with_wait_list(queue, 0, std::ptr::null()) }
+            .map_err(cl_error)?;
+        Ok(Event::new(event))
     }
 
-    fn execute(&mut self, work: &Work) -> Result<(), TaskError> {
-        if let Some(result) = crate::run_host_work(work) {
-            // Fills, copies and ordering points of a queue bound to this lane, on host memory.
-            return result;
-        }
+    fn launch(&mut self, work: &Work) -> Result<Event, TaskError> {
         let Work::Launch {
             kernel,
             range,
@@ -218,14 +299,11 @@ impl Executor for ClExecutor {
         let guarded = *guarded;
         for (index, param) in kernel.params.iter().enumerate() {
             let index_u32 = index as u32;
-            // SAFETY (each set_arg): the value's type matches the parameter's declared type in the
-            // kernel's signature, which the OpenCL source follows (calling convention in
-            // agora_kernels::OpenClImpl); buffers are live cl_mem objects of this context.
             let result = match param.kind {
                 ParamKind::Buffer { .. } => {
                     let buffer = device_args[index].as_deref().ok_or(TaskError::KernelFault)?;
                     let mem = as_cl(buffer)?.buffer.get();
-                    // SAFETY: see above.
+                    // SAFETY: a live cl_mem of this context for a buffer parameter.
                     unsafe { cl_kernel.set_arg(index_u32, &mem) }
                 }
                 ParamKind::Scalar(t) => {
@@ -233,7 +311,8 @@ impl Executor for ClExecutor {
                         agora_kernels::ArgValue::Scalar(b) => b,
                         _ => return Err(TaskError::KernelFault),
                     };
-                    // SAFETY: see above.
+                    // SAFETY: the value's type is the parameter's declared type, which the OpenCL
+                    // source follows (calling convention in agora_kernels::OpenClImpl).
                     unsafe {
                         match t {
                             ScalarType::I32 => cl_kernel.set_arg(index_u32, &(bits as u32 as i32)),
@@ -267,7 +346,8 @@ impl Executor for ClExecutor {
             }
         }
         // SAFETY: the kernel's arguments are all set (above); `global` and `local` outlive the
-        // call; `dims` is 1..=3 (checked by the daemon's decoder).
+        // call; `dims` is 1..=3 (checked by the daemon's decoder). Kernel objects keep their
+        // arguments, and this lane is the only user of this one.
         let event = unsafe {
             opencl3::command_queue::enqueue_nd_range_kernel(
                 queue,
@@ -284,9 +364,41 @@ impl Executor for ClExecutor {
             tracing::error!(device = %device_name, kernel = kernel.name, error = e, "OpenCL launch failed");
             cl_error(e)
         })?;
-        let event = opencl3::event::Event::new(event);
-        event.wait().map_err(|e| cl_error(e.0))?;
-        Ok(())
+        Ok(Event::new(event))
+    }
+}
+
+impl Executor for ClExecutor {
+    fn run(&mut self, transfers: Vec<Transfer>, work: Work, end: JobEnd) {
+        let event = match self.start(&transfers, &work) {
+            Ok(event) => event,
+            Err(e) => {
+                // Commands enqueued before the failure may still use the job's memory.
+                let _ = self.queue.finish();
+                end.finish(Err(e));
+                return;
+            }
+        };
+        let raw = event.get();
+        let pending = Box::into_raw(Box::new(Pending {
+            end,
+            event,
+            _transfers: transfers,
+            _work: work,
+        }));
+        match opencl3::event::set_event_callback(raw, CL_COMPLETE, on_complete, pending as *mut c_void) {
+            Ok(()) => {
+                // Start the commands now rather than at the next flush.
+                let _ = self.queue.flush();
+            }
+            Err(e) => {
+                // SAFETY: the callback was not registered, so the box is still ours alone.
+                let pending = unsafe { Box::from_raw(pending) };
+                let _ = pending.event.wait();
+                let Pending { end, .. } = *pending;
+                end.finish(Err(cl_error(e)));
+            }
+        }
     }
 }
 

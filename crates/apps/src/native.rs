@@ -1,0 +1,328 @@
+//! Native baselines: the same workloads with no Agora in the path.
+//!
+//! * [`run_cpu`]: calls each kernel's CPU implementation directly, in this process, on one thread
+//!   (an Agora CPU lane also runs a task on one thread by default) — what an application linking
+//!   the kernels would do.
+//! * [`run_opencl`]: the same `.cl` sources through OpenCL directly (opencl3): one context and
+//!   in-order queue on the first device, `clEnqueueWriteBuffer`/`ReadBuffer` for transfers.
+
+use std::time::Instant;
+
+use agora_kernels::{ArgValue, KernelCall};
+use agora_protocol::MAX_ARGS;
+
+use crate::workload::{AppReport, Step, WArg, Workload};
+
+/// Host memory aligned like the daemon's heap (64 bytes), as the kernels expect.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+fn aligned(bytes: &[u8]) -> Vec<Line> {
+    let mut v = vec![Line([0; 64]); bytes.len().div_ceil(64).max(1)];
+    let dst: &mut [u8] = bytemuck_bytes(&mut v);
+    dst[..bytes.len()].copy_from_slice(bytes);
+    v
+}
+
+fn bytemuck_bytes(lines: &mut [Line]) -> &mut [u8] {
+    // SAFETY: Line is 64 plain bytes with no padding; the slice covers exactly the lines.
+    unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr() as *mut u8, lines.len() * 64) }
+}
+
+fn scalar_bits(a: WArg) -> u64 {
+    match a {
+        WArg::F32(v) => u64::from(v.to_bits()),
+        WArg::I32(v) => u64::from(v as u32),
+        WArg::U32(v) => u64::from(v),
+        WArg::U64(v) => v,
+        WArg::Buffer(_) => 0,
+    }
+}
+
+/// Runs `workload` by calling the kernels' CPU implementations directly.
+pub fn run_cpu(workload: &Workload) -> Result<AppReport, String> {
+    let mut memory: Vec<Vec<Line>> = workload.buffers.iter().map(|b| aligned(b)).collect();
+    let lens: Vec<usize> = workload.buffers.iter().map(Vec::len).collect();
+    let mut resolved = Vec::new();
+    for step in &workload.steps {
+        if let Step::Launch { kernel, .. } = step {
+            let (_, k) = agora_kernels::find(kernel).ok_or_else(|| format!("no kernel {kernel}"))?;
+            resolved.push(k.cpu.ok_or_else(|| format!("{kernel} has no CPU implementation"))?);
+        }
+    }
+    let start = Instant::now();
+    let mut next = resolved.iter();
+    for step in &workload.steps {
+        let Step::Launch { args, range, .. } = step else {
+            continue;
+        };
+        let cpu = next.next().expect("one resolved kernel per launch");
+        let mut values = [ArgValue::None; MAX_ARGS];
+        for (i, a) in args.iter().enumerate() {
+            values[i] = match *a {
+                WArg::Buffer(b) => ArgValue::Buffer {
+                    ptr: memory[b].as_mut_ptr() as *mut u8,
+                    len: lens[b] as u64,
+                },
+                other => ArgValue::Scalar(scalar_bits(other)),
+            };
+        }
+        // SAFETY: buffers are live, 64-byte aligned, at least `len` bytes; the workloads pass
+        // each written buffer once (checked by the daemon for the Agora runs of the same steps).
+        let call = unsafe { KernelCall::new(range, &values[..args.len()]) };
+        cpu(&call, 0..range[0]);
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let views: Vec<&[u8]> = memory
+        .iter_mut()
+        .zip(&lens)
+        .map(|(m, len)| &bytemuck_bytes(m)[..*len])
+        .collect();
+    let (max_error, verified) = (workload.verify)(&views);
+    Ok(AppReport {
+        app: workload.name.to_string(),
+        size: workload.size,
+        tasks: workload.steps.len() as u64,
+        seconds,
+        max_error,
+        verified,
+    })
+}
+
+#[cfg(feature = "opencl")]
+pub use opencl::{run_opencl, transfer_round_trip, NativeOpenCl, TransferBuffer};
+
+#[cfg(feature = "opencl")]
+mod opencl {
+    use std::collections::HashMap;
+    use std::time::Instant;
+
+    use opencl3::command_queue::CommandQueue;
+    use opencl3::context::Context;
+    use opencl3::device::{Device, CL_DEVICE_TYPE_ALL};
+    use opencl3::kernel::Kernel;
+    use opencl3::memory::{Buffer, ClMem, CL_MEM_READ_WRITE};
+    use opencl3::program::Program;
+    use opencl3::types::{CL_BLOCKING, CL_NON_BLOCKING};
+
+    use super::{scalar_bits, AppReport, Step, WArg, Workload};
+    use agora_protocol::{ParamKind, ScalarType};
+
+    /// An OpenCL context and queue on the first device found, with a program cache.
+    pub struct NativeOpenCl {
+        context: Context,
+        queue: CommandQueue,
+        programs: HashMap<&'static str, Program>,
+        /// Device description.
+        pub device: String,
+    }
+
+    fn err(e: impl std::fmt::Display) -> String {
+        e.to_string()
+    }
+
+    impl NativeOpenCl {
+        /// Opens the first OpenCL device.
+        pub fn open() -> Result<Self, String> {
+            let platforms = opencl3::platform::get_platforms().map_err(err)?;
+            let platform = platforms.first().ok_or("no OpenCL platform")?;
+            let id = *platform
+                .get_devices(CL_DEVICE_TYPE_ALL)
+                .map_err(err)?
+                .first()
+                .ok_or("no OpenCL device")?;
+            let device = Device::new(id);
+            let name = device.name().map_err(err)?;
+            let context = Context::from_device(&device).map_err(err)?;
+            #[allow(deprecated)] // clCreateCommandQueue: the OpenCL 1.2 call every platform has.
+            let queue = CommandQueue::create_default(&context, 0).map_err(err)?;
+            Ok(NativeOpenCl {
+                context,
+                queue,
+                programs: HashMap::new(),
+                device: name,
+            })
+        }
+
+        fn kernel(&mut self, name: &str) -> Result<(Kernel, &'static agora_kernels::KernelDef, bool), String> {
+            let (_, def) = agora_kernels::find(name).ok_or_else(|| format!("no kernel {name}"))?;
+            let imp = def
+                .opencl
+                .ok_or_else(|| format!("{name} has no OpenCL implementation"))?;
+            if !self.programs.contains_key(imp.program) {
+                let p = Program::create_and_build_from_source(&self.context, imp.source, "-cl-std=CL1.2")?;
+                self.programs.insert(imp.program, p);
+            }
+            let k = Kernel::create(&self.programs[imp.program], imp.entry).map_err(err)?;
+            let guarded = k.num_args().map_err(err)? as usize == def.params.len() + 3;
+            Ok((k, def, guarded))
+        }
+    }
+
+    /// Runs `workload` directly on OpenCL (kernels created before timing, as an application would).
+    pub fn run_opencl(cl: &mut NativeOpenCl, workload: &Workload) -> Result<AppReport, String> {
+        let mut kernels: HashMap<&'static str, (Kernel, &'static agora_kernels::KernelDef, bool)> = HashMap::new();
+        for step in &workload.steps {
+            if let Step::Launch { kernel, .. } = step {
+                if !kernels.contains_key(kernel) {
+                    kernels.insert(kernel, cl.kernel(kernel)?);
+                }
+            }
+        }
+        let mut host: Vec<Vec<u8>> = workload.buffers.clone();
+        let mut device: Vec<Buffer<u8>> = Vec::new();
+        for b in &host {
+            // SAFETY: a plain device allocation without a host pointer.
+            device.push(
+                unsafe { Buffer::<u8>::create(&cl.context, CL_MEM_READ_WRITE, b.len().max(1), std::ptr::null_mut()) }
+                    .map_err(err)?,
+            );
+        }
+        let start = Instant::now();
+        for step in &workload.steps {
+            match step {
+                Step::SyncTo(b) => {
+                    // SAFETY: `host[b]` outlives the blocking write.
+                    unsafe {
+                        cl.queue
+                            .enqueue_write_buffer(&mut device[*b], CL_NON_BLOCKING, 0, &host[*b], &[])
+                    }
+                    .map_err(err)?;
+                }
+                Step::SyncFrom(b) => {
+                    // SAFETY: `host[b]` outlives the read; the queue is finished before it is used.
+                    unsafe {
+                        cl.queue
+                            .enqueue_read_buffer(&device[*b], CL_NON_BLOCKING, 0, &mut host[*b], &[])
+                    }
+                    .map_err(err)?;
+                }
+                Step::Launch { kernel, args, range } => {
+                    let (k, def, guarded) = &kernels[kernel];
+                    for (i, (a, p)) in args.iter().zip(def.params).enumerate() {
+                        // SAFETY: argument types follow the kernel's signature (see OpenClImpl).
+                        unsafe {
+                            match (*a, p.kind) {
+                                (WArg::Buffer(b), _) => k.set_arg(i as u32, &device[b].get()),
+                                (a, ParamKind::Scalar(ScalarType::F32)) => {
+                                    k.set_arg(i as u32, &f32::from_bits(scalar_bits(a) as u32))
+                                }
+                                (a, ParamKind::Scalar(ScalarType::I32 | ScalarType::U32)) => {
+                                    k.set_arg(i as u32, &(scalar_bits(a) as u32))
+                                }
+                                (a, _) => k.set_arg(i as u32, &scalar_bits(a)),
+                            }
+                        }
+                        .map_err(err)?;
+                    }
+                    let dims = range.len();
+                    let mut global = [1usize; 3];
+                    for d in 0..dims {
+                        global[d] = range[d] as usize;
+                    }
+                    let mut local = [1usize; 3];
+                    if *guarded {
+                        let fixed = match dims {
+                            1 => [64, 1, 1],
+                            2 => [8, 8, 1],
+                            _ => [4, 4, 4],
+                        };
+                        let fixed = def.opencl.and_then(|o| o.local).unwrap_or(fixed);
+                        for d in 0..3 {
+                            let extent = range.get(d).copied().unwrap_or(1);
+                            // SAFETY: trailing `const ulong` range parameters (guarded convention).
+                            unsafe { k.set_arg((def.params.len() + d) as u32, &extent) }.map_err(err)?;
+                        }
+                        for d in 0..dims {
+                            local[d] = fixed[d];
+                            global[d] = global[d].div_ceil(local[d]) * local[d];
+                        }
+                    } else {
+                        for d in 0..dims {
+                            let mut l = 64usize;
+                            while l > 1 && global[d] % l != 0 {
+                                l /= 2;
+                            }
+                            local[d] = l;
+                        }
+                    }
+                    // SAFETY: all arguments set above; sizes outlive the call.
+                    unsafe {
+                        cl.queue.enqueue_nd_range_kernel(
+                            k.get(),
+                            dims as u32,
+                            std::ptr::null(),
+                            global.as_ptr(),
+                            local.as_ptr(),
+                            &[],
+                        )
+                    }
+                    .map_err(err)?;
+                }
+            }
+        }
+        cl.queue.finish().map_err(err)?;
+        let seconds = start.elapsed().as_secs_f64();
+        let views: Vec<&[u8]> = host.iter().map(|b| b.as_slice()).collect();
+        let (max_error, verified) = (workload.verify)(&views);
+        Ok(AppReport {
+            app: workload.name.to_string(),
+            size: workload.size,
+            tasks: workload.steps.len() as u64,
+            seconds,
+            max_error,
+            verified,
+        })
+    }
+
+    /// A device buffer for repeated transfer round trips (allocated once, as an application
+    /// would, so repetitions do not pay first-touch costs).
+    pub struct TransferBuffer {
+        buffer: Buffer<u8>,
+        fill: Kernel,
+    }
+
+    impl NativeOpenCl {
+        /// Allocates a device buffer of `bytes` for [`transfer_round_trip`].
+        pub fn transfer_buffer(&mut self, bytes: usize) -> Result<TransferBuffer, String> {
+            let (fill, _, _) = self.kernel("fill")?;
+            // SAFETY: plain device allocation.
+            let buffer = unsafe { Buffer::<u8>::create(&self.context, CL_MEM_READ_WRITE, bytes, std::ptr::null_mut()) }
+                .map_err(err)?;
+            Ok(TransferBuffer { buffer, fill })
+        }
+    }
+
+    /// Native transfer round trip: write `host` to the device, fill it with a kernel, read it back.
+    pub fn transfer_round_trip(
+        cl: &mut NativeOpenCl,
+        device: &mut TransferBuffer,
+        host: &mut [u8],
+    ) -> Result<f64, String> {
+        let k = &device.fill;
+        let n = (host.len() / 4) as u64;
+        let start = Instant::now();
+        // SAFETY: blocking transfers of a live host slice into a buffer at least as large;
+        // kernel arguments match `fill` (guarded convention).
+        unsafe {
+            cl.queue
+                .enqueue_write_buffer(&mut device.buffer, CL_BLOCKING, 0, host, &[])
+                .map_err(err)?;
+            k.set_arg(0, &1.5f32).map_err(err)?;
+            k.set_arg(1, &device.buffer.get()).map_err(err)?;
+            for d in 0..3u32 {
+                k.set_arg(2 + d, &if d == 0 { n } else { 1u64 }).map_err(err)?;
+            }
+            let global = [n.div_ceil(64) as usize * 64];
+            let local = [64usize];
+            cl.queue
+                .enqueue_nd_range_kernel(k.get(), 1, std::ptr::null(), global.as_ptr(), local.as_ptr(), &[])
+                .map_err(err)?;
+            cl.queue
+                .enqueue_read_buffer(&device.buffer, CL_BLOCKING, 0, host, &[])
+                .map_err(err)?;
+        }
+        Ok(start.elapsed().as_secs_f64())
+    }
+}

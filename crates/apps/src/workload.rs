@@ -1,0 +1,155 @@
+//! A workload: buffers, an ordered list of steps (transfers and kernel launches on one queue), and
+//! a check of the final buffer contents against a host reference.
+//!
+//! The same description is replayed by every executor — through Agora ([`run_on_agora`]), and
+//! natively without Agora ([`crate::native`]) — so benchmarks compare the same work.
+
+use std::time::Instant;
+
+use agora::{Arg, DeviceKind, Error, NdRange, Session};
+use serde::{Deserialize, Serialize};
+
+/// A kernel argument in a workload.
+#[derive(Debug, Clone, Copy)]
+pub enum WArg {
+    /// Buffer number `n` of the workload.
+    Buffer(usize),
+    /// `f32`.
+    F32(f32),
+    /// `i32`.
+    I32(i32),
+    /// `u32`.
+    U32(u32),
+    /// `u64`.
+    U64(u64),
+}
+
+/// One step.
+#[derive(Debug, Clone)]
+pub enum Step {
+    /// Host copy → device (`sync_to`, `clEnqueueWriteBuffer`).
+    SyncTo(usize),
+    /// Device → host copy (`sync_from`, `clEnqueueReadBuffer`).
+    SyncFrom(usize),
+    /// A kernel launch.
+    Launch {
+        /// Kernel name.
+        kernel: &'static str,
+        /// Arguments in signature order.
+        args: Vec<WArg>,
+        /// Range (1 to 3 dimensions).
+        range: Vec<u64>,
+    },
+}
+
+/// How a result compares with its reference: the largest relative error, and whether it passes.
+pub type Verdict = (f64, bool);
+
+/// A workload.
+pub struct Workload {
+    /// Program name.
+    pub name: &'static str,
+    /// Problem size (program-specific meaning).
+    pub size: u64,
+    /// Initial contents of each buffer.
+    pub buffers: Vec<Vec<u8>>,
+    /// Steps, in order.
+    pub steps: Vec<Step>,
+    /// Checks the final buffers.
+    #[allow(clippy::type_complexity)]
+    pub verify: Box<dyn Fn(&[&[u8]]) -> Verdict + Send + Sync>,
+}
+
+impl std::fmt::Debug for Workload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Workload")
+            .field("name", &self.name)
+            .field("size", &self.size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Workload {
+    /// Kernel launches in the workload.
+    pub fn launches(&self) -> usize {
+        self.steps.iter().filter(|s| matches!(s, Step::Launch { .. })).count()
+    }
+}
+
+/// What a run did.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AppReport {
+    /// Workload name.
+    pub app: String,
+    /// Problem size.
+    pub size: u64,
+    /// Tasks issued.
+    pub tasks: u64,
+    /// Wall time of the steps (buffers already allocated and initialised), seconds.
+    pub seconds: f64,
+    /// Largest error against the host reference.
+    pub max_error: f64,
+    /// Whether the result matched the reference.
+    pub verified: bool,
+}
+
+/// Runs `workload` on one Agora queue (preferring `device`), then verifies it.
+pub fn run_on_agora(session: &Session, workload: &Workload, device: Option<DeviceKind>) -> Result<AppReport, Error> {
+    let queue = crate::queue(session, workload.name, device)?;
+    let mut kernels = std::collections::HashMap::new();
+    for step in &workload.steps {
+        if let Step::Launch { kernel, .. } = step {
+            if !kernels.contains_key(kernel) {
+                kernels.insert(*kernel, session.kernel(kernel)?);
+            }
+        }
+    }
+    let buffers = workload
+        .buffers
+        .iter()
+        .map(|b| session.buffer_from(b))
+        .collect::<Result<Vec<_>, _>>()?;
+    let start = Instant::now();
+    for step in &workload.steps {
+        match step {
+            Step::SyncTo(b) => drop(queue.sync_to(&buffers[*b])?),
+            Step::SyncFrom(b) => drop(queue.sync_from(&buffers[*b])?),
+            Step::Launch { kernel, args, range } => {
+                let args: Vec<Arg<'_>> = args
+                    .iter()
+                    .map(|a| match *a {
+                        WArg::Buffer(b) => Arg::Buffer(&buffers[b]),
+                        WArg::F32(v) => Arg::F32(v),
+                        WArg::I32(v) => Arg::I32(v),
+                        WArg::U32(v) => Arg::U32(v),
+                        WArg::U64(v) => Arg::U64(v),
+                    })
+                    .collect();
+                let range = match range.as_slice() {
+                    [x] => NdRange::d1(*x),
+                    [x, y] => NdRange::d2(*x, *y),
+                    [x, y, z] => NdRange::d3(*x, *y, *z),
+                    _ => {
+                        return Err(Error::Protocol(format!(
+                            "{}: a range has 1 to 3 dimensions",
+                            workload.name
+                        )))
+                    }
+                };
+                drop(queue.launch(&kernels[kernel], &args, range)?);
+            }
+        }
+    }
+    queue.finish()?;
+    let seconds = start.elapsed().as_secs_f64();
+    let views: Vec<&[u8]> = buffers.iter().map(|b| b.as_slice::<u8>()).collect();
+    let (max_error, verified) = (workload.verify)(&views);
+    Ok(AppReport {
+        app: workload.name.to_string(),
+        size: workload.size,
+        tasks: workload.steps.len() as u64,
+        seconds,
+        max_error,
+        verified,
+    })
+}
