@@ -59,7 +59,8 @@ pub const FAN1: KernelDef = KernelDef {
         scalar("size", I32),
         scalar("t", I32),
     ],
-    cost: Cost::PerItemNs(1.0),
+    // Strided: one cache miss per row.
+    cost: Cost::PerItemNs(10.0),
     check: fan1_check,
     cpu: Some(fan1_cpu),
     opencl: opencl("gaussian", GAUSSIAN, "fan1"),
@@ -132,19 +133,29 @@ pub mod reference {
         (a, vec![1.0; size])
     }
 
+    /// What one `gaussian.fan1` launch computes: the multipliers of column `t`.
+    pub fn fan1(a: &[f32], m: &mut [f32], size: usize, t: usize) {
+        for r in t + 1..size {
+            m[size * r + t] = a[size * r + t] / a[size * t + t];
+        }
+    }
+
+    /// What one `gaussian.fan2` launch computes: eliminates column `t` below the pivot.
+    pub fn fan2(a: &mut [f32], b: &mut [f32], m: &[f32], size: usize, t: usize) {
+        for r in t + 1..size {
+            let mult = m[size * r + t];
+            for c in t..size {
+                a[size * r + c] -= mult * a[size * t + c];
+            }
+            b[r] -= mult * b[t];
+        }
+    }
+
     /// Forward elimination on the host, the same arithmetic as fan1 + fan2.
     pub fn forward(a: &mut [f32], b: &mut [f32], m: &mut [f32], size: usize) {
         for t in 0..size - 1 {
-            for r in t + 1..size {
-                m[size * r + t] = a[size * r + t] / a[size * t + t];
-            }
-            for r in t + 1..size {
-                let mult = m[size * r + t];
-                for c in t..size {
-                    a[size * r + c] -= mult * a[size * t + c];
-                }
-                b[r] -= mult * b[t];
-            }
+            fan1(a, m, size, t);
+            fan2(a, b, m, size, t);
         }
     }
 

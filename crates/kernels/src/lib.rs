@@ -2,8 +2,19 @@
 //!
 //! Each kernel is one [`KernelDef`]: a name, a declared signature (which arguments are buffers,
 //! read or written, which are scalars), a size check that says how large each buffer must be for
-//! a given range and scalars, and implementations per device kind (today: the CPU, as a Rust
-//! function over a slice of the range's first dimension, so a lane can split it among threads).
+//! a given range and scalars, and implementations per device kind: the CPU, as a Rust function
+//! over a slice of the range's first dimension (so a lane can split it among threads), and
+//! OpenCL, as a kernel in a `.cl` file under `src/opencl/`.
+//!
+//! Programs: elementwise basics (`noop`, `saxpy`, `vector_add`, `fill`), the Rodinia programs
+//! [`gaussian`], [`hotspot`], [`nw`], [`pathfinder`], [`lavamd`] and [`backprop`], [`sgemm`],
+//! [`stream`] and the CG building blocks of [`hpccg`]. Each program module has a `reference`
+//! module: plain-Rust whole-problem implementations with the same arithmetic, and seeded input
+//! generators. [`cases`] is a device-agnostic table of test launches with expected results.
+//!
+//! Dimension 0 of every range is an independent dimension: any split of its rows gives the same
+//! results. Reductions write one partial sum per work item (a fixed block of elements) and leave
+//! the final sum to the host or a second launch: no atomics, no dependence on the thread count.
 //!
 //! The daemon checks every launch against the signature and the size check *before* it calls an
 //! implementation, so implementations may assume their buffers are large enough; they still
@@ -16,9 +27,20 @@ use std::ops::Range;
 
 use agora_protocol::{Access, ArgTag, ParamKind, RawArg, ScalarType, TaskError};
 
+pub mod backprop;
 mod basic;
 mod call;
+pub mod cases;
+mod checks;
 pub mod gaussian;
+pub mod hotspot;
+pub mod hpccg;
+pub mod lavamd;
+pub mod nw;
+pub mod pathfinder;
+pub mod rng;
+pub mod sgemm;
+pub mod stream;
 
 pub use call::{run_on_host, ArgValue, KernelCall, LaunchShape, SharedMut};
 
@@ -57,7 +79,9 @@ pub struct OpenClImpl {
     pub source: &'static str,
     /// Kernel function name in the program.
     pub entry: &'static str,
-    /// Required local work size, when the kernel depends on one (e.g. tiled sgemm).
+    /// Required local work size, when the kernel depends on one (e.g. tiled sgemm). Such a
+    /// kernel uses barriers, so it never returns early: work items outside the range take part
+    /// in the barriers and skip only their stores.
     pub local: Option<[usize; 3]>,
 }
 
@@ -151,6 +175,28 @@ pub(crate) const fn buffer(name: &'static str, element: ScalarType, access: Acce
 pub(crate) mod programs {
     pub const BASIC: &str = include_str!("opencl/basic.cl");
     pub const GAUSSIAN: &str = include_str!("opencl/gaussian.cl");
+    pub const HOTSPOT: &str = include_str!("opencl/hotspot.cl");
+    pub const NW: &str = include_str!("opencl/nw.cl");
+    pub const PATHFINDER: &str = include_str!("opencl/pathfinder.cl");
+    pub const LAVAMD: &str = include_str!("opencl/lavamd.cl");
+    pub const BACKPROP: &str = include_str!("opencl/backprop.cl");
+    pub const SGEMM: &str = include_str!("opencl/sgemm.cl");
+    pub const STREAM: &str = include_str!("opencl/stream.cl");
+    pub const HPCCG: &str = include_str!("opencl/hpccg.cl");
+
+    /// Every program, by name (the `program` of its kernels' [`crate::OpenClImpl`]).
+    pub const ALL: &[(&str, &str)] = &[
+        ("basic", BASIC),
+        ("gaussian", GAUSSIAN),
+        ("hotspot", HOTSPOT),
+        ("nw", NW),
+        ("pathfinder", PATHFINDER),
+        ("lavamd", LAVAMD),
+        ("backprop", BACKPROP),
+        ("sgemm", SGEMM),
+        ("stream", STREAM),
+        ("hpccg", HPCCG),
+    ];
 }
 
 /// Shorthand for an OpenCL implementation without a required local size.
@@ -178,7 +224,28 @@ static LIBRARY: &[KernelDef] = &[
     basic::FILL,
     gaussian::FAN1,
     gaussian::FAN2,
+    hotspot::STEP,
+    nw::DIAGONAL,
+    pathfinder::ROW,
+    lavamd::BOXES,
+    backprop::LAYERFORWARD,
+    backprop::SQUASH,
+    backprop::ADJUST_WEIGHTS,
+    sgemm::SGEMM,
+    stream::COPY,
+    stream::SCALE,
+    stream::ADD,
+    stream::TRIAD,
+    hpccg::SPMV,
+    hpccg::DOT,
+    hpccg::WAXPBY,
 ];
+
+/// Every OpenCL program of the library as `(program, source)`: the `program` and `source` of the
+/// kernels' [`OpenClImpl`]s (e.g. to build them all when a device starts).
+pub fn opencl_programs() -> &'static [(&'static str, &'static str)] {
+    programs::ALL
+}
 
 /// Every kernel, indexed by kernel id.
 pub fn library() -> &'static [KernelDef] {
@@ -229,6 +296,134 @@ mod tests {
             assert!(k.cpu.is_some(), "{} has a CPU implementation", k.name);
         }
         assert!(find("nope").is_none());
+    }
+
+    #[test]
+    fn every_kernel_has_both_implementations() {
+        for k in library() {
+            assert!(k.cpu.is_some(), "{} has a CPU implementation", k.name);
+            let imp = k
+                .opencl
+                .unwrap_or_else(|| panic!("{} has an OpenCL implementation", k.name));
+            assert!(
+                opencl_programs()
+                    .iter()
+                    .any(|(p, src)| *p == imp.program && *src == imp.source),
+                "{}: program {} is listed in programs::ALL",
+                k.name,
+                imp.program
+            );
+            assert!(
+                !k.doc.is_empty() && k.doc.contains("range"),
+                "{}: the doc names the range",
+                k.name
+            );
+        }
+    }
+
+    /// The parameter list of `__kernel void entry(...)` in `source`, split at commas.
+    fn cl_params(source: &str, entry: &str) -> Option<Vec<String>> {
+        let start = source.find(&format!("__kernel void {entry}("))? + "__kernel void (".len() + entry.len();
+        let end = start + source[start..].find(')')?;
+        let list = &source[start..end];
+        if list.trim().is_empty() {
+            return Some(Vec::new());
+        }
+        Some(
+            list.split(',')
+                .map(|p| p.split_whitespace().collect::<Vec<_>>().join(" "))
+                .collect(),
+        )
+    }
+
+    fn cl_type(t: ScalarType) -> &'static str {
+        match t {
+            ScalarType::I32 => "int",
+            ScalarType::U32 => "uint",
+            ScalarType::I64 => "long",
+            ScalarType::U64 => "ulong",
+            ScalarType::F32 => "float",
+            ScalarType::F64 => "double",
+        }
+    }
+
+    /// Without an OpenCL compiler here, check the `.cl` sources against the signatures: every
+    /// entry point exists, takes the declared parameters in order with matching types (read-only
+    /// buffers `const`) plus the three guard parameters, and uses no extension.
+    #[test]
+    fn opencl_sources_match_the_signatures() {
+        // OpenCL C built-in functions: a kernel with one of these names fails to be created (PoCL
+        // reports CL_INVALID_KERNEL_NAME for `step` and `dot`).
+        const BUILTINS: &[&str] = &[
+            "dot",
+            "step",
+            "min",
+            "max",
+            "clamp",
+            "mix",
+            "sign",
+            "cross",
+            "length",
+            "distance",
+            "normalize",
+            "exp",
+            "log",
+            "sqrt",
+            "select",
+            "smoothstep",
+            "degrees",
+            "radians",
+            "abs",
+            "mad",
+            "fma",
+            "rotate",
+        ];
+        for (name, source) in opencl_programs() {
+            assert!(
+                !source.contains("#pragma OPENCL EXTENSION"),
+                "{name}.cl uses no extension"
+            );
+            assert!(!source.contains("double"), "{name}.cl needs no double precision");
+            assert!(!source.contains("atomic"), "{name}.cl needs no atomics");
+        }
+        for k in library() {
+            let imp = k.opencl.unwrap();
+            assert!(
+                !BUILTINS.contains(&imp.entry),
+                "{}: entry {} is an OpenCL built-in",
+                k.name,
+                imp.entry
+            );
+            let params = cl_params(imp.source, imp.entry)
+                .unwrap_or_else(|| panic!("{}: no `__kernel void {}(` in {}.cl", k.name, imp.entry, imp.program));
+            assert_eq!(params.len(), k.params.len() + 3, "{}: parameters {params:?}", k.name);
+            for (p, cl) in k.params.iter().zip(&params) {
+                match p.kind {
+                    ParamKind::Buffer { element, access } => {
+                        assert!(cl.starts_with("__global"), "{}: {} is __global: {cl}", k.name, p.name);
+                        assert!(cl.contains(&format!(" {} *", cl_type(element))), "{}: {cl}", k.name);
+                        assert_eq!(
+                            cl.contains("const"),
+                            access == Access::Read,
+                            "{}: const iff read: {cl}",
+                            k.name
+                        );
+                    }
+                    ParamKind::Scalar(t) => {
+                        assert!(!cl.contains('*'), "{}: {} is by value: {cl}", k.name, p.name);
+                        assert!(
+                            cl.split(' ').any(|w| w == cl_type(t)),
+                            "{}: {cl} is {}",
+                            k.name,
+                            cl_type(t)
+                        );
+                    }
+                }
+            }
+            for (d, cl) in params[k.params.len()..].iter().enumerate() {
+                assert_eq!(cl, &format!("const ulong range{d}"), "{}: guard parameter", k.name);
+            }
+        }
     }
 
     #[test]
