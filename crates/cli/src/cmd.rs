@@ -39,12 +39,32 @@ pub struct ServeArgs {
     /// Do not look for OpenCL devices.
     #[arg(long)]
     no_opencl: bool,
+    /// Serve Prometheus metrics on this address (`/metrics`), e.g. 127.0.0.1:9464 or just 9464
+    /// (loopback). To expose them beyond this host, give a routable address and restrict access
+    /// with a firewall or a reverse proxy: the endpoint has no authentication.
+    #[arg(long, value_name = "ADDR", value_parser = parse_metrics_addr)]
+    metrics: Option<std::net::SocketAddr>,
+    /// Record a task trace (Chrome/Perfetto JSON) and write it to FILE at shutdown and on
+    /// `agora trace save`; view it at ui.perfetto.dev or with `agora plot trace`.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+    /// Most spans the trace keeps in memory (the oldest are dropped first).
+    #[arg(long, value_name = "N", default_value_t = 500_000)]
+    trace_capacity: usize,
+}
+
+fn parse_metrics_addr(text: &str) -> Result<std::net::SocketAddr, String> {
+    if let Ok(port) = text.parse::<u16>() {
+        return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    text.parse()
+        .map_err(|_| format!("'{text}' is not an address: use HOST:PORT, e.g. 127.0.0.1:9464, or a port"))
 }
 
 impl ServeArgs {
     pub(crate) fn config(&self, socket: Option<PathBuf>) -> DaemonConfig {
         let mut c = DaemonConfig {
-            socket: agora_transport_path(socket),
+            socket: agora_transport::socket::socket_path(socket),
             ..DaemonConfig::default()
         };
         if let Some(v) = self.cpu_lanes {
@@ -69,15 +89,10 @@ impl ServeArgs {
             c.opencl_lanes = v.max(1);
         }
         c.opencl &= !self.no_opencl;
+        c.metrics = self.metrics;
+        c.trace = self.trace.clone();
+        c.trace_capacity = self.trace_capacity;
         c
-    }
-}
-
-fn agora_transport_path(socket: Option<PathBuf>) -> PathBuf {
-    // The same resolution the client library uses.
-    match socket {
-        Some(p) => p,
-        None => DaemonConfig::default().socket,
     }
 }
 
@@ -173,6 +188,27 @@ pub fn devices(socket: Option<PathBuf>) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Asks the daemon to write its task trace now.
+pub fn trace_save(socket: Option<PathBuf>) -> Result<()> {
+    use agora_protocol::control::{Request, Response};
+    let path = agora_transport::socket::socket_path(socket);
+    let stream = std::os::unix::net::UnixStream::connect(&path).with_context(|| {
+        format!(
+            "cannot reach the daemon at {}; is `agora serve` running?",
+            path.display()
+        )
+    })?;
+    agora_transport::socket::send(&stream, &Request::SaveTrace)?;
+    match agora_transport::socket::recv::<Response>(&stream)? {
+        Response::TraceSaved { path, spans } => {
+            println!("wrote {spans} spans to {path}");
+            Ok(())
+        }
+        Response::Error(e) => bail!("{e}"),
+        other => bail!("unexpected reply from the daemon: {other:?}"),
+    }
 }
 
 pub fn kernels(socket: Option<PathBuf>) -> Result<()> {

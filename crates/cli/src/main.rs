@@ -37,12 +37,22 @@ enum Command {
     Run(cmd::RunArgs),
     /// Start an embedded daemon, run several client processes against it, print a summary.
     Demo(cmd::DemoArgs),
+    /// Task traces: `agora trace save` writes a running daemon's trace file now.
+    #[command(subcommand)]
+    Trace(TraceCommand),
     /// Benchmarks, measured side by side in one run.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
     /// Client side of a benchmark (started by `agora bench`; not for direct use).
     #[command(hide = true, name = "bench-client")]
     BenchClient(bench::ClientArgs),
+}
+
+/// Trace subcommands.
+#[derive(Subcommand, Debug)]
+enum TraceCommand {
+    /// Write the daemon's trace (started with `agora serve --trace FILE`) to its file now.
+    Save,
 }
 
 fn main() {
@@ -63,6 +73,7 @@ fn main() {
         Command::Kernels => cmd::kernels(cli.socket),
         Command::Run(args) => cmd::run(cli.socket, args),
         Command::Demo(args) => cmd::demo(args),
+        Command::Trace(TraceCommand::Save) => cmd::trace_save(cli.socket),
         Command::Bench(command) => bench::run(cli.socket, command),
         Command::BenchClient(args) => bench::client(cli.socket, args),
     };

@@ -20,6 +20,9 @@ use crate::buffer::Buffer;
 use crate::queue::{Queue, QueueOptions};
 use crate::Error;
 
+/// How long to wait for the daemon's answer to hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How long a blocked waiter sleeps before it checks that the daemon is still there.
 const LIVENESS_CHECK: Duration = Duration::from_millis(20);
 
@@ -121,6 +124,9 @@ impl Session {
                 .map(|a| a.rsplit('/').next().unwrap_or("").to_string())
                 .unwrap_or_default()
         });
+        // A daemon that accepts but never answers (stuck, or not an Agora daemon) must not hang
+        // us: bound the hello exchange.
+        let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
         send(
             &stream,
             &Request::Hello {
@@ -129,7 +135,27 @@ impl Session {
                 heap_bytes: options.heap_bytes,
             },
         )?;
-        let (response, fds): (Response, _) = recv_with_fds(&stream)?;
+        let (response, fds): (Response, _) = recv_with_fds(&stream).map_err(|e| match e {
+            agora_transport::TransportError::Os { cause, .. }
+                if matches!(
+                    cause.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                Error::Connect {
+                    path: path.clone(),
+                    cause: std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!(
+                            "it accepted the connection but did not answer within {} s",
+                            HELLO_TIMEOUT.as_secs()
+                        ),
+                    ),
+                }
+            }
+            other => Error::from(other),
+        })?;
+        let _ = stream.set_read_timeout(None);
         let (session, sub_cap, comp_cap, heap_len) = match response {
             Response::Welcome {
                 session,

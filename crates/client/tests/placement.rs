@@ -10,9 +10,17 @@ fn daemon(tag: &str) -> (agora_daemon::DaemonHandle, Session) {
     let dir = std::env::temp_dir().join(format!("agora-placement-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let socket = dir.join("agora.sock");
-    let config = agora_daemon::DaemonConfig { socket: socket.clone(), cpu_lanes: 2, ..Default::default() };
+    let config = agora_daemon::DaemonConfig {
+        socket: socket.clone(),
+        cpu_lanes: 2,
+        ..Default::default()
+    };
     let handle = agora_daemon::spawn(config).expect("daemon starts");
-    let session = Session::connect_with(SessionOptions { socket: Some(socket), ..Default::default() }).unwrap();
+    let session = Session::connect_with(SessionOptions {
+        socket: Some(socket),
+        ..Default::default()
+    })
+    .unwrap();
     let status = session.status().unwrap();
     assert!(
         status.devices.iter().any(|d| d.kind == "opencl"),
@@ -24,7 +32,11 @@ fn daemon(tag: &str) -> (agora_daemon::DaemonHandle, Session) {
 
 fn queue(session: &Session, kind: DeviceKind) -> agora::Queue {
     session
-        .queue_with(QueueOptions { name: format!("{kind:?}"), preferred_device: Some(kind), ..Default::default() })
+        .queue_with(QueueOptions {
+            name: format!("{kind:?}"),
+            preferred_device: Some(kind),
+            ..Default::default()
+        })
         .unwrap()
 }
 
@@ -37,21 +49,33 @@ fn a_buffer_written_on_opencl_is_exact_on_the_cpu_and_the_host() {
     let saxpy = session.kernel("saxpy").unwrap();
     let n = 100_003usize;
     let x = session.buffer((n * 4) as u64).unwrap();
-    let y = session.buffer_from(&(0..n).map(|i| i as f32).collect::<Vec<_>>()).unwrap();
+    let y = session
+        .buffer_from(&(0..n).map(|i| i as f32).collect::<Vec<_>>())
+        .unwrap();
 
     // x is written on the OpenCL device only; its host copy is stale (zeros) until fetched.
-    gpu.launch(&fill, &[Arg::F32(2.5), (&x).into()], n).unwrap().wait().unwrap();
-    assert!(x.as_slice::<f32>().iter().all(|v| *v == 0.0), "no transfer before anyone asks");
+    gpu.launch(&fill, &[Arg::F32(2.5), (&x).into()], n)
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert!(
+        x.as_slice::<f32>().iter().all(|v| *v == 0.0),
+        "no transfer before anyone asks"
+    );
 
     // A CPU kernel reading x gets the device's contents (device -> host segment).
-    cpu.launch(&saxpy, &[Arg::F32(2.0), (&x).into(), (&y).into()], n).unwrap().wait().unwrap();
+    cpu.launch(&saxpy, &[Arg::F32(2.0), (&x).into(), (&y).into()], n)
+        .unwrap()
+        .wait()
+        .unwrap();
     cpu.sync_from(&y).unwrap().wait().unwrap();
     for (i, v) in y.as_slice::<f32>().iter().enumerate() {
         assert_eq!(*v, i as f32 + 5.0, "y[{i}]");
     }
 
     // y, now valid on the host only, goes back to the device for an OpenCL saxpy.
-    gpu.launch(&saxpy, &[Arg::F32(1.0), (&x).into(), (&y).into()], n).unwrap();
+    gpu.launch(&saxpy, &[Arg::F32(1.0), (&x).into(), (&y).into()], n)
+        .unwrap();
     gpu.sync_from(&y).unwrap();
     gpu.finish().unwrap();
     for (i, v) in y.as_slice::<f32>().iter().enumerate() {
@@ -81,7 +105,10 @@ fn partial_host_operations_keep_device_results() {
     gpu.finish().unwrap();
     let bv = b.as_slice::<f32>();
     assert!(bv[..n / 2].iter().all(|v| *v == 3.0), "device fill of the first half");
-    assert!(bv[n / 2..].iter().all(|v| *v == 0.0), "memset survives in the second half");
+    assert!(
+        bv[n / 2..].iter().all(|v| *v == 0.0),
+        "memset survives in the second half"
+    );
     assert_eq!(c.as_slice::<f32>(), bv, "copy saw the device's values");
     drop((b, c, gpu, session));
     daemon.stop().unwrap();

@@ -23,6 +23,12 @@ pub struct DaemonConfig {
     /// Tasks estimated below this many nanoseconds run inline on the dispatcher thread when their
     /// queue has nothing in flight, skipping the hand-off to a lane. 0 disables inline runs.
     pub inline_max_ns: u64,
+    /// Address to serve Prometheus metrics on (`/metrics`), if any.
+    pub metrics: Option<std::net::SocketAddr>,
+    /// File to write the task trace to (Chrome/Perfetto JSON), if tracing.
+    pub trace: Option<PathBuf>,
+    /// Most spans the trace keeps (oldest dropped first).
+    pub trace_capacity: usize,
     /// Whether to look for OpenCL devices.
     pub opencl: bool,
     /// Lanes (command queues) per OpenCL device.
@@ -45,6 +51,9 @@ impl Default for DaemonConfig {
             inline_max_ns: 5_000,
             max_spin: Duration::from_micros(200),
             opencl: true,
+            metrics: None,
+            trace: None,
+            trace_capacity: 500_000,
             opencl_lanes: 2,
         }
     }

@@ -21,6 +21,7 @@ pub mod policy;
 mod scheduler;
 mod server;
 mod session;
+mod telemetry;
 
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -114,7 +115,6 @@ fn bind(path: &Path) -> Result<UnixListener, DaemonError> {
 }
 
 fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, DaemonError> {
-    let listener = bind(&config.socket)?;
     let cpu = CpuDevice::new(config.cpu_lanes, config.cpu_threads_per_lane)
         .map_err(|e| DaemonError::io("starting CPU lanes", e))?;
     tracing::info!(
@@ -140,9 +140,32 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
             devices.push(Arc::new(device));
         }
     }
-    let scheduler = scheduler::Scheduler::new(devices, Box::new(policy::RoundRobin::default()), config.inline_max_ns);
+    let trace = config.trace.as_ref().map(|path| {
+        tracing::info!(file = %path.display(), capacity = config.trace_capacity, "tracing tasks");
+        telemetry::TraceRecorder::new(
+            path.clone(),
+            config.trace_capacity,
+            scheduler::Scheduler::trace_rows(&devices),
+        )
+    });
+    let telemetry = Arc::new(telemetry::Telemetry {
+        metrics: telemetry::Metrics::new(),
+        trace,
+    });
+    if let Some(addr) = config.metrics {
+        telemetry::serve_metrics(addr, telemetry.clone(), devices.clone())
+            .map_err(|e| DaemonError::io("starting the metrics server", std::io::Error::other(e)))?;
+    }
+    let scheduler = scheduler::Scheduler::new(
+        devices,
+        Box::new(policy::RoundRobin::default()),
+        config.inline_max_ns,
+        telemetry.clone(),
+    );
     tracing::info!(socket = %config.socket.display(), kernels = agora_kernels::library().len(), "listening");
-    server::Server::new(config, listener, scheduler, stop)
+    // Bind last: a daemon that fails to start must not leave a socket file behind.
+    let listener = bind(&config.socket)?;
+    server::Server::new(config, listener, scheduler, stop, telemetry)
 }
 
 /// Runs a daemon in the foreground until SIGINT or SIGTERM.

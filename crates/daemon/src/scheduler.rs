@@ -31,6 +31,12 @@ use agora_protocol::{Access, ArgTag, Completion, Op, ParamKind, TaskError, MAX_A
 use crate::memory::BufferRecord;
 use crate::policy::{Candidate, Policy};
 use crate::session::{QueueState, Session, SessionShared};
+use crate::telemetry::{Span, TaskCounters, Telemetry};
+use agora_protocol::control::QueueClass;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::Histogram;
+use std::collections::HashMap;
+use std::time::Instant;
 
 /// Most descriptors taken from one session before the scheduler looks at the next session.
 const BATCH: u32 = 256;
@@ -42,6 +48,31 @@ pub(crate) struct Scheduler {
     inline_max_ns: f64,
     inline_done: Vec<Completion>,
     candidates: Vec<Candidate>,
+    telemetry: Arc<Telemetry>,
+    /// Cached metric handles (looking one up allocates).
+    counters: HashMap<(&'static str, QueueClass), TaskCounters>,
+    histograms: Vec<Arc<[Histogram; 3]>>,
+    bytes: [Counter; 2],
+    /// Trace row of each device's lane 0 (lanes follow).
+    first_row: Vec<u32>,
+}
+
+/// Name of an operation in metrics and traces.
+fn operation_name(action: &Action) -> &'static str {
+    match action {
+        Action::Launch { kernel, .. } => kernel.name,
+        Action::SyncTo => "sync_to",
+        Action::SyncFrom => "sync_from",
+        Action::Fill { .. } => "memset",
+        Action::Copy { .. } => "copy",
+    }
+}
+
+fn class_name(class: QueueClass) -> &'static str {
+    match class {
+        QueueClass::Batch => "batch",
+        QueueClass::Latency => "latency",
+    }
 }
 
 /// What a resolved task does.
@@ -79,14 +110,54 @@ struct Ready {
 }
 
 impl Scheduler {
-    pub(crate) fn new(devices: Vec<Arc<dyn Device>>, policy: Box<dyn Policy>, inline_max_ns: u64) -> Self {
+    pub(crate) fn new(
+        devices: Vec<Arc<dyn Device>>,
+        policy: Box<dyn Policy>,
+        inline_max_ns: u64,
+        telemetry: Arc<Telemetry>,
+    ) -> Self {
+        let histograms = devices
+            .iter()
+            .map(|d| Arc::new(telemetry.metrics.device_histograms(&d.info().name)))
+            .collect();
+        let mut first_row = Vec::new();
+        let mut row = 1u32;
+        for d in &devices {
+            first_row.push(row);
+            row += d.info().lanes as u32;
+        }
+        let bytes = telemetry.metrics.byte_counters();
         Scheduler {
             devices,
             policy,
             inline_max_ns: inline_max_ns as f64,
             inline_done: Vec::new(),
             candidates: Vec::new(),
+            telemetry,
+            counters: HashMap::new(),
+            histograms,
+            bytes,
+            first_row,
         }
+    }
+
+    /// Trace row names: the dispatcher, then every lane.
+    pub(crate) fn trace_rows(devices: &[Arc<dyn Device>]) -> Vec<String> {
+        let mut rows = vec!["dispatcher (inline)".to_string()];
+        for d in devices {
+            for lane in 0..d.info().lanes {
+                rows.push(format!("{}/lane{lane}", d.info().name));
+            }
+        }
+        rows
+    }
+
+    fn task_counters(&mut self, name: &'static str, class: QueueClass) -> TaskCounters {
+        let metrics = &self.telemetry.metrics;
+        self.counters
+            .entry((name, class))
+            .or_insert_with(|| metrics.task_counters(name, class_name(class)))
+            .clone()
     }
 
     pub(crate) fn policy_name(&self) -> &'static str {
@@ -106,6 +177,7 @@ impl Scheduler {
             let outcome = descriptor.decode().and_then(|d| self.admit(session, &d));
             if let Err(error) = outcome {
                 self.inline_done.push(Completion::failed(task_id, error));
+                self.task_counters("invalid", QueueClass::Batch).failed.inc();
             }
         }
         if n > 0 {
@@ -246,8 +318,18 @@ impl Scheduler {
         };
 
         // What data it needs there, and the work itself.
+        let name = operation_name(&ready.action);
         let mut transfers: Vec<Transfer> = Vec::new();
         let work = self.plan(session, device, ready.action, &ready.buffers, &mut transfers)?;
+        for t in &transfers {
+            let (counter, bytes) = match t {
+                Transfer::ToDevice { len, .. } => (&session.shared.bytes_to_device, *len),
+                Transfer::ToHost { len, .. } => (&session.shared.bytes_to_host, *len),
+            };
+            counter.fetch_add(bytes as u64, Ordering::Relaxed);
+            let direction = usize::from(matches!(t, Transfer::ToHost { .. }));
+            self.bytes[direction].inc_by(bytes as u64);
+        }
 
         let target = self.devices[device].clone();
         if idle
@@ -257,7 +339,28 @@ impl Scheduler {
             && ready.estimated_ns <= self.inline_max_ns
         {
             // Tiny, and nothing to move: run it here and now.
+            let tracing = self.telemetry.trace.is_some();
+            let start = tracing.then(Instant::now);
             let result = target.run_inline(&work);
+            let counters = self.task_counters(name, queue.class);
+            if result.is_ok() {
+                counters.ok.inc()
+            } else {
+                counters.failed.inc()
+            };
+            if let (Some(trace), Some(start)) = (&self.telemetry.trace, start) {
+                trace.record(Span {
+                    category: "exec",
+                    name,
+                    row: 0,
+                    start,
+                    end: Instant::now(),
+                    session: session.shared.id,
+                    tenant: session.shared.tenant.clone(),
+                    task: task_id,
+                    queue: queue.name.clone(),
+                });
+            }
             self.inline_done.push(match result {
                 Ok(()) => Completion::ok(task_id),
                 Err(e) => Completion::failed(task_id, e),
@@ -275,12 +378,45 @@ impl Scheduler {
         session.shared.in_flight.fetch_add(1, Ordering::Relaxed);
         let shared = session.shared.clone();
         let buffers = ready.buffers;
+        let counters = self.task_counters(name, queue.class);
+        let histograms = self.histograms[device].clone();
+        let telemetry = self.telemetry.clone();
+        let row = self.first_row[device] + lane as u32;
         let job = Job {
             transfers,
             work,
             keepalive: None,
             cancelled: Some(session.shared.cancelled.clone()),
-            done: Box::new(move |result| {
+            done: Box::new(move |result, times| {
+                if result.is_ok() {
+                    counters.ok.inc()
+                } else {
+                    counters.failed.inc()
+                };
+                let exec_start = times.transfers_done.unwrap_or(times.started);
+                histograms[0].observe(times.started.saturating_duration_since(times.queued).as_secs_f64());
+                histograms[1].observe(times.finished.saturating_duration_since(exec_start).as_secs_f64());
+                if let Some(done) = times.transfers_done {
+                    histograms[2].observe(done.saturating_duration_since(times.started).as_secs_f64());
+                }
+                if let Some(trace) = &telemetry.trace {
+                    let span = |category, start, end| Span {
+                        category,
+                        name,
+                        row,
+                        start,
+                        end,
+                        session: shared.id,
+                        tenant: shared.tenant.clone(),
+                        task: task_id,
+                        queue: queue.name.clone(),
+                    };
+                    trace.record(span("wait", times.queued, times.started));
+                    if let Some(done) = times.transfers_done {
+                        trace.record(span("transfer", times.started, done));
+                    }
+                    trace.record(span("exec", exec_start, times.finished));
+                }
                 let completion = match result {
                     Ok(()) => Completion::ok(task_id),
                     Err(e) => Completion::failed(task_id, e),

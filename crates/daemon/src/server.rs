@@ -31,6 +31,7 @@ use rustix::event::epoll;
 use crate::config::DaemonConfig;
 use crate::scheduler::Scheduler;
 use crate::session::{Credentials, QueueState, Session};
+use crate::telemetry::Telemetry;
 use crate::DaemonError;
 
 /// What woke the loop.
@@ -101,6 +102,7 @@ pub(crate) struct Server {
     retired_completed: u64,
     retired_failed: u64,
     spin: AdaptiveSpin,
+    telemetry: Arc<Telemetry>,
 }
 
 impl Server {
@@ -109,6 +111,7 @@ impl Server {
         listener: UnixListener,
         scheduler: Scheduler,
         stop: Arc<Doorbell>,
+        telemetry: Arc<Telemetry>,
     ) -> Result<Self, DaemonError> {
         listener
             .set_nonblocking(true)
@@ -145,6 +148,7 @@ impl Server {
             retired_completed: 0,
             retired_failed: 0,
             spin,
+            telemetry,
         })
     }
 
@@ -387,6 +391,20 @@ impl Server {
             }
             return Some(Response::Status(Box::new(self.status())));
         }
+        if let Request::SaveTrace = request {
+            return Some(match &self.telemetry.trace {
+                None => Response::Error(ControlError::BadRequest(
+                    "tracing is off: start the daemon with --trace FILE".into(),
+                )),
+                Some(trace) => match trace.save() {
+                    Ok((path, spans)) => Response::TraceSaved {
+                        path: path.display().to_string(),
+                        spans,
+                    },
+                    Err(e) => Response::Error(ControlError::BadRequest(format!("could not write the trace: {e}"))),
+                },
+            });
+        }
         if let Request::ListKernels = request {
             return Some(Response::Kernels(
                 agora_kernels::library().iter().map(|k| k.signature()).collect(),
@@ -440,7 +458,7 @@ impl Server {
                         },
                     };
                     let queue = Arc::new(QueueState {
-                        name,
+                        name: Arc::from(name.chars().take(64).collect::<String>()),
                         class,
                         preferred,
                         in_flight: Default::default(),
@@ -457,7 +475,7 @@ impl Server {
                 Request::Hello { .. } => Response::Error(ControlError::BadRequest(
                     "a session is already open on this connection".into(),
                 )),
-                Request::Status | Request::ListKernels | Request::LookupKernel { .. } => {
+                Request::Status | Request::ListKernels | Request::LookupKernel { .. } | Request::SaveTrace => {
                     unreachable!("answered above")
                 }
             }),
@@ -535,6 +553,8 @@ impl Server {
             self.config.max_buffers,
         );
         self.sessions_opened += 1;
+        self.telemetry.metrics.sessions_opened.inc();
+        self.telemetry.metrics.sessions.inc();
         self.conns.insert(id, Conn::Session(Box::new(session)));
         None
     }
@@ -550,6 +570,7 @@ impl Server {
             let _ = epoll::delete(&self.epoll, session.doorbell.fd());
             session.shared.cancelled.store(true, Ordering::Release);
             self.sessions_closed += 1;
+            self.telemetry.metrics.sessions.dec();
             tracing::info!(session = id, pid = session.credentials.pid, "session ended");
             if session.shared.in_flight.load(Ordering::Acquire) == 0 {
                 self.retire(session);
@@ -606,6 +627,12 @@ impl Server {
         }
         for device in &self.scheduler.devices {
             device.shutdown();
+        }
+        if let Some(trace) = &self.telemetry.trace {
+            match trace.save() {
+                Ok((path, spans)) => tracing::info!(file = %path.display(), spans, "trace written"),
+                Err(e) => tracing::error!(error = %e, "could not write the trace"),
+            }
         }
         let _ = std::fs::remove_file(&self.config.socket);
         self.conns.clear();

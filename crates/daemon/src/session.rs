@@ -27,6 +27,9 @@ pub(crate) struct Credentials {
 /// The part of a session that lanes touch when a job completes.
 #[derive(Debug)]
 pub(crate) struct SessionShared {
+    /// Session id and client name, for traces.
+    pub id: u64,
+    pub tenant: Arc<str>,
     pub segment: Segment,
     completions: Mutex<CompletionProducer>,
     /// Set when the client is gone: queued jobs are skipped.
@@ -35,6 +38,9 @@ pub(crate) struct SessionShared {
     pub failed: AtomicU64,
     /// Jobs handed to lanes and not yet completed.
     pub in_flight: AtomicU64,
+    /// Bytes planned to move host → device and device → host for this session.
+    pub bytes_to_device: AtomicU64,
+    pub bytes_to_host: AtomicU64,
 }
 
 impl SessionShared {
@@ -81,7 +87,7 @@ impl SessionShared {
 /// A queue as the daemon tracks it.
 #[derive(Debug)]
 pub(crate) struct QueueState {
-    pub name: String,
+    pub name: Arc<str>,
     pub class: QueueClass,
     /// Device kind the client prefers, honoured when a device of that kind implements the kernel.
     pub preferred: Option<agora_devices::DeviceKind>,
@@ -130,6 +136,7 @@ impl Session {
         let view = *segment.view();
         let heap = Heap::new(view.geometry().heap_len);
         let completion_capacity = view.geometry().completion_capacity;
+        let tenant: Arc<str> = Arc::from(name.as_str());
         Session {
             id,
             credentials,
@@ -139,12 +146,16 @@ impl Session {
             doorbell,
             submissions: SubmissionConsumer::new(view),
             shared: Arc::new(SessionShared {
+                id,
+                tenant: tenant.clone(),
                 completions: Mutex::new(CompletionProducer::new(view)),
                 segment,
                 cancelled: Arc::new(AtomicBool::new(false)),
                 completed: AtomicU64::new(0),
                 failed: AtomicU64::new(0),
                 in_flight: AtomicU64::new(0),
+                bytes_to_device: AtomicU64::new(0),
+                bytes_to_host: AtomicU64::new(0),
             }),
             queues: HandleTable::new(max_queues),
             buffers: HandleTable::new(max_buffers),
@@ -234,7 +245,7 @@ impl Session {
                     let in_flight = u64::from(q.in_flight.load(Ordering::Relaxed));
                     let binding = q.binding.load(Ordering::Relaxed);
                     QueueStatus {
-                        name: q.name.clone(),
+                        name: q.name.to_string(),
                         class: q.class,
                         in_flight,
                         bound_to: (in_flight > 0).then(|| format!("device{}/lane{}", binding >> 16, binding & 0xffff)),
@@ -248,6 +259,8 @@ impl Session {
             tasks_completed: shared.completed.load(Ordering::Relaxed),
             tasks_failed: shared.failed.load(Ordering::Relaxed),
             in_flight: shared.in_flight.load(Ordering::Relaxed),
+            bytes_to_device: shared.bytes_to_device.load(Ordering::Relaxed),
+            bytes_to_host: shared.bytes_to_host.load(Ordering::Relaxed),
         }
     }
 }

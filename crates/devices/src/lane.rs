@@ -12,13 +12,13 @@
 use std::any::Any;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use agora_protocol::control::LaneStatus;
 use agora_protocol::TaskError;
 
-use crate::{Job, Transfer, Work};
+use crate::{Job, JobTimes, Transfer, Work};
 
 /// How long an idle lane thread polls before it sleeps. Short: lanes matter for throughput, not
 /// for the latency of tiny tasks (those run inline on the dispatcher).
@@ -35,17 +35,33 @@ pub trait Executor: Send + 'static {
 /// The end of one job: posts its outcome and updates the lane's counters.
 pub struct JobEnd {
     lane: Arc<Lane>,
-    done: Box<dyn FnOnce(Result<(), TaskError>) + Send>,
+    done: Box<dyn FnOnce(Result<(), TaskError>, JobTimes) + Send>,
     keepalive: Option<Arc<dyn Any + Send + Sync>>,
+    queued: Instant,
+    started: Instant,
+    transfers_done: Arc<OnceLock<Instant>>,
 }
 
 impl JobEnd {
     /// Finishes the job with `result`. Memory the job used is released after the outcome is
     /// posted.
     pub fn finish(self, result: Result<(), TaskError>) {
-        let JobEnd { lane, done, keepalive } = self;
+        let JobEnd {
+            lane,
+            done,
+            keepalive,
+            queued,
+            started,
+            transfers_done,
+        } = self;
         lane.completed.fetch_add(1, Ordering::Relaxed);
-        done(result);
+        let times = JobTimes {
+            queued,
+            started,
+            transfers_done: transfers_done.get().copied(),
+            finished: Instant::now(),
+        };
+        done(result, times);
         if lane.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
             // The lane goes idle: count the wall time it had work in flight (jobs overlap on
             // asynchronous devices, so per-job times would add up to more than the wall time).
@@ -55,11 +71,22 @@ impl JobEnd {
         }
         drop(keepalive);
     }
+
+    /// Records that the job's transfers are done (now). Executors call it, or hand the
+    /// [`JobEnd::transfers_marker`] to whoever learns it later.
+    pub fn transfers_done(&self) {
+        let _ = self.transfers_done.set(Instant::now());
+    }
+
+    /// A handle that records the end of the job's transfers when set (from any thread).
+    pub fn transfers_marker(&self) -> Arc<OnceLock<Instant>> {
+        self.transfers_done.clone()
+    }
 }
 
 #[derive(Default)]
 struct Queue {
-    jobs: VecDeque<Job>,
+    jobs: VecDeque<(Job, Instant)>,
     sleeping: bool,
     stopping: bool,
 }
@@ -111,10 +138,19 @@ impl Lane {
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         if q.stopping {
             drop(q);
-            (job.done)(Err(TaskError::Cancelled));
+            let now = Instant::now();
+            (job.done)(
+                Err(TaskError::Cancelled),
+                JobTimes {
+                    queued: now,
+                    started: now,
+                    transfers_done: None,
+                    finished: now,
+                },
+            );
             return;
         }
-        q.jobs.push_back(job);
+        q.jobs.push_back((job, Instant::now()));
         self.pending.fetch_add(1, Ordering::Release);
         let notify = q.sleeping;
         drop(q);
@@ -136,9 +172,18 @@ impl Lane {
             std::mem::take(&mut q.jobs)
         };
         self.wake.notify_all();
-        for job in jobs {
+        for (job, queued) in jobs {
             self.pending.fetch_sub(1, Ordering::Relaxed);
-            (job.done)(Err(TaskError::Cancelled));
+            let now = Instant::now();
+            (job.done)(
+                Err(TaskError::Cancelled),
+                JobTimes {
+                    queued,
+                    started: now,
+                    transfers_done: None,
+                    finished: now,
+                },
+            );
         }
     }
 
@@ -152,7 +197,7 @@ impl Lane {
         }
     }
 
-    fn next(&self) -> Option<Job> {
+    fn next(&self) -> Option<(Job, Instant)> {
         let spin_until = Instant::now() + IDLE_SPIN;
         while self.pending.load(Ordering::Acquire) == 0 && Instant::now() < spin_until {
             std::hint::spin_loop();
@@ -177,7 +222,7 @@ impl Lane {
     }
 
     fn run(self: Arc<Self>, mut executor: Box<dyn Executor>) {
-        while let Some(job) = self.next() {
+        while let Some((job, queued)) = self.next() {
             let Job {
                 transfers,
                 work,
@@ -189,6 +234,9 @@ impl Lane {
                 lane: self.clone(),
                 done,
                 keepalive,
+                queued,
+                started: Instant::now(),
+                transfers_done: Arc::new(OnceLock::new()),
             };
             if cancelled.as_ref().is_some_and(|c| c.load(Ordering::Acquire)) {
                 end.finish(Err(TaskError::Cancelled));

@@ -192,8 +192,22 @@ pub struct Job {
     pub keepalive: Option<Arc<dyn Any + Send + Sync>>,
     /// When set before the job starts, the job is skipped and completes with `Cancelled`.
     pub cancelled: Option<Arc<AtomicBool>>,
-    /// Called exactly once, on the lane's thread, with the outcome.
-    pub done: Box<dyn FnOnce(Result<(), TaskError>) + Send>,
+    /// Called exactly once with the outcome and the job's times (on the lane's thread, or on a
+    /// device runtime thread for asynchronous devices).
+    pub done: Box<dyn FnOnce(Result<(), TaskError>, JobTimes) + Send>,
+}
+
+/// When a job went through a lane.
+#[derive(Debug, Clone, Copy)]
+pub struct JobTimes {
+    /// Appended to the lane's queue.
+    pub queued: std::time::Instant,
+    /// Started by the lane.
+    pub started: std::time::Instant,
+    /// Its transfers were done (when it had any).
+    pub transfers_done: Option<std::time::Instant>,
+    /// Finished.
+    pub finished: std::time::Instant,
 }
 
 impl std::fmt::Debug for Job {

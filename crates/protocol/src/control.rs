@@ -13,7 +13,7 @@ use crate::signature::KernelSignature;
 pub const MAX_FRAME: u32 = 1 << 20;
 
 /// Class of a queue (scheduling hints for later policies).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum QueueClass {
     /// Throughput work.
     #[default]
@@ -57,6 +57,8 @@ pub enum Request {
     ListKernels,
     /// A snapshot of the daemon's state.
     Status,
+    /// Write the task trace to the daemon's trace file now (`agora serve --trace FILE`).
+    SaveTrace,
 }
 
 /// A reply from the daemon.
@@ -98,6 +100,13 @@ pub enum Response {
     Kernels(Vec<KernelSignature>),
     /// Daemon state.
     Status(Box<StatusReport>),
+    /// Trace written.
+    TraceSaved {
+        /// The file.
+        path: String,
+        /// Spans written.
+        spans: u64,
+    },
     /// The request failed.
     Error(ControlError),
 }
@@ -231,6 +240,10 @@ pub struct SessionStatus {
     pub tasks_failed: u64,
     /// Tasks taken but not yet completed.
     pub in_flight: u64,
+    /// Bytes copied from this session's host copies to devices.
+    pub bytes_to_device: u64,
+    /// Bytes copied from devices to this session's host copies.
+    pub bytes_to_host: u64,
 }
 
 /// A snapshot of the whole daemon.

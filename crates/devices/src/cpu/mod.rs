@@ -37,7 +37,12 @@ impl Executor for CpuExecutor {
             &work,
             // The CPU has no device buffers; a transfer to one is a scheduler bug.
             |_, _, _| Err(TaskError::KernelFault),
-            |work| execute(work, Some(&self.gang)),
+            |work| {
+                if !transfers.is_empty() {
+                    end.transfers_done();
+                }
+                execute(work, Some(&self.gang))
+            },
         );
         end.finish(result);
     }
@@ -215,7 +220,7 @@ mod tests {
             },
             keepalive: None,
             cancelled: None,
-            done: Box::new(move |r| tx.send(r).unwrap()),
+            done: Box::new(move |r, _| tx.send(r).unwrap()),
         }
     }
 

@@ -14,7 +14,8 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 use agora_kernels::{KernelDef, OpenClImpl};
 use agora_protocol::control::{DeviceStatus, LaneStatus};
@@ -198,10 +199,25 @@ extern "C" fn on_complete(_event: cl_event, status: cl_int, user: *mut c_void) {
     }));
 }
 
+/// OpenCL's completion callback for a job's last transfer: records when transfers ended.
+extern "C" fn on_transfers_done(_event: cl_event, _status: cl_int, user: *mut c_void) {
+    // SAFETY: `user` is an `Arc<OnceLock<Instant>>` reference leaked for this callback, which
+    // OpenCL invokes exactly once.
+    let marker = unsafe { Arc::from_raw(user as *const OnceLock<Instant>) };
+    let _ = marker.set(Instant::now());
+}
+
 impl ClExecutor {
-    /// Enqueues a job's commands; returns the event of the last one.
-    fn start(&mut self, transfers: &[Transfer], work: &Work) -> Result<Event, TaskError> {
+    /// Enqueues a job's commands; returns the event of the last one. `transfers_marker` learns
+    /// when the transfers are done.
+    fn start(
+        &mut self,
+        transfers: &[Transfer],
+        work: &Work,
+        transfers_marker: &Arc<OnceLock<Instant>>,
+    ) -> Result<Event, TaskError> {
         let queue = self.queue.get();
+        let mut last_transfer: Option<cl_event> = None;
         for transfer in transfers {
             match transfer {
                 Transfer::ToDevice { host, len, to } => {
@@ -254,7 +270,9 @@ impl ClExecutor {
                             )
                         }
                         .map_err(cl_error)?;
-                        drop(Event::new(event));
+                        if let Some(previous) = last_transfer.replace(event) {
+                            drop(Event::new(previous));
+                        }
                     } else {
                         // Another device's buffer: read it synchronously through that device.
                         // SAFETY: `host` is valid for `len` bytes until the job finishes.
@@ -262,6 +280,20 @@ impl ClExecutor {
                     }
                 }
             }
+        }
+        match last_transfer {
+            Some(event) => {
+                let event = Event::new(event);
+                let marker = Arc::into_raw(transfers_marker.clone()) as *mut c_void;
+                if opencl3::event::set_event_callback(event.get(), CL_COMPLETE, on_transfers_done, marker).is_err() {
+                    // SAFETY: not registered, so the reference is still ours to release.
+                    drop(unsafe { Arc::from_raw(marker as *const OnceLock<Instant>) });
+                }
+            }
+            None if !transfers.is_empty() => {
+                let _ = transfers_marker.set(Instant::now());
+            }
+            None => {}
         }
         if matches!(work, Work::Fill { .. } | Work::Copy { .. }) {
             // Host-memory work of a queue bound to this lane: it may read what earlier commands
@@ -370,7 +402,8 @@ impl ClExecutor {
 
 impl Executor for ClExecutor {
     fn run(&mut self, transfers: Vec<Transfer>, work: Work, end: JobEnd) {
-        let event = match self.start(&transfers, &work) {
+        let marker = end.transfers_marker();
+        let event = match self.start(&transfers, &work, &marker) {
             Ok(event) => event,
             Err(e) => {
                 // Commands enqueued before the failure may still use the job's memory.
@@ -487,6 +520,10 @@ impl OpenClDevice {
 /// Finds every OpenCL device. Returns the devices that work and one message per platform or
 /// device that does not (to be reported once by the caller).
 pub fn discover(lanes_per_device: usize) -> (Vec<OpenClDevice>, Vec<String>) {
+    // Loading the ICD and enumerating platforms from two threads at once (two daemons in one
+    // process, as in tests) made one of them see no platform: discover one at a time.
+    static DISCOVERY: Mutex<()> = Mutex::new(());
+    let _one_at_a_time = DISCOVERY.lock().unwrap_or_else(|e| e.into_inner());
     let mut devices = Vec::new();
     let mut problems = Vec::new();
     let platforms = match std::panic::catch_unwind(opencl3::platform::get_platforms) {

@@ -1,0 +1,245 @@
+//! Prometheus metrics (prometheus-client), served as text on `/metrics` by a small HTTP thread.
+
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+
+use agora_devices::Device;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TaskLabels {
+    kernel: String,
+    class: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeviceLabels {
+    device: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LaneLabels {
+    device: String,
+    lane: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DirectionLabels {
+    direction: String,
+}
+
+/// The daemon's metrics.
+pub(crate) struct Metrics {
+    registry: Mutex<Registry>,
+    tasks: Family<TaskLabels, Counter>,
+    queue_wait: Family<DeviceLabels, Histogram>,
+    execution: Family<DeviceLabels, Histogram>,
+    transfer: Family<DeviceLabels, Histogram>,
+    bytes: Family<DirectionLabels, Counter>,
+    /// Live sessions.
+    pub sessions: Gauge,
+    /// Sessions opened since start.
+    pub sessions_opened: Counter,
+    lane_busy: Family<LaneLabels, Gauge<f64, AtomicU64>>,
+    lane_queued: Family<LaneLabels, Gauge>,
+    lane_completed: Family<LaneLabels, Gauge>,
+    memory_used: Family<DeviceLabels, Gauge>,
+    memory_total: Family<DeviceLabels, Gauge>,
+}
+
+/// Cached counters of one (kernel, class): ok and failed.
+#[derive(Clone)]
+pub(crate) struct TaskCounters {
+    /// Completed successfully.
+    pub ok: Counter,
+    /// Failed.
+    pub failed: Counter,
+}
+
+fn seconds_histogram() -> Histogram {
+    // 1 µs to ~4.5 min in factors of 4.
+    Histogram::new(exponential_buckets(1e-6, 4.0, 15))
+}
+
+impl Metrics {
+    pub(crate) fn new() -> Self {
+        let mut registry = Registry::default();
+        let tasks = Family::<TaskLabels, Counter>::default();
+        registry.register(
+            "agora_tasks",
+            "Tasks finished, by kernel (or operation), queue class and outcome",
+            tasks.clone(),
+        );
+        let queue_wait = Family::<DeviceLabels, Histogram>::new_with_constructor(seconds_histogram);
+        registry.register(
+            "agora_task_queue_wait_seconds",
+            "Time tasks waited in a lane before starting (inline runs wait 0)",
+            queue_wait.clone(),
+        );
+        let execution = Family::<DeviceLabels, Histogram>::new_with_constructor(seconds_histogram);
+        registry.register(
+            "agora_task_execution_seconds",
+            "Time tasks ran, transfers excluded",
+            execution.clone(),
+        );
+        let transfer = Family::<DeviceLabels, Histogram>::new_with_constructor(seconds_histogram);
+        registry.register(
+            "agora_task_transfer_seconds",
+            "Time a task's transfers took",
+            transfer.clone(),
+        );
+        let bytes = Family::<DirectionLabels, Counter>::default();
+        registry.register(
+            "agora_transferred_bytes",
+            "Bytes moved between host copies and devices",
+            bytes.clone(),
+        );
+        let sessions = Gauge::default();
+        registry.register("agora_sessions", "Live client sessions", sessions.clone());
+        let sessions_opened = Counter::default();
+        registry.register(
+            "agora_sessions_opened",
+            "Sessions opened since start",
+            sessions_opened.clone(),
+        );
+        let lane_busy = Family::<LaneLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "agora_lane_busy_seconds",
+            "Wall time each lane had work in flight since start",
+            lane_busy.clone(),
+        );
+        let lane_queued = Family::<LaneLabels, Gauge>::default();
+        registry.register(
+            "agora_lane_queued_tasks",
+            "Tasks waiting in each lane",
+            lane_queued.clone(),
+        );
+        let lane_completed = Family::<LaneLabels, Gauge>::default();
+        registry.register(
+            "agora_lane_completed_tasks",
+            "Tasks each lane finished since start",
+            lane_completed.clone(),
+        );
+        let memory_used = Family::<DeviceLabels, Gauge>::default();
+        registry.register(
+            "agora_device_memory_used_bytes",
+            "Device memory allocated for buffers",
+            memory_used.clone(),
+        );
+        let memory_total = Family::<DeviceLabels, Gauge>::default();
+        registry.register(
+            "agora_device_memory_bytes",
+            "Device memory (0: computes on host memory)",
+            memory_total.clone(),
+        );
+        Metrics {
+            registry: Mutex::new(registry),
+            tasks,
+            queue_wait,
+            execution,
+            transfer,
+            bytes,
+            sessions,
+            sessions_opened,
+            lane_busy,
+            lane_queued,
+            lane_completed,
+            memory_used,
+            memory_total,
+        }
+    }
+
+    /// Counters for tasks of `kernel` in queues of `class` (cache the result: it allocates).
+    // Each lookup is its own statement: `get_or_create` returns a read guard, and a second lookup
+    // that inserts while the first guard lives would deadlock on the family's lock.
+    pub(crate) fn task_counters(&self, kernel: &str, class: &str) -> TaskCounters {
+        let labels = |outcome: &str| TaskLabels {
+            kernel: kernel.into(),
+            class: class.into(),
+            outcome: outcome.into(),
+        };
+        let ok = self.tasks.get_or_create(&labels("ok")).clone();
+        let failed = self.tasks.get_or_create(&labels("error")).clone();
+        TaskCounters { ok, failed }
+    }
+
+    /// Histograms (queue wait, execution, transfer) of `device`.
+    pub(crate) fn device_histograms(&self, device: &str) -> [Histogram; 3] {
+        let labels = DeviceLabels { device: device.into() };
+        let wait = self.queue_wait.get_or_create(&labels).clone();
+        let execution = self.execution.get_or_create(&labels).clone();
+        let transfer = self.transfer.get_or_create(&labels).clone();
+        [wait, execution, transfer]
+    }
+
+    /// Byte counters: host to device, device to host.
+    pub(crate) fn byte_counters(&self) -> [Counter; 2] {
+        let labels = |d: &str| DirectionLabels { direction: d.into() };
+        let to_device = self.bytes.get_or_create(&labels("host_to_device")).clone();
+        let to_host = self.bytes.get_or_create(&labels("device_to_host")).clone();
+        [to_device, to_host]
+    }
+
+    /// The text exposition, with device gauges read now.
+    pub(crate) fn render(&self, devices: &[Arc<dyn Device>]) -> String {
+        for device in devices {
+            let status = device.status();
+            let d = DeviceLabels {
+                device: status.name.clone(),
+            };
+            self.memory_used.get_or_create(&d).set(status.memory_used as i64);
+            self.memory_total.get_or_create(&d).set(status.memory_bytes as i64);
+            for (i, lane) in status.lanes.iter().enumerate() {
+                let l = LaneLabels {
+                    device: status.name.clone(),
+                    lane: i.to_string(),
+                };
+                self.lane_busy.get_or_create(&l).set(lane.busy_ns as f64 / 1e9);
+                self.lane_queued.get_or_create(&l).set(lane.queued as i64);
+                self.lane_completed.get_or_create(&l).set(lane.completed as i64);
+            }
+        }
+        let mut out = String::new();
+        let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+/// Serves `/metrics` on `addr` from a background thread until the process exits.
+pub(crate) fn serve(
+    addr: SocketAddr,
+    telemetry: Arc<super::Telemetry>,
+    devices: Vec<Arc<dyn Device>>,
+) -> Result<std::thread::JoinHandle<()>, String> {
+    let server = tiny_http::Server::http(addr).map_err(|e| format!("cannot listen on {addr} for metrics: {e}"))?;
+    tracing::info!(%addr, "metrics on http://{addr}/metrics");
+    std::thread::Builder::new()
+        .name("agora-metrics".into())
+        .spawn(move || {
+            for request in server.incoming_requests() {
+                let response = if request.url() == "/metrics" {
+                    let body = telemetry.metrics.render(&devices);
+                    let header = tiny_http::Header::from_bytes(
+                        &b"Content-Type"[..],
+                        &b"application/openmetrics-text; version=1.0.0; charset=utf-8"[..],
+                    )
+                    .expect("static header is valid");
+                    tiny_http::Response::from_string(body).with_header(header)
+                } else {
+                    tiny_http::Response::from_string("Agora metrics are at /metrics\n").with_status_code(404)
+                };
+                let _ = request.respond(response);
+            }
+        })
+        .map_err(|e| e.to_string())
+}
