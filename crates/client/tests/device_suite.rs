@@ -46,7 +46,7 @@ fn run_case(session: &Session, queue: &agora::Queue, case: &KernelCase) -> Resul
         let _ = queue.sync_from(b).map_err(|e| e.to_string())?;
     }
     queue.finish().map_err(|e| e.to_string())?;
-    let results: Vec<&[u8]> = buffers.iter().map(|b| &b.as_slice::<u8>()[..]).collect();
+    let results: Vec<&[u8]> = buffers.iter().map(|b| b.as_slice::<u8>()).collect();
     // Buffers may be longer than requested (never shorter): compare the requested bytes.
     let results: Vec<&[u8]> = results
         .iter()
