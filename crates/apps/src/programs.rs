@@ -88,9 +88,11 @@ pub fn saxpy(n: usize, iterations: usize) -> Workload {
         });
     }
     steps.push(Step::SyncFrom(1));
-    let want: Vec<f32> = x
-        .iter()
-        .map(|xi| {
+    // x takes 1000 distinct values: accumulate each once (the same additions, in the same order,
+    // as the kernel), not once per element.
+    let distinct: Vec<f32> = (0..1000)
+        .map(|v| {
+            let xi = v as f32 * 0.001;
             let mut y = 1.0f32;
             for _ in 0..iterations {
                 y += 2.0 * xi;
@@ -98,6 +100,7 @@ pub fn saxpy(n: usize, iterations: usize) -> Workload {
             y
         })
         .collect();
+    let want: Vec<f32> = (0..n).map(|i| distinct[i % 1000]).collect();
     Workload {
         name: "saxpy",
         size: n as u64,

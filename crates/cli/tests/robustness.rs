@@ -1,0 +1,537 @@
+//! Bad input and failures, with real processes: the daemon runs as `agora serve` in its own
+//! process; clients are this test process and `agora run` child processes.
+//!
+//! Each test starts its own daemon on a private socket, so tests run in parallel.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use agora::testing::{ArgTag, Op, RawArg, TaskDescriptor};
+use agora::{Arg, Error, Session, SessionOptions, TaskError};
+use agora_protocol::control::ControlError;
+
+const AGORA: &str = env!("CARGO_BIN_EXE_agora");
+
+/// A daemon process, killed when dropped.
+struct Daemon {
+    child: Option<Child>,
+    socket: PathBuf,
+    dir: PathBuf,
+}
+
+impl Daemon {
+    fn start(tag: &str, extra: &[&str]) -> Daemon {
+        let dir = std::env::temp_dir().join(format!("agora-robust-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join("agora.sock");
+        let child = Command::new(AGORA)
+            .arg("serve")
+            .arg("--socket")
+            .arg(&socket)
+            .args(extra)
+            .env("AGORA_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("agora serve starts");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "the daemon did not listen on {} within 20 s",
+                socket.display()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Daemon {
+            child: Some(child),
+            socket,
+            dir,
+        }
+    }
+
+    fn session(&self, name: &str) -> Session {
+        Session::connect_with(SessionOptions {
+            socket: Some(self.socket.clone()),
+            name: Some(name.into()),
+            heap_bytes: None,
+        })
+        .expect("session opens")
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    fn status(&self) -> agora::StatusReport {
+        agora::daemon_status(Some(self.socket.clone())).expect("daemon answers status")
+    }
+
+    fn client(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(AGORA);
+        c.args(args)
+            .arg("--socket")
+            .arg(&self.socket)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn wait_until(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn verified(output: std::process::Output) -> serde_json::Value {
+    assert!(
+        output.status.success(),
+        "client failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON report");
+    assert_eq!(report["verified"], true, "report: {report}");
+    report
+}
+
+fn saxpy_ok(session: &Session, n: usize) {
+    let queue = session.queue("check").unwrap();
+    let saxpy = session.kernel("saxpy").unwrap();
+    let x = session.buffer_from(&vec![1.0f32; n]).unwrap();
+    let y = session.buffer_from(&vec![2.0f32; n]).unwrap();
+    queue
+        .launch(&saxpy, &[Arg::F32(3.0), (&x).into(), (&y).into()], n)
+        .unwrap();
+    queue.sync_from(&y).unwrap();
+    queue.finish().unwrap();
+    assert!(y.as_slice::<f32>().iter().all(|v| *v == 5.0));
+}
+
+/// Issue 2, case 1: garbage descriptors get per-task errors; the daemon and a second client are
+/// unaffected.
+#[test]
+fn garbage_descriptors_fail_only_their_tasks() {
+    let daemon = Daemon::start("garbage", &["--no-opencl"]);
+    let good = daemon
+        .client(&["run", "gaussian", "--size", "160", "--json"])
+        .spawn()
+        .unwrap();
+    let evil = daemon.session("evil");
+    let queue = evil.queue("garbage").unwrap();
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut failed = 0;
+    for i in 0..5_000 {
+        let mut d = TaskDescriptor::zeroed();
+        for slot in bytemuck::bytes_of_mut(&mut d).iter_mut() {
+            *slot = next() as u8;
+        }
+        // Always invalid: an unknown op, or a launch with a broken field.
+        match i % 5 {
+            0 => d.op = 100 + (next() % 1000) as u32,
+            1 => {
+                d.op = Op::Launch as u32;
+                d.arg_count = 17 + (next() % 100) as u32;
+            }
+            2 => {
+                d.op = Op::Launch as u32;
+                d.arg_count = 1;
+                d.args[0].tag = 8 + (next() % 100) as u32;
+            }
+            3 => {
+                d.op = Op::Launch as u32;
+                d.arg_count = 0;
+                d.dims = [0, 4, 9][(next() % 3) as usize];
+            }
+            _ => {
+                d.op = Op::Launch as u32;
+                d.arg_count = 0;
+                d.dims = 1;
+                d.range = [0, 0, 0];
+            }
+        }
+        let task = agora::testing::submit_raw(&evil, queue.handle(), d).unwrap();
+        match task.wait() {
+            Err(Error::Task(_)) => failed += 1,
+            other => panic!("garbage descriptor {i} gave {other:?}"),
+        }
+    }
+    assert_eq!(failed, 5_000);
+    verified(good.wait_with_output().unwrap());
+    // The garbage session itself still works, and the daemon counted the failures.
+    saxpy_ok(&evil, 1000);
+    let status = daemon.status();
+    let evil_status = status.sessions.iter().find(|s| s.name == "evil").unwrap();
+    assert!(evil_status.tasks_failed >= 5_000, "{evil_status:?}");
+}
+
+/// A corrupt ring index ends that session only.
+#[test]
+fn a_corrupt_ring_ends_only_that_session() {
+    let daemon = Daemon::start("ring", &["--no-opencl"]);
+    let evil = daemon.session("evil");
+    let good = daemon.session("good");
+    saxpy_ok(&evil, 10);
+    agora::testing::corrupt_submission_tail(&evil);
+    wait_until("the corrupt session to be ended", Duration::from_secs(10), || {
+        daemon.status().sessions.iter().all(|s| s.name != "evil")
+    });
+    let queue = evil.queue("after").map(|_| ());
+    assert!(matches!(queue, Err(Error::Disconnected)), "{queue:?}");
+    saxpy_ok(&good, 10_000);
+}
+
+/// Issue 2, case 2: each kind of mistake is a typed error naming the problem.
+#[test]
+fn mistakes_are_typed_errors_naming_the_problem() {
+    let daemon = Daemon::start("typed", &["--no-opencl"]);
+    let s = daemon.session("typed");
+    let q = s.queue("q").unwrap();
+    match s.kernel("saxp") {
+        Err(Error::Control(ControlError::UnknownKernel { name, suggestions })) => {
+            assert_eq!(name, "saxp");
+            assert!(suggestions.contains(&"saxpy".to_string()));
+        }
+        other => panic!("{other:?}"),
+    }
+    let saxpy = s.kernel("saxpy").unwrap();
+    let x = s.buffer(64 * 4).unwrap();
+    let y = s.buffer(64 * 4).unwrap();
+    let task_error = |r: Result<(), Error>| match r {
+        Err(Error::Task(e)) => e,
+        other => panic!("expected a task error, got {other:?}"),
+    };
+    let e = task_error(q.launch(&saxpy, &[Arg::F32(1.0), (&x).into()], 64u64).unwrap().wait());
+    assert_eq!(e, TaskError::ArgumentCount { expected: 3, got: 2 });
+    let e = task_error(
+        q.launch(&saxpy, &[Arg::F32(1.0), Arg::F32(2.0), (&y).into()], 64u64)
+            .unwrap()
+            .wait(),
+    );
+    assert_eq!(
+        e,
+        TaskError::ArgumentType {
+            index: 1,
+            expected: ArgTag::Buffer as u32,
+            got: ArgTag::F32 as u32
+        }
+    );
+    let e = task_error(
+        q.launch(&saxpy, &[Arg::F32(1.0), (&x).into(), (&y).into()], 1000u64)
+            .unwrap()
+            .wait(),
+    );
+    assert_eq!(
+        e,
+        TaskError::BufferTooSmall {
+            index: 1,
+            needed: 4000,
+            len: 256
+        }
+    );
+    assert!(e.to_string().contains("needs 4000 bytes, has 256"), "{e}");
+    let e = task_error(
+        q.launch(&saxpy, &[Arg::F32(1.0), (&x).into(), (&x).into()], 64u64)
+            .unwrap()
+            .wait(),
+    );
+    assert!(matches!(e, TaskError::Aliased { index: 1, other: 2 }), "{e:?}");
+    let gaussian = s.kernel("gaussian.fan1").unwrap();
+    let m = s.buffer(16 * 4).unwrap();
+    let e = task_error(
+        q.launch(&gaussian, &[(&m).into(), (&x).into(), Arg::I32(4), Arg::I32(3)], 3u64)
+            .unwrap()
+            .wait(),
+    );
+    assert_eq!(e, TaskError::InvalidScalar { index: 3, value: 3 });
+    // Raw descriptors: an unknown kernel id and a forged buffer handle.
+    let mut d = TaskDescriptor::zeroed();
+    d.op = Op::Launch as u32;
+    d.kernel = 9999;
+    d.dims = 1;
+    d.range = [1, 1, 1];
+    let e = task_error(agora::testing::submit_raw(&s, q.handle(), d).unwrap().wait());
+    assert_eq!(e, TaskError::UnknownKernel(9999));
+    let mut d = TaskDescriptor::zeroed();
+    d.op = Op::SyncTo as u32;
+    d.arg_count = 1;
+    d.args[0] = RawArg::buffer(0xdead_0000_0001);
+    let e = task_error(agora::testing::submit_raw(&s, q.handle(), d).unwrap().wait());
+    assert_eq!(
+        e,
+        TaskError::InvalidHandle {
+            index: 0,
+            handle: 0xdead_0000_0001
+        }
+    );
+    assert!(e.to_string().contains("invalid buffer handle"), "{e}");
+    // A queue handle from nowhere.
+    let mut d = TaskDescriptor::zeroed();
+    d.op = Op::SyncTo as u32;
+    d.arg_count = 1;
+    d.args[0] = RawArg::buffer(agora::testing::buffer_handle(&x));
+    let e = task_error(agora::testing::submit_raw(&s, 0x77, d).unwrap().wait());
+    assert_eq!(e, TaskError::UnknownQueue(0x77));
+    // After all that, the session works.
+    saxpy_ok(&s, 100);
+}
+
+/// Issue 2, case 3: an exhausted segment quota is an allocation error, not a crash.
+#[test]
+fn quota_exhaustion_is_an_allocation_error() {
+    let daemon = Daemon::start("quota", &["--no-opencl", "--session-quota", "1M"]);
+    let s = daemon.session("quota");
+    let mut held = Vec::new();
+    let error = loop {
+        match s.buffer(100_000) {
+            Ok(b) => held.push(b),
+            Err(e) => break e,
+        }
+        assert!(held.len() < 100, "a 1 MiB quota held {} buffers of 100 kB", held.len());
+    };
+    match &error {
+        Error::Control(ControlError::QuotaExceeded { requested, quota, .. }) => {
+            assert_eq!(*requested, 100_000);
+            assert_eq!(*quota, 1 << 20);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        error.to_string().contains("--session-quota"),
+        "the message says what to do: {error}"
+    );
+    assert_eq!(held.len(), 10);
+    // Releasing buffers makes room again (releases travel through the ring).
+    held.truncate(2);
+    let q = s.queue("q").unwrap();
+    q.finish().unwrap();
+    wait_until("released buffers to be reclaimed", Duration::from_secs(5), || {
+        s.buffer(500_000).is_ok()
+    });
+    // Another client is unaffected.
+    saxpy_ok(&daemon.session("other"), 1000);
+}
+
+/// Issue 2, case 4: a client killed with tasks in flight is reclaimed; others keep running.
+#[test]
+fn a_killed_client_is_reclaimed() {
+    let daemon = Daemon::start("kill", &["--no-opencl"]);
+    let mut victim = daemon
+        .client(&["run", "saxpy", "--size", "2000000", "--iterations", "100000", "--json"])
+        .spawn()
+        .unwrap();
+    let victim_pid = victim.id() as i32;
+    wait_until("the victim to have tasks in flight", Duration::from_secs(15), || {
+        daemon
+            .status()
+            .sessions
+            .iter()
+            .any(|s| s.pid == victim_pid && s.tasks_submitted > 10 && s.in_flight > 0)
+    });
+    let survivor = daemon
+        .client(&["run", "gaussian", "--size", "200", "--json"])
+        .spawn()
+        .unwrap();
+    victim.kill().unwrap(); // SIGKILL
+    let _ = victim.wait();
+    wait_until(
+        "the victim's session, buffers and lanes to be reclaimed",
+        Duration::from_secs(15),
+        || {
+            let s = daemon.status();
+            s.sessions.iter().all(|x| x.pid != victim_pid)
+                && s.closing_sessions == 0
+                && s.devices.iter().flat_map(|d| &d.lanes).all(|l| l.queued == 0)
+        },
+    );
+    verified(survivor.wait_with_output().unwrap());
+    let status = daemon.status();
+    assert!(status.sessions_closed >= 2, "{status:?}");
+    saxpy_ok(&daemon.session("after"), 10_000);
+}
+
+/// Issue 2, case 5: the daemon killed while a client waits: the wait returns `Disconnected`
+/// within a bounded time.
+#[test]
+fn a_killed_daemon_disconnects_waiting_clients() {
+    let mut daemon = Daemon::start("daemon-kill", &["--no-opencl"]);
+    let s = daemon.session("waiter");
+    let q = s.queue("long").unwrap();
+    let saxpy = s.kernel("saxpy").unwrap();
+    let n = 4_000_000usize;
+    let x = s.buffer((n * 4) as u64).unwrap();
+    let y = s.buffer((n * 4) as u64).unwrap();
+    for _ in 0..300 {
+        let _ = q.launch(&saxpy, &[Arg::F32(1.0), (&x).into(), (&y).into()], n).unwrap();
+    }
+    let waiter = std::thread::spawn(move || {
+        let r = q.finish();
+        (r, Instant::now())
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let mut child = daemon.child.take().unwrap();
+    child.kill().unwrap(); // SIGKILL
+    let killed = Instant::now();
+    let _ = child.wait();
+    let (result, returned) = waiter.join().unwrap();
+    assert!(matches!(result, Err(Error::Disconnected)), "{result:?}");
+    let delay = returned.saturating_duration_since(killed);
+    assert!(
+        delay < Duration::from_secs(2),
+        "the wait returned {delay:?} after the kill"
+    );
+    assert!(matches!(s.buffer(16), Err(Error::Disconnected)));
+    drop(daemon);
+}
+
+/// SIGTERM: a clean shutdown that exits 0, removes the socket and wakes waiters.
+#[test]
+fn sigterm_shuts_down_cleanly() {
+    let mut daemon = Daemon::start("term", &["--no-opencl"]);
+    let s = daemon.session("waiter");
+    let q = s.queue("long").unwrap();
+    let saxpy = s.kernel("saxpy").unwrap();
+    let n = 4_000_000usize;
+    let x = s.buffer((n * 4) as u64).unwrap();
+    let y = s.buffer((n * 4) as u64).unwrap();
+    for _ in 0..300 {
+        let _ = q.launch(&saxpy, &[Arg::F32(1.0), (&x).into(), (&y).into()], n).unwrap();
+    }
+    let waiter = std::thread::spawn(move || q.finish());
+    std::thread::sleep(Duration::from_millis(200));
+    let status = Command::new("kill")
+        .arg("-TERM")
+        .arg(daemon.pid().to_string())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut child = daemon.child.take().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let exit = loop {
+        if let Some(exit) = child.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the daemon did not exit within 10 s of SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(exit.success(), "exit status {exit}");
+    assert!(!Path::new(&daemon.socket).exists(), "the socket file is removed");
+    // Queued tasks are cancelled (and say so) or the session reports the daemon gone.
+    let result = waiter.join().unwrap();
+    assert!(
+        matches!(
+            result,
+            Err(Error::Disconnected) | Err(Error::Task(TaskError::Cancelled))
+        ),
+        "{result:?}"
+    );
+    assert!(matches!(s.buffer(16), Err(Error::Disconnected)));
+}
+
+/// Many threads of one session plus client processes at once: nothing fails or hangs.
+#[test]
+fn stress_many_threads_and_processes() {
+    let daemon = Daemon::start("stress", &["--no-opencl"]);
+    let session = daemon.session("stress");
+    let others: Vec<Child> = (0..3)
+        .map(|_| {
+            daemon
+                .client(&["run", "saxpy", "--size", "100000", "--json"])
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let threads: Vec<_> = (0..16)
+        .map(|t| {
+            let s = session.clone();
+            std::thread::spawn(move || {
+                let q = s.queue(&format!("t{t}")).unwrap();
+                let noop = s.kernel("noop").unwrap();
+                let saxpy = s.kernel("saxpy").unwrap();
+                let n = 1000 + t * 7;
+                let x = s.buffer_from(&vec![1.0f32; n]).unwrap();
+                let y = s.buffer_from(&vec![0.0f32; n]).unwrap();
+                for i in 0..2000 {
+                    if i % 2 == 0 {
+                        let _ = q.launch(&noop, &[], 1u64).unwrap();
+                    } else {
+                        let task = q.launch(&saxpy, &[Arg::F32(1.0), (&x).into(), (&y).into()], n).unwrap();
+                        if i % 50 == 1 {
+                            task.wait().unwrap();
+                        }
+                    }
+                }
+                q.sync_from(&y).unwrap();
+                q.finish().unwrap();
+                assert!(y.as_slice::<f32>().iter().all(|v| *v == 1000.0), "thread {t}");
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("a stress thread failed");
+    }
+    for c in others {
+        verified(c.wait_with_output().unwrap());
+    }
+}
+
+/// `agora status --json` shows two live clients; `agora run` verifies; idle costs no CPU.
+#[test]
+fn status_shows_clients_and_an_idle_daemon_sleeps() {
+    let daemon = Daemon::start("status", &[]);
+    let a = daemon.session("tenant-a");
+    let b = daemon.session("tenant-b");
+    let _qa = a.queue("qa").unwrap();
+    let out = daemon.client(&["status", "--json"]).output().unwrap();
+    assert!(out.status.success());
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> = status["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"tenant-a") && names.contains(&"tenant-b"), "{names:?}");
+    let pid = std::process::id() as i64;
+    assert!(status["sessions"].as_array().unwrap().iter().all(|s| s["pid"] == pid));
+    verified(
+        daemon
+            .client(&["run", "gaussian", "--size", "64", "--json"])
+            .output()
+            .unwrap(),
+    );
+    // Idle with two connected clients: a spinning daemon would use ~100 % of a core.
+    let ticks = |pid: u32| -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+        fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let before = ticks(daemon.pid());
+    std::thread::sleep(Duration::from_secs(2));
+    let used = ticks(daemon.pid()) - before;
+    assert!(used < 20, "an idle daemon used {used} ticks (of 200) in 2 s");
+    drop((a, b));
+}
