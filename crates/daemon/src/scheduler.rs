@@ -50,7 +50,9 @@ pub(crate) struct Scheduler {
     candidates: Vec<Candidate>,
     telemetry: Arc<Telemetry>,
     /// Cached metric handles (looking one up allocates).
-    counters: HashMap<(&'static str, QueueClass), TaskCounters>,
+    /// Keyed by the operation name's address (names are `'static`), hashed cheaply: this is on
+    /// the per-task path.
+    counters: HashMap<(usize, QueueClass), TaskCounters, rustc_hash::FxBuildHasher>,
     histograms: Vec<Arc<[Histogram; 3]>>,
     bytes: [Counter; 2],
     /// Trace row of each device's lane 0 (lanes follow).
@@ -134,7 +136,7 @@ impl Scheduler {
             inline_done: Vec::new(),
             candidates: Vec::new(),
             telemetry,
-            counters: HashMap::new(),
+            counters: HashMap::default(),
             histograms,
             bytes,
             first_row,
@@ -152,12 +154,11 @@ impl Scheduler {
         rows
     }
 
-    fn task_counters(&mut self, name: &'static str, class: QueueClass) -> TaskCounters {
+    fn task_counters(&mut self, name: &'static str, class: QueueClass) -> &TaskCounters {
         let metrics = &self.telemetry.metrics;
         self.counters
-            .entry((name, class))
+            .entry((name.as_ptr() as usize, class))
             .or_insert_with(|| metrics.task_counters(name, class_name(class)))
-            .clone()
     }
 
     pub(crate) fn policy_name(&self) -> &'static str {
@@ -331,17 +332,16 @@ impl Scheduler {
             self.bytes[direction].inc_by(bytes as u64);
         }
 
-        let target = self.devices[device].clone();
         if idle
             && self.inline_max_ns > 0.0
-            && target.info().shares_host_memory
+            && self.devices[device].info().shares_host_memory
             && transfers.is_empty()
             && ready.estimated_ns <= self.inline_max_ns
         {
             // Tiny, and nothing to move: run it here and now.
             let tracing = self.telemetry.trace.is_some();
             let start = tracing.then(Instant::now);
-            let result = target.run_inline(&work);
+            let result = self.devices[device].run_inline(&work);
             let counters = self.task_counters(name, queue.class);
             if result.is_ok() {
                 counters.ok.inc()
@@ -378,7 +378,7 @@ impl Scheduler {
         session.shared.in_flight.fetch_add(1, Ordering::Relaxed);
         let shared = session.shared.clone();
         let buffers = ready.buffers;
-        let counters = self.task_counters(name, queue.class);
+        let counters = self.task_counters(name, queue.class).clone();
         let histograms = self.histograms[device].clone();
         let telemetry = self.telemetry.clone();
         let row = self.first_row[device] + lane as u32;
@@ -432,7 +432,7 @@ impl Scheduler {
                 drop(shared);
             }),
         };
-        target.submit(lane, job);
+        self.devices[device].submit(lane, job);
         Ok(())
     }
 
