@@ -42,6 +42,12 @@ fn scalar_bits(a: WArg) -> u64 {
 
 /// Runs `workload` by calling the kernels' CPU implementations directly.
 pub fn run_cpu(workload: &Workload) -> Result<AppReport, String> {
+    let mut out = workload.buffers.clone();
+    run_cpu_with_buffers(workload, &mut out)
+}
+
+/// [`run_cpu`], leaving the final buffer contents in `out` (one entry per workload buffer).
+pub fn run_cpu_with_buffers(workload: &Workload, out: &mut [Vec<u8>]) -> Result<AppReport, String> {
     let mut memory: Vec<Vec<Line>> = workload.buffers.iter().map(|b| aligned(b)).collect();
     let lens: Vec<usize> = workload.buffers.iter().map(Vec::len).collect();
     let mut resolved = Vec::new();
@@ -80,6 +86,9 @@ pub fn run_cpu(workload: &Workload) -> Result<AppReport, String> {
         .map(|(m, len)| &bytemuck_bytes(m)[..*len])
         .collect();
     let (max_error, verified) = (workload.verify)(&views);
+    for (o, v) in out.iter_mut().zip(&views) {
+        *o = v.to_vec();
+    }
     Ok(AppReport {
         app: workload.name.to_string(),
         size: workload.size,

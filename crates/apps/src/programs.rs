@@ -1,6 +1,7 @@
 //! The bundled programs as workloads.
 
 use agora_kernels::gaussian::reference as gauss;
+use agora_kernels::{hotspot, lavamd, nw, pathfinder};
 
 use crate::workload::{Step, WArg, Workload};
 use crate::{bytes_of, floats, max_relative_error};
@@ -10,12 +11,32 @@ pub const PROGRAMS: &[(&str, &str)] = &[
     ("gaussian", "matrix order (Rodinia gaussian: fan1 + fan2 per column)"),
     ("saxpy", "elements (100 saxpy launches on one queue)"),
     ("vector-add", "elements (fill + vector_add)"),
+    (
+        "hotspot",
+        "grid side (Rodinia hotspot: one hotspot.step per time step, 20 steps by default)",
+    ),
+    (
+        "nw",
+        "sequence length (Rodinia nw: one nw.diagonal launch per diagonal of 16x16 blocks)",
+    ),
+    (
+        "pathfinder",
+        "columns (Rodinia pathfinder: one pathfinder.row launch per row, 100 rows by default)",
+    ),
+    (
+        "lavamd",
+        "boxes per side (Rodinia lavaMD: 100 particles per box, one lavamd.boxes launch)",
+    ),
 ];
 
 /// A sensible default size for `program`.
 pub fn default_size(program: &str) -> u64 {
     match program {
         "gaussian" => 512,
+        "hotspot" => 512,
+        "nw" => 2048,
+        "pathfinder" => 100_000,
+        "lavamd" => 6,
         _ => 1 << 20,
     }
 }
@@ -27,6 +48,10 @@ pub fn build(program: &str, size: u64, iterations: Option<usize>) -> Option<Work
         "gaussian" => gaussian(size.max(2) as usize),
         "saxpy" => saxpy(size.max(1) as usize, iterations.unwrap_or(100)),
         "vector-add" | "vector_add" => vector_add(size.max(1) as usize),
+        "hotspot" => hotspot(size.max(2) as usize, iterations.unwrap_or(20)),
+        "nw" => nw(size.max(1) as usize),
+        "pathfinder" => pathfinder(size.max(1) as usize, iterations.unwrap_or(100).max(2)),
+        "lavamd" => lavamd(size.max(1) as usize),
         _ => return None,
     })
 }
@@ -142,6 +167,162 @@ pub fn vector_add(n: usize) -> Workload {
     }
 }
 
+fn ints(bytes: &[u8]) -> Vec<i32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn bytes_of_ints(values: &[i32]) -> Vec<u8> {
+    bytemuck::cast_slice(values).to_vec()
+}
+
+/// Rodinia hotspot: `iterations` time steps on a `side × side` grid, ping-ponging two buffers.
+pub fn hotspot(side: usize, iterations: usize) -> Workload {
+    let (temp, power) = hotspot::reference::grids(side, side, 7);
+    let p = hotspot::reference::Params::for_grid(side, side);
+    let mut steps = vec![Step::SyncTo(0), Step::SyncTo(1)];
+    for i in 0..iterations {
+        let (src, dst) = if i % 2 == 0 { (1, 2) } else { (2, 1) };
+        steps.push(Step::Launch {
+            kernel: "hotspot.step",
+            args: vec![
+                WArg::Buffer(0),
+                WArg::Buffer(src),
+                WArg::Buffer(dst),
+                WArg::I32(side as i32),
+                WArg::I32(side as i32),
+                WArg::F32(p.step_div_cap),
+                WArg::F32(p.rx_1),
+                WArg::F32(p.ry_1),
+                WArg::F32(p.rz_1),
+                WArg::F32(p.amb_temp),
+            ],
+            range: vec![side as u64, side as u64],
+        });
+    }
+    let result = if iterations % 2 == 0 { 1 } else { 2 };
+    steps.push(Step::SyncFrom(result));
+    let want = hotspot::reference::simulate(&temp, &power, side, side, iterations, &p);
+    Workload {
+        name: "hotspot",
+        size: side as u64,
+        buffers: vec![bytes_of(&power), bytes_of(&temp), vec![0u8; side * side * 4]],
+        steps,
+        verify: Box::new(move |bufs| {
+            let e = max_relative_error(&floats(bufs[result]), &want);
+            (e, e <= 1e-5)
+        }),
+    }
+}
+
+/// Rodinia Needleman-Wunsch: the score matrix of two sequences of length `n`, one launch per
+/// diagonal of 16×16 blocks, checked exactly against the host's row-by-row fill.
+pub fn nw(n: usize) -> Workload {
+    const BLOCK: usize = 16;
+    let (score, reference) = nw::reference::inputs(n, nw::reference::PENALTY, 11);
+    let blocks = nw::reference::blocks_per_side(n, BLOCK);
+    let mut steps = vec![Step::SyncTo(0), Step::SyncTo(1)];
+    for diag in 0..2 * blocks - 1 {
+        let span = nw::reference::diagonal_blocks(n, BLOCK, diag);
+        steps.push(Step::Launch {
+            kernel: "nw.diagonal",
+            args: vec![
+                WArg::Buffer(0),
+                WArg::Buffer(1),
+                WArg::I32(n as i32),
+                WArg::I32(nw::reference::PENALTY),
+                WArg::I32(diag as i32),
+                WArg::I32(BLOCK as i32),
+            ],
+            range: vec![span.len() as u64],
+        });
+    }
+    steps.push(Step::SyncFrom(0));
+    let mut want = score.clone();
+    nw::reference::fill(&mut want, &reference, n, nw::reference::PENALTY);
+    Workload {
+        name: "nw",
+        size: n as u64,
+        buffers: vec![bytes_of_ints(&score), bytes_of_ints(&reference)],
+        steps,
+        verify: Box::new(move |bufs| {
+            let got = ints(bufs[0]);
+            let wrong = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+            (wrong as f64, wrong == 0 && got.len() == want.len())
+        }),
+    }
+}
+
+/// Rodinia pathfinder: `rows` rows of a `cols`-wide wall, one launch per row, checked exactly.
+pub fn pathfinder(cols: usize, rows: usize) -> Workload {
+    let wall = pathfinder::reference::wall(rows, cols, 5);
+    let mut steps = vec![Step::SyncTo(0), Step::SyncTo(1)];
+    for r in 1..rows {
+        let (src, dst) = if r % 2 == 1 { (1, 2) } else { (2, 1) };
+        steps.push(Step::Launch {
+            kernel: "pathfinder.row",
+            args: vec![
+                WArg::Buffer(0),
+                WArg::Buffer(src),
+                WArg::Buffer(dst),
+                WArg::I32(cols as i32),
+                WArg::I32(r as i32),
+            ],
+            range: vec![cols as u64],
+        });
+    }
+    let result = if rows % 2 == 0 { 2 } else { 1 };
+    steps.push(Step::SyncFrom(result));
+    let want = pathfinder::reference::run(&wall, cols, rows);
+    Workload {
+        name: "pathfinder",
+        size: cols as u64,
+        buffers: vec![bytes_of_ints(&wall), bytes_of_ints(&wall[..cols]), vec![0u8; cols * 4]],
+        steps,
+        verify: Box::new(move |bufs| {
+            let got = ints(bufs[result]);
+            let wrong = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+            (wrong as f64, wrong == 0 && got.len() == want.len())
+        }),
+    }
+}
+
+/// Rodinia lavaMD: forces on `boxes1d³` boxes of 100 particles, one launch.
+pub fn lavamd(boxes1d: usize) -> Workload {
+    let per_box = lavamd::reference::PAR_PER_BOX;
+    let (rv, qv) = lavamd::reference::inputs(boxes1d, per_box, 3);
+    let particles = boxes1d * boxes1d * boxes1d * per_box;
+    let want = lavamd::reference::boxes(&rv, &qv, boxes1d, per_box, lavamd::reference::ALPHA);
+    Workload {
+        name: "lavamd",
+        size: boxes1d as u64,
+        buffers: vec![bytes_of(&rv), bytes_of(&qv), vec![0u8; particles * 16]],
+        steps: vec![
+            Step::SyncTo(0),
+            Step::SyncTo(1),
+            Step::Launch {
+                kernel: "lavamd.boxes",
+                args: vec![
+                    WArg::Buffer(0),
+                    WArg::Buffer(1),
+                    WArg::Buffer(2),
+                    WArg::I32(boxes1d as i32),
+                    WArg::I32(per_box as i32),
+                    WArg::F32(lavamd::reference::ALPHA),
+                ],
+                range: vec![particles as u64],
+            },
+            Step::SyncFrom(2),
+        ],
+        verify: Box::new(move |bufs| {
+            let e = max_relative_error(&floats(bufs[2]), &want);
+            (e, e <= 1e-4)
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,10 +331,40 @@ mod tests {
     #[test]
     fn every_program_verifies_natively_on_the_cpu() {
         for (name, _) in PROGRAMS {
-            let w = build(name, if *name == "gaussian" { 64 } else { 10_001 }, None).unwrap();
+            let size = match *name {
+                "gaussian" | "hotspot" => 64,
+                "nw" => 100,
+                "lavamd" => 2,
+                _ => 10_001,
+            };
+            let w = build(name, size, None).unwrap();
             let r = native::run_cpu(&w).unwrap();
             assert!(r.verified, "{name}: error {}", r.max_error);
         }
+    }
+
+    #[test]
+    fn corrupted_results_fail_verification() {
+        for (name, _) in PROGRAMS {
+            let w = build(name, if *name == "lavamd" { 1 } else { 20 }, Some(3)).unwrap();
+            let mut bufs = w.buffers.clone();
+            native_cpu_into(&w, &mut bufs);
+            let (_, ok) = (w.verify)(&bufs.iter().map(Vec::as_slice).collect::<Vec<_>>());
+            assert!(ok, "{name} verifies when computed");
+            // Flip a high bit of the middle element of every buffer: a checked value changes a lot.
+            for b in bufs.iter_mut() {
+                let mid = b.len() / 2 / 4 * 4;
+                b[mid + 3] ^= 0x40;
+            }
+            let (_, ok) = (w.verify)(&bufs.iter().map(Vec::as_slice).collect::<Vec<_>>());
+            assert!(!ok, "{name} must reject a corrupted result");
+        }
+    }
+
+    /// Runs the workload's launches on the CPU into `bufs` (test helper).
+    fn native_cpu_into(w: &Workload, bufs: &mut [Vec<u8>]) {
+        let report = native::run_cpu_with_buffers(w, bufs).unwrap();
+        assert!(report.verified, "{} {}", w.name, report.max_error);
     }
 
     #[test]

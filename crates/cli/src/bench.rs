@@ -609,6 +609,14 @@ fn overhead_size(program: &str, quick: bool) -> u64 {
     match (program, quick) {
         ("gaussian", false) => 1024,
         ("gaussian", true) => 256,
+        ("hotspot", false) => 512,
+        ("hotspot", true) => 64,
+        ("nw", false) => 2048,
+        ("nw", true) => 256,
+        ("pathfinder", false) => 100_000,
+        ("pathfinder", true) => 10_000,
+        ("lavamd", false) => 6,
+        ("lavamd", true) => 2,
         (_, false) => 4 << 20,
         (_, true) => 1 << 18,
     }
