@@ -184,7 +184,7 @@ pub fn hotspot(side: usize, iterations: usize) -> Workload {
     let p = hotspot::reference::Params::for_grid(side, side);
     let mut steps = vec![Step::SyncTo(0), Step::SyncTo(1)];
     for i in 0..iterations {
-        let (src, dst) = if i % 2 == 0 { (1, 2) } else { (2, 1) };
+        let (src, dst) = if i.is_multiple_of(2) { (1, 2) } else { (2, 1) };
         steps.push(Step::Launch {
             kernel: "hotspot.step",
             args: vec![
@@ -202,7 +202,7 @@ pub fn hotspot(side: usize, iterations: usize) -> Workload {
             range: vec![side as u64, side as u64],
         });
     }
-    let result = if iterations % 2 == 0 { 1 } else { 2 };
+    let result = if iterations.is_multiple_of(2) { 1 } else { 2 };
     steps.push(Step::SyncFrom(result));
     let want = hotspot::reference::simulate(&temp, &power, side, side, iterations, &p);
     Workload {
@@ -273,7 +273,7 @@ pub fn pathfinder(cols: usize, rows: usize) -> Workload {
             range: vec![cols as u64],
         });
     }
-    let result = if rows % 2 == 0 { 2 } else { 1 };
+    let result = if rows.is_multiple_of(2) { 2 } else { 1 };
     steps.push(Step::SyncFrom(result));
     let want = pathfinder::reference::run(&wall, cols, rows);
     Workload {
