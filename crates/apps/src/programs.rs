@@ -1,7 +1,7 @@
 //! The bundled programs as workloads.
 
 use agora_kernels::gaussian::reference as gauss;
-use agora_kernels::{hotspot, lavamd, nw, pathfinder};
+use agora_kernels::{backprop, hotspot, lavamd, nw, pathfinder};
 
 use crate::workload::{Step, WArg, Workload};
 use crate::{bytes_of, floats, max_relative_error};
@@ -37,6 +37,7 @@ pub fn default_size(program: &str) -> u64 {
         "nw" => 2048,
         "pathfinder" => 100_000,
         "lavamd" => 6,
+        "backprop" => 65_536,
         _ => 1 << 20,
     }
 }
@@ -52,6 +53,7 @@ pub fn build(program: &str, size: u64, iterations: Option<usize>) -> Option<Work
         "nw" => nw(size.max(1) as usize),
         "pathfinder" => pathfinder(size.max(1) as usize, iterations.unwrap_or(100).max(2)),
         "lavamd" => lavamd(size.max(1) as usize),
+        "backprop" => backprop(size.max(1) as usize),
         _ => return None,
     })
 }
@@ -323,6 +325,103 @@ pub fn lavamd(boxes1d: usize) -> Workload {
     }
 }
 
+/// Rodinia backprop, one training step as Rodinia's GPU version splits it: the input layer's
+/// forward pass (`backprop.layerforward` + `backprop.squash`) and the input-weight update
+/// (`backprop.adjust_weights`) on the device. The small output layer and the error terms run on
+/// the host in Rodinia; here they come from the host reference, computed before the run (so they
+/// are not timed), and the hidden-unit deltas are an input of the update.
+pub fn backprop(n_in: usize) -> Workload {
+    use backprop::reference as r;
+    let net = r::net(n_in, r::HIDDEN, 13);
+    let n_hid = net.n_hid;
+    let blocks = n_in.div_ceil(backprop::BLOCK);
+    // The host part of the step: hidden units, output layer, error terms.
+    let partial = r::layer_partials(&net.input, &net.input_weights, n_in, n_hid);
+    let mut hidden = vec![1f32; n_hid + 1];
+    r::squash(&partial, &net.input_weights, &mut hidden, n_in, n_hid);
+    let output = r::layer(&hidden, &net.hidden_weights, n_hid, net.n_out);
+    let (out_delta, _) = r::output_error(&output, &net.target);
+    let (hid_delta, _) = r::hidden_error(&hidden, &out_delta, &net.hidden_weights);
+    let mut want_w = net.input_weights.clone();
+    let mut want_old = net.input_prev.clone();
+    r::adjust_weights(
+        &hid_delta,
+        &net.input,
+        &mut want_w,
+        &mut want_old,
+        n_in,
+        n_hid,
+        r::ETA,
+        r::MOMENTUM,
+    );
+    let (ni, nh) = (n_in as i32, n_hid as i32);
+    // Buffers: 0 input, 1 weights, 2 partial sums, 3 hidden, 4 hidden deltas, 5 previous changes.
+    Workload {
+        name: "backprop",
+        size: n_in as u64,
+        buffers: vec![
+            bytes_of(&net.input),
+            bytes_of(&net.input_weights),
+            vec![0u8; blocks * n_hid * 4],
+            bytes_of(&vec![1f32; n_hid + 1]),
+            bytes_of(&hid_delta),
+            bytes_of(&net.input_prev),
+        ],
+        steps: vec![
+            Step::SyncTo(0),
+            Step::SyncTo(1),
+            Step::SyncTo(3),
+            Step::SyncTo(4),
+            Step::SyncTo(5),
+            Step::Launch {
+                kernel: "backprop.layerforward",
+                args: vec![
+                    WArg::Buffer(0),
+                    WArg::Buffer(1),
+                    WArg::Buffer(2),
+                    WArg::I32(ni),
+                    WArg::I32(nh),
+                ],
+                range: vec![blocks as u64, n_hid as u64],
+            },
+            Step::Launch {
+                kernel: "backprop.squash",
+                args: vec![
+                    WArg::Buffer(2),
+                    WArg::Buffer(1),
+                    WArg::Buffer(3),
+                    WArg::I32(ni),
+                    WArg::I32(nh),
+                ],
+                range: vec![n_hid as u64],
+            },
+            Step::SyncFrom(3),
+            Step::Launch {
+                kernel: "backprop.adjust_weights",
+                args: vec![
+                    WArg::Buffer(4),
+                    WArg::Buffer(0),
+                    WArg::Buffer(1),
+                    WArg::Buffer(5),
+                    WArg::I32(ni),
+                    WArg::I32(nh),
+                    WArg::F32(r::ETA),
+                    WArg::F32(r::MOMENTUM),
+                ],
+                range: vec![n_in as u64 + 1, n_hid as u64],
+            },
+            Step::SyncFrom(1),
+            Step::SyncFrom(5),
+        ],
+        verify: Box::new(move |bufs| {
+            let e = max_relative_error(&floats(bufs[3]), &hidden)
+                .max(max_relative_error(&floats(bufs[1]), &want_w))
+                .max(max_relative_error(&floats(bufs[5]), &want_old));
+            (e, e <= 1e-4)
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -335,6 +434,7 @@ mod tests {
                 "gaussian" | "hotspot" => 64,
                 "nw" => 100,
                 "lavamd" => 2,
+                "backprop" => 1000,
                 _ => 10_001,
             };
             let w = build(name, size, None).unwrap();

@@ -621,6 +621,8 @@ fn overhead_size(program: &str, quick: bool) -> u64 {
         ("pathfinder", true) => 10_000,
         ("lavamd", false) => 6,
         ("lavamd", true) => 2,
+        ("backprop", false) => 1 << 20,
+        ("backprop", true) => 1 << 14,
         (_, false) => 4 << 20,
         (_, true) => 1 << 18,
     }
