@@ -85,18 +85,10 @@ pub fn run_cpu_with_buffers(workload: &Workload, out: &mut [Vec<u8>]) -> Result<
         .zip(&lens)
         .map(|(m, len)| &bytemuck_bytes(m)[..*len])
         .collect();
-    let (max_error, verified) = (workload.verify)(&views);
     for (o, v) in out.iter_mut().zip(&views) {
         *o = v.to_vec();
     }
-    Ok(AppReport {
-        app: workload.name.to_string(),
-        size: workload.size,
-        tasks: workload.steps.len() as u64,
-        seconds,
-        max_error,
-        verified,
-    })
+    Ok(workload.report(seconds, &views))
 }
 
 #[cfg(feature = "opencl")]
@@ -274,15 +266,7 @@ mod opencl {
         cl.queue.finish().map_err(err)?;
         let seconds = start.elapsed().as_secs_f64();
         let views: Vec<&[u8]> = host.iter().map(|b| b.as_slice()).collect();
-        let (max_error, verified) = (workload.verify)(&views);
-        Ok(AppReport {
-            app: workload.name.to_string(),
-            size: workload.size,
-            tasks: workload.steps.len() as u64,
-            seconds,
-            max_error,
-            verified,
-        })
+        Ok(workload.report(seconds, &views))
     }
 
     /// A device buffer for repeated transfer round trips (allocated once, as an application

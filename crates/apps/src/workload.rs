@@ -70,6 +70,20 @@ impl std::fmt::Debug for Workload {
 }
 
 impl Workload {
+    /// Verifies `buffers` (final contents, one per workload buffer) and reports a run of
+    /// `seconds`.
+    pub fn report(&self, seconds: f64, buffers: &[&[u8]]) -> AppReport {
+        let (max_error, verified) = (self.verify)(buffers);
+        AppReport {
+            app: self.name.to_string(),
+            size: self.size,
+            tasks: self.steps.len() as u64,
+            seconds,
+            max_error,
+            verified,
+        }
+    }
+
     /// Kernel launches in the workload.
     pub fn launches(&self) -> usize {
         self.steps.iter().filter(|s| matches!(s, Step::Launch { .. })).count()
@@ -143,13 +157,5 @@ pub fn run_on_agora(session: &Session, workload: &Workload, device: Option<Devic
     queue.finish()?;
     let seconds = start.elapsed().as_secs_f64();
     let views: Vec<&[u8]> = buffers.iter().map(|b| b.as_slice::<u8>()).collect();
-    let (max_error, verified) = (workload.verify)(&views);
-    Ok(AppReport {
-        app: workload.name.to_string(),
-        size: workload.size,
-        tasks: workload.steps.len() as u64,
-        seconds,
-        max_error,
-        verified,
-    })
+    Ok(workload.report(seconds, &views))
 }

@@ -121,6 +121,19 @@ fn saxpy_ok(session: &Session, n: usize) {
     assert!(y.as_slice::<f32>().iter().all(|v| *v == 5.0));
 }
 
+/// A queue with ~300 large saxpy launches issued (seconds of work); keep the buffers alive.
+fn busy_queue(s: &Session) -> (agora::Queue, [agora::Buffer; 2]) {
+    let q = s.queue("long").unwrap();
+    let saxpy = s.kernel("saxpy").unwrap();
+    let n = 4_000_000usize;
+    let x = s.buffer((n * 4) as u64).unwrap();
+    let y = s.buffer((n * 4) as u64).unwrap();
+    for _ in 0..300 {
+        let _ = q.launch(&saxpy, &[Arg::F32(1.0), (&x).into(), (&y).into()], n).unwrap();
+    }
+    (q, [x, y])
+}
+
 /// Issue 2, case 1: garbage descriptors get per-task errors; the daemon and a second client are
 /// unaffected.
 #[test]
@@ -375,14 +388,7 @@ fn a_killed_client_is_reclaimed() {
 fn a_killed_daemon_disconnects_waiting_clients() {
     let mut daemon = Daemon::start("daemon-kill", &["--no-opencl"]);
     let s = daemon.session("waiter");
-    let q = s.queue("long").unwrap();
-    let saxpy = s.kernel("saxpy").unwrap();
-    let n = 4_000_000usize;
-    let x = s.buffer((n * 4) as u64).unwrap();
-    let y = s.buffer((n * 4) as u64).unwrap();
-    for _ in 0..300 {
-        let _ = q.launch(&saxpy, &[Arg::F32(1.0), (&x).into(), (&y).into()], n).unwrap();
-    }
+    let (q, _buffers) = busy_queue(&s);
     let waiter = std::thread::spawn(move || {
         let r = q.finish();
         (r, Instant::now())
@@ -408,14 +414,7 @@ fn a_killed_daemon_disconnects_waiting_clients() {
 fn sigterm_shuts_down_cleanly() {
     let mut daemon = Daemon::start("term", &["--no-opencl"]);
     let s = daemon.session("waiter");
-    let q = s.queue("long").unwrap();
-    let saxpy = s.kernel("saxpy").unwrap();
-    let n = 4_000_000usize;
-    let x = s.buffer((n * 4) as u64).unwrap();
-    let y = s.buffer((n * 4) as u64).unwrap();
-    for _ in 0..300 {
-        let _ = q.launch(&saxpy, &[Arg::F32(1.0), (&x).into(), (&y).into()], n).unwrap();
-    }
+    let (q, _buffers) = busy_queue(&s);
     let waiter = std::thread::spawn(move || q.finish());
     std::thread::sleep(Duration::from_millis(200));
     let status = Command::new("kill")

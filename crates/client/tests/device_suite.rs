@@ -6,7 +6,9 @@
 //! when there is none.
 
 use agora::testing::{ArgTag, RawArg};
-use agora::{Arg, Buffer, DeviceKind, NdRange, QueueOptions, Session, SessionOptions};
+use agora::{Arg, Buffer, DeviceKind, NdRange, QueueOptions, Session};
+
+mod common;
 use agora_kernels::cases::{self, KernelCase};
 
 /// The client argument for a case's wire argument (buffer `i` is the case's `i`-th buffer).
@@ -58,25 +60,8 @@ fn run_case(session: &Session, queue: &agora::Queue, case: &KernelCase) -> Resul
 
 #[test]
 fn every_kernel_case_passes_on_every_device() {
-    let dir = std::env::temp_dir().join(format!("agora-device-suite-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let socket = dir.join("agora.sock");
-    let config = agora_daemon::DaemonConfig {
-        socket: socket.clone(),
-        cpu_lanes: 2,
-        ..Default::default()
-    };
-    let daemon = agora_daemon::spawn(config).expect("daemon starts");
-    let session = Session::connect_with(SessionOptions {
-        socket: Some(socket),
-        ..Default::default()
-    })
-    .unwrap();
-    let status = session.status().unwrap();
-    assert!(
-        status.devices.iter().any(|d| d.kind == "opencl"),
-        "no OpenCL device found: run `make setup` (installs PoCL)"
-    );
+    let (daemon, session) = common::daemon("device-suite");
+    common::require_opencl(&session);
     let all = cases::all();
     let mut failures = Vec::new();
     for kind in [DeviceKind::Cpu, DeviceKind::OpenCl] {

@@ -4,28 +4,11 @@
 #[allow(dead_code)]
 mod quickstart;
 
-use agora::{Session, SessionOptions};
-
-fn daemon(tag: &str) -> (agora_daemon::DaemonHandle, std::path::PathBuf) {
-    let dir = std::env::temp_dir().join(format!("agora-client-test-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let socket = dir.join("agora.sock");
-    let config = agora_daemon::DaemonConfig {
-        socket: socket.clone(),
-        cpu_lanes: 2,
-        ..Default::default()
-    };
-    (agora_daemon::spawn(config).expect("daemon starts"), socket)
-}
+mod common;
 
 #[test]
 fn quickstart_runs_against_a_daemon() {
-    let (daemon, socket) = daemon("quickstart");
-    let session = Session::connect_with(SessionOptions {
-        socket: Some(socket),
-        ..Default::default()
-    })
-    .unwrap();
+    let (daemon, session) = common::daemon("quickstart");
     quickstart::quickstart(&session).unwrap();
     drop(session);
     daemon.stop().unwrap();

@@ -4,29 +4,13 @@
 //! Needs an OpenCL device (PoCL, installed by `make setup`); the test fails, rather than skipping,
 //! when there is none.
 
-use agora::{Arg, DeviceKind, QueueOptions, Session, SessionOptions};
+mod common;
+
+use agora::{Arg, DeviceKind, QueueOptions, Session};
 
 fn daemon(tag: &str) -> (agora_daemon::DaemonHandle, Session) {
-    let dir = std::env::temp_dir().join(format!("agora-placement-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let socket = dir.join("agora.sock");
-    let config = agora_daemon::DaemonConfig {
-        socket: socket.clone(),
-        cpu_lanes: 2,
-        ..Default::default()
-    };
-    let handle = agora_daemon::spawn(config).expect("daemon starts");
-    let session = Session::connect_with(SessionOptions {
-        socket: Some(socket),
-        ..Default::default()
-    })
-    .unwrap();
-    let status = session.status().unwrap();
-    assert!(
-        status.devices.iter().any(|d| d.kind == "opencl"),
-        "no OpenCL device found: run `make setup` (installs PoCL); devices: {:?}",
-        status.devices.iter().map(|d| &d.name).collect::<Vec<_>>()
-    );
+    let (handle, session) = common::daemon(tag);
+    common::require_opencl(&session);
     (handle, session)
 }
 

@@ -279,3 +279,56 @@ pub fn run_synchronously(
     }
     execute(work)
 }
+
+/// The lanes of one device and all the threads behind them.
+#[derive(Debug)]
+pub struct Lanes {
+    lanes: Vec<Arc<Lane>>,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+}
+
+impl Lanes {
+    /// Owns `lanes` and `threads` (lane threads and any helper threads).
+    pub fn new(lanes: Vec<Arc<Lane>>, threads: Vec<std::thread::JoinHandle<()>>) -> Self {
+        Lanes {
+            lanes,
+            threads: Mutex::new(threads),
+        }
+    }
+
+    /// Number of lanes.
+    pub fn len(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.lanes.is_empty()
+    }
+
+    /// Appends `job` to lane `lane`.
+    pub fn submit(&self, lane: usize, job: Job) {
+        self.lanes[lane % self.lanes.len()].push(job);
+    }
+
+    /// Jobs queued, started or running on lane `lane`.
+    pub fn load(&self, lane: usize) -> usize {
+        self.lanes[lane % self.lanes.len()].load()
+    }
+
+    /// Status of every lane.
+    pub fn statuses(&self) -> Vec<LaneStatus> {
+        self.lanes.iter().map(|l| l.status()).collect()
+    }
+
+    /// Stops every lane and joins the threads (idempotent).
+    pub fn shutdown(&self) {
+        for lane in &self.lanes {
+            lane.stop();
+        }
+        let handles = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for h in handles {
+            let _ = h.join();
+        }
+    }
+}

@@ -11,10 +11,10 @@ mod gang;
 use std::sync::Arc;
 
 use agora_kernels::{KernelCall, KernelDef};
-use agora_protocol::control::{DeviceStatus, LaneStatus};
+use agora_protocol::control::DeviceStatus;
 use agora_protocol::TaskError;
 
-use crate::lane::{run_synchronously, Executor, JobEnd, Lane};
+use crate::lane::{run_synchronously, Executor, JobEnd, Lane, Lanes};
 use crate::{Device, DeviceBuffer, DeviceInfo, DeviceKind, Job, Transfer, Work};
 use gang::Gang;
 
@@ -22,8 +22,7 @@ use gang::Gang;
 #[derive(Debug)]
 pub struct CpuDevice {
     info: DeviceInfo,
-    lanes: Vec<Arc<Lane>>,
-    threads: std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>,
+    lanes: Lanes,
 }
 
 struct CpuExecutor {
@@ -77,8 +76,7 @@ impl CpuDevice {
                 threads_per_lane,
                 shares_host_memory: true,
             },
-            lanes: lane_list,
-            threads: std::sync::Mutex::new(handles),
+            lanes: Lanes::new(lane_list, handles),
         })
     }
 
@@ -99,11 +97,11 @@ impl Device for CpuDevice {
     }
 
     fn submit(&self, lane: usize, job: Job) {
-        self.lanes[lane % self.lanes.len()].push(job);
+        self.lanes.submit(lane, job);
     }
 
     fn lane_load(&self, lane: usize) -> usize {
-        self.lanes[lane % self.lanes.len()].load()
+        self.lanes.load(lane)
     }
 
     fn run_inline(&self, work: &Work) -> Result<(), TaskError> {
@@ -126,18 +124,12 @@ impl Device for CpuDevice {
             memory_bytes: 0,
             memory_used: 0,
             threads_per_lane: self.info.threads_per_lane as u32,
-            lanes: self.lanes.iter().map(|l| l.status()).collect::<Vec<LaneStatus>>(),
+            lanes: self.lanes.statuses(),
         }
     }
 
     fn shutdown(&self) {
-        for lane in &self.lanes {
-            lane.stop();
-        }
-        let handles = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
-        for h in handles {
-            let _ = h.join();
-        }
+        self.lanes.shutdown();
     }
 }
 

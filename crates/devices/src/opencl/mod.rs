@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use agora_kernels::{KernelDef, OpenClImpl};
-use agora_protocol::control::{DeviceStatus, LaneStatus};
+use agora_protocol::control::DeviceStatus;
 use agora_protocol::{ParamKind, ScalarType, TaskError};
 use opencl3::command_queue::CommandQueue;
 use opencl3::context::Context;
@@ -30,7 +30,7 @@ use opencl3::program::Program;
 use opencl3::types::{cl_device_id, cl_event, cl_int, CL_BLOCKING, CL_NON_BLOCKING};
 use std::ffi::c_void;
 
-use crate::lane::{Executor, JobEnd, Lane};
+use crate::lane::{Executor, JobEnd, Lane, Lanes};
 use crate::{Device, DeviceBuffer, DeviceInfo, DeviceKind, Job, Transfer, Work};
 
 /// State shared by a device's lanes and its buffers.
@@ -125,8 +125,7 @@ fn cl_error(e: impl Into<i64>) -> TaskError {
 pub struct OpenClDevice {
     info: DeviceInfo,
     shared: Arc<Shared>,
-    lanes: Vec<Arc<Lane>>,
-    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    lanes: Lanes,
 }
 
 impl std::fmt::Debug for OpenClDevice {
@@ -500,19 +499,19 @@ impl OpenClDevice {
             lane_list.push(lane);
             threads.push(thread);
         }
+        let queues_started = lane_list.len();
         Ok(OpenClDevice {
             info: DeviceInfo {
                 name,
                 kind: DeviceKind::OpenCl,
                 description: format!("{platform} / {device_name} ({compute_units} compute units)"),
                 memory_bytes,
-                lanes: lane_list.len(),
+                lanes: queues_started,
                 threads_per_lane: 1,
                 shares_host_memory: false,
             },
             shared,
-            lanes: lane_list,
-            threads: Mutex::new(threads),
+            lanes: Lanes::new(lane_list, threads),
         })
     }
 }
@@ -578,11 +577,11 @@ impl Device for OpenClDevice {
     }
 
     fn submit(&self, lane: usize, job: Job) {
-        self.lanes[lane % self.lanes.len()].push(job);
+        self.lanes.submit(lane, job);
     }
 
     fn lane_load(&self, lane: usize) -> usize {
-        self.lanes[lane % self.lanes.len()].load()
+        self.lanes.load(lane)
     }
 
     fn run_inline(&self, _work: &Work) -> Result<(), TaskError> {
@@ -652,18 +651,12 @@ impl Device for OpenClDevice {
             memory_bytes: self.info.memory_bytes,
             memory_used: self.shared.memory_used.load(Ordering::Relaxed),
             threads_per_lane: 1,
-            lanes: self.lanes.iter().map(|l| l.status()).collect::<Vec<LaneStatus>>(),
+            lanes: self.lanes.statuses(),
         }
     }
 
     fn shutdown(&self) {
-        for lane in &self.lanes {
-            lane.stop();
-        }
-        let handles = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
-        for h in handles {
-            let _ = h.join();
-        }
+        self.lanes.shutdown();
     }
 }
 
