@@ -1,0 +1,156 @@
+//! Metrics and traces of a known workload, with a real daemon process.
+
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use agora::{Arg, DeviceKind, QueueOptions, Session, SessionOptions};
+
+const AGORA: &str = env!("CARGO_BIN_EXE_agora");
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn scrape(port: u16) -> String {
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("metrics endpoint answers");
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(head.starts_with("HTTP/1.") && head.contains(" 200 "), "{head}");
+    body.to_string()
+}
+
+#[test]
+fn metrics_and_trace_count_a_known_workload() {
+    let dir = std::env::temp_dir().join(format!("agora-telemetry-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("agora.sock");
+    let trace = dir.join("trace.json");
+    let port = free_port();
+    let mut daemon = Command::new(AGORA)
+        .arg("serve")
+        .arg("--socket")
+        .arg(&socket)
+        .args(["--metrics", &port.to_string(), "--trace"])
+        .arg(&trace)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        assert!(Instant::now() < deadline, "daemon did not start");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    // The known workload: 10 saxpy launches on the CPU, 7 on OpenCL (each after a sync_to).
+    let session = Session::connect_with(SessionOptions {
+        socket: Some(socket.clone()),
+        name: Some("tenant-t".into()),
+        heap_bytes: None,
+    })
+    .unwrap();
+    let saxpy = session.kernel("saxpy").unwrap();
+    let n = 1 << 20;
+    let x = session.buffer_from(&vec![1.0f32; n]).unwrap();
+    let y = session.buffer_from(&vec![0.0f32; n]).unwrap();
+    for (kind, launches) in [(DeviceKind::Cpu, 10), (DeviceKind::OpenCl, 7)] {
+        let q = session
+            .queue_with(QueueOptions {
+                name: format!("{kind:?}"),
+                preferred_device: Some(kind),
+                ..Default::default()
+            })
+            .unwrap();
+        q.sync_to(&x).unwrap();
+        for _ in 0..launches {
+            q.launch(&saxpy, &[Arg::F32(1.0), (&x).into(), (&y).into()], n).unwrap();
+        }
+        q.sync_from(&y).unwrap();
+        q.finish().unwrap();
+    }
+    assert!(y.as_slice::<f32>().iter().all(|v| *v == 17.0));
+
+    // Metrics: parse with a Prometheus parser; the counts match.
+    let text = scrape(port);
+    let lines = text.lines().map(|l| Ok(l.to_string()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("the exposition parses");
+    let sum = |name: &str, label: (&str, &str)| -> f64 {
+        scrape
+            .samples
+            .iter()
+            .filter(|s| s.metric == name && s.labels.get(label.0) == Some(label.1))
+            .map(|s| match s.value {
+                prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Untyped(v) => v,
+                _ => 0.0,
+            })
+            .sum()
+    };
+    assert_eq!(sum("agora_tasks_total", ("kernel", "saxpy")), 17.0, "{text}");
+    assert_eq!(sum("agora_tasks_total", ("kernel", "sync_to")), 2.0);
+    assert_eq!(sum("agora_tasks_total", ("outcome", "error")), 0.0);
+    // The OpenCL queue moved x and y to the device and y back: at least 8 MiB in, 4 MiB out.
+    assert!(sum("agora_transferred_bytes_total", ("direction", "host_to_device")) >= (8 << 20) as f64);
+    assert!(sum("agora_transferred_bytes_total", ("direction", "device_to_host")) >= (4 << 20) as f64);
+    assert!(text.contains("agora_lane_busy_seconds{"), "lane gauges are present");
+    assert!(scrape
+        .samples
+        .iter()
+        .any(|s| s.metric == "agora_sessions" && matches!(s.value, prometheus_parse::Value::Gauge(v) if v == 1.0)));
+
+    // Trace: saved on request; one exec span per launch, on the lane rows of the right devices.
+    let out = Command::new(AGORA)
+        .args(["trace", "save", "--socket"])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let events = doc["traceEvents"].as_array().unwrap();
+    let rows: std::collections::HashMap<u64, String> = events
+        .iter()
+        .filter(|e| e["ph"] == "M" && e["name"] == "thread_name")
+        .map(|e| {
+            (
+                e["tid"].as_u64().unwrap(),
+                e["args"]["name"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let exec_on = |prefix: &str| {
+        events
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["cat"] == "exec" && e["name"] == "saxpy")
+            .filter(|e| rows[&e["tid"].as_u64().unwrap()].starts_with(prefix))
+            .count()
+    };
+    assert_eq!(exec_on("cpu0/"), 10);
+    assert_eq!(exec_on("opencl0/"), 7);
+    assert!(events
+        .iter()
+        .all(|e| e["ph"] != "X" || e["args"]["tenant"] == "tenant-t"));
+    assert!(
+        events.iter().any(|e| e["cat"] == "transfer"),
+        "the OpenCL sync_to moved data"
+    );
+    assert!(events
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .all(|e| e["dur"].as_f64().unwrap() >= 0.0));
+
+    drop((x, y, session));
+    let _ = Command::new("kill").arg("-TERM").arg(daemon.id().to_string()).status();
+    let _ = daemon.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
