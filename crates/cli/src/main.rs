@@ -4,6 +4,7 @@
 mod bench;
 mod cmd;
 mod size;
+mod top;
 
 use std::path::PathBuf;
 
@@ -29,6 +30,8 @@ enum Command {
     Serve(cmd::ServeArgs),
     /// Show devices, lanes and sessions of a running daemon.
     Status(cmd::StatusArgs),
+    /// A live view of devices, lanes and tenants (`--once [--json]` for scripts).
+    Top(top::TopArgs),
     /// List the devices the daemon found, with kind, lanes and memory.
     Devices,
     /// List the kernels the daemon offers, with their signatures.
@@ -69,6 +72,7 @@ fn main() {
     let result: Result<()> = match cli.command {
         Command::Serve(args) => cmd::serve(cli.socket, args),
         Command::Status(args) => cmd::status(cli.socket, args),
+        Command::Top(args) => top::run(cli.socket, args),
         Command::Devices => cmd::devices(cli.socket),
         Command::Kernels => cmd::kernels(cli.socket),
         Command::Run(args) => cmd::run(cli.socket, args),

@@ -154,3 +154,71 @@ fn metrics_and_trace_count_a_known_workload() {
     let _ = daemon.wait();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn top_once_json_shows_two_live_tenants() {
+    let dir = std::env::temp_dir().join(format!("agora-top-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("agora.sock");
+    let mut daemon = Command::new(AGORA)
+        .args(["serve", "--no-opencl", "--socket"])
+        .arg(&socket)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        assert!(Instant::now() < deadline, "daemon did not start");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let open = |name: &str| {
+        Session::connect_with(SessionOptions {
+            socket: Some(socket.clone()),
+            name: Some(name.into()),
+            heap_bytes: None,
+        })
+        .unwrap()
+    };
+    let a = open("tenant-a");
+    let b = open("tenant-b");
+    let _qa = a.queue_with(QueueOptions {
+        name: "fast".into(),
+        class: agora::QueueClass::Latency,
+        ..Default::default()
+    });
+    let _qb1 = b.queue("one").unwrap();
+    let _qb2 = b.queue("two").unwrap();
+    let out = Command::new(AGORA)
+        .args(["top", "--once", "--json", "--socket"])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let tenants = view["tenants"].as_array().unwrap();
+    let find = |name: &str| {
+        tenants
+            .iter()
+            .find(|t| t["name"] == name)
+            .unwrap_or_else(|| panic!("{name} in {view}"))
+    };
+    assert_eq!(find("tenant-a")["queues"].as_array().unwrap().len(), 1);
+    assert_eq!(find("tenant-a")["classes"], serde_json::json!(["latency"]));
+    assert_eq!(find("tenant-b")["queues"].as_array().unwrap().len(), 2);
+    assert_eq!(find("tenant-b")["pid"], std::process::id());
+    assert_eq!(view["policy"], "rr");
+    // Without --once and without a terminal: a clear refusal, not a garbled screen.
+    let out = Command::new(AGORA)
+        .args(["top", "--socket"])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--once"));
+    drop((a, b));
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
