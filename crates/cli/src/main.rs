@@ -3,6 +3,7 @@
 
 mod bench;
 mod cmd;
+mod plot;
 mod size;
 mod top;
 
@@ -40,6 +41,9 @@ enum Command {
     Run(cmd::RunArgs),
     /// Start an embedded daemon, run several client processes against it, print a summary.
     Demo(cmd::DemoArgs),
+    /// Pictures: `agora plot trace FILE -o timeline.svg|png`.
+    #[command(subcommand)]
+    Plot(plot::PlotCommand),
     /// Task traces: `agora trace save` writes a running daemon's trace file now.
     #[command(subcommand)]
     Trace(TraceCommand),
@@ -78,6 +82,7 @@ fn main() {
         Command::Run(args) => cmd::run(cli.socket, args),
         Command::Demo(args) => cmd::demo(args),
         Command::Trace(TraceCommand::Save) => cmd::trace_save(cli.socket),
+        Command::Plot(command) => plot::run(command),
         Command::Bench(command) => bench::run(cli.socket, command),
         Command::BenchClient(args) => bench::client(cli.socket, args),
     };

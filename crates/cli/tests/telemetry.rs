@@ -149,6 +149,48 @@ fn metrics_and_trace_count_a_known_workload() {
         .filter(|e| e["ph"] == "X")
         .all(|e| e["dur"].as_f64().unwrap() >= 0.0));
 
+    // The timeline picture: one exec bar per exec span, the tenant in the legend; a PNG too.
+    let svg = dir.join("timeline.svg");
+    let out = Command::new(AGORA)
+        .args(["plot", "trace"])
+        .arg(&trace)
+        .arg("-o")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    let exec_spans = events.iter().filter(|e| e["ph"] == "X" && e["cat"] == "exec").count();
+    assert_eq!(picture.matches(r#"class="exec""#).count(), exec_spans);
+    assert!(picture.contains("tenant-t"));
+    let png = dir.join("timeline.png");
+    let out = Command::new(AGORA)
+        .args(["plot", "trace"])
+        .arg(&trace)
+        .arg("-o")
+        .arg(&png)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(std::fs::read(&png).unwrap().starts_with(b"\x89PNG\r\n\x1a\n"));
+    // Bad input is a clear error.
+    let out = Command::new(AGORA)
+        .args(["plot", "trace"])
+        .arg(&socket)
+        .arg("-o")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let out = Command::new(AGORA)
+        .args(["plot", "trace"])
+        .arg(&trace)
+        .arg("-o")
+        .arg(dir.join("x.gif"))
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains(".svg or .png"));
+
     drop((x, y, session));
     let _ = Command::new("kill").arg("-TERM").arg(daemon.id().to_string()).status();
     let _ = daemon.wait();
