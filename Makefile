@@ -1,7 +1,7 @@
 # The two commands of this repository (see README.md):
 #   make demo   install what is needed, build, run the demo (embedded daemon + client processes)
 #   make test   the whole test suite: format, lints, unit and integration tests, benchmark smoke run
-.PHONY: setup demo test bench
+.PHONY: setup demo test bench c
 
 setup:
 	bash scripts/setup.sh
@@ -17,3 +17,12 @@ test: setup
 
 bench: setup
 	./target/release/agora bench latency
+
+# The C client: dist/lib/libagora.{so,a}, dist/include/agora.h, dist/lib/pkgconfig/agora.pc.
+# Then: PKG_CONFIG_PATH=$(PWD)/dist/lib/pkgconfig cc app.c $$(pkg-config --cflags --libs agora)
+c: setup
+	mkdir -p dist/lib/pkgconfig dist/include
+	cp target/release/libagora_capi.so dist/lib/libagora.so
+	cp target/release/libagora_capi.a dist/lib/libagora.a
+	cp crates/capi/include/agora.h dist/include/agora.h
+	sed -e "s|@PREFIX@|$(CURDIR)/dist|" -e "s|@VERSION@|0.1.0|" crates/capi/agora.pc.in > dist/lib/pkgconfig/agora.pc
