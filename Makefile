@@ -13,6 +13,7 @@ test: setup
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --release -- -D warnings
 	cargo test --workspace --release
+	.venv/bin/python -m pytest -q crates/python/tests
 	./target/release/agora bench latency --quick
 
 bench: setup

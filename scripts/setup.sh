@@ -37,4 +37,24 @@ fi
 
 echo "setup: building (release)"
 cargo build --release --workspace --quiet
+
+# Python: the `agora` package (PyO3 + maturin) and what its tests use, in the project's
+# virtualenv .venv (a system Python may refuse `pip install` outside one, PEP 668).
+# In your own environment the same package installs with `pip install ./crates/python`.
+command -v python3 >/dev/null 2>&1 || {
+  echo "setup: installing python3"
+  need_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv python3-dev
+}
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv 2>/dev/null || {
+    rm -rf .venv
+    echo "setup: installing python3-venv"
+    need_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv python3-dev
+    python3 -m venv .venv
+  }
+fi
+echo "setup: installing the Python package into .venv (pip install ./crates/python)"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check maturin numpy pytest pytest-timeout
+.venv/bin/python -m pip install --quiet --disable-pip-version-check ./crates/python
+
 echo "setup: done; the CLI is target/release/agora"

@@ -18,6 +18,8 @@ pub enum DeviceKind {
     Cpu,
     /// An OpenCL device.
     OpenCl,
+    /// A modeled (`sim`) device declared in the daemon's configuration.
+    Sim,
 }
 
 impl DeviceKind {
@@ -26,7 +28,16 @@ impl DeviceKind {
         match self {
             DeviceKind::Cpu => "cpu",
             DeviceKind::OpenCl => "opencl",
+            DeviceKind::Sim => "sim",
         }
+    }
+
+    /// Every kind, in the order `agora devices` lists them.
+    pub const ALL: [DeviceKind; 3] = [DeviceKind::Cpu, DeviceKind::OpenCl, DeviceKind::Sim];
+
+    /// The kind named `name` (as [`DeviceKind::name`] spells it).
+    pub fn parse(name: &str) -> Option<DeviceKind> {
+        DeviceKind::ALL.into_iter().find(|k| k.name() == name)
     }
 }
 

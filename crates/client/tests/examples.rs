@@ -1,4 +1,5 @@
-//! The examples run against a real daemon, and the README shows the quick start verbatim.
+//! The examples run against a real daemon, and the README and the Rust guide show the quick start
+//! verbatim.
 
 #[path = "../examples/quickstart.rs"]
 #[allow(dead_code)]
@@ -15,15 +16,22 @@ fn quickstart_runs_against_a_daemon() {
 }
 
 #[test]
-fn readme_shows_the_quickstart_verbatim() {
+fn readme_and_rust_guide_show_the_quickstart_verbatim() {
     let example = include_str!("../examples/quickstart.rs");
-    let readme = include_str!("../../../README.md");
     let start = example.find("// README example begins").unwrap();
     let end = example.find("// README example ends").unwrap();
     let body: Vec<&str> = example[start..end].lines().skip(1).collect();
     let body = body.join("\n");
-    assert!(
-        readme.contains(body.trim()),
-        "README.md must contain the quick start from crates/client/examples/quickstart.rs verbatim"
-    );
+    for (path, text) in [
+        ("README.md", include_str!("../../../README.md")),
+        (
+            "docs/getting-started-rust.md",
+            include_str!("../../../docs/getting-started-rust.md"),
+        ),
+    ] {
+        assert!(
+            text.contains(body.trim()),
+            "{path} must contain the quick start from crates/client/examples/quickstart.rs verbatim"
+        );
+    }
 }

@@ -1,0 +1,86 @@
+"""Fixtures: a real Agora daemon (the release binary) on a private socket, started per test module."""
+
+import os
+import pathlib
+import subprocess
+import time
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
+
+
+def agora_binary() -> pathlib.Path:
+    """The `agora` CLI: $AGORA_BIN, else the workspace's release build."""
+    path = pathlib.Path(os.environ.get("AGORA_BIN", REPO / "target" / "release" / "agora"))
+    if not path.exists():
+        pytest.fail(f"{path} not found: build it first (`cargo build --release`, or `make setup`)")
+    return path
+
+
+class Daemon:
+    """One `agora serve` process; `stop()` or `kill()` it, or let the fixture do it."""
+
+    def __init__(self, directory: pathlib.Path, *extra: str):
+        self.socket = directory / "agora.sock"
+        self.log = open(directory / "daemon.log", "w+")
+        self.process = subprocess.Popen(
+            [str(agora_binary()), "serve", "--socket", str(self.socket), *extra],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 30
+        while not self.socket.exists():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.log.seek(0)
+                pytest.fail(f"agora serve did not start:\n{self.log.read()}")
+            time.sleep(0.02)
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    d = Daemon(tmp_path_factory.mktemp("agora"))
+    old = os.environ.get("AGORA_SOCKET")
+    os.environ["AGORA_SOCKET"] = str(d.socket)
+    yield d
+    d.stop()
+    if old is None:
+        os.environ.pop("AGORA_SOCKET", None)
+    else:
+        os.environ["AGORA_SOCKET"] = old
+
+
+@pytest.fixture
+def fresh_daemon(tmp_path):
+    """A daemon of the test's own (for tests that kill it or need special settings)."""
+    started = []
+
+    def start(*extra: str) -> Daemon:
+        d = Daemon(tmp_path, *extra)
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        d.stop()
+
+
+@pytest.fixture
+def session(daemon):
+    import agora
+
+    with agora.Session(name="pytest") as s:
+        yield s

@@ -1,0 +1,222 @@
+"""The Python client against a real daemon: results against NumPy, zero-copy views, errors."""
+
+import gc
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import agora
+
+DEVICES = ["cpu", "opencl"]
+
+
+def has_opencl(session) -> bool:
+    return any(d["kind"] == "opencl" for d in session.status()["devices"])
+
+
+@pytest.fixture(params=DEVICES)
+def device(request, session):
+    if request.param == "opencl" and not has_opencl(session):
+        pytest.fail("no OpenCL device: the project's setup installs PoCL (scripts/setup.sh)")
+    return request.param
+
+
+def test_saxpy_matches_numpy(session, device):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(100_003).astype(np.float32)
+    y = rng.standard_normal(100_003).astype(np.float32)
+    expected = np.float32(2.5) * x + y
+    with session.queue("saxpy", device=device) as queue:
+        bx, by = session.buffer_from(x), session.buffer_from(y)
+        queue.sync_to(bx)
+        queue.sync_to(by)
+        queue.launch("saxpy", 2.5, bx, by, range=x.size)
+        queue.sync_from(by)
+    # OpenCL may fuse a*x+y into one FMA, so compare with an absolute floor too.
+    np.testing.assert_allclose(by.numpy(), expected, rtol=1e-6, atol=1e-6)
+    assert by.numpy().shape == (100_003,) and by.numpy().dtype == np.float32
+
+
+def test_sgemm_and_vector_add_match_numpy(session, device):
+    rng = np.random.default_rng(2)
+    m, n, k = 64, 48, 80
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    bias = rng.standard_normal((m, n)).astype(np.float32)
+    sgemm = session.kernel("sgemm")
+    with session.queue("layers", device=device) as queue:
+        ba, bb, bbias = session.buffer_from(a), session.buffer_from(b), session.buffer_from(bias)
+        c = session.buffer(m * n * 4)
+        out = session.buffer(m * n * 4)
+        for buf in (ba, bb, bbias):
+            queue.sync_to(buf)
+        queue.launch(sgemm, m, n, k, 1.0, ba, bb, 0.0, c, range=(m, n))
+        queue.launch("vector_add", c, bbias, out, range=m * n)
+        queue.sync_from(out)
+    np.testing.assert_allclose(out.numpy(np.float32, (m, n)), a @ b + bias, rtol=1e-4, atol=1e-4)
+
+
+def test_the_same_buffer_twice_in_one_launch(session):
+    # sgemm(a, a): both arguments borrow one buffer (this once deadlocked the client).
+    a = np.arange(16, dtype=np.float32).reshape(4, 4)
+    ba, c = session.buffer_from(a), session.buffer(64)
+    with session.queue() as queue:
+        queue.sync_to(ba)
+        queue.launch("sgemm", 4, 4, 4, 1.0, ba, ba, 0.0, c, range=(4, 4))
+        queue.sync_from(c)
+    np.testing.assert_allclose(c.numpy(np.float32, (4, 4)), a @ a)
+
+
+def test_numpy_view_is_zero_copy_and_feeds_kernels(session):
+    buf = session.buffer(4096 * 4)
+    view = buf.numpy(np.float32)
+    again = buf.numpy(np.float32, (64, 64))
+    # Both views point at the same bytes: the buffer's host copy in the shared segment.
+    assert view.__array_interface__["data"][0] == again.__array_interface__["data"][0]
+    assert view.flags.writeable and not view.flags.owndata
+    view[:] = np.arange(4096, dtype=np.float32)  # written in place, no copy
+    assert again[1, 0] == 64.0
+    with session.queue() as queue:
+        queue.sync_to(buf)
+        queue.launch("saxpy", 1.0, session.buffer_from(np.ones(4096, np.float32)), buf, range=4096)
+        queue.sync_from(buf)
+    np.testing.assert_array_equal(view, np.arange(4096, dtype=np.float32) + 1)
+
+
+def test_views_keep_their_buffer_alive_and_block_release(session):
+    buf = session.buffer_from(np.arange(1000, dtype=np.float64))
+    view = buf.numpy()
+    assert buf.views == 1
+    with pytest.raises(agora.BufferInUseError, match="del"):
+        buf.release()
+    del buf
+    gc.collect()
+    # The view still holds the buffer (and the session mapping): reading is safe.
+    assert view[999] == 999.0
+    owner = view.base
+    del view, owner
+    gc.collect()
+    other = session.buffer(8)
+    other.release()
+    assert "released" in repr(other)
+    with pytest.raises(agora.ClosedError):
+        other.numpy()
+    with pytest.raises(agora.ClosedError):
+        len(other)
+
+
+def test_memset_copy_and_task_handles(session):
+    a = session.buffer_from(np.arange(256, dtype=np.uint8))
+    b = session.buffer(256)
+    with session.queue() as queue:
+        t1 = queue.copy(a, b, src_offset=16, dst_offset=0, nbytes=32)
+        t2 = queue.memset(a, 7)
+        t2.wait()
+        t2.wait()  # waiting twice is fine
+        assert t1.done() and t2.done()
+    assert (a.numpy() == 7).all()
+    np.testing.assert_array_equal(b.numpy()[:32], np.arange(16, 48, dtype=np.uint8))
+
+
+def test_wait_releases_the_gil(session):
+    n = 768
+    a = session.buffer_from(np.ones((n, n), np.float32))
+    c = session.buffer(n * n * 4)
+    with session.queue(device="cpu") as queue:
+        tasks = [queue.launch("sgemm", n, n, n, 1.0, a, a, 0.0, c, range=(n, n)) for _ in range(4)]
+        counter = 0
+        stop = threading.Event()
+
+        def waiter():
+            for task in tasks:
+                task.wait()
+            stop.set()
+
+        thread = threading.Thread(target=waiter)
+        started = time.monotonic()
+        thread.start()
+        while not stop.is_set():
+            counter += 1
+        thread.join()
+        elapsed = time.monotonic() - started
+    # While the other thread waited, this one kept running Python code.
+    assert elapsed > 0.01 and counter > 1000, (elapsed, counter)
+
+
+def test_latency_queue_and_status(session):
+    with session.queue("frontend", queue_class="latency") as queue:
+        queue.launch("noop", range=1).wait()
+        names = [q["name"] for s in session.status()["sessions"] for q in s["queues"]]
+        assert "frontend" in names
+
+
+def test_errors_are_typed_and_say_what_to_do(session, daemon):
+    with pytest.raises(agora.UnknownKernelError, match="did you mean saxpy"):
+        session.kernel("saxpi")
+    with pytest.raises(ValueError, match="'batch'"):
+        session.queue(queue_class="urgent")
+    with pytest.raises(ValueError, match="'cpu'"):
+        session.queue(device="tpu")
+    with pytest.raises(ValueError, match="at least 1 byte"):
+        session.buffer(0)
+    x = session.buffer(16)
+    y = session.buffer(16)
+    with session.queue() as queue:
+        with pytest.raises(agora.ArgumentCountError, match="takes 3 arguments"):
+            queue.launch("saxpy", 1.0, x, range=4)
+        with pytest.raises(agora.ArgumentTypeError, match="is a buffer"):
+            queue.launch("saxpy", 1.0, 2.0, y, range=4)
+        with pytest.raises(agora.ArgumentTypeError, match="F32 scalar"):
+            queue.launch("saxpy", x, x, y, range=4)
+        with pytest.raises(agora.ArgumentTypeError, match="not an i32"):
+            queue.launch("gaussian.fan1", x, y, 2**40, 0, range=1)
+        with pytest.raises(agora.ArgumentTypeError, match="holds float64 elements but the kernel reads float32"):
+            queue.launch("saxpy", 1.0, session.buffer_from(np.zeros(4)), y, range=4)
+        with pytest.raises(TypeError, match="range must be"):
+            queue.launch("saxpy", 1.0, x, y, range="all")
+        # Errors found by the daemon arrive when the task is waited for.
+        with pytest.raises(agora.BufferTooSmallError, match="needs 400 bytes, has 16") as caught:
+            queue.launch("saxpy", 1.0, x, y, range=100).wait()
+        assert isinstance(caught.value, agora.TaskFailedError)
+        assert isinstance(caught.value, agora.AgoraError)
+        with pytest.raises(agora.AliasedBuffersError, match="distinct"):
+            queue.launch("saxpy", 1.0, y, y, range=4).wait()
+        with pytest.raises(agora.InvalidRangeError):
+            queue.launch("saxpy", 1.0, x, y, range=0).wait()
+        # An unreported failure surfaces at finish().
+        queue.launch("saxpy", 1.0, x, y, range=1000)
+        with pytest.raises(agora.BufferTooSmallError):
+            queue.finish()
+    with pytest.raises(agora.OutOfBoundsError, match="do not fit"):
+        x.write(np.zeros(8, np.float32), offset=0)
+    with pytest.raises(agora.QuotaExceededError, match="session-quota"):
+        session.buffer(64 << 30)
+    with pytest.raises(agora.ConnectError, match="agora serve"):
+        agora.Session(socket="/nonexistent/agora.sock")
+    queue = session.queue()
+    queue.close()
+    with pytest.raises(agora.ClosedError, match="closed"):
+        queue.sync_to(x)
+
+
+def test_a_killed_daemon_is_a_disconnected_error(fresh_daemon):
+    daemon = fresh_daemon("--no-opencl")
+    session = agora.Session(socket=str(daemon.socket))
+    queue = session.queue()
+    queue.launch("noop", range=1).wait()
+    daemon.kill()
+    with pytest.raises(agora.DisconnectedError, match="new one"):
+        for _ in range(100):
+            queue.launch("noop", range=1).wait()
+            time.sleep(0.01)
+
+
+def test_module_exports_every_error_class():
+    for name in agora.__all__:
+        if name.endswith("Error"):
+            assert issubclass(getattr(agora, name), agora.AgoraError)
+    assert agora.__version__
+    assert os.path.exists(os.path.join(os.path.dirname(agora.__file__), "py.typed"))

@@ -1,0 +1,66 @@
+"""The Python examples run against a real daemon, and the Python guide shows the quick start verbatim."""
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import REPO
+
+
+def test_quickstart_runs(daemon):
+    run = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "quickstart.py")],
+        env={**os.environ, "AGORA_SOCKET": str(daemon.socket)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "saxpy verified"
+
+
+def test_python_guide_shows_the_quickstart_verbatim():
+    example = (REPO / "examples" / "quickstart.py").read_text()
+    body = example[example.index("# docs example begins") : example.index("# docs example ends")]
+    body = "\n".join(body.splitlines()[1:]).strip()
+    guide = (REPO / "docs" / "getting-started-python.md").read_text()
+    assert body in guide, "docs/getting-started-python.md must show examples/quickstart.py's example verbatim"
+
+
+def test_python_guide_shows_real_error_messages(session):
+    """The messages quoted under "How errors look" are the ones the package raises."""
+    import agora
+    import numpy as np
+
+    guide = (REPO / "docs" / "getting-started-python.md").read_text()
+    with session.queue() as queue:
+        caught = []
+        for attempt in (
+            lambda: session.kernel("saxpi"),
+            lambda: queue.launch("saxpy", 1.0, session.buffer_from(np.zeros(4)), session.buffer(16), range=4),
+            lambda: queue.launch("saxpy", 1.0, session.buffer(16), session.buffer(16), range=100).wait(),
+        ):
+            try:
+                attempt()
+            except agora.AgoraError as error:
+                caught.append(f"{type(error).__module__}.{type(error).__name__}: {error}")
+    for line in caught:
+        assert line in guide, line
+
+
+def test_inference_example_runs_beside_a_batch_job(daemon):
+    """examples/inference.py: checks its first answer against NumPy itself and exits 1 if wrong."""
+    run = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "inference.py"), "--requests", "20", "--batch-matrix", "256", "--json"],
+        env={**os.environ, "AGORA_SOCKET": str(daemon.socket)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    figures = json.loads(run.stdout)
+    assert figures["requests"] == 20 and figures["batch_job"] is True
+    assert figures["max_abs_error"] < 1e-3
+    assert 0 < figures["latency_p50_ms"] <= figures["latency_p99_ms"] <= figures["latency_max_ms"]
+    assert "batch job:" in run.stderr
