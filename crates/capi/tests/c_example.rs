@@ -58,6 +58,7 @@ fn the_c_gaussian_example_builds_with_pkg_config_and_verifies() {
     let socket = dir.join("agora.sock");
     let daemon = agora_daemon::spawn(agora_daemon::DaemonConfig {
         socket: socket.clone(),
+        state_dir: dir.join("state"),
         ..Default::default()
     })
     .unwrap();

@@ -25,6 +25,12 @@ pub enum BenchCommand {
     /// Each program on each device kind, natively and through Agora (client process), and the
     /// transfer round trip; ratios and their geometric mean.
     Overhead(OverheadArgs),
+    /// A mixed workload over cpu + opencl + sim devices under each placement policy, side by
+    /// side: makespan, per-device utilisation, energy.
+    Hetero(crate::bench_sched::HeteroArgs),
+    /// Four client applications sharing the node at once vs the same four one after another
+    /// (time-sharing): total time ratio.
+    Sharing(crate::bench_sched::SharingArgs),
 }
 
 /// `agora bench overhead` options.
@@ -250,15 +256,15 @@ pub fn client(socket: Option<PathBuf>, args: ClientArgs) -> Result<()> {
 }
 
 /// A daemon process started for one measurement.
-struct DaemonProcess {
+pub(crate) struct DaemonProcess {
     child: Option<Child>,
-    socket: PathBuf,
+    pub(crate) socket: PathBuf,
     dir: Option<PathBuf>,
 }
 
 impl DaemonProcess {
     /// Starts `agora serve` on a private socket, or reuses `existing`.
-    fn start(existing: Option<&Path>, extra: &[&str]) -> Result<Self> {
+    pub(crate) fn start(existing: Option<&Path>, extra: &[&str]) -> Result<Self> {
         if let Some(socket) = existing {
             return Ok(DaemonProcess {
                 child: None,
@@ -390,14 +396,14 @@ struct LatencyRun {
     lane_p99_ns: u64,
 }
 
-#[derive(Serialize, Debug)]
-struct Spread {
-    min: f64,
-    median: f64,
-    max: f64,
+#[derive(Serialize, Debug, Clone, Copy)]
+pub(crate) struct Spread {
+    pub(crate) min: f64,
+    pub(crate) median: f64,
+    pub(crate) max: f64,
 }
 
-fn spread(values: &[f64]) -> Spread {
+pub(crate) fn spread(values: &[f64]) -> Spread {
     let mut v = values.to_vec();
     v.sort_by(f64::total_cmp);
     Spread {
@@ -576,6 +582,8 @@ pub fn run(socket: Option<PathBuf>, command: BenchCommand) -> Result<()> {
     match command {
         BenchCommand::Latency(args) => latency(socket, args),
         BenchCommand::Overhead(args) => overhead(socket, args),
+        BenchCommand::Hetero(args) => crate::bench_sched::hetero(args),
+        BenchCommand::Sharing(args) => crate::bench_sched::sharing(socket, args),
     }
 }
 

@@ -12,9 +12,32 @@ use clap::{Args, ValueEnum};
 
 use crate::size::parse_bytes;
 
-/// `agora serve` options.
+/// `agora serve` options. Settings come from the defaults, then `--config FILE`, then these flags;
+/// `--print-config` shows the result as a configuration file.
 #[derive(Args, Debug)]
 pub struct ServeArgs {
+    /// A TOML configuration file (devices, lanes, memory limits, policy, sim devices...); see
+    /// `agora serve --print-config` for every setting and its default.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Print every effective setting as a configuration file and exit.
+    #[arg(long)]
+    print_config: bool,
+    /// Placement policy: rr (round-robin), perf (least expected completion time, learned),
+    /// energy (least predicted energy within the slack).
+    #[arg(long, value_name = "NAME", value_parser = agora_daemon::PolicyKind::parse)]
+    policy: Option<agora_daemon::PolicyKind>,
+    /// Where the daemon keeps its performance model across restarts (default: $AGORA_STATE_DIR,
+    /// else $XDG_STATE_HOME/agora, else ~/.local/state/agora).
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// Most device memory one session may hold per device, e.g. 1G (default: no limit but the
+    /// device's); beyond it the session's idle buffers are evicted to host memory.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    device_quota: Option<u64>,
+    /// Most memory Agora uses on each OpenCL device, e.g. 512M (default: all it reports).
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    opencl_memory_limit: Option<u64>,
     /// CPU lanes (default: one per core).
     #[arg(long, value_name = "N")]
     cpu_lanes: Option<usize>,
@@ -48,9 +71,9 @@ pub struct ServeArgs {
     /// `agora trace save`; view it at ui.perfetto.dev or with `agora plot trace`.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
-    /// Most spans the trace keeps in memory (the oldest are dropped first).
-    #[arg(long, value_name = "N", default_value_t = 500_000)]
-    trace_capacity: usize,
+    /// Most spans the trace keeps in memory (the oldest are dropped first) [default: 500000].
+    #[arg(long, value_name = "N")]
+    trace_capacity: Option<usize>,
 }
 
 fn parse_metrics_addr(text: &str) -> Result<std::net::SocketAddr, String> {
@@ -62,11 +85,18 @@ fn parse_metrics_addr(text: &str) -> Result<std::net::SocketAddr, String> {
 }
 
 impl ServeArgs {
-    pub(crate) fn config(&self, socket: Option<PathBuf>) -> DaemonConfig {
-        let mut c = DaemonConfig {
-            socket: agora_transport::socket::socket_path(socket),
-            ..DaemonConfig::default()
-        };
+    /// Defaults, then the configuration file, then the flags (and `--socket` / `$AGORA_SOCKET`).
+    pub(crate) fn config(&self, socket: Option<PathBuf>) -> Result<DaemonConfig> {
+        let mut c = DaemonConfig::default();
+        if let Some(path) = &self.config {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the configuration file {}", path.display()))?;
+            c.apply_toml(&text)
+                .with_context(|| format!("in the configuration file {}", path.display()))?;
+        }
+        if socket.is_some() {
+            c.socket = agora_transport::socket::socket_path(socket);
+        }
         if let Some(v) = self.cpu_lanes {
             c.cpu_lanes = v;
         }
@@ -88,18 +118,38 @@ impl ServeArgs {
         if let Some(v) = self.opencl_lanes {
             c.opencl_lanes = v.max(1);
         }
+        if let Some(v) = self.opencl_memory_limit {
+            c.opencl_memory_limit = v;
+        }
+        if let Some(v) = self.device_quota {
+            c.device_quota = v;
+        }
+        if let Some(v) = self.policy {
+            c.policy = v;
+        }
+        if let Some(v) = &self.state_dir {
+            c.state_dir = v.clone();
+        }
         c.opencl &= !self.no_opencl;
-        c.metrics = self.metrics;
-        c.trace = self.trace.clone();
-        c.trace_capacity = self.trace_capacity;
-        c
+        if self.metrics.is_some() {
+            c.metrics = self.metrics;
+        }
+        if self.trace.is_some() {
+            c.trace = self.trace.clone();
+        }
+        if let Some(v) = self.trace_capacity {
+            c.trace_capacity = v;
+        }
+        c.validate().context("invalid settings")?;
+        Ok(c)
     }
 }
 
 pub fn serve(socket: Option<PathBuf>, args: ServeArgs) -> Result<()> {
-    let config = args.config(socket);
-    if !config.ring_capacity.is_power_of_two() || config.ring_capacity < 2 || config.ring_capacity > 1 << 16 {
-        bail!("--ring-capacity must be a power of two between 2 and 65536");
+    let config = args.config(socket)?;
+    if args.print_config {
+        print!("{}", config.to_toml());
+        return Ok(());
     }
     agora_daemon::run(config).context("the daemon stopped with an error")
 }
@@ -162,6 +212,24 @@ pub fn status(socket: Option<PathBuf>, args: StatusArgs) -> Result<()> {
             s.tasks_failed,
             s.in_flight
         );
+        for q in &s.queues {
+            // What the client asked for (a hint) beside what the policy chose.
+            println!(
+                "        queue {:<16} {:<7} in flight {:<5} prefers {:<7} {}",
+                q.name,
+                format!("{:?}", q.class).to_lowercase(),
+                q.in_flight,
+                q.preferred.as_deref().unwrap_or("any"),
+                match (&q.bound_to, &q.last_device) {
+                    (Some(bound), _) => format!("bound to {bound}"),
+                    (None, Some(last)) => format!("last ran on {last}"),
+                    (None, None) => "not run yet".to_string(),
+                }
+            );
+        }
+    }
+    if report.evictions > 0 {
+        println!("buffers evicted from device memory since start: {}", report.evictions);
     }
     Ok(())
 }

@@ -2,7 +2,9 @@
 //! benchmarks. Every subcommand honours `--socket` and the `AGORA_SOCKET` environment variable.
 
 mod bench;
+mod bench_sched;
 mod cmd;
+mod model;
 mod plot;
 mod size;
 mod top;
@@ -47,6 +49,9 @@ enum Command {
     /// Task traces: `agora trace save` writes a running daemon's trace file now.
     #[command(subcommand)]
     Trace(TraceCommand),
+    /// The learned performance model: `agora model show`.
+    #[command(subcommand)]
+    Model(model::ModelCommand),
     /// Benchmarks, measured side by side in one run.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -83,6 +88,7 @@ fn main() {
         Command::Demo(args) => cmd::demo(args),
         Command::Trace(TraceCommand::Save) => cmd::trace_save(cli.socket),
         Command::Plot(command) => plot::run(command),
+        Command::Model(command) => model::run(command),
         Command::Bench(command) => bench::run(cli.socket, command),
         Command::BenchClient(args) => bench::client(cli.socket, args),
     };

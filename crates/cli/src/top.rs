@@ -327,7 +327,10 @@ fn live(terminal: &mut ratatui::DefaultTerminal, socket: Option<PathBuf>, interv
                         q.name.clone(),
                         format!("{:?}", q.class).to_lowercase(),
                         q.in_flight.to_string(),
-                        q.bound_to.clone().unwrap_or_else(|| "unbound".into()),
+                        q.bound_to
+                            .clone()
+                            .or_else(|| q.last_device.as_ref().map(|d| format!("unbound (last {d})")))
+                            .unwrap_or_else(|| "unbound".into()),
                     ])
                 });
                 let title = chosen.map_or("queues".to_string(), |t| format!("queues of {} (#{})", t.name, t.id));

@@ -32,6 +32,7 @@ impl Daemon {
             .arg(&socket)
             .args(extra)
             .env("AGORA_LOG", "warn")
+            .env("AGORA_STATE_DIR", dir.join("state"))
             .stdout(Stdio::null())
             .spawn()
             .expect("agora serve starts");

@@ -1,7 +1,163 @@
-//! Daemon settings, each with a default that suits a shared node.
+//! Daemon settings, each with a default that suits a shared node, and their TOML file format.
+//!
+//! [`DaemonConfig`] is what the daemon runs with. A configuration file (`agora serve --config
+//! FILE`) sets any subset of it in sections (`[daemon]`, `[sessions]`, `[scheduler]`, `[cpu]`,
+//! `[opencl]`, `[[sim]]`, `[telemetry]`); what the file does not set keeps its default, and
+//! command-line flags override both. [`DaemonConfig::to_toml`] writes every effective setting in
+//! the same format (`agora serve --print-config`), so its output is a valid configuration file.
+//!
+//! Must not start anything: this module only describes.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Power draw of a device, for the `energy` policy and for energy reports.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PowerModel {
+    /// Watts the device draws with no lane busy.
+    pub idle_watts: f64,
+    /// Watts the device draws with every lane busy (linear in between).
+    pub active_watts: f64,
+}
+
+impl PowerModel {
+    /// Extra watts one busy lane of `lanes` adds over idle.
+    pub fn lane_watts(&self, lanes: usize) -> f64 {
+        (self.active_watts - self.idle_watts).max(0.0) / lanes.max(1) as f64
+    }
+}
+
+/// A `[[sim]]` device of the configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimDeviceConfig {
+    /// Name (unique), e.g. `sim0`.
+    pub name: String,
+    /// Lanes.
+    #[serde(default = "default_sim_lanes")]
+    pub lanes: usize,
+    /// Device memory, e.g. `"4G"` or a number of bytes.
+    #[serde(default = "default_sim_memory", with = "bytes")]
+    pub memory: u64,
+    /// Speed relative to one CPU core for kernels without a profile entry.
+    #[serde(default = "one")]
+    pub speed: f64,
+    /// Fixed cost of a launch without a profile entry, nanoseconds.
+    #[serde(default = "default_launch_ns")]
+    pub launch_ns: f64,
+    /// Host link bandwidth in bytes per second, e.g. `"12G"`.
+    #[serde(default = "default_bandwidth", with = "bytes")]
+    pub bandwidth: u64,
+    /// Kernels it implements (absent: every kernel).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernels: Option<Vec<String>>,
+    /// Per-kernel time profiles: `[sim.profile.sgemm] launch_ns = 20000, ns_per_item = 4.0`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub profile: BTreeMap<String, SimKernelProfile>,
+    /// Watts idle.
+    #[serde(default = "default_sim_idle")]
+    pub idle_watts: f64,
+    /// Watts with every lane busy.
+    #[serde(default = "default_sim_active")]
+    pub active_watts: f64,
+}
+
+/// One kernel's modeled time on a sim device.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimKernelProfile {
+    /// Fixed cost per launch, nanoseconds.
+    #[serde(default)]
+    pub launch_ns: f64,
+    /// Cost per work item, nanoseconds.
+    pub ns_per_item: f64,
+}
+
+fn default_sim_lanes() -> usize {
+    2
+}
+fn default_sim_memory() -> u64 {
+    1 << 30
+}
+fn one() -> f64 {
+    1.0
+}
+fn default_launch_ns() -> f64 {
+    5_000.0
+}
+fn default_bandwidth() -> u64 {
+    10_000_000_000
+}
+fn default_sim_idle() -> f64 {
+    10.0
+}
+fn default_sim_active() -> f64 {
+    60.0
+}
+
+impl SimDeviceConfig {
+    /// A sim device with every default and this name.
+    pub fn named(name: &str) -> Self {
+        SimDeviceConfig {
+            name: name.to_string(),
+            lanes: default_sim_lanes(),
+            memory: default_sim_memory(),
+            speed: 1.0,
+            launch_ns: default_launch_ns(),
+            bandwidth: default_bandwidth(),
+            kernels: None,
+            profile: BTreeMap::new(),
+            idle_watts: default_sim_idle(),
+            active_watts: default_sim_active(),
+        }
+    }
+
+    /// Its power model.
+    pub fn power(&self) -> PowerModel {
+        PowerModel {
+            idle_watts: self.idle_watts,
+            active_watts: self.active_watts,
+        }
+    }
+}
+
+/// Which placement policy, and its parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum PolicyKind {
+    /// Round-robin over the lanes that implement the kernel (Arax's default).
+    #[default]
+    Rr,
+    /// Least expected completion time from the learned performance model (StarPU's dmda).
+    Perf,
+    /// Least predicted energy among devices that finish within the slack.
+    Energy,
+}
+
+impl PolicyKind {
+    /// The name used in files, flags and `agora status`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::Rr => "rr",
+            PolicyKind::Perf => "perf",
+            PolicyKind::Energy => "energy",
+        }
+    }
+
+    /// Parses a name.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "rr" => Ok(PolicyKind::Rr),
+            "perf" => Ok(PolicyKind::Perf),
+            "energy" => Ok(PolicyKind::Energy),
+            _ => Err(format!("unknown policy '{text}': choose rr, perf or energy")),
+        }
+    }
+}
 
 /// Settings of one daemon.
 #[derive(Debug, Clone)]
@@ -12,8 +168,13 @@ pub struct DaemonConfig {
     pub cpu_lanes: usize,
     /// Threads per CPU lane.
     pub cpu_threads_per_lane: usize,
+    /// Power model of the CPU device (used where RAPL counters cannot be read).
+    pub cpu_power: PowerModel,
     /// Largest heap a session may have, in bytes (its buffer quota).
     pub session_quota: u64,
+    /// Most device memory one session's buffers may hold on one device (0: no limit but the
+    /// device's own). Beyond it the session's idle buffers are evicted to make room.
+    pub device_quota: u64,
     /// Submission and completion ring capacity per session (entries, a power of two).
     pub ring_capacity: u32,
     /// Most queues per session.
@@ -33,18 +194,56 @@ pub struct DaemonConfig {
     pub opencl: bool,
     /// Lanes (command queues) per OpenCL device.
     pub opencl_lanes: usize,
+    /// Most memory Agora uses on each OpenCL device (0: all it reports).
+    pub opencl_memory_limit: u64,
+    /// Power model of each OpenCL device.
+    pub opencl_power: PowerModel,
+    /// Modeled devices.
+    pub sims: Vec<SimDeviceConfig>,
     /// Longest the dispatcher polls the rings after its last work before it blocks.
     pub max_spin: Duration,
+    /// Placement policy.
+    pub policy: PolicyKind,
+    /// `perf`: weight of the old average when a new measurement arrives (0.8 = XiTAO's 4:1).
+    pub history_weight: f64,
+    /// `energy`: a device may be chosen when its predicted finish is within this factor of the
+    /// earliest predicted finish (the task's slack).
+    pub energy_slack: f64,
+    /// Where the daemon keeps state across restarts (the performance model).
+    pub state_dir: PathBuf,
+}
+
+/// The default state directory: `$AGORA_STATE_DIR`, else `$XDG_STATE_HOME/agora`, else
+/// `~/.local/state/agora`, else `/tmp/agora-$UID/state`.
+pub fn default_state_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("AGORA_STATE_DIR") {
+        return PathBuf::from(dir);
+    }
+    if let Some(dir) = std::env::var_os("XDG_STATE_HOME") {
+        return PathBuf::from(dir).join("agora");
+    }
+    if let Some(home) = std::env::var_os("HOME") {
+        return PathBuf::from(home).join(".local/state/agora");
+    }
+    PathBuf::from(format!("/tmp/agora-{}/state", rustix::process::getuid().as_raw()))
 }
 
 impl Default for DaemonConfig {
     fn default() -> Self {
         let (lanes, threads) = agora_devices::cpu::CpuDevice::default_partition();
+        let cores = (lanes * threads) as f64;
+        // A server core draws roughly 2 W idle and 10–12 W busy; PoCL runs on the same cores.
+        let cpu_power = PowerModel {
+            idle_watts: 2.0 * cores,
+            active_watts: 12.0 * cores,
+        };
         DaemonConfig {
             socket: agora_transport::socket::socket_path(None),
             cpu_lanes: lanes,
             cpu_threads_per_lane: threads,
+            cpu_power,
             session_quota: 2 << 30,
+            device_quota: 0,
             ring_capacity: 1024,
             max_queues: 4096,
             max_buffers: 1 << 16,
@@ -55,6 +254,429 @@ impl Default for DaemonConfig {
             trace: None,
             trace_capacity: 500_000,
             opencl_lanes: 2,
+            opencl_memory_limit: 0,
+            opencl_power: cpu_power,
+            sims: Vec::new(),
+            policy: PolicyKind::Rr,
+            history_weight: 0.8,
+            energy_slack: 1.5,
+            state_dir: default_state_dir(),
         }
+    }
+}
+
+/// A configuration file that could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// Not valid TOML, or a setting of the wrong type or name.
+    #[error("{0}")]
+    Parse(String),
+    /// Valid TOML with a value that cannot work.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+// The file format: sections of optional settings.
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    daemon: DaemonSection,
+    #[serde(default)]
+    sessions: SessionsSection,
+    #[serde(default)]
+    scheduler: SchedulerSection,
+    #[serde(default)]
+    cpu: CpuSection,
+    #[serde(default)]
+    opencl: OpenClSection,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    sim: Vec<SimDeviceConfig>,
+    #[serde(default)]
+    telemetry: TelemetrySection,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DaemonSection {
+    socket: Option<PathBuf>,
+    state_dir: Option<PathBuf>,
+    inline_max_ns: Option<u64>,
+    max_spin_us: Option<u64>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SessionsSection {
+    #[serde(default, with = "opt_bytes")]
+    quota: Option<u64>,
+    #[serde(default, with = "opt_bytes")]
+    device_quota: Option<u64>,
+    ring_capacity: Option<u32>,
+    max_queues: Option<usize>,
+    max_buffers: Option<usize>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SchedulerSection {
+    policy: Option<PolicyKind>,
+    #[serde(default)]
+    perf: PerfSection,
+    #[serde(default)]
+    energy: EnergySection,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PerfSection {
+    history_weight: Option<f64>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EnergySection {
+    slack: Option<f64>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CpuSection {
+    lanes: Option<usize>,
+    threads_per_lane: Option<usize>,
+    idle_watts: Option<f64>,
+    active_watts: Option<f64>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OpenClSection {
+    enabled: Option<bool>,
+    lanes: Option<usize>,
+    #[serde(default, with = "opt_bytes")]
+    memory_limit: Option<u64>,
+    idle_watts: Option<f64>,
+    active_watts: Option<f64>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TelemetrySection {
+    metrics: Option<std::net::SocketAddr>,
+    trace: Option<PathBuf>,
+    trace_capacity: Option<usize>,
+}
+
+impl DaemonConfig {
+    /// The defaults with what `text` (a configuration file) sets applied.
+    pub fn from_toml(text: &str) -> Result<DaemonConfig, ConfigError> {
+        let mut config = DaemonConfig::default();
+        config.apply_toml(text)?;
+        Ok(config)
+    }
+
+    /// Applies the settings of a configuration file over these.
+    pub fn apply_toml(&mut self, text: &str) -> Result<(), ConfigError> {
+        let file: File = toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        let c = self;
+        let d = file.daemon;
+        set(&mut c.socket, d.socket);
+        set(&mut c.state_dir, d.state_dir);
+        set(&mut c.inline_max_ns, d.inline_max_ns);
+        if let Some(us) = d.max_spin_us {
+            c.max_spin = Duration::from_micros(us);
+        }
+        let s = file.sessions;
+        set(&mut c.session_quota, s.quota);
+        set(&mut c.device_quota, s.device_quota);
+        set(&mut c.ring_capacity, s.ring_capacity);
+        set(&mut c.max_queues, s.max_queues);
+        set(&mut c.max_buffers, s.max_buffers);
+        set(&mut c.policy, file.scheduler.policy);
+        set(&mut c.history_weight, file.scheduler.perf.history_weight);
+        set(&mut c.energy_slack, file.scheduler.energy.slack);
+        set(&mut c.cpu_lanes, file.cpu.lanes);
+        set(&mut c.cpu_threads_per_lane, file.cpu.threads_per_lane);
+        set(&mut c.cpu_power.idle_watts, file.cpu.idle_watts);
+        set(&mut c.cpu_power.active_watts, file.cpu.active_watts);
+        set(&mut c.opencl, file.opencl.enabled);
+        set(&mut c.opencl_lanes, file.opencl.lanes);
+        set(&mut c.opencl_memory_limit, file.opencl.memory_limit);
+        set(&mut c.opencl_power.idle_watts, file.opencl.idle_watts);
+        set(&mut c.opencl_power.active_watts, file.opencl.active_watts);
+        if !file.sim.is_empty() {
+            c.sims = file.sim;
+        }
+        if file.telemetry.metrics.is_some() {
+            c.metrics = file.telemetry.metrics;
+        }
+        if file.telemetry.trace.is_some() {
+            c.trace = file.telemetry.trace;
+        }
+        set(&mut c.trace_capacity, file.telemetry.trace_capacity);
+        c.validate()
+    }
+
+    /// Checks values that parse but cannot work.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if !self.ring_capacity.is_power_of_two() || !(2..=1 << 16).contains(&self.ring_capacity) {
+            return bad(format!(
+                "ring capacity (--ring-capacity, sessions.ring_capacity) = {} must be a power of two between 2 and 65536",
+                self.ring_capacity
+            ));
+        }
+        if self.cpu_lanes == 0 || self.cpu_threads_per_lane == 0 || self.opencl_lanes == 0 {
+            return bad("cpu.lanes, cpu.threads_per_lane and opencl.lanes must be at least 1".into());
+        }
+        if !(0.0..1.0).contains(&self.history_weight) {
+            return bad(format!(
+                "scheduler.perf.history_weight = {} must be in [0, 1): the weight of the old average",
+                self.history_weight
+            ));
+        }
+        if self.energy_slack < 1.0 {
+            return bad(format!(
+                "scheduler.energy.slack = {} must be at least 1 (1: only the fastest device qualifies)",
+                self.energy_slack
+            ));
+        }
+        let mut names = std::collections::HashSet::new();
+        for sim in &self.sims {
+            if sim.name.is_empty() || !names.insert(sim.name.as_str()) {
+                return bad(format!(
+                    "sim device names must be unique and not empty ('{}')",
+                    sim.name
+                ));
+            }
+            if sim.lanes == 0 || sim.memory == 0 || sim.speed <= 0.0 || sim.bandwidth == 0 {
+                return bad(format!(
+                    "sim device '{}': lanes, memory, speed and bandwidth must be positive",
+                    sim.name
+                ));
+            }
+            for kernel in sim.kernels.iter().flatten().chain(sim.profile.keys()) {
+                if agora_kernels::find(kernel).is_none() {
+                    return bad(format!(
+                        "sim device '{}' names kernel '{kernel}', which the library does not have (`agora kernels` lists them)",
+                        sim.name
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every effective setting as a configuration file (what `agora serve --print-config` shows).
+    pub fn to_toml(&self) -> String {
+        let file = File {
+            daemon: DaemonSection {
+                socket: Some(self.socket.clone()),
+                state_dir: Some(self.state_dir.clone()),
+                inline_max_ns: Some(self.inline_max_ns),
+                max_spin_us: Some(self.max_spin.as_micros() as u64),
+            },
+            sessions: SessionsSection {
+                quota: Some(self.session_quota),
+                device_quota: Some(self.device_quota),
+                ring_capacity: Some(self.ring_capacity),
+                max_queues: Some(self.max_queues),
+                max_buffers: Some(self.max_buffers),
+            },
+            scheduler: SchedulerSection {
+                policy: Some(self.policy),
+                perf: PerfSection {
+                    history_weight: Some(self.history_weight),
+                },
+                energy: EnergySection {
+                    slack: Some(self.energy_slack),
+                },
+            },
+            cpu: CpuSection {
+                lanes: Some(self.cpu_lanes),
+                threads_per_lane: Some(self.cpu_threads_per_lane),
+                idle_watts: Some(self.cpu_power.idle_watts),
+                active_watts: Some(self.cpu_power.active_watts),
+            },
+            opencl: OpenClSection {
+                enabled: Some(self.opencl),
+                lanes: Some(self.opencl_lanes),
+                memory_limit: Some(self.opencl_memory_limit),
+                idle_watts: Some(self.opencl_power.idle_watts),
+                active_watts: Some(self.opencl_power.active_watts),
+            },
+            sim: self.sims.clone(),
+            telemetry: TelemetrySection {
+                metrics: self.metrics,
+                trace: self.trace.clone(),
+                trace_capacity: Some(self.trace_capacity),
+            },
+        };
+        let body = toml::to_string_pretty(&file).unwrap_or_else(|e| format!("# cannot print: {e}\n"));
+        let mut out = String::from(
+            "# Agora daemon configuration: every effective setting (defaults, then the file, then flags).\n\
+             # Sizes take suffixes (\"512M\", \"2G\"); memory_limit / device_quota 0 means no limit.\n\
+             # scheduler.policy: rr | perf | energy. Add modeled devices with [[sim]] sections, e.g.\n\
+             #   [[sim]]\n\
+             #   name = \"sim0\"\n\
+             #   lanes = 2\n\
+             #   memory = \"1G\"\n\
+             #   speed = 4.0            # x one CPU core, for kernels without a profile\n\
+             #   kernels = [\"sgemm\"]    # absent: every kernel\n\
+             #   [sim.profile.sgemm]\n\
+             #   launch_ns = 20000\n\
+             #   ns_per_item = 30.0\n",
+        );
+        if self.metrics.is_none() {
+            out.push_str("# [telemetry] metrics = \"127.0.0.1:9464\" serves Prometheus metrics (off by default)\n");
+        }
+        if self.trace.is_none() {
+            out.push_str("# [telemetry] trace = \"agora.trace.json\" records a task trace (off by default)\n");
+        }
+        out.push('\n');
+        out.push_str(&body);
+        out
+    }
+}
+
+fn set<T>(field: &mut T, value: Option<T>) {
+    if let Some(v) = value {
+        *field = v;
+    }
+}
+
+/// Parses `N`, `NK`, `NM`, `NG`, `NT` (powers of 1024; an optional trailing `B` or `iB`).
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let t = text.trim().trim_end_matches(['B', 'b']).trim_end_matches('i');
+    let (digits, shift) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 30),
+        Some('T' | 't') => (&t[..t.len() - 1], 40),
+        _ => (t, 0),
+    };
+    let n: u64 = digits
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{text}' is not a size (try 4096, 64M or 2G)"))?;
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("'{text}' is too large"))
+}
+
+/// Writes a byte count the way a person would (`2G`, `512M`, `1000`).
+pub fn format_bytes(n: u64) -> String {
+    for (shift, suffix) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
+        // Only when exact and short: 10 GB/s reads better as 10000000000 than as 9765625K.
+        if n != 0 && n.is_multiple_of(1u64 << shift) && (n >> shift) < 10_000 {
+            return format!("{}{suffix}", n >> shift);
+        }
+    }
+    n.to_string()
+}
+
+/// Serde for byte sizes: a number, or a string with a suffix.
+mod bytes {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Size {
+        Number(u64),
+        Text(String),
+    }
+
+    pub fn serialize<S: Serializer>(n: &u64, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&super::format_bytes(*n))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        match Size::deserialize(d)? {
+            Size::Number(n) => Ok(n),
+            Size::Text(t) => super::parse_bytes(&t).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// Serde for optional byte sizes.
+mod opt_bytes {
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(n: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+        match n {
+            Some(n) => super::bytes::serialize(n, s),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        super::bytes::deserialize(d).map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn printed_config_parses_back_to_the_same_settings() {
+        let mut config = DaemonConfig {
+            policy: PolicyKind::Perf,
+            ..Default::default()
+        };
+        config.sims.push(SimDeviceConfig {
+            kernels: Some(vec!["sgemm".into()]),
+            ..SimDeviceConfig::named("fast")
+        });
+        config.sims[0].profile.insert(
+            "sgemm".into(),
+            SimKernelProfile {
+                launch_ns: 1.0,
+                ns_per_item: 2.0,
+            },
+        );
+        let text = config.to_toml();
+        let back = DaemonConfig::from_toml(&text).unwrap();
+        assert_eq!(back.to_toml(), text);
+        assert_eq!(back.policy, PolicyKind::Perf);
+        assert_eq!(back.sims, config.sims);
+    }
+
+    #[test]
+    fn a_file_sets_only_what_it_names() {
+        let c = DaemonConfig::from_toml(
+            "[scheduler]\npolicy = \"energy\"\n[sessions]\nquota = \"512M\"\n[opencl]\nmemory_limit = 1048576\n\
+             [[sim]]\nname = \"s\"\nmemory = \"64M\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.policy, PolicyKind::Energy);
+        assert_eq!(c.session_quota, 512 << 20);
+        assert_eq!(c.opencl_memory_limit, 1 << 20);
+        assert_eq!(c.sims[0].memory, 64 << 20);
+        assert_eq!(c.sims[0].lanes, 2);
+        assert_eq!(c.ring_capacity, DaemonConfig::default().ring_capacity);
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        let err = |t: &str| DaemonConfig::from_toml(t).unwrap_err().to_string();
+        assert!(err("[scheduler]\npolicy = \"fastest\"").contains("unknown variant"));
+        assert!(err("[cpu]\nlanez = 2").contains("lanez"));
+        assert!(err("[sessions]\nquota = \"lots\"").contains("not a size"));
+        assert!(err("[sessions]\nring_capacity = 1000").contains("power of two"));
+        assert!(err("[[sim]]\nname = \"a\"\nkernels = [\"nope\"]").contains("'nope'"));
+        assert!(err("[[sim]]\nname = \"a\"\n[[sim]]\nname = \"a\"").contains("unique"));
+        assert!(err("[scheduler.perf]\nhistory_weight = 1.5").contains("[0, 1)"));
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_bytes("64M").unwrap(), 64 << 20);
+        assert_eq!(parse_bytes("2GiB").unwrap(), 2 << 30);
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("99999999999T").is_err());
+        assert_eq!(format_bytes(2 << 30), "2G");
+        assert_eq!(format_bytes(1000), "1000");
+        assert_eq!(format_bytes(10_000_000_000), "10000000000");
     }
 }

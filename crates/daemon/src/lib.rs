@@ -6,9 +6,11 @@
 //! * [`server`](crate::server) — the dispatcher thread's event loop: accepts clients, answers
 //!   control requests, polls session rings, sleeps when idle;
 //! * `session` — per-client state (segment, rings, queues, buffers, heap, counters);
-//! * `memory` — where buffers live (today: the session heap allocator);
+//! * `memory` — where buffers live: the session heap allocator, valid copies per device,
+//!   eviction under device-memory pressure and per-session device quotas;
 //! * `scheduler` — descriptors → validated tasks → inline runs or device lanes;
-//! * [`policy`] — pluggable placement policies (`rr` today);
+//! * [`policy`] — pluggable placement policies (`rr`, `perf`, `energy`) and the learned
+//!   performance model they read;
 //! * devices come from `agora-devices`, kernels from `agora-kernels`.
 //!
 //! Use [`run`] for a foreground daemon that stops on SIGINT/SIGTERM, or [`spawn`] to embed one
@@ -21,7 +23,7 @@ pub mod policy;
 mod scheduler;
 mod server;
 mod session;
-mod telemetry;
+pub mod telemetry;
 
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -31,7 +33,10 @@ use agora_devices::cpu::CpuDevice;
 use agora_devices::Device;
 use agora_transport::wake::Doorbell;
 
-pub use config::DaemonConfig;
+pub use config::{
+    default_state_dir, format_bytes, parse_bytes, ConfigError, DaemonConfig, PolicyKind, PowerModel, SimDeviceConfig,
+    SimKernelProfile,
+};
 
 /// Why the daemon could not start or run.
 #[derive(Debug, thiserror::Error)]
@@ -115,6 +120,9 @@ fn bind(path: &Path) -> Result<UnixListener, DaemonError> {
 }
 
 fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, DaemonError> {
+    config
+        .validate()
+        .map_err(|e| DaemonError::io("checking the configuration", std::io::Error::other(e.to_string())))?;
     let cpu = CpuDevice::new(config.cpu_lanes, config.cpu_threads_per_lane)
         .map_err(|e| DaemonError::io("starting CPU lanes", e))?;
     tracing::info!(
@@ -123,9 +131,15 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
         threads_per_lane = cpu.info().threads_per_lane,
         "device ready"
     );
+    // Host memory moves at memcpy speed; these are starting points for the policies' transfer
+    // estimates, not measurements.
+    let mut facts = vec![scheduler::DeviceFacts {
+        lane_watts: config.cpu_power.lane_watts(cpu.info().lanes),
+        bandwidth: 10e9,
+    }];
     let mut devices: Vec<Arc<dyn Device>> = vec![Arc::new(cpu)];
     if config.opencl {
-        let (found, problems) = agora_devices::opencl::discover(config.opencl_lanes);
+        let (found, problems) = agora_devices::opencl::discover(config.opencl_lanes, config.opencl_memory_limit);
         for problem in problems {
             tracing::warn!("{problem}; continuing without it");
         }
@@ -137,9 +151,47 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
                 memory_mib = device.info().memory_bytes >> 20,
                 "device ready"
             );
+            facts.push(scheduler::DeviceFacts {
+                lane_watts: config.opencl_power.lane_watts(device.info().lanes),
+                bandwidth: 8e9,
+            });
             devices.push(Arc::new(device));
         }
     }
+    for sim in &config.sims {
+        let device = agora_devices::sim::SimDevice::new(sim_spec(sim))
+            .map_err(|e| DaemonError::io(format!("starting sim device {}", sim.name), e))?;
+        tracing::info!(
+            device = %device.info().name,
+            description = %device.info().description,
+            lanes = device.info().lanes,
+            "device ready"
+        );
+        facts.push(scheduler::DeviceFacts {
+            lane_watts: sim.power().lane_watts(sim.lanes),
+            bandwidth: sim.bandwidth as f64,
+        });
+        devices.push(Arc::new(device));
+    }
+    if devices.len() > memory::MAX_DEVICES {
+        return Err(DaemonError::io(
+            "starting devices",
+            std::io::Error::other(format!("at most {} devices are supported", memory::MAX_DEVICES)),
+        ));
+    }
+    let model = match policy::PerformanceModel::load(&config.state_dir, config.history_weight) {
+        Ok(model) => {
+            let entries = model.rows().len();
+            tracing::info!(file = %policy::PerformanceModel::path(&config.state_dir).display(), entries, "performance model loaded");
+            model
+        }
+        Err(error) => {
+            tracing::warn!(%error, "starting with an empty performance model");
+            policy::PerformanceModel::new(config.history_weight)
+        }
+    };
+    let model = Arc::new(std::sync::Mutex::new(model));
+    start_model_saver(Arc::downgrade(&model), config.state_dir.clone());
     let trace = config.trace.as_ref().map(|path| {
         tracing::info!(file = %path.display(), capacity = config.trace_capacity, "tracing tasks");
         telemetry::TraceRecorder::new(
@@ -158,14 +210,74 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
     }
     let scheduler = scheduler::Scheduler::new(
         devices,
-        Box::new(policy::RoundRobin::default()),
+        facts,
+        policy::build(config.policy, &config),
+        model,
         config.inline_max_ns,
+        config.device_quota,
         telemetry.clone(),
     );
+    tracing::info!(policy = config.policy.name(), "scheduling");
+    if config.policy == PolicyKind::Energy {
+        match telemetry::rapl::unavailable_reason() {
+            None => tracing::info!("RAPL energy counters are readable: CPU energy can be measured"),
+            Some(reason) => tracing::info!(
+                %reason,
+                idle_watts = config.cpu_power.idle_watts,
+                active_watts = config.cpu_power.active_watts,
+                "RAPL energy counters are not readable; the CPU's energy comes from the configured power model"
+            ),
+        }
+    }
     tracing::info!(socket = %config.socket.display(), kernels = agora_kernels::library().len(), "listening");
     // Bind last: a daemon that fails to start must not leave a socket file behind.
     let listener = bind(&config.socket)?;
     server::Server::new(config, listener, scheduler, stop, telemetry)
+}
+
+/// The device layer's description of a configured sim device.
+fn sim_spec(sim: &SimDeviceConfig) -> agora_devices::sim::SimSpec {
+    agora_devices::sim::SimSpec {
+        name: sim.name.clone(),
+        lanes: sim.lanes,
+        memory_bytes: sim.memory,
+        speed: sim.speed,
+        launch_ns: sim.launch_ns,
+        profile: sim
+            .profile
+            .iter()
+            .map(|(kernel, p)| {
+                (
+                    kernel.clone(),
+                    agora_devices::sim::KernelProfile {
+                        launch_ns: p.launch_ns,
+                        ns_per_item: p.ns_per_item,
+                    },
+                )
+            })
+            .collect(),
+        kernels: sim.kernels.clone(),
+        bandwidth: sim.bandwidth as f64,
+    }
+}
+
+/// Saves the performance model every few seconds while it changes, so a daemon that is killed
+/// loses little of what it learned. Ends when the daemon (the model's owner) is gone.
+fn start_model_saver(model: std::sync::Weak<std::sync::Mutex<policy::PerformanceModel>>, state_dir: PathBuf) {
+    let _ = std::thread::Builder::new()
+        .name("agora-model-saver".into())
+        .spawn(move || loop {
+            for _ in 0..50 {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                if model.strong_count() == 0 {
+                    return;
+                }
+            }
+            match model.upgrade() {
+                Some(model) => scheduler::save_model(&model, &state_dir),
+                None => return,
+            }
+        });
 }
 
 /// Runs a daemon in the foreground until SIGINT or SIGTERM.

@@ -22,21 +22,33 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use agora_devices::{Device, DeviceBuffer, DeviceKind, Job, Transfer, Work};
+use agora_devices::{Device, DeviceBuffer, Job, Transfer, Work};
 use agora_kernels::{ArgValue, KernelDef, LaunchShape};
 use agora_protocol::descriptor::Decoded;
 use agora_protocol::ring::RingError;
 use agora_protocol::{Access, ArgTag, Completion, Op, ParamKind, TaskError, MAX_ARGS};
 
-use crate::memory::BufferRecord;
-use crate::policy::{Candidate, Policy};
+use crate::memory::{BufferRecord, Residency};
+use crate::policy::model::Estimate;
+use crate::policy::{Candidate, PerformanceModel, Policy};
 use crate::session::{QueueState, Session, SessionShared};
 use crate::telemetry::{Span, TaskCounters, Telemetry};
 use agora_protocol::control::QueueClass;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
 use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
 use std::time::Instant;
+
+/// What the scheduler knows of each device beyond the `Device` trait (from the configuration).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DeviceFacts {
+    /// Extra watts one busy lane draws.
+    pub lane_watts: f64,
+    /// Bytes per second between host memory and the device.
+    pub bandwidth: f64,
+}
 
 /// Most descriptors taken from one session before the scheduler looks at the next session.
 const BATCH: u32 = 256;
@@ -57,6 +69,15 @@ pub(crate) struct Scheduler {
     bytes: [Counter; 2],
     /// Trace row of each device's lane 0 (lanes follow).
     first_row: Vec<u32>,
+    /// The learned performance model (fed by every finished launch, read by policies).
+    pub model: Arc<Mutex<PerformanceModel>>,
+    facts: Vec<DeviceFacts>,
+    /// Predicted nanoseconds of work queued or running, per device and lane.
+    lane_pending: Vec<Vec<Arc<AtomicU64>>>,
+    /// Which buffers have device copies (eviction).
+    pub residency: Residency,
+    /// Per-session device-memory quota in bytes (0: none).
+    device_quota: u64,
 }
 
 /// Name of an operation in metrics and traces.
@@ -107,6 +128,10 @@ struct Ready {
     queue: Arc<QueueState>,
     action: Action,
     estimated_ns: f64,
+    /// Work items of a launch (the product of its range); 0 otherwise.
+    items: u64,
+    /// How many leading entries of `buffers` may hold a buffer (the hot path skips the rest).
+    slots: usize,
     /// Buffer arguments with their access (transfers name buffers by argument index).
     buffers: [Option<(Arc<BufferRecord>, Access, bool)>; MAX_ARGS],
 }
@@ -114,10 +139,17 @@ struct Ready {
 impl Scheduler {
     pub(crate) fn new(
         devices: Vec<Arc<dyn Device>>,
+        facts: Vec<DeviceFacts>,
         policy: Box<dyn Policy>,
+        model: Arc<Mutex<PerformanceModel>>,
         inline_max_ns: u64,
+        device_quota: u64,
         telemetry: Arc<Telemetry>,
     ) -> Self {
+        let lane_pending = devices
+            .iter()
+            .map(|d| (0..d.info().lanes).map(|_| Arc::new(AtomicU64::new(0))).collect())
+            .collect();
         let histograms = devices
             .iter()
             .map(|d| Arc::new(telemetry.metrics.device_histograms(&d.info().name)))
@@ -140,6 +172,11 @@ impl Scheduler {
             histograms,
             bytes,
             first_row,
+            model,
+            facts,
+            lane_pending,
+            residency: Residency::default(),
+            device_quota,
         }
     }
 
@@ -163,6 +200,11 @@ impl Scheduler {
 
     pub(crate) fn policy_name(&self) -> &'static str {
         self.policy.name()
+    }
+
+    /// Writes the performance model to `state_dir` if it changed.
+    pub(crate) fn save_model(&self, state_dir: &std::path::Path) {
+        save_model(&self.model, state_dir);
     }
 
     /// Takes what the session's ring holds (up to admission control and one batch).
@@ -216,8 +258,9 @@ impl Scheduler {
         }
     }
 
-    /// Lanes a task may go to when its queue is unbound.
-    fn candidates_for(&mut self, kernel: Option<&KernelDef>, preferred: Option<DeviceKind>, only: Option<usize>) {
+    /// Lanes a task may go to when its queue is unbound, with the predictions the policy asks for.
+    fn candidates_for(&mut self, ready: &Ready, kernel: Option<&KernelDef>, only: Option<usize>) {
+        let preferred = ready.queue.preferred;
         self.candidates.clear();
         for pass in 0..2 {
             for (index, device) in self.devices.iter().enumerate() {
@@ -230,15 +273,50 @@ impl Scheduler {
                 }
                 for lane in 0..device.info().lanes {
                     self.candidates.push(Candidate {
-                        device: index,
-                        lane,
-                        load: device.lane_load(lane),
+                        lane_watts: self.facts[index].lane_watts,
+                        ..Candidate::with_load(index, lane, device.lane_load(lane))
                     });
                 }
             }
             if !self.candidates.is_empty() || preferred.is_none() {
-                return;
+                break;
             }
+        }
+        if !self.policy.wants_predictions() {
+            return;
+        }
+        let model = self.model.lock().unwrap_or_else(|e| e.into_inner());
+        let mut per_device: Vec<Option<(f64, Option<f64>)>> = vec![None; self.devices.len()];
+        for c in self.candidates.iter_mut() {
+            let (transfer_ns, exec_ns) = *per_device[c.device].get_or_insert_with(|| {
+                let device = &self.devices[c.device];
+                let info = device.info();
+                let missing: u64 = ready.buffers[..ready.slots]
+                    .iter()
+                    .flatten()
+                    .filter(|(_, _, overwrites)| !overwrites)
+                    .map(|(record, _, _)| {
+                        record
+                            .placement()
+                            .missing_bytes(c.device, info.shares_host_memory, record.len)
+                    })
+                    .sum();
+                let transfer_ns = missing as f64 / self.facts[c.device].bandwidth.max(1.0) * 1e9;
+                let exec_ns = match kernel {
+                    None => Some(0.0),
+                    Some(k) => match model.estimate(k.name, &info.name, ready.items) {
+                        Estimate::Untried if model.is_exploring(k.name, &info.name, ready.items) => {
+                            // Someone is measuring it: assume the library's estimate meanwhile.
+                            Some(ready.estimated_ns)
+                        }
+                        estimate => estimate.ns(),
+                    },
+                };
+                (transfer_ns, exec_ns)
+            });
+            c.transfer_ns = transfer_ns;
+            c.exec_ns = exec_ns;
+            c.queue_ns = self.lane_pending[c.device][c.lane].load(Ordering::Relaxed) as f64;
         }
     }
 
@@ -264,8 +342,7 @@ impl Scheduler {
             && ready.estimated_ns <= self.inline_max_ns
             && kernel.is_none_or(|k| self.devices[host].implements(k))
             && queue.preferred.is_none_or(|p| p == self.devices[host].info().kind)
-            && ready
-                .buffers
+            && ready.buffers[..ready.slots]
                 .iter()
                 .flatten()
                 .all(|(b, _, _)| b.placement().owner().is_none());
@@ -297,7 +374,7 @@ impl Scheduler {
                 ),
                 _ => Some(self.host_device()),
             };
-            self.candidates_for(kernel, queue.preferred, only);
+            self.candidates_for(&ready, kernel, only);
             if self.candidates.is_empty() {
                 let id = kernel.and_then(|k| agora_kernels::find(k.name)).map_or(0, |(i, _)| i);
                 return Err(TaskError::NoDevice(id));
@@ -305,6 +382,12 @@ impl Scheduler {
             let c = self
                 .policy
                 .choose(kernel.map_or("transfer", |k| k.name), &self.candidates);
+            debug_assert!(kernel.is_none_or(|k| self.devices[c.device].implements(k)));
+            if let (Some(k), true, None) = (kernel, self.policy.wants_predictions(), c.exec_ns) {
+                let name = &self.devices[c.device].info().name;
+                let mut model = self.model.lock().unwrap_or_else(|e| e.into_inner());
+                model.start_exploring(k.name, name, ready.items);
+            }
             (c.device, c.lane)
         } else {
             let binding = queue.binding.load(Ordering::Relaxed);
@@ -318,10 +401,40 @@ impl Scheduler {
             (device, (binding & 0xffff) as usize)
         };
 
-        // What data it needs there, and the work itself.
+        // What data it needs there, and the work itself. Its buffers are in use from now until
+        // it finishes, so eviction leaves them alone.
         let name = operation_name(&ready.action);
+        let items = ready.items;
+        let estimated_ns = ready.estimated_ns;
+        let named = NamedBuffers::new(ready.buffers, ready.slots, &mut self.residency);
+        if !self.devices[device].info().shares_host_memory {
+            let needed: u64 = named
+                .slots()
+                .iter()
+                .flatten()
+                .filter(|(record, _, _)| !record.placement().is_on(device))
+                .map(|(record, _, _)| record.len)
+                .sum();
+            let usage = &session.shared.device_usage;
+            if needed > 0
+                && !self
+                    .residency
+                    .make_room(&self.devices, device, needed, usage, self.device_quota)
+                && self.device_quota > 0
+                && usage.0[device].load(Ordering::Relaxed) + needed > self.device_quota
+            {
+                // Over the session's device quota even with all its idle buffers evicted.
+                return Err(TaskError::DeviceQuota {
+                    needed,
+                    quota: self.device_quota,
+                });
+            }
+        }
         let mut transfers: Vec<Transfer> = Vec::new();
-        let work = self.plan(session, device, ready.action, &ready.buffers, &mut transfers)?;
+        let work = self.plan(session, device, ready.action, named.slots(), &mut transfers)?;
+        for (record, _, _) in named.slots().iter().flatten() {
+            self.residency.register(record);
+        }
         for t in &transfers {
             let (counter, bytes) = match t {
                 Transfer::ToDevice { len, .. } => (&session.shared.bytes_to_device, *len),
@@ -365,6 +478,7 @@ impl Scheduler {
                 Ok(()) => Completion::ok(task_id),
                 Err(e) => Completion::failed(task_id, e),
             });
+            drop(named);
             return Ok(());
         }
         if idle {
@@ -377,11 +491,22 @@ impl Scheduler {
         queue.in_flight.fetch_add(1, Ordering::AcqRel);
         session.shared.in_flight.fetch_add(1, Ordering::Relaxed);
         let shared = session.shared.clone();
-        let buffers = ready.buffers;
         let counters = self.task_counters(name, queue.class).clone();
         let histograms = self.histograms[device].clone();
         let telemetry = self.telemetry.clone();
         let row = self.first_row[device] + lane as u32;
+        // Predicted time of this job on its lane, for the policies' queue-wait estimates.
+        let device_name: Arc<str> = Arc::from(self.devices[device].info().name.as_str());
+        let predicted = match kernel {
+            Some(k) => {
+                let model = self.model.lock().unwrap_or_else(|e| e.into_inner());
+                model.estimate(k.name, &device_name, items).ns().unwrap_or(estimated_ns)
+            }
+            None => 0.0,
+        } as u64;
+        let pending = self.lane_pending[device][lane].clone();
+        pending.fetch_add(predicted, Ordering::Relaxed);
+        let model = self.model.clone();
         let job = Job {
             transfers,
             work,
@@ -394,6 +519,17 @@ impl Scheduler {
                     counters.failed.inc()
                 };
                 let exec_start = times.transfers_done.unwrap_or(times.started);
+                pending.fetch_sub(predicted, Ordering::Relaxed);
+                if let Some(k) = kernel {
+                    let mut model = model.lock().unwrap_or_else(|e| e.into_inner());
+                    if result.is_ok() && !times.cold {
+                        let ns = times.finished.saturating_duration_since(exec_start).as_nanos() as f64;
+                        model.record(k.name, &device_name, items, ns);
+                    } else {
+                        // Failed, or not typical: let a later task measure it.
+                        model.abandon_exploring(k.name, &device_name, items);
+                    }
+                }
                 histograms[0].observe(times.started.saturating_duration_since(times.queued).as_secs_f64());
                 histograms[1].observe(times.finished.saturating_duration_since(exec_start).as_secs_f64());
                 if let Some(done) = times.transfers_done {
@@ -422,8 +558,9 @@ impl Scheduler {
                     Err(e) => Completion::failed(task_id, e),
                 };
                 // Let go of the buffers before the client can see the completion: a release the
-                // client sends next then frees their memory at once, not at the next sweep.
-                drop(buffers);
+                // client sends next then frees their memory at once, not at the next sweep, and
+                // a task issued next may evict them.
+                drop(named);
                 shared.post(&[completion]);
                 // Post first, then unbind: the dispatcher may run this queue's next task inline
                 // as soon as it sees zero, and that completion must come after ours.
@@ -442,7 +579,7 @@ impl Scheduler {
         session: &Session,
         device: usize,
         action: Action,
-        buffers: &[Option<(Arc<BufferRecord>, Access, bool)>; MAX_ARGS],
+        buffers: &[Option<(Arc<BufferRecord>, Access, bool)>],
         transfers: &mut Vec<Transfer>,
     ) -> Result<Work, TaskError> {
         let devices = &self.devices;
@@ -463,7 +600,16 @@ impl Scheduler {
                     let ptr = host(record)?;
                     let mut placement = record.placement();
                     device_args[index] = placement
-                        .prepare(devices, device, *access, *overwrites, ptr, record.len, transfers)
+                        .prepare(
+                            devices,
+                            device,
+                            *access,
+                            *overwrites,
+                            ptr,
+                            record.len,
+                            &record.usage,
+                            transfers,
+                        )
                         .map_err(|e| match e {
                             TaskError::DeviceOutOfMemory { needed, .. } => TaskError::DeviceOutOfMemory {
                                 index: index as u16,
@@ -495,6 +641,7 @@ impl Scheduler {
                         false,
                         host(record)?,
                         record.len,
+                        &record.usage,
                         transfers,
                     )?;
                 }
@@ -540,6 +687,39 @@ impl Scheduler {
                 }
             }
         })
+    }
+}
+
+/// A task's buffer arguments, marked in use (not evictable) for as long as it lives.
+struct NamedBuffers {
+    buffers: [Option<(Arc<BufferRecord>, Access, bool)>; MAX_ARGS],
+    slots: usize,
+}
+
+impl NamedBuffers {
+    fn new(
+        buffers: [Option<(Arc<BufferRecord>, Access, bool)>; MAX_ARGS],
+        slots: usize,
+        residency: &mut Residency,
+    ) -> Self {
+        for (record, _, _) in buffers[..slots].iter().flatten() {
+            record.in_use.fetch_add(1, Ordering::AcqRel);
+            residency.touch(record);
+        }
+        NamedBuffers { buffers, slots }
+    }
+
+    /// The entries that may hold a buffer.
+    fn slots(&self) -> &[Option<(Arc<BufferRecord>, Access, bool)>] {
+        &self.buffers[..self.slots]
+    }
+}
+
+impl Drop for NamedBuffers {
+    fn drop(&mut self) {
+        for (record, _, _) in self.buffers[..self.slots].iter().flatten() {
+            record.in_use.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 
@@ -702,10 +882,38 @@ fn resolve(session: &Session, d: &Decoded<'_>) -> Result<Ready, TaskError> {
         }
         Op::ReleaseBuffer | Op::ReleaseQueue => unreachable!("handled by admit"),
     };
+    let items = match &action {
+        Action::Launch { range, dims, .. } => range[..*dims].iter().product(),
+        _ => 0,
+    };
+    let slots = match d.op {
+        Op::Launch => d.args.len(),
+        Op::Copy => 2,
+        _ => 1,
+    };
     Ok(Ready {
         queue,
         action,
         estimated_ns,
+        items,
+        slots,
         buffers,
     })
+}
+
+/// Writes `model` to `state_dir` if it changed since the last save; a failure is logged (the
+/// daemon keeps serving with the model in memory).
+pub(crate) fn save_model(model: &Mutex<PerformanceModel>, state_dir: &std::path::Path) {
+    let mut snapshot = {
+        let mut model = model.lock().unwrap_or_else(|e| e.into_inner());
+        if !model.is_dirty() {
+            return;
+        }
+        model.mark_saved();
+        model.clone()
+    };
+    match snapshot.save(state_dir) {
+        Ok(()) => tracing::debug!(dir = %state_dir.display(), "performance model saved"),
+        Err(error) => tracing::warn!(%error, "could not save the performance model"),
+    }
 }

@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -462,7 +462,8 @@ impl Server {
                         class,
                         preferred,
                         in_flight: Default::default(),
-                        binding: Default::default(),
+                        // Never bound yet (u32::MAX) until its first task goes to a lane.
+                        binding: AtomicU32::new(u32::MAX),
                     });
                     match session.queues.insert(queue) {
                         Some(handle) => Response::Queue { handle },
@@ -581,11 +582,12 @@ impl Server {
     }
 
     fn status(&self) -> StatusReport {
+        let device_names: Vec<String> = self.scheduler.devices.iter().map(|d| d.info().name.clone()).collect();
         let mut sessions: Vec<_> = self
             .conns
             .values()
             .filter_map(|c| match c {
-                Conn::Session(s) => Some(s.status()),
+                Conn::Session(s) => Some(s.status(&device_names)),
                 _ => None,
             })
             .collect();
@@ -614,6 +616,7 @@ impl Server {
             sessions_closed: self.sessions_closed,
             tasks_completed: self.retired_completed + live_completed + closing_completed,
             tasks_failed: self.retired_failed + live_failed + closing_failed,
+            evictions: self.scheduler.residency.evictions,
         }
     }
 
@@ -628,6 +631,8 @@ impl Server {
         for device in &self.scheduler.devices {
             device.shutdown();
         }
+        // After the lanes stopped, so every finished task is in the model.
+        self.scheduler.save_model(&self.config.state_dir);
         if let Some(trace) = &self.telemetry.trace {
             match trace.save() {
                 Ok((path, spans)) => tracing::info!(file = %path.display(), spans, "trace written"),

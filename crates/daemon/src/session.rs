@@ -14,7 +14,7 @@ use agora_transport::socket::FrameReader;
 use agora_transport::wake::{futex_wake_all, Doorbell};
 
 use crate::handle::HandleTable;
-use crate::memory::{BufferRecord, Heap};
+use crate::memory::{BufferRecord, DeviceUsage, Heap, HostMemory};
 
 /// Identity from `SO_PEERCRED`.
 #[derive(Debug, Clone, Copy, Default)]
@@ -41,6 +41,14 @@ pub(crate) struct SessionShared {
     /// Bytes planned to move host → device and device → host for this session.
     pub bytes_to_device: AtomicU64,
     pub bytes_to_host: AtomicU64,
+    /// Device memory this session's buffers hold, per device (for quotas).
+    pub device_usage: Arc<DeviceUsage>,
+}
+
+impl HostMemory for SessionShared {
+    fn host_range(&self, offset: u64, len: u64) -> Option<*mut u8> {
+        self.segment.view().heap_range(offset, len)
+    }
 }
 
 impl SessionShared {
@@ -93,7 +101,8 @@ pub(crate) struct QueueState {
     pub preferred: Option<agora_devices::DeviceKind>,
     /// Jobs of this queue handed to a lane and not completed.
     pub in_flight: AtomicU32,
-    /// `(device << 16) | lane` the queue is bound to while `in_flight > 0`.
+    /// `(device << 16) | lane` the queue is bound to while `in_flight > 0` (afterwards: where its
+    /// last task ran; `u32::MAX` before its first task went to a lane).
     pub binding: AtomicU32,
 }
 
@@ -156,6 +165,7 @@ impl Session {
                 in_flight: AtomicU64::new(0),
                 bytes_to_device: AtomicU64::new(0),
                 bytes_to_host: AtomicU64::new(0),
+                device_usage: Arc::default(),
             }),
             queues: HandleTable::new(max_queues),
             buffers: HandleTable::new(max_buffers),
@@ -194,7 +204,9 @@ impl Session {
                 quota: self.heap.capacity(),
             });
         };
-        match self.buffers.insert(Arc::new(BufferRecord::new(offset, len))) {
+        let owner: std::sync::Weak<dyn HostMemory> = Arc::downgrade(&self.shared) as std::sync::Weak<dyn HostMemory>;
+        let record = BufferRecord::new(offset, len, self.shared.device_usage.clone(), owner);
+        match self.buffers.insert(Arc::new(record)) {
             Some(handle) => Ok((handle, offset)),
             None => {
                 self.heap.free(offset, len);
@@ -230,7 +242,7 @@ impl Session {
         });
     }
 
-    pub(crate) fn status(&self) -> SessionStatus {
+    pub(crate) fn status(&self, device_names: &[String]) -> SessionStatus {
         let shared = &self.shared;
         SessionStatus {
             id: self.id,
@@ -248,7 +260,14 @@ impl Session {
                         name: q.name.to_string(),
                         class: q.class,
                         in_flight,
-                        bound_to: (in_flight > 0).then(|| format!("device{}/lane{}", binding >> 16, binding & 0xffff)),
+                        bound_to: (in_flight > 0 && binding != u32::MAX).then(|| {
+                            let device = device_names.get((binding >> 16) as usize).map_or("?", |n| n.as_str());
+                            format!("{device}/lane{}", binding & 0xffff)
+                        }),
+                        preferred: q.preferred.map(|k| k.name().to_string()),
+                        last_device: (binding != u32::MAX)
+                            .then(|| device_names.get((binding >> 16) as usize).cloned())
+                            .flatten(),
                     }
                 })
                 .collect(),

@@ -40,6 +40,7 @@ pub struct JobEnd {
     queued: Instant,
     started: Instant,
     transfers_done: Arc<OnceLock<Instant>>,
+    cold: bool,
 }
 
 impl JobEnd {
@@ -53,6 +54,7 @@ impl JobEnd {
             queued,
             started,
             transfers_done,
+            cold,
         } = self;
         lane.completed.fetch_add(1, Ordering::Relaxed);
         let times = JobTimes {
@@ -60,6 +62,7 @@ impl JobEnd {
             started,
             transfers_done: transfers_done.get().copied(),
             finished: Instant::now(),
+            cold,
         };
         done(result, times);
         if lane.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
@@ -70,6 +73,11 @@ impl JobEnd {
                 .fetch_add(lane.epoch.elapsed().as_nanos() as u64 - since, Ordering::Relaxed);
         }
         drop(keepalive);
+    }
+
+    /// Marks the job as having paid a one-time cost (see [`JobTimes::cold`]).
+    pub fn mark_cold(&mut self) {
+        self.cold = true;
     }
 
     /// Records that the job's transfers are done (now). Executors call it, or hand the
@@ -146,6 +154,7 @@ impl Lane {
                     started: now,
                     transfers_done: None,
                     finished: now,
+                    cold: false,
                 },
             );
             return;
@@ -182,6 +191,7 @@ impl Lane {
                     started: now,
                     transfers_done: None,
                     finished: now,
+                    cold: false,
                 },
             );
         }
@@ -237,6 +247,7 @@ impl Lane {
                 queued,
                 started: Instant::now(),
                 transfers_done: Arc::new(OnceLock::new()),
+                cold: false,
             };
             if cancelled.as_ref().is_some_and(|c| c.load(Ordering::Acquire)) {
                 end.finish(Err(TaskError::Cancelled));

@@ -26,6 +26,8 @@ pub mod cpu;
 pub mod lane;
 #[cfg(feature = "opencl")]
 pub mod opencl;
+#[cfg(feature = "sim")]
+pub mod sim;
 
 /// Kinds of device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +36,8 @@ pub enum DeviceKind {
     Cpu,
     /// An OpenCL device (any platform: PoCL on the CPU, a GPU, an FPGA).
     OpenCl,
+    /// A modeled device (`sim`): exact results, modeled time; for scale tests.
+    Sim,
 }
 
 impl DeviceKind {
@@ -42,6 +46,7 @@ impl DeviceKind {
         match self {
             DeviceKind::Cpu => "cpu",
             DeviceKind::OpenCl => "opencl",
+            DeviceKind::Sim => "sim",
         }
     }
 
@@ -50,6 +55,7 @@ impl DeviceKind {
         match name {
             "cpu" => Some(DeviceKind::Cpu),
             "opencl" => Some(DeviceKind::OpenCl),
+            "sim" => Some(DeviceKind::Sim),
             _ => None,
         }
     }
@@ -208,6 +214,9 @@ pub struct JobTimes {
     pub transfers_done: Option<std::time::Instant>,
     /// Finished.
     pub finished: std::time::Instant,
+    /// The job paid a one-time cost (e.g. building a device program): its time says little
+    /// about the next run, so performance models skip it.
+    pub cold: bool,
 }
 
 impl std::fmt::Debug for Job {
@@ -237,6 +246,10 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     /// # Safety
     /// `host` must be valid for `len` bytes of writes.
     unsafe fn read(&self, from: &dyn DeviceBuffer, host: *mut u8, len: usize) -> Result<(), TaskError>;
+    /// Bytes of device memory allocated now (0 for devices that share host memory).
+    fn memory_used(&self) -> u64 {
+        0
+    }
     /// A status snapshot.
     fn status(&self) -> DeviceStatus;
     /// Stops the lanes after their queued jobs are cancelled.

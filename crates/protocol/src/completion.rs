@@ -145,6 +145,15 @@ pub enum TaskError {
         /// Bytes requested.
         needed: u64,
     },
+    /// The task's buffers do not fit in the session's device-memory quota, even with the
+    /// session's other buffers evicted.
+    #[error("the task needs {needed} bytes of device memory but the session's device quota is {quota} bytes per device; use smaller buffers or ask the operator for a larger quota (agora serve --device-quota)")]
+    DeviceQuota {
+        /// Bytes the task's buffers need on the device.
+        needed: u64,
+        /// The quota.
+        quota: u64,
+    },
     /// The device reported an error running the task (logged by the daemon).
     #[error("the device failed to run the task (OpenCL error {0}); the daemon logged the details")]
     DeviceFailed(i64),
@@ -221,6 +230,7 @@ impl TaskError {
             TaskError::KernelFault => "kernel_fault",
             TaskError::Cancelled => "cancelled",
             TaskError::DeviceOutOfMemory { .. } => "device_out_of_memory",
+            TaskError::DeviceQuota { .. } => "device_quota",
             TaskError::DeviceFailed(_) => "device_failed",
             TaskError::Unknown(_) => "unknown",
         }
@@ -247,6 +257,7 @@ impl TaskError {
             TaskError::Cancelled => (17, 0, 0, 0),
             TaskError::DeviceOutOfMemory { index, needed } => (18, index, needed, 0),
             TaskError::DeviceFailed(code) => (19, 0, code as u64, 0),
+            TaskError::DeviceQuota { needed, quota } => (20, 0, needed, quota),
             TaskError::Unknown(code) => (code, 0, 0, 0),
         }
     }
@@ -291,6 +302,7 @@ impl TaskError {
             17 => TaskError::Cancelled,
             18 => TaskError::DeviceOutOfMemory { index: arg, needed: a },
             19 => TaskError::DeviceFailed(a as i64),
+            20 => TaskError::DeviceQuota { needed: a, quota: b },
             other => TaskError::Unknown(other),
         }
     }
@@ -340,6 +352,10 @@ mod tests {
                 needed: 1 << 30,
             },
             TaskError::DeviceFailed(-5),
+            TaskError::DeviceQuota {
+                needed: 1 << 21,
+                quota: 1 << 20,
+            },
         ];
         for e in errors {
             let c = Completion::failed(42, e);

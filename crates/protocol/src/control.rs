@@ -209,6 +209,10 @@ pub struct QueueStatus {
     pub in_flight: u64,
     /// `device/lane` it is bound to, when it has work in flight.
     pub bound_to: Option<String>,
+    /// The device kind the client prefers (a hint).
+    pub preferred: Option<String>,
+    /// The device its last task handed to a lane ran on (what the policy chose).
+    pub last_device: Option<String>,
 }
 
 /// State of one session.
@@ -271,6 +275,8 @@ pub struct StatusReport {
     pub tasks_completed: u64,
     /// Tasks failed since start, all sessions.
     pub tasks_failed: u64,
+    /// Buffers evicted from device memory to host memory since start.
+    pub evictions: u64,
 }
 
 /// Encodes a message into a frame (length prefix included).

@@ -212,7 +212,10 @@ fn to_python(error: Error) -> PyErr {
             TaskError::NoDevice(_) => NoDeviceError::new_err(message),
             TaskError::KernelFault => KernelFaultError::new_err(message),
             TaskError::Cancelled => CancelledError::new_err(message),
-            TaskError::DeviceOutOfMemory { .. } => DeviceOutOfMemoryError::new_err(message),
+            // A session quota is a device-memory limit too.
+            TaskError::DeviceOutOfMemory { .. } | TaskError::DeviceQuota { .. } => {
+                DeviceOutOfMemoryError::new_err(message)
+            }
             TaskError::DeviceFailed(_) => DeviceFailedError::new_err(message),
             _ => TaskFailedError::new_err(message),
         },

@@ -26,6 +26,7 @@ class Daemon:
         self.log = open(directory / "daemon.log", "w+")
         self.process = subprocess.Popen(
             [str(agora_binary()), "serve", "--socket", str(self.socket), *extra],
+            env={**os.environ, "AGORA_STATE_DIR": str(directory / "state")},
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )

@@ -13,6 +13,7 @@ pub fn daemon(tag: &str) -> (agora_daemon::DaemonHandle, Session) {
     let config = agora_daemon::DaemonConfig {
         socket: socket.clone(),
         cpu_lanes: 2,
+        state_dir: dir.join("state"),
         ..Default::default()
     };
     let handle = agora_daemon::spawn(config).expect("daemon starts");

@@ -13,14 +13,19 @@
 //! other, the contents are unspecified (as with CUDA streams) but every access stays inside the
 //! buffer's memory.
 //!
-//! Not yet: eviction under device-memory pressure (an allocation that does not fit fails the task
-//! with `DeviceOutOfMemory`) and per-session device quotas.
+//! Under device-memory pressure ([`Residency::make_room`]) buffers that no planned-but-unfinished
+//! task names are evicted from the device, least recently used first: a copy that is the only
+//! valid one is first read back into the host segment (synchronously: nothing else uses it), then
+//! the device allocation is dropped. So the buffers of all sessions together may exceed a device's
+//! memory. The same mechanism enforces per-session device quotas, evicting only that session's
+//! buffers. A task whose own buffers do not fit fails with `DeviceOutOfMemory`.
 //!
 //! Must not launch kernels or know about queues.
 
 mod heap;
 
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
 use agora_devices::{Device, DeviceBuffer, Transfer};
 use agora_protocol::{Access, TaskError};
@@ -40,6 +45,21 @@ struct DeviceCopy {
 pub(crate) struct Placement {
     host_valid: bool,
     copies: Vec<DeviceCopy>,
+    /// Whether the residency registry knows this buffer (it has had a device copy).
+    registered: bool,
+}
+
+/// Most devices a daemon drives (per-session device usage is a fixed array).
+pub(crate) const MAX_DEVICES: usize = 64;
+
+/// Bytes of device memory one session's buffers hold, per device.
+#[derive(Debug)]
+pub(crate) struct DeviceUsage(pub [AtomicU64; MAX_DEVICES]);
+
+impl Default for DeviceUsage {
+    fn default() -> Self {
+        DeviceUsage(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
 }
 
 /// A live buffer: a range of its session's heap plus its device copies. Jobs hold an `Arc` to it
@@ -52,17 +72,37 @@ pub(crate) struct BufferRecord {
     /// Length in bytes.
     pub len: u64,
     pub placement: Mutex<Placement>,
+    /// Tasks planned and not yet finished that name this buffer: while non-zero it is never
+    /// evicted.
+    pub in_use: AtomicU32,
+    /// When a task last named it (the residency clock), for least-recently-used eviction.
+    pub last_used: AtomicU64,
+    /// The owning session's device-memory usage.
+    pub usage: Arc<DeviceUsage>,
+    /// The owning session's host memory, to read an evicted copy back into.
+    owner: Weak<dyn HostMemory>,
+}
+
+/// Host memory that buffers live in (a session's heap in its segment).
+pub(crate) trait HostMemory: Send + Sync + std::fmt::Debug {
+    /// The address of `[offset, offset+len)` of the heap, if it lies inside it.
+    fn host_range(&self, offset: u64, len: u64) -> Option<*mut u8>;
 }
 
 impl BufferRecord {
-    pub(crate) fn new(offset: u64, len: u64) -> Self {
+    pub(crate) fn new(offset: u64, len: u64, usage: Arc<DeviceUsage>, owner: Weak<dyn HostMemory>) -> Self {
         BufferRecord {
             offset,
             len,
             placement: Mutex::new(Placement {
                 host_valid: true,
                 copies: Vec::new(),
+                registered: false,
             }),
+            in_use: AtomicU32::new(0),
+            last_used: AtomicU64::new(0),
+            usage,
+            owner,
         }
     }
 
@@ -124,6 +164,7 @@ impl Placement {
         overwrites: bool,
         host: *mut u8,
         len: u64,
+        usage: &DeviceUsage,
         transfers: &mut Vec<Transfer>,
     ) -> Result<Option<Arc<dyn DeviceBuffer>>, TaskError> {
         if devices[device].info().shares_host_memory {
@@ -139,6 +180,7 @@ impl Placement {
             Some(p) => p,
             None => {
                 let buffer = devices[device].alloc(len).ok_or(TaskError::KernelFault)??;
+                usage.0[device].fetch_add(len, Ordering::Relaxed);
                 self.copies.push(DeviceCopy {
                     device,
                     buffer,
@@ -164,5 +206,140 @@ impl Placement {
             }
         }
         Ok(Some(self.copies[position].buffer.clone()))
+    }
+
+    /// Whether `device` has an allocation for this buffer.
+    pub(crate) fn is_on(&self, device: usize) -> bool {
+        self.copies.iter().any(|c| c.device == device)
+    }
+
+    /// Bytes a task on `device` would have to move to read this buffer there (a rough figure
+    /// for policies: `len` per copy step).
+    pub(crate) fn missing_bytes(&self, device: usize, shares_host_memory: bool, len: u64) -> u64 {
+        let device_valid = self.copies.iter().any(|c| c.device == device && c.valid);
+        match (shares_host_memory, self.host_valid, device_valid) {
+            (true, true, _) | (false, _, true) => 0,
+            (true, false, _) | (false, true, false) => len,
+            (false, false, false) => 2 * len,
+        }
+    }
+
+    /// Drops this buffer's copy on `device`, first reading it back into `host` when it is the
+    /// only valid copy. The caller guarantees no task uses the buffer (`in_use` is zero).
+    fn evict(
+        &mut self,
+        devices: &[Arc<dyn Device>],
+        device: usize,
+        host: *mut u8,
+        len: u64,
+        usage: &DeviceUsage,
+    ) -> Result<bool, TaskError> {
+        let Some(position) = self.copies.iter().position(|c| c.device == device) else {
+            return Ok(false);
+        };
+        let only_valid =
+            !self.host_valid && self.copies[position].valid && self.copies.iter().filter(|c| c.valid).count() == 1;
+        if only_valid {
+            // SAFETY: `host` is this buffer's live host range of `len` bytes; no task uses the
+            // buffer, so nothing else reads or writes either copy meanwhile.
+            unsafe { devices[device].read(self.copies[position].buffer.as_ref(), host, len as usize)? };
+            self.host_valid = true;
+        }
+        self.copies.remove(position);
+        usage.0[device].fetch_sub(len, Ordering::Relaxed);
+        Ok(true)
+    }
+}
+
+impl Drop for BufferRecord {
+    fn drop(&mut self) {
+        let placement = self.placement.get_mut().unwrap_or_else(|e| e.into_inner());
+        for copy in &placement.copies {
+            self.usage.0[copy.device].fetch_sub(self.len, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Which buffers have device copies, for eviction. Owned by the dispatcher thread.
+#[derive(Debug, Default)]
+pub(crate) struct Residency {
+    buffers: Vec<Weak<BufferRecord>>,
+    clock: u64,
+    /// Buffers evicted since start (for status and tests).
+    pub evictions: u64,
+}
+
+impl Residency {
+    /// Notes that `record` is named by a task being planned now.
+    pub(crate) fn touch(&mut self, record: &Arc<BufferRecord>) {
+        self.clock += 1;
+        record.last_used.store(self.clock, Ordering::Relaxed);
+    }
+
+    /// Notes that `record` may have device copies from now on.
+    pub(crate) fn register(&mut self, record: &Arc<BufferRecord>) {
+        let mut placement = record.placement();
+        if !placement.registered && !placement.copies.is_empty() {
+            placement.registered = true;
+            self.buffers.push(Arc::downgrade(record));
+        }
+    }
+
+    /// Evicts idle buffers from `device` (least recently used first) until `needed` more bytes
+    /// fit in its memory and, when `quota` is set, in the session's share of it. Only buffers of
+    /// `session` (its usage record) are evicted for the quota. Returns whether it fits now.
+    pub(crate) fn make_room(
+        &mut self,
+        devices: &[Arc<dyn Device>],
+        device: usize,
+        needed: u64,
+        session: &Arc<DeviceUsage>,
+        quota: u64,
+    ) -> bool {
+        let capacity = devices[device].info().memory_bytes;
+        let fits = |s: &Arc<DeviceUsage>| {
+            devices[device].memory_used() + needed <= capacity
+                && (quota == 0 || s.0[device].load(Ordering::Relaxed) + needed <= quota)
+        };
+        if fits(session) {
+            return true;
+        }
+        self.buffers.retain(|w| w.strong_count() > 0);
+        let mut victims: Vec<Arc<BufferRecord>> = self
+            .buffers
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|r| r.in_use.load(Ordering::Acquire) == 0 && r.placement().is_on(device))
+            .collect();
+        victims.sort_by_key(|r| r.last_used.load(Ordering::Relaxed));
+        for victim in victims {
+            let device_full = devices[device].memory_used() + needed > capacity;
+            // Over the quota but not the device: only this session's buffers may go.
+            if !device_full && !Arc::ptr_eq(&victim.usage, session) {
+                continue;
+            }
+            // Holding the owner keeps its segment mapped while the copy is read back.
+            let Some(owner) = victim.owner.upgrade() else { continue };
+            let Some(host) = owner.host_range(victim.offset, victim.len) else {
+                continue;
+            };
+            let evicted = victim
+                .placement()
+                .evict(devices, device, host, victim.len, &victim.usage);
+            match evicted {
+                Ok(true) => {
+                    self.evictions += 1;
+                    tracing::debug!(device = %devices[device].info().name, bytes = victim.len, "evicted a buffer to host memory");
+                }
+                Ok(false) => {}
+                Err(error) => {
+                    tracing::warn!(device = %devices[device].info().name, %error, "could not evict a buffer; keeping it");
+                }
+            }
+            if fits(session) {
+                return true;
+            }
+        }
+        fits(session)
     }
 }

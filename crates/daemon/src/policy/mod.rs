@@ -1,14 +1,25 @@
 //! Scheduling policies: given a ready task that is not bound to a lane, pick a device and lane.
 //!
-//! A policy sees only what the scheduler shows it ([`Candidate`]s: devices that implement the
-//! kernel, with per-lane load), so everything it decides on is observable and testable.
+//! A policy sees only what the scheduler shows it ([`Candidate`]s: lanes of devices that implement
+//! the kernel, with their load and, for policies that ask, the predicted queue wait, transfer and
+//! execution times and the lane's power), so everything it decides on is observable and testable.
+//! Like StarPU's schedulers, policies are interchangeable behind [`Policy`]; the daemon's
+//! configuration picks one (`scheduler.policy = "rr" | "perf" | "energy"`).
+//!
+//! Must not touch devices, memory or sessions.
 
+mod energy;
+pub mod model;
+mod perf;
 mod round_robin;
 
+pub use energy::Energy;
+pub use model::PerformanceModel;
+pub use perf::Perf;
 pub use round_robin::RoundRobin;
 
 /// One lane a task could go to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Candidate {
     /// Device index in the daemon's device list.
     pub device: usize,
@@ -16,12 +27,66 @@ pub struct Candidate {
     pub lane: usize,
     /// Jobs queued or running on the lane.
     pub load: usize,
+    /// Predicted nanoseconds of work already queued or running on the lane.
+    pub queue_ns: f64,
+    /// Predicted nanoseconds to move the data this task lacks on the device.
+    pub transfer_ns: f64,
+    /// Predicted execution nanoseconds on the device; `None`: never measured there (untried).
+    pub exec_ns: Option<f64>,
+    /// Extra watts the device draws while this lane is busy.
+    pub lane_watts: f64,
+}
+
+impl Candidate {
+    /// A candidate with only a load (for policies that need nothing else, and tests).
+    pub fn with_load(device: usize, lane: usize, load: usize) -> Self {
+        Candidate {
+            device,
+            lane,
+            load,
+            queue_ns: 0.0,
+            transfer_ns: 0.0,
+            exec_ns: None,
+            lane_watts: 0.0,
+        }
+    }
+
+    /// Predicted finish from now, nanoseconds, using `fallback_ns` for an untried device.
+    pub fn finish_ns(&self, fallback_ns: f64) -> f64 {
+        self.queue_ns + self.transfer_ns + self.exec_ns.unwrap_or(fallback_ns)
+    }
 }
 
 /// A placement policy.
 pub trait Policy: Send {
     /// Name shown by `agora status`.
     fn name(&self) -> &'static str;
-    /// Picks one of `candidates` (never empty) for a task of kernel `kernel`.
+    /// Whether the scheduler should fill in the predictions of each [`Candidate`] (costs a model
+    /// lookup per candidate).
+    fn wants_predictions(&self) -> bool {
+        false
+    }
+    /// Picks one of `candidates` (never empty; each implements the kernel) for a task of kernel
+    /// `kernel` (`"transfer"` for data movements).
     fn choose(&mut self, kernel: &str, candidates: &[Candidate]) -> Candidate;
+}
+
+/// The first untried device among `candidates` (tried-first exploration), least loaded lane.
+fn untried(candidates: &[Candidate]) -> Option<Candidate> {
+    candidates
+        .iter()
+        .filter(|c| c.exec_ns.is_none())
+        .min_by_key(|c| c.load)
+        .copied()
+}
+
+/// The policy named `kind`, with the configuration's parameters.
+pub fn build(kind: crate::config::PolicyKind, config: &crate::config::DaemonConfig) -> Box<dyn Policy> {
+    match kind {
+        crate::config::PolicyKind::Rr => Box::new(RoundRobin::default()),
+        crate::config::PolicyKind::Perf => Box::new(Perf),
+        crate::config::PolicyKind::Energy => Box::new(Energy {
+            slack: config.energy_slack,
+        }),
+    }
 }

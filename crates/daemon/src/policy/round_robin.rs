@@ -32,7 +32,7 @@ mod tests {
     use super::*;
 
     fn c(lane: usize, load: usize) -> Candidate {
-        Candidate { device: 0, lane, load }
+        Candidate::with_load(0, lane, load)
     }
 
     #[test]

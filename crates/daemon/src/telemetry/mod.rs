@@ -1,4 +1,4 @@
-//! Telemetry: Prometheus metrics and task traces.
+//! Telemetry: Prometheus metrics, task traces and RAPL energy counters.
 //!
 //! Components count for themselves and publish here: the scheduler counts tasks, transfers and
 //! time spans as jobs complete; device gauges (lane busy time, memory) are read from the devices
@@ -9,6 +9,7 @@
 //! the HTTP server runs on its own thread.
 
 mod metrics;
+pub mod rapl;
 mod trace;
 
 pub(crate) use metrics::{serve as serve_metrics, Metrics, TaskCounters};

@@ -141,6 +141,8 @@ struct ClExecutor {
     queue: CommandQueue,
     /// Kernel objects of this lane, with whether each is guarded (takes the trailing range).
     kernels: HashMap<(&'static str, &'static str), (Kernel, bool)>,
+    /// Whether the job being started had to build a kernel object (its time is not typical).
+    built: bool,
 }
 
 // SAFETY: the executor moves into its lane thread once and is used only there; Kernel is Send.
@@ -150,6 +152,7 @@ impl ClExecutor {
     fn kernel(&mut self, imp: &OpenClImpl, params: usize) -> Result<&(Kernel, bool), TaskError> {
         let key = (imp.program, imp.entry);
         if !self.kernels.contains_key(&key) {
+            self.built = true;
             let program = self.shared.program(imp)?;
             let kernel = Kernel::create(&program, imp.entry).map_err(|e| {
                 tracing::error!(device = %self.shared.name, kernel = imp.entry, error = %e, "no such OpenCL kernel");
@@ -192,7 +195,16 @@ extern "C" fn on_complete(_event: cl_event, status: cl_int, user: *mut c_void) {
     };
     // Never unwind into the OpenCL runtime.
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
-        let Pending { end, event, .. } = *pending;
+        let Pending {
+            end,
+            event,
+            _transfers,
+            _work,
+        } = *pending;
+        // Let go of the device buffers before the outcome is posted: the scheduler may evict
+        // and reuse their memory as soon as it sees the task done.
+        drop(_work);
+        drop(_transfers);
         end.finish(result);
         drop(event);
     }));
@@ -400,13 +412,20 @@ impl ClExecutor {
 }
 
 impl Executor for ClExecutor {
-    fn run(&mut self, transfers: Vec<Transfer>, work: Work, end: JobEnd) {
+    fn run(&mut self, transfers: Vec<Transfer>, work: Work, mut end: JobEnd) {
         let marker = end.transfers_marker();
-        let event = match self.start(&transfers, &work, &marker) {
+        self.built = false;
+        let started = self.start(&transfers, &work, &marker);
+        if self.built {
+            end.mark_cold();
+        }
+        let event = match started {
             Ok(event) => event,
             Err(e) => {
                 // Commands enqueued before the failure may still use the job's memory.
                 let _ = self.queue.finish();
+                drop(work);
+                drop(transfers);
                 end.finish(Err(e));
                 return;
             }
@@ -427,7 +446,15 @@ impl Executor for ClExecutor {
                 // SAFETY: the callback was not registered, so the box is still ours alone.
                 let pending = unsafe { Box::from_raw(pending) };
                 let _ = pending.event.wait();
-                let Pending { end, .. } = *pending;
+                let Pending {
+                    end,
+                    event,
+                    _transfers,
+                    _work,
+                } = *pending;
+                drop(_work);
+                drop(_transfers);
+                drop(event);
                 end.finish(Err(cl_error(e)));
             }
         }
@@ -462,10 +489,14 @@ fn work_group(global: &[usize], declared: Option<[usize; 3]>, guarded: bool) -> 
 }
 
 impl OpenClDevice {
-    fn new(index: usize, id: cl_device_id, platform: &str, lanes: usize) -> Result<Self, String> {
+    fn new(index: usize, id: cl_device_id, platform: &str, lanes: usize, memory_limit: u64) -> Result<Self, String> {
         let cl = ClDeviceInfo::new(id);
         let device_name = cl.name().map_err(|e| e.to_string())?;
-        let memory_bytes = cl.global_mem_size().map_err(|e| e.to_string())?;
+        let mut memory_bytes = cl.global_mem_size().map_err(|e| e.to_string())?;
+        if memory_limit > 0 {
+            // The operator keeps part of the device for others (or tests eviction).
+            memory_bytes = memory_bytes.min(memory_limit);
+        }
         let compute_units = cl.max_compute_units().unwrap_or(1);
         let context = Context::from_device(&cl).map_err(|e| format!("creating a context: {e}"))?;
         #[allow(deprecated)] // clCreateCommandQueue: the OpenCL 1.2 call every platform has.
@@ -493,6 +524,7 @@ impl OpenClDevice {
                 shared: shared.clone(),
                 queue,
                 kernels: HashMap::new(),
+                built: false,
             };
             let (lane, thread) =
                 Lane::start(format!("agora-{name}-lane{l}"), Box::new(executor)).map_err(|e| e.to_string())?;
@@ -518,7 +550,7 @@ impl OpenClDevice {
 
 /// Finds every OpenCL device. Returns the devices that work and one message per platform or
 /// device that does not (to be reported once by the caller).
-pub fn discover(lanes_per_device: usize) -> (Vec<OpenClDevice>, Vec<String>) {
+pub fn discover(lanes_per_device: usize, memory_limit: u64) -> (Vec<OpenClDevice>, Vec<String>) {
     // Loading the ICD and enumerating platforms from two threads at once (two daemons in one
     // process, as in tests) made one of them see no platform: discover one at a time.
     static DISCOVERY: Mutex<()> = Mutex::new(());
@@ -548,7 +580,7 @@ pub fn discover(lanes_per_device: usize) -> (Vec<OpenClDevice>, Vec<String>) {
             }
         };
         for id in ids {
-            match OpenClDevice::new(devices.len(), id, &platform_name, lanes_per_device) {
+            match OpenClDevice::new(devices.len(), id, &platform_name, lanes_per_device, memory_limit) {
                 Ok(d) => devices.push(d),
                 Err(e) => problems.push(format!(
                     "OpenCL platform {platform_name}: a device failed to start: {e}"
@@ -582,6 +614,10 @@ impl Device for OpenClDevice {
 
     fn lane_load(&self, lane: usize) -> usize {
         self.lanes.load(lane)
+    }
+
+    fn memory_used(&self) -> u64 {
+        self.shared.memory_used.load(Ordering::Relaxed)
     }
 
     fn run_inline(&self, _work: &Work) -> Result<(), TaskError> {

@@ -1,0 +1,116 @@
+//! `agora model show`: the learned performance model the `perf` and `energy` policies use.
+//!
+//! Reads the file the daemon keeps in its state directory (written every few seconds while it
+//! learns, and at shutdown), so it works with or without a running daemon.
+
+use std::path::PathBuf;
+
+use agora_daemon::policy::model::{bucket, PerformanceModel};
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+
+/// Model subcommands.
+#[derive(Subcommand, Debug)]
+pub enum ModelCommand {
+    /// Print the performance table: per kernel, device and size bucket, the running average of
+    /// the execution time, and the fitted scaling exponent per kernel and device.
+    Show(ShowArgs),
+}
+
+/// `agora model show` options.
+#[derive(Args, Debug)]
+pub struct ShowArgs {
+    /// The daemon's state directory (default: $AGORA_STATE_DIR, else $XDG_STATE_HOME/agora, else
+    /// ~/.local/state/agora).
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// Only this kernel.
+    #[arg(long)]
+    kernel: Option<String>,
+    /// Print JSON (one object per row) instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(command: ModelCommand) -> Result<()> {
+    match command {
+        ModelCommand::Show(args) => show(args),
+    }
+}
+
+fn show(args: ShowArgs) -> Result<()> {
+    let dir = args.state_dir.unwrap_or_else(agora_daemon::default_state_dir);
+    let path = PerformanceModel::path(&dir);
+    let model = PerformanceModel::load(&dir, 0.8).map_err(anyhow::Error::msg)?;
+    let rows: Vec<_> = model
+        .rows()
+        .into_iter()
+        .filter(|r| args.kernel.as_ref().is_none_or(|k| *k == r.kernel))
+        .collect();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows).context("encoding the model")?);
+        return Ok(());
+    }
+    if rows.is_empty() {
+        println!(
+            "no measurements in {} yet: run work through a daemon with this state directory (any policy learns)",
+            path.display()
+        );
+        return Ok(());
+    }
+    let modified = std::fs::metadata(&path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .map(|age| format!(", saved {:.0} s ago", age.as_secs_f64()))
+        .unwrap_or_default();
+    println!("performance model {}{modified}", path.display());
+    println!(
+        "{:<22} {:<10} {:>21} {:>12} {:>12} {:>8}",
+        "kernel", "device", "size bucket (items)", "mean", "per item", "samples"
+    );
+    let mut last: Option<(String, String)> = None;
+    for row in &rows {
+        let key = (row.kernel.clone(), row.device.clone());
+        if last.as_ref().is_some_and(|l| *l != key) {
+            print_fit(&model, last.as_ref().unwrap());
+        }
+        let low = 1u64 << row.bucket;
+        let high = (1u128 << (row.bucket + 1)) - 1;
+        let e = &row.entry;
+        println!(
+            "{:<22} {:<10} {:>21} {:>12} {:>12} {:>8}",
+            row.kernel,
+            row.device,
+            format!("{low}..{high}"),
+            duration(e.mean_ns),
+            duration(e.mean_ns / e.mean_items.max(1.0)),
+            e.samples
+        );
+        debug_assert_eq!(bucket(low), row.bucket);
+        last = Some(key);
+    }
+    if let Some(l) = &last {
+        print_fit(&model, l);
+    }
+    Ok(())
+}
+
+fn print_fit(model: &PerformanceModel, (kernel, device): &(String, String)) {
+    if let Some((a, b)) = model.regression(kernel, device) {
+        println!("{:<22} {:<10} fit: t ≈ {:.3e} ns × items^{b:.2}", "", "", a.exp());
+    }
+}
+
+/// Nanoseconds as a short human figure.
+fn duration(ns: f64) -> String {
+    if ns >= 1e9 {
+        format!("{:.2} s", ns / 1e9)
+    } else if ns >= 1e6 {
+        format!("{:.2} ms", ns / 1e6)
+    } else if ns >= 1e3 {
+        format!("{:.2} µs", ns / 1e3)
+    } else {
+        format!("{ns:.1} ns")
+    }
+}

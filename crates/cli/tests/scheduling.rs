@@ -1,0 +1,130 @@
+//! The scheduler from the command line: configuration files, `agora model show`, and the
+//! scheduling benchmarks' JSON (smoke runs: fields and verified results, not timings).
+
+use std::process::Command;
+
+const AGORA: &str = env!("CARGO_BIN_EXE_agora");
+
+fn dir(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("agora-cli-sched-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn agora(args: &[&str], state: &std::path::Path) -> std::process::Output {
+    Command::new(AGORA)
+        .args(args)
+        .env("AGORA_STATE_DIR", state)
+        .env_remove("AGORA_SOCKET")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn print_config_is_a_valid_config_file_and_flags_override_the_file() {
+    let dir = dir("config");
+    let file = dir.join("agora.toml");
+    std::fs::write(
+        &file,
+        "[scheduler]\npolicy = \"energy\"\n[[sim]]\nname = \"s1\"\nmemory = \"64M\"\nkernels = [\"saxpy\"]\n",
+    )
+    .unwrap();
+    let out = agora(&["serve", "--config", file.to_str().unwrap(), "--print-config"], &dir);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let printed = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        printed.contains("policy = \"energy\"") && printed.contains("name = \"s1\""),
+        "{printed}"
+    );
+    // The printed text is itself a configuration file that gives the same settings.
+    let again = dir.join("printed.toml");
+    std::fs::write(&again, &printed).unwrap();
+    let out = agora(
+        &[
+            "serve",
+            "--config",
+            again.to_str().unwrap(),
+            "--policy",
+            "perf",
+            "--print-config",
+        ],
+        &dir,
+    );
+    let reprinted = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(reprinted, printed.replace("policy = \"energy\"", "policy = \"perf\""));
+}
+
+#[test]
+fn a_bad_config_file_is_refused_with_the_reason() {
+    let dir = dir("bad");
+    let file = dir.join("agora.toml");
+    std::fs::write(&file, "[cpu]\nlanes = \"two\"\n").unwrap();
+    let out = agora(&["serve", "--config", file.to_str().unwrap()], &dir);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("agora.toml") && err.contains("lanes"), "{err}");
+    let out = agora(&["serve", "--config", dir.join("missing.toml").to_str().unwrap()], &dir);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read the configuration file"));
+    let out = agora(&["serve", "--policy", "fastest"], &dir);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("choose rr, perf or energy"));
+}
+
+#[test]
+fn model_show_prints_what_a_daemon_learned() {
+    let dir = dir("model");
+    let out = agora(&["model", "show"], &dir);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no measurements"));
+    let mut model = agora_daemon::policy::PerformanceModel::new(0.8);
+    model.record("sgemm", "cpu0", 65_536, 2.0e6);
+    model.record("sgemm", "cpu0", 1 << 20, 40.0e6);
+    model.save(&dir).unwrap();
+    let out = agora(&["model", "show"], &dir);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("sgemm") && text.contains("cpu0") && text.contains("2.00 ms"),
+        "{text}"
+    );
+    assert!(text.contains("fit: t ≈"), "{text}");
+    let out = agora(&["model", "show", "--json"], &dir);
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows.as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn bench_hetero_and_sharing_report_their_fields() {
+    let dir = dir("bench");
+    let out = agora(
+        &["bench", "hetero", "--quick", "--json", "--tenants", "2", "--learn", "1"],
+        &dir,
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let results: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let policies: Vec<&str> = results
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(policies, ["rr", "perf", "energy"]);
+    for r in results.as_array().unwrap() {
+        assert!(r["makespan_s"].as_f64().unwrap() > 0.0);
+        assert!(r["energy_j"].as_f64().unwrap() > 0.0);
+        assert!(["measured", "model"].contains(&r["energy_source"].as_str().unwrap()));
+        assert_eq!(
+            r["utilisation"].as_array().unwrap().len(),
+            4,
+            "cpu, opencl and two sim devices"
+        );
+    }
+    let out = agora(&["bench", "sharing", "--quick", "--json"], &dir);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (shared, sequential, ratio) = (
+        r["shared_s"].as_f64().unwrap(),
+        r["sequential_s"].as_f64().unwrap(),
+        r["ratio"].as_f64().unwrap(),
+    );
+    assert!(shared > 0.0 && sequential > 0.0);
+    assert!((ratio - shared / sequential).abs() < 1e-9);
+}

@@ -1,0 +1,340 @@
+//! The learned performance model: how long each kernel takes on each device, by problem size.
+//!
+//! XiTAO-style: one running average per (kernel, device, size bucket), where a bucket is a power
+//! of two of the launch's work items, updated as `old × w + new × (1 − w)` with `w` = 0.8 (the
+//! 4:1 weighting of old to new). Each entry also keeps the running average of its items, so an
+//! estimate inside a bucket scales linearly from it. For a bucket never measured on a device, a
+//! per-(kernel, device) regression `ln t = a + b ln items` over the measured buckets gives an
+//! estimate (with one bucket measured: linear scaling from it); with none measured the device is
+//! *untried* for the kernel, and policies try it before trusting anything else.
+//!
+//! The model is persisted as JSON in the daemon's state directory (`perf-model.json`), keyed by
+//! kernel and device *names*, so it survives restarts; entries of devices this daemon does not
+//! have are kept and written back. `agora model show` prints it.
+//!
+//! Must not decide anything: policies read it, the scheduler feeds it.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// File name of the persisted model inside the state directory.
+pub const MODEL_FILE: &str = "perf-model.json";
+
+/// One measured (kernel, device, size bucket).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Entry {
+    /// Running average of the execution time, nanoseconds.
+    pub mean_ns: f64,
+    /// Running average of the work items of the measured launches.
+    pub mean_items: f64,
+    /// Measurements folded in.
+    pub samples: u64,
+}
+
+/// A row of the persisted file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Row {
+    /// Kernel name.
+    pub kernel: String,
+    /// Device name.
+    pub device: String,
+    /// Size bucket: launches of `2^bucket ..= 2^(bucket+1) − 1` work items.
+    pub bucket: u32,
+    /// The measurements.
+    #[serde(flatten)]
+    pub entry: Entry,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct ModelFile {
+    version: u32,
+    history_weight: f64,
+    rows: Vec<Row>,
+}
+
+/// The size bucket of a launch of `items` work items.
+pub fn bucket(items: u64) -> u32 {
+    63 - items.max(1).leading_zeros()
+}
+
+/// The performance model.
+#[derive(Debug, Clone)]
+pub struct PerformanceModel {
+    history_weight: f64,
+    entries: BTreeMap<(String, String), BTreeMap<u32, Entry>>,
+    /// (kernel, device, bucket) sent to a device to be measured for the first time and not yet
+    /// measured: others are not sent to explore the same thing.
+    exploring: HashSet<(String, String, u32)>,
+    dirty: bool,
+}
+
+/// How an estimate was made.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Estimate {
+    /// From a measured entry of the task's size bucket.
+    Measured(f64),
+    /// From the regression over other buckets of the same kernel and device.
+    Regressed(f64),
+    /// Nothing measured for this kernel on this device.
+    Untried,
+}
+
+impl Estimate {
+    /// Nanoseconds, if any estimate exists.
+    pub fn ns(self) -> Option<f64> {
+        match self {
+            Estimate::Measured(ns) | Estimate::Regressed(ns) => Some(ns),
+            Estimate::Untried => None,
+        }
+    }
+}
+
+impl PerformanceModel {
+    /// An empty model; `history_weight` is the weight of the old average (0.8: XiTAO's 4:1).
+    pub fn new(history_weight: f64) -> Self {
+        PerformanceModel {
+            history_weight,
+            entries: BTreeMap::new(),
+            exploring: HashSet::new(),
+            dirty: false,
+        }
+    }
+
+    /// Folds in one measured execution.
+    pub fn record(&mut self, kernel: &str, device: &str, items: u64, ns: f64) {
+        let b = bucket(items);
+        let w = self.history_weight;
+        let buckets = match self.entries.get_mut(&(kernel.to_string(), device.to_string())) {
+            Some(b) => b,
+            None => self
+                .entries
+                .entry((kernel.to_string(), device.to_string()))
+                .or_default(),
+        };
+        buckets
+            .entry(b)
+            .and_modify(|e| {
+                e.mean_ns = w * e.mean_ns + (1.0 - w) * ns;
+                e.mean_items = w * e.mean_items + (1.0 - w) * items as f64;
+                e.samples += 1;
+            })
+            .or_insert(Entry {
+                mean_ns: ns,
+                mean_items: items.max(1) as f64,
+                samples: 1,
+            });
+        if !self.exploring.is_empty() {
+            self.exploring.remove(&(kernel.to_string(), device.to_string(), b));
+        }
+        self.dirty = true;
+    }
+
+    /// Expected execution time of `kernel` over `items` on `device`.
+    pub fn estimate(&self, kernel: &str, device: &str, items: u64) -> Estimate {
+        let Some(buckets) = self.entries.get(&(kernel.to_string(), device.to_string())) else {
+            return Estimate::Untried;
+        };
+        let items_f = items.max(1) as f64;
+        if let Some(e) = buckets.get(&bucket(items)) {
+            return Estimate::Measured(e.mean_ns * items_f / e.mean_items.max(1.0));
+        }
+        match fit(buckets) {
+            Some((a, b)) => Estimate::Regressed((a + b * items_f.ln()).exp()),
+            None => match buckets.values().next() {
+                Some(e) => Estimate::Regressed(e.mean_ns * items_f / e.mean_items.max(1.0)),
+                None => Estimate::Untried,
+            },
+        }
+    }
+
+    /// Whether a first measurement of this (kernel, device, bucket) is on its way.
+    pub fn is_exploring(&self, kernel: &str, device: &str, items: u64) -> bool {
+        !self.exploring.is_empty()
+            && self
+                .exploring
+                .contains(&(kernel.to_string(), device.to_string(), bucket(items)))
+    }
+
+    /// Notes that a task was sent to measure this (kernel, device, bucket) for the first time.
+    pub fn start_exploring(&mut self, kernel: &str, device: &str, items: u64) {
+        self.exploring
+            .insert((kernel.to_string(), device.to_string(), bucket(items)));
+    }
+
+    /// Forgets an exploration whose task failed (so another task may try).
+    pub fn abandon_exploring(&mut self, kernel: &str, device: &str, items: u64) {
+        self.exploring
+            .remove(&(kernel.to_string(), device.to_string(), bucket(items)));
+    }
+
+    /// The regression of a kernel on a device: `(a, b)` in `ln t = a + b ln items`, when two or
+    /// more buckets are measured.
+    pub fn regression(&self, kernel: &str, device: &str) -> Option<(f64, f64)> {
+        self.entries
+            .get(&(kernel.to_string(), device.to_string()))
+            .and_then(fit)
+    }
+
+    /// Every entry, sorted by kernel, device, bucket.
+    pub fn rows(&self) -> Vec<Row> {
+        self.entries
+            .iter()
+            .flat_map(|((kernel, device), buckets)| {
+                buckets.iter().map(move |(b, e)| Row {
+                    kernel: kernel.clone(),
+                    device: device.clone(),
+                    bucket: *b,
+                    entry: *e,
+                })
+            })
+            .collect()
+    }
+
+    /// Whether it changed since it was last saved or loaded.
+    pub fn is_dirty(&self) -> bool {
+        self.dirty
+    }
+
+    /// Marks the model saved (the caller writes a snapshot of it outside the lock).
+    pub fn mark_saved(&mut self) {
+        self.dirty = false;
+    }
+
+    /// The model file in `state_dir`.
+    pub fn path(state_dir: &Path) -> PathBuf {
+        state_dir.join(MODEL_FILE)
+    }
+
+    /// Loads the model saved in `state_dir`; an absent file is an empty model.
+    pub fn load(state_dir: &Path, history_weight: f64) -> Result<Self, String> {
+        let path = Self::path(state_dir);
+        let mut model = PerformanceModel::new(history_weight);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(model),
+            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        };
+        let file: ModelFile = serde_json::from_str(&text).map_err(|e| {
+            format!(
+                "{} is not a performance model ({e}); move it away to start a new one",
+                path.display()
+            )
+        })?;
+        for row in file.rows {
+            // The file is ours but may have been edited: keep only sensible numbers.
+            if row.entry.mean_ns.is_finite()
+                && row.entry.mean_ns >= 0.0
+                && row.entry.mean_items >= 1.0
+                && row.bucket < 64
+            {
+                model
+                    .entries
+                    .entry((row.kernel, row.device))
+                    .or_default()
+                    .insert(row.bucket, row.entry);
+            }
+        }
+        Ok(model)
+    }
+
+    /// Writes the model to `state_dir` (atomically: a temporary file renamed over the old one).
+    pub fn save(&mut self, state_dir: &Path) -> Result<(), String> {
+        std::fs::create_dir_all(state_dir).map_err(|e| format!("cannot create {}: {e}", state_dir.display()))?;
+        let file = ModelFile {
+            version: 1,
+            history_weight: self.history_weight,
+            rows: self.rows(),
+        };
+        let text = serde_json::to_string_pretty(&file).map_err(|e| e.to_string())?;
+        let path = Self::path(state_dir);
+        let temporary = path.with_extension("json.tmp");
+        std::fs::write(&temporary, text).map_err(|e| format!("cannot write {}: {e}", temporary.display()))?;
+        std::fs::rename(&temporary, &path).map_err(|e| format!("cannot replace {}: {e}", path.display()))?;
+        self.dirty = false;
+        Ok(())
+    }
+}
+
+/// Least squares of `ln mean_ns` on `ln mean_items` over the buckets; the exponent is kept in
+/// [0, 3] (no kernel here gets faster with size or grows faster than cubically).
+fn fit(buckets: &BTreeMap<u32, Entry>) -> Option<(f64, f64)> {
+    if buckets.len() < 2 {
+        return None;
+    }
+    let points: Vec<(f64, f64)> = buckets
+        .values()
+        .map(|e| (e.mean_items.max(1.0).ln(), e.mean_ns.max(1.0).ln()))
+        .collect();
+    let n = points.len() as f64;
+    let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let my = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let sxx: f64 = points.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    if sxx < 1e-12 {
+        return None;
+    }
+    let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    let b = (sxy / sxx).clamp(0.0, 3.0);
+    Some((my - b * mx, b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn running_average_weighs_old_to_new_four_to_one() {
+        let mut m = PerformanceModel::new(0.8);
+        m.record("k", "d", 1000, 100.0);
+        m.record("k", "d", 1000, 200.0);
+        assert_eq!(
+            m.estimate("k", "d", 1000),
+            Estimate::Measured(100.0 * 0.8 + 200.0 * 0.2)
+        );
+        assert_eq!(m.rows()[0].entry.samples, 2);
+    }
+
+    #[test]
+    fn unseen_sizes_are_regressed_and_unseen_devices_untried() {
+        let mut m = PerformanceModel::new(0.8);
+        // t = 2 * items^1.5
+        for items in [1u64 << 10, 1 << 14, 1 << 18] {
+            m.record("k", "d", items, 2.0 * (items as f64).powf(1.5));
+        }
+        let (_, b) = m.regression("k", "d").unwrap();
+        assert!((b - 1.5).abs() < 1e-9, "{b}");
+        let Estimate::Regressed(ns) = m.estimate("k", "d", 1 << 22) else {
+            panic!()
+        };
+        let expected = 2.0 * ((1u64 << 22) as f64).powf(1.5);
+        assert!((ns / expected - 1.0).abs() < 1e-6);
+        assert_eq!(m.estimate("k", "other", 1 << 10), Estimate::Untried);
+        assert_eq!(m.estimate("other", "d", 1 << 10), Estimate::Untried);
+    }
+
+    #[test]
+    fn exploration_is_marked_until_measured() {
+        let mut m = PerformanceModel::new(0.8);
+        m.start_exploring("k", "d", 100);
+        assert!(m.is_exploring("k", "d", 120));
+        m.record("k", "d", 100, 5.0);
+        assert!(!m.is_exploring("k", "d", 100));
+    }
+
+    #[test]
+    fn saves_and_loads() {
+        let dir = std::env::temp_dir().join(format!("agora-model-test-{}", std::process::id()));
+        let mut m = PerformanceModel::new(0.8);
+        m.record("sgemm", "cpu0", 4096, 1e6);
+        m.record("saxpy", "sim0", 1 << 20, 2e5);
+        m.save(&dir).unwrap();
+        assert!(!m.is_dirty());
+        let back = PerformanceModel::load(&dir, 0.8).unwrap();
+        assert_eq!(back.rows(), m.rows());
+        std::fs::write(PerformanceModel::path(&dir), "not json").unwrap();
+        assert!(PerformanceModel::load(&dir, 0.8).unwrap_err().contains("move it away"));
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(PerformanceModel::load(&dir, 0.8).unwrap().rows().is_empty());
+    }
+}

@@ -1,0 +1,469 @@
+//! `sim` devices: modeled accelerators for scale tests and scheduler experiments.
+//!
+//! A sim device has memory of its own (host RAM standing in for device memory, accounted against
+//! its configured size) and lanes like any device. A kernel runs the library's CPU implementation
+//! on the device's copies of the buffers, so results are exact, and the job then completes when
+//! its **modeled** time has passed since it started: `launch_ns + ns_per_item × items` from the
+//! device's per-kernel profile. A job whose real computation takes longer than the model says
+//! completes when the computation is done, so keep modeled times above what the host needs (or
+//! give the device few lanes). Transfers are timed the same way from a modeled bandwidth.
+//!
+//! It is not a substitute for a real backend: it exists so the scheduler's policies can be
+//! exercised with devices that differ in speed, memory and power (DESIGN.md, heterogeneous
+//! scheduling), on a machine that has one CPU and PoCL.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agora_kernels::{ArgValue, KernelCall, KernelDef};
+use agora_protocol::control::DeviceStatus;
+use agora_protocol::{TaskError, MAX_ARGS};
+
+use crate::lane::{Executor, JobEnd, Lane, Lanes};
+use crate::{Device, DeviceBuffer, DeviceInfo, DeviceKind, Job, Transfer, Work};
+
+/// How long one kernel takes on a sim device.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KernelProfile {
+    /// Fixed cost per launch, in nanoseconds.
+    pub launch_ns: f64,
+    /// Cost per work item (the product of the launch range), in nanoseconds.
+    pub ns_per_item: f64,
+}
+
+/// What a sim device is.
+#[derive(Debug, Clone)]
+pub struct SimSpec {
+    /// Name, e.g. `sim0`.
+    pub name: String,
+    /// Lanes.
+    pub lanes: usize,
+    /// Device memory in bytes.
+    pub memory_bytes: u64,
+    /// Speed relative to one CPU core: a kernel without a profile entry takes the library's cost
+    /// estimate (per CPU core) divided by this.
+    pub speed: f64,
+    /// Fixed cost of every launch without a profile entry, in nanoseconds.
+    pub launch_ns: f64,
+    /// Per-kernel profiles (by kernel name); they override `speed`.
+    pub profile: HashMap<String, KernelProfile>,
+    /// Kernels it implements; `None`: every kernel with a CPU implementation.
+    pub kernels: Option<Vec<String>>,
+    /// Host link bandwidth in bytes per second.
+    pub bandwidth: f64,
+}
+
+impl Default for SimSpec {
+    fn default() -> Self {
+        SimSpec {
+            name: "sim0".into(),
+            lanes: 2,
+            memory_bytes: 1 << 30,
+            speed: 1.0,
+            launch_ns: 5_000.0,
+            profile: HashMap::new(),
+            kernels: None,
+            bandwidth: 10e9,
+        }
+    }
+}
+
+impl SimSpec {
+    /// Modeled nanoseconds of `kernel` over `items` work items.
+    pub fn modeled_ns(&self, kernel: &KernelDef, items: u64) -> f64 {
+        match self.profile.get(kernel.name) {
+            Some(p) => p.launch_ns + p.ns_per_item * items as f64,
+            None => self.launch_ns + kernel.estimated_ns(items) / self.speed.max(1e-9),
+        }
+    }
+}
+
+/// Device memory of a sim device: a host allocation, accounted against the device's size.
+#[derive(Debug)]
+struct SimBuffer {
+    /// 64-byte aligned storage (kernels may read it as any scalar type).
+    data: Box<[Aligned]>,
+    len: u64,
+    used: Arc<AtomicU64>,
+}
+
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(64))]
+struct Aligned([u8; 64]);
+
+impl SimBuffer {
+    fn ptr(&self) -> *mut u8 {
+        // Kernels and transfers write through this pointer from lane threads while the buffer
+        // is shared (`Arc`); the scheduler orders every access (one writer at a time), which is
+        // the same contract a real device's memory has.
+        self.data.as_ptr() as *mut u8
+    }
+}
+
+impl Drop for SimBuffer {
+    fn drop(&mut self) {
+        self.used.fetch_sub(self.len, Ordering::Relaxed);
+    }
+}
+
+impl DeviceBuffer for SimBuffer {
+    fn len(&self) -> u64 {
+        self.len
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// A modeled device.
+#[derive(Debug)]
+pub struct SimDevice {
+    info: DeviceInfo,
+    spec: Arc<SimSpec>,
+    lanes: Lanes,
+    used: Arc<AtomicU64>,
+}
+
+struct SimExecutor {
+    spec: Arc<SimSpec>,
+}
+
+fn sim_buffer(buffer: &dyn DeviceBuffer) -> Result<&SimBuffer, TaskError> {
+    // A buffer of another device here is a scheduler bug: fail the task, do not crash.
+    buffer
+        .as_any()
+        .downcast_ref::<SimBuffer>()
+        .ok_or(TaskError::KernelFault)
+}
+
+impl SimExecutor {
+    fn transfers(&self, transfers: &[Transfer]) -> Result<f64, TaskError> {
+        let mut bytes = 0usize;
+        for transfer in transfers {
+            match transfer {
+                Transfer::ToDevice { host, len, to } => {
+                    let to = sim_buffer(to.as_ref())?;
+                    let len = (*len).min(to.len as usize);
+                    // SAFETY: the scheduler built this transfer from a live buffer's host range of
+                    // `len` bytes kept mapped by the job; `to` holds at least `len` bytes.
+                    unsafe { std::ptr::copy_nonoverlapping(*host, to.ptr(), len) };
+                    bytes += len;
+                }
+                Transfer::ToHost {
+                    from,
+                    device,
+                    host,
+                    len,
+                } => {
+                    // SAFETY: as above, for a host range of `len` bytes.
+                    unsafe { device.read(from.as_ref(), *host, *len)? };
+                    bytes += *len;
+                }
+            }
+        }
+        Ok(bytes as f64 / self.spec.bandwidth.max(1.0) * 1e9)
+    }
+
+    fn execute(&self, work: &Work) -> Result<f64, TaskError> {
+        if let Some(result) = crate::run_host_work(work) {
+            return result.map(|()| 0.0);
+        }
+        let Work::Launch {
+            kernel,
+            range,
+            dims,
+            args,
+            arg_count,
+            device_args,
+        } = work
+        else {
+            return Err(TaskError::KernelFault);
+        };
+        let cpu = kernel.cpu.ok_or(TaskError::KernelFault)?;
+        // Point buffer arguments at this device's copies.
+        let mut local = [ArgValue::None; MAX_ARGS];
+        for (index, arg) in args[..*arg_count].iter().enumerate() {
+            local[index] = match (arg, &device_args[index]) {
+                (ArgValue::Buffer { len, .. }, Some(buffer)) => {
+                    let buffer = sim_buffer(buffer.as_ref())?;
+                    ArgValue::Buffer {
+                        ptr: buffer.ptr(),
+                        len: (*len).min(buffer.len),
+                    }
+                }
+                (ArgValue::Buffer { .. }, None) => return Err(TaskError::KernelFault),
+                (other, _) => *other,
+            };
+        }
+        // SAFETY: the daemon checked the launch against the kernel's signature and size check;
+        // every buffer argument now points at a live, 64-byte aligned allocation of this device
+        // at least as long as the host buffer it mirrors, ordered by the scheduler.
+        let call = unsafe { KernelCall::new(&range[..*dims], &local[..*arg_count]) };
+        let rows = range[0];
+        crate::cpu::run_guarded(&|| cpu(&call, 0..rows))?;
+        let items: u64 = range[..*dims].iter().product();
+        Ok(self.spec.modeled_ns(kernel, items))
+    }
+}
+
+impl Executor for SimExecutor {
+    fn run(&mut self, transfers: Vec<Transfer>, work: Work, end: JobEnd) {
+        let started = Instant::now();
+        let result = self.transfers(&transfers).and_then(|transfer_ns| {
+            if !transfers.is_empty() {
+                wait_until(started + Duration::from_nanos(transfer_ns as u64));
+                end.transfers_done();
+            }
+            let work_started = Instant::now();
+            let work_ns = self.execute(&work)?;
+            wait_until(work_started + Duration::from_nanos(work_ns as u64));
+            Ok(())
+        });
+        drop(work);
+        drop(transfers);
+        end.finish(result);
+    }
+}
+
+/// Sleeps until `deadline` (the modeled end of a step).
+fn wait_until(deadline: Instant) {
+    let now = Instant::now();
+    if deadline > now {
+        std::thread::sleep(deadline - now);
+    }
+}
+
+impl SimDevice {
+    /// Starts a sim device as `spec` says.
+    pub fn new(spec: SimSpec) -> std::io::Result<Self> {
+        let spec = Arc::new(spec);
+        let lanes = spec.lanes.max(1);
+        let mut lane_list = Vec::new();
+        let mut handles = Vec::new();
+        for index in 0..lanes {
+            let (lane, thread) = Lane::start(
+                format!("agora-{}-lane{index}", spec.name),
+                Box::new(SimExecutor { spec: spec.clone() }),
+            )?;
+            lane_list.push(lane);
+            handles.push(thread);
+        }
+        let kernels = match &spec.kernels {
+            Some(list) => format!("{} kernels", list.len()),
+            None => "every kernel".to_string(),
+        };
+        Ok(SimDevice {
+            info: DeviceInfo {
+                name: spec.name.clone(),
+                kind: DeviceKind::Sim,
+                lanes,
+                threads_per_lane: 1,
+                description: format!(
+                    "simulated device, {:.1}x a CPU core, {kernels}, {} MiB",
+                    spec.speed,
+                    spec.memory_bytes >> 20
+                ),
+                memory_bytes: spec.memory_bytes,
+                shares_host_memory: false,
+            },
+            spec,
+            lanes: Lanes::new(lane_list, handles),
+            used: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    /// Its specification.
+    pub fn spec(&self) -> &SimSpec {
+        &self.spec
+    }
+}
+
+impl Device for SimDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn implements(&self, kernel: &KernelDef) -> bool {
+        kernel.cpu.is_some()
+            && self
+                .spec
+                .kernels
+                .as_ref()
+                .is_none_or(|list| list.iter().any(|k| k == kernel.name))
+    }
+
+    fn submit(&self, lane: usize, job: Job) {
+        self.lanes.submit(lane, job);
+    }
+
+    fn lane_load(&self, lane: usize) -> usize {
+        self.lanes.load(lane)
+    }
+
+    fn memory_used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    fn run_inline(&self, _work: &Work) -> Result<(), TaskError> {
+        // Only devices that share host memory run work inline.
+        Err(TaskError::KernelFault)
+    }
+
+    fn alloc(&self, len: u64) -> Option<Result<Arc<dyn DeviceBuffer>, TaskError>> {
+        let used = self.used.fetch_add(len, Ordering::Relaxed) + len;
+        if used > self.spec.memory_bytes {
+            self.used.fetch_sub(len, Ordering::Relaxed);
+            return Some(Err(TaskError::DeviceOutOfMemory { index: 0, needed: len }));
+        }
+        let blocks = (len as usize).div_ceil(64).max(1);
+        let buffer = SimBuffer {
+            data: vec![Aligned([0; 64]); blocks].into_boxed_slice(),
+            len,
+            used: self.used.clone(),
+        };
+        Some(Ok(Arc::new(buffer)))
+    }
+
+    unsafe fn read(&self, from: &dyn DeviceBuffer, host: *mut u8, len: usize) -> Result<(), TaskError> {
+        let from = sim_buffer(from)?;
+        let len = len.min(from.len as usize);
+        // SAFETY: the caller guarantees `host` is valid for `len` bytes; `from` holds them.
+        unsafe { std::ptr::copy_nonoverlapping(from.ptr(), host, len) };
+        Ok(())
+    }
+
+    fn status(&self) -> DeviceStatus {
+        DeviceStatus {
+            name: self.info.name.clone(),
+            kind: self.info.kind.name().to_string(),
+            description: self.info.description.clone(),
+            memory_bytes: self.info.memory_bytes,
+            memory_used: self.used.load(Ordering::Relaxed),
+            threads_per_lane: 1,
+            lanes: self.lanes.statuses(),
+        }
+    }
+
+    fn shutdown(&self) {
+        self.lanes.shutdown();
+    }
+}
+
+impl Drop for SimDevice {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    fn submit_saxpy(dev: &SimDevice, x: &Arc<dyn DeviceBuffer>, y: &Arc<dyn DeviceBuffer>, n: u64) -> Duration {
+        let (_, k) = agora_kernels::find("saxpy").unwrap();
+        let mut args = [ArgValue::None; MAX_ARGS];
+        args[0] = ArgValue::Scalar(u64::from(2.0f32.to_bits()));
+        args[1] = ArgValue::Buffer {
+            ptr: std::ptr::null_mut(),
+            len: n * 4,
+        };
+        args[2] = ArgValue::Buffer {
+            ptr: std::ptr::null_mut(),
+            len: n * 4,
+        };
+        let mut device_args: [Option<Arc<dyn DeviceBuffer>>; MAX_ARGS] = Default::default();
+        device_args[1] = Some(x.clone());
+        device_args[2] = Some(y.clone());
+        let (tx, rx) = mpsc::channel();
+        let started = Instant::now();
+        dev.submit(
+            0,
+            Job {
+                transfers: Vec::new(),
+                work: Work::Launch {
+                    kernel: k,
+                    range: [n, 1, 1],
+                    dims: 1,
+                    args,
+                    arg_count: 3,
+                    device_args,
+                },
+                keepalive: None,
+                cancelled: None,
+                done: Box::new(move |r, _| tx.send(r).unwrap()),
+            },
+        );
+        rx.recv().unwrap().unwrap();
+        started.elapsed()
+    }
+
+    #[test]
+    fn computes_exactly_on_its_own_memory_and_takes_the_modeled_time() {
+        let mut spec = SimSpec {
+            memory_bytes: 1 << 20,
+            ..SimSpec::default()
+        };
+        spec.profile.insert(
+            "saxpy".into(),
+            KernelProfile {
+                launch_ns: 1e6,
+                ns_per_item: 10_000.0,
+            },
+        );
+        let dev = SimDevice::new(spec).unwrap();
+        let n = 1000u64;
+        let x = dev.alloc(n * 4).unwrap().unwrap();
+        let y = dev.alloc(n * 4).unwrap().unwrap();
+        let host_x: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        let host_y = vec![1.0f32; n as usize];
+        for (host, buffer) in [(&host_x, &x), (&host_y, &y)] {
+            let b = sim_buffer(buffer.as_ref()).unwrap();
+            // SAFETY: both sides hold n*4 bytes.
+            unsafe { std::ptr::copy_nonoverlapping(host.as_ptr() as *const u8, b.ptr(), (n * 4) as usize) };
+        }
+        let took = submit_saxpy(&dev, &x, &y, n);
+        // Modeled: 1 ms + 1000 × 10 µs = 11 ms.
+        assert!(took >= Duration::from_millis(11), "{took:?}");
+        let mut out = vec![0f32; n as usize];
+        // SAFETY: out holds n*4 bytes.
+        unsafe {
+            dev.read(y.as_ref(), out.as_mut_ptr() as *mut u8, (n * 4) as usize)
+                .unwrap()
+        };
+        assert!(out.iter().enumerate().all(|(i, v)| *v == 2.0 * i as f32 + 1.0));
+        dev.shutdown();
+    }
+
+    #[test]
+    fn memory_is_accounted_and_limited() {
+        let dev = SimDevice::new(SimSpec {
+            memory_bytes: 1000,
+            ..SimSpec::default()
+        })
+        .unwrap();
+        let a = dev.alloc(600).unwrap().unwrap();
+        assert_eq!(dev.status().memory_used, 600);
+        assert_eq!(
+            dev.alloc(600).unwrap().unwrap_err(),
+            TaskError::DeviceOutOfMemory { index: 0, needed: 600 }
+        );
+        drop(a);
+        assert_eq!(dev.status().memory_used, 0);
+        assert!(dev.alloc(600).unwrap().is_ok());
+    }
+
+    #[test]
+    fn implements_only_the_kernels_it_lists() {
+        let dev = SimDevice::new(SimSpec {
+            kernels: Some(vec!["saxpy".into()]),
+            ..SimSpec::default()
+        })
+        .unwrap();
+        assert!(dev.implements(agora_kernels::find("saxpy").unwrap().1));
+        assert!(!dev.implements(agora_kernels::find("sgemm").unwrap().1));
+    }
+}
