@@ -31,6 +31,9 @@ pub enum BenchCommand {
     /// Four client applications sharing the node at once vs the same four one after another
     /// (time-sharing): total time ratio.
     Sharing(crate::bench_sched::SharingArgs),
+    /// Latency-class requests beside long batch kernels, unsliced vs chunked: response times,
+    /// SLA met, preemption latency.
+    Sla(crate::bench_sched::SlaArgs),
 }
 
 /// `agora bench overhead` options.
@@ -584,6 +587,7 @@ pub fn run(socket: Option<PathBuf>, command: BenchCommand) -> Result<()> {
         BenchCommand::Overhead(args) => overhead(socket, args),
         BenchCommand::Hetero(args) => crate::bench_sched::hetero(args),
         BenchCommand::Sharing(args) => crate::bench_sched::sharing(socket, args),
+        BenchCommand::Sla(args) => crate::bench_sched::sla(args),
     }
 }
 

@@ -471,3 +471,245 @@ pub fn sharing(socket: Option<PathBuf>, args: SharingArgs) -> Result<()> {
     }
     Ok(())
 }
+
+/// `agora bench sla` options.
+#[derive(Args, Debug)]
+pub struct SlaArgs {
+    /// Latency requests per arrangement (default 200; 40 with --quick).
+    #[arg(long)]
+    requests: Option<usize>,
+    /// The response-time target of one request, in milliseconds (scaled down from TReM's 200 ms
+    /// to this machine's kernels).
+    #[arg(long, default_value_t = 10.0)]
+    sla_ms: f64,
+    /// Mean time between requests (exponential inter-arrivals), in milliseconds.
+    #[arg(long, default_value_t = 5.0)]
+    interval_ms: f64,
+    /// Order of the batch tenants' sgemm (each a long kernel).
+    #[arg(long, default_value_t = 768)]
+    batch_matrix: u32,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    /// A short version for smoke checks.
+    #[arg(long)]
+    quick: bool,
+}
+
+#[derive(Serialize, Debug, Clone, Copy)]
+struct SlaFigures {
+    p50_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+    sla_met_fraction: f64,
+}
+
+#[derive(Serialize, Debug)]
+struct SlaResult {
+    sla_ms: f64,
+    requests: usize,
+    /// Requests with the node to themselves.
+    alone: SlaFigures,
+    /// Beside batch tenants, batch kernels not sliced.
+    unsliced: SlaFigures,
+    /// Beside batch tenants, batch kernels sliced to the 1 ms preemption target.
+    chunked: SlaFigures,
+    /// Response time beyond the alone median: how long a request waited for a lane.
+    preempt_none_p50_ms: f64,
+    preempt_none_p99_ms: f64,
+    preempt_chunked_p50_ms: f64,
+    preempt_chunked_p99_ms: f64,
+    /// Revocation is not built yet: null.
+    preempt_revoke_p50_ms: Option<f64>,
+    preempt_revoke_p99_ms: Option<f64>,
+    /// With chunking (the default).
+    sla_met_fraction: f64,
+    /// Batch sgemms finished per second during the unsliced and the chunked runs (what slicing
+    /// costs the batch tenants).
+    batch_per_s_unsliced: f64,
+    batch_per_s_chunked: f64,
+}
+
+fn sgemm_args<'a>(n: u32, a: &'a agora::Buffer, c: &'a agora::Buffer) -> Vec<agora::Arg<'a>> {
+    use agora::Arg;
+    let n = n as i32;
+    vec![
+        Arg::I32(n),
+        Arg::I32(n),
+        Arg::I32(n),
+        Arg::F32(1.0),
+        a.into(),
+        a.into(),
+        Arg::F32(0.0),
+        c.into(),
+    ]
+}
+
+/// Latency requests (a 32×32 sgemm each, on a latency-class queue) at exponential intervals,
+/// beside `batch` tenants looping long sgemms on batch queues. Returns response times in ms and
+/// the batch kernels finished per second.
+fn sla_run(socket: &Path, args: &SlaArgs, requests: usize, batch: usize) -> Result<(Vec<f64>, f64)> {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let stop = AtomicBool::new(false);
+    let finished = AtomicU64::new(0);
+    let connect = |name: &str| {
+        Session::connect_with(SessionOptions {
+            socket: Some(socket.to_path_buf()),
+            name: Some(name.to_string()),
+            heap_bytes: None,
+        })
+    };
+    let began = Instant::now();
+    std::thread::scope(|scope| -> Result<(Vec<f64>, f64)> {
+        let mut tenants = Vec::new();
+        for t in 0..batch {
+            let (stop, finished) = (&stop, &finished);
+            let session = connect(&format!("batch{t}"))?;
+            tenants.push(scope.spawn(move || -> Result<()> {
+                let n = args.batch_matrix;
+                let sgemm = session.kernel("sgemm")?;
+                let a = session.buffer_from(&vec![1.0f32; (n * n) as usize])?;
+                let c = session.buffer(u64::from(n * n) * 4)?;
+                let queue = session.queue_with(agora::QueueOptions {
+                    name: "batch".into(),
+                    class: agora::QueueClass::Batch,
+                    preferred_device: Some(agora::DeviceKind::Cpu),
+                })?;
+                while !stop.load(Ordering::Relaxed) {
+                    queue
+                        .launch(&sgemm, &sgemm_args(n, &a, &c), agora::NdRange::d2(n.into(), n.into()))?
+                        .wait()?;
+                    finished.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(())
+            }));
+        }
+        let session = connect("latency")?;
+        let sgemm = session.kernel("sgemm")?;
+        let a = session.buffer_from(&vec![1.0f32; 32 * 32])?;
+        let c = session.buffer(32 * 32 * 4)?;
+        let queue = session.queue_with(agora::QueueOptions {
+            name: "requests".into(),
+            class: agora::QueueClass::Latency,
+            preferred_device: Some(agora::DeviceKind::Cpu),
+        })?;
+        let mut rng = 0x9E37_79B9_7F4A_7C15u64; // fixed seed: the same arrivals every run
+        let mut next_exponential = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let u = (rng >> 11) as f64 / (1u64 << 53) as f64;
+            -(1.0 - u).ln() * args.interval_ms
+        };
+        if batch > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(50)); // batch kernels running
+        }
+        let mut times = Vec::with_capacity(requests);
+        for i in 0..requests + 5 {
+            std::thread::sleep(std::time::Duration::from_secs_f64(next_exponential() / 1e3));
+            let issued = Instant::now();
+            queue
+                .launch(&sgemm, &sgemm_args(32, &a, &c), agora::NdRange::d2(32, 32))?
+                .wait()?;
+            if i >= 5 {
+                times.push(issued.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        if !c.as_slice::<f32>().iter().all(|v| *v == 32.0) {
+            bail!("a latency request computed a wrong result");
+        }
+        stop.store(true, Ordering::Relaxed);
+        for t in tenants {
+            t.join().map_err(|_| anyhow::anyhow!("a batch tenant panicked"))??;
+        }
+        Ok((
+            times,
+            finished.load(Ordering::Relaxed) as f64 / began.elapsed().as_secs_f64(),
+        ))
+    })
+}
+
+fn sla_figures(times: &[f64], sla_ms: f64) -> SlaFigures {
+    let mut v = times.to_vec();
+    v.sort_by(f64::total_cmp);
+    let at = |p: f64| v[((v.len() as f64 - 1.0) * p).round() as usize];
+    SlaFigures {
+        p50_ms: at(0.5),
+        p99_ms: at(0.99),
+        max_ms: v[v.len() - 1],
+        sla_met_fraction: v.iter().filter(|t| **t <= sla_ms).count() as f64 / v.len() as f64,
+    }
+}
+
+pub fn sla(args: SlaArgs) -> Result<()> {
+    let requests = args.requests.unwrap_or(if args.quick { 40 } else { 200 }).max(1);
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+    if !args.json {
+        println!(
+            "agora bench sla: {requests} latency requests (sgemm 32, latency queue, mean interval {} ms, SLA {} ms) \
+             beside {cores} batch tenants looping sgemm {} on the CPU lanes; unsliced vs chunked (1 ms target)",
+            args.interval_ms, args.sla_ms, args.batch_matrix
+        );
+    }
+    let run = |extra: &[&str], batch: usize| -> Result<(Vec<f64>, f64)> {
+        let daemon = DaemonProcess::start(None, extra)?;
+        sla_run(&daemon.socket, &args, requests, batch)
+    };
+    let (alone, _) = run(&["--preempt-target-us", "1000"], 0)?;
+    let (unsliced, batch_unsliced) = run(&["--preempt-target-us", "0"], cores)?;
+    let (chunked, batch_chunked) = run(&["--preempt-target-us", "1000"], cores)?;
+    let alone = sla_figures(&alone, args.sla_ms);
+    let waited = |times: &[f64]| -> Vec<f64> { times.iter().map(|t| (t - alone.p50_ms).max(0.0)).collect() };
+    let (wait_unsliced, wait_chunked) = (
+        sla_figures(&waited(&unsliced), f64::MAX),
+        sla_figures(&waited(&chunked), f64::MAX),
+    );
+    let result = SlaResult {
+        sla_ms: args.sla_ms,
+        requests,
+        alone,
+        unsliced: sla_figures(&unsliced, args.sla_ms),
+        chunked: sla_figures(&chunked, args.sla_ms),
+        preempt_none_p50_ms: wait_unsliced.p50_ms,
+        preempt_none_p99_ms: wait_unsliced.p99_ms,
+        preempt_chunked_p50_ms: wait_chunked.p50_ms,
+        preempt_chunked_p99_ms: wait_chunked.p99_ms,
+        preempt_revoke_p50_ms: None,
+        preempt_revoke_p99_ms: None,
+        sla_met_fraction: sla_figures(&chunked, args.sla_ms).sla_met_fraction,
+        batch_per_s_unsliced: batch_unsliced,
+        batch_per_s_chunked: batch_chunked,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+        return Ok(());
+    }
+    println!(
+        "\n{:<28} {:>9} {:>9} {:>9} {:>10}",
+        "response time (ms)", "p50", "p99", "max", "within SLA"
+    );
+    for (name, f) in [
+        ("alone", result.alone),
+        ("beside batch, unsliced", result.unsliced),
+        ("beside batch, chunked", result.chunked),
+    ] {
+        println!(
+            "{name:<28} {:>9.3} {:>9.3} {:>9.3} {:>9.1}%",
+            f.p50_ms,
+            f.p99_ms,
+            f.max_ms,
+            f.sla_met_fraction * 100.0
+        );
+    }
+    println!(
+        "preemption latency (response beyond the alone median): unsliced p50 {:.3} / p99 {:.3} ms, chunked p50 {:.3} / p99 {:.3} ms; revocation: not built yet",
+        result.preempt_none_p50_ms, result.preempt_none_p99_ms, result.preempt_chunked_p50_ms, result.preempt_chunked_p99_ms
+    );
+    println!(
+        "batch throughput meanwhile: unsliced {:.2} sgemm/s, chunked {:.2} sgemm/s ({:.2}x)",
+        result.batch_per_s_unsliced,
+        result.batch_per_s_chunked,
+        result.batch_per_s_chunked / result.batch_per_s_unsliced
+    );
+    Ok(())
+}

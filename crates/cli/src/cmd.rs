@@ -35,6 +35,10 @@ pub struct ServeArgs {
     /// device's); beyond it the session's idle buffers are evicted to host memory.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     device_quota: Option<u64>,
+    /// Batch kernels predicted to run longer than twice this are split into slices of about this
+    /// length, so latency-class tasks wait at most about one slice (default 1000; 0: never split).
+    #[arg(long, value_name = "US")]
+    preempt_target_us: Option<u64>,
     /// Most memory Agora uses on each OpenCL device, e.g. 512M (default: all it reports).
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     opencl_memory_limit: Option<u64>,
@@ -120,6 +124,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.opencl_memory_limit {
             c.opencl_memory_limit = v;
+        }
+        if let Some(v) = self.preempt_target_us {
+            c.preempt_target = Duration::from_micros(v);
         }
         if let Some(v) = self.device_quota {
             c.device_quota = v;

@@ -6,6 +6,7 @@ mod bench_sched;
 mod cmd;
 mod model;
 mod plot;
+mod sim;
 mod size;
 mod top;
 
@@ -49,6 +50,8 @@ enum Command {
     /// Task traces: `agora trace save` writes a running daemon's trace file now.
     #[command(subcommand)]
     Trace(TraceCommand),
+    /// Simulate latency policies at scale (TReM's setup): `agora sim --workload w1 --load 1.0 ...`.
+    Sim(sim::SimArgs),
     /// The learned performance model: `agora model show`.
     #[command(subcommand)]
     Model(model::ModelCommand),
@@ -89,6 +92,7 @@ fn main() {
         Command::Trace(TraceCommand::Save) => cmd::trace_save(cli.socket),
         Command::Plot(command) => plot::run(command),
         Command::Model(command) => model::run(command),
+        Command::Sim(args) => sim::run(args),
         Command::Bench(command) => bench::run(cli.socket, command),
         Command::BenchClient(args) => bench::client(cli.socket, args),
     };

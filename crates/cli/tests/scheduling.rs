@@ -128,3 +128,81 @@ fn bench_hetero_and_sharing_report_their_fields() {
     assert!(shared > 0.0 && sequential > 0.0);
     assert!((ratio - shared / sequential).abs() < 1e-9);
 }
+
+#[test]
+fn bench_sla_reports_preemption_figures() {
+    let dir = dir("sla");
+    let out = agora(&["bench", "sla", "--quick", "--json", "--batch-matrix", "384"], &dir);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for field in [
+        "preempt_chunked_p50_ms",
+        "preempt_chunked_p99_ms",
+        "preempt_none_p99_ms",
+        "sla_met_fraction",
+    ] {
+        assert!(r[field].as_f64().unwrap() >= 0.0, "{field}: {}", r[field]);
+    }
+    assert!(
+        r["preempt_revoke_p50_ms"].is_null(),
+        "revocation is not built: reported as null"
+    );
+    assert!(r["chunked"]["p50_ms"].as_f64().unwrap() <= r["chunked"]["p99_ms"].as_f64().unwrap());
+}
+
+#[test]
+fn sim_is_deterministic_and_reports_the_trem_figures() {
+    let dir = dir("sim");
+    let args = [
+        "sim",
+        "--workload",
+        "w2",
+        "--load",
+        "1.5",
+        "--devices",
+        "4",
+        "--preempt-ms",
+        "22",
+        "--policy",
+        "elastic",
+        "--seed",
+        "7",
+        "--seconds",
+        "60",
+        "--json",
+    ];
+    let first = agora(&args, &dir);
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let second = agora(&args, &dir);
+    assert_eq!(first.stdout, second.stdout, "the same seed gives the same result");
+    let r: serde_json::Value = serde_json::from_slice(&first.stdout).unwrap();
+    for field in [
+        "sla_met_fraction",
+        "utilisation",
+        "wasted_fraction",
+        "batch_median_slowdown",
+        "batch_p99_slowdown",
+    ] {
+        let v = r[field].as_f64().unwrap_or(-1.0);
+        assert!(v >= 0.0, "{field}: {}", r[field]);
+    }
+    assert!(r["sla_met_fraction"].as_f64().unwrap() <= 1.0);
+    let svg = dir.join("sweep.svg");
+    let out = agora(
+        &[
+            "sim",
+            "--sweep",
+            "preempt",
+            "--seconds",
+            "20",
+            "--plot",
+            svg.to_str().unwrap(),
+        ],
+        &dir,
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.starts_with("<svg") && text.contains("elastic") && text.contains("polyline"));
+    let out = agora(&["sim", "--policy", "fastest"], &dir);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("choose none, priority or elastic"));
+}

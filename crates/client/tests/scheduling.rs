@@ -290,3 +290,36 @@ fn no_policy_sends_a_kernel_to_a_device_that_lacks_it() {
         daemon.stop().unwrap();
     }
 }
+
+#[test]
+fn only_permitted_users_open_latency_queues() {
+    let dir = test_dir("latency-permission");
+    let me = own_uid();
+    let (daemon, session) = start(&dir, |c| {
+        c.opencl = false;
+        c.latency_uids = vec![me.wrapping_add(1)];
+        c.latency_gids = vec![u32::MAX - 1];
+    });
+    let refused = session
+        .queue_with(QueueOptions {
+            name: "frontend".into(),
+            class: agora::QueueClass::Latency,
+            preferred_device: None,
+        })
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("may not open latency-class queues"),
+        "{refused}"
+    );
+    // Batch queues stay open to everyone.
+    session.queue("batch").unwrap();
+    drop(session);
+    daemon.stop().unwrap();
+}
+
+fn own_uid() -> u32 {
+    // The test's own uid, as the daemon sees it through SO_PEERCRED.
+    std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
+        .unwrap()
+}

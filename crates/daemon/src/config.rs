@@ -211,6 +211,14 @@ pub struct DaemonConfig {
     pub energy_slack: f64,
     /// Where the daemon keeps state across restarts (the performance model).
     pub state_dir: PathBuf,
+    /// Users allowed to open latency-class queues (with `latency_gids`; both empty: everyone).
+    pub latency_uids: Vec<u32>,
+    /// Groups allowed to open latency-class queues.
+    pub latency_gids: Vec<u32>,
+    /// Target preemption latency for batch kernels: launches predicted to run longer are split
+    /// into slices of about this length, between which a lane can run latency-class tasks.
+    /// 0 disables chunking.
+    pub preempt_target: Duration,
 }
 
 /// The default state directory: `$AGORA_STATE_DIR`, else `$XDG_STATE_HOME/agora`, else
@@ -261,6 +269,9 @@ impl Default for DaemonConfig {
             history_weight: 0.8,
             energy_slack: 1.5,
             state_dir: default_state_dir(),
+            latency_uids: Vec::new(),
+            latency_gids: Vec::new(),
+            preempt_target: Duration::from_millis(1),
         }
     }
 }
@@ -316,12 +327,15 @@ struct SessionsSection {
     ring_capacity: Option<u32>,
     max_queues: Option<usize>,
     max_buffers: Option<usize>,
+    latency_uids: Option<Vec<u32>>,
+    latency_gids: Option<Vec<u32>>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SchedulerSection {
     policy: Option<PolicyKind>,
+    preempt_target_us: Option<u64>,
     #[serde(default)]
     perf: PerfSection,
     #[serde(default)]
@@ -393,6 +407,11 @@ impl DaemonConfig {
         set(&mut c.ring_capacity, s.ring_capacity);
         set(&mut c.max_queues, s.max_queues);
         set(&mut c.max_buffers, s.max_buffers);
+        set(&mut c.latency_uids, s.latency_uids);
+        set(&mut c.latency_gids, s.latency_gids);
+        if let Some(us) = file.scheduler.preempt_target_us {
+            c.preempt_target = Duration::from_micros(us);
+        }
         set(&mut c.policy, file.scheduler.policy);
         set(&mut c.history_weight, file.scheduler.perf.history_weight);
         set(&mut c.energy_slack, file.scheduler.energy.slack);
@@ -483,9 +502,12 @@ impl DaemonConfig {
                 ring_capacity: Some(self.ring_capacity),
                 max_queues: Some(self.max_queues),
                 max_buffers: Some(self.max_buffers),
+                latency_uids: Some(self.latency_uids.clone()),
+                latency_gids: Some(self.latency_gids.clone()),
             },
             scheduler: SchedulerSection {
                 policy: Some(self.policy),
+                preempt_target_us: Some(self.preempt_target.as_micros() as u64),
                 perf: PerfSection {
                     history_weight: Some(self.history_weight),
                 },
@@ -517,6 +539,9 @@ impl DaemonConfig {
         let mut out = String::from(
             "# Agora daemon configuration: every effective setting (defaults, then the file, then flags).\n\
              # Sizes take suffixes (\"512M\", \"2G\"); memory_limit / device_quota 0 means no limit.\n\
+             # sessions.latency_uids / latency_gids: who may open latency-class queues (both empty: anyone).\n\
+             # scheduler.preempt_target_us: batch kernels are sliced to about this length so latency\n\
+             #   tasks wait at most about one slice (0: no slicing).\n\
              # scheduler.policy: rr | perf | energy. Add modeled devices with [[sim]] sections, e.g.\n\
              #   [[sim]]\n\
              #   name = \"sim0\"\n\

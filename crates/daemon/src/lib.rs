@@ -208,7 +208,7 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
         telemetry::serve_metrics(addr, telemetry.clone(), devices.clone())
             .map_err(|e| DaemonError::io("starting the metrics server", std::io::Error::other(e)))?;
     }
-    let scheduler = scheduler::Scheduler::new(
+    let mut scheduler = scheduler::Scheduler::new(
         devices,
         facts,
         policy::build(config.policy, &config),
@@ -217,7 +217,12 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
         config.device_quota,
         telemetry.clone(),
     );
-    tracing::info!(policy = config.policy.name(), "scheduling");
+    scheduler.preempt_target_ns = config.preempt_target.as_nanos() as f64;
+    tracing::info!(
+        policy = config.policy.name(),
+        preempt_target_us = config.preempt_target.as_micros() as u64,
+        "scheduling"
+    );
     if config.policy == PolicyKind::Energy {
         match telemetry::rapl::unavailable_reason() {
             None => tracing::info!("RAPL energy counters are readable: CPU energy can be measured"),

@@ -53,6 +53,108 @@ pub(crate) struct DeviceFacts {
 /// Most descriptors taken from one session before the scheduler looks at the next session.
 const BATCH: u32 = 256;
 
+/// Most slices one chunked launch is split into.
+const MAX_SLICES: u64 = 4096;
+
+/// A job's completion callback.
+type Done = Box<dyn FnOnce(Result<(), TaskError>, agora_devices::JobTimes) + Send>;
+
+/// Submits a launch as `slices` jobs over consecutive row ranges, in order on one lane. The task
+/// completes (once, with the first error if any) when its last slice has run; its transfers go
+/// with the first slice. Between slices the lane may start urgent (latency-class) jobs.
+fn submit_sliced(
+    device: &dyn Device,
+    lane: usize,
+    transfers: Vec<Transfer>,
+    work: Work,
+    slices: u64,
+    cancelled: Option<Arc<std::sync::atomic::AtomicBool>>,
+    done: Done,
+) {
+    let Work::Launch {
+        kernel,
+        range,
+        dims,
+        args,
+        arg_count,
+        device_args,
+        ..
+    } = work
+    else {
+        unreachable!("only launches are sliced")
+    };
+    /// What the slices of one task share.
+    struct Group {
+        remaining: std::sync::atomic::AtomicU64,
+        state: Mutex<GroupState>,
+    }
+    struct GroupState {
+        first_error: Option<TaskError>,
+        first_times: Option<agora_devices::JobTimes>,
+        cold: bool,
+        done: Option<Done>,
+    }
+    let group = Arc::new(Group {
+        remaining: std::sync::atomic::AtomicU64::new(slices),
+        state: Mutex::new(GroupState {
+            first_error: None,
+            first_times: None,
+            cold: false,
+            done: Some(done),
+        }),
+    });
+    let rows = range[0];
+    let mut transfers = Some(transfers);
+    for slice in 0..slices {
+        let start = rows * slice / slices;
+        let end = rows * (slice + 1) / slices;
+        let group = group.clone();
+        device.submit(
+            lane,
+            Job {
+                transfers: transfers.take().unwrap_or_default(),
+                work: Work::Launch {
+                    kernel,
+                    range,
+                    dims,
+                    args,
+                    arg_count,
+                    device_args: device_args.clone(),
+                    rows: Some(start..end),
+                },
+                keepalive: None,
+                cancelled: cancelled.clone(),
+                urgent: false,
+                done: Box::new(move |result, times| {
+                    let finished = {
+                        let mut state = group.state.lock().unwrap_or_else(|e| e.into_inner());
+                        if let Err(e) = result {
+                            state.first_error.get_or_insert(e);
+                        }
+                        state.first_times.get_or_insert(times);
+                        state.cold |= times.cold;
+                        if group.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+                            let first = state.first_times.unwrap_or(times);
+                            let outcome = state.first_error.map_or(Ok(()), Err);
+                            let times = agora_devices::JobTimes {
+                                finished: times.finished,
+                                cold: state.cold,
+                                ..first
+                            };
+                            state.done.take().map(|done| (done, outcome, times))
+                        } else {
+                            None
+                        }
+                    };
+                    if let Some((done, outcome, times)) = finished {
+                        done(outcome, times);
+                    }
+                }),
+            },
+        );
+    }
+}
+
 /// Scheduler state owned by the dispatcher thread.
 pub(crate) struct Scheduler {
     pub devices: Vec<Arc<dyn Device>>,
@@ -78,6 +180,8 @@ pub(crate) struct Scheduler {
     pub residency: Residency,
     /// Per-session device-memory quota in bytes (0: none).
     device_quota: u64,
+    /// Target preemption latency of chunked launches, nanoseconds (0: no chunking).
+    pub preempt_target_ns: f64,
 }
 
 /// Name of an operation in metrics and traces.
@@ -177,6 +281,7 @@ impl Scheduler {
             lane_pending,
             residency: Residency::default(),
             device_quota,
+            preempt_target_ns: 1e6,
         }
     }
 
@@ -507,70 +612,97 @@ impl Scheduler {
         let pending = self.lane_pending[device][lane].clone();
         pending.fetch_add(predicted, Ordering::Relaxed);
         let model = self.model.clone();
-        let job = Job {
-            transfers,
-            work,
-            keepalive: None,
-            cancelled: Some(session.shared.cancelled.clone()),
-            done: Box::new(move |result, times| {
-                if result.is_ok() {
-                    counters.ok.inc()
+        let urgent = queue.class == QueueClass::Latency;
+        let slices = self.slices_for(device, &work, queue.class, predicted as f64);
+        let done: Done = Box::new(move |result, times| {
+            if result.is_ok() {
+                counters.ok.inc()
+            } else {
+                counters.failed.inc()
+            };
+            let exec_start = times.transfers_done.unwrap_or(times.started);
+            pending.fetch_sub(predicted, Ordering::Relaxed);
+            if let Some(k) = kernel {
+                let mut model = model.lock().unwrap_or_else(|e| e.into_inner());
+                if result.is_ok() && !times.cold {
+                    let ns = times.finished.saturating_duration_since(exec_start).as_nanos() as f64;
+                    model.record(k.name, &device_name, items, ns);
                 } else {
-                    counters.failed.inc()
-                };
-                let exec_start = times.transfers_done.unwrap_or(times.started);
-                pending.fetch_sub(predicted, Ordering::Relaxed);
-                if let Some(k) = kernel {
-                    let mut model = model.lock().unwrap_or_else(|e| e.into_inner());
-                    if result.is_ok() && !times.cold {
-                        let ns = times.finished.saturating_duration_since(exec_start).as_nanos() as f64;
-                        model.record(k.name, &device_name, items, ns);
-                    } else {
-                        // Failed, or not typical: let a later task measure it.
-                        model.abandon_exploring(k.name, &device_name, items);
-                    }
+                    // Failed, or not typical: let a later task measure it.
+                    model.abandon_exploring(k.name, &device_name, items);
                 }
-                histograms[0].observe(times.started.saturating_duration_since(times.queued).as_secs_f64());
-                histograms[1].observe(times.finished.saturating_duration_since(exec_start).as_secs_f64());
+            }
+            histograms[0].observe(times.started.saturating_duration_since(times.queued).as_secs_f64());
+            histograms[1].observe(times.finished.saturating_duration_since(exec_start).as_secs_f64());
+            if let Some(done) = times.transfers_done {
+                histograms[2].observe(done.saturating_duration_since(times.started).as_secs_f64());
+            }
+            if let Some(trace) = &telemetry.trace {
+                let span = |category, start, end| Span {
+                    category,
+                    name,
+                    row,
+                    start,
+                    end,
+                    session: shared.id,
+                    tenant: shared.tenant.clone(),
+                    task: task_id,
+                    queue: queue.name.clone(),
+                };
+                trace.record(span("wait", times.queued, times.started));
                 if let Some(done) = times.transfers_done {
-                    histograms[2].observe(done.saturating_duration_since(times.started).as_secs_f64());
+                    trace.record(span("transfer", times.started, done));
                 }
-                if let Some(trace) = &telemetry.trace {
-                    let span = |category, start, end| Span {
-                        category,
-                        name,
-                        row,
-                        start,
-                        end,
-                        session: shared.id,
-                        tenant: shared.tenant.clone(),
-                        task: task_id,
-                        queue: queue.name.clone(),
-                    };
-                    trace.record(span("wait", times.queued, times.started));
-                    if let Some(done) = times.transfers_done {
-                        trace.record(span("transfer", times.started, done));
-                    }
-                    trace.record(span("exec", exec_start, times.finished));
-                }
-                let completion = match result {
-                    Ok(()) => Completion::ok(task_id),
-                    Err(e) => Completion::failed(task_id, e),
-                };
-                // Let go of the buffers before the client can see the completion: a release the
-                // client sends next then frees their memory at once, not at the next sweep, and
-                // a task issued next may evict them.
-                drop(named);
-                shared.post(&[completion]);
-                // Post first, then unbind: the dispatcher may run this queue's next task inline
-                // as soon as it sees zero, and that completion must come after ours.
-                queue.in_flight.fetch_sub(1, Ordering::AcqRel);
-                shared.in_flight.fetch_sub(1, Ordering::Relaxed);
-                drop(shared);
-            }),
-        };
-        self.devices[device].submit(lane, job);
+                trace.record(span("exec", exec_start, times.finished));
+            }
+            let completion = match result {
+                Ok(()) => Completion::ok(task_id),
+                Err(e) => Completion::failed(task_id, e),
+            };
+            // Let go of the buffers before the client can see the completion: a release the
+            // client sends next then frees their memory at once, not at the next sweep, and
+            // a task issued next may evict them.
+            drop(named);
+            shared.post(&[completion]);
+            // Post first, then unbind: the dispatcher may run this queue's next task inline
+            // as soon as it sees zero, and that completion must come after ours.
+            queue.in_flight.fetch_sub(1, Ordering::AcqRel);
+            shared.in_flight.fetch_sub(1, Ordering::Relaxed);
+            drop(shared);
+        });
+        let cancelled = Some(session.shared.cancelled.clone());
+        if slices <= 1 {
+            self.devices[device].submit(
+                lane,
+                Job {
+                    transfers,
+                    work,
+                    keepalive: None,
+                    cancelled,
+                    urgent,
+                    done,
+                },
+            );
+        } else {
+            submit_sliced(&*self.devices[device], lane, transfers, work, slices, cancelled, done);
+        }
         Ok(())
+    }
+
+    /// How many row slices to split a launch into so that a latency task waits at most about
+    /// `preempt_target` for the lane (chunked launch): batch launches only, on devices that take
+    /// slices, when the prediction exceeds twice the target. 1: do not split.
+    fn slices_for(&self, device: usize, work: &Work, class: QueueClass, predicted_ns: f64) -> u64 {
+        let target = self.preempt_target_ns;
+        let Work::Launch { range, .. } = work else { return 1 };
+        if class != QueueClass::Batch
+            || target <= 0.0
+            || predicted_ns < 2.0 * target
+            || !self.devices[device].runs_row_slices()
+        {
+            return 1;
+        }
+        ((predicted_ns / target).ceil() as u64).clamp(1, range[0].min(MAX_SLICES))
     }
 
     /// Plans data placement for `action` on `device` and builds its work.
@@ -626,6 +758,7 @@ impl Scheduler {
                     args,
                     arg_count,
                     device_args,
+                    rows: None,
                 }
             }
             Action::SyncTo => {

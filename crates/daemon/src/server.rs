@@ -452,11 +452,23 @@ impl Server {
                             Some(k) => Some(k),
                             None => {
                                 return Some(Response::Error(ControlError::BadRequest(format!(
-                                    "unknown device kind '{kind}': use cpu, opencl or any"
+                                    "unknown device kind '{kind}': use cpu, opencl, sim or any"
                                 ))))
                             }
                         },
                     };
+                    if class == agora_protocol::control::QueueClass::Latency
+                        && !may_open_latency(&self.config, &session.credentials)
+                    {
+                        return Some(Response::Error(ControlError::NotPermitted(format!(
+                            "uid {} (gid {}) may not open latency-class queues; this daemon allows uids {:?} and gids {:?} \
+                             (sessions.latency_uids / latency_gids): use a batch queue or ask the operator",
+                            session.credentials.uid,
+                            session.credentials.gid,
+                            self.config.latency_uids,
+                            self.config.latency_gids
+                        ))));
+                    }
                     let queue = Arc::new(QueueState {
                         name: Arc::from(name.chars().take(64).collect::<String>()),
                         class,
@@ -645,4 +657,11 @@ impl Server {
         let _ = self.listener.as_fd();
         Ok(())
     }
+}
+
+/// Whether a client may open latency-class queues (both lists empty: everyone may).
+fn may_open_latency(config: &DaemonConfig, who: &crate::session::Credentials) -> bool {
+    (config.latency_uids.is_empty() && config.latency_gids.is_empty())
+        || config.latency_uids.contains(&who.uid)
+        || config.latency_gids.contains(&who.gid)
 }

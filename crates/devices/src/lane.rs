@@ -94,6 +94,8 @@ impl JobEnd {
 
 #[derive(Default)]
 struct Queue {
+    /// Latency-class jobs, started before any of `jobs`.
+    urgent: VecDeque<(Job, Instant)>,
     jobs: VecDeque<(Job, Instant)>,
     sleeping: bool,
     stopping: bool,
@@ -159,7 +161,11 @@ impl Lane {
             );
             return;
         }
-        q.jobs.push_back((job, Instant::now()));
+        if job.urgent {
+            q.urgent.push_back((job, Instant::now()));
+        } else {
+            q.jobs.push_back((job, Instant::now()));
+        }
         self.pending.fetch_add(1, Ordering::Release);
         let notify = q.sleeping;
         drop(q);
@@ -178,7 +184,9 @@ impl Lane {
         let jobs = {
             let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
             q.stopping = true;
-            std::mem::take(&mut q.jobs)
+            let mut all = std::mem::take(&mut q.urgent);
+            all.extend(std::mem::take(&mut q.jobs));
+            all
         };
         self.wake.notify_all();
         for (job, queued) in jobs {
@@ -214,7 +222,7 @@ impl Lane {
         }
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         loop {
-            if let Some(job) = q.jobs.pop_front() {
+            if let Some(job) = q.urgent.pop_front().or_else(|| q.jobs.pop_front()) {
                 self.pending.fetch_sub(1, Ordering::Relaxed);
                 if self.in_flight.fetch_add(1, Ordering::AcqRel) == 0 {
                     self.busy_since
@@ -239,6 +247,7 @@ impl Lane {
                 keepalive,
                 cancelled,
                 done,
+                ..
             } = job;
             let end = JobEnd {
                 lane: self.clone(),

@@ -141,6 +141,9 @@ pub enum Work {
         arg_count: usize,
         /// Device buffers for buffer arguments, on devices with memory of their own.
         device_args: [Option<Arc<dyn DeviceBuffer>>; MAX_ARGS],
+        /// Only these rows of the first dimension (a slice of a chunked launch); `None`: all.
+        /// Only devices whose [`Device::runs_row_slices`] is true get slices.
+        rows: Option<std::ops::Range<u64>>,
     },
     /// Fill `len` bytes at `ptr` with `value`.
     Fill {
@@ -198,6 +201,9 @@ pub struct Job {
     pub keepalive: Option<Arc<dyn Any + Send + Sync>>,
     /// When set before the job starts, the job is skipped and completes with `Cancelled`.
     pub cancelled: Option<Arc<AtomicBool>>,
+    /// A latency-class job: the lane starts it before any queued non-urgent job (so a sliced
+    /// batch launch yields the lane at its next slice boundary).
+    pub urgent: bool,
     /// Called exactly once with the outcome and the job's times (on the lane's thread, or on a
     /// device runtime thread for asynchronous devices).
     pub done: Box<dyn FnOnce(Result<(), TaskError>, JobTimes) + Send>,
@@ -246,6 +252,10 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     /// # Safety
     /// `host` must be valid for `len` bytes of writes.
     unsafe fn read(&self, from: &dyn DeviceBuffer, host: *mut u8, len: usize) -> Result<(), TaskError>;
+    /// Whether launches may be split into row slices (`Work::Launch::rows`) on this device.
+    fn runs_row_slices(&self) -> bool {
+        false
+    }
     /// Bytes of device memory allocated now (0 for devices that share host memory).
     fn memory_used(&self) -> u64 {
         0

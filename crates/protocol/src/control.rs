@@ -156,6 +156,9 @@ pub enum ControlError {
     /// The request is not valid in this state (e.g. a second hello).
     #[error("bad request: {0}")]
     BadRequest(String),
+    /// The daemon's settings do not allow this client to do that (e.g. open a latency queue).
+    #[error("not permitted: {0}")]
+    NotPermitted(String),
 }
 
 fn suggestion(names: &[String]) -> String {

@@ -179,6 +179,12 @@ create_exception!(
     AgoraError,
     "The daemon refused a malformed request."
 );
+create_exception!(
+    agora,
+    NotPermittedError,
+    AgoraError,
+    "The daemon's settings do not allow this (e.g. latency queues for this user)."
+);
 
 /// The Python exception for a client error: one class per kind, the Rust message unchanged
 /// (it already says what to do).
@@ -196,6 +202,7 @@ fn to_python(error: Error) -> PyErr {
             ControlError::UnknownKernel { .. } => UnknownKernelError::new_err(message),
             ControlError::TooMany { .. } => TooManyError::new_err(message),
             ControlError::BadRequest(_) => BadRequestError::new_err(message),
+            ControlError::NotPermitted(_) => NotPermittedError::new_err(message),
         },
         Error::Task(task) => match task {
             TaskError::Malformed(_) => MalformedTaskError::new_err(message),
@@ -976,6 +983,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         VersionMismatchError,
         TooManyError,
         BadRequestError,
+        NotPermittedError,
     );
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -9,6 +9,7 @@
 //! Must not touch devices, memory or sessions.
 
 mod energy;
+pub mod latency;
 pub mod model;
 mod perf;
 mod round_robin;

@@ -104,6 +104,10 @@ impl Device for CpuDevice {
         self.lanes.load(lane)
     }
 
+    fn runs_row_slices(&self) -> bool {
+        true
+    }
+
     fn run_inline(&self, work: &Work) -> Result<(), TaskError> {
         execute(work, None)
     }
@@ -151,6 +155,7 @@ pub(crate) fn execute(work: &Work, gang: Option<&Gang>) -> Result<(), TaskError>
             dims,
             args,
             arg_count,
+            rows,
             ..
         } => {
             let cpu = kernel.cpu.ok_or(TaskError::KernelFault)?;
@@ -158,10 +163,15 @@ pub(crate) fn execute(work: &Work, gang: Option<&Gang>) -> Result<(), TaskError>
             // of the session heap kept mapped by the job, checked the launch against the kernel's
             // signature and size check, and refused written buffers passed twice.
             let call = unsafe { KernelCall::new(&range[..*dims], &args[..*arg_count]) };
-            let rows = range[0];
+            // A slice of a chunked launch runs only its rows (the kernels compute any row range:
+            // gangs already split launches that way).
+            let rows = rows.clone().unwrap_or(0..range[0]);
+            let (first, count) = (rows.start, rows.end.saturating_sub(rows.start).min(range[0]));
             match gang {
-                Some(g) if g.threads() > 1 && rows > 1 => g.run(rows, &|r| cpu(&call, r)),
-                _ => run_guarded(&|| cpu(&call, 0..rows)),
+                Some(g) if g.threads() > 1 && count > 1 => {
+                    g.run(count, &|r| cpu(&call, r.start + first..r.end + first))
+                }
+                _ => run_guarded(&|| cpu(&call, first..first + count)),
             }
         }
         _ => unreachable!("host work handled above"),
@@ -209,9 +219,11 @@ mod tests {
                 args,
                 arg_count: 3,
                 device_args: Default::default(),
+                rows: None,
             },
             keepalive: None,
             cancelled: None,
+            urgent: false,
             done: Box::new(move |r, _| tx.send(r).unwrap()),
         }
     }

@@ -330,11 +330,16 @@ impl ClExecutor {
             dims,
             args,
             device_args,
+            rows,
             ..
         } = work
         else {
             return Err(TaskError::KernelFault);
         };
+        if rows.is_some() {
+            // This backend does not take row slices (`runs_row_slices` is false): a daemon bug.
+            return Err(TaskError::KernelFault);
+        }
         let imp = kernel.opencl.ok_or(TaskError::KernelFault)?;
         let queue = self.queue.get();
         let device_name = self.shared.name.clone();

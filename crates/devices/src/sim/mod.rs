@@ -178,6 +178,7 @@ impl SimExecutor {
             args,
             arg_count,
             device_args,
+            rows,
         } = work
         else {
             return Err(TaskError::KernelFault);
@@ -202,9 +203,11 @@ impl SimExecutor {
         // every buffer argument now points at a live, 64-byte aligned allocation of this device
         // at least as long as the host buffer it mirrors, ordered by the scheduler.
         let call = unsafe { KernelCall::new(&range[..*dims], &local[..*arg_count]) };
-        let rows = range[0];
-        crate::cpu::run_guarded(&|| cpu(&call, 0..rows))?;
-        let items: u64 = range[..*dims].iter().product();
+        let rows = rows.clone().unwrap_or(0..range[0]);
+        let rows = rows.start..rows.end.min(range[0]);
+        crate::cpu::run_guarded(&|| cpu(&call, rows.clone()))?;
+        // A slice is modeled as its share of the launch's items.
+        let items: u64 = range[1..*dims].iter().product::<u64>() * (rows.end - rows.start);
         Ok(self.spec.modeled_ns(kernel, items))
     }
 }
@@ -303,6 +306,10 @@ impl Device for SimDevice {
         self.lanes.load(lane)
     }
 
+    fn runs_row_slices(&self) -> bool {
+        true
+    }
+
     fn memory_used(&self) -> u64 {
         self.used.load(Ordering::Relaxed)
     }
@@ -391,9 +398,11 @@ mod tests {
                     args,
                     arg_count: 3,
                     device_args,
+                    rows: None,
                 },
                 keepalive: None,
                 cancelled: None,
+                urgent: false,
                 done: Box::new(move |r, _| tx.send(r).unwrap()),
             },
         );

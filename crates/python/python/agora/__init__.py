@@ -53,6 +53,7 @@ from ._native import (  # noqa: F401  (re-exported API)
     VersionMismatchError,
     TooManyError,
     BadRequestError,
+    NotPermittedError,
 )
 
 __all__ = [name for name in dir() if not name.startswith("_")] + ["__version__"]

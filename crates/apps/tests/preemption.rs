@@ -1,0 +1,157 @@
+//! Chunked launch: batch kernels split into row slices give exactly the results of unsplit
+//! launches, and a latency-class task issued while a long batch kernel runs on the only lane
+//! starts at the next slice boundary instead of after the whole kernel.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use agora::{Arg, DeviceKind, QueueClass, QueueOptions, Session, SessionOptions};
+use agora_daemon::DaemonConfig;
+
+fn start(tag: &str, tweak: impl FnOnce(&mut DaemonConfig)) -> (agora_daemon::DaemonHandle, Session) {
+    let dir: PathBuf = std::env::temp_dir().join(format!("agora-preempt-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut config = DaemonConfig {
+        socket: dir.join("agora.sock"),
+        state_dir: dir.join("state"),
+        opencl: false,
+        ..Default::default()
+    };
+    tweak(&mut config);
+    let socket = config.socket.clone();
+    let handle = agora_daemon::spawn(config).expect("daemon starts");
+    let session = Session::connect_with(SessionOptions {
+        socket: Some(socket),
+        ..Default::default()
+    })
+    .unwrap();
+    (handle, session)
+}
+
+#[test]
+fn every_program_verifies_with_its_kernels_cut_into_tiny_slices() {
+    // A 2 µs target splits nearly every launch into many slices (up to one per row).
+    let (daemon, session) = start("slices", |c| {
+        c.preempt_target = Duration::from_micros(2);
+        c.inline_max_ns = 0;
+    });
+    for (program, _) in agora_apps::PROGRAMS {
+        let size = match *program {
+            "gaussian" => 64,
+            "hotspot" => 64,
+            "nw" => 256,
+            "pathfinder" => 2000,
+            "lavamd" => 2,
+            "backprop" => 1024,
+            _ => 4096,
+        };
+        let workload = agora_apps::build(program, size, None).unwrap();
+        let report = agora_apps::run_on_agora(&session, &workload, Some(DeviceKind::Cpu)).unwrap();
+        assert!(report.verified, "{program}: max error {}", report.max_error);
+    }
+    drop(session);
+    daemon.stop().unwrap();
+}
+
+/// Issues a long batch sgemm on the only CPU lane, then a small latency-class task; returns how
+/// long the latency task took and whether it finished before the batch task.
+fn latency_beside_batch(session: &Session) -> (Duration, bool) {
+    let sgemm = session.kernel("sgemm").unwrap();
+    let n = 768usize;
+    let a = session.buffer_from(&vec![1.0f32; n * n]).unwrap();
+    let c = session.buffer((n * n * 4) as u64).unwrap();
+    let batch = session
+        .queue_with(QueueOptions {
+            name: "batch".into(),
+            class: QueueClass::Batch,
+            preferred_device: Some(DeviceKind::Cpu),
+        })
+        .unwrap();
+    let latency = session
+        .queue_with(QueueOptions {
+            name: "latency".into(),
+            class: QueueClass::Latency,
+            preferred_device: Some(DeviceKind::Cpu),
+        })
+        .unwrap();
+    let small_a = session.buffer_from(&vec![1.0f32; 32 * 32]).unwrap();
+    let small_c = session.buffer((32 * 32 * 4) as u64).unwrap();
+    let nn = n as u32;
+    let big = batch
+        .launch(
+            &sgemm,
+            &[
+                Arg::I32(nn as i32),
+                Arg::I32(nn as i32),
+                Arg::I32(nn as i32),
+                Arg::F32(1.0),
+                (&a).into(),
+                (&a).into(),
+                Arg::F32(0.0),
+                (&c).into(),
+            ],
+            agora::NdRange::d2(n as u64, n as u64),
+        )
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(2)); // the batch kernel is running
+    let issued = Instant::now();
+    let small = latency
+        .launch(
+            &sgemm,
+            &[
+                Arg::I32(32),
+                Arg::I32(32),
+                Arg::I32(32),
+                Arg::F32(1.0),
+                (&small_a).into(),
+                (&small_a).into(),
+                Arg::F32(0.0),
+                (&small_c).into(),
+            ],
+            agora::NdRange::d2(32, 32),
+        )
+        .unwrap();
+    small.wait().unwrap();
+    let took = issued.elapsed();
+    let batch_still_running = !big.is_complete().unwrap();
+    big.wait().unwrap();
+    assert!(
+        c.as_slice::<f32>().iter().all(|v| *v == n as f32),
+        "the batch result is exact"
+    );
+    assert!(
+        small_c.as_slice::<f32>().iter().all(|v| *v == 32.0),
+        "the latency result is exact"
+    );
+    (took, batch_still_running)
+}
+
+#[test]
+fn a_latency_task_overtakes_a_running_batch_kernel_at_a_slice_boundary() {
+    let one_lane = |c: &mut DaemonConfig| {
+        c.cpu_lanes = 1;
+        c.cpu_threads_per_lane = 1;
+        c.inline_max_ns = 0;
+    };
+    let (daemon, session) = start("overtake", one_lane);
+    let (took, overtook) = latency_beside_batch(&session);
+    assert!(
+        overtook,
+        "the latency task (took {took:?}) should finish while the batch kernel still runs"
+    );
+    drop(session);
+    daemon.stop().unwrap();
+    // Without slicing the same latency task waits for the whole batch kernel.
+    let (daemon, session) = start("no-slices", |c| {
+        one_lane(c);
+        c.preempt_target = Duration::ZERO;
+    });
+    let (_, overtook) = latency_beside_batch(&session);
+    assert!(
+        !overtook,
+        "without slicing the latency task cannot start before the batch kernel ends"
+    );
+    drop(session);
+    daemon.stop().unwrap();
+}
