@@ -4,34 +4,15 @@
 //! kernel. Devices: the CPU, PoCL's OpenCL device (a real backend; the test fails without it)
 //! and `sim` devices from the configuration.
 
-use std::path::PathBuf;
-
-use agora::{Arg, DeviceKind, QueueOptions, Session, SessionOptions};
+use agora::{Arg, DeviceKind, QueueOptions, Session};
 use agora_daemon::{DaemonConfig, PolicyKind, SimDeviceConfig};
 
-fn test_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("agora-sched-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+mod common;
 
-fn start(dir: &std::path::Path, tweak: impl FnOnce(&mut DaemonConfig)) -> (agora_daemon::DaemonHandle, Session) {
-    let mut config = DaemonConfig {
-        socket: dir.join("agora.sock"),
-        cpu_lanes: 2,
-        state_dir: dir.join("state"),
-        ..Default::default()
-    };
-    tweak(&mut config);
-    let socket = config.socket.clone();
-    let handle = agora_daemon::spawn(config).expect("daemon starts");
-    let session = Session::connect_with(SessionOptions {
-        socket: Some(socket),
-        ..Default::default()
-    })
-    .unwrap();
-    (handle, session)
+/// A daemon of the test's own; `tag` names its directory (the model's state directory is in it,
+/// so two daemons with one tag share a model).
+fn start(tag: &str, tweak: impl FnOnce(&mut DaemonConfig)) -> (agora_daemon::DaemonHandle, Session) {
+    common::daemon_with(&format!("sched-{tag}"), tweak)
 }
 
 fn queue(session: &Session, kind: DeviceKind) -> agora::Queue {
@@ -86,8 +67,7 @@ fn eviction_round(session: &Session, kind: DeviceKind) -> u64 {
 
 #[test]
 fn buffers_beyond_device_memory_are_evicted_and_results_stay_exact() {
-    let dir = test_dir("evict");
-    let (daemon, session) = start(&dir, |c| {
+    let (daemon, session) = start("evict", |c| {
         // 8 MiB of buffers through 2 MiB devices.
         c.opencl_memory_limit = 2 << 20;
         c.sims.push(SimDeviceConfig {
@@ -119,8 +99,7 @@ fn buffers_beyond_device_memory_are_evicted_and_results_stay_exact() {
 
 #[test]
 fn a_session_over_its_device_quota_evicts_its_own_buffers_only() {
-    let dir = test_dir("quota");
-    let (daemon, session) = start(&dir, |c| {
+    let (daemon, session) = start("quota", |c| {
         c.device_quota = 1 << 20;
         c.sims.push(SimDeviceConfig {
             memory: 64 << 20,
@@ -158,8 +137,7 @@ fn a_session_over_its_device_quota_evicts_its_own_buffers_only() {
 
 #[test]
 fn a_valid_copy_migrates_between_opencl_sim_and_cpu_exactly() {
-    let dir = test_dir("migrate");
-    let (daemon, session) = start(&dir, |c| c.sims.push(SimDeviceConfig::named("sim0")));
+    let (daemon, session) = start("migrate", |c| c.sims.push(SimDeviceConfig::named("sim0")));
     assert!(
         has(&session, "opencl"),
         "no OpenCL device: run `make setup` (installs PoCL)"
@@ -205,12 +183,14 @@ fn a_valid_copy_migrates_between_opencl_sim_and_cpu_exactly() {
 
 #[test]
 fn the_performance_model_survives_a_restart() {
-    let dir = test_dir("persist");
+    let state = std::env::temp_dir().join(format!("agora-sched-persist-state-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&state);
     let run = |kernel: &str| {
-        let (daemon, session) = start(&dir, |c| {
+        let (daemon, session) = start("persist", |c| {
             c.opencl = false;
             // Inline runs (tiny tasks on the dispatcher) are not measured: use lanes.
             c.inline_max_ns = 0;
+            c.state_dir = state.clone();
         });
         let k = session.kernel(kernel).unwrap();
         let q = session.queue("p").unwrap();
@@ -232,11 +212,11 @@ fn the_performance_model_survives_a_restart() {
         names
     };
     run("vector_add");
-    let first = kernels(&dir.join("state"));
+    let first = kernels(&state);
     assert!(first.contains(&"vector_add".to_string()), "{first:?}");
     // The second daemon loads the model, learns another kernel and saves both.
     run("stream.add");
-    let second = kernels(&dir.join("state"));
+    let second = kernels(&state);
     assert!(
         second.contains(&"vector_add".to_string()) && second.contains(&"stream.add".to_string()),
         "{second:?}"
@@ -246,8 +226,7 @@ fn the_performance_model_survives_a_restart() {
 #[test]
 fn no_policy_sends_a_kernel_to_a_device_that_lacks_it() {
     for policy in [PolicyKind::Rr, PolicyKind::Perf, PolicyKind::Energy] {
-        let dir = test_dir(policy.name());
-        let (daemon, session) = start(&dir, |c| {
+        let (daemon, session) = start(policy.name(), |c| {
             c.policy = policy;
             c.opencl = false;
             c.inline_max_ns = 0;
@@ -293,9 +272,8 @@ fn no_policy_sends_a_kernel_to_a_device_that_lacks_it() {
 
 #[test]
 fn only_permitted_users_open_latency_queues() {
-    let dir = test_dir("latency-permission");
     let me = own_uid();
-    let (daemon, session) = start(&dir, |c| {
+    let (daemon, session) = start("latency-permission", |c| {
         c.opencl = false;
         c.latency_uids = vec![me.wrapping_add(1)];
         c.latency_gids = vec![u32::MAX - 1];

@@ -7,15 +7,25 @@ use agora::{Session, SessionOptions};
 /// Starts a daemon (CPU with two lanes, plus OpenCL devices when found) on a private socket and
 /// opens a session with it.
 pub fn daemon(tag: &str) -> (agora_daemon::DaemonHandle, Session) {
+    daemon_with(tag, |_| {})
+}
+
+/// Like [`daemon`], with settings changed by `tweak` first; the directory starts empty.
+pub fn daemon_with(
+    tag: &str,
+    tweak: impl FnOnce(&mut agora_daemon::DaemonConfig),
+) -> (agora_daemon::DaemonHandle, Session) {
     let dir = std::env::temp_dir().join(format!("agora-client-test-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let socket = dir.join("agora.sock");
-    let config = agora_daemon::DaemonConfig {
-        socket: socket.clone(),
+    let mut config = agora_daemon::DaemonConfig {
+        socket: dir.join("agora.sock"),
         cpu_lanes: 2,
         state_dir: dir.join("state"),
         ..Default::default()
     };
+    tweak(&mut config);
+    let socket = config.socket.clone();
     let handle = agora_daemon::spawn(config).expect("daemon starts");
     let session = Session::connect_with(SessionOptions {
         socket: Some(socket),

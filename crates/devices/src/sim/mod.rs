@@ -22,7 +22,7 @@ use agora_kernels::{ArgValue, KernelCall, KernelDef};
 use agora_protocol::control::DeviceStatus;
 use agora_protocol::{TaskError, MAX_ARGS};
 
-use crate::lane::{Executor, JobEnd, Lane, Lanes};
+use crate::lane::{run_synchronously, Executor, JobEnd, Lane, Lanes};
 use crate::{Device, DeviceBuffer, DeviceInfo, DeviceKind, Job, Transfer, Work};
 
 /// How long one kernel takes on a sim device.
@@ -140,31 +140,15 @@ fn sim_buffer(buffer: &dyn DeviceBuffer) -> Result<&SimBuffer, TaskError> {
 }
 
 impl SimExecutor {
-    fn transfers(&self, transfers: &[Transfer]) -> Result<f64, TaskError> {
-        let mut bytes = 0usize;
-        for transfer in transfers {
-            match transfer {
-                Transfer::ToDevice { host, len, to } => {
-                    let to = sim_buffer(to.as_ref())?;
-                    let len = (*len).min(to.len as usize);
-                    // SAFETY: the scheduler built this transfer from a live buffer's host range of
-                    // `len` bytes kept mapped by the job; `to` holds at least `len` bytes.
-                    unsafe { std::ptr::copy_nonoverlapping(*host, to.ptr(), len) };
-                    bytes += len;
-                }
-                Transfer::ToHost {
-                    from,
-                    device,
-                    host,
-                    len,
-                } => {
-                    // SAFETY: as above, for a host range of `len` bytes.
-                    unsafe { device.read(from.as_ref(), *host, *len)? };
-                    bytes += *len;
-                }
-            }
-        }
-        Ok(bytes as f64 / self.spec.bandwidth.max(1.0) * 1e9)
+    /// Modeled nanoseconds of a job's transfers over the device's link.
+    fn transfer_ns(&self, transfers: &[Transfer]) -> f64 {
+        let bytes: usize = transfers
+            .iter()
+            .map(|t| match t {
+                Transfer::ToDevice { len, .. } | Transfer::ToHost { len, .. } => *len,
+            })
+            .sum();
+        bytes as f64 / self.spec.bandwidth.max(1.0) * 1e9
     }
 
     fn execute(&self, work: &Work) -> Result<f64, TaskError> {
@@ -215,16 +199,27 @@ impl SimExecutor {
 impl Executor for SimExecutor {
     fn run(&mut self, transfers: Vec<Transfer>, work: Work, end: JobEnd) {
         let started = Instant::now();
-        let result = self.transfers(&transfers).and_then(|transfer_ns| {
-            if !transfers.is_empty() {
-                wait_until(started + Duration::from_nanos(transfer_ns as u64));
-                end.transfers_done();
-            }
-            let work_started = Instant::now();
-            let work_ns = self.execute(&work)?;
-            wait_until(work_started + Duration::from_nanos(work_ns as u64));
-            Ok(())
-        });
+        let result = run_synchronously(
+            &transfers,
+            &work,
+            |host, len, to| {
+                let to = sim_buffer(to)?;
+                // SAFETY: the scheduler built this transfer from a live buffer's host range of
+                // `len` bytes kept mapped by the job; `to` holds at least the bytes copied.
+                unsafe { std::ptr::copy_nonoverlapping(host, to.ptr(), len.min(to.len as usize)) };
+                Ok(())
+            },
+            |work| {
+                if !transfers.is_empty() {
+                    wait_until(started + Duration::from_nanos(self.transfer_ns(&transfers) as u64));
+                    end.transfers_done();
+                }
+                let work_started = Instant::now();
+                let work_ns = self.execute(work)?;
+                wait_until(work_started + Duration::from_nanos(work_ns as u64));
+                Ok(())
+            },
+        );
         drop(work);
         drop(transfers);
         end.finish(result);
