@@ -341,7 +341,6 @@ impl Sim {
                 self.count_running(Class::Batch),
                 self.config.devices,
                 self.reserved,
-                self.latency_ready.len() + self.count_running(Class::Latency),
             ) {
                 if let Some(task) = self.batch_ready.pop_front() {
                     self.start(device, task, Class::Batch, now);
