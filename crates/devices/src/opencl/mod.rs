@@ -183,6 +183,23 @@ struct Pending {
     _work: Work,
 }
 
+impl Pending {
+    /// Finishes the job with `result`, letting go of its device buffers first: the scheduler may
+    /// evict and reuse their memory as soon as it sees the task done.
+    fn finish(self, result: Result<(), TaskError>) {
+        let Pending {
+            end,
+            event,
+            _transfers,
+            _work,
+        } = self;
+        drop(_work);
+        drop(_transfers);
+        end.finish(result);
+        drop(event);
+    }
+}
+
 /// OpenCL's completion callback for a job's last command.
 extern "C" fn on_complete(_event: cl_event, status: cl_int, user: *mut c_void) {
     // SAFETY: `user` is the `Box<Pending>` that `ClExecutor::run` leaked when it registered this
@@ -194,20 +211,7 @@ extern "C" fn on_complete(_event: cl_event, status: cl_int, user: *mut c_void) {
         Ok(())
     };
     // Never unwind into the OpenCL runtime.
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
-        let Pending {
-            end,
-            event,
-            _transfers,
-            _work,
-        } = *pending;
-        // Let go of the device buffers before the outcome is posted: the scheduler may evict
-        // and reuse their memory as soon as it sees the task done.
-        drop(_work);
-        drop(_transfers);
-        end.finish(result);
-        drop(event);
-    }));
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || pending.finish(result)));
 }
 
 /// OpenCL's completion callback for a job's last transfer: records when transfers ended.
@@ -451,16 +455,7 @@ impl Executor for ClExecutor {
                 // SAFETY: the callback was not registered, so the box is still ours alone.
                 let pending = unsafe { Box::from_raw(pending) };
                 let _ = pending.event.wait();
-                let Pending {
-                    end,
-                    event,
-                    _transfers,
-                    _work,
-                } = *pending;
-                drop(_work);
-                drop(_transfers);
-                drop(event);
-                end.finish(Err(cl_error(e)));
+                pending.finish(Err(cl_error(e)));
             }
         }
     }
