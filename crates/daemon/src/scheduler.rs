@@ -124,6 +124,7 @@ fn submit_sliced(
                 },
                 keepalive: None,
                 cancelled: cancelled.clone(),
+                revoke: None,
                 urgent: false,
                 done: Box::new(move |result, times| {
                     let finished = {
@@ -679,6 +680,7 @@ impl Scheduler {
                     work,
                     keepalive: None,
                     cancelled,
+                    revoke: None,
                     urgent,
                     done,
                 },

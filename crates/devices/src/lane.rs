@@ -11,7 +11,7 @@
 
 use std::any::Any;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -41,9 +41,16 @@ pub struct JobEnd {
     started: Instant,
     transfers_done: Arc<OnceLock<Instant>>,
     cold: bool,
+    revoke: Option<Arc<AtomicBool>>,
 }
 
 impl JobEnd {
+    /// The job's revocation flag ([`Job::revoke`]), for executors that poll it while the work
+    /// runs.
+    pub fn revoke_flag(&self) -> Option<&Arc<AtomicBool>> {
+        self.revoke.as_ref()
+    }
+
     /// Finishes the job with `result`. Memory the job used is released after the outcome is
     /// posted.
     pub fn finish(self, result: Result<(), TaskError>) {
@@ -55,6 +62,7 @@ impl JobEnd {
             started,
             transfers_done,
             cold,
+            revoke: _,
         } = self;
         lane.completed.fetch_add(1, Ordering::Relaxed);
         let times = JobTimes {
@@ -246,6 +254,7 @@ impl Lane {
                 work,
                 keepalive,
                 cancelled,
+                revoke,
                 done,
                 ..
             } = job;
@@ -257,8 +266,10 @@ impl Lane {
                 started: Instant::now(),
                 transfers_done: Arc::new(OnceLock::new()),
                 cold: false,
+                revoke,
             };
-            if cancelled.as_ref().is_some_and(|c| c.load(Ordering::Acquire)) {
+            let set = |flag: Option<&Arc<AtomicBool>>| flag.is_some_and(|c| c.load(Ordering::Acquire));
+            if set(cancelled.as_ref()) || set(end.revoke_flag()) {
                 end.finish(Err(TaskError::Cancelled));
                 continue;
             }

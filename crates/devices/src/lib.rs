@@ -201,6 +201,12 @@ pub struct Job {
     pub keepalive: Option<Arc<dyn Any + Send + Sync>>,
     /// When set before the job starts, the job is skipped and completes with `Cancelled`.
     pub cancelled: Option<Arc<AtomicBool>>,
+    /// Revocation: when set while the job's launch runs, a device whose
+    /// [`Device::polls_revocation`] is true stops the launch early (the CPU checks it between
+    /// blocks of rows, OpenCL kernels per work-group) and completes the job with `Cancelled`.
+    /// The launch's writes are then partial: the daemon restores what it saved and replays the
+    /// task later. When set before the job starts, the job is skipped, as with `cancelled`.
+    pub revoke: Option<Arc<AtomicBool>>,
     /// A latency-class job: the lane starts it before any queued non-urgent job (so a sliced
     /// batch launch yields the lane at its next slice boundary).
     pub urgent: bool,
@@ -254,6 +260,10 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     unsafe fn read(&self, from: &dyn DeviceBuffer, host: *mut u8, len: usize) -> Result<(), TaskError>;
     /// Whether launches may be split into row slices (`Work::Launch::rows`) on this device.
     fn runs_row_slices(&self) -> bool {
+        false
+    }
+    /// Whether a running launch stops early when its job's [`Job::revoke`] flag is set.
+    fn polls_revocation(&self) -> bool {
         false
     }
     /// Bytes of device memory allocated now (0 for devices that share host memory).

@@ -8,6 +8,7 @@
 
 mod gang;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use agora_kernels::{KernelCall, KernelDef};
@@ -40,7 +41,10 @@ impl Executor for CpuExecutor {
                 if !transfers.is_empty() {
                     end.transfers_done();
                 }
-                execute(work, Some(&self.gang))
+                match end.revoke_flag() {
+                    Some(flag) => execute_revocable(work, &self.gang, flag),
+                    None => execute(work, Some(&self.gang)),
+                }
             },
         );
         end.finish(result);
@@ -105,6 +109,10 @@ impl Device for CpuDevice {
     }
 
     fn runs_row_slices(&self) -> bool {
+        true
+    }
+
+    fn polls_revocation(&self) -> bool {
         true
     }
 
@@ -178,6 +186,57 @@ pub(crate) fn execute(work: &Work, gang: Option<&Gang>) -> Result<(), TaskError>
     }
 }
 
+/// Blocks a revocable launch's rows are run in: the revocation flag is checked between blocks, so
+/// a revocation waits for at most one block (about 1/`REVOCATION_BLOCKS` of the launch).
+const REVOCATION_BLOCKS: u64 = 256;
+
+/// Runs a launch over `gang` in blocks of rows, checking `revoke` before each block; `Cancelled`
+/// when it stopped early (the rows run so far have written their outputs: the caller restores
+/// what the launch may have changed before it replays it).
+fn execute_revocable(work: &Work, gang: &Gang, revoke: &AtomicBool) -> Result<(), TaskError> {
+    let Work::Launch { range, rows, .. } = work else {
+        return execute(work, Some(gang));
+    };
+    let rows = rows.clone().unwrap_or(0..range[0]);
+    let count = rows.end.saturating_sub(rows.start);
+    let block = count.div_ceil(REVOCATION_BLOCKS).max(1);
+    let mut start = rows.start;
+    while start < rows.end {
+        if revoke.load(Ordering::Acquire) {
+            return Err(TaskError::Cancelled);
+        }
+        let end = (start + block).min(rows.end);
+        let part = with_rows(work, start..end);
+        execute(&part, Some(gang))?;
+        start = end;
+    }
+    Ok(())
+}
+
+/// A copy of launch `work` restricted to `rows` (its buffers are the same: only the pointers are
+/// copied).
+fn with_rows(work: &Work, rows: std::ops::Range<u64>) -> Work {
+    match work {
+        Work::Launch {
+            kernel,
+            range,
+            dims,
+            args,
+            arg_count,
+            ..
+        } => Work::Launch {
+            kernel,
+            range: *range,
+            dims: *dims,
+            args: *args,
+            arg_count: *arg_count,
+            device_args: Default::default(),
+            rows: Some(rows),
+        },
+        _ => unreachable!("only launches have rows"),
+    }
+}
+
 /// Runs `f`, turning a panic (a kernel bug) into a task error.
 pub(crate) fn run_guarded(f: &(dyn Fn() + Sync)) -> Result<(), TaskError> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|panic| {
@@ -223,6 +282,7 @@ mod tests {
             },
             keepalive: None,
             cancelled: None,
+            revoke: None,
             urgent: false,
             done: Box::new(move |r, _| tx.send(r).unwrap()),
         }
@@ -261,6 +321,36 @@ mod tests {
         dev.submit(0, job);
         assert_eq!(rx.recv().unwrap(), Err(TaskError::Cancelled));
         assert!(y.iter().all(|v| *v == 0.0));
+    }
+
+    #[test]
+    fn a_revoked_launch_stops_early_and_an_unrevoked_one_completes() {
+        for threads in [1, 2] {
+            let dev = CpuDevice::new(1, threads).unwrap();
+            assert!(dev.polls_revocation());
+            let n = 16 << 20;
+            let mut x = vec![1.0f32; n];
+            let mut y = vec![0.0f32; n];
+            // Not revoked: the flag is there but never set; the result is complete.
+            let (tx, rx) = mpsc::channel();
+            let mut job = saxpy_job(&mut x, &mut y, tx.clone());
+            job.revoke = Some(Arc::new(std::sync::atomic::AtomicBool::new(false)));
+            dev.submit(0, job);
+            assert_eq!(rx.recv().unwrap(), Ok(()));
+            assert!(y.iter().all(|v| *v == 2.0));
+            // Revoked while it runs: it stops at a block boundary, leaving later rows unwritten.
+            let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let mut job = saxpy_job(&mut x, &mut y, tx);
+            job.revoke = Some(flag.clone());
+            dev.submit(0, job);
+            while !dev.status().lanes[0].busy {
+                std::hint::spin_loop();
+            }
+            flag.store(true, std::sync::atomic::Ordering::Release);
+            assert_eq!(rx.recv().unwrap(), Err(TaskError::Cancelled));
+            assert!(y.iter().any(|v| *v == 2.0), "rows after the revocation stay unwritten");
+            dev.shutdown();
+        }
     }
 
     #[test]

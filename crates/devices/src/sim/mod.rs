@@ -397,6 +397,7 @@ mod tests {
                 },
                 keepalive: None,
                 cancelled: None,
+                revoke: None,
                 urgent: false,
                 done: Box::new(move |r, _| tx.send(r).unwrap()),
             },
