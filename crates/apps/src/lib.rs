@@ -19,6 +19,7 @@ pub fn queue(session: &Session, name: &str, device: Option<DeviceKind>) -> Resul
     session.queue_with(QueueOptions {
         name: name.to_string(),
         preferred_device: device,
+        sla: None,
         ..Default::default()
     })
 }

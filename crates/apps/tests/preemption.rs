@@ -1,11 +1,14 @@
-//! Chunked launch: batch kernels split into row slices give exactly the results of unsplit
-//! launches, and a latency-class task issued while a long batch kernel runs on the only lane
-//! starts at the next slice boundary instead of after the whole kernel.
+//! Preemption. Chunked launch: batch kernels split into row slices give exactly the results of
+//! unsplit launches, and a latency-class task issued while a long batch kernel runs on the only
+//! lane starts at the next slice boundary instead of after the whole kernel. Revocation: with
+//! slicing off, the latency task revokes the running kernel, which is replayed from its saved
+//! inputs and still gives exact results, for every bundled program.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use agora::{Arg, DeviceKind, QueueClass, QueueOptions, Session, SessionOptions};
+use agora_daemon::policy::latency::LatencyPolicy;
 use agora_daemon::DaemonConfig;
 
 fn start(tag: &str, tweak: impl FnOnce(&mut DaemonConfig)) -> (agora_daemon::DaemonHandle, Session) {
@@ -66,6 +69,7 @@ fn latency_beside_batch(session: &Session) -> (Duration, bool) {
             name: "batch".into(),
             class: QueueClass::Batch,
             preferred_device: Some(DeviceKind::Cpu),
+            sla: None,
         })
         .unwrap();
     let latency = session
@@ -73,6 +77,7 @@ fn latency_beside_batch(session: &Session) -> (Duration, bool) {
             name: "latency".into(),
             class: QueueClass::Latency,
             preferred_device: Some(DeviceKind::Cpu),
+            sla: None,
         })
         .unwrap();
     let small_a = session.buffer_from(&vec![1.0f32; 32 * 32]).unwrap();
@@ -146,11 +151,100 @@ fn a_latency_task_overtakes_a_running_batch_kernel_at_a_slice_boundary() {
     let (daemon, session) = start("no-slices", |c| {
         one_lane(c);
         c.preempt_target = Duration::ZERO;
+        c.latency_policy = LatencyPolicy::None;
     });
     let (_, overtook) = latency_beside_batch(&session);
     assert!(
         !overtook,
         "without slicing the latency task cannot start before the batch kernel ends"
+    );
+    drop(session);
+    daemon.stop().unwrap();
+}
+
+#[test]
+fn a_latency_task_revokes_a_running_batch_kernel_which_is_replayed_exactly() {
+    let (daemon, session) = start("revoke", |c| {
+        c.cpu_lanes = 1;
+        c.cpu_threads_per_lane = 1;
+        c.inline_max_ns = 0;
+        c.preempt_target = Duration::ZERO;
+        c.latency_policy = LatencyPolicy::Priority;
+    });
+    let (took, overtook) = latency_beside_batch(&session);
+    assert!(
+        overtook,
+        "the latency task (took {took:?}) should finish while the revoked batch kernel is replayed"
+    );
+    let status = session.status().unwrap();
+    assert!(status.revocations >= 1, "the batch kernel was revoked: {status:?}");
+    assert!(status.revoked_work_s > 0.0);
+    drop(session);
+    daemon.stop().unwrap();
+}
+
+#[test]
+fn every_program_verifies_while_latency_tasks_keep_revoking_its_kernels() {
+    // Every launch is revocable (no slicing, no minimum length) and a second client issues a
+    // latency task every few hundred microseconds, so kernels are revoked at arbitrary points;
+    // the replays must restore read-write buffers exactly (gaussian, hotspot, nw, backprop and
+    // saxpy-style kernels update in place).
+    let (daemon, session) = start("revoke-all", |c| {
+        c.cpu_lanes = 1;
+        c.cpu_threads_per_lane = 2;
+        c.inline_max_ns = 0;
+        c.preempt_target = Duration::ZERO;
+        c.revoke_min = Duration::ZERO;
+        c.latency_policy = LatencyPolicy::Priority;
+    });
+    let socket = daemon.socket().to_path_buf();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let pinger = scope.spawn(|| {
+            let s = Session::connect_with(SessionOptions {
+                socket: Some(socket),
+                ..Default::default()
+            })
+            .unwrap();
+            let noop = s.kernel("noop").unwrap();
+            let q = s
+                .queue_with(QueueOptions {
+                    name: "pings".into(),
+                    class: QueueClass::Latency,
+                    preferred_device: Some(DeviceKind::Cpu),
+                    sla: Some(Duration::from_millis(1)),
+                })
+                .unwrap();
+            let mut sent = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                q.launch(&noop, &[], agora::NdRange::d1(1)).unwrap().wait().unwrap();
+                sent += 1;
+                std::thread::sleep(Duration::from_micros(300));
+            }
+            sent
+        });
+        for (program, _) in agora_apps::PROGRAMS {
+            let size = match *program {
+                "gaussian" => 256,
+                "hotspot" => 512,
+                "nw" => 2048,
+                "pathfinder" => 20000,
+                "lavamd" => 4,
+                "backprop" => 65536,
+                _ => 1 << 20,
+            };
+            let workload = agora_apps::build(program, size, None).unwrap();
+            let report = agora_apps::run_on_agora(&session, &workload, Some(DeviceKind::Cpu)).unwrap();
+            assert!(report.verified, "{program}: max error {}", report.max_error);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(pinger.join().unwrap() > 0);
+    });
+    let status = session.status().unwrap();
+    assert!(
+        status.revocations >= 5,
+        "kernels were revoked and replayed: {} revocations",
+        status.revocations
     );
     drop(session);
     daemon.stop().unwrap();

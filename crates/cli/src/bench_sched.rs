@@ -514,20 +514,23 @@ struct SlaResult {
     unsliced: SlaFigures,
     /// Beside batch tenants, batch kernels sliced to the 1 ms preemption target.
     chunked: SlaFigures,
+    /// Beside batch tenants, batch kernels not sliced but revocable (`--latency-policy
+    /// priority`): a request revokes the launch on its lane, which is replayed afterwards.
+    revoked: SlaFigures,
     /// Response time beyond the alone median: how long a request waited for a lane.
     preempt_none_p50_ms: f64,
     preempt_none_p99_ms: f64,
     preempt_chunked_p50_ms: f64,
     preempt_chunked_p99_ms: f64,
-    /// Revocation is not built yet: null.
-    preempt_revoke_p50_ms: Option<f64>,
-    preempt_revoke_p99_ms: Option<f64>,
+    preempt_revoke_p50_ms: f64,
+    preempt_revoke_p99_ms: f64,
     /// With chunking (the default).
     sla_met_fraction: f64,
     /// Batch sgemms finished per second during the unsliced and the chunked runs (what slicing
     /// costs the batch tenants).
     batch_per_s_unsliced: f64,
     batch_per_s_chunked: f64,
+    batch_per_s_revoked: f64,
 }
 
 fn sgemm_args<'a>(n: u32, a: &'a agora::Buffer, c: &'a agora::Buffer) -> Vec<agora::Arg<'a>> {
@@ -574,6 +577,7 @@ fn sla_run(socket: &Path, args: &SlaArgs, requests: usize, batch: usize) -> Resu
                     name: "batch".into(),
                     class: agora::QueueClass::Batch,
                     preferred_device: Some(agora::DeviceKind::Cpu),
+                    sla: None,
                 })?;
                 while !stop.load(Ordering::Relaxed) {
                     queue
@@ -592,6 +596,7 @@ fn sla_run(socket: &Path, args: &SlaArgs, requests: usize, batch: usize) -> Resu
             name: "requests".into(),
             class: agora::QueueClass::Latency,
             preferred_device: Some(agora::DeviceKind::Cpu),
+            sla: None,
         })?;
         let mut rng = 0x9E37_79B9_7F4A_7C15u64; // fixed seed: the same arrivals every run
         let mut next_exponential = || {
@@ -647,7 +652,7 @@ pub fn sla(args: SlaArgs) -> Result<()> {
     if !args.json {
         println!(
             "agora bench sla: {requests} latency requests (sgemm 32, latency queue, mean interval {} ms, SLA {} ms) \
-             beside {cores} batch tenants looping sgemm {} on the CPU lanes; unsliced vs chunked (1 ms target)",
+             beside {cores} batch tenants looping sgemm {} on the CPU lanes; unsliced vs chunked (1 ms target) vs revoked",
             args.interval_ms, args.sla_ms, args.batch_matrix
         );
     }
@@ -656,13 +661,15 @@ pub fn sla(args: SlaArgs) -> Result<()> {
         sla_run(&daemon.socket, &args, requests, batch)
     };
     let (alone, _) = run(&["--preempt-target-us", "1000"], 0)?;
-    let (unsliced, batch_unsliced) = run(&["--preempt-target-us", "0"], cores)?;
+    let (unsliced, batch_unsliced) = run(&["--preempt-target-us", "0", "--latency-policy", "none"], cores)?;
     let (chunked, batch_chunked) = run(&["--preempt-target-us", "1000"], cores)?;
+    let (revoked, batch_revoked) = run(&["--preempt-target-us", "0", "--latency-policy", "priority"], cores)?;
     let alone = sla_figures(&alone, args.sla_ms);
     let waited = |times: &[f64]| -> Vec<f64> { times.iter().map(|t| (t - alone.p50_ms).max(0.0)).collect() };
-    let (wait_unsliced, wait_chunked) = (
+    let (wait_unsliced, wait_chunked, wait_revoked) = (
         sla_figures(&waited(&unsliced), f64::MAX),
         sla_figures(&waited(&chunked), f64::MAX),
+        sla_figures(&waited(&revoked), f64::MAX),
     );
     let result = SlaResult {
         sla_ms: args.sla_ms,
@@ -670,15 +677,17 @@ pub fn sla(args: SlaArgs) -> Result<()> {
         alone,
         unsliced: sla_figures(&unsliced, args.sla_ms),
         chunked: sla_figures(&chunked, args.sla_ms),
+        revoked: sla_figures(&revoked, args.sla_ms),
         preempt_none_p50_ms: wait_unsliced.p50_ms,
         preempt_none_p99_ms: wait_unsliced.p99_ms,
         preempt_chunked_p50_ms: wait_chunked.p50_ms,
         preempt_chunked_p99_ms: wait_chunked.p99_ms,
-        preempt_revoke_p50_ms: None,
-        preempt_revoke_p99_ms: None,
+        preempt_revoke_p50_ms: wait_revoked.p50_ms,
+        preempt_revoke_p99_ms: wait_revoked.p99_ms,
         sla_met_fraction: sla_figures(&chunked, args.sla_ms).sla_met_fraction,
         batch_per_s_unsliced: batch_unsliced,
         batch_per_s_chunked: batch_chunked,
+        batch_per_s_revoked: batch_revoked,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&result)?);
@@ -692,6 +701,7 @@ pub fn sla(args: SlaArgs) -> Result<()> {
         ("alone", result.alone),
         ("beside batch, unsliced", result.unsliced),
         ("beside batch, chunked", result.chunked),
+        ("beside batch, revoked", result.revoked),
     ] {
         println!(
             "{name:<28} {:>9.3} {:>9.3} {:>9.3} {:>9.1}%",
@@ -702,14 +712,21 @@ pub fn sla(args: SlaArgs) -> Result<()> {
         );
     }
     println!(
-        "preemption latency (response beyond the alone median): unsliced p50 {:.3} / p99 {:.3} ms, chunked p50 {:.3} / p99 {:.3} ms; revocation: not built yet",
-        result.preempt_none_p50_ms, result.preempt_none_p99_ms, result.preempt_chunked_p50_ms, result.preempt_chunked_p99_ms
+        "preemption latency (response beyond the alone median): unsliced p50 {:.3} / p99 {:.3} ms, chunked p50 {:.3} / p99 {:.3} ms, revoked p50 {:.3} / p99 {:.3} ms",
+        result.preempt_none_p50_ms,
+        result.preempt_none_p99_ms,
+        result.preempt_chunked_p50_ms,
+        result.preempt_chunked_p99_ms,
+        result.preempt_revoke_p50_ms,
+        result.preempt_revoke_p99_ms
     );
     println!(
-        "batch throughput meanwhile: unsliced {:.2} sgemm/s, chunked {:.2} sgemm/s ({:.2}x)",
+        "batch throughput meanwhile: unsliced {:.2} sgemm/s, chunked {:.2} sgemm/s ({:.2}x), revoked {:.2} sgemm/s ({:.2}x)",
         result.batch_per_s_unsliced,
         result.batch_per_s_chunked,
-        result.batch_per_s_chunked / result.batch_per_s_unsliced
+        result.batch_per_s_chunked / result.batch_per_s_unsliced,
+        result.batch_per_s_revoked,
+        result.batch_per_s_revoked / result.batch_per_s_unsliced
     );
     Ok(())
 }

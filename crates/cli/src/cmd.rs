@@ -39,6 +39,15 @@ pub struct ServeArgs {
     /// length, so latency-class tasks wait at most about one slice (default 1000; 0: never split).
     #[arg(long, value_name = "US")]
     preempt_target_us: Option<u64>,
+    /// How latency-class work is protected: none (latency-first lanes and chunking only),
+    /// priority (placed where it starts soonest; batch launches that are not sliced run revocable
+    /// and are revoked and replayed on demand) or elastic (TReM: as priority, with lanes reserved
+    /// for latency work and revocation only when a request would miss its SLA). Default elastic.
+    #[arg(long, value_name = "POLICY", value_parser = agora_daemon::policy::latency::LatencyPolicy::parse)]
+    latency_policy: Option<agora_daemon::policy::latency::LatencyPolicy>,
+    /// Response-time target of latency-class queues that set none, in ms (default 200).
+    #[arg(long, value_name = "MS")]
+    latency_sla_ms: Option<f64>,
     /// Most memory Agora uses on each OpenCL device, e.g. 512M (default: all it reports).
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     opencl_memory_limit: Option<u64>,
@@ -127,6 +136,16 @@ impl ServeArgs {
         }
         if let Some(v) = self.preempt_target_us {
             c.preempt_target = Duration::from_micros(v);
+        }
+        if let Some(v) = self.latency_policy {
+            c.latency_policy = v;
+        }
+        if let Some(ms) = self.latency_sla_ms {
+            anyhow::ensure!(
+                ms.is_finite() && ms > 0.0,
+                "--latency-sla-ms {ms}: the response-time target must be a positive number of milliseconds"
+            );
+            c.latency_sla = Duration::from_secs_f64(ms / 1e3);
         }
         if let Some(v) = self.device_quota {
             c.device_quota = v;
@@ -234,6 +253,12 @@ pub fn status(socket: Option<PathBuf>, args: StatusArgs) -> Result<()> {
                 }
             );
         }
+    }
+    if report.revocations > 0 {
+        println!(
+            "batch launches revoked for latency work since start: {} ({:.3} s of work replayed; latency policy {})",
+            report.revocations, report.revoked_work_s, report.latency_policy
+        );
     }
     if report.evictions > 0 {
         println!("buffers evicted from device memory since start: {}", report.evictions);

@@ -31,7 +31,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the daemon in the foreground (stops cleanly on Ctrl-C / SIGTERM).
-    Serve(cmd::ServeArgs),
+    Serve(Box<cmd::ServeArgs>),
     /// Show devices, lanes and sessions of a running daemon.
     Status(cmd::StatusArgs),
     /// A live view of devices, lanes and tenants (`--once [--json]` for scripts).
@@ -82,7 +82,7 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     let result: Result<()> = match cli.command {
-        Command::Serve(args) => cmd::serve(cli.socket, args),
+        Command::Serve(args) => cmd::serve(cli.socket, *args),
         Command::Status(args) => cmd::status(cli.socket, args),
         Command::Top(args) => top::run(cli.socket, args),
         Command::Devices => cmd::devices(cli.socket),

@@ -69,6 +69,7 @@ fn metrics_and_trace_count_a_known_workload() {
             .queue_with(QueueOptions {
                 name: format!("{kind:?}"),
                 preferred_device: Some(kind),
+                sla: None,
                 ..Default::default()
             })
             .unwrap();

@@ -50,6 +50,10 @@ pub struct QueueOptions {
     pub class: QueueClass,
     /// Preferred kind of device, if any.
     pub preferred_device: Option<DeviceKind>,
+    /// Response-time target of each task of a latency-class queue (the daemon's
+    /// `scheduler.latency_sla_ms` when `None`). The daemon revokes batch work for a task only when
+    /// it would miss this target otherwise. Ignored for batch queues.
+    pub sla: Option<std::time::Duration>,
 }
 
 /// One kernel argument.

@@ -212,6 +212,7 @@ impl Session {
             name: name.to_string(),
             class: QueueClass::Batch,
             preferred_device: None,
+            sla: None,
         })
     }
 
@@ -221,6 +222,7 @@ impl Session {
             name: options.name,
             class: options.class,
             preferred_device: options.preferred_device.map(|k| k.name().to_string()),
+            sla_ms: options.sla.map(|d| d.as_secs_f64() * 1e3),
         })? {
             Response::Queue { handle } => Ok(Queue::new(self.inner.clone(), handle)),
             other => Err(unexpected(other)),

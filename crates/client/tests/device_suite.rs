@@ -69,6 +69,7 @@ fn every_kernel_case_passes_on_every_device() {
             .queue_with(QueueOptions {
                 name: format!("{kind:?}"),
                 preferred_device: Some(kind),
+                sla: None,
                 ..Default::default()
             })
             .unwrap();

@@ -19,6 +19,7 @@ fn queue(session: &Session, kind: DeviceKind) -> agora::Queue {
         .queue_with(QueueOptions {
             name: format!("{kind:?}"),
             preferred_device: Some(kind),
+            sla: None,
             ..Default::default()
         })
         .unwrap()

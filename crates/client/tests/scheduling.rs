@@ -20,6 +20,7 @@ fn queue(session: &Session, kind: DeviceKind) -> agora::Queue {
         .queue_with(QueueOptions {
             name: kind.name().to_string(),
             preferred_device: Some(kind),
+            sla: None,
             ..Default::default()
         })
         .unwrap()
@@ -283,6 +284,7 @@ fn only_permitted_users_open_latency_queues() {
             name: "frontend".into(),
             class: agora::QueueClass::Latency,
             preferred_device: None,
+            sla: None,
         })
         .unwrap_err();
     assert!(

@@ -14,6 +14,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::policy::latency::LatencyPolicy;
+
 /// Power draw of a device, for the `energy` policy and for energy reports.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -219,6 +221,16 @@ pub struct DaemonConfig {
     /// into slices of about this length, between which a lane can run latency-class tasks.
     /// 0 disables chunking.
     pub preempt_target: Duration,
+    /// How latency-class work is protected: `none` (latency-first lanes and chunking only),
+    /// `priority` (also placed where it starts soonest, revoking batch launches on demand) or
+    /// `elastic` (TReM: as priority, with lanes reserved for latency work and revocation only
+    /// when the request would miss its SLA otherwise).
+    pub latency_policy: LatencyPolicy,
+    /// Response-time target of latency-class queues that set none.
+    pub latency_sla: Duration,
+    /// Batch launches predicted shorter than this are never made revocable (a latency task
+    /// waits for them): revocability costs a drained lane and a copy of the read-write buffers.
+    pub revoke_min: Duration,
 }
 
 /// The default state directory: `$AGORA_STATE_DIR`, else `$XDG_STATE_HOME/agora`, else
@@ -272,6 +284,9 @@ impl Default for DaemonConfig {
             latency_uids: Vec::new(),
             latency_gids: Vec::new(),
             preempt_target: Duration::from_millis(1),
+            latency_policy: LatencyPolicy::Elastic,
+            latency_sla: Duration::from_millis(200),
+            revoke_min: Duration::from_millis(1),
         }
     }
 }
@@ -336,6 +351,9 @@ struct SessionsSection {
 struct SchedulerSection {
     policy: Option<PolicyKind>,
     preempt_target_us: Option<u64>,
+    latency_policy: Option<LatencyPolicy>,
+    latency_sla_ms: Option<f64>,
+    revoke_min_us: Option<u64>,
     #[serde(default)]
     perf: PerfSection,
     #[serde(default)]
@@ -413,6 +431,18 @@ impl DaemonConfig {
             c.preempt_target = Duration::from_micros(us);
         }
         set(&mut c.policy, file.scheduler.policy);
+        set(&mut c.latency_policy, file.scheduler.latency_policy);
+        if let Some(ms) = file.scheduler.latency_sla_ms {
+            if !(ms.is_finite() && ms > 0.0) {
+                return Err(ConfigError::Invalid(format!(
+                    "scheduler.latency_sla_ms = {ms}: the response-time target must be a positive number of milliseconds"
+                )));
+            }
+            c.latency_sla = Duration::from_secs_f64(ms / 1e3);
+        }
+        if let Some(us) = file.scheduler.revoke_min_us {
+            c.revoke_min = Duration::from_micros(us);
+        }
         set(&mut c.history_weight, file.scheduler.perf.history_weight);
         set(&mut c.energy_slack, file.scheduler.energy.slack);
         set(&mut c.cpu_lanes, file.cpu.lanes);
@@ -508,6 +538,9 @@ impl DaemonConfig {
             scheduler: SchedulerSection {
                 policy: Some(self.policy),
                 preempt_target_us: Some(self.preempt_target.as_micros() as u64),
+                latency_policy: Some(self.latency_policy),
+                latency_sla_ms: Some(self.latency_sla.as_secs_f64() * 1e3),
+                revoke_min_us: Some(self.revoke_min.as_micros() as u64),
                 perf: PerfSection {
                     history_weight: Some(self.history_weight),
                 },
@@ -542,6 +575,10 @@ impl DaemonConfig {
              # sessions.latency_uids / latency_gids: who may open latency-class queues (both empty: anyone).\n\
              # scheduler.preempt_target_us: batch kernels are sliced to about this length so latency\n\
              #   tasks wait at most about one slice (0: no slicing).\n\
+             # scheduler.latency_policy: none | priority | elastic (revocation of batch launches that are\n\
+             #   not sliced; elastic also reserves lanes for latency work). latency_sla_ms: the\n\
+             #   response-time target of latency queues that set none. revoke_min_us: shorter batch\n\
+             #   launches are never revocable.\n\
              # scheduler.policy: rr | perf | energy. Add modeled devices with [[sim]] sections, e.g.\n\
              #   [[sim]]\n\
              #   name = \"sim0\"\n\

@@ -20,6 +20,7 @@ mod config;
 mod handle;
 mod memory;
 pub mod policy;
+mod revocation;
 mod scheduler;
 mod server;
 mod session;
@@ -218,9 +219,14 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
         telemetry.clone(),
     );
     scheduler.preempt_target_ns = config.preempt_target.as_nanos() as f64;
+    scheduler.latency_policy = config.latency_policy;
+    scheduler.default_sla_ns = config.latency_sla.as_nanos() as f64;
+    scheduler.revoke_min_ns = config.revoke_min.as_nanos() as f64;
     tracing::info!(
         policy = config.policy.name(),
         preempt_target_us = config.preempt_target.as_micros() as u64,
+        latency_policy = config.latency_policy.name(),
+        latency_sla_ms = config.latency_sla.as_secs_f64() * 1e3,
         "scheduling"
     );
     if config.policy == PolicyKind::Energy {

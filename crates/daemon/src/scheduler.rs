@@ -29,8 +29,10 @@ use agora_protocol::ring::RingError;
 use agora_protocol::{Access, ArgTag, Completion, Op, ParamKind, TaskError, MAX_ARGS};
 
 use crate::memory::{BufferRecord, Residency};
+use crate::policy::latency::{self, LatencyPolicy, RevokeContext};
 use crate::policy::model::Estimate;
 use crate::policy::{Candidate, PerformanceModel, Policy};
+use crate::revocation::{RevocationCounters, VictimSlot};
 use crate::session::{QueueState, Session, SessionShared};
 use crate::telemetry::{Span, TaskCounters, Telemetry};
 use agora_protocol::control::QueueClass;
@@ -56,8 +58,7 @@ const BATCH: u32 = 256;
 /// Most slices one chunked launch is split into.
 const MAX_SLICES: u64 = 4096;
 
-/// A job's completion callback.
-type Done = Box<dyn FnOnce(Result<(), TaskError>, agora_devices::JobTimes) + Send>;
+use crate::revocation::Done;
 
 /// Submits a launch as `slices` jobs over consecutive row ranges, in order on one lane. The task
 /// completes (once, with the first error if any) when its last slice has run; its transfers go
@@ -183,6 +184,21 @@ pub(crate) struct Scheduler {
     device_quota: u64,
     /// Target preemption latency of chunked launches, nanoseconds (0: no chunking).
     pub preempt_target_ns: f64,
+    /// How latency-class work is protected (placement, reservation, revocation).
+    pub latency_policy: LatencyPolicy,
+    /// Response-time target of latency queues that set none, nanoseconds.
+    pub default_sla_ns: f64,
+    /// Shortest predicted batch launch made revocable, nanoseconds.
+    pub revoke_min_ns: f64,
+    /// Per device and lane: the revocable launch running there.
+    victims: Vec<Vec<VictimSlot>>,
+    /// Per device and lane: predicted nanoseconds of latency-class work queued or running.
+    lane_urgent: Vec<Vec<Arc<AtomicU64>>>,
+    /// Latency-class tasks in flight (TReM's `q`).
+    latency_outstanding: Arc<AtomicU64>,
+    /// Smoothed execution time of latency-class tasks (TReM's `l`), nanoseconds as `f64` bits.
+    latency_exec_ns: Arc<AtomicU64>,
+    revocation_counters: RevocationCounters,
 }
 
 /// Name of an operation in metrics and traces.
@@ -251,10 +267,19 @@ impl Scheduler {
         device_quota: u64,
         telemetry: Arc<Telemetry>,
     ) -> Self {
-        let lane_pending = devices
+        let per_lane = || -> Vec<Vec<Arc<AtomicU64>>> {
+            devices
+                .iter()
+                .map(|d| (0..d.info().lanes).map(|_| Arc::new(AtomicU64::new(0))).collect())
+                .collect()
+        };
+        let lane_pending = per_lane();
+        let lane_urgent = per_lane();
+        let victims = devices
             .iter()
-            .map(|d| (0..d.info().lanes).map(|_| Arc::new(AtomicU64::new(0))).collect())
+            .map(|d| (0..d.info().lanes).map(|_| VictimSlot::default()).collect())
             .collect();
+        let revocation_counters = telemetry.metrics.revocation_counters();
         let histograms = devices
             .iter()
             .map(|d| Arc::new(telemetry.metrics.device_histograms(&d.info().name)))
@@ -283,6 +308,14 @@ impl Scheduler {
             residency: Residency::default(),
             device_quota,
             preempt_target_ns: 1e6,
+            latency_policy: LatencyPolicy::Elastic,
+            default_sla_ns: 200e6,
+            revoke_min_ns: 1e6,
+            victims,
+            lane_urgent,
+            latency_outstanding: Arc::new(AtomicU64::new(0)),
+            latency_exec_ns: Arc::new(AtomicU64::new(0f64.to_bits())),
+            revocation_counters,
         }
     }
 
@@ -302,6 +335,12 @@ impl Scheduler {
         self.counters
             .entry((name.as_ptr() as usize, class))
             .or_insert_with(|| metrics.task_counters(name, class_name(class)))
+    }
+
+    /// Revocations since start and the execution time they threw away, seconds.
+    pub(crate) fn revocations(&self) -> (u64, f64) {
+        let c = &self.revocation_counters;
+        (c.revoked.get(), c.wasted_ns.get() as f64 / 1e9)
     }
 
     pub(crate) fn policy_name(&self) -> &'static str {
@@ -388,7 +427,7 @@ impl Scheduler {
                 break;
             }
         }
-        if !self.policy.wants_predictions() {
+        if !self.policy.wants_predictions() && !self.places_for_latency(ready.queue.class, kernel) {
             return;
         }
         let model = self.model.lock().unwrap_or_else(|e| e.into_inner());
@@ -485,9 +524,13 @@ impl Scheduler {
                 let id = kernel.and_then(|k| agora_kernels::find(k.name)).map_or(0, |(i, _)| i);
                 return Err(TaskError::NoDevice(id));
             }
-            let c = self
-                .policy
-                .choose(kernel.map_or("transfer", |k| k.name), &self.candidates);
+            let c = if self.places_for_latency(queue.class, kernel) {
+                self.soonest_start(ready.estimated_ns)
+            } else {
+                self.keep_reserve(queue.class, kernel);
+                self.policy
+                    .choose(kernel.map_or("transfer", |k| k.name), &self.candidates)
+            };
             debug_assert!(kernel.is_none_or(|k| self.devices[c.device].implements(k)));
             if let (Some(k), true, None) = (kernel, self.policy.wants_predictions(), c.exec_ns) {
                 let name = &self.devices[c.device].info().name;
@@ -506,6 +549,11 @@ impl Scheduler {
             }
             (device, (binding & 0xffff) as usize)
         };
+
+        if queue.class == QueueClass::Latency && kernel.is_some() && !tiny_on_host {
+            let sla_ns = queue.sla_ns.unwrap_or(self.default_sla_ns);
+            self.maybe_revoke(device, lane, ready.estimated_ns, sla_ns);
+        }
 
         // What data it needs there, and the work itself. Its buffers are in use from now until
         // it finishes, so eviction leaves them alone.
@@ -614,7 +662,19 @@ impl Scheduler {
         pending.fetch_add(predicted, Ordering::Relaxed);
         let model = self.model.clone();
         let urgent = queue.class == QueueClass::Latency;
+        // Latency work's own accounting: its queued time per lane, TReM's `q` and `l`.
+        let latency_books = urgent.then(|| {
+            let books = (
+                self.lane_urgent[device][lane].clone(),
+                self.latency_outstanding.clone(),
+                self.latency_exec_ns.clone(),
+            );
+            books.0.fetch_add(predicted, Ordering::Relaxed);
+            books.1.fetch_add(1, Ordering::Relaxed);
+            books
+        });
         let slices = self.slices_for(device, &work, queue.class, predicted as f64);
+        let revocable = slices <= 1 && self.revocable(device, &work, queue.class, predicted as f64);
         let done: Done = Box::new(move |result, times| {
             if result.is_ok() {
                 counters.ok.inc()
@@ -623,6 +683,15 @@ impl Scheduler {
             };
             let exec_start = times.transfers_done.unwrap_or(times.started);
             pending.fetch_sub(predicted, Ordering::Relaxed);
+            if let Some((lane_urgent, outstanding, exec_ns)) = latency_books {
+                lane_urgent.fetch_sub(predicted, Ordering::Relaxed);
+                outstanding.fetch_sub(1, Ordering::Relaxed);
+                let ns = times.finished.saturating_duration_since(exec_start).as_nanos() as f64;
+                // Smoothed like the performance model (4:1); racing updates lose one sample.
+                let old = f64::from_bits(exec_ns.load(Ordering::Relaxed));
+                let new = if old == 0.0 { ns } else { 0.8 * old + 0.2 * ns };
+                exec_ns.store(new.to_bits(), Ordering::Relaxed);
+            }
             if let Some(k) = kernel {
                 let mut model = model.lock().unwrap_or_else(|e| e.into_inner());
                 if result.is_ok() && !times.cold {
@@ -671,6 +740,25 @@ impl Scheduler {
             shared.in_flight.fetch_sub(1, Ordering::Relaxed);
             drop(shared);
         });
+        if revocable {
+            let rw_bytes = crate::revocation::read_write_bytes(&work) as f64;
+            // The CPU stops at its next block of rows (1/256 of the launch); restoring the
+            // read-write buffers costs a copy of them.
+            let cost_ns = predicted as f64 / 256.0 + rw_bytes / self.facts[device].bandwidth.max(1.0) * 1e9;
+            crate::revocation::submit(
+                self.devices[device].clone(),
+                lane,
+                transfers,
+                work,
+                session.shared.cancelled.clone(),
+                self.victims[device][lane].clone(),
+                predicted as f64,
+                cost_ns,
+                self.revocation_counters.clone(),
+                done,
+            );
+            return Ok(());
+        }
         let cancelled = Some(session.shared.cancelled.clone());
         if slices <= 1 {
             self.devices[device].submit(
@@ -689,6 +777,141 @@ impl Scheduler {
             submit_sliced(&*self.devices[device], lane, transfers, work, slices, cancelled, done);
         }
         Ok(())
+    }
+
+    /// Whether latency-class placement applies: latency launches under a latency policy go to
+    /// the lane where they would start soonest, whatever the throughput policy.
+    fn places_for_latency(&self, class: QueueClass, kernel: Option<&KernelDef>) -> bool {
+        class == QueueClass::Latency && kernel.is_some() && self.latency_policy != LatencyPolicy::None
+    }
+
+    /// Predicted nanoseconds before a latency task handed to `lane` of `device` would start: the
+    /// latency work queued there, plus what the lane's current batch work makes it wait — nothing
+    /// when idle, the revocation cost of a revocable launch, one slice where launches are sliced,
+    /// else everything queued there.
+    fn latency_wait_ns(&self, device: usize, lane: usize) -> f64 {
+        let urgent = self.lane_urgent[device][lane].load(Ordering::Relaxed) as f64;
+        let pending = self.lane_pending[device][lane].load(Ordering::Relaxed) as f64;
+        if self.devices[device].lane_load(lane) == 0 {
+            return urgent;
+        }
+        let victim = self.victims[device][lane]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let batch = (pending - urgent).max(0.0);
+        let blocking = match victim {
+            Some(v) => v.cost_ns.min(v.remaining_ns()),
+            None if self.devices[device].runs_row_slices() && self.preempt_target_ns > 0.0 => {
+                batch.min(self.preempt_target_ns)
+            }
+            None => batch,
+        };
+        urgent + blocking
+    }
+
+    /// The candidate where a latency task would finish soonest (start wait + transfers +
+    /// execution); `estimated_ns` stands in for executions never measured.
+    fn soonest_start(&self, estimated_ns: f64) -> Candidate {
+        let finish =
+            |c: &Candidate| self.latency_wait_ns(c.device, c.lane) + c.transfer_ns + c.exec_ns.unwrap_or(estimated_ns);
+        self.candidates
+            .iter()
+            .min_by(|a, b| finish(a).total_cmp(&finish(b)))
+            .cloned()
+            .expect("candidates are not empty")
+    }
+
+    /// TReM's `U = ceil(l · q / SLA)`: lanes reserved for latency work now.
+    fn reserved_lanes(&self) -> usize {
+        let lanes = self.devices.iter().map(|d| d.info().lanes).sum();
+        let l = f64::from_bits(self.latency_exec_ns.load(Ordering::Relaxed)) / 1e9;
+        let q = self.latency_outstanding.load(Ordering::Relaxed) as usize;
+        latency::reserved_devices(l, q, self.default_sla_ns / 1e9, lanes)
+    }
+
+    /// Elastic: a batch launch stays off the lanes reserved for latency work (those holding the
+    /// most latency work, then the least loaded), unless only reserved lanes can run it, or the
+    /// lane's device can preempt it (slices launches or polls revocation): a reserve is for
+    /// lanes a latency task could not otherwise get within its SLA, and keeping batch work off a
+    /// lane it would leave within a millisecond only costs throughput.
+    fn keep_reserve(&mut self, class: QueueClass, kernel: Option<&KernelDef>) {
+        if class != QueueClass::Batch || kernel.is_none() || self.latency_policy != LatencyPolicy::Elastic {
+            return;
+        }
+        let reserved = self.reserved_lanes();
+        if reserved == 0 {
+            return;
+        }
+        let mut lanes: Vec<(usize, usize, u64, u64)> = Vec::new();
+        for (d, device) in self.devices.iter().enumerate() {
+            for l in 0..device.info().lanes {
+                let urgent = self.lane_urgent[d][l].load(Ordering::Relaxed);
+                let pending = self.lane_pending[d][l].load(Ordering::Relaxed);
+                lanes.push((d, l, urgent, pending));
+            }
+        }
+        lanes.sort_by(|a, b| b.2.cmp(&a.2).then(a.3.cmp(&b.3)));
+        let reserve: Vec<(usize, usize)> = lanes.iter().take(reserved).map(|x| (x.0, x.1)).collect();
+        let devices = &self.devices;
+        let preempt_target_ns = self.preempt_target_ns;
+        let allowed = |c: &Candidate| {
+            let device = &devices[c.device];
+            !reserve.contains(&(c.device, c.lane))
+                || device.polls_revocation()
+                || (device.runs_row_slices() && preempt_target_ns > 0.0)
+        };
+        if self.candidates.iter().any(allowed) {
+            self.candidates.retain(allowed);
+        }
+    }
+
+    /// A latency task was handed to `lane` of `device`: revoke the batch launch running there if
+    /// the latency policy says so.
+    fn maybe_revoke(&self, device: usize, lane: usize, estimated_ns: f64, sla_ns: f64) {
+        let Some(victim) = self.victims[device][lane]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        else {
+            return;
+        };
+        if victim.flag.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut earliest_free = f64::MAX;
+        let mut latency_running = 0;
+        for (d, device) in self.devices.iter().enumerate() {
+            for l in 0..device.info().lanes {
+                earliest_free = earliest_free.min(self.lane_pending[d][l].load(Ordering::Relaxed) as f64);
+                latency_running += usize::from(self.lane_urgent[d][l].load(Ordering::Relaxed) > 0);
+            }
+        }
+        let urgent_here = self.lane_urgent[device][lane].load(Ordering::Relaxed) as f64;
+        let context = RevokeContext {
+            // This task is already counted in no lane (it is being handed out now).
+            latency_running,
+            reserved: self.reserved_lanes().max(1),
+            victim_remaining_s: victim.remaining_ns() / 1e9,
+            revoke_cost_s: victim.cost_ns / 1e9,
+            earliest_free_s: earliest_free / 1e9,
+            slack_s: (sla_ns - estimated_ns - urgent_here).max(0.0) / 1e9,
+        };
+        if latency::should_revoke(self.latency_policy, &context) {
+            victim.flag.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether a launch runs revocable: a batch launch that was not sliced, on a device that
+    /// polls revocation, under a latency policy, predicted long enough that a latency task could
+    /// not simply wait for it (`revoke_min`, and twice the preemption target). Short launches
+    /// are not worth the lane drain and the copy of their read-write buffers.
+    fn revocable(&self, device: usize, work: &Work, class: QueueClass, predicted_ns: f64) -> bool {
+        class == QueueClass::Batch
+            && self.latency_policy != LatencyPolicy::None
+            && matches!(work, Work::Launch { .. })
+            && self.devices[device].polls_revocation()
+            && predicted_ns >= self.revoke_min_ns.max(2.0 * self.preempt_target_ns)
     }
 
     /// How many row slices to split a launch into so that a latency task waits at most about

@@ -445,7 +445,15 @@ impl Server {
                     name,
                     class,
                     preferred_device,
+                    sla_ms,
                 } => {
+                    if let Some(ms) = sla_ms {
+                        if !(ms.is_finite() && ms > 0.0 && ms <= 3.6e6) {
+                            return Some(Response::Error(ControlError::BadRequest(format!(
+                                "queue SLA of {ms} ms: give a response-time target between 0 and one hour, or none"
+                            ))));
+                        }
+                    }
                     let preferred = match preferred_device.as_deref() {
                         None | Some("any") => None,
                         Some(kind) => match agora_devices::DeviceKind::parse(kind) {
@@ -473,6 +481,7 @@ impl Server {
                         name: Arc::from(name.chars().take(64).collect::<String>()),
                         class,
                         preferred,
+                        sla_ns: sla_ms.map(|ms| ms * 1e6),
                         in_flight: Default::default(),
                         // Never bound yet (u32::MAX) until its first task goes to a lane.
                         binding: AtomicU32::new(u32::MAX),
@@ -629,6 +638,9 @@ impl Server {
             tasks_completed: self.retired_completed + live_completed + closing_completed,
             tasks_failed: self.retired_failed + live_failed + closing_failed,
             evictions: self.scheduler.residency.evictions,
+            latency_policy: self.scheduler.latency_policy.name().to_string(),
+            revocations: self.scheduler.revocations().0,
+            revoked_work_s: self.scheduler.revocations().1,
         }
     }
 

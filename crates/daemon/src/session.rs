@@ -99,6 +99,9 @@ pub(crate) struct QueueState {
     pub class: QueueClass,
     /// Device kind the client prefers, honoured when a device of that kind implements the kernel.
     pub preferred: Option<agora_devices::DeviceKind>,
+    /// Response-time target of each task of a latency-class queue, nanoseconds (`None`: the
+    /// daemon's default).
+    pub sla_ns: Option<f64>,
     /// Jobs of this queue handed to a lane and not completed.
     pub in_flight: AtomicU32,
     /// `(device << 16) | lane` the queue is bound to while `in_flight > 0` (afterwards: where its
@@ -265,6 +268,7 @@ impl Session {
                             format!("{device}/lane{}", binding & 0xffff)
                         }),
                         preferred: q.preferred.map(|k| k.name().to_string()),
+                        sla_ms: q.sla_ns.map(|ns| ns / 1e6),
                         last_device: (binding != u32::MAX)
                             .then(|| device_names.get((binding >> 16) as usize).cloned())
                             .flatten(),

@@ -171,6 +171,8 @@ impl Lane {
         }
         if job.urgent {
             q.urgent.push_back((job, Instant::now()));
+        } else if job.revoke.as_ref().is_some_and(|r| r.replay) {
+            q.jobs.push_front((job, Instant::now()));
         } else {
             q.jobs.push_back((job, Instant::now()));
         }
@@ -247,6 +249,19 @@ impl Lane {
         }
     }
 
+    /// Waits until at most `jobs` jobs are in flight (this lane's started, unfinished jobs).
+    fn wait_idle(&self, jobs: usize) {
+        let mut spins = 0u32;
+        while self.in_flight.load(Ordering::Acquire) > jobs {
+            if spins < 1000 {
+                spins += 1;
+                std::hint::spin_loop();
+            } else {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+    }
+
     fn run(self: Arc<Self>, mut executor: Box<dyn Executor>) {
         while let Some((job, queued)) = self.next() {
             let Job {
@@ -258,6 +273,11 @@ impl Lane {
                 done,
                 ..
             } = job;
+            let revocable = revoke.is_some();
+            let (revoke, save) = match revoke {
+                Some(r) => (Some(r.flag), r.save),
+                None => (None, None),
+            };
             let end = JobEnd {
                 lane: self.clone(),
                 done,
@@ -273,7 +293,21 @@ impl Lane {
                 end.finish(Err(TaskError::Cancelled));
                 continue;
             }
+            if let Some(save) = save {
+                // A revocable job runs alone: earlier jobs finish first, so what it saves is what
+                // it will read.
+                self.wait_idle(1);
+                if let Err(e) = save() {
+                    end.finish(Err(e));
+                    continue;
+                }
+            }
             executor.run(transfers, work, end);
+            if revocable {
+                // ... and nothing starts after it until it finished: a replay must run before its
+                // queue's later jobs.
+                self.wait_idle(0);
+            }
         }
         executor.stop();
         // Started jobs finish on the device's own threads; give them a moment before the

@@ -125,7 +125,7 @@ pub struct DeviceInfo {
 // `Launch` is the common case and much larger than the others; boxing it would add an
 // allocation per task on the hot path for no gain.
 #[allow(clippy::large_enum_variant)]
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum Work {
     /// Run a kernel.
     Launch {
@@ -201,18 +201,45 @@ pub struct Job {
     pub keepalive: Option<Arc<dyn Any + Send + Sync>>,
     /// When set before the job starts, the job is skipped and completes with `Cancelled`.
     pub cancelled: Option<Arc<AtomicBool>>,
-    /// Revocation: when set while the job's launch runs, a device whose
-    /// [`Device::polls_revocation`] is true stops the launch early (the CPU checks it between
-    /// blocks of rows, OpenCL kernels per work-group) and completes the job with `Cancelled`.
-    /// The launch's writes are then partial: the daemon restores what it saved and replays the
-    /// task later. When set before the job starts, the job is skipped, as with `cancelled`.
-    pub revoke: Option<Arc<AtomicBool>>,
+    /// Makes the job revocable (see [`Revocation`]); `None` for ordinary jobs.
+    pub revoke: Option<Revocation>,
     /// A latency-class job: the lane starts it before any queued non-urgent job (so a sliced
     /// batch launch yields the lane at its next slice boundary).
     pub urgent: bool,
     /// Called exactly once with the outcome and the job's times (on the lane's thread, or on a
     /// device runtime thread for asynchronous devices).
     pub done: Box<dyn FnOnce(Result<(), TaskError>, JobTimes) + Send>,
+}
+
+/// What makes a job revocable.
+///
+/// When `flag` is set while the job's launch runs, a device whose [`Device::polls_revocation`] is
+/// true stops the launch early (the CPU checks it between blocks of rows, OpenCL kernels per
+/// work-group) and completes the job with `Cancelled`; its writes are then partial, and the
+/// daemon restores what `save` kept before it replays the task. Set before the job starts, the
+/// job is skipped, as with [`Job::cancelled`].
+///
+/// Lanes run a revocable job alone: they let every earlier job finish before it starts (so `save`
+/// sees the buffers as the job will) and start nothing after it until it has finished (so a
+/// replay still runs before its queue's later jobs).
+pub struct Revocation {
+    /// The revocation request.
+    pub flag: Arc<AtomicBool>,
+    /// Run on the lane's thread just before the job starts (after earlier jobs finished): saves
+    /// what a replay needs. An error fails the job without running it.
+    pub save: Option<Box<dyn FnOnce() -> Result<(), TaskError> + Send>>,
+    /// This job replays a revoked one: it goes to the front of the lane's non-urgent FIFO, ahead
+    /// of later jobs of its queue.
+    pub replay: bool,
+}
+
+impl std::fmt::Debug for Revocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Revocation")
+            .field("flag", &self.flag)
+            .field("replay", &self.replay)
+            .finish_non_exhaustive()
+    }
 }
 
 /// When a job went through a lane.

@@ -47,6 +47,9 @@ pub enum Request {
         class: QueueClass,
         /// Kind of device the client prefers for this queue (`cpu`, `opencl`), if any.
         preferred_device: Option<String>,
+        /// Response-time target of a latency-class queue's tasks, in milliseconds (the daemon's
+        /// default when absent).
+        sla_ms: Option<f64>,
     },
     /// Look a kernel up by name.
     LookupKernel {
@@ -214,6 +217,8 @@ pub struct QueueStatus {
     pub bound_to: Option<String>,
     /// The device kind the client prefers (a hint).
     pub preferred: Option<String>,
+    /// Response-time target of a latency-class queue, ms.
+    pub sla_ms: Option<f64>,
     /// The device its last task handed to a lane ran on (what the policy chose).
     pub last_device: Option<String>,
 }
@@ -280,6 +285,12 @@ pub struct StatusReport {
     pub tasks_failed: u64,
     /// Buffers evicted from device memory to host memory since start.
     pub evictions: u64,
+    /// How latency-class work is protected (`none`, `priority`, `elastic`).
+    pub latency_policy: String,
+    /// Batch launches revoked for latency-class work (and replayed) since start.
+    pub revocations: u64,
+    /// Execution time those revocations threw away, seconds.
+    pub revoked_work_s: f64,
 }
 
 /// Encodes a message into a frame (length prefix included).

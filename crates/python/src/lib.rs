@@ -320,13 +320,24 @@ impl PySession {
         Ok(self.session()?.id())
     }
 
-    /// Creates a queue: an ordered stream of tasks, bound to no device.
-    #[pyo3(signature = (name="", queue_class="batch", device=None))]
-    fn queue(&self, name: &str, queue_class: &str, device: Option<&str>) -> PyResult<PyQueue> {
+    /// Creates a queue: an ordered stream of tasks, bound to no device. `sla_ms`: the
+    /// response-time target of a latency-class queue's tasks (the daemon's default when None).
+    #[pyo3(signature = (name="", queue_class="batch", device=None, sla_ms=None))]
+    fn queue(&self, name: &str, queue_class: &str, device: Option<&str>, sla_ms: Option<f64>) -> PyResult<PyQueue> {
+        let sla = match sla_ms {
+            None => None,
+            Some(ms) if ms.is_finite() && ms > 0.0 => Some(std::time::Duration::from_secs_f64(ms / 1e3)),
+            Some(ms) => {
+                return Err(PyValueError::new_err(format!(
+                    "sla_ms={ms}: give a positive number of milliseconds, or None"
+                )))
+            }
+        };
         let options = QueueOptions {
             name: name.to_string(),
             class: parse_class(queue_class)?,
             preferred_device: device.map(parse_device).transpose()?,
+            sla,
         };
         let session = self.session()?;
         let queue = session.queue_with(options).or_raise()?;

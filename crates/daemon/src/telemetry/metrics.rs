@@ -52,6 +52,8 @@ pub(crate) struct Metrics {
     lane_completed: Family<LaneLabels, Gauge>,
     memory_used: Family<DeviceLabels, Gauge>,
     memory_total: Family<DeviceLabels, Gauge>,
+    revoked: Counter,
+    revoked_wasted_ns: Counter,
 }
 
 /// Cached counters of one (kernel, class): ok and failed.
@@ -133,6 +135,18 @@ impl Metrics {
             "Device memory allocated for buffers",
             memory_used.clone(),
         );
+        let revoked = Counter::default();
+        registry.register(
+            "agora_revocations",
+            "Batch launches revoked for latency-class work (and replayed)",
+            revoked.clone(),
+        );
+        let revoked_wasted_ns = Counter::default();
+        registry.register(
+            "agora_revoked_work_nanoseconds",
+            "Execution time thrown away by revocations",
+            revoked_wasted_ns.clone(),
+        );
         let memory_total = Family::<DeviceLabels, Gauge>::default();
         registry.register(
             "agora_device_memory_bytes",
@@ -153,6 +167,8 @@ impl Metrics {
             lane_completed,
             memory_used,
             memory_total,
+            revoked,
+            revoked_wasted_ns,
         }
     }
 
@@ -185,6 +201,14 @@ impl Metrics {
         let to_device = self.bytes.get_or_create(&labels("host_to_device")).clone();
         let to_host = self.bytes.get_or_create(&labels("device_to_host")).clone();
         [to_device, to_host]
+    }
+
+    /// Revocation counters.
+    pub(crate) fn revocation_counters(&self) -> crate::revocation::RevocationCounters {
+        crate::revocation::RevocationCounters {
+            revoked: self.revoked.clone(),
+            wasted_ns: self.revoked_wasted_ns.clone(),
+        }
     }
 
     /// The text exposition, with device gauges read now.

@@ -213,28 +213,13 @@ fn execute_revocable(work: &Work, gang: &Gang, revoke: &AtomicBool) -> Result<()
     Ok(())
 }
 
-/// A copy of launch `work` restricted to `rows` (its buffers are the same: only the pointers are
-/// copied).
+/// A copy of launch `work` restricted to `rows` (the same buffers: only pointers are copied).
 fn with_rows(work: &Work, rows: std::ops::Range<u64>) -> Work {
-    match work {
-        Work::Launch {
-            kernel,
-            range,
-            dims,
-            args,
-            arg_count,
-            ..
-        } => Work::Launch {
-            kernel,
-            range: *range,
-            dims: *dims,
-            args: *args,
-            arg_count: *arg_count,
-            device_args: Default::default(),
-            rows: Some(rows),
-        },
-        _ => unreachable!("only launches have rows"),
+    let mut part = work.clone();
+    if let Work::Launch { rows: r, .. } = &mut part {
+        *r = Some(rows);
     }
+    part
 }
 
 /// Runs `f`, turning a panic (a kernel bug) into a task error.
@@ -334,21 +319,29 @@ mod tests {
             // Not revoked: the flag is there but never set; the result is complete.
             let (tx, rx) = mpsc::channel();
             let mut job = saxpy_job(&mut x, &mut y, tx.clone());
-            job.revoke = Some(Arc::new(std::sync::atomic::AtomicBool::new(false)));
+            job.revoke = Some(crate::Revocation {
+                flag: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+                save: None,
+                replay: false,
+            });
             dev.submit(0, job);
             assert_eq!(rx.recv().unwrap(), Ok(()));
             assert!(y.iter().all(|v| *v == 2.0));
             // Revoked while it runs: it stops at a block boundary, leaving later rows unwritten.
             let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let mut job = saxpy_job(&mut x, &mut y, tx);
-            job.revoke = Some(flag.clone());
+            job.revoke = Some(crate::Revocation {
+                flag: flag.clone(),
+                save: None,
+                replay: false,
+            });
             dev.submit(0, job);
             while !dev.status().lanes[0].busy {
                 std::hint::spin_loop();
             }
             flag.store(true, std::sync::atomic::Ordering::Release);
             assert_eq!(rx.recv().unwrap(), Err(TaskError::Cancelled));
-            assert!(y.iter().any(|v| *v == 2.0), "rows after the revocation stay unwritten");
+            assert!(y.contains(&2.0), "rows after the revocation stay unwritten");
             dev.shutdown();
         }
     }

@@ -28,8 +28,14 @@ class Session:
         Raises ConnectError when no daemon answers."""
     @property
     def id(self) -> int: ...
-    def queue(self, name: str = "", queue_class: QueueClass = "batch", device: Optional[DeviceKind] = None) -> Queue:
-        """Creates a queue; `device` is a preference the daemon may ignore."""
+    def queue(
+        self,
+        name: str = "",
+        queue_class: QueueClass = "batch",
+        device: Optional[DeviceKind] = None,
+        sla_ms: Optional[float] = None,
+    ) -> Queue:
+        """Creates a queue; `device` is a preference the daemon may ignore; `sla_ms` is a latency queue's response-time target."""
     def buffer(self, nbytes: int) -> Buffer:
         """Allocates a zeroed buffer of `nbytes` bytes (QuotaExceededError past the quota)."""
     def buffer_from(self, array: npt.ArrayLike) -> Buffer:
