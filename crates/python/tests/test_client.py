@@ -147,10 +147,13 @@ def test_wait_releases_the_gil(session):
 
 
 def test_latency_queue_and_status(session):
-    with session.queue("frontend", queue_class="latency") as queue:
+    with session.queue("frontend", queue_class="latency", sla_ms=50) as queue:
         queue.launch("noop", range=1).wait()
-        names = [q["name"] for s in session.status()["sessions"] for q in s["queues"]]
-        assert "frontend" in names
+        queues = {q["name"]: q for s in session.status()["sessions"] for q in s["queues"]}
+        assert "frontend" in queues
+        assert queues["frontend"]["sla_ms"] == pytest.approx(50.0)
+    with pytest.raises(ValueError, match="positive number of milliseconds"):
+        session.queue(queue_class="latency", sla_ms=-1)
 
 
 def test_errors_are_typed_and_say_what_to_do(session, daemon):
