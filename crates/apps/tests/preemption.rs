@@ -199,7 +199,16 @@ fn every_program_verifies_while_latency_tasks_keep_revoking_its_kernels() {
     });
     let socket = daemon.socket().to_path_buf();
     let stop = std::sync::atomic::AtomicBool::new(false);
+    /// Stops the pinger however the scope ends (a failed assertion must not leave it running,
+    /// which would hang the scope).
+    struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
     std::thread::scope(|scope| {
+        let _stop = StopOnDrop(&stop);
         let pinger = scope.spawn(|| {
             let s = Session::connect_with(SessionOptions {
                 socket: Some(socket),
