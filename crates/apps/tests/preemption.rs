@@ -1,8 +1,9 @@
 //! Preemption. Chunked launch: batch kernels split into row slices give exactly the results of
 //! unsplit launches, and a latency-class task issued while a long batch kernel runs on the only
-//! lane starts at the next slice boundary instead of after the whole kernel. Revocation: with
-//! slicing off, the latency task revokes the running kernel, which is replayed from its saved
-//! inputs and still gives exact results, for every bundled program.
+//! lane starts at the next slice boundary instead of after the whole kernel — on the CPU and on
+//! OpenCL (PoCL here; the OpenCL tests fail, not skip, without it). Revocation: with slicing off,
+//! the latency task revokes the running kernel, which is replayed from its saved inputs and still
+//! gives exact results, for every bundled program.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -32,12 +33,15 @@ fn start(tag: &str, tweak: impl FnOnce(&mut DaemonConfig)) -> (agora_daemon::Dae
     (handle, session)
 }
 
-#[test]
-fn every_program_verifies_with_its_kernels_cut_into_tiny_slices() {
-    // A 2 µs target splits nearly every launch into many slices (up to one per row).
-    let (daemon, session) = start("slices", |c| {
-        c.preempt_target = Duration::from_micros(2);
+/// Runs every bundled program on `kind` with preemption target `target` (2 µs splits nearly every
+/// launch into many slices: up to one per row on the CPU, one per work-group row on OpenCL);
+/// returns how many jobs the lanes of `kind` ran.
+fn every_program_verifies(kind: DeviceKind, tag: &str, target: Duration) -> u64 {
+    let (daemon, session) = start(tag, |c| {
+        c.preempt_target = target;
         c.inline_max_ns = 0;
+        c.opencl = kind == DeviceKind::OpenCl;
+        c.opencl_lanes = 1;
     });
     for (program, _) in agora_apps::PROGRAMS {
         let size = match *program {
@@ -50,16 +54,42 @@ fn every_program_verifies_with_its_kernels_cut_into_tiny_slices() {
             _ => 4096,
         };
         let workload = agora_apps::build(program, size, None).unwrap();
-        let report = agora_apps::run_on_agora(&session, &workload, Some(DeviceKind::Cpu)).unwrap();
-        assert!(report.verified, "{program}: max error {}", report.max_error);
+        let report = agora_apps::run_on_agora(&session, &workload, Some(kind)).unwrap();
+        assert!(report.verified, "{kind:?} {program}: max error {}", report.max_error);
     }
+    let jobs: u64 = session
+        .status()
+        .unwrap()
+        .devices
+        .iter()
+        .filter(|d| d.kind == kind.name())
+        .flat_map(|d| d.lanes.iter())
+        .map(|l| l.completed)
+        .sum();
     drop(session);
     daemon.stop().unwrap();
+    jobs
 }
 
-/// Issues a long batch sgemm on the only CPU lane, then a small latency-class task; returns how
-/// long the latency task took and whether it finished before the batch task.
-fn latency_beside_batch(session: &Session) -> (Duration, bool) {
+#[test]
+fn every_program_verifies_with_its_kernels_cut_into_tiny_slices() {
+    every_program_verifies(DeviceKind::Cpu, "slices", Duration::from_micros(2));
+}
+
+#[test]
+fn every_program_verifies_on_opencl_with_its_kernels_cut_into_tiny_slices() {
+    let whole = every_program_verifies(DeviceKind::OpenCl, "ocl-whole", Duration::ZERO);
+    let sliced = every_program_verifies(DeviceKind::OpenCl, "ocl-slices", Duration::from_micros(2));
+    // The launches ran on OpenCL, and as slices: more jobs than tasks.
+    assert!(
+        whole > 0 && sliced > whole,
+        "OpenCL lanes ran {sliced} jobs sliced, {whole} whole"
+    );
+}
+
+/// Issues a long batch sgemm on the only lane of `kind`, then a small latency-class task; returns
+/// how long the latency task took and whether it finished before the batch task.
+fn latency_beside_batch(session: &Session, kind: DeviceKind) -> (Duration, bool) {
     let sgemm = session.kernel("sgemm").unwrap();
     let n = 768usize;
     let a = session.buffer_from(&vec![1.0f32; n * n]).unwrap();
@@ -68,7 +98,7 @@ fn latency_beside_batch(session: &Session) -> (Duration, bool) {
         .queue_with(QueueOptions {
             name: "batch".into(),
             class: QueueClass::Batch,
-            preferred_device: Some(DeviceKind::Cpu),
+            preferred_device: Some(kind),
             sla: None,
         })
         .unwrap();
@@ -76,7 +106,7 @@ fn latency_beside_batch(session: &Session) -> (Duration, bool) {
         .queue_with(QueueOptions {
             name: "latency".into(),
             class: QueueClass::Latency,
-            preferred_device: Some(DeviceKind::Cpu),
+            preferred_device: Some(kind),
             sla: None,
         })
         .unwrap();
@@ -121,6 +151,9 @@ fn latency_beside_batch(session: &Session) -> (Duration, bool) {
     let took = issued.elapsed();
     let batch_still_running = !big.is_complete().unwrap();
     big.wait().unwrap();
+    // Results on a device with memory of its own come back to the host copies.
+    batch.sync_from(&c).unwrap().wait().unwrap();
+    latency.sync_from(&small_c).unwrap().wait().unwrap();
     assert!(
         c.as_slice::<f32>().iter().all(|v| *v == n as f32),
         "the batch result is exact"
@@ -140,7 +173,7 @@ fn a_latency_task_overtakes_a_running_batch_kernel_at_a_slice_boundary() {
         c.inline_max_ns = 0;
     };
     let (daemon, session) = start("overtake", one_lane);
-    let (took, overtook) = latency_beside_batch(&session);
+    let (took, overtook) = latency_beside_batch(&session, DeviceKind::Cpu);
     assert!(
         overtook,
         "the latency task (took {took:?}) should finish while the batch kernel still runs"
@@ -153,7 +186,40 @@ fn a_latency_task_overtakes_a_running_batch_kernel_at_a_slice_boundary() {
         c.preempt_target = Duration::ZERO;
         c.latency_policy = LatencyPolicy::None;
     });
-    let (_, overtook) = latency_beside_batch(&session);
+    let (_, overtook) = latency_beside_batch(&session, DeviceKind::Cpu);
+    assert!(
+        !overtook,
+        "without slicing the latency task cannot start before the batch kernel ends"
+    );
+    drop(session);
+    daemon.stop().unwrap();
+}
+
+#[test]
+fn a_latency_task_overtakes_a_running_batch_kernel_on_opencl() {
+    let one_lane = |c: &mut DaemonConfig| {
+        c.opencl = true;
+        c.opencl_lanes = 1;
+        c.inline_max_ns = 0;
+    };
+    let (daemon, session) = start("ocl-overtake", one_lane);
+    // The first run builds the program and PoCL's specialisations (with and without a global
+    // offset); the lane thread, blocked in those builds, would let the latency task in anyway.
+    let _ = latency_beside_batch(&session, DeviceKind::OpenCl);
+    let (took, overtook) = latency_beside_batch(&session, DeviceKind::OpenCl);
+    eprintln!("latency task beside a sliced batch sgemm on OpenCL: {took:?}, overtook: {overtook}");
+    assert!(
+        overtook,
+        "the latency task (took {took:?}) should finish while the batch kernel still runs"
+    );
+    drop(session);
+    daemon.stop().unwrap();
+    // Without slicing the same latency task waits for the whole batch kernel.
+    let (daemon, session) = start("ocl-no-slices", |c| {
+        one_lane(c);
+        c.preempt_target = Duration::ZERO;
+    });
+    let (_, overtook) = latency_beside_batch(&session, DeviceKind::OpenCl);
     assert!(
         !overtook,
         "without slicing the latency task cannot start before the batch kernel ends"
@@ -171,7 +237,7 @@ fn a_latency_task_revokes_a_running_batch_kernel_which_is_replayed_exactly() {
         c.preempt_target = Duration::ZERO;
         c.latency_policy = LatencyPolicy::Priority;
     });
-    let (took, overtook) = latency_beside_batch(&session);
+    let (took, overtook) = latency_beside_batch(&session, DeviceKind::Cpu);
     assert!(
         overtook,
         "the latency task (took {took:?}) should finish while the revoked batch kernel is replayed"

@@ -28,8 +28,8 @@ pub(crate) type Done = Box<dyn FnOnce(Result<(), TaskError>, JobTimes) + Send>;
 pub(crate) struct Victim {
     /// Set it to revoke.
     pub flag: Arc<AtomicBool>,
-    /// When it started.
-    pub started: Instant,
+    /// When it started (`None`: submitted, not started yet; revoking it then only skips it).
+    pub started: Option<Instant>,
     /// Its predicted execution time, nanoseconds.
     pub predicted_ns: f64,
     /// What revoking it costs before the lane is free: the rest of the current block of rows
@@ -40,7 +40,8 @@ pub(crate) struct Victim {
 impl Victim {
     /// Predicted nanoseconds until it finishes if left alone.
     pub fn remaining_ns(&self) -> f64 {
-        (self.predicted_ns - self.started.elapsed().as_nanos() as f64).max(0.0)
+        let elapsed = self.started.map_or(0.0, |t| t.elapsed().as_nanos() as f64);
+        (self.predicted_ns - elapsed).max(0.0)
     }
 }
 
@@ -72,6 +73,11 @@ struct ReadWrite {
 
 struct State {
     work: Work,
+    /// The first run's transfers, for a replay of a run that never started (skipped because it
+    /// was revoked while queued): it still needs all of them.
+    transfers: Vec<Transfer>,
+    /// Whether a run started (saved the buffers): from then on a replay needs only restores.
+    started: bool,
     buffers: Vec<ReadWrite>,
     done: Option<Done>,
 }
@@ -192,11 +198,21 @@ pub(crate) fn submit(
         counters,
         state: Mutex::new(State {
             work,
+            transfers: transfers.clone(),
+            started: false,
             buffers,
             done: Some(done),
         }),
         revocations: std::sync::atomic::AtomicU32::new(0),
     });
+    // Offered as the lane's victim from now: a latency task placed while it waits to start
+    // (or is being started) can then still revoke it, which only skips it.
+    {
+        let mut slot = replay.slot.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_none() {
+            *slot = Some(replay.victim(None));
+        }
+    }
     start(replay, transfers, false);
 }
 
@@ -225,6 +241,8 @@ impl Replay {
     /// read-write buffers (first run only: a replay restores the same prior contents).
     fn save(&self) -> Result<(), TaskError> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.started = true;
+        state.transfers.clear();
         for b in state
             .buffers
             .iter_mut()
@@ -246,13 +264,17 @@ impl Replay {
             // Not offered as a victim any more: it runs to completion.
             return Ok(());
         }
-        *self.slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(Victim {
+        *self.slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(self.victim(Some(Instant::now())));
+        Ok(())
+    }
+
+    fn victim(&self, started: Option<Instant>) -> Victim {
+        Victim {
             flag: self.flag.clone(),
-            started: Instant::now(),
+            started,
             predicted_ns: self.predicted_ns,
             cost_ns: self.cost_ns,
-        });
-        Ok(())
+        }
     }
 
     /// The launch ended: completed, failed, or revoked (then restore and replay).
@@ -279,20 +301,27 @@ impl Replay {
         // unchanged host copy.
         let mut transfers = Vec::new();
         {
-            let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            for b in &state.buffers {
+            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            if !state.started {
+                // Skipped before it started: nothing ran, nothing to restore; the replay needs
+                // the transfers the skipped run did not make.
+                transfers = std::mem::take(&mut state.transfers);
+            }
+            for b in state.buffers.iter().filter(|_| state.started) {
                 match (&b.device_copy, &b.saved) {
                     (None, Some(saved)) => {
                         // SAFETY: as in `save`; the stopped launch no longer writes.
                         unsafe { std::ptr::copy_nonoverlapping(saved.as_ptr(), b.host, b.len) }
                     }
-                    (Some(copy), saved) => transfers.push(Transfer::ToDevice {
-                        // The saved bytes live in `state` until the task completes.
+                    (Some(copy), saved) if saved.is_some() || b.loaded_from_host => transfers.push(Transfer::ToDevice {
+                        // The saved bytes live in `state` until the task completes; without them
+                        // the launch loaded this buffer from its host copy, which it did not
+                        // change.
                         host: saved.as_ref().map_or(b.host as *const u8, |s| s.as_ptr()),
                         len: b.len,
                         to: copy.clone(),
                     }),
-                    (None, None) => {}
+                    _ => {}
                 }
             }
         }

@@ -62,7 +62,9 @@ use crate::revocation::Done;
 
 /// Submits a launch as `slices` jobs over consecutive row ranges, in order on one lane. The task
 /// completes (once, with the first error if any) when its last slice has run; its transfers go
-/// with the first slice. Between slices the lane may start urgent (latency-class) jobs.
+/// with the first slice. Between slices the lane may start urgent (latency-class) jobs. Slice
+/// boundaries are multiples of the device's row alignment for the kernel (whole work-groups on
+/// OpenCL), so there may be fewer slices than asked for.
 fn submit_sliced(
     device: &dyn Device,
     lane: usize,
@@ -84,6 +86,13 @@ fn submit_sliced(
     else {
         unreachable!("only launches are sliced")
     };
+    // Even slices in units of the device's row alignment: slice `i` starts at unit
+    // `units * i / slices`, and the last one ends at the last row.
+    let rows = range[0];
+    let align = device.row_alignment(kernel, dims).max(1);
+    let units = rows.div_ceil(align).max(1);
+    let slices = slices.clamp(1, units);
+    let boundary = |slice: u64| (align * (units * slice / slices)).min(rows);
     /// What the slices of one task share.
     struct Group {
         remaining: std::sync::atomic::AtomicU64,
@@ -104,11 +113,9 @@ fn submit_sliced(
             done: Some(done),
         }),
     });
-    let rows = range[0];
     let mut transfers = Some(transfers);
     for slice in 0..slices {
-        let start = rows * slice / slices;
-        let end = rows * (slice + 1) / slices;
+        let (start, end) = (boundary(slice), boundary(slice + 1));
         let group = group.clone();
         device.submit(
             lane,

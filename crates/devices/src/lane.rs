@@ -8,6 +8,11 @@
 //!
 //! Idle lane threads spin briefly, then sleep on a condition variable that submitters signal only
 //! when the thread said it sleeps, so a busy lane costs no system call per job.
+//!
+//! Slices of a chunked launch (`Work::Launch::rows`) are started only while fewer than
+//! [`SLICE_DEPTH`] jobs are in flight: on an asynchronous device the lane would otherwise enqueue
+//! every slice at once, and a latency-class job arriving later would wait behind all of them in
+//! the device's queue. Other jobs keep the device's queue as full as they like.
 
 use std::any::Any;
 use std::collections::VecDeque;
@@ -23,6 +28,10 @@ use crate::{Job, JobTimes, Transfer, Work};
 /// How long an idle lane thread polls before it sleeps. Short: lanes matter for throughput, not
 /// for the latency of tiny tasks (those run inline on the dispatcher).
 const IDLE_SPIN: Duration = Duration::from_micros(20);
+
+/// Most jobs in flight when a lane starts a slice of a chunked launch: one running and one queued
+/// behind it keep the device busy, and an urgent job waits for at most these two.
+pub const SLICE_DEPTH: usize = 2;
 
 /// How a backend runs the jobs of one lane (started on the lane's thread).
 pub trait Executor: Send + 'static {
@@ -73,12 +82,18 @@ impl JobEnd {
             cold,
         };
         done(result, times);
-        if lane.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+        if lane.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
             // The lane goes idle: count the wall time it had work in flight (jobs overlap on
             // asynchronous devices, so per-job times would add up to more than the wall time).
             let since = lane.busy_since.load(Ordering::Relaxed);
             lane.busy_ns
                 .fetch_add(lane.epoch.elapsed().as_nanos() as u64 - since, Ordering::Relaxed);
+        }
+        // SeqCst with the lane's store before it re-checks `in_flight`: either it sees this
+        // decrement or this sees it waiting, so it is never left asleep with room to start.
+        if lane.awaiting_room.load(Ordering::SeqCst) {
+            let _queue = lane.queue.lock().unwrap_or_else(|e| e.into_inner());
+            lane.wake.notify_one();
         }
         drop(keepalive);
     }
@@ -115,6 +130,8 @@ pub struct Lane {
     wake: Condvar,
     pending: AtomicUsize,
     in_flight: AtomicUsize,
+    /// The lane thread waits for `in_flight` to drop below [`SLICE_DEPTH`] (finishing jobs wake it).
+    awaiting_room: AtomicBool,
     completed: AtomicU64,
     busy_ns: AtomicU64,
     /// Nanoseconds after `epoch` when the lane last went from idle to busy.
@@ -139,6 +156,7 @@ impl Lane {
             wake: Condvar::new(),
             pending: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
+            awaiting_room: AtomicBool::new(false),
             completed: AtomicU64::new(0),
             busy_ns: AtomicU64::new(0),
             busy_since: AtomicU64::new(0),
@@ -232,7 +250,23 @@ impl Lane {
         }
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         loop {
-            if let Some(job) = q.urgent.pop_front().or_else(|| q.jobs.pop_front()) {
+            let mut job = q.urgent.pop_front();
+            let mut held_back = false;
+            if job.is_none() {
+                match q.jobs.front() {
+                    Some((front, _)) if is_slice(front) && !q.stopping => {
+                        self.awaiting_room.store(true, Ordering::SeqCst);
+                        if self.in_flight.load(Ordering::SeqCst) < SLICE_DEPTH {
+                            job = q.jobs.pop_front();
+                        } else {
+                            held_back = true;
+                        }
+                    }
+                    _ => job = q.jobs.pop_front(),
+                }
+            }
+            if let Some(job) = job {
+                self.awaiting_room.store(false, Ordering::Relaxed);
                 self.pending.fetch_sub(1, Ordering::Relaxed);
                 if self.in_flight.fetch_add(1, Ordering::AcqRel) == 0 {
                     self.busy_since
@@ -240,9 +274,10 @@ impl Lane {
                 }
                 return Some(job);
             }
-            if q.stopping {
+            if q.stopping && !held_back {
                 return None;
             }
+            // Asleep until a job is pushed or, when a slice is held back, one in flight finishes.
             q.sleeping = true;
             q = self.wake.wait(q).unwrap_or_else(|e| e.into_inner());
             q.sleeping = false;
@@ -317,6 +352,11 @@ impl Lane {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
+}
+
+/// Whether `job` is a slice of a chunked launch.
+fn is_slice(job: &Job) -> bool {
+    matches!(job.work, Work::Launch { rows: Some(_), .. })
 }
 
 /// Runs transfers and work synchronously on the calling thread, through `to_device` for

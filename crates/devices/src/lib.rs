@@ -74,7 +74,7 @@ pub trait DeviceBuffer: Send + Sync + std::fmt::Debug {
 }
 
 /// A data movement that runs, in order, before a job's work.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum Transfer {
     /// Host bytes into a buffer of the job's own device.
     ToDevice {
@@ -288,6 +288,12 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     /// Whether launches may be split into row slices (`Work::Launch::rows`) on this device.
     fn runs_row_slices(&self) -> bool {
         false
+    }
+    /// A multiple of rows that slice boundaries of `kernel` launched in `dims` dimensions should
+    /// keep to (a work-group's extent in dimension 0 on OpenCL), so no slice runs idle work items
+    /// at its edges. Any boundary gives correct results; this is about efficiency only.
+    fn row_alignment(&self, _kernel: &KernelDef, _dims: usize) -> u64 {
+        1
     }
     /// Whether a running launch stops early when its job's [`Job::revoke`] flag is set.
     fn polls_revocation(&self) -> bool {

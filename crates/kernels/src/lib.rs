@@ -65,12 +65,27 @@ pub struct Param {
 /// Calling convention: arguments are passed in signature order (buffers as `__global T*`, scalars
 /// by value with the matching OpenCL type: `int`, `uint`, `long`, `ulong`, `float`, `double`).
 ///
-/// *Guarded* kernels (preferred) declare three more trailing parameters, `const ulong range0,
-/// const ulong range1, const ulong range2` — the launch's true range — and return early for work
-/// items beyond it. For them the backend uses a fixed work-group size (64, 8×8 or 4×4×4, or
-/// `local` when given) and rounds the global size up, so an OpenCL compiler that specialises per
+/// *Guarded* kernels (every kernel of the library) declare three more trailing parameters, `const
+/// ulong range0, const ulong range1, const ulong range2`, and return early for work items at or
+/// beyond them. For them the backend uses a fixed work-group size (64, 8×8 or 4×4×4, or `local`
+/// when given) and rounds the global size up, so an OpenCL compiler that specialises per
 /// work-group size (PoCL does) compiles the kernel once. Kernels without the trailing parameters
 /// get the exact range as global size and a power-of-two work-group size that divides it.
+///
+/// *Row slices* (chunked launch): a slice `a..b` of dimension 0 is one command with global work
+/// offset `a` and global size `b - a` (rounded up for guarded kernels), and `range0 = b`, the
+/// slice's end, so the rounded-up work items of one slice never touch the next slice's rows.
+/// Kernels must therefore compute positions from `get_global_id` (which includes the offset),
+/// never from `get_group_id` alone, and use `range0` only as the guard, never as the problem size.
+///
+/// *Revocation*: after the guard parameters, every guarded kernel takes `__global const volatile
+/// uchar *revoke`, a one-byte flag, and returns at once when it reads it non-zero; each work-group
+/// polls it as it starts (kernels without barriers read it in every work item; kernels with
+/// barriers read it in one work item into local memory before a barrier, so the group returns
+/// together). When the launch is not revocable the flag is a shared, always-zero device buffer;
+/// when it is, the backend points it at the job's revocation flag in host memory (on devices that
+/// compute on host memory) or copies that flag in just before the kernel starts (elsewhere). A
+/// revoked launch leaves the outputs of work-groups that had not started unwritten.
 #[derive(Debug, Clone, Copy)]
 pub struct OpenClImpl {
     /// Program name, used as the cache key (e.g. `basic`).
@@ -80,8 +95,9 @@ pub struct OpenClImpl {
     /// Kernel function name in the program.
     pub entry: &'static str,
     /// Required local work size, when the kernel depends on one (e.g. tiled sgemm). Such a
-    /// kernel uses barriers, so it never returns early: work items outside the range take part
-    /// in the barriers and skip only their stores.
+    /// kernel uses barriers, so single work items never return early: work items outside the
+    /// range take part in the barriers and skip only their stores (a revoked work-group returns
+    /// as a whole).
     pub local: Option<[usize; 3]>,
 }
 
@@ -349,7 +365,8 @@ mod tests {
 
     /// Without an OpenCL compiler here, check the `.cl` sources against the signatures: every
     /// entry point exists, takes the declared parameters in order with matching types (read-only
-    /// buffers `const`) plus the three guard parameters, and uses no extension.
+    /// buffers `const`) plus the three guard parameters and the revocation flag, polls the flag,
+    /// ignores no global offset, and uses no extension.
     #[test]
     fn opencl_sources_match_the_signatures() {
         // OpenCL C built-in functions: a kernel with one of these names fails to be created (PoCL
@@ -396,7 +413,7 @@ mod tests {
             );
             let params = cl_params(imp.source, imp.entry)
                 .unwrap_or_else(|| panic!("{}: no `__kernel void {}(` in {}.cl", k.name, imp.entry, imp.program));
-            assert_eq!(params.len(), k.params.len() + 3, "{}: parameters {params:?}", k.name);
+            assert_eq!(params.len(), k.params.len() + 4, "{}: parameters {params:?}", k.name);
             for (p, cl) in k.params.iter().zip(&params) {
                 match p.kind {
                     ParamKind::Buffer { element, access } => {
@@ -420,8 +437,32 @@ mod tests {
                     }
                 }
             }
-            for (d, cl) in params[k.params.len()..].iter().enumerate() {
+            for (d, cl) in params[k.params.len()..k.params.len() + 3].iter().enumerate() {
                 assert_eq!(cl, &format!("const ulong range{d}"), "{}: guard parameter", k.name);
+            }
+            assert_eq!(
+                params[k.params.len() + 3],
+                "__global const volatile uchar *revoke",
+                "{}: revocation flag parameter",
+                k.name
+            );
+            // Chunked launch: positions come from get_global_id, which includes the slice's
+            // global work offset (get_group_id does not).
+            let code: String = imp.source.lines().map(|l| l.split("//").next().unwrap_or("")).collect();
+            assert!(
+                !code.contains("get_group_id"),
+                "{}.cl: get_group_id ignores a row slice's global offset",
+                imp.program
+            );
+            // Every kernel that does anything polls the flag.
+            if k.name != "noop" {
+                let body = &imp.source[imp.source.find(&format!("__kernel void {}(", imp.entry)).unwrap()..];
+                let body = &body[..body.find("\n}").unwrap_or(body.len())];
+                assert!(
+                    body.contains("*revoke"),
+                    "{}: the kernel polls its revocation flag",
+                    k.name
+                );
             }
         }
     }

@@ -14,7 +14,9 @@
 // partial[b*n_hid + j] = sum over inputs i in 1+b*BLOCK ..= min((b+1)*BLOCK, n_in) of x[i]*w[i][j+1].
 __kernel void layerforward(__global const float *x, __global const float *w, __global float *partial,
                            const int n_in, const int n_hid,
-                           const ulong range0, const ulong range1, const ulong range2) {
+                           const ulong range0, const ulong range1, const ulong range2,
+                           __global const volatile uchar *revoke) {
+    if (*revoke) return; // revoked: this work-group stops (see OpenClImpl in ../lib.rs)
     size_t b = get_global_id(0);
     size_t j = get_global_id(1);
     size_t blocks = ((size_t)n_in + BLOCK - 1) / BLOCK;
@@ -32,7 +34,9 @@ __kernel void layerforward(__global const float *x, __global const float *w, __g
 // squash: range n_hid. h[j+1] = 1 / (1 + exp(-(sum over blocks b of partial[b*n_hid + j] + w[0][j+1]))),
 // the part Rodinia's host does after the forward kernel.
 __kernel void squash(__global const float *partial, __global const float *w, __global float *h, const int n_in,
-                     const int n_hid, const ulong range0, const ulong range1, const ulong range2) {
+                     const int n_hid, const ulong range0, const ulong range1, const ulong range2,
+                     __global const volatile uchar *revoke) {
+    if (*revoke) return; // revoked: this work-group stops (see OpenClImpl in ../lib.rs)
     size_t j = get_global_id(0);
     if (j >= range0 || j >= (size_t)n_hid) return;
     size_t blocks = ((size_t)n_in + BLOCK - 1) / BLOCK;
@@ -48,7 +52,9 @@ __kernel void squash(__global const float *partial, __global const float *w, __g
 //     dw = eta * delta[k] * ly[i] + momentum * oldw[i][k];  w[i][k] += dw;  oldw[i][k] = dw.
 __kernel void adjust_weights(__global const float *delta, __global const float *ly, __global float *w,
                              __global float *oldw, const int n_in, const int n_hid, const float eta,
-                             const float momentum, const ulong range0, const ulong range1, const ulong range2) {
+                             const float momentum, const ulong range0, const ulong range1, const ulong range2,
+                             __global const volatile uchar *revoke) {
+    if (*revoke) return; // revoked: this work-group stops (see OpenClImpl in ../lib.rs)
     size_t i = get_global_id(0);
     size_t j = get_global_id(1);
     if (i >= range0 || j >= range1 || i > (size_t)n_in || j >= (size_t)n_hid) return;

@@ -3,7 +3,9 @@
 // columns, or beyond the launch range, return.
 
 __kernel void fan1(__global float *m, __global const float *a, const int size, const int t,
-                   const ulong range0, const ulong range1, const ulong range2) {
+                   const ulong range0, const ulong range1, const ulong range2,
+                   __global const volatile uchar *revoke) {
+    if (*revoke) return; // revoked: this work-group stops (see OpenClImpl in ../lib.rs)
     int i = get_global_id(0);
     if (i >= range0) return;
     if (i < size - 1 - t) {
@@ -12,7 +14,9 @@ __kernel void fan1(__global float *m, __global const float *a, const int size, c
 }
 
 __kernel void fan2(__global const float *m, __global float *a, __global float *b, const int size, const int t,
-                   const ulong range0, const ulong range1, const ulong range2) {
+                   const ulong range0, const ulong range1, const ulong range2,
+                   __global const volatile uchar *revoke) {
+    if (*revoke) return; // revoked: this work-group stops (see OpenClImpl in ../lib.rs)
     int x = get_global_id(0);
     int y = get_global_id(1);
     if (x >= range0 || y >= range1) return;

@@ -11,7 +11,9 @@
 __kernel void hotspot_step(__global const float *power, __global const float *src, __global float *dst,
                    const int rows, const int cols, const float step_div_cap, const float rx_1,
                    const float ry_1, const float rz_1, const float amb_temp,
-                   const ulong range0, const ulong range1, const ulong range2) {
+                   const ulong range0, const ulong range1, const ulong range2,
+                   __global const volatile uchar *revoke) {
+    if (*revoke) return; // revoked: this work-group stops (see OpenClImpl in ../lib.rs)
     size_t r = get_global_id(0);
     size_t c = get_global_id(1);
     if (r >= range0 || c >= range1 || r >= (size_t)rows || c >= (size_t)cols) return;

@@ -15,7 +15,9 @@
 
 __kernel void boxes(__global const float *rv, __global const float *qv, __global float *fv, const int boxes1d,
                     const int par_per_box, const float alpha,
-                    const ulong range0, const ulong range1, const ulong range2) {
+                    const ulong range0, const ulong range1, const ulong range2,
+                    __global const volatile uchar *revoke) {
+    if (*revoke) return; // revoked: this work-group stops (see OpenClImpl in ../lib.rs)
     size_t p = get_global_id(0);
     size_t nb = (size_t)boxes1d;
     if (p >= range0 || p >= nb * nb * nb * (size_t)par_per_box) return;

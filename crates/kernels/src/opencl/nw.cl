@@ -19,7 +19,9 @@ int wrap_sub(int a, int b) { return as_int(as_uint(a) - as_uint(b)); }
 
 __kernel void diagonal(__global int *score, __global const int *reference, const int n, const int penalty,
                        const int diag, const int block,
-                       const ulong range0, const ulong range1, const ulong range2) {
+                       const ulong range0, const ulong range1, const ulong range2,
+                       __global const volatile uchar *revoke) {
+    if (*revoke) return; // revoked: this work-group stops (see OpenClImpl in ../lib.rs)
     size_t x = get_global_id(0);
     if (x >= range0) return;
     int blocks = (n + block - 1) / block;

@@ -9,7 +9,9 @@
 // Range: cols. Guarded (see OpenClImpl in ../lib.rs).
 
 __kernel void row(__global const int *wall, __global const int *src, __global int *dst, const int cols,
-                  const int row, const ulong range0, const ulong range1, const ulong range2) {
+                  const int row, const ulong range0, const ulong range1, const ulong range2,
+                  __global const volatile uchar *revoke) {
+    if (*revoke) return; // revoked: this work-group stops (see OpenClImpl in ../lib.rs)
     size_t c = get_global_id(0);
     if (c >= range0 || c >= (size_t)cols) return;
     int best = src[c];

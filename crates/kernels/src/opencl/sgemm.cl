@@ -3,26 +3,36 @@
 //
 // Tiled: each 16 x 16 work-group computes one 16 x 16 tile of C, staging 16 x 16 tiles of A and B
 // in local memory. It REQUIRES the work-group size (16, 16, 1) (OpenClImpl::local). The
-// work-group (g0, g1) covers rows 16*g0.. and columns 16*g1..; inside it, work item (l0, l1)
-// computes C[16*g0 + l1][16*g1 + l0] so that neighbouring work items (l0 varies fastest) read
-// and write neighbouring addresses. Each element sums a[i][p]*b[p][j] for p = 0..k-1 in order,
+// work-group whose first work item has global id (r0, c0) covers rows r0.. and columns c0..;
+// inside it, work item (l0, l1) computes C[r0 + l1][c0 + l0] so that neighbouring work items (l0
+// varies fastest) read and write neighbouring addresses. The tile's origin comes from
+// get_global_id, not get_group_id, so a row slice launched with a global work offset (chunked
+// launch) computes its own rows; the origin need not be a multiple of 16. Each element sums a[i][p]*b[p][j] for p = 0..k-1 in order,
 // like the CPU implementation.
 //
-// Range (m, n), rounded up to whole tiles by the backend; work items outside the matrix load
-// zeros and take part in the barriers but store nothing. Guarded (see OpenClImpl in ../lib.rs).
+// Range (m, n), rounded up to whole tiles by the backend; work items outside the matrix (or beyond
+// range0, the end of a row slice) load zeros and take part in the barriers but store nothing.
+// Guarded (see OpenClImpl in ../lib.rs). Revocation is decided once per work-group (one work item
+// reads the flag into local memory before a barrier), so the whole group returns together and no
+// barrier is left waiting.
 
 #define TILE 16
 
 __attribute__((reqd_work_group_size(TILE, TILE, 1)))
 __kernel void sgemm(const int m, const int n, const int k, const float alpha, __global const float *a,
                     __global const float *b, const float beta, __global float *c,
-                    const ulong range0, const ulong range1, const ulong range2) {
+                    const ulong range0, const ulong range1, const ulong range2,
+                    __global const volatile uchar *revoke) {
     __local float a_tile[TILE][TILE + 1];
     __local float b_tile[TILE][TILE + 1];
+    __local uchar revoked;
     int l0 = get_local_id(0);
     int l1 = get_local_id(1);
-    int row = get_group_id(0) * TILE + l1;
-    int col = get_group_id(1) * TILE + l0;
+    if (l0 == 0 && l1 == 0) revoked = *revoke;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (revoked) return;
+    int row = (int)(get_global_id(0) - l0) + l1;
+    int col = (int)(get_global_id(1) - l1) + l0;
     float acc = 0.0f;
     for (int t = 0; t < k; t += TILE) {
         a_tile[l1][l0] = (row < m && t + l0 < k) ? a[(size_t)row * k + t + l0] : 0.0f;
