@@ -182,11 +182,14 @@ fn sim_is_deterministic_and_reports_the_trem_figures() {
         "wasted_fraction",
         "batch_median_slowdown",
         "batch_p99_slowdown",
+        "batch_median_slowdown_vs_alone",
+        "sla_attainable_fraction",
     ] {
         let v = r[field].as_f64().unwrap_or(-1.0);
         assert!(v >= 0.0, "{field}: {}", r[field]);
     }
-    assert!(r["sla_met_fraction"].as_f64().unwrap() <= 1.0);
+    let met = r["sla_met_fraction"].as_f64().unwrap();
+    assert!(met <= r["sla_attainable_fraction"].as_f64().unwrap() && met <= 1.0);
     let svg = dir.join("sweep.svg");
     let out = agora(
         &[
