@@ -251,13 +251,26 @@ fn a_latency_task_revokes_a_running_batch_kernel_which_is_replayed_exactly() {
 
 #[test]
 fn every_program_verifies_while_latency_tasks_keep_revoking_its_kernels() {
+    revoke_every_program(DeviceKind::Cpu);
+}
+
+#[test]
+fn every_program_verifies_on_opencl_while_latency_tasks_keep_revoking_its_kernels() {
+    // On a device with memory of its own the saved copies come from device memory and are
+    // written back by the replay's transfers.
+    revoke_every_program(DeviceKind::OpenCl);
+}
+
+fn revoke_every_program(kind: DeviceKind) {
     // Every launch is revocable (no slicing, no minimum length) and a second client issues a
     // latency task every few hundred microseconds, so kernels are revoked at arbitrary points;
     // the replays must restore read-write buffers exactly (gaussian, hotspot, nw, backprop and
     // saxpy-style kernels update in place).
-    let (daemon, session) = start("revoke-all", |c| {
+    let (daemon, session) = start(&format!("revoke-all-{}", kind.name()), |c| {
         c.cpu_lanes = 1;
         c.cpu_threads_per_lane = 2;
+        c.opencl = kind == DeviceKind::OpenCl;
+        c.opencl_lanes = 1;
         c.inline_max_ns = 0;
         c.preempt_target = Duration::ZERO;
         c.revoke_min = Duration::ZERO;
@@ -286,7 +299,7 @@ fn every_program_verifies_while_latency_tasks_keep_revoking_its_kernels() {
                 .queue_with(QueueOptions {
                     name: "pings".into(),
                     class: QueueClass::Latency,
-                    preferred_device: Some(DeviceKind::Cpu),
+                    preferred_device: Some(kind),
                     sla: Some(Duration::from_millis(1)),
                 })
                 .unwrap();
@@ -309,8 +322,8 @@ fn every_program_verifies_while_latency_tasks_keep_revoking_its_kernels() {
                 _ => 1 << 20,
             };
             let workload = agora_apps::build(program, size, None).unwrap();
-            let report = agora_apps::run_on_agora(&session, &workload, Some(DeviceKind::Cpu)).unwrap();
-            assert!(report.verified, "{program}: max error {}", report.max_error);
+            let report = agora_apps::run_on_agora(&session, &workload, Some(kind)).unwrap();
+            assert!(report.verified, "{program} on {kind:?}: max error {}", report.max_error);
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         assert!(pinger.join().unwrap() > 0);

@@ -32,6 +32,8 @@ pub(crate) struct Victim {
     pub started: Option<Instant>,
     /// Its predicted execution time, nanoseconds.
     pub predicted_ns: f64,
+    /// Times it was revoked already.
+    pub revocations: u32,
     /// What revoking it costs before the lane is free: the rest of the current block of rows
     /// (or work-group wave) plus restoring its read-write buffers, nanoseconds.
     pub cost_ns: f64,
@@ -273,6 +275,7 @@ impl Replay {
             flag: self.flag.clone(),
             started,
             predicted_ns: self.predicted_ns,
+            revocations: self.revocations.load(Ordering::Relaxed),
             cost_ns: self.cost_ns,
         }
     }
@@ -313,14 +316,16 @@ impl Replay {
                         // SAFETY: as in `save`; the stopped launch no longer writes.
                         unsafe { std::ptr::copy_nonoverlapping(saved.as_ptr(), b.host, b.len) }
                     }
-                    (Some(copy), saved) if saved.is_some() || b.loaded_from_host => transfers.push(Transfer::ToDevice {
-                        // The saved bytes live in `state` until the task completes; without them
-                        // the launch loaded this buffer from its host copy, which it did not
-                        // change.
-                        host: saved.as_ref().map_or(b.host as *const u8, |s| s.as_ptr()),
-                        len: b.len,
-                        to: copy.clone(),
-                    }),
+                    (Some(copy), saved) if saved.is_some() || b.loaded_from_host => {
+                        transfers.push(Transfer::ToDevice {
+                            // The saved bytes live in `state` until the task completes; without them
+                            // the launch loaded this buffer from its host copy, which it did not
+                            // change.
+                            host: saved.as_ref().map_or(b.host as *const u8, |s| s.as_ptr()),
+                            len: b.len,
+                            to: copy.clone(),
+                        })
+                    }
                     _ => {}
                 }
             }

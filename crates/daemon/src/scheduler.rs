@@ -886,22 +886,24 @@ impl Scheduler {
         if victim.flag.load(Ordering::Relaxed) {
             return;
         }
-        let mut earliest_free = f64::MAX;
         let mut latency_running = 0;
         for (d, device) in self.devices.iter().enumerate() {
             for l in 0..device.info().lanes {
-                earliest_free = earliest_free.min(self.lane_pending[d][l].load(Ordering::Relaxed) as f64);
                 latency_running += usize::from(self.lane_urgent[d][l].load(Ordering::Relaxed) > 0);
             }
         }
+        // The task is committed to this lane now (placement already weighed the other lanes):
+        // without a revocation it starts after the latency work queued here and the victim.
         let urgent_here = self.lane_urgent[device][lane].load(Ordering::Relaxed) as f64;
         let context = RevokeContext {
-            // This task is already counted in no lane (it is being handed out now).
             latency_running,
             reserved: self.reserved_lanes().max(1),
             victim_remaining_s: victim.remaining_ns() / 1e9,
+            victim_elapsed_s: victim.started.map_or(0.0, |t| t.elapsed().as_secs_f64()),
+            victim_revocations: victim.revocations,
+            sla_s: sla_ns / 1e9,
             revoke_cost_s: victim.cost_ns / 1e9,
-            earliest_free_s: earliest_free / 1e9,
+            earliest_free_s: (urgent_here + victim.remaining_ns()) / 1e9,
             slack_s: (sla_ns - estimated_ns - urgent_here).max(0.0) / 1e9,
         };
         if latency::should_revoke(self.latency_policy, &context) {

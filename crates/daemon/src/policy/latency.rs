@@ -3,8 +3,11 @@
 //! batch task is worth it.
 //!
 //! These are pure functions over counts and times, so the daemon and the discrete-event
-//! simulator (`agora sim`) run the same decisions. Today the simulator applies all of them; the
-//! daemon applies latency-first lane order and chunked launch, and does not revoke yet.
+//! simulator (`agora sim`) run the same decisions. The simulator applies all of them. The daemon
+//! (`scheduler.rs`) applies `reserved_devices` over lanes and `should_revoke` when it hands a
+//! latency task to a lane whose revocable batch launch would delay it; it evaluates them at each
+//! placement rather than on timers, and does not yet use `first_predicted_miss` (tasks waiting in
+//! a lane's queue are summed) or `reserved_for_arrivals`.
 //!
 //! What the caller keeps and passes in (state the scheduler observes): `l`, a running mean of
 //! latency tasks' execution times (TReM's `l_e`); the recent rate of arriving latency work; per
