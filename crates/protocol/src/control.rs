@@ -59,6 +59,15 @@ pub enum Request {
     Status,
     /// Write the task trace to the daemon's trace file now (`agora serve --trace FILE`).
     SaveTrace,
+    /// Admin: mark a device draining (`drain: true`) or usable again (`false`). A draining device
+    /// gets no new placements; queues bound to it migrate once their in-flight tasks finish, and
+    /// its buffers' valid copies move on demand. Only root or the daemon's own user may ask.
+    Drain {
+        /// Device name, as `agora devices` lists it.
+        device: String,
+        /// Drain (true) or undrain (false).
+        drain: bool,
+    },
 }
 
 /// A reply from the daemon.
@@ -106,6 +115,15 @@ pub enum Response {
         path: String,
         /// Spans written.
         spans: u64,
+    },
+    /// A device's drain state changed (reply to [`Request::Drain`]).
+    Drained {
+        /// The device.
+        device: String,
+        /// Whether it is draining now.
+        draining: bool,
+        /// Queues bound to it with tasks in flight (they migrate when those finish).
+        queues_bound: u64,
     },
     /// The request failed.
     Error(ControlError),
@@ -199,6 +217,10 @@ pub struct DeviceStatus {
     pub threads_per_lane: u32,
     /// Lanes.
     pub lanes: Vec<LaneStatus>,
+    /// Draining: no new placements; its queues migrate (`agora drain`, or after a failure).
+    pub draining: bool,
+    /// The device failed (its jobs fail with `DeviceLost`); it stays drained.
+    pub failed: bool,
 }
 
 /// State of one queue.
@@ -280,6 +302,13 @@ pub struct StatusReport {
     pub tasks_failed: u64,
     /// Buffers evicted from device memory to host memory since start.
     pub evictions: u64,
+    /// Queues moved to another device since start (drain, failure, or a kernel the bound
+    /// device lacks).
+    pub migrations: u64,
+    /// Tasks a failed device lost that were replayed on another device.
+    pub tasks_replayed: u64,
+    /// Tasks a failed device lost that could not be replayed (their inputs were gone).
+    pub tasks_lost: u64,
 }
 
 /// Encodes a message into a frame (length prefix included).

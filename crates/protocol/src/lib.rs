@@ -27,4 +27,5 @@ pub use descriptor::{ArgTag, Op, RawArg, TaskDescriptor, MAX_ARGS};
 pub use signature::{Access, KernelSignature, ParamKind, ParamSpec, ScalarType};
 
 /// Version of the wire protocol; the hello exchange rejects a mismatch.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// 2: `Request::Drain`, `TaskError::DeviceLost`/`DataLost`, drain/failure fields in the status.
+pub const PROTOCOL_VERSION: u32 = 2;
