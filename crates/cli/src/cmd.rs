@@ -181,11 +181,16 @@ pub fn status(socket: Option<PathBuf>, args: StatusArgs) -> Result<()> {
     );
     for d in &report.devices {
         println!(
-            "device {} ({}) · {} lanes × {} threads",
+            "device {} ({}) · {} lanes × {} threads{}",
             d.name,
             d.kind,
             d.lanes.len(),
-            d.threads_per_lane
+            d.threads_per_lane,
+            match (d.failed, d.draining) {
+                (true, _) => " · FAILED (drained)",
+                (false, true) => " · draining",
+                _ => "",
+            }
         );
         for (i, l) in d.lanes.iter().enumerate() {
             println!(
@@ -237,6 +242,34 @@ pub fn status(socket: Option<PathBuf>, args: StatusArgs) -> Result<()> {
     }
     if report.evictions > 0 {
         println!("buffers evicted from device memory since start: {}", report.evictions);
+    }
+    if report.migrations > 0 || report.tasks_replayed > 0 || report.tasks_lost > 0 {
+        println!(
+            "queue migrations since start: {} · tasks replayed after a device failure: {}, lost: {}",
+            report.migrations, report.tasks_replayed, report.tasks_lost
+        );
+    }
+    Ok(())
+}
+
+/// `agora drain` / `agora undrain` options.
+#[derive(Args, Debug)]
+pub struct DrainArgs {
+    /// Device name, as `agora devices` lists it (e.g. `opencl0`, `sim0`).
+    device: String,
+}
+
+pub fn drain(socket: Option<PathBuf>, args: DrainArgs, on: bool) -> Result<()> {
+    let verb = if on { "drain" } else { "undrain" };
+    let outcome = agora::drain_device(socket, &args.device, on)
+        .with_context(|| format!("could not {verb} device '{}'", args.device))?;
+    if outcome.draining {
+        println!(
+            "device {} is draining: no new placements; {} busy queue(s) bound to it migrate when their in-flight tasks finish",
+            args.device, outcome.queues_bound
+        );
+    } else {
+        println!("device {} takes new work again", args.device);
     }
     Ok(())
 }
