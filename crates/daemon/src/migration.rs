@@ -408,14 +408,22 @@ impl Scheduler {
                     .post(&[Completion::failed(lost.task_id, TaskError::DeviceLost)]);
                 continue;
             }
-            // The transfers and writes planned for it never happened.
+            // The transfers and writes planned for it never happened. On a device that still
+            // works (the job failed reading from a dead one), later row slices of a chunked launch
+            // may have run and written part of its outputs: trust no written copy there.
+            let alive = self.devices[lost.replay.device].healthy();
+            let mut replay = lost.replay;
             for (slot, entry) in lost.named.slots().iter().enumerate() {
-                if let Some((record, _, _)) = entry {
+                if let Some((record, access, _)) = entry {
                     let bit = 1 << slot;
+                    if alive && access.writes() {
+                        replay.host_inputs &= !bit;
+                        replay.device_inputs &= !bit;
+                    }
                     record.placement().job_lost(
-                        lost.replay.device,
-                        lost.replay.host_inputs & bit != 0,
-                        lost.replay.device_inputs & bit != 0,
+                        replay.device,
+                        replay.host_inputs & bit != 0,
+                        replay.device_inputs & bit != 0,
                     );
                 }
             }
@@ -435,7 +443,7 @@ impl Scheduler {
                 Held {
                     task_id: lost.task_id,
                     ready,
-                    replay: Some(lost.replay),
+                    replay: Some(replay),
                 },
             );
             list.replays += 1;

@@ -349,7 +349,7 @@ mod tests {
             }
             flag.store(true, std::sync::atomic::Ordering::Release);
             assert_eq!(rx.recv().unwrap(), Err(TaskError::Cancelled));
-            assert!(y.iter().any(|v| *v == 2.0), "rows after the revocation stay unwritten");
+            assert!(y.contains(&2.0), "rows after the revocation stay unwritten");
             dev.shutdown();
         }
     }
