@@ -123,10 +123,10 @@ struct Ctx<'a> {
 fn only(socket: &Path, all: &[String], usable: &[&str]) -> Result<()> {
     // Undrain first, so there is always somewhere to go.
     for name in all.iter().filter(|n| usable.contains(&n.as_str())) {
-        agora::drain_device(Some(socket.to_path_buf()), name, false)?;
+        agora::drain_device(Some(socket.to_path_buf()), name, false, false)?;
     }
     for name in all.iter().filter(|n| !usable.contains(&n.as_str())) {
-        agora::drain_device(Some(socket.to_path_buf()), name, true)?;
+        agora::drain_device(Some(socket.to_path_buf()), name, true, false)?;
     }
     Ok(())
 }

@@ -257,17 +257,28 @@ pub fn status(socket: Option<PathBuf>, args: StatusArgs) -> Result<()> {
 pub struct DrainArgs {
     /// Device name, as `agora devices` lists it (e.g. `opencl0`, `sim0`).
     device: String,
+    /// (drain) Also write the device's idle buffers back to host memory and free them there now,
+    /// before removing the device; buffers in use move when their tasks need them.
+    #[arg(long)]
+    evacuate: bool,
 }
 
 pub fn drain(socket: Option<PathBuf>, args: DrainArgs, on: bool) -> Result<()> {
     let verb = if on { "drain" } else { "undrain" };
-    let outcome = agora::drain_device(socket, &args.device, on)
+    let outcome = agora::drain_device(socket, &args.device, on, args.evacuate && on)
         .with_context(|| format!("could not {verb} device '{}'", args.device))?;
     if outcome.draining {
         println!(
             "device {} is draining: no new placements; {} busy queue(s) bound to it migrate when their in-flight tasks finish",
             args.device, outcome.queues_bound
         );
+        if args.evacuate {
+            println!(
+                "evacuated {} buffer(s), {:.1} MiB of device memory, to host memory",
+                outcome.evacuated_buffers,
+                outcome.evacuated_bytes as f64 / (1 << 20) as f64
+            );
+        }
     } else {
         println!("device {} takes new work again", args.device);
     }

@@ -87,6 +87,10 @@ fn drain_and_undrain_from_the_command_line_show_in_status() {
     assert!(out.contains("takes new work again"), "{out}");
     let (_, status, _) = daemon.agora(&["status"]);
     assert!(!status.contains("draining"), "{status}");
+    let (ok, out, err) = daemon.agora(&["drain", "sim0", "--evacuate"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("evacuated 0 buffer(s)"), "{out}");
+    assert!(daemon.agora(&["undrain", "sim0"]).0);
     // A name the daemon does not have: a clear error listing the ones it has.
     let (ok, _, err) = daemon.agora(&["drain", "gpu7"]);
     assert!(!ok);

@@ -3,7 +3,8 @@
 //! its pending tasks use move; drain and undrain; a busy queue whose next kernel its device lacks
 //! moves instead of failing; a `sim` device that fails (injected fault) loses no task whose
 //! inputs survive, reports `DataLost` for the ones whose inputs did not, and the daemon keeps
-//! serving on the other devices.
+//! serving on the other devices. PoCL's OpenCL device is one end of a move (the test fails
+//! without it, as the other device tests do).
 
 use agora::{Arg, DeviceKind, QueueOptions, Session, TaskError};
 use agora_daemon::{DaemonConfig, SimDeviceConfig, SimKernelProfile};
@@ -44,7 +45,7 @@ fn sim_queue(session: &Session, name: &str) -> agora::Queue {
 }
 
 fn drain(daemon: &agora_daemon::DaemonHandle, device: &str, on: bool) -> agora::DrainOutcome {
-    agora::drain_device(Some(daemon.socket().to_path_buf()), device, on).unwrap()
+    agora::drain_device(Some(daemon.socket().to_path_buf()), device, on, false).unwrap()
 }
 
 fn queue_status(session: &Session, name: &str) -> agora_protocol::control::QueueStatus {
@@ -109,7 +110,7 @@ fn a_queue_moved_mid_stream_keeps_exact_results_and_issue_order() {
             // The daemon may answer this control request before it took the tasks off the ring.
             let mut status = queue_status(&session, "chain");
             for _ in 0..2000 {
-                if status.bound_to.is_some() {
+                if status.in_flight >= 20 {
                     break;
                 }
                 std::thread::sleep(std::time::Duration::from_millis(1));
@@ -140,6 +141,64 @@ fn a_queue_moved_mid_stream_keeps_exact_results_and_issue_order() {
     assert!(status.migrations >= 1, "{status:?}");
     assert_eq!(queue_status(&session, "chain").last_device.as_deref(), Some("b"));
     assert!(status.devices.iter().any(|d| d.name == "a" && d.draining));
+    drop(session);
+    daemon.stop().unwrap();
+}
+
+#[test]
+fn a_queue_moved_off_opencl_mid_stream_keeps_exact_results() {
+    let (daemon, session) = start("opencl", |c| {
+        c.sims.push(slow_sim("a", 20_000.0));
+    });
+    common::require_opencl(&session);
+    let q = session
+        .queue_with(QueueOptions {
+            name: "chain".into(),
+            preferred_device: Some(DeviceKind::OpenCl),
+            ..Default::default()
+        })
+        .unwrap();
+    // Only PoCL and then only the sim device: the move is device memory → host → device memory.
+    drain(&daemon, "a", true);
+    drain(&daemon, "cpu0", true);
+    let n = 1 << 16;
+    let init: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
+    let bufs = [
+        session.buffer_from(&init).unwrap(),
+        session.buffer_from(&vec![0f32; n]).unwrap(),
+    ];
+    let scratch = session.buffer(n as u64 * 4).unwrap();
+    let scale = session.kernel("stream.scale").unwrap();
+    let fill = session.kernel("fill").unwrap();
+    let saxpy = session.kernel("saxpy").unwrap();
+    let iterations = 60;
+    let mut tasks = Vec::new();
+    let mut saw_opencl = false;
+    for it in 0..iterations {
+        let (from, to) = (&bufs[it % 2], &bufs[(it + 1) % 2]);
+        tasks.push(q.launch(&scale, &[Arg::F32(0.5), from.into(), to.into()], n).unwrap());
+        tasks.push(q.launch(&fill, &[Arg::F32(it as f32), (&scratch).into()], n).unwrap());
+        tasks.push(
+            q.launch(&saxpy, &[Arg::F32(1.0), (&scratch).into(), to.into()], n)
+                .unwrap(),
+        );
+        if it == iterations / 2 {
+            saw_opencl = (0..2000).any(|_| {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                queue_status(&session, "chain").last_device.as_deref() == Some("opencl0")
+            });
+            drain(&daemon, "a", false);
+            drain(&daemon, "opencl0", true);
+        }
+    }
+    assert!(saw_opencl, "the chain must start on PoCL");
+    for task in tasks {
+        task.wait().unwrap();
+    }
+    let last = &bufs[iterations % 2];
+    q.sync_from(last).unwrap().wait().unwrap();
+    assert_eq!(last.as_slice::<f32>(), &expected_chain(n, iterations)[..]);
+    assert_eq!(queue_status(&session, "chain").last_device.as_deref(), Some("a"));
     drop(session);
     daemon.stop().unwrap();
 }
@@ -194,12 +253,43 @@ fn only_the_buffers_a_moved_queue_uses_move() {
 }
 
 #[test]
+fn drain_with_evacuate_writes_idle_buffers_home_and_frees_the_device() {
+    let (daemon, session) = start("evacuate", |c| {
+        c.sims.push(slow_sim("a", 20_000.0));
+    });
+    let q = sim_queue(&session, "q");
+    let fill = session.kernel("fill").unwrap();
+    let mib = 1usize << 20;
+    let z = session.buffer(4 * mib as u64).unwrap();
+    q.launch(&fill, &[Arg::F32(7.0), (&z).into()], mib).unwrap();
+    q.finish().unwrap();
+    let device = |s: &Session| s.status().unwrap().devices.into_iter().find(|d| d.name == "a").unwrap();
+    assert_eq!(device(&session).memory_used, 4 * mib as u64);
+    let socket = Some(daemon.socket().to_path_buf());
+    let err = agora::drain_device(socket.clone(), "a", false, true).unwrap_err();
+    assert!(err.to_string().contains("evacuate goes with drain"), "{err}");
+    let outcome = agora::drain_device(socket, "a", true, true).unwrap();
+    assert_eq!(
+        (outcome.evacuated_buffers, outcome.evacuated_bytes),
+        (1, 4 * mib as u64)
+    );
+    assert_eq!(device(&session).memory_used, 0);
+    // Its contents are home: reading them moves nothing more.
+    let before = bytes(&session);
+    q.sync_from(&z).unwrap().wait().unwrap();
+    assert_eq!(bytes(&session), before);
+    assert!(z.as_slice::<f32>().iter().all(|v| *v == 7.0));
+    drop(session);
+    daemon.stop().unwrap();
+}
+
+#[test]
 fn drain_and_undrain_steer_the_policy_and_bad_names_are_refused() {
     let (daemon, session) = start("undrain", |c| {
         c.sims.push(slow_sim("a", 20_000.0));
         c.sims.push(slow_sim("b", 20_000.0));
     });
-    let err = agora::drain_device(Some(daemon.socket().to_path_buf()), "nosuch", true).unwrap_err();
+    let err = agora::drain_device(Some(daemon.socket().to_path_buf()), "nosuch", true, false).unwrap_err();
     let message = err.to_string();
     assert!(
         message.contains("unknown device 'nosuch'") && message.contains("a, b"),
@@ -318,7 +408,7 @@ fn a_failed_sim_device_replays_tasks_whose_inputs_survive_and_serving_goes_on() 
     assert!(status.tasks_replayed >= 1, "{status:?}");
     assert_eq!(status.tasks_lost, 0);
     // Undraining a failed device is refused with a reason.
-    let err = agora::drain_device(Some(daemon.socket().to_path_buf()), "a", false).unwrap_err();
+    let err = agora::drain_device(Some(daemon.socket().to_path_buf()), "a", false, false).unwrap_err();
     assert!(err.to_string().contains("failed"), "{err}");
     // Other queues were never affected.
     let y = session.buffer_from(&vec![1f32; n]).unwrap();

@@ -20,7 +20,8 @@
 //!
 //! Draining a device (`Request::Drain`, `agora drain`) just marks it: no policy picks it again,
 //! and its queues migrate by the protocol as their next tasks arrive. Its buffers stay readable
-//! there and move on demand.
+//! there and move on demand; with `evacuate` (`agora drain --evacuate`, before removing the
+//! device) the idle ones are written back to host memory and freed there at once.
 //!
 //! A **failed** device (its backend's `Device::healthy` turned false; its jobs fail with
 //! `TaskError::DeviceLost`) is drained for good, and its copies are forgotten
@@ -477,6 +478,14 @@ impl Scheduler {
         }
         self.migration.draining[device] = drain;
         Ok(())
+    }
+
+    /// Writes `device`'s idle buffers back to host memory and frees them there (drain with
+    /// evacuation). Returns (buffers, bytes).
+    pub(crate) fn evacuate(&mut self, device: usize) -> (u64, u64) {
+        let (buffers, bytes) = self.residency.evacuate(&self.devices, device);
+        tracing::info!(device = %self.devices[device].info().name, buffers, bytes, "evacuated");
+        (buffers, bytes)
     }
 
     /// Ingest hook: dispatches, in order, the held tasks of this session's queues that have

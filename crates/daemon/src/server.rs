@@ -437,8 +437,13 @@ impl Server {
         if let Request::Status = request {
             return Some(Response::Status(Box::new(self.status())));
         }
-        if let Request::Drain { device, drain } = &request {
-            return Some(self.drain(id, device, *drain));
+        if let Request::Drain {
+            device,
+            drain,
+            evacuate,
+        } = &request
+        {
+            return Some(self.drain(id, device, *drain, *evacuate));
         }
         if let Request::SaveTrace = request {
             return Some(match &self.telemetry.trace {
@@ -648,7 +653,7 @@ impl Server {
     }
 
     /// `Request::Drain`: admin only (root or the daemon's own user).
-    fn drain(&mut self, id: u64, device: &str, drain: bool) -> Response {
+    fn drain(&mut self, id: u64, device: &str, drain: bool, evacuate: bool) -> Response {
         let credentials = match self.conns.get(&id) {
             Some(Conn::Pending { credentials, .. } | Conn::Observer { credentials, .. }) => *credentials,
             Some(Conn::Session(s)) => s.credentials,
@@ -668,9 +673,19 @@ impl Server {
                 names.join(", ")
             )));
         };
+        if evacuate && !drain {
+            return Response::Error(ControlError::BadRequest(
+                "evacuate goes with drain: a device that takes new work would fill up again".into(),
+            ));
+        }
         if let Err(e) = self.scheduler.set_draining(index, drain) {
             return Response::Error(ControlError::BadRequest(e));
         }
+        let (evacuated_buffers, evacuated_bytes) = if evacuate && !self.scheduler.migration.is_failed(index) {
+            self.scheduler.evacuate(index)
+        } else {
+            (0, 0)
+        };
         // Queues busy there now: each moves when its next task arrives and these are done.
         let queues_bound = self
             .conns
@@ -688,6 +703,8 @@ impl Server {
             device: device.to_string(),
             draining: drain,
             queues_bound,
+            evacuated_buffers,
+            evacuated_bytes,
         }
     }
 

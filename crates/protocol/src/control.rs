@@ -67,6 +67,10 @@ pub enum Request {
         device: String,
         /// Drain (true) or undrain (false).
         drain: bool,
+        /// With `drain`: also write every idle buffer's only valid copy on the device back to
+        /// host memory and free its device memory now, so the device can be removed. Runs on
+        /// the dispatcher (other clients wait meanwhile); buffers in use move on demand.
+        evacuate: bool,
     },
 }
 
@@ -124,6 +128,11 @@ pub enum Response {
         draining: bool,
         /// Queues bound to it with tasks in flight (they migrate when those finish).
         queues_bound: u64,
+        /// Buffers whose device copy was dropped by `evacuate` (written back first when it was
+        /// the only valid copy).
+        evacuated_buffers: u64,
+        /// Bytes of device memory those held.
+        evacuated_bytes: u64,
     },
     /// The request failed.
     Error(ControlError),

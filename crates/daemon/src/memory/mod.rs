@@ -340,6 +340,38 @@ impl Residency {
         }
     }
 
+    /// Drops every idle buffer's copy on `device` (drain with evacuation), reading a copy that
+    /// is the only valid one back into host memory first. Buffers in use are left (they move on
+    /// demand). Returns (buffers, bytes) freed on the device.
+    pub(crate) fn evacuate(&mut self, devices: &[Arc<dyn Device>], device: usize) -> (u64, u64) {
+        self.buffers.retain(|w| w.strong_count() > 0);
+        let (mut count, mut bytes) = (0, 0);
+        for record in self.buffers.iter().filter_map(Weak::upgrade) {
+            if record.in_use.load(Ordering::Acquire) != 0 {
+                continue;
+            }
+            // Holding the owner keeps its segment mapped while the copy is read back.
+            let Some(owner) = record.owner.upgrade() else { continue };
+            let Some(host) = owner.host_range(record.offset, record.len) else {
+                continue;
+            };
+            match record
+                .placement()
+                .evict(devices, device, host, record.len, &record.usage)
+            {
+                Ok(true) => {
+                    count += 1;
+                    bytes += record.len;
+                }
+                Ok(false) => {}
+                Err(error) => {
+                    tracing::warn!(device = %devices[device].info().name, %error, "could not evacuate a buffer; it stays");
+                }
+            }
+        }
+        (count, bytes)
+    }
+
     /// Forgets every copy on `device`, which failed. Returns (buffers that had a copy there,
     /// buffers whose only valid copy it was and that are now lost).
     pub(crate) fn forget_device(&mut self, device: usize) -> (u64, u64) {
