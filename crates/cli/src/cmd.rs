@@ -233,6 +233,7 @@ pub fn status(socket: Option<PathBuf>, args: StatusArgs) -> Result<()> {
                 q.in_flight,
                 q.preferred.as_deref().unwrap_or("any"),
                 match (&q.bound_to, &q.last_device) {
+                    (Some(bound), _) if q.moving => format!("bound to {bound}, moving (new tasks wait)"),
                     (Some(bound), _) => format!("bound to {bound}"),
                     (None, Some(last)) => format!("last ran on {last}"),
                     (None, None) => "not run yet".to_string(),

@@ -78,7 +78,7 @@ fn expected_chain(n: usize, iterations: usize) -> Vec<f32> {
 #[test]
 fn a_queue_moved_mid_stream_keeps_exact_results_and_issue_order() {
     let (daemon, session) = start("midstream", |c| {
-        c.sims.push(slow_sim("a", 300_000.0));
+        c.sims.push(slow_sim("a", 1_000_000.0));
         c.sims.push(slow_sim("b", 20_000.0));
     });
     // Start on `a`: keep `b` out of the policy's reach until the move.
@@ -131,6 +131,13 @@ fn a_queue_moved_mid_stream_keeps_exact_results_and_issue_order() {
         drained_with_in_flight >= 20,
         "the move must happen with many tasks in flight, had {drained_with_in_flight}"
     );
+    // Its newer tasks wait while the ones in flight on `a` (20 ms of them at least) finish.
+    let moving = (0..200).any(|_| {
+        let moving = queue_status(&session, "chain").moving;
+        std::thread::sleep(std::time::Duration::from_micros(100));
+        moving
+    });
+    assert!(moving, "the queue must show as moving while its tasks drain from a");
     for task in tasks {
         task.wait().unwrap();
     }

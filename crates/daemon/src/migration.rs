@@ -116,6 +116,14 @@ pub(crate) struct Inbox {
     wake: Mutex<Option<Arc<Doorbell>>>,
 }
 
+impl Inbox {
+    fn wake(&self) {
+        if let Some(wake) = &*self.wake.lock().unwrap_or_else(|e| e.into_inner()) {
+            wake.ring();
+        }
+    }
+}
+
 /// Migration state; owned by the scheduler, used only on the dispatcher thread (except the
 /// inbox, which lane threads fill).
 pub(crate) struct Migration {
@@ -188,6 +196,7 @@ impl Migration {
             Some(i) => &mut lists[i],
             None => {
                 self.stats.migrations += 1;
+                queue.moving.store(true, Ordering::Release);
                 lists.push(HeldQueue {
                     queue: queue.clone(),
                     tasks: VecDeque::new(),
@@ -202,7 +211,8 @@ impl Migration {
 /// What a job's done callback needs to send its task back when the device lost it.
 pub(super) struct Ticket {
     inbox: Arc<Inbox>,
-    action: Action,
+    /// Taken when the task is sent back.
+    action: Option<Action>,
     estimated_ns: f64,
     items: u64,
     replay: Replay,
@@ -235,7 +245,7 @@ impl Ticket {
         let replays = migration.replaying.take().map_or(0, |r| r.replays + 1);
         Ticket {
             inbox: migration.inbox.clone(),
-            action: action.clone(),
+            action: Some(action.clone()),
             estimated_ns,
             items,
             replay: Replay {
@@ -251,7 +261,7 @@ impl Ticket {
     /// replayed), sends it back to the dispatcher and returns `None`: the callback must then not
     /// complete it nor release its in-flight count. Otherwise hands `named` back.
     pub(super) fn divert(
-        self,
+        &mut self,
         result: &Result<(), TaskError>,
         shared: &Arc<SessionShared>,
         queue: &Arc<QueueState>,
@@ -264,22 +274,31 @@ impl Ticket {
         {
             return Some(named);
         }
+        let Some(action) = self.action.take() else {
+            return Some(named);
+        };
         let inbox = self.inbox.clone();
         inbox.lost.lock().unwrap_or_else(|e| e.into_inner()).push(Lost {
             shared: shared.clone(),
             queue: queue.clone(),
             task_id,
-            action: self.action,
+            action,
             named,
             estimated_ns: self.estimated_ns,
             items: self.items,
             replay: self.replay,
         });
         inbox.pending.store(true, Ordering::Release);
-        if let Some(wake) = &*inbox.wake.lock().unwrap_or_else(|e| e.into_inner()) {
-            wake.ring();
-        }
+        inbox.wake();
         None
+    }
+
+    /// Called by the done callback after the queue's in-flight count dropped (`drained`: to
+    /// zero): a queue being moved can be released now, so the dispatcher should look.
+    pub(super) fn queue_drained(&self, queue: &QueueState, drained: bool) {
+        if drained && queue.moving.load(Ordering::Acquire) {
+            self.inbox.wake();
+        }
     }
 }
 
@@ -365,7 +384,7 @@ impl Scheduler {
         session: &Session,
         task_id: u64,
         queue: &Arc<QueueState>,
-        ticket: Ticket,
+        mut ticket: Ticket,
         named: NamedBuffers,
     ) -> Result<(), TaskError> {
         // Counted in flight as if it had reached a lane: taking it back releases the count.
@@ -497,6 +516,7 @@ impl Scheduler {
         let mut free = Vec::new();
         lists.retain_mut(|list| {
             if list.queue.in_flight.load(Ordering::Acquire) == 0 {
+                list.queue.moving.store(false, Ordering::Release);
                 free.push(std::mem::take(&mut list.tasks));
                 false
             } else {

@@ -564,7 +564,7 @@ impl Scheduler {
         }
         let mut transfers: Vec<Transfer> = Vec::new();
         // Taken before planning: what a replay needs if the device loses the task.
-        let ticket = migration::Ticket::new(
+        let mut ticket = migration::Ticket::new(
             &mut self.migration,
             device,
             &ready.action,
@@ -709,9 +709,11 @@ impl Scheduler {
             shared.post(&[completion]);
             // Post first, then unbind: the dispatcher may run this queue's next task inline
             // as soon as it sees zero, and that completion must come after ours.
-            queue.in_flight.fetch_sub(1, Ordering::AcqRel);
+            let drained = queue.in_flight.fetch_sub(1, Ordering::AcqRel) == 1;
             shared.in_flight.fetch_sub(1, Ordering::Relaxed);
             drop(shared);
+            // A queue being moved may go on now: wake the dispatcher to release its held tasks.
+            ticket.queue_drained(&queue, drained);
         });
         let cancelled = Some(session.shared.cancelled.clone());
         if slices <= 1 {

@@ -530,6 +530,7 @@ impl Server {
                         in_flight: Default::default(),
                         // Never bound yet (u32::MAX) until its first task goes to a lane.
                         binding: AtomicU32::new(u32::MAX),
+                        moving: Default::default(),
                     });
                     match session.queues.insert(queue) {
                         Some(handle) => Response::Queue { handle },

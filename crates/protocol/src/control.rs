@@ -247,6 +247,8 @@ pub struct QueueStatus {
     pub preferred: Option<String>,
     /// The device its last task handed to a lane ran on (what the policy chose).
     pub last_device: Option<String>,
+    /// Being moved to another device (live migration): new tasks wait for the in-flight ones.
+    pub moving: bool,
 }
 
 /// State of one session.
