@@ -466,3 +466,57 @@ fn data_whose_only_copy_a_failed_device_held_is_reported_lost_until_rewritten() 
     drop(session);
     daemon.stop().unwrap();
 }
+
+#[test]
+fn a_task_elsewhere_reading_from_the_failed_device_fails_in_order_naming_the_buffer() {
+    let (daemon, session) = start("fail-source", |c| {
+        let mut sim = slow_sim("a", 20_000.0);
+        sim.fail_after_jobs = Some(2);
+        c.sims.push(sim);
+    });
+    let on_a = sim_queue(&session, "on-a");
+    let on_cpu = session
+        .queue_with(QueueOptions {
+            name: "on-cpu".into(),
+            preferred_device: Some(DeviceKind::Cpu),
+            ..Default::default()
+        })
+        .unwrap();
+    let fill = session.kernel("fill").unwrap();
+    let saxpy = session.kernel("saxpy").unwrap();
+    let n = 1024usize;
+    let y = session.buffer(n as u64 * 4).unwrap();
+    on_a.launch(&fill, &[Arg::F32(3.0), (&y).into()], n).unwrap(); // job 1: y lives only on a
+    on_a.finish().unwrap();
+    // A long task on the CPU, then one that reads y from a, queued behind it on the same lane.
+    let big = 1usize << 23;
+    let bx = session.buffer_from(&vec![1f32; big]).unwrap();
+    let by = session.buffer_from(&vec![0f32; big]).unwrap();
+    let out = session.buffer_from(&vec![0f32; n]).unwrap();
+    let long = on_cpu
+        .launch(&saxpy, &[Arg::F32(1.0), (&bx).into(), (&by).into()], big)
+        .unwrap();
+    let read = on_cpu
+        .launch(&saxpy, &[Arg::F32(1.0), (&y).into(), (&out).into()], n)
+        .unwrap();
+    let after = on_cpu.launch(&fill, &[Arg::F32(5.0), (&out).into()], n).unwrap();
+    // Meanwhile a dies (its third job fails), before the CPU lane reaches the read.
+    on_a.launch(&fill, &[Arg::F32(1.0), (&out).into()], n).unwrap(); // job 2
+    let dies = on_a.launch(&fill, &[Arg::F32(1.0), (&out).into()], n).unwrap(); // job 3: fails
+    long.wait().unwrap();
+    let e = read.wait().unwrap_err();
+    assert_eq!(e.task_error(), Some(&TaskError::DataLost { index: 1 }), "{e}");
+    after.wait().unwrap();
+    let _ = dies.wait();
+    // y's contents died with a: reading it says so.
+    let e = on_cpu.sync_from(&y).unwrap().wait().unwrap_err();
+    assert_eq!(e.task_error(), Some(&TaskError::DataLost { index: 0 }), "{e}");
+    assert!(session
+        .status()
+        .unwrap()
+        .devices
+        .iter()
+        .any(|d| d.name == "a" && d.failed));
+    drop(session);
+    daemon.stop().unwrap();
+}

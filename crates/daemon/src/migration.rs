@@ -32,7 +32,10 @@
 //! them. Replayed in order, a task re-plans from the copies that survive. An input it read from
 //! the host copy when it was first planned is still there (the lost mark is cleared for it);
 //! a task that reads a lost buffer otherwise completes with `TaskError::DataLost`, and one whose
-//! kernel no surviving device implements with `TaskError::NoDevice`. A task is replayed at most
+//! kernel no surviving device implements with `TaskError::NoDevice`. A job that fails on a device
+//! that still works (it was reading a buffer from the dead one) is not replayed, since its queue's
+//! later jobs are already queued behind it on that lane: it completes in order with `DataLost`
+//! and the dispatcher only corrects its buffers' placement. A task is replayed at most
 //! [`MAX_REPLAYS`] times; after that `DeviceLost` reaches the client.
 
 use std::collections::{HashMap, VecDeque};
@@ -98,8 +101,11 @@ struct Lost {
     shared: Arc<SessionShared>,
     queue: Arc<QueueState>,
     task_id: u64,
-    action: Action,
-    named: NamedBuffers,
+    /// What a replay needs; `None` for a task that completed where it ran (its own device works;
+    /// a device it read from died): only its buffers' placement is corrected.
+    task: Option<(Action, NamedBuffers)>,
+    /// Its buffer arguments: (slot, buffer, access).
+    entries: Vec<(usize, Arc<crate::memory::BufferRecord>, Access)>,
     estimated_ns: f64,
     items: u64,
     replay: Replay,
@@ -211,6 +217,8 @@ impl Migration {
 /// What a job's done callback needs to send its task back when the device lost it.
 pub(super) struct Ticket {
     inbox: Arc<Inbox>,
+    /// The device the job runs on.
+    device: Arc<dyn agora_devices::Device>,
     /// Taken when the task is sent back.
     action: Option<Action>,
     estimated_ns: f64,
@@ -229,6 +237,7 @@ impl Ticket {
     pub(super) fn new(
         migration: &mut Migration,
         device: usize,
+        job_device: &Arc<dyn agora_devices::Device>,
         action: &Action,
         estimated_ns: f64,
         items: u64,
@@ -245,6 +254,7 @@ impl Ticket {
         let replays = migration.replaying.take().map_or(0, |r| r.replays + 1);
         Ticket {
             inbox: migration.inbox.clone(),
+            device: job_device.clone(),
             action: Some(action.clone()),
             estimated_ns,
             items,
@@ -259,38 +269,62 @@ impl Ticket {
 
     /// Called by the job's done callback. When the device lost the task (and it may still be
     /// replayed), sends it back to the dispatcher and returns `None`: the callback must then not
-    /// complete it nor release its in-flight count. Otherwise hands `named` back.
+    /// complete it nor release its in-flight count. Otherwise hands `named` back, with `result`
+    /// rewritten when the job failed reading from a device that died.
     pub(super) fn divert(
         &mut self,
-        result: &Result<(), TaskError>,
+        result: &mut Result<(), TaskError>,
         shared: &Arc<SessionShared>,
         queue: &Arc<QueueState>,
         task_id: u64,
         named: NamedBuffers,
     ) -> Option<NamedBuffers> {
-        if *result != Err(TaskError::DeviceLost)
-            || self.replay.replays >= MAX_REPLAYS
-            || shared.cancelled.load(Ordering::Acquire)
-        {
+        if *result != Err(TaskError::DeviceLost) || shared.cancelled.load(Ordering::Acquire) {
             return Some(named);
         }
-        let Some(action) = self.action.take() else {
-            return Some(named);
+        let entries = named
+            .slots()
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, e)| e.as_ref().map(|(record, access, _)| (slot, record.clone(), *access)))
+            .collect();
+        let replayable = !self.device.healthy() && self.replay.replays < MAX_REPLAYS;
+        let (task, named) = match (replayable, self.action.take()) {
+            (true, Some(action)) => (Some((action, named)), None),
+            (_, action) => {
+                self.action = action;
+                (None, Some(named))
+            }
         };
+        if task.is_none() && self.device.healthy() {
+            // Its own device works: a device it read a buffer from died, and that buffer's only
+            // current copy with it. Completed here, in order (a replay would let the queue's
+            // later jobs, already on this lane, overtake it), naming the buffer it could not read.
+            let fetched = !(self.replay.host_inputs | self.replay.device_inputs);
+            let slot = named.as_ref().and_then(|n| {
+                n.slots()
+                    .iter()
+                    .enumerate()
+                    .position(|(i, e)| e.is_some() && fetched & (1 << i) != 0)
+            });
+            if let Some(index) = slot {
+                *result = Err(TaskError::DataLost { index: index as u16 });
+            }
+        }
         let inbox = self.inbox.clone();
         inbox.lost.lock().unwrap_or_else(|e| e.into_inner()).push(Lost {
             shared: shared.clone(),
             queue: queue.clone(),
             task_id,
-            action,
-            named,
+            task,
+            entries,
             estimated_ns: self.estimated_ns,
             items: self.items,
             replay: self.replay,
         });
         inbox.pending.store(true, Ordering::Release);
         inbox.wake();
-        None
+        named
     }
 
     /// Called by the done callback after the queue's in-flight count dropped (`drained`: to
@@ -390,7 +424,7 @@ impl Scheduler {
         // Counted in flight as if it had reached a lane: taking it back releases the count.
         queue.in_flight.fetch_add(1, Ordering::AcqRel);
         session.shared.in_flight.fetch_add(1, Ordering::AcqRel);
-        match ticket.divert(&Err(TaskError::DeviceLost), &session.shared, queue, task_id, named) {
+        match ticket.divert(&mut Err(TaskError::DeviceLost), &session.shared, queue, task_id, named) {
             None => Ok(()),
             Some(_) => {
                 queue.in_flight.fetch_sub(1, Ordering::AcqRel);
@@ -418,44 +452,47 @@ impl Scheduler {
         }
         let lost = std::mem::take(&mut *self.migration.inbox.lost.lock().unwrap_or_else(|e| e.into_inner()));
         for lost in lost {
-            // It no longer runs anywhere: release its in-flight count now that it is held (the
-            // queue stays orphaned through its held list, so nothing overtakes it).
-            lost.queue.in_flight.fetch_sub(1, Ordering::AcqRel);
-            lost.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
-            if lost.shared.cancelled.load(Ordering::Acquire) {
-                drop(lost.named);
-                lost.shared
-                    .post(&[Completion::failed(lost.task_id, TaskError::DeviceLost)]);
-                continue;
-            }
             // The transfers and writes planned for it never happened. On a device that still
             // works (the job failed reading from a dead one), later row slices of a chunked launch
             // may have run and written part of its outputs: trust no written copy there.
             let alive = self.devices[lost.replay.device].healthy();
             let mut replay = lost.replay;
-            for (slot, entry) in lost.named.slots().iter().enumerate() {
-                if let Some((record, access, _)) = entry {
-                    let bit = 1 << slot;
-                    if alive && access.writes() {
-                        replay.host_inputs &= !bit;
-                        replay.device_inputs &= !bit;
-                    }
-                    record.placement().job_lost(
-                        replay.device,
-                        replay.host_inputs & bit != 0,
-                        replay.device_inputs & bit != 0,
-                    );
+            for (slot, record, access) in &lost.entries {
+                let bit = 1 << slot;
+                if alive && access.writes() {
+                    replay.host_inputs &= !bit;
+                    replay.device_inputs &= !bit;
                 }
+                record.placement().job_lost(
+                    replay.device,
+                    replay.host_inputs & bit != 0,
+                    replay.device_inputs & bit != 0,
+                );
+            }
+            // Completed where it ran: nothing more to do.
+            let Some((action, named)) = lost.task else {
+                self.migration.stats.lost += 1;
+                continue;
+            };
+            // It no longer runs anywhere: release its in-flight count now that it is held (the
+            // queue stays orphaned through its held list, so nothing overtakes it).
+            lost.queue.in_flight.fetch_sub(1, Ordering::AcqRel);
+            lost.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+            if lost.shared.cancelled.load(Ordering::Acquire) {
+                drop(named);
+                lost.shared
+                    .post(&[Completion::failed(lost.task_id, TaskError::DeviceLost)]);
+                continue;
             }
             let ready = Ready {
                 queue: lost.queue.clone(),
-                action: lost.action,
+                action,
                 estimated_ns: lost.estimated_ns,
                 items: lost.items,
-                slots: lost.named.slots,
-                buffers: lost.named.buffers.clone(),
+                slots: named.slots,
+                buffers: named.buffers.clone(),
             };
-            drop(lost.named);
+            drop(named);
             let list = self.migration.list_or_new(lost.shared.id, &lost.queue);
             let at = list.replays;
             list.tasks.insert(

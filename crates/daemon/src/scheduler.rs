@@ -567,6 +567,7 @@ impl Scheduler {
         let mut ticket = migration::Ticket::new(
             &mut self.migration,
             device,
+            &self.devices[device],
             &ready.action,
             estimated_ns,
             items,
@@ -653,7 +654,7 @@ impl Scheduler {
         let model = self.model.clone();
         let urgent = queue.class == QueueClass::Latency;
         let slices = self.slices_for(device, &work, queue.class, predicted as f64);
-        let done: Done = Box::new(move |result, times| {
+        let done: Done = Box::new(move |mut result, times| {
             if result.is_ok() {
                 counters.ok.inc()
             } else {
@@ -695,7 +696,7 @@ impl Scheduler {
                 trace.record(span("exec", exec_start, times.finished));
             }
             // Lost with its device: back to the dispatcher for replay, still counted in flight.
-            let Some(named) = ticket.divert(&result, &shared, &queue, task_id, named) else {
+            let Some(named) = ticket.divert(&mut result, &shared, &queue, task_id, named) else {
                 return;
             };
             let completion = match result {
