@@ -116,6 +116,8 @@ unsafe impl Send for Lost {}
 
 /// Where lane threads send lost tasks; the dispatcher empties it.
 pub(crate) struct Inbox {
+    /// The daemon's devices (a ticket names its job's device by index).
+    devices: Vec<Arc<dyn agora_devices::Device>>,
     lost: Mutex<Vec<Lost>>,
     pending: AtomicBool,
     /// Wakes the dispatcher if it sleeps.
@@ -145,12 +147,13 @@ pub(crate) struct Migration {
 }
 
 impl Migration {
-    pub(crate) fn new(devices: usize) -> Self {
+    pub(crate) fn new(devices: Vec<Arc<dyn agora_devices::Device>>) -> Self {
         Migration {
-            draining: vec![false; devices],
-            failed: vec![false; devices],
+            draining: vec![false; devices.len()],
+            failed: vec![false; devices.len()],
             any_failed: false,
             inbox: Arc::new(Inbox {
+                devices,
                 lost: Mutex::new(Vec::new()),
                 pending: AtomicBool::new(false),
                 wake: Mutex::new(None),
@@ -217,8 +220,6 @@ impl Migration {
 /// What a job's done callback needs to send its task back when the device lost it.
 pub(super) struct Ticket {
     inbox: Arc<Inbox>,
-    /// The device the job runs on.
-    device: Arc<dyn agora_devices::Device>,
     /// Taken when the task is sent back.
     action: Option<Action>,
     estimated_ns: f64,
@@ -237,7 +238,6 @@ impl Ticket {
     pub(super) fn new(
         migration: &mut Migration,
         device: usize,
-        job_device: &Arc<dyn agora_devices::Device>,
         action: &Action,
         estimated_ns: f64,
         items: u64,
@@ -254,7 +254,6 @@ impl Ticket {
         let replays = migration.replaying.take().map_or(0, |r| r.replays + 1);
         Ticket {
             inbox: migration.inbox.clone(),
-            device: job_device.clone(),
             action: Some(action.clone()),
             estimated_ns,
             items,
@@ -288,7 +287,8 @@ impl Ticket {
             .enumerate()
             .filter_map(|(slot, e)| e.as_ref().map(|(record, access, _)| (slot, record.clone(), *access)))
             .collect();
-        let replayable = !self.device.healthy() && self.replay.replays < MAX_REPLAYS;
+        let device_works = self.inbox.devices[self.replay.device].healthy();
+        let replayable = !device_works && self.replay.replays < MAX_REPLAYS;
         let (task, named) = match (replayable, self.action.take()) {
             (true, Some(action)) => (Some((action, named)), None),
             (_, action) => {
@@ -296,7 +296,7 @@ impl Ticket {
                 (None, Some(named))
             }
         };
-        if task.is_none() && self.device.healthy() {
+        if task.is_none() && device_works {
             // Its own device works: a device it read a buffer from died, and that buffer's only
             // current copy with it. Completed here, in order (a replay would let the queue's
             // later jobs, already on this lane, overtake it), naming the buffer it could not read.

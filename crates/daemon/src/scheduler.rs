@@ -278,7 +278,7 @@ impl Scheduler {
             row += d.info().lanes as u32;
         }
         let bytes = telemetry.metrics.byte_counters();
-        let devices_len = devices.len();
+        let migration = Migration::new(devices.clone());
         Scheduler {
             devices,
             policy,
@@ -296,7 +296,7 @@ impl Scheduler {
             residency: Residency::default(),
             device_quota,
             preempt_target_ns: 1e6,
-            migration: Migration::new(devices_len),
+            migration,
         }
     }
 
@@ -567,7 +567,6 @@ impl Scheduler {
         let mut ticket = migration::Ticket::new(
             &mut self.migration,
             device,
-            &self.devices[device],
             &ready.action,
             estimated_ns,
             items,
