@@ -193,6 +193,10 @@ impl Migration {
     }
 
     fn list_mut(&mut self, session: u64, queue: &Arc<QueueState>) -> Option<&mut HeldQueue> {
+        // The common case, on the per-task path: nothing is being moved.
+        if self.held.is_empty() {
+            return None;
+        }
         self.held
             .get_mut(&session)?
             .iter_mut()
@@ -254,7 +258,10 @@ impl Ticket {
         let replays = migration.replaying.take().map_or(0, |r| r.replays + 1);
         Ticket {
             inbox: migration.inbox.clone(),
-            action: Some(action.clone()),
+            // Only a device with memory of its own can lose a task (one computing on host
+            // memory cannot fail apart from the host); skipping the copy keeps the inline path,
+            // which runs only there, as cheap as before.
+            action: (!migration.inbox.devices[device].info().shares_host_memory).then(|| action.clone()),
             estimated_ns,
             items,
             replay: Replay {
@@ -361,28 +368,19 @@ fn check_lost(ready: &Ready) -> Result<(), TaskError> {
 }
 
 impl Scheduler {
-    /// Dispatch hook: holds `ready` when its queue is being moved, or starts moving it when it
-    /// is busy on a device it must leave. `Ok(Some)`: dispatch it now. `Ok(None)`: held.
-    pub(super) fn migration_gate(
-        &mut self,
-        session: &Session,
-        task_id: u64,
-        ready: Ready,
-    ) -> Result<Option<Ready>, TaskError> {
-        if let Some(list) = self.migration.list_mut(session.id, &ready.queue) {
-            list.tasks.push_back(Held {
-                task_id,
-                ready,
-                replay: None,
-            });
-            return Ok(None);
+    /// Dispatch hook: whether `ready` must be held because its queue is being moved, or must
+    /// start moving (busy on a device it must leave; this orphans the queue). Borrows the task:
+    /// this runs for every task, most of which go straight on.
+    pub(super) fn must_hold(&mut self, session: &Session, ready: &Ready) -> Result<bool, TaskError> {
+        if self.migration.list_mut(session.id, &ready.queue).is_some() {
+            return Ok(true);
         }
         if self.migration.any_failed {
-            check_lost(&ready)?;
+            check_lost(ready)?;
         }
         let queue = &ready.queue;
         if queue.in_flight.load(Ordering::Acquire) == 0 {
-            return Ok(Some(ready));
+            return Ok(false);
         }
         let device = (queue.binding.load(Ordering::Relaxed) >> 16) as usize;
         let kernel = match &ready.action {
@@ -390,10 +388,10 @@ impl Scheduler {
             _ => None,
         };
         let Some(bound) = self.devices.get(device) else {
-            return Ok(Some(ready));
+            return Ok(false);
         };
         if self.usable(device) && kernel.is_none_or(|k| bound.implements(k)) {
-            return Ok(Some(ready));
+            return Ok(false);
         }
         tracing::debug!(
             session = session.id,
@@ -402,13 +400,18 @@ impl Scheduler {
             reason = if self.usable(device) { "kernel missing" } else { "draining" },
             "migrating a queue: holding its tasks until its in-flight ones finish"
         );
-        let queue = queue.clone();
+        self.migration.list_or_new(session.id, queue);
+        Ok(true)
+    }
+
+    /// Appends `ready` to its queue's held tasks (after [`Scheduler::must_hold`] said so).
+    pub(super) fn hold(&mut self, session: &Session, task_id: u64, ready: Ready) {
+        let queue = ready.queue.clone();
         self.migration.list_or_new(session.id, &queue).tasks.push_back(Held {
             task_id,
             ready,
             replay: None,
         });
-        Ok(None)
     }
 
     /// Dispatch hook: planning on `device` found it gone (it failed after the policy chose it).
@@ -447,7 +450,11 @@ impl Scheduler {
                 self.device_failed(device);
             }
         }
-        if !self.migration.inbox.pending.swap(false, Ordering::AcqRel) {
+        // A plain load first: this runs once per dispatcher loop, and a swap would take the
+        // cache line from the lanes every time.
+        if !self.migration.inbox.pending.load(Ordering::Acquire)
+            || !self.migration.inbox.pending.swap(false, Ordering::AcqRel)
+        {
             return;
         }
         let lost = std::mem::take(&mut *self.migration.inbox.lost.lock().unwrap_or_else(|e| e.into_inner()));
@@ -547,6 +554,9 @@ impl Scheduler {
     /// Ingest hook: dispatches, in order, the held tasks of this session's queues that have
     /// nothing left in flight.
     pub(super) fn release_held(&mut self, session: &Session) {
+        if self.migration.held.is_empty() {
+            return;
+        }
         let Some(lists) = self.migration.held.get_mut(&session.id) else {
             return;
         };

@@ -456,9 +456,10 @@ impl Scheduler {
 
     fn dispatch(&mut self, session: &Session, task_id: u64, ready: Ready) -> Result<(), TaskError> {
         // A queue being moved holds its tasks, in order, until its in-flight ones are done.
-        let Some(ready) = self.migration_gate(session, task_id, ready)? else {
+        if self.must_hold(session, &ready)? {
+            self.hold(session, task_id, ready);
             return Ok(());
-        };
+        }
         let queue = ready.queue.clone();
         let idle = queue.in_flight.load(Ordering::Acquire) == 0;
         let kernel = match &ready.action {
@@ -526,7 +527,7 @@ impl Scheduler {
             let binding = queue.binding.load(Ordering::Relaxed);
             let device = (binding >> 16) as usize;
             if kernel.is_some_and(|k| !self.devices[device].implements(k)) {
-                // Not reached: `migration_gate` moves a busy queue whose device lacks the kernel.
+                // Not reached: `must_hold` moves a busy queue whose device lacks the kernel.
                 let id = kernel.and_then(|k| agora_kernels::find(k.name)).map_or(0, |(i, _)| i);
                 return Err(TaskError::NoDevice(id));
             }
