@@ -34,6 +34,9 @@ pub enum BenchCommand {
     /// Latency-class requests beside long batch kernels, unsliced vs chunked: response times,
     /// SLA met, preemption latency.
     Sla(crate::bench_sched::SlaArgs),
+    /// Live migration: time to move a queue with N MiB of live buffers between devices with
+    /// their own memory, and the slowdown of an iterative application migrated once mid-run.
+    Migrate(crate::bench_migrate::MigrateArgs),
 }
 
 /// `agora bench overhead` options.
@@ -588,6 +591,7 @@ pub fn run(socket: Option<PathBuf>, command: BenchCommand) -> Result<()> {
         BenchCommand::Hetero(args) => crate::bench_sched::hetero(args),
         BenchCommand::Sharing(args) => crate::bench_sched::sharing(socket, args),
         BenchCommand::Sla(args) => crate::bench_sched::sla(args),
+        BenchCommand::Migrate(args) => crate::bench_migrate::migrate(args),
     }
 }
 

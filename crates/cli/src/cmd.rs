@@ -200,11 +200,16 @@ pub fn status(socket: Option<PathBuf>, args: StatusArgs) -> Result<()> {
     );
     for d in &report.devices {
         println!(
-            "device {} ({}) · {} lanes × {} threads",
+            "device {} ({}) · {} lanes × {} threads{}",
             d.name,
             d.kind,
             d.lanes.len(),
-            d.threads_per_lane
+            d.threads_per_lane,
+            match (d.failed, d.draining) {
+                (true, _) => " · FAILED (drained)",
+                (false, true) => " · draining",
+                _ => "",
+            }
         );
         for (i, l) in d.lanes.iter().enumerate() {
             println!(
@@ -247,6 +252,7 @@ pub fn status(socket: Option<PathBuf>, args: StatusArgs) -> Result<()> {
                 q.in_flight,
                 q.preferred.as_deref().unwrap_or("any"),
                 match (&q.bound_to, &q.last_device) {
+                    (Some(bound), _) if q.moving => format!("bound to {bound}, moving (new tasks wait)"),
                     (Some(bound), _) => format!("bound to {bound}"),
                     (None, Some(last)) => format!("last ran on {last}"),
                     (None, None) => "not run yet".to_string(),
@@ -262,6 +268,45 @@ pub fn status(socket: Option<PathBuf>, args: StatusArgs) -> Result<()> {
     }
     if report.evictions > 0 {
         println!("buffers evicted from device memory since start: {}", report.evictions);
+    }
+    if report.migrations > 0 || report.tasks_replayed > 0 || report.tasks_lost > 0 {
+        println!(
+            "queue migrations since start: {} · tasks replayed after a device failure: {}, lost: {}",
+            report.migrations, report.tasks_replayed, report.tasks_lost
+        );
+    }
+    Ok(())
+}
+
+/// `agora drain` / `agora undrain` options.
+#[derive(Args, Debug)]
+pub struct DrainArgs {
+    /// Device name, as `agora devices` lists it (e.g. `opencl0`, `sim0`).
+    device: String,
+    /// (drain) Also write the device's idle buffers back to host memory and free them there now,
+    /// before removing the device; buffers in use move when their tasks need them.
+    #[arg(long)]
+    evacuate: bool,
+}
+
+pub fn drain(socket: Option<PathBuf>, args: DrainArgs, on: bool) -> Result<()> {
+    let verb = if on { "drain" } else { "undrain" };
+    let outcome = agora::drain_device(socket, &args.device, on, args.evacuate && on)
+        .with_context(|| format!("could not {verb} device '{}'", args.device))?;
+    if outcome.draining {
+        println!(
+            "device {} is draining: no new placements; {} busy queue(s) bound to it migrate when their in-flight tasks finish",
+            args.device, outcome.queues_bound
+        );
+        if args.evacuate {
+            println!(
+                "evacuated {} buffer(s), {:.1} MiB of device memory, to host memory",
+                outcome.evacuated_buffers,
+                outcome.evacuated_bytes as f64 / (1 << 20) as f64
+            );
+        }
+    } else {
+        println!("device {} takes new work again", args.device);
     }
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! benchmarks. Every subcommand honours `--socket` and the `AGORA_SOCKET` environment variable.
 
 mod bench;
+mod bench_migrate;
 mod bench_sched;
 mod cmd;
 mod model;
@@ -38,6 +39,11 @@ enum Command {
     Top(top::TopArgs),
     /// List the devices the daemon found, with kind, lanes and memory.
     Devices,
+    /// Admin: stop placing work on a device; its queues migrate to other devices and its
+    /// buffers move on demand (`agora status` shows it draining).
+    Drain(cmd::DrainArgs),
+    /// Admin: let the policy place work on a drained device again.
+    Undrain(cmd::DrainArgs),
     /// List the kernels the daemon offers, with their signatures.
     Kernels,
     /// Run a bundled workload as a client of a running daemon and verify its result.
@@ -86,6 +92,8 @@ fn main() {
         Command::Status(args) => cmd::status(cli.socket, args),
         Command::Top(args) => top::run(cli.socket, args),
         Command::Devices => cmd::devices(cli.socket),
+        Command::Drain(args) => cmd::drain(cli.socket, args, true),
+        Command::Undrain(args) => cmd::drain(cli.socket, args, false),
         Command::Kernels => cmd::kernels(cli.socket),
         Command::Run(args) => cmd::run(cli.socket, args),
         Command::Demo(args) => cmd::demo(args),

@@ -45,7 +45,7 @@ pub use agora_protocol::{KernelSignature, TaskError};
 pub use buffer::Buffer;
 pub use error::Error;
 pub use queue::{Arg, DeviceKind, NdRange, Queue, QueueOptions, Task};
-pub use session::{daemon_status, Kernel, Session, SessionOptions};
+pub use session::{daemon_status, drain_device, DrainOutcome, Kernel, Session, SessionOptions};
 
 /// Low-level hooks for testing the daemon against malformed input. Not part of the stable API.
 #[doc(hidden)]

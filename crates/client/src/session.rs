@@ -285,6 +285,51 @@ pub fn daemon_status(socket: Option<PathBuf>) -> Result<StatusReport, Error> {
     }
 }
 
+/// What [`drain_device`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DrainOutcome {
+    /// Whether the device is draining now.
+    pub draining: bool,
+    /// Queues bound to it with tasks in flight; they migrate when those finish.
+    pub queues_bound: u64,
+    /// Buffers written back and freed on the device (`evacuate`).
+    pub evacuated_buffers: u64,
+    /// Device bytes they held.
+    pub evacuated_bytes: u64,
+}
+
+/// Admin: marks the device named `device` draining (`drain`) or usable again, without opening
+/// a session. A draining device gets no new placements and its queues migrate to other devices.
+/// Only root or the daemon's own user may do this. `evacuate` (with `drain`) also writes the
+/// device's idle buffers back to host memory and frees them there now.
+pub fn drain_device(socket: Option<PathBuf>, device: &str, drain: bool, evacuate: bool) -> Result<DrainOutcome, Error> {
+    let path = socket_path(socket);
+    let stream = UnixStream::connect(&path).map_err(|cause| Error::Connect { path, cause })?;
+    send(
+        &stream,
+        &Request::Drain {
+            device: device.to_string(),
+            drain,
+            evacuate,
+        },
+    )?;
+    match recv::<Response>(&stream)? {
+        Response::Drained {
+            draining,
+            queues_bound,
+            evacuated_buffers,
+            evacuated_bytes,
+            ..
+        } => Ok(DrainOutcome {
+            draining,
+            queues_bound,
+            evacuated_buffers,
+            evacuated_bytes,
+        }),
+        other => Err(unexpected(other)),
+    }
+}
+
 fn unexpected(response: Response) -> Error {
     match response {
         Response::Error(e) => Error::Control(e),

@@ -66,6 +66,10 @@ pub struct SimDeviceConfig {
     /// Watts with every lane busy.
     #[serde(default = "default_sim_active")]
     pub active_watts: f64,
+    /// Fault injection (tests, `agora bench migrate`): the device fails for good after running
+    /// this many jobs; the daemon then drains it and moves its queues elsewhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fail_after_jobs: Option<u64>,
 }
 
 /// One kernel's modeled time on a sim device.
@@ -115,6 +119,7 @@ impl SimDeviceConfig {
             profile: BTreeMap::new(),
             idle_watts: default_sim_idle(),
             active_watts: default_sim_active(),
+            fail_after_jobs: None,
         }
     }
 

@@ -17,6 +17,10 @@
 //! client writes can stop the loop. Inline completions are batched and flushed before anything is
 //! handed to a lane, so a queue's completions reach its ring in issue order.
 //!
+//! Moving a queue to another device (drain, failure, a kernel its bound device lacks) is the
+//! `migration` module's: `dispatch` asks it first whether a task must wait, and every lane job
+//! carries a ticket that sends the task back if the device loses it.
+//!
 //! Must not contain vendor code: devices are reached only through the `Device` trait.
 
 use std::sync::atomic::Ordering;
@@ -42,6 +46,10 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
 use std::time::Instant;
+
+#[path = "migration.rs"]
+mod migration;
+pub(crate) use migration::Migration;
 
 /// What the scheduler knows of each device beyond the `Device` trait (from the configuration).
 #[derive(Debug, Clone, Copy)]
@@ -206,6 +214,8 @@ pub(crate) struct Scheduler {
     /// Smoothed execution time of latency-class tasks (TReM's `l`), nanoseconds as `f64` bits.
     latency_exec_ns: Arc<AtomicU64>,
     revocation_counters: RevocationCounters,
+    /// Queues being moved, draining and failed devices, lost tasks.
+    pub migration: Migration,
 }
 
 /// Name of an operation in metrics and traces.
@@ -228,7 +238,9 @@ fn class_name(class: QueueClass) -> &'static str {
 
 /// What a resolved task does.
 // `Launch` is the common case; boxing it would cost an allocation per task.
+// Clone: a task's action is kept for replay when a device loses it.
 #[allow(clippy::large_enum_variant)]
+#[derive(Clone)]
 enum Action {
     Launch {
         kernel: &'static KernelDef,
@@ -298,6 +310,7 @@ impl Scheduler {
             row += d.info().lanes as u32;
         }
         let bytes = telemetry.metrics.byte_counters();
+        let migration = Migration::new(devices.clone());
         Scheduler {
             devices,
             policy,
@@ -323,6 +336,7 @@ impl Scheduler {
             latency_outstanding: Arc::new(AtomicU64::new(0)),
             latency_exec_ns: Arc::new(AtomicU64::new(0f64.to_bits())),
             revocation_counters,
+            migration,
         }
     }
 
@@ -362,6 +376,8 @@ impl Scheduler {
     /// Takes what the session's ring holds (up to admission control and one batch).
     /// Returns how many descriptors were taken, or the ring's corruption.
     pub(crate) fn ingest(&mut self, session: &mut Session) -> Result<u32, RingError> {
+        // Queues being moved whose in-flight tasks have finished go first: their tasks are older.
+        self.release_held(session);
         let available = session.submissions.available()?;
         let n = available.min(session.admission_room()).min(BATCH);
         for _ in 0..n {
@@ -417,6 +433,11 @@ impl Scheduler {
         for pass in 0..2 {
             for (index, device) in self.devices.iter().enumerate() {
                 if only.is_some_and(|o| o != index) || kernel.is_some_and(|k| !device.implements(k)) {
+                    continue;
+                }
+                // Draining and failed devices get no new placements (a forced `only` device was
+                // already chosen with that in mind).
+                if only.is_none() && !self.usable(index) {
                     continue;
                 }
                 // First pass: only the preferred kind; second pass (if none qualified): any.
@@ -480,6 +501,11 @@ impl Scheduler {
     }
 
     fn dispatch(&mut self, session: &Session, task_id: u64, ready: Ready) -> Result<(), TaskError> {
+        // A queue being moved holds its tasks, in order, until its in-flight ones are done.
+        if self.must_hold(session, &ready)? {
+            self.hold(session, task_id, ready);
+            return Ok(());
+        }
         let queue = ready.queue.clone();
         let idle = queue.in_flight.load(Ordering::Acquire) == 0;
         let kernel = match &ready.action {
@@ -492,7 +518,7 @@ impl Scheduler {
         let tiny_on_host = idle
             && self.inline_max_ns > 0.0
             && ready.estimated_ns <= self.inline_max_ns
-            && kernel.is_none_or(|k| self.devices[host].implements(k))
+            && kernel.is_none_or(|k| self.devices[host].implements(k) && self.usable(host))
             && queue.preferred.is_none_or(|p| p == self.devices[host].info().kind)
             && ready.buffers[..ready.slots]
                 .iter()
@@ -526,6 +552,8 @@ impl Scheduler {
                 ),
                 _ => Some(self.host_device()),
             };
+            // Host-side work and transfers out of a draining device run on the host device.
+            let only = only.map(|d| if self.usable(d) { d } else { host });
             self.candidates_for(&ready, kernel, only);
             if self.candidates.is_empty() {
                 let id = kernel.and_then(|k| agora_kernels::find(k.name)).map_or(0, |(i, _)| i);
@@ -549,8 +577,7 @@ impl Scheduler {
             let binding = queue.binding.load(Ordering::Relaxed);
             let device = (binding >> 16) as usize;
             if kernel.is_some_and(|k| !self.devices[device].implements(k)) {
-                // The queue's device cannot run this kernel and the queue is busy there; moving it
-                // needs the migration protocol (not yet built).
+                // Not reached: `must_hold` moves a busy queue whose device lacks the kernel.
                 let id = kernel.and_then(|k| agora_kernels::find(k.name)).map_or(0, |(i, _)| i);
                 return Err(TaskError::NoDevice(id));
             }
@@ -592,7 +619,19 @@ impl Scheduler {
             }
         }
         let mut transfers: Vec<Transfer> = Vec::new();
-        let work = self.plan(session, device, ready.action, named.slots(), &mut transfers)?;
+        // Taken before planning: what a replay needs if the device loses the task.
+        let mut ticket = migration::Ticket::new(
+            &mut self.migration,
+            device,
+            &ready.action,
+            estimated_ns,
+            items,
+            named.slots(),
+        );
+        let work = match self.plan(session, device, ready.action, named.slots(), &mut transfers) {
+            Err(TaskError::DeviceLost) => return self.lost_while_planning(session, task_id, &queue, ticket, named),
+            planned => planned?,
+        };
         for (record, _, _) in named.slots().iter().flatten() {
             self.residency.register(record);
         }
@@ -682,7 +721,7 @@ impl Scheduler {
         });
         let slices = self.slices_for(device, &work, queue.class, predicted as f64);
         let revocable = slices <= 1 && self.revocable(device, &work, queue.class, predicted as f64);
-        let done: Done = Box::new(move |result, times| {
+        let done: Done = Box::new(move |mut result, times| {
             if result.is_ok() {
                 counters.ok.inc()
             } else {
@@ -732,6 +771,10 @@ impl Scheduler {
                 }
                 trace.record(span("exec", exec_start, times.finished));
             }
+            // Lost with its device: back to the dispatcher for replay, still counted in flight.
+            let Some(named) = ticket.divert(&mut result, &shared, &queue, task_id, named) else {
+                return;
+            };
             let completion = match result {
                 Ok(()) => Completion::ok(task_id),
                 Err(e) => Completion::failed(task_id, e),
@@ -743,9 +786,11 @@ impl Scheduler {
             shared.post(&[completion]);
             // Post first, then unbind: the dispatcher may run this queue's next task inline
             // as soon as it sees zero, and that completion must come after ours.
-            queue.in_flight.fetch_sub(1, Ordering::AcqRel);
+            let drained = queue.in_flight.fetch_sub(1, Ordering::AcqRel) == 1;
             shared.in_flight.fetch_sub(1, Ordering::Relaxed);
             drop(shared);
+            // A queue being moved may go on now: wake the dispatcher to release its held tasks.
+            ticket.queue_drained(&queue, drained);
         });
         if revocable {
             let rw_bytes = crate::revocation::read_write_bytes(&work) as f64;

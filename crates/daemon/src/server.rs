@@ -39,6 +39,8 @@ use crate::DaemonError;
 enum Token {
     Listener,
     Stop,
+    /// A lane sent a lost task back (migration inbox).
+    Wake,
     Socket(u64),
     Doorbell(u64),
 }
@@ -48,6 +50,7 @@ impl Token {
         match self {
             Token::Listener => 1,
             Token::Stop => 2,
+            Token::Wake => 3,
             Token::Socket(id) => (1 << 62) | id,
             Token::Doorbell(id) => (2 << 62) | id,
         }
@@ -57,6 +60,7 @@ impl Token {
             1 => Token::Socket(value & ((1 << 62) - 1)),
             2 => Token::Doorbell(value & ((1 << 62) - 1)),
             _ if value == 1 => Token::Listener,
+            _ if value == 3 => Token::Wake,
             _ => Token::Stop,
         }
     }
@@ -70,8 +74,12 @@ enum Conn {
         reader: FrameReader,
         credentials: Credentials,
     },
-    /// A one-shot observer (`agora status`).
-    Observer { stream: UnixStream, reader: FrameReader },
+    /// A one-shot observer (`agora status`, `agora drain`).
+    Observer {
+        stream: UnixStream,
+        reader: FrameReader,
+        credentials: Credentials,
+    },
     /// A client session.
     Session(Box<Session>),
 }
@@ -90,6 +98,8 @@ pub(crate) struct Server {
     listener: UnixListener,
     epoll: OwnedFd,
     stop: Arc<Doorbell>,
+    /// Rung by lanes that send a lost task back to the dispatcher.
+    wake: Arc<Doorbell>,
     scheduler: Scheduler,
     conns: HashMap<u64, Conn>,
     // Boxed because sessions move between `conns` (boxed in `Conn`) and here.
@@ -132,12 +142,24 @@ impl Server {
             epoll::EventFlags::IN,
         )
         .map_err(|e| DaemonError::io("watching the stop signal", e.into()))?;
+        let wake = Arc::new(
+            Doorbell::new().map_err(|e| DaemonError::io("creating the wake doorbell", std::io::Error::other(e)))?,
+        );
+        epoll::add(
+            &epoll,
+            wake.fd(),
+            epoll::EventData::new_u64(Token::Wake.encode()),
+            epoll::EventFlags::IN,
+        )
+        .map_err(|e| DaemonError::io("watching the wake doorbell", e.into()))?;
+        scheduler.migration.set_wake(wake.clone());
         let spin = AdaptiveSpin::new(Duration::from_micros(2), config.max_spin);
         Ok(Server {
             config,
             listener,
             epoll,
             stop,
+            wake,
             scheduler,
             conns: HashMap::new(),
             closing: Vec::new(),
@@ -158,6 +180,8 @@ impl Server {
         let mut broken: Vec<u64> = Vec::new();
         loop {
             let mut worked = 0u32;
+            // Failed devices and tasks they lost, before any session's new tasks.
+            self.scheduler.migration_tick();
             for (&id, conn) in self.conns.iter_mut() {
                 if let Conn::Session(session) = conn {
                     match self.scheduler.ingest(session) {
@@ -194,11 +218,18 @@ impl Server {
                 continue;
             }
             let housekeeping = !self.closing.is_empty()
+                // Held tasks of moving queues are released once their in-flight tasks finish;
+                // lanes do not wake us for that, so look again soon.
+                || self.scheduler.migration.holding()
                 || self
                     .conns
                     .values()
                     .any(|c| matches!(c, Conn::Session(s) if !s.zombies.is_empty()));
-            let timeout = housekeeping.then(|| Duration::from_millis(20));
+            let timeout = if self.scheduler.migration.holding() {
+                Some(Duration::from_millis(1))
+            } else {
+                housekeeping.then(|| Duration::from_millis(20))
+            };
             let slept = Instant::now();
             let stop = self.poll_events(timeout)?;
             self.set_sleeping(0);
@@ -254,6 +285,7 @@ impl Server {
                     self.stop.drain();
                     stop = true;
                 }
+                Token::Wake => self.wake.drain(),
                 Token::Socket(id) => self.readable(id),
                 Token::Doorbell(id) => {
                     if let Some(Conn::Session(s)) = self.conns.get(&id) {
@@ -351,7 +383,7 @@ impl Server {
             return;
         };
         let (reader, stream) = match conn {
-            Conn::Pending { reader, stream, .. } | Conn::Observer { reader, stream } => (reader, &*stream),
+            Conn::Pending { reader, stream, .. } | Conn::Observer { reader, stream, .. } => (reader, &*stream),
             Conn::Session(s) => (&mut s.reader, &s.stream),
         };
         let frames = match reader.read_frames(stream) {
@@ -383,13 +415,35 @@ impl Server {
 
     /// Answers one request. `None` when the reply was already sent (hello with descriptors).
     fn handle(&mut self, id: u64, request: Request) -> Option<Response> {
-        if let Request::Status = request {
+        if matches!(request, Request::Status | Request::Drain { .. }) {
             if let Some(Conn::Pending { .. }) = self.conns.get(&id) {
-                if let Some(Conn::Pending { stream, reader, .. }) = self.conns.remove(&id) {
-                    self.conns.insert(id, Conn::Observer { stream, reader });
+                if let Some(Conn::Pending {
+                    stream,
+                    reader,
+                    credentials,
+                }) = self.conns.remove(&id)
+                {
+                    self.conns.insert(
+                        id,
+                        Conn::Observer {
+                            stream,
+                            reader,
+                            credentials,
+                        },
+                    );
                 }
             }
+        }
+        if let Request::Status = request {
             return Some(Response::Status(Box::new(self.status())));
+        }
+        if let Request::Drain {
+            device,
+            drain,
+            evacuate,
+        } = &request
+        {
+            return Some(self.drain(id, device, *drain, *evacuate));
         }
         if let Request::SaveTrace = request {
             return Some(match &self.telemetry.trace {
@@ -485,6 +539,7 @@ impl Server {
                         in_flight: Default::default(),
                         // Never bound yet (u32::MAX) until its first task goes to a lane.
                         binding: AtomicU32::new(u32::MAX),
+                        moving: Default::default(),
                     });
                     match session.queues.insert(queue) {
                         Some(handle) => Response::Queue { handle },
@@ -497,7 +552,11 @@ impl Server {
                 Request::Hello { .. } => Response::Error(ControlError::BadRequest(
                     "a session is already open on this connection".into(),
                 )),
-                Request::Status | Request::ListKernels | Request::LookupKernel { .. } | Request::SaveTrace => {
+                Request::Status
+                | Request::ListKernels
+                | Request::LookupKernel { .. }
+                | Request::SaveTrace
+                | Request::Drain { .. } => {
                     unreachable!("answered above")
                 }
             }),
@@ -590,6 +649,7 @@ impl Server {
         let _ = epoll::delete(&self.epoll, conn.stream());
         if let Conn::Session(session) = conn {
             let _ = epoll::delete(&self.epoll, session.doorbell.fd());
+            self.scheduler.migration.forget_session(id);
             session.shared.cancelled.store(true, Ordering::Release);
             self.sessions_closed += 1;
             self.telemetry.metrics.sessions.dec();
@@ -599,6 +659,62 @@ impl Server {
             } else {
                 self.closing.push(session);
             }
+        }
+    }
+
+    /// `Request::Drain`: admin only (root or the daemon's own user).
+    fn drain(&mut self, id: u64, device: &str, drain: bool, evacuate: bool) -> Response {
+        let credentials = match self.conns.get(&id) {
+            Some(Conn::Pending { credentials, .. } | Conn::Observer { credentials, .. }) => *credentials,
+            Some(Conn::Session(s)) => s.credentials,
+            None => return Response::Error(ControlError::BadRequest("connection gone".into())),
+        };
+        let daemon_uid = rustix::process::geteuid().as_raw();
+        if credentials.uid != 0 && credentials.uid != daemon_uid {
+            return Response::Error(ControlError::NotPermitted(format!(
+                "uid {} may not drain devices: only root or the daemon's user (uid {daemon_uid}) may",
+                credentials.uid
+            )));
+        }
+        let names: Vec<&str> = self.scheduler.devices.iter().map(|d| d.info().name.as_str()).collect();
+        let Some(index) = names.iter().position(|n| *n == device) else {
+            return Response::Error(ControlError::BadRequest(format!(
+                "unknown device '{device}': this daemon has {}",
+                names.join(", ")
+            )));
+        };
+        if evacuate && !drain {
+            return Response::Error(ControlError::BadRequest(
+                "evacuate goes with drain: a device that takes new work would fill up again".into(),
+            ));
+        }
+        if let Err(e) = self.scheduler.set_draining(index, drain) {
+            return Response::Error(ControlError::BadRequest(e));
+        }
+        let (evacuated_buffers, evacuated_bytes) = if evacuate && !self.scheduler.migration.is_failed(index) {
+            self.scheduler.evacuate(index)
+        } else {
+            (0, 0)
+        };
+        // Queues busy there now: each moves when its next task arrives and these are done.
+        let queues_bound = self
+            .conns
+            .values()
+            .filter_map(|c| match c {
+                Conn::Session(s) => Some(s),
+                _ => None,
+            })
+            .flat_map(|s| s.queues.values())
+            .filter(|q| {
+                q.in_flight.load(Ordering::Relaxed) > 0 && (q.binding.load(Ordering::Relaxed) >> 16) as usize == index
+            })
+            .count() as u64;
+        Response::Drained {
+            device: device.to_string(),
+            draining: drain,
+            queues_bound,
+            evacuated_buffers,
+            evacuated_bytes,
         }
     }
 
@@ -630,7 +746,18 @@ impl Server {
             version: env!("CARGO_PKG_VERSION").to_string(),
             uptime_s: self.started.elapsed().as_secs_f64(),
             policy: self.scheduler.policy_name().to_string(),
-            devices: self.scheduler.devices.iter().map(|d| d.status()).collect(),
+            devices: self
+                .scheduler
+                .devices
+                .iter()
+                .enumerate()
+                .map(|(index, d)| {
+                    let mut status = d.status();
+                    status.draining = self.scheduler.migration.is_draining(index);
+                    status.failed |= self.scheduler.migration.is_failed(index);
+                    status
+                })
+                .collect(),
             sessions,
             closing_sessions: self.closing.len() as u64,
             sessions_opened: self.sessions_opened,
@@ -641,6 +768,9 @@ impl Server {
             latency_policy: self.scheduler.latency_policy.name().to_string(),
             revocations: self.scheduler.revocations().0,
             revoked_work_s: self.scheduler.revocations().1,
+            migrations: self.scheduler.migration.stats.migrations,
+            tasks_replayed: self.scheduler.migration.stats.replayed,
+            tasks_lost: self.scheduler.migration.stats.lost,
         }
     }
 

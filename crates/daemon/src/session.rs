@@ -107,6 +107,9 @@ pub(crate) struct QueueState {
     /// `(device << 16) | lane` the queue is bound to while `in_flight > 0` (afterwards: where its
     /// last task ran; `u32::MAX` before its first task went to a lane).
     pub binding: AtomicU32,
+    /// Being moved to another device: its new tasks are held until its in-flight ones finish
+    /// (set and cleared by the scheduler's migration; lanes read it to wake the dispatcher).
+    pub moving: AtomicBool,
 }
 
 /// One client session.
@@ -269,6 +272,7 @@ impl Session {
                         }),
                         preferred: q.preferred.map(|k| k.name().to_string()),
                         sla_ms: q.sla_ns.map(|ns| ns / 1e6),
+                        moving: q.moving.load(Ordering::Relaxed),
                         last_device: (binding != u32::MAX)
                             .then(|| device_names.get((binding >> 16) as usize).cloned())
                             .flatten(),

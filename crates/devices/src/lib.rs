@@ -303,6 +303,13 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     fn memory_used(&self) -> u64 {
         0
     }
+    /// Whether the device still works. A backend that detects its device is gone (or, for
+    /// `sim`, whose injected fault fired) returns false from then on and fails every job with
+    /// [`TaskError::DeviceLost`], transfers included; the daemon then drains it and replays or
+    /// fails its lost tasks elsewhere. Never true again once false.
+    fn healthy(&self) -> bool {
+        true
+    }
     /// A status snapshot.
     fn status(&self) -> DeviceStatus;
     /// Stops the lanes after their queued jobs are cancelled.

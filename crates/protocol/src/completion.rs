@@ -157,6 +157,18 @@ pub enum TaskError {
     /// The device reported an error running the task (logged by the daemon).
     #[error("the device failed to run the task (OpenCL error {0}); the daemon logged the details")]
     DeviceFailed(i64),
+    /// The device running the task failed (a backend reports this for every job on a device
+    /// that is gone). The daemon replays such a task on another device when its inputs survive;
+    /// a client sees this error only when no other device can run the kernel.
+    #[error("the device running this task failed and no other device could run it; the daemon logged the details")]
+    DeviceLost,
+    /// A buffer the task reads had its only valid copy on a device that failed, so its contents
+    /// are gone (the host copy is older). Writing the whole buffer again makes it usable.
+    #[error("argument {index}: this buffer's only valid copy was on a device that failed; write it again (sync_to, or a memset/kernel that overwrites all of it) before reading it")]
+    DataLost {
+        /// Which argument.
+        index: u16,
+    },
     /// The error code is not known to this client (a newer daemon).
     #[error("unknown error code {0} from the daemon: upgrade the client")]
     Unknown(u16),
@@ -232,6 +244,8 @@ impl TaskError {
             TaskError::DeviceOutOfMemory { .. } => "device_out_of_memory",
             TaskError::DeviceQuota { .. } => "device_quota",
             TaskError::DeviceFailed(_) => "device_failed",
+            TaskError::DeviceLost => "device_lost",
+            TaskError::DataLost { .. } => "data_lost",
             TaskError::Unknown(_) => "unknown",
         }
     }
@@ -258,6 +272,8 @@ impl TaskError {
             TaskError::DeviceOutOfMemory { index, needed } => (18, index, needed, 0),
             TaskError::DeviceFailed(code) => (19, 0, code as u64, 0),
             TaskError::DeviceQuota { needed, quota } => (20, 0, needed, quota),
+            TaskError::DeviceLost => (21, 0, 0, 0),
+            TaskError::DataLost { index } => (22, index, 0, 0),
             TaskError::Unknown(code) => (code, 0, 0, 0),
         }
     }
@@ -303,6 +319,8 @@ impl TaskError {
             18 => TaskError::DeviceOutOfMemory { index: arg, needed: a },
             19 => TaskError::DeviceFailed(a as i64),
             20 => TaskError::DeviceQuota { needed: a, quota: b },
+            21 => TaskError::DeviceLost,
+            22 => TaskError::DataLost { index: arg },
             other => TaskError::Unknown(other),
         }
     }
@@ -356,6 +374,8 @@ mod tests {
                 needed: 1 << 21,
                 quota: 1 << 20,
             },
+            TaskError::DeviceLost,
+            TaskError::DataLost { index: 3 },
         ];
         for e in errors {
             let c = Completion::failed(42, e);

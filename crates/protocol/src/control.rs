@@ -62,6 +62,19 @@ pub enum Request {
     Status,
     /// Write the task trace to the daemon's trace file now (`agora serve --trace FILE`).
     SaveTrace,
+    /// Admin: mark a device draining (`drain: true`) or usable again (`false`). A draining device
+    /// gets no new placements; queues bound to it migrate once their in-flight tasks finish, and
+    /// its buffers' valid copies move on demand. Only root or the daemon's own user may ask.
+    Drain {
+        /// Device name, as `agora devices` lists it.
+        device: String,
+        /// Drain (true) or undrain (false).
+        drain: bool,
+        /// With `drain`: also write every idle buffer's only valid copy on the device back to
+        /// host memory and free its device memory now, so the device can be removed. Runs on
+        /// the dispatcher (other clients wait meanwhile); buffers in use move on demand.
+        evacuate: bool,
+    },
 }
 
 /// A reply from the daemon.
@@ -109,6 +122,20 @@ pub enum Response {
         path: String,
         /// Spans written.
         spans: u64,
+    },
+    /// A device's drain state changed (reply to [`Request::Drain`]).
+    Drained {
+        /// The device.
+        device: String,
+        /// Whether it is draining now.
+        draining: bool,
+        /// Queues bound to it with tasks in flight (they migrate when those finish).
+        queues_bound: u64,
+        /// Buffers whose device copy was dropped by `evacuate` (written back first when it was
+        /// the only valid copy).
+        evacuated_buffers: u64,
+        /// Bytes of device memory those held.
+        evacuated_bytes: u64,
     },
     /// The request failed.
     Error(ControlError),
@@ -202,6 +229,10 @@ pub struct DeviceStatus {
     pub threads_per_lane: u32,
     /// Lanes.
     pub lanes: Vec<LaneStatus>,
+    /// Draining: no new placements; its queues migrate (`agora drain`, or after a failure).
+    pub draining: bool,
+    /// The device failed (its jobs fail with `DeviceLost`); it stays drained.
+    pub failed: bool,
 }
 
 /// State of one queue.
@@ -221,6 +252,8 @@ pub struct QueueStatus {
     pub sla_ms: Option<f64>,
     /// The device its last task handed to a lane ran on (what the policy chose).
     pub last_device: Option<String>,
+    /// Being moved to another device (live migration): new tasks wait for the in-flight ones.
+    pub moving: bool,
 }
 
 /// State of one session.
@@ -291,6 +324,13 @@ pub struct StatusReport {
     pub revocations: u64,
     /// Execution time those revocations threw away, seconds.
     pub revoked_work_s: f64,
+    /// Queues moved to another device since start (drain, failure, or a kernel the bound
+    /// device lacks).
+    pub migrations: u64,
+    /// Tasks a failed device lost that were replayed on another device.
+    pub tasks_replayed: u64,
+    /// Tasks a failed device lost that could not be replayed (their inputs were gone).
+    pub tasks_lost: u64,
 }
 
 /// Encodes a message into a frame (length prefix included).

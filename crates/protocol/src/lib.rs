@@ -27,4 +27,6 @@ pub use descriptor::{ArgTag, Op, RawArg, TaskDescriptor, MAX_ARGS};
 pub use signature::{Access, KernelSignature, ParamKind, ParamSpec, ScalarType};
 
 /// Version of the wire protocol; the hello exchange rejects a mismatch.
+/// 2: `Request::Drain`, `TaskError::DeviceLost`/`DataLost`, drain, failure and migration fields
+/// in the status; queue SLAs (`CreateQueue::sla_ms`), revocation fields in the status.
 pub const PROTOCOL_VERSION: u32 = 2;

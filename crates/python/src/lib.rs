@@ -223,7 +223,10 @@ fn to_python(error: Error) -> PyErr {
             TaskError::DeviceOutOfMemory { .. } | TaskError::DeviceQuota { .. } => {
                 DeviceOutOfMemoryError::new_err(message)
             }
-            TaskError::DeviceFailed(_) => DeviceFailedError::new_err(message),
+            // A device that failed under the task, or data lost with it.
+            TaskError::DeviceFailed(_) | TaskError::DeviceLost | TaskError::DataLost { .. } => {
+                DeviceFailedError::new_err(message)
+            }
             _ => TaskFailedError::new_err(message),
         },
     }

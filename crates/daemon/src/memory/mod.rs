@@ -20,6 +20,11 @@
 //! memory. The same mechanism enforces per-session device quotas, evicting only that session's
 //! buffers. A task whose own buffers do not fit fails with `DeviceOutOfMemory`.
 //!
+//! When a device fails ([`Residency::forget_device`]) its copies are dropped; a buffer whose only
+//! valid copy was there falls back to its (older) host copy and is marked **lost**: the scheduler
+//! fails tasks that read it with `DataLost` until it is written whole again (any recorded write
+//! clears the mark), unless a replayed task's input was that very host copy.
+//!
 //! Must not launch kernels or know about queues.
 
 mod heap;
@@ -47,6 +52,9 @@ pub(crate) struct Placement {
     copies: Vec<DeviceCopy>,
     /// Whether the residency registry knows this buffer (it has had a device copy).
     registered: bool,
+    /// Its only valid copy was on a device that failed: the host copy is older than what the
+    /// client last wrote through tasks.
+    pub lost: bool,
 }
 
 /// Most devices a daemon drives (per-session device usage is a fixed array).
@@ -98,6 +106,7 @@ impl BufferRecord {
                 host_valid: true,
                 copies: Vec::new(),
                 registered: false,
+                lost: false,
             }),
             in_use: AtomicU32::new(0),
             last_used: AtomicU64::new(0),
@@ -115,6 +124,7 @@ impl Placement {
     /// The host copy was rewritten by the client (`sync_to`): it is now the only valid copy.
     pub(crate) fn host_written(&mut self) {
         self.host_valid = true;
+        self.lost = false;
         for c in &mut self.copies {
             c.valid = false;
         }
@@ -201,11 +211,56 @@ impl Placement {
         }
         if access.writes() {
             self.host_valid = false;
+            self.lost = false;
             for (i, c) in self.copies.iter_mut().enumerate() {
                 c.valid = i == position;
             }
         }
         Ok(Some(self.copies[position].buffer.clone()))
+    }
+
+    /// Whether the host copy is current (no transfer needed to read it there).
+    pub(crate) fn host_valid(&self) -> bool {
+        self.host_valid
+    }
+
+    /// Drops the copy on `device`, which failed (its memory cannot be read). When that was the
+    /// only valid copy the buffer falls back to its host copy and is marked lost. Returns whether
+    /// there was a copy.
+    fn forget(&mut self, device: usize, len: u64, usage: &DeviceUsage) -> bool {
+        let Some(position) = self.copies.iter().position(|c| c.device == device) else {
+            return false;
+        };
+        let copy = self.copies.remove(position);
+        usage.0[device].fetch_sub(len, Ordering::Relaxed);
+        if copy.valid && !self.host_valid && !self.copies.iter().any(|c| c.valid) {
+            self.host_valid = true;
+            self.lost = true;
+        }
+        true
+    }
+
+    /// Whether the copy on `device` is current.
+    pub(crate) fn valid_on(&self, device: usize) -> bool {
+        self.copies.iter().any(|c| c.device == device && c.valid)
+    }
+
+    /// A job planned on `device` that named this buffer was lost before it ran (its device, or
+    /// the device it read from, failed): undoes what planning it claimed. Copies its transfers
+    /// were to make current (the host copy unless it was current before, `device`'s copy unless
+    /// it was current before) are not; a copy current before still holds what the task read. If
+    /// no copy is left current the buffer falls back to its host copy, marked lost.
+    pub(crate) fn job_lost(&mut self, device: usize, host_before: bool, device_before: bool) {
+        self.host_valid = host_before;
+        if !device_before {
+            for c in self.copies.iter_mut().filter(|c| c.device == device) {
+                c.valid = false;
+            }
+        }
+        if !self.host_valid && !self.copies.iter().any(|c| c.valid) {
+            self.host_valid = true;
+            self.lost = true;
+        }
     }
 
     /// Whether `device` has an allocation for this buffer.
@@ -283,6 +338,54 @@ impl Residency {
             placement.registered = true;
             self.buffers.push(Arc::downgrade(record));
         }
+    }
+
+    /// Drops every idle buffer's copy on `device` (drain with evacuation), reading a copy that
+    /// is the only valid one back into host memory first. Buffers in use are left (they move on
+    /// demand). Returns (buffers, bytes) freed on the device.
+    pub(crate) fn evacuate(&mut self, devices: &[Arc<dyn Device>], device: usize) -> (u64, u64) {
+        self.buffers.retain(|w| w.strong_count() > 0);
+        let (mut count, mut bytes) = (0, 0);
+        for record in self.buffers.iter().filter_map(Weak::upgrade) {
+            if record.in_use.load(Ordering::Acquire) != 0 {
+                continue;
+            }
+            // Holding the owner keeps its segment mapped while the copy is read back.
+            let Some(owner) = record.owner.upgrade() else { continue };
+            let Some(host) = owner.host_range(record.offset, record.len) else {
+                continue;
+            };
+            match record
+                .placement()
+                .evict(devices, device, host, record.len, &record.usage)
+            {
+                Ok(true) => {
+                    count += 1;
+                    bytes += record.len;
+                }
+                Ok(false) => {}
+                Err(error) => {
+                    tracing::warn!(device = %devices[device].info().name, %error, "could not evacuate a buffer; it stays");
+                }
+            }
+        }
+        (count, bytes)
+    }
+
+    /// Forgets every copy on `device`, which failed. Returns (buffers that had a copy there,
+    /// buffers whose only valid copy it was and that are now lost).
+    pub(crate) fn forget_device(&mut self, device: usize) -> (u64, u64) {
+        self.buffers.retain(|w| w.strong_count() > 0);
+        let (mut had, mut lost) = (0, 0);
+        for record in self.buffers.iter().filter_map(Weak::upgrade) {
+            let mut placement = record.placement();
+            let was_lost = placement.lost;
+            if placement.forget(device, record.len, &record.usage) {
+                had += 1;
+                lost += u64::from(placement.lost && !was_lost);
+            }
+        }
+        (had, lost)
     }
 
     /// Evicts idle buffers from `device` (least recently used first) until `needed` more bytes

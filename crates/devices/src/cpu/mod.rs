@@ -137,6 +137,7 @@ impl Device for CpuDevice {
             memory_used: 0,
             threads_per_lane: self.info.threads_per_lane as u32,
             lanes: self.lanes.statuses(),
+            ..Default::default()
         }
     }
 

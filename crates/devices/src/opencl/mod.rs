@@ -884,6 +884,7 @@ impl Device for OpenClDevice {
             memory_used: self.shared.memory_used.load(Ordering::Relaxed),
             threads_per_lane: 1,
             lanes: self.lanes.statuses(),
+            ..Default::default()
         }
     }
 

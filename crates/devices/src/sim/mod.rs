@@ -8,13 +8,18 @@
 //! completes when the computation is done, so keep modeled times above what the host needs (or
 //! give the device few lanes). Transfers are timed the same way from a modeled bandwidth.
 //!
+//! Fault injection: with [`SimSpec::fail_after_jobs`] set to N, the device runs N jobs and then
+//! fails for good, as a real device that falls off the bus would: [`Device::healthy`] turns false
+//! and every later job (queued or new, transfers included) and every read completes with
+//! [`TaskError::DeviceLost`] without touching memory. The daemon's failure path is tested with it.
+//!
 //! It is not a substitute for a real backend: it exists so the scheduler's policies can be
 //! exercised with devices that differ in speed, memory and power (DESIGN.md, heterogeneous
 //! scheduling), on a machine that has one CPU and PoCL.
 
 use std::any::Any;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -54,6 +59,8 @@ pub struct SimSpec {
     pub kernels: Option<Vec<String>>,
     /// Host link bandwidth in bytes per second.
     pub bandwidth: f64,
+    /// Fault injection: the device fails for good after running this many jobs.
+    pub fail_after_jobs: Option<u64>,
 }
 
 impl Default for SimSpec {
@@ -67,6 +74,7 @@ impl Default for SimSpec {
             profile: HashMap::new(),
             kernels: None,
             bandwidth: 10e9,
+            fail_after_jobs: None,
         }
     }
 }
@@ -125,10 +133,38 @@ pub struct SimDevice {
     spec: Arc<SimSpec>,
     lanes: Lanes,
     used: Arc<AtomicU64>,
+    fault: Arc<Fault>,
+}
+
+/// The injected fault's state, shared by the device and its lanes.
+#[derive(Debug, Default)]
+struct Fault {
+    /// Jobs started so far.
+    jobs: AtomicU64,
+    /// Set once the device has failed; never cleared.
+    failed: AtomicBool,
+}
+
+impl Fault {
+    /// Counts a job about to start; true when the device has failed (the job must not run).
+    fn job_fails(&self, after: Option<u64>) -> bool {
+        if self.failed.load(Ordering::Acquire) {
+            return true;
+        }
+        let Some(after) = after else { return false };
+        if self.jobs.fetch_add(1, Ordering::AcqRel) >= after {
+            // Fail for good before reporting it, so whoever sees a `DeviceLost` also sees
+            // `healthy() == false`.
+            self.failed.store(true, Ordering::Release);
+            return true;
+        }
+        false
+    }
 }
 
 struct SimExecutor {
     spec: Arc<SimSpec>,
+    fault: Arc<Fault>,
 }
 
 fn sim_buffer(buffer: &dyn DeviceBuffer) -> Result<&SimBuffer, TaskError> {
@@ -198,6 +234,12 @@ impl SimExecutor {
 
 impl Executor for SimExecutor {
     fn run(&mut self, transfers: Vec<Transfer>, work: Work, end: JobEnd) {
+        if self.fault.job_fails(self.spec.fail_after_jobs) {
+            drop(work);
+            drop(transfers);
+            end.finish(Err(TaskError::DeviceLost));
+            return;
+        }
         let started = Instant::now();
         let result = run_synchronously(
             &transfers,
@@ -238,13 +280,17 @@ impl SimDevice {
     /// Starts a sim device as `spec` says.
     pub fn new(spec: SimSpec) -> std::io::Result<Self> {
         let spec = Arc::new(spec);
+        let fault = Arc::new(Fault::default());
         let lanes = spec.lanes.max(1);
         let mut lane_list = Vec::new();
         let mut handles = Vec::new();
         for index in 0..lanes {
             let (lane, thread) = Lane::start(
                 format!("agora-{}-lane{index}", spec.name),
-                Box::new(SimExecutor { spec: spec.clone() }),
+                Box::new(SimExecutor {
+                    spec: spec.clone(),
+                    fault: fault.clone(),
+                }),
             )?;
             lane_list.push(lane);
             handles.push(thread);
@@ -270,6 +316,7 @@ impl SimDevice {
             spec,
             lanes: Lanes::new(lane_list, handles),
             used: Arc::new(AtomicU64::new(0)),
+            fault,
         })
     }
 
@@ -315,6 +362,9 @@ impl Device for SimDevice {
     }
 
     fn alloc(&self, len: u64) -> Option<Result<Arc<dyn DeviceBuffer>, TaskError>> {
+        if !self.healthy() {
+            return Some(Err(TaskError::DeviceLost));
+        }
         let used = self.used.fetch_add(len, Ordering::Relaxed) + len;
         if used > self.spec.memory_bytes {
             self.used.fetch_sub(len, Ordering::Relaxed);
@@ -330,6 +380,10 @@ impl Device for SimDevice {
     }
 
     unsafe fn read(&self, from: &dyn DeviceBuffer, host: *mut u8, len: usize) -> Result<(), TaskError> {
+        if !self.healthy() {
+            // Its memory is gone with it.
+            return Err(TaskError::DeviceLost);
+        }
         let from = sim_buffer(from)?;
         let len = len.min(from.len as usize);
         // SAFETY: the caller guarantees `host` is valid for `len` bytes; `from` holds them.
@@ -346,7 +400,13 @@ impl Device for SimDevice {
             memory_used: self.used.load(Ordering::Relaxed),
             threads_per_lane: 1,
             lanes: self.lanes.statuses(),
+            failed: !self.healthy(),
+            ..Default::default()
         }
+    }
+
+    fn healthy(&self) -> bool {
+        !self.fault.failed.load(Ordering::Acquire)
     }
 
     fn shutdown(&self) {
@@ -459,6 +519,39 @@ mod tests {
         drop(a);
         assert_eq!(dev.status().memory_used, 0);
         assert!(dev.alloc(600).unwrap().is_ok());
+    }
+
+    #[test]
+    fn an_injected_fault_fails_every_later_job_and_read() {
+        let dev = SimDevice::new(SimSpec {
+            fail_after_jobs: Some(1),
+            ..SimSpec::default()
+        })
+        .unwrap();
+        let x = dev.alloc(4000).unwrap().unwrap();
+        let y = dev.alloc(4000).unwrap().unwrap();
+        submit_saxpy(&dev, &x, &y, 1000);
+        assert!(dev.healthy());
+        let (tx, rx) = mpsc::channel();
+        dev.submit(
+            1,
+            Job {
+                transfers: Vec::new(),
+                work: Work::Nothing,
+                keepalive: None,
+                cancelled: None,
+                revoke: None,
+                urgent: false,
+                done: Box::new(move |r, _| tx.send(r).unwrap()),
+            },
+        );
+        assert_eq!(rx.recv().unwrap(), Err(TaskError::DeviceLost));
+        assert!(!dev.healthy() && dev.status().failed);
+        let mut out = [0u8; 16];
+        // SAFETY: out holds 16 bytes.
+        let read = unsafe { dev.read(x.as_ref(), out.as_mut_ptr(), 16) };
+        assert_eq!(read, Err(TaskError::DeviceLost));
+        assert!(matches!(dev.alloc(16), Some(Err(TaskError::DeviceLost))));
     }
 
     #[test]

@@ -1,0 +1,191 @@
+//! Migration from the command line, against `agora serve` processes: `agora drain` / `undrain`
+//! and what `agora status` shows, a `sim` device failing (fault injection from the config file)
+//! while a client keeps working, and `agora bench migrate --quick --json` (fields and verified
+//! results, not timings).
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use agora::{DeviceKind, QueueOptions, Session, SessionOptions};
+
+const AGORA: &str = env!("CARGO_BIN_EXE_agora");
+
+/// A daemon process, killed when dropped.
+struct Daemon {
+    child: Option<Child>,
+    socket: PathBuf,
+    dir: PathBuf,
+}
+
+impl Daemon {
+    fn start(tag: &str, config: &str) -> Daemon {
+        let dir = std::env::temp_dir().join(format!("agora-cli-mig-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join("agora.sock");
+        let file = dir.join("agora.toml");
+        std::fs::write(&file, config).unwrap();
+        let child = Command::new(AGORA)
+            .args(["serve", "--config", file.to_str().unwrap(), "--socket"])
+            .arg(&socket)
+            .env("AGORA_LOG", "warn")
+            .env("AGORA_STATE_DIR", dir.join("state"))
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("agora serve starts");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            assert!(Instant::now() < deadline, "the daemon did not listen within 20 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Daemon {
+            child: Some(child),
+            socket,
+            dir,
+        }
+    }
+
+    fn agora(&self, args: &[&str]) -> (bool, String, String) {
+        let out = Command::new(AGORA)
+            .args(args)
+            .arg("--socket")
+            .arg(&self.socket)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn drain_and_undrain_from_the_command_line_show_in_status() {
+    let daemon = Daemon::start("drain", "[[sim]]\nname = \"sim0\"\n");
+    let (ok, out, err) = daemon.agora(&["drain", "sim0"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("sim0 is draining"), "{out}");
+    let (_, status, _) = daemon.agora(&["status"]);
+    assert!(
+        status.contains("device sim0 (sim)") && status.contains("draining"),
+        "{status}"
+    );
+    let (ok, out, err) = daemon.agora(&["undrain", "sim0"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("takes new work again"), "{out}");
+    let (_, status, _) = daemon.agora(&["status"]);
+    assert!(!status.contains("draining"), "{status}");
+    let (ok, out, err) = daemon.agora(&["drain", "sim0", "--evacuate"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("evacuated 0 buffer(s)"), "{out}");
+    assert!(daemon.agora(&["undrain", "sim0"]).0);
+    // A name the daemon does not have: a clear error listing the ones it has.
+    let (ok, _, err) = daemon.agora(&["drain", "gpu7"]);
+    assert!(!ok);
+    assert!(err.contains("unknown device 'gpu7'") && err.contains("sim0"), "{err}");
+}
+
+#[test]
+fn a_failing_sim_device_is_drained_and_the_client_keeps_exact_results() {
+    let daemon = Daemon::start(
+        "fail",
+        // Jobs alternate launch, read-back: the 5th (a launch) is the first to fail, so every
+        // output that finished on the device was home before it failed. (With an odd count a
+        // finished output would die with the device unread: that task's read-back then reports
+        // DataLost, as the client tests check.)
+        "[[sim]]\nname = \"flaky\"\nlanes = 1\nlaunch_ns = 300000\nfail_after_jobs = 4\n",
+    );
+    let session = Session::connect_with(SessionOptions {
+        socket: Some(daemon.socket.clone()),
+        ..Default::default()
+    })
+    .unwrap();
+    let q = session
+        .queue_with(QueueOptions {
+            name: "q".into(),
+            preferred_device: Some(DeviceKind::Sim),
+            ..Default::default()
+        })
+        .unwrap();
+    let add = session.kernel("vector_add").unwrap();
+    let n = 4096usize;
+    let a = session
+        .buffer_from(&(0..n).map(|i| i as f32).collect::<Vec<_>>())
+        .unwrap();
+    let outs: Vec<_> = (0..16).map(|_| session.buffer(n as u64 * 4).unwrap()).collect();
+    let mut tasks = Vec::new();
+    for out in &outs {
+        tasks.push(q.launch(&add, &[(&a).into(), (&a).into(), out.into()], n).unwrap());
+        tasks.push(q.sync_from(out).unwrap());
+    }
+    for task in tasks {
+        task.wait().unwrap();
+    }
+    for out in &outs {
+        assert!(out
+            .as_slice::<f32>()
+            .iter()
+            .enumerate()
+            .all(|(i, v)| *v == 2.0 * i as f32));
+    }
+    let (_, status, _) = daemon.agora(&["status"]);
+    assert!(
+        status.contains("device flaky (sim)") && status.contains("FAILED"),
+        "{status}"
+    );
+    assert!(status.contains("tasks replayed after a device failure"), "{status}");
+    let (ok, _, err) = daemon.agora(&["undrain", "flaky"]);
+    assert!(!ok && err.contains("failed"), "{err}");
+}
+
+#[test]
+fn bench_migrate_quick_json_has_sane_fields() {
+    let dir = std::env::temp_dir().join(format!("agora-cli-mig-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = Command::new(AGORA)
+        .args(["bench", "migrate", "--quick", "--json"])
+        .env("AGORA_STATE_DIR", &dir)
+        .env_remove("AGORA_SOCKET")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let moves = report["moves"].as_array().unwrap();
+    assert!(!moves.is_empty());
+    for m in moves {
+        let mib = m["mib"].as_u64().unwrap();
+        // Exactly the queue's live buffers, device → host → device: nothing else moved.
+        assert_eq!(m["bytes_moved"].as_u64().unwrap(), 2 * (mib << 20), "{m}");
+        for key in ["move_ms", "resident_ms", "cost_ms"] {
+            let (min, median, max) = (
+                m[key]["min"].as_f64().unwrap(),
+                m[key]["median"].as_f64().unwrap(),
+                m[key]["max"].as_f64().unwrap(),
+            );
+            assert!(min <= median && median <= max && min.is_finite(), "{key}: {m}");
+        }
+        assert!(m["move_ms"]["min"].as_f64().unwrap() > 0.0);
+        assert!(m["gb_per_s"].as_f64().unwrap() > 0.0);
+        assert_ne!(m["from"], m["to"]);
+    }
+    let app = &report["app"];
+    assert!(app["never_s"]["median"].as_f64().unwrap() > 0.0);
+    assert!(app["migrated_s"]["median"].as_f64().unwrap() > 0.0);
+    assert!(app["slowdown_pct"].as_f64().unwrap().is_finite());
+    assert_eq!(app["arax_anchor_pct"].as_f64().unwrap(), 7.0);
+    assert_eq!(app["from"], "sim0");
+    assert_eq!(app["to"], "sim1");
+    let _ = std::fs::remove_dir_all(&dir);
+}
