@@ -68,6 +68,16 @@ fn a_bad_config_file_is_refused_with_the_reason() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read the configuration file"));
     let out = agora(&["serve", "--policy", "fastest"], &dir);
     assert!(String::from_utf8_lossy(&out.stderr).contains("choose rr, perf or energy"));
+    let out = agora(&["serve", "--latency-policy", "fastest"], &dir);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("choose none, priority or elastic"));
+    let out = agora(&["serve", "--latency-sla-ms", "0", "--print-config"], &dir);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("positive number of milliseconds"));
+    std::fs::write(&file, "[scheduler]\nlatency_sla_ms = -5.0\n").unwrap();
+    let out = agora(&["serve", "--config", file.to_str().unwrap()], &dir);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("scheduler.latency_sla_ms"), "{err}");
 }
 
 #[test]

@@ -297,6 +297,34 @@ fn only_permitted_users_open_latency_queues() {
     daemon.stop().unwrap();
 }
 
+#[test]
+fn a_latency_queue_sla_is_checked_and_shown_in_status() {
+    let (daemon, session) = start("latency-sla", |c| c.opencl = false);
+    let options = |sla| QueueOptions {
+        name: "frontend".into(),
+        class: agora::QueueClass::Latency,
+        preferred_device: None,
+        sla,
+    };
+    let refused = session
+        .queue_with(options(Some(std::time::Duration::ZERO)))
+        .unwrap_err();
+    assert!(refused.to_string().contains("response-time target"), "{refused}");
+    let _queue = session
+        .queue_with(options(Some(std::time::Duration::from_millis(25))))
+        .unwrap();
+    let status = session.status().unwrap();
+    let queue = status
+        .sessions
+        .iter()
+        .flat_map(|s| &s.queues)
+        .find(|q| q.name == "frontend")
+        .expect("the queue is listed");
+    assert_eq!(queue.sla_ms, Some(25.0));
+    drop(session);
+    daemon.stop().unwrap();
+}
+
 fn own_uid() -> u32 {
     // The test's own uid, as the daemon sees it through SO_PEERCRED.
     std::fs::metadata("/proc/self")
