@@ -138,6 +138,18 @@ extern "C" {
 const char *agora_last_error_message(void);
 
 /**
+ * After `agora_queue_finish` failed on this thread: how many tasks of the queue failed since
+ * its previous finish, with the ids of the first of them (up to `capacity`, in issue order)
+ * written to `ids` (which may be null when `capacity` is 0). Each one's error:
+ * `agora_task_check` on its handle, or the message, which lists the first few. 0 after any
+ * other failure.
+ *
+ * # Safety
+ * `ids` is null or valid for `capacity` writes.
+ */
+uint64_t agora_last_failed_tasks(uint64_t *ids, uint64_t capacity);
+
+/**
  * Opens a session. `socket` may be null (then `$AGORA_SOCKET`, else the default path).
  *
  * # Safety
@@ -253,6 +265,32 @@ AgoraStatus agora_sync_from(const AgoraQueue *queue,
                             AgoraTask **task_out);
 
 /**
+ * Waits for a task and returns its outcome, keeping the handle: asked again, it returns the
+ * same outcome. Release the handle with `agora_task_destroy`.
+ *
+ * # Safety
+ * A live task handle.
+ */
+AgoraStatus agora_task_check(const AgoraTask *task);
+
+/**
+ * The id of a task within its session (0 for a null handle).
+ *
+ * # Safety
+ * Null or a live task handle.
+ */
+uint64_t agora_task_id(const AgoraTask *task);
+
+/**
+ * Releases a task handle without waiting (the task still runs; a failure is still reported by
+ * the queue's next `agora_queue_finish`).
+ *
+ * # Safety
+ * Null or a live task handle, not used afterwards.
+ */
+void agora_task_destroy(AgoraTask *task);
+
+/**
  * Waits for a task and releases its handle; returns its outcome.
  *
  * # Safety
@@ -261,7 +299,9 @@ AgoraStatus agora_sync_from(const AgoraQueue *queue,
 AgoraStatus agora_task_wait(AgoraTask *task);
 
 /**
- * Waits for every task issued on `queue`; returns the first failure among them.
+ * Waits for every task issued on `queue`. `AGORA_STATUS_TASK` when any task issued since the
+ * previous finish failed: the message says how many and lists the first few with their errors;
+ * `agora_last_failed_tasks` gives their ids.
  *
  * # Safety
  * A valid queue handle.

@@ -83,6 +83,8 @@ pub struct AgoraTask(agora::Task);
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+    /// The failed tasks of the last failure: (how many in all, the ids kept).
+    static LAST_FAILED: RefCell<(u64, Vec<u64>)> = const { RefCell::new((0, Vec::new())) };
 }
 
 fn fail(status: AgoraStatus, message: impl Into<String>) -> AgoraStatus {
@@ -92,10 +94,15 @@ fn fail(status: AgoraStatus, message: impl Into<String>) -> AgoraStatus {
 }
 
 fn from_error(e: Error) -> AgoraStatus {
+    let failed = match &e {
+        Error::Tasks(failures) => (failures.count, failures.failures.iter().map(|(id, _)| *id).collect()),
+        _ => (0, Vec::new()),
+    };
+    LAST_FAILED.with(|f| *f.borrow_mut() = failed);
     let status = match &e {
         Error::Connect { .. } => AgoraStatus::Connect,
         Error::Disconnected => AgoraStatus::Disconnected,
-        Error::Task(_) => AgoraStatus::Task,
+        Error::Task(_) | Error::Tasks(_) => AgoraStatus::Task,
         Error::Control(_) => AgoraStatus::Control,
         Error::OutOfBounds { .. } => AgoraStatus::OutOfBounds,
         Error::Protocol(_) => AgoraStatus::Protocol,
@@ -140,6 +147,28 @@ macro_rules! handle {
 #[no_mangle]
 pub extern "C" fn agora_last_error_message() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+/// After `agora_queue_finish` failed on this thread: how many tasks of the queue failed since
+/// its previous finish, with the ids of the first of them (up to `capacity`, in issue order)
+/// written to `ids` (which may be null when `capacity` is 0). Each one's error:
+/// `agora_task_check` on its handle, or the message, which lists the first few. 0 after any
+/// other failure.
+///
+/// # Safety
+/// `ids` is null or valid for `capacity` writes.
+#[no_mangle]
+pub unsafe extern "C" fn agora_last_failed_tasks(ids: *mut u64, capacity: u64) -> u64 {
+    LAST_FAILED.with(|f| {
+        let f = f.borrow();
+        if !ids.is_null() {
+            for (i, id) in f.1.iter().take(capacity as usize).enumerate() {
+                // SAFETY: `ids` is valid for `capacity` writes and `i < capacity` (contract).
+                unsafe { ids.add(i).write(*id) };
+            }
+        }
+        f.0
+    })
 }
 
 /// Opens a session. `socket` may be null (then `$AGORA_SOCKET`, else the default path).
@@ -442,6 +471,40 @@ pub unsafe extern "C" fn agora_sync_from(
     }
 }
 
+/// Waits for a task and returns its outcome, keeping the handle: asked again, it returns the
+/// same outcome. Release the handle with `agora_task_destroy`.
+///
+/// # Safety
+/// A live task handle.
+#[no_mangle]
+pub unsafe extern "C" fn agora_task_check(task: *const AgoraTask) -> AgoraStatus {
+    let task = handle!(task, "task");
+    done(task.0.wait())
+}
+
+/// The id of a task within its session (0 for a null handle).
+///
+/// # Safety
+/// Null or a live task handle.
+#[no_mangle]
+pub unsafe extern "C" fn agora_task_id(task: *const AgoraTask) -> u64 {
+    // SAFETY: null or a live handle (contract).
+    unsafe { task.as_ref() }.map_or(0, |t| t.0.id())
+}
+
+/// Releases a task handle without waiting (the task still runs; a failure is still reported by
+/// the queue's next `agora_queue_finish`).
+///
+/// # Safety
+/// Null or a live task handle, not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn agora_task_destroy(task: *mut AgoraTask) {
+    if !task.is_null() {
+        // SAFETY: a live handle from Box::into_raw, released once (contract).
+        drop(unsafe { Box::from_raw(task) });
+    }
+}
+
 /// Waits for a task and releases its handle; returns its outcome.
 ///
 /// # Safety
@@ -456,7 +519,9 @@ pub unsafe extern "C" fn agora_task_wait(task: *mut AgoraTask) -> AgoraStatus {
     done(task.0.wait())
 }
 
-/// Waits for every task issued on `queue`; returns the first failure among them.
+/// Waits for every task issued on `queue`. `AGORA_STATUS_TASK` when any task issued since the
+/// previous finish failed: the message says how many and lists the first few with their errors;
+/// `agora_last_failed_tasks` gives their ids.
 ///
 /// # Safety
 /// A valid queue handle.

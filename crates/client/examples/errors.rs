@@ -2,7 +2,7 @@
 //!
 //! Start a daemon (`agora serve`), then: `cargo run --release -p agora --example errors`.
 
-use agora::{Arg, Error, Session, TaskError};
+use agora::{Arg, Error, Session};
 
 fn main() -> Result<(), Error> {
     let session = Session::connect()?;
@@ -37,10 +37,17 @@ fn main() -> Result<(), Error> {
         Ok(_) => println!("quota:     (the daemon granted a petabyte?)"),
     }
 
-    // Errors of tasks nobody waited for surface at finish().
+    // finish() reports every task of the queue that failed since the previous finish(),
+    // whether or not its own wait() reported it already.
     let _ = queue.launch(&saxpy, &[Arg::F32(1.0), (&x).into(), (&x).into()], 16)?;
-    if let Err(Error::Task(TaskError::Aliased { .. })) = queue.finish() {
-        println!("finish:    reported the aliasing of x with itself");
+    match queue.finish() {
+        Err(Error::Tasks(failures)) => {
+            println!("finish:    {} task(s) failed", failures.count);
+            for (task, error) in &failures.failures {
+                println!("           task {task}: {error}");
+            }
+        }
+        other => println!("finish:    unexpected: {other:?}"),
     }
     Ok(())
 }

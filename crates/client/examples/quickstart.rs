@@ -25,7 +25,7 @@ pub fn quickstart(session: &Session) -> Result<(), agora::Error> {
     queue.sync_to(&y)?;
     queue.launch(&saxpy, &[Arg::F32(3.0), (&x).into(), (&y).into()], n)?;
     queue.sync_from(&y)?;
-    queue.finish()?; // waits for the queue; reports its first failure
+    queue.finish()?; // waits for the queue; fails if any of its tasks failed
     assert!(y.as_slice::<f32>().iter().all(|v| *v == 5.0));
     Ok(())
 }

@@ -128,6 +128,6 @@ impl Drop for Buffer {
         d.args[0] = RawArg::buffer(self.handle);
         // Goes through the ring, so it is ordered after every task issued before it. If the
         // daemon is gone there is nothing left to release.
-        let _ = self.session.submit(0, d);
+        let _ = self.session.submit(0, d, false);
     }
 }

@@ -22,6 +22,9 @@ pub enum Error {
     /// A task failed.
     #[error("task failed: {0}")]
     Task(#[from] TaskError),
+    /// Tasks of a queue failed since its previous `finish` (reported by `Queue::finish`).
+    #[error("{0}")]
+    Tasks(TaskFailures),
     /// A control request failed.
     #[error("{0}")]
     Control(#[from] ControlError),
@@ -41,12 +44,63 @@ pub enum Error {
 }
 
 impl Error {
-    /// The task error, if this is one.
+    /// The task error, if this is one (for [`Error::Tasks`], the earliest failed task's).
     pub fn task_error(&self) -> Option<&TaskError> {
         match self {
             Error::Task(e) => Some(e),
+            Error::Tasks(failures) => failures.first().map(|(_, e)| e),
             _ => None,
         }
+    }
+}
+
+/// The tasks of one queue that failed between two `finish` calls.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskFailures {
+    /// How many failed.
+    pub count: u64,
+    /// (task id, error) of each, in issue order; at most [`TaskFailures::KEPT`] of them (the
+    /// earliest), `count` says how many there were in all.
+    pub failures: Vec<(u64, TaskError)>,
+}
+
+impl TaskFailures {
+    /// Most failures kept one by one (a queue that fails millions of tasks between two
+    /// `finish` calls must not keep millions of errors).
+    pub const KEPT: usize = 1024;
+
+    pub(crate) fn push(&mut self, task: u64, error: TaskError) {
+        self.count += 1;
+        if self.failures.len() < Self::KEPT {
+            // Completions of one queue arrive in issue order; keep the list sorted regardless.
+            let at = self.failures.partition_point(|(id, _)| *id < task);
+            self.failures.insert(at, (task, error));
+        }
+    }
+
+    /// The earliest failed task and its error.
+    pub fn first(&self) -> Option<&(u64, TaskError)> {
+        self.failures.first()
+    }
+}
+
+impl std::fmt::Display for TaskFailures {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const SHOWN: usize = 4;
+        let s = if self.count == 1 { "" } else { "s" };
+        write!(
+            f,
+            "{} task{s} of this queue failed since the previous finish()",
+            self.count
+        )?;
+        for (i, (task, error)) in self.failures.iter().take(SHOWN).enumerate() {
+            write!(f, "{} task {task}: {error}", if i == 0 { ":" } else { ";" })?;
+        }
+        let more = self.count.saturating_sub(SHOWN.min(self.failures.len()) as u64);
+        if more > 0 {
+            write!(f, "; and {more} more")?;
+        }
+        Ok(())
     }
 }
 

@@ -43,7 +43,7 @@ mod session;
 pub use agora_protocol::control::{QueueClass, StatusReport};
 pub use agora_protocol::{KernelSignature, TaskError};
 pub use buffer::Buffer;
-pub use error::Error;
+pub use error::{Error, TaskFailures};
 pub use queue::{Arg, DeviceKind, NdRange, Queue, QueueOptions, Task};
 pub use session::{daemon_status, drain_device, DrainOutcome, Kernel, Session, SessionOptions};
 

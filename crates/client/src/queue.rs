@@ -189,8 +189,8 @@ impl From<(u64, u64, u64)> for NdRange {
     }
 }
 
-/// An issued task. Dropping it does not cancel it; an unobserved failure is reported by the
-/// queue's next [`Queue::finish`].
+/// An issued task. Dropping it does not cancel it; its failure, if any, is reported by the
+/// queue's next [`Queue::finish`] in any case.
 pub struct Task {
     session: Arc<Inner>,
     id: u64,
@@ -212,14 +212,21 @@ impl Task {
         self.id
     }
 
-    /// Blocks until the task completes; returns its error if it failed.
-    pub fn wait(self) -> Result<(), Error> {
+    /// Blocks until the task completes; returns its error if it failed. Asked again, it returns
+    /// the same outcome.
+    pub fn wait(&self) -> Result<(), Error> {
         self.session.wait(self.id)
     }
 
     /// Whether the task has completed (successfully or not), without blocking.
     pub fn is_complete(&self) -> Result<bool, Error> {
         self.session.poll(self.id)
+    }
+}
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        self.session.forget(self.id);
     }
 }
 
@@ -249,7 +256,7 @@ impl Queue {
     }
 
     fn issue(&self, descriptor: TaskDescriptor) -> Result<Task, Error> {
-        let id = self.session.submit(self.handle, descriptor)?;
+        let id = self.session.submit(self.handle, descriptor, true)?;
         self.last.fetch_max(id, Ordering::AcqRel);
         Ok(Task::new(self.session.clone(), id))
     }
@@ -319,15 +326,16 @@ impl Queue {
         self.issue(d)
     }
 
-    /// Waits for every task issued so far on this queue; returns the first failure among them
-    /// that no `Task::wait` reported yet.
+    /// Waits for every task issued so far on this queue. Fails with [`Error::Tasks`] when any
+    /// task issued since the previous `finish` failed (whether or not its `Task::wait` reported
+    /// it already): how many, and each one's id and error.
     pub fn finish(&self) -> Result<(), Error> {
         let last = self.last.load(Ordering::Acquire);
         if last > 0 {
             self.session.wait_done(last)?;
         }
-        match self.session.take_queue_errors(self.handle) {
-            Some((_, e)) => Err(Error::Task(e)),
+        match self.session.take_queue_failures(self.handle) {
+            Some(failures) => Err(Error::Tasks(failures)),
             None => Ok(()),
         }
     }
@@ -342,6 +350,6 @@ impl Drop for Queue {
     fn drop(&mut self) {
         let mut d = TaskDescriptor::zeroed();
         d.op = Op::ReleaseQueue as u32;
-        let _ = self.session.submit(self.handle, d);
+        let _ = self.session.submit(self.handle, d, false);
     }
 }

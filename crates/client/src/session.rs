@@ -18,7 +18,7 @@ use agora_transport::wake::{futex_wait, futex_wake_all, AdaptiveSpin, Doorbell};
 
 use crate::buffer::Buffer;
 use crate::queue::{Queue, QueueOptions};
-use crate::Error;
+use crate::{Error, TaskFailures};
 
 /// How long to wait for the daemon's answer to hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -67,9 +67,17 @@ struct Producer {
 
 struct Completions {
     ring: CompletionConsumer,
-    /// Failed tasks not yet reported: task id → (queue handle, error).
-    errors: HashMap<u64, (u64, TaskError)>,
+    /// The error of each failed task whose [`crate::Task`] handle is alive: a task's `wait`
+    /// reports it every time it is asked, and dropping the handle forgets it.
+    task_errors: HashMap<u64, TaskError>,
+    /// Each queue's failures since its last `finish`.
+    queue_failures: HashMap<u64, TaskFailures>,
 }
+
+/// `handles[slot]` of a failed task whose error `task_errors` holds.
+const ERROR_STORED: u64 = 1 << 63;
+/// `slot_queue[slot]` of a task no handle or queue reports (the release of a queue or buffer).
+const UNTRACKED: u64 = u64::MAX;
 
 pub(crate) struct Inner {
     control: Mutex<UnixStream>,
@@ -80,13 +88,18 @@ pub(crate) struct Inner {
     completions: Mutex<Completions>,
     /// `done[id % capacity]` holds the newest consumed task id in that slot.
     done: Box<[AtomicU64]>,
-    /// Queue handle of the task issued into each slot.
+    /// Queue handle of the task issued into each slot ([`UNTRACKED`] for releases).
     slot_queue: Box<[AtomicU64]>,
+    /// Id of the task in each slot while its `Task` handle lives (0 after the handle is dropped),
+    /// with [`ERROR_STORED`] set once its error is in `task_errors`. A slot is reused only after
+    /// its previous task's completion was consumed, so this is exact.
+    handles: Box<[AtomicU64]>,
     /// Tasks issued and tasks whose completion was consumed.
     issued: AtomicU64,
     consumed: AtomicU64,
     capacity: u64,
-    pending_errors: AtomicUsize,
+    /// Queues with failures not yet reported by a `finish` (a fast check for the common case).
+    failing_queues: AtomicUsize,
     disconnected: AtomicBool,
     id: u64,
 }
@@ -186,14 +199,16 @@ impl Session {
             }),
             completions: Mutex::new(Completions {
                 ring: CompletionConsumer::new(view),
-                errors: HashMap::new(),
+                task_errors: HashMap::new(),
+                queue_failures: HashMap::new(),
             }),
             done: (0..capacity).map(|_| AtomicU64::new(0)).collect(),
             slot_queue: (0..capacity).map(|_| AtomicU64::new(0)).collect(),
+            handles: (0..capacity).map(|_| AtomicU64::new(0)).collect(),
             issued: AtomicU64::new(0),
             consumed: AtomicU64::new(0),
             capacity,
-            pending_errors: AtomicUsize::new(0),
+            failing_queues: AtomicUsize::new(0),
             disconnected: AtomicBool::new(false),
             id: session,
             segment,
@@ -361,22 +376,29 @@ impl Inner {
         self.completions.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Issues `descriptor` on `queue`; returns its task id. Waits while too many tasks are
-    /// outstanding.
-    pub(crate) fn submit(&self, queue: u64, mut descriptor: TaskDescriptor) -> Result<u64, Error> {
+    /// Issues `descriptor` on `queue`; returns its task id. `tracked`: a [`crate::Task`] handle
+    /// and the queue's `finish` report its outcome (false for releases, which nobody waits
+    /// for). Waits while too many tasks are outstanding.
+    pub(crate) fn submit(&self, queue: u64, mut descriptor: TaskDescriptor, tracked: bool) -> Result<u64, Error> {
         loop {
             if self.disconnected.load(Ordering::Relaxed) {
                 return Err(Error::Disconnected);
             }
             let mut producer = self.producer.lock().unwrap_or_else(|e| e.into_inner());
             let issued = self.issued.load(Ordering::Relaxed);
-            if issued - self.consumed.load(Ordering::Acquire) < self.capacity {
-                let id = producer.next_id;
+            let id = producer.next_id;
+            // Room in the rings, and this id's slot is free: completions of different queues
+            // arrive out of order, so the task `capacity` ids earlier may still be running.
+            let slot_free = id <= self.capacity || self.is_done(id - self.capacity);
+            if issued - self.consumed.load(Ordering::Acquire) < self.capacity && slot_free {
                 descriptor.task_id = id;
                 descriptor.queue = queue;
                 if producer.ring.stage(&descriptor) {
                     producer.next_id += 1;
-                    self.slot_queue[(id % self.capacity) as usize].store(queue, Ordering::Relaxed);
+                    let slot = (id % self.capacity) as usize;
+                    self.slot_queue[slot].store(if tracked { queue } else { UNTRACKED }, Ordering::Relaxed);
+                    // Published by the ring's release below, before the completion can arrive.
+                    self.handles[slot].store(if tracked { id } else { 0 }, Ordering::Relaxed);
                     producer.ring.publish();
                     self.issued.store(issued + 1, Ordering::Release);
                     drop(producer);
@@ -406,8 +428,21 @@ impl Inner {
             let slot = (id % self.capacity) as usize;
             if let Err(e) = completion.result() {
                 let queue = self.slot_queue[slot].load(Ordering::Relaxed);
-                c.errors.insert(id, (queue, e));
-                self.pending_errors.fetch_add(1, Ordering::Relaxed);
+                if queue != UNTRACKED {
+                    let failures = c.queue_failures.entry(queue).or_default();
+                    if failures.count == 0 {
+                        self.failing_queues.fetch_add(1, Ordering::Relaxed);
+                    }
+                    failures.push(id, e);
+                    // Kept for the task's own `wait` only while its handle lives.
+                    let stored = id | ERROR_STORED;
+                    if self.handles[slot]
+                        .compare_exchange(id, stored, Ordering::AcqRel, Ordering::Relaxed)
+                        .is_ok()
+                    {
+                        c.task_errors.insert(id, e);
+                    }
+                }
             }
             self.done[slot].fetch_max(id, Ordering::Release);
             n += 1;
@@ -448,10 +483,10 @@ impl Inner {
         Ok(false)
     }
 
-    /// Blocks until task `id` is complete; returns its error if it failed.
+    /// Blocks until task `id` is complete; returns its error if it failed (every time).
     pub(crate) fn wait(&self, id: u64) -> Result<(), Error> {
         self.wait_done(id)?;
-        match self.take_error(id) {
+        match self.task_error(id) {
             Some(e) => Err(Error::Task(e)),
             None => Ok(()),
         }
@@ -515,38 +550,41 @@ impl Inner {
         Ok(())
     }
 
-    pub(crate) fn take_error(&self, id: u64) -> Option<TaskError> {
-        if self.pending_errors.load(Ordering::Relaxed) == 0 {
+    /// The error of completed task `id`, whose `Task` handle is alive, if it failed.
+    pub(crate) fn task_error(&self, id: u64) -> Option<TaskError> {
+        let slot = (id % self.capacity) as usize;
+        let flag = self.handles[slot].load(Ordering::Acquire);
+        // Common case: the slot still holds this task, with no error stored.
+        if flag == id {
             return None;
         }
-        let mut c = self.lock_completions();
-        let (_, e) = c.errors.remove(&id)?;
-        self.pending_errors.fetch_sub(1, Ordering::Relaxed);
-        Some(e)
+        self.lock_completions().task_errors.get(&id).copied()
     }
 
-    /// Removes and returns the first (lowest id) unreported error of `queue`, clearing the rest.
-    pub(crate) fn take_queue_errors(&self, queue: u64) -> Option<(u64, TaskError)> {
-        if self.pending_errors.load(Ordering::Relaxed) == 0 {
-            return None;
-        }
-        let mut c = self.lock_completions();
-        let ids: Vec<u64> = c
-            .errors
-            .iter()
-            .filter(|(_, (q, _))| *q == queue)
-            .map(|(id, _)| *id)
-            .collect();
-        let mut first: Option<(u64, TaskError)> = None;
-        for id in ids {
-            if let Some((_, e)) = c.errors.remove(&id) {
-                self.pending_errors.fetch_sub(1, Ordering::Relaxed);
-                if first.is_none_or(|(f, _)| id < f) {
-                    first = Some((id, e));
+    /// The handle of task `id` is gone: forget its error.
+    pub(crate) fn forget(&self, id: u64) {
+        let slot = (id % self.capacity) as usize;
+        match self.handles[slot].compare_exchange(id, 0, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => {}
+            Err(flag) => {
+                if flag == id | ERROR_STORED {
+                    // Fails only if the slot was reused meanwhile; the error goes either way.
+                    let _ = self.handles[slot].compare_exchange(flag, 0, Ordering::AcqRel, Ordering::Relaxed);
                 }
+                // Its error was stored, or the slot was reused (then it may have been).
+                self.lock_completions().task_errors.remove(&id);
             }
         }
-        first
+    }
+
+    /// Takes `queue`'s failures since its previous `finish`.
+    pub(crate) fn take_queue_failures(&self, queue: u64) -> Option<TaskFailures> {
+        if self.failing_queues.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let failures = self.lock_completions().queue_failures.remove(&queue)?;
+        self.failing_queues.fetch_sub(1, Ordering::Relaxed);
+        Some(failures)
     }
 }
 
@@ -557,7 +595,7 @@ pub mod testing {
     /// Submits a raw descriptor (its `task_id` and `queue` are overwritten so the completion can
     /// be matched; every other field goes to the daemon as given).
     pub fn submit_raw(session: &Session, queue: u64, descriptor: TaskDescriptor) -> Result<crate::Task, Error> {
-        let id = session.inner.submit(queue, descriptor)?;
+        let id = session.inner.submit(queue, descriptor, true)?;
         Ok(crate::Task::new(session.inner.clone(), id))
     }
 

@@ -236,6 +236,10 @@ pub struct DaemonConfig {
     /// Batch launches predicted shorter than this are never made revocable (a latency task
     /// waits for them): revocability costs a drained lane and a copy of the read-write buffers.
     pub revoke_min: Duration,
+    /// Test-only fault injection `(seed, per mille)`: tasks the rule picks fail with
+    /// `KernelFault` without running (see `agora_protocol::testing`). Not in the configuration
+    /// file; the default comes from `AGORA_INJECT_FAULTS=SEED:PER_MILLE`.
+    pub inject_faults: Option<(u64, u64)>,
 }
 
 /// The default state directory: `$AGORA_STATE_DIR`, else `$XDG_STATE_HOME/agora`, else
@@ -292,6 +296,7 @@ impl Default for DaemonConfig {
             latency_policy: LatencyPolicy::Elastic,
             latency_sla: Duration::from_millis(200),
             revoke_min: Duration::from_millis(1),
+            inject_faults: crate::outcome::FaultInjection::setting_from_env(),
         }
     }
 }

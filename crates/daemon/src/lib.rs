@@ -8,7 +8,13 @@
 //! * `session` — per-client state (segment, rings, queues, buffers, heap, counters);
 //! * `memory` — where buffers live: the session heap allocator, valid copies per device,
 //!   eviction under device-memory pressure and per-session device quotas;
-//! * `scheduler` — descriptors → validated tasks → inline runs or device lanes;
+//! * `scheduler` — descriptors → validated tasks → inline runs or device lanes; its child
+//!   `migration` moves queues off draining or failed devices and replays lost tasks;
+//! * `outcome` — what a task's success or failure means for the buffers it touches (a failed
+//!   writer poisons its outputs; readers of poisoned data fail with `DependencyFailed`);
+//! * `revocation` — revocable launches (TReM): saving what a replay needs, the victim slots;
+//! * `handle` — generation-checked handle tables; `config` — the daemon's settings;
+//! * [`telemetry`] — Prometheus metrics, task traces, RAPL readings;
 //! * [`policy`] — pluggable placement policies (`rr`, `perf`, `energy`) and the learned
 //!   performance model they read;
 //! * devices come from `agora-devices`, kernels from `agora-kernels`.
@@ -19,6 +25,7 @@
 mod config;
 mod handle;
 mod memory;
+mod outcome;
 pub mod policy;
 mod revocation;
 mod scheduler;
@@ -222,6 +229,7 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
     scheduler.latency_policy = config.latency_policy;
     scheduler.default_sla_ns = config.latency_sla.as_nanos() as f64;
     scheduler.revoke_min_ns = config.revoke_min.as_nanos() as f64;
+    scheduler.faults = outcome::FaultInjection::new(config.inject_faults);
     tracing::info!(
         policy = config.policy.name(),
         preempt_target_us = config.preempt_target.as_micros() as u64,

@@ -137,7 +137,7 @@ impl Inbox {
 pub(crate) struct Migration {
     draining: Vec<bool>,
     failed: Vec<bool>,
-    any_failed: bool,
+    pub(super) any_failed: bool,
     inbox: Arc<Inbox>,
     /// Held queues by session id.
     held: HashMap<u64, Vec<HeldQueue>>,
@@ -190,6 +190,17 @@ impl Migration {
     /// Forgets a closed session's held tasks (its client is gone; nothing will read them).
     pub(crate) fn forget_session(&mut self, session: u64) {
         self.held.remove(&session);
+    }
+
+    /// Whether `queue`'s tasks are being held (it is being moved).
+    pub(super) fn is_held(&mut self, session: u64, queue: &Arc<QueueState>) -> bool {
+        self.list_mut(session, queue).is_some()
+    }
+
+    /// Wakes the dispatcher when a moving queue drains, for completions posted outside a lane
+    /// job's own callback.
+    pub(super) fn drain_waker(&self) -> DrainWaker {
+        DrainWaker(self.inbox.clone())
     }
 
     fn list_mut(&mut self, session: u64, queue: &Arc<QueueState>) -> Option<&mut HeldQueue> {
@@ -343,8 +354,20 @@ impl Ticket {
     }
 }
 
+/// See [`Migration::drain_waker`].
+pub(super) struct DrainWaker(Arc<Inbox>);
+
+impl DrainWaker {
+    /// `drained`: the queue's in-flight count dropped to zero.
+    pub(super) fn queue_drained(&self, queue: &QueueState, drained: bool) {
+        if drained && queue.moving.load(Ordering::Acquire) {
+            self.0.wake();
+        }
+    }
+}
+
 /// Whether `ready` reads a buffer that a device failure lost; `Err(DataLost)` names it.
-fn check_lost(ready: &Ready) -> Result<(), TaskError> {
+pub(super) fn check_lost(ready: &Ready) -> Result<(), TaskError> {
     for (slot, entry) in ready.buffers[..ready.slots].iter().enumerate() {
         let Some((record, access, overwrites)) = entry else {
             continue;

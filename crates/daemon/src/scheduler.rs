@@ -33,6 +33,7 @@ use agora_protocol::ring::RingError;
 use agora_protocol::{Access, ArgTag, Completion, Op, ParamKind, TaskError, MAX_ARGS};
 
 use crate::memory::{BufferRecord, Residency};
+use crate::outcome::{FaultInjection, Role, Uses};
 use crate::policy::latency::{self, LatencyPolicy, RevokeContext};
 use crate::policy::model::Estimate;
 use crate::policy::{Candidate, PerformanceModel, Policy};
@@ -216,6 +217,8 @@ pub(crate) struct Scheduler {
     revocation_counters: RevocationCounters,
     /// Queues being moved, draining and failed devices, lost tasks.
     pub migration: Migration,
+    /// Test-only: tasks picked to fail (`DaemonConfig::inject_faults`).
+    pub faults: Option<FaultInjection>,
 }
 
 /// Name of an operation in metrics and traces.
@@ -337,6 +340,7 @@ impl Scheduler {
             latency_exec_ns: Arc::new(AtomicU64::new(0f64.to_bits())),
             revocation_counters,
             migration,
+            faults: None,
         }
     }
 
@@ -500,7 +504,69 @@ impl Scheduler {
             .unwrap_or(0)
     }
 
+    /// Dispatches a resolved task, judging first whether its inputs are valid (`outcome`): a
+    /// task fed by a failed one fails here without running. A task that fails before it reaches
+    /// a device still settles in its queue's order (poisoning what it would have written):
+    /// at once when the queue has nothing in flight, else after the queue's earlier jobs.
     fn dispatch(&mut self, session: &Session, task_id: u64, ready: Ready) -> Result<(), TaskError> {
+        let roles = data_roles(&ready);
+        let uses = Uses {
+            buffers: &ready.buffers[..ready.slots],
+            roles: &roles[..ready.slots],
+        };
+        let mut admitted = uses.admit(task_id);
+        if self.migration.any_failed {
+            // Data lost with a failed device says more than a failure it caused.
+            admitted = migration::check_lost(&ready).and(admitted);
+        }
+        let queue = ready.queue.clone();
+        if admitted.is_err() && self.migration.is_held(session.id, &queue) {
+            // Held behind the queue's earlier tasks: judged again when released.
+            admitted = Ok(());
+        }
+        // Kept to settle a failure; cheap next to the work of dispatching.
+        let (buffers, slots) = (ready.buffers.clone(), ready.slots);
+        let outcome = admitted.and_then(|()| self.place_and_submit(session, task_id, ready, roles));
+        let Err(error) = outcome else {
+            return Ok(());
+        };
+        if queue.in_flight.load(Ordering::Acquire) == 0 {
+            return Uses {
+                buffers: &buffers[..slots],
+                roles: &roles[..slots],
+            }
+            .settle(task_id, Err(error));
+        }
+        // Counted in flight until it settles, so nothing runs inline ahead of it.
+        queue.in_flight.fetch_add(1, Ordering::AcqRel);
+        session.shared.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.flush(&session.shared);
+        let shared = session.shared.clone();
+        let waker = self.migration.drain_waker();
+        let sequence = queue.sequencer.ticket();
+        let settling = queue.clone();
+        queue.sequencer.in_order(sequence, move || {
+            let uses = Uses {
+                buffers: &buffers[..slots],
+                roles: &roles[..slots],
+            };
+            let error = uses.settle(task_id, Err(error)).err().unwrap_or(error);
+            shared.post(&[Completion::failed(task_id, error)]);
+            let drained = settling.in_flight.fetch_sub(1, Ordering::AcqRel) == 1;
+            shared.in_flight.fetch_sub(1, Ordering::Relaxed);
+            waker.queue_drained(&settling, drained);
+        });
+        Ok(())
+    }
+
+    /// Places, plans and submits (or runs inline) a task whose inputs are valid.
+    fn place_and_submit(
+        &mut self,
+        session: &Session,
+        task_id: u64,
+        ready: Ready,
+        roles: [Role; MAX_ARGS],
+    ) -> Result<(), TaskError> {
         // A queue being moved holds its tasks, in order, until its in-flight ones are done.
         if self.must_hold(session, &ready)? {
             self.hold(session, task_id, ready);
@@ -594,7 +660,9 @@ impl Scheduler {
         let name = operation_name(&ready.action);
         let items = ready.items;
         let estimated_ns = ready.estimated_ns;
-        let named = NamedBuffers::new(ready.buffers, ready.slots, &mut self.residency);
+        let named = NamedBuffers::new(ready.buffers, ready.slots, roles, &mut self.residency);
+        // Test-only: a task picked to fail keeps its transfers but its work does not run.
+        let injected = self.faults.is_some_and(|f| f.picks(task_id));
         if !self.devices[device].info().shares_host_memory {
             let needed: u64 = named
                 .slots()
@@ -632,6 +700,7 @@ impl Scheduler {
             Err(TaskError::DeviceLost) => return self.lost_while_planning(session, task_id, &queue, ticket, named),
             planned => planned?,
         };
+        let work = if injected { Work::Nothing } else { work };
         for (record, _, _) in named.slots().iter().flatten() {
             self.residency.register(record);
         }
@@ -654,7 +723,11 @@ impl Scheduler {
             // Tiny, and nothing to move: run it here and now.
             let tracing = self.telemetry.trace.is_some();
             let start = tracing.then(Instant::now);
-            let result = self.devices[device].run_inline(&work);
+            let result = match injected {
+                false => self.devices[device].run_inline(&work),
+                true => Err(TaskError::KernelFault),
+            };
+            let result = named.settle(task_id, result);
             let counters = self.task_counters(name, queue.class);
             if result.is_ok() {
                 counters.ok.inc()
@@ -721,7 +794,11 @@ impl Scheduler {
         });
         let slices = self.slices_for(device, &work, queue.class, predicted as f64);
         let revocable = slices <= 1 && self.revocable(device, &work, queue.class, predicted as f64);
+        let sequence = queue.sequencer.ticket();
         let done: Done = Box::new(move |mut result, times| {
+            if injected {
+                result = result.and(Err(TaskError::KernelFault));
+            }
             if result.is_ok() {
                 counters.ok.inc()
             } else {
@@ -771,26 +848,33 @@ impl Scheduler {
                 }
                 trace.record(span("exec", exec_start, times.finished));
             }
-            // Lost with its device: back to the dispatcher for replay, still counted in flight.
-            let Some(named) = ticket.divert(&mut result, &shared, &queue, task_id, named) else {
-                return;
-            };
-            let completion = match result {
-                Ok(()) => Completion::ok(task_id),
-                Err(e) => Completion::failed(task_id, e),
-            };
-            // Let go of the buffers before the client can see the completion: a release the
-            // client sends next then frees their memory at once, not at the next sweep, and
-            // a task issued next may evict them.
-            drop(named);
-            shared.post(&[completion]);
-            // Post first, then unbind: the dispatcher may run this queue's next task inline
-            // as soon as it sees zero, and that completion must come after ours.
-            let drained = queue.in_flight.fetch_sub(1, Ordering::AcqRel) == 1;
-            shared.in_flight.fetch_sub(1, Ordering::Relaxed);
-            drop(shared);
-            // A queue being moved may go on now: wake the dispatcher to release its held tasks.
-            ticket.queue_drained(&queue, drained);
+            // The rest in issue order within the queue: a task is judged after the tasks it may
+            // depend on.
+            let sequencer_queue = queue.clone();
+            sequencer_queue.sequencer.in_order(sequence, move || {
+                // Lost with its device: back to the dispatcher for replay, still counted in flight.
+                let Some(named) = ticket.divert(&mut result, &shared, &queue, task_id, named) else {
+                    return;
+                };
+                // A failure poisons what it wrote; a task fed by one that failed meanwhile fails.
+                let result = named.settle(task_id, result);
+                let completion = match result {
+                    Ok(()) => Completion::ok(task_id),
+                    Err(e) => Completion::failed(task_id, e),
+                };
+                // Let go of the buffers before the client can see the completion: a release the
+                // client sends next then frees their memory at once, not at the next sweep, and
+                // a task issued next may evict them.
+                drop(named);
+                shared.post(&[completion]);
+                // Post first, then unbind: the dispatcher may run this queue's next task inline
+                // as soon as it sees zero, and that completion must come after ours.
+                let drained = queue.in_flight.fetch_sub(1, Ordering::AcqRel) == 1;
+                shared.in_flight.fetch_sub(1, Ordering::Relaxed);
+                drop(shared);
+                // A queue being moved may go on now: wake the dispatcher to release its held tasks.
+                ticket.queue_drained(&queue, drained);
+            });
         });
         if revocable {
             let rw_bytes = crate::revocation::read_write_bytes(&work) as f64;
@@ -1106,25 +1190,68 @@ impl Scheduler {
 struct NamedBuffers {
     buffers: [Option<(Arc<BufferRecord>, Access, bool)>; MAX_ARGS],
     slots: usize,
+    /// How the task uses each (for its outcome).
+    roles: [Role; MAX_ARGS],
 }
 
 impl NamedBuffers {
     fn new(
         buffers: [Option<(Arc<BufferRecord>, Access, bool)>; MAX_ARGS],
         slots: usize,
+        roles: [Role; MAX_ARGS],
         residency: &mut Residency,
     ) -> Self {
         for (record, _, _) in buffers[..slots].iter().flatten() {
             record.in_use.fetch_add(1, Ordering::AcqRel);
             residency.touch(record);
         }
-        NamedBuffers { buffers, slots }
+        NamedBuffers { buffers, slots, roles }
     }
 
     /// The entries that may hold a buffer.
     fn slots(&self) -> &[Option<(Arc<BufferRecord>, Access, bool)>] {
         &self.buffers[..self.slots]
     }
+
+    /// The outcome to report for `task`, which ran with `result` (see `outcome`).
+    fn settle(&self, task: u64, result: Result<(), TaskError>) -> Result<(), TaskError> {
+        Uses {
+            buffers: self.slots(),
+            roles: &self.roles[..self.slots],
+        }
+        .settle(task, result)
+    }
+}
+
+/// How a task uses each of its buffer arguments (what it reads, writes, rewrites whole).
+fn data_roles(ready: &Ready) -> [Role; MAX_ARGS] {
+    let mut roles = [Role::default(); MAX_ARGS];
+    for (slot, entry) in ready.buffers[..ready.slots].iter().enumerate() {
+        let Some((record, access, overwrites)) = entry else {
+            continue;
+        };
+        roles[slot] = match &ready.action {
+            Action::Launch { .. } => Role::launch(*access, *overwrites),
+            // Rewrites the host copy whole (the placement treats any sync_to so).
+            Action::SyncTo => Role::write(0, record.len, record.len),
+            Action::SyncFrom => Role::READ,
+            Action::Fill { offset, len, .. } => Role::write(*offset, *len, record.len),
+            Action::Copy { dst_offset, len, .. } => {
+                let same = matches!(&ready.buffers[1 - slot], Some((other, _, _)) if Arc::ptr_eq(other, record));
+                match (slot, same) {
+                    (0, _) => Role::READ,
+                    (_, false) => Role::write(*dst_offset, *len, record.len),
+                    // Copying within one buffer keeps the rest of it.
+                    (_, true) => Role {
+                        reads: true,
+                        writes: true,
+                        whole: false,
+                    },
+                }
+            }
+        };
+    }
+    roles
 }
 
 impl Drop for NamedBuffers {

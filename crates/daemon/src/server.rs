@@ -540,6 +540,7 @@ impl Server {
                         // Never bound yet (u32::MAX) until its first task goes to a lane.
                         binding: AtomicU32::new(u32::MAX),
                         moving: Default::default(),
+                        sequencer: Default::default(),
                     });
                     match session.queues.insert(queue) {
                         Some(handle) => Response::Queue { handle },

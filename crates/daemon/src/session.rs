@@ -110,6 +110,8 @@ pub(crate) struct QueueState {
     /// Being moved to another device: its new tasks are held until its in-flight ones finish
     /// (set and cleared by the scheduler's migration; lanes read it to wake the dispatcher).
     pub moving: AtomicBool,
+    /// Its lane jobs settle and post their completions in issue order.
+    pub sequencer: crate::outcome::Sequencer,
 }
 
 /// One client session.

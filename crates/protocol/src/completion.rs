@@ -169,9 +169,28 @@ pub enum TaskError {
         /// Which argument.
         index: u16,
     },
+    /// A buffer the task reads holds what a failed task should have produced: the task did not
+    /// run. `task` is the failure's origin (the first task in the chain that failed for a reason
+    /// of its own) and `cause` its error code.
+    #[error(
+        "argument {index}: this buffer's contents should have come from task {task}, which failed ({}); the task did not run. Rewrite the buffer (sync_to, a memset or copy over all of it, or a launch that writes all of it) to use it again",
+        cause_name(*.cause)
+    )]
+    DependencyFailed {
+        /// Which argument.
+        index: u16,
+        /// The task whose failure left the buffer without valid contents.
+        task: u64,
+        /// That task's error code (see [`TaskError::code`]).
+        cause: u16,
+    },
     /// The error code is not known to this client (a newer daemon).
     #[error("unknown error code {0} from the daemon: upgrade the client")]
     Unknown(u16),
+}
+
+fn cause_name(code: u16) -> &'static str {
+    TaskError::decode(code, 0, 0, 0).kind()
 }
 
 fn tag_name(tag: u32) -> &'static str {
@@ -246,7 +265,22 @@ impl TaskError {
             TaskError::DeviceFailed(_) => "device_failed",
             TaskError::DeviceLost => "device_lost",
             TaskError::DataLost { .. } => "data_lost",
+            TaskError::DependencyFailed { .. } => "dependency_failed",
             TaskError::Unknown(_) => "unknown",
+        }
+    }
+
+    /// The error's code on the wire (stable across versions).
+    pub fn code(&self) -> u16 {
+        self.encode().0
+    }
+
+    /// Where a failure began: for [`TaskError::DependencyFailed`] the original task and its
+    /// error's code, otherwise `task` (the task that failed with `self`) and this error's code.
+    pub fn origin(&self, task: u64) -> (u64, u16) {
+        match *self {
+            TaskError::DependencyFailed { task, cause, .. } => (task, cause),
+            _ => (task, self.code()),
         }
     }
 
@@ -274,6 +308,7 @@ impl TaskError {
             TaskError::DeviceQuota { needed, quota } => (20, 0, needed, quota),
             TaskError::DeviceLost => (21, 0, 0, 0),
             TaskError::DataLost { index } => (22, index, 0, 0),
+            TaskError::DependencyFailed { index, task, cause } => (23, index, task, u64::from(cause)),
             TaskError::Unknown(code) => (code, 0, 0, 0),
         }
     }
@@ -321,6 +356,11 @@ impl TaskError {
             20 => TaskError::DeviceQuota { needed: a, quota: b },
             21 => TaskError::DeviceLost,
             22 => TaskError::DataLost { index: arg },
+            23 => TaskError::DependencyFailed {
+                index: arg,
+                task: a,
+                cause: b as u16,
+            },
             other => TaskError::Unknown(other),
         }
     }
@@ -376,6 +416,11 @@ mod tests {
             },
             TaskError::DeviceLost,
             TaskError::DataLost { index: 3 },
+            TaskError::DependencyFailed {
+                index: 1,
+                task: 77,
+                cause: 16,
+            },
         ];
         for e in errors {
             let c = Completion::failed(42, e);
@@ -408,5 +453,13 @@ mod tests {
             len: 40,
         };
         assert!(e.to_string().contains("needs 400 bytes, has 40"));
+        let e = TaskError::DependencyFailed {
+            index: 0,
+            task: 12,
+            cause: TaskError::KernelFault.code(),
+        };
+        assert!(e.to_string().contains("task 12, which failed (kernel_fault)"), "{e}");
+        assert_eq!(e.origin(99), (12, 16));
+        assert_eq!(TaskError::Cancelled.origin(5), (5, 17));
     }
 }

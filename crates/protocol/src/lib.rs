@@ -21,6 +21,7 @@ pub mod descriptor;
 pub mod ring;
 pub mod segment;
 pub mod signature;
+pub mod testing;
 
 pub use completion::{Completion, TaskError};
 pub use descriptor::{ArgTag, Op, RawArg, TaskDescriptor, MAX_ARGS};

@@ -157,6 +157,12 @@ create_exception!(
 );
 create_exception!(
     agora,
+    DependencyFailedError,
+    TaskFailedError,
+    "A buffer the task reads should have been written by a task that failed; the task did not run."
+);
+create_exception!(
+    agora,
     QuotaExceededError,
     AgoraError,
     "The session's buffer quota is used up."
@@ -187,10 +193,37 @@ create_exception!(
 );
 
 /// The Python exception for a client error: one class per kind, the Rust message unchanged
-/// (it already says what to do).
+/// (it already says what to do). `Queue.finish()`'s error has the class of its earliest failure
+/// and carries them all: `count` (how many failed) and `failures` (a list of `(task_id,
+/// exception)`, the earliest up to 1024).
 fn to_python(error: Error) -> PyErr {
     let message = error.to_string();
     match &error {
+        Error::Tasks(failures) => {
+            let first = failures.first().map_or(TaskError::Unknown(0), |(_, e)| *e);
+            let error = task_exception(&first, message);
+            Python::attach(|py| {
+                let list: Vec<(u64, Py<PyAny>)> = failures
+                    .failures
+                    .iter()
+                    .map(|(id, e)| (*id, task_exception(e, e.to_string()).into_value(py).into_any()))
+                    .collect();
+                let value = error.value(py);
+                // Setting attributes on a fresh exception instance cannot fail short of memory
+                // exhaustion; the exception is still raised without them then.
+                let _ = value.setattr("count", failures.count);
+                let _ = value.setattr("failures", list);
+            });
+            error
+        }
+        Error::Task(task) => task_exception(task, message),
+        other => client_exception(other, message),
+    }
+}
+
+/// The Python exception for an error that is not a task's.
+fn client_exception(error: &Error, message: String) -> PyErr {
+    match error {
         Error::Connect { .. } => ConnectError::new_err(message),
         Error::Disconnected => DisconnectedError::new_err(message),
         Error::OutOfBounds { .. } => OutOfBoundsError::new_err(message),
@@ -204,31 +237,35 @@ fn to_python(error: Error) -> PyErr {
             ControlError::BadRequest(_) => BadRequestError::new_err(message),
             ControlError::NotPermitted(_) => NotPermittedError::new_err(message),
         },
-        Error::Task(task) => match task {
-            TaskError::Malformed(_) => MalformedTaskError::new_err(message),
-            TaskError::UnknownQueue(_) => UnknownQueueError::new_err(message),
-            TaskError::UnknownKernel(_) => UnknownKernelError::new_err(message),
-            TaskError::ArgumentCount { .. } => ArgumentCountError::new_err(message),
-            TaskError::ArgumentType { .. } => ArgumentTypeError::new_err(message),
-            TaskError::InvalidHandle { .. } => InvalidHandleError::new_err(message),
-            TaskError::BufferTooSmall { .. } => BufferTooSmallError::new_err(message),
-            TaskError::OutOfBounds { .. } => OutOfBoundsError::new_err(message),
-            TaskError::InvalidScalar { .. } => InvalidScalarError::new_err(message),
-            TaskError::InvalidRange { .. } => InvalidRangeError::new_err(message),
-            TaskError::Aliased { .. } => AliasedBuffersError::new_err(message),
-            TaskError::NoDevice(_) => NoDeviceError::new_err(message),
-            TaskError::KernelFault => KernelFaultError::new_err(message),
-            TaskError::Cancelled => CancelledError::new_err(message),
-            // A session quota is a device-memory limit too.
-            TaskError::DeviceOutOfMemory { .. } | TaskError::DeviceQuota { .. } => {
-                DeviceOutOfMemoryError::new_err(message)
-            }
-            // A device that failed under the task, or data lost with it.
-            TaskError::DeviceFailed(_) | TaskError::DeviceLost | TaskError::DataLost { .. } => {
-                DeviceFailedError::new_err(message)
-            }
-            _ => TaskFailedError::new_err(message),
-        },
+        Error::Task(_) | Error::Tasks(_) => TaskFailedError::new_err(message),
+    }
+}
+
+/// The Python exception for a task's error.
+fn task_exception(task: &TaskError, message: String) -> PyErr {
+    match task {
+        TaskError::Malformed(_) => MalformedTaskError::new_err(message),
+        TaskError::UnknownQueue(_) => UnknownQueueError::new_err(message),
+        TaskError::UnknownKernel(_) => UnknownKernelError::new_err(message),
+        TaskError::ArgumentCount { .. } => ArgumentCountError::new_err(message),
+        TaskError::ArgumentType { .. } => ArgumentTypeError::new_err(message),
+        TaskError::InvalidHandle { .. } => InvalidHandleError::new_err(message),
+        TaskError::BufferTooSmall { .. } => BufferTooSmallError::new_err(message),
+        TaskError::OutOfBounds { .. } => OutOfBoundsError::new_err(message),
+        TaskError::InvalidScalar { .. } => InvalidScalarError::new_err(message),
+        TaskError::InvalidRange { .. } => InvalidRangeError::new_err(message),
+        TaskError::Aliased { .. } => AliasedBuffersError::new_err(message),
+        TaskError::NoDevice(_) => NoDeviceError::new_err(message),
+        TaskError::KernelFault => KernelFaultError::new_err(message),
+        TaskError::Cancelled => CancelledError::new_err(message),
+        // A session quota is a device-memory limit too.
+        TaskError::DeviceOutOfMemory { .. } | TaskError::DeviceQuota { .. } => DeviceOutOfMemoryError::new_err(message),
+        // A device that failed under the task, or data lost with it.
+        TaskError::DeviceFailed(_) | TaskError::DeviceLost | TaskError::DataLost { .. } => {
+            DeviceFailedError::new_err(message)
+        }
+        TaskError::DependencyFailed { .. } => DependencyFailedError::new_err(message),
+        _ => TaskFailedError::new_err(message),
     }
 }
 
@@ -851,8 +888,9 @@ impl PyQueue {
         self.issue(|q| q.copy(s, src_offset, d, dst_offset, nbytes))
     }
 
-    /// Waits (without holding the GIL) for every task issued so far; raises the first failure no
-    /// `Task.wait()` reported yet.
+    /// Waits (without holding the GIL) for every task issued so far; raises when any task issued
+    /// since the previous `finish()` failed: the exception has the class of the earliest failure,
+    /// `count` (how many failed) and `failures` (`[(task_id, exception), ...]`).
     fn finish(&self, py: Python<'_>) -> PyResult<()> {
         let guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let queue = guard.as_ref().ok_or_else(|| closed("queue"))?;
@@ -907,10 +945,10 @@ impl PyTask {
     }
 
     /// Blocks (without holding the GIL) until the task completes; raises its error if it
-    /// failed. Waiting again returns at once.
+    /// failed — every time it is asked.
     fn wait(&self, py: Python<'_>) -> PyResult<()> {
-        let task = self.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
-        match task {
+        let guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        match guard.as_ref() {
             Some(task) => py.detach(|| task.wait()).or_raise(),
             None => Ok(()),
         }
@@ -993,6 +1031,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         CancelledError,
         DeviceOutOfMemoryError,
         DeviceFailedError,
+        DependencyFailedError,
         QuotaExceededError,
         VersionMismatchError,
         TooManyError,

@@ -205,6 +205,53 @@ def test_errors_are_typed_and_say_what_to_do(session, daemon):
         queue.sync_to(x)
 
 
+def test_each_failed_task_reports_its_own_error_every_time(fresh_daemon):
+    # A device quota that two 32 MiB buffers can never fit: the launch over them fails on the
+    # OpenCL device, and what it should have written is poisoned.
+    daemon = fresh_daemon("--device-quota", "16M")
+    with agora.Session(socket=str(daemon.socket)) as session:
+        if not has_opencl(session):
+            pytest.fail("no OpenCL device: the project's setup installs PoCL (scripts/setup.sh)")
+        queue = session.queue("pressure", device="opencl")
+        small = [session.buffer_from(np.full(1024, i, np.float32)) for i in range(4)]
+        big_x = session.buffer_from(np.ones(8 << 20, np.float32))
+        big_y = session.buffer_from(np.ones(8 << 20, np.float32))
+        tasks = [queue.launch("saxpy", 1.0, small[0], small[1], range=1024)]
+        tasks.append(queue.launch("saxpy", 1.0, big_x, big_y, range=8 << 20))
+        tasks.append(queue.launch("saxpy", 2.0, small[2], small[3], range=1024))
+        tasks.append(queue.launch("saxpy", 1.0, big_y, small[3], range=1024))  # reads the failure
+        tasks.append(queue.sync_from(small[1]))
+        with pytest.raises(agora.DeviceOutOfMemoryError) as caught:
+            queue.finish()
+        assert caught.value.count == 2
+        assert [t for t, _ in caught.value.failures] == [tasks[1].id, tasks[3].id]
+        assert isinstance(caught.value.failures[1][1], agora.DependencyFailedError)
+        assert "2 tasks of this queue failed" in str(caught.value)
+        queue.finish()  # nothing new since
+        # Each task, asked twice and in any order, says the same.
+        for _ in range(2):
+            for task in reversed(tasks):
+                if task is tasks[1]:
+                    with pytest.raises(agora.DeviceOutOfMemoryError, match="device quota"):
+                        task.wait()
+                elif task is tasks[3]:
+                    with pytest.raises(agora.DependencyFailedError, match=f"task {tasks[1].id}, which failed"):
+                        task.wait()
+                else:
+                    task.wait()
+        assert small[1].numpy()[0] == 1.0
+        # The poisoned buffer cannot be read back until it is written again.
+        with pytest.raises(agora.DependencyFailedError):
+            queue.sync_from(big_y).wait()
+        with pytest.raises(agora.DependencyFailedError) as caught:
+            queue.finish()
+        assert caught.value.count == 1
+        cpu = session.queue("repair", device="cpu")
+        cpu.sync_to(big_y).wait()
+        cpu.sync_from(big_y).wait()
+        cpu.finish()
+
+
 def test_a_killed_daemon_is_a_disconnected_error(fresh_daemon):
     daemon = fresh_daemon("--no-opencl")
     session = agora.Session(socket=str(daemon.socket))

@@ -34,17 +34,21 @@ def test_python_guide_shows_real_error_messages(session):
     import numpy as np
 
     guide = (REPO / "docs" / "getting-started-python.md").read_text()
-    with session.queue() as queue:
-        caught = []
-        for attempt in (
-            lambda: session.kernel("saxpi"),
-            lambda: queue.launch("saxpy", 1.0, session.buffer_from(np.zeros(4)), session.buffer(16), range=4),
-            lambda: queue.launch("saxpy", 1.0, session.buffer(16), session.buffer(16), range=100).wait(),
-        ):
-            try:
-                attempt()
-            except agora.AgoraError as error:
-                caught.append(f"{type(error).__module__}.{type(error).__name__}: {error}")
+    queue = session.queue()
+    caught = []
+    for attempt in (
+        lambda: session.kernel("saxpi"),
+        lambda: queue.launch("saxpy", 1.0, session.buffer_from(np.zeros(4)), session.buffer(16), range=4),
+        lambda: queue.launch("saxpy", 1.0, session.buffer(16), session.buffer(16), range=100).wait(),
+        # finish() reports the queue's failures since the previous finish(), waited for or not.
+        queue.finish,
+    ):
+        try:
+            attempt()
+        except agora.AgoraError as error:
+            caught.append(f"{type(error).__module__}.{type(error).__name__}: {error}")
+    queue.close()
+    assert len(caught) == 4
     for line in caught:
         assert line in guide, line
 

@@ -10,12 +10,21 @@ pub fn daemon(tag: &str) -> (agora_daemon::DaemonHandle, Session) {
     daemon_with(tag, |_| {})
 }
 
+/// The socket of the daemon [`daemon_with`] starts for `tag`.
+pub fn socket_path(tag: &str) -> std::path::PathBuf {
+    directory(tag).join("agora.sock")
+}
+
+fn directory(tag: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("agora-client-test-{tag}-{}", std::process::id()))
+}
+
 /// Like [`daemon`], with settings changed by `tweak` first; the directory starts empty.
 pub fn daemon_with(
     tag: &str,
     tweak: impl FnOnce(&mut agora_daemon::DaemonConfig),
 ) -> (agora_daemon::DaemonHandle, Session) {
-    let dir = std::env::temp_dir().join(format!("agora-client-test-{tag}-{}", std::process::id()));
+    let dir = directory(tag);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let mut config = agora_daemon::DaemonConfig {

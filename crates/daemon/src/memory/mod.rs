@@ -89,6 +89,8 @@ pub(crate) struct BufferRecord {
     pub usage: Arc<DeviceUsage>,
     /// The owning session's host memory, to read an evicted copy back into.
     owner: Weak<dyn HostMemory>,
+    /// Whether its contents are valid: a failed writer poisons them (see `outcome`).
+    pub provenance: crate::outcome::Provenance,
 }
 
 /// Host memory that buffers live in (a session's heap in its segment).
@@ -112,6 +114,7 @@ impl BufferRecord {
             last_used: AtomicU64::new(0),
             usage,
             owner,
+            provenance: Default::default(),
         }
     }
 
@@ -444,5 +447,26 @@ impl Residency {
             }
         }
         fits(session)
+    }
+}
+
+/// Buffers for unit tests of the modules that judge them (no session, no device memory).
+#[cfg(test)]
+pub(crate) mod tests_support {
+    use super::*;
+
+    #[derive(Debug)]
+    struct NoHost;
+
+    impl HostMemory for NoHost {
+        fn host_range(&self, _offset: u64, _len: u64) -> Option<*mut u8> {
+            None
+        }
+    }
+
+    /// A buffer of `len` bytes whose host memory is gone (it is never read back).
+    pub(crate) fn record(len: u64) -> Arc<BufferRecord> {
+        let owner: Weak<dyn HostMemory> = Weak::<NoHost>::new();
+        Arc::new(BufferRecord::new(0, len, Arc::new(DeviceUsage::default()), owner))
     }
 }

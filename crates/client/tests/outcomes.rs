@@ -1,0 +1,424 @@
+//! Each task's outcome is its own: a failed task's `wait` reports its error every time, in any
+//! order; `finish` reports every failure since the previous `finish`; a buffer whose last writer
+//! failed is poisoned, so tasks that read it fail with `DependencyFailed` naming the task the
+//! failure began with, until a task rewrites it whole.
+//!
+//! The property test drives random task sequences over shared buffers through a real daemon
+//! whose test-only fault injection fails chosen tasks, and checks every reported outcome and
+//! every value read back against a model that runs the same sequence on the host.
+
+use agora::{Arg, DeviceKind, Error, QueueOptions, Session, Task, TaskError};
+use agora_protocol::testing::injected_fault;
+
+mod common;
+
+fn queue(session: &Session, kind: DeviceKind) -> agora::Queue {
+    session
+        .queue_with(QueueOptions {
+            name: kind.name().to_string(),
+            preferred_device: Some(kind),
+            ..Default::default()
+        })
+        .unwrap()
+}
+
+fn dependency(error: &Result<(), Error>) -> Option<(u16, u64, u16)> {
+    match error {
+        Err(Error::Task(TaskError::DependencyFailed { index, task, cause })) => Some((*index, *task, *cause)),
+        _ => None,
+    }
+}
+
+#[test]
+fn a_failed_task_and_what_it_should_have_written_report_the_failure_every_time() {
+    let (_daemon, session) = common::daemon_with("outcome-quota", |c| c.device_quota = 16 << 20);
+    common::require_opencl(&session);
+    let opencl = queue(&session, DeviceKind::OpenCl);
+    let saxpy = session.kernel("saxpy").unwrap();
+    let small = 1 << 10;
+    let big = 8 << 20; // 32 MiB of f32: two of them never fit a 16 MiB quota
+    let x = session.buffer_from(&vec![1.0f32; small]).unwrap();
+    let y = session.buffer_from(&vec![2.0f32; small]).unwrap();
+    let big_x = session.buffer_from(&vec![1.0f32; big]).unwrap();
+    let big_y = session.buffer_from(&vec![1.0f32; big]).unwrap();
+    let z = session.buffer_from(&vec![0.0f32; small]).unwrap();
+
+    let ok = opencl
+        .launch(&saxpy, &[Arg::F32(3.0), (&x).into(), (&y).into()], small)
+        .unwrap();
+    let too_big = opencl
+        .launch(&saxpy, &[Arg::F32(1.0), (&big_x).into(), (&big_y).into()], big)
+        .unwrap();
+    // Reads what `too_big` should have written: must not run.
+    let reader = opencl
+        .launch(&saxpy, &[Arg::F32(1.0), (&big_y).into(), (&z).into()], small)
+        .unwrap();
+    let read_back = opencl.sync_from(&z).unwrap();
+    let unrelated = opencl.sync_from(&y).unwrap();
+
+    let failures = match opencl.finish() {
+        Err(Error::Tasks(failures)) => failures,
+        other => panic!("finish must report the failures: {other:?}"),
+    };
+    assert_eq!(failures.count, 3, "{failures}");
+    let ids: Vec<u64> = failures.failures.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids, vec![too_big.id(), reader.id(), read_back.id()]);
+    assert!(matches!(failures.failures[0].1, TaskError::DeviceQuota { .. }));
+    assert!(
+        failures.to_string().contains("3 tasks of this queue failed"),
+        "{failures}"
+    );
+    // Reported once per finish: the next finish has nothing new.
+    opencl.finish().unwrap();
+
+    // Every task, asked twice, in reverse order: the same outcome each time.
+    let quota_code = failures.failures[0].1.code();
+    for _ in 0..2 {
+        assert!(unrelated.wait().is_ok());
+        assert_eq!(dependency(&read_back.wait()), Some((0, too_big.id(), quota_code)));
+        assert_eq!(dependency(&reader.wait()), Some((1, too_big.id(), quota_code)));
+        assert!(matches!(
+            too_big.wait(),
+            Err(Error::Task(TaskError::DeviceQuota { .. }))
+        ));
+        assert!(ok.wait().is_ok());
+    }
+    assert_eq!(y.as_slice::<f32>()[0], 5.0);
+    assert_eq!(z.as_slice::<f32>()[0], 0.0, "the reader must not have run");
+    let message = reader.wait().unwrap_err().to_string();
+    assert!(
+        message.contains(&format!("task {}", too_big.id())) && message.contains("device_quota"),
+        "{message}"
+    );
+
+    // A whole rewrite from the host clears the poison (on the CPU: the buffer never fits the
+    // OpenCL quota).
+    let cpu = queue(&session, DeviceKind::Cpu);
+    assert!(dependency(&cpu.sync_from(&big_y).unwrap().wait()).is_some());
+    cpu.sync_to(&big_y).unwrap();
+    // `z` is poisoned too (the failed reader read-wrote it), with the same origin.
+    assert_eq!(
+        dependency(&cpu.sync_from(&z).unwrap().wait()),
+        Some((0, too_big.id(), quota_code))
+    );
+    cpu.sync_to(&z).unwrap();
+    cpu.launch(&saxpy, &[Arg::F32(2.0), (&big_y).into(), (&z).into()], small)
+        .unwrap()
+        .wait()
+        .unwrap();
+    cpu.sync_from(&z).unwrap().wait().unwrap();
+    assert_eq!(z.as_slice::<f32>()[0], 2.0);
+    match cpu.finish() {
+        Err(Error::Tasks(f)) => assert_eq!(f.count, 2, "{f}"),
+        other => panic!("the two refused downloads: {other:?}"),
+    }
+}
+
+/// Buffers of the property test: f32 elements each.
+const ELEMENTS: usize = 256;
+const BUFFERS: usize = 6;
+/// Tasks picked to fail by the daemon's injection, per mille.
+const FAULTS_PER_MILLE: u64 = 40;
+const SEED: u64 = 0x5eed_a60a;
+
+/// SplitMix64: a deterministic, seedable generator (the test's sequences are reproducible from
+/// the seed it prints; no crate needed for this much).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// What the model knows of a buffer: its contents, or the failure that poisoned them.
+#[derive(Clone)]
+struct ModelBuffer {
+    values: Vec<f32>,
+    poison: Option<(u64, u16)>,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    /// Host writes then `sync_to`.
+    Upload {
+        buffer: usize,
+        base: i32,
+    },
+    MemsetWhole {
+        buffer: usize,
+    },
+    /// Copies elements `[first, first + count)` of `src` over the same elements of `dst`.
+    CopyPart {
+        src: usize,
+        dst: usize,
+        first: usize,
+        count: usize,
+    },
+    Copy {
+        src: usize,
+        dst: usize,
+    },
+    Saxpy {
+        a: f32,
+        x: usize,
+        y: usize,
+    },
+    Download {
+        buffer: usize,
+    },
+}
+
+/// The model's outcome of `step` as task `task`, applied to `buffers`.
+fn model(step: Step, task: u64, buffers: &mut [ModelBuffer], injected: bool) -> Result<(), TaskError> {
+    // (slot, buffer) read, in argument order; (buffer, whole) written.
+    type Reads = Vec<(u16, usize)>;
+    type Writes = Vec<(usize, bool)>;
+    let (reads, writes): (Reads, Writes) = match step {
+        Step::Upload { buffer, .. } | Step::MemsetWhole { buffer } => (vec![], vec![(buffer, true)]),
+        Step::CopyPart { src, dst, first, count } => (vec![(0, src)], vec![(dst, first == 0 && count == ELEMENTS)]),
+        Step::Copy { src, dst } => (vec![(0, src)], vec![(dst, true)]),
+        Step::Saxpy { x, y, .. } => (vec![(1, x), (2, y)], vec![(y, false)]),
+        Step::Download { buffer } => (vec![(0, buffer)], vec![]),
+    };
+    let failure = reads
+        .iter()
+        .find_map(|&(slot, b)| buffers[b].poison.map(|root| (slot, root)))
+        .map(|(index, (task, cause))| TaskError::DependencyFailed { index, task, cause })
+        .or(injected.then_some(TaskError::KernelFault));
+    if let Some(error) = failure {
+        let root = error.origin(task);
+        for (b, whole) in writes {
+            if whole || buffers[b].poison.is_none() {
+                buffers[b].poison = Some(root);
+            }
+        }
+        return Err(error);
+    }
+    match step {
+        Step::Upload { buffer, base } => {
+            buffers[buffer].values = (0..ELEMENTS).map(|i| (base + (i % 7) as i32) as f32).collect();
+        }
+        Step::MemsetWhole { buffer } => buffers[buffer].values = vec![0.0; ELEMENTS],
+        Step::CopyPart { src, dst, first, count } => {
+            let part = buffers[src].values[first..first + count].to_vec();
+            buffers[dst].values[first..first + count].copy_from_slice(&part);
+        }
+        Step::Copy { src, dst } => buffers[dst].values = buffers[src].values.clone(),
+        Step::Saxpy { a, x, y } => {
+            let xs = buffers[x].values.clone();
+            for (v, x) in buffers[y].values.iter_mut().zip(xs) {
+                *v += a * x;
+            }
+        }
+        Step::Download { .. } => {}
+    }
+    for (b, whole) in writes {
+        if whole {
+            buffers[b].poison = None;
+        }
+    }
+    Ok(())
+}
+
+fn random_step(rng: &mut Rng) -> Step {
+    let buffer = rng.below(BUFFERS);
+    let other = (buffer + 1 + rng.below(BUFFERS - 1)) % BUFFERS;
+    match rng.below(10) {
+        0 => Step::MemsetWhole { buffer },
+        1 => {
+            let first = rng.below(ELEMENTS);
+            Step::CopyPart {
+                src: buffer,
+                dst: other,
+                first,
+                count: 1 + rng.below(ELEMENTS - first),
+            }
+        }
+        2 | 3 => Step::Copy {
+            src: buffer,
+            dst: other,
+        },
+        4..=7 => Step::Saxpy {
+            a: [1.0, -1.0, 2.0, 0.5][rng.below(4)],
+            x: buffer,
+            y: other,
+        },
+        _ => Step::Download { buffer },
+    }
+}
+
+/// Runs `tasks` random tasks on one queue of `kind`; checks every outcome and value.
+fn run_sequence(session: &Session, kind: DeviceKind, seed: u64, tasks: usize) -> (u64, u64) {
+    let q = queue(session, kind);
+    let saxpy = session.kernel("saxpy").unwrap();
+    let mut rng = Rng(seed);
+    let mut buffers: Vec<agora::Buffer> = (0..BUFFERS)
+        .map(|_| session.buffer_from(&vec![0.0f32; ELEMENTS]).unwrap())
+        .collect();
+    let mut models = vec![
+        ModelBuffer {
+            values: vec![0.0; ELEMENTS],
+            poison: None,
+        };
+        BUFFERS
+    ];
+    let (mut issued, mut failed, mut verified) = (0u64, 0u64, 0u64);
+    let mut batch_number = 0u64;
+    // Every task's step and modelled outcome, printed when a check fails.
+    let mut history: Vec<(u64, Step, Result<(), TaskError>)> = Vec::new();
+    while (issued as usize) < tasks {
+        batch_number += 1;
+        let mut batch: Vec<(Task, Result<(), TaskError>, Step)> = Vec::new();
+        let mut steps: Vec<Step> = Vec::new();
+        // Poisoned buffers are written again (as a program that handles its errors would), so
+        // failures stay local to their batch; a few more are, at random.
+        for (buffer, model) in models.iter().enumerate() {
+            if model.poison.is_some() || rng.below(4) == 0 {
+                steps.push(Step::Upload {
+                    buffer,
+                    base: rng.below(17) as i32 - 8,
+                });
+            }
+        }
+        steps.extend((0..8 + rng.below(48)).map(|_| random_step(&mut rng)));
+        steps.extend((0..BUFFERS).map(|buffer| Step::Download { buffer }));
+        for step in steps {
+            let task = match step {
+                Step::Upload { buffer, base } => {
+                    for (i, v) in buffers[buffer].as_mut_slice::<f32>().iter_mut().enumerate() {
+                        *v = (base + (i % 7) as i32) as f32;
+                    }
+                    q.sync_to(&buffers[buffer])
+                }
+                Step::MemsetWhole { buffer } => q.memset(&buffers[buffer], 0),
+                Step::CopyPart { src, dst, first, count } => {
+                    let (offset, len) = ((first * 4) as u64, (count * 4) as u64);
+                    q.copy(&buffers[src], offset, &buffers[dst], offset, len)
+                }
+                Step::Copy { src, dst } => q.copy(&buffers[src], 0, &buffers[dst], 0, 0),
+                Step::Saxpy { a, x, y } => q.launch(
+                    &saxpy,
+                    &[Arg::F32(a), (&buffers[x]).into(), (&buffers[y]).into()],
+                    ELEMENTS,
+                ),
+                Step::Download { buffer } => q.sync_from(&buffers[buffer]),
+            }
+            .unwrap();
+            let expected = model(
+                step,
+                task.id(),
+                &mut models,
+                injected_fault(SEED, FAULTS_PER_MILLE, task.id()),
+            );
+            history.push((task.id(), step, expected));
+            if history.len() > 4096 {
+                history.drain(..2048);
+            }
+            batch.push((task, expected, step));
+        }
+        issued += batch.len() as u64;
+        // Every task, twice, in a shuffled order: each reports exactly its modelled outcome.
+        let mut order: Vec<usize> = (0..batch.len()).collect();
+        for round in 0..2 {
+            for i in (1..order.len()).rev() {
+                order.swap(i, rng.below(i + 1));
+            }
+            for &i in &order {
+                let (task, expected, step) = &batch[i];
+                let got = task.wait().map_err(|e| match e {
+                    Error::Task(e) => e,
+                    other => panic!("task {}: not a task error: {other}", task.id()),
+                });
+                if &got != expected {
+                    for (id, step, outcome) in &history {
+                        eprintln!("{id:>8} {step:?} -> {outcome:?}");
+                    }
+                    for (t, e, _) in &batch {
+                        eprintln!("batch task {} modelled {e:?} reported {:?}", t.id(), t.wait());
+                    }
+                }
+                assert_eq!(
+                    &got,
+                    expected,
+                    "seed {seed:#x} batch {batch_number} round {round}: task {} ({step:?})",
+                    task.id()
+                );
+            }
+        }
+        // `finish` lists exactly the batch's failures.
+        let expected_failures: Vec<u64> = batch
+            .iter()
+            .filter(|(_, e, _)| e.is_err())
+            .map(|(t, _, _)| t.id())
+            .collect();
+        failed += expected_failures.len() as u64;
+        match q.finish() {
+            Ok(()) => assert!(expected_failures.is_empty(), "finish missed {expected_failures:?}"),
+            Err(Error::Tasks(f)) => {
+                assert_eq!(f.count, expected_failures.len() as u64);
+                assert_eq!(
+                    f.failures.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+                    expected_failures
+                );
+            }
+            Err(other) => panic!("finish: {other}"),
+        }
+        // What the successful downloads at the end of the batch brought home is the model's.
+        for (task, expected, step) in batch.iter().rev().take(BUFFERS) {
+            let Step::Download { buffer } = *step else {
+                unreachable!()
+            };
+            if expected.is_err() {
+                continue;
+            }
+            let model = &models[buffer];
+            assert!(model.poison.is_none(), "a download of poisoned data succeeded");
+            verified += 1;
+            for (i, (got, want)) in buffers[buffer].as_slice::<f32>().iter().zip(&model.values).enumerate() {
+                assert!(
+                    (got - want).abs() <= 1e-5 * want.abs().max(1.0),
+                    "seed {seed:#x} batch {batch_number}: buffer {buffer} element {i} is {got}, the model says {want} (after task {})",
+                    task.id()
+                );
+            }
+        }
+    }
+    // Most batches end with values to compare.
+    assert!(
+        verified > batch_number,
+        "{verified} downloads verified in {batch_number} batches"
+    );
+    (issued, failed)
+}
+
+#[test]
+fn every_reported_outcome_equals_the_real_one_under_injected_faults() {
+    let (_daemon, session) = common::daemon_with("outcome-property", |c| {
+        c.inject_faults = Some((SEED, FAULTS_PER_MILLE));
+    });
+    common::require_opencl(&session);
+    // The CPU queue runs tiny tasks inline and the rest on lanes; the OpenCL queue goes through
+    // lanes and transfers, so readers are often dispatched before an earlier writer's failure is
+    // known. Two sessions at once, as two tenants.
+    let other = Session::connect_with(agora::SessionOptions {
+        socket: Some(common::socket_path("outcome-property")),
+        ..Default::default()
+    })
+    .unwrap();
+    let opencl = std::thread::spawn(move || run_sequence(&other, DeviceKind::OpenCl, 0x0c1, 20_000));
+    let (cpu_tasks, cpu_failed) = run_sequence(&session, DeviceKind::Cpu, 0xc0, 85_000);
+    let (cl_tasks, cl_failed) = opencl.join().unwrap();
+    let (tasks, failed) = (cpu_tasks + cl_tasks, cpu_failed + cl_failed);
+    eprintln!("{tasks} tasks checked, {failed} failed (injected or dependent)");
+    assert!(tasks >= 100_000);
+    // The injection and its consequences made a real share of the tasks fail.
+    assert!(failed > tasks / 50 && failed < tasks / 2, "{failed} of {tasks}");
+}
