@@ -41,7 +41,7 @@ mod queue;
 mod session;
 
 pub use agora_protocol::control::{QueueClass, StatusReport};
-pub use agora_protocol::{KernelSignature, TaskError};
+pub use agora_protocol::{KernelSignature, LaunchLimit, TaskError};
 pub use buffer::Buffer;
 pub use error::{Error, TaskFailures};
 pub use queue::{Arg, DeviceKind, NdRange, Queue, QueueOptions, Task};

@@ -9,13 +9,14 @@
 //!
 //! The protocol (DESIGN.md §3, "Late binding"), for one queue:
 //! 1. **Orphan.** A task arrives for a queue that has tasks in flight on a device it must leave:
-//!    the device is draining or failed, or it lacks the task's kernel. The task is held, and so is
-//!    every later task of that queue, in order.
+//!    the device is draining or failed, or it lacks the task's kernel, or the launch is beyond its
+//!    limits (`Device::check_launch`). The task is held, and so is every later task of that
+//!    queue, in order.
 //! 2. **Let in-flight tasks finish** where they are; the lane's order keeps their completions in
 //!    issue order, and they are posted before any held task can run.
 //! 3. **Rebind.** Once nothing is in flight, the held tasks are dispatched again in order. The
 //!    first one finds the queue idle, so the policy picks its lane among the devices that are not
-//!    draining and implement the kernel; the rest follow it to that lane.
+//!    draining, implement the kernel and take the launch; the rest follow it to that lane.
 //! 4. **Move only what is needed**, lazily, as each task is planned (step 4 above).
 //!
 //! Draining a device (`Request::Drain`, `agora drain`) just marks it: no policy picks it again,
@@ -413,14 +414,17 @@ impl Scheduler {
         let Some(bound) = self.devices.get(device) else {
             return Ok(false);
         };
-        if self.usable(device) && kernel.is_none_or(|k| bound.implements(k)) {
+        // A launch beyond the bound device's limits moves the queue like a missing kernel: the
+        // launch goes where it fits, or fails naming the limit once the queue is free.
+        let takes = kernel.is_none_or(|k| bound.implements(k)) && self.fit(device, ready).is_ok();
+        if self.usable(device) && takes {
             return Ok(false);
         }
         tracing::debug!(
             session = session.id,
             queue = %queue.name,
             from = %bound.info().name,
-            reason = if self.usable(device) { "kernel missing" } else { "draining" },
+            reason = if !self.usable(device) { "draining" } else { "kernel missing or beyond the device's limits" },
             "migrating a queue: holding its tasks until its in-flight ones finish"
         );
         self.migration.list_or_new(session.id, queue);

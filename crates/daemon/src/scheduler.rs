@@ -13,6 +13,12 @@
 //!   issue order holds), else the lane the [`Policy`] picks among the devices that implement the
 //!   kernel (late binding), honouring the queue's preferred device kind when one qualifies.
 //!
+//! Device limits: a launch goes only to a device whose limits take it (`Device::check_launch`,
+//! at binding time, before anything reaches the device): the check says how many row slices
+//! (enqueues) it needs there at least, and the launch runs as at least that many. A launch that no
+//! capable device takes completes with `TaskError::DeviceLimit` naming the limit; a busy queue
+//! whose bound device cannot take its next launch moves, as for a kernel the device lacks.
+//!
 //! A descriptor that fails any check completes with a [`TaskError`] naming the problem; nothing a
 //! client writes can stop the loop. Inline completions are batched and flushed before anything is
 //! handed to a lane, so a queue's completions reach its ring in issue order.
@@ -30,7 +36,7 @@ use agora_devices::{Device, DeviceBuffer, Job, Transfer, Work};
 use agora_kernels::{ArgValue, KernelDef, LaunchShape};
 use agora_protocol::descriptor::Decoded;
 use agora_protocol::ring::RingError;
-use agora_protocol::{Access, ArgTag, Completion, Op, ParamKind, TaskError, MAX_ARGS};
+use agora_protocol::{Access, ArgTag, Completion, LaunchLimit, Op, ParamKind, TaskError, MAX_ARGS};
 
 use crate::memory::{BufferRecord, Residency};
 use crate::outcome::{FaultInjection, Role, Uses};
@@ -66,6 +72,9 @@ const BATCH: u32 = 256;
 
 /// Most slices one chunked launch is split into.
 const MAX_SLICES: u64 = 4096;
+
+/// Longest predicted time of one job, nanoseconds (2^50, 13 days).
+const MAX_PREDICTED_NS: f64 = (1u64 << 50) as f64;
 
 use crate::revocation::Done;
 
@@ -430,10 +439,39 @@ impl Scheduler {
         }
     }
 
+    /// How `device` can take `ready`: the fewest row slices (enqueues) a launch must run as
+    /// there (1 for anything else), or the device limit it exceeds.
+    fn fit(&self, device: usize, ready: &Ready) -> Result<u64, TaskError> {
+        let Action::Launch {
+            kernel, range, dims, ..
+        } = &ready.action
+        else {
+            return Ok(1);
+        };
+        let mut lens = [0u64; MAX_ARGS];
+        for (len, entry) in lens.iter_mut().zip(&ready.buffers[..ready.slots]) {
+            if let Some((record, _, _)) = entry {
+                *len = record.len;
+            }
+        }
+        let slices = self.devices[device].check_launch(kernel, &range[..*dims], &lens[..ready.slots])?;
+        if slices > MAX_SLICES {
+            return Err(TaskError::DeviceLimit {
+                limit: LaunchLimit::Enqueues,
+                value: slices,
+                max: MAX_SLICES,
+            });
+        }
+        Ok(slices)
+    }
+
     /// Lanes a task may go to when its queue is unbound, with the predictions the policy asks for.
-    fn candidates_for(&mut self, ready: &Ready, kernel: Option<&KernelDef>, only: Option<usize>) {
+    /// When devices that implement the kernel were left out only for their limits, returns the
+    /// first limit exceeded (a device of the preferred kind first).
+    fn candidates_for(&mut self, ready: &Ready, kernel: Option<&KernelDef>, only: Option<usize>) -> Option<TaskError> {
         let preferred = ready.queue.preferred;
         self.candidates.clear();
+        let mut beyond_limits = None;
         for pass in 0..2 {
             for (index, device) in self.devices.iter().enumerate() {
                 if only.is_some_and(|o| o != index) || kernel.is_some_and(|k| !device.implements(k)) {
@@ -448,6 +486,11 @@ impl Scheduler {
                 if pass == 0 && preferred.is_some_and(|p| p != device.info().kind) {
                     continue;
                 }
+                // Only devices whose limits take the launch.
+                if let Err(e) = self.fit(index, ready) {
+                    beyond_limits.get_or_insert(e);
+                    continue;
+                }
                 for lane in 0..device.info().lanes {
                     self.candidates.push(Candidate {
                         lane_watts: self.facts[index].lane_watts,
@@ -460,7 +503,7 @@ impl Scheduler {
             }
         }
         if !self.policy.wants_predictions() && !self.places_for_latency(ready.queue.class, kernel) {
-            return;
+            return beyond_limits;
         }
         let model = self.model.lock().unwrap_or_else(|e| e.into_inner());
         let mut per_device: Vec<Option<(f64, Option<f64>)>> = vec![None; self.devices.len()];
@@ -495,6 +538,7 @@ impl Scheduler {
             c.exec_ns = exec_ns;
             c.queue_ns = self.lane_pending[c.device][c.lane].load(Ordering::Relaxed) as f64;
         }
+        beyond_limits
     }
 
     fn host_device(&self) -> usize {
@@ -589,7 +633,8 @@ impl Scheduler {
             && ready.buffers[..ready.slots]
                 .iter()
                 .flatten()
-                .all(|(b, _, _)| b.placement().owner().is_none());
+                .all(|(b, _, _)| b.placement().owner().is_none())
+            && self.fit(host, &ready) == Ok(1);
         let (device, lane) = if tiny_on_host {
             (host, 0)
         } else if idle {
@@ -620,8 +665,11 @@ impl Scheduler {
             };
             // Host-side work and transfers out of a draining device run on the host device.
             let only = only.map(|d| if self.usable(d) { d } else { host });
-            self.candidates_for(&ready, kernel, only);
+            let beyond_limits = self.candidates_for(&ready, kernel, only);
             if self.candidates.is_empty() {
+                if let Some(e) = beyond_limits {
+                    return Err(e);
+                }
                 let id = kernel.and_then(|k| agora_kernels::find(k.name)).map_or(0, |(i, _)| i);
                 return Err(TaskError::NoDevice(id));
             }
@@ -649,6 +697,9 @@ impl Scheduler {
             }
             (device, (binding & 0xffff) as usize)
         };
+        // The fewest row slices the launch must run as there (`must_hold` moved a busy queue
+        // whose bound device cannot take it at all).
+        let required_slices = self.fit(device, &ready)?;
 
         if queue.class == QueueClass::Latency && kernel.is_some() && !tiny_on_host {
             let sla_ns = queue.sla_ns.unwrap_or(self.default_sla_ns);
@@ -719,6 +770,7 @@ impl Scheduler {
             && self.devices[device].info().shares_host_memory
             && transfers.is_empty()
             && ready.estimated_ns <= self.inline_max_ns
+            && required_slices == 1
         {
             // Tiny, and nothing to move: run it here and now.
             let tracing = self.telemetry.trace.is_some();
@@ -776,7 +828,10 @@ impl Scheduler {
                 model.estimate(k.name, &device_name, items).ns().unwrap_or(estimated_ns)
             }
             None => 0.0,
-        } as u64;
+        }
+        // At most 2^50 ns (13 days): a huge range extrapolated from small ones must not make the
+        // lanes' sums of predictions wrap.
+        .min(MAX_PREDICTED_NS) as u64;
         let pending = self.lane_pending[device][lane].clone();
         pending.fetch_add(predicted, Ordering::Relaxed);
         let model = self.model.clone();
@@ -792,7 +847,9 @@ impl Scheduler {
             books.1.fetch_add(1, Ordering::Relaxed);
             books
         });
-        let slices = self.slices_for(device, &work, queue.class, predicted as f64);
+        let slices = self
+            .slices_for(device, &work, queue.class, predicted as f64)
+            .max(required_slices);
         let revocable = slices <= 1 && self.revocable(device, &work, queue.class, predicted as f64);
         let sequence = queue.sequencer.ticket();
         let done: Done = Box::new(move |mut result, times| {

@@ -10,6 +10,12 @@
 //! command queue, a CUDA stream). Each lane runs its jobs in submission order, one at a time, so a
 //! queue bound to a lane keeps its issue order for free. Several lanes give spatial sharing.
 //!
+//! Limits: every backend reports what one launch may ask of its device ([`LaunchLimits`], in
+//! [`DeviceInfo::limits`]), and the daemon checks each launch against them with
+//! [`Device::check_launch`] before it binds the launch to the device. A launch too large for one
+//! enqueue is split into row slices; one that no split fits goes to another device or fails with
+//! [`TaskError::DeviceLimit`], so a device runtime never sees a launch it cannot take.
+//!
 //! This crate must not know about sessions, queues, policies or the wire protocol beyond kernel
 //! signatures and task errors.
 
@@ -19,7 +25,7 @@ use std::sync::Arc;
 
 use agora_kernels::{ArgValue, KernelDef};
 use agora_protocol::control::DeviceStatus;
-use agora_protocol::{TaskError, MAX_ARGS};
+use agora_protocol::{LaunchLimit, TaskError, MAX_ARGS};
 
 #[cfg(feature = "cpu")]
 pub mod cpu;
@@ -119,6 +125,117 @@ pub struct DeviceInfo {
     /// Whether the device computes directly on host memory (the session segment), so host and
     /// device copies of a buffer are the same bytes and transfers are ordering points only.
     pub shares_host_memory: bool,
+    /// What one launch may ask of it.
+    pub limits: LaunchLimits,
+}
+
+/// What one launch may ask of a device: reported by its backend, checked by the daemon before it
+/// binds a launch to the device ([`Device::check_launch`]).
+///
+/// An *enqueue* is one device command: the whole launch, or one row slice of it (a contiguous
+/// range of dimension 0; dimensions 1 and 2 are never split). A launch whose enqueue would be too
+/// large is split into as many row slices as it takes, on devices that run row slices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchLimits {
+    /// Most work items of one launch in all, however it is split.
+    pub max_items: u64,
+    /// Most work items in each dimension of the range, after rounding up to whole work-groups.
+    pub max_extent: [u64; 3],
+    /// Most work items of one enqueue (after rounding up to whole work-groups).
+    pub max_items_per_enqueue: u64,
+    /// Most work-groups of one enqueue.
+    pub max_groups_per_enqueue: u64,
+    /// Largest work-group in each dimension.
+    pub max_group: [u64; 3],
+    /// Most work items of one work-group.
+    pub max_group_items: u64,
+    /// Largest buffer argument in bytes (one device allocation), on devices with memory of their
+    /// own.
+    pub max_buffer_bytes: u64,
+}
+
+impl LaunchLimits {
+    /// No limit but what a `u64` holds (the wire protocol bounds ranges further).
+    pub const NONE: LaunchLimits = LaunchLimits {
+        max_items: u64::MAX,
+        max_extent: [u64::MAX; 3],
+        max_items_per_enqueue: u64::MAX,
+        max_groups_per_enqueue: u64::MAX,
+        max_group: [u64::MAX; 3],
+        max_group_items: u64::MAX,
+        max_buffer_bytes: u64::MAX,
+    };
+
+    /// Checks a launch over `range` (1 to 3 dimensions) that runs in work-groups of `group`
+    /// (1s where the device has none), whose buffer arguments are `buffer_lens` bytes long (by
+    /// argument index; 0 for scalars). Returns the fewest row slices (enqueues) it needs: 1 when
+    /// one enqueue takes the whole launch. `row_slices` says whether the device runs row slices;
+    /// where it does not, a launch that needs more than one enqueue is refused.
+    ///
+    /// Slices are whole work-groups of dimension 0 (the daemon's slice boundaries keep to
+    /// [`Device::row_alignment`], which is `group[0]`), so an even split into the returned number
+    /// of slices keeps every slice within the per-enqueue limits.
+    pub fn check(
+        &self,
+        range: &[u64],
+        group: [u64; 3],
+        buffer_lens: &[u64],
+        row_slices: bool,
+    ) -> Result<u64, TaskError> {
+        let refuse = |limit, value, max| Err(TaskError::DeviceLimit { limit, value, max });
+        let dims = range.len().clamp(1, 3);
+        let mut extent = [1u64; 3];
+        extent[..dims].copy_from_slice(&range[..dims]);
+        let mut group = group.map(|g| g.max(1));
+        group[dims..].fill(1);
+        for (index, &len) in buffer_lens.iter().enumerate() {
+            if len > self.max_buffer_bytes {
+                return refuse(LaunchLimit::BufferBytes(index as u8), len, self.max_buffer_bytes);
+            }
+        }
+        let items = extent.iter().fold(1u64, |a, b| a.saturating_mul(*b));
+        if items > self.max_items {
+            return refuse(LaunchLimit::Items, items, self.max_items);
+        }
+        let group_items = group.iter().fold(1u64, |a, b| a.saturating_mul(*b));
+        if group_items > self.max_group_items {
+            return refuse(LaunchLimit::WorkGroupSize, group_items, self.max_group_items);
+        }
+        if let Some(d) = (0..3).find(|&d| group[d] > self.max_group[d]) {
+            return refuse(LaunchLimit::WorkGroupSize, group[d], self.max_group[d]);
+        }
+        // Each dimension is enqueued rounded up to whole work-groups.
+        let mut groups = [1u64; 3];
+        for d in 0..3 {
+            groups[d] = extent[d].div_ceil(group[d]);
+            if groups[d].saturating_mul(group[d]) > self.max_extent[d] {
+                let max = self.max_extent[d] / group[d] * group[d];
+                return refuse(LaunchLimit::Extent(d as u8), extent[d], max);
+            }
+        }
+        // The smallest slice: one work-group of rows across dimensions 1 and 2.
+        let row_groups = groups[1].saturating_mul(groups[2]);
+        let row_items = row_groups.saturating_mul(group_items);
+        let by_items = self.max_items_per_enqueue / row_items;
+        if by_items == 0 {
+            return refuse(LaunchLimit::ItemsPerEnqueue, row_items, self.max_items_per_enqueue);
+        }
+        let by_groups = self.max_groups_per_enqueue / row_groups;
+        if by_groups == 0 {
+            return refuse(LaunchLimit::GroupsPerEnqueue, row_groups, self.max_groups_per_enqueue);
+        }
+        let enqueues = groups[0].div_ceil(by_items.min(by_groups));
+        if enqueues > 1 && !row_slices {
+            return if by_items <= by_groups {
+                let value = groups[0].saturating_mul(row_items);
+                refuse(LaunchLimit::ItemsPerEnqueue, value, self.max_items_per_enqueue)
+            } else {
+                let value = groups[0].saturating_mul(row_groups);
+                refuse(LaunchLimit::GroupsPerEnqueue, value, self.max_groups_per_enqueue)
+            };
+        }
+        Ok(enqueues)
+    }
 }
 
 /// What a job does.
@@ -289,6 +406,20 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     fn runs_row_slices(&self) -> bool {
         false
     }
+    /// Checks a launch of `kernel` over `range` (1 to 3 dimensions), whose buffer arguments are
+    /// `buffer_lens` bytes long (by argument index, 0 for scalars), against this device's
+    /// [`LaunchLimits`]; returns the fewest row slices (enqueues) it must be split into, or the
+    /// [`TaskError::DeviceLimit`] that no split fixes. The daemon calls it before it binds a
+    /// launch to the device, and runs the launch as at least that many slices.
+    ///
+    /// The default uses [`DeviceInfo::limits`] with work-groups of [`Device::row_alignment`]
+    /// rows; backends whose work-groups span more dimensions override it.
+    fn check_launch(&self, kernel: &KernelDef, range: &[u64], buffer_lens: &[u64]) -> Result<u64, TaskError> {
+        let group = [self.row_alignment(kernel, range.len()), 1, 1];
+        self.info()
+            .limits
+            .check(range, group, buffer_lens, self.runs_row_slices())
+    }
     /// A multiple of rows that slice boundaries of `kernel` launched in `dims` dimensions should
     /// keep to (a work-group's extent in dimension 0 on OpenCL), so no slice runs idle work items
     /// at its edges. Any boundary gives correct results; this is about efficiency only.
@@ -314,4 +445,181 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     fn status(&self) -> DeviceStatus;
     /// Stops the lanes after their queued jobs are cancelled.
     fn shutdown(&self);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Limits shaped like an OpenCL device on PoCL here (see the OpenCL backend).
+    fn pocl_like() -> LaunchLimits {
+        LaunchLimits {
+            max_items: 1 << 36,
+            max_extent: [u64::MAX; 3],
+            max_items_per_enqueue: 1 << 32,
+            max_groups_per_enqueue: 1 << 31,
+            max_group: [4096; 3],
+            max_group_items: 4096,
+            max_buffer_bytes: 2 << 30,
+        }
+    }
+
+    fn limit(result: Result<u64, TaskError>) -> (LaunchLimit, u64, u64) {
+        match result {
+            Err(TaskError::DeviceLimit { limit, value, max }) => (limit, value, max),
+            other => panic!("expected a device limit, got {other:?}"),
+        }
+    }
+
+    /// The daemon's even split (`submit_sliced`): `slices` slices of whole groups of `align` rows;
+    /// returns the largest slice in groups.
+    fn largest_slice(rows: u64, align: u64, slices: u64) -> u64 {
+        let units = rows.div_ceil(align).max(1);
+        let slices = slices.clamp(1, units);
+        (0..slices)
+            .map(|i| units * (i + 1) / slices - units * i / slices)
+            .max()
+            .unwrap()
+    }
+
+    #[test]
+    fn no_limits_take_anything_in_one_enqueue() {
+        let none = LaunchLimits::NONE;
+        assert_eq!(none.check(&[1 << 40], [1, 1, 1], &[], false), Ok(1));
+        assert_eq!(none.check(&[1 << 20, 1 << 20], [1, 1, 1], &[u64::MAX], true), Ok(1));
+        assert_eq!(none.check(&[1 << 40, 1 << 10, 1 << 10], [64, 4, 4], &[], false), Ok(1));
+    }
+
+    #[test]
+    fn a_range_too_large_for_one_enqueue_needs_row_slices() {
+        let l = pocl_like();
+        // Up to 2^32 items in groups of 64: one enqueue.
+        assert_eq!(l.check(&[1], [64, 1, 1], &[], true), Ok(1));
+        assert_eq!(l.check(&[1 << 32], [64, 1, 1], &[], true), Ok(1));
+        // One more work-group of rows: two.
+        assert_eq!(l.check(&[(1 << 32) + 1], [64, 1, 1], &[], true), Ok(2));
+        assert_eq!(l.check(&[1 << 33], [64, 1, 1], &[], true), Ok(2));
+        assert_eq!(l.check(&[1 << 36], [64, 1, 1], &[], true), Ok(16));
+        // 2-D and 3-D: whole work-groups of rows across the other dimensions.
+        assert_eq!(l.check(&[1 << 17, 1 << 16], [8, 8, 1], &[], true), Ok(2));
+        assert_eq!(l.check(&[1 << 11, 1 << 11, 1 << 11], [4, 4, 4], &[], true), Ok(2));
+        // Groups of one work item: the work-group bound (2^31) binds before the item bound.
+        assert_eq!(l.check(&[1 << 32], [1, 1, 1], &[], true), Ok(2));
+        // Rounding up to whole groups counts: 2^32 - 1 items in groups of 64 are 2^32 items.
+        assert_eq!(l.check(&[(1 << 32) - 1], [64, 1, 1], &[], true), Ok(1));
+        assert_eq!(l.check(&[1 << 32, 3], [8, 8, 1], &[], true), Ok(8));
+    }
+
+    #[test]
+    fn an_even_split_into_the_required_slices_keeps_every_slice_within_the_limits() {
+        let l = pocl_like();
+        let cases: &[(&[u64], [u64; 3])] = &[
+            (&[(1 << 33) + 12345], [64, 1, 1]),
+            (&[1 << 36], [64, 1, 1]),
+            (&[(1 << 32) + 1], [1, 1, 1]),
+            (&[(1 << 24) + 7, 1000], [8, 8, 1]),
+            (&[(1 << 20) + 3, 100, 77], [4, 4, 4]),
+            (&[999_999_999, 33], [16, 16, 1]),
+        ];
+        for (range, group) in cases {
+            let slices = l.check(range, *group, &[], true).unwrap();
+            let mut padded = [1u64; 3];
+            for (d, extent) in range.iter().enumerate() {
+                padded[d] = extent.div_ceil(group[d]) * group[d];
+            }
+            let row_items = group[0] * padded[1] * padded[2];
+            let row_groups = padded[1] / group[1] * (padded[2] / group[2]);
+            let largest = largest_slice(range[0], group[0], slices);
+            assert!(
+                largest * row_items <= l.max_items_per_enqueue,
+                "{range:?}: {slices} slices"
+            );
+            assert!(
+                largest * row_groups <= l.max_groups_per_enqueue,
+                "{range:?}: {slices} slices"
+            );
+            if slices > 1 {
+                // And no fewer slices would do.
+                let fewer = largest_slice(range[0], group[0], slices - 1);
+                assert!(
+                    fewer * row_items > l.max_items_per_enqueue || fewer * row_groups > l.max_groups_per_enqueue,
+                    "{range:?}: {} slices would do",
+                    slices - 1
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn what_no_split_fixes_is_refused_naming_the_limit() {
+        let l = pocl_like();
+        // The whole launch.
+        assert_eq!(
+            limit(l.check(&[1 << 40], [64, 1, 1], &[], true)),
+            (LaunchLimit::Items, 1 << 40, 1 << 36)
+        );
+        assert_eq!(
+            limit(l.check(&[1 << 20, 1 << 20], [8, 8, 1], &[], true)),
+            (LaunchLimit::Items, 1 << 40, 1 << 36)
+        );
+        // One row of work-groups across dimensions 1 and 2 is already too large for an enqueue.
+        let l = LaunchLimits {
+            max_items: u64::MAX,
+            ..pocl_like()
+        };
+        assert_eq!(
+            limit(l.check(&[8, 1 << 30], [8, 8, 1], &[], true)),
+            (LaunchLimit::ItemsPerEnqueue, 1 << 33, 1 << 32)
+        );
+        assert_eq!(
+            limit(l.check(&[1, 1 << 31, 2], [1, 1, 1], &[], true)),
+            (LaunchLimit::GroupsPerEnqueue, 1 << 32, 1 << 31)
+        );
+        // A device that does not run row slices takes one enqueue only.
+        assert_eq!(l.check(&[1 << 32], [64, 1, 1], &[], false), Ok(1));
+        assert_eq!(
+            limit(l.check(&[1 << 33], [64, 1, 1], &[], false)),
+            (LaunchLimit::ItemsPerEnqueue, 1 << 33, 1 << 32)
+        );
+        assert_eq!(
+            limit(l.check(&[1 << 32], [1, 1, 1], &[], false)),
+            (LaunchLimit::GroupsPerEnqueue, 1 << 32, 1 << 31)
+        );
+    }
+
+    #[test]
+    fn work_groups_extents_and_buffers_are_checked() {
+        let l = LaunchLimits {
+            max_group: [256, 256, 64],
+            max_group_items: 256,
+            max_extent: [u32::MAX as u64; 3],
+            ..pocl_like()
+        };
+        assert_eq!(l.check(&[100, 100], [16, 16, 1], &[], true), Ok(1));
+        assert_eq!(
+            limit(l.check(&[100, 100], [32, 16, 1], &[], true)),
+            (LaunchLimit::WorkGroupSize, 512, 256)
+        );
+        assert_eq!(
+            limit(l.check(&[100, 100, 100], [1, 1, 128], &[], true)),
+            (LaunchLimit::WorkGroupSize, 128, 64)
+        );
+        // Group extents beyond the launch's dimensions do not count.
+        assert_eq!(l.check(&[100], [64, 8, 128], &[], true), Ok(1));
+        // A 32-bit size_t bounds every dimension, rounded up to whole work-groups.
+        assert_eq!(
+            limit(l.check(&[1, 1 << 32], [1, 1, 1], &[], true)),
+            (LaunchLimit::Extent(1), 1 << 32, u32::MAX as u64)
+        );
+        assert_eq!(
+            limit(l.check(&[u32::MAX as u64], [64, 1, 1], &[], true)),
+            (LaunchLimit::Extent(0), u32::MAX as u64, (u32::MAX as u64) / 64 * 64)
+        );
+        // Buffers larger than one allocation, by argument index.
+        assert_eq!(l.check(&[10], [64, 1, 1], &[0, 2 << 30, 5], true), Ok(1));
+        assert_eq!(
+            limit(l.check(&[10], [64, 1, 1], &[0, 5, (2 << 30) + 1], true)),
+            (LaunchLimit::BufferBytes(2), (2 << 30) + 1, 2 << 30)
+        );
+    }
 }

@@ -101,12 +101,15 @@ pub struct OpenClImpl {
     pub local: Option<[usize; 3]>,
 }
 
-/// How expensive a kernel is, for the decision to run it inline on the dispatcher thread.
+/// How expensive a kernel is: the daemon's estimate before it has measured the kernel, for the
+/// decisions to run a task inline on the dispatcher thread, to split a launch into slices and to
+/// make it revocable.
+///
+/// No kernel is free: every estimate grows with the range (a free kernel of 2^40 work items
+/// would run inline, unsliced, for as long as the device takes to walk its range).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Cost {
-    /// Constant and negligible (e.g. `noop`).
-    Trivial,
-    /// About this many nanoseconds per work item on one CPU core.
+    /// About this many nanoseconds per work item on one CPU core (positive).
     PerItemNs(f64),
 }
 
@@ -170,10 +173,9 @@ impl KernelDef {
         Ok(())
     }
 
-    /// Estimated nanoseconds on one core for `items` work items.
+    /// Estimated nanoseconds on one core for `items` work items: proportional to `items`.
     pub fn estimated_ns(&self, items: u64) -> f64 {
         match self.cost {
-            Cost::Trivial => 0.0,
             Cost::PerItemNs(ns) => ns * items as f64,
         }
     }
@@ -464,6 +466,24 @@ mod tests {
                     k.name
                 );
             }
+        }
+    }
+
+    /// No kernel is free: every estimate is positive and grows with the range, so the daemon
+    /// slices, and never runs inline, a launch with a huge range of any kernel.
+    #[test]
+    fn every_estimate_grows_with_the_range() {
+        for k in library() {
+            let Cost::PerItemNs(ns) = k.cost;
+            assert!(ns > 0.0 && ns.is_finite(), "{}: cost {ns} ns per item", k.name);
+            let (one, many) = (k.estimated_ns(1), k.estimated_ns(1 << 40));
+            assert!(one > 0.0, "{}: one item is estimated at {one} ns", k.name);
+            assert!(
+                many >= one * (1u64 << 40) as f64 * 0.99,
+                "{}: {many} ns for 2^40 items",
+                k.name
+            );
+            assert!(many > 1e9, "{}: 2^40 items are estimated at {many} ns", k.name);
         }
     }
 

@@ -44,6 +44,71 @@ pub enum Malformed {
     BadDimensions(u32),
 }
 
+/// Which device limit a launch exceeds ([`TaskError::DeviceLimit`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LaunchLimit {
+    /// Work items of the whole launch, however it is split.
+    Items,
+    /// Work items in one dimension of the range (0, 1 or 2).
+    Extent(u8),
+    /// Work items of one enqueue (one device command), when even the smallest row slice of the
+    /// launch exceeds it: dimensions 1 and 2 are never split.
+    ItemsPerEnqueue,
+    /// Work-groups of one enqueue, likewise.
+    GroupsPerEnqueue,
+    /// Row slices (enqueues) the launch would need to keep every enqueue within the device's
+    /// limits.
+    Enqueues,
+    /// Work items of one work-group (the size the kernel runs with on that device).
+    WorkGroupSize,
+    /// Bytes of one buffer argument (by index): larger than one allocation on the device.
+    BufferBytes(u8),
+}
+
+impl LaunchLimit {
+    fn code(self) -> u16 {
+        match self {
+            LaunchLimit::Items => 0,
+            LaunchLimit::Extent(d) => 1 + u16::from(d.min(2)),
+            LaunchLimit::ItemsPerEnqueue => 4,
+            LaunchLimit::GroupsPerEnqueue => 5,
+            LaunchLimit::Enqueues => 6,
+            LaunchLimit::WorkGroupSize => 7,
+            LaunchLimit::BufferBytes(index) => 16 + u16::from(index),
+        }
+    }
+
+    fn from_code(code: u16) -> Option<Self> {
+        Some(match code {
+            0 => LaunchLimit::Items,
+            1..=3 => LaunchLimit::Extent((code - 1) as u8),
+            4 => LaunchLimit::ItemsPerEnqueue,
+            5 => LaunchLimit::GroupsPerEnqueue,
+            6 => LaunchLimit::Enqueues,
+            7 => LaunchLimit::WorkGroupSize,
+            16..=271 => LaunchLimit::BufferBytes((code - 16) as u8),
+            _ => return None,
+        })
+    }
+
+    /// What the limit bounds, for messages.
+    pub fn describe(self) -> String {
+        match self {
+            LaunchLimit::Items => "work items of one launch".into(),
+            LaunchLimit::Extent(d) => format!("work items in dimension {d} of the range"),
+            LaunchLimit::ItemsPerEnqueue => {
+                "work items of one enqueue (its smallest row slice; dimensions 1 and 2 are never split)".into()
+            }
+            LaunchLimit::GroupsPerEnqueue => {
+                "work-groups of one enqueue (its smallest row slice; dimensions 1 and 2 are never split)".into()
+            }
+            LaunchLimit::Enqueues => "row slices (enqueues) the launch needs".into(),
+            LaunchLimit::WorkGroupSize => "work items of one work-group".into(),
+            LaunchLimit::BufferBytes(index) => format!("bytes of buffer argument {index} (one device allocation)"),
+        }
+    }
+}
+
 /// Why a task failed. Every variant names the problem and, where it helps, what to do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum TaskError {
@@ -169,6 +234,18 @@ pub enum TaskError {
         /// Which argument.
         index: u16,
     },
+    /// The launch exceeds a limit of every device that implements the kernel (the daemon splits
+    /// a range too large for one enqueue into row slices where it can; this is what no split
+    /// fixes). `value` is what the launch asks for, `max` the most the device takes.
+    #[error("the launch exceeds a device limit: {} is {value}, at most {max} on every device that implements the kernel; use a smaller range or several launches", .limit.describe())]
+    DeviceLimit {
+        /// Which limit.
+        limit: LaunchLimit,
+        /// What the launch asks for.
+        value: u64,
+        /// The device's limit.
+        max: u64,
+    },
     /// A buffer the task reads holds what a failed task should have produced: the task did not
     /// run. `task` is the failure's origin (the first task in the chain that failed for a reason
     /// of its own) and `cause` its error code.
@@ -265,6 +342,7 @@ impl TaskError {
             TaskError::DeviceFailed(_) => "device_failed",
             TaskError::DeviceLost => "device_lost",
             TaskError::DataLost { .. } => "data_lost",
+            TaskError::DeviceLimit { .. } => "device_limit",
             TaskError::DependencyFailed { .. } => "dependency_failed",
             TaskError::Unknown(_) => "unknown",
         }
@@ -308,7 +386,8 @@ impl TaskError {
             TaskError::DeviceQuota { needed, quota } => (20, 0, needed, quota),
             TaskError::DeviceLost => (21, 0, 0, 0),
             TaskError::DataLost { index } => (22, index, 0, 0),
-            TaskError::DependencyFailed { index, task, cause } => (23, index, task, u64::from(cause)),
+            TaskError::DeviceLimit { limit, value, max } => (23, limit.code(), value, max),
+            TaskError::DependencyFailed { index, task, cause } => (24, index, task, u64::from(cause)),
             TaskError::Unknown(code) => (code, 0, 0, 0),
         }
     }
@@ -356,7 +435,15 @@ impl TaskError {
             20 => TaskError::DeviceQuota { needed: a, quota: b },
             21 => TaskError::DeviceLost,
             22 => TaskError::DataLost { index: arg },
-            23 => TaskError::DependencyFailed {
+            23 => match LaunchLimit::from_code(arg) {
+                Some(limit) => TaskError::DeviceLimit {
+                    limit,
+                    value: a,
+                    max: b,
+                },
+                None => TaskError::Unknown(code),
+            },
+            24 => TaskError::DependencyFailed {
                 index: arg,
                 task: a,
                 cause: b as u16,
@@ -416,6 +503,41 @@ mod tests {
             },
             TaskError::DeviceLost,
             TaskError::DataLost { index: 3 },
+            TaskError::DeviceLimit {
+                limit: LaunchLimit::Items,
+                value: 1 << 40,
+                max: 1 << 36,
+            },
+            TaskError::DeviceLimit {
+                limit: LaunchLimit::Extent(2),
+                value: 1 << 33,
+                max: u32::MAX as u64,
+            },
+            TaskError::DeviceLimit {
+                limit: LaunchLimit::ItemsPerEnqueue,
+                value: 1 << 35,
+                max: 1 << 32,
+            },
+            TaskError::DeviceLimit {
+                limit: LaunchLimit::GroupsPerEnqueue,
+                value: 1 << 33,
+                max: 1 << 31,
+            },
+            TaskError::DeviceLimit {
+                limit: LaunchLimit::Enqueues,
+                value: 5000,
+                max: 4096,
+            },
+            TaskError::DeviceLimit {
+                limit: LaunchLimit::WorkGroupSize,
+                value: 64,
+                max: 32,
+            },
+            TaskError::DeviceLimit {
+                limit: LaunchLimit::BufferBytes(15),
+                value: 3 << 30,
+                max: 2 << 30,
+            },
             TaskError::DependencyFailed {
                 index: 1,
                 task: 77,
@@ -461,5 +583,25 @@ mod tests {
         assert!(e.to_string().contains("task 12, which failed (kernel_fault)"), "{e}");
         assert_eq!(e.origin(99), (12, 16));
         assert_eq!(TaskError::Cancelled.origin(5), (5, 17));
+        let e = TaskError::DeviceLimit {
+            limit: LaunchLimit::Extent(1),
+            value: 1 << 33,
+            max: 1 << 32,
+        };
+        assert!(
+            e.to_string()
+                .contains("work items in dimension 1 of the range is 8589934592, at most 4294967296"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_launch_limit_is_an_unknown_error() {
+        let c = Completion {
+            code: 23,
+            arg: 9,
+            ..Default::default()
+        };
+        assert_eq!(c.result(), Err(TaskError::Unknown(23)));
     }
 }

@@ -23,11 +23,12 @@ pub mod segment;
 pub mod signature;
 pub mod testing;
 
-pub use completion::{Completion, TaskError};
+pub use completion::{Completion, LaunchLimit, TaskError};
 pub use descriptor::{ArgTag, Op, RawArg, TaskDescriptor, MAX_ARGS};
 pub use signature::{Access, KernelSignature, ParamKind, ParamSpec, ScalarType};
 
 /// Version of the wire protocol; the hello exchange rejects a mismatch.
 /// 2: `Request::Drain`, `TaskError::DeviceLost`/`DataLost`, drain, failure and migration fields
 /// in the status; queue SLAs (`CreateQueue::sla_ms`), revocation fields in the status.
-pub const PROTOCOL_VERSION: u32 = 2;
+/// 3: `TaskError::DeviceLimit` (a launch beyond every capable device's limits).
+pub const PROTOCOL_VERSION: u32 = 3;

@@ -117,7 +117,7 @@ create_exception!(
     agora,
     InvalidRangeError,
     TaskFailedError,
-    "The launch range is empty or too large."
+    "The launch range is empty, or too large (for the protocol or for every device that could run it)."
 );
 create_exception!(
     agora,
@@ -253,7 +253,8 @@ fn task_exception(task: &TaskError, message: String) -> PyErr {
         TaskError::BufferTooSmall { .. } => BufferTooSmallError::new_err(message),
         TaskError::OutOfBounds { .. } => OutOfBoundsError::new_err(message),
         TaskError::InvalidScalar { .. } => InvalidScalarError::new_err(message),
-        TaskError::InvalidRange { .. } => InvalidRangeError::new_err(message),
+        // A range beyond every capable device's limits is a range too large for this node.
+        TaskError::InvalidRange { .. } | TaskError::DeviceLimit { .. } => InvalidRangeError::new_err(message),
         TaskError::Aliased { .. } => AliasedBuffersError::new_err(message),
         TaskError::NoDevice(_) => NoDeviceError::new_err(message),
         TaskError::KernelFault => KernelFaultError::new_err(message),

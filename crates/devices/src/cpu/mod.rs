@@ -79,6 +79,9 @@ impl CpuDevice {
                 lanes,
                 threads_per_lane,
                 shares_host_memory: true,
+                // Kernels run over any row range on host memory: the wire protocol's bound on a
+                // range is the only one.
+                limits: crate::LaunchLimits::NONE,
             },
             lanes: Lanes::new(lane_list, handles),
         })

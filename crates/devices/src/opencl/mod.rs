@@ -25,6 +25,15 @@
 //! before the kernel starts (the in-order queue runs it after the previous command), so a launch
 //! revoked while it waits behind other commands stops at once, and one revoked while it runs
 //! completes; [`Device::polls_revocation`] is false there.
+//!
+//! Limits ([`LaunchLimits`]): each device reports its largest work-group (in all and per
+//! dimension, from `CL_DEVICE_MAX_WORK_GROUP_SIZE` and `CL_DEVICE_MAX_WORK_ITEM_SIZES`), its
+//! `size_t` (`CL_DEVICE_ADDRESS_BITS`, which bounds every dimension of a launch) and its largest
+//! allocation (`CL_DEVICE_MAX_MEM_ALLOC_SIZE`). On top of those, bounds that keep a launch within
+//! what the runtime survives and a lane from being held for long by one command
+//! ([`MAX_GROUPS_PER_ENQUEUE`], [`MAX_ITEMS_PER_ENQUEUE`], [`MAX_ITEMS_PER_LAUNCH`]): PoCL aborts
+//! the whole process on a command of 2^32 work-groups or more, so these are checked before a
+//! launch is bound to the device, and larger launches are split into row slices.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -45,7 +54,70 @@ use opencl3::types::{cl_device_id, cl_event, cl_int, cl_mem, CL_BLOCKING, CL_NON
 use std::ffi::c_void;
 
 use crate::lane::{Executor, JobEnd, Lane, Lanes};
-use crate::{Device, DeviceBuffer, DeviceInfo, DeviceKind, Job, Transfer, Work};
+use crate::{Device, DeviceBuffer, DeviceInfo, DeviceKind, Job, LaunchLimits, Transfer, Work};
+
+/// Most work-groups of one enqueue, on every platform. PoCL's CPU driver (3.1, as installed here)
+/// counts a command's work-groups in a 32-bit `unsigned`: a `noop` of 2^32 work-groups (global
+/// 2^38 in groups of 64, or 2^32 in groups of 1, or 2^19 x 2^19 in groups of 8 x 8) kills the
+/// process with SIGILL, and 2^34 of them (global 2^40) trips its `assert (max_wgs > 0)` (SIGABRT);
+/// 2^28 work-groups (2^40 in groups of 4096) run. Measured with a throwaway program, one process
+/// per try. Half the counter's range leaves a margin; no platform loses by the finer split.
+pub const MAX_GROUPS_PER_ENQUEUE: u64 = 1 << 31;
+
+/// Most work items of one enqueue (one command, which nothing but revocation preempts): a 32-bit
+/// index space, 0.27 s of `noop` (0.44 s of a guarded kernel that only returns) on PoCL here.
+pub const MAX_ITEMS_PER_ENQUEUE: u64 = 1 << 32;
+
+/// Most work items of one launch: 16 enqueues of the largest size, about 4.5 s of `noop` on PoCL
+/// here. It bounds how long one launch holds an OpenCL lane; a larger range goes to a device
+/// without this bound (the CPU) or is refused with `TaskError::DeviceLimit`. (The library's
+/// kernels other than `noop` take at most `i32::MAX` items, far below it.)
+pub const MAX_ITEMS_PER_LAUNCH: u64 = 1 << 36;
+
+/// What an OpenCL device reports about its limits (`None`: the query failed).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Reported {
+    /// `CL_DEVICE_ADDRESS_BITS`: the width of the device's `size_t`.
+    address_bits: Option<u32>,
+    /// `CL_DEVICE_MAX_WORK_ITEM_SIZES`.
+    work_item_sizes: Option<Vec<usize>>,
+    /// `CL_DEVICE_MAX_WORK_GROUP_SIZE`.
+    work_group_size: Option<usize>,
+    /// `CL_DEVICE_MAX_MEM_ALLOC_SIZE`.
+    mem_alloc_size: Option<u64>,
+}
+
+impl Reported {
+    fn query(cl: &ClDeviceInfo) -> Self {
+        Reported {
+            address_bits: cl.address_bits().ok(),
+            work_item_sizes: cl.max_work_item_sizes().ok(),
+            work_group_size: cl.max_work_group_size().ok(),
+            mem_alloc_size: cl.max_mem_alloc_size().ok(),
+        }
+    }
+
+    /// The launch limits of a device that reports this. What a device does not report is taken
+    /// at the least the OpenCL specification allows (a 32-bit `size_t`, work-groups of one work
+    /// item, and allocations of 128 MiB), so the device refuses what it might not run.
+    fn limits(&self) -> LaunchLimits {
+        let bits = self.address_bits.unwrap_or(32).clamp(32, 64);
+        let size_t_max = if bits >= 64 { u64::MAX } else { (1u64 << bits) - 1 };
+        let mut max_group = [1u64; 3];
+        for (d, size) in self.work_item_sizes.iter().flatten().take(3).enumerate() {
+            max_group[d] = (*size as u64).max(1);
+        }
+        LaunchLimits {
+            max_items: MAX_ITEMS_PER_LAUNCH,
+            max_extent: [size_t_max; 3],
+            max_items_per_enqueue: MAX_ITEMS_PER_ENQUEUE.min(size_t_max),
+            max_groups_per_enqueue: MAX_GROUPS_PER_ENQUEUE,
+            max_group,
+            max_group_items: self.work_group_size.map_or(1, |s| (s as u64).max(1)),
+            max_buffer_bytes: self.mem_alloc_size.unwrap_or(128 << 20),
+        }
+    }
+}
 
 /// State shared by a device's lanes and its buffers.
 struct Shared {
@@ -64,6 +136,9 @@ struct Shared {
     /// buffer (the device computes on host memory); otherwise the flag is copied in before the
     /// kernel starts. Atomic only so tests can force the fallback.
     host_flags: AtomicBool,
+    /// What one launch may ask of the device (checked by the daemon; re-checked per command
+    /// here, since a command beyond them can abort the whole process).
+    limits: LaunchLimits,
 }
 
 // SAFETY: Context and CommandQueue are Send + Sync in opencl3; Program is Send + Sync; the maps are
@@ -478,6 +553,7 @@ impl ClExecutor {
         }
         let queue = self.queue.get();
         let device_name = self.shared.name.clone();
+        let limits = self.shared.limits;
         let convention = self.kernel(&imp, kernel.params.len())?.1;
         let (flag, flag_buffer) = match convention {
             Convention::Revocable => {
@@ -545,6 +621,15 @@ impl ClExecutor {
             for d in 0..*dims {
                 global[d] = global[d].div_ceil(local[d]) * local[d];
             }
+        }
+        // The daemon split the launch so that every command is within the device's limits
+        // (`Device::check_launch`); a command beyond them is a daemon bug, and PoCL aborts the
+        // process on one, so it fails this task instead of reaching the runtime.
+        let items = global[..*dims].iter().fold(1u64, |a, g| a.saturating_mul(*g as u64));
+        let groups = (0..*dims).fold(1u64, |a, d| a.saturating_mul((global[d] / local[d].max(1)) as u64));
+        if items > limits.max_items_per_enqueue || groups > limits.max_groups_per_enqueue {
+            tracing::error!(device = %device_name, kernel = kernel.name, items, groups, "a command beyond the device's limits reached the device; refused");
+            return Err(TaskError::KernelFault);
         }
         // SAFETY: the kernel's arguments are all set (above); `offset`, `global` and `local`
         // outlive the call; `dims` is 1..=3 (checked by the daemon's decoder). Kernel objects keep
@@ -658,6 +743,9 @@ impl OpenClDevice {
             memory_bytes = memory_bytes.min(memory_limit);
         }
         let compute_units = cl.max_compute_units().unwrap_or(1);
+        let reported = Reported::query(&cl);
+        let limits = reported.limits();
+        tracing::debug!(device = %device_name, ?reported, ?limits, "OpenCL launch limits");
         let context = Context::from_device(&cl).map_err(|e| format!("creating a context: {e}"))?;
         #[allow(deprecated)] // clCreateCommandQueue: the OpenCL 1.2 call every platform has.
         let new_queue =
@@ -691,6 +779,7 @@ impl OpenClDevice {
             memory_bytes,
             zero_flag,
             host_flags: AtomicBool::new(host_flags),
+            limits,
         });
         let mut lane_list = Vec::new();
         let mut threads = Vec::new();
@@ -721,6 +810,7 @@ impl OpenClDevice {
                 lanes: queues_started,
                 threads_per_lane: 1,
                 shares_host_memory: false,
+                limits,
             },
             shared,
             lanes: Lanes::new(lane_list, threads),
@@ -802,6 +892,15 @@ impl Device for OpenClDevice {
 
     fn runs_row_slices(&self) -> bool {
         true
+    }
+
+    fn check_launch(&self, kernel: &KernelDef, range: &[u64], buffer_lens: &[u64]) -> Result<u64, TaskError> {
+        // Guarded kernels (all of the library's) run in these work-groups; see `work_group`.
+        let local = kernel
+            .opencl
+            .map_or([1; 3], |imp| fixed_work_group(range.len().clamp(1, 3), imp.local));
+        let group = local.map(|l| l as u64);
+        self.info.limits.check(range, group, buffer_lens, true)
     }
 
     fn row_alignment(&self, kernel: &KernelDef, dims: usize) -> u64 {
@@ -1071,6 +1170,142 @@ mod tests {
             failures.len(),
             failures.join("\n")
         );
+        dev.shutdown();
+    }
+
+    #[test]
+    fn reported_limits_become_launch_limits() {
+        let pocl = Reported {
+            address_bits: Some(64),
+            work_item_sizes: Some(vec![4096, 4096, 4096]),
+            work_group_size: Some(4096),
+            mem_alloc_size: Some(2 << 30),
+        };
+        assert_eq!(
+            pocl.limits(),
+            LaunchLimits {
+                max_items: 1 << 36,
+                max_extent: [u64::MAX; 3],
+                max_items_per_enqueue: 1 << 32,
+                max_groups_per_enqueue: 1 << 31,
+                max_group: [4096; 3],
+                max_group_items: 4096,
+                max_buffer_bytes: 2 << 30,
+            }
+        );
+        // A 32-bit device: its size_t bounds every dimension and an enqueue.
+        let small = Reported {
+            address_bits: Some(32),
+            work_item_sizes: Some(vec![256, 256, 64]),
+            work_group_size: Some(256),
+            mem_alloc_size: Some(512 << 20),
+        }
+        .limits();
+        assert_eq!(small.max_extent, [u32::MAX as u64; 3]);
+        assert_eq!(small.max_items_per_enqueue, u32::MAX as u64);
+        assert_eq!(small.max_group, [256, 256, 64]);
+        // Nothing reported: the least the specification allows.
+        let unknown = Reported::default().limits();
+        assert_eq!(unknown.max_extent, [u32::MAX as u64; 3]);
+        assert_eq!((unknown.max_group, unknown.max_group_items), ([1; 3], 1));
+        assert_eq!(unknown.max_buffer_bytes, 128 << 20);
+    }
+
+    /// Every kernel's parameters (its signature's, the three guards and the flag pointer) fit in
+    /// the least `CL_DEVICE_MAX_PARAMETER_SIZE` any OpenCL device may report (256 bytes, embedded
+    /// profile), so no device refuses a library kernel for its arguments.
+    #[test]
+    fn every_kernel_takes_few_enough_parameter_bytes_for_any_device() {
+        for k in agora_kernels::library() {
+            let own: u64 = k
+                .params
+                .iter()
+                .map(|p| match p.kind {
+                    ParamKind::Buffer { .. } => 8, // a cl_mem (a pointer on a 64-bit device)
+                    ParamKind::Scalar(t) => t.size(),
+                })
+                .sum();
+            let bytes = own + 3 * 8 + 8;
+            assert!(bytes <= 256, "{}: {bytes} parameter bytes", k.name);
+        }
+    }
+
+    #[test]
+    fn pocl_limits_split_or_refuse_huge_ranges() {
+        let dev = device();
+        let limits = dev.info().limits;
+        assert_eq!(limits.max_groups_per_enqueue, MAX_GROUPS_PER_ENQUEUE);
+        assert_eq!(limits.max_items_per_enqueue, MAX_ITEMS_PER_ENQUEUE);
+        assert!(limits.max_group_items >= 64, "{limits:?}");
+        let noop = agora_kernels::find("noop").unwrap().1;
+        for range in [
+            &[1u64 << 40][..],
+            &[1 << 38],
+            &[1 << 37],
+            &[1 << 20, 1 << 20],
+            &[1 << 14, 1 << 13, 1 << 13],
+        ] {
+            let items: u64 = range.iter().product();
+            assert_eq!(
+                dev.check_launch(noop, range, &[]),
+                Err(TaskError::DeviceLimit {
+                    limit: agora_protocol::LaunchLimit::Items,
+                    value: items,
+                    max: MAX_ITEMS_PER_LAUNCH
+                }),
+                "{range:?}"
+            );
+        }
+        assert_eq!(dev.check_launch(noop, &[1 << 32], &[]), Ok(1));
+        assert_eq!(dev.check_launch(noop, &[1 << 33], &[]), Ok(2));
+        assert_eq!(dev.check_launch(noop, &[1 << 36], &[]), Ok(16));
+        assert_eq!(dev.check_launch(noop, &[1 << 11, 1 << 11, 1 << 11], &[]), Ok(2));
+        // Dimension 1 is never split: 8 rows of 2^33 are too many for one enqueue.
+        assert_eq!(
+            dev.check_launch(noop, &[1, 1 << 33], &[]),
+            Err(TaskError::DeviceLimit {
+                limit: agora_protocol::LaunchLimit::ItemsPerEnqueue,
+                value: 1 << 36,
+                max: MAX_ITEMS_PER_ENQUEUE
+            })
+        );
+        dev.shutdown();
+    }
+
+    /// What used to kill the process (PoCL: SIGILL at 2^32 work-groups in one command, SIGABRT at
+    /// 2^34) reaching the device anyway fails only its task.
+    #[test]
+    fn a_command_beyond_the_limits_fails_its_task_and_not_the_process() {
+        let dev = device();
+        let noop = agora_kernels::find("noop").unwrap().1;
+        let (tx, rx) = mpsc::channel();
+        for range in [&[1u64 << 38][..], &[1 << 40], &[1 << 20, 1 << 20]] {
+            dev.submit(0, job(Vec::new(), launch(noop, range, &[], &[], None), None, &tx));
+            assert_eq!(rx.recv().unwrap().0, Err(TaskError::KernelFault), "{range:?}");
+        }
+        // A row slice within the limits of the same launch runs, and so does the lane.
+        let rows = Some((1 << 38) - (1 << 20)..1 << 38);
+        dev.submit(0, job(Vec::new(), launch(noop, &[1 << 38], &[], &[], rows), None, &tx));
+        assert_eq!(rx.recv().unwrap().0, Ok(()));
+        dev.shutdown();
+    }
+
+    /// A range twice what one enqueue takes runs as the daemon splits it: two row slices.
+    #[test]
+    fn a_range_beyond_one_enqueue_runs_as_row_slices() {
+        let dev = device();
+        let noop = agora_kernels::find("noop").unwrap().1;
+        let range = [1u64 << 33];
+        assert_eq!(dev.check_launch(noop, &range, &[]), Ok(2));
+        let (tx, rx) = mpsc::channel();
+        for rows in [0..1 << 32, 1 << 32..1 << 33] {
+            dev.submit(
+                0,
+                job(Vec::new(), launch(noop, &range, &[], &[], Some(rows)), None, &tx),
+            );
+        }
+        assert_eq!(rx.recv().unwrap().0, Ok(()));
+        assert_eq!(rx.recv().unwrap().0, Ok(()));
         dev.shutdown();
     }
 

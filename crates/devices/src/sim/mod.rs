@@ -8,6 +8,9 @@
 //! completes when the computation is done, so keep modeled times above what the host needs (or
 //! give the device few lanes). Transfers are timed the same way from a modeled bandwidth.
 //!
+//! Launch limits: none (the wire protocol bounds ranges), unless [`SimSpec::limits`] models a
+//! device with some; the daemon then splits or places launches as for any device.
+//!
 //! Fault injection: with [`SimSpec::fail_after_jobs`] set to N, the device runs N jobs and then
 //! fails for good, as a real device that falls off the bus would: [`Device::healthy`] turns false
 //! and every later job (queued or new, transfers included) and every read completes with
@@ -61,6 +64,8 @@ pub struct SimSpec {
     pub bandwidth: f64,
     /// Fault injection: the device fails for good after running this many jobs.
     pub fail_after_jobs: Option<u64>,
+    /// What one launch may ask of it (default: no limit), to model a device with launch limits.
+    pub limits: crate::LaunchLimits,
 }
 
 impl Default for SimSpec {
@@ -75,6 +80,7 @@ impl Default for SimSpec {
             kernels: None,
             bandwidth: 10e9,
             fail_after_jobs: None,
+            limits: crate::LaunchLimits::NONE,
         }
     }
 }
@@ -312,6 +318,7 @@ impl SimDevice {
                 ),
                 memory_bytes: spec.memory_bytes,
                 shares_host_memory: false,
+                limits: spec.limits,
             },
             spec,
             lanes: Lanes::new(lane_list, handles),
