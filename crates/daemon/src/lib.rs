@@ -216,20 +216,14 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
         telemetry::serve_metrics(addr, telemetry.clone(), devices.clone())
             .map_err(|e| DaemonError::io("starting the metrics server", std::io::Error::other(e)))?;
     }
-    let mut scheduler = scheduler::Scheduler::new(
+    let scheduler = scheduler::Scheduler::new(
         devices,
         facts,
         policy::build(config.policy, &config),
         model,
-        config.inline_max_ns,
-        config.device_quota,
+        scheduler::SchedulerConfig::from_daemon(&config),
         telemetry.clone(),
     );
-    scheduler.preempt_target_ns = config.preempt_target.as_nanos() as f64;
-    scheduler.latency_policy = config.latency_policy;
-    scheduler.default_sla_ns = config.latency_sla.as_nanos() as f64;
-    scheduler.revoke_min_ns = config.revoke_min.as_nanos() as f64;
-    scheduler.faults = outcome::FaultInjection::new(config.inject_faults);
     tracing::info!(
         policy = config.policy.name(),
         preempt_target_us = config.preempt_target.as_micros() as u64,

@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,7 +30,7 @@ use rustix::event::epoll;
 
 use crate::config::DaemonConfig;
 use crate::scheduler::Scheduler;
-use crate::session::{Credentials, QueueState, Session};
+use crate::session::{AtomicBinding, Credentials, QueueState, Session};
 use crate::telemetry::Telemetry;
 use crate::DaemonError;
 
@@ -537,8 +537,8 @@ impl Server {
                         preferred,
                         sla_ns: sla_ms.map(|ms| ms * 1e6),
                         in_flight: Default::default(),
-                        // Never bound yet (u32::MAX) until its first task goes to a lane.
-                        binding: AtomicU32::new(u32::MAX),
+                        // Unbound until its first task goes to a lane.
+                        binding: AtomicBinding::unbound(),
                         moving: Default::default(),
                         sequencer: Default::default(),
                     });
@@ -706,9 +706,7 @@ impl Server {
                 _ => None,
             })
             .flat_map(|s| s.queues.values())
-            .filter(|q| {
-                q.in_flight.load(Ordering::Relaxed) > 0 && (q.binding.load(Ordering::Relaxed) >> 16) as usize == index
-            })
+            .filter(|q| q.in_flight.load(Ordering::Relaxed) > 0 && q.binding.load().device() == index)
             .count() as u64;
         Response::Drained {
             device: device.to_string(),
@@ -766,7 +764,7 @@ impl Server {
             tasks_completed: self.retired_completed + live_completed + closing_completed,
             tasks_failed: self.retired_failed + live_failed + closing_failed,
             evictions: self.scheduler.residency.evictions,
-            latency_policy: self.scheduler.latency_policy.name().to_string(),
+            latency_policy: self.scheduler.config().latency_policy.name().to_string(),
             revocations: self.scheduler.revocations().0,
             revoked_work_s: self.scheduler.revocations().1,
             migrations: self.scheduler.migration.stats.migrations,

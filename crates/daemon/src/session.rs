@@ -92,6 +92,56 @@ impl SessionShared {
     }
 }
 
+/// A device and lane, packed into 32 bits (`device << 16 | lane`) so a queue's binding fits in
+/// an atomic that lane threads read without a lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Binding(u32);
+
+impl Binding {
+    /// No lane yet.
+    pub(crate) const UNBOUND: Binding = Binding(u32::MAX);
+
+    /// Lane `lane` of device `device` (both below 2^16: devices and lanes are few).
+    pub(crate) fn new(device: usize, lane: usize) -> Binding {
+        debug_assert!(device < 0xffff && lane <= 0xffff);
+        Binding(((device as u32) << 16) | lane as u32)
+    }
+
+    /// The device's index.
+    pub(crate) fn device(self) -> usize {
+        (self.0 >> 16) as usize
+    }
+
+    /// The lane's index on its device.
+    pub(crate) fn lane(self) -> usize {
+        (self.0 & 0xffff) as usize
+    }
+
+    /// Whether this names no lane.
+    pub(crate) fn is_unbound(self) -> bool {
+        self == Binding::UNBOUND
+    }
+}
+
+/// A [`Binding`] that the dispatcher sets and lane threads read.
+#[derive(Debug)]
+pub(crate) struct AtomicBinding(AtomicU32);
+
+impl AtomicBinding {
+    /// Unbound.
+    pub(crate) fn unbound() -> Self {
+        AtomicBinding(AtomicU32::new(Binding::UNBOUND.0))
+    }
+
+    pub(crate) fn load(&self) -> Binding {
+        Binding(self.0.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn store(&self, binding: Binding) {
+        self.0.store(binding.0, Ordering::Relaxed);
+    }
+}
+
 /// A queue as the daemon tracks it.
 #[derive(Debug)]
 pub(crate) struct QueueState {
@@ -104,9 +154,9 @@ pub(crate) struct QueueState {
     pub sla_ns: Option<f64>,
     /// Jobs of this queue handed to a lane and not completed.
     pub in_flight: AtomicU32,
-    /// `(device << 16) | lane` the queue is bound to while `in_flight > 0` (afterwards: where its
-    /// last task ran; `u32::MAX` before its first task went to a lane).
-    pub binding: AtomicU32,
+    /// The lane the queue is bound to while `in_flight > 0` (afterwards: where its last task
+    /// ran; unbound before its first task went to a lane). Read with [`QueueState::binding`].
+    pub binding: AtomicBinding,
     /// Being moved to another device: its new tasks are held until its in-flight ones finish
     /// (set and cleared by the scheduler's migration; lanes read it to wake the dispatcher).
     pub moving: AtomicBool,
@@ -263,20 +313,20 @@ impl Session {
                 .values()
                 .map(|q| {
                     let in_flight = u64::from(q.in_flight.load(Ordering::Relaxed));
-                    let binding = q.binding.load(Ordering::Relaxed);
+                    let binding = q.binding.load();
                     QueueStatus {
                         name: q.name.to_string(),
                         class: q.class,
                         in_flight,
-                        bound_to: (in_flight > 0 && binding != u32::MAX).then(|| {
-                            let device = device_names.get((binding >> 16) as usize).map_or("?", |n| n.as_str());
-                            format!("{device}/lane{}", binding & 0xffff)
+                        bound_to: (in_flight > 0 && !binding.is_unbound()).then(|| {
+                            let device = device_names.get(binding.device()).map_or("?", |n| n.as_str());
+                            format!("{device}/lane{}", binding.lane())
                         }),
                         preferred: q.preferred.map(|k| k.name().to_string()),
                         sla_ms: q.sla_ns.map(|ns| ns / 1e6),
                         moving: q.moving.load(Ordering::Relaxed),
-                        last_device: (binding != u32::MAX)
-                            .then(|| device_names.get((binding >> 16) as usize).cloned())
+                        last_device: (!binding.is_unbound())
+                            .then(|| device_names.get(binding.device()).cloned())
                             .flatten(),
                     }
                 })

@@ -46,7 +46,8 @@ use std::sync::{Arc, Mutex};
 use agora_protocol::{Access, Completion, TaskError};
 use agora_transport::wake::Doorbell;
 
-use super::{Action, NamedBuffers, Ready, Scheduler};
+use super::plan::NamedBuffers;
+use super::{Action, Ready, Scheduler};
 use crate::session::{QueueState, Session, SessionShared};
 
 /// Most times one task is replayed after `DeviceLost` before the error reaches the client (a
@@ -406,7 +407,7 @@ impl Scheduler {
         if queue.in_flight.load(Ordering::Acquire) == 0 {
             return Ok(false);
         }
-        let device = (queue.binding.load(Ordering::Relaxed) >> 16) as usize;
+        let device = queue.binding.load().device();
         let kernel = match &ready.action {
             Action::Launch { kernel, .. } => Some(*kernel),
             _ => None,

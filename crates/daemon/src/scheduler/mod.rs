@@ -1,0 +1,403 @@
+//! The scheduler: turns descriptors from session rings into device jobs, as a pipeline of
+//! stages. Read them in the order a task goes through them:
+//!
+//! 1. `validate` — the descriptor (copied out of the ring once, decoded) becomes a `Ready`
+//!    task: handles resolved against the session's own tables, arguments checked against the
+//!    kernel's signature and size rule, byte ranges against buffer lengths.
+//! 2. `outcome` (the crate's) judges its inputs: a task that reads what a failed task should
+//!    have written fails here without running (`Scheduler::dispatch`).
+//! 3. `migration` — a queue being moved holds its tasks, in order, until its in-flight ones are
+//!    done; its held and lost tasks come back through `dispatch`.
+//! 4. `place` — where it runs (`Placement`): inline on this thread for a tiny task whose data
+//!    is on the host, the lane its queue is bound to while the queue has work in flight (so
+//!    issue order holds), else the lane the [`Policy`] picks among the devices that implement the
+//!    kernel and take the launch within their limits (late binding; the queue's preferred kind
+//!    first), or latency placement; and the revocation choice for latency work.
+//! 5. `plan` — what it needs there (`Planned`): room in device memory, the transfers, the
+//!    one-writer rule, the work; slicing (chunked launch) and revocability.
+//! 6. `submit` — run inline, or hand the job to the lane (one job, row slices, or revocable).
+//! 7. `complete` — when a lane job ends: metrics, model, trace, then in queue order the
+//!    outcome and the completion posted to the client (`LaneCompletion::finish`).
+//!
+//! `books` holds the latency-class bookkeeping the place stage reads (urgent work per lane,
+//! TReM's `q` and `l`, the victims).
+//!
+//! Device limits: a launch goes only to a device whose limits take it (`Device::check_launch`,
+//! at binding time, before anything reaches the device): the check says how many row slices
+//! (enqueues) it needs there at least, and the launch runs as at least that many. A launch that no
+//! capable device takes completes with `TaskError::DeviceLimit` naming the limit; a busy queue
+//! whose bound device cannot take its next launch moves, as for a kernel the device lacks.
+//!
+//! A descriptor that fails any check completes with a [`TaskError`] naming the problem; nothing a
+//! client writes can stop the loop. Inline completions are batched and flushed before anything is
+//! handed to a lane, so a queue's completions reach its ring in issue order.
+//!
+//! Must not contain vendor code: devices are reached only through the `Device` trait.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use agora_devices::Device;
+use agora_protocol::descriptor::Decoded;
+use agora_protocol::ring::RingError;
+use agora_protocol::{Completion, Op, TaskError, MAX_ARGS};
+
+use crate::memory::Residency;
+use crate::outcome::{FaultInjection, Role, Uses};
+use crate::policy::latency::LatencyPolicy;
+use crate::policy::{Candidate, PerformanceModel, Policy};
+use crate::revocation::RevocationCounters;
+use crate::session::{Session, SessionShared};
+use crate::telemetry::{TaskCounters, Telemetry};
+use agora_protocol::control::QueueClass;
+use books::LatencyBooks;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::Histogram;
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
+
+mod books;
+mod complete;
+mod migration;
+mod place;
+mod plan;
+mod submit;
+mod validate;
+
+pub(crate) use migration::Migration;
+use validate::{data_roles, resolve, Action, Ready};
+
+/// What the scheduler knows of each device beyond the `Device` trait (from the configuration).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DeviceFacts {
+    /// Extra watts one busy lane draws.
+    pub lane_watts: f64,
+    /// Bytes per second between host memory and the device.
+    pub bandwidth: f64,
+}
+
+/// Most descriptors taken from one session before the scheduler looks at the next session.
+const BATCH: u32 = 256;
+
+/// Most slices one chunked launch is split into.
+const MAX_SLICES: u64 = 4096;
+
+/// Longest predicted time of one job, nanoseconds (2^50, 13 days).
+const MAX_PREDICTED_NS: f64 = (1u64 << 50) as f64;
+
+/// Scheduler state owned by the dispatcher thread.
+pub(crate) struct Scheduler {
+    pub devices: Vec<Arc<dyn Device>>,
+    policy: Box<dyn Policy>,
+    /// Its settings, fixed at start.
+    config: SchedulerConfig,
+    inline_done: Vec<Completion>,
+    candidates: Vec<Candidate>,
+    telemetry: Arc<Telemetry>,
+    /// Cached metric handles (looking one up allocates).
+    /// Keyed by the operation name's address (names are `'static`), hashed cheaply: this is on
+    /// the per-task path.
+    counters: HashMap<(usize, QueueClass), TaskCounters, rustc_hash::FxBuildHasher>,
+    histograms: Vec<Arc<[Histogram; 3]>>,
+    bytes: [Counter; 2],
+    /// Trace row of each device's lane 0 (lanes follow).
+    first_row: Vec<u32>,
+    /// The learned performance model (fed by every finished launch, read by policies).
+    pub model: Arc<Mutex<PerformanceModel>>,
+    facts: Vec<DeviceFacts>,
+    /// Predicted nanoseconds of work queued or running, per device and lane.
+    lane_pending: Vec<Vec<Arc<AtomicU64>>>,
+    /// Which buffers have device copies (eviction).
+    pub residency: Residency,
+    /// Latency-class work per lane and in all, and the victims revocation may pick.
+    books: LatencyBooks,
+    revocation_counters: RevocationCounters,
+    /// Queues being moved, draining and failed devices, lost tasks.
+    pub migration: Migration,
+}
+
+/// The scheduler's settings, built once from the daemon's configuration.
+#[derive(Debug, Clone)]
+pub(crate) struct SchedulerConfig {
+    /// Tasks estimated below this many nanoseconds run inline when their queue is idle (0:
+    /// never).
+    pub inline_max_ns: f64,
+    /// Per-session device-memory quota in bytes (0: none).
+    pub device_quota: u64,
+    /// Target preemption latency of chunked launches, nanoseconds (0: no chunking).
+    pub preempt_target_ns: f64,
+    /// How latency-class work is protected (placement, reservation, revocation).
+    pub latency_policy: LatencyPolicy,
+    /// Response-time target of latency queues that set none, nanoseconds.
+    pub default_sla_ns: f64,
+    /// Shortest predicted batch launch made revocable, nanoseconds.
+    pub revoke_min_ns: f64,
+    /// Test-only: tasks picked to fail (`DaemonConfig::inject_faults`).
+    pub faults: Option<FaultInjection>,
+}
+
+impl SchedulerConfig {
+    /// The scheduler's part of the daemon's configuration.
+    pub(crate) fn from_daemon(config: &crate::config::DaemonConfig) -> Self {
+        SchedulerConfig {
+            inline_max_ns: config.inline_max_ns as f64,
+            device_quota: config.device_quota,
+            preempt_target_ns: config.preempt_target.as_nanos() as f64,
+            latency_policy: config.latency_policy,
+            default_sla_ns: config.latency_sla.as_nanos() as f64,
+            revoke_min_ns: config.revoke_min.as_nanos() as f64,
+            faults: FaultInjection::new(config.inject_faults),
+        }
+    }
+}
+
+fn class_name(class: QueueClass) -> &'static str {
+    match class {
+        QueueClass::Batch => "batch",
+        QueueClass::Latency => "latency",
+    }
+}
+
+impl Scheduler {
+    pub(crate) fn new(
+        devices: Vec<Arc<dyn Device>>,
+        facts: Vec<DeviceFacts>,
+        policy: Box<dyn Policy>,
+        model: Arc<Mutex<PerformanceModel>>,
+        config: SchedulerConfig,
+        telemetry: Arc<Telemetry>,
+    ) -> Self {
+        let per_lane = || -> Vec<Vec<Arc<AtomicU64>>> {
+            devices
+                .iter()
+                .map(|d| (0..d.info().lanes).map(|_| Arc::new(AtomicU64::new(0))).collect())
+                .collect()
+        };
+        let lane_pending = per_lane();
+        let books = LatencyBooks::new(&devices);
+        let revocation_counters = telemetry.metrics.revocation_counters();
+        let histograms = devices
+            .iter()
+            .map(|d| Arc::new(telemetry.metrics.device_histograms(&d.info().name)))
+            .collect();
+        let mut first_row = Vec::new();
+        let mut row = 1u32;
+        for d in &devices {
+            first_row.push(row);
+            row += d.info().lanes as u32;
+        }
+        let bytes = telemetry.metrics.byte_counters();
+        let migration = Migration::new(devices.clone());
+        Scheduler {
+            devices,
+            policy,
+            config,
+            inline_done: Vec::new(),
+            candidates: Vec::new(),
+            telemetry,
+            counters: HashMap::default(),
+            histograms,
+            bytes,
+            first_row,
+            model,
+            facts,
+            lane_pending,
+            residency: Residency::default(),
+            books,
+            revocation_counters,
+            migration,
+        }
+    }
+
+    /// Trace row names: the dispatcher, then every lane.
+    pub(crate) fn trace_rows(devices: &[Arc<dyn Device>]) -> Vec<String> {
+        let mut rows = vec!["dispatcher (inline)".to_string()];
+        for d in devices {
+            for lane in 0..d.info().lanes {
+                rows.push(format!("{}/lane{lane}", d.info().name));
+            }
+        }
+        rows
+    }
+
+    fn task_counters(&mut self, name: &'static str, class: QueueClass) -> &TaskCounters {
+        let metrics = &self.telemetry.metrics;
+        self.counters
+            .entry((name.as_ptr() as usize, class))
+            .or_insert_with(|| metrics.task_counters(name, class_name(class)))
+    }
+
+    /// Revocations since start and the execution time they threw away, seconds.
+    pub(crate) fn revocations(&self) -> (u64, f64) {
+        let c = &self.revocation_counters;
+        (c.revoked.get(), c.wasted_ns.get() as f64 / 1e9)
+    }
+
+    /// Its settings.
+    pub(crate) fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    pub(crate) fn policy_name(&self) -> &'static str {
+        self.policy.name()
+    }
+
+    /// Writes the performance model to `state_dir` if it changed.
+    pub(crate) fn save_model(&self, state_dir: &std::path::Path) {
+        save_model(&self.model, state_dir);
+    }
+
+    /// Takes what the session's ring holds (up to admission control and one batch).
+    /// Returns how many descriptors were taken, or the ring's corruption.
+    pub(crate) fn ingest(&mut self, session: &mut Session) -> Result<u32, RingError> {
+        // Queues being moved whose in-flight tasks have finished go first: their tasks are older.
+        self.release_held(session);
+        let available = session.submissions.available()?;
+        let n = available.min(session.admission_room()).min(BATCH);
+        for _ in 0..n {
+            let descriptor = session.submissions.take();
+            session.ingested = session.ingested.wrapping_add(1);
+            session.submitted += 1;
+            let task_id = descriptor.task_id;
+            let outcome = descriptor.decode().and_then(|d| self.admit(session, &d));
+            if let Err(error) = outcome {
+                self.inline_done.push(Completion::failed(task_id, error));
+                self.task_counters("invalid", QueueClass::Batch).failed.inc();
+            }
+        }
+        if n > 0 {
+            session.submissions.release();
+            self.flush(&session.shared);
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self, shared: &SessionShared) {
+        shared.post(&self.inline_done);
+        self.inline_done.clear();
+    }
+
+    /// Resolves and dispatches one decoded descriptor; `Err` completes it with that error.
+    fn admit(&mut self, session: &mut Session, d: &Decoded<'_>) -> Result<(), TaskError> {
+        match d.op {
+            Op::ReleaseBuffer => {
+                let handle = d.buffer_arg(0)?;
+                if !session.release_buffer(handle) {
+                    return Err(TaskError::InvalidHandle { index: 0, handle });
+                }
+                self.inline_done.push(Completion::ok(d.task_id));
+                Ok(())
+            }
+            Op::ReleaseQueue => {
+                session.queues.remove(d.queue).ok_or(TaskError::UnknownQueue(d.queue))?;
+                self.inline_done.push(Completion::ok(d.task_id));
+                Ok(())
+            }
+            _ => {
+                let ready = resolve(session, d)?;
+                self.dispatch(session, d.task_id, ready)
+            }
+        }
+    }
+
+    /// Dispatches a resolved task, judging first whether its inputs are valid (`outcome`): a
+    /// task fed by a failed one fails here without running. A task that fails before it reaches
+    /// a device still settles in its queue's order (poisoning what it would have written):
+    /// at once when the queue has nothing in flight, else after the queue's earlier jobs.
+    fn dispatch(&mut self, session: &Session, task_id: u64, ready: Ready) -> Result<(), TaskError> {
+        let roles = data_roles(&ready);
+        let uses = Uses {
+            buffers: &ready.buffers[..ready.slots],
+            roles: &roles[..ready.slots],
+        };
+        let mut admitted = uses.admit(task_id);
+        if self.migration.any_failed {
+            // Data lost with a failed device says more than a failure it caused.
+            admitted = migration::check_lost(&ready).and(admitted);
+        }
+        let queue = ready.queue.clone();
+        if admitted.is_err() && self.migration.is_held(session.id, &queue) {
+            // Held behind the queue's earlier tasks: judged again when released.
+            admitted = Ok(());
+        }
+        // Kept to settle a failure; cheap next to the work of dispatching.
+        let (buffers, slots) = (ready.buffers.clone(), ready.slots);
+        let outcome = admitted.and_then(|()| self.place_and_submit(session, task_id, ready, roles));
+        let Err(error) = outcome else {
+            return Ok(());
+        };
+        if queue.in_flight.load(Ordering::Acquire) == 0 {
+            return Uses {
+                buffers: &buffers[..slots],
+                roles: &roles[..slots],
+            }
+            .settle(task_id, Err(error));
+        }
+        // Counted in flight until it settles, so nothing runs inline ahead of it.
+        queue.in_flight.fetch_add(1, Ordering::AcqRel);
+        session.shared.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.flush(&session.shared);
+        let shared = session.shared.clone();
+        let waker = self.migration.drain_waker();
+        let sequence = queue.sequencer.ticket();
+        let settling = queue.clone();
+        queue.sequencer.in_order(sequence, move || {
+            let uses = Uses {
+                buffers: &buffers[..slots],
+                roles: &roles[..slots],
+            };
+            let error = uses.settle(task_id, Err(error)).err().unwrap_or(error);
+            shared.post(&[Completion::failed(task_id, error)]);
+            let drained = settling.in_flight.fetch_sub(1, Ordering::AcqRel) == 1;
+            shared.in_flight.fetch_sub(1, Ordering::Relaxed);
+            waker.queue_drained(&settling, drained);
+        });
+        Ok(())
+    }
+
+    /// The stages after validation, in order: place, plan, then run inline or submit to the
+    /// lane (whose completion is `complete`'s).
+    fn place_and_submit(
+        &mut self,
+        session: &Session,
+        task_id: u64,
+        ready: Ready,
+        roles: [Role; MAX_ARGS],
+    ) -> Result<(), TaskError> {
+        // A queue being moved holds its tasks, in order, until its in-flight ones are done.
+        if self.must_hold(session, &ready)? {
+            self.hold(session, task_id, ready);
+            return Ok(());
+        }
+        let placement = self.place(&ready)?;
+        self.revoke_for(&ready, &placement);
+        let Some(planned) = self.plan_task(session, task_id, ready, roles, &placement)? else {
+            // Its device failed while it was planned: it went back for replay.
+            return Ok(());
+        };
+        if self.runs_inline(&placement, &planned) {
+            self.run_inline(session, task_id, placement.binding.device(), planned);
+        } else {
+            self.submit(session, task_id, &placement, planned);
+        }
+        Ok(())
+    }
+}
+
+/// Writes `model` to `state_dir` if it changed since the last save; a failure is logged (the
+/// daemon keeps serving with the model in memory).
+pub(crate) fn save_model(model: &Mutex<PerformanceModel>, state_dir: &std::path::Path) {
+    let mut snapshot = {
+        let mut model = model.lock().unwrap_or_else(|e| e.into_inner());
+        if !model.is_dirty() {
+            return;
+        }
+        model.mark_saved();
+        model.clone()
+    };
+    match snapshot.save(state_dir) {
+        Ok(()) => tracing::debug!(dir = %state_dir.display(), "performance model saved"),
+        Err(error) => tracing::warn!(%error, "could not save the performance model"),
+    }
+}

@@ -1,0 +1,326 @@
+//! Stage 3, **plan**: what a placed task needs on its device — room in device memory (eviction,
+//! the session's device quota), the transfers that make its inputs current there, the one-writer
+//! rule for its outputs, and the device work itself — and, for lane jobs, whether it is sliced
+//! (chunked launch) or revocable.
+//!
+//! Owns: [`NamedBuffers`] (a task's buffers, marked in use so eviction leaves them alone until
+//! it finishes), the migration ticket taken before planning (what a replay needs if the device
+//! loses the task), the test-only fault injection's effect on the work, and the byte counters.
+//!
+//! Must not: choose a device (`place` did), or hand anything to a device (`submit` does).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use agora_devices::{DeviceBuffer, Transfer, Work};
+use agora_kernels::{ArgValue, KernelDef};
+use agora_protocol::control::QueueClass;
+use agora_protocol::{Access, TaskError, MAX_ARGS};
+
+use super::migration;
+use super::place::Placement;
+use super::validate::{heap_ptr, operation_name, Action, Ready};
+use super::{Scheduler, MAX_SLICES};
+use crate::memory::{BufferRecord, Residency};
+use crate::outcome::{Role, Uses};
+use crate::policy::latency::LatencyPolicy;
+use crate::session::{QueueState, Session};
+
+/// A placed task with its data planned: the output of the plan stage.
+pub(super) struct Planned {
+    pub queue: Arc<QueueState>,
+    pub kernel: Option<&'static KernelDef>,
+    /// Its name in metrics and traces.
+    pub name: &'static str,
+    pub items: u64,
+    pub estimated_ns: f64,
+    /// Data movements that go first, in order.
+    pub transfers: Vec<Transfer>,
+    pub work: Work,
+    pub named: NamedBuffers,
+    /// Sends the task back for replay if its device loses it.
+    pub ticket: migration::Ticket,
+    /// Test-only: picked to fail (its work does not run).
+    pub injected: bool,
+}
+
+impl Scheduler {
+    /// Plans `ready` on the device `placement` chose. `Ok(None)`: the device failed meanwhile
+    /// and the task went back for replay.
+    pub(super) fn plan_task(
+        &mut self,
+        session: &Session,
+        task_id: u64,
+        ready: Ready,
+        roles: [Role; MAX_ARGS],
+        placement: &Placement,
+    ) -> Result<Option<Planned>, TaskError> {
+        let device = placement.binding.device();
+        let queue = ready.queue.clone();
+        let kernel = ready.kernel();
+        let name = operation_name(&ready.action);
+        let (items, estimated_ns) = (ready.items, ready.estimated_ns);
+        // Its buffers are in use from now until it finishes, so eviction leaves them alone.
+        let named = NamedBuffers::new(ready.buffers, ready.slots, roles, &mut self.residency);
+        // Test-only: a task picked to fail keeps its transfers but its work does not run.
+        let injected = self.config.faults.is_some_and(|f| f.picks(task_id));
+        self.make_room(session, device, &named)?;
+        let mut transfers: Vec<Transfer> = Vec::new();
+        // Taken before planning: what a replay needs if the device loses the task.
+        let ticket = migration::Ticket::new(
+            &mut self.migration,
+            device,
+            &ready.action,
+            estimated_ns,
+            items,
+            named.slots(),
+        );
+        let work = match self.plan(session, device, ready.action, named.slots(), &mut transfers) {
+            Err(TaskError::DeviceLost) => {
+                return self
+                    .lost_while_planning(session, task_id, &queue, ticket, named)
+                    .map(|()| None)
+            }
+            planned => planned?,
+        };
+        let work = if injected { Work::Nothing } else { work };
+        for (record, _, _) in named.slots().iter().flatten() {
+            self.residency.register(record);
+        }
+        for t in &transfers {
+            let (counter, bytes) = match t {
+                Transfer::ToDevice { len, .. } => (&session.shared.bytes_to_device, *len),
+                Transfer::ToHost { len, .. } => (&session.shared.bytes_to_host, *len),
+            };
+            counter.fetch_add(bytes as u64, Ordering::Relaxed);
+            let direction = usize::from(matches!(t, Transfer::ToHost { .. }));
+            self.bytes[direction].inc_by(bytes as u64);
+        }
+        Ok(Some(Planned {
+            queue,
+            kernel,
+            name,
+            items,
+            estimated_ns,
+            transfers,
+            work,
+            named,
+            ticket,
+            injected,
+        }))
+    }
+
+    /// Makes room on `device` for the buffers of `named` it lacks, evicting idle buffers (the
+    /// session's own first when it is over its device quota).
+    fn make_room(&mut self, session: &Session, device: usize, named: &NamedBuffers) -> Result<(), TaskError> {
+        if self.devices[device].info().shares_host_memory {
+            return Ok(());
+        }
+        let needed: u64 = named
+            .slots()
+            .iter()
+            .flatten()
+            .filter(|(record, _, _)| !record.placement().is_on(device))
+            .map(|(record, _, _)| record.len)
+            .sum();
+        let usage = &session.shared.device_usage;
+        let quota = self.config.device_quota;
+        if needed > 0
+            && !self.residency.make_room(&self.devices, device, needed, usage, quota)
+            && quota > 0
+            && usage.0[device].load(Ordering::Relaxed) + needed > quota
+        {
+            // Over the session's device quota even with all its idle buffers evicted.
+            return Err(TaskError::DeviceQuota { needed, quota });
+        }
+        Ok(())
+    }
+    /// Whether a launch runs revocable: a batch launch that was not sliced, on a device that
+    /// polls revocation, under a latency policy, predicted long enough that a latency task could
+    /// not simply wait for it (`revoke_min`, and twice the preemption target). Short launches
+    /// are not worth the lane drain and the copy of their read-write buffers.
+    pub(super) fn revocable(&self, device: usize, work: &Work, class: QueueClass, predicted_ns: f64) -> bool {
+        class == QueueClass::Batch
+            && self.config.latency_policy != LatencyPolicy::None
+            && matches!(work, Work::Launch { .. })
+            && self.devices[device].polls_revocation()
+            && predicted_ns >= self.config.revoke_min_ns.max(2.0 * self.config.preempt_target_ns)
+    }
+
+    /// How many row slices to split a launch into so that a latency task waits at most about
+    /// `preempt_target` for the lane (chunked launch): batch launches only, on devices that take
+    /// slices, when the prediction exceeds twice the target. 1: do not split.
+    pub(super) fn slices_for(&self, device: usize, work: &Work, class: QueueClass, predicted_ns: f64) -> u64 {
+        let target = self.config.preempt_target_ns;
+        let Work::Launch { range, .. } = work else { return 1 };
+        if class != QueueClass::Batch
+            || target <= 0.0
+            || predicted_ns < 2.0 * target
+            || !self.devices[device].runs_row_slices()
+        {
+            return 1;
+        }
+        ((predicted_ns / target).ceil() as u64).clamp(1, range[0].min(MAX_SLICES))
+    }
+
+    /// Plans data placement for `action` on `device` and builds its work.
+    fn plan(
+        &self,
+        session: &Session,
+        device: usize,
+        action: Action,
+        buffers: &[Option<(Arc<BufferRecord>, Access, bool)>],
+        transfers: &mut Vec<Transfer>,
+    ) -> Result<Work, TaskError> {
+        let devices = &self.devices;
+        let host = |record: &BufferRecord| heap_ptr(session, record, 0, record.len);
+        Ok(match action {
+            Action::Launch {
+                kernel,
+                range,
+                dims,
+                mut args,
+                arg_count,
+            } => {
+                let mut device_args: [Option<Arc<dyn DeviceBuffer>>; MAX_ARGS] = Default::default();
+                for (index, entry) in buffers.iter().enumerate() {
+                    let Some((record, access, overwrites)) = entry else {
+                        continue;
+                    };
+                    let ptr = host(record)?;
+                    let mut placement = record.placement();
+                    device_args[index] = placement
+                        .prepare(
+                            devices,
+                            device,
+                            *access,
+                            *overwrites,
+                            ptr,
+                            record.len,
+                            &record.usage,
+                            transfers,
+                        )
+                        .map_err(|e| match e {
+                            TaskError::DeviceOutOfMemory { needed, .. } => TaskError::DeviceOutOfMemory {
+                                index: index as u16,
+                                needed,
+                            },
+                            other => other,
+                        })?;
+                    args[index] = ArgValue::Buffer { ptr, len: record.len };
+                }
+                Work::Launch {
+                    kernel,
+                    range,
+                    dims,
+                    args,
+                    arg_count,
+                    device_args,
+                    rows: None,
+                }
+            }
+            Action::SyncTo => {
+                let (record, _, _) = buffers[0].as_ref().ok_or(TaskError::KernelFault)?;
+                let mut placement = record.placement();
+                placement.host_written();
+                if !devices[device].info().shares_host_memory {
+                    // Eager: the queue runs on a device with its own memory; copy in now.
+                    placement.prepare(
+                        devices,
+                        device,
+                        Access::Read,
+                        false,
+                        host(record)?,
+                        record.len,
+                        &record.usage,
+                        transfers,
+                    )?;
+                }
+                Work::Nothing
+            }
+            Action::SyncFrom => {
+                let (record, _, _) = buffers[0].as_ref().ok_or(TaskError::KernelFault)?;
+                let ptr = host(record)?;
+                record.placement().fetch_to_host(devices, ptr, record.len, transfers);
+                Work::Nothing
+            }
+            Action::Fill { offset, len, value } => {
+                let (record, _, _) = buffers[0].as_ref().ok_or(TaskError::KernelFault)?;
+                let base = host(record)?;
+                let mut placement = record.placement();
+                // A partial fill keeps the rest of the buffer: bring it home first.
+                placement.fetch_to_host(devices, base, record.len, transfers);
+                placement.host_written();
+                Work::Fill {
+                    ptr: heap_ptr(session, record, offset, len)?,
+                    len: len as usize,
+                    value,
+                }
+            }
+            Action::Copy {
+                src_offset,
+                dst_offset,
+                len,
+            } => {
+                let (src, _, _) = buffers[0].as_ref().ok_or(TaskError::KernelFault)?;
+                let (dst, _, _) = buffers[1].as_ref().ok_or(TaskError::KernelFault)?;
+                let src_base = host(src)?;
+                src.placement().fetch_to_host(devices, src_base, src.len, transfers);
+                if !Arc::ptr_eq(src, dst) {
+                    let dst_base = host(dst)?;
+                    dst.placement().fetch_to_host(devices, dst_base, dst.len, transfers);
+                }
+                dst.placement().host_written();
+                Work::Copy {
+                    src: heap_ptr(session, src, src_offset, len)?,
+                    dst: heap_ptr(session, dst, dst_offset, len)?,
+                    len: len as usize,
+                }
+            }
+        })
+    }
+}
+/// A task's buffer arguments, marked in use (not evictable) for as long as it lives.
+pub(super) struct NamedBuffers {
+    pub(super) buffers: [Option<(Arc<BufferRecord>, Access, bool)>; MAX_ARGS],
+    pub(super) slots: usize,
+    /// How the task uses each (for its outcome).
+    roles: [Role; MAX_ARGS],
+}
+
+impl NamedBuffers {
+    fn new(
+        buffers: [Option<(Arc<BufferRecord>, Access, bool)>; MAX_ARGS],
+        slots: usize,
+        roles: [Role; MAX_ARGS],
+        residency: &mut Residency,
+    ) -> Self {
+        for (record, _, _) in buffers[..slots].iter().flatten() {
+            record.in_use.fetch_add(1, Ordering::AcqRel);
+            residency.touch(record);
+        }
+        NamedBuffers { buffers, slots, roles }
+    }
+
+    /// The entries that may hold a buffer.
+    pub(super) fn slots(&self) -> &[Option<(Arc<BufferRecord>, Access, bool)>] {
+        &self.buffers[..self.slots]
+    }
+
+    /// The outcome to report for `task`, which ran with `result` (see `outcome`).
+    pub(super) fn settle(&self, task: u64, result: Result<(), TaskError>) -> Result<(), TaskError> {
+        Uses {
+            buffers: self.slots(),
+            roles: &self.roles[..self.slots],
+        }
+        .settle(task, result)
+    }
+}
+
+impl Drop for NamedBuffers {
+    fn drop(&mut self) {
+        for (record, _, _) in self.buffers[..self.slots].iter().flatten() {
+            record.in_use.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! Stage 4, **submit**: a planned task runs inline on the dispatcher thread, or is handed to
+//! its lane as one job, as row slices (chunked launch), or as a revocable job.
+//!
+//! Owns: the inline run of tiny tasks (and its completion, batched into the ring with the
+//! others), binding an idle queue to its lane, the queue's in-flight count and settling ticket,
+//! the predicted work booked on the lane and in the latency books, and building the job's
+//! [`LaneCompletion`].
+//!
+//! Must not: choose where the task runs or what data moves (`place`, `plan`).
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use agora_devices::{Device, Job, Transfer, Work};
+use agora_protocol::control::QueueClass;
+use agora_protocol::{Completion, TaskError};
+
+use super::complete::LaneCompletion;
+use super::place::Placement;
+use super::plan::Planned;
+use super::{Scheduler, MAX_PREDICTED_NS};
+use crate::revocation::Done;
+use crate::session::Session;
+use crate::telemetry::Span;
+
+impl Scheduler {
+    /// Whether a planned task runs inline: tiny, on a device that computes on host memory,
+    /// nothing to move, its queue idle, one slice.
+    pub(super) fn runs_inline(&self, placement: &Placement, planned: &Planned) -> bool {
+        placement.idle
+            && self.config.inline_max_ns > 0.0
+            && self.devices[placement.binding.device()].info().shares_host_memory
+            && planned.transfers.is_empty()
+            && planned.estimated_ns <= self.config.inline_max_ns
+            && placement.required_slices == 1
+    }
+
+    /// Runs `planned` here and now; its completion joins the batch flushed to the ring.
+    pub(super) fn run_inline(&mut self, session: &Session, task_id: u64, device: usize, planned: Planned) {
+        let tracing = self.telemetry.trace.is_some();
+        let start = tracing.then(Instant::now);
+        let result = match planned.injected {
+            false => self.devices[device].run_inline(&planned.work),
+            true => Err(TaskError::KernelFault),
+        };
+        let result = planned.named.settle(task_id, result);
+        let counters = self.task_counters(planned.name, planned.queue.class);
+        if result.is_ok() {
+            counters.ok.inc()
+        } else {
+            counters.failed.inc()
+        };
+        if let (Some(trace), Some(start)) = (&self.telemetry.trace, start) {
+            trace.record(Span {
+                category: "exec",
+                name: planned.name,
+                row: 0,
+                start,
+                end: Instant::now(),
+                session: session.shared.id,
+                tenant: session.shared.tenant.clone(),
+                task: task_id,
+                queue: planned.queue.name.clone(),
+            });
+        }
+        self.inline_done.push(match result {
+            Ok(()) => Completion::ok(task_id),
+            Err(e) => Completion::failed(task_id, e),
+        });
+    }
+
+    /// Hands `planned` to the lane `placement` chose.
+    pub(super) fn submit(&mut self, session: &Session, task_id: u64, placement: &Placement, planned: Planned) {
+        let Planned {
+            queue,
+            kernel,
+            name,
+            items,
+            estimated_ns,
+            transfers,
+            work,
+            named,
+            ticket,
+            injected,
+        } = planned;
+        let (device, lane) = (placement.binding.device(), placement.binding.lane());
+        if placement.idle {
+            queue.binding.store(placement.binding);
+        }
+        // Completions of earlier inline tasks must reach the ring before this job's.
+        self.flush(&session.shared);
+        queue.in_flight.fetch_add(1, Ordering::AcqRel);
+        session.shared.in_flight.fetch_add(1, Ordering::Relaxed);
+        // Predicted time of this job on its lane, for the policies' queue-wait estimates.
+        let device_name: Arc<str> = Arc::from(self.devices[device].info().name.as_str());
+        let predicted = match kernel {
+            Some(k) => {
+                let model = self.model.lock().unwrap_or_else(|e| e.into_inner());
+                model.estimate(k.name, &device_name, items).ns().unwrap_or(estimated_ns)
+            }
+            None => 0.0,
+        }
+        // At most 2^50 ns (13 days): a huge range extrapolated from small ones must not make the
+        // lanes' sums of predictions wrap.
+        .min(MAX_PREDICTED_NS) as u64;
+        let lane_pending = self.lane_pending[device][lane].clone();
+        lane_pending.fetch_add(predicted, Ordering::Relaxed);
+        let urgent = queue.class == QueueClass::Latency;
+        // Latency work's own accounting: its queued time per lane, TReM's `q` and `l`.
+        let latency = urgent.then(|| self.books.charge(device, lane, predicted));
+        let slices = self
+            .slices_for(device, &work, queue.class, predicted as f64)
+            .max(placement.required_slices);
+        let revocable = slices <= 1 && self.revocable(device, &work, queue.class, predicted as f64);
+        let counters = self.task_counters(name, queue.class).clone();
+        let done = LaneCompletion {
+            task_id,
+            sequence: queue.sequencer.ticket(),
+            queue,
+            shared: session.shared.clone(),
+            named,
+            ticket,
+            injected,
+            kernel,
+            name,
+            items,
+            device_name,
+            model: self.model.clone(),
+            predicted,
+            lane_pending,
+            latency,
+            counters,
+            histograms: self.histograms[device].clone(),
+            telemetry: self.telemetry.clone(),
+            row: self.first_row[device] + lane as u32,
+        }
+        .into_done();
+        if revocable {
+            let rw_bytes = crate::revocation::read_write_bytes(&work) as f64;
+            // The CPU stops at its next block of rows (1/256 of the launch); restoring the
+            // read-write buffers costs a copy of them.
+            let cost_ns = predicted as f64 / 256.0 + rw_bytes / self.facts[device].bandwidth.max(1.0) * 1e9;
+            crate::revocation::submit(
+                self.devices[device].clone(),
+                lane,
+                transfers,
+                work,
+                session.shared.cancelled.clone(),
+                self.books.victim_slot(device, lane).clone(),
+                predicted as f64,
+                cost_ns,
+                self.revocation_counters.clone(),
+                done,
+            );
+            return;
+        }
+        let cancelled = Some(session.shared.cancelled.clone());
+        if slices <= 1 {
+            self.devices[device].submit(
+                lane,
+                Job {
+                    transfers,
+                    work,
+                    keepalive: None,
+                    cancelled,
+                    revoke: None,
+                    urgent,
+                    done,
+                },
+            );
+        } else {
+            submit_sliced(&*self.devices[device], lane, transfers, work, slices, cancelled, done);
+        }
+    }
+}
+/// Submits a launch as `slices` jobs over consecutive row ranges, in order on one lane. The task
+/// completes (once, with the first error if any) when its last slice has run; its transfers go
+/// with the first slice. Between slices the lane may start urgent (latency-class) jobs. Slice
+/// boundaries are multiples of the device's row alignment for the kernel (whole work-groups on
+/// OpenCL), so there may be fewer slices than asked for.
+fn submit_sliced(
+    device: &dyn Device,
+    lane: usize,
+    transfers: Vec<Transfer>,
+    work: Work,
+    slices: u64,
+    cancelled: Option<Arc<std::sync::atomic::AtomicBool>>,
+    done: Done,
+) {
+    let Work::Launch {
+        kernel,
+        range,
+        dims,
+        args,
+        arg_count,
+        device_args,
+        ..
+    } = work
+    else {
+        unreachable!("only launches are sliced")
+    };
+    // Even slices in units of the device's row alignment: slice `i` starts at unit
+    // `units * i / slices`, and the last one ends at the last row.
+    let rows = range[0];
+    let align = device.row_alignment(kernel, dims).max(1);
+    let units = rows.div_ceil(align).max(1);
+    let slices = slices.clamp(1, units);
+    let boundary = |slice: u64| (align * (units * slice / slices)).min(rows);
+    /// What the slices of one task share.
+    struct Group {
+        remaining: std::sync::atomic::AtomicU64,
+        state: Mutex<GroupState>,
+    }
+    struct GroupState {
+        first_error: Option<TaskError>,
+        first_times: Option<agora_devices::JobTimes>,
+        cold: bool,
+        done: Option<Done>,
+    }
+    let group = Arc::new(Group {
+        remaining: std::sync::atomic::AtomicU64::new(slices),
+        state: Mutex::new(GroupState {
+            first_error: None,
+            first_times: None,
+            cold: false,
+            done: Some(done),
+        }),
+    });
+    let mut transfers = Some(transfers);
+    for slice in 0..slices {
+        let (start, end) = (boundary(slice), boundary(slice + 1));
+        let group = group.clone();
+        device.submit(
+            lane,
+            Job {
+                transfers: transfers.take().unwrap_or_default(),
+                work: Work::Launch {
+                    kernel,
+                    range,
+                    dims,
+                    args,
+                    arg_count,
+                    device_args: device_args.clone(),
+                    rows: Some(start..end),
+                },
+                keepalive: None,
+                cancelled: cancelled.clone(),
+                revoke: None,
+                urgent: false,
+                done: Box::new(move |result, times| {
+                    let finished = {
+                        let mut state = group.state.lock().unwrap_or_else(|e| e.into_inner());
+                        if let Err(e) = result {
+                            state.first_error.get_or_insert(e);
+                        }
+                        state.first_times.get_or_insert(times);
+                        state.cold |= times.cold;
+                        if group.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+                            let first = state.first_times.unwrap_or(times);
+                            let outcome = state.first_error.map_or(Ok(()), Err);
+                            let times = agora_devices::JobTimes {
+                                finished: times.finished,
+                                cold: state.cold,
+                                ..first
+                            };
+                            state.done.take().map(|done| (done, outcome, times))
+                        } else {
+                            None
+                        }
+                    };
+                    if let Some((done, outcome, times)) = finished {
+                        done(outcome, times);
+                    }
+                }),
+            },
+        );
+    }
+}

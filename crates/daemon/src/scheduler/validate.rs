@@ -1,0 +1,289 @@
+//! Stage 1, **validate**: a decoded descriptor becomes a [`Ready`] task, or fails with the
+//! `TaskError` that names what is wrong.
+//!
+//! Owns: resolving handles against the session's own tables (queue, buffers), checking a launch
+//! against its kernel's signature and size rule, checking byte ranges of transfers, and saying
+//! how the task uses each buffer (`data_roles`, for the outcome rules).
+//!
+//! Must not: choose a device, touch placement or device memory, or keep any state — a `Ready`
+//! is everything the later stages need, so each can be tested with a hand-made one.
+
+use std::sync::Arc;
+
+use agora_kernels::{ArgValue, KernelDef, LaunchShape};
+use agora_protocol::descriptor::Decoded;
+use agora_protocol::{Access, ArgTag, Op, ParamKind, TaskError, MAX_ARGS};
+
+use crate::memory::BufferRecord;
+use crate::outcome::Role;
+use crate::session::{QueueState, Session};
+
+/// Name of an operation in metrics and traces.
+pub(super) fn operation_name(action: &Action) -> &'static str {
+    match action {
+        Action::Launch { kernel, .. } => kernel.name,
+        Action::SyncTo => "sync_to",
+        Action::SyncFrom => "sync_from",
+        Action::Fill { .. } => "memset",
+        Action::Copy { .. } => "copy",
+    }
+}
+
+/// What a resolved task does.
+// `Launch` is the common case; boxing it would cost an allocation per task.
+// Clone: a task's action is kept for replay when a device loses it.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone)]
+pub(super) enum Action {
+    Launch {
+        kernel: &'static KernelDef,
+        range: [u64; 3],
+        dims: usize,
+        args: [ArgValue; MAX_ARGS],
+        arg_count: usize,
+    },
+    SyncTo,
+    SyncFrom,
+    Fill {
+        offset: u64,
+        len: u64,
+        value: u8,
+    },
+    Copy {
+        src_offset: u64,
+        dst_offset: u64,
+        len: u64,
+    },
+}
+
+/// A task whose arguments are resolved and checked.
+pub(super) struct Ready {
+    pub(super) queue: Arc<QueueState>,
+    pub(super) action: Action,
+    pub(super) estimated_ns: f64,
+    /// Work items of a launch (the product of its range); 0 otherwise.
+    pub(super) items: u64,
+    /// How many leading entries of `buffers` may hold a buffer (the hot path skips the rest).
+    pub(super) slots: usize,
+    /// Buffer arguments with their access (transfers name buffers by argument index).
+    pub(super) buffers: [Option<(Arc<BufferRecord>, Access, bool)>; MAX_ARGS],
+}
+
+impl Ready {
+    /// The kernel, for a launch.
+    pub(super) fn kernel(&self) -> Option<&'static KernelDef> {
+        match &self.action {
+            Action::Launch { kernel, .. } => Some(*kernel),
+            _ => None,
+        }
+    }
+}
+
+/// How a task uses each of its buffer arguments (what it reads, writes, rewrites whole).
+pub(super) fn data_roles(ready: &Ready) -> [Role; MAX_ARGS] {
+    let mut roles = [Role::default(); MAX_ARGS];
+    for (slot, entry) in ready.buffers[..ready.slots].iter().enumerate() {
+        let Some((record, access, overwrites)) = entry else {
+            continue;
+        };
+        roles[slot] = match &ready.action {
+            Action::Launch { .. } => Role::launch(*access, *overwrites),
+            // Rewrites the host copy whole (the placement treats any sync_to so).
+            Action::SyncTo => Role::write(0, record.len, record.len),
+            Action::SyncFrom => Role::READ,
+            Action::Fill { offset, len, .. } => Role::write(*offset, *len, record.len),
+            Action::Copy { dst_offset, len, .. } => {
+                let same = matches!(&ready.buffers[1 - slot], Some((other, _, _)) if Arc::ptr_eq(other, record));
+                match (slot, same) {
+                    (0, _) => Role::READ,
+                    (_, false) => Role::write(*dst_offset, *len, record.len),
+                    // Copying within one buffer keeps the rest of it.
+                    (_, true) => Role {
+                        reads: true,
+                        writes: true,
+                        whole: false,
+                    },
+                }
+            }
+        };
+    }
+    roles
+}
+
+/// Looks up buffer argument `index` (handle in `handle`) in the session.
+fn buffer(session: &Session, index: usize, handle: u64) -> Result<&Arc<BufferRecord>, TaskError> {
+    session.buffers.get(handle).ok_or(TaskError::InvalidHandle {
+        index: index as u16,
+        handle,
+    })
+}
+
+/// Checks that `[offset, offset+len)` (len 0 = to the end) lies in `record`; returns the range.
+fn byte_range(record: &BufferRecord, index: usize, offset: u64, len: u64) -> Result<(u64, u64), TaskError> {
+    let len = if len == 0 {
+        record.len.saturating_sub(offset)
+    } else {
+        len
+    };
+    let end = offset.saturating_add(len);
+    if end > record.len {
+        return Err(TaskError::OutOfBounds {
+            index: index as u16,
+            end,
+            len: record.len,
+        });
+    }
+    Ok((offset, len))
+}
+
+pub(super) fn heap_ptr(session: &Session, record: &BufferRecord, offset: u64, len: u64) -> Result<*mut u8, TaskError> {
+    // The heap allocator only hands out in-heap ranges, so this cannot fail unless the daemon
+    // is wrong; report it as a fault of this task rather than trusting it.
+    session
+        .shared
+        .segment
+        .view()
+        .heap_range(record.offset + offset, len)
+        .ok_or(TaskError::KernelFault)
+}
+
+pub(super) fn resolve(session: &Session, d: &Decoded<'_>) -> Result<Ready, TaskError> {
+    let queue = session
+        .queues
+        .get(d.queue)
+        .ok_or(TaskError::UnknownQueue(d.queue))?
+        .clone();
+    let mut buffers: [Option<(Arc<BufferRecord>, Access, bool)>; MAX_ARGS] = Default::default();
+    let (action, estimated_ns) = match d.op {
+        Op::Launch => {
+            let kernel = agora_kernels::library()
+                .get(d.kernel as usize)
+                .ok_or(TaskError::UnknownKernel(d.kernel))?;
+            kernel.check_arguments(d.args)?;
+            let mut args = [ArgValue::None; MAX_ARGS];
+            let mut scalars = [0u64; MAX_ARGS];
+            let mut lens = [0u64; MAX_ARGS];
+            for (index, (arg, param)) in d.args.iter().zip(kernel.params).enumerate() {
+                if arg.tag == ArgTag::Buffer as u32 {
+                    let record = buffer(session, index, arg.value)?;
+                    let access = match param.kind {
+                        ParamKind::Buffer { access, .. } => access,
+                        ParamKind::Scalar(_) => return Err(TaskError::KernelFault),
+                    };
+                    // One buffer twice is fine only when neither use writes it.
+                    for (earlier, entry) in buffers.iter().enumerate().take(index) {
+                        if let Some((other, other_access, _)) = entry {
+                            if Arc::ptr_eq(other, record) && (access.writes() || other_access.writes()) {
+                                return Err(TaskError::Aliased {
+                                    index: earlier as u16,
+                                    other: index as u64,
+                                });
+                            }
+                        }
+                    }
+                    lens[index] = record.len;
+                    buffers[index] = Some((record.clone(), access, false));
+                } else {
+                    scalars[index] = arg.value;
+                    args[index] = ArgValue::Scalar(arg.value);
+                }
+            }
+            let needed: [std::cell::Cell<u64>; MAX_ARGS] = Default::default();
+            let shape = LaunchShape {
+                range: d.range,
+                scalars: &scalars[..d.args.len()],
+                buffer_lens: &lens[..d.args.len()],
+                needed: &needed,
+            };
+            (kernel.check)(&shape)?;
+            // A write-only argument whose checked range is the whole buffer is overwritten
+            // entirely: its old contents need not reach the device.
+            for (index, entry) in buffers.iter_mut().enumerate() {
+                if let Some((record, access, overwrites)) = entry {
+                    *overwrites = *access == Access::Write && needed[index].get() >= record.len;
+                }
+            }
+            let mut range = [1u64; 3];
+            range[..d.range.len()].copy_from_slice(d.range);
+            let estimated = kernel.estimated_ns(shape.items());
+            (
+                Action::Launch {
+                    kernel,
+                    range,
+                    dims: d.range.len(),
+                    args,
+                    arg_count: d.args.len(),
+                },
+                estimated,
+            )
+        }
+        Op::SyncTo | Op::SyncFrom => {
+            let record = buffer(session, 0, d.buffer_arg(0)?)?;
+            byte_range(record, 0, d.u64_arg_or(1, 0)?, d.u64_arg_or(2, 0)?)?;
+            buffers[0] = Some((record.clone(), Access::Read, false));
+            (
+                if d.op == Op::SyncTo {
+                    Action::SyncTo
+                } else {
+                    Action::SyncFrom
+                },
+                0.0,
+            )
+        }
+        Op::Memset => {
+            let record = buffer(session, 0, d.buffer_arg(0)?)?;
+            let value = d.u64_arg_or(1, 0)?;
+            if value > 255 {
+                return Err(TaskError::InvalidScalar {
+                    index: 1,
+                    value: value as i64,
+                });
+            }
+            let (offset, len) = byte_range(record, 0, d.u64_arg_or(2, 0)?, d.u64_arg_or(3, 0)?)?;
+            buffers[0] = Some((record.clone(), Access::Write, false));
+            (
+                Action::Fill {
+                    offset,
+                    len,
+                    value: value as u8,
+                },
+                len as f64 * 0.05,
+            )
+        }
+        Op::Copy => {
+            let src = buffer(session, 0, d.buffer_arg(0)?)?;
+            let dst = buffer(session, 1, d.buffer_arg(1)?)?;
+            let (src_offset, len) = byte_range(src, 0, d.u64_arg_or(2, 0)?, d.u64_arg_or(4, 0)?)?;
+            let dst_offset = d.u64_arg_or(3, 0)?;
+            byte_range(dst, 1, dst_offset, len)?;
+            buffers[0] = Some((src.clone(), Access::Read, false));
+            buffers[1] = Some((dst.clone(), Access::Write, false));
+            (
+                Action::Copy {
+                    src_offset,
+                    dst_offset,
+                    len,
+                },
+                len as f64 * 0.1,
+            )
+        }
+        Op::ReleaseBuffer | Op::ReleaseQueue => unreachable!("handled by admit"),
+    };
+    let items = match &action {
+        Action::Launch { range, dims, .. } => range[..*dims].iter().product(),
+        _ => 0,
+    };
+    let slots = match d.op {
+        Op::Launch => d.args.len(),
+        Op::Copy => 2,
+        _ => 1,
+    };
+    Ok(Ready {
+        queue,
+        action,
+        estimated_ns,
+        items,
+        slots,
+        buffers,
+    })
+}
