@@ -401,3 +401,6 @@ pub(crate) fn save_model(model: &Mutex<PerformanceModel>, state_dir: &std::path:
         Err(error) => tracing::warn!(%error, "could not save the performance model"),
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,244 @@
+//! Decisions of the stages, tested with hand-made inputs: devices built in the test (the CPU
+//! and modeled `sim` devices), a `Ready` made by hand, no daemon, no sockets, no sessions.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use agora_devices::cpu::CpuDevice;
+use agora_devices::sim::{SimDevice, SimSpec};
+use agora_devices::{Device, DeviceKind, Work};
+use agora_kernels::ArgValue;
+use agora_protocol::control::QueueClass;
+use agora_protocol::{TaskError, MAX_ARGS};
+
+use super::validate::{Action, Ready};
+use super::{DeviceFacts, Scheduler, SchedulerConfig};
+use crate::policy::latency::LatencyPolicy;
+use crate::policy::{PerformanceModel, RoundRobin};
+use crate::revocation::Victim;
+use crate::session::{AtomicBinding, Binding, QueueState};
+use crate::telemetry::{Metrics, Telemetry};
+
+fn config() -> SchedulerConfig {
+    SchedulerConfig {
+        inline_max_ns: 5_000.0,
+        device_quota: 0,
+        preempt_target_ns: 1e6,
+        latency_policy: LatencyPolicy::Elastic,
+        default_sla_ns: 200e6,
+        revoke_min_ns: 1e6,
+        faults: None,
+    }
+}
+
+fn scheduler(devices: Vec<Arc<dyn Device>>, config: SchedulerConfig) -> Scheduler {
+    let facts = devices
+        .iter()
+        .map(|_| DeviceFacts {
+            lane_watts: 10.0,
+            bandwidth: 10e9,
+        })
+        .collect();
+    let telemetry = Arc::new(Telemetry {
+        metrics: Metrics::new(),
+        trace: None,
+    });
+    Scheduler::new(
+        devices,
+        facts,
+        Box::new(RoundRobin::default()),
+        Arc::new(Mutex::new(PerformanceModel::new(0.8))),
+        config,
+        telemetry,
+    )
+}
+
+fn cpu() -> Arc<dyn Device> {
+    Arc::new(CpuDevice::new(2, 1).unwrap())
+}
+
+fn sim(name: &str, kernels: Option<&[&str]>) -> Arc<dyn Device> {
+    Arc::new(
+        SimDevice::new(SimSpec {
+            name: name.into(),
+            kernels: kernels.map(|k| k.iter().map(|s| s.to_string()).collect()),
+            ..Default::default()
+        })
+        .unwrap(),
+    )
+}
+
+fn queue(class: QueueClass, preferred: Option<DeviceKind>) -> Arc<QueueState> {
+    Arc::new(QueueState {
+        name: Arc::from("q"),
+        class,
+        preferred,
+        sla_ns: None,
+        in_flight: Default::default(),
+        binding: AtomicBinding::unbound(),
+        moving: Default::default(),
+        sequencer: Default::default(),
+    })
+}
+
+/// A `noop` launch over `items` work items (no buffers).
+fn noop(queue: &Arc<QueueState>, items: u64) -> Ready {
+    let (_, kernel) = agora_kernels::find("noop").unwrap();
+    Ready {
+        queue: queue.clone(),
+        action: Action::Launch {
+            kernel,
+            range: [items, 1, 1],
+            dims: 1,
+            args: [ArgValue::None; MAX_ARGS],
+            arg_count: 0,
+        },
+        estimated_ns: kernel.estimated_ns(items),
+        items,
+        slots: 0,
+        buffers: Default::default(),
+    }
+}
+
+#[test]
+fn a_tiny_task_of_an_idle_queue_runs_inline_on_the_host_device() {
+    let mut s = scheduler(vec![sim("sim0", None), cpu()], config());
+    let q = queue(QueueClass::Batch, None);
+    let placed = s.place(&noop(&q, 16)).unwrap();
+    assert!(placed.tiny_on_host && placed.idle);
+    assert_eq!(
+        placed.binding,
+        Binding::new(1, 0),
+        "the CPU (device 1) shares host memory"
+    );
+    assert_eq!(placed.required_slices, 1);
+    // Too long to run inline: it goes to a lane the policy picks.
+    let placed = s.place(&noop(&q, 1 << 30)).unwrap();
+    assert!(!placed.tiny_on_host);
+}
+
+#[test]
+fn a_preferred_kind_is_honoured_and_a_busy_queue_stays_on_its_lane() {
+    let mut s = scheduler(vec![cpu(), sim("sim0", None)], config());
+    let q = queue(QueueClass::Batch, Some(DeviceKind::Sim));
+    for _ in 0..4 {
+        let placed = s.place(&noop(&q, 16)).unwrap();
+        assert_eq!(placed.binding.device(), 1, "the queue prefers sim");
+        assert!(!placed.tiny_on_host, "inline runs only on the host device");
+    }
+    // Busy on sim0/lane1: its next task goes there whatever the policy would say.
+    q.binding.store(Binding::new(1, 1));
+    q.in_flight.fetch_add(1, Ordering::AcqRel);
+    let placed = s.place(&noop(&q, 1 << 30)).unwrap();
+    assert_eq!(placed.binding, Binding::new(1, 1));
+    assert!(!placed.idle);
+}
+
+#[test]
+fn devices_that_lack_the_kernel_or_are_draining_get_no_work() {
+    let mut s = scheduler(
+        vec![cpu(), sim("saxpy-only", Some(&["saxpy"])), sim("all", None)],
+        config(),
+    );
+    let q = queue(QueueClass::Batch, Some(DeviceKind::Sim));
+    let mut used = std::collections::HashSet::new();
+    for _ in 0..8 {
+        used.insert(s.place(&noop(&q, 1 << 30)).unwrap().binding.device());
+    }
+    assert_eq!(used, [2].into(), "noop runs only on the sim that implements it");
+    s.set_draining(2, true).unwrap();
+    for _ in 0..8 {
+        let device = s.place(&noop(&q, 1 << 30)).unwrap().binding.device();
+        assert_eq!(device, 0, "the preferred kind is drained or lacks noop: anywhere else");
+    }
+}
+
+#[test]
+fn a_kernel_no_device_implements_fails_with_no_device() {
+    let mut s = scheduler(vec![sim("saxpy-only", Some(&["saxpy"]))], config());
+    let q = queue(QueueClass::Batch, None);
+    assert!(matches!(s.place(&noop(&q, 1 << 30)), Err(TaskError::NoDevice(_))));
+}
+
+#[test]
+fn latency_work_goes_where_it_starts_soonest() {
+    let mut s = scheduler(vec![sim("a", None), sim("b", None)], config());
+    let q = queue(QueueClass::Latency, None);
+    // Latency work already queued on every lane but b/lane1.
+    let charges = [(0, 0), (0, 1), (1, 0)].map(|(d, l)| s.books.charge(d, l, 5_000_000));
+    for _ in 0..4 {
+        assert_eq!(s.place(&noop(&q, 1 << 30)).unwrap().binding, Binding::new(1, 1));
+    }
+    drop(charges);
+}
+
+#[test]
+fn a_latency_task_revokes_the_batch_launch_on_its_lane_only_when_the_policy_says_so() {
+    let victim = |s: &Scheduler| {
+        let flag = Arc::new(AtomicBool::new(false));
+        *s.books.victim_slot(0, 0).lock().unwrap() = Some(Victim {
+            flag: flag.clone(),
+            started: Some(Instant::now()),
+            // Ten seconds left: a 200 ms SLA is missed without revoking.
+            predicted_ns: 10e9,
+            revocations: 0,
+            cost_ns: 1e5,
+        });
+        flag
+    };
+    let q = queue(QueueClass::Latency, None);
+    for (policy, revokes) in [
+        (LatencyPolicy::None, false),
+        (LatencyPolicy::Priority, true),
+        (LatencyPolicy::Elastic, true),
+    ] {
+        let s = scheduler(
+            vec![cpu()],
+            SchedulerConfig {
+                latency_policy: policy,
+                ..config()
+            },
+        );
+        let flag = victim(&s);
+        let placement = super::place::Placement {
+            binding: Binding::new(0, 0),
+            idle: true,
+            tiny_on_host: false,
+            required_slices: 1,
+        };
+        s.revoke_for(&noop(&q, 1 << 20), &placement);
+        assert_eq!(flag.load(Ordering::Acquire), revokes, "{policy:?}");
+    }
+}
+
+#[test]
+fn long_batch_launches_are_sliced_to_the_preemption_target() {
+    let s = scheduler(vec![cpu()], config());
+    let work = |rows: u64| Work::Launch {
+        kernel: agora_kernels::find("noop").unwrap().1,
+        range: [rows, 1, 1],
+        dims: 1,
+        args: [ArgValue::None; MAX_ARGS],
+        arg_count: 0,
+        device_args: Default::default(),
+        rows: None,
+    };
+    // 10 ms predicted, 1 ms target: ten slices.
+    assert_eq!(s.slices_for(0, &work(1 << 20), QueueClass::Batch, 10e6), 10);
+    // Short ones, latency work and non-launches are never sliced.
+    assert_eq!(s.slices_for(0, &work(1 << 20), QueueClass::Batch, 1.5e6), 1);
+    assert_eq!(s.slices_for(0, &work(1 << 20), QueueClass::Latency, 10e6), 1);
+    assert_eq!(s.slices_for(0, &Work::Nothing, QueueClass::Batch, 10e6), 1);
+    // Never more slices than rows, nor than the cap.
+    assert_eq!(s.slices_for(0, &work(3), QueueClass::Batch, 10e6), 3);
+    assert_eq!(
+        s.slices_for(0, &work(1 << 30), QueueClass::Batch, 1e12),
+        super::MAX_SLICES
+    );
+    // A long batch launch on the CPU (which polls the flag) is revocable unless the latency
+    // policy is none; latency work never is.
+    assert!(s.revocable(0, &work(1 << 20), QueueClass::Batch, 10e6));
+    assert!(!s.revocable(0, &work(1 << 20), QueueClass::Latency, 10e6));
+    assert!(!s.revocable(0, &work(1 << 20), QueueClass::Batch, 0.5e6));
+}
