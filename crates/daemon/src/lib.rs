@@ -4,7 +4,9 @@
 //! DESIGN.md §3:
 //!
 //! * [`server`](crate::server) — the dispatcher thread's event loop: accepts clients, answers
-//!   control requests, polls session rings, sleeps when idle;
+//!   control requests that change its state, polls session rings, sleeps when idle;
+//! * `control` — the control thread: slow control-plane work (trace files, kernel listings,
+//!   encoding and writing large replies) off the dispatcher;
 //! * `session` — per-client state (segment, rings, queues, buffers, heap, counters);
 //! * `memory` — where buffers live: the session heap allocator, valid copies per device,
 //!   eviction under device-memory pressure and per-session device quotas;
@@ -23,6 +25,7 @@
 //! in another program (as `agora demo` and the tests do).
 
 mod config;
+mod control;
 mod handle;
 mod memory;
 mod outcome;

@@ -29,6 +29,7 @@ use agora_transport::TransportError;
 use rustix::event::epoll;
 
 use crate::config::DaemonConfig;
+use crate::control::{ControlJob, ControlPlane};
 use crate::scheduler::Scheduler;
 use crate::session::{AtomicBinding, Credentials, QueueState, Session};
 use crate::telemetry::Telemetry;
@@ -113,6 +114,8 @@ pub(crate) struct Server {
     retired_failed: u64,
     spin: AdaptiveSpin,
     telemetry: Arc<Telemetry>,
+    /// Slow control-plane work, off this thread.
+    control: ControlPlane,
 }
 
 impl Server {
@@ -154,6 +157,8 @@ impl Server {
         .map_err(|e| DaemonError::io("watching the wake doorbell", e.into()))?;
         scheduler.migration.set_wake(wake.clone());
         let spin = AdaptiveSpin::new(Duration::from_micros(2), config.max_spin);
+        let control =
+            ControlPlane::start(telemetry.clone()).map_err(|e| DaemonError::io("starting the control thread", e))?;
         Ok(Server {
             config,
             listener,
@@ -171,6 +176,7 @@ impl Server {
             retired_failed: 0,
             spin,
             telemetry,
+            control,
         })
     }
 
@@ -413,154 +419,98 @@ impl Server {
         }
     }
 
-    /// Answers one request. `None` when the reply was already sent (hello with descriptors).
+    /// Answers one request. `None` when the reply was sent already (hello with descriptors) or
+    /// will be, by the control thread.
     fn handle(&mut self, id: u64, request: Request) -> Option<Response> {
-        if matches!(request, Request::Status | Request::Drain { .. }) {
-            if let Some(Conn::Pending { .. }) = self.conns.get(&id) {
-                if let Some(Conn::Pending {
-                    stream,
-                    reader,
-                    credentials,
-                }) = self.conns.remove(&id)
-                {
-                    self.conns.insert(
-                        id,
-                        Conn::Observer {
-                            stream,
-                            reader,
-                            credentials,
-                        },
-                    );
-                }
+        match request {
+            // Any connection may ask these; a pending one becomes an observer.
+            Request::Status => {
+                self.observe(id);
+                let report = Response::Status(Box::new(self.status()));
+                // Snapshotted here; encoded and written by the control thread.
+                self.offload(id, ControlJob::Reply(report))
+            }
+            Request::Drain {
+                device,
+                drain,
+                evacuate,
+            } => {
+                self.observe(id);
+                Some(self.drain(id, &device, drain, evacuate))
+            }
+            Request::SaveTrace => self.offload(id, ControlJob::SaveTrace),
+            Request::ListKernels => self.offload(id, ControlJob::ListKernels),
+            Request::LookupKernel { name } => self.offload(id, ControlJob::LookupKernel(name)),
+            Request::Hello {
+                version,
+                client_name,
+                heap_bytes,
+            } => match self.conns.get(&id)? {
+                Conn::Pending { .. } => self.hello(id, version, client_name, heap_bytes),
+                Conn::Session(_) => Some(Response::Error(ControlError::BadRequest(
+                    "a session is already open on this connection".into(),
+                ))),
+                Conn::Observer { .. } => Some(observer_error()),
+            },
+            Request::AllocBuffer { len } => self.in_session(id, |_, session| match session.alloc_buffer(len) {
+                Ok((handle, offset)) => Response::Buffer { handle, offset, len },
+                Err(e) => Response::Error(e),
+            }),
+            Request::CreateQueue {
+                name,
+                class,
+                preferred_device,
+                sla_ms,
+            } => self.in_session(id, |config, session| {
+                create_queue(config, session, name, class, preferred_device, sla_ms)
+            }),
+        }
+    }
+
+    /// Answers a request that needs an open session with `answer`.
+    fn in_session(
+        &mut self,
+        id: u64,
+        answer: impl FnOnce(&DaemonConfig, &mut Session) -> Response,
+    ) -> Option<Response> {
+        match self.conns.get_mut(&id)? {
+            Conn::Pending { .. } => Some(Response::Error(ControlError::BadRequest(
+                "open a session with Hello first".into(),
+            ))),
+            Conn::Observer { .. } => Some(observer_error()),
+            Conn::Session(session) => Some(answer(&self.config, session)),
+        }
+    }
+
+    /// A pending connection that asks for status or a drain becomes an observer (it may not
+    /// open a session afterwards).
+    fn observe(&mut self, id: u64) {
+        if let Some(Conn::Pending { .. }) = self.conns.get(&id) {
+            if let Some(Conn::Pending {
+                stream,
+                reader,
+                credentials,
+            }) = self.conns.remove(&id)
+            {
+                self.conns.insert(
+                    id,
+                    Conn::Observer {
+                        stream,
+                        reader,
+                        credentials,
+                    },
+                );
             }
         }
-        if let Request::Status = request {
-            return Some(Response::Status(Box::new(self.status())));
-        }
-        if let Request::Drain {
-            device,
-            drain,
-            evacuate,
-        } = &request
-        {
-            return Some(self.drain(id, device, *drain, *evacuate));
-        }
-        if let Request::SaveTrace = request {
-            return Some(match &self.telemetry.trace {
-                None => Response::Error(ControlError::BadRequest(
-                    "tracing is off: start the daemon with --trace FILE".into(),
-                )),
-                Some(trace) => match trace.save() {
-                    Ok((path, spans)) => Response::TraceSaved {
-                        path: path.display().to_string(),
-                        spans,
-                    },
-                    Err(e) => Response::Error(ControlError::BadRequest(format!("could not write the trace: {e}"))),
-                },
-            });
-        }
-        if let Request::ListKernels = request {
-            return Some(Response::Kernels(
-                agora_kernels::library().iter().map(|k| k.signature()).collect(),
-            ));
-        }
-        if let Request::LookupKernel { name } = &request {
-            return Some(match agora_kernels::find(name) {
-                Some((kernel_id, k)) => Response::Kernel {
-                    id: kernel_id,
-                    signature: k.signature(),
-                },
-                None => Response::Error(ControlError::UnknownKernel {
-                    name: name.clone(),
-                    suggestions: agora_kernels::suggestions(name),
-                }),
-            });
-        }
-        match self.conns.get_mut(&id)? {
-            Conn::Pending { .. } => match request {
-                Request::Hello {
-                    version,
-                    client_name,
-                    heap_bytes,
-                } => self.hello(id, version, client_name, heap_bytes),
-                _ => Some(Response::Error(ControlError::BadRequest(
-                    "open a session with Hello first".into(),
-                ))),
-            },
-            Conn::Observer { .. } => Some(Response::Error(ControlError::BadRequest(
-                "this connection is an observer".into(),
-            ))),
-            Conn::Session(session) => Some(match request {
-                Request::AllocBuffer { len } => match session.alloc_buffer(len) {
-                    Ok((handle, offset)) => Response::Buffer { handle, offset, len },
-                    Err(e) => Response::Error(e),
-                },
-                Request::CreateQueue {
-                    name,
-                    class,
-                    preferred_device,
-                    sla_ms,
-                } => {
-                    if let Some(ms) = sla_ms {
-                        if !(ms.is_finite() && ms > 0.0 && ms <= 3.6e6) {
-                            return Some(Response::Error(ControlError::BadRequest(format!(
-                                "queue SLA of {ms} ms: give a response-time target between 0 and one hour, or none"
-                            ))));
-                        }
-                    }
-                    let preferred = match preferred_device.as_deref() {
-                        None | Some("any") => None,
-                        Some(kind) => match agora_devices::DeviceKind::parse(kind) {
-                            Some(k) => Some(k),
-                            None => {
-                                return Some(Response::Error(ControlError::BadRequest(format!(
-                                    "unknown device kind '{kind}': use cpu, opencl, sim or any"
-                                ))))
-                            }
-                        },
-                    };
-                    if class == agora_protocol::control::QueueClass::Latency
-                        && !may_open_latency(&self.config, &session.credentials)
-                    {
-                        return Some(Response::Error(ControlError::NotPermitted(format!(
-                            "uid {} (gid {}) may not open latency-class queues; this daemon allows uids {:?} and gids {:?} \
-                             (sessions.latency_uids / latency_gids): use a batch queue or ask the operator",
-                            session.credentials.uid,
-                            session.credentials.gid,
-                            self.config.latency_uids,
-                            self.config.latency_gids
-                        ))));
-                    }
-                    let queue = Arc::new(QueueState {
-                        name: Arc::from(name.chars().take(64).collect::<String>()),
-                        class,
-                        preferred,
-                        sla_ns: sla_ms.map(|ms| ms * 1e6),
-                        in_flight: Default::default(),
-                        // Unbound until its first task goes to a lane.
-                        binding: AtomicBinding::unbound(),
-                        moving: Default::default(),
-                        sequencer: Default::default(),
-                    });
-                    match session.queues.insert(queue) {
-                        Some(handle) => Response::Queue { handle },
-                        None => Response::Error(ControlError::TooMany {
-                            what: "queues".into(),
-                            limit: self.config.max_queues as u64,
-                        }),
-                    }
-                }
-                Request::Hello { .. } => Response::Error(ControlError::BadRequest(
-                    "a session is already open on this connection".into(),
-                )),
-                Request::Status
-                | Request::ListKernels
-                | Request::LookupKernel { .. }
-                | Request::SaveTrace
-                | Request::Drain { .. } => {
-                    unreachable!("answered above")
-                }
-            }),
+    }
+
+    /// Hands `job` to the control thread, which replies on the connection; answers here only if
+    /// that is impossible.
+    fn offload(&mut self, id: u64, job: ControlJob) -> Option<Response> {
+        let stream = self.conns.get(&id)?.stream();
+        match self.control.submit(stream, job) {
+            Ok(()) => None,
+            Err(job) => Some(crate::control::answer(&self.telemetry, job)),
         }
     }
 
@@ -798,6 +748,64 @@ impl Server {
         let _ = self.listener.as_fd();
         Ok(())
     }
+}
+
+/// `Request::CreateQueue`.
+fn create_queue(
+    config: &DaemonConfig,
+    session: &mut Session,
+    name: String,
+    class: agora_protocol::control::QueueClass,
+    preferred_device: Option<String>,
+    sla_ms: Option<f64>,
+) -> Response {
+    if let Some(ms) = sla_ms {
+        if !(ms.is_finite() && ms > 0.0 && ms <= 3.6e6) {
+            return Response::Error(ControlError::BadRequest(format!(
+                "queue SLA of {ms} ms: give a response-time target between 0 and one hour, or none"
+            )));
+        }
+    }
+    let preferred = match preferred_device.as_deref() {
+        None | Some("any") => None,
+        Some(kind) => match agora_devices::DeviceKind::parse(kind) {
+            Some(k) => Some(k),
+            None => {
+                return Response::Error(ControlError::BadRequest(format!(
+                    "unknown device kind '{kind}': use cpu, opencl, sim or any"
+                )))
+            }
+        },
+    };
+    if class == agora_protocol::control::QueueClass::Latency && !may_open_latency(config, &session.credentials) {
+        return Response::Error(ControlError::NotPermitted(format!(
+            "uid {} (gid {}) may not open latency-class queues; this daemon allows uids {:?} and gids {:?} \
+             (sessions.latency_uids / latency_gids): use a batch queue or ask the operator",
+            session.credentials.uid, session.credentials.gid, config.latency_uids, config.latency_gids
+        )));
+    }
+    let queue = Arc::new(QueueState {
+        name: Arc::from(name.chars().take(64).collect::<String>()),
+        class,
+        preferred,
+        sla_ns: sla_ms.map(|ms| ms * 1e6),
+        in_flight: Default::default(),
+        // Unbound until its first task goes to a lane.
+        binding: AtomicBinding::unbound(),
+        moving: Default::default(),
+        sequencer: Default::default(),
+    });
+    match session.queues.insert(queue) {
+        Some(handle) => Response::Queue { handle },
+        None => Response::Error(ControlError::TooMany {
+            what: "queues".into(),
+            limit: config.max_queues as u64,
+        }),
+    }
+}
+
+fn observer_error() -> Response {
+    Response::Error(ControlError::BadRequest("this connection is an observer".into()))
 }
 
 /// Whether a client may open latency-class queues (both lists empty: everyone may).
