@@ -346,3 +346,15 @@ pub fn spawn(config: DaemonConfig) -> Result<DaemonHandle, DaemonError> {
         socket,
     })
 }
+
+/// A task failed because the daemon is wrong, not the task: logged with `what` (for the bug
+/// report), and reported to the client as `TaskError::Internal(place)` — never as a kernel
+/// fault, which would send the user looking for a bug in their kernel.
+pub(crate) fn internal_error(place: u16, what: &str) -> agora_protocol::TaskError {
+    tracing::error!(
+        place,
+        what,
+        "internal error: a bug of the daemon; please report it with this line"
+    );
+    agora_protocol::TaskError::Internal(place)
+}

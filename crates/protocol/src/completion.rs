@@ -261,6 +261,11 @@ pub enum TaskError {
         /// That task's error code (see [`TaskError::code`]).
         cause: u16,
     },
+    /// The daemon found itself in a state it should never be in while handling the task (a bug
+    /// of the daemon, not of the task or its kernel); it logged the details. `0` names the
+    /// place for the report.
+    #[error("internal error {0} of the Agora daemon (a bug, not your program's; the daemon logged the details): please report it")]
+    Internal(u16),
     /// The error code is not known to this client (a newer daemon).
     #[error("unknown error code {0} from the daemon: upgrade the client")]
     Unknown(u16),
@@ -344,6 +349,7 @@ impl TaskError {
             TaskError::DataLost { .. } => "data_lost",
             TaskError::DeviceLimit { .. } => "device_limit",
             TaskError::DependencyFailed { .. } => "dependency_failed",
+            TaskError::Internal(_) => "internal",
             TaskError::Unknown(_) => "unknown",
         }
     }
@@ -388,6 +394,7 @@ impl TaskError {
             TaskError::DataLost { index } => (22, index, 0, 0),
             TaskError::DeviceLimit { limit, value, max } => (23, limit.code(), value, max),
             TaskError::DependencyFailed { index, task, cause } => (24, index, task, u64::from(cause)),
+            TaskError::Internal(place) => (25, place, 0, 0),
             TaskError::Unknown(code) => (code, 0, 0, 0),
         }
     }
@@ -443,6 +450,7 @@ impl TaskError {
                 },
                 None => TaskError::Unknown(code),
             },
+            25 => TaskError::Internal(arg),
             24 => TaskError::DependencyFailed {
                 index: arg,
                 task: a,
@@ -543,6 +551,7 @@ mod tests {
                 task: 77,
                 cause: 16,
             },
+            TaskError::Internal(3),
         ];
         for e in errors {
             let c = Completion::failed(42, e);

@@ -192,7 +192,9 @@ impl Placement {
         let position = match self.copies.iter().position(|c| c.device == device) {
             Some(p) => p,
             None => {
-                let buffer = devices[device].alloc(len).ok_or(TaskError::KernelFault)??;
+                let buffer = devices[device]
+                    .alloc(len)
+                    .ok_or_else(|| crate::internal_error(4, "a device without memory of its own asked for a copy"))??;
                 usage.0[device].fetch_add(len, Ordering::Relaxed);
                 self.copies.push(DeviceCopy {
                     device,

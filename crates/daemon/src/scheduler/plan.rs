@@ -220,7 +220,9 @@ impl Scheduler {
                 }
             }
             Action::SyncTo => {
-                let (record, _, _) = buffers[0].as_ref().ok_or(TaskError::KernelFault)?;
+                let (record, _, _) = buffers[0]
+                    .as_ref()
+                    .ok_or_else(|| crate::internal_error(3, "a transfer task without its buffer"))?;
                 let mut placement = record.placement();
                 placement.host_written();
                 if !devices[device].info().shares_host_memory {
@@ -239,13 +241,17 @@ impl Scheduler {
                 Work::Nothing
             }
             Action::SyncFrom => {
-                let (record, _, _) = buffers[0].as_ref().ok_or(TaskError::KernelFault)?;
+                let (record, _, _) = buffers[0]
+                    .as_ref()
+                    .ok_or_else(|| crate::internal_error(3, "a transfer task without its buffer"))?;
                 let ptr = host(record)?;
                 record.placement().fetch_to_host(devices, ptr, record.len, transfers);
                 Work::Nothing
             }
             Action::Fill { offset, len, value } => {
-                let (record, _, _) = buffers[0].as_ref().ok_or(TaskError::KernelFault)?;
+                let (record, _, _) = buffers[0]
+                    .as_ref()
+                    .ok_or_else(|| crate::internal_error(3, "a transfer task without its buffer"))?;
                 let base = host(record)?;
                 let mut placement = record.placement();
                 // A partial fill keeps the rest of the buffer: bring it home first.
@@ -262,8 +268,12 @@ impl Scheduler {
                 dst_offset,
                 len,
             } => {
-                let (src, _, _) = buffers[0].as_ref().ok_or(TaskError::KernelFault)?;
-                let (dst, _, _) = buffers[1].as_ref().ok_or(TaskError::KernelFault)?;
+                let (src, _, _) = buffers[0]
+                    .as_ref()
+                    .ok_or_else(|| crate::internal_error(3, "a transfer task without its buffer"))?;
+                let (dst, _, _) = buffers[1]
+                    .as_ref()
+                    .ok_or_else(|| crate::internal_error(3, "a transfer task without its buffer"))?;
                 let src_base = host(src)?;
                 src.placement().fetch_to_host(devices, src_base, src.len, transfers);
                 if !Arc::ptr_eq(src, dst) {

@@ -138,13 +138,13 @@ fn byte_range(record: &BufferRecord, index: usize, offset: u64, len: u64) -> Res
 
 pub(super) fn heap_ptr(session: &Session, record: &BufferRecord, offset: u64, len: u64) -> Result<*mut u8, TaskError> {
     // The heap allocator only hands out in-heap ranges, so this cannot fail unless the daemon
-    // is wrong; report it as a fault of this task rather than trusting it.
+    // is wrong; fail this task with an internal error rather than trusting it.
     session
         .shared
         .segment
         .view()
         .heap_range(record.offset + offset, len)
-        .ok_or(TaskError::KernelFault)
+        .ok_or_else(|| crate::internal_error(1, "a buffer's heap range lies outside the session's heap"))
 }
 
 pub(super) fn resolve(session: &Session, d: &Decoded<'_>) -> Result<Ready, TaskError> {
@@ -168,7 +168,12 @@ pub(super) fn resolve(session: &Session, d: &Decoded<'_>) -> Result<Ready, TaskE
                     let record = buffer(session, index, arg.value)?;
                     let access = match param.kind {
                         ParamKind::Buffer { access, .. } => access,
-                        ParamKind::Scalar(_) => return Err(TaskError::KernelFault),
+                        ParamKind::Scalar(_) => {
+                            return Err(crate::internal_error(
+                                2,
+                                "a buffer passed the signature check for a scalar",
+                            ))
+                        }
                     };
                     // One buffer twice is fine only when neither use writes it.
                     for (earlier, entry) in buffers.iter().enumerate().take(index) {
