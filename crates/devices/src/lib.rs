@@ -104,7 +104,8 @@ pub enum Transfer {
     },
 }
 
-// SAFETY: the host pointers refer to session memory kept mapped by the job until it completes.
+// SAFETY: the host pointers refer to session memory kept mapped until the job completes (as for
+// `Work`: the job's completion callback holds the session and the buffers).
 unsafe impl Send for Transfer {}
 
 /// Static facts about a device.
@@ -284,8 +285,11 @@ pub enum Work {
     Nothing,
 }
 
-// SAFETY: the pointers in `Work` refer to session memory that the job's `keepalive` keeps mapped
-// until the job completes; the daemon hands each job to exactly one lane.
+// SAFETY: the pointers in `Work` refer to session memory that stays mapped, and is not reused,
+// until the job completes: the job's completion callback (its `done`) holds the session's shared
+// state, which owns the mapping, and the records of the buffers it names, which keep their heap
+// ranges allocated (the daemon's `LaneCompletion`); `keepalive` is for callers with other
+// memory. The daemon hands each job to exactly one lane.
 unsafe impl Send for Work {}
 
 /// Runs work that touches only host memory (fills, copies, ordering points) on the calling

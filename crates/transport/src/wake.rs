@@ -72,8 +72,10 @@ impl AsFd for Doorbell {
 
 /// Spin budget that adapts to how long recent waits took.
 ///
-/// After a wait that was satisfied while spinning, the budget grows towards the wait's length
-/// (times two); after a wait that had to block, it shrinks. So a client in a tight request loop
+/// After a wait that was satisfied while spinning, the budget becomes four times that wait (but
+/// falls by at most half per wait); a spin that runs out halves it; a wait that then had to
+/// block only briefly doubles it (spinning a little longer would have saved the syscall). Always
+/// within its bounds. So a client in a tight request loop
 /// spins through its waits, and one whose requests take milliseconds stops burning a core.
 #[derive(Debug, Clone)]
 pub struct AdaptiveSpin {
