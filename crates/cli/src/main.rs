@@ -2,8 +2,6 @@
 //! benchmarks. Every subcommand honours `--socket` and the `AGORA_SOCKET` environment variable.
 
 mod bench;
-mod bench_migrate;
-mod bench_sched;
 mod cmd;
 mod model;
 mod plot;
