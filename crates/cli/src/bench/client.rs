@@ -48,6 +48,8 @@ pub struct ClientArgs {
     /// Preferred device kind (cpu, opencl).
     #[arg(long)]
     device_kind: Option<String>,
+    #[command(flatten)]
+    pub socket: crate::SocketArg,
 }
 
 #[derive(Serialize, Deserialize, Debug, Default, Clone)]
@@ -124,7 +126,8 @@ pub(crate) struct ClientResult {
 }
 
 /// The client side, in its own process.
-pub fn client(socket: Option<PathBuf>, args: ClientArgs) -> Result<()> {
+pub fn client(args: ClientArgs) -> Result<()> {
+    let socket = args.socket.path();
     if matches!(args.mode, ClientMode::Workload | ClientMode::Transfer) {
         return client_repeat(socket, &args);
     }

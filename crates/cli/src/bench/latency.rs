@@ -27,6 +27,8 @@ pub struct LatencyArgs {
     /// Repetitions (default 3; 1 with --quick). Each run starts a fresh daemon.
     #[arg(long)]
     runs: Option<usize>,
+    #[command(flatten)]
+    pub socket: crate::SocketArg,
 }
 
 #[derive(Serialize, Debug, Default, Clone)]

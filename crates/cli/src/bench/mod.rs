@@ -17,8 +17,6 @@ pub mod migrate;
 pub mod overhead;
 pub mod sched;
 
-use std::path::PathBuf;
-
 use anyhow::Result;
 use clap::Subcommand;
 
@@ -48,12 +46,12 @@ pub enum BenchCommand {
 }
 
 /// Runs a benchmark.
-pub fn run(socket: Option<PathBuf>, command: BenchCommand) -> Result<()> {
+pub fn run(command: BenchCommand) -> Result<()> {
     match command {
-        BenchCommand::Latency(args) => latency::latency(socket, args),
-        BenchCommand::Overhead(args) => overhead::overhead(socket, args),
+        BenchCommand::Latency(args) => latency::latency(args.socket.path(), args),
+        BenchCommand::Overhead(args) => overhead::overhead(args.socket.path(), args),
         BenchCommand::Hetero(args) => sched::hetero(args),
-        BenchCommand::Sharing(args) => sched::sharing(socket, args),
+        BenchCommand::Sharing(args) => sched::sharing(args.socket.path(), args),
         BenchCommand::Sla(args) => sched::sla(args),
         BenchCommand::Migrate(args) => migrate::migrate(args),
     }

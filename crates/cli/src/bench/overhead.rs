@@ -31,6 +31,8 @@ pub struct OverheadArgs {
     /// Bytes for the transfer round trip (default 1G; 64M with --quick).
     #[arg(long, value_parser = crate::size::parse_bytes)]
     transfer_bytes: Option<u64>,
+    #[command(flatten)]
+    pub socket: crate::SocketArg,
 }
 
 /// Sizes for the overhead benchmark: a few hundred milliseconds natively per run.

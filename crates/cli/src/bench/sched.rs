@@ -355,6 +355,8 @@ pub struct SharingArgs {
     /// A short version for smoke checks (smaller sizes, one repetition).
     #[arg(long)]
     quick: bool,
+    #[command(flatten)]
+    pub socket: crate::SocketArg,
 }
 
 #[derive(Serialize, Debug)]
