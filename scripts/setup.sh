@@ -35,8 +35,9 @@ if command -v rustup >/dev/null 2>&1; then
   rustup component add rustfmt clippy >/dev/null 2>&1 || true
 fi
 
-echo "setup: building (release)"
-cargo build --release --workspace --quiet
+# Not --quiet: a first build takes minutes, and cargo's progress shows it is working.
+echo "setup: building (release; the first build takes a few minutes)"
+cargo build --release --workspace
 
 # Python: the `agora` package (PyO3 + maturin) and what its tests use, in the project's
 # virtualenv .venv (a system Python may refuse `pip install` outside one, PEP 668).

@@ -11,7 +11,7 @@ mod workload;
 
 use agora::{DeviceKind, Error, Queue, QueueOptions, Session};
 
-pub use programs::{build, default_size, PROGRAMS};
+pub use programs::{build, default_size, footprint, hotspot_params, min_size, unknown_program, MAX_LAUNCHES, PROGRAMS};
 pub use workload::{run_on_agora, AppReport, Step, Verdict, WArg, Workload};
 
 /// A queue for workload `name`, preferring `device` when given.

@@ -13,7 +13,8 @@ pub const PROGRAMS: &[(&str, &str)] = &[
     ("vector-add", "elements (fill + vector_add)"),
     (
         "hotspot",
-        "grid side (Rodinia hotspot: one hotspot.step per time step, 20 steps by default)",
+        "grid side (Rodinia hotspot: one hotspot.step per time step, 20 steps by default; above 979 \
+         the time step shrinks with the cells, as the explicit scheme's stability requires)",
     ),
     (
         "nw",
@@ -27,7 +28,99 @@ pub const PROGRAMS: &[(&str, &str)] = &[
         "lavamd",
         "boxes per side (Rodinia lavaMD: 100 particles per box, one lavamd.boxes launch)",
     ),
+    (
+        "backprop",
+        "input units (Rodinia backprop: one training step, 16 hidden units; layerforward, squash, adjust_weights)",
+    ),
 ];
+
+/// The most launches one run may issue (the steps are built in memory before the run).
+pub const MAX_LAUNCHES: u64 = 1_000_000;
+
+/// The most elements one buffer may hold: the kernels index with an OpenCL `int`.
+const MAX_ELEMENTS: u64 = i32::MAX as u64;
+
+/// The smallest size `program` accepts.
+pub fn min_size(program: &str) -> u64 {
+    match program {
+        "gaussian" | "hotspot" => 2,
+        _ => 1,
+    }
+}
+
+/// Bytes of buffers `program` allocates at `size` (and `iterations`), computed with checked
+/// arithmetic before anything is allocated; an error names the limit a size breaks (below the
+/// program's minimum, a buffer beyond what the kernels index, too many launches) or an unknown
+/// program.
+pub fn footprint(program: &str, size: u64, iterations: Option<usize>) -> Result<u64, String> {
+    let min = min_size(program);
+    if !PROGRAMS.iter().any(|(name, _)| *name == program) && program != "vector_add" {
+        return Err(unknown_program(program));
+    }
+    if size < min {
+        return Err(format!("{program} --size {size}: the size must be at least {min}"));
+    }
+    let too_big = || {
+        format!("{program} --size {size}: too large (a buffer would exceed {MAX_ELEMENTS} elements, the most the kernels index)")
+    };
+    let mul = |a: u64, b: u64| a.checked_mul(b).ok_or_else(too_big);
+    let add = |a: u64, b: u64| a.checked_add(b).ok_or_else(too_big);
+    let iterations = iterations.map(|i| i as u64);
+    // (elements of the largest buffer, elements of all buffers (4 bytes each), launches)
+    let (largest, total, launches) = match program {
+        "gaussian" => {
+            let nn = mul(size, size)?;
+            (nn, add(mul(nn, 2)?, size)?, mul(size - 1, 2)?)
+        }
+        "saxpy" => (size, mul(size, 2)?, iterations.unwrap_or(100)),
+        "vector-add" | "vector_add" => (size, mul(size, 3)?, 2),
+        "hotspot" => {
+            let cells = mul(size, size)?;
+            (cells, mul(cells, 3)?, iterations.unwrap_or(20))
+        }
+        "nw" => {
+            let side = add(size, 1)?;
+            let cells = mul(side, side)?;
+            (cells, mul(cells, 2)?, mul(size.div_ceil(16), 2)? - 1)
+        }
+        "pathfinder" => {
+            let rows = iterations.unwrap_or(100).max(2);
+            let wall = mul(rows, size)?;
+            (wall, add(wall, mul(size, 2)?)?, rows - 1)
+        }
+        "lavamd" => {
+            let particles = mul(mul(mul(size, size)?, size)?, lavamd::reference::PAR_PER_BOX as u64)?;
+            let rv = mul(particles, 4)?;
+            (rv, add(mul(rv, 2)?, particles)?, 1)
+        }
+        "backprop" => {
+            let hid = backprop::reference::HIDDEN as u64 + 1;
+            let weights = mul(add(size, 1)?, hid)?;
+            let partial = mul(size.div_ceil(backprop::BLOCK as u64), hid - 1)?;
+            (
+                weights,
+                add(add(mul(weights, 2)?, partial)?, add(size + 1, mul(hid, 2)?)?)?,
+                3,
+            )
+        }
+        _ => return Err(unknown_program(program)),
+    };
+    if largest > MAX_ELEMENTS {
+        return Err(too_big());
+    }
+    if launches > MAX_LAUNCHES {
+        return Err(format!(
+            "{program} --size {size}: {launches} launches, more than the {MAX_LAUNCHES} one run may issue; use fewer --iterations"
+        ));
+    }
+    mul(total, 4)
+}
+
+/// The message for a program `build` does not know, listing those it does.
+pub fn unknown_program(program: &str) -> String {
+    let names: Vec<&str> = PROGRAMS.iter().map(|(n, _)| *n).collect();
+    format!("unknown workload '{program}'; choose one of: {}", names.join(", "))
+}
 
 /// A sensible default size for `program`.
 pub fn default_size(program: &str) -> u64 {
@@ -180,10 +273,29 @@ fn bytes_of_ints(values: &[i32]) -> Vec<u8> {
     bytemuck::cast_slice(values).to_vec()
 }
 
+/// Rodinia's hotspot coefficients for a `side × side` grid, with the time step shortened where
+/// Rodinia's fixed step would make the explicit scheme unstable.
+///
+/// Rodinia keeps the time step fixed while the cells shrink, so `step/cap · (4/R_x + 4/R_y + 1/R_z)`
+/// grows with `side²`. Past 2 (about 1386²) the fastest mode, a checkerboard, grows at every step;
+/// close to 2 it barely decays, so rounding differences between devices (an OpenCL compiler's
+/// fused multiply-adds) grow into the result and only a bit-identical CPU still matches the host.
+/// Here the step is capped so that this factor is at most 1: every mode then decays without
+/// changing sign, and a difference in the input or rounding never grows. Grids up to 979² keep
+/// Rodinia's coefficients exactly.
+pub fn hotspot_params(side: usize) -> hotspot::reference::Params {
+    let mut p = hotspot::reference::Params::for_grid(side, side);
+    let factor = f64::from(p.step_div_cap) * f64::from(4.0 * p.rx_1 + 4.0 * p.ry_1 + p.rz_1);
+    if factor > 1.0 {
+        p.step_div_cap = (f64::from(p.step_div_cap) / factor) as f32;
+    }
+    p
+}
+
 /// Rodinia hotspot: `iterations` time steps on a `side × side` grid, ping-ponging two buffers.
 pub fn hotspot(side: usize, iterations: usize) -> Workload {
     let (temp, power) = hotspot::reference::grids(side, side, 7);
-    let p = hotspot::reference::Params::for_grid(side, side);
+    let p = hotspot_params(side);
     let mut steps = vec![Step::SyncTo(0), Step::SyncTo(1)];
     for i in 0..iterations {
         let (src, dst) = if i.is_multiple_of(2) { (1, 2) } else { (2, 1) };
@@ -465,6 +577,64 @@ mod tests {
     fn native_cpu_into(w: &Workload, bufs: &mut [Vec<u8>]) {
         let report = native::run_cpu_with_buffers(w, bufs).unwrap();
         assert!(report.verified, "{} {}", w.name, report.max_error);
+    }
+
+    #[test]
+    fn footprint_is_what_build_allocates() {
+        for (name, _) in PROGRAMS {
+            for size in [min_size(name), 3, 17, 100] {
+                let size = if *name == "lavamd" { size.min(3) } else { size };
+                for iterations in [None, Some(3)] {
+                    let w = build(name, size, iterations).unwrap();
+                    let bytes: usize = w.buffers.iter().map(Vec::len).sum();
+                    assert_eq!(footprint(name, size, iterations), Ok(bytes as u64), "{name} {size}");
+                    assert!(w.launches() as u64 <= MAX_LAUNCHES);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn impossible_sizes_are_refused_before_anything_is_allocated() {
+        for (name, _) in PROGRAMS {
+            let zero = footprint(name, 0, None).unwrap_err();
+            assert!(zero.contains("at least"), "{name}: {zero}");
+            for huge in [99_999_999_999_999, u64::MAX] {
+                let e = footprint(name, huge, None).unwrap_err();
+                assert!(e.contains("too large"), "{name} {huge}: {e}");
+            }
+        }
+        assert!(footprint("saxpy", 10, Some(usize::MAX))
+            .unwrap_err()
+            .contains("launches"));
+        assert!(footprint("nope", 10, None).unwrap_err().contains("backprop"));
+        assert!(unknown_program("x").contains("backprop"), "every program is listed");
+    }
+
+    /// Rodinia's fixed time step makes the explicit scheme unstable above about 1386², where a
+    /// rounding difference (an OpenCL compiler's fused multiply-add) grows at every step. A
+    /// perturbation of the input must not grow, at any grid size.
+    #[test]
+    fn hotspot_is_stable_on_large_grids() {
+        assert_eq!(
+            hotspot_params(512).step_div_cap,
+            hotspot::reference::Params::for_grid(512, 512).step_div_cap,
+            "small grids keep Rodinia's coefficients"
+        );
+        for side in [512, 1100, 1536, 2048] {
+            let p = hotspot_params(side);
+            let (temp, power) = hotspot::reference::grids(side, side, 7);
+            // A checkerboard of ±0.01 K: the fastest mode, where instability shows first.
+            let bumped: Vec<f32> = temp
+                .iter()
+                .enumerate()
+                .map(|(i, t)| t + if (i / side + i % side) % 2 == 0 { 0.01 } else { -0.01 })
+                .collect();
+            let a = hotspot::reference::simulate(&temp, &power, side, side, 20, &p);
+            let b = hotspot::reference::simulate(&bumped, &power, side, side, 20, &p);
+            let grown = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            assert!(grown <= 0.0101, "{side}²: a 0.01 K perturbation grew to {grown} K");
+        }
     }
 
     #[test]

@@ -81,6 +81,8 @@ impl Workload {
             seconds,
             max_error,
             verified,
+            devices: Vec::new(),
+            buffers: self.buffers.len() as u64,
         }
     }
 
@@ -105,6 +107,16 @@ pub struct AppReport {
     pub max_error: f64,
     /// Whether the result matched the reference.
     pub verified: bool,
+    /// Devices the tasks ran on, as the daemon reports them (`agora status`): the device of the
+    /// queue's last task, plus any a caller saw the queue bound to during the run. Empty for
+    /// native runs.
+    #[serde(default)]
+    pub devices: Vec<String>,
+    /// Buffers the workload allocates. Through Agora, each is released when the run ends by a
+    /// task on the ring (so it is ordered after the tasks that use it), which the daemon counts
+    /// among completed tasks beside the `tasks` above.
+    #[serde(default)]
+    pub buffers: u64,
 }
 
 /// Runs `workload` on one Agora queue (preferring `device`), then verifies it.
@@ -156,6 +168,26 @@ pub fn run_on_agora(session: &Session, workload: &Workload, device: Option<Devic
     }
     queue.finish()?;
     let seconds = start.elapsed().as_secs_f64();
+    // Where the policy put the queue's last task (asked before the queue is released, after
+    // the timed part).
+    let last_device = queue_device(session, workload.name)?;
     let views: Vec<&[u8]> = buffers.iter().map(|b| b.as_slice::<u8>()).collect();
-    Ok(workload.report(seconds, &views))
+    let mut report = workload.report(seconds, &views);
+    report.devices.extend(last_device);
+    Ok(report)
+}
+
+/// The device queue `name` of this session is bound to now, else the one its last task ran on
+/// (`device/lane` trimmed to the device), as the daemon's status reports it.
+pub fn queue_device(session: &Session, name: &str) -> Result<Option<String>, Error> {
+    let status = session.status()?;
+    let queue = status
+        .sessions
+        .iter()
+        .filter(|s| s.id == session.id())
+        .flat_map(|s| &s.queues)
+        .find(|q| q.name == name);
+    Ok(queue
+        .and_then(|q| q.bound_to.as_ref().or(q.last_device.as_ref()))
+        .map(|d| d.split('/').next().unwrap_or(d).to_string()))
 }

@@ -11,11 +11,16 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 
 use crate::size::parse_bytes;
+use crate::SocketArg;
 
 /// `agora serve` options. Settings come from the defaults, then `--config FILE`, then these flags;
 /// `--print-config` shows the result as a configuration file.
 #[derive(Args, Debug)]
 pub struct ServeArgs {
+    /// Control socket to listen on [default: $AGORA_SOCKET, else $XDG_RUNTIME_DIR/agora/agora.sock,
+    /// else /tmp/agora-$UID/agora.sock].
+    #[arg(long, env = "AGORA_SOCKET", value_name = "PATH")]
+    socket: Option<PathBuf>,
     /// A TOML configuration file (devices, lanes, memory limits, policy, sim devices...); see
     /// `agora serve --print-config` for every setting and its default.
     #[arg(long, value_name = "FILE")]
@@ -24,52 +29,54 @@ pub struct ServeArgs {
     #[arg(long)]
     print_config: bool,
     /// Placement policy: rr (round-robin), perf (least expected completion time, learned),
-    /// energy (least predicted energy within the slack).
+    /// energy (least predicted energy within the slack) [default: rr].
     #[arg(long, value_name = "NAME", value_parser = agora_daemon::PolicyKind::parse)]
     policy: Option<agora_daemon::PolicyKind>,
-    /// Where the daemon keeps its performance model across restarts (default: $AGORA_STATE_DIR,
-    /// else $XDG_STATE_HOME/agora, else ~/.local/state/agora).
+    /// Where the daemon keeps its performance model across restarts [default: $AGORA_STATE_DIR,
+    /// else $XDG_STATE_HOME/agora, else ~/.local/state/agora].
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
-    /// Most device memory one session may hold per device, e.g. 1G (default: no limit but the
-    /// device's); beyond it the session's idle buffers are evicted to host memory.
+    /// Most device memory one session may hold per device, e.g. 1G; beyond it the session's idle
+    /// buffers are evicted to host memory [default: no limit but the device's].
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     device_quota: Option<u64>,
     /// Batch kernels predicted to run longer than twice this are split into slices of about this
-    /// length, so latency-class tasks wait at most about one slice (default 1000; 0: never split).
+    /// length, so latency-class tasks wait at most about one slice; 0: never split [default: 1000].
     #[arg(long, value_name = "US")]
     preempt_target_us: Option<u64>,
     /// How latency-class work is protected: none (latency-first lanes and chunking only),
     /// priority (placed where it starts soonest; batch launches that are not sliced run revocable
     /// and are revoked and replayed on demand) or elastic (TReM: as priority, with lanes reserved
-    /// for latency work and revocation only when a request would miss its SLA). Default elastic.
+    /// for latency work and revocation only when a request would miss its SLA) [default: elastic].
     #[arg(long, value_name = "POLICY", value_parser = agora_daemon::policy::latency::LatencyPolicy::parse)]
     latency_policy: Option<agora_daemon::policy::latency::LatencyPolicy>,
-    /// Response-time target of latency-class queues that set none, in ms (default 200).
+    /// Response-time target of latency-class queues that set none, in ms [default: 200].
     #[arg(long, value_name = "MS")]
     latency_sla_ms: Option<f64>,
-    /// Most memory Agora uses on each OpenCL device, e.g. 512M (default: all it reports).
+    /// Most memory Agora uses on each OpenCL device, e.g. 512M [default: all it reports].
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     opencl_memory_limit: Option<u64>,
-    /// CPU lanes (default: one per core).
+    /// CPU lanes [default: one per core].
     #[arg(long, value_name = "N")]
     cpu_lanes: Option<usize>,
-    /// Worker threads per CPU lane; a lane runs one task at a time over all its threads.
+    /// Worker threads per CPU lane; a lane runs one task at a time over all its threads
+    /// [default: 1].
     #[arg(long, value_name = "N")]
     cpu_threads_per_lane: Option<usize>,
-    /// Largest buffer heap one session may have, e.g. 512M or 4G.
+    /// Largest buffer heap one session may have, e.g. 512M or 4G [default: 2G].
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     session_quota: Option<u64>,
-    /// Submission/completion ring entries per session (a power of two).
+    /// Submission/completion ring entries per session (a power of two) [default: 1024].
     #[arg(long, value_name = "N")]
     ring_capacity: Option<u32>,
-    /// Run tasks estimated below this many nanoseconds inline on the dispatcher (0: never).
+    /// Run tasks estimated below this many nanoseconds inline on the dispatcher (0: never)
+    /// [default: 5000].
     #[arg(long, value_name = "NS")]
     inline_max_ns: Option<u64>,
-    /// Longest the dispatcher polls for new work before it sleeps, in microseconds.
+    /// Longest the dispatcher polls for new work before it sleeps, in microseconds [default: 200].
     #[arg(long, value_name = "US")]
     max_spin_us: Option<u64>,
-    /// Lanes (command queues) per OpenCL device.
+    /// Lanes (command queues) per OpenCL device [default: 2].
     #[arg(long, value_name = "N")]
     opencl_lanes: Option<usize>,
     /// Do not look for OpenCL devices.
@@ -77,11 +84,11 @@ pub struct ServeArgs {
     no_opencl: bool,
     /// Serve Prometheus metrics on this address (`/metrics`), e.g. 127.0.0.1:9464 or just 9464
     /// (loopback). To expose them beyond this host, give a routable address and restrict access
-    /// with a firewall or a reverse proxy: the endpoint has no authentication.
+    /// with a firewall or a reverse proxy: the endpoint has no authentication [default: off].
     #[arg(long, value_name = "ADDR", value_parser = parse_metrics_addr)]
     metrics: Option<std::net::SocketAddr>,
     /// Record a task trace (Chrome/Perfetto JSON) and write it to FILE at shutdown and on
-    /// `agora trace save`; view it at ui.perfetto.dev or with `agora plot trace`.
+    /// `agora trace save`; view it at ui.perfetto.dev or with `agora plot trace` [default: off].
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
     /// Most spans the trace keeps in memory (the oldest are dropped first) [default: 500000].
@@ -171,8 +178,8 @@ impl ServeArgs {
     }
 }
 
-pub fn serve(socket: Option<PathBuf>, args: ServeArgs) -> Result<()> {
-    let config = args.config(socket)?;
+pub fn serve(args: ServeArgs) -> Result<()> {
+    let config = args.config(args.socket.clone())?;
     if args.print_config {
         print!("{}", config.to_toml());
         return Ok(());
@@ -186,10 +193,12 @@ pub struct StatusArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    socket: SocketArg,
 }
 
-pub fn status(socket: Option<PathBuf>, args: StatusArgs) -> Result<()> {
-    let report = agora::daemon_status(socket)?;
+pub fn status(args: StatusArgs) -> Result<()> {
+    let report = agora::daemon_status(args.socket.path())?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
@@ -197,6 +206,10 @@ pub fn status(socket: Option<PathBuf>, args: StatusArgs) -> Result<()> {
     println!(
         "agora {} · pid {} · up {:.0}s · policy {} · {} tasks done, {} failed",
         report.version, report.pid, report.uptime_s, report.policy, report.tasks_completed, report.tasks_failed
+    );
+    println!(
+        "(tasks: what clients issued, buffer releases included; a lane counts jobs: a sliced launch is one job per slice, a \
+         transfer one job, and tiny tasks run inline on the dispatcher are in no lane)"
     );
     for d in &report.devices {
         println!(
@@ -213,7 +226,7 @@ pub fn status(socket: Option<PathBuf>, args: StatusArgs) -> Result<()> {
         );
         for (i, l) in d.lanes.iter().enumerate() {
             println!(
-                "  lane {i}: {:<4} queued {:<4} completed {:<8} busy {:.3}s",
+                "  lane {i}: {:<4} jobs queued {:<4} jobs done {:<8} busy {:.3}s",
                 if l.busy { "busy" } else { "idle" },
                 l.queued,
                 l.completed,
@@ -283,15 +296,17 @@ pub fn status(socket: Option<PathBuf>, args: StatusArgs) -> Result<()> {
 pub struct DrainArgs {
     /// Device name, as `agora devices` lists it (e.g. `opencl0`, `sim0`).
     device: String,
+    #[command(flatten)]
+    socket: SocketArg,
     /// (drain) Also write the device's idle buffers back to host memory and free them there now,
     /// before removing the device; buffers in use move when their tasks need them.
     #[arg(long)]
     evacuate: bool,
 }
 
-pub fn drain(socket: Option<PathBuf>, args: DrainArgs, on: bool) -> Result<()> {
+pub fn drain(args: DrainArgs, on: bool) -> Result<()> {
     let verb = if on { "drain" } else { "undrain" };
-    let outcome = agora::drain_device(socket, &args.device, on, args.evacuate && on)
+    let outcome = agora::drain_device(args.socket.path(), &args.device, on, args.evacuate && on)
         .with_context(|| format!("could not {verb} device '{}'", args.device))?;
     if outcome.draining {
         println!(
@@ -348,7 +363,19 @@ pub fn trace_save(socket: Option<PathBuf>) -> Result<()> {
     agora_transport::socket::send(&stream, &Request::SaveTrace)?;
     match agora_transport::socket::recv::<Response>(&stream)? {
         Response::TraceSaved { path, spans } => {
-            println!("wrote {spans} spans to {path}");
+            // The daemon counts every span; say what they are, as `agora plot trace` draws only
+            // executions and transfers.
+            let kinds = std::fs::read(&path)
+                .ok()
+                .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+                .map(|json| crate::plot::span_kinds(&json))
+                .filter(|kinds| !kinds.is_empty())
+                .map(|kinds| {
+                    let parts: Vec<String> = kinds.iter().map(|(kind, n)| format!("{n} {kind}")).collect();
+                    format!(" ({})", parts.join(", "))
+                })
+                .unwrap_or_default();
+            println!("wrote {spans} spans{kinds} to {path}");
             Ok(())
         }
         Response::Error(e) => bail!("{e}"),
@@ -377,7 +404,8 @@ pub struct RunArgs {
     /// List the workloads and what --size means for each.
     #[arg(long)]
     list: bool,
-    /// Problem size (program-specific; see --list).
+    /// Problem size (program-specific; see --list). Checked against the session's heap quota
+    /// before anything is allocated.
     #[arg(long)]
     size: Option<u64>,
     /// Iterations, for iterative programs (e.g. saxpy launches).
@@ -386,9 +414,16 @@ pub struct RunArgs {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
-    /// Which kind of device the workload's queue prefers.
+    /// Which kind of device must run the workload's tasks: an error if no device of that kind
+    /// can (none, or all drained), unless --fallback.
     #[arg(long, value_enum, default_value_t = DeviceChoice::Any)]
     device_kind: DeviceChoice,
+    /// With --device-kind: run wherever the daemon can when that kind cannot take the work (the
+    /// report says where it ran).
+    #[arg(long)]
+    fallback: bool,
+    #[command(flatten)]
+    socket: SocketArg,
 }
 
 /// A device-kind preference on the command line.
@@ -412,11 +447,70 @@ impl DeviceChoice {
     }
 }
 
-pub fn run(socket: Option<PathBuf>, args: RunArgs) -> Result<()> {
+/// Bytes as a short human figure (binary units).
+fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// Why no device of `kind` can take work now, if none can: there is none, or every one is
+/// drained or failed.
+fn kind_unavailable(status: &agora::StatusReport, kind: &str) -> Option<String> {
+    let of_kind: Vec<_> = status.devices.iter().filter(|d| d.kind == kind).collect();
+    if of_kind.iter().any(|d| !d.draining && !d.failed) {
+        return None;
+    }
+    let all: Vec<String> = status
+        .devices
+        .iter()
+        .map(|d| format!("{} ({})", d.name, d.kind))
+        .collect();
+    Some(if of_kind.is_empty() {
+        format!("the daemon has no {kind} device (it has {})", all.join(", "))
+    } else {
+        let names: Vec<String> = of_kind
+            .iter()
+            .map(|d| {
+                format!(
+                    "{} is {}",
+                    d.name,
+                    if d.failed {
+                        "failed"
+                    } else {
+                        "draining (`agora undrain` it)"
+                    }
+                )
+            })
+            .collect();
+        names.join(", ")
+    })
+}
+
+/// Devices named in `devices` whose kind is not `kind`.
+fn foreign_devices(status: &agora::StatusReport, devices: &[String], kind: &str) -> Vec<String> {
+    devices
+        .iter()
+        .filter(|name| status.devices.iter().any(|d| &&d.name == name && d.kind != kind))
+        .cloned()
+        .collect()
+}
+
+pub fn run(args: RunArgs) -> Result<()> {
     if args.list {
+        let width = agora_apps::PROGRAMS.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
         for (name, size) in agora_apps::PROGRAMS {
             println!(
-                "{name:<12} --size = {size} (default {})",
+                "{name:<width$}  --size = {size} (default {})",
                 agora_apps::default_size(name)
             );
         }
@@ -424,24 +518,74 @@ pub fn run(socket: Option<PathBuf>, args: RunArgs) -> Result<()> {
     }
     let app = args.app.clone().unwrap_or_default();
     let size = args.size.unwrap_or_else(|| agora_apps::default_size(&app));
-    let Some(workload) = agora_apps::build(&app, size, args.iterations) else {
-        let names: Vec<&str> = agora_apps::PROGRAMS.iter().map(|(n, _)| *n).collect();
-        bail!("unknown workload '{app}'; choose one of: {}", names.join(", "));
-    };
+    // Checked arithmetic on the sizes before anything is allocated here or in the daemon.
+    let bytes = agora_apps::footprint(&app, size, args.iterations).map_err(anyhow::Error::msg)?;
     let session = Session::connect_with(SessionOptions {
-        socket,
+        socket: args.socket.path(),
         name: Some(format!("agora run {app}")),
         heap_bytes: None,
     })?;
-    let report = agora_apps::run_on_agora(&session, &workload, args.device_kind.kind())?;
+    let status = session.status()?;
+    let quota = status
+        .sessions
+        .iter()
+        .find(|s| s.id == session.id())
+        .map_or(u64::MAX, |s| s.heap_quota);
+    if bytes > quota {
+        bail!(
+            "{app} --size {size} needs {} of buffers, more than this session's heap quota of {} \
+             (the daemon's --session-quota); use a smaller --size",
+            human_bytes(bytes),
+            human_bytes(quota)
+        );
+    }
+    let kind = args.device_kind.kind();
+    if let Some(kind) = kind {
+        if let Some(why) = kind_unavailable(&status, kind.name()) {
+            if !args.fallback {
+                bail!(
+                    "--device-kind {}: {why}; pass --fallback to run on another device",
+                    kind.name()
+                );
+            }
+            eprintln!(
+                "note: --device-kind {}: {why}; running elsewhere (--fallback)",
+                kind.name()
+            );
+        }
+    }
+
+    // Building the inputs and the host reference can take long (gaussian's is O(n³)).
+    let preparing = crate::progress::spinner(&format!("{app} {size}: building inputs and the host reference"));
+    let shown = show_after_a_moment(&preparing);
+    let workload = agora_apps::build(&app, size, args.iterations)
+        .ok_or_else(|| anyhow::anyhow!(agora_apps::unknown_program(&app)))?;
+    shown.store(true, std::sync::atomic::Ordering::Relaxed);
+    preparing.finish_and_clear();
+
+    let monitor = Monitor::start(&session, workload.name, workload.steps.len() as u64, &app);
+    let outcome = agora_apps::run_on_agora(&session, &workload, kind);
+    let seen = monitor.stop();
+    let mut report = outcome?;
+    for device in seen {
+        if !report.devices.contains(&device) {
+            report.devices.insert(0, device);
+        }
+    }
+    let ran_on = if report.devices.is_empty() {
+        "the daemon's dispatcher (tiny tasks run inline there, on the CPU)".to_string()
+    } else {
+        report.devices.join(", ")
+    };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "{} size {}: {} tasks in {:.3}s, max error {:.2e}, {}",
+            "{} size {}: {} tasks on {} in {:.3}s, max error {:.2e}, {}",
             report.app,
             report.size,
             report.tasks,
+            ran_on,
             report.seconds,
             report.max_error,
             if report.verified {
@@ -454,7 +598,88 @@ pub fn run(socket: Option<PathBuf>, args: RunArgs) -> Result<()> {
     if !report.verified {
         bail!("{} result does not match the host reference", report.app);
     }
+    if let (Some(kind), false) = (kind, args.fallback) {
+        let status = session.status()?;
+        let foreign = foreign_devices(&status, &report.devices, kind.name());
+        if !foreign.is_empty() {
+            bail!(
+                "--device-kind {}: tasks ran on {} (the device became unavailable, or lacks a kernel); pass --fallback to accept that",
+                kind.name(),
+                foreign.join(", ")
+            );
+        }
+    }
     Ok(())
+}
+
+/// Shows `bar` if it is still running after a second; the flag returned stops that.
+fn show_after_a_moment(bar: &indicatif::ProgressBar) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (bar, flag) = (bar.clone(), done.clone());
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(1));
+        if !flag.load(std::sync::atomic::Ordering::Relaxed) {
+            crate::progress::show(&bar);
+        }
+    });
+    done
+}
+
+/// Watches a run from a second thread: a progress bar of the session's completed tasks (shown
+/// after a second), and the devices the daemon binds the workload's queue to.
+struct Monitor {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Vec<String>>>,
+}
+
+impl Monitor {
+    fn start(session: &Session, queue: &'static str, total: u64, app: &str) -> Monitor {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (session, flag) = (session.clone(), stop.clone());
+        let bar = crate::progress::bar(total, app);
+        let thread = std::thread::spawn(move || {
+            let own = |status: &agora::StatusReport| status.sessions.iter().find(|s| s.id == session.id()).cloned();
+            let base = session
+                .status()
+                .ok()
+                .as_ref()
+                .and_then(own)
+                .map_or(0, |s| s.tasks_completed + s.tasks_failed);
+            let started = Instant::now();
+            let mut devices: Vec<String> = Vec::new();
+            let mut shown = false;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(100));
+                let Some(me) = session.status().ok().as_ref().and_then(own) else {
+                    continue;
+                };
+                bar.set_position((me.tasks_completed + me.tasks_failed).saturating_sub(base).min(total));
+                for q in me.queues.iter().filter(|q| q.name == queue) {
+                    if let Some(bound) = &q.bound_to {
+                        let device = bound.split('/').next().unwrap_or(bound).to_string();
+                        if !devices.contains(&device) {
+                            devices.push(device);
+                        }
+                    }
+                }
+                if !shown && started.elapsed() >= Duration::from_secs(1) {
+                    crate::progress::show(&bar);
+                    shown = true;
+                }
+            }
+            bar.finish_and_clear();
+            devices
+        });
+        Monitor {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn stop(mut self) -> Vec<String> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.take().and_then(|t| t.join().ok()).unwrap_or_default()
+    }
 }
 
 /// `agora demo` options.
@@ -526,23 +751,31 @@ pub fn demo(args: DemoArgs) -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
 
     println!(
-        "\n{:<12} {:>8} {:>10} {:>9} {:>10}  result",
-        "client", "pid", "size", "tasks", "time (s)"
+        "\n{:<12} {:>8} {:>10} {:>9} {:>10}  {:<16} result",
+        "client", "pid", "size", "tasks", "time (s)", "ran on"
     );
     let mut all_ok = true;
     let mut tasks = 0;
+    let mut releases = 0;
     for (label, pid, report) in &reports {
         match report {
             Some(r) => {
                 tasks += r.tasks;
+                // Its buffers and its one queue.
+                releases += r.buffers + 1;
                 all_ok &= r.verified;
                 println!(
-                    "{:<12} {:>8} {:>10} {:>9} {:>10.3}  {}",
+                    "{:<12} {:>8} {:>10} {:>9} {:>10.3}  {:<16} {}",
                     label,
                     pid,
                     r.size,
                     r.tasks,
                     r.seconds,
+                    if r.devices.is_empty() {
+                        "dispatcher".to_string()
+                    } else {
+                        r.devices.join(",")
+                    },
                     if r.verified {
                         "verification OK"
                     } else {
@@ -553,23 +786,107 @@ pub fn demo(args: DemoArgs) -> Result<()> {
             None => {
                 all_ok = false;
                 println!(
-                    "{label:<12} {pid:>8} {:>10} {:>9} {:>10}  client failed (see its error above)",
-                    "-", "-", "-"
+                    "{label:<12} {pid:>8} {:>10} {:>9} {:>10}  {:<16} client failed (see its error above)",
+                    "-", "-", "-", "-"
                 );
             }
         }
     }
     println!(
-        "\n{} tasks from {} clients in {:.2}s wall; daemon counted {} completed, {} failed",
+        "\n{} tasks (transfers and launches) from {} clients in {:.2}s wall",
         tasks,
         reports.len(),
-        wall.as_secs_f64(),
-        status.tasks_completed,
-        status.tasks_failed
+        wall.as_secs_f64()
+    );
+    println!(
+        "{}",
+        demo_count_line(tasks, releases, status.tasks_completed, status.tasks_failed)
     );
     if !all_ok {
         bail!("at least one client failed or did not verify");
     }
     println!("all results verified against host references");
     Ok(())
+}
+
+/// The daemon's task count beside the clients': the daemon also counts the releases of the
+/// clients' buffers and queues (each is freed by a task on the same ring, ordered after the tasks
+/// that use it, when the client ends), at most `releases` of them.
+fn demo_count_line(tasks: u64, releases: u64, completed: u64, failed: u64) -> String {
+    let counted = completed + failed;
+    let mut line = format!("the daemon counted {completed} completed and {failed} failed: ");
+    match counted.checked_sub(tasks) {
+        Some(extra) if extra <= releases => line.push_str(&format!(
+            "the clients' {tasks} tasks plus {extra} releases of their {releases} buffers and queues \
+             (freed by tasks on the same ring as each client ends)"
+        )),
+        _ => line.push_str(&format!(
+            "not the clients' {tasks} tasks plus at most {releases} releases of their buffers and queues; \
+             the difference is unexplained"
+        )),
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[derive(clap::Parser)]
+    struct Serve {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+
+    /// `serve --help` states the default of every setting, as the daemon's configuration has it.
+    #[test]
+    fn serve_help_states_the_defaults() {
+        let help = Serve::command().render_long_help().to_string();
+        let c = DaemonConfig::default();
+        for default in [
+            format!("[default: {}]", c.policy.name()),
+            format!("[default: {}G]", c.session_quota >> 30),
+            format!("[default: {}]", c.ring_capacity),
+            format!("[default: {}]", c.inline_max_ns),
+            format!("[default: {}]", c.max_spin.as_micros()),
+            format!("[default: {}]", c.opencl_lanes),
+            format!("[default: {}]", c.cpu_threads_per_lane),
+            format!("[default: {}]", c.preempt_target.as_micros()),
+            format!("[default: {}]", c.latency_sla.as_millis()),
+            format!("[default: {}]", c.trace_capacity),
+        ] {
+            assert!(help.contains(&default), "serve --help lacks {default}:\n{help}");
+        }
+        // Every option says its default (flags that switch something on need none).
+        for arg in Serve::command().get_arguments() {
+            let id = arg.get_id().as_str();
+            if matches!(id, "print_config" | "no_opencl" | "config" | "help" | "version") {
+                continue;
+            }
+            let text = arg
+                .get_long_help()
+                .or(arg.get_help())
+                .map(|h| h.to_string())
+                .unwrap_or_default();
+            assert!(text.contains("[default:"), "--{id} does not state its default: {text}");
+        }
+    }
+
+    #[test]
+    fn the_demo_explains_the_daemons_count() {
+        let line = demo_count_line(1948, 14, 1958, 0);
+        assert!(line.contains("1948 tasks plus 10 releases of their 14"), "{line}");
+        assert!(!line.contains("unexplained"), "{line}");
+        assert!(demo_count_line(1948, 14, 1963, 0).contains("unexplained"));
+        assert!(demo_count_line(1948, 14, 1940, 0).contains("unexplained"));
+    }
+
+    #[test]
+    fn bytes_read_as_people_write_them() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(2 << 30), "2.0 GiB");
+        assert_eq!(human_bytes(3_200_000_000), "3.0 GiB");
+    }
 }

@@ -1,12 +1,16 @@
 //! `agora`: the command-line front end — run the daemon, inspect it, run bundled workloads and
-//! benchmarks. Every subcommand honours `--socket` and the `AGORA_SOCKET` environment variable.
+//! benchmarks. Every subcommand that talks to a daemon takes `--socket` (or `AGORA_SOCKET`);
+//! those that never connect (plot, sim, model, demo) do not offer it.
+//!
+//! No subcommand may end in a Rust panic for any input: errors are printed once, as
+//! `error: …`, and a closed standard output (`agora run --list | head -1`) ends the process
+//! quietly, as it does for other Unix tools.
 
 mod bench;
-mod bench_migrate;
-mod bench_sched;
 mod cmd;
 mod model;
 mod plot;
+mod progress;
 mod sim;
 mod size;
 mod top;
@@ -14,19 +18,36 @@ mod top;
 use std::path::PathBuf;
 
 use anyhow::Result;
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 /// Agora: share every accelerator of a node among many processes.
 #[derive(Parser, Debug)]
-#[command(name = "agora", version, about, long_about = None, propagate_version = true)]
+#[command(
+    name = "agora",
+    version,
+    about = "Agora: share every accelerator of a node among many processes",
+    long_about = None,
+    propagate_version = true
+)]
 struct Cli {
-    /// Control socket of the daemon (default: $AGORA_SOCKET, else $XDG_RUNTIME_DIR/agora/agora.sock,
-    /// else /tmp/agora-$UID/agora.sock).
-    #[arg(long, global = true, env = "AGORA_SOCKET", value_name = "PATH")]
-    socket: Option<PathBuf>,
-
     #[command(subcommand)]
     command: Command,
+}
+
+/// `--socket`, for the subcommands that talk to a running daemon.
+#[derive(Args, Debug, Clone, Default)]
+pub struct SocketArg {
+    /// Control socket of the daemon (default: $AGORA_SOCKET, else $XDG_RUNTIME_DIR/agora/agora.sock,
+    /// else /tmp/agora-$UID/agora.sock).
+    #[arg(long, env = "AGORA_SOCKET", value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+}
+
+impl SocketArg {
+    /// The socket given, if any (the default path is resolved where it is used).
+    pub fn path(&self) -> Option<PathBuf> {
+        self.socket.clone()
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -38,14 +59,14 @@ enum Command {
     /// A live view of devices, lanes and tenants (`--once [--json]` for scripts).
     Top(top::TopArgs),
     /// List the devices the daemon found, with kind, lanes and memory.
-    Devices,
+    Devices(SocketArg),
     /// Admin: stop placing work on a device; its queues migrate to other devices and its
     /// buffers move on demand (`agora status` shows it draining).
     Drain(cmd::DrainArgs),
     /// Admin: let the policy place work on a drained device again.
     Undrain(cmd::DrainArgs),
     /// List the kernels the daemon offers, with their signatures.
-    Kernels,
+    Kernels(SocketArg),
     /// Run a bundled workload as a client of a running daemon and verify its result.
     Run(cmd::RunArgs),
     /// Start an embedded daemon, run several client processes against it, print a summary.
@@ -73,10 +94,11 @@ enum Command {
 #[derive(Subcommand, Debug)]
 enum TraceCommand {
     /// Write the daemon's trace (started with `agora serve --trace FILE`) to its file now.
-    Save,
+    Save(SocketArg),
 }
 
 fn main() {
+    progress::quiet_on_closed_stdout();
     let cli = Cli::parse();
     let verbose = matches!(cli.command, Command::Serve(_));
     let filter = tracing_subscriber::EnvFilter::try_from_env("AGORA_LOG")
@@ -88,24 +110,66 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     let result: Result<()> = match cli.command {
-        Command::Serve(args) => cmd::serve(cli.socket, *args),
-        Command::Status(args) => cmd::status(cli.socket, args),
-        Command::Top(args) => top::run(cli.socket, args),
-        Command::Devices => cmd::devices(cli.socket),
-        Command::Drain(args) => cmd::drain(cli.socket, args, true),
-        Command::Undrain(args) => cmd::drain(cli.socket, args, false),
-        Command::Kernels => cmd::kernels(cli.socket),
-        Command::Run(args) => cmd::run(cli.socket, args),
+        Command::Serve(args) => cmd::serve(*args),
+        Command::Status(args) => cmd::status(args),
+        Command::Top(args) => top::run(args.socket.path(), args),
+        Command::Devices(socket) => cmd::devices(socket.path()),
+        Command::Drain(args) => cmd::drain(args, true),
+        Command::Undrain(args) => cmd::drain(args, false),
+        Command::Kernels(socket) => cmd::kernels(socket.path()),
+        Command::Run(args) => cmd::run(args),
         Command::Demo(args) => cmd::demo(args),
-        Command::Trace(TraceCommand::Save) => cmd::trace_save(cli.socket),
+        Command::Trace(TraceCommand::Save(socket)) => cmd::trace_save(socket.path()),
         Command::Plot(command) => plot::run(command),
         Command::Model(command) => model::run(command),
         Command::Sim(args) => sim::run(args),
-        Command::Bench(command) => bench::run(cli.socket, command),
-        Command::BenchClient(args) => bench::client(cli.socket, args),
+        Command::Bench(command) => bench::run(command),
+        Command::BenchClient(args) => bench::client(args),
     };
     if let Err(e) = result {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", progress::render_error(&e));
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// `agora --help` names every subcommand (the Cargo description listed only some).
+    #[test]
+    fn top_level_help_lists_every_subcommand() {
+        let mut cli = Cli::command();
+        let help = cli.render_help().to_string();
+        for sub in cli.get_subcommands().filter(|c| !c.is_hide_set()) {
+            assert!(
+                help.contains(sub.get_name()),
+                "{} missing from:\n{help}",
+                sub.get_name()
+            );
+        }
+        assert!(!help.contains("--socket"), "no global --socket:\n{help}");
+    }
+
+    /// `--socket` only where the command connects to a daemon.
+    #[test]
+    fn socket_only_on_commands_that_connect() {
+        let cli = Cli::command();
+        let has_socket = |c: &clap::Command| c.get_arguments().any(|a| a.get_id() == "socket");
+        for c in cli.get_subcommands() {
+            let leaves: Vec<&clap::Command> = if c.has_subcommands() {
+                c.get_subcommands().collect()
+            } else {
+                vec![c]
+            };
+            for leaf in leaves {
+                let name = format!("{} {}", c.get_name(), leaf.get_name());
+                let connects = !matches!(c.get_name(), "plot" | "sim" | "model" | "demo")
+                    && !matches!(leaf.get_name(), "hetero" | "sla" | "migrate");
+                assert_eq!(has_socket(leaf), connects, "{name}");
+            }
+        }
     }
 }

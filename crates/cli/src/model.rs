@@ -65,21 +65,35 @@ fn show(args: ShowArgs) -> Result<()> {
         .map(|age| format!(", saved {:.0} s ago", age.as_secs_f64()))
         .unwrap_or_default();
     println!("performance model {}{modified}", path.display());
+    // Columns as wide as their longest entry, so long kernel names do not push the rest.
+    let kw = rows
+        .iter()
+        .map(|r| r.kernel.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max("kernel".len());
+    let dw = rows
+        .iter()
+        .map(|r| r.device.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max("device".len());
+    let widths = (kw, dw);
     println!(
-        "{:<22} {:<10} {:>21} {:>12} {:>12} {:>8}",
+        "{:<kw$} {:<dw$} {:>21} {:>12} {:>12} {:>8}",
         "kernel", "device", "size bucket (items)", "mean", "per item", "samples"
     );
     let mut last: Option<(String, String)> = None;
     for row in &rows {
         let key = (row.kernel.clone(), row.device.clone());
         if last.as_ref().is_some_and(|l| *l != key) {
-            print_fit(&model, last.as_ref().unwrap());
+            print_fit(&model, last.as_ref().unwrap(), widths);
         }
         let low = 1u64 << row.bucket;
         let high = (1u128 << (row.bucket + 1)) - 1;
         let e = &row.entry;
         println!(
-            "{:<22} {:<10} {:>21} {:>12} {:>12} {:>8}",
+            "{:<kw$} {:<dw$} {:>21} {:>12} {:>12} {:>8}",
             row.kernel,
             row.device,
             format!("{low}..{high}"),
@@ -91,14 +105,14 @@ fn show(args: ShowArgs) -> Result<()> {
         last = Some(key);
     }
     if let Some(l) = &last {
-        print_fit(&model, l);
+        print_fit(&model, l, widths);
     }
     Ok(())
 }
 
-fn print_fit(model: &PerformanceModel, (kernel, device): &(String, String)) {
+fn print_fit(model: &PerformanceModel, (kernel, device): &(String, String), (kw, dw): (usize, usize)) {
     if let Some((a, b)) = model.regression(kernel, device) {
-        println!("{:<22} {:<10} fit: t ≈ {:.3e} ns × items^{b:.2}", "", "", a.exp());
+        println!("{:<kw$} {:<dw$} fit: t ≈ {:.3e} ns × items^{b:.2}", "", "", a.exp());
     }
 }
 

@@ -50,6 +50,18 @@ fn escape(text: &str) -> String {
         .replace('"', "&quot;")
 }
 
+/// Spans of a trace by kind, as `(name, count)` in a fixed order: the daemon records a wait
+/// (queued until started), an execution and, when data moved, a transfer per task.
+pub fn span_kinds(json: &serde_json::Value) -> Vec<(&'static str, usize)> {
+    let events = json["traceEvents"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    let count = |cat: &str| events.iter().filter(|e| e["ph"] == "X" && e["cat"] == cat).count();
+    [("waits", "wait"), ("executions", "exec"), ("transfers", "transfer")]
+        .into_iter()
+        .map(|(name, cat)| (name, count(cat)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
 /// Builds the SVG for the trace in `json`.
 fn svg(json: &serde_json::Value, width: u32) -> Result<String> {
     let events = json["traceEvents"]
@@ -106,11 +118,12 @@ fn svg(json: &serde_json::Value, width: u32) -> Result<String> {
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height:.0}" font-family="DejaVu Sans, sans-serif" font-size="12">"#
     )?;
     writeln!(out, r#"<rect width="100%" height="100%" fill="white"/>"#)?;
+    let transfers = spans.iter().filter(|s| s.transfer).count();
     writeln!(
         out,
-        r#"<text x="{left}" y="18" font-size="14">Agora task trace · {:.2} ms · {} spans</text>"#,
+        r#"<text x="{left}" y="18" font-size="14">Agora task trace · {:.2} ms · {} executions, {transfers} transfers (waits not drawn)</text>"#,
         span_us / 1e3,
-        spans.len()
+        spans.len() - transfers
     )?;
     for (tid, name) in &rows {
         let y = top + row_h * row_index[tid] as f64;

@@ -69,6 +69,14 @@ pub fn run(args: SimArgs) -> Result<()> {
         sla_ms: args.sla_ms,
         seconds: args.seconds,
     };
+    if args.sweep.is_none() {
+        if let Some(path) = &args.plot {
+            anyhow::bail!(
+                "--plot {} draws a sweep: add --sweep load|devices|preempt (one point has no curve to plot)",
+                path.display()
+            );
+        }
+    }
     let Some(sweep) = args.sweep else {
         let report = simulate(&base);
         if args.json {

@@ -33,6 +33,8 @@ pub struct TopArgs {
     /// Seconds between refreshes.
     #[arg(long, default_value_t = 1.0)]
     interval: f64,
+    #[command(flatten)]
+    pub socket: crate::SocketArg,
 }
 
 /// One tenant, with rates.

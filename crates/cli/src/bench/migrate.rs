@@ -25,7 +25,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
 
-use crate::bench::{spread, DaemonProcess, Spread};
+use super::harness::{spread, DaemonProcess, Spread};
 
 /// `agora bench migrate` options.
 #[derive(Args, Debug)]

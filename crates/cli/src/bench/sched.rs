@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
 
-use crate::bench::{spread, DaemonProcess, Spread};
+use super::harness::{spread, DaemonProcess, Spread};
 
 /// `agora bench hetero` options.
 #[derive(Args, Debug)]
@@ -355,6 +355,8 @@ pub struct SharingArgs {
     /// A short version for smoke checks (smaller sizes, one repetition).
     #[arg(long)]
     quick: bool,
+    #[command(flatten)]
+    pub socket: crate::SocketArg,
 }
 
 #[derive(Serialize, Debug)]

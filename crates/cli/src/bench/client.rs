@@ -1,0 +1,250 @@
+//! The client side of the benchmarks, in its own process (`agora bench-client MODE`), and the
+//! helpers that start such processes and collect their JSON results.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use agora::{Session, SessionOptions};
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use serde::{Deserialize, Serialize};
+
+use super::harness::{monotonic_ns, percentile};
+
+/// What a benchmark client process measures.
+#[derive(ValueEnum, Clone, Copy, Debug)]
+pub enum ClientMode {
+    /// One noop at a time: launch, wait, repeat; report the round-trip distribution.
+    Latency,
+    /// Many noops in flight on one queue; report start and end timestamps.
+    Throughput,
+    /// Open a session, run one task, then sit idle for `--iterations` milliseconds.
+    Idle,
+    /// Run workload `--app` at `--size` `--iterations` times after a warm-up; print each time.
+    Workload,
+    /// sync_to + fill + sync_from of `--size` bytes, `--iterations` times after a warm-up.
+    Transfer,
+}
+
+/// `agora bench-client` options.
+#[derive(Args, Debug)]
+pub struct ClientArgs {
+    /// What to measure.
+    mode: ClientMode,
+    /// Round trips, tasks, or idle milliseconds.
+    #[arg(long)]
+    iterations: u64,
+    /// Print "ready" and wait for a line on stdin before starting (to start several at once).
+    #[arg(long)]
+    wait_go: bool,
+    /// Workload name (workload mode).
+    #[arg(long)]
+    app: Option<String>,
+    /// Workload size, or bytes (transfer mode).
+    #[arg(long)]
+    size: Option<u64>,
+    /// Preferred device kind (cpu, opencl).
+    #[arg(long)]
+    device_kind: Option<String>,
+    #[command(flatten)]
+    pub socket: crate::SocketArg,
+}
+
+#[derive(Serialize, Deserialize, Debug, Default, Clone)]
+pub(crate) struct RepeatResult {
+    pub(crate) seconds: Vec<f64>,
+    pub(crate) verified: bool,
+}
+
+fn device_kind(name: Option<&str>) -> Option<agora::DeviceKind> {
+    match name {
+        Some("cpu") => Some(agora::DeviceKind::Cpu),
+        Some("opencl") => Some(agora::DeviceKind::OpenCl),
+        _ => None,
+    }
+}
+
+/// Workload and transfer modes of the client.
+fn client_repeat(socket: Option<PathBuf>, args: &ClientArgs) -> Result<()> {
+    let session = Session::connect_with(SessionOptions {
+        socket,
+        name: Some("bench-overhead".into()),
+        heap_bytes: None,
+    })?;
+    let kind = device_kind(args.device_kind.as_deref());
+    let mut result = RepeatResult {
+        verified: true,
+        ..Default::default()
+    };
+    match args.mode {
+        ClientMode::Workload => {
+            let app = args.app.as_deref().context("--app")?;
+            let workload = agora_apps::build(app, args.size.context("--size")?, None).context("unknown app")?;
+            for rep in 0..=args.iterations {
+                let r = agora_apps::run_on_agora(&session, &workload, kind)?;
+                result.verified &= r.verified;
+                if rep > 0 {
+                    result.seconds.push(r.seconds);
+                }
+            }
+        }
+        ClientMode::Transfer => {
+            let bytes = args.size.context("--size")?;
+            let queue = agora_apps::queue(&session, "transfer", kind)?;
+            let fill = session.kernel("fill")?;
+            let buffer = session.buffer(bytes)?;
+            let n = bytes / 4;
+            for rep in 0..=args.iterations {
+                let t = Instant::now();
+                let _ = queue.sync_to(&buffer)?;
+                let _ = queue.launch(&fill, &[agora::Arg::F32(1.5), (&buffer).into()], n)?;
+                let _ = queue.sync_from(&buffer)?;
+                queue.finish()?;
+                if rep > 0 {
+                    result.seconds.push(t.elapsed().as_secs_f64());
+                }
+            }
+            result.verified = buffer.as_slice::<f32>().iter().all(|v| *v == 1.5);
+        }
+        _ => unreachable!("other modes are handled by client()"),
+    }
+    println!("{}", serde_json::to_string(&result)?);
+    Ok(())
+}
+
+#[derive(Serialize, Deserialize, Debug, Default, Clone)]
+pub(crate) struct ClientResult {
+    pub(crate) tasks: u64,
+    pub(crate) start_ns: u64,
+    pub(crate) end_ns: u64,
+    pub(crate) p50_ns: u64,
+    pub(crate) p99_ns: u64,
+    pub(crate) max_ns: u64,
+    pub(crate) mean_ns: f64,
+}
+
+/// The client side, in its own process.
+pub fn client(args: ClientArgs) -> Result<()> {
+    let socket = args.socket.path();
+    if matches!(args.mode, ClientMode::Workload | ClientMode::Transfer) {
+        return client_repeat(socket, &args);
+    }
+    let session = Session::connect_with(SessionOptions {
+        socket,
+        name: Some(format!("bench-{:?}", args.mode).to_lowercase()),
+        heap_bytes: Some(1 << 20),
+    })?;
+    let queue = session.queue("bench")?;
+    let noop = session.kernel("noop")?;
+    // Warm up: page in the rings, let the spinners adapt.
+    for _ in 0..2_000 {
+        queue.launch(&noop, &[], 1u64)?.wait()?;
+    }
+    if args.wait_go {
+        println!("ready");
+        std::io::stdout().flush()?;
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line)?;
+    }
+    let mut result = ClientResult {
+        tasks: args.iterations,
+        ..Default::default()
+    };
+    match args.mode {
+        ClientMode::Latency => {
+            let mut samples = Vec::with_capacity(args.iterations as usize);
+            result.start_ns = monotonic_ns();
+            for _ in 0..args.iterations {
+                let t = Instant::now();
+                queue.launch(&noop, &[], 1u64)?.wait()?;
+                samples.push(t.elapsed().as_nanos() as u64);
+            }
+            result.end_ns = monotonic_ns();
+            samples.sort_unstable();
+            result.p50_ns = percentile(&samples, 0.50);
+            result.p99_ns = percentile(&samples, 0.99);
+            result.max_ns = *samples.last().unwrap_or(&0);
+            result.mean_ns = samples.iter().sum::<u64>() as f64 / samples.len().max(1) as f64;
+        }
+        ClientMode::Throughput => {
+            result.start_ns = monotonic_ns();
+            for _ in 0..args.iterations {
+                let _ = queue.launch(&noop, &[], 1u64)?;
+            }
+            queue.finish()?;
+            result.end_ns = monotonic_ns();
+        }
+        ClientMode::Idle => {
+            std::thread::sleep(Duration::from_millis(args.iterations));
+        }
+        ClientMode::Workload | ClientMode::Transfer => unreachable!("handled above"),
+    }
+    println!("{}", serde_json::to_string(&result)?);
+    Ok(())
+}
+
+/// Starts `count` client processes; with `wait_go` they start measuring together.
+pub(crate) fn run_clients(socket: &Path, mode: ClientMode, iterations: u64, count: usize) -> Result<Vec<ClientResult>> {
+    let exe = std::env::current_exe()?;
+    let mode_name = format!("{mode:?}").to_lowercase();
+    let mut children = Vec::new();
+    for _ in 0..count {
+        let mut cmd = Command::new(&exe);
+        cmd.args(["bench-client", &mode_name, "--iterations", &iterations.to_string()])
+            .arg("--socket")
+            .arg(socket)
+            .stdout(Stdio::piped())
+            .stdin(Stdio::piped());
+        if count > 1 {
+            cmd.arg("--wait-go");
+        }
+        children.push(cmd.spawn().context("starting a benchmark client")?);
+    }
+    let mut readers = Vec::new();
+    for child in &mut children {
+        let stdout = child.stdout.take().context("client stdout")?;
+        let mut reader = BufReader::new(stdout);
+        if count > 1 {
+            let mut line = String::new();
+            reader.read_line(&mut line)?;
+            if line.trim() != "ready" {
+                bail!("a benchmark client failed to start: {line}");
+            }
+        }
+        readers.push(reader);
+    }
+    for child in &mut children {
+        if let Some(stdin) = child.stdin.as_mut() {
+            writeln!(stdin, "go")?;
+        }
+    }
+    let mut results = Vec::new();
+    for (mut child, mut reader) in children.into_iter().zip(readers) {
+        let mut line = String::new();
+        reader.read_line(&mut line)?;
+        let status = child.wait()?;
+        if !status.success() {
+            bail!("a benchmark client failed ({status})");
+        }
+        results.push(serde_json::from_str(line.trim()).with_context(|| format!("client output: {line}"))?);
+    }
+    Ok(results)
+}
+
+/// Runs a repeat-mode client process and returns its result.
+pub(crate) fn repeat_client(socket: &Path, mode: &str, extra: &[String]) -> Result<RepeatResult> {
+    let out = Command::new(std::env::current_exe()?)
+        .args(["bench-client", mode])
+        .args(extra)
+        .arg("--socket")
+        .arg(socket)
+        .stderr(Stdio::inherit())
+        .output()
+        .context("starting a benchmark client")?;
+    if !out.status.success() {
+        bail!("a benchmark client failed ({})", out.status);
+    }
+    serde_json::from_slice(&out.stdout).context("benchmark client output")
+}

@@ -1,0 +1,133 @@
+//! What every benchmark shares: a daemon process started for a measurement, and the statistics
+//! of repeated measurements (spread, median, percentiles). Knows no benchmark.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+
+/// A daemon process started for one measurement.
+pub(crate) struct DaemonProcess {
+    child: Option<Child>,
+    pub(crate) socket: PathBuf,
+    dir: Option<PathBuf>,
+}
+
+impl DaemonProcess {
+    /// Starts `agora serve` on a private socket, or reuses `existing`.
+    pub(crate) fn start(existing: Option<&Path>, extra: &[&str]) -> Result<Self> {
+        if let Some(socket) = existing {
+            return Ok(DaemonProcess {
+                child: None,
+                socket: socket.to_path_buf(),
+                dir: None,
+            });
+        }
+        static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("agora-bench-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let socket = dir.join("agora.sock");
+        let child = Command::new(std::env::current_exe()?)
+            .arg("serve")
+            .arg("--socket")
+            .arg(&socket)
+            .args(extra)
+            .env("AGORA_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting the daemon")?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            if Instant::now() > deadline {
+                bail!("the daemon did not open {} within 10 s", socket.display());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(DaemonProcess {
+            child: Some(child),
+            socket,
+            dir: Some(dir),
+        })
+    }
+
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+}
+
+impl Drop for DaemonProcess {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if let Some(dir) = self.dir.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// CPU time (user + system) of a process, in clock ticks (1/100 s).
+pub(crate) fn cpu_ticks(pid: u32) -> Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name, which is in parentheses and may contain spaces.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).context("parsing /proc stat")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the full line, 12 and 13 after the name.
+    Ok(fields[11].parse::<u64>()? + fields[12].parse::<u64>()?)
+}
+
+#[derive(Serialize, Debug, Clone, Copy)]
+pub(crate) struct Spread {
+    pub(crate) min: f64,
+    pub(crate) median: f64,
+    pub(crate) max: f64,
+}
+
+pub(crate) fn spread(values: &[f64]) -> Spread {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    Spread {
+        min: v[0],
+        median: v[v.len() / 2],
+        max: v[v.len() - 1],
+    }
+}
+
+pub(crate) fn monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+pub(crate) fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let index = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[index]
+}
+
+pub(crate) fn minimum(values: &[f64]) -> f64 {
+    values.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+pub(crate) fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[v.len() / 2]
+}

@@ -1,0 +1,208 @@
+//! `agora bench latency`: per-task round trips and throughput of empty tasks from client
+//! processes, beside the in-process floor.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use clap::Args;
+use serde::Serialize;
+
+use super::client::{run_clients, ClientMode};
+use super::harness::{cpu_ticks, percentile, spread, DaemonProcess, Spread};
+
+/// `agora bench latency` options.
+#[derive(Args, Debug)]
+pub struct LatencyArgs {
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    /// A short version for smoke checks (seconds).
+    #[arg(long)]
+    quick: bool,
+    /// Round trips per run (default 100000; 5000 with --quick).
+    #[arg(long)]
+    iterations: Option<u64>,
+    /// Repetitions (default 3; 1 with --quick). Each run starts a fresh daemon.
+    #[arg(long)]
+    runs: Option<usize>,
+    #[command(flatten)]
+    pub socket: crate::SocketArg,
+}
+
+#[derive(Serialize, Debug, Default, Clone)]
+struct LatencyRun {
+    p50_ns: u64,
+    p99_ns: u64,
+    max_ns: u64,
+    mean_ns: f64,
+    throughput_tasks_per_s: f64,
+    multi_client_throughput_tasks_per_s: f64,
+    lane_p50_ns: u64,
+    lane_p99_ns: u64,
+}
+
+/// The in-process floor: the noop kernel called directly, timed the same way as a round trip.
+fn floor_ns(iterations: u64) -> (u64, u64) {
+    let (_, noop) = agora_kernels::find("noop").expect("noop kernel");
+    let cpu = noop.cpu.expect("noop has a CPU implementation");
+    // SAFETY: no arguments, so no memory is referenced.
+    let call = unsafe { agora_kernels::KernelCall::new(&[1], &[]) };
+    let mut samples = Vec::with_capacity(iterations as usize);
+    for _ in 0..iterations {
+        let t = Instant::now();
+        cpu(std::hint::black_box(&call), std::hint::black_box(0..1));
+        samples.push(t.elapsed().as_nanos() as u64);
+    }
+    samples.sort_unstable();
+    (percentile(&samples, 0.5), percentile(&samples, 0.99))
+}
+
+pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
+    let iterations = args.iterations.unwrap_or(if args.quick { 5_000 } else { 100_000 });
+    let runs = args.runs.unwrap_or(if args.quick { 1 } else { 3 }).max(1);
+    let pipelined = if args.quick { 100_000 } else { 1_000_000 };
+    let per_client = pipelined / 4;
+    if !args.json {
+        eprintln!(
+            "agora bench latency: {runs} run(s); {iterations} noop round trips, {pipelined} pipelined, 4 × {per_client} from 4 processes"
+        );
+    }
+    let mut results = Vec::new();
+    for run in 0..runs {
+        let daemon = DaemonProcess::start(socket.as_deref(), &[])?;
+        let lat = run_clients(&daemon.socket, ClientMode::Latency, iterations, 1)?.remove(0);
+        let single = run_clients(&daemon.socket, ClientMode::Throughput, pipelined, 1)?.remove(0);
+        let multi = run_clients(&daemon.socket, ClientMode::Throughput, per_client, 4)?;
+        drop(daemon);
+        let start = multi.iter().map(|r| r.start_ns).min().unwrap_or(0);
+        let end = multi.iter().map(|r| r.end_ns).max().unwrap_or(0);
+        let multi_tasks: u64 = multi.iter().map(|r| r.tasks).sum();
+        // The same round trip with inline runs disabled: every noop is handed to a CPU lane.
+        let (lane_p50_ns, lane_p99_ns) = if socket.is_none() {
+            let daemon = DaemonProcess::start(None, &["--inline-max-ns", "0"])?;
+            let r = run_clients(&daemon.socket, ClientMode::Latency, iterations / 2, 1)?.remove(0);
+            (r.p50_ns, r.p99_ns)
+        } else {
+            (0, 0)
+        };
+        let r = LatencyRun {
+            p50_ns: lat.p50_ns,
+            p99_ns: lat.p99_ns,
+            max_ns: lat.max_ns,
+            mean_ns: lat.mean_ns,
+            throughput_tasks_per_s: single.tasks as f64 / ((single.end_ns - single.start_ns) as f64 / 1e9),
+            multi_client_throughput_tasks_per_s: multi_tasks as f64 / ((end - start) as f64 / 1e9),
+            lane_p50_ns,
+            lane_p99_ns,
+        };
+        if !args.json {
+            eprintln!(
+                "  run {}: p50 {} ns, p99 {} ns, max {} ns, pipelined {:.2} M/s, 4 clients {:.2} M/s, via lane p50 {} ns",
+                run + 1,
+                r.p50_ns,
+                r.p99_ns,
+                r.max_ns,
+                r.throughput_tasks_per_s / 1e6,
+                r.multi_client_throughput_tasks_per_s / 1e6,
+                r.lane_p50_ns
+            );
+        }
+        results.push(r);
+    }
+    let (floor_p50, floor_p99) = floor_ns(iterations);
+
+    // Idle CPU: a daemon with one connected, idle client, over a few seconds.
+    let idle_ms: u64 = if args.quick { 1_000 } else { 3_000 };
+    let (idle_daemon_pct, idle_client_pct) = {
+        let daemon = DaemonProcess::start(socket.as_deref(), &[])?;
+        let mut client = Command::new(std::env::current_exe()?)
+            .args(["bench-client", "idle", "--iterations", &(idle_ms + 1_500).to_string()])
+            .arg("--socket")
+            .arg(&daemon.socket)
+            .stdout(Stdio::null())
+            .spawn()?;
+        std::thread::sleep(Duration::from_millis(700)); // connected, warmed up, now idle
+        let daemon_pid = daemon.pid();
+        let d0 = daemon_pid.map(cpu_ticks).transpose()?;
+        let c0 = cpu_ticks(client.id())?;
+        std::thread::sleep(Duration::from_millis(idle_ms));
+        let d1 = daemon_pid.map(cpu_ticks).transpose()?;
+        let c1 = cpu_ticks(client.id())?;
+        let _ = client.wait();
+        let seconds = idle_ms as f64 / 1000.0;
+        let pct = |a: u64, b: u64| (b - a) as f64 / 100.0 / seconds * 100.0;
+        (d0.zip(d1).map(|(a, b)| pct(a, b)), pct(c0, c1))
+    };
+
+    let col = |f: fn(&LatencyRun) -> f64| spread(&results.iter().map(f).collect::<Vec<_>>());
+    let p50 = col(|r| r.p50_ns as f64);
+    let p99 = col(|r| r.p99_ns as f64);
+    let max = col(|r| r.max_ns as f64);
+    let thr = col(|r| r.throughput_tasks_per_s);
+    let multi = col(|r| r.multi_client_throughput_tasks_per_s);
+    let lane50 = col(|r| r.lane_p50_ns as f64);
+    let lane99 = col(|r| r.lane_p99_ns as f64);
+    let ratio = p50.median / (floor_p50.max(1) as f64);
+
+    if args.json {
+        let out = serde_json::json!({
+            "iterations": iterations,
+            "runs": results,
+            "p50_ns": p50.median,
+            "p99_ns": p99.median,
+            "max_ns": max.median,
+            "throughput_tasks_per_s": thr.median,
+            "multi_client_throughput_tasks_per_s": multi.median,
+            "lane_p50_ns": lane50.median,
+            "lane_p99_ns": lane99.median,
+            "floor_p50_ns": floor_p50,
+            "floor_p99_ns": floor_p99,
+            "p50_over_floor": ratio,
+            "idle_daemon_cpu_percent": idle_daemon_pct,
+            "idle_client_cpu_percent": idle_client_pct,
+            "spread": {
+                "p50_ns": p50, "p99_ns": p99, "max_ns": max,
+                "throughput_tasks_per_s": thr, "multi_client_throughput_tasks_per_s": multi,
+                "lane_p50_ns": lane50, "lane_p99_ns": lane99,
+            },
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!(
+        "\n{:<40} {:>12} {:>12} {:>12}",
+        "metric (over runs)", "min", "median", "max"
+    );
+    let row = |name: &str, s: &Spread, scale: f64| {
+        println!(
+            "{name:<40} {:>12.0} {:>12.0} {:>12.0}",
+            s.min / scale,
+            s.median / scale,
+            s.max / scale
+        );
+    };
+    row("round trip p50 (ns)", &p50, 1.0);
+    row("round trip p99 (ns)", &p99, 1.0);
+    row("round trip max (ns)", &max, 1.0);
+    row("pipelined, 1 client (k tasks/s)", &thr, 1e3);
+    row("pipelined, 4 clients (k tasks/s)", &multi, 1e3);
+    if socket.is_none() {
+        row("round trip via a lane, p50 (ns)", &lane50, 1.0);
+        row("round trip via a lane, p99 (ns)", &lane99, 1.0);
+    }
+    println!(
+        "{:<40} {:>12} {:>12}",
+        "in-process noop call (floor), p50/p99", floor_p50, floor_p99
+    );
+    println!("{:<40} {:>12.1}", "round trip p50 / floor", ratio);
+    match idle_daemon_pct {
+        Some(d) => println!(
+            "idle for {:.1} s: daemon {d:.1}% of a core, connected client {idle_client_pct:.1}%",
+            idle_ms as f64 / 1e3
+        ),
+        None => println!("idle client {idle_client_pct:.1}% of a core (daemon not ours, not measured)"),
+    }
+    Ok(())
+}

@@ -1,0 +1,58 @@
+//! `agora bench …`: system benchmarks, reported side by side with a baseline measured in the
+//! same run.
+//!
+//! Every benchmark starts its own daemon as a separate process on a private socket and stops it
+//! afterwards (unless `--socket`/`AGORA_SOCKET` names a running one), so each command measures
+//! from a clean state. Client sides run as separate processes (`agora bench-client …`), as real
+//! applications would.
+//!
+//! One file per benchmark; what they share is in [`harness`] (the daemon process, spread
+//! statistics) and [`client`] (the client process and its modes). Benchmarks use the harness and
+//! the client, never each other.
+
+pub mod client;
+pub mod harness;
+pub mod latency;
+pub mod migrate;
+pub mod overhead;
+pub mod sched;
+
+use anyhow::Result;
+use clap::Subcommand;
+
+pub use client::{client, ClientArgs};
+
+/// Benchmarks.
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Per-task latency and throughput of empty (`noop`) tasks from separate client processes,
+    /// beside an in-process call of the same kernel (the floor).
+    Latency(latency::LatencyArgs),
+    /// Each program on each device kind, natively and through Agora (client process), and the
+    /// transfer round trip; ratios and their geometric mean.
+    Overhead(overhead::OverheadArgs),
+    /// A mixed workload over cpu + opencl + sim devices under each placement policy, side by
+    /// side: makespan, per-device utilisation, energy.
+    Hetero(sched::HeteroArgs),
+    /// Four client applications sharing the node at once vs the same four one after another
+    /// (time-sharing): total time ratio.
+    Sharing(sched::SharingArgs),
+    /// Latency-class requests beside long batch kernels, unsliced vs chunked: response times,
+    /// SLA met, preemption latency.
+    Sla(sched::SlaArgs),
+    /// Live migration: time to move a queue with N MiB of live buffers between devices with
+    /// their own memory, and the slowdown of an iterative application migrated once mid-run.
+    Migrate(migrate::MigrateArgs),
+}
+
+/// Runs a benchmark.
+pub fn run(command: BenchCommand) -> Result<()> {
+    match command {
+        BenchCommand::Latency(args) => latency::latency(args.socket.path(), args),
+        BenchCommand::Overhead(args) => overhead::overhead(args.socket.path(), args),
+        BenchCommand::Hetero(args) => sched::hetero(args),
+        BenchCommand::Sharing(args) => sched::sharing(args.socket.path(), args),
+        BenchCommand::Sla(args) => sched::sla(args),
+        BenchCommand::Migrate(args) => migrate::migrate(args),
+    }
+}

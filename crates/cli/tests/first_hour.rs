@@ -1,0 +1,306 @@
+//! A user's first hour (issue #19), with real processes: what `agora run` refuses before it
+//! allocates, where it says the work ran, what a requested device kind means, and listings piped
+//! into `head`. No test here depends on timing.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const AGORA: &str = env!("CARGO_BIN_EXE_agora");
+
+/// A daemon process on a private socket and state directory, stopped when dropped.
+struct Daemon {
+    child: Option<Child>,
+    socket: PathBuf,
+    dir: PathBuf,
+}
+
+impl Daemon {
+    fn start(tag: &str, extra: &[&str]) -> Daemon {
+        let dir = std::env::temp_dir().join(format!("agora-first-hour-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join("agora.sock");
+        let child = Command::new(AGORA)
+            .arg("serve")
+            .arg("--socket")
+            .arg(&socket)
+            .args(extra)
+            .env("AGORA_LOG", "warn")
+            .env("AGORA_STATE_DIR", dir.join("state"))
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("agora serve starts");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            assert!(Instant::now() < deadline, "the daemon did not listen within 20 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Daemon {
+            child: Some(child),
+            socket,
+            dir,
+        }
+    }
+
+    /// `agora ARGS --socket S`.
+    fn agora(&self, args: &[&str]) -> Output {
+        Command::new(AGORA)
+            .args(args)
+            .arg("--socket")
+            .arg(&self.socket)
+            .env_remove("AGORA_SOCKET")
+            .env("AGORA_STATE_DIR", self.dir.join("state"))
+            .output()
+            .unwrap()
+    }
+
+    fn has_opencl(&self) -> bool {
+        agora::daemon_status(Some(self.socket.clone()))
+            .unwrap()
+            .devices
+            .iter()
+            .any(|d| d.kind == "opencl")
+    }
+
+    /// Stops the daemon with SIGTERM (it saves its model) and waits for it.
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A failed command: exit status 1, one `error:` line naming `what`, no panic.
+fn refused(out: &Output, what: &str) -> String {
+    let err = stderr(out);
+    assert_eq!(out.status.code(), Some(1), "exit status; stderr: {err}");
+    assert!(!err.contains("panicked"), "a panic: {err}");
+    assert_eq!(err.matches("error:").count(), 1, "one error line: {err}");
+    assert!(err.contains(what), "expected '{what}' in: {err}");
+    err
+}
+
+#[test]
+fn impossible_sizes_are_refused_before_anything_is_allocated() {
+    let daemon = Daemon::start("sizes", &["--session-quota", "64M", "--no-opencl"]);
+    // These used to abort (allocation failed), panic (capacity overflow) or clamp silently.
+    refused(
+        &daemon.agora(&["run", "saxpy", "--size", "99999999999999"]),
+        "too large",
+    );
+    refused(
+        &daemon.agora(&["run", "pathfinder", "--size", "18446744073709551615"]),
+        "too large",
+    );
+    refused(&daemon.agora(&["run", "saxpy", "--size", "0"]), "at least 1");
+    refused(&daemon.agora(&["run", "gaussian", "--size", "1"]), "at least 2");
+    refused(
+        &daemon.agora(&["run", "saxpy", "--iterations", "99999999999"]),
+        "launches",
+    );
+    // Beyond the session's quota: said once, before the client allocates 160 MB.
+    let err = refused(
+        &daemon.agora(&["run", "saxpy", "--size", "20000000"]),
+        "heap quota of 64.0 MiB",
+    );
+    assert_eq!(err.matches("heap quota").count(), 1, "the quota is said once: {err}");
+    // Nothing was allocated: the daemon saw no buffer.
+    let status = agora::daemon_status(Some(daemon.socket.clone())).unwrap();
+    assert_eq!(
+        status.tasks_completed, 0,
+        "no task (not even a buffer release) reached the daemon"
+    );
+    // An unknown workload lists every one, backprop included.
+    refused(&daemon.agora(&["run", "nope"]), "backprop");
+}
+
+#[test]
+fn run_says_where_its_tasks_ran_and_a_device_kind_is_a_requirement() {
+    let daemon = Daemon::start("kinds", &["--no-opencl"]);
+    // Sizes large enough to go to a lane (tiny tasks run inline on the dispatcher).
+    let out = daemon.agora(&["run", "vector-add", "--size", "1000000", "--device-kind", "cpu"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("tasks on cpu0"), "{}", stdout(&out));
+    let out = daemon.agora(&["run", "saxpy", "--size", "1000000", "--json"]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["devices"], serde_json::json!(["cpu0"]), "{report}");
+    // No OpenCL device: an error, not a silent run elsewhere...
+    refused(
+        &daemon.agora(&["run", "saxpy", "--size", "1000", "--device-kind", "opencl"]),
+        "no opencl device",
+    );
+    // ...unless the user allows a fallback, and then the report says where it ran.
+    let out = daemon.agora(&[
+        "run",
+        "saxpy",
+        "--size",
+        "1000000",
+        "--device-kind",
+        "opencl",
+        "--fallback",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("on cpu0"), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("--fallback"),
+        "the fallback is announced: {}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_drained_kind_is_an_error_without_fallback() {
+    let daemon = Daemon::start("drained", &[]);
+    if !daemon.has_opencl() {
+        eprintln!("no OpenCL device: skipped");
+        return;
+    }
+    assert!(daemon.agora(&["drain", "opencl0"]).status.success());
+    refused(
+        &daemon.agora(&["run", "saxpy", "--size", "1000", "--device-kind", "opencl"]),
+        "opencl0 is draining",
+    );
+    assert!(daemon.agora(&["undrain", "opencl0"]).status.success());
+    let out = daemon.agora(&["run", "saxpy", "--size", "1000000", "--device-kind", "opencl"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("on opencl0"), "{}", stdout(&out));
+}
+
+/// Rodinia's fixed time step made hotspot unstable above about 1100², so OpenCL's rounding grew
+/// into a failed verification; the time step now shrinks with the cells.
+#[test]
+fn hotspot_on_a_large_grid_verifies_on_opencl() {
+    let daemon = Daemon::start("hotspot", &[]);
+    if !daemon.has_opencl() {
+        eprintln!("no OpenCL device: skipped");
+        return;
+    }
+    let out = daemon.agora(&["run", "hotspot", "--size", "1536", "--device-kind", "opencl", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["verified"], true, "{report}");
+    assert_eq!(report["devices"], serde_json::json!(["opencl0"]), "{report}");
+}
+
+/// Each listing command piped into `head -1`, and into a pipe already closed: no panic, no
+/// error, the first line intact.
+#[test]
+fn listings_piped_into_head_do_not_panic() {
+    let mut daemon = Daemon::start("pipes", &["--no-opencl", "--trace-capacity", "1000"]);
+    // Something for `model show` to list (the model is saved at shutdown).
+    assert!(daemon.agora(&["run", "backprop", "--size", "1000"]).status.success());
+    let state = daemon.dir.join("state");
+    let socket = daemon.socket.to_str().unwrap().to_string();
+    let connected: Vec<Vec<&str>> = vec![
+        vec!["status"],
+        vec!["devices"],
+        vec!["kernels"],
+        vec!["top", "--once"],
+        vec!["run", "--list"],
+    ];
+    let offline: Vec<Vec<&str>> = vec![
+        vec!["--help"],
+        vec!["serve", "--help"],
+        vec!["serve", "--print-config"],
+        vec!["model", "show"],
+        vec!["sim", "--seconds", "5"],
+    ];
+    let run = |args: &[&str], closed: bool| -> Output {
+        let mut agora = Command::new(AGORA);
+        agora
+            .args(args)
+            .env("AGORA_STATE_DIR", &state)
+            .env("AGORA_SOCKET", &socket)
+            .stderr(Stdio::piped());
+        if closed {
+            // A pipe whose reader is gone before the first write: every write fails.
+            let (reader, writer) = std::io::pipe().unwrap();
+            drop(reader);
+            agora.stdout(writer);
+            return agora.output().unwrap();
+        }
+        let mut child = agora.stdout(Stdio::piped()).spawn().unwrap();
+        let head = Command::new("head")
+            .arg("-1")
+            .stdin(child.stdout.take().unwrap())
+            .output()
+            .unwrap();
+        let mut out = child.wait_with_output().unwrap();
+        out.stdout = head.stdout;
+        out
+    };
+    for args in connected.iter().chain(&offline) {
+        for closed in [false, true] {
+            let out = run(args, closed);
+            let err = stderr(&out);
+            assert!(
+                !err.contains("panicked"),
+                "agora {args:?} (closed: {closed}) panicked: {err}"
+            );
+            assert!(!err.contains("error"), "agora {args:?} (closed: {closed}): {err}");
+            if !closed {
+                assert!(!out.stdout.is_empty(), "agora {args:?} | head -1 printed nothing");
+            }
+        }
+    }
+    daemon.stop();
+    // The model saved at shutdown: `model show` aligns its columns to the longest kernel name.
+    let out = Command::new(AGORA)
+        .args(["model", "show", "--state-dir"])
+        .arg(&state)
+        .output()
+        .unwrap();
+    let text = stdout(&out);
+    let rows: Vec<&str> = text.lines().filter(|l| l.starts_with("backprop.")).collect();
+    assert!(rows.iter().any(|r| r.starts_with("backprop.adjust_weights")), "{text}");
+    let device_column: Vec<usize> = rows.iter().map(|r| r.find(" cpu0").expect("device column")).collect();
+    assert!(
+        device_column.windows(2).all(|w| w[0] == w[1]),
+        "the device column moves with the kernel name:\n{text}"
+    );
+}
+
+#[test]
+fn status_trace_and_sim_say_what_they_count() {
+    let trace = std::env::temp_dir().join(format!("agora-first-hour-trace-{}.json", std::process::id()));
+    let daemon = Daemon::start("counts", &["--no-opencl", "--trace", trace.to_str().unwrap()]);
+    assert!(daemon.agora(&["run", "saxpy", "--size", "100000"]).status.success());
+    let status = stdout(&daemon.agora(&["status"]));
+    assert!(
+        status.contains("tasks done") && status.contains("jobs done"),
+        "{status}"
+    );
+    assert!(
+        !status.contains("completed "),
+        "lanes no longer say 'completed': {status}"
+    );
+    let saved = daemon.agora(&["trace", "save"]);
+    let text = stdout(&saved);
+    assert!(saved.status.success(), "{}", stderr(&saved));
+    assert!(text.contains("executions") && text.contains("waits"), "{text}");
+    refused(
+        &Command::new(AGORA).args(["sim", "--plot", "x.svg"]).output().unwrap(),
+        "--sweep",
+    );
+    let _ = std::fs::remove_file(trace);
+}
