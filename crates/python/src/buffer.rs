@@ -12,7 +12,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::errors::{closed, ArgumentTypeError, BufferInUseError, OrRaise};
+use crate::errors::{closed, ArgumentTypeError, BufferInUseError, Liveness, OrRaise};
 
 /// A buffer: an opaque handle whose host copy lives in memory shared with the daemon.
 ///
@@ -26,19 +26,23 @@ pub(crate) struct PyBuffer {
     pub(crate) exports: AtomicUsize,
     pub(crate) dtype: Option<Py<PyAny>>,
     pub(crate) shape: Option<Py<PyAny>>,
+    pub(crate) liveness: Liveness,
 }
 
 impl PyBuffer {
-    pub(crate) fn new(buffer: agora::Buffer) -> Self {
+    pub(crate) fn new(buffer: agora::Buffer, liveness: Liveness) -> Self {
         PyBuffer {
             inner: Mutex::new(Some(buffer)),
             exports: AtomicUsize::new(0),
             dtype: None,
             shape: None,
+            liveness,
         }
     }
 
+    /// Runs `f` on the client buffer, unless this buffer was released or its session closed.
     pub(crate) fn with<T>(&self, f: impl FnOnce(&mut agora::Buffer) -> T) -> PyResult<T> {
+        self.liveness.check("buffer")?;
         let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         guard.as_mut().map(f).ok_or_else(|| closed("buffer"))
     }
@@ -57,7 +61,8 @@ impl PyBuffer {
     }
 
     /// A NumPy array viewing the host copy in place (no copy). `dtype` defaults to the dtype the
-    /// buffer was made from (else uint8), `shape` to its shape (else as many elements as fit).
+    /// buffer was made from (else uint8), also when only `shape` is given; `shape` defaults to the
+    /// shape it was made from when no `dtype` is given (else as many elements as fit).
     /// The array keeps the buffer alive; the buffer cannot be released while it exists.
     #[pyo3(signature = (dtype=None, shape=None))]
     pub(crate) fn numpy<'py>(
@@ -72,7 +77,8 @@ impl PyBuffer {
                 slf.dtype.as_ref().map(|d| d.bind(py).clone()),
                 slf.shape.as_ref().map(|s| s.bind(py).clone()),
             ),
-            (d, s) => (d.cloned(), s.cloned()),
+            (None, Some(s)) => (slf.dtype.as_ref().map(|d| d.bind(py).clone()), Some(s.clone())),
+            (Some(d), s) => (Some(d.clone()), s.cloned()),
         };
         let dtype = numpy.call_method1("dtype", (dtype.unwrap_or_else(|| numpy.getattr("uint8").unwrap()),))?;
         let itemsize: u64 = dtype.getattr("itemsize")?.extract()?;
@@ -120,7 +126,8 @@ impl PyBuffer {
     }
 
     /// Releases the buffer now (it is also released when garbage collected). Raises
-    /// BufferInUseError while views of it exist.
+    /// BufferInUseError while views of it exist. Releasing a released buffer, or one whose
+    /// session was closed, is allowed (clean-up code need not check).
     fn release(&self) -> PyResult<()> {
         let views = self.exports.load(Ordering::Acquire);
         if views > 0 {
@@ -134,6 +141,7 @@ impl PyBuffer {
 
     fn __repr__(&self) -> String {
         match self.inner.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            Some(_) if self.liveness.is_closed() => "<agora.Buffer closed>".to_string(),
             Some(b) => format!("<agora.Buffer {} bytes>", b.len()),
             None => "<agora.Buffer released>".to_string(),
         }

@@ -2,6 +2,9 @@
 //! mapping from the Rust client's typed errors to them, message unchanged. Owns nothing else: the
 //! classes hold no state, and raising is left to the callers.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
 use agora::{Error, TaskError};
 use agora_protocol::control::ControlError;
 use pyo3::create_exception;
@@ -10,43 +13,43 @@ use pyo3::prelude::*;
 
 create_exception!(agora, AgoraError, PyException, "Base class of every Agora error.");
 create_exception!(
-    _native,
+    agora,
     ConnectError,
     AgoraError,
     "No daemon answers on the socket: start one with `agora serve` or set AGORA_SOCKET."
 );
 create_exception!(
-    _native,
+    agora,
     DisconnectedError,
     AgoraError,
     "The daemon stopped or was killed; open a new session once it is back."
 );
 create_exception!(
-    _native,
+    agora,
     ClosedError,
     AgoraError,
     "The session, queue or buffer was closed or released by this program."
 );
 create_exception!(
-    _native,
+    agora,
     BufferInUseError,
     AgoraError,
     "A buffer cannot be released while NumPy arrays or memoryviews of it exist."
 );
 create_exception!(
-    _native,
+    agora,
     ProtocolError,
     AgoraError,
     "The daemon answered something this client does not understand (version mismatch?)."
 );
 create_exception!(
-    _native,
+    agora,
     OutOfBoundsError,
     AgoraError,
     "A byte range lies outside its buffer."
 );
 create_exception!(
-    _native,
+    agora,
     TaskFailedError,
     AgoraError,
     "Base class of the errors a task completes with."
@@ -263,6 +266,33 @@ pub(crate) trait OrRaise<T> {
 impl<T> OrRaise<T> for Result<T, Error> {
     fn or_raise(self) -> PyResult<T> {
         self.map_err(to_python)
+    }
+}
+
+/// Whether a session is still open, shared by the session and every queue, buffer and task made
+/// from it: after `Session.close()` each of their calls raises ClosedError.
+#[derive(Clone, Default)]
+pub(crate) struct Liveness(Arc<AtomicBool>);
+
+impl Liveness {
+    /// Marks the session closed, for every object made from it.
+    pub(crate) fn close(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// Raises ClosedError, naming `what`, once the session was closed.
+    pub(crate) fn check(&self, what: &str) -> PyResult<()> {
+        if self.is_closed() {
+            return Err(ClosedError::new_err(format!(
+                "this {what}'s session was closed (session.close(), or the end of its `with` block); \
+                 open a new session to go on"
+            )));
+        }
+        Ok(())
     }
 }
 

@@ -7,7 +7,8 @@
 //! programs behave the same.
 //!
 //! Blocking calls (connect, `wait`, `finish`) release the GIL, so other Python threads run while
-//! one waits for the daemon.
+//! one waits for the daemon; `wait` and `finish` wait in slices and check for signals between
+//! them, so Ctrl-C interrupts them at once.
 //!
 //! One module per class: [`session`], [`queue`], [`buffer`], [`kernel`], [`task`]; [`errors`]
 //! holds the exception classes and the error mapping.

@@ -3,7 +3,7 @@
 //! kernels it looked up by name.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use agora::{Arg, Error};
 use agora_protocol::{ParamKind, ScalarType};
@@ -12,27 +12,36 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use crate::buffer::{check_element_type, PyBuffer};
-use crate::errors::{closed, ArgumentCountError, ArgumentTypeError, OrRaise};
+use crate::errors::{closed, ArgumentCountError, ArgumentTypeError, Liveness, OrRaise};
 use crate::kernel::PyKernel;
-use crate::task::PyTask;
+use crate::task::{PyTask, WAIT_SLICE};
 
 /// An ordered stream of tasks, bound to no device.
 #[pyclass(module = "agora._native", name = "Queue")]
 pub(crate) struct PyQueue {
-    pub(crate) inner: Mutex<Option<agora::Queue>>,
+    /// Shared with a `finish()` in progress, which must not hold the lock while it waits
+    /// (another thread's `launch` takes it while holding the GIL).
+    pub(crate) inner: Mutex<Option<Arc<agora::Queue>>>,
     pub(crate) session: agora::Session,
+    pub(crate) liveness: Liveness,
     /// Kernels launched by name, looked up once.
     pub(crate) kernels: Mutex<HashMap<String, agora::Kernel>>,
 }
 
 impl PyQueue {
-    pub(crate) fn issue(&self, f: impl FnOnce(&agora::Queue) -> Result<agora::Task, Error>) -> PyResult<PyTask> {
+    /// The client queue, unless this queue or its session was closed.
+    fn queue(&self) -> PyResult<Arc<agora::Queue>> {
+        self.liveness.check("queue")?;
         let guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let queue = guard.as_ref().ok_or_else(|| closed("queue"))?;
-        let task = f(queue).or_raise()?;
+        guard.clone().ok_or_else(|| closed("queue"))
+    }
+
+    pub(crate) fn issue(&self, f: impl FnOnce(&agora::Queue) -> Result<agora::Task, Error>) -> PyResult<PyTask> {
+        let queue = self.queue()?;
+        let task = f(&queue).or_raise()?;
         Ok(PyTask {
-            id: task.id(),
-            inner: Mutex::new(Some(task)),
+            task,
+            liveness: self.liveness.clone(),
         })
     }
 }
@@ -100,6 +109,7 @@ impl PyQueue {
         args: &Bound<'_, PyTuple>,
         range: &Bound<'_, PyAny>,
     ) -> PyResult<PyTask> {
+        self.liveness.check("queue")?;
         let kernel: agora::Kernel = if let Ok(k) = kernel.cast::<PyKernel>() {
             k.get().inner.clone()
         } else if let Ok(name) = kernel.extract::<String>() {
@@ -142,6 +152,7 @@ impl PyQueue {
                         ))
                     })?;
                     let buffer = buffer.borrow();
+                    buffer.liveness.check("buffer")?;
                     if let ParamKind::Buffer { element, .. } = param.kind {
                         check_element_type(&buffer, element, index, &param.name, kernel.name())?;
                     }
@@ -223,14 +234,18 @@ impl PyQueue {
 
     /// Waits (without holding the GIL) for every task issued so far; raises when any task issued
     /// since the previous `finish()` failed: the exception has the class of the earliest failure,
-    /// `count` (how many failed) and `failures` (`[(task_id, exception), ...]`).
+    /// `count` (how many failed) and `failures` (`[(task_id, exception), ...]`). Ctrl-C
+    /// interrupts the wait at once, leaving the tasks running (and their failures for the next
+    /// `finish()`).
     fn finish(&self, py: Python<'_>) -> PyResult<()> {
-        let guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let queue = guard.as_ref().ok_or_else(|| closed("queue"))?;
-        py.detach(|| queue.finish()).or_raise()
+        let queue = self.queue()?;
+        while !py.detach(|| queue.finish_timeout(WAIT_SLICE)).or_raise()? {
+            py.check_signals()?;
+        }
+        Ok(())
     }
 
-    /// Releases the queue (after its issued tasks).
+    /// Releases the queue (after its issued tasks). Closing a closed queue does nothing.
     fn close(&self) {
         self.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
@@ -255,6 +270,7 @@ impl PyQueue {
 
     fn __repr__(&self) -> String {
         match self.inner.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            Some(_) if self.liveness.is_closed() => "<agora.Queue closed>".to_string(),
             Some(q) => format!("<agora.Queue {:#x}>", q.handle()),
             None => "<agora.Queue closed>".to_string(),
         }

@@ -2,7 +2,7 @@
 //! queues, buffers and kernels; parses the queue options Python passes as strings.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use agora::{QueueClass, QueueOptions, SessionOptions};
 use pyo3::exceptions::PyValueError;
@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
 use crate::buffer::PyBuffer;
-use crate::errors::{closed, OrRaise, ProtocolError};
+use crate::errors::{closed, Liveness, OrRaise, ProtocolError};
 use crate::kernel::PyKernel;
 use crate::queue::PyQueue;
 
@@ -18,10 +18,13 @@ use crate::queue::PyQueue;
 #[pyclass(module = "agora._native", name = "Session")]
 pub(crate) struct PySession {
     pub(crate) inner: Mutex<Option<agora::Session>>,
+    /// Shared with every queue, buffer and task made from this session.
+    pub(crate) liveness: Liveness,
 }
 
 impl PySession {
     pub(crate) fn session(&self) -> PyResult<agora::Session> {
+        self.liveness.check("session")?;
         self.inner
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -79,6 +82,7 @@ impl PySession {
         let session = py.detach(|| agora::Session::connect_with(options)).or_raise()?;
         Ok(PySession {
             inner: Mutex::new(Some(session)),
+            liveness: Liveness::default(),
         })
     }
 
@@ -110,8 +114,9 @@ impl PySession {
         let session = self.session()?;
         let queue = session.queue_with(options).or_raise()?;
         Ok(PyQueue {
-            inner: Mutex::new(Some(queue)),
+            inner: Mutex::new(Some(Arc::new(queue))),
             session,
+            liveness: self.liveness.clone(),
             kernels: Mutex::new(HashMap::new()),
         })
     }
@@ -122,7 +127,7 @@ impl PySession {
             return Err(PyValueError::new_err("buffers must be at least 1 byte long"));
         }
         let buffer = self.session()?.buffer(nbytes).or_raise()?;
-        Ok(PyBuffer::new(buffer))
+        Ok(PyBuffer::new(buffer, self.liveness.clone()))
     }
 
     /// Allocates a buffer holding a copy of `array` (anything NumPy can turn into an array); the
@@ -162,8 +167,11 @@ impl PySession {
         Ok(py.import("json")?.call_method1("loads", (text,))?.unbind())
     }
 
-    /// Closes the session. Buffers and queues still referenced stay usable until they go.
+    /// Closes the session: from now on every call on it and on its queues, buffers and tasks
+    /// raises ClosedError (NumPy arrays already viewing its buffers stay readable). The
+    /// connection ends once they are all garbage collected. Closing twice does nothing.
     fn close(&self) {
+        self.liveness.close();
         self.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 
