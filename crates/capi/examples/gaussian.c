@@ -99,20 +99,28 @@ int main(int argc, char **argv) {
         if (e > max_error) max_error = e;
     }
 
-    /* An error looks like this: a launch with a missing argument fails with a message. Asked
-     * again, a task gives the same outcome; the queue's finish reports it too, by task id. */
-    AgoraTask *bad;
-    CHECK(agora_launch(queue, fan1, NULL, 0, (uint64_t[]){1}, 1, &bad));
-    AgoraStatus status = agora_task_check(bad);
+    /* Errors look like this. A launch that does not match the kernel's signature is refused at
+     * once, with a message naming the problem: */
+    AgoraStatus status = agora_launch(queue, fan1, NULL, 0, (uint64_t[]){1}, 1, NULL);
     printf("a launch without arguments: status %d, \"%s\"\n", (int)status, agora_last_error_message());
+    int refused = status == AGORA_STATUS_INVALID_ARGUMENT;
+    /* A problem the daemon finds (step t out of range) fails the task. Asked again, a task gives
+     * the same outcome; the queue's finish reports it too, by task id. */
+    AgoraTask *bad;
+    AgoraArg bad_args[4] = {{AGORA_ARG_KIND_BUFFER, m}, {AGORA_ARG_KIND_BUFFER, a}, {AGORA_ARG_KIND_I32, NULL, size},
+                            {AGORA_ARG_KIND_I32, NULL, size}};
+    CHECK(agora_launch(queue, fan1, bad_args, 4, (uint64_t[]){1}, 1, &bad));
+    status = agora_task_check(bad);
+    printf("a step out of range: status %d, \"%s\"\n", (int)status, agora_last_error_message());
     int same_again = agora_task_check(bad) == status;
     uint64_t failed_id = 0;
     int finish_reports_it = agora_queue_finish(queue) == AGORA_STATUS_TASK &&
                             agora_last_failed_tasks(&failed_id, 1) == 1 && failed_id == agora_task_id(bad);
     printf("finish: \"%s\"\n", agora_last_error_message());
     agora_task_destroy(bad);
-    if (!same_again || !finish_reports_it) {
-        fprintf(stderr, "a failed task must report its failure every time it is asked, and at finish\n");
+    if (!refused || !same_again || !finish_reports_it) {
+        fprintf(stderr, "a bad launch must be refused at once, and a failed task must report its failure every time "
+                        "it is asked, and at finish\n");
         status = AGORA_STATUS_OK;
     }
 

@@ -44,7 +44,48 @@ typedef enum {
    * The daemon answered something unexpected.
    */
   AGORA_STATUS_PROTOCOL = 7,
+  /**
+   * The object's session was closed (`agora_session_close`); destroy the object.
+   */
+  AGORA_STATUS_CLOSED = 8,
 } AgoraStatus;
+
+/**
+ * Kinds of queue (the scheduling class of its tasks).
+ */
+typedef enum {
+  /**
+   * Throughput work (the default).
+   */
+  AGORA_QUEUE_CLASS_BATCH = 0,
+  /**
+   * Response-time work: protected against batch work, with a response-time target (`sla_ms`).
+   */
+  AGORA_QUEUE_CLASS_LATENCY = 1,
+} AgoraQueueClass;
+
+/**
+ * A kind of device a queue prefers (a hint: the daemon honours it when a device of that kind
+ * implements the kernel, and otherwise runs the task elsewhere).
+ */
+typedef enum {
+  /**
+   * No preference: the daemon chooses (the default).
+   */
+  AGORA_DEVICE_KIND_ANY = 0,
+  /**
+   * The host CPU device.
+   */
+  AGORA_DEVICE_KIND_CPU = 1,
+  /**
+   * An OpenCL device.
+   */
+  AGORA_DEVICE_KIND_OPENCL = 2,
+  /**
+   * A modeled (`sim`) device declared in the daemon's configuration.
+   */
+  AGORA_DEVICE_KIND_SIM = 3,
+} AgoraDeviceKind;
 
 /**
  * Kinds of kernel argument.
@@ -91,6 +132,11 @@ typedef struct AgoraBuffer AgoraBuffer;
 typedef struct AgoraKernel AgoraKernel;
 
 /**
+ * The kernels the daemon offers (`agora_kernel_list`).
+ */
+typedef struct AgoraKernelList AgoraKernelList;
+
+/**
  * A queue.
  */
 typedef struct AgoraQueue AgoraQueue;
@@ -104,6 +150,30 @@ typedef struct AgoraSession AgoraSession;
  * An issued task.
  */
 typedef struct AgoraTask AgoraTask;
+
+/**
+ * How to create a queue (`agora_queue_create_with`). A zero-initialised struct gives the
+ * defaults: no name, batch class, no device preference, the daemon's default SLA.
+ */
+typedef struct {
+  /**
+   * Name shown by `agora status` (null: "c").
+   */
+  const char *name;
+  /**
+   * Scheduling class.
+   */
+  AgoraQueueClass queue_class;
+  /**
+   * Preferred kind of device.
+   */
+  AgoraDeviceKind preferred_device;
+  /**
+   * Response-time target of each task of a latency queue, in milliseconds (0: the daemon's
+   * default). Ignored for batch queues.
+   */
+  double sla_ms;
+} AgoraQueueOptions;
 
 /**
  * One kernel argument: `kind` says which field is meaningful.
@@ -132,8 +202,8 @@ extern "C" {
 #endif // __cplusplus
 
 /**
- * The message of this thread's last failure ("" if none). Valid until the next call on this
- * thread.
+ * The message of this thread's last call if it failed, "" if it succeeded (each call clears
+ * it). Valid until the next call on this thread.
  */
 const char *agora_last_error_message(void);
 
@@ -142,7 +212,7 @@ const char *agora_last_error_message(void);
  * its previous finish, with the ids of the first of them (up to `capacity`, in issue order)
  * written to `ids` (which may be null when `capacity` is 0). Each one's error:
  * `agora_task_check` on its handle, or the message, which lists the first few. 0 after any
- * other failure.
+ * other call.
  *
  * # Safety
  * `ids` is null or valid for `capacity` writes.
@@ -158,7 +228,9 @@ uint64_t agora_last_failed_tasks(uint64_t *ids, uint64_t capacity);
 AgoraStatus agora_session_open(const char *socket, AgoraSession **out);
 
 /**
- * Closes a session (null is ignored). Buffers, queues and kernels keep it alive until they go.
+ * Closes a session (null is ignored). From then on every call on its queues, buffers and tasks
+ * fails with `AGORA_STATUS_CLOSED`; destroy them to release them (the connection ends with the
+ * last of them).
  *
  * # Safety
  * `session` is null or a handle from `agora_session_open`, not used afterwards.
@@ -166,12 +238,23 @@ AgoraStatus agora_session_open(const char *socket, AgoraSession **out);
 void agora_session_close(AgoraSession *session);
 
 /**
- * Creates a queue named `name` (may be null).
+ * Creates a batch queue named `name` (may be null).
  *
  * # Safety
  * Valid handles and pointers, as documented in the module.
  */
 AgoraStatus agora_queue_create(const AgoraSession *session, const char *name, AgoraQueue **out);
+
+/**
+ * Creates a queue with options (null: the defaults, as a zero-initialised struct gives).
+ *
+ * # Safety
+ * Valid handles and pointers; `options` is null or points to an initialised struct whose `name`
+ * is null or NUL-terminated.
+ */
+AgoraStatus agora_queue_create_with(const AgoraSession *session,
+                                    const AgoraQueueOptions *options,
+                                    AgoraQueue **out);
 
 /**
  * Releases a queue (after its issued tasks).
@@ -199,7 +282,9 @@ void agora_buffer_destroy(AgoraBuffer *buffer);
 
 /**
  * The buffer's host copy, in shared memory (zero-copy): write it before `agora_sync_to`, read it
- * after the `agora_sync_from` task completed. Null for a null handle.
+ * after the `agora_sync_from` task completed. Null for a null handle, and once the session was
+ * closed (the message says why); a pointer obtained before stays valid until the buffer is
+ * destroyed.
  *
  * # Safety
  * Null or a live buffer handle.
@@ -207,7 +292,7 @@ void agora_buffer_destroy(AgoraBuffer *buffer);
 void *agora_buffer_data(AgoraBuffer *buffer);
 
 /**
- * The buffer's length in bytes (0 for a null handle).
+ * The buffer's length in bytes (0 for a null handle, and once the session was closed).
  *
  * # Safety
  * Null or a live buffer handle.
@@ -231,8 +316,63 @@ AgoraStatus agora_kernel_lookup(const AgoraSession *session, const char *name, A
 void agora_kernel_destroy(AgoraKernel *kernel);
 
 /**
+ * Lists every kernel the daemon offers: read it with `agora_kernel_list_len`,
+ * `agora_kernel_list_name`, `agora_kernel_list_signature` and `agora_kernel_list_doc`; release it
+ * with `agora_kernel_list_destroy`.
+ *
+ * # Safety
+ * Valid handles and pointers.
+ */
+AgoraStatus agora_kernel_list(const AgoraSession *session, AgoraKernelList **out);
+
+/**
+ * How many kernels `list` holds (0 for null).
+ *
+ * # Safety
+ * Null or a live kernel list.
+ */
+uintptr_t agora_kernel_list_len(const AgoraKernelList *list);
+
+/**
+ * The name of kernel `index` of `list` (e.g. "saxpy"); null when out of range. Valid while the
+ * list lives.
+ *
+ * # Safety
+ * Null or a live kernel list.
+ */
+const char *agora_kernel_list_name(const AgoraKernelList *list, uintptr_t index);
+
+/**
+ * The signature of kernel `index` of `list` (e.g. "saxpy(a: f32, x: read f32 buffer, ...)");
+ * null when out of range. Valid while the list lives.
+ *
+ * # Safety
+ * Null or a live kernel list.
+ */
+const char *agora_kernel_list_signature(const AgoraKernelList *list, uintptr_t index);
+
+/**
+ * What kernel `index` of `list` computes; null when out of range. Valid while the list lives.
+ *
+ * # Safety
+ * Null or a live kernel list.
+ */
+const char *agora_kernel_list_doc(const AgoraKernelList *list, uintptr_t index);
+
+/**
+ * Releases a kernel list.
+ *
+ * # Safety
+ * Null or a live kernel list, not used afterwards (nor its strings).
+ */
+void agora_kernel_list_destroy(AgoraKernelList *list);
+
+/**
  * Launches `kernel` with `nargs` arguments over a `dims`-dimensional `range` (1 to 3 entries).
- * `task_out` may be null (then wait with `agora_queue_finish`).
+ * The arguments are checked against the kernel's signature first: a wrong count, a buffer for a
+ * scalar (or the reverse), a scalar of the wrong kind (`AGORA_ARG_KIND_I32` for an `f32`) or an
+ * integer out of its type's range fails here with `AGORA_STATUS_INVALID_ARGUMENT` and a message
+ * naming the argument. `task_out` may be null (then wait with `agora_queue_finish`).
  *
  * # Safety
  * Valid handles; `args` points to `nargs` arguments whose buffers are live; `range` to `dims`
@@ -265,6 +405,34 @@ AgoraStatus agora_sync_from(const AgoraQueue *queue,
                             AgoraTask **task_out);
 
 /**
+ * Sets every byte of `buffer` to `value` (on the device side; `agora_sync_from` to see it on the
+ * host). `task_out` may be null.
+ *
+ * # Safety
+ * Valid handles.
+ */
+AgoraStatus agora_memset(const AgoraQueue *queue,
+                         const AgoraBuffer *buffer,
+                         uint8_t value,
+                         AgoraTask **task_out);
+
+/**
+ * Copies `len` bytes (0: all of `src` from `src_offset`) from `src` at `src_offset` to `dst` at
+ * `dst_offset`. A range outside either buffer fails the task (`AGORA_STATUS_TASK`).
+ * `task_out` may be null.
+ *
+ * # Safety
+ * Valid handles.
+ */
+AgoraStatus agora_copy(const AgoraQueue *queue,
+                       const AgoraBuffer *src,
+                       uint64_t src_offset,
+                       const AgoraBuffer *dst,
+                       uint64_t dst_offset,
+                       uint64_t len,
+                       AgoraTask **task_out);
+
+/**
  * Waits for a task and returns its outcome, keeping the handle: asked again, it returns the
  * same outcome. Release the handle with `agora_task_destroy`.
  *
@@ -272,6 +440,25 @@ AgoraStatus agora_sync_from(const AgoraQueue *queue,
  * A live task handle.
  */
 AgoraStatus agora_task_check(const AgoraTask *task);
+
+/**
+ * Whether a task has completed (successfully or not), without blocking: `*done_out` is set to
+ * true or false. `agora_task_check` then gives its outcome.
+ *
+ * # Safety
+ * A live task handle; `done_out` a valid pointer.
+ */
+AgoraStatus agora_task_done(const AgoraTask *task, bool *done_out);
+
+/**
+ * Waits at most about `timeout_ms` milliseconds for a task, keeping the handle: `AGORA_STATUS_OK`
+ * with `*done_out` true once it succeeded, false while it still runs; its failure as
+ * `agora_task_check` returns it.
+ *
+ * # Safety
+ * A live task handle; `done_out` a valid pointer.
+ */
+AgoraStatus agora_task_wait_timeout(const AgoraTask *task, uint64_t timeout_ms, bool *done_out);
 
 /**
  * The id of a task within its session (0 for a null handle).
@@ -291,7 +478,8 @@ uint64_t agora_task_id(const AgoraTask *task);
 void agora_task_destroy(AgoraTask *task);
 
 /**
- * Waits for a task and releases its handle; returns its outcome.
+ * Waits for a task and releases its handle; returns its outcome (`AGORA_STATUS_CLOSED`, the
+ * handle released all the same, once its session was closed).
  *
  * # Safety
  * A live task handle, not used afterwards.
@@ -307,6 +495,18 @@ AgoraStatus agora_task_wait(AgoraTask *task);
  * A valid queue handle.
  */
 AgoraStatus agora_queue_finish(const AgoraQueue *queue);
+
+/**
+ * `agora_queue_finish`, waiting at most about `timeout_ms` milliseconds: `*done_out` false (and
+ * `AGORA_STATUS_OK`) while tasks still run, their failures left for a later finish; else what
+ * `agora_queue_finish` returns, with `*done_out` true.
+ *
+ * # Safety
+ * A valid queue handle; `done_out` a valid pointer.
+ */
+AgoraStatus agora_queue_finish_timeout(const AgoraQueue *queue,
+                                       uint64_t timeout_ms,
+                                       bool *done_out);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -23,13 +23,8 @@ fn install(prefix: &Path) {
     std::fs::write(prefix.join("lib/pkgconfig/agora.pc"), pc).unwrap();
 }
 
-#[test]
-fn the_c_gaussian_example_builds_with_pkg_config_and_verifies() {
-    let dir = std::env::temp_dir().join(format!("agora-capi-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let prefix = dir.join("prefix");
-    install(&prefix);
-
+/// Compiles `source` against the library installed under `prefix`, found through pkg-config.
+fn compile(prefix: &Path, source: &str, program: &Path) {
     let pkg = Command::new("pkg-config")
         .args(["--cflags", "--libs", "agora"])
         .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig"))
@@ -41,18 +36,31 @@ fn the_c_gaussian_example_builds_with_pkg_config_and_verifies() {
         .split_whitespace()
         .map(String::from)
         .collect();
-    let program = dir.join("gaussian");
     let cc = Command::new("cc")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/gaussian.c"))
+        .arg(source)
         .args(&flags)
         .args(["-lm", "-Wall", "-Werror", "-o"])
-        .arg(&program)
+        .arg(program)
         .output()
         .expect("a C compiler (cc) runs");
     assert!(
         cc.status.success(),
-        "cc failed:\n{}",
+        "cc {source} failed:\n{}",
         String::from_utf8_lossy(&cc.stderr)
+    );
+}
+
+#[test]
+fn the_c_gaussian_example_builds_with_pkg_config_and_verifies() {
+    let dir = std::env::temp_dir().join(format!("agora-capi-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let prefix = dir.join("prefix");
+    install(&prefix);
+    let program = dir.join("gaussian");
+    compile(
+        &prefix,
+        concat!(env!("CARGO_MANIFEST_DIR"), "/examples/gaussian.c"),
+        &program,
     );
 
     let socket = dir.join("agora.sock");
@@ -76,8 +84,12 @@ fn the_c_gaussian_example_builds_with_pkg_config_and_verifies() {
     );
     assert!(stdout.contains("verified OK"), "{stdout}");
     assert!(
-        stdout.contains("wrong argument count"),
-        "the error message reaches C: {stdout}"
+        stdout.contains("wrong argument count: gaussian.fan1 takes 4 arguments"),
+        "a launch that does not match the signature is refused at once, with a message: {stdout}"
+    );
+    assert!(
+        stdout.contains("out of the kernel's accepted range"),
+        "the daemon's error reaches C: {stdout}"
     );
 
     // Without a daemon: a connect error with a message, not a crash.
@@ -88,6 +100,41 @@ fn the_c_gaussian_example_builds_with_pkg_config_and_verifies() {
         .unwrap();
     assert_eq!(run.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&run.stderr).contains("agora serve"));
+    daemon.stop().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_c_api_checks_pass_against_a_daemon() {
+    let dir = std::env::temp_dir().join(format!("agora-capi-checks-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let prefix = dir.join("prefix");
+    install(&prefix);
+    let program = dir.join("api_checks");
+    compile(
+        &prefix,
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/api_checks.c"),
+        &program,
+    );
+    let socket = dir.join("agora.sock");
+    let daemon = agora_daemon::spawn(agora_daemon::DaemonConfig {
+        socket: socket.clone(),
+        state_dir: dir.join("state"),
+        ..Default::default()
+    })
+    .unwrap();
+    let run = Command::new(&program)
+        .env("AGORA_SOCKET", &socket)
+        .env("LD_LIBRARY_PATH", prefix.join("lib"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "stdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(stdout.contains("C API checks: 0 failed"), "{stdout}");
     daemon.stop().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -6,7 +6,10 @@ use agora_protocol::control::ControlError;
 use agora_protocol::TaskError;
 
 /// Everything that can go wrong in a client call.
-#[derive(Debug, thiserror::Error)]
+///
+/// `Debug` prints the same message as `Display` (with `{:#?}`, the variant's name first), so
+/// `fn main() -> Result<(), agora::Error>` shows what to do, not a struct dump.
+#[derive(thiserror::Error)]
 pub enum Error {
     /// No daemon answers on the socket.
     #[error("cannot reach the Agora daemon at {path}: {cause}; start one with `agora serve`, or point AGORA_SOCKET at a running one")]
@@ -41,6 +44,24 @@ pub enum Error {
     /// The daemon answered something this client does not understand.
     #[error("protocol error: {0}; are the client and daemon the same Agora version?")]
     Protocol(String),
+}
+
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if f.alternate() {
+            let kind = match self {
+                Error::Connect { .. } => "Connect",
+                Error::Disconnected => "Disconnected",
+                Error::Task(_) => "Task",
+                Error::Tasks(_) => "Tasks",
+                Error::Control(_) => "Control",
+                Error::OutOfBounds { .. } => "OutOfBounds",
+                Error::Protocol(_) => "Protocol",
+            };
+            write!(f, "Error::{kind}: ")?;
+        }
+        std::fmt::Display::fmt(self, f)
+    }
 }
 
 impl Error {
@@ -118,5 +139,31 @@ impl From<agora_transport::TransportError> for Error {
             }
             other => Error::Protocol(other.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_carries_the_message_and_its_hint() {
+        // What `fn main() -> Result<(), agora::Error>` prints on a connect failure.
+        let error = Error::Connect {
+            path: "/run/agora.sock".into(),
+            cause: std::io::Error::from(std::io::ErrorKind::NotFound),
+        };
+        let debug = format!("{error:?}");
+        assert_eq!(debug, error.to_string());
+        assert!(
+            debug.contains("agora serve") && debug.contains("/run/agora.sock"),
+            "{debug}"
+        );
+        assert!(format!("{error:#?}").starts_with("Error::Connect: cannot reach"));
+        let tasks = Error::Tasks(TaskFailures {
+            count: 1,
+            failures: vec![(7, TaskError::KernelFault)],
+        });
+        assert!(format!("{tasks:?}").contains("task 7:"), "{tasks:?}");
     }
 }

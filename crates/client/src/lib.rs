@@ -47,6 +47,12 @@ pub use error::{Error, TaskFailures};
 pub use queue::{Arg, DeviceKind, NdRange, Queue, QueueOptions, Task};
 pub use session::{daemon_status, drain_device, DrainOutcome, Kernel, Session, SessionOptions};
 
+/// The Rust guide's snippets, compiled (and run unless marked `no_run`) as doctests, so the guide
+/// shows programs that build on their own.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/getting-started-rust.md")]
+pub struct RustGuide;
+
 /// Low-level hooks for testing the daemon against malformed input. Not part of the stable API.
 #[doc(hidden)]
 pub mod testing {

@@ -2,6 +2,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use agora_protocol::control::QueueClass;
 use agora_protocol::{Op, RawArg, TaskDescriptor, MAX_ARGS};
@@ -218,6 +219,17 @@ impl Task {
         self.session.wait(self.id)
     }
 
+    /// Waits at most about `timeout` (plus up to 20 ms) for the task: `Ok(true)` once it
+    /// completed successfully, its error if it failed (as [`Task::wait`]), `Ok(false)` if it is
+    /// still running. For callers that must react to something else while they wait (a
+    /// language binding checking for Ctrl-C between slices).
+    pub fn wait_timeout(&self, timeout: Duration) -> Result<bool, Error> {
+        if !self.session.wait_done_until(self.id, Instant::now() + timeout)? {
+            return Ok(false);
+        }
+        self.wait().map(|()| true)
+    }
+
     /// Whether the task has completed (successfully or not), without blocking.
     pub fn is_complete(&self) -> Result<bool, Error> {
         self.session.poll(self.id)
@@ -338,6 +350,17 @@ impl Queue {
             Some(failures) => Err(Error::Tasks(failures)),
             None => Ok(()),
         }
+    }
+
+    /// Like [`Queue::finish`], waiting at most about `timeout` (plus up to 20 ms): `Ok(false)` if
+    /// tasks are still running then (their failures stay for a later `finish`), else what
+    /// `finish` returns, with `Ok(true)` for success.
+    pub fn finish_timeout(&self, timeout: Duration) -> Result<bool, Error> {
+        let last = self.last.load(Ordering::Acquire);
+        if last > 0 && !self.session.wait_done_until(last, Instant::now() + timeout)? {
+            return Ok(false);
+        }
+        self.finish().map(|()| true)
     }
 
     /// Raw handle (for diagnostics).

@@ -6,7 +6,7 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use agora_protocol::control::{QueueClass, Request, Response, StatusReport};
 use agora_protocol::ring::{CompletionConsumer, SubmissionProducer};
@@ -507,6 +507,28 @@ impl Inner {
         Ok(())
     }
 
+    /// Like [`Inner::wait_done`], but gives up at `deadline`: true once task `id` is complete,
+    /// false if it is still running then. Overshoots the deadline by at most one sleep on the
+    /// completion futex ([`LIVENESS_CHECK`]).
+    pub(crate) fn wait_done_until(&self, id: u64, deadline: Instant) -> Result<bool, Error> {
+        loop {
+            if self.is_done(id) {
+                return Ok(true);
+            }
+            if self.pending_in_ring() {
+                self.drain();
+                continue;
+            }
+            if Instant::now() >= deadline {
+                return Ok(false);
+            }
+            if SPIN.with(|s| s.borrow_mut().spin(|| self.pending_in_ring() || self.is_done(id))) {
+                continue;
+            }
+            self.block(id, || self.is_done(id))?;
+        }
+    }
+
     /// Waits until at least one completion arrives (to make room in the rings).
     fn wait_for_progress(&self) -> Result<(), Error> {
         let before = self.consumed.load(Ordering::Acquire);
@@ -530,7 +552,7 @@ impl Inner {
         let tail = header.completion_tail.load(Ordering::SeqCst);
         let mut timed_out = false;
         if tail == header.completion_head.load(Ordering::Relaxed) && !satisfied() {
-            let start = std::time::Instant::now();
+            let start = Instant::now();
             futex_wait(&header.completion_tail, tail, LIVENESS_CHECK);
             let waited = start.elapsed();
             timed_out = waited >= LIVENESS_CHECK;

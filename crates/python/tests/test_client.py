@@ -2,8 +2,12 @@
 
 import gc
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
+import traceback
 
 import numpy as np
 import pytest
@@ -270,3 +274,104 @@ def test_module_exports_every_error_class():
             assert issubclass(getattr(agora, name), agora.AgoraError)
     assert agora.__version__
     assert os.path.exists(os.path.join(os.path.dirname(agora.__file__), "py.typed"))
+
+
+def test_exceptions_print_as_agora_classes(session):
+    for name in agora.__all__:
+        if name.endswith("Error"):
+            cls = getattr(agora, name)
+            assert cls.__module__ == "agora", (name, cls.__module__)
+            assert repr(cls) == f"<class 'agora.{name}'>"
+    queue = session.queue()
+    queue.close()
+    with pytest.raises(agora.ClosedError) as caught:
+        queue.finish()
+    assert traceback.format_exception_only(caught.type, caught.value)[0].startswith("agora.ClosedError: ")
+
+
+def test_numpy_shape_keeps_the_remembered_dtype(session):
+    buf = session.buffer_from(np.arange(16, dtype=np.float32))
+    view = buf.numpy(shape=(2, 8))
+    assert view.dtype == np.float32 and view.shape == (2, 8)
+    assert view[1, 0] == 8.0
+    assert buf.numpy(np.uint8).shape == (64,)  # an explicit dtype drops the remembered shape
+
+
+def test_after_close_every_call_on_the_sessions_objects_raises_closed(daemon):
+    session = agora.Session(name="closing")
+    queue = session.queue("q")
+    x = session.buffer_from(np.arange(16, dtype=np.float32))
+    y = session.buffer(64)
+    task = queue.launch("noop", range=1)
+    task.wait()
+    view = x.numpy()
+    session.close()
+    calls = {
+        "session.queue": lambda: session.queue(),
+        "session.buffer": lambda: session.buffer(8),
+        "session.kernel": lambda: session.kernel("saxpy"),
+        "session.status": lambda: session.status(),
+        "queue.launch": lambda: queue.launch("saxpy", 1.0, x, y, range=16),
+        "queue.sync_to": lambda: queue.sync_to(x),
+        "queue.sync_from": lambda: queue.sync_from(x),
+        "queue.memset": lambda: queue.memset(y, 1),
+        "queue.copy": lambda: queue.copy(x, y),
+        "queue.finish": lambda: queue.finish(),
+        "task.wait": lambda: task.wait(),
+        "task.done": lambda: task.done(),
+        "buffer.numpy": lambda: x.numpy(),
+        "buffer.nbytes": lambda: x.nbytes,
+        "buffer.write": lambda: x.write(np.zeros(4, np.float32)),
+        "memoryview": lambda: memoryview(y),
+    }
+    for name, call in calls.items():
+        with pytest.raises(agora.ClosedError, match="session was closed"):
+            call()
+            pytest.fail(f"{name} worked after session.close()")
+    assert "closed" in repr(queue) and "closed" in repr(x)
+    assert view[15] == 15.0  # views made before stay readable
+    queue.close()  # clean-up after close is allowed
+    y.release()
+    session.close()
+
+
+CTRL_C_SCRIPT = """
+import numpy as np, agora
+session = agora.Session(name="ctrl-c")
+n = 1024
+a = session.buffer_from(np.ones((n, n), np.float32))
+c = session.buffer(n * n * 4)
+queue = session.queue("long", device="cpu")
+tasks = [queue.launch("sgemm", n, n, n, 1.0, a, a, 0.0, c, range=(n, n)) for _ in range(COUNT)]
+last = tasks[-1]
+for what, wait in (("wait", last.wait), ("finish", queue.finish)):
+    print("waiting in", what, flush=True)
+    try:
+        wait()
+        print(what, "returned", flush=True)
+    except KeyboardInterrupt:
+        print(what, "interrupted, task done:", last.done(), flush=True)
+other = session.queue("other", queue_class="latency")
+other.launch("noop", range=1).wait()
+print("session usable", flush=True)
+"""
+
+
+def test_ctrl_c_interrupts_wait_and_finish(daemon):
+    # Enough sgemms (2 GFLOP each) on the CPU that the last one is far from done when Ctrl-C comes.
+    script = CTRL_C_SCRIPT.replace("COUNT", "40")
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    lines = []
+    try:
+        for line in child.stdout:
+            lines.append(line.strip())
+            if line.startswith("waiting in"):
+                time.sleep(0.3)  # let it block in the wait, then press Ctrl-C
+                child.send_signal(signal.SIGINT)
+        assert child.wait(60) == 0, lines
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert "wait interrupted, task done: False" in lines, lines
+    assert "finish interrupted, task done: False" in lines, lines
+    assert lines[-1] == "session usable", lines

@@ -46,7 +46,9 @@ class Session:
         """Every kernel's signature: {"name", "doc", "params": [(name, kind), ...]}."""
     def status(self) -> dict[str, Any]:
         """The daemon's status: devices, lanes, sessions, queues."""
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Closes the session: every later call on it and on its queues, buffers and tasks raises
+        ClosedError (NumPy views made before stay readable)."""
     def __enter__(self) -> Session: ...
     def __exit__(self, *exc: Any) -> bool: ...
 
@@ -64,7 +66,7 @@ class Queue:
     def finish(self) -> None:
         """Waits for every issued task; raises when any task issued since the previous finish()
         failed: the exception has the class of the earliest failure, `count` (how many failed)
-        and `failures` (`[(task_id, exception), ...]`)."""
+        and `failures` (`[(task_id, exception), ...]`). Ctrl-C interrupts the wait at once."""
     def close(self) -> None: ...
     def __enter__(self) -> Queue: ...
     def __exit__(
@@ -85,7 +87,8 @@ class Buffer:
         """NumPy arrays and memoryviews currently viewing this buffer."""
     def __len__(self) -> int: ...
     def numpy(self, dtype: Optional[npt.DTypeLike] = None, shape: Optional[Sequence[int]] = None) -> npt.NDArray[Any]:
-        """A zero-copy NumPy view of the host copy; it keeps the buffer alive."""
+        """A zero-copy NumPy view of the host copy; it keeps the buffer alive. `dtype` defaults to
+        the dtype the buffer was made from, also when only `shape` is given."""
     def write(self, array: npt.ArrayLike, offset: int = 0) -> None:
         """Copies `array`'s bytes into the host copy at byte `offset`."""
     def release(self) -> None:
@@ -108,7 +111,8 @@ class Task:
     @property
     def id(self) -> int: ...
     def wait(self) -> None:
-        """Blocks (GIL released) until the task completes; raises its error, every time."""
+        """Blocks (GIL released) until the task completes; raises its error, every time. Ctrl-C
+        interrupts the wait at once (the task keeps running)."""
     def done(self) -> bool: ...
 
 class AgoraError(Exception): ...

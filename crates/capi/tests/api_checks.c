@@ -1,0 +1,156 @@
+/* Checks of the C API's behaviour against a daemon: queue options, kernel listing, memset/copy,
+ * task polling and bounded waits, argument checks at launch, the error message of the last call
+ * only, and objects refusing every call once their session is closed.
+ * Built and run by tests/c_example.rs; exit status 0 when every check passed. */
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "agora.h"
+
+static int failed = 0;
+
+#define EXPECT(cond)                                                                                 \
+    do {                                                                                             \
+        if (!(cond)) {                                                                               \
+            failed++;                                                                                \
+            fprintf(stderr, "line %d: FAILED %s (last error: \"%s\")\n", __LINE__, #cond,            \
+                    agora_last_error_message());                                                     \
+        }                                                                                            \
+    } while (0)
+#define OK(call) EXPECT((call) == AGORA_STATUS_OK)
+#define MESSAGE_HAS(text) (strstr(agora_last_error_message(), (text)) != NULL)
+
+int main(void) {
+    AgoraSession *session;
+    if (agora_session_open(NULL, &session) != AGORA_STATUS_OK) {
+        fprintf(stderr, "no daemon: %s\n", agora_last_error_message());
+        return 2;
+    }
+
+    /* Queue options: class, device hint, SLA; a zeroed struct (or NULL) gives the defaults. */
+    AgoraQueueOptions options;
+    memset(&options, 0, sizeof options);
+    options.name = "c-latency";
+    options.queue_class = AGORA_QUEUE_CLASS_LATENCY;
+    options.preferred_device = AGORA_DEVICE_KIND_CPU;
+    options.sla_ms = 25.0;
+    AgoraQueue *latency = NULL, *batch = NULL, *refused = NULL;
+    OK(agora_queue_create_with(session, &options, &latency));
+    options.sla_ms = -1.0;
+    EXPECT(agora_queue_create_with(session, &options, &refused) == AGORA_STATUS_INVALID_ARGUMENT);
+    EXPECT(MESSAGE_HAS("sla_ms") && refused == NULL);
+    OK(agora_queue_create_with(session, NULL, &batch));
+    EXPECT(strcmp(agora_last_error_message(), "") == 0); /* cleared by the successful call */
+
+    /* Kernel listing. */
+    AgoraKernelList *list;
+    OK(agora_kernel_list(session, &list));
+    size_t count = agora_kernel_list_len(list);
+    bool saw_saxpy = false;
+    for (size_t i = 0; i < count; i++) {
+        if (strcmp(agora_kernel_list_name(list, i), "saxpy") == 0) {
+            saw_saxpy = true;
+            EXPECT(strncmp(agora_kernel_list_signature(list, i), "saxpy(", 6) == 0);
+            EXPECT(strlen(agora_kernel_list_doc(list, i)) > 0);
+        }
+    }
+    EXPECT(count > 1 && saw_saxpy);
+    EXPECT(agora_kernel_list_name(list, count) == NULL);
+    agora_kernel_list_destroy(list);
+
+    /* memset and copy, then polling and a bounded wait. */
+    AgoraBuffer *bytes, *copy;
+    OK(agora_buffer_create(session, 64, &bytes));
+    OK(agora_buffer_create(session, 64, &copy));
+    AgoraTask *task = NULL;
+    OK(agora_memset(batch, bytes, 7, NULL));
+    OK(agora_copy(batch, bytes, 8, copy, 16, 32, NULL));
+    OK(agora_sync_from(batch, copy, &task));
+    bool done = false;
+    while (!done && agora_task_wait_timeout(task, 10, &done) == AGORA_STATUS_OK) continue;
+    EXPECT(done);
+    OK(agora_task_done(task, &done));
+    EXPECT(done);
+    const unsigned char *copied = agora_buffer_data(copy);
+    int right = 1;
+    for (int i = 0; i < 64; i++) right &= copied[i] == ((i >= 16 && i < 48) ? 7 : 0);
+    EXPECT(right);
+    agora_task_destroy(task);
+
+    /* saxpy on the latency queue. */
+    AgoraKernel *saxpy, *fan1;
+    OK(agora_kernel_lookup(session, "saxpy", &saxpy));
+    OK(agora_kernel_lookup(session, "gaussian.fan1", &fan1));
+    AgoraBuffer *x, *y;
+    OK(agora_buffer_create(session, 16 * sizeof(float), &x));
+    OK(agora_buffer_create(session, 16 * sizeof(float), &y));
+    float *hx = agora_buffer_data(x), *hy = agora_buffer_data(y);
+    for (int i = 0; i < 16; i++) { hx[i] = (float)i; hy[i] = 1.0f; }
+    OK(agora_sync_to(latency, x, NULL));
+    OK(agora_sync_to(latency, y, NULL));
+    uint64_t n = 16;
+    AgoraArg args[3] = {{AGORA_ARG_KIND_F32, NULL, 0, 2.0}, {AGORA_ARG_KIND_BUFFER, x}, {AGORA_ARG_KIND_BUFFER, y}};
+    OK(agora_launch(latency, saxpy, args, 3, &n, 1, NULL));
+    OK(agora_sync_from(latency, y, NULL));
+    done = false;
+    while (!done && agora_queue_finish_timeout(latency, 10, &done) == AGORA_STATUS_OK) continue;
+    EXPECT(done);
+    EXPECT(hy[3] == 7.0f && hy[15] == 31.0f);
+
+    /* Arguments are checked against the signature at launch, not at finish. */
+    AgoraArg wrong_kind[3] = {{AGORA_ARG_KIND_I32, NULL, 2}, {AGORA_ARG_KIND_BUFFER, x}, {AGORA_ARG_KIND_BUFFER, y}};
+    task = NULL;
+    EXPECT(agora_launch(batch, saxpy, wrong_kind, 3, &n, 1, &task) == AGORA_STATUS_INVALID_ARGUMENT);
+    EXPECT(MESSAGE_HAS("argument 0 ('a') of saxpy is a f32 scalar") && MESSAGE_HAS("AGORA_ARG_KIND_F32"));
+    EXPECT(task == NULL);
+    AgoraArg scalar_for_buffer[3] = {{AGORA_ARG_KIND_F32, NULL, 0, 2.0}, {AGORA_ARG_KIND_F32}, {AGORA_ARG_KIND_BUFFER, y}};
+    EXPECT(agora_launch(batch, saxpy, scalar_for_buffer, 3, &n, 1, NULL) == AGORA_STATUS_INVALID_ARGUMENT);
+    EXPECT(MESSAGE_HAS("argument 1 ('x') of saxpy is a buffer"));
+    EXPECT(agora_launch(batch, saxpy, args, 2, &n, 1, NULL) == AGORA_STATUS_INVALID_ARGUMENT);
+    EXPECT(MESSAGE_HAS("wrong argument count: saxpy takes 3 arguments (a, x, y), the launch passed 2"));
+    AgoraArg too_big[4] = {{AGORA_ARG_KIND_BUFFER, x}, {AGORA_ARG_KIND_BUFFER, y}, {AGORA_ARG_KIND_I32, NULL, 1LL << 40},
+                           {AGORA_ARG_KIND_I32, NULL, 0}};
+    EXPECT(agora_launch(batch, fan1, too_big, 4, &n, 1, NULL) == AGORA_STATUS_INVALID_ARGUMENT);
+    EXPECT(MESSAGE_HAS("argument 2 ('size')") && MESSAGE_HAS("1099511627776 does not fit"));
+    OK(agora_queue_finish(batch)); /* nothing refused was issued */
+    EXPECT(strcmp(agora_last_error_message(), "") == 0);
+
+    /* The message and the failed tasks describe the last call alone. */
+    uint64_t wide = 1000;
+    AgoraTask *bad;
+    OK(agora_launch(batch, saxpy, args, 3, &wide, 1, &bad));
+    EXPECT(agora_queue_finish(batch) == AGORA_STATUS_TASK);
+    uint64_t id = 0;
+    EXPECT(agora_last_failed_tasks(&id, 1) == 1 && id == agora_task_id(bad));
+    EXPECT(agora_launch(batch, saxpy, args, 1, &n, 1, NULL) == AGORA_STATUS_INVALID_ARGUMENT);
+    EXPECT(MESSAGE_HAS("wrong argument count") && !MESSAGE_HAS("too small"));
+    EXPECT(agora_last_failed_tasks(NULL, 0) == 0);
+    EXPECT(agora_task_check(bad) == AGORA_STATUS_TASK && MESSAGE_HAS("too small"));
+    OK(agora_queue_finish(batch));
+    EXPECT(strcmp(agora_last_error_message(), "") == 0);
+    EXPECT(agora_last_failed_tasks(NULL, 0) == 0);
+
+    /* After close, every call on the session's objects fails with CLOSED. */
+    AgoraTask *pending;
+    OK(agora_sync_to(batch, x, &pending));
+    agora_session_close(session);
+    EXPECT(agora_launch(batch, saxpy, args, 3, &n, 1, NULL) == AGORA_STATUS_CLOSED && MESSAGE_HAS("closed"));
+    EXPECT(agora_sync_to(batch, x, NULL) == AGORA_STATUS_CLOSED);
+    EXPECT(agora_sync_from(latency, y, NULL) == AGORA_STATUS_CLOSED);
+    EXPECT(agora_memset(batch, bytes, 0, NULL) == AGORA_STATUS_CLOSED);
+    EXPECT(agora_copy(batch, bytes, 0, copy, 0, 0, NULL) == AGORA_STATUS_CLOSED);
+    EXPECT(agora_queue_finish(batch) == AGORA_STATUS_CLOSED);
+    EXPECT(agora_task_check(pending) == AGORA_STATUS_CLOSED);
+    EXPECT(agora_task_done(pending, &done) == AGORA_STATUS_CLOSED);
+    EXPECT(agora_buffer_data(x) == NULL && MESSAGE_HAS("closed"));
+    EXPECT(agora_buffer_len(x) == 0);
+    agora_task_destroy(pending);
+    agora_task_destroy(bad);
+    agora_buffer_destroy(bytes); agora_buffer_destroy(copy); agora_buffer_destroy(x); agora_buffer_destroy(y);
+    agora_kernel_destroy(saxpy); agora_kernel_destroy(fan1);
+    agora_queue_destroy(batch); agora_queue_destroy(latency);
+
+    printf("C API checks: %d failed\n", failed);
+    return failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,234 @@
+//! `agora.Buffer`: a buffer whose host copy lives in memory shared with the daemon. Owns the
+//! client buffer, the dtype and shape it was made from, NumPy views through the buffer protocol
+//! (counted, so `release()` refuses while one exists), and the element-type check of launches.
+
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use agora_protocol::ScalarType;
+use pyo3::exceptions::PyValueError;
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::errors::{closed, ArgumentTypeError, BufferInUseError, Liveness, OrRaise};
+
+/// A buffer: an opaque handle whose host copy lives in memory shared with the daemon.
+///
+/// Supports the buffer protocol, so `numpy()` (and `memoryview(buf)`) view the host copy in place.
+/// Each view holds a reference to the buffer, which keeps it alive; `release()` refuses while any
+/// view exists.
+#[pyclass(module = "agora._native", name = "Buffer")]
+pub(crate) struct PyBuffer {
+    pub(crate) inner: Mutex<Option<agora::Buffer>>,
+    /// Live buffer-protocol exports (NumPy arrays, memoryviews).
+    pub(crate) exports: AtomicUsize,
+    pub(crate) dtype: Option<Py<PyAny>>,
+    pub(crate) shape: Option<Py<PyAny>>,
+    pub(crate) liveness: Liveness,
+}
+
+impl PyBuffer {
+    pub(crate) fn new(buffer: agora::Buffer, liveness: Liveness) -> Self {
+        PyBuffer {
+            inner: Mutex::new(Some(buffer)),
+            exports: AtomicUsize::new(0),
+            dtype: None,
+            shape: None,
+            liveness,
+        }
+    }
+
+    /// Runs `f` on the client buffer, unless this buffer was released or its session closed.
+    pub(crate) fn with<T>(&self, f: impl FnOnce(&mut agora::Buffer) -> T) -> PyResult<T> {
+        self.liveness.check("buffer")?;
+        let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        guard.as_mut().map(f).ok_or_else(|| closed("buffer"))
+    }
+}
+
+#[pymethods]
+impl PyBuffer {
+    /// Length in bytes.
+    #[getter]
+    fn nbytes(&self) -> PyResult<u64> {
+        self.with(|b| b.len())
+    }
+
+    fn __len__(&self) -> PyResult<usize> {
+        Ok(self.nbytes()? as usize)
+    }
+
+    /// A NumPy array viewing the host copy in place (no copy). `dtype` defaults to the dtype the
+    /// buffer was made from (else uint8), also when only `shape` is given; `shape` defaults to the
+    /// shape it was made from when no `dtype` is given (else as many elements as fit).
+    /// The array keeps the buffer alive; the buffer cannot be released while it exists.
+    #[pyo3(signature = (dtype=None, shape=None))]
+    pub(crate) fn numpy<'py>(
+        slf: PyRef<'py, Self>,
+        py: Python<'py>,
+        dtype: Option<&Bound<'py, PyAny>>,
+        shape: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let numpy = py.import("numpy")?;
+        let (dtype, shape) = match (dtype, shape) {
+            (None, None) => (
+                slf.dtype.as_ref().map(|d| d.bind(py).clone()),
+                slf.shape.as_ref().map(|s| s.bind(py).clone()),
+            ),
+            (None, Some(s)) => (slf.dtype.as_ref().map(|d| d.bind(py).clone()), Some(s.clone())),
+            (Some(d), s) => (Some(d.clone()), s.cloned()),
+        };
+        let dtype = numpy.call_method1("dtype", (dtype.unwrap_or_else(|| numpy.getattr("uint8").unwrap()),))?;
+        let itemsize: u64 = dtype.getattr("itemsize")?.extract()?;
+        let nbytes = slf.nbytes()?;
+        let count = match &shape {
+            None => nbytes / itemsize.max(1),
+            Some(shape) => {
+                let elements: u64 = numpy.call_method1("prod", (shape,))?.extract()?;
+                if elements * itemsize > nbytes {
+                    return Err(PyValueError::new_err(format!(
+                        "a view of shape {shape} and dtype {dtype} needs {} bytes; the buffer has {nbytes}",
+                        elements * itemsize
+                    )));
+                }
+                elements
+            }
+        };
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("dtype", &dtype)?;
+        kwargs.set_item("count", count)?;
+        let this = slf.into_pyobject(py)?;
+        let array = numpy.call_method("frombuffer", (this,), Some(&kwargs))?;
+        match shape {
+            Some(shape) => array.call_method1("reshape", (shape,)),
+            None => Ok(array),
+        }
+    }
+
+    /// Copies `array`'s bytes into the host copy at byte `offset` (a copy; `numpy()` is the
+    /// zero-copy way).
+    #[pyo3(signature = (array, offset=0))]
+    fn write(&self, py: Python<'_>, array: &Bound<'_, PyAny>, offset: u64) -> PyResult<()> {
+        let numpy = py.import("numpy")?;
+        let bytes: Vec<u8> = numpy
+            .call_method1("ascontiguousarray", (array,))?
+            .call_method0("tobytes")?
+            .extract()?;
+        self.with(|b| b.write(offset, &bytes))?.or_raise()
+    }
+
+    /// Number of NumPy arrays and memoryviews currently viewing this buffer.
+    #[getter]
+    fn views(&self) -> usize {
+        self.exports.load(Ordering::Acquire)
+    }
+
+    /// Releases the buffer now (it is also released when garbage collected). Raises
+    /// BufferInUseError while views of it exist. Releasing a released buffer, or one whose
+    /// session was closed, is allowed (clean-up code need not check).
+    fn release(&self) -> PyResult<()> {
+        let views = self.exports.load(Ordering::Acquire);
+        if views > 0 {
+            return Err(BufferInUseError::new_err(format!(
+                "{views} NumPy array(s) or memoryview(s) still view this buffer; delete them (`del array`) before releasing it"
+            )));
+        }
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
+        Ok(())
+    }
+
+    fn __repr__(&self) -> String {
+        match self.inner.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            Some(_) if self.liveness.is_closed() => "<agora.Buffer closed>".to_string(),
+            Some(b) => format!("<agora.Buffer {} bytes>", b.len()),
+            None => "<agora.Buffer released>".to_string(),
+        }
+    }
+
+    /// Buffer protocol: a writable, contiguous byte view of the host copy. The view owns a
+    /// reference to this object (`obj`), so the mapping outlives every view.
+    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+        if view.is_null() {
+            return Err(pyo3::exceptions::PyBufferError::new_err("null view"));
+        }
+        let (ptr, len) = {
+            let this = slf.borrow();
+            this.with(|b| {
+                let bytes = b.as_mut_slice::<u8>();
+                (bytes.as_mut_ptr(), bytes.len())
+            })?
+        };
+        slf.borrow().exports.fetch_add(1, Ordering::AcqRel);
+        // SAFETY: `view` is non-null and points at a Py_buffer the caller (CPython) owns; `ptr`
+        // and `len` describe the buffer's range of the session mapping, which stays mapped while
+        // `obj` (this Buffer, which owns the client Buffer and through it the session) is
+        // referenced by the view. `release()` refuses while exports > 0, so the range is not
+        // released under a view.
+        unsafe {
+            (*view).obj = slf.into_any().into_ptr();
+            (*view).buf = ptr as *mut c_void;
+            (*view).len = len as isize;
+            (*view).readonly = 0;
+            (*view).itemsize = 1;
+            (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT {
+                c"B".as_ptr() as *mut _
+            } else {
+                std::ptr::null_mut()
+            };
+            (*view).ndim = 1;
+            (*view).shape = if flags & ffi::PyBUF_ND == ffi::PyBUF_ND {
+                &mut (*view).len
+            } else {
+                std::ptr::null_mut()
+            };
+            (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
+                &mut (*view).itemsize
+            } else {
+                std::ptr::null_mut()
+            };
+            (*view).suboffsets = std::ptr::null_mut();
+            (*view).internal = std::ptr::null_mut();
+        }
+        Ok(())
+    }
+
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {
+        self.exports.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// NumPy's name for the dtype matching a kernel's element type.
+fn numpy_name(element: ScalarType) -> &'static str {
+    match element {
+        ScalarType::I32 => "int32",
+        ScalarType::U32 => "uint32",
+        ScalarType::I64 => "int64",
+        ScalarType::U64 => "uint64",
+        ScalarType::F32 => "float32",
+        ScalarType::F64 => "float64",
+    }
+}
+
+/// A buffer made by `buffer_from` remembers its dtype: passing float64 data to a kernel that
+/// reads f32 would silently compute garbage, so it is refused here with the fix in the message.
+/// Buffers made by `buffer(n)` hold raw bytes and are not checked.
+pub(crate) fn check_element_type(
+    buffer: &PyBuffer,
+    element: ScalarType,
+    index: usize,
+    name: &str,
+    kernel: &str,
+) -> PyResult<()> {
+    let Some(dtype) = &buffer.dtype else { return Ok(()) };
+    let held: String = Python::attach(|py| dtype.bind(py).getattr("name").and_then(|n| n.extract()))?;
+    let wanted = numpy_name(element);
+    if held == wanted {
+        return Ok(());
+    }
+    Err(ArgumentTypeError::new_err(format!(
+        "argument {index} ('{name}') of {kernel} holds {held} elements but the kernel reads {wanted}; \
+         make the buffer from `array.astype(numpy.{wanted})`"
+    )))
+}

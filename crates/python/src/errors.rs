@@ -1,0 +1,303 @@
+//! The Python exception classes (one per error kind, all under `agora.AgoraError`) and the
+//! mapping from the Rust client's typed errors to them, message unchanged. Owns nothing else: the
+//! classes hold no state, and raising is left to the callers.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use agora::{Error, TaskError};
+use agora_protocol::control::ControlError;
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::prelude::*;
+
+create_exception!(agora, AgoraError, PyException, "Base class of every Agora error.");
+create_exception!(
+    agora,
+    ConnectError,
+    AgoraError,
+    "No daemon answers on the socket: start one with `agora serve` or set AGORA_SOCKET."
+);
+create_exception!(
+    agora,
+    DisconnectedError,
+    AgoraError,
+    "The daemon stopped or was killed; open a new session once it is back."
+);
+create_exception!(
+    agora,
+    ClosedError,
+    AgoraError,
+    "The session, queue or buffer was closed or released by this program."
+);
+create_exception!(
+    agora,
+    BufferInUseError,
+    AgoraError,
+    "A buffer cannot be released while NumPy arrays or memoryviews of it exist."
+);
+create_exception!(
+    agora,
+    ProtocolError,
+    AgoraError,
+    "The daemon answered something this client does not understand (version mismatch?)."
+);
+create_exception!(
+    agora,
+    OutOfBoundsError,
+    AgoraError,
+    "A byte range lies outside its buffer."
+);
+create_exception!(
+    agora,
+    TaskFailedError,
+    AgoraError,
+    "Base class of the errors a task completes with."
+);
+create_exception!(
+    agora,
+    MalformedTaskError,
+    TaskFailedError,
+    "The task descriptor was malformed."
+);
+create_exception!(
+    agora,
+    UnknownQueueError,
+    TaskFailedError,
+    "The queue was released or never created."
+);
+create_exception!(
+    agora,
+    UnknownKernelError,
+    AgoraError,
+    "No kernel of that name (or id) exists."
+);
+create_exception!(
+    agora,
+    ArgumentCountError,
+    TaskFailedError,
+    "The launch passed the wrong number of arguments."
+);
+create_exception!(
+    agora,
+    ArgumentTypeError,
+    TaskFailedError,
+    "An argument has the wrong type for the kernel."
+);
+create_exception!(
+    agora,
+    InvalidHandleError,
+    TaskFailedError,
+    "A buffer handle is not valid in this session."
+);
+create_exception!(
+    agora,
+    BufferTooSmallError,
+    TaskFailedError,
+    "A buffer is too small for the launch."
+);
+create_exception!(
+    agora,
+    InvalidScalarError,
+    TaskFailedError,
+    "A scalar argument is outside the kernel's accepted range."
+);
+create_exception!(
+    agora,
+    InvalidRangeError,
+    TaskFailedError,
+    "The launch range is empty, or too large (for the protocol or for every device that could run it)."
+);
+create_exception!(
+    agora,
+    AliasedBuffersError,
+    TaskFailedError,
+    "The same buffer was passed twice and one is written."
+);
+create_exception!(
+    agora,
+    NoDeviceError,
+    TaskFailedError,
+    "No device of this node implements the kernel."
+);
+create_exception!(
+    agora,
+    KernelFaultError,
+    TaskFailedError,
+    "The kernel faulted while running."
+);
+create_exception!(
+    agora,
+    CancelledError,
+    TaskFailedError,
+    "The task was cancelled before it ran."
+);
+create_exception!(
+    agora,
+    DeviceOutOfMemoryError,
+    TaskFailedError,
+    "The device had no room for the task's buffers."
+);
+create_exception!(
+    agora,
+    DeviceFailedError,
+    TaskFailedError,
+    "The device failed to run the task."
+);
+create_exception!(
+    agora,
+    DependencyFailedError,
+    TaskFailedError,
+    "A buffer the task reads should have been written by a task that failed; the task did not run."
+);
+create_exception!(
+    agora,
+    QuotaExceededError,
+    AgoraError,
+    "The session's buffer quota is used up."
+);
+create_exception!(
+    agora,
+    VersionMismatchError,
+    AgoraError,
+    "Client and daemon are different Agora versions."
+);
+create_exception!(
+    agora,
+    TooManyError,
+    AgoraError,
+    "A per-session limit (queues, buffers) was reached."
+);
+create_exception!(
+    agora,
+    BadRequestError,
+    AgoraError,
+    "The daemon refused a malformed request."
+);
+create_exception!(
+    agora,
+    NotPermittedError,
+    AgoraError,
+    "The daemon's settings do not allow this (e.g. latency queues for this user)."
+);
+/// The Python exception for a client error: one class per kind, the Rust message unchanged
+/// (it already says what to do). `Queue.finish()`'s error has the class of its earliest failure
+/// and carries them all: `count` (how many failed) and `failures` (a list of `(task_id,
+/// exception)`, the earliest up to 1024).
+fn to_python(error: Error) -> PyErr {
+    let message = error.to_string();
+    match &error {
+        Error::Tasks(failures) => {
+            let first = failures.first().map_or(TaskError::Unknown(0), |(_, e)| *e);
+            let error = task_exception(&first, message);
+            Python::attach(|py| {
+                let list: Vec<(u64, Py<PyAny>)> = failures
+                    .failures
+                    .iter()
+                    .map(|(id, e)| (*id, task_exception(e, e.to_string()).into_value(py).into_any()))
+                    .collect();
+                let value = error.value(py);
+                // Setting attributes on a fresh exception instance cannot fail short of memory
+                // exhaustion; the exception is still raised without them then.
+                let _ = value.setattr("count", failures.count);
+                let _ = value.setattr("failures", list);
+            });
+            error
+        }
+        Error::Task(task) => task_exception(task, message),
+        other => client_exception(other, message),
+    }
+}
+
+/// The Python exception for an error that is not a task's.
+fn client_exception(error: &Error, message: String) -> PyErr {
+    match error {
+        Error::Connect { .. } => ConnectError::new_err(message),
+        Error::Disconnected => DisconnectedError::new_err(message),
+        Error::OutOfBounds { .. } => OutOfBoundsError::new_err(message),
+        Error::Protocol(_) => ProtocolError::new_err(message),
+        Error::Control(control) => match control {
+            ControlError::VersionMismatch { .. } => VersionMismatchError::new_err(message),
+            ControlError::QuotaExceeded { .. } => QuotaExceededError::new_err(message),
+            ControlError::EmptyBuffer => PyValueError::new_err(message),
+            ControlError::UnknownKernel { .. } => UnknownKernelError::new_err(message),
+            ControlError::TooMany { .. } => TooManyError::new_err(message),
+            ControlError::BadRequest(_) => BadRequestError::new_err(message),
+            ControlError::NotPermitted(_) => NotPermittedError::new_err(message),
+        },
+        Error::Task(_) | Error::Tasks(_) => TaskFailedError::new_err(message),
+    }
+}
+
+/// The Python exception for a task's error.
+fn task_exception(task: &TaskError, message: String) -> PyErr {
+    match task {
+        TaskError::Malformed(_) => MalformedTaskError::new_err(message),
+        TaskError::UnknownQueue(_) => UnknownQueueError::new_err(message),
+        TaskError::UnknownKernel(_) => UnknownKernelError::new_err(message),
+        TaskError::ArgumentCount { .. } => ArgumentCountError::new_err(message),
+        TaskError::ArgumentType { .. } => ArgumentTypeError::new_err(message),
+        TaskError::InvalidHandle { .. } => InvalidHandleError::new_err(message),
+        TaskError::BufferTooSmall { .. } => BufferTooSmallError::new_err(message),
+        TaskError::OutOfBounds { .. } => OutOfBoundsError::new_err(message),
+        TaskError::InvalidScalar { .. } => InvalidScalarError::new_err(message),
+        // A range beyond every capable device's limits is a range too large for this node.
+        TaskError::InvalidRange { .. } | TaskError::DeviceLimit { .. } => InvalidRangeError::new_err(message),
+        TaskError::Aliased { .. } => AliasedBuffersError::new_err(message),
+        TaskError::NoDevice(_) => NoDeviceError::new_err(message),
+        TaskError::KernelFault => KernelFaultError::new_err(message),
+        TaskError::Cancelled => CancelledError::new_err(message),
+        // A session quota is a device-memory limit too.
+        TaskError::DeviceOutOfMemory { .. } | TaskError::DeviceQuota { .. } => DeviceOutOfMemoryError::new_err(message),
+        // A device that failed under the task, or data lost with it.
+        TaskError::DeviceFailed(_) | TaskError::DeviceLost | TaskError::DataLost { .. } => {
+            DeviceFailedError::new_err(message)
+        }
+        TaskError::DependencyFailed { .. } => DependencyFailedError::new_err(message),
+        _ => TaskFailedError::new_err(message),
+    }
+}
+
+/// Converts a client result into a Python one.
+pub(crate) trait OrRaise<T> {
+    fn or_raise(self) -> PyResult<T>;
+}
+
+impl<T> OrRaise<T> for Result<T, Error> {
+    fn or_raise(self) -> PyResult<T> {
+        self.map_err(to_python)
+    }
+}
+
+/// Whether a session is still open, shared by the session and every queue, buffer and task made
+/// from it: after `Session.close()` each of their calls raises ClosedError.
+#[derive(Clone, Default)]
+pub(crate) struct Liveness(Arc<AtomicBool>);
+
+impl Liveness {
+    /// Marks the session closed, for every object made from it.
+    pub(crate) fn close(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// Raises ClosedError, naming `what`, once the session was closed.
+    pub(crate) fn check(&self, what: &str) -> PyResult<()> {
+        if self.is_closed() {
+            return Err(ClosedError::new_err(format!(
+                "this {what}'s session was closed (session.close(), or the end of its `with` block); \
+                 open a new session to go on"
+            )));
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn closed(what: &str) -> PyErr {
+    ClosedError::new_err(format!(
+        "this {what} was closed; create a new one (a `with` block closes it at its end)"
+    ))
+}

@@ -1,0 +1,40 @@
+//! `agora.Kernel`: a kernel of the daemon's library, looked up by name; read-only data (name,
+//! doc, parameters) around the client's kernel.
+
+use pyo3::prelude::*;
+
+/// A kernel of the daemon's library, looked up by name.
+#[pyclass(module = "agora._native", name = "Kernel", frozen)]
+pub(crate) struct PyKernel {
+    pub(crate) inner: agora::Kernel,
+}
+
+#[pymethods]
+impl PyKernel {
+    /// Its name.
+    #[getter]
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// What it computes.
+    #[getter]
+    fn doc(&self) -> &str {
+        &self.inner.signature().doc
+    }
+
+    /// Parameters as (name, kind) pairs, e.g. ("x", "buffer<f32, read>").
+    #[getter]
+    fn params(&self) -> Vec<(String, String)> {
+        self.inner
+            .signature()
+            .params
+            .iter()
+            .map(|p| (p.name.clone(), p.kind.to_string()))
+            .collect()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<agora.Kernel {}>", self.inner.signature())
+    }
+}

@@ -1,0 +1,278 @@
+//! `agora.Queue`: an ordered stream of tasks. Owns the client queue, the conversion of Python
+//! launch arguments (checked against the kernel's signature before anything is issued) and the
+//! kernels it looked up by name.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use agora::{Arg, Error};
+use agora_protocol::{ParamKind, ScalarType};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use crate::buffer::{check_element_type, PyBuffer};
+use crate::errors::{closed, ArgumentCountError, ArgumentTypeError, Liveness, OrRaise};
+use crate::kernel::PyKernel;
+use crate::task::{PyTask, WAIT_SLICE};
+
+/// An ordered stream of tasks, bound to no device.
+#[pyclass(module = "agora._native", name = "Queue")]
+pub(crate) struct PyQueue {
+    /// Shared with a `finish()` in progress, which must not hold the lock while it waits
+    /// (another thread's `launch` takes it while holding the GIL).
+    pub(crate) inner: Mutex<Option<Arc<agora::Queue>>>,
+    pub(crate) session: agora::Session,
+    pub(crate) liveness: Liveness,
+    /// Kernels launched by name, looked up once.
+    pub(crate) kernels: Mutex<HashMap<String, agora::Kernel>>,
+}
+
+impl PyQueue {
+    /// The client queue, unless this queue or its session was closed.
+    fn queue(&self) -> PyResult<Arc<agora::Queue>> {
+        self.liveness.check("queue")?;
+        let guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        guard.clone().ok_or_else(|| closed("queue"))
+    }
+
+    pub(crate) fn issue(&self, f: impl FnOnce(&agora::Queue) -> Result<agora::Task, Error>) -> PyResult<PyTask> {
+        let queue = self.queue()?;
+        let task = f(&queue).or_raise()?;
+        Ok(PyTask {
+            task,
+            liveness: self.liveness.clone(),
+        })
+    }
+}
+
+/// A scalar argument converted to the type the kernel's signature declares.
+fn scalar(value: &Bound<'_, PyAny>, ty: ScalarType, index: usize, name: &str) -> PyResult<Arg<'static>> {
+    let wrong =
+        |what: &str| ArgumentTypeError::new_err(format!("argument {index} ('{name}') is a {ty:?} scalar; got {what}"));
+    if value.is_instance_of::<PyBuffer>() {
+        return Err(wrong("a Buffer"));
+    }
+    let described = || value.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+    Ok(match ty {
+        ScalarType::F32 => Arg::F32(value.extract::<f32>().map_err(|_| wrong(&described()))?),
+        ScalarType::F64 => Arg::F64(value.extract::<f64>().map_err(|_| wrong(&described()))?),
+        ScalarType::I32 => Arg::I32(
+            value
+                .extract::<i32>()
+                .map_err(|_| wrong(&format!("{value} (not an i32)")))?,
+        ),
+        ScalarType::U32 => Arg::U32(
+            value
+                .extract::<u32>()
+                .map_err(|_| wrong(&format!("{value} (not a u32)")))?,
+        ),
+        ScalarType::I64 => Arg::I64(
+            value
+                .extract::<i64>()
+                .map_err(|_| wrong(&format!("{value} (not an i64)")))?,
+        ),
+        ScalarType::U64 => Arg::U64(
+            value
+                .extract::<u64>()
+                .map_err(|_| wrong(&format!("{value} (not a u64)")))?,
+        ),
+    })
+}
+
+fn parse_range(range: &Bound<'_, PyAny>) -> PyResult<agora::NdRange> {
+    if let Ok(x) = range.extract::<u64>() {
+        return Ok(agora::NdRange::d1(x));
+    }
+    let dims: Vec<u64> = range.extract().map_err(|_| {
+        PyTypeError::new_err("range must be an int or a tuple of 1 to 3 non-negative ints, e.g. range=(1024, 768)")
+    })?;
+    match dims[..] {
+        [x] => Ok(agora::NdRange::d1(x)),
+        [x, y] => Ok(agora::NdRange::d2(x, y)),
+        [x, y, z] => Ok(agora::NdRange::d3(x, y, z)),
+        _ => Err(PyValueError::new_err(format!(
+            "range has {} dimensions; kernels take 1 to 3",
+            dims.len()
+        ))),
+    }
+}
+
+#[pymethods]
+impl PyQueue {
+    /// Launches `kernel` (a Kernel or its name) with `args` over `range` (an int or a tuple of up
+    /// to 3 ints). Scalars are converted to the types of the kernel's signature.
+    #[pyo3(signature = (kernel, *args, range))]
+    fn launch(
+        &self,
+        kernel: &Bound<'_, PyAny>,
+        args: &Bound<'_, PyTuple>,
+        range: &Bound<'_, PyAny>,
+    ) -> PyResult<PyTask> {
+        self.liveness.check("queue")?;
+        let kernel: agora::Kernel = if let Ok(k) = kernel.cast::<PyKernel>() {
+            k.get().inner.clone()
+        } else if let Ok(name) = kernel.extract::<String>() {
+            let mut cache = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
+            match cache.get(&name) {
+                Some(k) => k.clone(),
+                None => {
+                    let k = self.session.kernel(&name).or_raise()?;
+                    cache.insert(name, k.clone());
+                    k
+                }
+            }
+        } else {
+            return Err(PyTypeError::new_err(
+                "kernel must be a Kernel (session.kernel(name)) or a kernel name",
+            ));
+        };
+        let params = &kernel.signature().params;
+        if args.len() != params.len() {
+            return Err(ArgumentCountError::new_err(format!(
+                "{} takes {} arguments ({}), got {}",
+                kernel.name(),
+                params.len(),
+                params.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", "),
+                args.len()
+            )));
+        }
+        let range = parse_range(range)?;
+        // Borrow every buffer argument for the duration of the issue.
+        let items: Vec<Bound<'_, PyAny>> = args.iter().collect();
+        let mut buffers: Vec<Option<PyRef<'_, PyBuffer>>> = Vec::with_capacity(items.len());
+        for (index, (item, param)) in items.iter().zip(params).enumerate() {
+            match param.kind {
+                ParamKind::Buffer { .. } => {
+                    let buffer = item.cast::<PyBuffer>().map_err(|_| {
+                        ArgumentTypeError::new_err(format!(
+                            "argument {index} ('{}') is a buffer; got {}",
+                            param.name,
+                            item.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+                        ))
+                    })?;
+                    let buffer = buffer.borrow();
+                    buffer.liveness.check("buffer")?;
+                    if let ParamKind::Buffer { element, .. } = param.kind {
+                        check_element_type(&buffer, element, index, &param.name, kernel.name())?;
+                    }
+                    buffers.push(Some(buffer));
+                }
+                ParamKind::Scalar(_) => buffers.push(None),
+            }
+        }
+        // Lock each distinct buffer once: the same buffer may be passed twice (sgemm's `a, a`),
+        // and a std Mutex locked twice by one thread deadlocks.
+        let mut distinct: Vec<&PyBuffer> = Vec::new();
+        let slots: Vec<Option<usize>> = buffers
+            .iter()
+            .map(|b| {
+                b.as_ref().map(|b| {
+                    let b: &PyBuffer = b;
+                    match distinct.iter().position(|d| std::ptr::eq(*d, b)) {
+                        Some(slot) => slot,
+                        None => {
+                            distinct.push(b);
+                            distinct.len() - 1
+                        }
+                    }
+                })
+            })
+            .collect();
+        let guards: Vec<std::sync::MutexGuard<'_, Option<agora::Buffer>>> = distinct
+            .iter()
+            .map(|b| b.inner.lock().unwrap_or_else(|e| e.into_inner()))
+            .collect();
+        let mut call: Vec<Arg<'_>> = Vec::with_capacity(items.len());
+        for (index, ((item, param), slot)) in items.iter().zip(params).zip(&slots).enumerate() {
+            match (param.kind, slot) {
+                (ParamKind::Buffer { .. }, Some(slot)) => {
+                    call.push(Arg::Buffer(guards[*slot].as_ref().ok_or_else(|| closed("buffer"))?));
+                }
+                (ParamKind::Scalar(ty), _) => call.push(scalar(item, ty, index, &param.name)?),
+                (ParamKind::Buffer { .. }, None) => unreachable!("buffer parameters were borrowed above"),
+            }
+        }
+        self.issue(|q| q.launch(&kernel, &call, range))
+    }
+
+    /// Makes the devices see the buffer's host copy (call after writing it).
+    fn sync_to(&self, buffer: &PyBuffer) -> PyResult<PyTask> {
+        let guard = buffer.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let b = guard.as_ref().ok_or_else(|| closed("buffer"))?;
+        self.issue(|q| q.sync_to(b))
+    }
+
+    /// Makes the host copy current (read it after this task completes).
+    fn sync_from(&self, buffer: &PyBuffer) -> PyResult<PyTask> {
+        let guard = buffer.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let b = guard.as_ref().ok_or_else(|| closed("buffer"))?;
+        self.issue(|q| q.sync_from(b))
+    }
+
+    /// Sets every byte of `buffer` to `value`.
+    #[pyo3(signature = (buffer, value=0))]
+    fn memset(&self, buffer: &PyBuffer, value: u8) -> PyResult<PyTask> {
+        let guard = buffer.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let b = guard.as_ref().ok_or_else(|| closed("buffer"))?;
+        self.issue(|q| q.memset(b, value))
+    }
+
+    /// Copies `nbytes` bytes (0: all of `src` from `src_offset`) from `src` to `dst`.
+    #[pyo3(signature = (src, dst, src_offset=0, dst_offset=0, nbytes=0))]
+    fn copy(&self, src: &PyBuffer, dst: &PyBuffer, src_offset: u64, dst_offset: u64, nbytes: u64) -> PyResult<PyTask> {
+        let same = std::ptr::eq(src, dst);
+        let src_guard = src.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let s = src_guard.as_ref().ok_or_else(|| closed("buffer"))?;
+        if same {
+            return self.issue(|q| q.copy(s, src_offset, s, dst_offset, nbytes));
+        }
+        let dst_guard = dst.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let d = dst_guard.as_ref().ok_or_else(|| closed("buffer"))?;
+        self.issue(|q| q.copy(s, src_offset, d, dst_offset, nbytes))
+    }
+
+    /// Waits (without holding the GIL) for every task issued so far; raises when any task issued
+    /// since the previous `finish()` failed: the exception has the class of the earliest failure,
+    /// `count` (how many failed) and `failures` (`[(task_id, exception), ...]`). Ctrl-C
+    /// interrupts the wait at once, leaving the tasks running (and their failures for the next
+    /// `finish()`).
+    fn finish(&self, py: Python<'_>) -> PyResult<()> {
+        let queue = self.queue()?;
+        while !py.detach(|| queue.finish_timeout(WAIT_SLICE)).or_raise()? {
+            py.check_signals()?;
+        }
+        Ok(())
+    }
+
+    /// Releases the queue (after its issued tasks). Closing a closed queue does nothing.
+    fn close(&self) {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// Leaving a `with` block waits for the queue (raising its first failure) and releases it.
+    #[pyo3(signature = (exc_type, _exc_value, _traceback))]
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        exc_type: &Bound<'_, PyAny>,
+        _exc_value: &Bound<'_, PyAny>,
+        _traceback: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        let outcome = if exc_type.is_none() { self.finish(py) } else { Ok(()) };
+        self.close();
+        outcome.map(|()| false)
+    }
+
+    fn __repr__(&self) -> String {
+        match self.inner.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            Some(_) if self.liveness.is_closed() => "<agora.Queue closed>".to_string(),
+            Some(q) => format!("<agora.Queue {:#x}>", q.handle()),
+            None => "<agora.Queue closed>".to_string(),
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! `agora.Session`: the connection to the daemon. Owns the client session and the factories of
+//! queues, buffers and kernels; parses the queue options Python passes as strings.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use agora::{QueueClass, QueueOptions, SessionOptions};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+use crate::buffer::PyBuffer;
+use crate::errors::{closed, Liveness, OrRaise, ProtocolError};
+use crate::kernel::PyKernel;
+use crate::queue::PyQueue;
+
+/// A connection to the Agora daemon: creates queues and buffers, looks kernels up.
+#[pyclass(module = "agora._native", name = "Session")]
+pub(crate) struct PySession {
+    pub(crate) inner: Mutex<Option<agora::Session>>,
+    /// Shared with every queue, buffer and task made from this session.
+    pub(crate) liveness: Liveness,
+}
+
+impl PySession {
+    pub(crate) fn session(&self) -> PyResult<agora::Session> {
+        self.liveness.check("session")?;
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or_else(|| closed("session"))
+    }
+}
+
+fn parse_class(name: &str) -> PyResult<QueueClass> {
+    match name {
+        "batch" => Ok(QueueClass::Batch),
+        "latency" => Ok(QueueClass::Latency),
+        other => Err(PyValueError::new_err(format!(
+            "unknown queue class '{other}': use 'batch' (throughput work) or 'latency' (response-time work)"
+        ))),
+    }
+}
+
+fn parse_device(name: &str) -> PyResult<agora::DeviceKind> {
+    agora::DeviceKind::parse(name).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "unknown device kind '{name}': use one of {}, or None to let the daemon choose",
+            agora::DeviceKind::ALL
+                .iter()
+                .map(|k| format!("'{}'", k.name()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    })
+}
+
+#[pymethods]
+impl PySession {
+    /// Opens a session with the daemon on `socket` (default: $AGORA_SOCKET, else the per-user
+    /// default path).
+    #[new]
+    #[pyo3(signature = (socket=None, name=None, heap_bytes=None))]
+    fn new(
+        py: Python<'_>,
+        socket: Option<std::path::PathBuf>,
+        name: Option<String>,
+        heap_bytes: Option<u64>,
+    ) -> PyResult<Self> {
+        let name = name.or_else(|| {
+            let argv0 = py.import("sys").ok()?.getattr("argv").ok()?.get_item(0).ok()?;
+            let argv0: String = argv0.extract().ok()?;
+            let base = std::path::Path::new(&argv0).file_name()?.to_string_lossy().into_owned();
+            (!base.is_empty()).then(|| format!("python:{base}"))
+        });
+        let options = SessionOptions {
+            socket,
+            name,
+            heap_bytes,
+        };
+        let session = py.detach(|| agora::Session::connect_with(options)).or_raise()?;
+        Ok(PySession {
+            inner: Mutex::new(Some(session)),
+            liveness: Liveness::default(),
+        })
+    }
+
+    /// Session id given by the daemon.
+    #[getter]
+    fn id(&self) -> PyResult<u64> {
+        Ok(self.session()?.id())
+    }
+
+    /// Creates a queue: an ordered stream of tasks, bound to no device. `sla_ms`: the
+    /// response-time target of a latency-class queue's tasks (the daemon's default when None).
+    #[pyo3(signature = (name="", queue_class="batch", device=None, sla_ms=None))]
+    fn queue(&self, name: &str, queue_class: &str, device: Option<&str>, sla_ms: Option<f64>) -> PyResult<PyQueue> {
+        let sla = match sla_ms {
+            None => None,
+            Some(ms) if ms.is_finite() && ms > 0.0 => Some(std::time::Duration::from_secs_f64(ms / 1e3)),
+            Some(ms) => {
+                return Err(PyValueError::new_err(format!(
+                    "sla_ms={ms}: give a positive number of milliseconds, or None"
+                )))
+            }
+        };
+        let options = QueueOptions {
+            name: name.to_string(),
+            class: parse_class(queue_class)?,
+            preferred_device: device.map(parse_device).transpose()?,
+            sla,
+        };
+        let session = self.session()?;
+        let queue = session.queue_with(options).or_raise()?;
+        Ok(PyQueue {
+            inner: Mutex::new(Some(Arc::new(queue))),
+            session,
+            liveness: self.liveness.clone(),
+            kernels: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Allocates a buffer of `nbytes` bytes (zeroed) in the session's shared memory.
+    fn buffer(&self, nbytes: u64) -> PyResult<PyBuffer> {
+        if nbytes == 0 {
+            return Err(PyValueError::new_err("buffers must be at least 1 byte long"));
+        }
+        let buffer = self.session()?.buffer(nbytes).or_raise()?;
+        Ok(PyBuffer::new(buffer, self.liveness.clone()))
+    }
+
+    /// Allocates a buffer holding a copy of `array` (anything NumPy can turn into an array); the
+    /// buffer remembers its dtype and shape, so `numpy()` views it the same way.
+    fn buffer_from(&self, py: Python<'_>, array: &Bound<'_, PyAny>) -> PyResult<Py<PyBuffer>> {
+        let numpy = py.import("numpy")?;
+        let array = numpy.call_method1("ascontiguousarray", (array,))?;
+        let nbytes: u64 = array.getattr("nbytes")?.extract()?;
+        if nbytes == 0 {
+            return Err(PyValueError::new_err("cannot make a buffer from an empty array"));
+        }
+        let mut buffer = self.buffer(nbytes)?;
+        buffer.dtype = Some(array.getattr("dtype")?.unbind());
+        buffer.shape = Some(array.getattr("shape")?.unbind());
+        let buffer = Py::new(py, buffer)?;
+        let view = PyBuffer::numpy(buffer.bind(py).borrow(), py, None, None)?;
+        numpy.call_method1("copyto", (&view, &array))?;
+        Ok(buffer)
+    }
+
+    /// Looks a kernel up by name.
+    fn kernel(&self, name: &str) -> PyResult<PyKernel> {
+        let kernel = self.session()?.kernel(name).or_raise()?;
+        Ok(PyKernel { inner: kernel })
+    }
+
+    /// Signatures of every kernel the daemon offers (name, params, doc).
+    fn kernels(&self, py: Python<'_>) -> PyResult<Vec<Py<PyDict>>> {
+        let signatures = self.session()?.kernels().or_raise()?;
+        signatures.iter().map(|s| signature_dict(py, s)).collect()
+    }
+
+    /// The daemon's status (devices, lanes, sessions, queues) as a dict.
+    fn status(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let report = self.session()?.status().or_raise()?;
+        let text = serde_json::to_string(&report).map_err(|e| ProtocolError::new_err(e.to_string()))?;
+        Ok(py.import("json")?.call_method1("loads", (text,))?.unbind())
+    }
+
+    /// Closes the session: from now on every call on it and on its queues, buffers and tasks
+    /// raises ClosedError (NumPy arrays already viewing its buffers stay readable). The
+    /// connection ends once they are all garbage collected. Closing twice does nothing.
+    fn close(&self) {
+        self.liveness.close();
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, _exc: &Bound<'_, PyTuple>) -> bool {
+        self.close();
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        match self.inner.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            Some(s) => format!("<agora.Session id={}>", s.id()),
+            None => "<agora.Session closed>".to_string(),
+        }
+    }
+}
+
+fn signature_dict(py: Python<'_>, signature: &agora::KernelSignature) -> PyResult<Py<PyDict>> {
+    let dict = PyDict::new(py);
+    dict.set_item("name", &signature.name)?;
+    dict.set_item("doc", &signature.doc)?;
+    let params: Vec<(String, String)> = signature
+        .params
+        .iter()
+        .map(|p| (p.name.clone(), p.kind.to_string()))
+        .collect();
+    dict.set_item("params", params)?;
+    Ok(dict.unbind())
+}
