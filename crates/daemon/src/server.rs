@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use agora_protocol::control::{decode_body, ControlError, Request, Response, StatusReport};
 use agora_protocol::segment::Geometry;
-use agora_protocol::PROTOCOL_VERSION;
+use agora_protocol::{DeviceKind, PROTOCOL_VERSION};
 use agora_transport::shm::Segment;
 use agora_transport::socket::{send, send_with_fds, FrameReader};
 use agora_transport::wake::{AdaptiveSpin, Doorbell};
@@ -510,12 +510,14 @@ impl Server {
                     }
                     let preferred = match preferred_device.as_deref() {
                         None | Some("any") => None,
-                        Some(kind) => match agora_devices::DeviceKind::parse(kind) {
+                        Some(kind) => match DeviceKind::parse(kind) {
                             Some(k) => Some(k),
                             None => {
+                                let kinds: Vec<_> = DeviceKind::ALL.iter().map(|k| k.name()).collect();
                                 return Some(Response::Error(ControlError::BadRequest(format!(
-                                    "unknown device kind '{kind}': use cpu, opencl, sim or any"
-                                ))))
+                                    "unknown device kind '{kind}': use {} or any",
+                                    kinds.join(", ")
+                                ))));
                             }
                         },
                     };

@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 use agora_kernels::{ArgValue, KernelDef};
 use agora_protocol::control::DeviceStatus;
+pub use agora_protocol::DeviceKind;
 use agora_protocol::{LaunchLimit, TaskError, MAX_ARGS};
 
 #[cfg(feature = "cpu")]
@@ -34,38 +35,6 @@ pub mod lane;
 pub mod opencl;
 #[cfg(feature = "sim")]
 pub mod sim;
-
-/// Kinds of device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeviceKind {
-    /// Host CPU cores.
-    Cpu,
-    /// An OpenCL device (any platform: PoCL on the CPU, a GPU, an FPGA).
-    OpenCl,
-    /// A modeled device (`sim`): exact results, modeled time; for scale tests.
-    Sim,
-}
-
-impl DeviceKind {
-    /// Lower-case name.
-    pub fn name(self) -> &'static str {
-        match self {
-            DeviceKind::Cpu => "cpu",
-            DeviceKind::OpenCl => "opencl",
-            DeviceKind::Sim => "sim",
-        }
-    }
-
-    /// Parses a lower-case name.
-    pub fn parse(name: &str) -> Option<DeviceKind> {
-        match name {
-            "cpu" => Some(DeviceKind::Cpu),
-            "opencl" => Some(DeviceKind::OpenCl),
-            "sim" => Some(DeviceKind::Sim),
-            _ => None,
-        }
-    }
-}
 
 /// Memory a device allocated for one buffer. Freed when the last reference goes.
 pub trait DeviceBuffer: Send + Sync + std::fmt::Debug {
