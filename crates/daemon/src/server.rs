@@ -19,7 +19,7 @@ use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agora_protocol::control::{decode_body, ControlError, Request, Response, StatusReport};
+use agora_protocol::control::{decode_body, ControlError, DeviceStatus, LaneStatus, Request, Response, StatusReport};
 use agora_protocol::segment::Geometry;
 use agora_protocol::{DeviceKind, PROTOCOL_VERSION};
 use agora_transport::shm::Segment;
@@ -755,7 +755,7 @@ impl Server {
                 .iter()
                 .enumerate()
                 .map(|(index, d)| {
-                    let mut status = d.status();
+                    let mut status = device_status(d.status());
                     status.draining = self.scheduler.migration.is_draining(index);
                     status.failed |= self.scheduler.migration.is_failed(index);
                     status
@@ -801,6 +801,30 @@ impl Server {
         self.closing.clear();
         let _ = self.listener.as_fd();
         Ok(())
+    }
+}
+
+/// A device's own report as the control protocol shows it (not yet draining; the caller knows).
+fn device_status(report: agora_devices::DeviceReport) -> DeviceStatus {
+    DeviceStatus {
+        name: report.name,
+        kind: report.kind.name().to_string(),
+        description: report.description,
+        memory_bytes: report.memory_bytes,
+        memory_used: report.memory_used,
+        threads_per_lane: report.threads_per_lane as u32,
+        lanes: report
+            .lanes
+            .into_iter()
+            .map(|lane| LaneStatus {
+                busy: lane.busy,
+                queued: lane.queued,
+                completed: lane.completed,
+                busy_ns: lane.busy_ns,
+            })
+            .collect(),
+        draining: false,
+        failed: report.failed,
     }
 }
 

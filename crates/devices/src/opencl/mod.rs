@@ -41,7 +41,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use agora_kernels::{KernelDef, OpenClImpl};
-use agora_protocol::control::DeviceStatus;
 use agora_protocol::{ParamKind, ScalarType, TaskError};
 use opencl3::command_queue::CommandQueue;
 use opencl3::context::Context;
@@ -54,7 +53,7 @@ use opencl3::types::{cl_device_id, cl_event, cl_int, cl_mem, CL_BLOCKING, CL_NON
 use std::ffi::c_void;
 
 use crate::lane::{Executor, JobEnd, Lane, Lanes};
-use crate::{Device, DeviceBuffer, DeviceInfo, DeviceKind, Job, LaunchLimits, Transfer, Work};
+use crate::{Device, DeviceBuffer, DeviceInfo, DeviceKind, DeviceReport, Job, LaunchLimits, Transfer, Work};
 
 /// Most work-groups of one enqueue, on every platform. PoCL's CPU driver (3.1, as installed here)
 /// counts a command's work-groups in a 32-bit `unsigned`: a `noop` of 2^32 work-groups (global
@@ -974,16 +973,16 @@ impl Device for OpenClDevice {
         Ok(())
     }
 
-    fn status(&self) -> DeviceStatus {
-        DeviceStatus {
+    fn status(&self) -> DeviceReport {
+        DeviceReport {
             name: self.info.name.clone(),
-            kind: self.info.kind.name().to_string(),
+            kind: self.info.kind,
             description: self.info.description.clone(),
             memory_bytes: self.info.memory_bytes,
             memory_used: self.shared.memory_used.load(Ordering::Relaxed),
             threads_per_lane: 1,
             lanes: self.lanes.statuses(),
-            ..Default::default()
+            failed: false,
         }
     }
 
