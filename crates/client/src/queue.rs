@@ -5,42 +5,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agora_protocol::control::QueueClass;
+pub use agora_protocol::DeviceKind;
 use agora_protocol::{Op, RawArg, TaskDescriptor, MAX_ARGS};
 
 use crate::buffer::Buffer;
 use crate::session::{Inner, Kernel};
 use crate::Error;
-
-/// Kinds of device a queue may prefer. A preference is a hint: the daemon honours it when a
-/// device of that kind implements the kernel, and otherwise runs the task elsewhere.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeviceKind {
-    /// The host CPU device.
-    Cpu,
-    /// An OpenCL device.
-    OpenCl,
-    /// A modeled (`sim`) device declared in the daemon's configuration.
-    Sim,
-}
-
-impl DeviceKind {
-    /// The daemon's name for the kind.
-    pub fn name(self) -> &'static str {
-        match self {
-            DeviceKind::Cpu => "cpu",
-            DeviceKind::OpenCl => "opencl",
-            DeviceKind::Sim => "sim",
-        }
-    }
-
-    /// Every kind, in the order `agora devices` lists them.
-    pub const ALL: [DeviceKind; 3] = [DeviceKind::Cpu, DeviceKind::OpenCl, DeviceKind::Sim];
-
-    /// The kind named `name` (as [`DeviceKind::name`] spells it).
-    pub fn parse(name: &str) -> Option<DeviceKind> {
-        DeviceKind::ALL.into_iter().find(|k| k.name() == name)
-    }
-}
 
 /// How to create a queue.
 #[derive(Debug, Clone, Default)]

@@ -6,6 +6,11 @@
 //! command-line flags override both. [`DaemonConfig::to_toml`] writes every effective setting in
 //! the same format (`agora serve --print-config`), so its output is a valid configuration file.
 //!
+//! The file format is written once, as a table: each section lists its keys, how the file writes
+//! each value and the [`DaemonConfig`] field it sets (`section!` below); reading, printing and the
+//! refusal of unknown keys (with the line and column) all follow from it. A new setting is its
+//! field in [`DaemonConfig`], with its doc and default, plus one line in its section.
+//!
 //! Must not start anything: this module only describes.
 
 use std::collections::BTreeMap;
@@ -312,8 +317,92 @@ pub enum ConfigError {
     Invalid(String),
 }
 
-// The file format: sections of optional settings.
+// The file format. Each section is one line per key: the key, how the file writes the value
+// (the field's own type, or a unit such as `Micros` or `Bytes`) and the `DaemonConfig` field it
+// sets. Reading (`apply`), printing (`of`) and the refusal of unknown keys all come from these
+// lines, so a new setting is its field in `DaemonConfig` (doc and default) plus one line here.
 
+section! {
+    /// `[daemon]`
+    DaemonSection "daemon." {
+        socket: PathBuf => socket,
+        state_dir: PathBuf => state_dir,
+        inline_max_ns: u64 => inline_max_ns,
+        max_spin_us: Micros => max_spin,
+    }
+}
+
+section! {
+    /// `[sessions]`
+    SessionsSection "sessions." {
+        quota: Bytes => session_quota,
+        device_quota: Bytes => device_quota,
+        ring_capacity: u32 => ring_capacity,
+        max_queues: usize => max_queues,
+        max_buffers: usize => max_buffers,
+        latency_uids: Vec<u32> => latency_uids,
+        latency_gids: Vec<u32> => latency_gids,
+    }
+}
+
+section! {
+    /// `[scheduler]`, with `[scheduler.perf]` and `[scheduler.energy]`.
+    SchedulerSection "scheduler." {
+        policy: PolicyKind => policy,
+        preempt_target_us: Micros => preempt_target,
+        latency_policy: LatencyPolicy => latency_policy,
+        latency_sla_ms: TargetMs => latency_sla,
+        revoke_min_us: Micros => revoke_min,
+    }
+    subsections { perf: PerfSection, energy: EnergySection }
+}
+
+section! {
+    /// `[scheduler.perf]`
+    PerfSection "scheduler.perf." {
+        history_weight: f64 => history_weight,
+    }
+}
+
+section! {
+    /// `[scheduler.energy]`
+    EnergySection "scheduler.energy." {
+        slack: f64 => energy_slack,
+    }
+}
+
+section! {
+    /// `[cpu]`
+    CpuSection "cpu." {
+        lanes: usize => cpu_lanes,
+        threads_per_lane: usize => cpu_threads_per_lane,
+        idle_watts: f64 => cpu_power.idle_watts,
+        active_watts: f64 => cpu_power.active_watts,
+    }
+}
+
+section! {
+    /// `[opencl]`
+    OpenClSection "opencl." {
+        enabled: bool => opencl,
+        lanes: usize => opencl_lanes,
+        memory_limit: Bytes => opencl_memory_limit,
+        idle_watts: f64 => opencl_power.idle_watts,
+        active_watts: f64 => opencl_power.active_watts,
+    }
+}
+
+section! {
+    /// `[telemetry]`
+    TelemetrySection "telemetry." {
+        metrics: Option<std::net::SocketAddr> => metrics,
+        trace: Option<PathBuf> => trace,
+        trace_capacity: usize => trace_capacity,
+    }
+}
+
+/// The whole file: its sections, and the `[[sim]]` devices (which replace the configured ones
+/// when there is at least one).
 #[derive(Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct File {
@@ -333,81 +422,145 @@ struct File {
     telemetry: TelemetrySection,
 }
 
-#[derive(Debug, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DaemonSection {
-    socket: Option<PathBuf>,
-    state_dir: Option<PathBuf>,
-    inline_max_ns: Option<u64>,
-    max_spin_us: Option<u64>,
+impl File {
+    fn apply(self, c: &mut DaemonConfig) -> Result<(), ConfigError> {
+        self.daemon.apply(c)?;
+        self.sessions.apply(c)?;
+        self.scheduler.apply(c)?;
+        self.cpu.apply(c)?;
+        self.opencl.apply(c)?;
+        if !self.sim.is_empty() {
+            c.sims = self.sim;
+        }
+        self.telemetry.apply(c)
+    }
+
+    fn of(c: &DaemonConfig) -> Self {
+        File {
+            daemon: DaemonSection::of(c),
+            sessions: SessionsSection::of(c),
+            scheduler: SchedulerSection::of(c),
+            cpu: CpuSection::of(c),
+            opencl: OpenClSection::of(c),
+            sim: c.sims.clone(),
+            telemetry: TelemetrySection::of(c),
+        }
+    }
 }
 
-#[derive(Debug, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SessionsSection {
-    #[serde(default, with = "opt_bytes")]
-    quota: Option<u64>,
-    #[serde(default, with = "opt_bytes")]
-    device_quota: Option<u64>,
-    ring_capacity: Option<u32>,
-    max_queues: Option<usize>,
-    max_buffers: Option<usize>,
-    latency_uids: Option<Vec<u32>>,
-    latency_gids: Option<Vec<u32>>,
+/// A file section: one optional field per key (absent: the setting keeps its value), read into
+/// and written from the [`DaemonConfig`] fields the lines name, through [`InFile`]. `$path` is
+/// the section's dotted prefix, for messages.
+macro_rules! section {
+    (
+        $(#[$doc:meta])*
+        $name:ident $path:literal {
+            $( $key:ident : $file:ty => $($field:ident).+ ),* $(,)?
+        }
+        $( subsections { $( $sub:ident : $subty:ident ),* $(,)? } )?
+    ) => {
+        $(#[$doc])*
+        #[derive(Debug, Default, Serialize, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct $name {
+            $(
+                #[serde(default, skip_serializing_if = "Option::is_none")]
+                $key: Option<$file>,
+            )*
+            $($(
+                #[serde(default)]
+                $sub: $subty,
+            )*)?
+        }
+
+        impl $name {
+            /// Sets what the section names.
+            fn apply(self, c: &mut DaemonConfig) -> Result<(), ConfigError> {
+                $(
+                    if let Some(value) = self.$key {
+                        c.$($field).+ = <$file as InFile<_>>::read(value, concat!($path, stringify!($key)))?;
+                    }
+                )*
+                $($( self.$sub.apply(c)?; )*)?
+                Ok(())
+            }
+
+            /// Every setting of the section, as `c` has it.
+            fn of(c: &DaemonConfig) -> Self {
+                $name {
+                    $( $key: <$file as InFile<_>>::write(&c.$($field).+), )*
+                    $($( $sub: $subty::of(c), )*)?
+                }
+            }
+        }
+    };
+}
+use section;
+
+/// How the file writes a setting of type `T`.
+trait InFile<T>: Sized {
+    /// The file's value for `value` (`None`: leave the key out).
+    fn write(value: &T) -> Option<Self>;
+    /// The setting for the file's value at `key` (dotted, for messages).
+    fn read(self, key: &str) -> Result<T, ConfigError>;
 }
 
-#[derive(Debug, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SchedulerSection {
-    policy: Option<PolicyKind>,
-    preempt_target_us: Option<u64>,
-    latency_policy: Option<LatencyPolicy>,
-    latency_sla_ms: Option<f64>,
-    revoke_min_us: Option<u64>,
-    #[serde(default)]
-    perf: PerfSection,
-    #[serde(default)]
-    energy: EnergySection,
+/// Most settings are written as they are.
+impl<T: Clone> InFile<T> for T {
+    fn write(value: &T) -> Option<Self> {
+        Some(value.clone())
+    }
+    fn read(self, _key: &str) -> Result<T, ConfigError> {
+        Ok(self)
+    }
 }
 
-#[derive(Debug, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PerfSection {
-    history_weight: Option<f64>,
+/// A byte count: a number, or a string with a suffix (`"512M"`); printed with a suffix when exact.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+struct Bytes(#[serde(with = "bytes")] u64);
+
+impl InFile<u64> for Bytes {
+    fn write(value: &u64) -> Option<Self> {
+        Some(Bytes(*value))
+    }
+    fn read(self, _key: &str) -> Result<u64, ConfigError> {
+        Ok(self.0)
+    }
 }
 
-#[derive(Debug, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct EnergySection {
-    slack: Option<f64>,
+/// A duration in whole microseconds (keys ending in `_us`).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+struct Micros(u64);
+
+impl InFile<Duration> for Micros {
+    fn write(value: &Duration) -> Option<Self> {
+        Some(Micros(value.as_micros() as u64))
+    }
+    fn read(self, _key: &str) -> Result<Duration, ConfigError> {
+        Ok(Duration::from_micros(self.0))
+    }
 }
 
-#[derive(Debug, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CpuSection {
-    lanes: Option<usize>,
-    threads_per_lane: Option<usize>,
-    idle_watts: Option<f64>,
-    active_watts: Option<f64>,
-}
+/// A response-time target in milliseconds (keys ending in `_ms`): positive.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+struct TargetMs(f64);
 
-#[derive(Debug, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct OpenClSection {
-    enabled: Option<bool>,
-    lanes: Option<usize>,
-    #[serde(default, with = "opt_bytes")]
-    memory_limit: Option<u64>,
-    idle_watts: Option<f64>,
-    active_watts: Option<f64>,
-}
-
-#[derive(Debug, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TelemetrySection {
-    metrics: Option<std::net::SocketAddr>,
-    trace: Option<PathBuf>,
-    trace_capacity: Option<usize>,
+impl InFile<Duration> for TargetMs {
+    fn write(value: &Duration) -> Option<Self> {
+        Some(TargetMs(value.as_secs_f64() * 1e3))
+    }
+    fn read(self, key: &str) -> Result<Duration, ConfigError> {
+        let ms = self.0;
+        if !(ms.is_finite() && ms > 0.0) {
+            return Err(ConfigError::Invalid(format!(
+                "{key} = {ms}: the response-time target must be a positive number of milliseconds"
+            )));
+        }
+        Ok(Duration::from_secs_f64(ms / 1e3))
+    }
 }
 
 impl DaemonConfig {
@@ -421,60 +574,8 @@ impl DaemonConfig {
     /// Applies the settings of a configuration file over these.
     pub fn apply_toml(&mut self, text: &str) -> Result<(), ConfigError> {
         let file: File = toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
-        let c = self;
-        let d = file.daemon;
-        set(&mut c.socket, d.socket);
-        set(&mut c.state_dir, d.state_dir);
-        set(&mut c.inline_max_ns, d.inline_max_ns);
-        if let Some(us) = d.max_spin_us {
-            c.max_spin = Duration::from_micros(us);
-        }
-        let s = file.sessions;
-        set(&mut c.session_quota, s.quota);
-        set(&mut c.device_quota, s.device_quota);
-        set(&mut c.ring_capacity, s.ring_capacity);
-        set(&mut c.max_queues, s.max_queues);
-        set(&mut c.max_buffers, s.max_buffers);
-        set(&mut c.latency_uids, s.latency_uids);
-        set(&mut c.latency_gids, s.latency_gids);
-        if let Some(us) = file.scheduler.preempt_target_us {
-            c.preempt_target = Duration::from_micros(us);
-        }
-        set(&mut c.policy, file.scheduler.policy);
-        set(&mut c.latency_policy, file.scheduler.latency_policy);
-        if let Some(ms) = file.scheduler.latency_sla_ms {
-            if !(ms.is_finite() && ms > 0.0) {
-                return Err(ConfigError::Invalid(format!(
-                    "scheduler.latency_sla_ms = {ms}: the response-time target must be a positive number of milliseconds"
-                )));
-            }
-            c.latency_sla = Duration::from_secs_f64(ms / 1e3);
-        }
-        if let Some(us) = file.scheduler.revoke_min_us {
-            c.revoke_min = Duration::from_micros(us);
-        }
-        set(&mut c.history_weight, file.scheduler.perf.history_weight);
-        set(&mut c.energy_slack, file.scheduler.energy.slack);
-        set(&mut c.cpu_lanes, file.cpu.lanes);
-        set(&mut c.cpu_threads_per_lane, file.cpu.threads_per_lane);
-        set(&mut c.cpu_power.idle_watts, file.cpu.idle_watts);
-        set(&mut c.cpu_power.active_watts, file.cpu.active_watts);
-        set(&mut c.opencl, file.opencl.enabled);
-        set(&mut c.opencl_lanes, file.opencl.lanes);
-        set(&mut c.opencl_memory_limit, file.opencl.memory_limit);
-        set(&mut c.opencl_power.idle_watts, file.opencl.idle_watts);
-        set(&mut c.opencl_power.active_watts, file.opencl.active_watts);
-        if !file.sim.is_empty() {
-            c.sims = file.sim;
-        }
-        if file.telemetry.metrics.is_some() {
-            c.metrics = file.telemetry.metrics;
-        }
-        if file.telemetry.trace.is_some() {
-            c.trace = file.telemetry.trace;
-        }
-        set(&mut c.trace_capacity, file.telemetry.trace_capacity);
-        c.validate()
+        file.apply(self)?;
+        self.validate()
     }
 
     /// Checks values that parse but cannot work.
@@ -529,55 +630,7 @@ impl DaemonConfig {
 
     /// Every effective setting as a configuration file (what `agora serve --print-config` shows).
     pub fn to_toml(&self) -> String {
-        let file = File {
-            daemon: DaemonSection {
-                socket: Some(self.socket.clone()),
-                state_dir: Some(self.state_dir.clone()),
-                inline_max_ns: Some(self.inline_max_ns),
-                max_spin_us: Some(self.max_spin.as_micros() as u64),
-            },
-            sessions: SessionsSection {
-                quota: Some(self.session_quota),
-                device_quota: Some(self.device_quota),
-                ring_capacity: Some(self.ring_capacity),
-                max_queues: Some(self.max_queues),
-                max_buffers: Some(self.max_buffers),
-                latency_uids: Some(self.latency_uids.clone()),
-                latency_gids: Some(self.latency_gids.clone()),
-            },
-            scheduler: SchedulerSection {
-                policy: Some(self.policy),
-                preempt_target_us: Some(self.preempt_target.as_micros() as u64),
-                latency_policy: Some(self.latency_policy),
-                latency_sla_ms: Some(self.latency_sla.as_secs_f64() * 1e3),
-                revoke_min_us: Some(self.revoke_min.as_micros() as u64),
-                perf: PerfSection {
-                    history_weight: Some(self.history_weight),
-                },
-                energy: EnergySection {
-                    slack: Some(self.energy_slack),
-                },
-            },
-            cpu: CpuSection {
-                lanes: Some(self.cpu_lanes),
-                threads_per_lane: Some(self.cpu_threads_per_lane),
-                idle_watts: Some(self.cpu_power.idle_watts),
-                active_watts: Some(self.cpu_power.active_watts),
-            },
-            opencl: OpenClSection {
-                enabled: Some(self.opencl),
-                lanes: Some(self.opencl_lanes),
-                memory_limit: Some(self.opencl_memory_limit),
-                idle_watts: Some(self.opencl_power.idle_watts),
-                active_watts: Some(self.opencl_power.active_watts),
-            },
-            sim: self.sims.clone(),
-            telemetry: TelemetrySection {
-                metrics: self.metrics,
-                trace: self.trace.clone(),
-                trace_capacity: Some(self.trace_capacity),
-            },
-        };
+        let file = File::of(self);
         let body = toml::to_string_pretty(&file).unwrap_or_else(|e| format!("# cannot print: {e}\n"));
         let mut out = String::from(
             "# Agora daemon configuration: every effective setting (defaults, then the file, then flags).\n\
@@ -609,12 +662,6 @@ impl DaemonConfig {
         out.push('\n');
         out.push_str(&body);
         out
-    }
-}
-
-fn set<T>(field: &mut T, value: Option<T>) {
-    if let Some(v) = value {
-        *field = v;
     }
 }
 
@@ -670,22 +717,6 @@ mod bytes {
     }
 }
 
-/// Serde for optional byte sizes.
-mod opt_bytes {
-    use serde::{Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(n: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
-        match n {
-            Some(n) => super::bytes::serialize(n, s),
-            None => s.serialize_none(),
-        }
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-        super::bytes::deserialize(d).map(Some)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -694,6 +725,10 @@ mod tests {
     fn printed_config_parses_back_to_the_same_settings() {
         let mut config = DaemonConfig {
             policy: PolicyKind::Perf,
+            metrics: Some(([127, 0, 0, 1], 9464).into()),
+            trace: Some("agora.trace.json".into()),
+            latency_sla: Duration::from_micros(12_500),
+            device_quota: 3 << 20,
             ..Default::default()
         };
         config.sims.push(SimDeviceConfig {
@@ -711,6 +746,12 @@ mod tests {
         let back = DaemonConfig::from_toml(&text).unwrap();
         assert_eq!(back.to_toml(), text);
         assert_eq!(back.policy, PolicyKind::Perf);
+        assert_eq!((back.metrics, &back.trace), (config.metrics, &config.trace));
+        assert_eq!(
+            (back.latency_sla, back.device_quota),
+            (config.latency_sla, config.device_quota)
+        );
+        assert!(text.contains("device_quota = \"3M\"\n"), "{text}");
         assert_eq!(back.sims, config.sims);
     }
 

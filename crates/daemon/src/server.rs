@@ -19,9 +19,9 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agora_protocol::control::{decode_body, ControlError, Request, Response, StatusReport};
+use agora_protocol::control::{decode_body, ControlError, DeviceStatus, LaneStatus, Request, Response, StatusReport};
 use agora_protocol::segment::Geometry;
-use agora_protocol::PROTOCOL_VERSION;
+use agora_protocol::{DeviceKind, PROTOCOL_VERSION};
 use agora_transport::shm::Segment;
 use agora_transport::socket::{send, send_with_fds, FrameReader};
 use agora_transport::wake::{AdaptiveSpin, Doorbell};
@@ -701,7 +701,7 @@ impl Server {
                 .iter()
                 .enumerate()
                 .map(|(index, d)| {
-                    let mut status = d.status();
+                    let mut status = device_status(d.status());
                     status.draining = self.scheduler.migration.is_draining(index);
                     status.failed |= self.scheduler.migration.is_failed(index);
                     status
@@ -768,12 +768,14 @@ fn create_queue(
     }
     let preferred = match preferred_device.as_deref() {
         None | Some("any") => None,
-        Some(kind) => match agora_devices::DeviceKind::parse(kind) {
+        Some(kind) => match DeviceKind::parse(kind) {
             Some(k) => Some(k),
             None => {
+                let kinds: Vec<_> = DeviceKind::ALL.iter().map(|k| k.name()).collect();
                 return Response::Error(ControlError::BadRequest(format!(
-                    "unknown device kind '{kind}': use cpu, opencl, sim or any"
-                )))
+                    "unknown device kind '{kind}': use {} or any",
+                    kinds.join(", ")
+                )));
             }
         },
     };
@@ -806,6 +808,30 @@ fn create_queue(
 
 fn observer_error() -> Response {
     Response::Error(ControlError::BadRequest("this connection is an observer".into()))
+}
+
+/// A device's own report as the control protocol shows it (not yet draining; the caller knows).
+fn device_status(report: agora_devices::DeviceReport) -> DeviceStatus {
+    DeviceStatus {
+        name: report.name,
+        kind: report.kind.name().to_string(),
+        description: report.description,
+        memory_bytes: report.memory_bytes,
+        memory_used: report.memory_used,
+        threads_per_lane: report.threads_per_lane as u32,
+        lanes: report
+            .lanes
+            .into_iter()
+            .map(|lane| LaneStatus {
+                busy: lane.busy,
+                queued: lane.queued,
+                completed: lane.completed,
+                busy_ns: lane.busy_ns,
+            })
+            .collect(),
+        draining: false,
+        failed: report.failed,
+    }
 }
 
 /// Whether a client may open latency-class queues (both lists empty: everyone may).

@@ -20,10 +20,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use agora_protocol::control::LaneStatus;
 use agora_protocol::TaskError;
 
-use crate::{Job, JobTimes, Transfer, Work};
+use crate::{Job, JobTimes, LaneReport, Transfer, Work};
 
 /// How long an idle lane thread polls before it sleeps. Short: lanes matter for throughput, not
 /// for the latency of tiny tasks (those run inline on the dispatcher).
@@ -234,8 +233,8 @@ impl Lane {
     }
 
     /// A status snapshot.
-    pub fn status(&self) -> LaneStatus {
-        LaneStatus {
+    pub fn status(&self) -> LaneReport {
+        LaneReport {
             busy: self.in_flight.load(Ordering::Relaxed) > 0,
             queued: self.pending.load(Ordering::Relaxed) as u64,
             completed: self.completed.load(Ordering::Relaxed),
@@ -422,7 +421,7 @@ impl Lanes {
     }
 
     /// Status of every lane.
-    pub fn statuses(&self) -> Vec<LaneStatus> {
+    pub fn statuses(&self) -> Vec<LaneReport> {
         self.lanes.iter().map(|l| l.status()).collect()
     }
 

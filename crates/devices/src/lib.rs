@@ -17,14 +17,15 @@
 //! [`TaskError::DeviceLimit`], so a device runtime never sees a launch it cannot take.
 //!
 //! This crate must not know about sessions, queues, policies or the wire protocol beyond kernel
-//! signatures and task errors.
+//! signatures, task errors and device kinds: a device describes itself with its own types
+//! ([`DeviceInfo`], [`DeviceReport`]), and the daemon turns those into control-plane replies.
 
 use std::any::Any;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use agora_kernels::{ArgValue, KernelDef};
-use agora_protocol::control::DeviceStatus;
+pub use agora_protocol::DeviceKind;
 use agora_protocol::{LaunchLimit, TaskError, MAX_ARGS};
 
 #[cfg(feature = "cpu")]
@@ -34,38 +35,6 @@ pub mod lane;
 pub mod opencl;
 #[cfg(feature = "sim")]
 pub mod sim;
-
-/// Kinds of device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeviceKind {
-    /// Host CPU cores.
-    Cpu,
-    /// An OpenCL device (any platform: PoCL on the CPU, a GPU, an FPGA).
-    OpenCl,
-    /// A modeled device (`sim`): exact results, modeled time; for scale tests.
-    Sim,
-}
-
-impl DeviceKind {
-    /// Lower-case name.
-    pub fn name(self) -> &'static str {
-        match self {
-            DeviceKind::Cpu => "cpu",
-            DeviceKind::OpenCl => "opencl",
-            DeviceKind::Sim => "sim",
-        }
-    }
-
-    /// Parses a lower-case name.
-    pub fn parse(name: &str) -> Option<DeviceKind> {
-        match name {
-            "cpu" => Some(DeviceKind::Cpu),
-            "opencl" => Some(DeviceKind::OpenCl),
-            "sim" => Some(DeviceKind::Sim),
-            _ => None,
-        }
-    }
-}
 
 /// Memory a device allocated for one buffer. Freed when the last reference goes.
 pub trait DeviceBuffer: Send + Sync + std::fmt::Debug {
@@ -128,6 +97,41 @@ pub struct DeviceInfo {
     pub shares_host_memory: bool,
     /// What one launch may ask of it.
     pub limits: LaunchLimits,
+}
+
+/// What a device says about itself now: its [`Device::status`]. The daemon adds what only it
+/// knows (whether it drains the device) and turns the whole into the control protocol's reply.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceReport {
+    /// Name, e.g. `cpu0`.
+    pub name: String,
+    /// Kind.
+    pub kind: DeviceKind,
+    /// What it is (e.g. the OpenCL platform and device name).
+    pub description: String,
+    /// Device memory in bytes (0 for devices that compute on host memory).
+    pub memory_bytes: u64,
+    /// Device memory allocated for buffers now.
+    pub memory_used: u64,
+    /// Threads per lane.
+    pub threads_per_lane: usize,
+    /// Each lane's counters, by lane index.
+    pub lanes: Vec<LaneReport>,
+    /// The device failed: [`Device::healthy`] is false, and its jobs fail with `DeviceLost`.
+    pub failed: bool,
+}
+
+/// What a lane says about itself now (see [`lane::Lane::status`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LaneReport {
+    /// Whether a job is running.
+    pub busy: bool,
+    /// Jobs waiting in the lane.
+    pub queued: u64,
+    /// Jobs run to the end.
+    pub completed: u64,
+    /// Nanoseconds spent running jobs.
+    pub busy_ns: u64,
 }
 
 /// What one launch may ask of a device: reported by its backend, checked by the daemon before it
@@ -446,7 +450,7 @@ pub trait Device: Send + Sync + std::fmt::Debug {
         true
     }
     /// A status snapshot.
-    fn status(&self) -> DeviceStatus;
+    fn status(&self) -> DeviceReport;
     /// Stops the lanes after their queued jobs are cancelled.
     fn shutdown(&self);
 }

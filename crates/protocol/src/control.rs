@@ -45,7 +45,10 @@ pub enum Request {
         name: String,
         /// Class.
         class: QueueClass,
-        /// Kind of device the client prefers for this queue (`cpu`, `opencl`), if any.
+        /// Kind of device the client prefers for this queue, if any: a
+        /// [`DeviceKind`](crate::DeviceKind) name, or `any` (the same as none). Sent as a string
+        /// so that the daemon, not the decoder, answers an unknown name (with a message that
+        /// lists the kinds).
         preferred_device: Option<String>,
         /// Response-time target of a latency-class queue's tasks, in milliseconds (the daemon's
         /// default when absent).
@@ -217,7 +220,8 @@ pub struct LaneStatus {
 pub struct DeviceStatus {
     /// Name, e.g. `cpu0`.
     pub name: String,
-    /// Kind, e.g. `cpu`.
+    /// Kind, as [`DeviceKind::name`](crate::DeviceKind::name) spells it (`cpu`, `opencl`,
+    /// `sim`).
     pub kind: String,
     /// What it is (e.g. the OpenCL platform and device name).
     pub description: String,
@@ -246,7 +250,8 @@ pub struct QueueStatus {
     pub in_flight: u64,
     /// `device/lane` it is bound to, when it has work in flight.
     pub bound_to: Option<String>,
-    /// The device kind the client prefers (a hint).
+    /// The device kind the client prefers (a hint), as
+    /// [`DeviceKind::name`](crate::DeviceKind::name) spells it.
     pub preferred: Option<String>,
     /// Response-time target of a latency-class queue, ms.
     pub sla_ms: Option<f64>,

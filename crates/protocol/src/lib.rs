@@ -10,6 +10,7 @@
 //! * [`completion`]: the fixed-size completion record and the typed [`TaskError`] it carries;
 //! * [`control`]: the messages of the control socket (hello, allocate, create queue, look up
 //!   kernel, status);
+//! * [`device`]: the kinds of device ([`DeviceKind`]) and their names;
 //! * [`signature`]: kernel signatures (which arguments are buffers, how they are accessed).
 //!
 //! It must not do I/O (sockets, mapping, futexes live in `agora-transport`) and must not
@@ -18,6 +19,7 @@
 pub mod completion;
 pub mod control;
 pub mod descriptor;
+pub mod device;
 pub mod ring;
 pub mod segment;
 pub mod signature;
@@ -25,6 +27,7 @@ pub mod testing;
 
 pub use completion::{Completion, LaunchLimit, TaskError};
 pub use descriptor::{ArgTag, Op, RawArg, TaskDescriptor, MAX_ARGS};
+pub use device::DeviceKind;
 pub use signature::{Access, KernelSignature, ParamKind, ParamSpec, ScalarType};
 
 /// Version of the wire protocol; the hello exchange rejects a mismatch.

@@ -12,11 +12,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use agora_kernels::{KernelCall, KernelDef};
-use agora_protocol::control::DeviceStatus;
 use agora_protocol::TaskError;
 
 use crate::lane::{run_synchronously, Executor, JobEnd, Lane, Lanes};
-use crate::{Device, DeviceBuffer, DeviceInfo, DeviceKind, Job, Transfer, Work};
+use crate::{Device, DeviceBuffer, DeviceInfo, DeviceKind, DeviceReport, Job, Transfer, Work};
 use gang::Gang;
 
 /// The CPU device.
@@ -131,16 +130,16 @@ impl Device for CpuDevice {
         Err(TaskError::KernelFault)
     }
 
-    fn status(&self) -> DeviceStatus {
-        DeviceStatus {
+    fn status(&self) -> DeviceReport {
+        DeviceReport {
             name: self.info.name.clone(),
-            kind: self.info.kind.name().to_string(),
+            kind: self.info.kind,
             description: self.info.description.clone(),
             memory_bytes: 0,
             memory_used: 0,
-            threads_per_lane: self.info.threads_per_lane as u32,
+            threads_per_lane: self.info.threads_per_lane,
             lanes: self.lanes.statuses(),
-            ..Default::default()
+            failed: false,
         }
     }
 

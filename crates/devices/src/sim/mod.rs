@@ -27,11 +27,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agora_kernels::{ArgValue, KernelCall, KernelDef};
-use agora_protocol::control::DeviceStatus;
 use agora_protocol::{TaskError, MAX_ARGS};
 
 use crate::lane::{run_synchronously, Executor, JobEnd, Lane, Lanes};
-use crate::{Device, DeviceBuffer, DeviceInfo, DeviceKind, Job, Transfer, Work};
+use crate::{Device, DeviceBuffer, DeviceInfo, DeviceKind, DeviceReport, Job, Transfer, Work};
 
 /// How long one kernel takes on a sim device.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -398,17 +397,16 @@ impl Device for SimDevice {
         Ok(())
     }
 
-    fn status(&self) -> DeviceStatus {
-        DeviceStatus {
+    fn status(&self) -> DeviceReport {
+        DeviceReport {
             name: self.info.name.clone(),
-            kind: self.info.kind.name().to_string(),
+            kind: self.info.kind,
             description: self.info.description.clone(),
             memory_bytes: self.info.memory_bytes,
             memory_used: self.used.load(Ordering::Relaxed),
             threads_per_lane: 1,
             lanes: self.lanes.statuses(),
             failed: !self.healthy(),
-            ..Default::default()
         }
     }
 

@@ -1,0 +1,448 @@
+//! Tests of the OpenCL backend on a real device (PoCL here): row slices, limits, revocation.
+//! They fail, not skip, without an OpenCL device.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use agora_kernels::KernelDef;
+use agora_protocol::TaskError;
+
+use super::*;
+use crate::{Device, DeviceBuffer, Job, Transfer, Work};
+use agora_kernels::cases::{self, KernelCase};
+use agora_kernels::ArgValue;
+use agora_protocol::{ArgTag, MAX_ARGS};
+use std::ops::Range;
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// The first OpenCL device (PoCL here). These tests fail, not skip, without one.
+fn device() -> OpenClDevice {
+    let (mut devices, problems) = discover(1, 0);
+    assert!(
+        !devices.is_empty(),
+        "these tests need an OpenCL device (PoCL): {problems:?}"
+    );
+    devices.swap_remove(0)
+}
+
+type Outcome = mpsc::Sender<(Result<(), TaskError>, Instant)>;
+
+fn job(transfers: Vec<Transfer>, work: Work, revoke: Option<Arc<AtomicBool>>, tx: &Outcome) -> Job {
+    let tx = tx.clone();
+    Job {
+        transfers,
+        work,
+        keepalive: None,
+        cancelled: None,
+        revoke: revoke.map(|flag| crate::Revocation {
+            flag,
+            save: None,
+            replay: false,
+        }),
+        urgent: false,
+        done: Box::new(move |result, _| {
+            let _ = tx.send((result, Instant::now()));
+        }),
+    }
+}
+
+/// A launch of `kernel` over `range` with wire arguments `raw` (buffer `i` is `buffers[i]`).
+fn launch(
+    kernel: &'static KernelDef,
+    range: &[u64],
+    raw: &[agora_protocol::RawArg],
+    buffers: &[Arc<dyn DeviceBuffer>],
+    rows: Option<Range<u64>>,
+) -> Work {
+    let mut args = [ArgValue::None; MAX_ARGS];
+    let mut device_args: [Option<Arc<dyn DeviceBuffer>>; MAX_ARGS] = Default::default();
+    for (i, arg) in raw.iter().enumerate() {
+        if arg.tag == ArgTag::Buffer as u32 {
+            let buffer = &buffers[arg.value as usize];
+            // OpenCL launches use `device_args`; the host pointer is not read.
+            args[i] = ArgValue::Buffer {
+                ptr: std::ptr::null_mut(),
+                len: buffer.len(),
+            };
+            device_args[i] = Some(buffer.clone());
+        } else {
+            args[i] = ArgValue::Scalar(arg.value);
+        }
+    }
+    let mut full = [1u64; 3];
+    full[..range.len()].copy_from_slice(range);
+    Work::Launch {
+        kernel,
+        range: full,
+        dims: range.len(),
+        args,
+        arg_count: raw.len(),
+        device_args,
+        rows,
+    }
+}
+
+fn upload(dev: &OpenClDevice, data: &[u8]) -> (Arc<dyn DeviceBuffer>, Transfer) {
+    let buffer = dev.alloc(data.len() as u64).unwrap().unwrap();
+    let transfer = Transfer::ToDevice {
+        host: data.as_ptr(),
+        len: data.len(),
+        to: buffer.clone(),
+    };
+    (buffer, transfer)
+}
+
+fn download(dev: &OpenClDevice, buffer: &dyn DeviceBuffer, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    // SAFETY: `out` holds `len` bytes.
+    unsafe { dev.read(buffer, out.as_mut_ptr(), len) }.unwrap();
+    out
+}
+
+/// Runs `case` as the given row ranges (`None`: one whole launch), one job each, in order on
+/// lane 0, and checks the results.
+fn run_sliced(dev: &OpenClDevice, case: &KernelCase, slices: &[Option<Range<u64>>]) -> Result<(), String> {
+    let kernel = case.def()?;
+    let initial = case.buffers();
+    let (buffers, mut transfers): (Vec<_>, Vec<_>) = initial.iter().map(|b| upload(dev, b)).unzip();
+    let (tx, rx) = mpsc::channel();
+    let raw = case.raw_args();
+    for rows in slices {
+        let work = launch(kernel, &case.range, &raw, &buffers, rows.clone());
+        dev.submit(0, job(std::mem::take(&mut transfers), work, None, &tx));
+    }
+    for _ in slices {
+        rx.recv()
+            .unwrap()
+            .0
+            .map_err(|e| format!("{}: launch failed: {e:?}", case.name))?;
+    }
+    let results: Vec<Vec<u8>> = buffers
+        .iter()
+        .zip(&initial)
+        .map(|(b, init)| download(dev, b.as_ref(), init.len()))
+        .collect();
+    let views: Vec<&[u8]> = results.iter().map(|r| r.as_slice()).collect();
+    case.check(&views)
+}
+
+/// `count` even row ranges of `rows` (the daemon's split before alignment: boundaries fall
+/// anywhere, not on work-group multiples).
+fn even(rows: u64, count: u64) -> Vec<Option<Range<u64>>> {
+    (0..count)
+        .map(|i| Some(rows * i / count..rows * (i + 1) / count))
+        .collect()
+}
+
+#[test]
+fn every_case_is_exact_when_run_as_row_slices() {
+    let dev = device();
+    assert!(dev.runs_row_slices());
+    let mut failures = Vec::new();
+    let mut runs = 0;
+    for program in cases::PROGRAMS {
+        for case in cases::for_program(program) {
+            let rows = case.range[0];
+            let mut plans: Vec<(String, Vec<Option<Range<u64>>>)> = vec![
+                ("whole".into(), vec![None]),
+                ("1 slice".into(), even(rows, 1)),
+                ("3 slices".into(), even(rows, 3)),
+                ("7 slices".into(), even(rows, 7)),
+            ];
+            if case.large {
+                plans.push(("100 slices".into(), even(rows, 100)));
+            } else {
+                // Very small slices: one row each, and an empty slice.
+                plans.push((format!("{rows} one-row slices"), even(rows, rows)));
+                let mut with_empty = even(rows, 2);
+                with_empty.insert(1, Some(rows / 2..rows / 2));
+                plans.push(("2 slices and an empty one".into(), with_empty));
+            }
+            // Slices that cut work-groups (64, 8, 4 or 16 rows) in the middle.
+            if rows > 5 {
+                plans.push(("slices 0..5, 5..rows".into(), vec![Some(0..5), Some(5..rows)]));
+            }
+            for (plan, slices) in &plans {
+                runs += 1;
+                if let Err(e) = run_sliced(&dev, &case, slices) {
+                    failures.push(format!("{plan}: {e}"));
+                }
+            }
+        }
+    }
+    assert!(runs > 100, "{runs} runs");
+    assert!(
+        failures.is_empty(),
+        "{} of {runs} runs failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    dev.shutdown();
+}
+
+#[test]
+fn pocl_limits_split_or_refuse_huge_ranges() {
+    let dev = device();
+    let limits = dev.info().limits;
+    assert_eq!(limits.max_groups_per_enqueue, MAX_GROUPS_PER_ENQUEUE);
+    assert_eq!(limits.max_items_per_enqueue, MAX_ITEMS_PER_ENQUEUE);
+    assert!(limits.max_group_items >= 64, "{limits:?}");
+    let noop = agora_kernels::find("noop").unwrap().1;
+    for range in [
+        &[1u64 << 40][..],
+        &[1 << 38],
+        &[1 << 37],
+        &[1 << 20, 1 << 20],
+        &[1 << 14, 1 << 13, 1 << 13],
+    ] {
+        let items: u64 = range.iter().product();
+        assert_eq!(
+            dev.check_launch(noop, range, &[]),
+            Err(TaskError::DeviceLimit {
+                limit: agora_protocol::LaunchLimit::Items,
+                value: items,
+                max: MAX_ITEMS_PER_LAUNCH
+            }),
+            "{range:?}"
+        );
+    }
+    assert_eq!(dev.check_launch(noop, &[1 << 32], &[]), Ok(1));
+    assert_eq!(dev.check_launch(noop, &[1 << 33], &[]), Ok(2));
+    assert_eq!(dev.check_launch(noop, &[1 << 36], &[]), Ok(16));
+    assert_eq!(dev.check_launch(noop, &[1 << 11, 1 << 11, 1 << 11], &[]), Ok(2));
+    // Dimension 1 is never split: 8 rows of 2^33 are too many for one enqueue.
+    assert_eq!(
+        dev.check_launch(noop, &[1, 1 << 33], &[]),
+        Err(TaskError::DeviceLimit {
+            limit: agora_protocol::LaunchLimit::ItemsPerEnqueue,
+            value: 1 << 36,
+            max: MAX_ITEMS_PER_ENQUEUE
+        })
+    );
+    dev.shutdown();
+}
+
+/// What used to kill the process (PoCL: SIGILL at 2^32 work-groups in one command, SIGABRT at
+/// 2^34) reaching the device anyway fails only its task.
+#[test]
+fn a_command_beyond_the_limits_fails_its_task_and_not_the_process() {
+    let dev = device();
+    let noop = agora_kernels::find("noop").unwrap().1;
+    let (tx, rx) = mpsc::channel();
+    for range in [&[1u64 << 38][..], &[1 << 40], &[1 << 20, 1 << 20]] {
+        dev.submit(0, job(Vec::new(), launch(noop, range, &[], &[], None), None, &tx));
+        assert_eq!(rx.recv().unwrap().0, Err(TaskError::KernelFault), "{range:?}");
+    }
+    // A row slice within the limits of the same launch runs, and so does the lane.
+    let rows = Some((1 << 38) - (1 << 20)..1 << 38);
+    dev.submit(0, job(Vec::new(), launch(noop, &[1 << 38], &[], &[], rows), None, &tx));
+    assert_eq!(rx.recv().unwrap().0, Ok(()));
+    dev.shutdown();
+}
+
+/// A range twice what one enqueue takes runs as the daemon splits it: two row slices.
+#[test]
+fn a_range_beyond_one_enqueue_runs_as_row_slices() {
+    let dev = device();
+    let noop = agora_kernels::find("noop").unwrap().1;
+    let range = [1u64 << 33];
+    assert_eq!(dev.check_launch(noop, &range, &[]), Ok(2));
+    let (tx, rx) = mpsc::channel();
+    for rows in [0..1 << 32, 1 << 32..1 << 33] {
+        dev.submit(
+            0,
+            job(Vec::new(), launch(noop, &range, &[], &[], Some(rows)), None, &tx),
+        );
+    }
+    assert_eq!(rx.recv().unwrap().0, Ok(()));
+    assert_eq!(rx.recv().unwrap().0, Ok(()));
+    dev.shutdown();
+}
+
+#[test]
+fn row_alignment_is_the_work_group_extent() {
+    let dev = device();
+    let sgemm = agora_kernels::find("sgemm").unwrap().1;
+    let saxpy = agora_kernels::find("saxpy").unwrap().1;
+    let hotspot = agora_kernels::find("hotspot.step").unwrap().1;
+    assert_eq!(dev.row_alignment(sgemm, 2), 16);
+    assert_eq!(dev.row_alignment(saxpy, 1), 64);
+    assert_eq!(dev.row_alignment(hotspot, 2), 8);
+    dev.shutdown();
+}
+
+/// A square all-ones sgemm of order `n`: C = A·A, every element `n`. C starts at -1.
+struct Sgemm {
+    n: usize,
+    c: Arc<dyn DeviceBuffer>,
+    work: Box<dyn Fn() -> Work>,
+    setup: Vec<Transfer>,
+    _host: (Vec<u8>, Vec<u8>),
+}
+
+impl Sgemm {
+    fn new(dev: &OpenClDevice, n: usize) -> Self {
+        let ones: Vec<u8> = [1.0f32].repeat(n * n).iter().flat_map(|v| v.to_ne_bytes()).collect();
+        let unset: Vec<u8> = [-1.0f32].repeat(n * n).iter().flat_map(|v| v.to_ne_bytes()).collect();
+        let (a, to_a) = upload(dev, &ones);
+        let (c, to_c) = upload(dev, &unset);
+        let kernel = agora_kernels::find("sgemm").unwrap().1;
+        let nn = n as u32 as u64;
+        let raw = [
+            agora_protocol::RawArg::i32(n as i32),
+            agora_protocol::RawArg::i32(n as i32),
+            agora_protocol::RawArg::i32(n as i32),
+            agora_protocol::RawArg::f32(1.0),
+            agora_protocol::RawArg::buffer(0),
+            agora_protocol::RawArg::buffer(0),
+            agora_protocol::RawArg::f32(0.0),
+            agora_protocol::RawArg::buffer(1),
+        ];
+        let buffers = vec![a, c.clone()];
+        let work = Box::new(move || launch(kernel, &[nn, nn], &raw, &buffers, None));
+        Sgemm {
+            n,
+            c,
+            work,
+            setup: vec![to_a, to_c],
+            _host: (ones, unset),
+        }
+    }
+
+    /// Uploads A and resets C to -1 (synchronously).
+    fn reset(&mut self, dev: &OpenClDevice) {
+        let unset = &self._host.1;
+        let (tx, rx) = mpsc::channel();
+        let mut transfers = std::mem::take(&mut self.setup);
+        if transfers.is_empty() {
+            transfers.push(Transfer::ToDevice {
+                host: unset.as_ptr(),
+                len: unset.len(),
+                to: self.c.clone(),
+            });
+        }
+        dev.submit(0, job(transfers, Work::Nothing, None, &tx));
+        rx.recv().unwrap().0.unwrap();
+    }
+
+    /// How many elements of C were written (are `n`) and how many are still -1.
+    fn written(&self, dev: &OpenClDevice) -> (usize, usize) {
+        let bytes = download(dev, self.c.as_ref(), self.n * self.n * 4);
+        let values: Vec<f32> = bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_ne_bytes(b.try_into().unwrap()))
+            .collect();
+        let done = values.iter().filter(|v| **v == self.n as f32).count();
+        let unset = values.iter().filter(|v| **v == -1.0).count();
+        assert_eq!(
+            done + unset,
+            values.len(),
+            "every element is either complete or unwritten"
+        );
+        (done, unset)
+    }
+
+    /// Runs it with `revoke` as its flag, setting the flag after `after` (when given); returns
+    /// the outcome, the time from submission to completion and from the store to completion.
+    fn run(
+        &self,
+        dev: &OpenClDevice,
+        revoke: Option<Arc<AtomicBool>>,
+        after: Option<Duration>,
+    ) -> (Result<(), TaskError>, Duration, Option<Duration>) {
+        let (tx, rx) = mpsc::channel();
+        let started = Instant::now();
+        dev.submit(0, job(Vec::new(), (self.work)(), revoke.clone(), &tx));
+        let set = after.map(|after| {
+            std::thread::sleep(after);
+            revoke.as_ref().unwrap().store(true, Ordering::Release);
+            Instant::now()
+        });
+        let (result, finished) = rx.recv().unwrap();
+        (
+            result,
+            finished - started,
+            set.map(|s| finished.saturating_duration_since(s)),
+        )
+    }
+}
+
+#[test]
+fn a_revoked_sgemm_stops_early_and_leaves_later_tiles_unwritten() {
+    let dev = device();
+    assert!(
+        dev.polls_revocation(),
+        "PoCL computes on host memory: kernels see the flag"
+    );
+    let mut s = Sgemm::new(&dev, 1024);
+    s.reset(&dev);
+    // Warm: builds the program and PoCL's specialisation, so the timed runs are typical.
+    let (result, _, _) = s.run(&dev, None, None);
+    result.unwrap();
+    s.reset(&dev);
+    // Not revoked: a flag that stays clear gives the exact result.
+    let flag = Arc::new(AtomicBool::new(false));
+    let (result, whole, _) = s.run(&dev, Some(flag), None);
+    assert_eq!(result, Ok(()));
+    assert_eq!(s.written(&dev), (s.n * s.n, 0), "an unrevoked run is complete");
+    // Revoked a quarter of the way through: work-groups that start later return at once.
+    s.reset(&dev);
+    let flag = Arc::new(AtomicBool::new(false));
+    let (result, took, after_set) = s.run(&dev, Some(flag), Some(whole / 4));
+    let after_set = after_set.unwrap();
+    let (done, unset) = s.written(&dev);
+    eprintln!("whole {whole:?}; revoked run {took:?}, {after_set:?} after the store; {done} written, {unset} not");
+    assert_eq!(result, Err(TaskError::Cancelled));
+    assert!(
+        done > 0,
+        "the kernel was running when revoked (some tiles are complete)"
+    );
+    assert!(unset > 0, "later work-groups left their tiles unwritten");
+    assert!(
+        after_set < whole / 4,
+        "the revoked kernel stopped {after_set:?} after the store (whole run {whole:?})"
+    );
+    dev.shutdown();
+}
+
+#[test]
+fn without_shared_host_memory_the_flag_is_copied_in_before_the_kernel() {
+    let dev = device();
+    dev.shared.host_flags.store(false, Ordering::Relaxed);
+    assert!(!dev.polls_revocation());
+    let mut s = Sgemm::new(&dev, 512);
+    s.reset(&dev);
+    let (result, _, _) = s.run(&dev, None, None);
+    result.unwrap();
+    // Not revoked: exact.
+    s.reset(&dev);
+    let (result, _, _) = s.run(&dev, Some(Arc::new(AtomicBool::new(false))), None);
+    assert_eq!(result, Ok(()));
+    assert_eq!(s.written(&dev), (s.n * s.n, 0));
+    // Revoked while it waits behind another command of its queue: it starts, finds the
+    // copied flag set, and every work-group returns.
+    s.reset(&dev);
+    let (tx, rx) = mpsc::channel();
+    let flag = Arc::new(AtomicBool::new(false));
+    let mut blocker = Sgemm::new(&dev, 768);
+    blocker.reset(&dev);
+    dev.submit(0, job(Vec::new(), (blocker.work)(), None, &tx));
+    dev.submit(0, job(Vec::new(), (s.work)(), Some(flag.clone()), &tx));
+    // Set the flag once the lane has enqueued the job (so the lane's own check before it
+    // starts a job cannot be what cancels it), while the blocker still runs.
+    while dev.status().lanes[0].queued > 0 {
+        std::thread::yield_now();
+    }
+    assert!(rx.try_recv().is_err(), "the blocker still runs");
+    flag.store(true, Ordering::Release);
+    assert_eq!(rx.recv().unwrap().0, Ok(()), "the blocker completes");
+    assert_eq!(rx.recv().unwrap().0, Err(TaskError::Cancelled));
+    assert_eq!(
+        s.written(&dev),
+        (0, s.n * s.n),
+        "no work-group of the revoked kernel ran"
+    );
+    dev.shutdown();
+}
