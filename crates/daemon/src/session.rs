@@ -54,11 +54,21 @@ impl HostMemory for SessionShared {
 impl SessionShared {
     /// Posts completions (in order) and wakes the client if it sleeps.
     pub(crate) fn post(&self, completions: &[Completion]) {
+        self.post_releasing(completions, || {});
+    }
+
+    /// Posts completions like [`SessionShared::post`], running `release` first while holding
+    /// the ring: a lane job releases its queue's in-flight count there, so the queue looks idle
+    /// to the dispatcher no later than the client can see the completion (it may then run the
+    /// queue's next task inline at once), and any completion the dispatcher posts after seeing
+    /// it idle still lands after this one.
+    pub(crate) fn post_releasing(&self, completions: &[Completion], release: impl FnOnce()) {
         if completions.is_empty() {
             return;
         }
         {
             let mut producer = self.completions.lock().unwrap_or_else(|e| e.into_inner());
+            release();
             for c in completions {
                 producer.push(c);
             }

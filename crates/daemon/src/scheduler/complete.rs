@@ -19,6 +19,7 @@ use agora_protocol::{Completion, TaskError};
 use prometheus_client::metrics::histogram::Histogram;
 
 use super::books::LatencyCharge;
+use super::inline::{InlineGuard, ShapeClass};
 use super::migration;
 use super::plan::NamedBuffers;
 use crate::policy::PerformanceModel;
@@ -53,6 +54,9 @@ pub(super) struct LaneCompletion {
     pub telemetry: Arc<Telemetry>,
     /// Its lane's row in the trace.
     pub row: u32,
+    /// A launch that could have run inline: its execution time tells the inline guard whether
+    /// its shape is short.
+    pub inline_shape: Option<(ShapeClass, Arc<InlineGuard>)>,
 }
 
 impl LaneCompletion {
@@ -76,6 +80,9 @@ impl LaneCompletion {
         self.lane_pending.fetch_sub(self.predicted, Ordering::Relaxed);
         if let Some(charge) = self.latency {
             charge.settle(execution);
+        }
+        if let (Some((shape, guard)), Ok(())) = (&self.inline_shape, &result) {
+            guard.measured_on_lane(*shape, execution.as_nanos() as f64);
         }
         if let Some(k) = self.kernel {
             let mut model = self.model.lock().unwrap_or_else(|e| e.into_inner());
@@ -130,10 +137,15 @@ impl LaneCompletion {
             // client sends next then frees their memory at once, not at the next sweep, and a
             // task issued next may evict them.
             drop(named);
-            shared.post(&[completion]);
-            // Post first, then unbind: the dispatcher may run this queue's next task inline as
-            // soon as it sees zero, and that completion must come after ours.
-            let drained = queue.in_flight.fetch_sub(1, Ordering::AcqRel) == 1;
+            // Unbound as the completion is posted (under the ring's lock): the dispatcher may
+            // run this queue's next task inline as soon as it sees zero, and that completion
+            // must come after ours. (Unbinding after posting would keep a client that answers
+            // each completion at once on lanes for good.)
+            let mut drained = false;
+            shared.post_releasing(&[completion], || {
+                drained = queue.in_flight.fetch_sub(1, Ordering::AcqRel) == 1;
+            });
+            // The session's count last: a closing session is reclaimed when it reaches zero.
             shared.in_flight.fetch_sub(1, Ordering::Relaxed);
             drop(shared);
             // A queue being moved may go on now: wake the dispatcher to release its held tasks.

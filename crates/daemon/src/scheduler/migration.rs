@@ -524,6 +524,12 @@ impl Scheduler {
                 action,
                 estimated_ns: lost.estimated_ns,
                 items: lost.items,
+                // Not kept for a replay: all of its buffers (it only bounds inline runs).
+                touched_bytes: named.buffers[..named.slots]
+                    .iter()
+                    .flatten()
+                    .map(|(r, _, _)| r.len)
+                    .sum(),
                 slots: named.slots,
                 buffers: named.buffers.clone(),
             };

@@ -59,6 +59,7 @@ use std::sync::Mutex;
 
 mod books;
 mod complete;
+mod inline;
 mod migration;
 mod place;
 mod plan;
@@ -112,6 +113,8 @@ pub(crate) struct Scheduler {
     pub residency: Residency,
     /// Latency-class work per lane and in all, and the victims revocation may pick.
     books: LatencyBooks,
+    /// Which launches may run inline (shape classes measured short).
+    inline_guard: Arc<inline::InlineGuard>,
     revocation_counters: RevocationCounters,
     /// Queues being moved, draining and failed devices, lost tasks.
     pub migration: Migration,
@@ -176,6 +179,11 @@ impl Scheduler {
         };
         let lane_pending = per_lane();
         let books = LatencyBooks::new(&devices);
+        let inline_guard = Arc::new(inline::InlineGuard::new(
+            config.inline_max_ns,
+            telemetry.metrics.longest_inline.clone(),
+            telemetry.metrics.inline_refused.clone(),
+        ));
         let revocation_counters = telemetry.metrics.revocation_counters();
         let histograms = devices
             .iter()
@@ -205,6 +213,7 @@ impl Scheduler {
             lane_pending,
             residency: Residency::default(),
             books,
+            inline_guard,
             revocation_counters,
             migration,
         }
@@ -348,8 +357,10 @@ impl Scheduler {
                 roles: &roles[..slots],
             };
             let error = uses.settle(task_id, Err(error)).err().unwrap_or(error);
-            shared.post(&[Completion::failed(task_id, error)]);
-            let drained = settling.in_flight.fetch_sub(1, Ordering::AcqRel) == 1;
+            let mut drained = false;
+            shared.post_releasing(&[Completion::failed(task_id, error)], || {
+                drained = settling.in_flight.fetch_sub(1, Ordering::AcqRel) == 1;
+            });
             shared.in_flight.fetch_sub(1, Ordering::Relaxed);
             waker.queue_drained(&settling, drained);
         });
@@ -377,7 +388,7 @@ impl Scheduler {
             return Ok(());
         };
         if self.runs_inline(&placement, &planned) {
-            self.run_inline(session, task_id, placement.binding.device(), planned);
+            self.run_inline(session, task_id, &placement, planned);
         } else {
             self.submit(session, task_id, &placement, planned);
         }

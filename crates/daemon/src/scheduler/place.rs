@@ -16,6 +16,7 @@ use agora_kernels::KernelDef;
 use agora_protocol::control::QueueClass;
 use agora_protocol::{LaunchLimit, TaskError, MAX_ARGS};
 
+use super::inline::{InlineGuard, ShapeClass};
 use super::{Action, Ready, Scheduler, MAX_SLICES};
 use crate::policy::latency::{self, LatencyPolicy, RevokeContext};
 use crate::policy::model::Estimate;
@@ -33,6 +34,11 @@ pub(super) struct Placement {
     pub tiny_on_host: bool,
     /// The fewest row slices the launch must run as on that device (1 for anything else).
     pub required_slices: u64,
+    /// Short enough to run inline by every measure (estimate, bytes, its shape's history).
+    pub inline_allowed: bool,
+    /// The shape class of a launch that was a candidate to run inline (its lane run is
+    /// measured for the inline guard).
+    pub shape: Option<ShapeClass>,
 }
 
 impl Scheduler {
@@ -44,9 +50,11 @@ impl Scheduler {
         // A tiny task whose data is current on the host runs inline on the host device (no
         // hand-off, no transfer) unless its queue prefers another kind of device.
         let host = self.host_device();
-        let tiny_on_host = idle
-            && self.config.inline_max_ns > 0.0
-            && ready.estimated_ns <= self.config.inline_max_ns
+        // Short by the estimate: then by the bytes it touches and its shape's history.
+        let candidate = idle && self.config.inline_max_ns > 0.0 && ready.estimated_ns <= self.config.inline_max_ns;
+        let shape = if candidate { InlineGuard::class(ready) } else { None };
+        let inline_allowed = candidate && self.inline_guard.allows(shape, ready.touched_bytes);
+        let tiny_on_host = inline_allowed
             && kernel.is_none_or(|k| self.devices[host].implements(k) && self.usable(host))
             && queue.preferred.is_none_or(|p| p == self.devices[host].info().kind)
             && ready.buffers[..ready.slots]
@@ -74,6 +82,8 @@ impl Scheduler {
             idle,
             tiny_on_host,
             required_slices,
+            inline_allowed,
+            shape,
         })
     }
 

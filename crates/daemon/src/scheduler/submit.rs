@@ -25,25 +25,25 @@ use crate::session::Session;
 use crate::telemetry::Span;
 
 impl Scheduler {
-    /// Whether a planned task runs inline: tiny, on a device that computes on host memory,
-    /// nothing to move, its queue idle, one slice.
+    /// Whether a planned task runs inline: short by every measure (`inline`), on a device that
+    /// computes on host memory, nothing to move, its queue idle, one slice.
     pub(super) fn runs_inline(&self, placement: &Placement, planned: &Planned) -> bool {
-        placement.idle
-            && self.config.inline_max_ns > 0.0
+        placement.inline_allowed
             && self.devices[placement.binding.device()].info().shares_host_memory
             && planned.transfers.is_empty()
-            && planned.estimated_ns <= self.config.inline_max_ns
             && placement.required_slices == 1
     }
 
     /// Runs `planned` here and now; its completion joins the batch flushed to the ring.
-    pub(super) fn run_inline(&mut self, session: &Session, task_id: u64, device: usize, planned: Planned) {
-        let tracing = self.telemetry.trace.is_some();
-        let start = tracing.then(Instant::now);
+    pub(super) fn run_inline(&mut self, session: &Session, task_id: u64, placement: &Placement, planned: Planned) {
+        let start = Instant::now();
         let result = match planned.injected {
-            false => self.devices[device].run_inline(&planned.work),
+            false => self.devices[placement.binding.device()].run_inline(&planned.work),
             true => Err(TaskError::KernelFault),
         };
+        // Every inline run is timed: one that overran sends its shape to lanes.
+        let ran = start.elapsed();
+        self.inline_guard.ran_inline(placement.shape, ran.as_nanos() as f64);
         let result = planned.named.settle(task_id, result);
         let counters = self.task_counters(planned.name, planned.queue.class);
         if result.is_ok() {
@@ -51,13 +51,13 @@ impl Scheduler {
         } else {
             counters.failed.inc()
         };
-        if let (Some(trace), Some(start)) = (&self.telemetry.trace, start) {
+        if let Some(trace) = &self.telemetry.trace {
             trace.record(Span {
                 category: "exec",
                 name: planned.name,
                 row: 0,
                 start,
-                end: Instant::now(),
+                end: start + ran,
                 session: session.shared.id,
                 tenant: session.shared.tenant.clone(),
                 task: task_id,
@@ -134,6 +134,7 @@ impl Scheduler {
             histograms: self.histograms[device].clone(),
             telemetry: self.telemetry.clone(),
             row: self.first_row[device] + lane as u32,
+            inline_shape: placement.shape.map(|shape| (shape, self.inline_guard.clone())),
         }
         .into_done();
         if revocable {

@@ -96,6 +96,7 @@ fn noop(queue: &Arc<QueueState>, items: u64) -> Ready {
         },
         estimated_ns: kernel.estimated_ns(items),
         items,
+        touched_bytes: 0,
         slots: 0,
         buffers: Default::default(),
     }
@@ -105,6 +106,11 @@ fn noop(queue: &Arc<QueueState>, items: u64) -> Ready {
 fn a_tiny_task_of_an_idle_queue_runs_inline_on_the_host_device() {
     let mut s = scheduler(vec![sim("sim0", None), cpu()], config());
     let q = queue(QueueClass::Batch, None);
+    // The first launch of its shape goes to a lane, which measures it...
+    let placed = s.place(&noop(&q, 16)).unwrap();
+    assert!(!placed.tiny_on_host && !placed.inline_allowed && placed.shape.is_some());
+    s.inline_guard.measured_on_lane(placed.shape.unwrap(), 500.0);
+    // ... short: from then on it runs inline.
     let placed = s.place(&noop(&q, 16)).unwrap();
     assert!(placed.tiny_on_host && placed.idle);
     assert_eq!(
@@ -206,6 +212,8 @@ fn a_latency_task_revokes_the_batch_launch_on_its_lane_only_when_the_policy_says
             idle: true,
             tiny_on_host: false,
             required_slices: 1,
+            inline_allowed: false,
+            shape: None,
         };
         s.revoke_for(&noop(&q, 1 << 20), &placement);
         assert_eq!(flag.load(Ordering::Acquire), revokes, "{policy:?}");

@@ -63,6 +63,9 @@ pub(super) struct Ready {
     pub(super) estimated_ns: f64,
     /// Work items of a launch (the product of its range); 0 otherwise.
     pub(super) items: u64,
+    /// Bytes of its buffers a launch uses by its kernel's size rule (an upper bound on what it
+    /// touches, from the arguments alone); 0 otherwise.
+    pub(super) touched_bytes: u64,
     /// How many leading entries of `buffers` may hold a buffer (the hot path skips the rest).
     pub(super) slots: usize,
     /// Buffer arguments with their access (transfers name buffers by argument index).
@@ -154,6 +157,7 @@ pub(super) fn resolve(session: &Session, d: &Decoded<'_>) -> Result<Ready, TaskE
         .ok_or(TaskError::UnknownQueue(d.queue))?
         .clone();
     let mut buffers: [Option<(Arc<BufferRecord>, Access, bool)>; MAX_ARGS] = Default::default();
+    let mut touched_bytes = 0u64;
     let (action, estimated_ns) = match d.op {
         Op::Launch => {
             let kernel = agora_kernels::library()
@@ -206,6 +210,11 @@ pub(super) fn resolve(session: &Session, d: &Decoded<'_>) -> Result<Ready, TaskE
             for (index, entry) in buffers.iter_mut().enumerate() {
                 if let Some((record, access, overwrites)) = entry {
                     *overwrites = *access == Access::Write && needed[index].get() >= record.len;
+                    // What the size rule says the launch uses (all of it when the rule is silent).
+                    touched_bytes += match needed[index].get() {
+                        0 => record.len,
+                        n => n.min(record.len),
+                    };
                 }
             }
             let mut range = [1u64; 3];
@@ -288,6 +297,7 @@ pub(super) fn resolve(session: &Session, d: &Decoded<'_>) -> Result<Ready, TaskE
         action,
         estimated_ns,
         items,
+        touched_bytes,
         slots,
         buffers,
     })

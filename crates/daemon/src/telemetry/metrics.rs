@@ -54,6 +54,11 @@ pub(crate) struct Metrics {
     memory_total: Family<DeviceLabels, Gauge>,
     revoked: Counter,
     revoked_wasted_ns: Counter,
+    /// The longest task the dispatcher ran inline, seconds (the longest it stalled every tenant
+    /// for a task).
+    pub longest_inline: Gauge<f64, AtomicU64>,
+    /// Launches sent to a lane because their shape class was unseen or ran long inline.
+    pub inline_refused: Counter,
 }
 
 /// Cached counters of one (kernel, class): ok and failed.
@@ -153,8 +158,22 @@ impl Metrics {
             "Device memory (0: computes on host memory)",
             memory_total.clone(),
         );
+        let longest_inline = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "agora_dispatcher_longest_inline_seconds",
+            "The longest task the dispatcher thread ran inline since start (every tenant waits meanwhile)",
+            longest_inline.clone(),
+        );
+        let inline_refused = Counter::default();
+        registry.register(
+            "agora_inline_refused",
+            "Tiny-looking launches sent to a lane because their shape was unseen or ran long inline",
+            inline_refused.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
+            longest_inline,
+            inline_refused,
             tasks,
             queue_wait,
             execution,

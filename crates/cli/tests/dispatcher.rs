@@ -1,0 +1,168 @@
+//! The dispatcher never runs long work (#22 3c), against a real `agora serve` process: launches
+//! the library's estimate calls tiny but whose scalars and buffers make them long (`sgemm` with
+//! m = n = 1 and a huge k, `hpccg.spmv` with one row of millions of non-zeros) run on lanes,
+//! never inline on the dispatcher, which the task trace shows row by row; the daemon exports its
+//! longest inline run, and a tiny launch still runs inline once its shape has been measured.
+
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use agora::{Arg, Session, SessionOptions};
+
+const AGORA: &str = env!("CARGO_BIN_EXE_agora");
+
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+    dir: PathBuf,
+}
+
+impl Daemon {
+    fn start(tag: &str) -> Daemon {
+        let dir = std::env::temp_dir().join(format!("agora-dispatcher-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join("agora.sock");
+        let child = Command::new(AGORA)
+            .args(["serve", "--no-opencl", "--socket"])
+            .arg(&socket)
+            .arg("--trace")
+            .arg(dir.join("trace.json"))
+            .env("AGORA_LOG", "warn")
+            .env("AGORA_STATE_DIR", dir.join("state"))
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("agora serve starts");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while UnixStream::connect(&socket).is_err() {
+            assert!(Instant::now() < deadline, "the daemon did not listen within 20 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Daemon { child, socket, dir }
+    }
+
+    fn session(&self) -> Session {
+        Session::connect_with(SessionOptions {
+            socket: Some(self.socket.clone()),
+            ..Default::default()
+        })
+        .unwrap()
+    }
+
+    /// (kernel name, trace row) of every executed span.
+    fn executions(&self) -> Vec<(String, u64)> {
+        let saved = Command::new(AGORA)
+            .args(["trace", "save", "--socket"])
+            .arg(&self.socket)
+            .output()
+            .unwrap();
+        assert!(saved.status.success(), "{}", String::from_utf8_lossy(&saved.stderr));
+        let text = std::fs::read_to_string(self.dir.join("trace.json")).unwrap();
+        let trace: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let events = trace
+            .get("traceEvents")
+            .and_then(|e| e.as_array())
+            .or_else(|| trace.as_array())
+            .expect("a Chrome trace")
+            .clone();
+        events
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["cat"] == "exec")
+            .map(|e| {
+                (
+                    e["name"].as_str().unwrap_or("").to_string(),
+                    e["tid"].as_u64().unwrap_or(0),
+                )
+            })
+            .collect()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn launches_long_by_their_arguments_never_run_on_the_dispatcher() {
+    let daemon = Daemon::start("stall");
+    let attacker = daemon.session();
+    let q = attacker.queue("attack").unwrap();
+    // sgemm, m = n = 1, k = 2^22: one work item (an estimate of 120 ns), 4 M multiply-adds.
+    let k = 1usize << 22;
+    let sgemm = attacker.kernel("sgemm").unwrap();
+    let a = attacker.buffer_from(&vec![1.0f32; k]).unwrap();
+    let b = attacker.buffer_from(&vec![2.0f32; k]).unwrap();
+    let c = attacker.buffer_from(&[0.0f32]).unwrap();
+    // spmv with one row of 2^22 non-zeros: one work item (35 ns by the estimate).
+    let spmv = attacker.kernel("hpccg.spmv").unwrap();
+    let row_ptr = attacker.buffer_from(&[0i32, k as i32]).unwrap();
+    let cols = attacker.buffer_from(&vec![0i32; k]).unwrap();
+    let vals = attacker.buffer_from(&vec![1.0f32; k]).unwrap();
+    let x = attacker.buffer_from(&[3.0f32]).unwrap();
+    let y = attacker.buffer_from(&[0.0f32]).unwrap();
+    for _ in 0..8 {
+        // Each waited for, so its queue is idle when the next arrives: the inline case.
+        q.launch(
+            &sgemm,
+            &[
+                Arg::I32(1),
+                Arg::I32(1),
+                Arg::I32(k as i32),
+                Arg::F32(1.0),
+                (&a).into(),
+                (&b).into(),
+                Arg::F32(0.0),
+                (&c).into(),
+            ],
+            (1u64, 1u64),
+        )
+        .unwrap()
+        .wait()
+        .unwrap();
+        q.launch(
+            &spmv,
+            &[
+                (&row_ptr).into(),
+                (&cols).into(),
+                (&vals).into(),
+                (&x).into(),
+                (&y).into(),
+                Arg::I32(1),
+                Arg::I32(k as i32),
+            ],
+            1u64,
+        )
+        .unwrap()
+        .wait()
+        .unwrap();
+    }
+    q.sync_from(&c).unwrap().wait().unwrap();
+    q.sync_from(&y).unwrap().wait().unwrap();
+    assert_eq!(c.as_slice::<f32>()[0], 2.0 * k as f32, "the results are still exact");
+    assert_eq!(y.as_slice::<f32>()[0], 3.0 * k as f32);
+    // A tiny launch: its first run measures its shape on a lane, later ones run inline.
+    let noop = attacker.kernel("noop").unwrap();
+    for _ in 0..20 {
+        q.launch(&noop, &[], 1u64).unwrap().wait().unwrap();
+    }
+    let executions = daemon.executions();
+    let on = |kernel: &str, inline: bool| {
+        executions
+            .iter()
+            .filter(|(name, row)| name == kernel && (*row == 0) == inline)
+            .count()
+    };
+    // Row 0 is the dispatcher (inline); lanes follow.
+    assert_eq!(on("sgemm", true), 0, "sgemm never runs on the dispatcher");
+    assert_eq!(on("sgemm", false), 8);
+    assert_eq!(on("hpccg.spmv", true), 0, "spmv never runs on the dispatcher");
+    assert_eq!(on("hpccg.spmv", false), 8);
+    assert!(on("noop", false) >= 1, "an unseen shape is measured on a lane first");
+    assert!(on("noop", true) >= 15, "then it runs inline: {executions:?}");
+}
