@@ -422,3 +422,48 @@ fn every_reported_outcome_equals_the_real_one_under_injected_faults() {
     // The injection and its consequences made a real share of the tasks fail.
     assert!(failed > tasks / 50 && failed < tasks / 2, "{failed} of {tasks}");
 }
+
+/// Memory pressure waits (#22 item 2): a queue that pipelines more buffers than its device quota
+/// holds, each task within the quota, runs every task — later ones wait for earlier ones to
+/// free memory — and only a task that can never fit fails, saying why.
+#[test]
+fn tasks_within_the_quota_wait_for_room_instead_of_failing() {
+    let (_daemon, session) = common::daemon_with("outcome-pressure", |c| c.device_quota = 16 << 20);
+    common::require_opencl(&session);
+    let q = queue(&session, DeviceKind::OpenCl);
+    let fill = session.kernel("fill").unwrap();
+    let n = 1 << 20; // 4 MiB of f32 each: four fit the quota at once, eight do not
+    let buffers: Vec<_> = (0..8).map(|_| session.buffer(n as u64 * 4).unwrap()).collect();
+    let tasks: Vec<Task> = buffers
+        .iter()
+        .enumerate()
+        .map(|(i, b)| q.launch(&fill, &[Arg::F32(i as f32 + 1.0), b.into()], n).unwrap())
+        .collect();
+    for b in &buffers {
+        q.sync_from(b).unwrap();
+    }
+    q.finish().expect("every task fits the quota: none may fail");
+    for (i, (t, b)) in tasks.iter().zip(&buffers).enumerate() {
+        t.wait().unwrap();
+        assert!(b.as_slice::<f32>().iter().all(|v| *v == i as f32 + 1.0), "buffer {i}");
+    }
+    // Its buffers together exceed the quota: it can never run on the device.
+    let big_x = session.buffer(12 << 20).unwrap();
+    let big_y = session.buffer(12 << 20).unwrap();
+    let saxpy = session.kernel("saxpy").unwrap();
+    let e = q
+        .launch(&saxpy, &[Arg::F32(1.0), (&big_x).into(), (&big_y).into()], 3usize << 20)
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    assert!(
+        matches!(
+            e.task_error(),
+            Some(TaskError::DeviceQuota {
+                needed,
+                quota
+            }) if *needed == 24 << 20 && *quota == 16 << 20
+        ),
+        "{e}"
+    );
+}

@@ -212,7 +212,7 @@ pub enum TaskError {
     },
     /// The task's buffers do not fit in the session's device-memory quota, even with the
     /// session's other buffers evicted.
-    #[error("the task needs {needed} bytes of device memory but the session's device quota is {quota} bytes per device; use smaller buffers or ask the operator for a larger quota (agora serve --device-quota)")]
+    #[error("the task's buffers need {needed} bytes of device memory at once but the session's device quota is {quota} bytes per device, so it can never run there; use smaller buffers or ask the operator for a larger quota (agora serve --device-quota)")]
     DeviceQuota {
         /// Bytes the task's buffers need on the device.
         needed: u64,
@@ -260,6 +260,15 @@ pub enum TaskError {
         task: u64,
         /// That task's error code (see [`TaskError::code`]).
         cause: u16,
+    },
+    /// The task's buffers together are larger than the device it must run on: it can never
+    /// fit there, however long it waits. (A task whose buffers fit waits for room instead.)
+    #[error("the task's buffers need {needed} bytes of device memory at once, but the device has {capacity} bytes in all; use smaller buffers or split the work")]
+    DeviceTooSmall {
+        /// Bytes of the task's buffers.
+        needed: u64,
+        /// The device's memory (what the daemon may use of it).
+        capacity: u64,
     },
     /// The daemon found itself in a state it should never be in while handling the task (a bug
     /// of the daemon, not of the task or its kernel); it logged the details. `0` names the
@@ -350,6 +359,7 @@ impl TaskError {
             TaskError::DeviceLimit { .. } => "device_limit",
             TaskError::DependencyFailed { .. } => "dependency_failed",
             TaskError::Internal(_) => "internal",
+            TaskError::DeviceTooSmall { .. } => "device_too_small",
             TaskError::Unknown(_) => "unknown",
         }
     }
@@ -395,6 +405,7 @@ impl TaskError {
             TaskError::DeviceLimit { limit, value, max } => (23, limit.code(), value, max),
             TaskError::DependencyFailed { index, task, cause } => (24, index, task, u64::from(cause)),
             TaskError::Internal(place) => (25, place, 0, 0),
+            TaskError::DeviceTooSmall { needed, capacity } => (27, 0, needed, capacity),
             TaskError::Unknown(code) => (code, 0, 0, 0),
         }
     }
@@ -451,6 +462,7 @@ impl TaskError {
                 None => TaskError::Unknown(code),
             },
             25 => TaskError::Internal(arg),
+            27 => TaskError::DeviceTooSmall { needed: a, capacity: b },
             24 => TaskError::DependencyFailed {
                 index: arg,
                 task: a,
@@ -552,6 +564,10 @@ mod tests {
                 cause: 16,
             },
             TaskError::Internal(3),
+            TaskError::DeviceTooSmall {
+                needed: 1 << 30,
+                capacity: 1 << 29,
+            },
         ];
         for e in errors {
             let c = Completion::failed(42, e);

@@ -248,7 +248,9 @@ fn task_exception(task: &TaskError, message: String) -> PyErr {
         TaskError::KernelFault => KernelFaultError::new_err(message),
         TaskError::Cancelled => CancelledError::new_err(message),
         // A session quota is a device-memory limit too.
-        TaskError::DeviceOutOfMemory { .. } | TaskError::DeviceQuota { .. } => DeviceOutOfMemoryError::new_err(message),
+        TaskError::DeviceOutOfMemory { .. } | TaskError::DeviceQuota { .. } | TaskError::DeviceTooSmall { .. } => {
+            DeviceOutOfMemoryError::new_err(message)
+        }
         // A device that failed under the task, or data lost with it.
         TaskError::DeviceFailed(_) | TaskError::DeviceLost | TaskError::DataLost { .. } => {
             DeviceFailedError::new_err(message)

@@ -63,6 +63,9 @@ pub(crate) struct MigrationStats {
     pub replayed: u64,
     /// Lost tasks that could not be replayed (completed with an error).
     pub lost: u64,
+    /// Times a queue waited for device memory (a task whose buffers fit the device but not
+    /// now; counted again for each new wait).
+    pub memory_waits: u64,
 }
 
 /// A task held back for a queue being moved.
@@ -217,11 +220,21 @@ impl Migration {
     }
 
     fn list_or_new(&mut self, session: u64, queue: &Arc<QueueState>) -> &mut HeldQueue {
+        self.held_list(session, queue, true)
+    }
+
+    /// The held list of `queue`, new if it had none (`moving`: counted as a migration, not as
+    /// a wait for memory).
+    fn held_list(&mut self, session: u64, queue: &Arc<QueueState>, moving: bool) -> &mut HeldQueue {
         let lists = self.held.entry(session).or_default();
         match lists.iter().position(|h| Arc::ptr_eq(&h.queue, queue)) {
             Some(i) => &mut lists[i],
             None => {
-                self.stats.migrations += 1;
+                if moving {
+                    self.stats.migrations += 1;
+                } else {
+                    self.stats.memory_waits += 1;
+                }
                 queue.moving.store(true, Ordering::Release);
                 lists.push(HeldQueue {
                     queue: queue.clone(),
@@ -430,6 +443,21 @@ impl Scheduler {
         );
         self.migration.list_or_new(session.id, queue);
         Ok(true)
+    }
+
+    /// Holds `ready` at the head of its queue's held tasks until the queue's in-flight tasks
+    /// finish: its buffers do not fit on its device now (memory pressure). Released like a
+    /// moving queue's tasks, it is placed again then.
+    pub(super) fn wait_for_room(&mut self, session: &Session, task_id: u64, ready: Ready) {
+        let queue = ready.queue.clone();
+        self.telemetry.metrics.memory_waits.inc();
+        let list = self.migration.held_list(session.id, &queue, false);
+        // The list is new: `must_hold` would have held the task behind an existing one.
+        list.tasks.push_back(Held {
+            task_id,
+            ready,
+            replay: None,
+        });
     }
 
     /// Appends `ready` to its queue's held tasks (after [`Scheduler::must_hold`] said so).

@@ -382,6 +382,12 @@ impl Scheduler {
             return Ok(());
         }
         let placement = self.place(&ready)?;
+        if self.room(session, &ready, &placement)? == plan::Room::Later {
+            // Memory pressure: it waits (with its queue's later tasks) until earlier tasks
+            // finish and their buffers can be evicted; only a task that can never fit fails.
+            self.wait_for_room(session, task_id, ready);
+            return Ok(());
+        }
         self.revoke_for(&ready, &placement);
         let Some(planned) = self.plan_task(session, task_id, ready, roles, &placement)? else {
             // Its device failed while it was planned: it went back for replay.

@@ -26,6 +26,35 @@ use crate::outcome::{Role, Uses};
 use crate::policy::latency::LatencyPolicy;
 use crate::session::{QueueState, Session};
 
+/// Whether a task's buffers fit on its device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Room {
+    /// Now.
+    Now,
+    /// Once earlier tasks free theirs: it waits.
+    Later,
+}
+
+/// Buffers marked in use while a task is being placed, so eviction leaves them alone.
+struct Pinned<'a>(&'a [Option<(Arc<BufferRecord>, Access, bool)>]);
+
+impl<'a> Pinned<'a> {
+    fn new(buffers: &'a [Option<(Arc<BufferRecord>, Access, bool)>]) -> Self {
+        for (record, _, _) in buffers.iter().flatten() {
+            record.in_use.fetch_add(1, Ordering::AcqRel);
+        }
+        Pinned(buffers)
+    }
+}
+
+impl Drop for Pinned<'_> {
+    fn drop(&mut self) {
+        for (record, _, _) in self.0.iter().flatten() {
+            record.in_use.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
 /// A placed task with its data planned: the output of the plan stage.
 pub(super) struct Planned {
     pub queue: Arc<QueueState>,
@@ -64,7 +93,6 @@ impl Scheduler {
         let named = NamedBuffers::new(ready.buffers, ready.slots, roles, &mut self.residency);
         // Test-only: a task picked to fail keeps its transfers but its work does not run.
         let injected = self.config.faults.is_some_and(|f| f.picks(task_id));
-        self.make_room(session, device, &named)?;
         let mut transfers: Vec<Transfer> = Vec::new();
         // Taken before planning: what a replay needs if the device loses the task.
         let ticket = migration::Ticket::new(
@@ -110,30 +138,60 @@ impl Scheduler {
         }))
     }
 
-    /// Makes room on `device` for the buffers of `named` it lacks, evicting idle buffers (the
-    /// session's own first when it is over its device quota).
-    fn make_room(&mut self, session: &Session, device: usize, named: &NamedBuffers) -> Result<(), TaskError> {
-        if self.devices[device].info().shares_host_memory {
-            return Ok(());
+    /// Whether `ready`'s buffers fit on the device `placement` chose: now (after evicting idle
+    /// buffers, the session's own first when it is over its device quota), later (its queue
+    /// waits for room: earlier tasks must finish and free theirs), or never (its buffers
+    /// together exceed the device or the session's quota).
+    pub(super) fn room(&mut self, session: &Session, ready: &Ready, placement: &Placement) -> Result<Room, TaskError> {
+        let device = placement.binding.device();
+        let info = self.devices[device].info();
+        if info.shares_host_memory {
+            return Ok(Room::Now);
         }
-        let needed: u64 = named
-            .slots()
+        let (mut working_set, mut missing) = (0u64, 0u64);
+        let buffers = &ready.buffers[..ready.slots];
+        for (slot, (record, _, _)) in buffers
             .iter()
-            .flatten()
-            .filter(|(record, _, _)| !record.placement().is_on(device))
-            .map(|(record, _, _)| record.len)
-            .sum();
-        let usage = &session.shared.device_usage;
-        let quota = self.config.device_quota;
-        if needed > 0
-            && !self.residency.make_room(&self.devices, device, needed, usage, quota)
-            && quota > 0
-            && usage.0[device].load(Ordering::Relaxed) + needed > quota
+            .enumerate()
+            .filter_map(|(i, e)| e.as_ref().map(|e| (i, e)))
         {
-            // Over the session's device quota even with all its idle buffers evicted.
-            return Err(TaskError::DeviceQuota { needed, quota });
+            // A buffer passed twice (read twice) needs one copy.
+            let first = buffers[..slot]
+                .iter()
+                .flatten()
+                .all(|(other, _, _)| !Arc::ptr_eq(other, record));
+            if first {
+                working_set += record.len;
+                if !record.placement().is_on(device) {
+                    missing += record.len;
+                }
+            }
         }
-        Ok(())
+        let quota = self.config.device_quota;
+        if working_set > info.memory_bytes {
+            return Err(TaskError::DeviceTooSmall {
+                needed: working_set,
+                capacity: info.memory_bytes,
+            });
+        }
+        if quota > 0 && working_set > quota {
+            return Err(TaskError::DeviceQuota {
+                needed: working_set,
+                quota,
+            });
+        }
+        if missing == 0 {
+            return Ok(Room::Now);
+        }
+        // Its own buffers are not evicted to make room for it.
+        let _pinned = Pinned::new(buffers);
+        let usage = &session.shared.device_usage;
+        Ok(
+            match self.residency.make_room(&self.devices, device, missing, usage, quota) {
+                true => Room::Now,
+                false => Room::Later,
+            },
+        )
     }
     /// Whether a launch runs revocable: a batch launch that was not sliced, on a device that
     /// polls revocation, under a latency policy, predicted long enough that a latency task could

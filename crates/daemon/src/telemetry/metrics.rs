@@ -59,6 +59,8 @@ pub(crate) struct Metrics {
     pub longest_inline: Gauge<f64, AtomicU64>,
     /// Launches sent to a lane because their shape class was unseen or ran long inline.
     pub inline_refused: Counter,
+    /// Times a task waited for device memory instead of failing.
+    pub memory_waits: Counter,
 }
 
 /// Cached counters of one (kernel, class): ok and failed.
@@ -170,8 +172,15 @@ impl Metrics {
             "Tiny-looking launches sent to a lane because their shape was unseen or ran long inline",
             inline_refused.clone(),
         );
+        let memory_waits = Counter::default();
+        registry.register(
+            "agora_memory_waits",
+            "Times a task whose buffers fit its device, but not now, waited for earlier tasks to free memory",
+            memory_waits.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
+            memory_waits,
             longest_inline,
             inline_refused,
             tasks,
