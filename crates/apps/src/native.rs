@@ -115,6 +115,8 @@ mod opencl {
         context: Context,
         queue: CommandQueue,
         programs: HashMap<&'static str, Program>,
+        /// A one-byte zero: the revocation flag argument of revocable kernels (never set here).
+        zero_flag: Buffer<u8>,
         /// Device description.
         pub device: String,
     }
@@ -138,10 +140,22 @@ mod opencl {
             let context = Context::from_device(&device).map_err(err)?;
             #[allow(deprecated)] // clCreateCommandQueue: the OpenCL 1.2 call every platform has.
             let queue = CommandQueue::create_default(&context, 0).map_err(err)?;
+            let mut zero = [0u8];
+            // SAFETY: a one-byte buffer initialised from `zero`, copied at creation.
+            let zero_flag = unsafe {
+                Buffer::<u8>::create(
+                    &context,
+                    CL_MEM_READ_WRITE | opencl3::memory::CL_MEM_COPY_HOST_PTR,
+                    1,
+                    zero.as_mut_ptr() as *mut std::ffi::c_void,
+                )
+            }
+            .map_err(err)?;
             Ok(NativeOpenCl {
                 context,
                 queue,
                 programs: HashMap::new(),
+                zero_flag,
                 device: name,
             })
         }
@@ -156,8 +170,15 @@ mod opencl {
                 self.programs.insert(imp.program, p);
             }
             let k = Kernel::create(&self.programs[imp.program], imp.entry).map_err(err)?;
-            let guarded = k.num_args().map_err(err)? as usize == def.params.len() + 3;
-            Ok((k, def, guarded))
+            // The library's calling conventions: the signature's parameters, then for guarded
+            // kernels the three range extents, then for revocable ones the revocation flag.
+            let trailing = (k.num_args().map_err(err)? as usize).saturating_sub(def.params.len());
+            if trailing == 4 {
+                // SAFETY: the parameter after the extents is a `__global` flag (revocable
+                // convention); the zero flag lives as long as `self`, which outlives every launch.
+                unsafe { k.set_arg((def.params.len() + 3) as u32, &self.zero_flag.get()) }.map_err(err)?;
+            }
+            Ok((k, def, trailing >= 3))
         }
     }
 
