@@ -5,11 +5,9 @@ use std::process::Command;
 
 const AGORA: &str = env!("CARGO_BIN_EXE_agora");
 
-fn dir(tag: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("agora-cli-sched-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A new temporary directory for one test, removed when the returned value is dropped.
+fn dir(tag: &str) -> agora_test_support::TempDir {
+    agora_test_support::temp_dir(&format!("cli-sched-{tag}"))
 }
 
 fn agora(args: &[&str], state: &std::path::Path) -> std::process::Output {
@@ -23,14 +21,15 @@ fn agora(args: &[&str], state: &std::path::Path) -> std::process::Output {
 
 #[test]
 fn print_config_is_a_valid_config_file_and_flags_override_the_file() {
-    let dir = dir("config");
+    let scratch = dir("config");
+    let dir = scratch.path();
     let file = dir.join("agora.toml");
     std::fs::write(
         &file,
         "[scheduler]\npolicy = \"energy\"\n[[sim]]\nname = \"s1\"\nmemory = \"64M\"\nkernels = [\"saxpy\"]\n",
     )
     .unwrap();
-    let out = agora(&["serve", "--config", file.to_str().unwrap(), "--print-config"], &dir);
+    let out = agora(&["serve", "--config", file.to_str().unwrap(), "--print-config"], dir);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let printed = String::from_utf8(out.stdout).unwrap();
     assert!(
@@ -49,7 +48,7 @@ fn print_config_is_a_valid_config_file_and_flags_override_the_file() {
             "perf",
             "--print-config",
         ],
-        &dir,
+        dir,
     );
     let reprinted = String::from_utf8(out.stdout).unwrap();
     assert_eq!(reprinted, printed.replace("policy = \"energy\"", "policy = \"perf\""));
@@ -57,24 +56,25 @@ fn print_config_is_a_valid_config_file_and_flags_override_the_file() {
 
 #[test]
 fn a_bad_config_file_is_refused_with_the_reason() {
-    let dir = dir("bad");
+    let scratch = dir("bad");
+    let dir = scratch.path();
     let file = dir.join("agora.toml");
     std::fs::write(&file, "[cpu]\nlanes = \"two\"\n").unwrap();
-    let out = agora(&["serve", "--config", file.to_str().unwrap()], &dir);
+    let out = agora(&["serve", "--config", file.to_str().unwrap()], dir);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("agora.toml") && err.contains("lanes"), "{err}");
-    let out = agora(&["serve", "--config", dir.join("missing.toml").to_str().unwrap()], &dir);
+    let out = agora(&["serve", "--config", dir.join("missing.toml").to_str().unwrap()], dir);
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read the configuration file"));
-    let out = agora(&["serve", "--policy", "fastest"], &dir);
+    let out = agora(&["serve", "--policy", "fastest"], dir);
     assert!(String::from_utf8_lossy(&out.stderr).contains("choose rr, perf or energy"));
-    let out = agora(&["serve", "--latency-policy", "fastest"], &dir);
+    let out = agora(&["serve", "--latency-policy", "fastest"], dir);
     assert!(String::from_utf8_lossy(&out.stderr).contains("choose none, priority or elastic"));
-    let out = agora(&["serve", "--latency-sla-ms", "0", "--print-config"], &dir);
+    let out = agora(&["serve", "--latency-sla-ms", "0", "--print-config"], dir);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("positive number of milliseconds"));
     std::fs::write(&file, "[scheduler]\nlatency_sla_ms = -5.0\n").unwrap();
-    let out = agora(&["serve", "--config", file.to_str().unwrap()], &dir);
+    let out = agora(&["serve", "--config", file.to_str().unwrap()], dir);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("scheduler.latency_sla_ms"), "{err}");
@@ -82,31 +82,33 @@ fn a_bad_config_file_is_refused_with_the_reason() {
 
 #[test]
 fn model_show_prints_what_a_daemon_learned() {
-    let dir = dir("model");
-    let out = agora(&["model", "show"], &dir);
+    let scratch = dir("model");
+    let dir = scratch.path();
+    let out = agora(&["model", "show"], dir);
     assert!(String::from_utf8_lossy(&out.stdout).contains("no measurements"));
     let mut model = agora_daemon::policy::PerformanceModel::new(0.8);
     model.record("sgemm", "cpu0", 65_536, 2.0e6);
     model.record("sgemm", "cpu0", 1 << 20, 40.0e6);
-    model.save(&dir).unwrap();
-    let out = agora(&["model", "show"], &dir);
+    model.save(dir).unwrap();
+    let out = agora(&["model", "show"], dir);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("sgemm") && text.contains("cpu0") && text.contains("2.00 ms"),
         "{text}"
     );
     assert!(text.contains("fit: t ≈"), "{text}");
-    let out = agora(&["model", "show", "--json"], &dir);
+    let out = agora(&["model", "show", "--json"], dir);
     let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(rows.as_array().unwrap().len(), 2);
 }
 
 #[test]
 fn bench_hetero_and_sharing_report_their_fields() {
-    let dir = dir("bench");
+    let scratch = dir("bench");
+    let dir = scratch.path();
     let out = agora(
         &["bench", "hetero", "--quick", "--json", "--tenants", "2", "--learn", "1"],
-        &dir,
+        dir,
     );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let results: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -127,7 +129,7 @@ fn bench_hetero_and_sharing_report_their_fields() {
             "cpu, opencl and two sim devices"
         );
     }
-    let out = agora(&["bench", "sharing", "--quick", "--json"], &dir);
+    let out = agora(&["bench", "sharing", "--quick", "--json"], dir);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let (shared, sequential, ratio) = (
@@ -141,8 +143,9 @@ fn bench_hetero_and_sharing_report_their_fields() {
 
 #[test]
 fn bench_sla_reports_preemption_figures() {
-    let dir = dir("sla");
-    let out = agora(&["bench", "sla", "--quick", "--json", "--batch-matrix", "384"], &dir);
+    let scratch = dir("sla");
+    let dir = scratch.path();
+    let out = agora(&["bench", "sla", "--quick", "--json", "--batch-matrix", "384"], dir);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     for field in [
@@ -162,7 +165,8 @@ fn bench_sla_reports_preemption_figures() {
 
 #[test]
 fn sim_is_deterministic_and_reports_the_trem_figures() {
-    let dir = dir("sim");
+    let scratch = dir("sim");
+    let dir = scratch.path();
     let args = [
         "sim",
         "--workload",
@@ -181,9 +185,9 @@ fn sim_is_deterministic_and_reports_the_trem_figures() {
         "60",
         "--json",
     ];
-    let first = agora(&args, &dir);
+    let first = agora(&args, dir);
     assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
-    let second = agora(&args, &dir);
+    let second = agora(&args, dir);
     assert_eq!(first.stdout, second.stdout, "the same seed gives the same result");
     let r: serde_json::Value = serde_json::from_slice(&first.stdout).unwrap();
     for field in [
@@ -211,11 +215,11 @@ fn sim_is_deterministic_and_reports_the_trem_figures() {
             "--plot",
             svg.to_str().unwrap(),
         ],
-        &dir,
+        dir,
     );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = std::fs::read_to_string(&svg).unwrap();
     assert!(text.starts_with("<svg") && text.contains("elastic") && text.contains("polyline"));
-    let out = agora(&["sim", "--policy", "fastest"], &dir);
+    let out = agora(&["sim", "--policy", "fastest"], dir);
     assert!(String::from_utf8_lossy(&out.stderr).contains("choose none, priority or elastic"));
 }
