@@ -184,7 +184,15 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         print!("{}", config.to_toml());
         return Ok(());
     }
-    agora_daemon::run(config).context("the daemon stopped with an error")
+    agora_daemon::run(config).map_err(|e| {
+        let what = match e {
+            agora_daemon::DaemonError::Socket(_) | agora_daemon::DaemonError::AlreadyRunning(_) => {
+                "the daemon cannot start"
+            }
+            _ => "the daemon stopped with an error",
+        };
+        anyhow::Error::new(e).context(what)
+    })
 }
 
 /// `agora status` options.
