@@ -223,3 +223,103 @@ fn sim_is_deterministic_and_reports_the_trem_figures() {
     let out = agora(&["sim", "--policy", "fastest"], dir);
     assert!(String::from_utf8_lossy(&out.stderr).contains("choose none, priority or elastic"));
 }
+
+/// Issue #19, item 13: daemons on different sockets keep their models apart (with no state
+/// directory set, each socket has its own under `$XDG_STATE_HOME/agora/daemons`), and `agora
+/// model show --socket S` reads the model of the daemon on S and names its file.
+#[test]
+fn daemons_on_different_sockets_learn_apart_and_model_show_reads_each_ones_own() {
+    use agora_test_support::Daemon;
+
+    let scratch = dir("keyed");
+    let xdg = scratch.path().join("xdg");
+    let own_state = |c: &mut Command| {
+        c.env_remove("AGORA_STATE_DIR").env("XDG_STATE_HOME", &xdg);
+    };
+    // Inline runs (tiny tasks on the dispatcher) are not measured: use lanes.
+    let args = ["--no-opencl", "--inline-max-ns", "0"];
+    let mut a = Daemon::start_in_with(
+        AGORA,
+        agora_test_support::temp_dir("cli-sched-keyed-a"),
+        &args,
+        own_state,
+    );
+    let mut b = Daemon::start_in_with(
+        AGORA,
+        agora_test_support::temp_dir("cli-sched-keyed-b"),
+        &args,
+        own_state,
+    );
+    for (daemon, kernel) in [(&a, "vector_add"), (&b, "stream.add")] {
+        let session = daemon.session();
+        let k = session.kernel(kernel).unwrap();
+        let q = session.queue("learn").unwrap();
+        let n = 4096usize;
+        let x = session.buffer_from(&vec![1.0f32; n]).unwrap();
+        let y = session.buffer_from(&vec![1.0f32; n]).unwrap();
+        let z = session.buffer((n * 4) as u64).unwrap();
+        for _ in 0..3 {
+            q.launch(&k, &[(&x).into(), (&y).into(), (&z).into()], n).unwrap();
+            q.finish().unwrap();
+        }
+    }
+    // SIGTERM: each saves its model.
+    a.stop();
+    b.stop();
+    let show = |daemon: &Daemon, json: bool| {
+        let mut args = vec!["model", "show"];
+        if json {
+            args.push("--json");
+        }
+        let mut c = daemon.command(&args);
+        own_state(&mut c);
+        let out = c.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let kernels = |daemon: &Daemon| {
+        let rows: serde_json::Value = serde_json::from_str(&show(daemon, true)).unwrap();
+        let mut names: Vec<String> = rows
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["kernel"].as_str().unwrap().to_string())
+            .collect();
+        names.dedup();
+        names
+    };
+    assert_eq!(kernels(&a), ["vector_add"]);
+    assert_eq!(kernels(&b), ["stream.add"]);
+    // The table names the file it read: each daemon's own, under XDG_STATE_HOME.
+    let file_of = |daemon: &Daemon| {
+        let text = show(daemon, false);
+        let first = text.lines().next().unwrap_or_default().to_string();
+        assert!(
+            first.starts_with("performance model ") && first.contains(&daemon.socket().display().to_string()),
+            "{text}"
+        );
+        let path = first["performance model ".len()..]
+            .split(" (")
+            .next()
+            .unwrap()
+            .to_string();
+        assert!(std::path::Path::new(&path).is_file(), "{path}");
+        assert!(
+            path.starts_with(&xdg.join("agora/daemons").display().to_string()),
+            "{path}"
+        );
+        path
+    };
+    assert_ne!(file_of(&a), file_of(&b));
+    assert!(!xdg.join("agora/perf-model.json").exists(), "no shared file");
+    // An explicit state directory still wins over the socket's own.
+    let out = agora(
+        &["model", "show", "--socket", a.socket().to_str().unwrap()],
+        scratch.path(),
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("no measurements"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}

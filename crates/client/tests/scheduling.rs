@@ -191,7 +191,7 @@ fn the_performance_model_survives_a_restart() {
             c.opencl = false;
             // Inline runs (tiny tasks on the dispatcher) are not measured: use lanes.
             c.inline_max_ns = 0;
-            c.state_dir = state.clone();
+            c.state_dir = Some(state.clone());
         });
         let k = session.kernel(kernel).unwrap();
         let q = session.queue("p").unwrap();

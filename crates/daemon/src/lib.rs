@@ -45,8 +45,8 @@ use agora_devices::Device;
 use agora_transport::wake::Doorbell;
 
 pub use config::{
-    default_state_dir, format_bytes, parse_bytes, ConfigError, DaemonConfig, PolicyKind, PowerModel, SimDeviceConfig,
-    SimKernelProfile,
+    default_state_dir, format_bytes, parse_bytes, state_dir_for_socket, state_home, ConfigError, DaemonConfig,
+    PolicyKind, PowerModel, SimDeviceConfig, SimKernelProfile,
 };
 
 /// Why the daemon could not start or run.
@@ -272,19 +272,10 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
             std::io::Error::other(format!("at most {} devices are supported", memory::MAX_DEVICES)),
         ));
     }
-    let model = match policy::PerformanceModel::load(&config.state_dir, config.history_weight) {
-        Ok(model) => {
-            let entries = model.rows().len();
-            tracing::info!(file = %policy::PerformanceModel::path(&config.state_dir).display(), entries, "performance model loaded");
-            model
-        }
-        Err(error) => {
-            tracing::warn!(%error, "starting with an empty performance model");
-            policy::PerformanceModel::new(config.history_weight)
-        }
-    };
+    let state_dir = config.effective_state_dir();
+    let model = load_model(&config, &state_dir);
     let model = Arc::new(std::sync::Mutex::new(model));
-    start_model_saver(Arc::downgrade(&model), config.state_dir.clone());
+    start_model_saver(Arc::downgrade(&model), state_dir);
     let trace = config.trace.as_ref().map(|path| {
         tracing::info!(file = %path.display(), capacity = config.trace_capacity, "tracing tasks");
         telemetry::TraceRecorder::new(
@@ -331,6 +322,31 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
     let listener = bind(&config.socket)?;
     tracing::info!(socket = %config.socket.display(), kernels = agora_kernels::library().len(), "listening");
     server::Server::new(config, listener, scheduler, stop, telemetry)
+}
+
+/// The performance model saved in `state_dir`, or an empty one. A daemon whose state directory
+/// is its socket's own and has no model there yet starts from the file older versions shared
+/// between all daemons (`state_home()/perf-model.json`), if there is one; it saves to its own.
+fn load_model(config: &DaemonConfig, state_dir: &Path) -> policy::PerformanceModel {
+    let own = policy::PerformanceModel::path(state_dir);
+    let shared = policy::PerformanceModel::path(&state_home());
+    let from = if config.state_dir.is_none() && !own.exists() && shared.exists() {
+        shared
+    } else {
+        own
+    };
+    let dir = from.parent().unwrap_or(state_dir);
+    match policy::PerformanceModel::load(dir, config.history_weight) {
+        Ok(model) => {
+            let entries = model.rows().len();
+            tracing::info!(file = %from.display(), entries, saved_to = %state_dir.display(), "performance model loaded");
+            model
+        }
+        Err(error) => {
+            tracing::warn!(%error, "starting with an empty performance model");
+            policy::PerformanceModel::new(config.history_weight)
+        }
+    }
 }
 
 /// The device layer's description of a configured sim device.

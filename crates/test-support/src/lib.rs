@@ -225,7 +225,7 @@ impl EmbeddedDaemon {
         let dir = temp_dir(tag);
         let mut config = DaemonConfig {
             socket: dir.path().join("agora.sock"),
-            state_dir: dir.path().join("state"),
+            state_dir: Some(dir.path().join("state")),
             ..Default::default()
         };
         tweak(&mut config);
