@@ -5,32 +5,20 @@
 //! the latency task revokes the running kernel, which is replayed from its saved inputs and still
 //! gives exact results, for every bundled program.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use agora::{Arg, DeviceKind, QueueClass, QueueOptions, Session, SessionOptions};
 use agora_daemon::policy::latency::LatencyPolicy;
 use agora_daemon::DaemonConfig;
+use agora_test_support::EmbeddedDaemon;
 
-fn start(tag: &str, tweak: impl FnOnce(&mut DaemonConfig)) -> (agora_daemon::DaemonHandle, Session) {
-    let dir: PathBuf = std::env::temp_dir().join(format!("agora-preempt-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut config = DaemonConfig {
-        socket: dir.join("agora.sock"),
-        state_dir: dir.join("state"),
-        opencl: false,
-        ..Default::default()
-    };
-    tweak(&mut config);
-    let socket = config.socket.clone();
-    let handle = agora_daemon::spawn(config).expect("daemon starts");
-    let session = Session::connect_with(SessionOptions {
-        socket: Some(socket),
-        ..Default::default()
-    })
-    .unwrap();
-    (handle, session)
+fn start(tag: &str, tweak: impl FnOnce(&mut DaemonConfig)) -> (EmbeddedDaemon, Session) {
+    let daemon = EmbeddedDaemon::start(&format!("preempt-{tag}"), |config| {
+        config.opencl = false;
+        tweak(config);
+    });
+    let session = daemon.session();
+    (daemon, session)
 }
 
 /// Runs every bundled program on `kind` with preemption target `target` (2 µs splits nearly every

@@ -52,8 +52,8 @@ fn compile(prefix: &Path, source: &str, program: &Path) {
 
 #[test]
 fn the_c_gaussian_example_builds_with_pkg_config_and_verifies() {
-    let dir = std::env::temp_dir().join(format!("agora-capi-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let scratch = agora_test_support::temp_dir("capi");
+    let dir = scratch.path();
     let prefix = dir.join("prefix");
     install(&prefix);
     let program = dir.join("gaussian");
@@ -63,16 +63,11 @@ fn the_c_gaussian_example_builds_with_pkg_config_and_verifies() {
         &program,
     );
 
-    let socket = dir.join("agora.sock");
-    let daemon = agora_daemon::spawn(agora_daemon::DaemonConfig {
-        socket: socket.clone(),
-        state_dir: dir.join("state"),
-        ..Default::default()
-    })
-    .unwrap();
+    let daemon = agora_test_support::EmbeddedDaemon::start("capi-daemon", |_| {});
+    let socket = daemon.socket();
     let run = Command::new(&program)
         .arg("200")
-        .env("AGORA_SOCKET", &socket)
+        .env("AGORA_SOCKET", socket)
         .env("LD_LIBRARY_PATH", prefix.join("lib"))
         .output()
         .unwrap();
@@ -101,13 +96,12 @@ fn the_c_gaussian_example_builds_with_pkg_config_and_verifies() {
     assert_eq!(run.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&run.stderr).contains("agora serve"));
     daemon.stop().unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn the_c_api_checks_pass_against_a_daemon() {
-    let dir = std::env::temp_dir().join(format!("agora-capi-checks-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let scratch = agora_test_support::temp_dir("capi-checks");
+    let dir = scratch.path();
     let prefix = dir.join("prefix");
     install(&prefix);
     let program = dir.join("api_checks");
@@ -116,15 +110,10 @@ fn the_c_api_checks_pass_against_a_daemon() {
         concat!(env!("CARGO_MANIFEST_DIR"), "/tests/api_checks.c"),
         &program,
     );
-    let socket = dir.join("agora.sock");
-    let daemon = agora_daemon::spawn(agora_daemon::DaemonConfig {
-        socket: socket.clone(),
-        state_dir: dir.join("state"),
-        ..Default::default()
-    })
-    .unwrap();
+    let daemon = agora_test_support::EmbeddedDaemon::start("capi-daemon", |_| {});
+    let socket = daemon.socket();
     let run = Command::new(&program)
-        .env("AGORA_SOCKET", &socket)
+        .env("AGORA_SOCKET", socket)
         .env("LD_LIBRARY_PATH", prefix.join("lib"))
         .output()
         .unwrap();
@@ -136,7 +125,6 @@ fn the_c_api_checks_pass_against_a_daemon() {
     );
     assert!(stdout.contains("C API checks: 0 failed"), "{stdout}");
     daemon.stop().unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

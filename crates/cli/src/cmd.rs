@@ -33,7 +33,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "NAME", value_parser = agora_daemon::PolicyKind::parse)]
     policy: Option<agora_daemon::PolicyKind>,
     /// Where the daemon keeps its performance model across restarts [default: $AGORA_STATE_DIR,
-    /// else $XDG_STATE_HOME/agora, else ~/.local/state/agora].
+    /// else a directory of this socket's own under $XDG_STATE_HOME/agora/daemons (else
+    /// ~/.local/state/agora/daemons), so daemons on different sockets learn apart].
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
     /// Most device memory one session may hold per device, e.g. 1G; beyond it the session's idle
@@ -161,7 +162,7 @@ impl ServeArgs {
             c.policy = v;
         }
         if let Some(v) = &self.state_dir {
-            c.state_dir = v.clone();
+            c.state_dir = Some(v.clone());
         }
         c.opencl &= !self.no_opencl;
         if self.metrics.is_some() {
@@ -184,7 +185,15 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         print!("{}", config.to_toml());
         return Ok(());
     }
-    agora_daemon::run(config).context("the daemon stopped with an error")
+    agora_daemon::run(config).map_err(|e| {
+        let what = match e {
+            agora_daemon::DaemonError::Socket(_) | agora_daemon::DaemonError::AlreadyRunning(_) => {
+                "the daemon cannot start"
+            }
+            _ => "the daemon stopped with an error",
+        };
+        anyhow::Error::new(e).context(what)
+    })
 }
 
 /// `agora status` options.
@@ -702,6 +711,8 @@ pub fn demo(args: DemoArgs) -> Result<()> {
     let socket = dir.join("agora.sock");
     let config = DaemonConfig {
         socket: socket.clone(),
+        // A throwaway daemon: its model goes with its directory.
+        state_dir: Some(dir.join("state")),
         ..DaemonConfig::default()
     };
     println!(

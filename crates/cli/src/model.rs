@@ -1,13 +1,18 @@
 //! `agora model show`: the learned performance model the `perf` and `energy` policies use.
 //!
-//! Reads the file the daemon keeps in its state directory (written every few seconds while it
-//! learns, and at shutdown), so it works with or without a running daemon.
+//! Reads the file the daemon on `--socket` (or the default socket) keeps in its state directory
+//! (written every few seconds while it learns, and at shutdown), so it works with or without a
+//! running daemon. Each socket has its own state directory unless one is set, so the socket
+//! picks the model; `--state-dir` / `$AGORA_STATE_DIR` name a directory outright, as they do for
+//! `agora serve`.
 
 use std::path::PathBuf;
 
 use agora_daemon::policy::model::{bucket, PerformanceModel};
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
+
+use crate::SocketArg;
 
 /// Model subcommands.
 #[derive(Subcommand, Debug)]
@@ -20,10 +25,14 @@ pub enum ModelCommand {
 /// `agora model show` options.
 #[derive(Args, Debug)]
 pub struct ShowArgs {
-    /// The daemon's state directory (default: $AGORA_STATE_DIR, else $XDG_STATE_HOME/agora, else
-    /// ~/.local/state/agora).
+    /// The daemon's state directory, when it was started with one (default: $AGORA_STATE_DIR,
+    /// else the directory of the daemon on --socket, under $XDG_STATE_HOME/agora/daemons or
+    /// ~/.local/state/agora/daemons).
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
+    /// The socket of the daemon whose model to read (it need not be running).
+    #[command(flatten)]
+    socket: SocketArg,
     /// Only this kernel.
     #[arg(long)]
     kernel: Option<String>,
@@ -39,7 +48,14 @@ pub fn run(command: ModelCommand) -> Result<()> {
 }
 
 fn show(args: ShowArgs) -> Result<()> {
-    let dir = args.state_dir.unwrap_or_else(agora_daemon::default_state_dir);
+    let socket = agora_transport::socket::socket_path(args.socket.path());
+    let (dir, whose) = match args.state_dir {
+        Some(dir) => (dir, "the state directory given".to_string()),
+        None => (
+            agora_daemon::default_state_dir(&socket),
+            format!("the daemon on {}", socket.display()),
+        ),
+    };
     let path = PerformanceModel::path(&dir);
     let model = PerformanceModel::load(&dir, 0.8).map_err(anyhow::Error::msg)?;
     let rows: Vec<_> = model
@@ -53,7 +69,7 @@ fn show(args: ShowArgs) -> Result<()> {
     }
     if rows.is_empty() {
         println!(
-            "no measurements in {} yet: run work through a daemon with this state directory (any policy learns)",
+            "no measurements in {} ({whose}) yet: run work through that daemon (any policy learns)",
             path.display()
         );
         return Ok(());
@@ -64,7 +80,7 @@ fn show(args: ShowArgs) -> Result<()> {
         .and_then(|t| t.elapsed().ok())
         .map(|age| format!(", saved {:.0} s ago", age.as_secs_f64()))
         .unwrap_or_default();
-    println!("performance model {}{modified}", path.display());
+    println!("performance model {} ({whose}){modified}", path.display());
     // Columns as wide as their longest entry, so long kernel names do not push the rest.
     let kw = rows
         .iter()

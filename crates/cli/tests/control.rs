@@ -4,61 +4,21 @@
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-use agora::{Arg, Session, SessionOptions};
+use agora::{Arg, Session};
 use agora_protocol::control::{encode_frame, Request, MAX_FRAME};
+use agora_test_support::Daemon;
 
 const AGORA: &str = env!("CARGO_BIN_EXE_agora");
 
-/// An `agora serve` process on a private socket, killed (and its directory removed) on drop.
-struct Daemon {
-    child: Child,
-    socket: PathBuf,
-    dir: PathBuf,
-}
-
-impl Daemon {
-    fn start(tag: &str, extra: &[&str]) -> Daemon {
-        let dir = std::env::temp_dir().join(format!("agora-control-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let socket = dir.join("agora.sock");
-        let child = Command::new(AGORA)
-            .args(["serve", "--no-opencl", "--socket"])
-            .arg(&socket)
-            // `{dir}` in an argument is the daemon's own directory.
-            .args(extra.iter().map(|a| a.replace("{dir}", &dir.display().to_string())))
-            .env("AGORA_LOG", "warn")
-            .env("AGORA_STATE_DIR", dir.join("state"))
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("agora serve starts");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while UnixStream::connect(&socket).is_err() {
-            assert!(Instant::now() < deadline, "the daemon did not listen within 20 s");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Daemon { child, socket, dir }
-    }
-
-    fn session(&self) -> Session {
-        Session::connect_with(SessionOptions {
-            socket: Some(self.socket.clone()),
-            ..Default::default()
-        })
-        .unwrap()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// `agora serve --no-opencl --socket S EXTRA` on a private socket, killed when dropped; `{dir}`
+/// in an argument is the daemon's own directory.
+fn start(tag: &str, extra: &[&str]) -> Daemon {
+    let mut args = vec!["--no-opencl"];
+    args.extend_from_slice(extra);
+    Daemon::start(AGORA, &format!("control-{tag}"), &args)
 }
 
 /// A verified saxpy on a small buffer.
@@ -89,20 +49,20 @@ fn closed_by_daemon(mut stream: UnixStream) -> bool {
 
 #[test]
 fn malformed_control_frames_close_only_their_connection() {
-    let daemon = Daemon::start("frames", &[]);
+    let daemon = start("frames", &[]);
     let neighbour = daemon.session();
     // A length beyond the frame limit.
-    let mut oversize = UnixStream::connect(&daemon.socket).unwrap();
+    let mut oversize = UnixStream::connect(daemon.socket()).unwrap();
     oversize.write_all(&(MAX_FRAME + 1).to_le_bytes()).unwrap();
     oversize.write_all(&[0u8; 64]).unwrap();
     assert!(closed_by_daemon(oversize), "an oversize frame closes the connection");
     // A frame whose body is not a request.
-    let mut garbage = UnixStream::connect(&daemon.socket).unwrap();
+    let mut garbage = UnixStream::connect(daemon.socket()).unwrap();
     garbage.write_all(&8u32.to_le_bytes()).unwrap();
     garbage.write_all(&[0xff; 8]).unwrap();
     assert!(closed_by_daemon(garbage), "an undecodable frame closes the connection");
     // A client that asks for status and never reads the replies.
-    let mut deaf = UnixStream::connect(&daemon.socket).unwrap();
+    let mut deaf = UnixStream::connect(daemon.socket()).unwrap();
     let frame = encode_frame(&Request::ListKernels).unwrap();
     for _ in 0..2000 {
         if deaf.write_all(&frame).is_err() {
@@ -117,9 +77,9 @@ fn malformed_control_frames_close_only_their_connection() {
 
 #[test]
 fn control_replies_arrive_whole_while_tasks_run() {
-    let daemon = Daemon::start("replies", &["--trace", "{dir}/trace.json"]);
+    let daemon = start("replies", &["--trace", "{dir}/trace.json"]);
     let session = daemon.session();
-    let socket = daemon.socket.clone();
+    let socket = daemon.socket().to_path_buf();
     let asking = std::thread::spawn(move || {
         for i in 0..200 {
             let status = agora::daemon_status(Some(socket.clone())).expect("status answers");
@@ -143,10 +103,10 @@ fn control_replies_arrive_whole_while_tasks_run() {
     assert!(session.kernels().unwrap().iter().any(|k| k.name == "saxpy"));
     let saved = Command::new(AGORA)
         .args(["trace", "save", "--socket"])
-        .arg(&daemon.socket)
+        .arg(daemon.socket())
         .output()
         .unwrap();
     assert!(saved.status.success(), "{}", String::from_utf8_lossy(&saved.stderr));
-    let trace = std::fs::read_to_string(daemon.dir.join("trace.json")).expect("the trace file was written");
+    let trace = std::fs::read_to_string(daemon.dir().join("trace.json")).expect("the trace file was written");
     assert!(trace.contains("saxpy"));
 }

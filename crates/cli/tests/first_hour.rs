@@ -2,84 +2,19 @@
 //! allocates, where it says the work ran, what a requested device kind means, and listings piped
 //! into `head`. No test here depends on timing.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output, Stdio};
+
+use agora_test_support::Daemon;
 
 const AGORA: &str = env!("CARGO_BIN_EXE_agora");
 
-/// A daemon process on a private socket and state directory, stopped when dropped.
-struct Daemon {
-    child: Option<Child>,
-    socket: PathBuf,
-    dir: PathBuf,
+/// `agora serve --socket S EXTRA` on a private socket and state directory, killed when dropped.
+fn start(tag: &str, extra: &[&str]) -> Daemon {
+    Daemon::start(AGORA, &format!("first-hour-{tag}"), extra)
 }
 
-impl Daemon {
-    fn start(tag: &str, extra: &[&str]) -> Daemon {
-        let dir = std::env::temp_dir().join(format!("agora-first-hour-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let socket = dir.join("agora.sock");
-        let child = Command::new(AGORA)
-            .arg("serve")
-            .arg("--socket")
-            .arg(&socket)
-            .args(extra)
-            .env("AGORA_LOG", "warn")
-            .env("AGORA_STATE_DIR", dir.join("state"))
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("agora serve starts");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-            assert!(Instant::now() < deadline, "the daemon did not listen within 20 s");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Daemon {
-            child: Some(child),
-            socket,
-            dir,
-        }
-    }
-
-    /// `agora ARGS --socket S`.
-    fn agora(&self, args: &[&str]) -> Output {
-        Command::new(AGORA)
-            .args(args)
-            .arg("--socket")
-            .arg(&self.socket)
-            .env_remove("AGORA_SOCKET")
-            .env("AGORA_STATE_DIR", self.dir.join("state"))
-            .output()
-            .unwrap()
-    }
-
-    fn has_opencl(&self) -> bool {
-        agora::daemon_status(Some(self.socket.clone()))
-            .unwrap()
-            .devices
-            .iter()
-            .any(|d| d.kind == "opencl")
-    }
-
-    /// Stops the daemon with SIGTERM (it saves its model) and waits for it.
-    fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+fn has_opencl(daemon: &Daemon) -> bool {
+    daemon.status().devices.iter().any(|d| d.kind == "opencl")
 }
 
 fn stderr(out: &Output) -> String {
@@ -102,7 +37,7 @@ fn refused(out: &Output, what: &str) -> String {
 
 #[test]
 fn impossible_sizes_are_refused_before_anything_is_allocated() {
-    let daemon = Daemon::start("sizes", &["--session-quota", "64M", "--no-opencl"]);
+    let daemon = start("sizes", &["--session-quota", "64M", "--no-opencl"]);
     // These used to abort (allocation failed), panic (capacity overflow) or clamp silently.
     refused(
         &daemon.agora(&["run", "saxpy", "--size", "99999999999999"]),
@@ -125,7 +60,7 @@ fn impossible_sizes_are_refused_before_anything_is_allocated() {
     );
     assert_eq!(err.matches("heap quota").count(), 1, "the quota is said once: {err}");
     // Nothing was allocated: the daemon saw no buffer.
-    let status = agora::daemon_status(Some(daemon.socket.clone())).unwrap();
+    let status = daemon.status();
     assert_eq!(
         status.tasks_completed, 0,
         "no task (not even a buffer release) reached the daemon"
@@ -136,7 +71,7 @@ fn impossible_sizes_are_refused_before_anything_is_allocated() {
 
 #[test]
 fn run_says_where_its_tasks_ran_and_a_device_kind_is_a_requirement() {
-    let daemon = Daemon::start("kinds", &["--no-opencl"]);
+    let daemon = start("kinds", &["--no-opencl"]);
     // Sizes large enough to go to a lane (tiny tasks run inline on the dispatcher).
     let out = daemon.agora(&["run", "vector-add", "--size", "1000000", "--device-kind", "cpu"]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -170,8 +105,8 @@ fn run_says_where_its_tasks_ran_and_a_device_kind_is_a_requirement() {
 
 #[test]
 fn a_drained_kind_is_an_error_without_fallback() {
-    let daemon = Daemon::start("drained", &[]);
-    if !daemon.has_opencl() {
+    let daemon = start("drained", &[]);
+    if !has_opencl(&daemon) {
         eprintln!("no OpenCL device: skipped");
         return;
     }
@@ -190,8 +125,8 @@ fn a_drained_kind_is_an_error_without_fallback() {
 /// into a failed verification; the time step now shrinks with the cells.
 #[test]
 fn hotspot_on_a_large_grid_verifies_on_opencl() {
-    let daemon = Daemon::start("hotspot", &[]);
-    if !daemon.has_opencl() {
+    let daemon = start("hotspot", &[]);
+    if !has_opencl(&daemon) {
         eprintln!("no OpenCL device: skipped");
         return;
     }
@@ -206,11 +141,11 @@ fn hotspot_on_a_large_grid_verifies_on_opencl() {
 /// error, the first line intact.
 #[test]
 fn listings_piped_into_head_do_not_panic() {
-    let mut daemon = Daemon::start("pipes", &["--no-opencl", "--trace-capacity", "1000"]);
+    let mut daemon = start("pipes", &["--no-opencl", "--trace-capacity", "1000"]);
     // Something for `model show` to list (the model is saved at shutdown).
     assert!(daemon.agora(&["run", "backprop", "--size", "1000"]).status.success());
-    let state = daemon.dir.join("state");
-    let socket = daemon.socket.to_str().unwrap().to_string();
+    let state = daemon.state_dir();
+    let socket = daemon.socket().to_str().unwrap().to_string();
     let connected: Vec<Vec<&str>> = vec![
         vec!["status"],
         vec!["devices"],
@@ -282,8 +217,7 @@ fn listings_piped_into_head_do_not_panic() {
 
 #[test]
 fn status_trace_and_sim_say_what_they_count() {
-    let trace = std::env::temp_dir().join(format!("agora-first-hour-trace-{}.json", std::process::id()));
-    let daemon = Daemon::start("counts", &["--no-opencl", "--trace", trace.to_str().unwrap()]);
+    let daemon = start("counts", &["--no-opencl", "--trace", "{dir}/trace.json"]);
     assert!(daemon.agora(&["run", "saxpy", "--size", "100000"]).status.success());
     let status = stdout(&daemon.agora(&["status"]));
     assert!(
@@ -302,5 +236,4 @@ fn status_trace_and_sim_say_what_they_count() {
         &Command::new(AGORA).args(["sim", "--plot", "x.svg"]).output().unwrap(),
         "--sweep",
     );
-    let _ = std::fs::remove_file(trace);
 }

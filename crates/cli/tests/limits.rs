@@ -14,79 +14,21 @@
 //!
 //! Afterwards the daemon still runs and another session's ordinary work is exact.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
-use agora::{Arg, DeviceKind, Error, NdRange, QueueClass, QueueOptions, Session, SessionOptions};
+use agora::{Arg, DeviceKind, Error, NdRange, QueueClass, QueueOptions, Session};
+use agora_test_support::Daemon;
 
 const AGORA: &str = env!("CARGO_BIN_EXE_agora");
 
-/// A daemon process, killed when dropped.
-struct Daemon {
-    child: Child,
-    socket: PathBuf,
-    dir: PathBuf,
+/// `agora serve --socket S EXTRA` on a private socket, killed when dropped.
+fn start(tag: &str, extra: &[&str]) -> Daemon {
+    Daemon::start(AGORA, &format!("limits-{tag}"), extra)
 }
 
-impl Daemon {
-    fn start(tag: &str, extra: &[&str]) -> Daemon {
-        let dir = std::env::temp_dir().join(format!("agora-limits-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let socket = dir.join("agora.sock");
-        let child = Command::new(AGORA)
-            .arg("serve")
-            .arg("--socket")
-            .arg(&socket)
-            .args(extra)
-            .env("AGORA_LOG", "warn")
-            .env("AGORA_STATE_DIR", dir.join("state"))
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("agora serve starts");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-            assert!(Instant::now() < deadline, "the daemon did not listen within 20 s");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Daemon { child, socket, dir }
-    }
-
-    fn session(&self, name: &str) -> Session {
-        Session::connect_with(SessionOptions {
-            socket: Some(self.socket.clone()),
-            name: Some(name.into()),
-            heap_bytes: None,
-        })
-        .expect("session opens")
-    }
-
-    fn status(&self) -> agora::StatusReport {
-        agora::daemon_status(Some(self.socket.clone())).expect("daemon answers status")
-    }
-
-    /// Panics if the daemon process has exited (e.g. killed by a signal from its OpenCL runtime).
-    fn assert_alive(&mut self) {
-        if let Some(status) = self.child.try_wait().unwrap() {
-            panic!("the daemon exited: {status}");
-        }
-    }
-
-    /// Jobs the lanes of device `name` have run to the end.
-    fn completed_on(&self, name: &str) -> u64 {
-        let status = self.status();
-        let device = status.devices.iter().find(|d| d.name == name).expect("device listed");
-        device.lanes.iter().map(|l| l.completed).sum()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// Jobs the lanes of device `name` have run to the end.
+fn completed_on(daemon: &Daemon, name: &str) -> u64 {
+    let status = daemon.status();
+    let device = status.devices.iter().find(|d| d.name == name).expect("device listed");
+    device.lanes.iter().map(|l| l.completed).sum()
 }
 
 fn queue(s: &Session, name: &str, class: QueueClass, kind: DeviceKind) -> agora::Queue {
@@ -143,8 +85,8 @@ fn saxpy_ok(s: &Session, name: &str, kind: DeviceKind) -> agora::Queue {
 
 #[test]
 fn huge_ranges_are_split_or_moved_and_the_daemon_lives() {
-    let mut daemon = Daemon::start("huge", &["--opencl-lanes", "2"]);
-    let s = daemon.session("huge");
+    let mut daemon = start("huge", &["--opencl-lanes", "2"]);
+    let s = daemon.session_named("huge");
     let status = daemon.status();
     let opencl = status
         .devices
@@ -192,20 +134,20 @@ fn huge_ranges_are_split_or_moved_and_the_daemon_lives() {
         ("2^11 x 2^11 x 2^11", NdRange::d3(1 << 11, 1 << 11, 1 << 11)),
     ] {
         let what = format!("noop over {label} on opencl-latency");
-        let before = daemon.completed_on(&opencl);
+        let before = completed_on(&daemon, &opencl);
         finished(&what, latency.launch(&noop, &[], range).unwrap().wait());
         assert_eq!(last_device(&s, "opencl-latency"), opencl, "{what}");
-        assert_eq!(daemon.completed_on(&opencl) - before, 2, "{what}: two enqueues");
+        assert_eq!(completed_on(&daemon, &opencl) - before, 2, "{what}: two enqueues");
     }
     // A batch queue's launch is sliced for preemption too (noop is not free): at least as many.
     let (_, batch) = &queues[0];
-    let before = daemon.completed_on(&opencl);
+    let before = completed_on(&daemon, &opencl);
     finished(
         "noop over 2^33 on opencl-batch",
         batch.launch(&noop, &[], 1u64 << 33).unwrap().wait(),
     );
     assert_eq!(last_device(&s, "opencl-batch"), opencl);
-    assert!(daemon.completed_on(&opencl) - before >= 2, "sliced");
+    assert!(completed_on(&daemon, &opencl) - before >= 2, "sliced");
 
     // A queue busy on the OpenCL device whose next launch is beyond that device moves to the
     // CPU once its earlier task is done; both complete, in order.
@@ -217,7 +159,7 @@ fn huge_ranges_are_split_or_moved_and_the_daemon_lives() {
 
     // The daemon lives, and another session's ordinary tasks are exact, on both devices.
     daemon.assert_alive();
-    let bystander = daemon.session("bystander");
+    let bystander = daemon.session_named("bystander");
     let _on_opencl = saxpy_ok(&bystander, "on-opencl", DeviceKind::OpenCl);
     assert_eq!(last_device(&bystander, "on-opencl"), opencl);
     saxpy_ok(&bystander, "on-cpu", DeviceKind::Cpu);

@@ -3,103 +3,60 @@
 //! while a client keeps working, and `agora bench migrate --quick --json` (fields and verified
 //! results, not timings).
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use agora::{DeviceKind, QueueOptions, Session, SessionOptions};
+use agora_test_support::Daemon;
 
 const AGORA: &str = env!("CARGO_BIN_EXE_agora");
 
-/// A daemon process, killed when dropped.
-struct Daemon {
-    child: Option<Child>,
-    socket: PathBuf,
-    dir: PathBuf,
+/// `agora serve --config FILE --socket S` on a private socket, FILE holding `config`; killed
+/// when dropped.
+fn start(tag: &str, config: &str) -> Daemon {
+    let dir = agora_test_support::temp_dir(&format!("cli-mig-{tag}"));
+    std::fs::write(dir.path().join("agora.toml"), config).unwrap();
+    Daemon::start_in(AGORA, dir, &["--config", "{dir}/agora.toml"])
 }
 
-impl Daemon {
-    fn start(tag: &str, config: &str) -> Daemon {
-        let dir = std::env::temp_dir().join(format!("agora-cli-mig-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let socket = dir.join("agora.sock");
-        let file = dir.join("agora.toml");
-        std::fs::write(&file, config).unwrap();
-        let child = Command::new(AGORA)
-            .args(["serve", "--config", file.to_str().unwrap(), "--socket"])
-            .arg(&socket)
-            .env("AGORA_LOG", "warn")
-            .env("AGORA_STATE_DIR", dir.join("state"))
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("agora serve starts");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-            assert!(Instant::now() < deadline, "the daemon did not listen within 20 s");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Daemon {
-            child: Some(child),
-            socket,
-            dir,
-        }
-    }
-
-    fn agora(&self, args: &[&str]) -> (bool, String, String) {
-        let out = Command::new(AGORA)
-            .args(args)
-            .arg("--socket")
-            .arg(&self.socket)
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// `agora ARGS --socket S`: whether it succeeded, its output and its errors.
+fn agora(daemon: &Daemon, args: &[&str]) -> (bool, String, String) {
+    let out = daemon.agora(args);
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[test]
 fn drain_and_undrain_from_the_command_line_show_in_status() {
-    let daemon = Daemon::start("drain", "[[sim]]\nname = \"sim0\"\n");
-    let (ok, out, err) = daemon.agora(&["drain", "sim0"]);
+    let daemon = start("drain", "[[sim]]\nname = \"sim0\"\n");
+    let (ok, out, err) = agora(&daemon, &["drain", "sim0"]);
     assert!(ok, "{err}");
     assert!(out.contains("sim0 is draining"), "{out}");
-    let (_, status, _) = daemon.agora(&["status"]);
+    let (_, status, _) = agora(&daemon, &["status"]);
     assert!(
         status.contains("device sim0 (sim)") && status.contains("draining"),
         "{status}"
     );
-    let (ok, out, err) = daemon.agora(&["undrain", "sim0"]);
+    let (ok, out, err) = agora(&daemon, &["undrain", "sim0"]);
     assert!(ok, "{err}");
     assert!(out.contains("takes new work again"), "{out}");
-    let (_, status, _) = daemon.agora(&["status"]);
+    let (_, status, _) = agora(&daemon, &["status"]);
     assert!(!status.contains("draining"), "{status}");
-    let (ok, out, err) = daemon.agora(&["drain", "sim0", "--evacuate"]);
+    let (ok, out, err) = agora(&daemon, &["drain", "sim0", "--evacuate"]);
     assert!(ok, "{err}");
     assert!(out.contains("evacuated 0 buffer(s)"), "{out}");
-    assert!(daemon.agora(&["undrain", "sim0"]).0);
+    assert!(agora(&daemon, &["undrain", "sim0"]).0);
     // A name the daemon does not have: a clear error listing the ones it has.
-    let (ok, _, err) = daemon.agora(&["drain", "gpu7"]);
+    let (ok, _, err) = agora(&daemon, &["drain", "gpu7"]);
     assert!(!ok);
     assert!(err.contains("unknown device 'gpu7'") && err.contains("sim0"), "{err}");
 }
 
 #[test]
 fn a_failing_sim_device_is_drained_and_the_client_keeps_exact_results() {
-    let daemon = Daemon::start(
+    let daemon = start(
         "fail",
         // Jobs alternate launch, read-back: the 5th (a launch) is the first to fail, so every
         // output that finished on the device was home before it failed. (With an odd count a
@@ -108,7 +65,7 @@ fn a_failing_sim_device_is_drained_and_the_client_keeps_exact_results() {
         "[[sim]]\nname = \"flaky\"\nlanes = 1\nlaunch_ns = 300000\nfail_after_jobs = 4\n",
     );
     let session = Session::connect_with(SessionOptions {
-        socket: Some(daemon.socket.clone()),
+        socket: Some(daemon.socket().to_path_buf()),
         ..Default::default()
     })
     .unwrap();
@@ -140,23 +97,23 @@ fn a_failing_sim_device_is_drained_and_the_client_keeps_exact_results() {
             .enumerate()
             .all(|(i, v)| *v == 2.0 * i as f32));
     }
-    let (_, status, _) = daemon.agora(&["status"]);
+    let (_, status, _) = agora(&daemon, &["status"]);
     assert!(
         status.contains("device flaky (sim)") && status.contains("FAILED"),
         "{status}"
     );
     assert!(status.contains("tasks replayed after a device failure"), "{status}");
-    let (ok, _, err) = daemon.agora(&["undrain", "flaky"]);
+    let (ok, _, err) = agora(&daemon, &["undrain", "flaky"]);
     assert!(!ok && err.contains("failed"), "{err}");
 }
 
 #[test]
 fn bench_migrate_quick_json_has_sane_fields() {
-    let dir = std::env::temp_dir().join(format!("agora-cli-mig-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = agora_test_support::temp_dir("cli-mig-bench");
+    let dir = scratch.path();
     let out = Command::new(AGORA)
         .args(["bench", "migrate", "--quick", "--json"])
-        .env("AGORA_STATE_DIR", &dir)
+        .env("AGORA_STATE_DIR", dir)
         .env_remove("AGORA_SOCKET")
         .output()
         .unwrap();
@@ -187,5 +144,4 @@ fn bench_migrate_quick_json_has_sane_fields() {
     assert_eq!(app["arax_anchor_pct"].as_f64().unwrap(), 7.0);
     assert_eq!(app["from"], "sim0");
     assert_eq!(app["to"], "sim1");
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -3,90 +3,32 @@
 //!
 //! Each test starts its own daemon on a private socket, so tests run in parallel.
 
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use agora::testing::{ArgTag, Op, RawArg, TaskDescriptor};
-use agora::{Arg, Error, Session, SessionOptions, TaskError};
+use agora::{Arg, Error, Session, TaskError};
 use agora_protocol::control::ControlError;
+use agora_test_support::Daemon;
 
 const AGORA: &str = env!("CARGO_BIN_EXE_agora");
 
-/// A daemon process, killed when dropped.
-struct Daemon {
-    child: Option<Child>,
-    socket: PathBuf,
-    dir: PathBuf,
+/// `agora serve --socket S EXTRA` on a private socket, killed when dropped.
+fn start(tag: &str, extra: &[&str]) -> Daemon {
+    Daemon::start(AGORA, &format!("robust-{tag}"), extra)
 }
 
-impl Daemon {
-    fn start(tag: &str, extra: &[&str]) -> Daemon {
-        let dir = std::env::temp_dir().join(format!("agora-robust-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let socket = dir.join("agora.sock");
-        let child = Command::new(AGORA)
-            .arg("serve")
-            .arg("--socket")
-            .arg(&socket)
-            .args(extra)
-            .env("AGORA_LOG", "warn")
-            .env("AGORA_STATE_DIR", dir.join("state"))
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("agora serve starts");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "the daemon did not listen on {} within 20 s",
-                socket.display()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Daemon {
-            child: Some(child),
-            socket,
-            dir,
-        }
-    }
+/// Client processes of a test daemon.
+trait Clients {
+    /// `agora ARGS --socket S`, its output piped.
+    fn client(&self, args: &[&str]) -> Command;
+}
 
-    fn session(&self, name: &str) -> Session {
-        Session::connect_with(SessionOptions {
-            socket: Some(self.socket.clone()),
-            name: Some(name.into()),
-            heap_bytes: None,
-        })
-        .expect("session opens")
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.as_ref().unwrap().id()
-    }
-
-    fn status(&self) -> agora::StatusReport {
-        agora::daemon_status(Some(self.socket.clone())).expect("daemon answers status")
-    }
-
+impl Clients for Daemon {
     fn client(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(AGORA);
-        c.args(args)
-            .arg("--socket")
-            .arg(&self.socket)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        let mut c = self.command(args);
+        c.stdout(Stdio::piped()).stderr(Stdio::piped());
         c
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -139,12 +81,12 @@ fn busy_queue(s: &Session) -> (agora::Queue, [agora::Buffer; 2]) {
 /// unaffected.
 #[test]
 fn garbage_descriptors_fail_only_their_tasks() {
-    let daemon = Daemon::start("garbage", &["--no-opencl"]);
+    let daemon = start("garbage", &["--no-opencl"]);
     let good = daemon
         .client(&["run", "gaussian", "--size", "160", "--json"])
         .spawn()
         .unwrap();
-    let evil = daemon.session("evil");
+    let evil = daemon.session_named("evil");
     let queue = evil.queue("garbage").unwrap();
     let mut state = 0x2545_F491_4F6C_DD1Du64;
     let mut next = || {
@@ -201,9 +143,9 @@ fn garbage_descriptors_fail_only_their_tasks() {
 /// A corrupt ring index ends that session only.
 #[test]
 fn a_corrupt_ring_ends_only_that_session() {
-    let daemon = Daemon::start("ring", &["--no-opencl"]);
-    let evil = daemon.session("evil");
-    let good = daemon.session("good");
+    let daemon = start("ring", &["--no-opencl"]);
+    let evil = daemon.session_named("evil");
+    let good = daemon.session_named("good");
     saxpy_ok(&evil, 10);
     agora::testing::corrupt_submission_tail(&evil);
     wait_until("the corrupt session to be ended", Duration::from_secs(10), || {
@@ -217,8 +159,8 @@ fn a_corrupt_ring_ends_only_that_session() {
 /// Issue 2, case 2: each kind of mistake is a typed error naming the problem.
 #[test]
 fn mistakes_are_typed_errors_naming_the_problem() {
-    let daemon = Daemon::start("typed", &["--no-opencl"]);
-    let s = daemon.session("typed");
+    let daemon = start("typed", &["--no-opencl"]);
+    let s = daemon.session_named("typed");
     let q = s.queue("q").unwrap();
     match s.kernel("saxp") {
         Err(Error::Control(ControlError::UnknownKernel { name, suggestions })) => {
@@ -312,8 +254,8 @@ fn mistakes_are_typed_errors_naming_the_problem() {
 /// Issue 2, case 3: an exhausted segment quota is an allocation error, not a crash.
 #[test]
 fn quota_exhaustion_is_an_allocation_error() {
-    let daemon = Daemon::start("quota", &["--no-opencl", "--session-quota", "1M"]);
-    let s = daemon.session("quota");
+    let daemon = start("quota", &["--no-opencl", "--session-quota", "1M"]);
+    let s = daemon.session_named("quota");
     let mut held = Vec::new();
     let error = loop {
         match s.buffer(100_000) {
@@ -342,13 +284,13 @@ fn quota_exhaustion_is_an_allocation_error() {
         s.buffer(500_000).is_ok()
     });
     // Another client is unaffected.
-    saxpy_ok(&daemon.session("other"), 1000);
+    saxpy_ok(&daemon.session_named("other"), 1000);
 }
 
 /// Issue 2, case 4: a client killed with tasks in flight is reclaimed; others keep running.
 #[test]
 fn a_killed_client_is_reclaimed() {
-    let daemon = Daemon::start("kill", &["--no-opencl"]);
+    let daemon = start("kill", &["--no-opencl"]);
     let mut victim = daemon
         .client(&["run", "saxpy", "--size", "2000000", "--iterations", "100000", "--json"])
         .spawn()
@@ -380,22 +322,22 @@ fn a_killed_client_is_reclaimed() {
     verified(survivor.wait_with_output().unwrap());
     let status = daemon.status();
     assert!(status.sessions_closed >= 2, "{status:?}");
-    saxpy_ok(&daemon.session("after"), 10_000);
+    saxpy_ok(&daemon.session_named("after"), 10_000);
 }
 
 /// Issue 2, case 5: the daemon killed while a client waits: the wait returns `Disconnected`
 /// within a bounded time.
 #[test]
 fn a_killed_daemon_disconnects_waiting_clients() {
-    let mut daemon = Daemon::start("daemon-kill", &["--no-opencl"]);
-    let s = daemon.session("waiter");
+    let mut daemon = start("daemon-kill", &["--no-opencl"]);
+    let s = daemon.session_named("waiter");
     let (q, _buffers) = busy_queue(&s);
     let waiter = std::thread::spawn(move || {
         let r = q.finish();
         (r, Instant::now())
     });
     std::thread::sleep(Duration::from_millis(200));
-    let mut child = daemon.child.take().unwrap();
+    let mut child = daemon.take_child();
     child.kill().unwrap(); // SIGKILL
     let killed = Instant::now();
     let _ = child.wait();
@@ -413,8 +355,8 @@ fn a_killed_daemon_disconnects_waiting_clients() {
 /// SIGTERM: a clean shutdown that exits 0, removes the socket and wakes waiters.
 #[test]
 fn sigterm_shuts_down_cleanly() {
-    let mut daemon = Daemon::start("term", &["--no-opencl"]);
-    let s = daemon.session("waiter");
+    let mut daemon = start("term", &["--no-opencl"]);
+    let s = daemon.session_named("waiter");
     let (q, _buffers) = busy_queue(&s);
     let waiter = std::thread::spawn(move || q.finish());
     std::thread::sleep(Duration::from_millis(200));
@@ -424,7 +366,7 @@ fn sigterm_shuts_down_cleanly() {
         .status()
         .unwrap();
     assert!(status.success());
-    let mut child = daemon.child.take().unwrap();
+    let mut child = daemon.take_child();
     let deadline = Instant::now() + Duration::from_secs(10);
     let exit = loop {
         if let Some(exit) = child.try_wait().unwrap() {
@@ -437,7 +379,7 @@ fn sigterm_shuts_down_cleanly() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(exit.success(), "exit status {exit}");
-    assert!(!Path::new(&daemon.socket).exists(), "the socket file is removed");
+    assert!(!daemon.socket().exists(), "the socket file is removed");
     // Queued tasks are cancelled (and say so) or the session reports the daemon gone.
     let result = waiter.join().unwrap();
     let cancelled = |e: &Error| e.task_error() == Some(&TaskError::Cancelled);
@@ -451,8 +393,8 @@ fn sigterm_shuts_down_cleanly() {
 /// Many threads of one session plus client processes at once: nothing fails or hangs.
 #[test]
 fn stress_many_threads_and_processes() {
-    let daemon = Daemon::start("stress", &["--no-opencl"]);
-    let session = daemon.session("stress");
+    let daemon = start("stress", &["--no-opencl"]);
+    let session = daemon.session_named("stress");
     let others: Vec<Child> = (0..3)
         .map(|_| {
             daemon
@@ -498,9 +440,9 @@ fn stress_many_threads_and_processes() {
 /// `agora status --json` shows two live clients; `agora run` verifies; idle costs no CPU.
 #[test]
 fn status_shows_clients_and_an_idle_daemon_sleeps() {
-    let daemon = Daemon::start("status", &[]);
-    let a = daemon.session("tenant-a");
-    let b = daemon.session("tenant-b");
+    let daemon = start("status", &[]);
+    let a = daemon.session_named("tenant-a");
+    let b = daemon.session_named("tenant-b");
     let _qa = a.queue("qa").unwrap();
     let out = daemon.client(&["status", "--json"]).output().unwrap();
     assert!(out.status.success());

@@ -5,11 +5,9 @@ use std::process::Command;
 
 const AGORA: &str = env!("CARGO_BIN_EXE_agora");
 
-fn dir(tag: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("agora-cli-sched-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A new temporary directory for one test, removed when the returned value is dropped.
+fn dir(tag: &str) -> agora_test_support::TempDir {
+    agora_test_support::temp_dir(&format!("cli-sched-{tag}"))
 }
 
 fn agora(args: &[&str], state: &std::path::Path) -> std::process::Output {
@@ -23,14 +21,15 @@ fn agora(args: &[&str], state: &std::path::Path) -> std::process::Output {
 
 #[test]
 fn print_config_is_a_valid_config_file_and_flags_override_the_file() {
-    let dir = dir("config");
+    let scratch = dir("config");
+    let dir = scratch.path();
     let file = dir.join("agora.toml");
     std::fs::write(
         &file,
         "[scheduler]\npolicy = \"energy\"\n[[sim]]\nname = \"s1\"\nmemory = \"64M\"\nkernels = [\"saxpy\"]\n",
     )
     .unwrap();
-    let out = agora(&["serve", "--config", file.to_str().unwrap(), "--print-config"], &dir);
+    let out = agora(&["serve", "--config", file.to_str().unwrap(), "--print-config"], dir);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let printed = String::from_utf8(out.stdout).unwrap();
     assert!(
@@ -49,7 +48,7 @@ fn print_config_is_a_valid_config_file_and_flags_override_the_file() {
             "perf",
             "--print-config",
         ],
-        &dir,
+        dir,
     );
     let reprinted = String::from_utf8(out.stdout).unwrap();
     assert_eq!(reprinted, printed.replace("policy = \"energy\"", "policy = \"perf\""));
@@ -57,24 +56,25 @@ fn print_config_is_a_valid_config_file_and_flags_override_the_file() {
 
 #[test]
 fn a_bad_config_file_is_refused_with_the_reason() {
-    let dir = dir("bad");
+    let scratch = dir("bad");
+    let dir = scratch.path();
     let file = dir.join("agora.toml");
     std::fs::write(&file, "[cpu]\nlanes = \"two\"\n").unwrap();
-    let out = agora(&["serve", "--config", file.to_str().unwrap()], &dir);
+    let out = agora(&["serve", "--config", file.to_str().unwrap()], dir);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("agora.toml") && err.contains("lanes"), "{err}");
-    let out = agora(&["serve", "--config", dir.join("missing.toml").to_str().unwrap()], &dir);
+    let out = agora(&["serve", "--config", dir.join("missing.toml").to_str().unwrap()], dir);
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read the configuration file"));
-    let out = agora(&["serve", "--policy", "fastest"], &dir);
+    let out = agora(&["serve", "--policy", "fastest"], dir);
     assert!(String::from_utf8_lossy(&out.stderr).contains("choose rr, perf or energy"));
-    let out = agora(&["serve", "--latency-policy", "fastest"], &dir);
+    let out = agora(&["serve", "--latency-policy", "fastest"], dir);
     assert!(String::from_utf8_lossy(&out.stderr).contains("choose none, priority or elastic"));
-    let out = agora(&["serve", "--latency-sla-ms", "0", "--print-config"], &dir);
+    let out = agora(&["serve", "--latency-sla-ms", "0", "--print-config"], dir);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("positive number of milliseconds"));
     std::fs::write(&file, "[scheduler]\nlatency_sla_ms = -5.0\n").unwrap();
-    let out = agora(&["serve", "--config", file.to_str().unwrap()], &dir);
+    let out = agora(&["serve", "--config", file.to_str().unwrap()], dir);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("scheduler.latency_sla_ms"), "{err}");
@@ -82,31 +82,33 @@ fn a_bad_config_file_is_refused_with_the_reason() {
 
 #[test]
 fn model_show_prints_what_a_daemon_learned() {
-    let dir = dir("model");
-    let out = agora(&["model", "show"], &dir);
+    let scratch = dir("model");
+    let dir = scratch.path();
+    let out = agora(&["model", "show"], dir);
     assert!(String::from_utf8_lossy(&out.stdout).contains("no measurements"));
     let mut model = agora_daemon::policy::PerformanceModel::new(0.8);
     model.record("sgemm", "cpu0", 65_536, 2.0e6);
     model.record("sgemm", "cpu0", 1 << 20, 40.0e6);
-    model.save(&dir).unwrap();
-    let out = agora(&["model", "show"], &dir);
+    model.save(dir).unwrap();
+    let out = agora(&["model", "show"], dir);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("sgemm") && text.contains("cpu0") && text.contains("2.00 ms"),
         "{text}"
     );
     assert!(text.contains("fit: t ≈"), "{text}");
-    let out = agora(&["model", "show", "--json"], &dir);
+    let out = agora(&["model", "show", "--json"], dir);
     let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(rows.as_array().unwrap().len(), 2);
 }
 
 #[test]
 fn bench_hetero_and_sharing_report_their_fields() {
-    let dir = dir("bench");
+    let scratch = dir("bench");
+    let dir = scratch.path();
     let out = agora(
         &["bench", "hetero", "--quick", "--json", "--tenants", "2", "--learn", "1"],
-        &dir,
+        dir,
     );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let results: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -127,7 +129,7 @@ fn bench_hetero_and_sharing_report_their_fields() {
             "cpu, opencl and two sim devices"
         );
     }
-    let out = agora(&["bench", "sharing", "--quick", "--json"], &dir);
+    let out = agora(&["bench", "sharing", "--quick", "--json"], dir);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let (shared, sequential, ratio) = (
@@ -141,8 +143,9 @@ fn bench_hetero_and_sharing_report_their_fields() {
 
 #[test]
 fn bench_sla_reports_preemption_figures() {
-    let dir = dir("sla");
-    let out = agora(&["bench", "sla", "--quick", "--json", "--batch-matrix", "384"], &dir);
+    let scratch = dir("sla");
+    let dir = scratch.path();
+    let out = agora(&["bench", "sla", "--quick", "--json", "--batch-matrix", "384"], dir);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     for field in [
@@ -162,7 +165,8 @@ fn bench_sla_reports_preemption_figures() {
 
 #[test]
 fn sim_is_deterministic_and_reports_the_trem_figures() {
-    let dir = dir("sim");
+    let scratch = dir("sim");
+    let dir = scratch.path();
     let args = [
         "sim",
         "--workload",
@@ -181,9 +185,9 @@ fn sim_is_deterministic_and_reports_the_trem_figures() {
         "60",
         "--json",
     ];
-    let first = agora(&args, &dir);
+    let first = agora(&args, dir);
     assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
-    let second = agora(&args, &dir);
+    let second = agora(&args, dir);
     assert_eq!(first.stdout, second.stdout, "the same seed gives the same result");
     let r: serde_json::Value = serde_json::from_slice(&first.stdout).unwrap();
     for field in [
@@ -211,11 +215,111 @@ fn sim_is_deterministic_and_reports_the_trem_figures() {
             "--plot",
             svg.to_str().unwrap(),
         ],
-        &dir,
+        dir,
     );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = std::fs::read_to_string(&svg).unwrap();
     assert!(text.starts_with("<svg") && text.contains("elastic") && text.contains("polyline"));
-    let out = agora(&["sim", "--policy", "fastest"], &dir);
+    let out = agora(&["sim", "--policy", "fastest"], dir);
     assert!(String::from_utf8_lossy(&out.stderr).contains("choose none, priority or elastic"));
+}
+
+/// Issue #19, item 13: daemons on different sockets keep their models apart (with no state
+/// directory set, each socket has its own under `$XDG_STATE_HOME/agora/daemons`), and `agora
+/// model show --socket S` reads the model of the daemon on S and names its file.
+#[test]
+fn daemons_on_different_sockets_learn_apart_and_model_show_reads_each_ones_own() {
+    use agora_test_support::Daemon;
+
+    let scratch = dir("keyed");
+    let xdg = scratch.path().join("xdg");
+    let own_state = |c: &mut Command| {
+        c.env_remove("AGORA_STATE_DIR").env("XDG_STATE_HOME", &xdg);
+    };
+    // Inline runs (tiny tasks on the dispatcher) are not measured: use lanes.
+    let args = ["--no-opencl", "--inline-max-ns", "0"];
+    let mut a = Daemon::start_in_with(
+        AGORA,
+        agora_test_support::temp_dir("cli-sched-keyed-a"),
+        &args,
+        own_state,
+    );
+    let mut b = Daemon::start_in_with(
+        AGORA,
+        agora_test_support::temp_dir("cli-sched-keyed-b"),
+        &args,
+        own_state,
+    );
+    for (daemon, kernel) in [(&a, "vector_add"), (&b, "stream.add")] {
+        let session = daemon.session();
+        let k = session.kernel(kernel).unwrap();
+        let q = session.queue("learn").unwrap();
+        let n = 4096usize;
+        let x = session.buffer_from(&vec![1.0f32; n]).unwrap();
+        let y = session.buffer_from(&vec![1.0f32; n]).unwrap();
+        let z = session.buffer((n * 4) as u64).unwrap();
+        for _ in 0..3 {
+            q.launch(&k, &[(&x).into(), (&y).into(), (&z).into()], n).unwrap();
+            q.finish().unwrap();
+        }
+    }
+    // SIGTERM: each saves its model.
+    a.stop();
+    b.stop();
+    let show = |daemon: &Daemon, json: bool| {
+        let mut args = vec!["model", "show"];
+        if json {
+            args.push("--json");
+        }
+        let mut c = daemon.command(&args);
+        own_state(&mut c);
+        let out = c.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let kernels = |daemon: &Daemon| {
+        let rows: serde_json::Value = serde_json::from_str(&show(daemon, true)).unwrap();
+        let mut names: Vec<String> = rows
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["kernel"].as_str().unwrap().to_string())
+            .collect();
+        names.dedup();
+        names
+    };
+    assert_eq!(kernels(&a), ["vector_add"]);
+    assert_eq!(kernels(&b), ["stream.add"]);
+    // The table names the file it read: each daemon's own, under XDG_STATE_HOME.
+    let file_of = |daemon: &Daemon| {
+        let text = show(daemon, false);
+        let first = text.lines().next().unwrap_or_default().to_string();
+        assert!(
+            first.starts_with("performance model ") && first.contains(&daemon.socket().display().to_string()),
+            "{text}"
+        );
+        let path = first["performance model ".len()..]
+            .split(" (")
+            .next()
+            .unwrap()
+            .to_string();
+        assert!(std::path::Path::new(&path).is_file(), "{path}");
+        assert!(
+            path.starts_with(&xdg.join("agora/daemons").display().to_string()),
+            "{path}"
+        );
+        path
+    };
+    assert_ne!(file_of(&a), file_of(&b));
+    assert!(!xdg.join("agora/perf-model.json").exists(), "no shared file");
+    // An explicit state directory still wins over the socket's own.
+    let out = agora(
+        &["model", "show", "--socket", a.socket().to_str().unwrap()],
+        scratch.path(),
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("no measurements"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }

@@ -1,10 +1,10 @@
 //! Metrics and traces of a known workload, with a real daemon process.
 
 use std::io::{Read, Write};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use agora::{Arg, DeviceKind, QueueOptions, Session, SessionOptions};
+use agora_test_support::Daemon;
 
 const AGORA: &str = env!("CARGO_BIN_EXE_agora");
 
@@ -30,28 +30,15 @@ fn scrape(port: u16) -> String {
 
 #[test]
 fn metrics_and_trace_count_a_known_workload() {
-    let dir = std::env::temp_dir().join(format!("agora-telemetry-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let socket = dir.join("agora.sock");
-    let trace = dir.join("trace.json");
     let port = free_port();
-    let mut daemon = Command::new(AGORA)
-        .arg("serve")
-        .arg("--socket")
-        .arg(&socket)
-        .args(["--metrics", &port.to_string(), "--trace"])
-        .arg(&trace)
-        .env("AGORA_STATE_DIR", dir.join("state"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        assert!(Instant::now() < deadline, "daemon did not start");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let mut daemon = Daemon::start(
+        AGORA,
+        "telemetry",
+        &["--metrics", &port.to_string(), "--trace", "{dir}/trace.json"],
+    );
+    let dir = daemon.dir().to_path_buf();
+    let socket = daemon.socket().to_path_buf();
+    let trace = dir.join("trace.json");
 
     // The known workload: 10 saxpy launches on the CPU, 7 on OpenCL (each after a sync_to).
     let session = Session::connect_with(SessionOptions {
@@ -194,30 +181,13 @@ fn metrics_and_trace_count_a_known_workload() {
     assert!(String::from_utf8_lossy(&out.stderr).contains(".svg or .png"));
 
     drop((x, y, session));
-    let _ = Command::new("kill").arg("-TERM").arg(daemon.id().to_string()).status();
-    let _ = daemon.wait();
-    let _ = std::fs::remove_dir_all(&dir);
+    daemon.stop();
 }
 
 #[test]
 fn top_once_json_shows_two_live_tenants() {
-    let dir = std::env::temp_dir().join(format!("agora-top-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let socket = dir.join("agora.sock");
-    let mut daemon = Command::new(AGORA)
-        .args(["serve", "--no-opencl", "--socket"])
-        .arg(&socket)
-        .env("AGORA_STATE_DIR", dir.join("state"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        assert!(Instant::now() < deadline, "daemon did not start");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let daemon = Daemon::start(AGORA, "top", &["--no-opencl"]);
+    let socket = daemon.socket().to_path_buf();
     let open = |name: &str| {
         Session::connect_with(SessionOptions {
             socket: Some(socket.clone()),
@@ -263,7 +233,4 @@ fn top_once_json_shows_two_live_tenants() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--once"));
     drop((a, b));
-    let _ = daemon.kill();
-    let _ = daemon.wait();
-    let _ = std::fs::remove_dir_all(&dir);
 }

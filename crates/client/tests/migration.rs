@@ -11,7 +11,7 @@ use agora_daemon::{DaemonConfig, SimDeviceConfig, SimKernelProfile};
 
 mod common;
 
-fn start(tag: &str, tweak: impl FnOnce(&mut DaemonConfig)) -> (agora_daemon::DaemonHandle, Session) {
+fn start(tag: &str, tweak: impl FnOnce(&mut DaemonConfig)) -> (common::EmbeddedDaemon, Session) {
     common::daemon_with(&format!("mig-{tag}"), tweak)
 }
 
@@ -44,7 +44,7 @@ fn sim_queue(session: &Session, name: &str) -> agora::Queue {
         .unwrap()
 }
 
-fn drain(daemon: &agora_daemon::DaemonHandle, device: &str, on: bool) -> agora::DrainOutcome {
+fn drain(daemon: &common::EmbeddedDaemon, device: &str, on: bool) -> agora::DrainOutcome {
     agora::drain_device(Some(daemon.socket().to_path_buf()), device, on, false).unwrap()
 }
 

@@ -401,7 +401,7 @@ fn run_sequence(session: &Session, kind: DeviceKind, seed: u64, tasks: usize) ->
 
 #[test]
 fn every_reported_outcome_equals_the_real_one_under_injected_faults() {
-    let (_daemon, session) = common::daemon_with("outcome-property", |c| {
+    let (daemon, session) = common::daemon_with("outcome-property", |c| {
         c.inject_faults = Some((SEED, FAULTS_PER_MILLE));
     });
     common::require_opencl(&session);
@@ -409,7 +409,7 @@ fn every_reported_outcome_equals_the_real_one_under_injected_faults() {
     // lanes and transfers, so readers are often dispatched before an earlier writer's failure is
     // known. Two sessions at once, as two tenants.
     let other = Session::connect_with(agora::SessionOptions {
-        socket: Some(common::socket_path("outcome-property")),
+        socket: Some(daemon.socket().to_path_buf()),
         ..Default::default()
     })
     .unwrap();

@@ -8,7 +8,7 @@ mod common;
 
 use agora::{Arg, DeviceKind, QueueOptions, Session};
 
-fn daemon(tag: &str) -> (agora_daemon::DaemonHandle, Session) {
+fn daemon(tag: &str) -> (common::EmbeddedDaemon, Session) {
     let (handle, session) = common::daemon(tag);
     common::require_opencl(&session);
     (handle, session)

@@ -9,9 +9,9 @@ use agora_daemon::{DaemonConfig, PolicyKind, SimDeviceConfig};
 
 mod common;
 
-/// A daemon of the test's own; `tag` names its directory (the model's state directory is in it,
-/// so two daemons with one tag share a model).
-fn start(tag: &str, tweak: impl FnOnce(&mut DaemonConfig)) -> (agora_daemon::DaemonHandle, Session) {
+/// A daemon of the test's own, in a new temporary directory named after `tag` (with its state
+/// directory, unless `tweak` sets one).
+fn start(tag: &str, tweak: impl FnOnce(&mut DaemonConfig)) -> (common::EmbeddedDaemon, Session) {
     common::daemon_with(&format!("sched-{tag}"), tweak)
 }
 
@@ -184,14 +184,14 @@ fn a_valid_copy_migrates_between_opencl_sim_and_cpu_exactly() {
 
 #[test]
 fn the_performance_model_survives_a_restart() {
-    let state = std::env::temp_dir().join(format!("agora-sched-persist-state-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&state);
+    let scratch = agora_test_support::temp_dir("sched-persist-state");
+    let state = scratch.path().join("state");
     let run = |kernel: &str| {
         let (daemon, session) = start("persist", |c| {
             c.opencl = false;
             // Inline runs (tiny tasks on the dispatcher) are not measured: use lanes.
             c.inline_max_ns = 0;
-            c.state_dir = state.clone();
+            c.state_dir = Some(state.clone());
         });
         let k = session.kernel(kernel).unwrap();
         let q = session.queue("p").unwrap();

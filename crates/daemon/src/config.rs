@@ -14,7 +14,7 @@
 //! Must not start anything: this module only describes.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -221,8 +221,12 @@ pub struct DaemonConfig {
     /// `energy`: a device may be chosen when its predicted finish is within this factor of the
     /// earliest predicted finish (the task's slack).
     pub energy_slack: f64,
-    /// Where the daemon keeps state across restarts (the performance model).
-    pub state_dir: PathBuf,
+    /// Where the daemon keeps state across restarts (the performance model). `None`: a
+    /// directory of this daemon's own, derived from its socket ([`state_dir_for_socket`]), so
+    /// daemons on different sockets do not overwrite each other's learning. Set (by
+    /// `--state-dir`, `$AGORA_STATE_DIR` or `[daemon] state_dir`), it is used as it is: daemons
+    /// given the same directory share it. [`DaemonConfig::effective_state_dir`] is the one used.
+    pub state_dir: Option<PathBuf>,
     /// Users allowed to open latency-class queues (with `latency_gids`; both empty: everyone).
     pub latency_uids: Vec<u32>,
     /// Groups allowed to open latency-class queues.
@@ -247,19 +251,68 @@ pub struct DaemonConfig {
     pub inject_faults: Option<(u64, u64)>,
 }
 
-/// The default state directory: `$AGORA_STATE_DIR`, else `$XDG_STATE_HOME/agora`, else
-/// `~/.local/state/agora`, else `/tmp/agora-$UID/state`.
-pub fn default_state_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("AGORA_STATE_DIR") {
-        return PathBuf::from(dir);
-    }
-    if let Some(dir) = std::env::var_os("XDG_STATE_HOME") {
+/// The directory under which daemons keep their state: `$XDG_STATE_HOME/agora`, else
+/// `~/.local/state/agora`, else `/tmp/agora-$UID/state`. Each daemon without a state directory
+/// of its own setting uses [`state_dir_for_socket`], a subdirectory of it.
+pub fn state_home() -> PathBuf {
+    if let Some(dir) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
         return PathBuf::from(dir).join("agora");
     }
-    if let Some(home) = std::env::var_os("HOME") {
+    if let Some(home) = std::env::var_os("HOME").filter(|d| !d.is_empty()) {
         return PathBuf::from(home).join(".local/state/agora");
     }
     PathBuf::from(format!("/tmp/agora-{}/state", rustix::process::getuid().as_raw()))
+}
+
+/// The state directory of the daemon on `socket` when none is set:
+/// `state_home()/daemons/NAME-HASH`, where NAME is the socket's file name and HASH a hash of its
+/// absolute path, so each socket has its own and the same socket finds it again after a restart.
+pub fn state_dir_for_socket(socket: &Path) -> PathBuf {
+    state_home().join("daemons").join(socket_key(socket))
+}
+
+/// The state directory a daemon on `socket` uses unless its configuration sets one:
+/// `$AGORA_STATE_DIR` when set, else [`state_dir_for_socket`]. What `agora model show` reads.
+pub fn default_state_dir(socket: &Path) -> PathBuf {
+    state_dir_from_env().unwrap_or_else(|| state_dir_for_socket(socket))
+}
+
+/// `$AGORA_STATE_DIR`, when set and not empty.
+fn state_dir_from_env() -> Option<PathBuf> {
+    std::env::var_os("AGORA_STATE_DIR")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+}
+
+/// `NAME-HASH` for a socket path: its file name (characters other than letters, digits, `.`,
+/// `_` and `-` replaced, at most 32 kept) and the FNV-1a hash of its absolute path. The hash is
+/// fixed here (not `std`'s hasher, which may change between Rust versions).
+fn socket_key(socket: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let absolute = std::path::absolute(socket).unwrap_or_else(|_| socket.to_path_buf());
+    let hash = absolute
+        .as_os_str()
+        .as_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+    let name: String = socket
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(32)
+        .collect();
+    let name = if name.is_empty() { "socket".into() } else { name };
+    format!("{name}-{hash:016x}")
 }
 
 impl Default for DaemonConfig {
@@ -294,7 +347,7 @@ impl Default for DaemonConfig {
             policy: PolicyKind::Rr,
             history_weight: 0.8,
             energy_slack: 1.5,
-            state_dir: default_state_dir(),
+            state_dir: state_dir_from_env(),
             latency_uids: Vec::new(),
             latency_gids: Vec::new(),
             preempt_target: Duration::from_millis(1),
@@ -326,7 +379,7 @@ section! {
     /// `[daemon]`
     DaemonSection "daemon." {
         socket: PathBuf => socket,
-        state_dir: PathBuf => state_dir,
+        state_dir: Option<PathBuf> => state_dir,
         inline_max_ns: u64 => inline_max_ns,
         max_spin_us: Micros => max_spin,
     }
@@ -564,6 +617,13 @@ impl InFile<Duration> for TargetMs {
 }
 
 impl DaemonConfig {
+    /// The state directory this daemon uses: the one set, else its socket's own.
+    pub fn effective_state_dir(&self) -> PathBuf {
+        self.state_dir
+            .clone()
+            .unwrap_or_else(|| state_dir_for_socket(&self.socket))
+    }
+
     /// The defaults with what `text` (a configuration file) sets applied.
     pub fn from_toml(text: &str) -> Result<DaemonConfig, ConfigError> {
         let mut config = DaemonConfig::default();
@@ -653,6 +713,13 @@ impl DaemonConfig {
              #   launch_ns = 20000\n\
              #   ns_per_item = 30.0\n",
         );
+        if self.state_dir.is_none() {
+            out.push_str(&format!(
+                "# [daemon] state_dir: not set, so this daemon keeps its performance model in its socket's own\n\
+                 #   directory, {}\n",
+                self.effective_state_dir().display()
+            ));
+        }
         if self.metrics.is_none() {
             out.push_str("# [telemetry] metrics = \"127.0.0.1:9464\" serves Prometheus metrics (off by default)\n");
         }
@@ -780,6 +847,36 @@ mod tests {
         assert!(err("[[sim]]\nname = \"a\"\nkernels = [\"nope\"]").contains("'nope'"));
         assert!(err("[[sim]]\nname = \"a\"\n[[sim]]\nname = \"a\"").contains("unique"));
         assert!(err("[scheduler.perf]\nhistory_weight = 1.5").contains("[0, 1)"));
+    }
+
+    #[test]
+    fn each_socket_has_its_own_state_directory() {
+        let a = state_dir_for_socket(Path::new("/run/user/1000/agora/agora.sock"));
+        let b = state_dir_for_socket(Path::new("/tmp/agora-test/agora.sock"));
+        assert_ne!(a, b);
+        assert_eq!(a, state_dir_for_socket(Path::new("/run/user/1000/agora/agora.sock")));
+        assert_eq!(a.parent(), b.parent());
+        let name = a.file_name().unwrap().to_str().unwrap();
+        assert!(
+            name.starts_with("agora.sock-") && name.len() == "agora.sock-".len() + 16,
+            "{name}"
+        );
+        let odd = socket_key(Path::new("/tmp/a dir/my socket\u{e9}"));
+        assert!(odd.starts_with("my_socket_-"), "{odd}");
+        let config = DaemonConfig {
+            socket: "/tmp/x.sock".into(),
+            state_dir: None,
+            ..Default::default()
+        };
+        assert_eq!(
+            config.effective_state_dir(),
+            state_dir_for_socket(Path::new("/tmp/x.sock"))
+        );
+        let config = DaemonConfig {
+            state_dir: Some("/srv/agora".into()),
+            ..config
+        };
+        assert_eq!(config.effective_state_dir(), PathBuf::from("/srv/agora"));
     }
 
     #[test]

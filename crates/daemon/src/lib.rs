@@ -45,8 +45,8 @@ use agora_devices::Device;
 use agora_transport::wake::Doorbell;
 
 pub use config::{
-    default_state_dir, format_bytes, parse_bytes, ConfigError, DaemonConfig, PolicyKind, PowerModel, SimDeviceConfig,
-    SimKernelProfile,
+    default_state_dir, format_bytes, parse_bytes, state_dir_for_socket, state_home, ConfigError, DaemonConfig,
+    PolicyKind, PowerModel, SimDeviceConfig, SimKernelProfile,
 };
 
 /// Why the daemon could not start or run.
@@ -55,6 +55,10 @@ pub enum DaemonError {
     /// Another daemon answers on the socket.
     #[error("a daemon is already running on {0}; stop it or pick another path with --socket / AGORA_SOCKET")]
     AlreadyRunning(PathBuf),
+    /// The daemon cannot listen on the socket path it was given; the message says why and what
+    /// to do.
+    #[error("{0}")]
+    Socket(String),
     /// An OS call failed.
     #[error("{what}: {cause}")]
     Io {
@@ -110,6 +114,82 @@ impl Drop for DaemonHandle {
     }
 }
 
+/// The longest socket path the kernel takes: `sun_path` holds 108 bytes, the last one a NUL.
+pub const MAX_SOCKET_PATH: usize = 107;
+
+/// What to tell a user whose socket path cannot work.
+const SOCKET_FIX: &str = "pick a socket path in a directory you can write with --socket PATH or AGORA_SOCKET \
+     (the default is $XDG_RUNTIME_DIR/agora/agora.sock, else /tmp/agora-$UID/agora.sock)";
+
+/// Checks, before any device starts, that the daemon can listen on `path`: the path fits in a
+/// socket address, its directory exists (or is created) and is writable, nothing but a stale
+/// socket is in the way, and no daemon answers there already. [`bind`] still handles what
+/// changes in between.
+pub fn check_socket_path(path: &Path) -> Result<(), DaemonError> {
+    let bad = |message: String| Err(DaemonError::Socket(message));
+    let length = path.as_os_str().len();
+    if length == 0 {
+        return bad(format!("the socket path is empty: {SOCKET_FIX}"));
+    }
+    if length > MAX_SOCKET_PATH {
+        return bad(format!(
+            "the socket path {} is {length} bytes long, but a Unix socket path can be at most \
+             {MAX_SOCKET_PATH} bytes: pick a shorter path with --socket PATH or AGORA_SOCKET, or set \
+             XDG_RUNTIME_DIR to a short directory (the default socket is \
+             $XDG_RUNTIME_DIR/agora/agora.sock)",
+            path.display()
+        ));
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.exists() {
+        use std::os::unix::fs::DirBuilderExt;
+        if let Err(e) = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir) {
+            return bad(format!(
+                "cannot create the socket's directory {}: {e}; {SOCKET_FIX}",
+                dir.display()
+            ));
+        }
+    }
+    if !dir.is_dir() {
+        return bad(format!(
+            "the socket's directory {} is not a directory; {SOCKET_FIX}",
+            dir.display()
+        ));
+    }
+    if let Err(e) = rustix::fs::access(dir, rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK) {
+        return bad(format!(
+            "cannot create the socket in {}: {}; {SOCKET_FIX}",
+            dir.display(),
+            std::io::Error::from(e)
+        ));
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) => {
+            use std::os::unix::fs::FileTypeExt;
+            if !meta.file_type().is_socket() {
+                return bad(format!(
+                    "{} exists and is not a socket, so the daemon will not replace it; \
+                     move it away or {SOCKET_FIX}",
+                    path.display()
+                ));
+            }
+            if UnixStream::connect(path).is_ok() {
+                return Err(DaemonError::AlreadyRunning(path.to_path_buf()));
+            }
+            // A socket nobody answers on: a daemon died; `bind` replaces it.
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => bad(format!(
+            "cannot use the socket path {}: {e}; {SOCKET_FIX}",
+            path.display()
+        )),
+    }
+}
+
 fn bind(path: &Path) -> Result<UnixListener, DaemonError> {
     if path.exists() {
         if UnixStream::connect(path).is_ok() {
@@ -134,6 +214,8 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
     config
         .validate()
         .map_err(|e| DaemonError::io("checking the configuration", std::io::Error::other(e.to_string())))?;
+    // Before any device starts: a socket that cannot work fails at once, saying what to do.
+    check_socket_path(&config.socket)?;
     let cpu = CpuDevice::new(config.cpu_lanes, config.cpu_threads_per_lane)
         .map_err(|e| DaemonError::io("starting CPU lanes", e))?;
     tracing::info!(
@@ -190,19 +272,10 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
             std::io::Error::other(format!("at most {} devices are supported", memory::MAX_DEVICES)),
         ));
     }
-    let model = match policy::PerformanceModel::load(&config.state_dir, config.history_weight) {
-        Ok(model) => {
-            let entries = model.rows().len();
-            tracing::info!(file = %policy::PerformanceModel::path(&config.state_dir).display(), entries, "performance model loaded");
-            model
-        }
-        Err(error) => {
-            tracing::warn!(%error, "starting with an empty performance model");
-            policy::PerformanceModel::new(config.history_weight)
-        }
-    };
+    let state_dir = config.effective_state_dir();
+    let model = load_model(&config, &state_dir);
     let model = Arc::new(std::sync::Mutex::new(model));
-    start_model_saver(Arc::downgrade(&model), config.state_dir.clone());
+    start_model_saver(Arc::downgrade(&model), state_dir);
     let trace = config.trace.as_ref().map(|path| {
         tracing::info!(file = %path.display(), capacity = config.trace_capacity, "tracing tasks");
         telemetry::TraceRecorder::new(
@@ -245,10 +318,35 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
             ),
         }
     }
-    tracing::info!(socket = %config.socket.display(), kernels = agora_kernels::library().len(), "listening");
     // Bind last: a daemon that fails to start must not leave a socket file behind.
     let listener = bind(&config.socket)?;
+    tracing::info!(socket = %config.socket.display(), kernels = agora_kernels::library().len(), "listening");
     server::Server::new(config, listener, scheduler, stop, telemetry)
+}
+
+/// The performance model saved in `state_dir`, or an empty one. A daemon whose state directory
+/// is its socket's own and has no model there yet starts from the file older versions shared
+/// between all daemons (`state_home()/perf-model.json`), if there is one; it saves to its own.
+fn load_model(config: &DaemonConfig, state_dir: &Path) -> policy::PerformanceModel {
+    let own = policy::PerformanceModel::path(state_dir);
+    let shared = policy::PerformanceModel::path(&state_home());
+    let from = if config.state_dir.is_none() && !own.exists() && shared.exists() {
+        shared
+    } else {
+        own
+    };
+    let dir = from.parent().unwrap_or(state_dir);
+    match policy::PerformanceModel::load(dir, config.history_weight) {
+        Ok(model) => {
+            let entries = model.rows().len();
+            tracing::info!(file = %from.display(), entries, saved_to = %state_dir.display(), "performance model loaded");
+            model
+        }
+        Err(error) => {
+            tracing::warn!(%error, "starting with an empty performance model");
+            policy::PerformanceModel::new(config.history_weight)
+        }
+    }
 }
 
 /// The device layer's description of a configured sim device.

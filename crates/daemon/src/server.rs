@@ -735,7 +735,7 @@ impl Server {
             device.shutdown();
         }
         // After the lanes stopped, so every finished task is in the model.
-        self.scheduler.save_model(&self.config.state_dir);
+        self.scheduler.save_model(&self.config.effective_state_dir());
         if let Some(trace) = &self.telemetry.trace {
             match trace.save() {
                 Ok((path, spans)) => tracing::info!(file = %path.display(), spans, "trace written"),

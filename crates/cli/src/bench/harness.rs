@@ -36,6 +36,9 @@ impl DaemonProcess {
             .arg(&socket)
             .args(extra)
             .env("AGORA_LOG", "warn")
+            // A throwaway daemon keeps its model in its own directory (removed with it), unless
+            // the benchmark's configuration file names another.
+            .env("AGORA_STATE_DIR", dir.join("state"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .spawn()

@@ -1,0 +1,269 @@
+//! The harness of Agora's integration tests (dev-only, never published): a daemon on a private
+//! socket in a temporary directory, either a real `agora serve` process ([`Daemon`]) or one
+//! embedded in the test process ([`EmbeddedDaemon`]).
+//!
+//! Every directory comes from [`temp_dir`]: it is removed when its owner is dropped, also when a
+//! test panics, so test runs leave nothing in `/tmp` (a test killed by a signal still can). Each
+//! daemon has its own directory, so tests run in parallel.
+//!
+//! A dev crate cannot see the `agora` binary Cargo builds for the cli's tests, so process tests
+//! pass its path in: `Daemon::start(env!("CARGO_BIN_EXE_agora"), "tag", &[])`.
+//!
+//! Must not be a dependency of anything but tests.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use agora::{Session, SessionOptions, StatusReport};
+use agora_daemon::{DaemonConfig, DaemonError, DaemonHandle};
+
+pub use tempfile::TempDir;
+
+/// How long a daemon may take to answer on its socket before the test fails.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A new empty directory `agora-TAG-XXXXXX` in the system's temporary directory, removed (with
+/// everything in it) when the returned value is dropped.
+pub fn temp_dir(tag: &str) -> TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("agora-{tag}-"))
+        .tempdir()
+        .expect("a temporary directory can be created")
+}
+
+/// Opens a session with the daemon on `socket`, named `name` when given.
+pub fn connect(socket: &Path, name: Option<&str>) -> Session {
+    Session::connect_with(SessionOptions {
+        socket: Some(socket.to_path_buf()),
+        name: name.map(str::to_string),
+        ..Default::default()
+    })
+    .expect("session opens")
+}
+
+/// Fails (never skips) when the daemon has no OpenCL device.
+pub fn require_opencl(session: &Session) {
+    let status = session.status().unwrap();
+    assert!(
+        status.devices.iter().any(|d| d.kind == "opencl"),
+        "no OpenCL device found: run `make setup` (installs PoCL); devices: {:?}",
+        status.devices.iter().map(|d| &d.name).collect::<Vec<_>>()
+    );
+}
+
+/// An `agora serve` process on `DIR/agora.sock`, with `AGORA_LOG=warn` and its state in
+/// `DIR/state`; killed, and its directory removed, when dropped.
+#[derive(Debug)]
+pub struct Daemon {
+    child: Option<Child>,
+    agora: PathBuf,
+    socket: PathBuf,
+    // Last, so it is removed after the process is gone.
+    dir: TempDir,
+}
+
+impl Daemon {
+    /// Starts `AGORA serve --socket DIR/agora.sock ARGS` in a new directory named after `tag`
+    /// and waits until it answers on its socket. `{dir}` in an argument is the directory.
+    pub fn start(agora: impl AsRef<Path>, tag: &str, args: &[&str]) -> Daemon {
+        Daemon::start_in(agora, temp_dir(tag), args)
+    }
+
+    /// [`Daemon::start`] in a directory the test prepared (e.g. with a configuration file).
+    pub fn start_in(agora: impl AsRef<Path>, dir: TempDir, args: &[&str]) -> Daemon {
+        Daemon::start_in_with(agora, dir, args, |_| {})
+    }
+
+    /// [`Daemon::start_in`], with the command changed by `env` last (e.g. to remove
+    /// `AGORA_STATE_DIR`, so the daemon picks its own state directory).
+    pub fn start_in_with(
+        agora: impl AsRef<Path>,
+        dir: TempDir,
+        args: &[&str],
+        env: impl FnOnce(&mut Command),
+    ) -> Daemon {
+        let agora = agora.as_ref().to_path_buf();
+        let socket = dir.path().join("agora.sock");
+        let here = dir.path().display().to_string();
+        let mut command = Command::new(&agora);
+        command
+            .arg("serve")
+            .arg("--socket")
+            .arg(&socket)
+            .args(args.iter().map(|a| a.replace("{dir}", &here)))
+            .env("AGORA_LOG", "warn")
+            .env("AGORA_STATE_DIR", dir.path().join("state"))
+            .stdout(Stdio::null());
+        env(&mut command);
+        let mut child = command.spawn().expect("agora serve starts");
+        let deadline = Instant::now() + START_TIMEOUT;
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("agora serve exited before it listened: {status}");
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the daemon did not listen on {} within 20 s", socket.display());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Daemon {
+            child: Some(child),
+            agora,
+            socket,
+            dir,
+        }
+    }
+
+    /// Its control socket.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Its directory (socket, state, whatever the test puts there).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Its state directory (`AGORA_STATE_DIR`).
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("the daemon runs").id()
+    }
+
+    /// A session with default options.
+    pub fn session(&self) -> Session {
+        connect(&self.socket, None)
+    }
+
+    /// A session with this name.
+    pub fn session_named(&self, name: &str) -> Session {
+        connect(&self.socket, Some(name))
+    }
+
+    /// What `agora status` reports.
+    pub fn status(&self) -> StatusReport {
+        agora::daemon_status(Some(self.socket.clone())).expect("daemon answers status")
+    }
+
+    /// `AGORA ARGS --socket SOCKET` with the daemon's state directory and no `AGORA_SOCKET`,
+    /// ready to run.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(&self.agora);
+        c.args(args)
+            .arg("--socket")
+            .arg(&self.socket)
+            .env_remove("AGORA_SOCKET")
+            .env("AGORA_STATE_DIR", self.state_dir());
+        c
+    }
+
+    /// Runs [`Daemon::command`] to the end.
+    pub fn agora(&self, args: &[&str]) -> Output {
+        self.command(args).output().expect("agora runs")
+    }
+
+    /// Panics if the daemon process has exited (e.g. killed by a signal from a device runtime).
+    pub fn assert_alive(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("the daemon exited: {status}");
+            }
+        }
+    }
+
+    /// Stops the daemon with SIGTERM (it saves its model and removes its socket) and waits.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+            let _ = child.wait();
+        }
+    }
+
+    /// The process, which the caller now owns (to signal it and wait for it); the directory
+    /// stays until the `Daemon` is dropped.
+    pub fn take_child(&mut self) -> Child {
+        self.child.take().expect("the daemon runs")
+    }
+
+    /// Kills the daemon with SIGKILL and waits.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A daemon on a background thread of the test process (`agora_daemon::spawn`), on
+/// `DIR/agora.sock` with its state in `DIR/state`; stopped, and its directory removed, when
+/// dropped.
+#[derive(Debug)]
+pub struct EmbeddedDaemon {
+    handle: Option<DaemonHandle>,
+    socket: PathBuf,
+    // Last, so it is removed after the daemon stopped.
+    dir: TempDir,
+}
+
+impl EmbeddedDaemon {
+    /// Starts a daemon with the default settings, changed by `tweak`, in a new directory named
+    /// after `tag`.
+    pub fn start(tag: &str, tweak: impl FnOnce(&mut DaemonConfig)) -> EmbeddedDaemon {
+        let dir = temp_dir(tag);
+        let mut config = DaemonConfig {
+            socket: dir.path().join("agora.sock"),
+            state_dir: Some(dir.path().join("state")),
+            ..Default::default()
+        };
+        tweak(&mut config);
+        let socket = config.socket.clone();
+        let handle = agora_daemon::spawn(config).expect("daemon starts");
+        EmbeddedDaemon {
+            handle: Some(handle),
+            socket,
+            dir,
+        }
+    }
+
+    /// Its control socket.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Its directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A session with default options.
+    pub fn session(&self) -> Session {
+        connect(&self.socket, None)
+    }
+
+    /// Stops the daemon and waits for it.
+    pub fn stop(mut self) -> Result<(), DaemonError> {
+        match self.handle.take() {
+            Some(handle) => handle.stop(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for EmbeddedDaemon {
+    fn drop(&mut self) {
+        drop(self.handle.take());
+    }
+}
