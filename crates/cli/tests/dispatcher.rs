@@ -17,13 +17,13 @@ struct Daemon {
     child: Child,
     socket: PathBuf,
     dir: PathBuf,
+    _temp: agora_test_support::TempDir,
 }
 
 impl Daemon {
     fn start(tag: &str) -> Daemon {
-        let dir = std::env::temp_dir().join(format!("agora-dispatcher-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let temp = agora_test_support::temp_dir(&format!("dispatcher-{tag}"));
+        let dir = temp.path().to_path_buf();
         let socket = dir.join("agora.sock");
         let child = Command::new(AGORA)
             .args(["serve", "--no-opencl", "--socket"])
@@ -40,7 +40,12 @@ impl Daemon {
             assert!(Instant::now() < deadline, "the daemon did not listen within 20 s");
             std::thread::sleep(Duration::from_millis(10));
         }
-        Daemon { child, socket, dir }
+        Daemon {
+            child,
+            socket,
+            dir,
+            _temp: temp,
+        }
     }
 
     fn session(&self) -> Session {
@@ -84,7 +89,6 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
