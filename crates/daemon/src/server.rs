@@ -332,6 +332,12 @@ impl Server {
             "session reclaimed"
         );
         // Dropping the session unmaps its segment and closes its memfd and doorbell.
+        drop(session);
+        let tenants_left = self.closing.is_empty() && !self.conns.values().any(|c| matches!(c, Conn::Session(_)));
+        if tenants_left {
+            // The last tenant left: what its work made the daemon allocate goes back.
+            crate::memory::return_free_memory();
+        }
     }
 
     fn accept(&mut self) {

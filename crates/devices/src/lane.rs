@@ -16,6 +16,9 @@
 
 use std::any::Any;
 use std::collections::VecDeque;
+
+/// Jobs a lane's queues keep room for when empty; beyond, the room goes back after a flood.
+const SHRINK_ABOVE: usize = 1024;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -275,6 +278,14 @@ impl Lane {
             }
             if q.stopping && !held_back {
                 return None;
+            }
+            // Empty after a flood: give the queues' memory back (a peak of a million slices must
+            // not stay reserved for the life of the daemon).
+            if q.jobs.is_empty() && q.jobs.capacity() > SHRINK_ABOVE {
+                q.jobs.shrink_to(SHRINK_ABOVE);
+            }
+            if q.urgent.is_empty() && q.urgent.capacity() > SHRINK_ABOVE {
+                q.urgent.shrink_to(SHRINK_ABOVE);
             }
             // Asleep until a job is pushed or, when a slice is held back, one in flight finishes.
             q.sleeping = true;

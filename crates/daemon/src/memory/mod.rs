@@ -452,6 +452,23 @@ impl Residency {
     }
 }
 
+/// Returns the allocator's free memory to the operating system. glibc keeps memory freed after
+/// a burst (a flood of queued jobs, large replies) in its arenas indefinitely, so an idle daemon
+/// would keep its peak resident size; the daemon calls this when its last tenant has left.
+pub(crate) fn return_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        unsafe extern "C" {
+            fn malloc_trim(pad: usize) -> std::ffi::c_int;
+        }
+        // SAFETY: malloc_trim only gives free pages of the allocator's arenas back to the
+        // kernel; it takes the arenas' locks itself and has no preconditions.
+        unsafe {
+            malloc_trim(0);
+        }
+    }
+}
+
 /// Buffers for unit tests of the modules that judge them (no session, no device memory).
 #[cfg(test)]
 pub(crate) mod tests_support {
