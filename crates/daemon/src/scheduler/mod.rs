@@ -47,7 +47,7 @@ use crate::outcome::{FaultInjection, Role, Uses};
 use crate::policy::latency::LatencyPolicy;
 use crate::policy::{Candidate, PerformanceModel, Policy};
 use crate::revocation::RevocationCounters;
-use crate::session::{Session, SessionShared};
+use crate::session::{QueueState, Session, SessionShared};
 use crate::telemetry::{TaskCounters, Telemetry};
 use agora_protocol::control::QueueClass;
 use books::LatencyBooks;
@@ -314,6 +314,7 @@ impl Scheduler {
     /// task fed by a failed one fails here without running. A task that fails before it reaches
     /// a device still settles in its queue's order (poisoning what it would have written):
     /// at once when the queue has nothing in flight, else after the queue's earlier jobs.
+    #[inline]
     fn dispatch(&mut self, session: &Session, task_id: u64, ready: Ready) -> Result<(), TaskError> {
         let roles = data_roles(&ready);
         let uses = Uses {
@@ -325,23 +326,49 @@ impl Scheduler {
             // Data lost with a failed device says more than a failure it caused.
             admitted = migration::check_lost(&ready).and(admitted);
         }
-        let queue = ready.queue.clone();
-        if admitted.is_err() && self.migration.is_held(session.id, &queue) {
+        match admitted {
+            Ok(()) => self.place_and_submit(session, task_id, ready, roles),
             // Held behind the queue's earlier tasks: judged again when released.
-            admitted = Ok(());
+            Err(_) if self.migration.is_held(session.id, &ready.queue) => {
+                self.place_and_submit(session, task_id, ready, roles)
+            }
+            Err(error) => self.fail_ready(session, task_id, ready, roles, error),
         }
-        // Kept to settle a failure; cheap next to the work of dispatching.
-        let (buffers, slots) = (ready.buffers.clone(), ready.slots);
-        let outcome = admitted.and_then(|()| self.place_and_submit(session, task_id, ready, roles));
-        let Err(error) = outcome else {
-            return Ok(());
-        };
-        if queue.in_flight.load(Ordering::Acquire) == 0 {
-            return Uses {
+    }
+
+    /// `ready` failed before reaching a device: settles it (see [`Scheduler::fail`]).
+    fn fail_ready(
+        &mut self,
+        session: &Session,
+        task_id: u64,
+        ready: Ready,
+        roles: [Role; MAX_ARGS],
+        error: TaskError,
+    ) -> Result<(), TaskError> {
+        let queue = ready.queue.clone();
+        let (buffers, slots) = (ready.buffers, ready.slots);
+        self.fail(session, task_id, &queue, error, move |task, result| {
+            Uses {
                 buffers: &buffers[..slots],
                 roles: &roles[..slots],
             }
-            .settle(task_id, Err(error));
+            .settle(task, result)
+        })
+    }
+
+    /// A task failed with `error` before reaching a device: it still settles in its queue's
+    /// order (poisoning what it would have written, through `settle`) — at once when the queue
+    /// has nothing in flight (then `Err` completes it), else after the queue's earlier jobs.
+    fn fail(
+        &mut self,
+        session: &Session,
+        task_id: u64,
+        queue: &Arc<QueueState>,
+        error: TaskError,
+        settle: impl FnOnce(u64, Result<(), TaskError>) -> Result<(), TaskError> + Send + 'static,
+    ) -> Result<(), TaskError> {
+        if queue.in_flight.load(Ordering::Acquire) == 0 {
+            return settle(task_id, Err(error));
         }
         // Counted in flight until it settles, so nothing runs inline ahead of it.
         queue.in_flight.fetch_add(1, Ordering::AcqRel);
@@ -352,11 +379,7 @@ impl Scheduler {
         let sequence = queue.sequencer.ticket();
         let settling = queue.clone();
         queue.sequencer.in_order(sequence, move || {
-            let uses = Uses {
-                buffers: &buffers[..slots],
-                roles: &roles[..slots],
-            };
-            let error = uses.settle(task_id, Err(error)).err().unwrap_or(error);
+            let error = settle(task_id, Err(error)).err().unwrap_or(error);
             let mut drained = false;
             shared.post_releasing(&[Completion::failed(task_id, error)], || {
                 drained = settling.in_flight.fetch_sub(1, Ordering::AcqRel) == 1;
@@ -368,7 +391,8 @@ impl Scheduler {
     }
 
     /// The stages after validation, in order: place, plan, then run inline or submit to the
-    /// lane (whose completion is `complete`'s).
+    /// lane (whose completion is `complete`'s). A failure settles through `fail`.
+    #[inline]
     fn place_and_submit(
         &mut self,
         session: &Session,
@@ -377,21 +401,43 @@ impl Scheduler {
         roles: [Role; MAX_ARGS],
     ) -> Result<(), TaskError> {
         // A queue being moved holds its tasks, in order, until its in-flight ones are done.
-        if self.must_hold(session, &ready)? {
-            self.hold(session, task_id, ready);
-            return Ok(());
+        match self.must_hold(session, &ready) {
+            Ok(true) => {
+                self.hold(session, task_id, ready);
+                return Ok(());
+            }
+            Ok(false) => {}
+            Err(error) => return self.fail_ready(session, task_id, ready, roles, error),
         }
-        let placement = self.place(&ready)?;
-        if self.room(session, &ready, &placement)? == plan::Room::Later {
-            // Memory pressure: it waits (with its queue's later tasks) until earlier tasks
-            // finish and their buffers can be evicted; only a task that can never fit fails.
-            self.wait_for_room(session, task_id, ready);
-            return Ok(());
+        let placement = match self.place(&ready) {
+            Ok(placement) => placement,
+            Err(error) => return self.fail_ready(session, task_id, ready, roles, error),
+        };
+        match self.room(session, &ready, &placement) {
+            Ok(plan::Room::Now) => {}
+            Ok(plan::Room::Later) => {
+                // Memory pressure: it waits (with its queue's later tasks) until earlier tasks
+                // finish and their buffers can be evicted; only a task that can never fit fails.
+                self.wait_for_room(session, task_id, ready);
+                return Ok(());
+            }
+            Err(error) => return self.fail_ready(session, task_id, ready, roles, error),
         }
         self.revoke_for(&ready, &placement);
-        let Some(planned) = self.plan_task(session, task_id, ready, roles, &placement)? else {
+        let queue = ready.queue.clone();
+        let planned = match self.plan_task(session, task_id, ready, roles, &placement) {
+            Ok(Some(planned)) => planned,
             // Its device failed while it was planned: it went back for replay.
-            return Ok(());
+            Ok(None) => return Ok(()),
+            Err(plan::Failed {
+                error,
+                named: Some(named),
+            }) => {
+                return self.fail(session, task_id, &queue, error, move |task, result| {
+                    named.settle(task, result)
+                })
+            }
+            Err(plan::Failed { error, named: None }) => return Err(error),
         };
         if self.runs_inline(&placement, &planned) {
             self.run_inline(session, task_id, &placement, planned);

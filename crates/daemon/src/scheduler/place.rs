@@ -43,6 +43,7 @@ pub(super) struct Placement {
 
 impl Scheduler {
     /// Decides where `ready` runs.
+    #[inline]
     pub(super) fn place(&mut self, ready: &Ready) -> Result<Placement, TaskError> {
         let queue = &ready.queue;
         let idle = queue.in_flight.load(Ordering::Acquire) == 0;
@@ -76,7 +77,11 @@ impl Scheduler {
         };
         // The fewest row slices the launch must run as there (`must_hold` moved a busy queue
         // whose bound device cannot take it at all).
-        let required_slices = self.fit(binding.device(), ready)?;
+        let required_slices = if tiny_on_host {
+            1
+        } else {
+            self.fit(binding.device(), ready)?
+        };
         Ok(Placement {
             binding,
             idle,

@@ -55,6 +55,14 @@ impl Drop for Pinned<'_> {
     }
 }
 
+/// Planning failed: the error, and the task's buffers to settle it with (none when its device
+/// failed meanwhile and the migration took them).
+pub(super) struct Failed {
+    pub error: TaskError,
+    // Boxed: rare, and it keeps the common `Ok` small.
+    pub named: Option<Box<NamedBuffers>>,
+}
+
 /// A placed task with its data planned: the output of the plan stage.
 pub(super) struct Planned {
     pub queue: Arc<QueueState>,
@@ -76,6 +84,7 @@ pub(super) struct Planned {
 impl Scheduler {
     /// Plans `ready` on the device `placement` chose. `Ok(None)`: the device failed meanwhile
     /// and the task went back for replay.
+    #[inline]
     pub(super) fn plan_task(
         &mut self,
         session: &Session,
@@ -83,7 +92,7 @@ impl Scheduler {
         ready: Ready,
         roles: [Role; MAX_ARGS],
         placement: &Placement,
-    ) -> Result<Option<Planned>, TaskError> {
+    ) -> Result<Option<Box<Planned>>, Failed> {
         let device = placement.binding.device();
         let queue = ready.queue.clone();
         let kernel = ready.kernel();
@@ -104,12 +113,19 @@ impl Scheduler {
             named.slots(),
         );
         let work = match self.plan(session, device, ready.action, named.slots(), &mut transfers) {
+            Ok(work) => work,
             Err(TaskError::DeviceLost) => {
                 return self
                     .lost_while_planning(session, task_id, &queue, ticket, named)
                     .map(|()| None)
+                    .map_err(|error| Failed { error, named: None })
             }
-            planned => planned?,
+            Err(error) => {
+                return Err(Failed {
+                    error,
+                    named: Some(Box::new(named)),
+                })
+            }
         };
         let work = if injected { Work::Nothing } else { work };
         for (record, _, _) in named.slots().iter().flatten() {
@@ -124,7 +140,8 @@ impl Scheduler {
             let direction = usize::from(matches!(t, Transfer::ToHost { .. }));
             self.bytes[direction].inc_by(bytes as u64);
         }
-        Ok(Some(Planned {
+        // Boxed: the stages hand it on by pointer (a launch's work is about a kilobyte).
+        Ok(Some(Box::new(Planned {
             queue,
             kernel,
             name,
@@ -135,7 +152,7 @@ impl Scheduler {
             named,
             ticket,
             injected,
-        }))
+        })))
     }
 
     /// Whether `ready`'s buffers fit on the device `placement` chose: now (after evicting idle

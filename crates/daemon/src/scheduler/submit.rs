@@ -35,7 +35,8 @@ impl Scheduler {
     }
 
     /// Runs `planned` here and now; its completion joins the batch flushed to the ring.
-    pub(super) fn run_inline(&mut self, session: &Session, task_id: u64, placement: &Placement, planned: Planned) {
+    #[inline]
+    pub(super) fn run_inline(&mut self, session: &Session, task_id: u64, placement: &Placement, planned: Box<Planned>) {
         let start = Instant::now();
         let result = match planned.injected {
             false => self.devices[placement.binding.device()].run_inline(&planned.work),
@@ -71,7 +72,8 @@ impl Scheduler {
     }
 
     /// Hands `planned` to the lane `placement` chose.
-    pub(super) fn submit(&mut self, session: &Session, task_id: u64, placement: &Placement, planned: Planned) {
+    #[inline]
+    pub(super) fn submit(&mut self, session: &Session, task_id: u64, placement: &Placement, planned: Box<Planned>) {
         let Planned {
             queue,
             kernel,
@@ -83,7 +85,7 @@ impl Scheduler {
             named,
             ticket,
             injected,
-        } = planned;
+        } = *planned;
         let (device, lane) = (placement.binding.device(), placement.binding.lane());
         if placement.idle {
             queue.binding.store(placement.binding);
