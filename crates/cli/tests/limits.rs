@@ -58,6 +58,7 @@ impl Daemon {
             socket: Some(self.socket.clone()),
             name: Some(name.into()),
             heap_bytes: None,
+            control_timeout: None,
         })
         .expect("session opens")
     }
