@@ -180,13 +180,8 @@ pub fn run_on_agora(session: &Session, workload: &Workload, device: Option<Devic
 /// The device queue `name` of this session is bound to now, else the one its last task ran on
 /// (`device/lane` trimmed to the device), as the daemon's status reports it.
 pub fn queue_device(session: &Session, name: &str) -> Result<Option<String>, Error> {
-    let status = session.status()?;
-    let queue = status
-        .sessions
-        .iter()
-        .filter(|s| s.id == session.id())
-        .flat_map(|s| &s.queues)
-        .find(|q| q.name == name);
+    let me = session.session_status(session.id())?;
+    let queue = me.queues.iter().find(|q| q.name == name);
     Ok(queue
         .and_then(|q| q.bound_to.as_ref().or(q.last_device.as_ref()))
         .map(|d| d.split('/').next().unwrap_or(d).to_string()))

@@ -48,6 +48,11 @@ typedef enum {
    * The object's session was closed (`agora_session_close`); destroy the object.
    */
   AGORA_STATUS_CLOSED = 8,
+  /**
+   * The daemon did not answer a control call (buffer, queue, kernel lookup) within the
+   * session's control timeout (30 s); it is overloaded or stuck. The session stays usable.
+   */
+  AGORA_STATUS_TIMEOUT = 9,
 } AgoraStatus;
 
 /**

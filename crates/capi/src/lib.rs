@@ -44,6 +44,9 @@ pub enum AgoraStatus {
     Protocol = 7,
     /// The object's session was closed (`agora_session_close`); destroy the object.
     Closed = 8,
+    /// The daemon did not answer a control call (buffer, queue, kernel lookup) within the
+    /// session's control timeout (30 s); it is overloaded or stuck. The session stays usable.
+    Timeout = 9,
 }
 
 /// Kinds of kernel argument.
@@ -196,6 +199,7 @@ fn from_error(e: Error) -> AgoraStatus {
         Error::Control(_) => AgoraStatus::Control,
         Error::OutOfBounds { .. } => AgoraStatus::OutOfBounds,
         Error::Protocol(_) => AgoraStatus::Protocol,
+        Error::Timeout { .. } => AgoraStatus::Timeout,
     };
     fail(status, e.to_string())
 }
@@ -305,6 +309,7 @@ pub unsafe extern "C" fn agora_session_open(socket: *const c_char, out: *mut *mu
         socket,
         name: None,
         heap_bytes: None,
+        control_timeout: None,
     }) {
         Ok(session) => store(
             AgoraSession {

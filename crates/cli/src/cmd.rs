@@ -77,6 +77,11 @@ pub struct ServeArgs {
     /// Longest the dispatcher polls for new work before it sleeps, in microseconds [default: 200].
     #[arg(long, value_name = "US")]
     max_spin_us: Option<u64>,
+    /// On SIGTERM or Ctrl-C, seconds that work already running may take before the daemon
+    /// gives up on it and exits (its clients see the daemon go away); a second signal exits at
+    /// once [default: 5].
+    #[arg(long, value_name = "SECONDS")]
+    shutdown_timeout: Option<f64>,
     /// Lanes (command queues) per OpenCL device [default: 2].
     #[arg(long, value_name = "N")]
     opencl_lanes: Option<usize>,
@@ -135,6 +140,13 @@ impl ServeArgs {
         }
         if let Some(v) = self.max_spin_us {
             c.max_spin = Duration::from_micros(v);
+        }
+        if let Some(s) = self.shutdown_timeout {
+            anyhow::ensure!(
+                s.is_finite() && (0.0..=86_400.0).contains(&s),
+                "--shutdown-timeout {s}: give a number of seconds between 0 and 86400"
+            );
+            c.shutdown_timeout = Duration::from_secs_f64(s);
         }
         if let Some(v) = self.opencl_lanes {
             c.opencl_lanes = v.max(1);
@@ -202,11 +214,63 @@ pub struct StatusArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Show one session (its id, as `agora status` lists it) with all its queues, instead of
+    /// the summary (which lists the busiest sessions and their busiest queues).
+    #[arg(long, value_name = "ID")]
+    session: Option<u64>,
     #[command(flatten)]
     socket: SocketArg,
 }
 
+/// One session's line in `agora status`.
+fn print_session(s: &agora::SessionStatus) {
+    println!(
+        "  #{:<4} {:<16} pid {:<7} uid {:<6} queues {:<3} buffers {:<4} heap {}/{} MiB · tasks {} ok {} failed {} in flight",
+        s.id,
+        s.name,
+        s.pid,
+        s.uid,
+        s.queue_count,
+        s.buffers,
+        s.heap_used >> 20,
+        s.heap_quota >> 20,
+        s.tasks_completed,
+        s.tasks_failed,
+        s.in_flight
+    );
+    for q in &s.queues {
+        // What the client asked for (a hint) beside what the policy chose.
+        println!(
+            "        queue {:<16} {:<7} in flight {:<5} prefers {:<7} {}",
+            q.name,
+            format!("{:?}", q.class).to_lowercase(),
+            q.in_flight,
+            q.preferred.as_deref().unwrap_or("any"),
+            match (&q.bound_to, &q.last_device) {
+                (Some(bound), _) if q.moving => format!("bound to {bound}, moving (new tasks wait)"),
+                (Some(bound), _) => format!("bound to {bound}"),
+                (None, Some(last)) => format!("last ran on {last}"),
+                (None, None) => "not run yet".to_string(),
+            }
+        );
+    }
+}
+
+/// `agora status --session ID`: one session, every queue.
+fn session_status(args: &StatusArgs, id: u64) -> Result<()> {
+    let session = agora::daemon_session_status(args.socket.path(), id)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&session)?);
+        return Ok(());
+    }
+    print_session(&session);
+    Ok(())
+}
+
 pub fn status(args: StatusArgs) -> Result<()> {
+    if let Some(id) = args.session {
+        return session_status(&args, id);
+    }
     let report = agora::daemon_status(args.socket.path())?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -245,42 +309,21 @@ pub fn status(args: StatusArgs) -> Result<()> {
     }
     println!(
         "sessions: {} live, {} closing · {} opened, {} closed since start",
-        report.sessions.len(),
-        report.closing_sessions,
-        report.sessions_opened,
-        report.sessions_closed
+        report.live_sessions, report.closing_sessions, report.sessions_opened, report.sessions_closed
     );
     for s in &report.sessions {
-        println!(
-            "  #{:<4} {:<16} pid {:<7} uid {:<6} queues {:<3} buffers {:<4} heap {}/{} MiB · tasks {} ok {} failed {} in flight",
-            s.id,
-            s.name,
-            s.pid,
-            s.uid,
-            s.queues.len(),
-            s.buffers,
-            s.heap_used >> 20,
-            s.heap_quota >> 20,
-            s.tasks_completed,
-            s.tasks_failed,
-            s.in_flight
-        );
-        for q in &s.queues {
-            // What the client asked for (a hint) beside what the policy chose.
+        print_session(s);
+        let more = s.queue_count.saturating_sub(s.queues.len() as u64);
+        if more > 0 {
             println!(
-                "        queue {:<16} {:<7} in flight {:<5} prefers {:<7} {}",
-                q.name,
-                format!("{:?}", q.class).to_lowercase(),
-                q.in_flight,
-                q.preferred.as_deref().unwrap_or("any"),
-                match (&q.bound_to, &q.last_device) {
-                    (Some(bound), _) if q.moving => format!("bound to {bound}, moving (new tasks wait)"),
-                    (Some(bound), _) => format!("bound to {bound}"),
-                    (None, Some(last)) => format!("last ran on {last}"),
-                    (None, None) => "not run yet".to_string(),
-                }
+                "        … and {more} more queue(s), the busiest shown: `agora status --session {}` lists them all",
+                s.id
             );
         }
+    }
+    let hidden = report.live_sessions.saturating_sub(report.sessions.len() as u64);
+    if hidden > 0 {
+        println!("  … and {hidden} more session(s), the busiest shown: `agora status --session ID` shows any one");
     }
     if report.revocations > 0 {
         println!(
@@ -319,8 +362,9 @@ pub fn drain(args: DrainArgs, on: bool) -> Result<()> {
         .with_context(|| format!("could not {verb} device '{}'", args.device))?;
     if outcome.draining {
         println!(
-            "device {} is draining: no new placements; {} busy queue(s) bound to it migrate when their in-flight tasks finish",
-            args.device, outcome.queues_bound
+            "device {} is draining: no new placements; {} busy queue(s) bound to it migrate when their in-flight tasks finish, \
+             idle ones with their next task ({} queue migration(s) since the daemon started; `agora status` counts them)",
+            args.device, outcome.queues_bound, outcome.migrations
         );
         if args.evacuate {
             println!(
@@ -397,6 +441,7 @@ pub fn kernels(socket: Option<PathBuf>) -> Result<()> {
         socket,
         name: Some("agora kernels".into()),
         heap_bytes: Some(4096),
+        control_timeout: None,
     })?;
     for k in session.kernels()? {
         println!("{k}\n    {}", k.doc);
@@ -533,6 +578,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         socket: args.socket.path(),
         name: Some(format!("agora run {app}")),
         heap_bytes: None,
+        control_timeout: None,
     })?;
     let status = session.status()?;
     let quota = status
@@ -647,19 +693,14 @@ impl Monitor {
         let (session, flag) = (session.clone(), stop.clone());
         let bar = crate::progress::bar(total, app);
         let thread = std::thread::spawn(move || {
-            let own = |status: &agora::StatusReport| status.sessions.iter().find(|s| s.id == session.id()).cloned();
-            let base = session
-                .status()
-                .ok()
-                .as_ref()
-                .and_then(own)
-                .map_or(0, |s| s.tasks_completed + s.tasks_failed);
+            let own = || session.session_status(session.id()).ok();
+            let base = own().map_or(0, |s| s.tasks_completed + s.tasks_failed);
             let started = Instant::now();
             let mut devices: Vec<String> = Vec::new();
             let mut shown = false;
             while !flag.load(std::sync::atomic::Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(100));
-                let Some(me) = session.status().ok().as_ref().and_then(own) else {
+                let Some(me) = own() else {
                     continue;
                 };
                 bar.set_position((me.tasks_completed + me.tasks_failed).saturating_sub(base).min(total));

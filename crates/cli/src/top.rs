@@ -2,7 +2,8 @@
 //!
 //! Read-only: each refresh is one status request on the control socket (an observer connection
 //! that opens no session), answered by the dispatcher between polls; rates come from the
-//! difference between two snapshots.
+//! difference between two snapshots. The status summarises: it lists the busiest sessions (the
+//! header says how many there are in all) and each one's busiest queues (with the count of all).
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -26,8 +27,9 @@ pub struct TopArgs {
     once: bool,
     /// With --once: print JSON — {policy, uptime_s, tasks_completed, tasks_failed, devices: [{name,
     /// kind, description, memory_used, memory_bytes, lanes: [{busy, queued, completed, busy_ns}]}],
-    /// tenants: [{id, pid, uid, name, classes, queues: [{name, class, in_flight, bound_to}],
-    /// in_flight, tasks_per_s, bytes_moved, bytes_per_s}]}.
+    /// tenants: [{id, pid, uid, name, classes, queue_count, queues: [{name, class, in_flight,
+    /// bound_to}] (the busiest), in_flight, tasks_per_s, bytes_moved, bytes_per_s}],
+    /// live_sessions}. `tenants` lists the busiest sessions; `live_sessions` counts them all.
     #[arg(long, requires = "once")]
     json: bool,
     /// Seconds between refreshes.
@@ -45,6 +47,9 @@ struct Tenant {
     uid: u32,
     name: String,
     classes: Vec<String>,
+    /// All its queues.
+    queue_count: u64,
+    /// The busiest of them.
     queues: Vec<agora_protocol::control::QueueStatus>,
     in_flight: u64,
     tasks_per_s: f64,
@@ -61,6 +66,8 @@ struct View {
     tasks_failed: u64,
     devices: Vec<agora_protocol::control::DeviceStatus>,
     tenants: Vec<Tenant>,
+    /// Live sessions, all of them (`tenants` lists the busiest).
+    live_sessions: u64,
 }
 
 fn view(previous: Option<(&StatusReport, Instant)>, now: &StatusReport, at: Instant) -> View {
@@ -83,19 +90,20 @@ fn view(previous: Option<(&StatusReport, Instant)>, now: &StatusReport, at: Inst
                 }
                 None => (0.0, 0.0),
             };
-            let mut classes: Vec<String> = s
-                .queues
-                .iter()
-                .map(|q| format!("{:?}", q.class).to_lowercase())
-                .collect();
-            classes.sort();
-            classes.dedup();
+            let mut classes = Vec::new();
+            if s.queue_count > s.latency_queues {
+                classes.push("batch".to_string());
+            }
+            if s.latency_queues > 0 {
+                classes.push("latency".to_string());
+            }
             Tenant {
                 id: s.id,
                 pid: s.pid,
                 uid: s.uid,
                 name: s.name.clone(),
                 classes,
+                queue_count: s.queue_count,
                 queues: s.queues.clone(),
                 in_flight: s.in_flight,
                 tasks_per_s,
@@ -111,6 +119,7 @@ fn view(previous: Option<(&StatusReport, Instant)>, now: &StatusReport, at: Inst
         tasks_failed: now.tasks_failed,
         devices: now.devices.clone(),
         tenants,
+        live_sessions: now.live_sessions,
     }
 }
 
@@ -156,11 +165,15 @@ fn print_text(v: &View) {
             t.pid,
             t.uid,
             t.name,
-            t.queues.len(),
+            t.queue_count,
             t.tasks_per_s,
             human_bytes(t.bytes_per_s),
             t.classes.join(",")
         );
+    }
+    let hidden = v.live_sessions.saturating_sub(v.tenants.len() as u64);
+    if hidden > 0 {
+        println!("… and {hidden} more session(s) (the busiest are shown)");
     }
 }
 
@@ -254,8 +267,8 @@ fn live(terminal: &mut ratatui::DefaultTerminal, socket: Option<PathBuf>, interv
             let header = match (&current, &problem) {
                 (_, Some(p)) => format!("agora top · daemon unreachable: {p}"),
                 (Some(v), None) => format!(
-                    "agora top · policy {} · up {:.0}s · {} done, {} failed · sort: {:?} · q quit, s sort, ↑↓ select, Enter queues",
-                    v.policy, v.uptime_s, v.tasks_completed, v.tasks_failed, sort
+                    "agora top · policy {} · up {:.0}s · {} done, {} failed · {} sessions ({} busiest shown) · sort: {:?} · q quit, s sort, ↑↓ select, Enter queues",
+                    v.policy, v.uptime_s, v.tasks_completed, v.tasks_failed, v.live_sessions, v.tenants.len(), sort
                 ),
                 (None, None) => "agora top · connecting…".into(),
             };
@@ -294,7 +307,7 @@ fn live(terminal: &mut ratatui::DefaultTerminal, socket: Option<PathBuf>, interv
                     t.pid.to_string(),
                     t.uid.to_string(),
                     t.name.clone(),
-                    t.queues.len().to_string(),
+                    t.queue_count.to_string(),
                     t.in_flight.to_string(),
                     format!("{:.0}", t.tasks_per_s),
                     human_bytes(t.bytes_per_s),
@@ -335,7 +348,16 @@ fn live(terminal: &mut ratatui::DefaultTerminal, socket: Option<PathBuf>, interv
                             .unwrap_or_else(|| "unbound".into()),
                     ])
                 });
-                let title = chosen.map_or("queues".to_string(), |t| format!("queues of {} (#{})", t.name, t.id));
+                let title = chosen.map_or("queues".to_string(), |t| {
+                    format!(
+                        "busiest {} of {} queues of {} (#{}; `agora status --session {}` lists all)",
+                        t.queues.len(),
+                        t.queue_count,
+                        t.name,
+                        t.id,
+                        t.id
+                    )
+                });
                 let table = Table::new(rows, [Constraint::Length(20), Constraint::Length(8), Constraint::Length(10), Constraint::Min(10)])
                     .header(Row::new(vec!["queue", "class", "in flight", "bound to"]).style(Style::new().add_modifier(Modifier::BOLD)))
                     .block(Block::bordered().title(title));

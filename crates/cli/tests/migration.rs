@@ -54,6 +54,70 @@ fn drain_and_undrain_from_the_command_line_show_in_status() {
     assert!(err.contains("unknown device 'gpu7'") && err.contains("sim0"), "{err}");
 }
 
+/// Issue 22: a queue idle on a device when it is drained moves with its next task, and that
+/// move is counted once (before, the migrations counter stayed 0 after such a drain); `agora
+/// drain` reports the count.
+#[test]
+fn a_drain_that_moves_an_idle_queue_counts_the_migration() {
+    let daemon = start("idle-move", "[[sim]]\nname = \"sim0\"\nlanes = 1\n");
+    let session = Session::connect_with(SessionOptions {
+        socket: Some(daemon.socket().to_path_buf()),
+        ..Default::default()
+    })
+    .unwrap();
+    let q = session
+        .queue_with(QueueOptions {
+            name: "mover".into(),
+            preferred_device: Some(DeviceKind::Sim),
+            ..Default::default()
+        })
+        .unwrap();
+    let add = session.kernel("vector_add").unwrap();
+    // Large enough not to run inline on the dispatcher.
+    let n = 1 << 20;
+    let a = session.buffer_from(&vec![1.0f32; n]).unwrap();
+    let out = session.buffer(n as u64 * 4).unwrap();
+    let run = || {
+        q.launch(&add, &[(&a).into(), (&a).into(), (&out).into()], n).unwrap();
+        q.sync_from(&out).unwrap().wait().unwrap();
+        assert!(out.as_slice::<f32>().iter().all(|v| *v == 2.0));
+    };
+    let last_device = || {
+        let me = session.session_status(session.id()).unwrap();
+        me.queues
+            .iter()
+            .find(|q| q.name == "mover")
+            .and_then(|q| q.last_device.clone())
+    };
+    run();
+    assert_eq!(last_device().as_deref(), Some("sim0"));
+    let migrations = || {
+        agora::daemon_status(Some(daemon.socket().to_path_buf()))
+            .unwrap()
+            .migrations
+    };
+    assert_eq!(migrations(), 0);
+    let (ok, out_text, err) = agora(&daemon, &["drain", "sim0"]);
+    assert!(ok, "{err}");
+    assert!(out_text.contains("0 queue migration(s)"), "{out_text}");
+    run();
+    assert_eq!(
+        last_device().as_deref(),
+        Some("cpu0"),
+        "the queue left the drained device"
+    );
+    assert_eq!(migrations(), 1);
+    run();
+    assert_eq!(migrations(), 1, "one move, however many tasks follow");
+    let (_, status, _) = agora(&daemon, &["status"]);
+    assert!(status.contains("queue migrations since start: 1"), "{status}");
+    let (ok, _, err) = agora(&daemon, &["undrain", "sim0"]);
+    assert!(ok, "{err}");
+    let (ok, out_text, err) = agora(&daemon, &["drain", "sim0"]);
+    assert!(ok, "{err}");
+    assert!(out_text.contains("1 queue migration(s)"), "{out_text}");
+}
+
 #[test]
 fn a_failing_sim_device_is_drained_and_the_client_keeps_exact_results() {
     let daemon = start(

@@ -45,6 +45,7 @@ fn metrics_and_trace_count_a_known_workload() {
         socket: Some(socket.clone()),
         name: Some("tenant-t".into()),
         heap_bytes: None,
+        control_timeout: None,
     })
     .unwrap();
     let saxpy = session.kernel("saxpy").unwrap();
@@ -193,6 +194,7 @@ fn top_once_json_shows_two_live_tenants() {
             socket: Some(socket.clone()),
             name: Some(name.into()),
             heap_bytes: None,
+            control_timeout: None,
         })
         .unwrap()
     };

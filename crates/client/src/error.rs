@@ -44,6 +44,15 @@ pub enum Error {
     /// The daemon answered something this client does not understand.
     #[error("protocol error: {0}; are the client and daemon the same Agora version?")]
     Protocol(String),
+    /// The daemon did not answer a control call in time (it is overloaded or stuck). The
+    /// session stays usable: a late answer is skipped by the next call.
+    #[error("the Agora daemon did not answer the {request} within {:.1} s; it may be overloaded or stuck (the limit is SessionOptions::control_timeout)", after.as_secs_f64())]
+    Timeout {
+        /// Which call (e.g. `status`, `buffer allocation`).
+        request: String,
+        /// The limit it ran into.
+        after: std::time::Duration,
+    },
 }
 
 impl std::fmt::Debug for Error {
@@ -57,6 +66,7 @@ impl std::fmt::Debug for Error {
                 Error::Control(_) => "Control",
                 Error::OutOfBounds { .. } => "OutOfBounds",
                 Error::Protocol(_) => "Protocol",
+                Error::Timeout { .. } => "Timeout",
             };
             write!(f, "Error::{kind}: ")?;
         }

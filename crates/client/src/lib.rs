@@ -40,12 +40,15 @@ mod error;
 mod queue;
 mod session;
 
-pub use agora_protocol::control::{QueueClass, StatusReport};
+pub use agora_protocol::control::{QueueClass, QueueStatus, SessionStatus, StatusReport};
 pub use agora_protocol::{KernelSignature, LaunchLimit, TaskError};
 pub use buffer::Buffer;
 pub use error::{Error, TaskFailures};
 pub use queue::{Arg, DeviceKind, NdRange, Queue, QueueOptions, Task};
-pub use session::{daemon_status, drain_device, DrainOutcome, Kernel, Session, SessionOptions};
+pub use session::{
+    daemon_session_status, daemon_status, drain_device, DrainOutcome, Kernel, Session, SessionOptions,
+    DEFAULT_CONTROL_TIMEOUT,
+};
 
 /// The Rust guide's snippets, compiled (and run unless marked `no_run`) as doctests, so the guide
 /// shows programs that build on their own.

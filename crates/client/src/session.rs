@@ -8,13 +8,14 @@ use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use agora_protocol::control::{QueueClass, Request, Response, StatusReport};
+use agora_protocol::control::{check_name, QueueClass, Request, Response, SessionStatus, StatusReport, MAX_NAME};
 use agora_protocol::ring::{CompletionConsumer, SubmissionProducer};
 use agora_protocol::segment::Geometry;
 use agora_protocol::{KernelSignature, TaskDescriptor, TaskError, PROTOCOL_VERSION};
 use agora_transport::shm::Segment;
-use agora_transport::socket::{peer_hung_up, recv, recv_with_fds, send, socket_path};
+use agora_transport::socket::{peer_hung_up, recv_before, recv_with_fds, send, socket_path};
 use agora_transport::wake::{futex_wait, futex_wake_all, AdaptiveSpin, Doorbell};
+use agora_transport::TransportError;
 
 use crate::buffer::Buffer;
 use crate::queue::{Queue, QueueOptions};
@@ -22,6 +23,10 @@ use crate::{Error, TaskFailures};
 
 /// How long to wait for the daemon's answer to hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a control call waits for the daemon's answer unless
+/// [`SessionOptions::control_timeout`] says otherwise.
+pub const DEFAULT_CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long a blocked waiter sleeps before it checks that the daemon is still there.
 const LIVENESS_CHECK: Duration = Duration::from_millis(20);
@@ -39,6 +44,9 @@ pub struct SessionOptions {
     pub name: Option<String>,
     /// Heap bytes to ask for (the daemon grants at most its per-session quota).
     pub heap_bytes: Option<u64>,
+    /// Longest a control call (buffer, queue, kernel, status...) waits for the daemon before
+    /// it fails with [`Error::Timeout`]; default [`DEFAULT_CONTROL_TIMEOUT`].
+    pub control_timeout: Option<Duration>,
 }
 
 /// A kernel looked up by name.
@@ -79,8 +87,19 @@ const ERROR_STORED: u64 = 1 << 63;
 /// `slot_queue[slot]` of a task no handle or queue reports (the release of a queue or buffer).
 const UNTRACKED: u64 = u64::MAX;
 
+/// The control connection of a session.
+struct Control {
+    stream: UnixStream,
+    /// Bytes of a reply that has not fully arrived yet.
+    pending: Vec<u8>,
+    /// Replies still to come for calls that timed out: the daemon answers in request order,
+    /// so the next call skips this many before reading its own.
+    owed: usize,
+}
+
 pub(crate) struct Inner {
-    control: Mutex<UnixStream>,
+    control: Mutex<Control>,
+    control_timeout: Duration,
     liveness: UnixStream,
     segment: Segment,
     doorbell: Doorbell,
@@ -131,12 +150,20 @@ impl Session {
             path: path.clone(),
             cause,
         })?;
-        let name = options.name.unwrap_or_else(|| {
-            std::env::args()
-                .next()
-                .map(|a| a.rsplit('/').next().unwrap_or("").to_string())
-                .unwrap_or_default()
-        });
+        let name = match options.name {
+            Some(name) => {
+                check_name("client", &name)?;
+                name
+            }
+            // The program's name, cut to what the daemon accepts.
+            None => truncate(
+                std::env::args()
+                    .next()
+                    .map(|a| a.rsplit('/').next().unwrap_or("").to_string())
+                    .unwrap_or_default(),
+            ),
+        };
+        let control_timeout = options.control_timeout.unwrap_or(DEFAULT_CONTROL_TIMEOUT);
         // A daemon that accepts but never answers (stuck, or not an Agora daemon) must not hang
         // us: bound the hello exchange.
         let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
@@ -169,6 +196,9 @@ impl Session {
             other => Error::from(other),
         })?;
         let _ = stream.set_read_timeout(None);
+        // A daemon that stops reading must not block a call forever either (requests are small,
+        // so this only fires when it has not read for that long).
+        let _ = stream.set_write_timeout(Some(control_timeout));
         let (session, sub_cap, comp_cap, heap_len) = match response {
             Response::Welcome {
                 session,
@@ -190,7 +220,12 @@ impl Session {
         let capacity = u64::from(sub_cap.min(comp_cap));
         let liveness = stream.try_clone().map_err(|e| Error::Protocol(e.to_string()))?;
         let inner = Inner {
-            control: Mutex::new(stream),
+            control: Mutex::new(Control {
+                stream,
+                pending: Vec::new(),
+                owed: 0,
+            }),
+            control_timeout,
             liveness,
             doorbell: Doorbell::from_fd(doorbell_fd),
             producer: Mutex::new(Producer {
@@ -233,6 +268,7 @@ impl Session {
 
     /// Creates a queue with options.
     pub fn queue_with(&self, options: QueueOptions) -> Result<Queue, Error> {
+        check_name("queue", &options.name)?;
         match self.inner.request(&Request::CreateQueue {
             name: options.name,
             class: options.class,
@@ -266,6 +302,7 @@ impl Session {
 
     /// Looks a kernel up by name.
     pub fn kernel(&self, name: &str) -> Result<Kernel, Error> {
+        check_name("kernel", name)?;
         match self.inner.request(&Request::LookupKernel { name: name.to_string() })? {
             Response::Kernel { id, signature } => Ok(Kernel { id, signature }),
             other => Err(unexpected(other)),
@@ -280,24 +317,89 @@ impl Session {
         }
     }
 
-    /// A snapshot of the daemon's state.
+    /// A summary of the daemon's state: counters, devices, and the busiest sessions with
+    /// their busiest queues (see [`StatusReport::sessions`]); [`Session::session_status`] has
+    /// all of one session's queues.
     pub fn status(&self) -> Result<StatusReport, Error> {
         match self.inner.request(&Request::Status)? {
             Response::Status(report) => Ok(*report),
             other => Err(unexpected(other)),
         }
     }
+
+    /// Waits up to `timeout` until a task can be issued without waiting (the rings have room):
+    /// true then, false if they are still full. Issuing waits by itself; this lets a caller
+    /// that must stay responsive (Python checking for Ctrl-C) wait in slices.
+    pub fn wait_for_room(&self, timeout: Duration) -> Result<bool, Error> {
+        self.inner.wait_for_room_until(Instant::now() + timeout)
+    }
+
+    /// One live session (this one: [`Session::id`]) with all its queues, fetched page by page.
+    pub fn session_status(&self, session: u64) -> Result<SessionStatus, Error> {
+        session_pages(|request| self.inner.request(request), session)
+    }
 }
 
-/// Asks a daemon for its status without opening a session.
+/// A session's details, all pages of its queues.
+fn session_pages(
+    mut ask: impl FnMut(&Request) -> Result<Response, Error>,
+    session: u64,
+) -> Result<SessionStatus, Error> {
+    let mut first_queue = 0;
+    let mut all: Option<SessionStatus> = None;
+    loop {
+        let page = match ask(&Request::SessionStatus { session, first_queue })? {
+            Response::SessionDetails(page) => *page,
+            other => return Err(unexpected(other)),
+        };
+        match &mut all {
+            None => all = Some(page.session),
+            Some(all) => all.queues.extend(page.session.queues),
+        }
+        match page.next_queue {
+            Some(next) if next > first_queue => first_queue = next,
+            _ => return Ok(all.expect("a page was read")),
+        }
+    }
+}
+
+/// A one-shot observer connection (no session) whose calls have the default deadline.
+struct Observer {
+    control: Control,
+}
+
+impl Observer {
+    fn connect(socket: Option<PathBuf>) -> Result<Observer, Error> {
+        let path = socket_path(socket);
+        let stream = UnixStream::connect(&path).map_err(|cause| Error::Connect { path, cause })?;
+        let _ = stream.set_write_timeout(Some(DEFAULT_CONTROL_TIMEOUT));
+        Ok(Observer {
+            control: Control {
+                stream,
+                pending: Vec::new(),
+                owed: 0,
+            },
+        })
+    }
+
+    fn request(&mut self, request: &Request) -> Result<Response, Error> {
+        call(&mut self.control, request, DEFAULT_CONTROL_TIMEOUT).map_err(|(e, _)| e)
+    }
+}
+
+/// Asks a daemon for its status summary without opening a session.
 pub fn daemon_status(socket: Option<PathBuf>) -> Result<StatusReport, Error> {
-    let path = socket_path(socket);
-    let stream = UnixStream::connect(&path).map_err(|cause| Error::Connect { path, cause })?;
-    send(&stream, &Request::Status)?;
-    match recv::<Response>(&stream)? {
+    match Observer::connect(socket)?.request(&Request::Status)? {
         Response::Status(report) => Ok(*report),
         other => Err(unexpected(other)),
     }
+}
+
+/// Asks a daemon for one session's details, all its queues included, without opening a
+/// session.
+pub fn daemon_session_status(socket: Option<PathBuf>, session: u64) -> Result<SessionStatus, Error> {
+    let mut observer = Observer::connect(socket)?;
+    session_pages(|request| observer.request(request), session)
 }
 
 /// What [`drain_device`] did.
@@ -311,6 +413,8 @@ pub struct DrainOutcome {
     pub evacuated_buffers: u64,
     /// Device bytes they held.
     pub evacuated_bytes: u64,
+    /// Queue migrations since the daemon started, as of the drain (the status's `migrations`).
+    pub migrations: u64,
 }
 
 /// Admin: marks the device named `device` draining (`drain`) or usable again, without opening
@@ -318,28 +422,25 @@ pub struct DrainOutcome {
 /// Only root or the daemon's own user may do this. `evacuate` (with `drain`) also writes the
 /// device's idle buffers back to host memory and frees them there now.
 pub fn drain_device(socket: Option<PathBuf>, device: &str, drain: bool, evacuate: bool) -> Result<DrainOutcome, Error> {
-    let path = socket_path(socket);
-    let stream = UnixStream::connect(&path).map_err(|cause| Error::Connect { path, cause })?;
-    send(
-        &stream,
-        &Request::Drain {
-            device: device.to_string(),
-            drain,
-            evacuate,
-        },
-    )?;
-    match recv::<Response>(&stream)? {
+    let request = Request::Drain {
+        device: device.to_string(),
+        drain,
+        evacuate,
+    };
+    match Observer::connect(socket)?.request(&request)? {
         Response::Drained {
             draining,
             queues_bound,
             evacuated_buffers,
             evacuated_bytes,
+            migrations,
             ..
         } => Ok(DrainOutcome {
             draining,
             queues_bound,
             evacuated_buffers,
             evacuated_bytes,
+            migrations,
         }),
         other => Err(unexpected(other)),
     }
@@ -352,19 +453,115 @@ fn unexpected(response: Response) -> Error {
     }
 }
 
+/// The name of a request, for [`Error::Timeout`].
+fn request_name(request: &Request) -> &'static str {
+    match request {
+        Request::Hello { .. } => "hello",
+        Request::AllocBuffer { .. } => "buffer allocation",
+        Request::CreateQueue { .. } => "queue creation",
+        Request::LookupKernel { .. } => "kernel lookup",
+        Request::ListKernels => "kernel listing",
+        Request::Status => "status",
+        Request::SessionStatus { .. } => "session status",
+        Request::SaveTrace => "trace save",
+        Request::Drain { .. } => "drain",
+    }
+}
+
+/// `name`, cut at a character boundary to at most [`MAX_NAME`] bytes.
+fn truncate(mut name: String) -> String {
+    if name.len() > MAX_NAME {
+        let mut end = MAX_NAME;
+        while !name.is_char_boundary(end) {
+            end -= 1;
+        }
+        name.truncate(end);
+    }
+    name
+}
+
+/// Sends `request` and reads its reply, within `timeout`. On failure, also says whether the
+/// connection is lost for good (`true`: later calls cannot work).
+fn call(control: &mut Control, request: &Request, timeout: Duration) -> Result<Response, (Error, bool)> {
+    let deadline = Instant::now() + timeout;
+    let timed_out = || Error::Timeout {
+        request: request_name(request).to_string(),
+        after: timeout,
+    };
+    let lost = |e: TransportError| {
+        let e = Error::from(e);
+        let gone = matches!(e, Error::Disconnected);
+        (e, gone)
+    };
+    // Late replies to calls that timed out come first (the daemon answers in order).
+    while control.owed > 0 {
+        match recv_before::<Response>(&control.stream, &mut control.pending, deadline) {
+            Ok(_) => control.owed -= 1,
+            Err(TransportError::TimedOut) => return Err((timed_out(), false)),
+            Err(e) => return Err(lost(e)),
+        }
+    }
+    if let Err(e) = send(&control.stream, request) {
+        return Err(match e {
+            // Part of the request may have gone: the stream is out of step for good.
+            TransportError::Os { cause, .. }
+                if matches!(
+                    cause.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                let _ = control.stream.shutdown(std::net::Shutdown::Both);
+                (timed_out(), true)
+            }
+            other => lost(other),
+        });
+    }
+    match recv_before::<Response>(&control.stream, &mut control.pending, deadline) {
+        Ok(response) => Ok(response),
+        Err(TransportError::TimedOut) => {
+            control.owed += 1;
+            Err((timed_out(), false))
+        }
+        Err(e) => Err(lost(e)),
+    }
+}
+
 impl Inner {
+    /// One control call, within the session's control timeout (waiting for another thread's
+    /// call included).
     pub(crate) fn request(&self, request: &Request) -> Result<Response, Error> {
         if self.disconnected.load(Ordering::Relaxed) {
             return Err(Error::Disconnected);
         }
-        let stream = self.control.lock().unwrap_or_else(|e| e.into_inner());
-        let result = send(&stream, request).and_then(|()| recv::<Response>(&stream));
-        result.map_err(|e| {
-            let e = Error::from(e);
-            if matches!(e, Error::Disconnected) {
+        let deadline = Instant::now() + self.control_timeout;
+        let mut control = loop {
+            match self.control.try_lock() {
+                Ok(guard) => break guard,
+                Err(std::sync::TryLockError::Poisoned(e)) => break e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    if Instant::now() >= deadline {
+                        return Err(Error::Timeout {
+                            request: request_name(request).to_string(),
+                            after: self.control_timeout,
+                        });
+                    }
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        call(&mut control, request, left).map_err(|(e, gone)| {
+            if gone {
                 self.disconnected.store(true, Ordering::Relaxed);
             }
-            e
+            match e {
+                // Report the whole limit, not what was left of it after waiting for the lock.
+                Error::Timeout { request, .. } => Error::Timeout {
+                    request,
+                    after: self.control_timeout,
+                },
+                other => other,
+            }
         })
     }
 
@@ -526,6 +723,37 @@ impl Inner {
                 continue;
             }
             self.block(id, || self.is_done(id))?;
+        }
+    }
+
+    /// Whether a task issued now would not wait (see [`Inner::submit`]).
+    fn has_room(&self) -> bool {
+        let id = self.producer.lock().unwrap_or_else(|e| e.into_inner()).next_id;
+        let slot_free = id <= self.capacity || self.is_done(id - self.capacity);
+        self.issued.load(Ordering::Relaxed) - self.consumed.load(Ordering::Acquire) < self.capacity && slot_free
+    }
+
+    /// Waits until [`Inner::has_room`] or `deadline`; returns which.
+    fn wait_for_room_until(&self, deadline: Instant) -> Result<bool, Error> {
+        loop {
+            if self.disconnected.load(Ordering::Relaxed) {
+                return Err(Error::Disconnected);
+            }
+            if self.has_room() {
+                return Ok(true);
+            }
+            if self.pending_in_ring() {
+                self.drain();
+                continue;
+            }
+            if Instant::now() >= deadline {
+                return Ok(false);
+            }
+            if SPIN.with(|s| s.borrow_mut().spin(|| self.pending_in_ring())) {
+                continue;
+            }
+            let before = self.consumed.load(Ordering::Acquire);
+            self.block(0, || self.consumed.load(Ordering::Acquire) != before)?;
         }
     }
 

@@ -214,6 +214,9 @@ pub struct DaemonConfig {
     pub sims: Vec<SimDeviceConfig>,
     /// Longest the dispatcher polls the rings after its last work before it blocks.
     pub max_spin: Duration,
+    /// On SIGTERM/SIGINT, how long work already on lanes may run before the daemon gives up on
+    /// it and exits (its clients see `Disconnected`). A second signal exits at once.
+    pub shutdown_timeout: Duration,
     /// Placement policy.
     pub policy: PolicyKind,
     /// `perf`: weight of the old average when a new measurement arrives (0.8 = XiTAO's 4:1).
@@ -336,6 +339,7 @@ impl Default for DaemonConfig {
             max_buffers: 1 << 16,
             inline_max_ns: 5_000,
             max_spin: Duration::from_micros(200),
+            shutdown_timeout: Duration::from_secs(5),
             opencl: true,
             metrics: None,
             trace: None,
@@ -382,6 +386,7 @@ section! {
         state_dir: Option<PathBuf> => state_dir,
         inline_max_ns: u64 => inline_max_ns,
         max_spin_us: Micros => max_spin,
+        shutdown_timeout_s: Seconds => shutdown_timeout,
     }
 }
 
@@ -593,6 +598,26 @@ impl InFile<Duration> for Micros {
     }
     fn read(self, _key: &str) -> Result<Duration, ConfigError> {
         Ok(Duration::from_micros(self.0))
+    }
+}
+
+/// A duration in seconds (keys ending in `_s`): zero or more, at most a day.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+struct Seconds(f64);
+
+impl InFile<Duration> for Seconds {
+    fn write(value: &Duration) -> Option<Self> {
+        Some(Seconds(value.as_secs_f64()))
+    }
+    fn read(self, key: &str) -> Result<Duration, ConfigError> {
+        let s = self.0;
+        if !(s.is_finite() && (0.0..=86_400.0).contains(&s)) {
+            return Err(ConfigError::Invalid(format!(
+                "{key} = {s}: give a number of seconds between 0 and 86400"
+            )));
+        }
+        Ok(Duration::from_secs_f64(s))
     }
 }
 

@@ -9,20 +9,25 @@
 //! builds go here too.
 //!
 //! Owns: the jobs handed over and a duplicate of each requesting connection's socket, on which
-//! it writes the reply. A client waits for each reply before its next request, so replies
-//! written here cannot overtake others on the same connection; a client that pipelines
-//! requests only reorders its own replies.
+//! it writes the reply. Replies leave in request order on each connection: while a
+//! connection has replies owed here ([`Owed`]), the dispatcher hands its own replies for that
+//! connection over too instead of writing them. A client whose call timed out can therefore
+//! skip the late reply by counting.
+//!
+//! Every reply fits in a frame: one that would not (a bug, as requests and status pages are
+//! bounded) is replaced by an error saying so, never dropped.
 //!
 //! Must not: touch sessions, queues, buffers, devices or the scheduler. A connection that does
 //! not take its reply is shut down here; the dispatcher then sees it hang up and closes it.
 
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use agora_protocol::control::{ControlError, Response};
-use agora_transport::socket::send;
+use agora_transport::socket::send_before;
 
 use crate::telemetry::Telemetry;
 
@@ -38,25 +43,29 @@ pub(crate) enum ControlJob {
     LookupKernel(String),
 }
 
+/// Replies to one connection handed to the control thread and not yet written.
+pub(crate) type Owed = Arc<AtomicUsize>;
+
 /// The control thread and its queue of jobs.
 pub(crate) struct ControlPlane {
-    jobs: Option<mpsc::Sender<(UnixStream, ControlJob)>>,
+    jobs: Option<mpsc::Sender<(UnixStream, ControlJob, Owed)>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl ControlPlane {
     /// Starts the thread.
     pub(crate) fn start(telemetry: Arc<Telemetry>) -> std::io::Result<Self> {
-        let (jobs, inbox) = mpsc::channel::<(UnixStream, ControlJob)>();
+        let (jobs, inbox) = mpsc::channel::<(UnixStream, ControlJob, Owed)>();
         let thread = std::thread::Builder::new()
             .name("agora-control".into())
             .spawn(move || {
-                for (stream, job) in inbox {
+                for (stream, job, owed) in inbox {
                     let response = answer(&telemetry, job);
-                    if let Err(error) = send(&stream, &response) {
+                    if let Err(error) = send_whole(&stream, &response, REPLY_WAIT) {
                         tracing::warn!(%error, "closing a connection that does not read its replies");
                         let _ = stream.shutdown(std::net::Shutdown::Both);
                     }
+                    owed.fetch_sub(1, Ordering::AcqRel);
                 }
             })?;
         Ok(ControlPlane {
@@ -65,13 +74,20 @@ impl ControlPlane {
         })
     }
 
-    /// Hands `job` over; its reply goes to `stream` (the requesting connection). `false` when
-    /// the connection could not be duplicated (then nothing is sent; the caller answers).
-    pub(crate) fn submit(&self, stream: &UnixStream, job: ControlJob) -> Result<(), ControlJob> {
+    /// Hands `job` over; its reply goes to `stream` (the requesting connection), and `owed`
+    /// (that connection's count) is one more until it is written. `Err` when the connection
+    /// could not be duplicated (then nothing is sent and `owed` is unchanged; the caller
+    /// answers).
+    pub(crate) fn submit(&self, stream: &UnixStream, job: ControlJob, owed: &Owed) -> Result<(), ControlJob> {
         let (Some(jobs), Ok(stream)) = (&self.jobs, stream.try_clone()) else {
             return Err(job);
         };
-        jobs.send((stream, job)).map_err(|mpsc::SendError((_, job))| job)
+        owed.fetch_add(1, Ordering::AcqRel);
+        jobs.send((stream, job, owed.clone()))
+            .map_err(|mpsc::SendError((_, job, owed))| {
+                owed.fetch_sub(1, Ordering::AcqRel);
+                job
+            })
     }
 }
 
@@ -82,6 +98,33 @@ impl Drop for ControlPlane {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+    }
+}
+
+/// Longest a reply written here may wait for its client to take it (a reply larger than the
+/// socket's buffer is written as the client reads); a client that takes longer is disconnected.
+pub(crate) const REPLY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Sends `response`, waiting at most `wait` for the client to take it (the dispatcher, which
+/// must not block, gives zero); or, should it not fit in a frame, an error that says so (the
+/// client then learns what happened instead of waiting for a reply that never comes).
+pub(crate) fn send_whole(
+    stream: &UnixStream,
+    response: &Response,
+    wait: std::time::Duration,
+) -> Result<(), agora_transport::TransportError> {
+    let send = |response: &Response| send_before(stream, response, std::time::Instant::now() + wait);
+    match send(response) {
+        Err(agora_transport::TransportError::TooLarge(len)) => {
+            tracing::error!(
+                len,
+                "a reply did not fit in a frame; sending an error instead (a bug: replies are bounded)"
+            );
+            send(&Response::Error(ControlError::BadRequest(format!(
+                "the reply ({len} bytes) exceeds the control frame limit; please report this as a bug"
+            ))))
+        }
+        other => other,
     }
 }
 
@@ -132,11 +175,12 @@ mod tests {
     fn jobs_are_answered_on_the_requesting_connection_in_order() {
         let control = ControlPlane::start(telemetry()).unwrap();
         let (daemon_side, client_side) = UnixStream::pair().unwrap();
+        let owed = Owed::default();
         assert!(control
-            .submit(&daemon_side, ControlJob::LookupKernel("saxpi".into()))
+            .submit(&daemon_side, ControlJob::LookupKernel("saxpi".into()), &owed)
             .is_ok());
-        assert!(control.submit(&daemon_side, ControlJob::SaveTrace).is_ok());
-        assert!(control.submit(&daemon_side, ControlJob::ListKernels).is_ok());
+        assert!(control.submit(&daemon_side, ControlJob::SaveTrace, &owed).is_ok());
+        assert!(control.submit(&daemon_side, ControlJob::ListKernels, &owed).is_ok());
         let (first, _) = recv_with_fds::<Response>(&client_side).unwrap();
         match first {
             Response::Error(ControlError::UnknownKernel { name, suggestions }) => {
@@ -149,5 +193,24 @@ mod tests {
         assert!(matches!(second, Response::Error(ControlError::BadRequest(m)) if m.contains("--trace")));
         let (third, _) = recv_with_fds::<Response>(&client_side).unwrap();
         assert!(matches!(third, Response::Kernels(k) if k.iter().any(|s| s.name == "saxpy")));
+        drop(control); // joins the thread: every job is written
+        assert_eq!(owed.load(Ordering::Acquire), 0);
+    }
+
+    #[test]
+    fn a_reply_too_large_for_a_frame_becomes_an_error() {
+        let control = ControlPlane::start(telemetry()).unwrap();
+        let (daemon_side, client_side) = UnixStream::pair().unwrap();
+        let huge = Response::Error(ControlError::BadRequest(
+            "x".repeat(agora_protocol::control::MAX_FRAME as usize),
+        ));
+        assert!(control
+            .submit(&daemon_side, ControlJob::Reply(huge), &Owed::default())
+            .is_ok());
+        let (reply, _) = recv_with_fds::<Response>(&client_side).unwrap();
+        assert!(
+            matches!(&reply, Response::Error(ControlError::BadRequest(m)) if m.contains("frame limit")),
+            "{reply:?}"
+        );
     }
 }

@@ -80,6 +80,16 @@ impl<T> HandleTable<T> {
         self.slots.iter().filter_map(|s| s.value.as_ref())
     }
 
+    /// Live values from slot `first` on, with their slot index (for paging: a slot keeps its
+    /// place while others come and go).
+    pub(crate) fn values_from(&self, first: usize) -> impl Iterator<Item = (usize, &T)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .skip(first)
+            .filter_map(|(i, s)| s.value.as_ref().map(|v| (i, v)))
+    }
+
     pub(crate) fn drain(&mut self) -> Vec<T> {
         self.free.clear();
         self.live = 0;

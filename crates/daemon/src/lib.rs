@@ -396,7 +396,8 @@ fn start_model_saver(model: std::sync::Weak<std::sync::Mutex<policy::Performance
         });
 }
 
-/// Runs a daemon in the foreground until SIGINT or SIGTERM.
+/// Runs a daemon in the foreground until SIGINT or SIGTERM: the first signal shuts it down
+/// gracefully within about `shutdown_timeout`, a second one exits at once.
 pub fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     let stop = Arc::new(
         Doorbell::new()
@@ -410,15 +411,23 @@ pub fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         )
         .map_err(|e| DaemonError::io("installing signal handlers", e))?;
     }
-    // Forward the signal pipe to the stop doorbell so the loop has one stop source.
+    // Forward the signal pipe to the stop doorbell so the loop has one stop source. The first
+    // signal starts a graceful shutdown (bounded by `shutdown_timeout`); a second one means the
+    // operator will not wait: exit at once.
     let forward = stop.clone();
+    let socket = config.socket.clone();
     std::thread::Builder::new()
         .name("agora-signals".into())
         .spawn(move || {
             let mut byte = [0u8; 1];
             if std::io::Read::read(&mut &reader, &mut byte).is_ok() {
-                tracing::info!("signal received");
+                tracing::info!("signal received: shutting down (a second signal exits at once)");
                 forward.ring();
+            }
+            if std::io::Read::read(&mut &reader, &mut byte).is_ok() {
+                tracing::warn!("second signal: exiting now, without waiting for running work");
+                let _ = std::fs::remove_file(&socket);
+                std::process::exit(1);
             }
         })
         .map_err(|e| DaemonError::io("starting the signal thread", e))?;

@@ -10,7 +10,13 @@
 //! Threat model: every client is hostile. Control frames are reassembled without blocking (half a
 //! frame cannot stall the loop), an oversize or undecodable frame closes that connection, a client
 //! that does not read its replies is disconnected, and a corrupt ring index ends that session.
-//! None of these affects another client.
+//! None of these affects another client. Work per request is bounded too: names longer than
+//! [`MAX_NAME`] are refused before anything looks at them, and every reply fits in a frame (the
+//! status summarises, a session's queues come in pages), whatever tenants create.
+//!
+//! Shutdown (the stop signal): stop accepting, stop reading rings, let the work already on
+//! lanes finish for up to `shutdown_timeout`, then give up on the rest (clients see
+//! `Disconnected`), stop the lanes without waiting long for a running kernel, and return.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -19,17 +25,20 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agora_protocol::control::{decode_body, ControlError, DeviceStatus, LaneStatus, Request, Response, StatusReport};
+use agora_protocol::control::{
+    check_name, decode_body, encoded_len, ControlError, DeviceStatus, LaneStatus, Request, Response, StatusReport,
+    MAX_NAME, REPLY_BUDGET, STATUS_SESSIONS,
+};
 use agora_protocol::segment::Geometry;
 use agora_protocol::{DeviceKind, PROTOCOL_VERSION};
 use agora_transport::shm::Segment;
-use agora_transport::socket::{send, send_with_fds, FrameReader};
+use agora_transport::socket::{send_with_fds, FrameReader};
 use agora_transport::wake::{AdaptiveSpin, Doorbell};
 use agora_transport::TransportError;
 use rustix::event::epoll;
 
 use crate::config::DaemonConfig;
-use crate::control::{ControlJob, ControlPlane};
+use crate::control::{send_whole, ControlJob, ControlPlane, Owed};
 use crate::scheduler::Scheduler;
 use crate::session::{AtomicBinding, Credentials, QueueState, Session};
 use crate::telemetry::Telemetry;
@@ -116,6 +125,10 @@ pub(crate) struct Server {
     telemetry: Arc<Telemetry>,
     /// Slow control-plane work, off this thread.
     control: ControlPlane,
+    /// Per connection: replies handed to the control thread and not yet written. While one is
+    /// owed, this thread's replies to that connection go through the control thread too, so
+    /// that replies keep the order of their requests.
+    owed: HashMap<u64, Owed>,
 }
 
 impl Server {
@@ -177,6 +190,7 @@ impl Server {
             spin,
             telemetry,
             control,
+            owed: HashMap::new(),
         })
     }
 
@@ -415,10 +429,19 @@ impl Server {
                 }
             };
             let Some(response) = response else { continue };
+            if self.owed.get(&id).is_some_and(|o| o.load(Ordering::Acquire) > 0) {
+                // Behind a reply the control thread still owes this connection.
+                if let Some(response) = self.offload(id, ControlJob::Reply(response)) {
+                    tracing::warn!(connection = id, "closing a connection whose reply could not be ordered");
+                    drop(response);
+                    return self.close(id);
+                }
+                continue;
+            }
             let Some(conn) = self.conns.get(&id) else {
                 return;
             };
-            if let Err(e) = send(conn.stream(), &response) {
+            if let Err(e) = send_whole(conn.stream(), &response, Duration::ZERO) {
                 tracing::warn!(connection = id, error = %e, "closing a connection that does not read its replies");
                 return self.close(id);
             }
@@ -436,6 +459,15 @@ impl Server {
                 // Snapshotted here; encoded and written by the control thread.
                 self.offload(id, ControlJob::Reply(report))
             }
+            Request::SessionStatus { session, first_queue } => {
+                self.observe(id);
+                let device_names = self.device_names();
+                let reply = match self.conns.get(&session) {
+                    Some(Conn::Session(s)) => Response::SessionDetails(Box::new(s.details(&device_names, first_queue))),
+                    _ => Response::Error(ControlError::UnknownSession(session)),
+                };
+                self.offload(id, ControlJob::Reply(reply))
+            }
             Request::Drain {
                 device,
                 drain,
@@ -446,7 +478,17 @@ impl Server {
             }
             Request::SaveTrace => self.offload(id, ControlJob::SaveTrace),
             Request::ListKernels => self.offload(id, ControlJob::ListKernels),
-            Request::LookupKernel { name } => self.offload(id, ControlJob::LookupKernel(name)),
+            Request::LookupKernel { name } => match check_name("kernel", &name) {
+                // Refused before the "did you mean" search, whose work grows with the name.
+                Err(e) => Some(Response::Error(e)),
+                Ok(()) => self.offload(id, ControlJob::LookupKernel(name)),
+            },
+            Request::Hello { client_name, .. } if client_name.len() > MAX_NAME => {
+                check_name("client", &client_name).err().map(Response::Error)
+            }
+            Request::CreateQueue { name, .. } if name.len() > MAX_NAME => {
+                check_name("queue", &name).err().map(Response::Error)
+            }
             Request::Hello {
                 version,
                 client_name,
@@ -514,7 +556,8 @@ impl Server {
     /// that is impossible.
     fn offload(&mut self, id: u64, job: ControlJob) -> Option<Response> {
         let stream = self.conns.get(&id)?.stream();
-        match self.control.submit(stream, job) {
+        let owed = self.owed.entry(id).or_default();
+        match self.control.submit(stream, job, owed) {
             Ok(()) => None,
             Err(job) => Some(crate::control::answer(&self.telemetry, job)),
         }
@@ -582,7 +625,7 @@ impl Server {
         let session = Session::new(
             id,
             credentials,
-            name.chars().take(64).collect(),
+            name,
             stream,
             reader,
             doorbell,
@@ -600,6 +643,7 @@ impl Server {
     /// Ends a connection; a session's running jobs finish (queued ones are cancelled) before its
     /// memory is reclaimed.
     fn close(&mut self, id: u64) {
+        self.owed.remove(&id);
         let Some(conn) = self.conns.remove(&id) else {
             return;
         };
@@ -670,22 +714,47 @@ impl Server {
             queues_bound,
             evacuated_buffers,
             evacuated_bytes,
+            migrations: self.scheduler.migration.stats.migrations,
         }
     }
 
+    fn device_names(&self) -> Vec<String> {
+        self.scheduler.devices.iter().map(|d| d.info().name.clone()).collect()
+    }
+
+    /// The status summary: every counter, and the busiest sessions (each with its busiest
+    /// queues) as many as fit in [`REPLY_BUDGET`], whatever the tenants created.
     fn status(&self) -> StatusReport {
-        let device_names: Vec<String> = self.scheduler.devices.iter().map(|d| d.info().name.clone()).collect();
-        let mut sessions: Vec<_> = self
+        let device_names = self.device_names();
+        let live: Vec<&Session> = self
             .conns
             .values()
             .filter_map(|c| match c {
-                Conn::Session(s) => Some(s.status(&device_names)),
+                Conn::Session(s) => Some(&**s),
                 _ => None,
             })
             .collect();
+        let live_completed: u64 = live.iter().map(|s| s.shared.completed.load(Ordering::Relaxed)).sum();
+        let live_failed: u64 = live.iter().map(|s| s.shared.failed.load(Ordering::Relaxed)).sum();
+        let mut busiest = live.clone();
+        busiest.sort_by_key(|s| {
+            (
+                std::cmp::Reverse(s.shared.in_flight.load(Ordering::Relaxed)),
+                std::cmp::Reverse(s.submitted),
+                s.id,
+            )
+        });
+        let mut sessions = Vec::new();
+        let mut bytes = 0;
+        for session in busiest.into_iter().take(STATUS_SESSIONS) {
+            let entry = session.status(&device_names);
+            bytes += encoded_len(&entry);
+            if bytes > REPLY_BUDGET {
+                break;
+            }
+            sessions.push(entry);
+        }
         sessions.sort_by_key(|s| s.id);
-        let live_completed: u64 = sessions.iter().map(|s| s.tasks_completed).sum();
-        let live_failed: u64 = sessions.iter().map(|s| s.tasks_failed).sum();
         let closing_completed: u64 = self
             .closing
             .iter()
@@ -714,6 +783,7 @@ impl Server {
                 })
                 .collect(),
             sessions,
+            live_sessions: live.len() as u64,
             closing_sessions: self.closing.len() as u64,
             sessions_opened: self.sessions_opened,
             sessions_closed: self.sessions_closed,
@@ -729,18 +799,74 @@ impl Server {
         }
     }
 
+    /// Work handed to lanes and not yet completed, all sessions (closing ones included).
+    fn in_flight(&self) -> u64 {
+        let live: u64 = self
+            .conns
+            .values()
+            .filter_map(|c| match c {
+                Conn::Session(s) => Some(s.shared.in_flight.load(Ordering::Acquire)),
+                _ => None,
+            })
+            .sum();
+        live + self
+            .closing
+            .iter()
+            .map(|s| s.shared.in_flight.load(Ordering::Acquire))
+            .sum::<u64>()
+    }
+
     fn shutdown(&mut self) -> Result<(), DaemonError> {
-        tracing::info!(sessions = self.conns.len(), "shutting down");
-        for conn in self.conns.values() {
-            if let Conn::Session(s) = conn {
-                s.shared.cancelled.store(true, Ordering::Release);
-                s.shared.close();
-            }
+        // 1. Nobody new: the socket goes first, so a client that starts now is told at once
+        // that no daemon runs, and no ring is read again.
+        let _ = epoll::delete(&self.epoll, &self.listener);
+        let _ = std::fs::remove_file(&self.config.socket);
+        let started = Instant::now();
+        let deadline = started + self.config.shutdown_timeout;
+        tracing::info!(
+            sessions = self.conns.len(),
+            in_flight = self.in_flight(),
+            timeout_s = self.config.shutdown_timeout.as_secs_f64(),
+            "shutting down: letting running work finish"
+        );
+        // 2. Work already on lanes finishes (its completions reach the clients) until the
+        // deadline. Lanes post completions without this thread; it only reclaims sessions.
+        while self.in_flight() > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+            self.housekeeping();
         }
-        for device in &self.scheduler.devices {
-            device.shutdown();
+        // 3. Give up on the rest: closed segments take no more completions, so clients see
+        // the daemon go away (`Disconnected`) rather than their tasks cancelled.
+        let abandoned = self.in_flight();
+        for session in self
+            .conns
+            .values()
+            .filter_map(|c| match c {
+                Conn::Session(s) => Some(&**s),
+                _ => None,
+            })
+            .chain(self.closing.iter().map(|s| &**s))
+        {
+            session.shared.close();
+            session.shared.cancelled.store(true, Ordering::Release);
         }
-        // After the lanes stopped, so every finished task is in the model.
+        // 4. Stop the lanes: queued jobs are cancelled; a kernel still running cannot be
+        // interrupted, so it is waited for only briefly (a helper thread owns the wait).
+        let devices = self.scheduler.devices.clone();
+        let (stopped, lanes_stopped) = std::sync::mpsc::channel();
+        let stopper = std::thread::Builder::new()
+            .name("agora-stop-lanes".into())
+            .spawn(move || {
+                for device in &devices {
+                    device.shutdown();
+                }
+                let _ = stopped.send(());
+            });
+        let lanes_stopped = stopper.is_ok() && lanes_stopped.recv_timeout(LANE_STOP_WAIT).is_ok();
+        if !lanes_stopped {
+            tracing::warn!("a kernel is still running; exiting without waiting for it");
+        }
+        // After the lanes stopped (or were given up on), so every finished task is in the model.
         self.scheduler.save_model(&self.config.effective_state_dir());
         if let Some(trace) = &self.telemetry.trace {
             match trace.save() {
@@ -748,13 +874,18 @@ impl Server {
                 Err(e) => tracing::error!(error = %e, "could not write the trace"),
             }
         }
-        let _ = std::fs::remove_file(&self.config.socket);
+        tracing::info!(abandoned, seconds = started.elapsed().as_secs_f64(), "stopped");
         self.conns.clear();
         self.closing.clear();
+        self.owed.clear();
         let _ = self.listener.as_fd();
         Ok(())
     }
 }
+
+/// How long shutdown waits for the lanes to stop once it has given up on their work: a kernel
+/// that is running cannot be interrupted, and the daemon does not wait for it.
+const LANE_STOP_WAIT: Duration = Duration::from_millis(200);
 
 /// `Request::CreateQueue`.
 fn create_queue(

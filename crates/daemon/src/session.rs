@@ -6,7 +6,9 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use agora_protocol::control::{ControlError, QueueClass, QueueStatus, SessionStatus};
+use agora_protocol::control::{
+    encoded_len, ControlError, QueueClass, QueueStatus, SessionDetails, SessionStatus, REPLY_BUDGET, STATUS_QUEUES,
+};
 use agora_protocol::ring::{CompletionProducer, SubmissionConsumer};
 use agora_protocol::Completion;
 use agora_transport::shm::Segment;
@@ -63,7 +65,11 @@ impl SessionShared {
     /// queue's next task inline at once), and any completion the dispatcher posts after seeing
     /// it idle still lands after this one.
     pub(crate) fn post_releasing(&self, completions: &[Completion], release: impl FnOnce()) {
-        if completions.is_empty() {
+        if completions.is_empty() || self.is_closed() {
+            // Once the daemon has given up on the session at shutdown, the jobs it cancels post
+            // nothing: the client reports their tasks as `Disconnected` (the daemon went away),
+            // not as cancelled by their own program.
+            release();
             return;
         }
         {
@@ -93,7 +99,12 @@ impl SessionShared {
         }
     }
 
-    /// Tells a waiting client the daemon is going away.
+    /// Whether [`SessionShared::close`] was called.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.segment.view().header().daemon_closed.load(Ordering::Acquire) != 0
+    }
+
+    /// Tells a waiting client the daemon is going away; completions are no longer posted.
     pub(crate) fn close(&self) {
         let header = self.segment.view().header();
         header.daemon_closed.store(1, Ordering::Release);
@@ -133,14 +144,15 @@ impl Binding {
     }
 }
 
-/// A [`Binding`] that the dispatcher sets and lane threads read.
+/// A [`Binding`] that the dispatcher sets and lane threads read; beside it, the binding whose
+/// leaving was last counted as a migration ([`AtomicBinding::first_move_from`]).
 #[derive(Debug)]
-pub(crate) struct AtomicBinding(AtomicU32);
+pub(crate) struct AtomicBinding(AtomicU32, AtomicU32);
 
 impl AtomicBinding {
     /// Unbound.
     pub(crate) fn unbound() -> Self {
-        AtomicBinding(AtomicU32::new(Binding::UNBOUND.0))
+        AtomicBinding(AtomicU32::new(Binding::UNBOUND.0), AtomicU32::new(Binding::UNBOUND.0))
     }
 
     pub(crate) fn load(&self) -> Binding {
@@ -149,6 +161,13 @@ impl AtomicBinding {
 
     pub(crate) fn store(&self, binding: Binding) {
         self.0.store(binding.0, Ordering::Relaxed);
+    }
+
+    /// Whether leaving `binding` is news: true the first time it is called with a given
+    /// binding, so a queue moving off a draining device counts once in the migration
+    /// statistics however many of its tasks see it leave.
+    pub(crate) fn first_move_from(&self, binding: Binding) -> bool {
+        self.1.swap(binding.0, Ordering::Relaxed) != binding.0
     }
 }
 
@@ -310,7 +329,44 @@ impl Session {
         });
     }
 
+    /// The session with its busiest queues (at most [`STATUS_QUEUES`], listed in handle order):
+    /// its entry in a status report, bounded whatever the client created.
     pub(crate) fn status(&self, device_names: &[String]) -> SessionStatus {
+        let mut busiest: Vec<(usize, &Arc<QueueState>)> = self.queues.values_from(0).collect();
+        // Most in flight first; ties keep handle order (the sort is stable).
+        busiest.sort_by_key(|(_, q)| std::cmp::Reverse(q.in_flight.load(Ordering::Relaxed)));
+        busiest.truncate(STATUS_QUEUES);
+        busiest.sort_by_key(|(slot, _)| *slot);
+        let mut status = self.summary();
+        status.queues = busiest.into_iter().map(|(_, q)| q.status(device_names)).collect();
+        status
+    }
+
+    /// The session with one page of its queues, from slot `first` on, as many as fit in
+    /// [`REPLY_BUDGET`] bytes; and the slot the next page starts at, if any.
+    pub(crate) fn details(&self, device_names: &[String], first: u64) -> SessionDetails {
+        let mut session = self.summary();
+        let mut bytes = encoded_len(&session);
+        let mut next_queue = None;
+        for (slot, queue) in self.queues.values_from(usize::try_from(first).unwrap_or(usize::MAX)) {
+            let entry = queue.status(device_names);
+            let len = encoded_len(&entry);
+            if bytes + len > REPLY_BUDGET && !session.queues.is_empty() {
+                next_queue = Some(slot as u64);
+                break;
+            }
+            bytes += len;
+            session.queues.push(entry);
+        }
+        SessionDetails {
+            session,
+            first_queue: first,
+            next_queue,
+        }
+    }
+
+    /// Everything but the queue list.
+    fn summary(&self) -> SessionStatus {
         let shared = &self.shared;
         SessionStatus {
             id: self.id,
@@ -318,29 +374,9 @@ impl Session {
             uid: self.credentials.uid,
             gid: self.credentials.gid,
             name: self.name.clone(),
-            queues: self
-                .queues
-                .values()
-                .map(|q| {
-                    let in_flight = u64::from(q.in_flight.load(Ordering::Relaxed));
-                    let binding = q.binding.load();
-                    QueueStatus {
-                        name: q.name.to_string(),
-                        class: q.class,
-                        in_flight,
-                        bound_to: (in_flight > 0 && !binding.is_unbound()).then(|| {
-                            let device = device_names.get(binding.device()).map_or("?", |n| n.as_str());
-                            format!("{device}/lane{}", binding.lane())
-                        }),
-                        preferred: q.preferred.map(|k| k.name().to_string()),
-                        sla_ms: q.sla_ns.map(|ns| ns / 1e6),
-                        moving: q.moving.load(Ordering::Relaxed),
-                        last_device: (!binding.is_unbound())
-                            .then(|| device_names.get(binding.device()).cloned())
-                            .flatten(),
-                    }
-                })
-                .collect(),
+            queues: Vec::new(),
+            queue_count: self.queues.len() as u64,
+            latency_queues: self.queues.values().filter(|q| q.class == QueueClass::Latency).count() as u64,
             buffers: self.buffers.len() as u64,
             heap_used: self.heap.used(),
             heap_quota: self.heap.capacity(),
@@ -350,6 +386,29 @@ impl Session {
             in_flight: shared.in_flight.load(Ordering::Relaxed),
             bytes_to_device: shared.bytes_to_device.load(Ordering::Relaxed),
             bytes_to_host: shared.bytes_to_host.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl QueueState {
+    /// The queue as the status shows it.
+    fn status(&self, device_names: &[String]) -> QueueStatus {
+        let in_flight = u64::from(self.in_flight.load(Ordering::Relaxed));
+        let binding = self.binding.load();
+        QueueStatus {
+            name: self.name.to_string(),
+            class: self.class,
+            in_flight,
+            bound_to: (in_flight > 0 && !binding.is_unbound()).then(|| {
+                let device = device_names.get(binding.device()).map_or("?", |n| n.as_str());
+                format!("{device}/lane{}", binding.lane())
+            }),
+            preferred: self.preferred.map(|k| k.name().to_string()),
+            sla_ms: self.sla_ns.map(|ns| ns / 1e6),
+            moving: self.moving.load(Ordering::Relaxed),
+            last_device: (!binding.is_unbound())
+                .then(|| device_names.get(binding.device()).cloned())
+                .flatten(),
         }
     }
 }

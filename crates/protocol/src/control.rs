@@ -12,6 +12,24 @@ use crate::signature::KernelSignature;
 /// Largest control frame accepted, in bytes.
 pub const MAX_FRAME: u32 = 1 << 20;
 
+/// Longest name a request may carry, in bytes (kernel, queue and client names). The daemon
+/// refuses a longer one at once with [`ControlError::NameTooLong`], before any work that grows
+/// with the name (the "did you mean" search) and without echoing it back.
+pub const MAX_NAME: usize = 256;
+
+/// Most sessions a [`StatusReport`] lists (the busiest; `live_sessions` counts them all).
+pub const STATUS_SESSIONS: usize = 128;
+
+/// Most queues a session lists in a [`StatusReport`] (the busiest; `queue_count` counts them
+/// all). [`Request::SessionStatus`] pages through the rest.
+pub const STATUS_QUEUES: usize = 8;
+
+/// Most bytes of the encoded reply the daemon spends on the sessions of a [`StatusReport`], or
+/// on one page of [`Request::SessionStatus`]: well under [`MAX_FRAME`], so that devices,
+/// counters and framing always fit whatever names and counts tenants choose, and small enough
+/// for a Unix socket's default send buffer, so that a reply is usually written in one go.
+pub const REPLY_BUDGET: usize = 128 << 10;
+
 /// Class of a queue (scheduling hints for later policies).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum QueueClass {
@@ -61,8 +79,18 @@ pub enum Request {
     },
     /// List every kernel.
     ListKernels,
-    /// A snapshot of the daemon's state.
+    /// A summary of the daemon's state: counters, devices and the busiest sessions with their
+    /// busiest queues (bounded, whatever tenants do; see [`STATUS_SESSIONS`], [`STATUS_QUEUES`]).
     Status,
+    /// One session's details with one page of its queues (in handle order), from the queue at
+    /// position `first_queue` on; [`SessionDetails::next_queue`] says where the next page
+    /// starts. Any connection may ask, like [`Request::Status`].
+    SessionStatus {
+        /// Session id, as the status lists it.
+        session: u64,
+        /// Where the page starts: 0, or a previous page's `next_queue`.
+        first_queue: u64,
+    },
     /// Write the task trace to the daemon's trace file now (`agora serve --trace FILE`).
     SaveTrace,
     /// Admin: mark a device draining (`drain: true`) or usable again (`false`). A draining device
@@ -119,6 +147,8 @@ pub enum Response {
     Kernels(Vec<KernelSignature>),
     /// Daemon state.
     Status(Box<StatusReport>),
+    /// One session and a page of its queues (reply to [`Request::SessionStatus`]).
+    SessionDetails(Box<SessionDetails>),
     /// Trace written.
     TraceSaved {
         /// The file.
@@ -139,6 +169,9 @@ pub enum Response {
         evacuated_buffers: u64,
         /// Bytes of device memory those held.
         evacuated_bytes: u64,
+        /// Queues moved off devices since the daemon started (the status's `migrations`), as of
+        /// this reply: compare with a later status to see the moves this drain caused.
+        migrations: u64,
     },
     /// The request failed.
     Error(ControlError),
@@ -192,6 +225,31 @@ pub enum ControlError {
     /// The daemon's settings do not allow this client to do that (e.g. open a latency queue).
     #[error("not permitted: {0}")]
     NotPermitted(String),
+    /// A name longer than [`MAX_NAME`] bytes.
+    #[error("{what} name of {len} bytes is too long: at most {limit} bytes")]
+    NameTooLong {
+        /// Which name (`kernel`, `queue`, `client`).
+        what: String,
+        /// Its length in bytes.
+        len: u64,
+        /// The limit ([`MAX_NAME`]).
+        limit: u64,
+    },
+    /// No live session has that id (it ended, or never existed).
+    #[error("no live session #{0}: run `agora status` for the live ones")]
+    UnknownSession(u64),
+}
+
+/// `Err(NameTooLong)` when `name` is longer than [`MAX_NAME`] bytes.
+pub fn check_name(what: &str, name: &str) -> Result<(), ControlError> {
+    if name.len() > MAX_NAME {
+        return Err(ControlError::NameTooLong {
+            what: what.to_string(),
+            len: name.len() as u64,
+            limit: MAX_NAME as u64,
+        });
+    }
+    Ok(())
 }
 
 fn suggestion(names: &[String]) -> String {
@@ -274,8 +332,13 @@ pub struct SessionStatus {
     pub gid: u32,
     /// Client name.
     pub name: String,
-    /// Live queues.
+    /// Some of its live queues: in a [`StatusReport`], the busiest (at most [`STATUS_QUEUES`]);
+    /// in [`SessionDetails`], one page. `queue_count` counts them all.
     pub queues: Vec<QueueStatus>,
+    /// Live queues, all of them.
+    pub queue_count: u64,
+    /// How many of them are latency-class.
+    pub latency_queues: u64,
     /// Live buffers.
     pub buffers: u64,
     /// Heap bytes in use.
@@ -309,8 +372,11 @@ pub struct StatusReport {
     pub policy: String,
     /// Devices.
     pub devices: Vec<DeviceStatus>,
-    /// Live sessions.
+    /// The busiest live sessions (at most [`STATUS_SESSIONS`], fewer when their entries would
+    /// not fit in [`REPLY_BUDGET`]), by id; `live_sessions` counts them all.
     pub sessions: Vec<SessionStatus>,
+    /// Live sessions, all of them.
+    pub live_sessions: u64,
     /// Sessions that ended but still have tasks running (reclaimed when those finish).
     pub closing_sessions: u64,
     /// Sessions opened since start.
@@ -338,7 +404,25 @@ pub struct StatusReport {
     pub tasks_lost: u64,
 }
 
-/// Encodes a message into a frame (length prefix included).
+/// One session and one page of its queues.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SessionDetails {
+    /// The session; `queues` holds this page's queues, `queue_count` counts them all.
+    pub session: SessionStatus,
+    /// Where the page started.
+    pub first_queue: u64,
+    /// Where the next page starts (ask again with this `first_queue`); `None` on the last page.
+    /// Queues created or released between pages may be missed or listed twice.
+    pub next_queue: Option<u64>,
+}
+
+/// The size of `message` encoded (without the frame's length prefix).
+pub fn encoded_len<T: Serialize>(message: &T) -> usize {
+    postcard::to_stdvec(message).map_or(usize::MAX, |v| v.len())
+}
+
+/// Encodes a message into a frame (length prefix included). The caller checks the length
+/// against [`MAX_FRAME`] (the transport refuses to send a longer frame).
 pub fn encode_frame<T: Serialize>(message: &T) -> Result<Vec<u8>, postcard::Error> {
     let mut out = vec![0u8; 4];
     let body = postcard::to_stdvec(message)?;

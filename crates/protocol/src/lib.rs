@@ -34,4 +34,7 @@ pub use signature::{Access, KernelSignature, ParamKind, ParamSpec, ScalarType};
 /// 2: `Request::Drain`, `TaskError::DeviceLost`/`DataLost`, drain, failure and migration fields
 /// in the status; queue SLAs (`CreateQueue::sla_ms`), revocation fields in the status.
 /// 3: `TaskError::DeviceLimit` (a launch beyond every capable device's limits).
-pub const PROTOCOL_VERSION: u32 = 3;
+/// 4: bounded replies: `Request::SessionStatus` / `Response::SessionDetails` (a session's queues,
+/// paged), a summarised status (`live_sessions`, `queue_count`, `latency_queues`),
+/// `ControlError::NameTooLong` / `UnknownSession`, `migrations` in `Response::Drained`.
+pub const PROTOCOL_VERSION: u32 = 4;

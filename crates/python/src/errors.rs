@@ -38,6 +38,12 @@ create_exception!(
 );
 create_exception!(
     agora,
+    TimeoutError,
+    AgoraError,
+    "The daemon did not answer a call within the session's control_timeout (it is overloaded or stuck)."
+);
+create_exception!(
+    agora,
     ProtocolError,
     AgoraError,
     "The daemon answered something this client does not understand (version mismatch?)."
@@ -216,6 +222,7 @@ fn client_exception(error: &Error, message: String) -> PyErr {
         Error::Disconnected => DisconnectedError::new_err(message),
         Error::OutOfBounds { .. } => OutOfBoundsError::new_err(message),
         Error::Protocol(_) => ProtocolError::new_err(message),
+        Error::Timeout { .. } => TimeoutError::new_err(message),
         Error::Control(control) => match control {
             ControlError::VersionMismatch { .. } => VersionMismatchError::new_err(message),
             ControlError::QuotaExceeded { .. } => QuotaExceededError::new_err(message),
@@ -224,6 +231,8 @@ fn client_exception(error: &Error, message: String) -> PyErr {
             ControlError::TooMany { .. } => TooManyError::new_err(message),
             ControlError::BadRequest(_) => BadRequestError::new_err(message),
             ControlError::NotPermitted(_) => NotPermittedError::new_err(message),
+            // A refused request, like any other the daemon cannot serve.
+            ControlError::NameTooLong { .. } | ControlError::UnknownSession(_) => BadRequestError::new_err(message),
         },
         Error::Task(_) | Error::Tasks(_) => TaskFailedError::new_err(message),
     }

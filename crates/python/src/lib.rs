@@ -6,9 +6,11 @@
 //! the wire protocol itself: everything goes through the Rust client, so Python, C and Rust
 //! programs behave the same.
 //!
-//! Blocking calls (connect, `wait`, `finish`) release the GIL, so other Python threads run while
-//! one waits for the daemon; `wait` and `finish` wait in slices and check for signals between
-//! them, so Ctrl-C interrupts them at once.
+//! Every call that can block releases the GIL (connect, buffer and queue creation, kernel
+//! lookups, status, `wait`, `finish`, and a launch waiting for room in the rings), so other
+//! Python threads run while one waits for the daemon. The waits for tasks and for ring room go
+//! in slices with a check for signals between them, so Ctrl-C interrupts them at once; control
+//! calls end within the session's `control_timeout` (TimeoutError).
 //!
 //! One module per class: [`session`], [`queue`], [`buffer`], [`kernel`], [`task`]; [`errors`]
 //! holds the exception classes and the error mapping.
@@ -48,6 +50,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         ClosedError,
         BufferInUseError,
         ProtocolError,
+        TimeoutError,
         OutOfBoundsError,
         TaskFailedError,
         MalformedTaskError,

@@ -36,9 +36,21 @@ impl PyQueue {
         guard.clone().ok_or_else(|| closed("queue"))
     }
 
-    pub(crate) fn issue(&self, f: impl FnOnce(&agora::Queue) -> Result<agora::Task, Error>) -> PyResult<PyTask> {
+    /// Issues a task with `f`. Waiting for room in the rings (the daemon is behind) goes
+    /// without the GIL and in slices, so other threads run and Ctrl-C interrupts it.
+    pub(crate) fn issue(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&agora::Queue) -> Result<agora::Task, Error> + Send,
+    ) -> PyResult<PyTask> {
         let queue = self.queue()?;
-        let task = f(&queue).or_raise()?;
+        let session = &self.session;
+        while !py.detach(|| session.wait_for_room(WAIT_SLICE)).or_raise()? {
+            py.check_signals()?;
+        }
+        // Another thread may have taken the room meanwhile: then this waits, still without
+        // the GIL.
+        let task = py.detach(|| f(&queue)).or_raise()?;
         Ok(PyTask {
             task,
             liveness: self.liveness.clone(),
@@ -117,7 +129,8 @@ impl PyQueue {
             match cache.get(&name) {
                 Some(k) => k.clone(),
                 None => {
-                    let k = self.session.kernel(&name).or_raise()?;
+                    let session = &self.session;
+                    let k = args.py().detach(|| session.kernel(&name)).or_raise()?;
                     cache.insert(name, k.clone());
                     k
                 }
@@ -193,43 +206,52 @@ impl PyQueue {
                 (ParamKind::Buffer { .. }, None) => unreachable!("buffer parameters were borrowed above"),
             }
         }
-        self.issue(|q| q.launch(&kernel, &call, range))
+        self.issue(args.py(), |q| q.launch(&kernel, &call, range))
     }
 
     /// Makes the devices see the buffer's host copy (call after writing it).
-    fn sync_to(&self, buffer: &PyBuffer) -> PyResult<PyTask> {
+    fn sync_to(&self, py: Python<'_>, buffer: &PyBuffer) -> PyResult<PyTask> {
         let guard = buffer.inner.lock().unwrap_or_else(|e| e.into_inner());
         let b = guard.as_ref().ok_or_else(|| closed("buffer"))?;
-        self.issue(|q| q.sync_to(b))
+        self.issue(py, |q| q.sync_to(b))
     }
 
     /// Makes the host copy current (read it after this task completes).
-    fn sync_from(&self, buffer: &PyBuffer) -> PyResult<PyTask> {
+    fn sync_from(&self, py: Python<'_>, buffer: &PyBuffer) -> PyResult<PyTask> {
         let guard = buffer.inner.lock().unwrap_or_else(|e| e.into_inner());
         let b = guard.as_ref().ok_or_else(|| closed("buffer"))?;
-        self.issue(|q| q.sync_from(b))
+        self.issue(py, |q| q.sync_from(b))
     }
 
     /// Sets every byte of `buffer` to `value`.
     #[pyo3(signature = (buffer, value=0))]
-    fn memset(&self, buffer: &PyBuffer, value: u8) -> PyResult<PyTask> {
+    fn memset(&self, py: Python<'_>, buffer: &PyBuffer, value: u8) -> PyResult<PyTask> {
         let guard = buffer.inner.lock().unwrap_or_else(|e| e.into_inner());
         let b = guard.as_ref().ok_or_else(|| closed("buffer"))?;
-        self.issue(|q| q.memset(b, value))
+        self.issue(py, |q| q.memset(b, value))
     }
 
     /// Copies `nbytes` bytes (0: all of `src` from `src_offset`) from `src` to `dst`.
     #[pyo3(signature = (src, dst, src_offset=0, dst_offset=0, nbytes=0))]
-    fn copy(&self, src: &PyBuffer, dst: &PyBuffer, src_offset: u64, dst_offset: u64, nbytes: u64) -> PyResult<PyTask> {
+    #[allow(clippy::too_many_arguments)]
+    fn copy(
+        &self,
+        py: Python<'_>,
+        src: &PyBuffer,
+        dst: &PyBuffer,
+        src_offset: u64,
+        dst_offset: u64,
+        nbytes: u64,
+    ) -> PyResult<PyTask> {
         let same = std::ptr::eq(src, dst);
         let src_guard = src.inner.lock().unwrap_or_else(|e| e.into_inner());
         let s = src_guard.as_ref().ok_or_else(|| closed("buffer"))?;
         if same {
-            return self.issue(|q| q.copy(s, src_offset, s, dst_offset, nbytes));
+            return self.issue(py, |q| q.copy(s, src_offset, s, dst_offset, nbytes));
         }
         let dst_guard = dst.inner.lock().unwrap_or_else(|e| e.into_inner());
         let d = dst_guard.as_ref().ok_or_else(|| closed("buffer"))?;
-        self.issue(|q| q.copy(s, src_offset, d, dst_offset, nbytes))
+        self.issue(py, |q| q.copy(s, src_offset, d, dst_offset, nbytes))
     }
 
     /// Waits (without holding the GIL) for every task issued so far; raises when any task issued

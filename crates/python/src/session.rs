@@ -60,24 +60,42 @@ fn parse_device(name: &str) -> PyResult<agora::DeviceKind> {
 impl PySession {
     /// Opens a session with the daemon on `socket` (default: $AGORA_SOCKET, else the per-user
     /// default path).
+    /// `control_timeout`: seconds a control call (buffer, queue, kernel, status) may wait for
+    /// the daemon before it raises TimeoutError (default 30).
     #[new]
-    #[pyo3(signature = (socket=None, name=None, heap_bytes=None))]
+    #[pyo3(signature = (socket=None, name=None, heap_bytes=None, control_timeout=None))]
     fn new(
         py: Python<'_>,
         socket: Option<std::path::PathBuf>,
         name: Option<String>,
         heap_bytes: Option<u64>,
+        control_timeout: Option<f64>,
     ) -> PyResult<Self> {
+        let control_timeout = match control_timeout {
+            None => None,
+            Some(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => Some(std::time::Duration::from_secs_f64(s)),
+            Some(s) => {
+                return Err(PyValueError::new_err(format!(
+                    "control_timeout={s}: give a positive number of seconds (at most a day), or None"
+                )))
+            }
+        };
         let name = name.or_else(|| {
             let argv0 = py.import("sys").ok()?.getattr("argv").ok()?.get_item(0).ok()?;
             let argv0: String = argv0.extract().ok()?;
             let base = std::path::Path::new(&argv0).file_name()?.to_string_lossy().into_owned();
-            (!base.is_empty()).then(|| format!("python:{base}"))
+            // Cut to what the daemon accepts (an explicit name that is too long is refused).
+            let mut default = format!("python:{base}");
+            while default.len() > agora_protocol::control::MAX_NAME {
+                default.pop();
+            }
+            (!base.is_empty()).then_some(default)
         });
         let options = SessionOptions {
             socket,
             name,
             heap_bytes,
+            control_timeout,
         };
         let session = py.detach(|| agora::Session::connect_with(options)).or_raise()?;
         Ok(PySession {
@@ -95,7 +113,14 @@ impl PySession {
     /// Creates a queue: an ordered stream of tasks, bound to no device. `sla_ms`: the
     /// response-time target of a latency-class queue's tasks (the daemon's default when None).
     #[pyo3(signature = (name="", queue_class="batch", device=None, sla_ms=None))]
-    fn queue(&self, name: &str, queue_class: &str, device: Option<&str>, sla_ms: Option<f64>) -> PyResult<PyQueue> {
+    fn queue(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        queue_class: &str,
+        device: Option<&str>,
+        sla_ms: Option<f64>,
+    ) -> PyResult<PyQueue> {
         let sla = match sla_ms {
             None => None,
             Some(ms) if ms.is_finite() && ms > 0.0 => Some(std::time::Duration::from_secs_f64(ms / 1e3)),
@@ -112,7 +137,7 @@ impl PySession {
             sla,
         };
         let session = self.session()?;
-        let queue = session.queue_with(options).or_raise()?;
+        let queue = py.detach(|| session.queue_with(options)).or_raise()?;
         Ok(PyQueue {
             inner: Mutex::new(Some(Arc::new(queue))),
             session,
@@ -122,11 +147,12 @@ impl PySession {
     }
 
     /// Allocates a buffer of `nbytes` bytes (zeroed) in the session's shared memory.
-    fn buffer(&self, nbytes: u64) -> PyResult<PyBuffer> {
+    fn buffer(&self, py: Python<'_>, nbytes: u64) -> PyResult<PyBuffer> {
         if nbytes == 0 {
             return Err(PyValueError::new_err("buffers must be at least 1 byte long"));
         }
-        let buffer = self.session()?.buffer(nbytes).or_raise()?;
+        let session = self.session()?;
+        let buffer = py.detach(|| session.buffer(nbytes)).or_raise()?;
         Ok(PyBuffer::new(buffer, self.liveness.clone()))
     }
 
@@ -139,7 +165,7 @@ impl PySession {
         if nbytes == 0 {
             return Err(PyValueError::new_err("cannot make a buffer from an empty array"));
         }
-        let mut buffer = self.buffer(nbytes)?;
+        let mut buffer = self.buffer(py, nbytes)?;
         buffer.dtype = Some(array.getattr("dtype")?.unbind());
         buffer.shape = Some(array.getattr("shape")?.unbind());
         let buffer = Py::new(py, buffer)?;
@@ -149,22 +175,35 @@ impl PySession {
     }
 
     /// Looks a kernel up by name.
-    fn kernel(&self, name: &str) -> PyResult<PyKernel> {
-        let kernel = self.session()?.kernel(name).or_raise()?;
+    fn kernel(&self, py: Python<'_>, name: &str) -> PyResult<PyKernel> {
+        let session = self.session()?;
+        let kernel = py.detach(|| session.kernel(name)).or_raise()?;
         Ok(PyKernel { inner: kernel })
     }
 
     /// Signatures of every kernel the daemon offers (name, params, doc).
     fn kernels(&self, py: Python<'_>) -> PyResult<Vec<Py<PyDict>>> {
-        let signatures = self.session()?.kernels().or_raise()?;
+        let session = self.session()?;
+        let signatures = py.detach(|| session.kernels()).or_raise()?;
         signatures.iter().map(|s| signature_dict(py, s)).collect()
     }
 
-    /// The daemon's status (devices, lanes, sessions, queues) as a dict.
+    /// The daemon's status summary as a dict: counters, devices and lanes, and the busiest
+    /// sessions (`live_sessions` counts them all), each with its busiest queues (`queue_count`
+    /// counts them all). `session_status()` has every queue of one session.
     fn status(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let report = self.session()?.status().or_raise()?;
-        let text = serde_json::to_string(&report).map_err(|e| ProtocolError::new_err(e.to_string()))?;
-        Ok(py.import("json")?.call_method1("loads", (text,))?.unbind())
+        let session = self.session()?;
+        let report = py.detach(|| session.status()).or_raise()?;
+        to_dict(py, serde_json::to_string(&report))
+    }
+
+    /// One live session (default: this one) with all its queues, as a dict.
+    #[pyo3(signature = (session_id=None))]
+    fn session_status(&self, py: Python<'_>, session_id: Option<u64>) -> PyResult<Py<PyAny>> {
+        let session = self.session()?;
+        let id = session_id.unwrap_or_else(|| session.id());
+        let details = py.detach(|| session.session_status(id)).or_raise()?;
+        to_dict(py, serde_json::to_string(&details))
     }
 
     /// Closes the session: from now on every call on it and on its queues, buffers and tasks
@@ -191,6 +230,12 @@ impl PySession {
             None => "<agora.Session closed>".to_string(),
         }
     }
+}
+
+/// A report as Python dicts and lists (through JSON).
+fn to_dict(py: Python<'_>, json: serde_json::Result<String>) -> PyResult<Py<PyAny>> {
+    let text = json.map_err(|e| ProtocolError::new_err(e.to_string()))?;
+    Ok(py.import("json")?.call_method1("loads", (text,))?.unbind())
 }
 
 fn signature_dict(py: Python<'_>, signature: &agora::KernelSignature) -> PyResult<Py<PyDict>> {

@@ -153,7 +153,7 @@ def test_wait_releases_the_gil(session):
 def test_latency_queue_and_status(session):
     with session.queue("frontend", queue_class="latency", sla_ms=50) as queue:
         queue.launch("noop", range=1).wait()
-        queues = {q["name"]: q for s in session.status()["sessions"] for q in s["queues"]}
+        queues = {q["name"]: q for q in session.session_status()["queues"]}
         assert "frontend" in queues
         assert queues["frontend"]["sla_ms"] == pytest.approx(50.0)
     with pytest.raises(ValueError, match="positive number of milliseconds"):
@@ -375,3 +375,80 @@ def test_ctrl_c_interrupts_wait_and_finish(daemon):
     assert "wait interrupted, task done: False" in lines, lines
     assert "finish interrupted, task done: False" in lines, lines
     assert lines[-1] == "session usable", lines
+
+
+def test_status_summarises_and_session_status_lists_every_queue(session):
+    queues = [session.queue(f"many-{i}") for i in range(20)]
+    status = session.status()
+    assert status["live_sessions"] >= 1
+    mine = next(s for s in status["sessions"] if s["id"] == session.id)
+    assert mine["queue_count"] >= 20
+    assert len(mine["queues"]) <= 8  # the busiest only: the summary stays small
+    details = session.session_status()
+    assert details["id"] == session.id and details["queue_count"] == mine["queue_count"]
+    names = {q["name"] for q in details["queues"]}
+    assert {f"many-{i}" for i in range(20)} <= names
+    with pytest.raises(agora.BadRequestError, match="no live session"):
+        session.session_status(10**9)
+    with pytest.raises(agora.BadRequestError, match="too long"):
+        session.queue("q" * 257)
+    for q in queues:
+        q.close()
+
+
+def counting_while(call):
+    """Runs `call` in a thread; counts how often this thread runs Python meanwhile."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = call()
+        except Exception as e:  # noqa: BLE001 - handed to the caller
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run)
+    counter = 0
+    started = time.monotonic()
+    thread.start()
+    while thread.is_alive():
+        counter += 1
+    thread.join()
+    return outcome, counter, time.monotonic() - started
+
+
+def test_a_daemon_that_does_not_answer_raises_timeout_error_without_holding_the_gil(fresh_daemon):
+    daemon = fresh_daemon("--no-opencl")
+    session = agora.Session(socket=str(daemon.socket), control_timeout=0.5)
+    assert issubclass(agora.TimeoutError, agora.AgoraError)
+    daemon.process.send_signal(signal.SIGSTOP)
+    try:
+        outcome, counter, elapsed = counting_while(lambda: session.buffer(64))
+    finally:
+        daemon.process.send_signal(signal.SIGCONT)
+    assert isinstance(outcome.get("error"), agora.TimeoutError), outcome
+    assert "buffer allocation" in str(outcome["error"])
+    assert 0.4 < elapsed < 10, elapsed
+    assert counter > 1000, counter  # this thread ran while the other waited
+    # The late reply is skipped; the session works.
+    buf = session.buffer(64)
+    assert buf.nbytes == 64
+    assert session.status()["pid"] == daemon.process.pid
+    with pytest.raises(ValueError, match="control_timeout"):
+        agora.Session(socket=str(daemon.socket), control_timeout=-1)
+
+
+def test_a_launch_waiting_for_ring_room_releases_the_gil(fresh_daemon, tmp_path):
+    config = tmp_path / "sim.toml"
+    config.write_text('[[sim]]\nname = "slow"\nlanes = 1\nlaunch_ns = 300000000\n')
+    daemon = fresh_daemon("--no-opencl", "--ring-capacity", "2", "--preempt-target-us", "0", "--config", str(config))
+    session = agora.Session(socket=str(daemon.socket))
+    x = session.buffer_from(np.ones(1024, np.float32))
+    out = session.buffer(4096)
+    queue = session.queue("slow", device="sim")
+    first = [queue.launch("vector_add", x, x, out, range=1024) for _ in range(2)]
+    # The rings hold two tasks: this launch waits for the first to complete (~0.3 s).
+    outcome, counter, elapsed = counting_while(lambda: queue.launch("vector_add", x, x, out, range=1024))
+    assert "value" in outcome, outcome
+    assert elapsed > 0.1 and counter > 1000, (elapsed, counter)
+    for task in first + [outcome["value"]]:
+        task.wait()

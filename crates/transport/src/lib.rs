@@ -28,6 +28,13 @@ pub enum TransportError {
     /// The peer sent something that violates the protocol.
     #[error("protocol violation: {0}")]
     Protocol(String),
+    /// A message too large for one frame; nothing was sent.
+    #[error("a message of {0} bytes exceeds the {max}-byte frame limit", max = agora_protocol::control::MAX_FRAME)]
+    TooLarge(usize),
+    /// The deadline passed before a whole frame arrived (what did arrive is kept for the next
+    /// read, so the stream stays in step).
+    #[error("no reply before the deadline")]
+    TimedOut,
 }
 
 impl TransportError {

@@ -41,6 +41,9 @@ pub fn send_with_fds<T: Serialize>(
     fds: &[BorrowedFd<'_>],
 ) -> Result<(), TransportError> {
     let frame = encode_frame(message).map_err(|e| TransportError::Protocol(e.to_string()))?;
+    if frame.len() - 4 > MAX_FRAME as usize {
+        return Err(TransportError::TooLarge(frame.len() - 4));
+    }
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
@@ -59,6 +62,46 @@ pub fn send_with_fds<T: Serialize>(
 /// Sends `message` as one frame (blocking).
 pub fn send<T: Serialize>(stream: &UnixStream, message: &T) -> Result<(), TransportError> {
     send_with_fds(stream, message, &[])
+}
+
+/// Sends `message` as one frame, waiting for room in the socket at most until `deadline`
+/// (blocking or not, the stream is written without blocking past it). `Err(TimedOut)` when the
+/// peer did not take the whole frame in time: part of it may have gone, so the connection is
+/// out of step and must be closed.
+pub fn send_before<T: Serialize>(
+    stream: &UnixStream,
+    message: &T,
+    deadline: std::time::Instant,
+) -> Result<(), TransportError> {
+    use rustix::event::{PollFd, PollFlags};
+    let frame = encode_frame(message).map_err(|e| TransportError::Protocol(e.to_string()))?;
+    if frame.len() - 4 > MAX_FRAME as usize {
+        return Err(TransportError::TooLarge(frame.len() - 4));
+    }
+    let mut sent = 0;
+    while sent < frame.len() {
+        match rustix::net::send(stream, &frame[sent..], SendFlags::NOSIGNAL | SendFlags::DONTWAIT) {
+            Ok(n) => sent += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(rustix::io::Errno::AGAIN) => {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    return Err(TransportError::TimedOut);
+                }
+                let timeout = rustix::time::Timespec {
+                    tv_sec: left.as_secs() as i64,
+                    tv_nsec: i64::from(left.subsec_nanos()),
+                };
+                let mut fds = [PollFd::new(stream, PollFlags::OUT)];
+                match rustix::event::poll(&mut fds, Some(&timeout)) {
+                    Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 /// Receives one frame and any descriptors attached to its first bytes (blocking).
@@ -101,6 +144,57 @@ pub fn recv_with_fds<T: DeserializeOwned>(stream: &UnixStream) -> Result<(T, Vec
 /// Receives one frame (blocking).
 pub fn recv<T: DeserializeOwned>(stream: &UnixStream) -> Result<T, TransportError> {
     recv_with_fds(stream).map(|(m, _)| m)
+}
+
+/// Receives one frame before `deadline` (blocking at most until then). Bytes of a frame that
+/// has not fully arrived stay in `pending` for the next call on the same stream, so a timeout
+/// never leaves the stream in the middle of a frame. Descriptors are not accepted here.
+pub fn recv_before<T: DeserializeOwned>(
+    stream: &UnixStream,
+    pending: &mut Vec<u8>,
+    deadline: std::time::Instant,
+) -> Result<T, TransportError> {
+    use rustix::event::{PollFd, PollFlags};
+    loop {
+        if pending.len() >= 4 {
+            let len = u32::from_le_bytes(pending[..4].try_into().expect("4 bytes"));
+            if len > MAX_FRAME {
+                return Err(TransportError::Protocol(format!(
+                    "frame of {len} bytes exceeds {MAX_FRAME}"
+                )));
+            }
+            let end = 4 + len as usize;
+            if pending.len() >= end {
+                let message = decode_body(&pending[4..end])
+                    .map_err(|e| TransportError::Protocol(format!("undecodable message: {e}")));
+                pending.drain(..end);
+                return message;
+            }
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(TransportError::TimedOut);
+        }
+        let timeout = rustix::time::Timespec {
+            tv_sec: left.as_secs() as i64,
+            tv_nsec: i64::from(left.subsec_nanos()),
+        };
+        let mut fds = [PollFd::new(stream, PollFlags::IN)];
+        match rustix::event::poll(&mut fds, Some(&timeout)) {
+            Ok(0) => continue,
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+        let mut chunk = [0u8; 16 * 1024];
+        match rustix::net::recv(stream, &mut chunk, RecvFlags::DONTWAIT) {
+            Ok((0, _)) => return Err(TransportError::Closed),
+            Ok((n, _)) => pending.extend_from_slice(&chunk[..n]),
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {}
+            Err(rustix::io::Errno::CONNRESET) => return Err(TransportError::Closed),
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 fn closed_or(what: &'static str) -> impl FnOnce(std::io::Error) -> TransportError {
@@ -228,6 +322,63 @@ mod tests {
         drop(a);
         let mut r = FrameReader::default();
         assert!(matches!(r.read_frames(&b), Err(TransportError::Closed)));
+    }
+
+    #[test]
+    fn oversize_messages_are_not_sent() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let big = "x".repeat(MAX_FRAME as usize + 1);
+        assert!(matches!(send(&a, &big), Err(TransportError::TooLarge(n)) if n > MAX_FRAME as usize));
+        // Nothing went out: the next message is the first the peer sees.
+        send(&a, &"small".to_string()).unwrap();
+        assert_eq!(recv::<String>(&b).unwrap(), "small");
+    }
+
+    #[test]
+    fn send_before_waits_for_a_slow_reader_but_not_for_one_that_never_reads() {
+        use std::time::{Duration, Instant};
+        let (a, b) = UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        // Larger than the socket's buffer: written in parts as the reader takes them.
+        let big = "y".repeat(900 * 1024);
+        let reader = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            let got = recv::<String>(&b).unwrap();
+            (got.len(), b)
+        });
+        send_before(&a, &big, Instant::now() + Duration::from_secs(10)).unwrap();
+        let (len, b) = reader.join().unwrap();
+        assert_eq!(len, big.len());
+        let started = Instant::now();
+        let r = send_before(&a, &big, Instant::now() + Duration::from_millis(100));
+        assert!(matches!(r, Err(TransportError::TimedOut)), "{r:?}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        drop(b);
+    }
+
+    #[test]
+    fn recv_before_times_out_and_keeps_a_partial_frame() {
+        use std::time::{Duration, Instant};
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut pending = Vec::new();
+        let started = Instant::now();
+        let r = recv_before::<String>(&b, &mut pending, started + Duration::from_millis(50));
+        assert!(matches!(r, Err(TransportError::TimedOut)));
+        assert!(started.elapsed() >= Duration::from_millis(50));
+        let frame = encode_frame(&"hello".to_string()).unwrap();
+        (&a).write_all(&frame[..3]).unwrap();
+        let r = recv_before::<String>(&b, &mut pending, Instant::now() + Duration::from_millis(20));
+        assert!(matches!(r, Err(TransportError::TimedOut)));
+        (&a).write_all(&frame[3..]).unwrap();
+        (&a).write_all(&encode_frame(&"again".to_string()).unwrap()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        assert_eq!(recv_before::<String>(&b, &mut pending, deadline).unwrap(), "hello");
+        assert_eq!(recv_before::<String>(&b, &mut pending, deadline).unwrap(), "again");
+        drop(a);
+        assert!(matches!(
+            recv_before::<String>(&b, &mut pending, deadline),
+            Err(TransportError::Closed)
+        ));
     }
 
     #[test]

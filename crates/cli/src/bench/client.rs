@@ -72,6 +72,7 @@ fn client_repeat(socket: Option<PathBuf>, args: &ClientArgs) -> Result<()> {
         socket,
         name: Some("bench-overhead".into()),
         heap_bytes: None,
+        control_timeout: None,
     })?;
     let kind = device_kind(args.device_kind.as_deref());
     let mut result = RepeatResult {
@@ -135,6 +136,7 @@ pub fn client(args: ClientArgs) -> Result<()> {
         socket,
         name: Some(format!("bench-{:?}", args.mode).to_lowercase()),
         heap_bytes: Some(1 << 20),
+        control_timeout: None,
     })?;
     let queue = session.queue("bench")?;
     let noop = session.kernel("noop")?;

@@ -135,22 +135,15 @@ fn only(socket: &Path, all: &[String], usable: &[&str]) -> Result<()> {
 }
 
 fn session_bytes(session: &Session) -> Result<u64> {
-    let status = session.status()?;
-    let me = status
-        .sessions
-        .iter()
-        .find(|s| s.id == session.id())
-        .context("own session missing from the status")?;
+    let me = session.session_status(session.id())?;
     Ok(me.bytes_to_device + me.bytes_to_host)
 }
 
 fn last_device(session: &Session, queue: &str) -> Result<String> {
-    let status = session.status()?;
-    status
-        .sessions
+    let me = session.session_status(session.id())?;
+    me.queues
         .iter()
-        .find(|s| s.id == session.id())
-        .and_then(|s| s.queues.iter().find(|q| q.name == queue))
+        .find(|q| q.name == queue)
         .and_then(|q| q.last_device.clone())
         .context("queue missing from the status")
 }
@@ -302,6 +295,7 @@ pub fn migrate(args: MigrateArgs) -> Result<()> {
         socket: Some(socket.clone()),
         name: Some("agora bench migrate".into()),
         heap_bytes: Some((largest << 20) * 2 + (64 << 20)),
+        control_timeout: None,
     })?;
     if !args.json {
         println!(

@@ -126,6 +126,7 @@ fn run_jobs(socket: &Path, tenants: usize, jobs: usize) -> Result<f64> {
                         socket: Some(socket.to_path_buf()),
                         name: Some(format!("hetero-tenant{tenant}")),
                         heap_bytes: None,
+                        control_timeout: None,
                     })?;
                     for job in 0..jobs {
                         let (program, size, iterations) = JOB_MIX[(tenant + job) % JOB_MIX.len()];
@@ -566,6 +567,7 @@ fn sla_run(socket: &Path, args: &SlaArgs, requests: usize, batch: usize) -> Resu
             socket: Some(socket.to_path_buf()),
             name: Some(name.to_string()),
             heap_bytes: None,
+            control_timeout: None,
         })
     };
     let began = Instant::now();

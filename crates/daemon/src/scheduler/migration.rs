@@ -232,6 +232,7 @@ impl Migration {
             None => {
                 if moving {
                     self.stats.migrations += 1;
+                    queue.binding.first_move_from(queue.binding.load());
                 } else {
                     self.stats.memory_waits += 1;
                 }
@@ -418,6 +419,12 @@ impl Scheduler {
         }
         let queue = &ready.queue;
         if queue.in_flight.load(Ordering::Acquire) == 0 {
+            // An idle queue leaves a device it may not use with this task, nothing held: one
+            // migration per binding left, however many tasks it takes to land elsewhere.
+            let last = queue.binding.load();
+            if !last.is_unbound() && !self.usable(last.device()) && queue.binding.first_move_from(last) {
+                self.migration.stats.migrations += 1;
+            }
             return Ok(false);
         }
         let device = queue.binding.load().device();

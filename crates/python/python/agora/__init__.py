@@ -32,6 +32,7 @@ from ._native import (  # noqa: F401  (re-exported API)
     ClosedError,
     BufferInUseError,
     ProtocolError,
+    TimeoutError,
     OutOfBoundsError,
     TaskFailedError,
     MalformedTaskError,

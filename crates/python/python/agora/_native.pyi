@@ -22,8 +22,11 @@ class Session:
         socket: Optional[Union[str, PathLike[str]]] = None,
         name: Optional[str] = None,
         heap_bytes: Optional[int] = None,
+        control_timeout: Optional[float] = None,
     ) -> None:
         """Connects to `socket` (default: $AGORA_SOCKET, else the per-user default path).
+        `control_timeout`: seconds a control call may wait for the daemon (default 30) before
+        it raises TimeoutError.
 
         Raises ConnectError when no daemon answers."""
     @property
@@ -45,7 +48,10 @@ class Session:
     def kernels(self) -> list[dict[str, Any]]:
         """Every kernel's signature: {"name", "doc", "params": [(name, kind), ...]}."""
     def status(self) -> dict[str, Any]:
-        """The daemon's status: devices, lanes, sessions, queues."""
+        """The daemon's status summary: counters, devices, lanes, and the busiest sessions
+        (`live_sessions` counts them all) with their busiest queues (`queue_count` counts them all)."""
+    def session_status(self, session_id: Optional[int] = None) -> dict[str, Any]:
+        """One live session (default: this one) with all its queues."""
     def close(self) -> None:
         """Closes the session: every later call on it and on its queues, buffers and tasks raises
         ClosedError (NumPy views made before stay readable)."""
@@ -121,6 +127,7 @@ class DisconnectedError(AgoraError): ...
 class ClosedError(AgoraError): ...
 class BufferInUseError(AgoraError): ...
 class ProtocolError(AgoraError): ...
+class TimeoutError(AgoraError): ...
 class OutOfBoundsError(AgoraError): ...
 class UnknownKernelError(AgoraError): ...
 class QuotaExceededError(AgoraError): ...
