@@ -193,6 +193,9 @@ def test_errors_are_typed_and_say_what_to_do(session, daemon):
             queue.launch("saxpy", 1.0, y, y, range=4).wait()
         with pytest.raises(agora.InvalidRangeError):
             queue.launch("saxpy", 1.0, x, y, range=0).wait()
+        # A kernel whose size rule fixes the range says which range it must be (issue #19).
+        with pytest.raises(agora.InvalidRangeError, match=r"invalid range \(4, 4\): the range must be exactly \(100000, 8\)"):
+            queue.launch("sgemm", 100000, 8, 8, 1.0, x, x, 0.0, y, range=(4, 4)).wait()
         # An unreported failure surfaces at finish().
         queue.launch("saxpy", 1.0, x, y, range=1000)
         with pytest.raises(agora.BufferTooSmallError):
