@@ -34,5 +34,6 @@ pub use signature::{Access, KernelSignature, ParamKind, ParamSpec, ScalarType};
 /// 2: `Request::Drain`, `TaskError::DeviceLost`/`DataLost`, drain, failure and migration fields
 /// in the status; queue SLAs (`CreateQueue::sla_ms`), revocation fields in the status.
 /// 3: `TaskError::DeviceLimit` (a launch beyond every capable device's limits).
-/// 4: `TaskError::RangeMismatch` (code 26: a range the kernel's size rule fixes exactly).
+/// 4: `TaskError::RangeMismatch` (code 26: a range the kernel's size rule fixes exactly),
+/// `SessionStatus::unread_releases`.
 pub const PROTOCOL_VERSION: u32 = 4;

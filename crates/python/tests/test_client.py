@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 
 import numpy as np
 import pytest
@@ -378,3 +379,33 @@ def test_ctrl_c_interrupts_wait_and_finish(daemon):
     assert "wait interrupted, task done: False" in lines, lines
     assert "finish interrupted, task done: False" in lines, lines
     assert lines[-1] == "session usable", lines
+
+
+def test_releasing_results_never_read_back_warns(session):
+    # Issue #19: a kernel's results that no sync_from brought home are lost when the buffer goes.
+    queue = session.queue()
+    x = session.buffer_from(np.ones(64, np.float32))
+    forgotten = session.buffer_from(np.zeros(64, np.float32))
+    read_back = session.buffer_from(np.zeros(64, np.float32))
+    for y in (forgotten, read_back):
+        queue.sync_to(y)
+        queue.launch("saxpy", 2.0, x, y, range=64)
+    queue.sync_to(x)
+    queue.sync_from(read_back)
+    queue.finish()
+    # The daemon runs this module in strict coherence: the host copy is stale without sync_from.
+    assert (forgotten.numpy() == 0).all()
+    assert (read_back.numpy() == 2).all()
+    with pytest.warns(ResourceWarning, match="never read back"):
+        forgotten.release()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        read_back.release()
+        x.release()
+    # Garbage collected without release(): the same warning.
+    lost = session.buffer_from(np.zeros(64, np.float32))
+    queue.launch("saxpy", 2.0, session.buffer_from(np.ones(64, np.float32)), lost, range=64)
+    queue.finish()
+    with pytest.warns(ResourceWarning, match="sync_from"):
+        del lost
+        gc.collect()

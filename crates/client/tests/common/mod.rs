@@ -5,9 +5,11 @@
 use agora::{Session, SessionOptions};
 
 /// Starts a daemon (CPU with two lanes, plus OpenCL devices when found) on a private socket and
-/// opens a session with it.
+/// opens a session with it. Strict coherence is on (every device computes on its own copies), so
+/// a test that forgets a sync fails wherever its tasks run; tests that check placement details
+/// (bytes moved, inline runs) use [`daemon_with`], which leaves it off.
 pub fn daemon(tag: &str) -> (agora_daemon::DaemonHandle, Session) {
-    daemon_with(tag, |_| {})
+    daemon_with(tag, |c| c.strict_coherence = true)
 }
 
 /// The socket of the daemon [`daemon_with`] starts for `tag`.
