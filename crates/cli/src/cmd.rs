@@ -88,6 +88,12 @@ pub struct ServeArgs {
     /// Do not look for OpenCL devices.
     #[arg(long)]
     no_opencl: bool,
+    /// Strict coherence, for finding missing sync_to/sync_from calls: every device, the CPU
+    /// included, computes on its own copy of each buffer, so the host copy changes only at
+    /// sync_from and device copies only at sync_to, wherever the daemon runs a task. Slower (a
+    /// private copy per buffer on the CPU, no inline runs) [default: off].
+    #[arg(long)]
+    strict_coherence: bool,
     /// Serve Prometheus metrics on this address (`/metrics`), e.g. 127.0.0.1:9464 or just 9464
     /// (loopback). To expose them beyond this host, give a routable address and restrict access
     /// with a firewall or a reverse proxy: the endpoint has no authentication [default: off].
@@ -169,6 +175,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.device_quota {
             c.device_quota = v;
+        }
+        if self.strict_coherence {
+            c.strict_coherence = true;
         }
         if let Some(v) = self.policy {
             c.policy = v;
@@ -476,6 +485,12 @@ pub struct RunArgs {
     /// report says where it ran).
     #[arg(long)]
     fallback: bool,
+    /// Check the workload's coherence: run it on a private daemon started for this run with
+    /// strict coherence (every device, the CPU included, computes on its own copy of each
+    /// buffer), so a missing sync_to/sync_from fails verification wherever the tasks run; also
+    /// reports buffers released with results never read back. Ignores --socket.
+    #[arg(long)]
+    check: bool,
     #[command(flatten)]
     socket: SocketArg,
 }
@@ -574,8 +589,13 @@ pub fn run(args: RunArgs) -> Result<()> {
     let size = args.size.unwrap_or_else(|| agora_apps::default_size(&app));
     // Checked arithmetic on the sizes before anything is allocated here or in the daemon.
     let bytes = agora_apps::footprint(&app, size, args.iterations).map_err(anyhow::Error::msg)?;
+    // --check: a private daemon in strict coherence mode, stopped when the run ends.
+    let private = args.check.then(strict_daemon).transpose()?;
     let session = Session::connect_with(SessionOptions {
-        socket: args.socket.path(),
+        socket: private
+            .as_ref()
+            .map(|(_, socket)| socket.clone())
+            .or(args.socket.path()),
         name: Some(format!("agora run {app}")),
         heap_bytes: None,
         control_timeout: None,
@@ -650,6 +670,22 @@ pub fn run(args: RunArgs) -> Result<()> {
             }
         );
     }
+    if args.check {
+        let status = session.status()?;
+        let unread = status
+            .sessions
+            .iter()
+            .find(|s| s.id == session.id())
+            .map_or(0, |s| s.unread_releases);
+        println!(
+            "strict coherence check: {}; {unread} buffer(s) released with results never read back (sync_from)",
+            if report.verified {
+                "results match the host reference"
+            } else {
+                "results DIFFER from the host reference: a sync_to or sync_from is missing (or the kernels are wrong)"
+            }
+        );
+    }
     if !report.verified {
         bail!("{} result does not match the host reference", report.app);
     }
@@ -665,6 +701,23 @@ pub fn run(args: RunArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A daemon in this process with strict coherence on a private socket (`agora run --check`),
+/// with the rest of its settings at their defaults; stopped when the handle is dropped.
+fn strict_daemon() -> Result<(agora_daemon::DaemonHandle, PathBuf)> {
+    let dir = std::env::temp_dir().join(format!("agora-check-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let socket = dir.join("agora.sock");
+    let config = DaemonConfig {
+        socket: socket.clone(),
+        state_dir: Some(dir.join("state")),
+        strict_coherence: true,
+        ..Default::default()
+    };
+    let handle = agora_daemon::spawn(config).context("starting a private daemon for --check")?;
+    Ok((handle, socket))
 }
 
 /// Shows `bar` if it is still running after a second; the flag returned stops that.

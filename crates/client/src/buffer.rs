@@ -1,5 +1,6 @@
 //! Buffers: opaque handles whose host copy lives in the session's shared segment.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use agora_protocol::{Op, RawArg, TaskDescriptor};
@@ -17,11 +18,21 @@ use crate::Error;
 /// memory unsafety for other tenants — each session has its own segment).
 ///
 /// Dropping a `Buffer` releases it; the daemon reclaims the memory once no issued task uses it.
+///
+/// # Coherence
+/// A kernel computes on the device's copy of a buffer: the host copy shows its results only
+/// after a `sync_from` of the buffer has completed, and devices see host writes only after a
+/// `sync_to`. (On a device that computes on host memory the results may appear earlier; the
+/// daemon's strict coherence mode, `agora serve --strict-coherence`, makes every device behave
+/// the same, so a forgotten sync shows wherever the task runs.)
+/// [`Buffer::needs_sync_from`] says whether a launch wrote the buffer since its last sync.
 pub struct Buffer {
     session: Arc<Inner>,
     handle: u64,
     ptr: *mut u8,
     len: u64,
+    /// A launch that writes it was issued after its last sync_from (or sync_to, memset, copy).
+    unread: AtomicBool,
 }
 
 // SAFETY: the pointer refers to the session's mapping, which `session` keeps alive; the type
@@ -50,7 +61,24 @@ impl Buffer {
             handle,
             ptr,
             len,
+            unread: AtomicBool::new(false),
         })
+    }
+
+    /// Whether a launch that writes this buffer was issued after its last `sync_from` (or
+    /// `sync_to`, `memset` or `copy`, which leave the newest contents in the host copy): its
+    /// results are then on a device, and the host copy does not show them until a `sync_from`.
+    /// Tracked here from the kernels' signatures, so the answer does not depend on where the
+    /// daemon ran the launch. Releasing such a buffer throws those results away (the daemon
+    /// counts it in the session's `unread_releases`; Python warns with a `ResourceWarning`).
+    pub fn needs_sync_from(&self) -> bool {
+        self.unread.load(Ordering::Relaxed)
+    }
+
+    /// Notes that a task issued now leaves the newest contents on a device (`true`: a launch
+    /// that writes it) or in the host copy (`false`).
+    pub(crate) fn set_unread(&self, unread: bool) {
+        self.unread.store(unread, Ordering::Relaxed);
     }
 
     pub(crate) fn handle(&self) -> u64 {

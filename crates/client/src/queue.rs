@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use agora_protocol::control::QueueClass;
 pub use agora_protocol::DeviceKind;
-use agora_protocol::{Op, RawArg, TaskDescriptor, MAX_ARGS};
+use agora_protocol::{Op, ParamKind, RawArg, TaskDescriptor, MAX_ARGS};
 
 use crate::buffer::Buffer;
 use crate::session::{Inner, Kernel};
@@ -262,7 +262,16 @@ impl Queue {
         }
         d.dims = range.count;
         d.range = range.dims;
-        self.issue(d)
+        let task = self.issue(d)?;
+        // What it writes has its newest contents on a device until a sync_from.
+        for (arg, param) in args.iter().zip(&kernel.signature().params) {
+            if let (Arg::Buffer(b), ParamKind::Buffer { access, .. }) = (arg, param.kind) {
+                if access.writes() {
+                    b.set_unread(true);
+                }
+            }
+        }
+        Ok(task)
     }
 
     fn transfer(&self, op: Op, buffer: &Buffer, offset: u64, len: u64) -> Result<Task, Error> {
@@ -272,7 +281,10 @@ impl Queue {
         d.args[0] = RawArg::buffer(buffer.handle());
         d.args[1] = RawArg::u64(offset);
         d.args[2] = RawArg::u64(len);
-        self.issue(d)
+        let task = self.issue(d)?;
+        // sync_from brings the newest contents home; after sync_to they are the host's.
+        buffer.set_unread(false);
+        Ok(task)
     }
 
     /// Makes the devices see the buffer's host copy (after the host wrote it).
@@ -292,7 +304,10 @@ impl Queue {
         d.arg_count = 2;
         d.args[0] = RawArg::buffer(buffer.handle());
         d.args[1] = RawArg::u32(u32::from(value));
-        self.issue(d)
+        let task = self.issue(d)?;
+        // Memsets run on the host copy.
+        buffer.set_unread(false);
+        Ok(task)
     }
 
     /// Copies `len` bytes (0 = all of `src` from `src_offset`) between buffers.
@@ -305,7 +320,11 @@ impl Queue {
         d.args[2] = RawArg::u64(src_offset);
         d.args[3] = RawArg::u64(dst_offset);
         d.args[4] = RawArg::u64(len);
-        self.issue(d)
+        let task = self.issue(d)?;
+        // Copies run on the host copies, bringing both buffers' newest contents there.
+        src.set_unread(false);
+        dst.set_unread(false);
+        Ok(task)
     }
 
     /// Waits for every task issued so far on this queue. Fails with [`Error::Tasks`] when any

@@ -245,6 +245,13 @@ pub struct DaemonConfig {
     pub latency_policy: LatencyPolicy,
     /// Response-time target of latency-class queues that set none.
     pub latency_sla: Duration,
+    /// Strict coherence (for finding missing `sync_to`/`sync_from` calls): every device, the CPU
+    /// included, computes on its own copy of each buffer, so the host copy changes only at
+    /// `sync_from` (and host-side memset/copy) and device copies only at `sync_to`, wherever a
+    /// task runs. A program that forgets one then reads stale data on every device, not only on
+    /// those with memory of their own. Costs a private copy per buffer on the CPU, the copies
+    /// between them, and inline runs.
+    pub strict_coherence: bool,
     /// Batch launches predicted shorter than this are never made revocable (a latency task
     /// waits for them): revocability costs a drained lane and a copy of the read-write buffers.
     pub revoke_min: Duration,
@@ -358,6 +365,7 @@ impl Default for DaemonConfig {
             latency_policy: LatencyPolicy::Elastic,
             latency_sla: Duration::from_millis(200),
             revoke_min: Duration::from_millis(1),
+            strict_coherence: false,
             inject_faults: crate::outcome::FaultInjection::setting_from_env(),
         }
     }
@@ -411,6 +419,7 @@ section! {
         latency_policy: LatencyPolicy => latency_policy,
         latency_sla_ms: TargetMs => latency_sla,
         revoke_min_us: Micros => revoke_min,
+        strict_coherence: bool => strict_coherence,
     }
     subsections { perf: PerfSection, energy: EnergySection }
 }

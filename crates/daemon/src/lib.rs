@@ -216,8 +216,14 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
         .map_err(|e| DaemonError::io("checking the configuration", std::io::Error::other(e.to_string())))?;
     // Before any device starts: a socket that cannot work fails at once, saying what to do.
     check_socket_path(&config.socket)?;
-    let cpu = CpuDevice::new(config.cpu_lanes, config.cpu_threads_per_lane)
+    let mut cpu = CpuDevice::new(config.cpu_lanes, config.cpu_threads_per_lane)
         .map_err(|e| DaemonError::io("starting CPU lanes", e))?;
+    if config.strict_coherence {
+        // Strict coherence: the CPU computes on private copies, like a device with memory of
+        // its own, so the host copy changes only at sync_from (see `DaemonConfig`).
+        cpu = cpu.with_private_copies();
+        tracing::info!("strict coherence: every device computes on its own copy of each buffer");
+    }
     tracing::info!(
         device = %cpu.info().name,
         lanes = cpu.info().lanes,

@@ -16,7 +16,7 @@ use agora_transport::socket::FrameReader;
 use agora_transport::wake::{futex_wake_all, Doorbell};
 
 use crate::handle::HandleTable;
-use crate::memory::{BufferRecord, DeviceUsage, Heap, HostMemory};
+use crate::memory::{BufferRecord, DeviceUsage, Heap, HostMemory, UnreadReleases};
 
 /// Identity from `SO_PEERCRED`.
 #[derive(Debug, Clone, Copy, Default)]
@@ -45,6 +45,8 @@ pub(crate) struct SessionShared {
     pub bytes_to_host: AtomicU64,
     /// Device memory this session's buffers hold, per device (for quotas).
     pub device_usage: Arc<DeviceUsage>,
+    /// Buffers released with their newest contents on a device, never read back.
+    pub unread: Arc<UnreadReleases>,
 }
 
 impl HostMemory for SessionShared {
@@ -253,6 +255,10 @@ impl Session {
                 bytes_to_device: AtomicU64::new(0),
                 bytes_to_host: AtomicU64::new(0),
                 device_usage: Arc::default(),
+                unread: Arc::new(UnreadReleases {
+                    session: id,
+                    ..Default::default()
+                }),
             }),
             queues: HandleTable::new(max_queues),
             buffers: HandleTable::new(max_buffers),
@@ -292,7 +298,13 @@ impl Session {
             });
         };
         let owner: std::sync::Weak<dyn HostMemory> = Arc::downgrade(&self.shared) as std::sync::Weak<dyn HostMemory>;
-        let record = BufferRecord::new(offset, len, self.shared.device_usage.clone(), owner);
+        let record = BufferRecord::new(
+            offset,
+            len,
+            self.shared.device_usage.clone(),
+            owner,
+            self.shared.unread.clone(),
+        );
         match self.buffers.insert(Arc::new(record)) {
             Some(handle) => Ok((handle, offset)),
             None => {
@@ -386,6 +398,7 @@ impl Session {
             in_flight: shared.in_flight.load(Ordering::Relaxed),
             bytes_to_device: shared.bytes_to_device.load(Ordering::Relaxed),
             bytes_to_host: shared.bytes_to_host.load(Ordering::Relaxed),
+            unread_releases: shared.unread.count.load(Ordering::Relaxed),
         }
     }
 }

@@ -1168,7 +1168,13 @@ mod tests {
         // hotspot.step 7x13: a range that is not (rows, cols); a negative size; a short buffer.
         assert_eq!(
             refusal("hotspot.step", None, Some(&[13, 7]), None),
-            InvalidRange { items: 91, max: 91 }
+            RangeMismatch {
+                expected_x: 7,
+                expected_y: 13,
+                got_x: 13,
+                got_y: 7,
+                got_z: 1
+            }
         );
         assert_eq!(
             refusal("hotspot.step", Some((4, RawArg::i32(-1))), None, None),
@@ -1207,8 +1213,32 @@ mod tests {
         // hpccg.dot: a range that is not ceil(n / 1024).
         assert_eq!(
             refusal("hpccg.dot", None, Some(&[5]), None),
-            InvalidRange { items: 5, max: 1 }
+            RangeMismatch {
+                expected_x: 1,
+                expected_y: 1,
+                got_x: 5,
+                got_y: 1,
+                got_z: 1
+            }
         );
+        // sgemm over (4, 4) with m = 100000 (issue #19): the message states the range it must
+        // have, not a bound on the number of items.
+        let e = refusal("sgemm", Some((0, RawArg::i32(100_000))), Some(&[4, 4]), None);
+        let RangeMismatch {
+            expected_x, expected_y, ..
+        } = e
+        else {
+            panic!("expected a range mismatch, got {e:?}")
+        };
+        assert_eq!(expected_x, 100_000);
+        let message = e.to_string();
+        assert!(
+            message.starts_with(&format!(
+                "invalid range (4, 4): the range must be exactly (100000, {expected_y})"
+            )),
+            "{message}"
+        );
+        assert!(message.contains("(m, n)") && !message.contains("at most"), "{message}");
         // backprop.layerforward: an n_in whose weights overflow an int.
         assert!(matches!(
             refusal(

@@ -20,16 +20,22 @@ pub(crate) fn range3(s: &LaunchShape<'_>) -> [u64; 3] {
     r
 }
 
-/// Refuses a launch whose range (padded with 1s) is not `expected`.
+/// Refuses a launch whose range (padded with 1s) is not `expected` (at most two dimensions,
+/// each at most [`MAX_ELEMENTS`]) with `RangeMismatch`, which states the range it must have.
 pub(crate) fn exact_range(s: &LaunchShape<'_>, expected: [u64; 3]) -> Result<(), TaskError> {
-    if range3(s) == expected {
-        Ok(())
-    } else {
-        Err(TaskError::InvalidRange {
-            items: s.range.iter().fold(1u64, |a, b| a.saturating_mul(*b)),
-            max: expected.iter().product(),
-        })
+    debug_assert!(expected[2] == 1 && expected[..2].iter().all(|e| *e <= MAX_ELEMENTS));
+    let got = range3(s);
+    if got == expected {
+        return Ok(());
     }
+    let narrow = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+    Err(TaskError::RangeMismatch {
+        expected_x: narrow(expected[0]),
+        expected_y: narrow(expected[1]),
+        got_x: narrow(got[0]),
+        got_y: narrow(got[1]),
+        got_z: u16::try_from(got[2]).unwrap_or(u16::MAX),
+    })
 }
 
 /// Scalar `index` as an `i32` that must lie in `lo..=hi` (with `lo ≥ 0`), returned as `u64`.

@@ -185,6 +185,26 @@ pub enum TaskError {
         /// Most allowed.
         max: u64,
     },
+    /// The kernel's size rule fixes its range exactly (the extents come from its scalar
+    /// arguments, e.g. `(m, n)` for `sgemm`), and the launch asked for another one. Extents are
+    /// saturated to the field widths on the wire.
+    #[error(
+        "invalid range {}: the range must be exactly {}, the extents this kernel's arguments give (its doc says which, e.g. sgemm's range is (m, n)); launch it over that range",
+        extents(&[u64::from(*.got_x), u64::from(*.got_y), u64::from(*.got_z)]),
+        extents(&[u64::from(*.expected_x), u64::from(*.expected_y)])
+    )]
+    RangeMismatch {
+        /// The extent dimension 0 must have.
+        expected_x: u32,
+        /// The extent dimension 1 must have (1 for one-dimensional kernels).
+        expected_y: u32,
+        /// The launch's extent in dimension 0.
+        got_x: u32,
+        /// The launch's extent in dimension 1 (1 when it has one dimension).
+        got_y: u32,
+        /// The launch's extent in dimension 2 (1 when it has fewer dimensions).
+        got_z: u16,
+    },
     /// One buffer is passed twice and at least one use writes it.
     #[error("arguments {index} and {other} are the same buffer and one of them is written; pass distinct buffers")]
     Aliased {
@@ -280,6 +300,13 @@ pub enum TaskError {
     Unknown(u16),
 }
 
+/// `(x, y, z)` without trailing extents of 1 (at least one extent).
+fn extents(dims: &[u64]) -> String {
+    let used = dims.iter().rposition(|d| *d != 1).map_or(1, |last| last + 1);
+    let list: Vec<String> = dims[..used].iter().map(u64::to_string).collect();
+    format!("({})", list.join(", "))
+}
+
 fn cause_name(code: u16) -> &'static str {
     TaskError::decode(code, 0, 0, 0).kind()
 }
@@ -347,6 +374,7 @@ impl TaskError {
             TaskError::OutOfBounds { .. } => "out_of_bounds",
             TaskError::InvalidScalar { .. } => "invalid_scalar",
             TaskError::InvalidRange { .. } => "invalid_range",
+            TaskError::RangeMismatch { .. } => "range_mismatch",
             TaskError::Aliased { .. } => "aliased",
             TaskError::NoDevice(_) => "no_device",
             TaskError::KernelFault => "kernel_fault",
@@ -406,6 +434,18 @@ impl TaskError {
             TaskError::DependencyFailed { index, task, cause } => (24, index, task, u64::from(cause)),
             TaskError::Internal(place) => (25, place, 0, 0),
             TaskError::DeviceTooSmall { needed, capacity } => (27, 0, needed, capacity),
+            TaskError::RangeMismatch {
+                expected_x,
+                expected_y,
+                got_x,
+                got_y,
+                got_z,
+            } => (
+                26,
+                got_z,
+                u64::from(expected_x) << 32 | u64::from(expected_y),
+                u64::from(got_x) << 32 | u64::from(got_y),
+            ),
             TaskError::Unknown(code) => (code, 0, 0, 0),
         }
     }
@@ -467,6 +507,13 @@ impl TaskError {
                 index: arg,
                 task: a,
                 cause: b as u16,
+            },
+            26 => TaskError::RangeMismatch {
+                expected_x: (a >> 32) as u32,
+                expected_y: a as u32,
+                got_x: (b >> 32) as u32,
+                got_y: b as u32,
+                got_z: arg,
             },
             other => TaskError::Unknown(other),
         }
@@ -568,6 +615,13 @@ mod tests {
                 needed: 1 << 30,
                 capacity: 1 << 29,
             },
+            TaskError::RangeMismatch {
+                expected_x: 100_000,
+                expected_y: u32::MAX,
+                got_x: 4,
+                got_y: 7,
+                got_z: 3,
+            },
         ];
         for e in errors {
             let c = Completion::failed(42, e);
@@ -616,6 +670,38 @@ mod tests {
         assert!(
             e.to_string()
                 .contains("work items in dimension 1 of the range is 8589934592, at most 4294967296"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_range_mismatch_states_the_range_the_kernel_requires() {
+        let e = TaskError::RangeMismatch {
+            expected_x: 100_000,
+            expected_y: 100_000,
+            got_x: 4,
+            got_y: 4,
+            got_z: 1,
+        };
+        let message = e.to_string();
+        assert!(
+            message.starts_with("invalid range (4, 4): the range must be exactly (100000, 100000)"),
+            "{message}"
+        );
+        assert!(!message.contains("at most"), "{message}");
+        assert_eq!(e.kind(), "range_mismatch");
+        assert_eq!(e.code(), 26);
+        // One-dimensional rules and three-dimensional launches.
+        let e = TaskError::RangeMismatch {
+            expected_x: 1000,
+            expected_y: 1,
+            got_x: 10,
+            got_y: 1,
+            got_z: 2,
+        };
+        assert!(
+            e.to_string()
+                .starts_with("invalid range (10, 1, 2): the range must be exactly (1000),"),
             "{e}"
         );
     }

@@ -357,6 +357,9 @@ pub struct SessionStatus {
     pub bytes_to_device: u64,
     /// Bytes copied from devices to this session's host copies.
     pub bytes_to_host: u64,
+    /// Buffers this session released whose newest contents were on a device and never read back
+    /// to the host copy (results nobody saw: a missing `sync_from`?).
+    pub unread_releases: u64,
 }
 
 /// A snapshot of the whole daemon.

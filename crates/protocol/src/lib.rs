@@ -37,4 +37,6 @@ pub use signature::{Access, KernelSignature, ParamKind, ParamSpec, ScalarType};
 /// 4: bounded replies: `Request::SessionStatus` / `Response::SessionDetails` (a session's queues,
 /// paged), a summarised status (`live_sessions`, `queue_count`, `latency_queues`),
 /// `ControlError::NameTooLong` / `UnknownSession`, `migrations` in `Response::Drained`.
+///    also `TaskError::RangeMismatch` (code 26: a range the kernel's size rule fixes exactly),
+/// `SessionStatus::unread_releases`.
 pub const PROTOCOL_VERSION: u32 = 4;

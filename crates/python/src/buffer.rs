@@ -40,6 +40,23 @@ impl PyBuffer {
         }
     }
 
+    /// Warns (`ResourceWarning`) that `buffer` is being released while a kernel's writes to it
+    /// were never read back (no `sync_from` after the launch): its results are lost. Most
+    /// likely a forgotten `queue.sync_from(buf)`.
+    fn warn_unread(py: Python<'_>, buffer: &agora::Buffer) -> PyResult<()> {
+        if !buffer.needs_sync_from() {
+            return Ok(());
+        }
+        let message = format!(
+            "agora.Buffer of {} bytes released with a kernel's results never read back: no queue.sync_from(buf) \
+             after the last launch that wrote it (strict coherence: agora serve --strict-coherence)",
+            buffer.len()
+        );
+        let message = std::ffi::CString::new(message).unwrap_or_default();
+        let category = py.get_type::<pyo3::exceptions::PyResourceWarning>();
+        PyErr::warn(py, &category, &message, 1)
+    }
+
     /// Runs `f` on the client buffer, unless this buffer was released or its session closed.
     pub(crate) fn with<T>(&self, f: impl FnOnce(&mut agora::Buffer) -> T) -> PyResult<T> {
         self.liveness.check("buffer")?;
@@ -127,16 +144,21 @@ impl PyBuffer {
 
     /// Releases the buffer now (it is also released when garbage collected). Raises
     /// BufferInUseError while views of it exist. Releasing a released buffer, or one whose
-    /// session was closed, is allowed (clean-up code need not check).
-    fn release(&self) -> PyResult<()> {
+    /// session was closed, is allowed (clean-up code need not check). Warns with a
+    /// `ResourceWarning` when a kernel wrote the buffer after its last `sync_from` (its results
+    /// were never read back).
+    fn release(&self, py: Python<'_>) -> PyResult<()> {
         let views = self.exports.load(Ordering::Acquire);
         if views > 0 {
             return Err(BufferInUseError::new_err(format!(
                 "{views} NumPy array(s) or memoryview(s) still view this buffer; delete them (`del array`) before releasing it"
             )));
         }
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
-        Ok(())
+        let released = self.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
+        match released {
+            Some(buffer) => Self::warn_unread(py, &buffer),
+            None => Ok(()),
+        }
     }
 
     fn __repr__(&self) -> String {
@@ -196,6 +218,21 @@ impl PyBuffer {
 
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {
         self.exports.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Drop for PyBuffer {
+    /// Garbage collected without `release()`: warns as `release()` does (through
+    /// `sys.unraisablehook` when warnings are errors, as for an unclosed file).
+    fn drop(&mut self) {
+        let inner = self.inner.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(buffer) = inner.filter(agora::Buffer::needs_sync_from) {
+            Python::attach(|py| {
+                if let Err(error) = PyBuffer::warn_unread(py, &buffer) {
+                    error.write_unraisable(py, None);
+                }
+            });
+        }
     }
 }
 

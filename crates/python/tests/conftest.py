@@ -53,7 +53,9 @@ class Daemon:
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
-    d = Daemon(tmp_path_factory.mktemp("agora"))
+    # Strict coherence: every device, the CPU included, computes on its own copies, so a test
+    # that forgets a sync_to/sync_from fails wherever the daemon runs its tasks.
+    d = Daemon(tmp_path_factory.mktemp("agora"), "--strict-coherence")
     old = os.environ.get("AGORA_SOCKET")
     os.environ["AGORA_SOCKET"] = str(d.socket)
     yield d

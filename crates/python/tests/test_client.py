@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 
 import numpy as np
 import pytest
@@ -193,6 +194,9 @@ def test_errors_are_typed_and_say_what_to_do(session, daemon):
             queue.launch("saxpy", 1.0, y, y, range=4).wait()
         with pytest.raises(agora.InvalidRangeError):
             queue.launch("saxpy", 1.0, x, y, range=0).wait()
+        # A kernel whose size rule fixes the range says which range it must be (issue #19).
+        with pytest.raises(agora.InvalidRangeError, match=r"invalid range \(4, 4\): the range must be exactly \(100000, 8\)"):
+            queue.launch("sgemm", 100000, 8, 8, 1.0, x, x, 0.0, y, range=(4, 4)).wait()
         # An unreported failure surfaces at finish().
         queue.launch("saxpy", 1.0, x, y, range=1000)
         with pytest.raises(agora.BufferTooSmallError):
@@ -452,3 +456,33 @@ def test_a_launch_waiting_for_ring_room_releases_the_gil(fresh_daemon, tmp_path)
     assert elapsed > 0.1 and counter > 1000, (elapsed, counter)
     for task in first + [outcome["value"]]:
         task.wait()
+
+
+def test_releasing_results_never_read_back_warns(session):
+    # Issue #19: a kernel's results that no sync_from brought home are lost when the buffer goes.
+    queue = session.queue()
+    x = session.buffer_from(np.ones(64, np.float32))
+    forgotten = session.buffer_from(np.zeros(64, np.float32))
+    read_back = session.buffer_from(np.zeros(64, np.float32))
+    for y in (forgotten, read_back):
+        queue.sync_to(y)
+        queue.launch("saxpy", 2.0, x, y, range=64)
+    queue.sync_to(x)
+    queue.sync_from(read_back)
+    queue.finish()
+    # The daemon runs this module in strict coherence: the host copy is stale without sync_from.
+    assert (forgotten.numpy() == 0).all()
+    assert (read_back.numpy() == 2).all()
+    with pytest.warns(ResourceWarning, match="never read back"):
+        forgotten.release()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        read_back.release()
+        x.release()
+    # Garbage collected without release(): the same warning.
+    lost = session.buffer_from(np.zeros(64, np.float32))
+    queue.launch("saxpy", 2.0, session.buffer_from(np.ones(64, np.float32)), lost, range=64)
+    queue.finish()
+    with pytest.warns(ResourceWarning, match="sync_from"):
+        del lost
+        gc.collect()

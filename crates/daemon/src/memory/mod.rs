@@ -25,12 +25,18 @@
 //! fails tasks that read it with `DataLost` until it is written whole again (any recorded write
 //! clears the mark), unless a replayed task's input was that very host copy.
 //!
+//! Coherence: a buffer released (or left at its session's end) whose newest contents are on a
+//! device, never read back into the host copy, is counted and logged ([`UnreadReleases`]): the
+//! results were computed and nobody saw them, almost always a forgotten `sync_from`. The
+//! daemon's strict coherence mode (the CPU computing on private copies, see
+//! `agora_devices::cpu::CpuDevice::with_private_copies`) makes that the case wherever a task ran.
+//!
 //! Must not launch kernels or know about queues.
 
 mod heap;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use agora_devices::{Device, DeviceBuffer, Transfer};
 use agora_protocol::{Access, TaskError};
@@ -70,6 +76,37 @@ impl Default for DeviceUsage {
     }
 }
 
+/// One session's count of buffers released with their newest contents on a device, never read
+/// back to the host copy (see the module doc), and the daemon's counter of them.
+#[derive(Debug, Default)]
+pub(crate) struct UnreadReleases {
+    /// The session, for the log line.
+    pub session: u64,
+    /// This session's count.
+    pub count: AtomicU64,
+    /// The daemon's counter (metrics), installed when the scheduler first takes a descriptor of
+    /// the session (no buffer can hold device-only contents before that).
+    pub daemon: OnceLock<prometheus_client::metrics::counter::Counter>,
+}
+
+impl UnreadReleases {
+    /// A buffer of `len` bytes whose only current copy was on `device` was released.
+    fn note(&self, len: u64, device: usize) {
+        let before = self.count.fetch_add(1, Ordering::Relaxed);
+        if let Some(counter) = self.daemon.get() {
+            counter.inc();
+        }
+        let message = "a buffer was released with its newest contents on a device, never read back to the host \
+                       copy: its results were lost (a missing sync_from?)";
+        // Once per session at warn level: programs with many temporaries would flood the log.
+        if before == 0 {
+            tracing::warn!(session = self.session, bytes = len, device, "{message}");
+        } else {
+            tracing::debug!(session = self.session, bytes = len, device, "{message}");
+        }
+    }
+}
+
 /// A live buffer: a range of its session's heap plus its device copies. Jobs hold an `Arc` to it
 /// while they run, so a released buffer's memory is reused only after the last task that names
 /// it has finished.
@@ -91,6 +128,8 @@ pub(crate) struct BufferRecord {
     owner: Weak<dyn HostMemory>,
     /// Whether its contents are valid: a failed writer poisons them (see `outcome`).
     pub provenance: crate::outcome::Provenance,
+    /// Where its release is counted when its newest contents were never read back.
+    unread: Arc<UnreadReleases>,
 }
 
 /// Host memory that buffers live in (a session's heap in its segment).
@@ -100,7 +139,13 @@ pub(crate) trait HostMemory: Send + Sync + std::fmt::Debug {
 }
 
 impl BufferRecord {
-    pub(crate) fn new(offset: u64, len: u64, usage: Arc<DeviceUsage>, owner: Weak<dyn HostMemory>) -> Self {
+    pub(crate) fn new(
+        offset: u64,
+        len: u64,
+        usage: Arc<DeviceUsage>,
+        owner: Weak<dyn HostMemory>,
+        unread: Arc<UnreadReleases>,
+    ) -> Self {
         BufferRecord {
             offset,
             len,
@@ -115,6 +160,7 @@ impl BufferRecord {
             usage,
             owner,
             provenance: Default::default(),
+            unread,
         }
     }
 
@@ -312,8 +358,12 @@ impl Placement {
 }
 
 impl Drop for BufferRecord {
+    /// The buffer was released and no job names it any more (or its session ended).
     fn drop(&mut self) {
         let placement = self.placement.get_mut().unwrap_or_else(|e| e.into_inner());
+        if let Some(device) = placement.owner() {
+            self.unread.note(self.len, device);
+        }
         for copy in &placement.copies {
             self.usage.0[copy.device].fetch_sub(self.len, Ordering::Relaxed);
         }
@@ -486,6 +536,12 @@ pub(crate) mod tests_support {
     /// A buffer of `len` bytes whose host memory is gone (it is never read back).
     pub(crate) fn record(len: u64) -> Arc<BufferRecord> {
         let owner: Weak<dyn HostMemory> = Weak::<NoHost>::new();
-        Arc::new(BufferRecord::new(0, len, Arc::new(DeviceUsage::default()), owner))
+        Arc::new(BufferRecord::new(
+            0,
+            len,
+            Arc::new(DeviceUsage::default()),
+            owner,
+            Arc::default(),
+        ))
     }
 }

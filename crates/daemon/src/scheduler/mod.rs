@@ -262,6 +262,14 @@ impl Scheduler {
     pub(crate) fn ingest(&mut self, session: &mut Session) -> Result<u32, RingError> {
         // Queues being moved whose in-flight tasks have finished go first: their tasks are older.
         self.release_held(session);
+        // Releases of buffers never read back count in the daemon's metrics too (no buffer can
+        // hold device-only contents before a session's first descriptor).
+        let metrics = &self.telemetry.metrics;
+        session
+            .shared
+            .unread
+            .daemon
+            .get_or_init(|| metrics.unread_releases.clone());
         let available = session.submissions.available()?;
         let n = available.min(session.admission_room()).min(BATCH);
         for _ in 0..n {

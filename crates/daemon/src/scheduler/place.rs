@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 
 use agora_kernels::KernelDef;
 use agora_protocol::control::QueueClass;
-use agora_protocol::{LaunchLimit, TaskError, MAX_ARGS};
+use agora_protocol::{DeviceKind, LaunchLimit, TaskError, MAX_ARGS};
 
 use super::inline::{InlineGuard, ShapeClass};
 use super::{Action, Ready, Scheduler, MAX_SLICES};
@@ -256,10 +256,13 @@ impl Scheduler {
         beyond_limits
     }
 
+    /// The device that runs host-side work: the one that computes on host memory, else (strict
+    /// coherence: the CPU computes on private copies) the CPU.
     pub(super) fn host_device(&self) -> usize {
         self.devices
             .iter()
             .position(|d| d.info().shares_host_memory)
+            .or_else(|| self.devices.iter().position(|d| d.info().kind == DeviceKind::Cpu))
             .unwrap_or(0)
     }
 

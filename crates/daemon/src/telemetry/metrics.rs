@@ -61,6 +61,8 @@ pub(crate) struct Metrics {
     pub inline_refused: Counter,
     /// Times a task waited for device memory instead of failing.
     pub memory_waits: Counter,
+    /// Buffers released with their newest contents on a device, never read back to the host.
+    pub unread_releases: Counter,
 }
 
 /// Cached counters of one (kernel, class): ok and failed.
@@ -154,6 +156,12 @@ impl Metrics {
             "Execution time thrown away by revocations",
             revoked_wasted_ns.clone(),
         );
+        let unread_releases = Counter::default();
+        registry.register(
+            "agora_unread_releases",
+            "Buffers released with their newest contents on a device, never read back to the host (a missing sync_from?)",
+            unread_releases.clone(),
+        );
         let memory_total = Family::<DeviceLabels, Gauge>::default();
         registry.register(
             "agora_device_memory_bytes",
@@ -197,6 +205,7 @@ impl Metrics {
             memory_total,
             revoked,
             revoked_wasted_ns,
+            unread_releases,
         }
     }
 

@@ -5,13 +5,21 @@
 //! thread runs stripe 0, helpers the rest) and the job completes when every stripe is done. So
 //! one lane runs one job at a time, in order, using all its threads. The CPU device computes on
 //! host memory (the session segments) in place: it has no memory of its own.
+//!
+//! With private copies ([`CpuDevice::with_private_copies`], the daemon's strict coherence mode)
+//! it behaves like a device with memory of its own instead: it allocates a private host
+//! allocation per buffer ([`PrivateCopy`]), computes on those, and data moves between them and
+//! the session segments only by the transfers the daemon plans, exactly as on OpenCL. So a
+//! program that forgets a `sync_to` or `sync_from` sees stale data on the CPU too.
 
 mod gang;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::alloc::Layout;
+use std::borrow::Cow;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use agora_kernels::{KernelCall, KernelDef};
+use agora_kernels::{ArgValue, KernelCall, KernelDef};
 use agora_protocol::TaskError;
 
 use crate::lane::{run_synchronously, Executor, JobEnd, Lane, Lanes};
@@ -23,6 +31,110 @@ use gang::Gang;
 pub struct CpuDevice {
     info: DeviceInfo,
     lanes: Lanes,
+    /// Bytes of private copies allocated now (with private copies).
+    private_bytes: Arc<AtomicU64>,
+}
+
+/// A private host allocation standing in for device memory of the CPU (strict coherence): 64-byte
+/// aligned like the session heap, zeroed, freed with its last reference.
+#[derive(Debug)]
+pub struct PrivateCopy {
+    ptr: std::ptr::NonNull<u8>,
+    layout: Layout,
+    len: u64,
+    accounted: Arc<AtomicU64>,
+}
+
+// SAFETY: the allocation is owned by this value; the daemon orders every access to it (transfers
+// and launches of one buffer run in plan order), as it does for session memory.
+unsafe impl Send for PrivateCopy {}
+// SAFETY: as above.
+unsafe impl Sync for PrivateCopy {}
+
+impl PrivateCopy {
+    fn new(len: u64, accounted: Arc<AtomicU64>) -> Option<Self> {
+        let layout = Layout::from_size_align(usize::try_from(len.max(1)).ok()?, 64).ok()?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = std::ptr::NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })?;
+        accounted.fetch_add(len, Ordering::Relaxed);
+        Some(PrivateCopy {
+            ptr,
+            layout,
+            len,
+            accounted,
+        })
+    }
+
+    /// Its first byte.
+    fn ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for PrivateCopy {
+    fn drop(&mut self) {
+        self.accounted.fetch_sub(self.len, Ordering::Relaxed);
+        // SAFETY: allocated in `new` with this layout, freed once.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+impl DeviceBuffer for PrivateCopy {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// The private copy `buffer` is, if it is one (a scheduler bug otherwise: a task error).
+fn private(buffer: &dyn DeviceBuffer) -> Result<&PrivateCopy, TaskError> {
+    buffer
+        .as_any()
+        .downcast_ref::<PrivateCopy>()
+        .ok_or(TaskError::KernelFault)
+}
+
+/// Copies `len` host bytes at `host` into the private copy `to`.
+fn copy_in(host: *const u8, len: usize, to: &dyn DeviceBuffer) -> Result<(), TaskError> {
+    let to = private(to)?;
+    if len as u64 > to.len {
+        return Err(TaskError::KernelFault);
+    }
+    // SAFETY: the daemon built the transfer from a live buffer's host range of `len` bytes, kept
+    // mapped by the job; `to` holds at least `len` bytes (checked) and is a distinct allocation.
+    unsafe { std::ptr::copy_nonoverlapping(host, to.ptr(), len) };
+    Ok(())
+}
+
+/// `work` with each buffer argument that has a private copy pointed at that copy: the kernel
+/// computes on the device's own memory, never on the session segment.
+fn on_private_copies(work: &Work) -> Result<Cow<'_, Work>, TaskError> {
+    let Work::Launch { device_args, .. } = work else {
+        return Ok(Cow::Borrowed(work));
+    };
+    if device_args.iter().all(Option::is_none) {
+        return Ok(Cow::Borrowed(work));
+    }
+    let mut work = work.clone();
+    if let Work::Launch { args, device_args, .. } = &mut work {
+        for (arg, copy) in args.iter_mut().zip(device_args.iter()) {
+            let (Some(copy), ArgValue::Buffer { len, .. }) = (copy, &*arg) else {
+                continue;
+            };
+            let copy = private(copy.as_ref())?;
+            if *len > copy.len {
+                return Err(TaskError::KernelFault);
+            }
+            *arg = ArgValue::Buffer {
+                ptr: copy.ptr(),
+                len: *len,
+            };
+        }
+    }
+    Ok(Cow::Owned(work))
 }
 
 struct CpuExecutor {
@@ -34,12 +146,15 @@ impl Executor for CpuExecutor {
         let result = run_synchronously(
             &transfers,
             &work,
-            // The CPU has no device buffers; a transfer to one is a scheduler bug.
-            |_, _, _| Err(TaskError::KernelFault),
+            // Only private copies are device buffers of the CPU (anything else is a scheduler
+            // bug, refused as a task error).
+            copy_in,
             |work| {
                 if !transfers.is_empty() {
                     end.transfers_done();
                 }
+                let work = on_private_copies(work)?;
+                let work = work.as_ref();
                 match end.revoke_flag() {
                     Some(flag) => execute_revocable(work, &self.gang, flag),
                     None => execute(work, Some(&self.gang)),
@@ -83,7 +198,19 @@ impl CpuDevice {
                 limits: crate::LaunchLimits::NONE,
             },
             lanes: Lanes::new(lane_list, handles),
+            private_bytes: Arc::new(AtomicU64::new(0)),
         })
+    }
+
+    /// Makes the device compute on private copies of buffers instead of host memory (the
+    /// daemon's strict coherence mode): it reports memory of its own (as much as the machine's
+    /// RAM), allocates a [`PrivateCopy`] per buffer, and the daemon plans transfers to and from
+    /// them as for any device with memory of its own.
+    pub fn with_private_copies(mut self) -> Self {
+        self.info.shares_host_memory = false;
+        self.info.memory_bytes = physical_memory().unwrap_or(u64::MAX >> 1);
+        self.info.description.push_str(", private copies (strict coherence)");
+        self
     }
 
     /// A default partition of this machine's cores: one thread per lane, one lane per core.
@@ -119,15 +246,32 @@ impl Device for CpuDevice {
     }
 
     fn run_inline(&self, work: &Work) -> Result<(), TaskError> {
-        execute(work, None)
+        execute(on_private_copies(work)?.as_ref(), None)
     }
 
-    fn alloc(&self, _len: u64) -> Option<Result<Arc<dyn DeviceBuffer>, TaskError>> {
-        None
+    fn alloc(&self, len: u64) -> Option<Result<Arc<dyn DeviceBuffer>, TaskError>> {
+        if self.info.shares_host_memory {
+            return None;
+        }
+        Some(match PrivateCopy::new(len, self.private_bytes.clone()) {
+            Some(copy) => Ok(Arc::new(copy)),
+            None => Err(TaskError::DeviceOutOfMemory { index: 0, needed: len }),
+        })
     }
 
-    unsafe fn read(&self, _from: &dyn DeviceBuffer, _host: *mut u8, _len: usize) -> Result<(), TaskError> {
-        Err(TaskError::KernelFault)
+    unsafe fn read(&self, from: &dyn DeviceBuffer, host: *mut u8, len: usize) -> Result<(), TaskError> {
+        let from = private(from)?;
+        if len as u64 > from.len {
+            return Err(TaskError::KernelFault);
+        }
+        // SAFETY: the caller guarantees `host` is valid for `len` bytes of writes; `from` holds at
+        // least `len` bytes (checked) in a distinct allocation.
+        unsafe { std::ptr::copy_nonoverlapping(from.ptr(), host, len) };
+        Ok(())
+    }
+
+    fn memory_used(&self) -> u64 {
+        self.private_bytes.load(Ordering::Relaxed)
     }
 
     fn status(&self) -> DeviceReport {
@@ -135,8 +279,8 @@ impl Device for CpuDevice {
             name: self.info.name.clone(),
             kind: self.info.kind,
             description: self.info.description.clone(),
-            memory_bytes: 0,
-            memory_used: 0,
+            memory_bytes: self.info.memory_bytes,
+            memory_used: self.memory_used(),
             threads_per_lane: self.info.threads_per_lane,
             lanes: self.lanes.statuses(),
             failed: false,
@@ -152,6 +296,14 @@ impl Drop for CpuDevice {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// The machine's RAM in bytes (`MemTotal` of `/proc/meminfo`).
+fn physical_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 /// Runs `work` on the calling thread, or split over `gang` when given.
@@ -347,6 +499,52 @@ mod tests {
             assert!(y.contains(&2.0), "rows after the revocation stay unwritten");
             dev.shutdown();
         }
+    }
+
+    #[test]
+    fn with_private_copies_kernels_compute_on_the_copies_not_on_host_memory() {
+        let dev = CpuDevice::new(1, 2).unwrap().with_private_copies();
+        assert!(!dev.info().shares_host_memory && dev.info().memory_bytes > 0);
+        let n = 1000;
+        let mut x = vec![1.0f32; n];
+        let mut y = vec![5.0f32; n];
+        let bytes = (n * 4) as u64;
+        let x_copy = dev.alloc(bytes).unwrap().unwrap();
+        let y_copy = dev.alloc(bytes).unwrap().unwrap();
+        assert_eq!(dev.memory_used(), 2 * bytes);
+        let (tx, rx) = mpsc::channel();
+        let mut job = saxpy_job(&mut x, &mut y, tx.clone());
+        job.transfers = vec![
+            Transfer::ToDevice {
+                host: x.as_ptr() as *const u8,
+                len: bytes as usize,
+                to: x_copy.clone(),
+            },
+            Transfer::ToDevice {
+                host: y.as_ptr() as *const u8,
+                len: bytes as usize,
+                to: y_copy.clone(),
+            },
+        ];
+        if let Work::Launch { device_args, .. } = &mut job.work {
+            device_args[1] = Some(x_copy.clone());
+            device_args[2] = Some(y_copy.clone());
+        }
+        dev.submit(0, job);
+        assert_eq!(rx.recv().unwrap(), Ok(()));
+        assert!(y.iter().all(|v| *v == 5.0), "host memory is not written by the kernel");
+        // Reading the copy back is what makes the result visible.
+        // SAFETY: y holds `bytes` bytes; no job uses the copy any more.
+        unsafe { dev.read(y_copy.as_ref(), y.as_mut_ptr() as *mut u8, bytes as usize) }.unwrap();
+        assert!(y.iter().all(|v| *v == 7.0));
+        // A buffer that is not a private copy is refused, not dereferenced.
+        let mut plain = CpuDevice::new(1, 1).unwrap();
+        assert!(plain.alloc(8).is_none());
+        plain = plain.with_private_copies();
+        drop((x_copy, y_copy));
+        assert_eq!(dev.memory_used(), 0);
+        plain.shutdown();
+        dev.shutdown();
     }
 
     #[test]
