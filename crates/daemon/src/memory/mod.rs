@@ -545,3 +545,103 @@ pub(crate) mod tests_support {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agora_devices::sim::{SimDevice, SimSpec};
+
+    /// Host memory for test buffers: one allocation, handed out in ranges.
+    #[derive(Debug)]
+    struct TestHeap(Mutex<Vec<u8>>);
+
+    impl HostMemory for TestHeap {
+        fn host_range(&self, offset: u64, len: u64) -> Option<*mut u8> {
+            let mut heap = self.0.lock().unwrap();
+            let end = offset.checked_add(len)?;
+            (end <= heap.len() as u64).then(|| heap[offset as usize..].as_mut_ptr())
+        }
+    }
+
+    const MIB: u64 = 1 << 20;
+
+    /// A 3 MiB sim device and three 1 MiB buffers with a valid copy on it, used in the order
+    /// a, b, c (a least recently).
+    type Setup = (Vec<Arc<dyn Device>>, Arc<TestHeap>, Residency, [Arc<BufferRecord>; 3]);
+
+    fn setup() -> Setup {
+        let devices: Vec<Arc<dyn Device>> = vec![Arc::new(
+            SimDevice::new(SimSpec {
+                memory_bytes: 3 * MIB,
+                ..Default::default()
+            })
+            .unwrap(),
+        )];
+        let heap = Arc::new(TestHeap(Mutex::new(vec![0u8; 3 * MIB as usize])));
+        let owner: Weak<dyn HostMemory> = Arc::downgrade(&(heap.clone() as Arc<dyn HostMemory>));
+        let usage = Arc::new(DeviceUsage::default());
+        let mut residency = Residency::default();
+        let unread = Arc::new(UnreadReleases::default());
+        let records = [0, 1, 2].map(|i| {
+            Arc::new(BufferRecord::new(
+                i * MIB,
+                MIB,
+                usage.clone(),
+                owner.clone(),
+                unread.clone(),
+            ))
+        });
+        for record in &records {
+            let host = heap.host_range(record.offset, record.len).unwrap();
+            let mut transfers = Vec::new();
+            record
+                .placement()
+                .prepare(
+                    &devices,
+                    0,
+                    Access::ReadWrite,
+                    false,
+                    host,
+                    record.len,
+                    &usage,
+                    &mut transfers,
+                )
+                .unwrap();
+            residency.register(record);
+            residency.touch(record);
+        }
+        (devices, heap, residency, records)
+    }
+
+    #[test]
+    fn eviction_takes_the_least_recently_used_idle_buffer_first() {
+        let (devices, _heap, mut residency, [a, b, c]) = setup();
+        assert!(a.placement().is_on(0) && b.placement().is_on(0) && c.placement().is_on(0));
+        let usage = a.usage.clone();
+        // 1 MiB more: one buffer must go, the least recently used.
+        assert!(residency.make_room(&devices, 0, MIB, &usage, 0));
+        assert!(!a.placement().is_on(0), "a was used least recently");
+        assert!(b.placement().is_on(0) && c.placement().is_on(0));
+        assert_eq!(residency.evictions, 1);
+        // b is in use by a planned task: it stays, c goes instead.
+        b.in_use.fetch_add(1, Ordering::AcqRel);
+        residency.touch(&c);
+        // 2 MiB more with b pinned: only c can go (then b's 1 MiB + 2 MiB fit the 3 MiB device).
+        assert!(residency.make_room(&devices, 0, 2 * MIB, &usage, 0));
+        assert!(b.placement().is_on(0), "a buffer in use is never evicted");
+        assert!(!c.placement().is_on(0));
+        b.in_use.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    #[test]
+    fn an_evicted_only_copy_is_written_home_first() {
+        let (devices, heap, mut residency, [a, _b, _c]) = setup();
+        // The device copy of `a` is the only valid one (a kernel wrote it there).
+        a.placement().host_valid = false;
+        let usage = a.usage.clone();
+        assert!(residency.make_room(&devices, 0, MIB, &usage, 0));
+        assert!(!a.placement().is_on(0));
+        assert!(a.placement().host_valid, "read back before the device copy was dropped");
+        drop(heap);
+    }
+}

@@ -410,8 +410,8 @@ impl Scheduler {
     /// Dispatch hook: whether `ready` must be held because its queue is being moved, or must
     /// start moving (busy on a device it must leave; this orphans the queue). Borrows the task:
     /// this runs for every task, most of which go straight on.
-    pub(super) fn must_hold(&mut self, session: &Session, ready: &Ready) -> Result<bool, TaskError> {
-        if self.migration.list_mut(session.id, &ready.queue).is_some() {
+    pub(super) fn must_hold(&mut self, session: u64, ready: &Ready) -> Result<bool, TaskError> {
+        if self.migration.list_mut(session, &ready.queue).is_some() {
             return Ok(true);
         }
         if self.migration.any_failed {
@@ -442,13 +442,13 @@ impl Scheduler {
             return Ok(false);
         }
         tracing::debug!(
-            session = session.id,
+            session,
             queue = %queue.name,
             from = %bound.info().name,
             reason = if !self.usable(device) { "draining" } else { "kernel missing or beyond the device's limits" },
             "migrating a queue: holding its tasks until its in-flight ones finish"
         );
-        self.migration.list_or_new(session.id, queue);
+        self.migration.list_or_new(session, queue);
         Ok(true)
     }
 

@@ -409,7 +409,7 @@ impl Scheduler {
         roles: [Role; MAX_ARGS],
     ) -> Result<(), TaskError> {
         // A queue being moved holds its tasks, in order, until its in-flight ones are done.
-        match self.must_hold(session, &ready) {
+        match self.must_hold(session.id, &ready) {
             Ok(true) => {
                 self.hold(session, task_id, ready);
                 return Ok(());

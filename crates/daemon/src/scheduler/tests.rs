@@ -250,3 +250,42 @@ fn long_batch_launches_are_sliced_to_the_preemption_target() {
     assert!(!s.revocable(0, &work(1 << 20), QueueClass::Latency, 10e6));
     assert!(!s.revocable(0, &work(1 << 20), QueueClass::Batch, 0.5e6));
 }
+
+#[test]
+fn a_busy_queue_on_a_draining_device_is_held_and_an_idle_one_goes_on() {
+    let mut s = scheduler(vec![cpu(), sim("a", None)], config());
+    let q = queue(QueueClass::Batch, Some(DeviceKind::Sim));
+    // Busy on sim a (device 1).
+    q.binding.store(Binding::new(1, 0));
+    q.in_flight.fetch_add(1, Ordering::AcqRel);
+    assert_eq!(
+        s.must_hold(7, &noop(&q, 1 << 30)),
+        Ok(false),
+        "its device works: it stays"
+    );
+    s.set_draining(1, true).unwrap();
+    assert_eq!(
+        s.must_hold(7, &noop(&q, 1 << 30)),
+        Ok(true),
+        "busy on a draining device: held"
+    );
+    assert!(s.migration.holding());
+    // Held: every later task of the queue waits behind it, in order.
+    assert_eq!(s.must_hold(7, &noop(&q, 16)), Ok(true));
+    // Another session's idle queue goes on (to another device).
+    let other = queue(QueueClass::Batch, Some(DeviceKind::Sim));
+    assert_eq!(s.must_hold(8, &noop(&other, 16)), Ok(false));
+    let placed = s.place(&noop(&other, 1 << 30)).unwrap();
+    assert_eq!(placed.binding.device(), 0, "not on the draining device");
+    q.in_flight.fetch_sub(1, Ordering::AcqRel);
+}
+
+#[test]
+fn a_queue_whose_device_lacks_the_next_kernel_moves() {
+    let mut s = scheduler(vec![cpu(), sim("saxpy-only", Some(&["saxpy"]))], config());
+    let q = queue(QueueClass::Batch, None);
+    q.binding.store(Binding::new(1, 0));
+    q.in_flight.fetch_add(1, Ordering::AcqRel);
+    assert_eq!(s.must_hold(3, &noop(&q, 16)), Ok(true), "noop is missing on its device");
+    q.in_flight.fetch_sub(1, Ordering::AcqRel);
+}
