@@ -1,6 +1,7 @@
 # The two commands of this repository (see README.md):
 #   make demo   install what is needed, build, run the demo (embedded daemon + client processes)
-#   make test   the whole test suite: format, lints, unit and integration tests, benchmark smoke run
+#   make test   the whole test suite: format, lints, unit and integration tests, a --quick smoke run
+#               of every benchmark (scripts/bench-smoke.sh)
 .PHONY: setup demo test bench c
 
 setup:
@@ -14,7 +15,7 @@ test: setup
 	cargo clippy --workspace --all-targets --release -- -D warnings
 	cargo test --workspace --release
 	.venv/bin/python -m pytest -q crates/python/tests
-	./target/release/agora bench latency --quick
+	bash scripts/bench-smoke.sh
 
 bench: setup
 	./target/release/agora bench latency
