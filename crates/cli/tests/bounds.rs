@@ -13,7 +13,7 @@
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use agora::{Error, Session, SessionOptions};
@@ -23,46 +23,26 @@ use agora_protocol::control::{
 
 const AGORA: &str = env!("CARGO_BIN_EXE_agora");
 
-/// An `agora serve` process on a private socket, killed (and its directory removed) on drop.
-struct Daemon {
-    child: Child,
-    socket: PathBuf,
-    dir: PathBuf,
-}
+/// An `agora serve` process on a private socket (the test-support harness: killed, and its
+/// directory removed, on drop — SIGKILL ends it even while it is stopped).
+struct Daemon(agora_test_support::Daemon);
 
 impl Daemon {
     fn start(tag: &str) -> Daemon {
-        let dir = std::env::temp_dir().join(format!("agora-bounds-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let socket = dir.join("agora.sock");
-        let child = Command::new(AGORA)
-            .args([
-                "serve",
-                "--no-opencl",
-                "--cpu-lanes",
-                "1",
-                "--session-quota",
-                "1M",
-                "--socket",
-            ])
-            .arg(&socket)
-            .env("AGORA_LOG", "warn")
-            .env("AGORA_STATE_DIR", dir.join("state"))
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("agora serve starts");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while UnixStream::connect(&socket).is_err() {
-            assert!(Instant::now() < deadline, "the daemon did not listen within 20 s");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Daemon { child, socket, dir }
+        Daemon(agora_test_support::Daemon::start(
+            AGORA,
+            &format!("bounds-{tag}"),
+            &["--no-opencl", "--cpu-lanes", "1", "--session-quota", "1M"],
+        ))
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.0.socket().to_path_buf()
     }
 
     fn session(&self, name: &str, control_timeout: Option<Duration>) -> Session {
         Session::connect_with(SessionOptions {
-            socket: Some(self.socket.clone()),
+            socket: Some(self.socket()),
             name: Some(name.into()),
             heap_bytes: Some(1 << 16),
             control_timeout,
@@ -71,12 +51,7 @@ impl Daemon {
     }
 
     fn agora(&self, args: &[&str]) -> (bool, String, String) {
-        let out = Command::new(AGORA)
-            .args(args)
-            .arg("--socket")
-            .arg(&self.socket)
-            .output()
-            .unwrap();
+        let out = self.0.agora(args);
         (
             out.status.success(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -87,22 +62,10 @@ impl Daemon {
     fn signal(&self, signal: &str) {
         let ok = Command::new("kill")
             .arg(signal)
-            .arg(self.child.id().to_string())
+            .arg(self.0.pid().to_string())
             .status()
             .unwrap();
         assert!(ok.success());
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .arg("-CONT")
-            .arg(self.child.id().to_string())
-            .status();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -127,7 +90,7 @@ fn read_reply(stream: &mut UnixStream) -> (usize, Response) {
 
 /// A raw connection with a session open (the hello's descriptors are dropped).
 fn raw_session(daemon: &Daemon) -> UnixStream {
-    let mut stream = UnixStream::connect(&daemon.socket).unwrap();
+    let mut stream = UnixStream::connect(daemon.socket()).unwrap();
     stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     write_request(
         &mut stream,
@@ -152,7 +115,7 @@ fn long_names_are_refused_at_once_without_stalling_the_daemon() {
         write_request(&mut raw, &Request::LookupKernel { name: name.clone() });
     }
     // Another client is answered promptly meanwhile.
-    let status = agora::daemon_status(Some(daemon.socket.clone())).expect("status answers");
+    let status = agora::daemon_status(Some(daemon.socket())).expect("status answers");
     assert!(status.pid > 0);
     // Every lookup gets its reply: a short error naming the length, not the name.
     for _ in 0..12 {
@@ -185,7 +148,7 @@ fn long_names_are_refused_at_once_without_stalling_the_daemon() {
         read_reply(&mut raw).1,
         Response::Error(ControlError::NameTooLong { what, .. }) if what == "queue"
     ));
-    let mut hello = UnixStream::connect(&daemon.socket).unwrap();
+    let mut hello = UnixStream::connect(daemon.socket()).unwrap();
     hello.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     write_request(
         &mut hello,
@@ -225,7 +188,7 @@ fn status_stays_within_the_frame_limit_whatever_tenants_create() {
         }
     }
     // The summary is one small frame.
-    let mut raw = UnixStream::connect(&daemon.socket).unwrap();
+    let mut raw = UnixStream::connect(daemon.socket()).unwrap();
     raw.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     write_request(&mut raw, &Request::Status);
     let (len, reply) = read_reply(&mut raw);
@@ -291,7 +254,7 @@ fn status_lists_the_busiest_sessions_when_there_are_many() {
     for _ in 0..2000 {
         let _ = q.launch(&saxpy, &[agora::Arg::F32(1.0), (&x).into(), (&y).into()], 1024usize);
     }
-    let report = agora::daemon_status(Some(daemon.socket.clone())).unwrap();
+    let report = agora::daemon_status(Some(daemon.socket())).unwrap();
     assert_eq!(report.live_sessions, n as u64);
     assert_eq!(report.sessions.len(), STATUS_SESSIONS);
     assert!(report.sessions.windows(2).all(|w| w[0].id < w[1].id), "listed by id");

@@ -4,97 +4,46 @@
 //! never inline on the dispatcher, which the task trace shows row by row; the daemon exports its
 //! longest inline run, and a tiny launch still runs inline once its shape has been measured.
 
-use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
-use agora::{Arg, Session, SessionOptions};
+use agora::Arg;
+use agora_test_support::Daemon;
 
 const AGORA: &str = env!("CARGO_BIN_EXE_agora");
 
-struct Daemon {
-    child: Child,
-    socket: PathBuf,
-    dir: PathBuf,
-    _temp: agora_test_support::TempDir,
+fn start(tag: &str) -> Daemon {
+    Daemon::start(
+        AGORA,
+        &format!("dispatcher-{tag}"),
+        &["--no-opencl", "--trace", "{dir}/trace.json"],
+    )
 }
 
-impl Daemon {
-    fn start(tag: &str) -> Daemon {
-        let temp = agora_test_support::temp_dir(&format!("dispatcher-{tag}"));
-        let dir = temp.path().to_path_buf();
-        let socket = dir.join("agora.sock");
-        let child = Command::new(AGORA)
-            .args(["serve", "--no-opencl", "--socket"])
-            .arg(&socket)
-            .arg("--trace")
-            .arg(dir.join("trace.json"))
-            .env("AGORA_LOG", "warn")
-            .env("AGORA_STATE_DIR", dir.join("state"))
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("agora serve starts");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while UnixStream::connect(&socket).is_err() {
-            assert!(Instant::now() < deadline, "the daemon did not listen within 20 s");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Daemon {
-            child,
-            socket,
-            dir,
-            _temp: temp,
-        }
-    }
-
-    fn session(&self) -> Session {
-        Session::connect_with(SessionOptions {
-            socket: Some(self.socket.clone()),
-            ..Default::default()
+/// (kernel name, trace row) of every executed span.
+fn executions(daemon: &Daemon) -> Vec<(String, u64)> {
+    let saved = daemon.agora(&["trace", "save"]);
+    assert!(saved.status.success(), "{}", String::from_utf8_lossy(&saved.stderr));
+    let text = std::fs::read_to_string(daemon.dir().join("trace.json")).unwrap();
+    let trace: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let events = trace
+        .get("traceEvents")
+        .and_then(|e| e.as_array())
+        .or_else(|| trace.as_array())
+        .expect("a Chrome trace")
+        .clone();
+    events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["cat"] == "exec")
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap_or("").to_string(),
+                e["tid"].as_u64().unwrap_or(0),
+            )
         })
-        .unwrap()
-    }
-
-    /// (kernel name, trace row) of every executed span.
-    fn executions(&self) -> Vec<(String, u64)> {
-        let saved = Command::new(AGORA)
-            .args(["trace", "save", "--socket"])
-            .arg(&self.socket)
-            .output()
-            .unwrap();
-        assert!(saved.status.success(), "{}", String::from_utf8_lossy(&saved.stderr));
-        let text = std::fs::read_to_string(self.dir.join("trace.json")).unwrap();
-        let trace: serde_json::Value = serde_json::from_str(&text).unwrap();
-        let events = trace
-            .get("traceEvents")
-            .and_then(|e| e.as_array())
-            .or_else(|| trace.as_array())
-            .expect("a Chrome trace")
-            .clone();
-        events
-            .iter()
-            .filter(|e| e["ph"] == "X" && e["cat"] == "exec")
-            .map(|e| {
-                (
-                    e["name"].as_str().unwrap_or("").to_string(),
-                    e["tid"].as_u64().unwrap_or(0),
-                )
-            })
-            .collect()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+        .collect()
 }
 
 #[test]
 fn launches_long_by_their_arguments_never_run_on_the_dispatcher() {
-    let daemon = Daemon::start("stall");
+    let daemon = start("stall");
     let attacker = daemon.session();
     let q = attacker.queue("attack").unwrap();
     // sgemm, m = n = 1, k = 2^22: one work item (an estimate of 120 ns), 4 M multiply-adds.
@@ -155,7 +104,7 @@ fn launches_long_by_their_arguments_never_run_on_the_dispatcher() {
     for _ in 0..20 {
         q.launch(&noop, &[], 1u64).unwrap().wait().unwrap();
     }
-    let executions = daemon.executions();
+    let executions = executions(&daemon);
     let on = |kernel: &str, inline: bool| {
         executions
             .iter()
