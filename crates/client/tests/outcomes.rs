@@ -467,3 +467,40 @@ fn tasks_within_the_quota_wait_for_room_instead_of_failing() {
         "{e}"
     );
 }
+
+/// A task whose buffers together exceed the device it must run on can never run there: it
+/// fails at once with both sizes (it does not wait for room that will never come), and the
+/// queue goes on.
+#[test]
+fn a_task_larger_than_its_device_fails_saying_both_sizes() {
+    let (_daemon, session) = common::daemon_with("outcome-too-small", |c| c.opencl_memory_limit = 4 << 20);
+    common::require_opencl(&session);
+    let q = queue(&session, DeviceKind::OpenCl);
+    let fill = session.kernel("fill").unwrap();
+    let n = 2usize << 20; // 8 MiB of f32 on a device limited to 4 MiB
+    let big = session.buffer(n as u64 * 4).unwrap();
+    let e = q
+        .launch(&fill, &[Arg::F32(1.0), (&big).into()], n)
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    assert!(
+        matches!(
+            e.task_error(),
+            Some(TaskError::DeviceTooSmall { needed, capacity }) if *needed == 8 << 20 && *capacity == 4 << 20
+        ),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("8388608") && e.to_string().contains("4194304"),
+        "{e}"
+    );
+    // The queue goes on with work that fits.
+    let small = session.buffer(4096).unwrap();
+    q.launch(&fill, &[Arg::F32(2.0), (&small).into()], 1024usize)
+        .unwrap()
+        .wait()
+        .unwrap();
+    q.sync_from(&small).unwrap().wait().unwrap();
+    assert!(small.as_slice::<f32>().iter().all(|v| *v == 2.0));
+}
