@@ -54,7 +54,10 @@ pub fn run_cpu_with_buffers(workload: &Workload, out: &mut [Vec<u8>]) -> Result<
     for step in &workload.steps {
         if let Step::Launch { kernel, .. } = step {
             let (_, k) = agora_kernels::find(kernel).ok_or_else(|| format!("no kernel {kernel}"))?;
-            resolved.push(k.cpu.ok_or_else(|| format!("{kernel} has no CPU implementation"))?);
+            if k.cpu.is_none() {
+                return Err(format!("{kernel} has no CPU implementation"));
+            }
+            resolved.push(k);
         }
     }
     let start = Instant::now();
@@ -77,7 +80,7 @@ pub fn run_cpu_with_buffers(workload: &Workload, out: &mut [Vec<u8>]) -> Result<
         // SAFETY: buffers are live, 64-byte aligned, at least `len` bytes; the workloads pass
         // each written buffer once (checked by the daemon for the Agora runs of the same steps).
         let call = unsafe { KernelCall::new(range, &values[..args.len()]) };
-        cpu(&call, 0..range[0]);
+        cpu.run_cpu(&call, 0..range[0]).map_err(|e| e.to_string())?;
     }
     let seconds = start.elapsed().as_secs_f64();
     let views: Vec<&[u8]> = memory
@@ -114,7 +117,7 @@ mod opencl {
     pub struct NativeOpenCl {
         context: Context,
         queue: CommandQueue,
-        programs: HashMap<&'static str, Program>,
+        programs: HashMap<String, Program>,
         /// A one-byte zero: the revocation flag argument of revocable kernels (never set here).
         zero_flag: Buffer<u8>,
         /// Device description.
@@ -164,12 +167,13 @@ mod opencl {
             let (_, def) = agora_kernels::find(name).ok_or_else(|| format!("no kernel {name}"))?;
             let imp = def
                 .opencl
+                .as_ref()
                 .ok_or_else(|| format!("{name} has no OpenCL implementation"))?;
-            if !self.programs.contains_key(imp.program) {
-                let p = Program::create_and_build_from_source(&self.context, imp.source, "-cl-std=CL1.2")?;
-                self.programs.insert(imp.program, p);
+            if !self.programs.contains_key(&*imp.program) {
+                let p = Program::create_and_build_from_source(&self.context, &imp.source, "-cl-std=CL1.2")?;
+                self.programs.insert(imp.program.to_string(), p);
             }
-            let k = Kernel::create(&self.programs[imp.program], imp.entry).map_err(err)?;
+            let k = Kernel::create(&self.programs[&*imp.program], &imp.entry).map_err(err)?;
             // The library's calling conventions: the signature's parameters, then for guarded
             // kernels the three range extents, then for revocable ones the revocation flag.
             let trailing = (k.num_args().map_err(err)? as usize).saturating_sub(def.params.len());
@@ -222,7 +226,7 @@ mod opencl {
                 }
                 Step::Launch { kernel, args, range } => {
                     let (k, def, guarded) = &kernels[kernel];
-                    for (i, (a, p)) in args.iter().zip(def.params).enumerate() {
+                    for (i, (a, p)) in args.iter().zip(def.params.iter()).enumerate() {
                         // SAFETY: argument types follow the kernel's signature (see OpenClImpl).
                         unsafe {
                             match (*a, p.kind) {
@@ -250,7 +254,7 @@ mod opencl {
                             2 => [8, 8, 1],
                             _ => [4, 4, 4],
                         };
-                        let fixed = def.opencl.and_then(|o| o.local).unwrap_or(fixed);
+                        let fixed = def.opencl.as_ref().and_then(|o| o.local).unwrap_or(fixed);
                         for d in 0..3 {
                             let extent = range.get(d).copied().unwrap_or(1);
                             // SAFETY: trailing `const ulong` range parameters (guarded convention).

@@ -465,6 +465,9 @@ fn request_name(request: &Request) -> &'static str {
         Request::SessionStatus { .. } => "session status",
         Request::SaveTrace => "trace save",
         Request::Drain { .. } => "drain",
+        Request::KernelCatalog => "kernel catalog",
+        Request::ReloadKernels => "kernel reload",
+        Request::BuildProgram { .. } => "program build",
     }
 }
 

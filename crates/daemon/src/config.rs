@@ -2,7 +2,7 @@
 //!
 //! [`DaemonConfig`] is what the daemon runs with. A configuration file (`agora serve --config
 //! FILE`) sets any subset of it in sections (`[daemon]`, `[sessions]`, `[scheduler]`, `[cpu]`,
-//! `[opencl]`, `[[sim]]`, `[telemetry]`); what the file does not set keeps its default, and
+//! `[opencl]`, `[[sim]]`, `[telemetry]`, `[kernels]`); what the file does not set keeps its default, and
 //! command-line flags override both. [`DaemonConfig::to_toml`] writes every effective setting in
 //! the same format (`agora serve --print-config`), so its output is a valid configuration file.
 //!
@@ -259,6 +259,10 @@ pub struct DaemonConfig {
     /// `KernelFault` without running (see `agora_protocol::testing`). Not in the configuration
     /// file; the default comes from `AGORA_INJECT_FAULTS=SEED:PER_MILLE`.
     pub inject_faults: Option<(u64, u64)>,
+    /// Kernel package directories (`agora serve --kernels DIR`, repeatable; `[kernels] paths`):
+    /// each a package (a directory with `package.toml`) or a directory of packages. Packages are
+    /// trusted code: their kernels run inside the daemon.
+    pub kernel_paths: Vec<PathBuf>,
 }
 
 /// The directory under which daemons keep their state: `$XDG_STATE_HOME/agora`, else
@@ -367,6 +371,7 @@ impl Default for DaemonConfig {
             revoke_min: Duration::from_millis(1),
             strict_coherence: false,
             inject_faults: crate::outcome::FaultInjection::setting_from_env(),
+            kernel_paths: Vec::new(),
         }
     }
 }
@@ -460,6 +465,13 @@ section! {
 }
 
 section! {
+    /// `[kernels]`
+    KernelsSection "kernels." {
+        paths: Vec<PathBuf> => kernel_paths,
+    }
+}
+
+section! {
     /// `[telemetry]`
     TelemetrySection "telemetry." {
         metrics: Option<std::net::SocketAddr> => metrics,
@@ -487,6 +499,8 @@ struct File {
     sim: Vec<SimDeviceConfig>,
     #[serde(default)]
     telemetry: TelemetrySection,
+    #[serde(default)]
+    kernels: KernelsSection,
 }
 
 impl File {
@@ -499,6 +513,7 @@ impl File {
         if !self.sim.is_empty() {
             c.sims = self.sim;
         }
+        self.kernels.apply(c)?;
         self.telemetry.apply(c)
     }
 
@@ -511,6 +526,7 @@ impl File {
             opencl: OpenClSection::of(c),
             sim: c.sims.clone(),
             telemetry: TelemetrySection::of(c),
+            kernels: KernelsSection::of(c),
         }
     }
 }

@@ -29,6 +29,7 @@ use std::thread::JoinHandle;
 use agora_protocol::control::{ControlError, Response};
 use agora_transport::socket::send_before;
 
+use crate::kernels::KernelRegistry;
 use crate::telemetry::Telemetry;
 
 /// A request the control thread answers.
@@ -41,6 +42,16 @@ pub(crate) enum ControlJob {
     ListKernels,
     /// `Session::kernel(name)`.
     LookupKernel(String),
+    /// `agora kernels` (with packages and implementations).
+    KernelCatalog,
+    /// `agora kernels reload` (admin; the dispatcher checked the caller).
+    ReloadKernels,
+}
+
+/// What the control thread may read: the telemetry and the kernel registry.
+pub(crate) struct ControlContext {
+    pub(crate) telemetry: Arc<Telemetry>,
+    pub(crate) kernels: Arc<KernelRegistry>,
 }
 
 /// Replies to one connection handed to the control thread and not yet written.
@@ -54,13 +65,13 @@ pub(crate) struct ControlPlane {
 
 impl ControlPlane {
     /// Starts the thread.
-    pub(crate) fn start(telemetry: Arc<Telemetry>) -> std::io::Result<Self> {
+    pub(crate) fn start(context: ControlContext) -> std::io::Result<Self> {
         let (jobs, inbox) = mpsc::channel::<(UnixStream, ControlJob, Owed)>();
         let thread = std::thread::Builder::new()
             .name("agora-control".into())
             .spawn(move || {
                 for (stream, job, owed) in inbox {
-                    let response = answer(&telemetry, job);
+                    let response = answer(&context, job);
                     if let Err(error) = send_whole(&stream, &response, REPLY_WAIT) {
                         tracing::warn!(%error, "closing a connection that does not read its replies");
                         let _ = stream.shutdown(std::net::Shutdown::Both);
@@ -129,7 +140,8 @@ pub(crate) fn send_whole(
 }
 
 /// The reply to `job`.
-pub(crate) fn answer(telemetry: &Telemetry, job: ControlJob) -> Response {
+pub(crate) fn answer(context: &ControlContext, job: ControlJob) -> Response {
+    let telemetry = &context.telemetry;
     match job {
         ControlJob::Reply(response) => response,
         ControlJob::SaveTrace => match &telemetry.trace {
@@ -144,17 +156,40 @@ pub(crate) fn answer(telemetry: &Telemetry, job: ControlJob) -> Response {
                 Err(e) => Response::Error(ControlError::BadRequest(format!("could not write the trace: {e}"))),
             },
         },
-        ControlJob::ListKernels => Response::Kernels(agora_kernels::library().iter().map(|k| k.signature()).collect()),
-        ControlJob::LookupKernel(name) => match agora_kernels::find(&name) {
-            Some((kernel_id, k)) => Response::Kernel {
-                id: kernel_id,
-                signature: k.signature(),
-            },
-            None => Response::Error(ControlError::UnknownKernel {
-                suggestions: agora_kernels::suggestions(&name),
-                name,
-            }),
-        },
+        ControlJob::ListKernels => {
+            let table = context.kernels.snapshot();
+            Response::Kernels(table.current().into_iter().map(|(_, k)| k.signature()).collect())
+        }
+        ControlJob::LookupKernel(name) => {
+            let table = context.kernels.snapshot();
+            match table.find(&name) {
+                Some((kernel_id, k)) => Response::Kernel {
+                    id: kernel_id,
+                    signature: k.signature(),
+                },
+                None => Response::Error(ControlError::UnknownKernel {
+                    suggestions: table.suggestions(&name),
+                    name,
+                }),
+            }
+        }
+        ControlJob::KernelCatalog => {
+            let (kernels, packages) = context.kernels.snapshot().listing();
+            Response::KernelCatalog { kernels, packages }
+        }
+        ControlJob::ReloadKernels => {
+            let report = context.kernels.reload();
+            for error in &report.errors {
+                tracing::warn!(%error, "kernel package reload");
+            }
+            tracing::info!(
+                packages = report.packages.len(),
+                changed = report.changed.len(),
+                kernels = report.kernels,
+                "kernel packages reloaded"
+            );
+            Response::KernelsReloaded(report)
+        }
     }
 }
 
@@ -164,11 +199,14 @@ mod tests {
     use crate::telemetry::Metrics;
     use agora_transport::socket::recv_with_fds;
 
-    fn telemetry() -> Arc<Telemetry> {
-        Arc::new(Telemetry {
-            metrics: Metrics::new(),
-            trace: None,
-        })
+    fn telemetry() -> ControlContext {
+        ControlContext {
+            telemetry: Arc::new(Telemetry {
+                metrics: Metrics::new(),
+                trace: None,
+            }),
+            kernels: Arc::new(KernelRegistry::library_only()),
+        }
     }
 
     #[test]

@@ -27,6 +27,7 @@
 mod config;
 mod control;
 mod handle;
+pub mod kernels;
 mod memory;
 mod outcome;
 pub mod policy;
@@ -59,6 +60,9 @@ pub enum DaemonError {
     /// to do.
     #[error("{0}")]
     Socket(String),
+    /// A kernel package could not be loaded; the message names the file, line and key.
+    #[error("{0}")]
+    Packages(String),
     /// An OS call failed.
     #[error("{what}: {cause}")]
     Io {
@@ -298,6 +302,10 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
         telemetry::serve_metrics(addr, telemetry.clone(), devices.clone())
             .map_err(|e| DaemonError::io("starting the metrics server", std::io::Error::other(e)))?;
     }
+    let kernels = Arc::new(
+        kernels::KernelRegistry::load(config.kernel_paths.clone())
+            .map_err(|e| DaemonError::Packages(format!("kernel packages: {e}")))?,
+    );
     let scheduler = scheduler::Scheduler::new(
         devices,
         facts,
@@ -305,6 +313,7 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
         model,
         scheduler::SchedulerConfig::from_daemon(&config),
         telemetry.clone(),
+        kernels.clone(),
     );
     tracing::info!(
         policy = config.policy.name(),
@@ -326,7 +335,12 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
     }
     // Bind last: a daemon that fails to start must not leave a socket file behind.
     let listener = bind(&config.socket)?;
-    tracing::info!(socket = %config.socket.display(), kernels = agora_kernels::library().len(), "listening");
+    tracing::info!(
+        socket = %config.socket.display(),
+        kernels = kernels.snapshot().current().len(),
+        packages = kernels.snapshot().listing().1.len(),
+        "listening"
+    );
     server::Server::new(config, listener, scheduler, stop, telemetry)
 }
 

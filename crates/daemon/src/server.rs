@@ -170,8 +170,11 @@ impl Server {
         .map_err(|e| DaemonError::io("watching the wake doorbell", e.into()))?;
         scheduler.migration.set_wake(wake.clone());
         let spin = AdaptiveSpin::new(Duration::from_micros(2), config.max_spin);
-        let control =
-            ControlPlane::start(telemetry.clone()).map_err(|e| DaemonError::io("starting the control thread", e))?;
+        let control = ControlPlane::start(crate::control::ControlContext {
+            telemetry: telemetry.clone(),
+            kernels: scheduler.kernels.clone(),
+        })
+        .map_err(|e| DaemonError::io("starting the control thread", e))?;
         Ok(Server {
             config,
             listener,
@@ -478,6 +481,14 @@ impl Server {
             }
             Request::SaveTrace => self.offload(id, ControlJob::SaveTrace),
             Request::ListKernels => self.offload(id, ControlJob::ListKernels),
+            Request::KernelCatalog => self.offload(id, ControlJob::KernelCatalog),
+            Request::ReloadKernels => match self.require_admin(id, "reload kernel packages") {
+                Ok(()) => self.offload(id, ControlJob::ReloadKernels),
+                Err(refusal) => Some(refusal),
+            },
+            Request::BuildProgram { .. } => Some(Response::Error(ControlError::BadRequest(
+                "tenant programs are not available in this daemon yet".into(),
+            ))),
             Request::LookupKernel { name } => match check_name("kernel", &name) {
                 // Refused before the "did you mean" search, whose work grows with the name.
                 Err(e) => Some(Response::Error(e)),
@@ -559,7 +570,13 @@ impl Server {
         let owed = self.owed.entry(id).or_default();
         match self.control.submit(stream, job, owed) {
             Ok(()) => None,
-            Err(job) => Some(crate::control::answer(&self.telemetry, job)),
+            Err(job) => Some(crate::control::answer(
+                &crate::control::ControlContext {
+                    telemetry: self.telemetry.clone(),
+                    kernels: self.scheduler.kernels.clone(),
+                },
+                job,
+            )),
         }
     }
 
@@ -663,19 +680,27 @@ impl Server {
         }
     }
 
-    /// `Request::Drain`: admin only (root or the daemon's own user).
-    fn drain(&mut self, id: u64, device: &str, drain: bool, evacuate: bool) -> Response {
+    /// `Err(reply)` unless connection `id` is root's or the daemon's own user's.
+    fn require_admin(&self, id: u64, what: &str) -> Result<(), Response> {
         let credentials = match self.conns.get(&id) {
             Some(Conn::Pending { credentials, .. } | Conn::Observer { credentials, .. }) => *credentials,
             Some(Conn::Session(s)) => s.credentials,
-            None => return Response::Error(ControlError::BadRequest("connection gone".into())),
+            None => return Err(Response::Error(ControlError::BadRequest("connection gone".into()))),
         };
         let daemon_uid = rustix::process::geteuid().as_raw();
         if credentials.uid != 0 && credentials.uid != daemon_uid {
-            return Response::Error(ControlError::NotPermitted(format!(
-                "uid {} may not drain devices: only root or the daemon's user (uid {daemon_uid}) may",
+            return Err(Response::Error(ControlError::NotPermitted(format!(
+                "uid {} may not {what}: only root or the daemon's user (uid {daemon_uid}) may",
                 credentials.uid
-            )));
+            ))));
+        }
+        Ok(())
+    }
+
+    /// `Request::Drain`: admin only (root or the daemon's own user).
+    fn drain(&mut self, id: u64, device: &str, drain: bool, evacuate: bool) -> Response {
+        if let Err(refusal) = self.require_admin(id, "drain devices") {
+            return refusal;
         }
         let names: Vec<&str> = self.scheduler.devices.iter().map(|d| d.info().name.as_str()).collect();
         let Some(index) = names.iter().position(|n| *n == device) else {

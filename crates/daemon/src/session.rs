@@ -216,6 +216,9 @@ pub(crate) struct Session {
     pub ingested: u32,
     pub submitted: u64,
     pub completion_capacity: u32,
+    /// Kernels of the session's own programs (tenant code run by its executor), by id without
+    /// [`crate::kernels::SESSION_KERNEL_BIT`].
+    pub program_kernels: Vec<agora_kernels::KernelRef>,
 }
 
 impl Session {
@@ -267,7 +270,14 @@ impl Session {
             ingested: 0,
             submitted: 0,
             completion_capacity,
+            program_kernels: Vec::new(),
         }
+    }
+
+    /// Kernel `index` of the session's programs.
+    #[inline]
+    pub(crate) fn program_kernel(&self, index: u32) -> Option<&agora_kernels::KernelRef> {
+        self.program_kernels.get(index as usize)
     }
 
     /// How many more descriptors we may take before the client must consume completions.

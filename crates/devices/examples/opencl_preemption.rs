@@ -51,7 +51,7 @@ fn sgemm(n: u64, a: &Arc<dyn DeviceBuffer>, c: &Arc<dyn DeviceBuffer>, rows: Opt
         device_args[i] = Some(b.clone());
     }
     Work::Launch {
-        kernel,
+        kernel: kernel.into(),
         range: [n, n, 1],
         dims: 2,
         args,

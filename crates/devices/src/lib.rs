@@ -24,7 +24,7 @@ use std::any::Any;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use agora_kernels::{ArgValue, KernelDef};
+use agora_kernels::{ArgValue, KernelDef, KernelRef};
 pub use agora_protocol::DeviceKind;
 use agora_protocol::{LaunchLimit, TaskError, MAX_ARGS};
 
@@ -252,7 +252,7 @@ pub enum Work {
     /// Run a kernel.
     Launch {
         /// The kernel.
-        kernel: &'static KernelDef,
+        kernel: KernelRef,
         /// Range (dims entries meaningful).
         range: [u64; 3],
         /// Number of dimensions.
@@ -426,7 +426,7 @@ pub trait Device: Send + Sync + std::fmt::Debug {
         let group = [self.row_alignment(kernel, range.len()), 1, 1];
         self.info()
             .limits
-            .check(range, group, buffer_lens, self.runs_row_slices())
+            .check(range, group, buffer_lens, self.runs_row_slices() && kernel.chunkable)
     }
     /// A multiple of rows that slice boundaries of `kernel` launched in `dims` dimensions should
     /// keep to (a work-group's extent in dimension 0 on OpenCL), so no slice runs idle work items

@@ -8,6 +8,9 @@
 //! on the host ([`reference::train_step`] shows the whole step), then `adjust_weights` on the
 //! input weights with the hidden deltas.
 
+use std::borrow::Cow;
+
+use crate::{CpuImpl, SizeCheck};
 use std::ops::Range;
 
 use agora_protocol::{Access::*, ScalarType::*, TaskError};
@@ -57,19 +60,22 @@ fn layerforward_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `backprop.layerforward(x, w, partial, n_in, n_hid)`.
 pub const LAYERFORWARD: KernelDef = KernelDef {
-    name: "backprop.layerforward",
-    doc: "partial[b*n_hid+j] = sum of x[i]*w[i*(n_hid+1)+j+1] over the 16 inputs i of block b (inputs 1..=n_in); \
+    name: Cow::Borrowed("backprop.layerforward"),
+    doc: Cow::Borrowed(
+        "partial[b*n_hid+j] = sum of x[i]*w[i*(n_hid+1)+j+1] over the 16 inputs i of block b (inputs 1..=n_in); \
           range (ceil(n_in/16), n_hid)",
-    params: &[
+    ),
+    params: Cow::Borrowed(&[
         buffer("x", F32, Read),
         buffer("w", F32, Read),
         buffer("partial", F32, Write),
         scalar("n_in", I32),
         scalar("n_hid", I32),
-    ],
+    ]),
     cost: Cost::PerItemNs(12.0),
-    check: layerforward_check,
-    cpu: Some(layerforward_cpu),
+    chunkable: true,
+    check: SizeCheck::Builtin(layerforward_check),
+    cpu: Some(CpuImpl::Builtin(layerforward_cpu)),
     opencl: opencl("backprop", BACKPROP, "layerforward"),
 };
 
@@ -100,19 +106,22 @@ fn squash_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `backprop.squash(partial, w, h, n_in, n_hid)`.
 pub const SQUASH: KernelDef = KernelDef {
-    name: "backprop.squash",
-    doc: "h[j+1] = sigmoid(sum over blocks b of partial[b*n_hid+j] + w[j+1]) (h[0] untouched); range n_hid",
-    params: &[
+    name: Cow::Borrowed("backprop.squash"),
+    doc: Cow::Borrowed(
+        "h[j+1] = sigmoid(sum over blocks b of partial[b*n_hid+j] + w[j+1]) (h[0] untouched); range n_hid",
+    ),
+    params: Cow::Borrowed(&[
         buffer("partial", F32, Read),
         buffer("w", F32, Read),
         buffer("h", F32, ReadWrite),
         scalar("n_in", I32),
         scalar("n_hid", I32),
-    ],
+    ]),
     // About 1 ns per block of 16 inputs (65,536 inputs: 4,096 blocks).
     cost: Cost::PerItemNs(4_500.0),
-    check: squash_check,
-    cpu: Some(squash_cpu),
+    chunkable: true,
+    check: SizeCheck::Builtin(squash_check),
+    cpu: Some(CpuImpl::Builtin(squash_cpu)),
     opencl: opencl("backprop", BACKPROP, "squash"),
 };
 
@@ -148,10 +157,12 @@ fn adjust_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `backprop.adjust_weights(delta, ly, w, oldw, n_in, n_hid, eta, momentum)`.
 pub const ADJUST_WEIGHTS: KernelDef = KernelDef {
-    name: "backprop.adjust_weights",
-    doc: "for input i and hidden k=j+1: dw = eta*delta[k]*ly[i] + momentum*oldw[i][k]; w[i][k] += dw; \
+    name: Cow::Borrowed("backprop.adjust_weights"),
+    doc: Cow::Borrowed(
+        "for input i and hidden k=j+1: dw = eta*delta[k]*ly[i] + momentum*oldw[i][k]; w[i][k] += dw; \
           oldw[i][k] = dw (rows of n_hid+1); range (n_in+1, n_hid)",
-    params: &[
+    ),
+    params: Cow::Borrowed(&[
         buffer("delta", F32, Read),
         buffer("ly", F32, Read),
         buffer("w", F32, ReadWrite),
@@ -160,10 +171,11 @@ pub const ADJUST_WEIGHTS: KernelDef = KernelDef {
         scalar("n_hid", I32),
         scalar("eta", F32),
         scalar("momentum", F32),
-    ],
+    ]),
     cost: Cost::PerItemNs(1.0),
-    check: adjust_check,
-    cpu: Some(adjust_cpu),
+    chunkable: true,
+    check: SizeCheck::Builtin(adjust_check),
+    cpu: Some(CpuImpl::Builtin(adjust_cpu)),
     opencl: opencl("backprop", BACKPROP, "adjust_weights"),
 };
 

@@ -1,5 +1,8 @@
 //! Elementwise kernels: `noop`, `saxpy`, `vector_add`, `fill`.
 
+use std::borrow::Cow;
+
+use crate::{CpuImpl, SizeCheck};
 use std::ops::Range;
 
 use agora_protocol::{Access::*, ScalarType::*, TaskError};
@@ -18,12 +21,13 @@ fn noop_cpu(_: &KernelCall<'_>, _: Range<u64>) {}
 /// both cores of this machine, so 0.125 ns per item and core), so the estimate grows with it and a
 /// huge range is sliced like any long launch.
 pub const NOOP: KernelDef = KernelDef {
-    name: "noop",
-    doc: "does nothing; any range",
-    params: &[],
+    name: Cow::Borrowed("noop"),
+    doc: Cow::Borrowed("does nothing; any range"),
+    params: Cow::Borrowed(&[]),
     cost: Cost::PerItemNs(0.125),
-    check: no_check,
-    cpu: Some(noop_cpu),
+    chunkable: true,
+    check: SizeCheck::Builtin(no_check),
+    cpu: Some(CpuImpl::Builtin(noop_cpu)),
     opencl: opencl("basic", BASIC, "noop"),
 };
 
@@ -45,12 +49,13 @@ fn saxpy_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `saxpy(a, x, y)`: y ← a·x + y over `n` items.
 pub const SAXPY: KernelDef = KernelDef {
-    name: "saxpy",
-    doc: "y[i] = a*x[i] + y[i] for i < n; range n",
-    params: &[scalar("a", F32), buffer("x", F32, Read), buffer("y", F32, ReadWrite)],
+    name: Cow::Borrowed("saxpy"),
+    doc: Cow::Borrowed("y[i] = a*x[i] + y[i] for i < n; range n"),
+    params: Cow::Borrowed(&[scalar("a", F32), buffer("x", F32, Read), buffer("y", F32, ReadWrite)]),
     cost: Cost::PerItemNs(0.5),
-    check: saxpy_check,
-    cpu: Some(saxpy_cpu),
+    chunkable: true,
+    check: SizeCheck::Builtin(saxpy_check),
+    cpu: Some(CpuImpl::Builtin(saxpy_cpu)),
     opencl: opencl("basic", BASIC, "saxpy"),
 };
 
@@ -74,12 +79,13 @@ fn vector_add_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `vector_add(a, b, c)`: c ← a + b.
 pub const VECTOR_ADD: KernelDef = KernelDef {
-    name: "vector_add",
-    doc: "c[i] = a[i] + b[i] for i < n; range n",
-    params: &[buffer("a", F32, Read), buffer("b", F32, Read), buffer("c", F32, Write)],
+    name: Cow::Borrowed("vector_add"),
+    doc: Cow::Borrowed("c[i] = a[i] + b[i] for i < n; range n"),
+    params: Cow::Borrowed(&[buffer("a", F32, Read), buffer("b", F32, Read), buffer("c", F32, Write)]),
     cost: Cost::PerItemNs(0.5),
-    check: vector_add_check,
-    cpu: Some(vector_add_cpu),
+    chunkable: true,
+    check: SizeCheck::Builtin(vector_add_check),
+    cpu: Some(CpuImpl::Builtin(vector_add_cpu)),
     opencl: opencl("basic", BASIC, "vector_add"),
 };
 
@@ -96,12 +102,13 @@ fn fill_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `fill(value, y)`: y ← value.
 pub const FILL: KernelDef = KernelDef {
-    name: "fill",
-    doc: "y[i] = value for i < n; range n",
-    params: &[scalar("value", F32), buffer("y", F32, Write)],
+    name: Cow::Borrowed("fill"),
+    doc: Cow::Borrowed("y[i] = value for i < n; range n"),
+    params: Cow::Borrowed(&[scalar("value", F32), buffer("y", F32, Write)]),
     cost: Cost::PerItemNs(0.25),
-    check: fill_check,
-    cpu: Some(fill_cpu),
+    chunkable: true,
+    check: SizeCheck::Builtin(fill_check),
+    cpu: Some(CpuImpl::Builtin(fill_cpu)),
     opencl: opencl("basic", BASIC, "fill"),
 };
 

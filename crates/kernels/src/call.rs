@@ -131,6 +131,11 @@ impl<'a> KernelCall<'a> {
         self.bits(index) as u32 as i32
     }
 
+    /// Argument `index` as resolved (`None` past the last).
+    pub fn arg(&self, index: usize) -> ArgValue {
+        self.args.get(index).copied().unwrap_or_default()
+    }
+
     fn raw(&self, index: usize) -> (*mut u8, u64) {
         match self.args[index] {
             ArgValue::Buffer { ptr, len } => (ptr, len),
@@ -263,7 +268,7 @@ pub fn run_on_host(
     }
     kernel.check_arguments(scalars)?;
     let needed = vec![std::cell::Cell::new(0u64); lens.len()];
-    (kernel.check)(&LaunchShape {
+    kernel.check_shape(&LaunchShape {
         range,
         scalars: &bits,
         buffer_lens: &lens,
@@ -273,12 +278,11 @@ pub fn run_on_host(
     // is the caller's (tests allocate Vec<f32>, which is 4-byte aligned, enough for f32).
     let call = unsafe { KernelCall::new(range, &values) };
     let rows = range[0];
-    let cpu = kernel.cpu.expect("kernel has a CPU implementation");
     let step = rows.div_ceil(threads.max(1));
     let mut start = 0;
     while start < rows {
         let end = (start + step).min(rows);
-        cpu(&call, start..end);
+        kernel.run_cpu(&call, start..end)?;
         start = end;
     }
     Ok(())

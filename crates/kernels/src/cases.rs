@@ -212,7 +212,7 @@ impl KernelCase {
         let def = self.def()?;
         for ((arg, expected), got) in buffers.into_iter().zip(results) {
             if let Some(expected) = expected {
-                let name = def.params.get(arg).map_or("?", |p| p.name);
+                let name = def.params.get(arg).map_or("?", |p| &*p.name);
                 expected
                     .compare(got)
                     .map_err(|e| format!("{}: argument {arg} ({name}): {e}", self.name))?;

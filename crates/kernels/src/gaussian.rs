@@ -5,6 +5,9 @@
 //! `t` below the pivot and updating the right-hand side. Back substitution stays on the host, as
 //! in Rodinia. Index arithmetic follows Rodinia's OpenCL kernels.
 
+use std::borrow::Cow;
+
+use crate::{CpuImpl, SizeCheck};
 use std::ops::Range;
 
 use agora_protocol::{Access::*, ScalarType::*, TaskError};
@@ -51,18 +54,19 @@ fn fan1_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `gaussian.fan1(m, a, size, t)`: multipliers of column `t`.
 pub const FAN1: KernelDef = KernelDef {
-    name: "gaussian.fan1",
-    doc: "m[(t+1+i)*size+t] = a[(t+1+i)*size+t] / a[t*size+t] for i < size-1-t; range size-1-t",
-    params: &[
+    name: Cow::Borrowed("gaussian.fan1"),
+    doc: Cow::Borrowed("m[(t+1+i)*size+t] = a[(t+1+i)*size+t] / a[t*size+t] for i < size-1-t; range size-1-t"),
+    params: Cow::Borrowed(&[
         buffer("m", F32, ReadWrite),
         buffer("a", F32, Read),
         scalar("size", I32),
         scalar("t", I32),
-    ],
+    ]),
     // Strided: one cache miss per row.
     cost: Cost::PerItemNs(10.0),
-    check: fan1_check,
-    cpu: Some(fan1_cpu),
+    chunkable: true,
+    check: SizeCheck::Builtin(fan1_check),
+    cpu: Some(CpuImpl::Builtin(fan1_cpu)),
     opencl: opencl("gaussian", GAUSSIAN, "fan1"),
 };
 
@@ -101,18 +105,21 @@ fn fan2_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `gaussian.fan2(m, a, b, size, t)`: eliminate column `t` below the pivot.
 pub const FAN2: KernelDef = KernelDef {
-    name: "gaussian.fan2",
-    doc: "a[(t+1+i)*size+t+j] -= m[(t+1+i)*size+t]*a[t*size+t+j], b[t+1+i] -= m[..]*b[t]; range (size-1-t, size-t)",
-    params: &[
+    name: Cow::Borrowed("gaussian.fan2"),
+    doc: Cow::Borrowed(
+        "a[(t+1+i)*size+t+j] -= m[(t+1+i)*size+t]*a[t*size+t+j], b[t+1+i] -= m[..]*b[t]; range (size-1-t, size-t)",
+    ),
+    params: Cow::Borrowed(&[
         buffer("m", F32, Read),
         buffer("a", F32, ReadWrite),
         buffer("b", F32, ReadWrite),
         scalar("size", I32),
         scalar("t", I32),
-    ],
+    ]),
     cost: Cost::PerItemNs(0.5),
-    check: fan2_check,
-    cpu: Some(fan2_cpu),
+    chunkable: true,
+    check: SizeCheck::Builtin(fan2_check),
+    cpu: Some(CpuImpl::Builtin(fan2_cpu)),
     opencl: opencl("gaussian", GAUSSIAN, "fan2"),
 };
 

@@ -6,6 +6,9 @@
 //! coefficients ([`reference::Params::for_grid`]); a neighbour outside the grid counts as the
 //! cell itself, as in Rodinia's OpenCL kernel.
 
+use std::borrow::Cow;
+
+use crate::{CpuImpl, SizeCheck};
 use std::ops::Range;
 
 use agora_protocol::{Access::*, ScalarType::*, TaskError};
@@ -57,10 +60,12 @@ fn step_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `hotspot.step(power, src, dst, rows, cols, step_div_cap, rx_1, ry_1, rz_1, amb_temp)`.
 pub const STEP: KernelDef = KernelDef {
-    name: "hotspot.step",
-    doc: "one HotSpot time step: dst = src + step_div_cap*(power + (N+S-2T)*ry_1 + (E+W-2T)*rx_1 + \
+    name: Cow::Borrowed("hotspot.step"),
+    doc: Cow::Borrowed(
+        "one HotSpot time step: dst = src + step_div_cap*(power + (N+S-2T)*ry_1 + (E+W-2T)*rx_1 + \
           (amb_temp-T)*rz_1) per cell of a rows x cols grid (outside neighbours = the cell); range (rows, cols)",
-    params: &[
+    ),
+    params: Cow::Borrowed(&[
         buffer("power", F32, Read),
         buffer("src", F32, Read),
         buffer("dst", F32, Write),
@@ -71,10 +76,11 @@ pub const STEP: KernelDef = KernelDef {
         scalar("ry_1", F32),
         scalar("rz_1", F32),
         scalar("amb_temp", F32),
-    ],
+    ]),
     cost: Cost::PerItemNs(2.0),
-    check: step_check,
-    cpu: Some(step_cpu),
+    chunkable: true,
+    check: SizeCheck::Builtin(step_check),
+    cpu: Some(CpuImpl::Builtin(step_cpu)),
     opencl: opencl("hotspot", HOTSPOT, "hotspot_step"),
 };
 

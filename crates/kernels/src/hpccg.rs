@@ -7,6 +7,9 @@
 //! arrays are data the size check cannot see, so both implementations sanitise them: row bounds
 //! are clamped to `0..=nnz` and entries with a column outside `0..ncols` are skipped.
 
+use std::borrow::Cow;
+
+use crate::{CpuImpl, SizeCheck};
 use std::ops::Range;
 
 use agora_protocol::{Access::*, ScalarType::*, TaskError};
@@ -69,10 +72,12 @@ fn spmv_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `hpccg.spmv(row_ptr, cols, vals, x, y, ncols, nnz)`.
 pub const SPMV: KernelDef = KernelDef {
-    name: "hpccg.spmv",
-    doc: "CSR y = A*x: y[r] = sum of vals[k]*x[cols[k]] for k in row_ptr[r]..row_ptr[r+1] (bounds clamped to \
+    name: Cow::Borrowed("hpccg.spmv"),
+    doc: Cow::Borrowed(
+        "CSR y = A*x: y[r] = sum of vals[k]*x[cols[k]] for k in row_ptr[r]..row_ptr[r+1] (bounds clamped to \
           0..=nnz, columns outside 0..ncols skipped); range rows",
-    params: &[
+    ),
+    params: Cow::Borrowed(&[
         buffer("row_ptr", I32, Read),
         buffer("cols", I32, Read),
         buffer("vals", F32, Read),
@@ -80,11 +85,12 @@ pub const SPMV: KernelDef = KernelDef {
         buffer("y", F32, Write),
         scalar("ncols", I32),
         scalar("nnz", I32),
-    ],
+    ]),
     // A 27-point stencil row: 27 multiply-adds with an indirect load each.
     cost: Cost::PerItemNs(35.0),
-    check: spmv_check,
-    cpu: Some(spmv_cpu),
+    chunkable: true,
+    check: SizeCheck::Builtin(spmv_check),
+    cpu: Some(CpuImpl::Builtin(spmv_cpu)),
     opencl: opencl("hpccg", HPCCG, "spmv"),
 };
 
@@ -117,18 +123,21 @@ fn dot_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `hpccg.dot(n, x, y, partial)`.
 pub const DOT: KernelDef = KernelDef {
-    name: "hpccg.dot",
-    doc: "partial[b] = sum of x[i]*y[i] over i in b*1024..min(n, (b+1)*1024), in order (the host adds the \
+    name: Cow::Borrowed("hpccg.dot"),
+    doc: Cow::Borrowed(
+        "partial[b] = sum of x[i]*y[i] over i in b*1024..min(n, (b+1)*1024), in order (the host adds the \
           partials in order); range ceil(n/1024)",
-    params: &[
+    ),
+    params: Cow::Borrowed(&[
         scalar("n", I32),
         buffer("x", F32, Read),
         buffer("y", F32, Read),
         buffer("partial", F32, Write),
-    ],
+    ]),
     cost: Cost::PerItemNs(1_000.0),
-    check: dot_check,
-    cpu: Some(dot_cpu),
+    chunkable: true,
+    check: SizeCheck::Builtin(dot_check),
+    cpu: Some(CpuImpl::Builtin(dot_cpu)),
     opencl: opencl("hpccg", HPCCG, "dot_partials"),
 };
 
@@ -152,18 +161,19 @@ fn waxpby_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `hpccg.waxpby(alpha, x, beta, y, w)`.
 pub const WAXPBY: KernelDef = KernelDef {
-    name: "hpccg.waxpby",
-    doc: "w[i] = alpha*x[i] + beta*y[i] (w must not be x or y); range n",
-    params: &[
+    name: Cow::Borrowed("hpccg.waxpby"),
+    doc: Cow::Borrowed("w[i] = alpha*x[i] + beta*y[i] (w must not be x or y); range n"),
+    params: Cow::Borrowed(&[
         scalar("alpha", F32),
         buffer("x", F32, Read),
         scalar("beta", F32),
         buffer("y", F32, Read),
         buffer("w", F32, Write),
-    ],
+    ]),
     cost: Cost::PerItemNs(0.4),
-    check: waxpby_check,
-    cpu: Some(waxpby_cpu),
+    chunkable: true,
+    check: SizeCheck::Builtin(waxpby_check),
+    cpu: Some(CpuImpl::Builtin(waxpby_cpu)),
     opencl: opencl("hpccg", HPCCG, "waxpby"),
 };
 

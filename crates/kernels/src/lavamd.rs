@@ -6,6 +6,9 @@
 //! consecutive particles; particle `p` has `rv[4p..4p+4] = (v, x, y, z)` and charge `qv[p]`, and
 //! the launch writes `fv[4p..4p+4]` = (potential, force x, y, z). One work item is one particle.
 
+use std::borrow::Cow;
+
+use crate::{CpuImpl, SizeCheck};
 use std::ops::Range;
 
 use agora_protocol::{Access::*, ScalarType::*, TaskError};
@@ -46,22 +49,25 @@ fn boxes_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `lavamd.boxes(rv, qv, fv, boxes1d, par_per_box, alpha)`.
 pub const BOXES: KernelDef = KernelDef {
-    name: "lavamd.boxes",
-    doc: "lavaMD: fv[p] = sum over particles j of p's box and its neighbour boxes of q_j*(vij, 2*vij*(r_p - r_j)), \
+    name: Cow::Borrowed("lavamd.boxes"),
+    doc: Cow::Borrowed(
+        "lavaMD: fv[p] = sum over particles j of p's box and its neighbour boxes of q_j*(vij, 2*vij*(r_p - r_j)), \
           vij = exp(-2*alpha^2*(v_p + v_j - r_p.r_j)); rv/fv are (v,x,y,z) per particle, boxes1d^3 boxes of \
           par_per_box particles; range boxes1d^3*par_per_box",
-    params: &[
+    ),
+    params: Cow::Borrowed(&[
         buffer("rv", F32, Read),
         buffer("qv", F32, Read),
         buffer("fv", F32, Write),
         scalar("boxes1d", I32),
         scalar("par_per_box", I32),
         scalar("alpha", F32),
-    ],
+    ]),
     // Up to 2,700 interactions (an exp each) per particle with Rodinia's 100 particles per box.
     cost: Cost::PerItemNs(13_000.0),
-    check: boxes_check,
-    cpu: Some(boxes_cpu),
+    chunkable: true,
+    check: SizeCheck::Builtin(boxes_check),
+    cpu: Some(CpuImpl::Builtin(boxes_cpu)),
     opencl: opencl("lavamd", LAVAMD, "boxes"),
 };
 

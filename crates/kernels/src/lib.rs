@@ -23,7 +23,9 @@
 //!
 //! This crate must not know about sessions, devices or scheduling.
 
+use std::borrow::Cow;
 use std::ops::Range;
+use std::sync::Arc;
 
 use agora_protocol::{Access, ArgTag, ParamKind, RawArg, ScalarType, TaskError};
 
@@ -36,6 +38,7 @@ pub mod gaussian;
 pub mod hotspot;
 pub mod hpccg;
 pub mod lavamd;
+pub mod native;
 pub mod nw;
 pub mod pathfinder;
 pub mod rng;
@@ -44,23 +47,33 @@ pub mod stream;
 
 pub use call::{run_on_host, ArgValue, KernelCall, LaunchShape, SharedMut};
 
-/// CPU implementation: runs the rows `rows` (a sub-range of the launch's first dimension).
+/// CPU implementation compiled into the daemon: runs the rows `rows` (a sub-range of the
+/// launch's first dimension).
 pub type CpuFn = fn(call: &KernelCall<'_>, rows: Range<u64>);
 
-/// Size check: given the launch's shape, says whether every buffer is large enough.
+/// Size check compiled into the daemon: given the launch's shape, says whether every buffer is
+/// large enough.
 pub type CheckFn = fn(shape: &LaunchShape<'_>) -> Result<(), TaskError>;
 
+/// A CPU implementation with the C calling convention of `agora_kernel.h`: runs rows
+/// `row_begin..row_end` and returns 0, or a non-zero code that fails the task.
+pub type NativeCpuFn = unsafe extern "C" fn(args: *const native::AgoraKernelArgs, row_begin: u64, row_end: u64) -> i32;
+
+/// Text of a definition: static for the built-in library, owned for loaded packages and tenant
+/// programs.
+pub type Text = Cow<'static, str>;
+
 /// One declared parameter.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Param {
     /// Name, for messages and listings.
-    pub name: &'static str,
+    pub name: Text,
     /// Kind.
     pub kind: ParamKind,
 }
 
-/// An OpenCL implementation: the program (one `.cl` file under `src/opencl/`, compiled once per
-/// device and cached) and the kernel's entry point in it.
+/// An OpenCL implementation: the program (one `.cl` file under `src/opencl/`, or a package's
+/// `.cl` file, compiled once per device and cached) and the kernel's entry point in it.
 ///
 /// Calling convention: arguments are passed in signature order (buffers as `__global T*`, scalars
 /// by value with the matching OpenCL type: `int`, `uint`, `long`, `ulong`, `float`, `double`).
@@ -70,7 +83,8 @@ pub struct Param {
 /// beyond them. For them the backend uses a fixed work-group size (64, 8×8 or 4×4×4, or `local`
 /// when given) and rounds the global size up, so an OpenCL compiler that specialises per
 /// work-group size (PoCL does) compiles the kernel once. Kernels without the trailing parameters
-/// get the exact range as global size and a power-of-two work-group size that divides it.
+/// (*plain* kernels, allowed in packages) get the exact range as global size and a power-of-two
+/// work-group size that divides it; they are never sliced or revoked.
 ///
 /// *Row slices* (chunked launch): a slice `a..b` of dimension 0 is one command with global work
 /// offset `a` and global size `b - a` (rounded up for guarded kernels), and `range0 = b`, the
@@ -86,14 +100,15 @@ pub struct Param {
 /// when it is, the backend points it at the job's revocation flag in host memory (on devices that
 /// compute on host memory) or copies that flag in just before the kernel starts (elsewhere). A
 /// revoked launch leaves the outputs of work-groups that had not started unwritten.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct OpenClImpl {
-    /// Program name, used as the cache key (e.g. `basic`).
-    pub program: &'static str,
+    /// Program name, used with the source's hash as the cache key (e.g. `basic`, or
+    /// `imaging/blur.cl` for a package).
+    pub program: Text,
     /// Program source.
-    pub source: &'static str,
+    pub source: Text,
     /// Kernel function name in the program.
-    pub entry: &'static str,
+    pub entry: Text,
     /// Required local work size, when the kernel depends on one (e.g. tiled sgemm). Such a
     /// kernel uses barriers, so single work items never return early: work items outside the
     /// range take part in the barriers and skip only their stores (a revoked work-group returns
@@ -113,23 +128,116 @@ pub enum Cost {
     PerItemNs(f64),
 }
 
-/// A kernel of the library.
-#[derive(Debug)]
+/// A kernel whose CPU implementation runs somewhere the daemon does not execute code itself (a
+/// tenant's sandboxed executor process). Called once per launch or slice, never split among a
+/// lane's threads.
+pub trait ExternalKernel: Send + Sync + std::fmt::Debug {
+    /// Runs rows `rows` of `call`; the error fails the task.
+    fn run(&self, call: &KernelCall<'_>, rows: Range<u64>) -> Result<(), TaskError>;
+}
+
+/// A size check that is data rather than code (a package's size rules).
+pub trait ShapeCheck: Send + Sync + std::fmt::Debug {
+    /// Like [`CheckFn`].
+    fn check(&self, shape: &LaunchShape<'_>) -> Result<(), TaskError>;
+}
+
+/// A CPU implementation.
+#[derive(Clone)]
+pub enum CpuImpl {
+    /// Rust, compiled into the daemon (the built-in library).
+    Builtin(CpuFn),
+    /// A C function from an operator-installed package's shared object, run in the daemon
+    /// (trusted code, like the built-ins).
+    Native(NativeCpuFn),
+    /// Runs outside the daemon (a tenant program in its executor).
+    External(Arc<dyn ExternalKernel>),
+}
+
+impl std::fmt::Debug for CpuImpl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CpuImpl::Builtin(_) => f.write_str("Builtin"),
+            CpuImpl::Native(_) => f.write_str("Native"),
+            CpuImpl::External(e) => write!(f, "External({e:?})"),
+        }
+    }
+}
+
+/// The size check of a kernel.
+#[derive(Clone)]
+pub enum SizeCheck {
+    /// Rust, compiled into the daemon.
+    Builtin(CheckFn),
+    /// Rules loaded with a package (or a tenant program's manifest).
+    Rules(Arc<dyn ShapeCheck>),
+}
+
+impl std::fmt::Debug for SizeCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SizeCheck::Builtin(_) => f.write_str("Builtin"),
+            SizeCheck::Rules(r) => write!(f, "Rules({r:?})"),
+        }
+    }
+}
+
+/// A kernel: of the library, of a package or of a tenant program.
+#[derive(Debug, Clone)]
 pub struct KernelDef {
-    /// Name, e.g. `gaussian.fan1`.
-    pub name: &'static str,
+    /// Name, e.g. `gaussian.fan1` (a package's kernels are `package.kernel`).
+    pub name: Text,
     /// What it computes and the range it expects.
-    pub doc: &'static str,
+    pub doc: Text,
     /// Parameters in call order.
-    pub params: &'static [Param],
+    pub params: Cow<'static, [Param]>,
     /// Cost estimate.
     pub cost: Cost,
+    /// Whether any split of dimension 0's rows gives the same results, so a launch may be
+    /// sliced (chunked preemption), revoked between row blocks and split among a lane's
+    /// threads. Every kernel of the library is; a package declares it per kernel.
+    pub chunkable: bool,
     /// Buffer-size and scalar check.
-    pub check: CheckFn,
+    pub check: SizeCheck,
     /// CPU implementation.
-    pub cpu: Option<CpuFn>,
+    pub cpu: Option<CpuImpl>,
     /// OpenCL implementation.
     pub opencl: Option<OpenClImpl>,
+}
+
+/// A kernel as the daemon passes it along a task's path: the library's are static, loaded ones
+/// are shared (a package reload or a session's end frees them once no task uses them). Cloning
+/// is a pointer copy for the library's kernels and a reference count for the others.
+#[derive(Debug, Clone)]
+pub enum KernelRef {
+    /// A kernel of the built-in library.
+    Static(&'static KernelDef),
+    /// A loaded kernel.
+    Shared(Arc<KernelDef>),
+}
+
+impl std::ops::Deref for KernelRef {
+    type Target = KernelDef;
+    #[inline]
+    fn deref(&self) -> &KernelDef {
+        match self {
+            KernelRef::Static(k) => k,
+            KernelRef::Shared(k) => k,
+        }
+    }
+}
+
+impl From<&'static KernelDef> for KernelRef {
+    fn from(k: &'static KernelDef) -> Self {
+        KernelRef::Static(k)
+    }
+}
+
+impl KernelRef {
+    /// Whether both refer to the same definition.
+    pub fn same(&self, other: &KernelRef) -> bool {
+        std::ptr::eq::<KernelDef>(&**self, &**other)
+    }
 }
 
 impl KernelDef {
@@ -173,6 +281,65 @@ impl KernelDef {
         Ok(())
     }
 
+    /// Runs the size check.
+    #[inline]
+    pub fn check_shape(&self, shape: &LaunchShape<'_>) -> Result<(), TaskError> {
+        match &self.check {
+            SizeCheck::Builtin(f) => f(shape),
+            SizeCheck::Rules(r) => r.check(shape),
+        }
+    }
+
+    /// Whether the CPU implementation may be called for parts of the rows on several threads at
+    /// once (chunkable, and run in this process).
+    pub fn splits_among_threads(&self) -> bool {
+        self.chunkable && !matches!(self.cpu, Some(CpuImpl::External(_)))
+    }
+
+    /// Whether a tiny launch may run inline on the dispatcher thread: not when the kernel runs in
+    /// another process (the dispatcher would wait for it).
+    pub fn may_run_inline(&self) -> bool {
+        !matches!(self.cpu, Some(CpuImpl::External(_)))
+    }
+
+    /// Runs rows `rows` of `call` with the CPU implementation. A Rust kernel's panic propagates
+    /// (the lane catches it); a C kernel's non-zero return and an external kernel's error fail
+    /// the task.
+    pub fn run_cpu(&self, call: &KernelCall<'_>, rows: Range<u64>) -> Result<(), TaskError> {
+        match &self.cpu {
+            None => Err(TaskError::NoDevice(0)),
+            Some(CpuImpl::Builtin(f)) => {
+                f(call, rows);
+                Ok(())
+            }
+            Some(CpuImpl::Native(f)) => {
+                let args = native::AgoraKernelArgs::of(call, self.params.len());
+                // SAFETY: `f` comes from an operator-installed package (trusted code) with the
+                // documented signature; `args` points to the call's buffers, which the size check
+                // established and the caller keeps mapped (KernelCall's contract), and lives
+                // across the call.
+                let code = unsafe { f(&args, rows.start, rows.end) };
+                if code == 0 {
+                    Ok(())
+                } else {
+                    tracing_free_log(&self.name, code);
+                    Err(TaskError::KernelFault)
+                }
+            }
+            Some(CpuImpl::External(e)) => e.run(call, rows),
+        }
+    }
+
+    /// The kernel's name as a metric and trace label: its name when static (the library's and
+    /// packages' kernels), `tenant_program` for kernels a tenant named (whose names must not
+    /// become metric labels: a tenant could mint any number of them).
+    pub fn label(&self) -> &'static str {
+        match &self.name {
+            Cow::Borrowed(name) => name,
+            Cow::Owned(_) => "tenant_program",
+        }
+    }
+
     /// Estimated nanoseconds on one core for `items` work items: proportional to `items`.
     pub fn estimated_ns(&self, items: u64) -> f64 {
         match self.cost {
@@ -181,10 +348,16 @@ impl KernelDef {
     }
 }
 
+/// A C kernel's failure, on standard error (this crate does not depend on a logging framework;
+/// the daemon logs the task's failure as well).
+fn tracing_free_log(kernel: &str, code: i32) {
+    eprintln!("agora: package kernel {kernel} returned error code {code}; its task failed");
+}
+
 /// Shorthand for a buffer parameter.
 pub(crate) const fn buffer(name: &'static str, element: ScalarType, access: Access) -> Param {
     Param {
-        name,
+        name: Cow::Borrowed(name),
         kind: ParamKind::Buffer { element, access },
     }
 }
@@ -220,9 +393,9 @@ pub(crate) mod programs {
 /// Shorthand for an OpenCL implementation without a required local size.
 pub(crate) const fn opencl(program: &'static str, source: &'static str, entry: &'static str) -> Option<OpenClImpl> {
     Some(OpenClImpl {
-        program,
-        source,
-        entry,
+        program: Cow::Borrowed(program),
+        source: Cow::Borrowed(source),
+        entry: Cow::Borrowed(entry),
         local: None,
     })
 }
@@ -230,7 +403,7 @@ pub(crate) const fn opencl(program: &'static str, source: &'static str, entry: &
 /// Shorthand for a scalar parameter.
 pub(crate) const fn scalar(name: &'static str, t: ScalarType) -> Param {
     Param {
-        name,
+        name: Cow::Borrowed(name),
         kind: ParamKind::Scalar(t),
     }
 }
@@ -281,10 +454,14 @@ pub fn find(name: &str) -> Option<(u32, &'static KernelDef)> {
 
 /// Names close to `name` (same prefix or small edit distance), for "did you mean" messages.
 pub fn suggestions(name: &str) -> Vec<String> {
-    let mut out: Vec<String> = LIBRARY
-        .iter()
-        .filter(|k| edit_distance(k.name, name) <= 2 || (name.len() >= 3 && k.name.starts_with(name)))
-        .map(|k| k.name.to_string())
+    suggestions_among(name, LIBRARY.iter().map(|k| &*k.name))
+}
+
+/// Names among `names` close to `name` (same prefix or small edit distance), at most three.
+pub fn suggestions_among<'a>(name: &str, names: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let mut out: Vec<String> = names
+        .filter(|k| edit_distance(k, name) <= 2 || (name.len() >= 3 && k.starts_with(name)))
+        .map(|k| k.to_string())
         .collect();
     out.truncate(3);
     out
@@ -310,7 +487,7 @@ mod tests {
     #[test]
     fn names_are_unique_and_found() {
         for (i, k) in library().iter().enumerate() {
-            assert_eq!(find(k.name).unwrap().0, i as u32);
+            assert_eq!(find(&k.name).unwrap().0, i as u32);
             assert!(k.cpu.is_some(), "{} has a CPU implementation", k.name);
         }
         assert!(find("nope").is_none());
@@ -322,6 +499,7 @@ mod tests {
             assert!(k.cpu.is_some(), "{} has a CPU implementation", k.name);
             let imp = k
                 .opencl
+                .as_ref()
                 .unwrap_or_else(|| panic!("{} has an OpenCL implementation", k.name));
             assert!(
                 opencl_programs()
@@ -406,14 +584,14 @@ mod tests {
             assert!(!source.contains("atomic"), "{name}.cl needs no atomics");
         }
         for k in library() {
-            let imp = k.opencl.unwrap();
+            let imp = k.opencl.as_ref().unwrap();
             assert!(
-                !BUILTINS.contains(&imp.entry),
+                !BUILTINS.contains(&&*imp.entry),
                 "{}: entry {} is an OpenCL built-in",
                 k.name,
                 imp.entry
             );
-            let params = cl_params(imp.source, imp.entry)
+            let params = cl_params(&imp.source, &imp.entry)
                 .unwrap_or_else(|| panic!("{}: no `__kernel void {}(` in {}.cl", k.name, imp.entry, imp.program));
             assert_eq!(params.len(), k.params.len() + 4, "{}: parameters {params:?}", k.name);
             for (p, cl) in k.params.iter().zip(&params) {

@@ -8,6 +8,9 @@
 //! diagonals `0..2·blocks-1` in order and traces the alignment back on the host, as Rodinia does.
 //! With `block = 1` one launch is one anti-diagonal of cells.
 
+use std::borrow::Cow;
+
+use crate::{CpuImpl, SizeCheck};
 use std::ops::Range;
 
 use agora_protocol::{Access::*, ScalarType::*, TaskError};
@@ -70,22 +73,25 @@ fn diagonal_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `nw.diagonal(score, reference, n, penalty, diagonal, block)`.
 pub const DIAGONAL: KernelDef = KernelDef {
-    name: "nw.diagonal",
-    doc: "Needleman-Wunsch: fills the blocks (bi, diagonal-bi) of block x block cells of the (n+1)^2 score \
+    name: Cow::Borrowed("nw.diagonal"),
+    doc: Cow::Borrowed(
+        "Needleman-Wunsch: fills the blocks (bi, diagonal-bi) of block x block cells of the (n+1)^2 score \
           matrix, score[i][j] = max(score[i-1][j-1] + reference[i][j], score[i][j-1] - penalty, \
           score[i-1][j] - penalty); range = number of blocks on the diagonal",
-    params: &[
+    ),
+    params: Cow::Borrowed(&[
         buffer("score", I32, ReadWrite),
         buffer("reference", I32, Read),
         scalar("n", I32),
         scalar("penalty", I32),
         scalar("diagonal", I32),
         scalar("block", I32),
-    ],
+    ]),
     // Per block: about 12 ns per cell, measured with block = 16 (256 cells).
     cost: Cost::PerItemNs(3_000.0),
-    check: diagonal_check,
-    cpu: Some(diagonal_cpu),
+    chunkable: true,
+    check: SizeCheck::Builtin(diagonal_check),
+    cpu: Some(CpuImpl::Builtin(diagonal_cpu)),
     opencl: opencl("nw", NW, "diagonal"),
 };
 

@@ -5,6 +5,9 @@
 //! and ping-pongs `src` and `dst`; after the last row `src` holds the cheapest cost to reach each
 //! column of the bottom row.
 
+use std::borrow::Cow;
+
+use crate::{CpuImpl, SizeCheck};
 use std::ops::Range;
 
 use agora_protocol::{Access::*, ScalarType::*, TaskError};
@@ -47,19 +50,22 @@ fn row_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `pathfinder.row(wall, src, dst, cols, row)`.
 pub const ROW: KernelDef = KernelDef {
-    name: "pathfinder.row",
-    doc: "PathFinder step: dst[c] = wall[row*cols+c] + min(src[c-1], src[c], src[c+1]) (neighbours outside \
+    name: Cow::Borrowed("pathfinder.row"),
+    doc: Cow::Borrowed(
+        "PathFinder step: dst[c] = wall[row*cols+c] + min(src[c-1], src[c], src[c+1]) (neighbours outside \
           0..cols ignored); range cols",
-    params: &[
+    ),
+    params: Cow::Borrowed(&[
         buffer("wall", I32, Read),
         buffer("src", I32, Read),
         buffer("dst", I32, Write),
         scalar("cols", I32),
         scalar("row", I32),
-    ],
+    ]),
     cost: Cost::PerItemNs(1.5),
-    check: row_check,
-    cpu: Some(row_cpu),
+    chunkable: true,
+    check: SizeCheck::Builtin(row_check),
+    cpu: Some(CpuImpl::Builtin(row_cpu)),
     opencl: opencl("pathfinder", PATHFINDER, "row"),
 };
 

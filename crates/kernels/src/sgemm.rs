@@ -4,6 +4,9 @@
 //! work-group size (16, 16, 1); the CPU implementation works on rows of C. Both sum each element
 //! over `p = 0..k` in order.
 
+use std::borrow::Cow;
+
+use crate::{CpuImpl, SizeCheck};
 use std::ops::Range;
 
 use agora_protocol::{Access::*, ScalarType::*, TaskError};
@@ -59,10 +62,12 @@ fn sgemm_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `sgemm(m, n, k, alpha, a, b, beta, c)`.
 pub const SGEMM: KernelDef = KernelDef {
-    name: "sgemm",
-    doc: "C = alpha*A*B + beta*C (C not read when beta = 0), row-major, A m x k, B k x n, C m x n; range (m, n); \
+    name: Cow::Borrowed("sgemm"),
+    doc: Cow::Borrowed(
+        "C = alpha*A*B + beta*C (C not read when beta = 0), row-major, A m x k, B k x n, C m x n; range (m, n); \
           OpenCL: 16x16 tiles, work-group (16, 16)",
-    params: &[
+    ),
+    params: Cow::Borrowed(&[
         scalar("m", I32),
         scalar("n", I32),
         scalar("k", I32),
@@ -71,15 +76,16 @@ pub const SGEMM: KernelDef = KernelDef {
         buffer("b", F32, Read),
         scalar("beta", F32),
         buffer("c", F32, ReadWrite),
-    ],
+    ]),
     // Per element of C: k multiply-adds, about 0.12 ns each (measured with k = 1024).
     cost: Cost::PerItemNs(120.0),
-    check: sgemm_check,
-    cpu: Some(sgemm_cpu),
+    chunkable: true,
+    check: SizeCheck::Builtin(sgemm_check),
+    cpu: Some(CpuImpl::Builtin(sgemm_cpu)),
     opencl: Some(OpenClImpl {
-        program: "sgemm",
-        source: programs::SGEMM,
-        entry: "sgemm",
+        program: Cow::Borrowed("sgemm"),
+        source: Cow::Borrowed(programs::SGEMM),
+        entry: Cow::Borrowed("sgemm"),
         local: Some([TILE, TILE, 1]),
     }),
 };

@@ -2,6 +2,9 @@
 //! single precision, with STREAM's argument names: `c = a`, `b = s·c`, `c = a + b`,
 //! `a = b + s·c`. Range `n`, one element per work item.
 
+use std::borrow::Cow;
+
+use crate::{CpuImpl, SizeCheck};
 use std::ops::Range;
 
 use agora_protocol::{Access::*, ScalarType::*, TaskError};
@@ -39,12 +42,13 @@ fn copy_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `stream.copy(a, c)`: c ← a.
 pub const COPY: KernelDef = KernelDef {
-    name: "stream.copy",
-    doc: "STREAM copy: c[i] = a[i]; range n",
-    params: &[buffer("a", F32, Read), buffer("c", F32, Write)],
+    name: Cow::Borrowed("stream.copy"),
+    doc: Cow::Borrowed("STREAM copy: c[i] = a[i]; range n"),
+    params: Cow::Borrowed(&[buffer("a", F32, Read), buffer("c", F32, Write)]),
     cost: Cost::PerItemNs(0.2),
-    check: copy_check,
-    cpu: Some(copy_cpu),
+    chunkable: true,
+    check: SizeCheck::Builtin(copy_check),
+    cpu: Some(CpuImpl::Builtin(copy_cpu)),
     opencl: opencl("stream", STREAM, "stream_copy"),
 };
 
@@ -61,12 +65,13 @@ fn scale_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `stream.scale(scalar, c, b)`: b ← scalar·c.
 pub const SCALE: KernelDef = KernelDef {
-    name: "stream.scale",
-    doc: "STREAM scale: b[i] = scalar*c[i]; range n",
-    params: &[scalar("scalar", F32), buffer("c", F32, Read), buffer("b", F32, Write)],
+    name: Cow::Borrowed("stream.scale"),
+    doc: Cow::Borrowed("STREAM scale: b[i] = scalar*c[i]; range n"),
+    params: Cow::Borrowed(&[scalar("scalar", F32), buffer("c", F32, Read), buffer("b", F32, Write)]),
     cost: Cost::PerItemNs(0.3),
-    check: scale_check,
-    cpu: Some(scale_cpu),
+    chunkable: true,
+    check: SizeCheck::Builtin(scale_check),
+    cpu: Some(CpuImpl::Builtin(scale_cpu)),
     opencl: opencl("stream", STREAM, "stream_scale"),
 };
 
@@ -83,12 +88,13 @@ fn add_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `stream.add(a, b, c)`: c ← a + b.
 pub const ADD: KernelDef = KernelDef {
-    name: "stream.add",
-    doc: "STREAM add: c[i] = a[i] + b[i]; range n",
-    params: &[buffer("a", F32, Read), buffer("b", F32, Read), buffer("c", F32, Write)],
+    name: Cow::Borrowed("stream.add"),
+    doc: Cow::Borrowed("STREAM add: c[i] = a[i] + b[i]; range n"),
+    params: Cow::Borrowed(&[buffer("a", F32, Read), buffer("b", F32, Read), buffer("c", F32, Write)]),
     cost: Cost::PerItemNs(0.4),
-    check: add_check,
-    cpu: Some(add_cpu),
+    chunkable: true,
+    check: SizeCheck::Builtin(add_check),
+    cpu: Some(CpuImpl::Builtin(add_cpu)),
     opencl: opencl("stream", STREAM, "stream_add"),
 };
 
@@ -106,17 +112,18 @@ fn triad_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `stream.triad(scalar, b, c, a)`: a ← b + scalar·c.
 pub const TRIAD: KernelDef = KernelDef {
-    name: "stream.triad",
-    doc: "STREAM triad: a[i] = b[i] + scalar*c[i]; range n",
-    params: &[
+    name: Cow::Borrowed("stream.triad"),
+    doc: Cow::Borrowed("STREAM triad: a[i] = b[i] + scalar*c[i]; range n"),
+    params: Cow::Borrowed(&[
         scalar("scalar", F32),
         buffer("b", F32, Read),
         buffer("c", F32, Read),
         buffer("a", F32, Write),
-    ],
+    ]),
     cost: Cost::PerItemNs(0.4),
-    check: triad_check,
-    cpu: Some(triad_cpu),
+    chunkable: true,
+    check: SizeCheck::Builtin(triad_check),
+    cpu: Some(CpuImpl::Builtin(triad_cpu)),
     opencl: opencl("stream", STREAM, "stream_triad"),
 };
 

@@ -290,6 +290,21 @@ pub enum TaskError {
         /// The device's memory (what the daemon may use of it).
         capacity: u64,
     },
+    /// A tenant program's kernel crashed its sandboxed executor process with a signal (e.g. 11,
+    /// SIGSEGV, for an out-of-bounds access; 6, SIGABRT, for `abort()`). The daemon restarted the
+    /// executor; other tenants were not affected.
+    #[error("the tenant kernel crashed its sandbox with signal {signal} ({}); the executor was restarted: fix the kernel (an out-of-bounds access or abort())", signal_name(*.signal))]
+    KernelCrashed {
+        /// The signal number.
+        signal: u16,
+    },
+    /// A tenant program's kernel ran longer than the per-launch limit; the daemon killed its
+    /// executor (and restarted it).
+    #[error("the tenant kernel ran longer than the {limit_ms} ms per-launch limit and was stopped; make launches shorter or ask the operator for a longer limit (agora serve --program-timeout)")]
+    KernelTimeout {
+        /// The limit in milliseconds.
+        limit_ms: u64,
+    },
     /// The daemon found itself in a state it should never be in while handling the task (a bug
     /// of the daemon, not of the task or its kernel); it logged the details. `0` names the
     /// place for the report.
@@ -388,6 +403,8 @@ impl TaskError {
             TaskError::DependencyFailed { .. } => "dependency_failed",
             TaskError::Internal(_) => "internal",
             TaskError::DeviceTooSmall { .. } => "device_too_small",
+            TaskError::KernelCrashed { .. } => "kernel_crashed",
+            TaskError::KernelTimeout { .. } => "kernel_timeout",
             TaskError::Unknown(_) => "unknown",
         }
     }
@@ -434,6 +451,8 @@ impl TaskError {
             TaskError::DependencyFailed { index, task, cause } => (24, index, task, u64::from(cause)),
             TaskError::Internal(place) => (25, place, 0, 0),
             TaskError::DeviceTooSmall { needed, capacity } => (27, 0, needed, capacity),
+            TaskError::KernelCrashed { signal } => (28, signal, 0, 0),
+            TaskError::KernelTimeout { limit_ms } => (29, 0, limit_ms, 0),
             TaskError::RangeMismatch {
                 expected_x,
                 expected_y,
@@ -503,6 +522,8 @@ impl TaskError {
             },
             25 => TaskError::Internal(arg),
             27 => TaskError::DeviceTooSmall { needed: a, capacity: b },
+            28 => TaskError::KernelCrashed { signal: arg },
+            29 => TaskError::KernelTimeout { limit_ms: a },
             24 => TaskError::DependencyFailed {
                 index: arg,
                 task: a,
@@ -517,6 +538,22 @@ impl TaskError {
             },
             other => TaskError::Unknown(other),
         }
+    }
+}
+
+/// A signal's conventional name, for messages.
+fn signal_name(signal: u16) -> &'static str {
+    match signal {
+        4 => "SIGILL",
+        6 => "SIGABRT",
+        7 => "SIGBUS",
+        8 => "SIGFPE",
+        9 => "SIGKILL",
+        11 => "SIGSEGV",
+        24 => "SIGXCPU",
+        25 => "SIGXFSZ",
+        31 => "SIGSYS",
+        _ => "a signal",
     }
 }
 
@@ -615,6 +652,8 @@ mod tests {
                 needed: 1 << 30,
                 capacity: 1 << 29,
             },
+            TaskError::KernelCrashed { signal: 11 },
+            TaskError::KernelTimeout { limit_ms: 2000 },
             TaskError::RangeMismatch {
                 expected_x: 100_000,
                 expected_y: u32::MAX,

@@ -79,6 +79,29 @@ pub enum Request {
     },
     /// List every kernel.
     ListKernels,
+    /// Every current kernel with its package and implementations, and every package
+    /// (`agora kernels`).
+    KernelCatalog,
+    /// Admin: load the kernel packages again (`agora kernels reload`): new and changed packages
+    /// are picked up, running tasks are not disturbed, a package that no longer loads keeps its
+    /// previous version. Only root or the daemon's own user may ask.
+    ReloadKernels,
+    /// Build a tenant program for this session (`session.program(...)`): it runs in the
+    /// session's sandboxed executor process, never in the daemon.
+    BuildProgram {
+        /// `opencl` (OpenCL C source) or `c` (a shared object with C-ABI functions, see
+        /// `agora_kernel.h`, described by `manifest`).
+        language: String,
+        /// The source text (OpenCL) or the shared object's bytes (C); at most
+        /// [`MAX_PROGRAM_BYTES`].
+        code: Vec<u8>,
+        /// A manifest in the kernel-package format (`[kernels.NAME]` tables): required for `c`,
+        /// optional for `opencl` (it adds size rules and chunkability to the signatures the
+        /// compiler reports).
+        manifest: Option<String>,
+        /// A name for messages and listings (e.g. the file it came from).
+        name: String,
+    },
     /// A summary of the daemon's state: counters, devices and the busiest sessions with their
     /// busiest queues (bounded, whatever tenants do; see [`STATUS_SESSIONS`], [`STATUS_QUEUES`]).
     Status,
@@ -145,6 +168,25 @@ pub enum Response {
     },
     /// All kernels.
     Kernels(Vec<KernelSignature>),
+    /// Reply to [`Request::KernelCatalog`].
+    KernelCatalog {
+        /// Current kernels in id order.
+        kernels: Vec<KernelListing>,
+        /// Loaded packages.
+        packages: Vec<PackageListing>,
+    },
+    /// Reply to [`Request::ReloadKernels`].
+    KernelsReloaded(ReloadReport),
+    /// Reply to [`Request::BuildProgram`]: the program's kernels, callable by these ids from this
+    /// session only.
+    Program {
+        /// Kernel ids and signatures (names as in the program).
+        kernels: Vec<(u32, KernelSignature)>,
+        /// The compiler's log (warnings), possibly empty.
+        log: String,
+        /// Whether the build came from the daemon's program cache.
+        cached: bool,
+    },
     /// Daemon state.
     Status(Box<StatusReport>),
     /// One session and a page of its queues (reply to [`Request::SessionStatus`]).
@@ -235,9 +277,64 @@ pub enum ControlError {
         /// The limit ([`MAX_NAME`]).
         limit: u64,
     },
+    /// A tenant program did not build: the compiler's or loader's log says why.
+    #[error("the program '{name}' did not build:\n{log}")]
+    ProgramBuild {
+        /// The program's name.
+        name: String,
+        /// The compiler's log, or the loader's reason.
+        log: String,
+    },
     /// No live session has that id (it ended, or never existed).
     #[error("no live session #{0}: run `agora status` for the live ones")]
     UnknownSession(u64),
+}
+
+/// Most bytes of a tenant program's code in one [`Request::BuildProgram`] (it must fit in a
+/// frame with its manifest; larger code belongs in a kernel package the operator installs).
+pub const MAX_PROGRAM_BYTES: usize = 960 * 1024;
+
+/// One kernel as `agora kernels` lists it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KernelListing {
+    /// Its id.
+    pub id: u32,
+    /// Its signature.
+    pub signature: KernelSignature,
+    /// The package it comes from; `None` for the built-in library.
+    pub package: Option<String>,
+    /// Its implementations: `cpu`, `opencl`.
+    pub implementations: Vec<String>,
+    /// Whether launches may be sliced along dimension 0.
+    pub chunkable: bool,
+}
+
+/// One loaded package.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PackageListing {
+    /// Its name.
+    pub name: String,
+    /// Its version, if it declares one.
+    pub version: Option<String>,
+    /// The directory it was loaded from.
+    pub dir: String,
+    /// How many kernels it defines.
+    pub kernels: u32,
+}
+
+/// What a reload of the kernel packages did.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReloadReport {
+    /// Packages loaded now.
+    pub packages: Vec<String>,
+    /// Kernels added or changed (they have new ids).
+    pub changed: Vec<String>,
+    /// Packages that are gone.
+    pub removed: Vec<String>,
+    /// Why packages (or kernels) were refused; each such package keeps its previous version.
+    pub errors: Vec<String>,
+    /// Kernels callable now, the library's included.
+    pub kernels: u32,
 }
 
 /// `Err(NameTooLong)` when `name` is longer than [`MAX_NAME`] bytes.

@@ -39,4 +39,4 @@ pub use signature::{Access, KernelSignature, ParamKind, ParamSpec, ScalarType};
 /// `ControlError::NameTooLong` / `UnknownSession`, `migrations` in `Response::Drained`.
 ///    also `TaskError::RangeMismatch` (code 26: a range the kernel's size rule fixes exactly),
 /// `SessionStatus::unread_releases`.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;

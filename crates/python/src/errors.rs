@@ -134,6 +134,18 @@ create_exception!(
 );
 create_exception!(
     agora,
+    KernelTimeoutError,
+    TaskFailedError,
+    "A tenant kernel ran longer than the daemon's per-launch limit and was stopped."
+);
+create_exception!(
+    agora,
+    ProgramBuildError,
+    AgoraError,
+    "A program did not build; the message carries the compiler's log."
+);
+create_exception!(
+    agora,
     CancelledError,
     TaskFailedError,
     "The task was cancelled before it ran."
@@ -231,6 +243,7 @@ fn client_exception(error: &Error, message: String) -> PyErr {
             ControlError::TooMany { .. } => TooManyError::new_err(message),
             ControlError::BadRequest(_) => BadRequestError::new_err(message),
             ControlError::NotPermitted(_) => NotPermittedError::new_err(message),
+            ControlError::ProgramBuild { .. } => ProgramBuildError::new_err(message),
             // A refused request, like any other the daemon cannot serve.
             ControlError::NameTooLong { .. } | ControlError::UnknownSession(_) => BadRequestError::new_err(message),
         },
@@ -257,7 +270,8 @@ fn task_exception(task: &TaskError, message: String) -> PyErr {
         }
         TaskError::Aliased { .. } => AliasedBuffersError::new_err(message),
         TaskError::NoDevice(_) => NoDeviceError::new_err(message),
-        TaskError::KernelFault => KernelFaultError::new_err(message),
+        TaskError::KernelFault | TaskError::KernelCrashed { .. } => KernelFaultError::new_err(message),
+        TaskError::KernelTimeout { .. } => KernelTimeoutError::new_err(message),
         TaskError::Cancelled => CancelledError::new_err(message),
         // A session quota is a device-memory limit too.
         TaskError::DeviceOutOfMemory { .. } | TaskError::DeviceQuota { .. } | TaskError::DeviceTooSmall { .. } => {

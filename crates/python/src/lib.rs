@@ -65,6 +65,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         AliasedBuffersError,
         NoDeviceError,
         KernelFaultError,
+        KernelTimeoutError,
+        ProgramBuildError,
         CancelledError,
         DeviceOutOfMemoryError,
         DeviceFailedError,

@@ -46,7 +46,9 @@ struct LatencyRun {
 /// The in-process floor: the noop kernel called directly, timed the same way as a round trip.
 fn floor_ns(iterations: u64) -> (u64, u64) {
     let (_, noop) = agora_kernels::find("noop").expect("noop kernel");
-    let cpu = noop.cpu.expect("noop has a CPU implementation");
+    let Some(agora_kernels::CpuImpl::Builtin(cpu)) = noop.cpu else {
+        panic!("noop has a built-in CPU implementation");
+    };
     // SAFETY: no arguments, so no memory is referenced.
     let call = unsafe { agora_kernels::KernelCall::new(&[1], &[]) };
     let mut samples = Vec::with_capacity(iterations as usize);

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use agora_devices::JobTimes;
-use agora_kernels::KernelDef;
+use agora_kernels::KernelRef;
 use agora_protocol::{Completion, TaskError};
 use prometheus_client::metrics::histogram::Histogram;
 
@@ -38,7 +38,7 @@ pub(super) struct LaneCompletion {
     pub ticket: migration::Ticket,
     /// Test-only: its work was skipped; it fails with `KernelFault`.
     pub injected: bool,
-    pub kernel: Option<&'static KernelDef>,
+    pub kernel: Option<KernelRef>,
     pub name: &'static str,
     pub items: u64,
     pub device_name: Arc<str>,
@@ -87,10 +87,10 @@ impl LaneCompletion {
         if let Some(k) = self.kernel {
             let mut model = self.model.lock().unwrap_or_else(|e| e.into_inner());
             if result.is_ok() && !times.cold {
-                model.record(k.name, &self.device_name, self.items, execution.as_nanos() as f64);
+                model.record(k.label(), &self.device_name, self.items, execution.as_nanos() as f64);
             } else {
                 // Failed, or not typical: let a later task measure it.
-                model.abandon_exploring(k.name, &self.device_name, self.items);
+                model.abandon_exploring(k.label(), &self.device_name, self.items);
             }
         }
         let histograms = &self.histograms;

@@ -94,7 +94,7 @@ impl InlineGuard {
             }
         }
         Some(ShapeClass {
-            kernel: *kernel as *const _ as usize,
+            kernel: &**kernel as *const agora_kernels::KernelDef as usize,
             items: log2_ceiling(ready.items),
             bytes: log2_ceiling(ready.touched_bytes),
             scalar: log2_ceiling(largest_scalar),

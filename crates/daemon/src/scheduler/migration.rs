@@ -429,7 +429,7 @@ impl Scheduler {
         }
         let device = queue.binding.load().device();
         let kernel = match &ready.action {
-            Action::Launch { kernel, .. } => Some(*kernel),
+            Action::Launch { kernel, .. } => Some(kernel),
             _ => None,
         };
         let Some(bound) = self.devices.get(device) else {

@@ -42,6 +42,7 @@ use agora_protocol::descriptor::Decoded;
 use agora_protocol::ring::RingError;
 use agora_protocol::{Completion, Op, TaskError, MAX_ARGS};
 
+use crate::kernels::{KernelRegistry, KernelTable};
 use crate::memory::Residency;
 use crate::outcome::{FaultInjection, Role, Uses};
 use crate::policy::latency::LatencyPolicy;
@@ -118,6 +119,10 @@ pub(crate) struct Scheduler {
     revocation_counters: RevocationCounters,
     /// Queues being moved, draining and failed devices, lost tasks.
     pub migration: Migration,
+    /// The kernels of the library and the packages (the control thread reloads them).
+    pub kernels: Arc<KernelRegistry>,
+    /// The snapshot launches are validated against, and the registry generation it is from.
+    kernel_table: (Arc<KernelTable>, u64),
 }
 
 /// The scheduler's settings, built once from the daemon's configuration.
@@ -170,6 +175,7 @@ impl Scheduler {
         model: Arc<Mutex<PerformanceModel>>,
         config: SchedulerConfig,
         telemetry: Arc<Telemetry>,
+        kernels: Arc<KernelRegistry>,
     ) -> Self {
         let per_lane = || -> Vec<Vec<Arc<AtomicU64>>> {
             devices
@@ -216,6 +222,8 @@ impl Scheduler {
             inline_guard,
             revocation_counters,
             migration,
+            kernel_table: (kernels.snapshot(), kernels.generation()),
+            kernels,
         }
     }
 
@@ -312,7 +320,11 @@ impl Scheduler {
                 Ok(())
             }
             _ => {
-                let ready = resolve(session, d)?;
+                let generation = self.kernels.generation();
+                if generation != self.kernel_table.1 {
+                    self.kernel_table = (self.kernels.snapshot(), generation);
+                }
+                let ready = resolve(session, &self.kernel_table.0, d)?;
                 self.dispatch(session, d.task_id, ready)
             }
         }

@@ -47,7 +47,7 @@ impl Scheduler {
     pub(super) fn place(&mut self, ready: &Ready) -> Result<Placement, TaskError> {
         let queue = &ready.queue;
         let idle = queue.in_flight.load(Ordering::Acquire) == 0;
-        let kernel = ready.kernel();
+        let kernel = ready.kernel().map(|k| &**k);
         // A tiny task whose data is current on the host runs inline on the host device (no
         // hand-off, no transfer) unless its queue prefers another kind of device.
         let host = self.host_device();
@@ -56,7 +56,7 @@ impl Scheduler {
         let shape = if candidate { InlineGuard::class(ready) } else { None };
         let inline_allowed = candidate && self.inline_guard.allows(shape, ready.touched_bytes);
         let tiny_on_host = inline_allowed
-            && kernel.is_none_or(|k| self.devices[host].implements(k) && self.usable(host))
+            && kernel.is_none_or(|k| k.may_run_inline() && self.devices[host].implements(k) && self.usable(host))
             && queue.preferred.is_none_or(|p| p == self.devices[host].info().kind)
             && ready.buffers[..ready.slots]
                 .iter()
@@ -71,7 +71,7 @@ impl Scheduler {
             let binding = queue.binding.load();
             if kernel.is_some_and(|k| !self.devices[binding.device()].implements(k)) {
                 // Not reached: `must_hold` moves a busy queue whose device lacks the kernel.
-                return Err(TaskError::NoDevice(kernel_id(kernel)));
+                return Err(TaskError::NoDevice(ready.kernel_id()));
             }
             binding
         };
@@ -94,7 +94,7 @@ impl Scheduler {
 
     /// The lane for a task whose queue is free to go anywhere: the policy's choice among the
     /// candidates, or latency placement.
-    fn choose(&mut self, ready: &Ready, kernel: Option<&'static KernelDef>) -> Result<Binding, TaskError> {
+    fn choose(&mut self, ready: &Ready, kernel: Option<&KernelDef>) -> Result<Binding, TaskError> {
         let queue = &ready.queue;
         let host = self.host_device();
         let only = match &ready.action {
@@ -126,20 +126,20 @@ impl Scheduler {
         let only = only.map(|d| if self.usable(d) { d } else { host });
         let beyond_limits = self.candidates_for(ready, kernel, only);
         if self.candidates.is_empty() {
-            return Err(beyond_limits.unwrap_or(TaskError::NoDevice(kernel_id(kernel))));
+            return Err(beyond_limits.unwrap_or(TaskError::NoDevice(ready.kernel_id())));
         }
         let c = if self.places_for_latency(queue.class, kernel) {
             self.soonest_start(ready.estimated_ns)
         } else {
             self.keep_reserve(queue.class, kernel);
             self.policy
-                .choose(kernel.map_or("transfer", |k| k.name), &self.candidates)
+                .choose(kernel.map_or("transfer", |k| k.label()), &self.candidates)
         };
         debug_assert!(kernel.is_none_or(|k| self.devices[c.device].implements(k)));
         if let (Some(k), true, None) = (kernel, self.policy.wants_predictions(), c.exec_ns) {
             let name = &self.devices[c.device].info().name;
             let mut model = self.model.lock().unwrap_or_else(|e| e.into_inner());
-            model.start_exploring(k.name, name, ready.items);
+            model.start_exploring(k.label(), name, ready.items);
         }
         Ok(Binding::new(c.device, c.lane))
     }
@@ -239,8 +239,8 @@ impl Scheduler {
                 let transfer_ns = missing as f64 / self.facts[c.device].bandwidth.max(1.0) * 1e9;
                 let exec_ns = match kernel {
                     None => Some(0.0),
-                    Some(k) => match model.estimate(k.name, &info.name, ready.items) {
-                        Estimate::Untried if model.is_exploring(k.name, &info.name, ready.items) => {
+                    Some(k) => match model.estimate(k.label(), &info.name, ready.items) {
+                        Estimate::Untried if model.is_exploring(k.label(), &info.name, ready.items) => {
                             // Someone is measuring it: assume the library's estimate meanwhile.
                             Some(ready.estimated_ns)
                         }
@@ -381,9 +381,4 @@ impl Scheduler {
             victim.flag.store(true, Ordering::Release);
         }
     }
-}
-
-/// The library's id of `kernel`, for `NoDevice` (0 for transfers).
-fn kernel_id(kernel: Option<&KernelDef>) -> u32 {
-    kernel.and_then(|k| agora_kernels::find(k.name)).map_or(0, |(i, _)| i)
 }

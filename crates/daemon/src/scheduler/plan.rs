@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use agora_devices::{DeviceBuffer, Transfer, Work};
-use agora_kernels::{ArgValue, KernelDef};
+use agora_kernels::{ArgValue, KernelRef};
 use agora_protocol::control::QueueClass;
 use agora_protocol::{Access, TaskError, MAX_ARGS};
 
@@ -66,7 +66,7 @@ pub(super) struct Failed {
 /// A placed task with its data planned: the output of the plan stage.
 pub(super) struct Planned {
     pub queue: Arc<QueueState>,
-    pub kernel: Option<&'static KernelDef>,
+    pub kernel: Option<KernelRef>,
     /// Its name in metrics and traces.
     pub name: &'static str,
     pub items: u64,
@@ -95,7 +95,7 @@ impl Scheduler {
     ) -> Result<Option<Box<Planned>>, Failed> {
         let device = placement.binding.device();
         let queue = ready.queue.clone();
-        let kernel = ready.kernel();
+        let kernel = ready.kernel().cloned();
         let name = operation_name(&ready.action);
         let (items, estimated_ns) = (ready.items, ready.estimated_ns);
         // Its buffers are in use from now until it finishes, so eviction leaves them alone.
@@ -217,7 +217,7 @@ impl Scheduler {
     pub(super) fn revocable(&self, device: usize, work: &Work, class: QueueClass, predicted_ns: f64) -> bool {
         class == QueueClass::Batch
             && self.config.latency_policy != LatencyPolicy::None
-            && matches!(work, Work::Launch { .. })
+            && matches!(work, Work::Launch { kernel, .. } if kernel.chunkable)
             && self.devices[device].polls_revocation()
             && predicted_ns >= self.config.revoke_min_ns.max(2.0 * self.config.preempt_target_ns)
     }
@@ -227,8 +227,11 @@ impl Scheduler {
     /// slices, when the prediction exceeds twice the target. 1: do not split.
     pub(super) fn slices_for(&self, device: usize, work: &Work, class: QueueClass, predicted_ns: f64) -> u64 {
         let target = self.config.preempt_target_ns;
-        let Work::Launch { range, .. } = work else { return 1 };
+        let Work::Launch { range, kernel, .. } = work else {
+            return 1;
+        };
         if class != QueueClass::Batch
+            || !kernel.chunkable
             || target <= 0.0
             || predicted_ns < 2.0 * target
             || !self.devices[device].runs_row_slices()
@@ -256,6 +259,7 @@ impl Scheduler {
                 dims,
                 mut args,
                 arg_count,
+                ..
             } => {
                 let mut device_args: [Option<Arc<dyn DeviceBuffer>>; MAX_ARGS] = Default::default();
                 for (index, entry) in buffers.iter().enumerate() {

@@ -96,10 +96,13 @@ impl Scheduler {
         session.shared.in_flight.fetch_add(1, Ordering::Relaxed);
         // Predicted time of this job on its lane, for the policies' queue-wait estimates.
         let device_name: Arc<str> = Arc::from(self.devices[device].info().name.as_str());
-        let predicted = match kernel {
+        let predicted = match &kernel {
             Some(k) => {
                 let model = self.model.lock().unwrap_or_else(|e| e.into_inner());
-                model.estimate(k.name, &device_name, items).ns().unwrap_or(estimated_ns)
+                model
+                    .estimate(k.label(), &device_name, items)
+                    .ns()
+                    .unwrap_or(estimated_ns)
             }
             None => 0.0,
         }
@@ -206,7 +209,7 @@ fn submit_sliced(
     // Even slices in units of the device's row alignment: slice `i` starts at unit
     // `units * i / slices`, and the last one ends at the last row.
     let rows = range[0];
-    let align = device.row_alignment(kernel, dims).max(1);
+    let align = device.row_alignment(&kernel, dims).max(1);
     let units = rows.div_ceil(align).max(1);
     let slices = slices.clamp(1, units);
     let boundary = |slice: u64| (align * (units * slice / slices)).min(rows);
@@ -239,7 +242,7 @@ fn submit_sliced(
             Job {
                 transfers: transfers.take().unwrap_or_default(),
                 work: Work::Launch {
-                    kernel,
+                    kernel: kernel.clone(),
                     range,
                     dims,
                     args,

@@ -51,6 +51,7 @@ fn scheduler(devices: Vec<Arc<dyn Device>>, config: SchedulerConfig) -> Schedule
         Arc::new(Mutex::new(PerformanceModel::new(0.8))),
         config,
         telemetry,
+        Arc::new(crate::kernels::KernelRegistry::library_only()),
     )
 }
 
@@ -88,7 +89,8 @@ fn noop(queue: &Arc<QueueState>, items: u64) -> Ready {
     Ready {
         queue: queue.clone(),
         action: Action::Launch {
-            kernel,
+            kernel: kernel.into(),
+            id: 0,
             range: [items, 1, 1],
             dims: 1,
             args: [ArgValue::None; MAX_ARGS],
@@ -224,7 +226,7 @@ fn a_latency_task_revokes_the_batch_launch_on_its_lane_only_when_the_policy_says
 fn long_batch_launches_are_sliced_to_the_preemption_target() {
     let s = scheduler(vec![cpu()], config());
     let work = |rows: u64| Work::Launch {
-        kernel: agora_kernels::find("noop").unwrap().1,
+        kernel: agora_kernels::find("noop").unwrap().1.into(),
         range: [rows, 1, 1],
         dims: 1,
         args: [ArgValue::None; MAX_ARGS],

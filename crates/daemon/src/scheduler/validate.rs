@@ -10,10 +10,11 @@
 
 use std::sync::Arc;
 
-use agora_kernels::{ArgValue, KernelDef, LaunchShape};
+use agora_kernels::{ArgValue, KernelRef, LaunchShape};
 use agora_protocol::descriptor::Decoded;
 use agora_protocol::{Access, ArgTag, Op, ParamKind, TaskError, MAX_ARGS};
 
+use crate::kernels::{KernelTable, SESSION_KERNEL_BIT};
 use crate::memory::BufferRecord;
 use crate::outcome::Role;
 use crate::session::{QueueState, Session};
@@ -21,7 +22,7 @@ use crate::session::{QueueState, Session};
 /// Name of an operation in metrics and traces.
 pub(super) fn operation_name(action: &Action) -> &'static str {
     match action {
-        Action::Launch { kernel, .. } => kernel.name,
+        Action::Launch { kernel, .. } => kernel.label(),
         Action::SyncTo => "sync_to",
         Action::SyncFrom => "sync_from",
         Action::Fill { .. } => "memset",
@@ -36,7 +37,9 @@ pub(super) fn operation_name(action: &Action) -> &'static str {
 #[derive(Clone)]
 pub(super) enum Action {
     Launch {
-        kernel: &'static KernelDef,
+        kernel: KernelRef,
+        /// The id the descriptor named (for messages).
+        id: u32,
         range: [u64; 3],
         dims: usize,
         args: [ArgValue; MAX_ARGS],
@@ -74,10 +77,18 @@ pub(super) struct Ready {
 
 impl Ready {
     /// The kernel, for a launch.
-    pub(super) fn kernel(&self) -> Option<&'static KernelDef> {
+    pub(super) fn kernel(&self) -> Option<&KernelRef> {
         match &self.action {
-            Action::Launch { kernel, .. } => Some(*kernel),
+            Action::Launch { kernel, .. } => Some(kernel),
             _ => None,
+        }
+    }
+
+    /// The kernel id the descriptor named, for `NoDevice` (0 for transfers).
+    pub(super) fn kernel_id(&self) -> u32 {
+        match &self.action {
+            Action::Launch { id, .. } => *id,
+            _ => 0,
         }
     }
 }
@@ -150,7 +161,7 @@ pub(super) fn heap_ptr(session: &Session, record: &BufferRecord, offset: u64, le
         .ok_or_else(|| crate::internal_error(1, "a buffer's heap range lies outside the session's heap"))
 }
 
-pub(super) fn resolve(session: &Session, d: &Decoded<'_>) -> Result<Ready, TaskError> {
+pub(super) fn resolve(session: &Session, kernels: &KernelTable, d: &Decoded<'_>) -> Result<Ready, TaskError> {
     let queue = session
         .queues
         .get(d.queue)
@@ -160,14 +171,18 @@ pub(super) fn resolve(session: &Session, d: &Decoded<'_>) -> Result<Ready, TaskE
     let mut touched_bytes = 0u64;
     let (action, estimated_ns) = match d.op {
         Op::Launch => {
-            let kernel = agora_kernels::library()
-                .get(d.kernel as usize)
-                .ok_or(TaskError::UnknownKernel(d.kernel))?;
+            let kernel = if d.kernel & SESSION_KERNEL_BIT == 0 {
+                kernels.get(d.kernel)
+            } else {
+                session.program_kernel(d.kernel & !SESSION_KERNEL_BIT)
+            }
+            .ok_or(TaskError::UnknownKernel(d.kernel))?
+            .clone();
             kernel.check_arguments(d.args)?;
             let mut args = [ArgValue::None; MAX_ARGS];
             let mut scalars = [0u64; MAX_ARGS];
             let mut lens = [0u64; MAX_ARGS];
-            for (index, (arg, param)) in d.args.iter().zip(kernel.params).enumerate() {
+            for (index, (arg, param)) in d.args.iter().zip(kernel.params.iter()).enumerate() {
                 if arg.tag == ArgTag::Buffer as u32 {
                     let record = buffer(session, index, arg.value)?;
                     let access = match param.kind {
@@ -204,7 +219,7 @@ pub(super) fn resolve(session: &Session, d: &Decoded<'_>) -> Result<Ready, TaskE
                 buffer_lens: &lens[..d.args.len()],
                 needed: &needed,
             };
-            (kernel.check)(&shape)?;
+            kernel.check_shape(&shape)?;
             // A write-only argument whose checked range is the whole buffer is overwritten
             // entirely: its old contents need not reach the device.
             for (index, entry) in buffers.iter_mut().enumerate() {
@@ -223,6 +238,7 @@ pub(super) fn resolve(session: &Session, d: &Decoded<'_>) -> Result<Ready, TaskE
             (
                 Action::Launch {
                     kernel,
+                    id: d.kernel,
                     range,
                     dims: d.range.len(),
                     args,

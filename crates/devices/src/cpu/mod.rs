@@ -19,7 +19,7 @@ use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use agora_kernels::{ArgValue, KernelCall, KernelDef};
+use agora_kernels::{ArgValue, CpuImpl, KernelCall, KernelDef};
 use agora_protocol::TaskError;
 
 use crate::lane::{run_synchronously, Executor, JobEnd, Lane, Lanes};
@@ -226,7 +226,13 @@ impl Device for CpuDevice {
     }
 
     fn implements(&self, kernel: &KernelDef) -> bool {
-        kernel.cpu.is_some()
+        match kernel.cpu {
+            None => false,
+            // Tenant programs run in their executor on the session's host memory: with private
+            // copies the buffers are not there.
+            Some(CpuImpl::External(_)) => self.info.shares_host_memory,
+            Some(_) => true,
+        }
     }
 
     fn submit(&self, lane: usize, job: Job) {
@@ -321,7 +327,9 @@ pub(crate) fn execute(work: &Work, gang: Option<&Gang>) -> Result<(), TaskError>
             rows,
             ..
         } => {
-            let cpu = kernel.cpu.ok_or(TaskError::KernelFault)?;
+            if kernel.cpu.is_none() {
+                return Err(TaskError::KernelFault);
+            }
             // SAFETY: the daemon resolved every buffer argument to a live, 64-byte-aligned range
             // of the session heap kept mapped by the job, checked the launch against the kernel's
             // signature and size check, and refused written buffers passed twice.
@@ -331,10 +339,13 @@ pub(crate) fn execute(work: &Work, gang: Option<&Gang>) -> Result<(), TaskError>
             let rows = rows.clone().unwrap_or(0..range[0]);
             let (first, count) = (rows.start, rows.end.saturating_sub(rows.start).min(range[0]));
             match gang {
-                Some(g) if g.threads() > 1 && count > 1 => {
-                    g.run(count, &|r| cpu(&call, r.start + first..r.end + first))
-                }
-                _ => run_guarded(&|| cpu(&call, first..first + count)),
+                Some(g) if g.threads() > 1 && count > 1 && kernel.splits_among_threads() => g.run(count, &|r| {
+                    if let Err(error) = kernel.run_cpu(&call, r.start + first..r.end + first) {
+                        // The gang reports a panicking stripe as a kernel fault.
+                        panic!("stripe failed: {error}");
+                    }
+                }),
+                _ => run_guarded_result(&|| kernel.run_cpu(&call, first..first + count)),
             }
         }
         _ => unreachable!("host work handled above"),
@@ -378,6 +389,13 @@ fn with_rows(work: &Work, rows: std::ops::Range<u64>) -> Work {
 }
 
 /// Runs `f`, turning a panic (a kernel bug) into a task error.
+pub(crate) fn run_guarded_result(f: &(dyn Fn() -> Result<(), TaskError> + Sync)) -> Result<(), TaskError> {
+    let outcome = std::sync::Mutex::new(Ok(()));
+    run_guarded(&|| *outcome.lock().unwrap_or_else(|e| e.into_inner()) = f())?;
+    outcome.into_inner().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs `f`, turning a panic into a kernel fault.
 pub(crate) fn run_guarded(f: &(dyn Fn() + Sync)) -> Result<(), TaskError> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|panic| {
         let message = panic
@@ -412,7 +430,7 @@ mod tests {
         Job {
             transfers: Vec::new(),
             work: Work::Launch {
-                kernel: k,
+                kernel: k.into(),
                 range: [y.len() as u64, 1, 1],
                 dims: 1,
                 args,

@@ -201,8 +201,8 @@ impl Device for OpenClDevice {
     }
 
     fn implements(&self, kernel: &KernelDef) -> bool {
-        match kernel.opencl {
-            Some(imp) => !self.shared.programs.is_broken(imp.program),
+        match &kernel.opencl {
+            Some(imp) => !self.shared.programs.is_broken(&imp.program),
             None => false,
         }
     }
@@ -225,17 +225,17 @@ impl Device for OpenClDevice {
 
     fn check_launch(&self, kernel: &KernelDef, range: &[u64], buffer_lens: &[u64]) -> Result<u64, TaskError> {
         // Guarded kernels (all of the library's) run in these work-groups; see `work_group`.
-        let local = kernel.opencl.map_or([1; 3], |imp| {
+        let local = kernel.opencl.as_ref().map_or([1; 3], |imp| {
             limits::fixed_work_group(range.len().clamp(1, 3), imp.local)
         });
         let group = local.map(|l| l as u64);
-        self.info.limits.check(range, group, buffer_lens, true)
+        self.info.limits.check(range, group, buffer_lens, kernel.chunkable)
     }
 
     fn row_alignment(&self, kernel: &KernelDef, dims: usize) -> u64 {
         // Slices whose boundaries are whole work-groups of dimension 0 waste no work items (a
         // slice's guard stops the rounded-up ones, so any boundary is correct).
-        kernel.opencl.map_or(1, |imp| {
+        kernel.opencl.as_ref().map_or(1, |imp| {
             limits::fixed_work_group(dims.clamp(1, 3), imp.local)[0].max(1) as u64
         })
     }

@@ -36,8 +36,9 @@ pub(super) struct ClExecutor {
     /// see host memory: written from the job's flag just before each revocable kernel (the
     /// in-order queue never runs two of this lane's kernels at once, so one suffices).
     pub(super) lane_flag: Buffer<u8>,
-    /// Kernel objects of this lane, with their trailing parameters.
-    pub(super) kernels: HashMap<(&'static str, &'static str), (Kernel, Convention)>,
+    /// Kernel objects of this lane, with their trailing parameters, by program and entry point
+    /// (two levels, so a launch looks its kernel up without building a key).
+    pub(super) kernels: HashMap<String, HashMap<String, (Kernel, Convention)>>,
     /// Whether the job being started had to build a kernel object (its time is not typical).
     pub(super) built: bool,
 }
@@ -47,15 +48,21 @@ unsafe impl Send for ClExecutor {}
 
 impl ClExecutor {
     fn kernel(&mut self, imp: &OpenClImpl, params: usize) -> Result<&(Kernel, Convention), TaskError> {
-        let key = (imp.program, imp.entry);
-        if !self.kernels.contains_key(&key) {
+        let known = self
+            .kernels
+            .get(&*imp.program)
+            .is_some_and(|entries| entries.contains_key(&*imp.entry));
+        if !known {
             self.built = true;
             let shared = &self.shared;
             let program = shared.programs.get(&shared.context, &shared.name, imp)?;
             let object = programs::kernel_object(&program, &shared.name, imp, params)?;
-            self.kernels.insert(key, object);
+            self.kernels
+                .entry(imp.program.to_string())
+                .or_default()
+                .insert(imp.entry.to_string(), object);
         }
-        Ok(&self.kernels[&key])
+        Ok(&self.kernels[&*imp.program][&*imp.entry])
     }
 }
 
@@ -237,7 +244,7 @@ impl ClExecutor {
         else {
             return Err(TaskError::KernelFault);
         };
-        let imp = kernel.opencl.ok_or(TaskError::KernelFault)?;
+        let imp = kernel.opencl.as_ref().ok_or(TaskError::KernelFault)?;
         // A row slice runs rows `first..end` of dimension 0, as one command whose global work
         // offset is `first`.
         let (first, end) = match rows {
@@ -251,7 +258,7 @@ impl ClExecutor {
         let queue = self.queue.get();
         let device_name = self.shared.name.clone();
         let limits = self.shared.limits;
-        let convention = self.kernel(&imp, kernel.params.len())?.1;
+        let convention = self.kernel(imp, kernel.params.len())?.1;
         let (flag, flag_buffer) = match convention {
             Convention::Revocable => {
                 let (mem, buffer) = self.flag_argument(revoke)?;
@@ -259,7 +266,7 @@ impl ClExecutor {
             }
             _ => (None, None),
         };
-        let (cl_kernel, _) = self.kernel(&imp, kernel.params.len())?;
+        let (cl_kernel, _) = self.kernel(imp, kernel.params.len())?;
         let guarded = convention != Convention::Plain;
         for (index, param) in kernel.params.iter().enumerate() {
             let index_u32 = index as u32;
@@ -290,7 +297,7 @@ impl ClExecutor {
                 }
             };
             result.map_err(|e| {
-                tracing::error!(device = %device_name, kernel = kernel.name, arg = index, error = %e, "setting a kernel argument failed");
+                tracing::error!(device = %device_name, kernel = %kernel.name, arg = index, error = %e, "setting a kernel argument failed");
                 cl_error(e.0)
             })?;
         }
@@ -325,7 +332,7 @@ impl ClExecutor {
         let items = global[..*dims].iter().fold(1u64, |a, g| a.saturating_mul(*g as u64));
         let groups = (0..*dims).fold(1u64, |a, d| a.saturating_mul((global[d] / local[d].max(1)) as u64));
         if items > limits.max_items_per_enqueue || groups > limits.max_groups_per_enqueue {
-            tracing::error!(device = %device_name, kernel = kernel.name, items, groups, "a command beyond the device's limits reached the device; refused");
+            tracing::error!(device = %device_name, kernel = %kernel.name, items, groups, "a command beyond the device's limits reached the device; refused");
             return Err(TaskError::KernelFault);
         }
         // SAFETY: the kernel's arguments are all set (above); `offset`, `global` and `local`
@@ -344,7 +351,7 @@ impl ClExecutor {
             )
         }
         .map_err(|e| {
-            tracing::error!(device = %device_name, kernel = kernel.name, error = e, "OpenCL launch failed");
+            tracing::error!(device = %device_name, kernel = %kernel.name, error = e, "OpenCL launch failed");
             cl_error(e)
         })?;
         Ok(Started {

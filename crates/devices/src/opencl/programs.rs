@@ -19,35 +19,35 @@ use super::cl_error;
 /// The programs built for one device, and those that failed to build.
 #[derive(Default)]
 pub(super) struct Programs {
-    built: Mutex<HashMap<&'static str, Arc<Program>>>,
-    broken: Mutex<HashSet<&'static str>>,
+    built: Mutex<HashMap<String, Arc<Program>>>,
+    broken: Mutex<HashSet<String>>,
 }
 
 impl Programs {
     /// The program of `imp` for `context` (the device named `device`), built now if it was not.
     pub(super) fn get(&self, context: &Context, device: &str, imp: &OpenClImpl) -> Result<Arc<Program>, TaskError> {
-        if let Some(p) = self.built.lock().unwrap_or_else(|e| e.into_inner()).get(imp.program) {
+        if let Some(p) = self.built.lock().unwrap_or_else(|e| e.into_inner()).get(&*imp.program) {
             return Ok(p.clone());
         }
-        if self.is_broken(imp.program) {
+        if self.is_broken(&imp.program) {
             return Err(TaskError::DeviceFailed(-11));
         }
         // Built outside the lock: a build takes up to a second; other programs need not wait.
-        match Program::create_and_build_from_source(context, imp.source, "-cl-std=CL1.2") {
+        match Program::create_and_build_from_source(context, &imp.source, "-cl-std=CL1.2") {
             Ok(program) => {
                 let program = Arc::new(program);
                 self.built
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .insert(imp.program, program.clone());
+                    .insert(imp.program.to_string(), program.clone());
                 Ok(program)
             }
             Err(log) => {
-                tracing::error!(device = %device, program = imp.program, %log, "OpenCL program failed to build; its kernels will run elsewhere");
+                tracing::error!(device = %device, program = %imp.program, %log, "OpenCL program failed to build; its kernels will run elsewhere");
                 self.broken
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .insert(imp.program);
+                    .insert(imp.program.to_string());
                 Err(TaskError::DeviceFailed(-11)) // CL_BUILD_PROGRAM_FAILURE
             }
         }
@@ -79,8 +79,8 @@ pub(super) fn kernel_object(
     imp: &OpenClImpl,
     params: usize,
 ) -> Result<(Kernel, Convention), TaskError> {
-    let kernel = Kernel::create(program, imp.entry).map_err(|e| {
-        tracing::error!(device = %device, kernel = imp.entry, error = %e, "no such OpenCL kernel");
+    let kernel = Kernel::create(program, &imp.entry).map_err(|e| {
+        tracing::error!(device = %device, kernel = %imp.entry, error = %e, "no such OpenCL kernel");
         cl_error(e.0)
     })?;
     let declared = kernel.num_args().map_err(|e| cl_error(e.0))? as usize;
@@ -89,7 +89,7 @@ pub(super) fn kernel_object(
         Some(3) => Convention::Guarded,
         Some(4) => Convention::Revocable,
         _ => {
-            tracing::error!(device = %device, kernel = imp.entry, declared, params, "OpenCL kernel does not match its signature");
+            tracing::error!(device = %device, kernel = %imp.entry, declared, params, "OpenCL kernel does not match its signature");
             return Err(TaskError::DeviceFailed(-51)); // CL_INVALID_KERNEL_ARGS
         }
     };

@@ -74,7 +74,7 @@ fn launch(
     let mut full = [1u64; 3];
     full[..range.len()].copy_from_slice(range);
     Work::Launch {
-        kernel,
+        kernel: kernel.into(),
         range: full,
         dims: range.len(),
         args,

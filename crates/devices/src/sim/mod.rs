@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agora_kernels::{ArgValue, KernelCall, KernelDef};
+use agora_kernels::{ArgValue, CpuImpl, KernelCall, KernelDef};
 use agora_protocol::{TaskError, MAX_ARGS};
 
 use crate::lane::{run_synchronously, Executor, JobEnd, Lane, Lanes};
@@ -87,7 +87,7 @@ impl Default for SimSpec {
 impl SimSpec {
     /// Modeled nanoseconds of `kernel` over `items` work items.
     pub fn modeled_ns(&self, kernel: &KernelDef, items: u64) -> f64 {
-        match self.profile.get(kernel.name) {
+        match self.profile.get(&*kernel.name) {
             Some(p) => p.launch_ns + p.ns_per_item * items as f64,
             None => self.launch_ns + kernel.estimated_ns(items) / self.speed.max(1e-9),
         }
@@ -208,7 +208,9 @@ impl SimExecutor {
         else {
             return Err(TaskError::KernelFault);
         };
-        let cpu = kernel.cpu.ok_or(TaskError::KernelFault)?;
+        if kernel.cpu.is_none() {
+            return Err(TaskError::KernelFault);
+        }
         // Point buffer arguments at this device's copies.
         let mut local = [ArgValue::None; MAX_ARGS];
         for (index, arg) in args[..*arg_count].iter().enumerate() {
@@ -230,7 +232,7 @@ impl SimExecutor {
         let call = unsafe { KernelCall::new(&range[..*dims], &local[..*arg_count]) };
         let rows = rows.clone().unwrap_or(0..range[0]);
         let rows = rows.start..rows.end.min(range[0]);
-        crate::cpu::run_guarded(&|| cpu(&call, rows.clone()))?;
+        crate::cpu::run_guarded_result(&|| kernel.run_cpu(&call, rows.clone()))?;
         // A slice is modeled as its share of the launch's items.
         let items: u64 = range[1..*dims].iter().product::<u64>() * (rows.end - rows.start);
         Ok(self.spec.modeled_ns(kernel, items))
@@ -338,12 +340,13 @@ impl Device for SimDevice {
     }
 
     fn implements(&self, kernel: &KernelDef) -> bool {
-        kernel.cpu.is_some()
+        // A kernel that runs outside the daemon computes on host memory, not on this model.
+        matches!(kernel.cpu, Some(CpuImpl::Builtin(_) | CpuImpl::Native(_)))
             && self
                 .spec
                 .kernels
                 .as_ref()
-                .is_none_or(|list| list.iter().any(|k| k == kernel.name))
+                .is_none_or(|list| list.iter().any(|k| *k == kernel.name))
     }
 
     fn submit(&self, lane: usize, job: Job) {
@@ -452,7 +455,7 @@ mod tests {
             Job {
                 transfers: Vec::new(),
                 work: Work::Launch {
-                    kernel: k,
+                    kernel: k.into(),
                     range: [n, 1, 1],
                     dims: 1,
                     args,

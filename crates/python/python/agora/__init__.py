@@ -47,6 +47,8 @@ from ._native import (  # noqa: F401  (re-exported API)
     AliasedBuffersError,
     NoDeviceError,
     KernelFaultError,
+    KernelTimeoutError,
+    ProgramBuildError,
     CancelledError,
     DeviceOutOfMemoryError,
     DeviceFailedError,
