@@ -99,6 +99,11 @@ pub struct ServeArgs {
     /// with a firewall or a reverse proxy: the endpoint has no authentication [default: off].
     #[arg(long, value_name = "ADDR", value_parser = parse_metrics_addr)]
     metrics: Option<std::net::SocketAddr>,
+    /// A kernel package directory, or a directory of packages, to load (repeatable; adds to the
+    /// configuration file's `[kernels] paths`). Packages are trusted code run inside the daemon;
+    /// `agora kernels reload` picks up changes (docs/KERNELS.md).
+    #[arg(long = "kernels", value_name = "DIR")]
+    kernel_paths: Vec<PathBuf>,
     /// Record a task trace (Chrome/Perfetto JSON) and write it to FILE at shutdown and on
     /// `agora trace save`; view it at ui.perfetto.dev or with `agora plot trace` [default: off].
     #[arg(long, value_name = "FILE")]
@@ -195,6 +200,7 @@ impl ServeArgs {
         if let Some(v) = self.trace_capacity {
             c.trace_capacity = v;
         }
+        c.kernel_paths.extend(self.kernel_paths.iter().cloned());
         c.validate().context("invalid settings")?;
         Ok(c)
     }
@@ -445,15 +451,74 @@ pub fn trace_save(socket: Option<PathBuf>) -> Result<()> {
     }
 }
 
-pub fn kernels(socket: Option<PathBuf>) -> Result<()> {
-    let session = Session::connect_with(SessionOptions {
-        socket,
-        name: Some("agora kernels".into()),
-        heap_bytes: Some(4096),
-        control_timeout: None,
-    })?;
-    for k in session.kernels()? {
-        println!("{k}\n    {}", k.doc);
+/// `agora kernels` options.
+#[derive(Args, Debug)]
+pub struct KernelsArgs {
+    /// What to do: list the kernels (no action), or `reload` the kernel packages (admin: root or
+    /// the daemon's user) without restarting the daemon.
+    #[arg(value_name = "ACTION", value_parser = ["reload"])]
+    action: Option<String>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    socket: crate::SocketArg,
+}
+
+pub fn kernels(args: KernelsArgs) -> Result<()> {
+    if args.action.as_deref() == Some("reload") {
+        let report = agora::reload_kernels(args.socket.path()).context("could not reload the kernel packages")?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            println!(
+                "{} package(s) loaded, {} kernel(s) added or changed, {} package(s) removed; {} kernel(s) callable",
+                report.packages.len(),
+                report.changed.len(),
+                report.removed.len(),
+                report.kernels
+            );
+            for name in &report.changed {
+                println!("  new or changed: {name}");
+            }
+            for name in &report.removed {
+                println!("  removed: {name}");
+            }
+            for error in &report.errors {
+                println!("  refused: {error}");
+            }
+        }
+        if !report.errors.is_empty() {
+            bail!("{} package problem(s); the packages concerned keep their previous version", report.errors.len());
+        }
+        return Ok(());
+    }
+    let (kernels, packages) = agora::kernel_catalog(args.socket.path())?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "kernels": kernels, "packages": packages }))?
+        );
+        return Ok(());
+    }
+    for k in &kernels {
+        let origin = k.package.as_deref().map_or("built-in".to_string(), |p| format!("package {p}"));
+        let chunkable = if k.chunkable { ", chunkable" } else { "" };
+        println!(
+            "{}\n    {}\n    [{origin}; {}{chunkable}]",
+            k.signature,
+            k.signature.doc,
+            k.implementations.join(", ")
+        );
+    }
+    if packages.is_empty() {
+        println!("\nno kernel packages (agora serve --kernels DIR installs some; see docs/KERNELS.md)");
+    } else {
+        println!("\npackages:");
+        for p in &packages {
+            let version = p.version.as_deref().map(|v| format!(" {v}")).unwrap_or_default();
+            println!("  {}{version}: {} kernel(s) from {}", p.name, p.kernels, p.dir);
+        }
     }
     Ok(())
 }

@@ -66,8 +66,9 @@ enum Command {
     Drain(cmd::DrainArgs),
     /// Admin: let the policy place work on a drained device again.
     Undrain(cmd::DrainArgs),
-    /// List the kernels the daemon offers, with their signatures.
-    Kernels(SocketArg),
+    /// List the kernels the daemon offers (built-in and from kernel packages) with their
+    /// signatures and implementations; `agora kernels reload` loads the packages again.
+    Kernels(cmd::KernelsArgs),
     /// Run a bundled workload as a client of a running daemon and verify its result.
     Run(cmd::RunArgs),
     /// Start an embedded daemon, run several client processes against it, print a summary.
@@ -117,7 +118,7 @@ fn main() {
         Command::Devices(socket) => cmd::devices(socket.path()),
         Command::Drain(args) => cmd::drain(args, true),
         Command::Undrain(args) => cmd::drain(args, false),
-        Command::Kernels(socket) => cmd::kernels(socket.path()),
+        Command::Kernels(args) => cmd::kernels(args),
         Command::Run(args) => cmd::run(args),
         Command::Demo(args) => cmd::demo(args),
         Command::Trace(TraceCommand::Save(socket)) => cmd::trace_save(socket.path()),

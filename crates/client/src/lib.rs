@@ -40,13 +40,15 @@ mod error;
 mod queue;
 mod session;
 
-pub use agora_protocol::control::{QueueClass, QueueStatus, SessionStatus, StatusReport};
+pub use agora_protocol::control::{
+    KernelListing, PackageListing, QueueClass, QueueStatus, ReloadReport, SessionStatus, StatusReport,
+};
 pub use agora_protocol::{KernelSignature, LaunchLimit, TaskError};
 pub use buffer::Buffer;
 pub use error::{Error, TaskFailures};
 pub use queue::{Arg, DeviceKind, NdRange, Queue, QueueOptions, Task};
 pub use session::{
-    daemon_session_status, daemon_status, drain_device, DrainOutcome, Kernel, Session, SessionOptions,
+    daemon_session_status, daemon_status, drain_device, kernel_catalog, reload_kernels, DrainOutcome, Kernel, Session, SessionOptions,
     DEFAULT_CONTROL_TIMEOUT,
 };
 

@@ -8,7 +8,10 @@ use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use agora_protocol::control::{check_name, QueueClass, Request, Response, SessionStatus, StatusReport, MAX_NAME};
+use agora_protocol::control::{
+    check_name, KernelListing, PackageListing, QueueClass, ReloadReport, Request, Response, SessionStatus, StatusReport,
+    MAX_NAME,
+};
 use agora_protocol::ring::{CompletionConsumer, SubmissionProducer};
 use agora_protocol::segment::Geometry;
 use agora_protocol::{KernelSignature, TaskDescriptor, TaskError, PROTOCOL_VERSION};
@@ -415,6 +418,26 @@ pub struct DrainOutcome {
     pub evacuated_bytes: u64,
     /// Queue migrations since the daemon started, as of the drain (the status's `migrations`).
     pub migrations: u64,
+}
+
+/// Every current kernel (library and packages) with its package and implementations, and every
+/// loaded kernel package, without opening a session (`agora kernels`).
+pub fn kernel_catalog(socket: Option<PathBuf>) -> Result<(Vec<KernelListing>, Vec<PackageListing>), Error> {
+    match Observer::connect(socket)?.request(&Request::KernelCatalog)? {
+        Response::KernelCatalog { kernels, packages } => Ok((kernels, packages)),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// Admin: makes the daemon load its kernel packages again (`agora kernels reload`): new and
+/// changed packages are picked up without a restart and without disturbing running tasks; a
+/// package that no longer loads keeps its previous version and the report says why. Only root
+/// or the daemon's own user may do this.
+pub fn reload_kernels(socket: Option<PathBuf>) -> Result<ReloadReport, Error> {
+    match Observer::connect(socket)?.request(&Request::ReloadKernels)? {
+        Response::KernelsReloaded(report) => Ok(report),
+        other => Err(unexpected(other)),
+    }
 }
 
 /// Admin: marks the device named `device` draining (`drain`) or usable again, without opening
