@@ -14,7 +14,7 @@
 //!
 //! Must not decide anything: policies read it, the scheduler feeds it.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -59,14 +59,25 @@ pub fn bucket(items: u64) -> u32 {
     63 - items.max(1).leading_zeros()
 }
 
+/// What the model knows of one kernel on one device.
+#[derive(Debug, Clone, Default)]
+struct Pair {
+    /// Measured buckets.
+    buckets: BTreeMap<u32, Entry>,
+    /// Buckets sent to the device to be measured for the first time and not yet measured:
+    /// others are not sent to explore the same thing.
+    exploring: BTreeSet<u32>,
+}
+
 /// The performance model.
+///
+/// Keyed kernel → device in two levels, so a lookup by `&str` names allocates nothing (the
+/// dispatcher looks it up for placements and every lane completion records into it, under the
+/// model's lock).
 #[derive(Debug, Clone)]
 pub struct PerformanceModel {
     history_weight: f64,
-    entries: BTreeMap<(String, String), BTreeMap<u32, Entry>>,
-    /// (kernel, device, bucket) sent to a device to be measured for the first time and not yet
-    /// measured: others are not sent to explore the same thing.
-    exploring: HashSet<(String, String, u32)>,
+    entries: BTreeMap<String, BTreeMap<String, Pair>>,
     dirty: bool,
 }
 
@@ -97,23 +108,33 @@ impl PerformanceModel {
         PerformanceModel {
             history_weight,
             entries: BTreeMap::new(),
-            exploring: HashSet::new(),
             dirty: false,
         }
+    }
+
+    fn pair(&self, kernel: &str, device: &str) -> Option<&Pair> {
+        self.entries.get(kernel)?.get(device)
+    }
+
+    /// The pair's entry, created when absent (names are copied only then).
+    fn pair_mut(&mut self, kernel: &str, device: &str) -> &mut Pair {
+        if !self.entries.contains_key(kernel) {
+            self.entries.insert(kernel.to_string(), BTreeMap::new());
+        }
+        let devices = self.entries.get_mut(kernel).expect("inserted above");
+        if !devices.contains_key(device) {
+            devices.insert(device.to_string(), Pair::default());
+        }
+        devices.get_mut(device).expect("inserted above")
     }
 
     /// Folds in one measured execution.
     pub fn record(&mut self, kernel: &str, device: &str, items: u64, ns: f64) {
         let b = bucket(items);
         let w = self.history_weight;
-        let buckets = match self.entries.get_mut(&(kernel.to_string(), device.to_string())) {
-            Some(b) => b,
-            None => self
-                .entries
-                .entry((kernel.to_string(), device.to_string()))
-                .or_default(),
-        };
-        buckets
+        let pair = self.pair_mut(kernel, device);
+        pair.exploring.remove(&b);
+        pair.buckets
             .entry(b)
             .and_modify(|e| {
                 e.mean_ns = w * e.mean_ns + (1.0 - w) * ns;
@@ -125,15 +146,12 @@ impl PerformanceModel {
                 mean_items: items.max(1) as f64,
                 samples: 1,
             });
-        if !self.exploring.is_empty() {
-            self.exploring.remove(&(kernel.to_string(), device.to_string(), b));
-        }
         self.dirty = true;
     }
 
     /// Expected execution time of `kernel` over `items` on `device`.
     pub fn estimate(&self, kernel: &str, device: &str, items: u64) -> Estimate {
-        let Some(buckets) = self.entries.get(&(kernel.to_string(), device.to_string())) else {
+        let Some(buckets) = self.pair(kernel, device).map(|p| &p.buckets) else {
             return Estimate::Untried;
         };
         let items_f = items.max(1) as f64;
@@ -151,42 +169,40 @@ impl PerformanceModel {
 
     /// Whether a first measurement of this (kernel, device, bucket) is on its way.
     pub fn is_exploring(&self, kernel: &str, device: &str, items: u64) -> bool {
-        !self.exploring.is_empty()
-            && self
-                .exploring
-                .contains(&(kernel.to_string(), device.to_string(), bucket(items)))
+        self.pair(kernel, device)
+            .is_some_and(|p| p.exploring.contains(&bucket(items)))
     }
 
     /// Notes that a task was sent to measure this (kernel, device, bucket) for the first time.
     pub fn start_exploring(&mut self, kernel: &str, device: &str, items: u64) {
-        self.exploring
-            .insert((kernel.to_string(), device.to_string(), bucket(items)));
+        self.pair_mut(kernel, device).exploring.insert(bucket(items));
     }
 
     /// Forgets an exploration whose task failed (so another task may try).
     pub fn abandon_exploring(&mut self, kernel: &str, device: &str, items: u64) {
-        self.exploring
-            .remove(&(kernel.to_string(), device.to_string(), bucket(items)));
+        if let Some(pair) = self.entries.get_mut(kernel).and_then(|d| d.get_mut(device)) {
+            pair.exploring.remove(&bucket(items));
+        }
     }
 
     /// The regression of a kernel on a device: `(a, b)` in `ln t = a + b ln items`, when two or
     /// more buckets are measured.
     pub fn regression(&self, kernel: &str, device: &str) -> Option<(f64, f64)> {
-        self.entries
-            .get(&(kernel.to_string(), device.to_string()))
-            .and_then(fit)
+        self.pair(kernel, device).and_then(|p| fit(&p.buckets))
     }
 
     /// Every entry, sorted by kernel, device, bucket.
     pub fn rows(&self) -> Vec<Row> {
         self.entries
             .iter()
-            .flat_map(|((kernel, device), buckets)| {
-                buckets.iter().map(move |(b, e)| Row {
-                    kernel: kernel.clone(),
-                    device: device.clone(),
-                    bucket: *b,
-                    entry: *e,
+            .flat_map(|(kernel, devices)| {
+                devices.iter().flat_map(move |(device, pair)| {
+                    pair.buckets.iter().map(move |(b, e)| Row {
+                        kernel: kernel.clone(),
+                        device: device.clone(),
+                        bucket: *b,
+                        entry: *e,
+                    })
                 })
             })
             .collect()
@@ -230,9 +246,8 @@ impl PerformanceModel {
                 && row.bucket < 64
             {
                 model
-                    .entries
-                    .entry((row.kernel, row.device))
-                    .or_default()
+                    .pair_mut(&row.kernel, &row.device)
+                    .buckets
                     .insert(row.bucket, row.entry);
             }
         }
