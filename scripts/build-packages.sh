@@ -27,7 +27,7 @@ for manifest in examples/packages/*/package.toml; do
   echo "build-packages: $out"
   tmp=$(mktemp "$dir/.${library}.XXXXXX")
   trap 'rm -f "$tmp"' EXIT
-  "$CC" -O2 -shared -fPIC -I crates/capi/include -o "$tmp" "${sources[@]}"
+  "$CC" -O2 -shared -fPIC -ffp-contract=off -Wall -I crates/capi/include -o "$tmp" "${sources[@]}"
   chmod 0644 "$tmp"
   mv -f "$tmp" "$out"
   trap - EXIT

@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use agora_kernels::{ArgValue, KernelCall};
+use agora_kernels::{ArgValue, KernelCall, KernelRef};
 use agora_protocol::MAX_ARGS;
 
 use crate::workload::{AppReport, Step, WArg, Workload};
@@ -46,6 +46,23 @@ pub fn run_cpu(workload: &Workload) -> Result<AppReport, String> {
     run_cpu_with_buffers(workload, &mut out)
 }
 
+/// The definition of kernel `name`: the library's, else the first kernel package under the
+/// default package paths (`agora_packages::default_paths`), then under the `examples/packages`
+/// of the source tree this crate was built from, that defines it (Rodinia's hotspot and
+/// pathfinder are packages), so the native baselines run exactly the code the daemon runs.
+pub fn kernel_def(name: &str) -> Result<KernelRef, String> {
+    if let Some((_, k)) = agora_kernels::find(name) {
+        return Ok(KernelRef::Static(k));
+    }
+    let mut paths = agora_packages::default_paths();
+    paths.push(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/packages"));
+    agora_packages::find_kernel(&paths, name)
+        .map(|k| KernelRef::Shared(std::sync::Arc::new(k)))
+        .ok_or_else(|| {
+            format!("no kernel {name} in the library or in a kernel package (AGORA_KERNEL_PATH, examples/packages)")
+        })
+}
+
 /// [`run_cpu`], leaving the final buffer contents in `out` (one entry per workload buffer).
 pub fn run_cpu_with_buffers(workload: &Workload, out: &mut [Vec<u8>]) -> Result<AppReport, String> {
     let mut memory: Vec<Vec<Line>> = workload.buffers.iter().map(|b| aligned(b)).collect();
@@ -53,7 +70,7 @@ pub fn run_cpu_with_buffers(workload: &Workload, out: &mut [Vec<u8>]) -> Result<
     let mut resolved = Vec::new();
     for step in &workload.steps {
         if let Step::Launch { kernel, .. } = step {
-            let (_, k) = agora_kernels::find(kernel).ok_or_else(|| format!("no kernel {kernel}"))?;
+            let k = kernel_def(kernel)?;
             if k.cpu.is_none() {
                 return Err(format!("{kernel} has no CPU implementation"));
             }
@@ -100,6 +117,8 @@ pub use opencl::{run_opencl, transfer_round_trip, NativeOpenCl, TransferBuffer};
 #[cfg(feature = "opencl")]
 mod opencl {
     use std::collections::HashMap;
+
+    use agora_kernels::KernelRef;
     use std::time::Instant;
 
     use opencl3::command_queue::CommandQueue;
@@ -163,8 +182,8 @@ mod opencl {
             })
         }
 
-        fn kernel(&mut self, name: &str) -> Result<(Kernel, &'static agora_kernels::KernelDef, bool), String> {
-            let (_, def) = agora_kernels::find(name).ok_or_else(|| format!("no kernel {name}"))?;
+        fn kernel(&mut self, name: &str) -> Result<(Kernel, KernelRef, bool), String> {
+            let def = super::kernel_def(name)?;
             let imp = def
                 .opencl
                 .as_ref()
@@ -188,7 +207,7 @@ mod opencl {
 
     /// Runs `workload` directly on OpenCL (kernels created before timing, as an application would).
     pub fn run_opencl(cl: &mut NativeOpenCl, workload: &Workload) -> Result<AppReport, String> {
-        let mut kernels: HashMap<&'static str, (Kernel, &'static agora_kernels::KernelDef, bool)> = HashMap::new();
+        let mut kernels: HashMap<&'static str, (Kernel, KernelRef, bool)> = HashMap::new();
         for step in &workload.steps {
             if let Step::Launch { kernel, .. } = step {
                 if !kernels.contains_key(kernel) {

@@ -541,6 +541,8 @@ mod tests {
 
     #[test]
     fn every_program_verifies_natively_on_the_cpu() {
+        // hotspot and pathfinder are example packages: their shared objects must be built.
+        agora_test_support::example_packages();
         for (name, _) in PROGRAMS {
             let size = match *name {
                 "gaussian" | "hotspot" => 64,
@@ -557,6 +559,7 @@ mod tests {
 
     #[test]
     fn corrupted_results_fail_verification() {
+        agora_test_support::example_packages();
         for (name, _) in PROGRAMS {
             let w = build(name, if *name == "lavamd" { 1 } else { 20 }, Some(3)).unwrap();
             let mut bufs = w.buffers.clone();

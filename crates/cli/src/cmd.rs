@@ -101,7 +101,9 @@ pub struct ServeArgs {
     metrics: Option<std::net::SocketAddr>,
     /// A kernel package directory, or a directory of packages, to load (repeatable; adds to the
     /// configuration file's `[kernels] paths`). Packages are trusted code run inside the daemon;
-    /// `agora kernels reload` picks up changes (docs/KERNELS.md).
+    /// `agora kernels reload` picks up changes (docs/KERNELS.md) [default: $AGORA_KERNEL_PATH,
+    /// else PREFIX/share/agora/packages and a source checkout's examples/packages, where they
+    /// exist].
     #[arg(long = "kernels", value_name = "DIR")]
     kernel_paths: Vec<PathBuf>,
     /// Record a task trace (Chrome/Perfetto JSON) and write it to FILE at shutdown and on
@@ -489,7 +491,10 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
             }
         }
         if !report.errors.is_empty() {
-            bail!("{} package problem(s); the packages concerned keep their previous version", report.errors.len());
+            bail!(
+                "{} package problem(s); the packages concerned keep their previous version",
+                report.errors.len()
+            );
         }
         return Ok(());
     }
@@ -502,7 +507,10 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
         return Ok(());
     }
     for k in &kernels {
-        let origin = k.package.as_deref().map_or("built-in".to_string(), |p| format!("package {p}"));
+        let origin = k
+            .package
+            .as_deref()
+            .map_or("built-in".to_string(), |p| format!("package {p}"));
         let chunkable = if k.chunkable { ", chunkable" } else { "" };
         println!(
             "{}\n    {}\n    [{origin}; {}{chunkable}]",

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use agora_protocol::control::{
-    check_name, KernelListing, PackageListing, QueueClass, ReloadReport, Request, Response, SessionStatus, StatusReport,
-    MAX_NAME,
+    check_name, KernelListing, PackageListing, QueueClass, ReloadReport, Request, Response, SessionStatus,
+    StatusReport, MAX_NAME,
 };
 use agora_protocol::ring::{CompletionConsumer, SubmissionProducer};
 use agora_protocol::segment::Geometry;
@@ -68,6 +68,12 @@ impl Kernel {
     /// Its name.
     pub fn name(&self) -> &str {
         &self.signature.name
+    }
+
+    /// The id the daemon gave it, stable for the daemon's lifetime (a package reload gives a
+    /// changed kernel a new id; the old one keeps running the version it named).
+    pub fn id(&self) -> u32 {
+        self.id
     }
 }
 

@@ -259,9 +259,10 @@ pub struct DaemonConfig {
     /// `KernelFault` without running (see `agora_protocol::testing`). Not in the configuration
     /// file; the default comes from `AGORA_INJECT_FAULTS=SEED:PER_MILLE`.
     pub inject_faults: Option<(u64, u64)>,
-    /// Kernel package directories (`agora serve --kernels DIR`, repeatable; `[kernels] paths`):
-    /// each a package (a directory with `package.toml`) or a directory of packages. Packages are
-    /// trusted code: their kernels run inside the daemon.
+    /// Kernel package directories (`[kernels] paths`; `agora serve --kernels DIR`, repeatable,
+    /// adds to them): each a package (a directory with `package.toml`) or a directory of
+    /// packages. Packages are trusted code: their kernels run inside the daemon. Default:
+    /// [`agora_packages::default_paths`].
     pub kernel_paths: Vec<PathBuf>,
 }
 
@@ -371,7 +372,7 @@ impl Default for DaemonConfig {
             revoke_min: Duration::from_millis(1),
             strict_coherence: false,
             inject_faults: crate::outcome::FaultInjection::setting_from_env(),
-            kernel_paths: Vec::new(),
+            kernel_paths: agora_packages::default_paths(),
         }
     }
 }
@@ -726,12 +727,20 @@ impl DaemonConfig {
                     sim.name
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// Checks the names the settings give kernels (the sim devices' lists and profiles) against
+    /// the kernels the daemon has, the packages' included.
+    pub(crate) fn check_kernel_names(&self, table: &crate::kernels::KernelTable) -> Result<(), ConfigError> {
+        for sim in &self.sims {
             for kernel in sim.kernels.iter().flatten().chain(sim.profile.keys()) {
-                if agora_kernels::find(kernel).is_none() {
-                    return bad(format!(
-                        "sim device '{}' names kernel '{kernel}', which the library does not have (`agora kernels` lists them)",
+                if table.find(kernel).is_none() {
+                    return Err(ConfigError::Invalid(format!(
+                        "sim device '{}' names kernel '{kernel}', which neither the library nor a kernel package has (`agora kernels` lists them)",
                         sim.name
-                    ));
+                    )));
                 }
             }
         }
@@ -894,7 +903,6 @@ mod tests {
         assert!(err("[cpu]\nlanez = 2").contains("lanez"));
         assert!(err("[sessions]\nquota = \"lots\"").contains("not a size"));
         assert!(err("[sessions]\nring_capacity = 1000").contains("power of two"));
-        assert!(err("[[sim]]\nname = \"a\"\nkernels = [\"nope\"]").contains("'nope'"));
         assert!(err("[[sim]]\nname = \"a\"\n[[sim]]\nname = \"a\"").contains("unique"));
         assert!(err("[scheduler.perf]\nhistory_weight = 1.5").contains("[0, 1)"));
     }
@@ -938,5 +946,29 @@ mod tests {
         assert_eq!(format_bytes(2 << 30), "2G");
         assert_eq!(format_bytes(1000), "1000");
         assert_eq!(format_bytes(10_000_000_000), "10000000000");
+    }
+
+    #[test]
+    fn sim_devices_may_name_only_kernels_the_daemon_has() {
+        let table = crate::kernels::KernelRegistry::library_only().snapshot();
+        let mut c = DaemonConfig::default();
+        let mut sim = SimDeviceConfig::named("sim0");
+        sim.kernels = Some(vec!["saxpy".into()]);
+        c.sims = vec![sim.clone()];
+        c.check_kernel_names(&table).unwrap();
+        sim.kernels = Some(vec!["imaging.blurr".into()]);
+        c.sims = vec![sim];
+        let error = c.check_kernel_names(&table).unwrap_err().to_string();
+        assert!(
+            error.contains("imaging.blurr") && error.contains("kernel package"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn kernel_paths_come_from_the_environment_or_the_file() {
+        let file = DaemonConfig::from_toml("[kernels]\npaths = [\"/opt/agora/packages\"]\n").unwrap();
+        assert_eq!(file.kernel_paths, vec![PathBuf::from("/opt/agora/packages")]);
+        assert!(file.to_toml().contains("/opt/agora/packages"));
     }
 }

@@ -306,6 +306,9 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
         kernels::KernelRegistry::load(config.kernel_paths.clone())
             .map_err(|e| DaemonError::Packages(format!("kernel packages: {e}")))?,
     );
+    config
+        .check_kernel_names(&kernels.snapshot())
+        .map_err(|e| DaemonError::Packages(e.to_string()))?;
     let scheduler = scheduler::Scheduler::new(
         devices,
         facts,

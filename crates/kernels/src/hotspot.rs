@@ -5,84 +5,10 @@
 //! its four neighbours, the ambient temperature and its power dissipation, with Rodinia's
 //! coefficients ([`reference::Params::for_grid`]); a neighbour outside the grid counts as the
 //! cell itself, as in Rodinia's OpenCL kernel.
-
-use std::borrow::Cow;
-
-use crate::{CpuImpl, SizeCheck};
-use std::ops::Range;
-
-use agora_protocol::{Access::*, ScalarType::*, TaskError};
-
-use crate::checks::{count, exact_range, int_in};
-use crate::{buffer, opencl, programs::HOTSPOT, scalar, Cost, KernelCall, KernelDef, LaunchShape};
-
-fn step_check(s: &LaunchShape<'_>) -> Result<(), TaskError> {
-    let rows = int_in(s, 3, 1, i32::MAX)?;
-    let cols = int_in(s, 4, 1, i32::MAX)?;
-    let n = count(s, 4, &[rows, cols])?;
-    exact_range(s, [rows, cols, 1])?;
-    s.need(0, n, 4)?;
-    s.need(1, n, 4)?;
-    s.need(2, n, 4)
-}
-
-fn step_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
-    let power = call.input::<f32>(0);
-    let src = call.input::<f32>(1);
-    let dst = call.output::<f32>(2);
-    let nrows = call.i32(3) as usize;
-    let cols = call.i32(4) as usize;
-    let (step_div_cap, rx_1, ry_1, rz_1, amb) = (call.f32(5), call.f32(6), call.f32(7), call.f32(8), call.f32(9));
-    for r in rows.start as usize..rows.end as usize {
-        let base = r * cols;
-        let row = &src[base..base + cols];
-        // Rows outside the grid read the row itself (the clamped neighbour rule).
-        let north = if r > 0 { &src[base - cols..base] } else { row };
-        let south = if r + 1 < nrows {
-            &src[base + cols..base + 2 * cols]
-        } else {
-            row
-        };
-        let pw = &power[base..base + cols];
-        // SAFETY: row r of `dst` is written by this thread alone (rows are split disjointly among
-        // threads), and `dst` shares no memory with `src` or `power` (the daemon refuses a written
-        // buffer passed twice).
-        let out = unsafe { dst.row_mut(base..base + cols) };
-        for c in 0..cols {
-            let t = row[c];
-            let w = if c > 0 { row[c - 1] } else { t };
-            let e = if c + 1 < cols { row[c + 1] } else { t };
-            out[c] = t + step_div_cap
-                * (pw[c] + (south[c] + north[c] - 2.0 * t) * ry_1 + (e + w - 2.0 * t) * rx_1 + (amb - t) * rz_1);
-        }
-    }
-}
-
-/// `hotspot.step(power, src, dst, rows, cols, step_div_cap, rx_1, ry_1, rz_1, amb_temp)`.
-pub const STEP: KernelDef = KernelDef {
-    name: Cow::Borrowed("hotspot.step"),
-    doc: Cow::Borrowed(
-        "one HotSpot time step: dst = src + step_div_cap*(power + (N+S-2T)*ry_1 + (E+W-2T)*rx_1 + \
-          (amb_temp-T)*rz_1) per cell of a rows x cols grid (outside neighbours = the cell); range (rows, cols)",
-    ),
-    params: Cow::Borrowed(&[
-        buffer("power", F32, Read),
-        buffer("src", F32, Read),
-        buffer("dst", F32, Write),
-        scalar("rows", I32),
-        scalar("cols", I32),
-        scalar("step_div_cap", F32),
-        scalar("rx_1", F32),
-        scalar("ry_1", F32),
-        scalar("rz_1", F32),
-        scalar("amb_temp", F32),
-    ]),
-    cost: Cost::PerItemNs(2.0),
-    chunkable: true,
-    check: SizeCheck::Builtin(step_check),
-    cpu: Some(CpuImpl::Builtin(step_cpu)),
-    opencl: opencl("hotspot", HOTSPOT, "hotspot_step"),
-};
+//!
+//! The kernel itself (`hotspot.step`) is a kernel package now, `examples/packages/hotspot` (OpenCL C
+//! and C), loaded by the daemon at run time; this module keeps the host reference and the input
+//! generator the bundled workload and the tests check it against.
 
 /// Host reference and input generator.
 pub mod reference {
@@ -164,54 +90,5 @@ pub mod reference {
             std::mem::swap(&mut src, &mut dst);
         }
         src
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use agora_protocol::RawArg;
-
-    use super::reference;
-    use crate::{find, run_on_host};
-
-    #[test]
-    fn ping_pong_steps_match_the_simulation() {
-        let (rows, cols, steps) = (9usize, 11usize, 4);
-        let (temp, mut power) = reference::grids(rows, cols, 1);
-        let p = reference::Params::for_grid(rows, cols);
-        let want = reference::simulate(&temp, &power, rows, cols, steps, &p);
-        let (mut src, mut dst) = (temp.clone(), vec![0f32; temp.len()]);
-        let (_, k) = find("hotspot.step").unwrap();
-        for _ in 0..steps {
-            run_on_host(
-                k,
-                &[rows as u64, cols as u64],
-                &[
-                    RawArg::buffer(0),
-                    RawArg::buffer(1),
-                    RawArg::buffer(2),
-                    RawArg::i32(rows as i32),
-                    RawArg::i32(cols as i32),
-                    RawArg::f32(p.step_div_cap),
-                    RawArg::f32(p.rx_1),
-                    RawArg::f32(p.ry_1),
-                    RawArg::f32(p.rz_1),
-                    RawArg::f32(p.amb_temp),
-                ],
-                &mut [
-                    bytemuck::cast_slice_mut(&mut power),
-                    bytemuck::cast_slice_mut(&mut src),
-                    bytemuck::cast_slice_mut(&mut dst),
-                ],
-                2,
-            )
-            .unwrap();
-            std::mem::swap(&mut src, &mut dst);
-        }
-        assert_eq!(src, want);
-        // Rodinia's coefficients for a square grid.
-        let square = reference::Params::for_grid(512, 512);
-        assert!((square.rx_1 - 0.1).abs() < 1e-6 && (square.ry_1 - 0.1).abs() < 1e-6);
-        assert!((square.step_div_cap - 0.3413).abs() < 1e-3, "{}", square.step_div_cap);
     }
 }

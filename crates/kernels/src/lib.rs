@@ -7,10 +7,18 @@
 //! OpenCL, as a kernel in a `.cl` file under `src/opencl/`.
 //!
 //! Programs: elementwise basics (`noop`, `saxpy`, `vector_add`, `fill`), the Rodinia programs
-//! [`gaussian`], [`hotspot`], [`nw`], [`pathfinder`], [`lavamd`] and [`backprop`], [`sgemm`],
-//! [`stream`] and the CG building blocks of [`hpccg`]. Each program module has a `reference`
-//! module: plain-Rust whole-problem implementations with the same arithmetic, and seeded input
-//! generators. [`cases`] is a device-agnostic table of test launches with expected results.
+//! [`gaussian`], [`nw`], [`lavamd`] and [`backprop`], [`sgemm`], [`stream`] and the CG building
+//! blocks of [`hpccg`]. Rodinia's [`hotspot`] and [`pathfinder`] are kernel packages
+//! (`examples/packages`, loaded by the daemon at run time); their modules here keep only the host
+//! reference. Each program module has a `reference` module: plain-Rust whole-problem
+//! implementations with the same arithmetic, and seeded input generators. [`cases`] is a
+//! device-agnostic table of test launches with expected results, the packages' kernels included
+//! ([`cases::PACKAGE_PROGRAMS`]).
+//!
+//! Kernels loaded at run time (packages, tenant programs) are [`KernelDef`]s too, with owned text,
+//! size rules as data ([`SizeCheck::Rules`]) and CPU implementations in C ([`CpuImpl::Native`])
+//! or in another process ([`CpuImpl::External`]); the daemon passes every kernel as a
+//! [`KernelRef`].
 //!
 //! Dimension 0 of every range is an independent dimension: any split of its rows gives the same
 //! results. Reductions write one partial sum per work item (a fixed block of elements) and leave
@@ -367,9 +375,7 @@ pub(crate) const fn buffer(name: &'static str, element: ScalarType, access: Acce
 pub(crate) mod programs {
     pub const BASIC: &str = include_str!("opencl/basic.cl");
     pub const GAUSSIAN: &str = include_str!("opencl/gaussian.cl");
-    pub const HOTSPOT: &str = include_str!("opencl/hotspot.cl");
     pub const NW: &str = include_str!("opencl/nw.cl");
-    pub const PATHFINDER: &str = include_str!("opencl/pathfinder.cl");
     pub const LAVAMD: &str = include_str!("opencl/lavamd.cl");
     pub const BACKPROP: &str = include_str!("opencl/backprop.cl");
     pub const SGEMM: &str = include_str!("opencl/sgemm.cl");
@@ -380,9 +386,7 @@ pub(crate) mod programs {
     pub const ALL: &[(&str, &str)] = &[
         ("basic", BASIC),
         ("gaussian", GAUSSIAN),
-        ("hotspot", HOTSPOT),
         ("nw", NW),
-        ("pathfinder", PATHFINDER),
         ("lavamd", LAVAMD),
         ("backprop", BACKPROP),
         ("sgemm", SGEMM),
@@ -416,9 +420,7 @@ static LIBRARY: &[KernelDef] = &[
     basic::FILL,
     gaussian::FAN1,
     gaussian::FAN2,
-    hotspot::STEP,
     nw::DIAGONAL,
-    pathfinder::ROW,
     lavamd::BOXES,
     backprop::LAYERFORWARD,
     backprop::SQUASH,

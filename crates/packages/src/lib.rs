@@ -136,6 +136,45 @@ pub fn discover(path: &Path) -> Result<Vec<PathBuf>, PackageError> {
     Ok(dirs)
 }
 
+/// The kernel package directories the daemon loads by default (a configuration file's `[kernels]
+/// paths` replaces them, `--kernels DIR` adds to them): `$AGORA_KERNEL_PATH` (colon-separated;
+/// empty: none) when set, else those of these that exist:
+/// `PREFIX/share/agora/packages` for an installed `PREFIX/bin/agora`, and `examples/packages`
+/// of the source checkout a `target/{release,debug}/agora` was built in.
+pub fn default_paths() -> Vec<PathBuf> {
+    if let Some(list) = std::env::var_os("AGORA_KERNEL_PATH") {
+        return std::env::split_paths(&list)
+            .filter(|p| !p.as_os_str().is_empty())
+            .collect();
+    }
+    let Some(bin) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+    else {
+        return Vec::new();
+    };
+    [bin.join("../share/agora/packages"), bin.join("../../examples/packages")]
+        .into_iter()
+        .filter(|p| p.is_dir())
+        .filter_map(|p| p.canonicalize().ok())
+        .collect()
+}
+
+/// The kernel named `name` (`package.kernel`) of the first package under `paths` that defines it,
+/// for tools that run a package's kernel without a daemon (the native baselines of the
+/// benchmarks). Packages that do not load are skipped.
+pub fn find_kernel(paths: &[PathBuf], name: &str) -> Option<KernelDef> {
+    for path in paths {
+        for dir in discover(path).unwrap_or_default() {
+            let Ok(loaded) = load(&dir) else { continue };
+            if let Some(kernel) = loaded.kernels.into_iter().find(|k| k.def.name == name) {
+                return Some(kernel.def);
+            }
+        }
+    }
+    None
+}
+
 /// Loads the package in `dir`.
 pub fn load(dir: &Path) -> Result<Package, PackageError> {
     let manifest_path = dir.join(MANIFEST);

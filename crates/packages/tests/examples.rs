@@ -141,3 +141,118 @@ fn the_documented_manifest_is_the_example_package() {
         assert_eq!(a.fingerprint, b.fingerprint, "{}: the same definition", a.def.name);
     }
 }
+
+/// The Rodinia programs that moved out of the compiled-in library into example packages.
+fn rodinia(name: &str) -> Package {
+    let status = Command::new("bash")
+        .arg(repository().join("scripts/build-packages.sh"))
+        .status()
+        .expect("bash runs");
+    assert!(status.success(), "scripts/build-packages.sh succeeded");
+    load(&repository().join("examples/packages").join(name)).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Every case of the library's case table for hotspot and pathfinder (the inputs and results
+/// the compiled-in kernels were tested with) passes on the packages' C implementations, split
+/// into 1, 2 and 3 row blocks.
+#[test]
+fn the_rodinia_packages_pass_the_cases_of_the_kernels_they_replace() {
+    for program in agora_kernels::cases::PACKAGE_PROGRAMS {
+        let package = rodinia(program);
+        let cases = agora_kernels::cases::for_program(program);
+        assert!(!cases.is_empty(), "{program} has cases");
+        for case in &cases {
+            let def = &package
+                .kernels
+                .iter()
+                .find(|k| k.def.name == case.kernel)
+                .unwrap_or_else(|| panic!("{program} defines {}", case.kernel))
+                .def;
+            assert!(
+                def.chunkable && def.opencl.is_some() && def.cpu.is_some(),
+                "{}",
+                case.kernel
+            );
+            for threads in [1, 2, 3] {
+                agora_kernels::cases::run_case_with(case, def, threads)
+                    .unwrap_or_else(|e| panic!("{e} ({threads} row blocks)"));
+            }
+        }
+    }
+}
+
+/// The packages' size rules refuse what the compiled-in checks refused, with the same errors.
+#[test]
+fn the_rodinia_packages_refuse_bad_launches_like_the_library_did() {
+    let hotspot = rodinia("hotspot");
+    let step = &hotspot.kernels[0].def;
+    let (rows, cols) = (7usize, 13usize);
+    let mut power = vec![0f32; rows * cols];
+    let mut src = vec![0f32; rows * cols];
+    let mut dst = vec![0f32; rows * cols];
+    let args = |rows: i32| {
+        vec![
+            RawArg::buffer(0),
+            RawArg::buffer(1),
+            RawArg::buffer(2),
+            RawArg::i32(rows),
+            RawArg::i32(cols as i32),
+            RawArg::f32(0.1),
+            RawArg::f32(0.1),
+            RawArg::f32(0.1),
+            RawArg::f32(0.1),
+            RawArg::f32(80.0),
+        ]
+    };
+    let mut run = |range: &[u64], args: &[RawArg], short: bool| {
+        let len = if short { 4 } else { power.len() * 4 };
+        let mut buffers: Vec<&mut [u8]> = vec![
+            &mut bytemuck::cast_slice_mut(&mut power)[..len],
+            bytemuck::cast_slice_mut(&mut src),
+            bytemuck::cast_slice_mut(&mut dst),
+        ];
+        run_on_host(step, range, args, &mut buffers, 1)
+    };
+    assert_eq!(
+        run(&[13, 7], &args(7), false).unwrap_err(),
+        TaskError::RangeMismatch {
+            expected_x: 7,
+            expected_y: 13,
+            got_x: 13,
+            got_y: 7,
+            got_z: 1
+        }
+    );
+    assert!(matches!(
+        run(&[7, 13], &args(-1), false).unwrap_err(),
+        TaskError::InvalidScalar { index: 3, .. }
+    ));
+    assert!(matches!(
+        run(&[7, 13], &args(7), true).unwrap_err(),
+        TaskError::BufferTooSmall { index: 0, .. }
+    ));
+    run(&[7, 13], &args(7), false).unwrap();
+
+    // pathfinder.row: a row past the wall.
+    let pathfinder = rodinia("pathfinder");
+    let row = &pathfinder.kernels[0].def;
+    let mut wall = vec![0i32; 3 * 5];
+    let mut src = vec![0i32; 5];
+    let mut dst = vec![0i32; 5];
+    let mut buffers: Vec<&mut [u8]> = vec![
+        bytemuck::cast_slice_mut(&mut wall),
+        bytemuck::cast_slice_mut(&mut src),
+        bytemuck::cast_slice_mut(&mut dst),
+    ];
+    let args = [
+        RawArg::buffer(0),
+        RawArg::buffer(1),
+        RawArg::buffer(2),
+        RawArg::i32(5),
+        RawArg::i32(7),
+    ];
+    assert!(matches!(
+        run_on_host(row, &[5], &args, &mut buffers, 1).unwrap_err(),
+        TaskError::BufferTooSmall { index: 0, .. }
+    ));
+}

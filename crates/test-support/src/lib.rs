@@ -84,6 +84,8 @@ impl Daemon {
         env: impl FnOnce(&mut Command),
     ) -> Daemon {
         let agora = agora.as_ref().to_path_buf();
+        // Found by the binary next to the repository's examples/packages: built first.
+        example_packages();
         let socket = dir.path().join("agora.sock");
         let here = dir.path().display().to_string();
         let mut command = Command::new(&agora);
@@ -218,6 +220,24 @@ pub struct EmbeddedDaemon {
     dir: TempDir,
 }
 
+/// The repository's `examples/packages`, with their shared objects built
+/// (`scripts/build-packages.sh`, once per test process).
+pub fn example_packages() -> PathBuf {
+    static BUILT: std::sync::Once = std::sync::Once::new();
+    let repository = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    BUILT.call_once(|| {
+        let status = Command::new("bash")
+            .arg(repository.join("scripts/build-packages.sh"))
+            .status()
+            .expect("bash runs scripts/build-packages.sh");
+        assert!(status.success(), "scripts/build-packages.sh failed");
+    });
+    repository
+        .join("examples/packages")
+        .canonicalize()
+        .expect("examples/packages exists")
+}
+
 impl EmbeddedDaemon {
     /// Starts a daemon with the default settings, changed by `tweak`, in a new directory named
     /// after `tag`.
@@ -226,6 +246,9 @@ impl EmbeddedDaemon {
         let mut config = DaemonConfig {
             socket: dir.path().join("agora.sock"),
             state_dir: Some(dir.path().join("state")),
+            // The repository's example packages (Rodinia's hotspot and pathfinder among them): a
+            // test binary does not live where the default paths look.
+            kernel_paths: vec![example_packages()],
             ..Default::default()
         };
         tweak(&mut config);

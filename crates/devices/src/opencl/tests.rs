@@ -266,10 +266,10 @@ fn row_alignment_is_the_work_group_extent() {
     let dev = device();
     let sgemm = agora_kernels::find("sgemm").unwrap().1;
     let saxpy = agora_kernels::find("saxpy").unwrap().1;
-    let hotspot = agora_kernels::find("hotspot.step").unwrap().1;
+    let fan2 = agora_kernels::find("gaussian.fan2").unwrap().1;
     assert_eq!(dev.row_alignment(sgemm, 2), 16);
     assert_eq!(dev.row_alignment(saxpy, 1), 64);
-    assert_eq!(dev.row_alignment(hotspot, 2), 8);
+    assert_eq!(dev.row_alignment(fan2, 2), 8);
     dev.shutdown();
 }
 
