@@ -112,7 +112,7 @@ pub fn run_cpu_with_buffers(workload: &Workload, out: &mut [Vec<u8>]) -> Result<
 }
 
 #[cfg(feature = "opencl")]
-pub use opencl::{run_opencl, transfer_round_trip, NativeOpenCl, TransferBuffer};
+pub use opencl::{run_opencl, transfer_round_trip, NativeArg, NativeOpenCl, TransferBuffer};
 
 #[cfg(feature = "opencl")]
 mod opencl {
@@ -361,5 +361,93 @@ mod opencl {
                 .map_err(err)?;
         }
         Ok(start.elapsed().as_secs_f64())
+    }
+
+    /// An argument of [`NativeOpenCl::time_launches`].
+    #[derive(Clone, Copy)]
+    pub enum NativeArg<'a> {
+        /// A device buffer.
+        Buffer(&'a Buffer<u8>),
+        /// A `float`.
+        F32(f32),
+        /// An `int`.
+        I32(i32),
+    }
+
+    impl NativeOpenCl {
+        /// Builds `source` as a PyOpenCL user would (`-cl-std=CL1.2`), the compiler's log on failure.
+        pub fn build(&self, source: &str) -> Result<Program, String> {
+            Program::create_and_build_from_source(&self.context, source, "-cl-std=CL1.2")
+        }
+
+        /// A device buffer holding `data`.
+        pub fn buffer_from(&self, data: &[u8]) -> Result<Buffer<u8>, String> {
+            let mut copy = data.to_vec();
+            // SAFETY: the buffer is initialised from `copy`, which the call reads at creation.
+            unsafe {
+                Buffer::<u8>::create(
+                    &self.context,
+                    CL_MEM_READ_WRITE | opencl3::memory::CL_MEM_COPY_HOST_PTR,
+                    copy.len().max(1),
+                    copy.as_mut_ptr() as *mut std::ffi::c_void,
+                )
+            }
+            .map_err(err)
+        }
+
+        /// Reads `buffer` into `out` (blocking).
+        pub fn read(&self, buffer: &Buffer<u8>, out: &mut [u8]) -> Result<(), String> {
+            // SAFETY: a blocking read into a live slice no longer than the buffer.
+            unsafe { self.queue.enqueue_read_buffer(buffer, CL_BLOCKING, 0, out, &[]) }
+                .map(|_| ())
+                .map_err(err)
+        }
+
+        /// Launches kernel `entry` of `program` `launches` times with `args` over `global`
+        /// (work-group size `local` when given), waiting for each launch as a synchronous caller
+        /// does; the seconds each took, from enqueue to completion.
+        pub fn time_launches(
+            &self,
+            program: &Program,
+            entry: &str,
+            args: &[NativeArg<'_>],
+            global: &[usize],
+            local: Option<&[usize]>,
+            launches: usize,
+        ) -> Result<Vec<f64>, String> {
+            let kernel = Kernel::create(program, entry).map_err(err)?;
+            for (index, arg) in args.iter().enumerate() {
+                // SAFETY: the argument kinds follow the kernel's parameters (the caller's
+                // contract: the same order and types the bench package's manifest declares).
+                unsafe {
+                    match arg {
+                        NativeArg::Buffer(b) => kernel.set_arg(index as u32, &b.get()),
+                        NativeArg::F32(v) => kernel.set_arg(index as u32, v),
+                        NativeArg::I32(v) => kernel.set_arg(index as u32, v),
+                    }
+                }
+                .map_err(err)?;
+            }
+            let mut times = Vec::with_capacity(launches);
+            for _ in 0..launches {
+                let start = Instant::now();
+                // SAFETY: arguments set above; sizes are the caller's, checked by the runtime.
+                unsafe {
+                    self.queue
+                        .enqueue_nd_range_kernel(
+                            kernel.get(),
+                            global.len() as u32,
+                            std::ptr::null(),
+                            global.as_ptr(),
+                            local.map_or(std::ptr::null(), |l| l.as_ptr()),
+                            &[],
+                        )
+                        .map_err(err)?;
+                }
+                self.queue.finish().map_err(err)?;
+                times.push(start.elapsed().as_secs_f64());
+            }
+            Ok(times)
+        }
     }
 }

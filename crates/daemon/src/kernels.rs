@@ -210,6 +210,9 @@ impl KernelRegistry {
                 Err(error) => report.errors.push(format!("{}: {error}", path.display())),
             }
         }
+        // One package reached through two paths (the default and --kernels) is one package.
+        let mut seen = std::collections::HashSet::new();
+        dirs.retain(|dir| seen.insert(dir.canonicalize().unwrap_or_else(|_| dir.clone())));
         for dir in dirs {
             let previous = old.packages.iter().find(|p| p.dir == dir);
             let loaded = match agora_packages::load(&dir) {
