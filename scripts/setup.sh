@@ -38,6 +38,7 @@ fi
 # Not --quiet: a first build takes minutes, and cargo's progress shows it is working.
 echo "setup: building (release; the first build takes a few minutes)"
 cargo build --release --workspace
+bash scripts/build-packages.sh  # the example kernel packages' shared objects (examples/packages)
 
 # Python: the `agora` package (PyO3 + maturin) and what its tests use, in the project's
 # virtualenv .venv (a system Python may refuse `pip install` outside one, PEP 668).

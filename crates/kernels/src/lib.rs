@@ -148,8 +148,9 @@ pub enum CpuImpl {
     /// Rust, compiled into the daemon (the built-in library).
     Builtin(CpuFn),
     /// A C function from an operator-installed package's shared object, run in the daemon
-    /// (trusted code, like the built-ins).
-    Native(NativeCpuFn),
+    /// (trusted code, like the built-ins), and what keeps that shared object loaded while the
+    /// definition (or a clone of it) exists: the function pointer is valid only as long as it.
+    Native(NativeCpuFn, Option<Arc<dyn std::any::Any + Send + Sync>>),
     /// Runs outside the daemon (a tenant program in its executor).
     External(Arc<dyn ExternalKernel>),
 }
@@ -158,7 +159,7 @@ impl std::fmt::Debug for CpuImpl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CpuImpl::Builtin(_) => f.write_str("Builtin"),
-            CpuImpl::Native(_) => f.write_str("Native"),
+            CpuImpl::Native(..) => f.write_str("Native"),
             CpuImpl::External(e) => write!(f, "External({e:?})"),
         }
     }
@@ -312,7 +313,7 @@ impl KernelDef {
                 f(call, rows);
                 Ok(())
             }
-            Some(CpuImpl::Native(f)) => {
+            Some(CpuImpl::Native(f, _)) => {
                 let args = native::AgoraKernelArgs::of(call, self.params.len());
                 // SAFETY: `f` comes from an operator-installed package (trusted code) with the
                 // documented signature; `args` points to the call's buffers, which the size check

@@ -5,14 +5,27 @@
 //! sources and a shared object with C-ABI CPU functions (`agora_kernel.h`). Loading one yields
 //! [`KernelDef`]s the scheduler treats like the library's: named `package.kernel`, checked
 //! against size rules before they run, placed only on devices that have an implementation.
+//! The manifest format is documented in `docs/KERNELS.md` ("Package manifest");
+//! [`program_manifest`] reads the same `[kernels.NAME]` tables for tenant programs.
 //!
 //! Owns: parsing and checking manifests (errors name the file, line and key), size rules,
 //! reading sources and loading shared objects. Must not: know about sessions, devices or the
 //! daemon's kernel ids.
 
+use std::borrow::Cow;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
-use agora_kernels::KernelDef;
+use agora_kernels::{Cost, CpuImpl, KernelDef, NativeCpuFn, OpenClImpl, Param, SizeCheck};
+use sha2::{Digest, Sha256};
+
+mod expr;
+mod library;
+mod manifest;
+mod rules;
+
+use manifest::{Mode, Source};
 
 /// The manifest's file name in a package directory.
 pub const MANIFEST: &str = "package.toml";
@@ -45,20 +58,340 @@ pub struct PackageKernel {
 /// Why a package could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum PackageError {
-    /// Not written yet.
+    /// The manifest (or a file or library it names) is wrong: where, and what.
+    #[error("{file}:{line}: {key}: {message}")]
+    Manifest {
+        /// The manifest file (or a tenant program's name).
+        file: String,
+        /// The line (1-based) of the offending key or value.
+        line: usize,
+        /// The dotted key, e.g. `kernels.scale.sizes.x`.
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A file could not be read.
+    #[error("{}: {error}", .path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        error: std::io::Error,
+    },
+    /// Something else (e.g. a package path that is not a directory).
     #[error("{0}")]
     Other(String),
+}
+
+/// A kernel described by a tenant program's manifest (the `[kernels.NAME]` tables of the
+/// package format, without a `[package]` table or file paths): what the daemon needs besides
+/// the program's code.
+#[derive(Debug, Clone)]
+pub struct KernelSpec {
+    /// The kernel's name as in the manifest (`NAME` of `[kernels.NAME]`).
+    pub name: String,
+    /// Its `doc`.
+    pub doc: String,
+    /// Its parameters (names owned, not leaked).
+    pub params: Vec<Param>,
+    /// The dimensions its range may have (1 to 3).
+    pub dims: u8,
+    /// Its size rules and requirements.
+    pub check: SizeCheck,
+    /// Whether dimension 0 may be split.
+    pub chunkable: bool,
+    /// Its cost hint.
+    pub cost: Cost,
+    /// The C function of the program's shared object (`cpu = { symbol = ... }`; the kernel's name
+    /// when the table gives none).
+    pub cpu_symbol: Option<String>,
+    /// The OpenCL entry point (`opencl = { entry = ... }`; the kernel's name when the table
+    /// gives none).
+    pub opencl_entry: Option<String>,
+    /// The OpenCL work-group size the kernel requires (`opencl = { local = [...] }`).
+    pub opencl_local: Option<[usize; 3]>,
 }
 
 /// The package directories under `path`: `path` itself when it holds a [`MANIFEST`], else each
 /// subdirectory that does (sorted by name).
 pub fn discover(path: &Path) -> Result<Vec<PathBuf>, PackageError> {
-    let _ = path;
-    Err(PackageError::Other("kernel packages are not implemented yet".into()))
+    if path.join(MANIFEST).is_file() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let entries = std::fs::read_dir(path).map_err(|e| {
+        PackageError::Other(format!(
+            "cannot list the directory ({e}); give a package directory (with {MANIFEST}) or a directory of packages"
+        ))
+    })?;
+    let mut dirs = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| PackageError::Other(format!("cannot list the directory ({e})")))?;
+        let dir = entry.path();
+        if dir.join(MANIFEST).is_file() {
+            dirs.push(dir);
+        }
+    }
+    dirs.sort();
+    Ok(dirs)
 }
 
 /// Loads the package in `dir`.
 pub fn load(dir: &Path) -> Result<Package, PackageError> {
-    let _ = dir;
-    Err(PackageError::Other("kernel packages are not implemented yet".into()))
+    let manifest_path = dir.join(MANIFEST);
+    let text = std::fs::read_to_string(&manifest_path).map_err(|error| PackageError::Io {
+        path: manifest_path.clone(),
+        error,
+    })?;
+    let file = manifest_path.display().to_string();
+    let src = Source {
+        file: &file,
+        text: &text,
+    };
+    let manifest = manifest::parse(&file, &text, Mode::Package)?;
+    let package = manifest
+        .package
+        .ok_or_else(|| PackageError::Other("a package manifest without [package]".into()))?;
+    let library = match &package.library {
+        None => None,
+        Some(lib) => {
+            let path = dir.join(&lib.value);
+            let bytes = std::fs::read(&path)
+                .map_err(|e| src.error(&lib.span, &lib.key, format!("cannot read {}: {e}", path.display())))?;
+            library::check_elf(&bytes)
+                .map_err(|m| src.error(&lib.span, &lib.key, format!("{} {m}", path.display())))?;
+            let hash: [u8; 32] = Sha256::digest(&bytes).into();
+            let loaded = library::open(&path, &bytes, hash)
+                .map_err(|m| src.error(&lib.span, &lib.key, format!("cannot load {}: {m}", path.display())))?;
+            Some((loaded, hash, path))
+        }
+    };
+    // OpenCL sources by file name: (text, hash).
+    let mut sources: HashMap<String, (Arc<str>, [u8; 32])> = HashMap::new();
+    let mut kernels = Vec::new();
+    for mut entry in manifest.kernels {
+        let name = format!("{}.{}", package.name, entry.name);
+        entry.rules.set_kernel(name.clone());
+        let mut hasher = Sha256::new();
+        hasher.update(package.name.as_bytes());
+        hasher.update([0]);
+        hasher.update(entry.canonical.as_bytes());
+        let mut implementations = Vec::new();
+        let opencl = match &entry.opencl {
+            None => None,
+            Some(cl) => {
+                let Some(file) = &cl.file else {
+                    return Err(PackageError::Other("an OpenCL implementation without a file".into()));
+                };
+                if !sources.contains_key(&file.value) {
+                    let path = dir.join(&file.value);
+                    let text = std::fs::read_to_string(&path).map_err(|e| {
+                        src.error(&file.span, &file.key, format!("cannot read {}: {e}", path.display()))
+                    })?;
+                    let hash: [u8; 32] = Sha256::digest(text.as_bytes()).into();
+                    sources.insert(file.value.clone(), (text.into(), hash));
+                }
+                let (source, hash) = &sources[&file.value];
+                if !declares_kernel(source, &cl.entry.value) {
+                    return Err(src.error(
+                        &cl.entry.span,
+                        &cl.entry.key,
+                        format!(
+                            "{} has no `__kernel void {}(`: no such OpenCL kernel",
+                            dir.join(&file.value).display(),
+                            cl.entry.value
+                        ),
+                    ));
+                }
+                hasher.update(b"\0opencl\0");
+                hasher.update(hash);
+                implementations.push("opencl");
+                Some(OpenClImpl {
+                    program: Cow::Owned(format!("{}/{}@{}", package.name, file.value, hex(&hash[..8]))),
+                    source: Cow::Owned(source.to_string()),
+                    entry: Cow::Owned(cl.entry.value.clone()),
+                    local: cl.local,
+                })
+            }
+        };
+        let cpu = match &entry.cpu {
+            None => None,
+            Some(symbol) => {
+                let Some((lib, hash, path)) = &library else {
+                    return Err(src.error(
+                        &symbol.span,
+                        &symbol.key,
+                        "a C implementation without [package] library",
+                    ));
+                };
+                // SAFETY: the symbol is declared (agora_kernel.h, docs/KERNELS.md) to be an
+                // `AgoraKernelFn`; packages are operator-installed, trusted code. The pointer
+                // stays valid while `lib` is loaded, which the keep-alive below guarantees for as
+                // long as the definition exists.
+                let f: NativeCpuFn = unsafe { lib.get::<NativeCpuFn>(symbol.value.as_bytes()) }
+                    .map(|s| *s)
+                    .map_err(|e| {
+                        src.error(
+                            &symbol.span,
+                            &symbol.key,
+                            format!(
+                                "{} has no symbol `{}` ({e}); define it with AGORA_KERNEL (agora_kernel.h), not static",
+                                path.display(),
+                                symbol.value
+                            ),
+                        )
+                    })?;
+                hasher.update(b"\0cpu\0");
+                hasher.update(hash);
+                implementations.push("cpu");
+                let keep: Arc<dyn std::any::Any + Send + Sync> = lib.clone();
+                Some(CpuImpl::Native(f, Some(keep)))
+            }
+        };
+        let params: Vec<Param> = entry
+            .params
+            .iter()
+            .map(|(n, kind)| Param {
+                name: Cow::Borrowed(intern(n)),
+                kind: *kind,
+            })
+            .collect();
+        let def = KernelDef {
+            name: Cow::Borrowed(intern(&name)),
+            doc: Cow::Borrowed(intern(&entry.doc)),
+            params: Cow::Owned(params),
+            cost: Cost::PerItemNs(entry.cost_ns),
+            chunkable: entry.chunkable,
+            check: SizeCheck::Rules(Arc::new(entry.rules)),
+            cpu,
+            opencl,
+        };
+        kernels.push(PackageKernel {
+            def,
+            fingerprint: hasher.finalize().into(),
+            implementations,
+        });
+    }
+    Ok(Package {
+        name: package.name,
+        version: package.version,
+        dir: dir.to_path_buf(),
+        kernels,
+    })
 }
+
+/// Reads a tenant program's manifest: `[kernels.NAME]` tables in the package format, without a
+/// `[package]` table or file paths (`opencl` takes `entry` and `local`, `cpu` takes `symbol`),
+/// and where no implementation is required (the program's code says which it has). `origin`
+/// names the manifest in errors (e.g. the program's name).
+pub fn program_manifest(text: &str, origin: &str) -> Result<Vec<KernelSpec>, PackageError> {
+    let manifest = manifest::parse(origin, text, Mode::Program)?;
+    Ok(manifest
+        .kernels
+        .into_iter()
+        .map(|k| KernelSpec {
+            params: k
+                .params
+                .into_iter()
+                .map(|(name, kind)| Param {
+                    name: Cow::Owned(name),
+                    kind,
+                })
+                .collect(),
+            dims: k.dims as u8,
+            check: SizeCheck::Rules(Arc::new(k.rules)),
+            chunkable: k.chunkable,
+            cost: Cost::PerItemNs(k.cost_ns),
+            cpu_symbol: k.cpu.map(|s| s.value),
+            opencl_entry: k.opencl.as_ref().map(|c| c.entry.value.clone()),
+            opencl_local: k.opencl.as_ref().and_then(|c| c.local),
+            name: k.name,
+            doc: k.doc,
+        })
+        .collect())
+}
+
+/// `name` as a `&'static str`, leaked once per distinct text. Kernel definitions of packages
+/// use static names: the daemon labels metrics and traces with them (`KernelDef::label`), which
+/// it does only for static names. Packages are installed by the operator, so the text leaked is
+/// bounded by what the operator installs (a reload of unchanged packages leaks nothing more);
+/// tenant programs never come here.
+fn intern(name: &str) -> &'static str {
+    static NAMES: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
+    let mut names = NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(known) = names.get(name) {
+        return known;
+    }
+    let leaked: &'static str = Box::leak(name.to_string().into_boxed_str());
+    names.insert(leaked);
+    leaked
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether the OpenCL C `source` declares `__kernel void entry(` (or `kernel void`, with any
+/// spacing and `__attribute__((...))` before `void`), outside comments.
+fn declares_kernel(source: &str, entry: &str) -> bool {
+    let tokens = tokens(source);
+    for (i, t) in tokens.iter().enumerate() {
+        if *t != "__kernel" && *t != "kernel" {
+            continue;
+        }
+        let mut j = i + 1;
+        // Skip `__attribute__((...))` groups.
+        while tokens.get(j) == Some(&"__attribute__") {
+            j += 1;
+            let mut depth = 0usize;
+            while let Some(t) = tokens.get(j) {
+                j += 1;
+                match *t {
+                    "(" => depth += 1,
+                    ")" => {
+                        depth = depth.saturating_sub(1);
+                        if depth == 0 {
+                            break;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if tokens.get(j) == Some(&"void") && tokens.get(j + 1) == Some(&entry) && tokens.get(j + 2) == Some(&"(") {
+            return true;
+        }
+    }
+    false
+}
+
+/// Identifiers, numbers and single punctuation characters of C `source`, comments removed.
+fn tokens(source: &str) -> Vec<&str> {
+    let bytes = source.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        let c = bytes[i];
+        if c.is_ascii_whitespace() {
+            i += 1;
+        } else if source[i..].starts_with("//") {
+            i += source[i..].find('\n').unwrap_or(source.len() - i);
+        } else if source[i..].starts_with("/*") {
+            i += source[i + 2..].find("*/").map_or(source.len() - i, |e| e + 4);
+        } else if c.is_ascii_alphanumeric() || c == b'_' {
+            let start = i;
+            while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
+                i += 1;
+            }
+            out.push(&source[start..i]);
+        } else {
+            let len = source[i..].chars().next().map_or(1, char::len_utf8);
+            out.push(&source[i..i + len]);
+            i += len;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

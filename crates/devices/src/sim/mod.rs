@@ -341,7 +341,7 @@ impl Device for SimDevice {
 
     fn implements(&self, kernel: &KernelDef) -> bool {
         // A kernel that runs outside the daemon computes on host memory, not on this model.
-        matches!(kernel.cpu, Some(CpuImpl::Builtin(_) | CpuImpl::Native(_)))
+        matches!(kernel.cpu, Some(CpuImpl::Builtin(_) | CpuImpl::Native(..)))
             && self
                 .spec
                 .kernels
