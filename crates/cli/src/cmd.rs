@@ -106,6 +106,10 @@ pub struct ServeArgs {
     /// Most spans the trace keeps in memory (the oldest are dropped first) [default: 500000].
     #[arg(long, value_name = "N")]
     trace_capacity: Option<usize>,
+    /// Longest one launch of a tenant program's kernel may run, in milliseconds, before the
+    /// daemon kills the session's executor (the task fails with KernelTimeout) [default: 10000].
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=86_400_000))]
+    program_timeout: Option<u64>,
 }
 
 fn parse_metrics_addr(text: &str) -> Result<std::net::SocketAddr, String> {
@@ -194,6 +198,13 @@ impl ServeArgs {
         }
         if let Some(v) = self.trace_capacity {
             c.trace_capacity = v;
+        }
+        if let Some(ms) = self.program_timeout {
+            c.program_timeout = Duration::from_millis(ms);
+        }
+        if c.program_executor.is_none() {
+            // Tenant programs run in `agora executor`, a subcommand of this very binary.
+            c.program_executor = std::env::current_exe().ok();
         }
         c.validate().context("invalid settings")?;
         Ok(c)

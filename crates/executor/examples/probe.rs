@@ -1,5 +1,9 @@
 //! Starts an executor (`AGORA_EXECUTOR`, the agora binary) over a fresh memfd, builds an OpenCL
-//! saxpy, runs it and prints timings: a manual check of the sandbox (run it under `strace -f`).
+//! saxpy from source and again from its binary, runs it and prints what the sandbox enforces
+//! and how long each step took: a manual check (run it under `strace -f` to see every call).
+//!
+//! `cargo build --release -p agora-cli -p agora-executor --example probe &&
+//!  AGORA_EXECUTOR=target/release/agora target/release/examples/probe`
 
 use std::time::{Duration, Instant};
 
@@ -11,18 +15,15 @@ const SOURCE: &str = "__kernel void saxpy(const float a, __global const float *x
 
 fn main() {
     let program = std::env::var("AGORA_EXECUTOR").expect("AGORA_EXECUTOR=path/to/agora");
-    let len = 1 << 20;
+    let n = 1024usize;
     let fd = rustix::fs::memfd_create("probe", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
-    rustix::fs::ftruncate(&fd, len).unwrap();
+    rustix::fs::ftruncate(&fd, (8 * n) as u64).unwrap();
     let file = std::fs::File::from(fd.try_clone().unwrap());
-    let map = unsafe { memmap::map(&file, len as usize) };
-    let n = 1024u64;
-    let floats = map as *mut f32;
-    for i in 0..n as usize {
-        unsafe {
-            *floats.add(i) = i as f32;
-            *floats.add(n as usize + i) = 1.0;
-        }
+    // SAFETY: a private memfd of this process; only the executor maps it besides.
+    let mut map = unsafe { memmap2::MmapMut::map_mut(&file) }.unwrap();
+    for i in 0..n {
+        map[4 * i..4 * i + 4].copy_from_slice(&(i as f32).to_ne_bytes());
+        map[4 * (n + i)..4 * (n + i) + 4].copy_from_slice(&1f32.to_ne_bytes());
     }
     let mut executor = Executor::new(ExecutorSpec {
         program: program.into(),
@@ -33,57 +34,59 @@ fn main() {
         build_timeout: Duration::from_secs(60),
     });
     let t = Instant::now();
-    println!("device {:?} in {:?}", executor.device(), t.elapsed());
-    println!("sandbox {:?}", executor.sandbox());
+    println!("device {:?}, started in {:?}", executor.device(), t.elapsed());
+    for line in executor.sandbox() {
+        println!("  {line}");
+    }
     let t = Instant::now();
-    let built = executor.build(Code::OpenCl {
-        source: SOURCE.into(),
-        binary: None,
-    });
+    let built = executor
+        .build(Code::OpenCl {
+            source: SOURCE.into(),
+            binary: None,
+        })
+        .unwrap();
     println!(
-        "build {:?} in {:?}",
-        built.as_ref().map(|b| (&b.kernels, b.binary.as_ref().map(|b| b.len()))),
-        t.elapsed()
+        "built from source in {:?}: {:?}, binary {:?} bytes",
+        t.elapsed(),
+        built.kernels,
+        built.binary.as_ref().map(Vec::len)
     );
-    let binary = built.unwrap().binary;
     let t = Instant::now();
-    let again = executor.build(Code::OpenCl {
-        source: SOURCE.into(),
-        binary,
-    });
+    let again = executor
+        .build(Code::OpenCl {
+            source: SOURCE.into(),
+            binary: built.binary,
+        })
+        .unwrap();
     println!(
-        "from binary {:?} in {:?}",
-        again.as_ref().map(|b| b.from_binary),
+        "built again from the binary ({}) in {:?}",
+        again.from_binary,
         t.elapsed()
     );
     let args = vec![
-        Arg::Scalar(2.0f32.to_bits() as u64),
-        Arg::Buffer { offset: 0, len: n * 4 },
+        Arg::Scalar(u64::from(2.0f32.to_bits())),
         Arg::Buffer {
-            offset: n * 4,
-            len: n * 4,
+            offset: 0,
+            len: 4 * n as u64,
+        },
+        Arg::Buffer {
+            offset: 4 * n as u64,
+            len: 4 * n as u64,
         },
     ];
     for round in 0..3 {
         let t = Instant::now();
-        let r = executor.run(0, 0, [n, 1, 1], 1, [0, n], args.clone(), Duration::from_secs(10));
-        println!("run {round} {r:?} in {:?}", t.elapsed());
+        let outcome = executor.run(
+            0,
+            0,
+            [n as u64, 1, 1],
+            1,
+            [0, n as u64],
+            args.clone(),
+            Duration::from_secs(10),
+        );
+        println!("launch {round}: {outcome:?} in {:?}", t.elapsed());
     }
-    println!("y[10] = {}", unsafe { *floats.add(n as usize + 10) });
-}
-
-mod memmap {
-    pub unsafe fn map(file: &std::fs::File, len: usize) -> *mut u8 {
-        unsafe {
-            rustix::mm::mmap(
-                std::ptr::null_mut(),
-                len,
-                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
-                rustix::mm::MapFlags::SHARED,
-                file,
-                0,
-            )
-            .unwrap() as *mut u8
-        }
-    }
+    let y10 = f32::from_ne_bytes(map[4 * (n + 10)..4 * (n + 10) + 4].try_into().unwrap());
+    println!("y[10] = {y10} (expected 61)");
 }

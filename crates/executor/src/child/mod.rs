@@ -48,6 +48,32 @@ pub struct Args {
     pub tenant: Option<(u32, u32)>,
 }
 
+/// The session's segment as this process maps it.
+pub struct Mapping {
+    base: *mut u8,
+    len: u64,
+}
+
+impl Mapping {
+    /// Wraps a mapping.
+    ///
+    /// # Safety
+    /// `base` must point to `len` bytes mapped readable and writable for the rest of the
+    /// process's life.
+    pub unsafe fn new(base: *mut u8, len: u64) -> Self {
+        Mapping { base, len }
+    }
+
+    /// The first byte of `len` bytes at `offset`, when they lie within the mapping.
+    pub fn range(&self, offset: u64, len: u64) -> Option<*mut u8> {
+        if offset.checked_add(len)? > self.len {
+            return None;
+        }
+        // SAFETY: within the mapping (checked above), so the offset fits in the allocation.
+        Some(unsafe { self.base.add(offset as usize) })
+    }
+}
+
 /// Exit status when the executor could not set itself up.
 pub const SETUP_FAILED: i32 = 70;
 
@@ -87,7 +113,7 @@ fn serve(args: Args) -> Result<(), String> {
             OwnedFd::from_raw_fd(args.segment_fd),
         )
     };
-    let (base, len) = map_segment(&segment)?;
+    let mapping = map_segment(&segment)?;
     drop(segment);
     // Still one thread: the environment may change.
     std::env::set_var("POCL_CACHE_DIR", &args.cache_dir);
@@ -142,10 +168,10 @@ fn serve(args: Args) -> Result<(), String> {
                 let outcome = match programs.get(program as usize) {
                     None => Err((-1, format!("no program {program}"))),
                     Some(Built::OpenCl(p)) => match opencl.as_ref() {
-                        Some(cl) => cl.run(p, kernel, range, dims, rows, &args, base, len),
+                        Some(cl) => cl.run(p, kernel, range, dims, rows, &args, &mapping),
                         None => Err((-1, "no OpenCL device".into())),
                     },
-                    Some(Built::Library(l)) => l.run(kernel, range, rows, &args, base, len),
+                    Some(Built::Library(l)) => l.run(kernel, range, rows, &args, &mapping),
                 };
                 match outcome {
                     Ok(()) => FromChild::Done,
@@ -215,8 +241,8 @@ fn cut(mut log: String) -> String {
     log
 }
 
-/// Maps the whole segment shared and read-write; returns its base and length.
-fn map_segment(segment: &OwnedFd) -> Result<(*mut u8, u64), String> {
+/// Maps the whole segment shared and read-write.
+fn map_segment(segment: &OwnedFd) -> Result<Mapping, String> {
     let len = rustix::fs::fstat(segment)
         .map_err(|e| format!("fstat on the segment: {e}"))?
         .st_size as u64;
@@ -236,5 +262,6 @@ fn map_segment(segment: &OwnedFd) -> Result<(*mut u8, u64), String> {
         )
     }
     .map_err(|e| format!("mapping the segment: {e}"))?;
-    Ok((base as *mut u8, len))
+    // SAFETY: just mapped, `len` bytes, read-write, never unmapped.
+    Ok(unsafe { Mapping::new(base as *mut u8, len) })
 }

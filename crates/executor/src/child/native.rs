@@ -116,16 +116,15 @@ impl Library {
         self.functions.is_empty()
     }
 
-    /// Runs rows `rows` of kernel `index` over `range` with `args`, whose buffers lie in the
-    /// `segment_len` bytes at `segment`.
+    /// Runs rows `rows` of kernel `index` over `range` with `args`, whose buffers lie in
+    /// `segment`.
     pub fn run(
         &self,
         index: u32,
         range: [u64; 3],
         rows: [u64; 2],
         args: &[Arg],
-        segment: *mut u8,
-        segment_len: u64,
+        segment: &super::Mapping,
     ) -> Result<(), (i32, String)> {
         let function = self
             .functions
@@ -142,11 +141,10 @@ impl Library {
         for (slot, arg) in c_args.iter_mut().zip(args) {
             match *arg {
                 Arg::Buffer { offset, len } => {
-                    if offset.checked_add(len).is_none_or(|end| end > segment_len) {
-                        return Err((-1, format!("{len} bytes at {offset} lie outside the segment")));
-                    }
-                    // SAFETY: within the segment mapping (checked above).
-                    slot.data = unsafe { segment.add(offset as usize) } as *mut std::ffi::c_void;
+                    let data = segment
+                        .range(offset, len)
+                        .ok_or_else(|| (-1, format!("{len} bytes at {offset} lie outside the segment")))?;
+                    slot.data = data as *mut std::ffi::c_void;
                     slot.len = len;
                 }
                 Arg::Scalar(bits) => slot.scalar = bits,

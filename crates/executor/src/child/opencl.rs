@@ -171,7 +171,7 @@ impl OpenCl {
     }
 
     /// Runs rows `rows` of kernel `index` of `program` over `range` with `args`, whose buffers
-    /// lie in the `segment_len` bytes at `segment`.
+    /// lie in `segment`.
     #[allow(clippy::too_many_arguments)]
     pub fn run(
         &self,
@@ -181,8 +181,7 @@ impl OpenCl {
         dims: u8,
         rows: [u64; 2],
         args: &[Arg],
-        segment: *mut u8,
-        segment_len: u64,
+        segment: &super::Mapping,
     ) -> Result<(), (i32, String)> {
         let (kernel, params) = program
             .kernels
@@ -196,30 +195,23 @@ impl OpenCl {
             let slot = slot as u32;
             let set = match (*arg, param.kind) {
                 (Arg::Buffer { offset, len }, ParamKind::Buffer { access, .. }) => {
-                    if len == 0 || offset.checked_add(len).is_none_or(|end| end > segment_len) {
-                        return Err((
+                    let host = segment.range(offset, len).filter(|_| len > 0).ok_or_else(|| {
+                        (
                             -1,
                             format!("argument {slot}: {len} bytes at {offset} lie outside the segment"),
-                        ));
-                    }
+                        )
+                    })?;
                     let flags = CL_MEM_USE_HOST_PTR
                         | if access == Access::Read {
                             CL_MEM_READ_ONLY
                         } else {
                             CL_MEM_READ_WRITE
                         };
-                    // SAFETY: the range lies within the segment mapping (checked above), which
-                    // stays mapped for the executor's life; the buffer is released before this
-                    // call returns.
-                    let buffer = unsafe {
-                        Buffer::<u8>::create(
-                            &self.context,
-                            flags,
-                            len as usize,
-                            segment.add(offset as usize) as *mut c_void,
-                        )
-                    }
-                    .map_err(|e| (e.0, format!("argument {slot}: creating a buffer: {e}")))?;
+                    // SAFETY: `host` is `len` bytes of the segment mapping, which stays mapped
+                    // for the executor's life; the buffer is released before this call returns.
+                    let buffer =
+                        unsafe { Buffer::<u8>::create(&self.context, flags, len as usize, host as *mut c_void) }
+                            .map_err(|e| (e.0, format!("argument {slot}: creating a buffer: {e}")))?;
                     // SAFETY: a cl_mem for a __global pointer parameter.
                     let set = unsafe { kernel.set_arg(slot, &buffer.get()) };
                     buffers.push((buffer, len, access.writes()));
@@ -278,11 +270,8 @@ impl OpenCl {
             }
             .map_err(|e| (e.0, format!("reading the results back: {e}")))?;
             // SAFETY: `mapped` was returned by the map of this buffer.
-            unsafe {
-                self.queue
-                    .enqueue_unmap_mem_object(buffer.get(), mapped as *mut c_void, &[])
-            }
-            .map_err(|e| (e.0, format!("reading the results back: {e}")))?;
+            unsafe { self.queue.enqueue_unmap_mem_object(buffer.get(), mapped, &[]) }
+                .map_err(|e| (e.0, format!("reading the results back: {e}")))?;
         }
         self.queue
             .finish()
