@@ -972,6 +972,7 @@ mod tests {
             format!("[default: {}]", c.preempt_target.as_micros()),
             format!("[default: {}]", c.latency_sla.as_millis()),
             format!("[default: {}]", c.trace_capacity),
+            format!("[default: {}]", c.program_timeout.as_millis()),
         ] {
             assert!(help.contains(&default), "serve --help lacks {default}:\n{help}");
         }

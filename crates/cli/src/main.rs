@@ -190,6 +190,7 @@ mod tests {
             );
         }
         assert!(!help.contains("--socket"), "no global --socket:\n{help}");
+        assert!(!help.contains("executor"), "the executor is hidden:\n{help}");
     }
 
     /// `--socket` only where the command connects to a daemon or reads one's model.
@@ -205,7 +206,8 @@ mod tests {
             };
             for leaf in leaves {
                 let name = format!("{} {}", c.get_name(), leaf.get_name());
-                let connects = !matches!(c.get_name(), "plot" | "sim" | "model" | "demo")
+                // `executor` is started by the daemon with its descriptors, not a socket.
+                let connects = !matches!(c.get_name(), "plot" | "sim" | "model" | "demo" | "executor")
                     && !matches!(leaf.get_name(), "hetero" | "sla" | "migrate");
                 // `model show` reads the model of the daemon on the socket, running or not.
                 let names_a_daemon = name == "model show";

@@ -343,6 +343,54 @@ mod tests {
         assert_eq!(owed.load(Ordering::Acquire), 0);
     }
 
+    /// A build runs on a builder thread; the connection's later job is answered after it, in
+    /// request order.
+    #[test]
+    fn a_build_and_the_jobs_after_it_are_answered_in_order() {
+        let control = ControlPlane::start(telemetry()).unwrap();
+        let (daemon_side, client_side) = UnixStream::pair().unwrap();
+        let owed = Owed::default();
+        let geometry = agora_protocol::segment::Geometry::new(2, 2, 4096).unwrap();
+        let segment = agora_transport::shm::Segment::create("control-test", geometry).unwrap();
+        let config = crate::DaemonConfig {
+            program_executor: Some("/nonexistent/agora".into()),
+            ..Default::default()
+        };
+        let programs = crate::programs::SessionPrograms::new(
+            &config,
+            1,
+            &segment,
+            crate::session::Credentials::default(),
+            Default::default(),
+        )
+        .unwrap();
+        let job = crate::programs::BuildJob {
+            programs: Arc::new(programs),
+            cache: Arc::new(crate::programs::ProgramCache::new(
+                std::path::Path::new("/nonexistent"),
+                0,
+            )),
+            language: "opencl".into(),
+            code: b"__kernel void k(__global float *y) {}".to_vec(),
+            manifest: None,
+            name: "p".into(),
+            max_programs: 64,
+        };
+        assert!(control
+            .submit(&daemon_side, ControlJob::BuildProgram(Box::new(job)), &owed)
+            .is_ok());
+        assert!(control.submit(&daemon_side, ControlJob::ListKernels, &owed).is_ok());
+        let (first, _) = recv_with_fds::<Response>(&client_side).unwrap();
+        assert!(
+            matches!(&first, Response::Error(ControlError::BadRequest(m)) if m.contains("/nonexistent/agora")),
+            "{first:?}"
+        );
+        let (second, _) = recv_with_fds::<Response>(&client_side).unwrap();
+        assert!(matches!(second, Response::Kernels(_)), "{second:?}");
+        drop(control);
+        assert_eq!(owed.load(Ordering::Acquire), 0);
+    }
+
     #[test]
     fn a_reply_too_large_for_a_frame_becomes_an_error() {
         let control = ControlPlane::start(telemetry()).unwrap();
