@@ -370,13 +370,12 @@ impl Executor {
         // (setsid before exec, and the seccomp filter forbids leaving it), so the group id
         // cannot have been reused.
         unsafe { libc::kill(-pid, libc::SIGKILL) };
-        let status = if kill {
-            let _ = running.child.kill();
-            running.child.wait().ok()
-        } else {
-            running.child.wait().ok()
-        };
+        // Before the reap frees the pid: a `Killer` must never signal a reused one.
         self.pid.store(0, Ordering::Release);
+        if kill {
+            let _ = running.child.kill();
+        }
+        let status = running.child.wait().ok();
         drop(running.socket);
         let _ = std::fs::remove_dir_all(&running.cache_dir);
         status
