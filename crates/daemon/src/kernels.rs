@@ -307,4 +307,77 @@ mod tests {
         assert!(table.get(agora_kernels::library().len() as u32).is_none());
         assert_eq!(table.suggestions("saxp"), vec!["saxpy".to_string()]);
     }
+
+    /// A copy of the example package examples/packages/imaging (its library built by
+    /// scripts/build-packages.sh) in a directory of packages.
+    fn imaging_copy() -> tempfile::TempDir {
+        let repository = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let status = std::process::Command::new("bash")
+            .arg(repository.join("scripts/build-packages.sh"))
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("imaging");
+        std::fs::create_dir(&dir).unwrap();
+        for file in ["package.toml", "imaging.cl", "libimaging.so"] {
+            std::fs::copy(repository.join("examples/packages/imaging").join(file), dir.join(file)).unwrap();
+        }
+        root
+    }
+
+    #[test]
+    fn packages_load_and_reload_keeping_unchanged_ids() {
+        let root = imaging_copy();
+        let registry = KernelRegistry::load(vec![root.path().to_path_buf()]).unwrap();
+        let table = registry.snapshot();
+        let (blur, kernel) = table.find("imaging.blur").unwrap();
+        assert_eq!(kernel.label(), "imaging.blur");
+        let (scale, _) = table.find("imaging.scale").unwrap();
+        let (kernels, packages) = table.listing();
+        assert_eq!(packages.len(), 1);
+        assert_eq!((packages[0].name.as_str(), packages[0].kernels), ("imaging", 2));
+        let listed = kernels.iter().find(|k| k.id == blur).unwrap();
+        assert_eq!(listed.package.as_deref(), Some("imaging"));
+        assert_eq!(listed.implementations, vec!["opencl".to_string(), "cpu".to_string()]);
+
+        // Nothing changed: same ids, same generation.
+        let generation = registry.generation();
+        let report = registry.reload();
+        assert!(report.errors.is_empty() && report.changed.is_empty(), "{report:?}");
+        assert_eq!(registry.generation(), generation);
+        assert_eq!(registry.snapshot().find("imaging.blur").unwrap().0, blur);
+
+        // An edited OpenCL source changes both kernels that use it; the old ids keep working.
+        let cl = root.path().join("imaging/imaging.cl");
+        let source = std::fs::read_to_string(&cl).unwrap();
+        std::fs::write(&cl, format!("{source}\n// edited\n")).unwrap();
+        let report = registry.reload();
+        assert!(report.errors.is_empty(), "{report:?}");
+        let mut changed = report.changed.clone();
+        changed.sort();
+        assert_eq!(changed, vec!["imaging.blur".to_string(), "imaging.scale".to_string()]);
+        assert!(registry.generation() > generation);
+        let table = registry.snapshot();
+        let (new_blur, _) = table.find("imaging.blur").unwrap();
+        assert_ne!(new_blur, blur);
+        assert!(table.get(blur).is_some() && table.get(scale).is_some());
+
+        // A broken manifest keeps the previous version and says where the problem is.
+        let manifest = root.path().join("imaging/package.toml");
+        let text = std::fs::read_to_string(&manifest).unwrap();
+        std::fs::write(
+            &manifest,
+            text.replace("sizes = { src = \"w * h\"", "sizes = { src = \"w * hh\""),
+        )
+        .unwrap();
+        let report = registry.reload();
+        assert_eq!(report.errors.len(), 1, "{report:?}");
+        assert!(
+            report.errors[0].contains("package.toml:25: kernels.blur.sizes.src: `w * hh` names `hh`"),
+            "{report:?}"
+        );
+        assert!(report.errors[0].contains("keeps its previous version"), "{report:?}");
+        assert_eq!(registry.snapshot().find("imaging.blur").unwrap().0, new_blur);
+    }
 }

@@ -14,7 +14,7 @@ use evalexpr::{DefaultNumericTypes, Node, Operator, Value};
 /// Longest expression text accepted.
 pub(crate) const MAX_TEXT: usize = 1024;
 /// Deepest evaluation stack an expression may need.
-pub(crate) const MAX_DEPTH: usize = 32;
+pub(crate) const MAX_DEPTH: usize = 16;
 
 /// A value during evaluation.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -373,6 +373,7 @@ fn boolean(n: Num) -> Result<bool, EvalError> {
     }
 }
 
+#[inline(always)]
 fn int_or_float(a: Num, b: Num, int: fn(i64, i64) -> Option<i64>, flt: fn(f64, f64) -> f64) -> Result<Num, EvalError> {
     match (a, b) {
         (Num::Int(x), Num::Int(y)) => int(x, y).map(Num::Int).ok_or(EvalError),
@@ -381,6 +382,7 @@ fn int_or_float(a: Num, b: Num, int: fn(i64, i64) -> Option<i64>, flt: fn(f64, f
     }
 }
 
+#[inline(always)]
 fn compare(a: Num, b: Num, int: fn(&i64, &i64) -> bool, flt: fn(&f64, &f64) -> bool) -> Result<Num, EvalError> {
     match (a, b) {
         (Num::Int(x), Num::Int(y)) => Ok(Num::Bool(int(&x, &y))),
@@ -393,6 +395,14 @@ fn compare(a: Num, b: Num, int: fn(&i64, &i64) -> bool, flt: fn(&f64, &f64) -> b
 impl Expr {
     /// Evaluates with the variable slots `vars` (only the slots in [`Expr::vars`] are read).
     pub(crate) fn eval(&self, vars: &[Num]) -> Result<Num, EvalError> {
+        // The most common rules are one variable or constant (`range0`, `n`).
+        if let [single] = &*self.ops {
+            match *single {
+                Op::Const(n) => return Ok(n),
+                Op::Var(slot) => return vars.get(usize::from(slot)).copied().ok_or(EvalError),
+                _ => {}
+            }
+        }
         let mut stack = [Num::Int(0); MAX_DEPTH];
         let mut top = 0usize;
         for op in self.ops.iter() {
@@ -637,6 +647,46 @@ mod tests {
         compile(&deep, Ty::Number, &known()).unwrap();
         let deep = format!("{}n{}", "(1 + ".repeat(40), ")".repeat(40));
         assert!(compile(&deep, Ty::Number, &known()).unwrap_err().contains("nested"));
+    }
+
+    /// Whatever the text, compiling and evaluating return; they never panic or overflow the
+    /// stack.
+    #[test]
+    fn hostile_expressions_do_not_panic() {
+        let half = MAX_TEXT / 2;
+        for text in [
+            format!("{}n{}", "(".repeat(half - 1), ")".repeat(half - 1)),
+            format!("{}n", "-".repeat(MAX_TEXT - 1)),
+            format!("{}n", "!".repeat(MAX_TEXT - 1)),
+            format!("{}1", "min(".repeat(200)),
+            "n ^ n ^ n ^ n".into(),
+            "1e308 * 1e308".into(),
+            "9223372036854775807 + 1".into(),
+            "99999999999999999999".into(),
+        ] {
+            if let Ok(e) = compile(&text, Ty::Number, &known()) {
+                let _ = e.count(&[Num::Int(3), Num::Int(0), Num::Float(0.5), Num::Bool(true)]);
+            }
+        }
+        let alphabet: Vec<char> = "nmxb0123456789.+-*/%^()<>=!&|, ifmaxcel:\"".chars().collect();
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..20_000 {
+            let len = (state % 24) as usize + 1;
+            let text: String = (0..len)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    alphabet[(state % alphabet.len() as u64) as usize]
+                })
+                .collect();
+            for want in [Ty::Number, Ty::Bool] {
+                if let Ok(e) = compile(&text, want, &known()) {
+                    let _ = e.eval(&[Num::Int(i64::MIN), Num::Int(-1), Num::Float(f64::NAN), Num::Bool(true)]);
+                    let _ = e.eval(&[Num::Int(0), Num::Int(0), Num::Float(0.0), Num::Bool(false)]);
+                }
+            }
+        }
     }
 
     #[test]

@@ -18,6 +18,9 @@ use crate::PackageError;
 /// Longest name (package, kernel, parameter, symbol, entry point) accepted.
 pub(crate) const MAX_NAME: usize = 256;
 
+/// Longest `doc` accepted (it travels in every kernel listing).
+pub(crate) const MAX_DOC: usize = 4096;
+
 /// Default cost estimate, nanoseconds per work item.
 pub(crate) const DEFAULT_COST_NS: f64 = 10.0;
 
@@ -506,7 +509,17 @@ fn kernel(
         "opencl",
         "cpu",
     ])?;
-    let doc = t.string("doc")?.map(|d| d.value).unwrap_or_default();
+    let doc = match t.string("doc")? {
+        None => String::new(),
+        Some(d) if d.value.len() > MAX_DOC => {
+            return Err(src.error(
+                &d.span,
+                &d.key,
+                format!("the doc is {} bytes long; at most {MAX_DOC}", d.value.len()),
+            ))
+        }
+        Some(d) => d.value,
+    };
     let items = t.strings("params")?;
     if items.len() > MAX_ARGS {
         let (_, value) = t.get("params").expect("params exist when there are items");

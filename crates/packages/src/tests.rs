@@ -559,6 +559,15 @@ fn bad_manifests_are_refused_naming_file_line_and_key() {
         "kernels.scale.params[0]",
         "at most 256",
     );
+    refused(
+        &edit(
+            "doc = \"y[i] = a*x[i]; range n\"",
+            &format!("doc = \"{}\"", "d".repeat(5000)),
+        ),
+        7,
+        "kernels.scale.doc",
+        "5000 bytes long; at most 4096",
+    );
 }
 
 #[test]
