@@ -113,6 +113,10 @@ pub struct ServeArgs {
     /// Most spans the trace keeps in memory (the oldest are dropped first) [default: 500000].
     #[arg(long, value_name = "N")]
     trace_capacity: Option<usize>,
+    /// Longest one launch of a tenant program's kernel may run, in milliseconds, before the
+    /// daemon kills the session's executor (the task fails with KernelTimeout) [default: 10000].
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=86_400_000))]
+    program_timeout: Option<u64>,
 }
 
 fn parse_metrics_addr(text: &str) -> Result<std::net::SocketAddr, String> {
@@ -203,6 +207,13 @@ impl ServeArgs {
             c.trace_capacity = v;
         }
         c.kernel_paths.extend(self.kernel_paths.iter().cloned());
+        if let Some(ms) = self.program_timeout {
+            c.program_timeout = Duration::from_millis(ms);
+        }
+        if c.program_executor.is_none() {
+            // Tenant programs run in `agora executor`, a subcommand of this very binary.
+            c.program_executor = std::env::current_exe().ok();
+        }
         c.validate().context("invalid settings")?;
         Ok(c)
     }
@@ -1034,6 +1045,7 @@ mod tests {
             format!("[default: {}]", c.preempt_target.as_micros()),
             format!("[default: {}]", c.latency_sla.as_millis()),
             format!("[default: {}]", c.trace_capacity),
+            format!("[default: {}]", c.program_timeout.as_millis()),
         ] {
             assert!(help.contains(&default), "serve --help lacks {default}:\n{help}");
         }

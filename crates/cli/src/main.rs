@@ -90,6 +90,33 @@ enum Command {
     /// Client side of a benchmark (started by `agora bench`; not for direct use).
     #[command(hide = true, name = "bench-client")]
     BenchClient(bench::ClientArgs),
+    /// A session's sandboxed executor for tenant programs (started by the daemon; not for
+    /// direct use).
+    #[command(hide = true, name = "executor")]
+    Executor(ExecutorArgs),
+}
+
+/// `agora executor`: what the daemon's supervisor passes (see `agora_executor::child`).
+#[derive(Args, Debug)]
+struct ExecutorArgs {
+    /// The inherited socket to the daemon.
+    #[arg(long)]
+    control_fd: i32,
+    /// The inherited segment memfd of the session.
+    #[arg(long)]
+    segment_fd: i32,
+    /// The private cache directory (the only writable place).
+    #[arg(long)]
+    cache_dir: PathBuf,
+    /// The daemon's pid.
+    #[arg(long)]
+    daemon_pid: i32,
+    /// The tenant's uid to run as (with --gid).
+    #[arg(long, requires = "gid")]
+    uid: Option<u32>,
+    /// The tenant's gid to run as.
+    #[arg(long, requires = "uid")]
+    gid: Option<u32>,
 }
 
 /// Trace subcommands.
@@ -102,6 +129,16 @@ enum TraceCommand {
 fn main() {
     progress::quiet_on_closed_stdout();
     let cli = Cli::parse();
+    if let Command::Executor(args) = cli.command {
+        // Before anything else (no logging, no threads): the executor confines itself first.
+        std::process::exit(agora_executor::child::main(agora_executor::child::Args {
+            control_fd: args.control_fd,
+            segment_fd: args.segment_fd,
+            cache_dir: args.cache_dir,
+            daemon_pid: args.daemon_pid,
+            tenant: args.uid.zip(args.gid),
+        }));
+    }
     let verbose = matches!(cli.command, Command::Serve(_));
     let filter = tracing_subscriber::EnvFilter::try_from_env("AGORA_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(if verbose { "info" } else { "warn" }));
@@ -127,6 +164,7 @@ fn main() {
         Command::Sim(args) => sim::run(args),
         Command::Bench(command) => bench::run(command),
         Command::BenchClient(args) => bench::client(args),
+        Command::Executor(_) => unreachable!("handled before logging starts"),
     };
     if let Err(e) = result {
         eprintln!("error: {}", progress::render_error(&e));
@@ -153,6 +191,7 @@ mod tests {
             );
         }
         assert!(!help.contains("--socket"), "no global --socket:\n{help}");
+        assert!(!help.contains("executor"), "the executor is hidden:\n{help}");
     }
 
     /// `--socket` only where the command connects to a daemon or reads one's model.
@@ -168,7 +207,8 @@ mod tests {
             };
             for leaf in leaves {
                 let name = format!("{} {}", c.get_name(), leaf.get_name());
-                let connects = !matches!(c.get_name(), "plot" | "sim" | "model" | "demo")
+                // `executor` is started by the daemon with its descriptors, not a socket.
+                let connects = !matches!(c.get_name(), "plot" | "sim" | "model" | "demo" | "executor")
                     && !matches!(leaf.get_name(), "hetero" | "sla" | "migrate");
                 // `model show` reads the model of the daemon on the socket, running or not.
                 let names_a_daemon = name == "model show";

@@ -37,6 +37,7 @@
 
 mod buffer;
 mod error;
+mod program;
 mod queue;
 mod session;
 
@@ -46,6 +47,7 @@ pub use agora_protocol::control::{
 pub use agora_protocol::{KernelSignature, LaunchLimit, TaskError};
 pub use buffer::Buffer;
 pub use error::{Error, TaskFailures};
+pub use program::Program;
 pub use queue::{Arg, DeviceKind, NdRange, Queue, QueueOptions, Task};
 pub use session::{
     daemon_session_status, daemon_status, drain_device, kernel_catalog, reload_kernels, DrainOutcome, Kernel, Session,

@@ -60,6 +60,10 @@ pub struct Kernel {
 }
 
 impl Kernel {
+    pub(crate) fn new(id: u32, signature: KernelSignature) -> Self {
+        Kernel { id, signature }
+    }
+
     /// Its signature as the daemon declares it.
     pub fn signature(&self) -> &KernelSignature {
         &self.signature

@@ -2,7 +2,8 @@
 //!
 //! [`DaemonConfig`] is what the daemon runs with. A configuration file (`agora serve --config
 //! FILE`) sets any subset of it in sections (`[daemon]`, `[sessions]`, `[scheduler]`, `[cpu]`,
-//! `[opencl]`, `[[sim]]`, `[telemetry]`, `[kernels]`); what the file does not set keeps its default, and
+//! `[opencl]`, `[[sim]]`, `[telemetry]`, `[kernels]`, `[programs]`); what the file does not set
+//! keeps its default, and
 //! command-line flags override both. [`DaemonConfig::to_toml`] writes every effective setting in
 //! the same format (`agora serve --print-config`), so its output is a valid configuration file.
 //!
@@ -264,6 +265,38 @@ pub struct DaemonConfig {
     /// packages. Packages are trusted code: their kernels run inside the daemon. Default:
     /// [`agora_packages::default_paths`].
     pub kernel_paths: Vec<PathBuf>,
+    /// Who may build tenant programs (`[programs] allow`): everyone, or nobody but the users and
+    /// groups of `program_uids` / `program_gids`.
+    pub programs_allow: ProgramAccess,
+    /// Users who may build tenant programs when `programs_allow` is `nobody`.
+    pub program_uids: Vec<u32>,
+    /// Groups who may build tenant programs when `programs_allow` is `nobody`.
+    pub program_gids: Vec<u32>,
+    /// Most programs one session may build.
+    pub max_programs: usize,
+    /// Longest one launch of a tenant program's kernel may run before the daemon kills its
+    /// executor (`agora serve --program-timeout MS`, `[programs] timeout_ms`); the task fails
+    /// with `KernelTimeout`.
+    pub program_timeout: Duration,
+    /// The program run as a session's executor (`PROGRAM executor ...`): the `agora` binary.
+    /// `None`: `$AGORA_EXECUTOR`, else (for `agora serve`) the running `agora` binary itself; a
+    /// daemon embedded in another program has none unless one of those is set, and refuses to
+    /// build programs, saying so.
+    pub program_executor: Option<PathBuf>,
+    /// Most bytes of compiled program binaries the daemon keeps under its state directory
+    /// (`programs/`), so that building the same source again costs almost nothing (0: no cache).
+    pub program_cache_bytes: u64,
+}
+
+/// Who may build tenant programs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ProgramAccess {
+    /// Every tenant.
+    #[default]
+    Everyone,
+    /// Only the users and groups listed in `[programs] uids` / `gids`.
+    Nobody,
 }
 
 /// The directory under which daemons keep their state: `$XDG_STATE_HOME/agora`, else
@@ -373,6 +406,15 @@ impl Default for DaemonConfig {
             strict_coherence: false,
             inject_faults: crate::outcome::FaultInjection::setting_from_env(),
             kernel_paths: agora_packages::default_paths(),
+            programs_allow: ProgramAccess::Everyone,
+            program_uids: Vec::new(),
+            program_gids: Vec::new(),
+            max_programs: 64,
+            program_timeout: Duration::from_secs(10),
+            program_executor: std::env::var_os("AGORA_EXECUTOR")
+                .filter(|p| !p.is_empty())
+                .map(PathBuf::from),
+            program_cache_bytes: 256 << 20,
         }
     }
 }
@@ -473,6 +515,19 @@ section! {
 }
 
 section! {
+    /// `[programs]`
+    ProgramsSection "programs." {
+        allow: ProgramAccess => programs_allow,
+        uids: Vec<u32> => program_uids,
+        gids: Vec<u32> => program_gids,
+        max_per_session: usize => max_programs,
+        timeout_ms: LimitMs => program_timeout,
+        executor: Option<PathBuf> => program_executor,
+        cache_bytes: Bytes => program_cache_bytes,
+    }
+}
+
+section! {
     /// `[telemetry]`
     TelemetrySection "telemetry." {
         metrics: Option<std::net::SocketAddr> => metrics,
@@ -502,6 +557,8 @@ struct File {
     telemetry: TelemetrySection,
     #[serde(default)]
     kernels: KernelsSection,
+    #[serde(default)]
+    programs: ProgramsSection,
 }
 
 impl File {
@@ -515,6 +572,7 @@ impl File {
             c.sims = self.sim;
         }
         self.kernels.apply(c)?;
+        self.programs.apply(c)?;
         self.telemetry.apply(c)
     }
 
@@ -528,6 +586,7 @@ impl File {
             sim: c.sims.clone(),
             telemetry: TelemetrySection::of(c),
             kernels: KernelsSection::of(c),
+            programs: ProgramsSection::of(c),
         }
     }
 }
@@ -667,6 +726,26 @@ impl InFile<Duration> for TargetMs {
     }
 }
 
+/// A time limit in whole milliseconds (keys ending in `_ms`): at least 1 ms, at most a day.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+struct LimitMs(u64);
+
+impl InFile<Duration> for LimitMs {
+    fn write(value: &Duration) -> Option<Self> {
+        Some(LimitMs(value.as_millis() as u64))
+    }
+    fn read(self, key: &str) -> Result<Duration, ConfigError> {
+        if !(1..=86_400_000).contains(&self.0) {
+            return Err(ConfigError::Invalid(format!(
+                "{key} = {}: give a number of milliseconds between 1 and 86400000",
+                self.0
+            )));
+        }
+        Ok(Duration::from_millis(self.0))
+    }
+}
+
 impl DaemonConfig {
     /// The state directory this daemon uses: the one set, else its socket's own.
     pub fn effective_state_dir(&self) -> PathBuf {
@@ -700,6 +779,9 @@ impl DaemonConfig {
         }
         if self.cpu_lanes == 0 || self.cpu_threads_per_lane == 0 || self.opencl_lanes == 0 {
             return bad("cpu.lanes, cpu.threads_per_lane and opencl.lanes must be at least 1".into());
+        }
+        if self.program_timeout.is_zero() {
+            return bad("the program timeout (--program-timeout, programs.timeout_ms) must be at least 1 ms".into());
         }
         if !(0.0..1.0).contains(&self.history_weight) {
             return bad(format!(
@@ -782,6 +864,13 @@ impl DaemonConfig {
         if self.metrics.is_none() {
             out.push_str("# [telemetry] metrics = \"127.0.0.1:9464\" serves Prometheus metrics (off by default)\n");
         }
+        out.push_str(
+            "# [programs]: tenant programs (OpenCL C or C shared objects a session builds), run in one sandboxed\n\
+             #   executor process per session. allow = \"everyone\" | \"nobody\" (then only uids / gids may);\n\
+             #   timeout_ms: longest launch before the executor is killed; cache_bytes: compiled binaries kept\n\
+             #   under the state directory (0: none); executor: the agora binary (default: $AGORA_EXECUTOR,\n\
+             #   else the running agora).\n",
+        );
         if self.trace.is_none() {
             out.push_str("# [telemetry] trace = \"agora.trace.json\" records a task trace (off by default)\n");
         }

@@ -5,8 +5,14 @@
 //! that change its own state at once (hello, buffers, queues, drain). Everything slow that does
 //! not need that state runs here: writing a trace file (500 000 spans serialise in about a
 //! second), listing and looking up kernels (the "did you mean" search), and encoding and writing
-//! large replies such as a status report, which the dispatcher only snapshots. Later, program
-//! builds go here too.
+//! large replies such as a status report, which the dispatcher only snapshots, and tenant
+//! program builds.
+//!
+//! A build takes 100 ms to a second (or, for a hostile source, up to the build limit), so it
+//! does not run here either: this thread starts a builder thread for it, which sends the reply
+//! back here when done. Meanwhile this thread goes on serving other connections; jobs of the
+//! building connection wait, in order, until the build's reply is written (a connection has at
+//! most one build at a time, and its replies keep their order).
 //!
 //! Owns: the jobs handed over and a duplicate of each requesting connection's socket, on which
 //! it writes the reply. Replies leave in request order on each connection: while a
@@ -46,6 +52,31 @@ pub(crate) enum ControlJob {
     KernelCatalog,
     /// `agora kernels reload` (admin; the dispatcher checked the caller).
     ReloadKernels,
+    /// `session.program(...)`: a build on a builder thread (the dispatcher checked the caller,
+    /// the size and the session's program count).
+    BuildProgram(Box<crate::programs::BuildJob>),
+}
+
+/// What reaches the control thread.
+enum Message {
+    /// A job and the connection it answers.
+    Job(UnixStream, ControlJob, Owed),
+    /// A builder thread's reply for the connection whose `Owed` has this address.
+    Built(usize, Response),
+    /// The daemon is stopping: end after the jobs before this one.
+    Stop,
+}
+
+/// A connection waiting for its build: where the reply goes, and its later jobs in order.
+struct Waiting {
+    stream: UnixStream,
+    owed: Owed,
+    later: std::collections::VecDeque<(UnixStream, ControlJob, Owed)>,
+}
+
+/// The identity of a connection: the address of its `Owed` counter.
+fn connection(owed: &Owed) -> usize {
+    Arc::as_ptr(owed) as usize
 }
 
 /// What the control thread may read: the telemetry and the kernel registry.
@@ -59,26 +90,18 @@ pub(crate) type Owed = Arc<AtomicUsize>;
 
 /// The control thread and its queue of jobs.
 pub(crate) struct ControlPlane {
-    jobs: Option<mpsc::Sender<(UnixStream, ControlJob, Owed)>>,
+    jobs: Option<mpsc::Sender<Message>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl ControlPlane {
     /// Starts the thread.
     pub(crate) fn start(context: ControlContext) -> std::io::Result<Self> {
-        let (jobs, inbox) = mpsc::channel::<(UnixStream, ControlJob, Owed)>();
+        let (jobs, inbox) = mpsc::channel::<Message>();
+        let builders = jobs.clone();
         let thread = std::thread::Builder::new()
             .name("agora-control".into())
-            .spawn(move || {
-                for (stream, job, owed) in inbox {
-                    let response = answer(&context, job);
-                    if let Err(error) = send_whole(&stream, &response, REPLY_WAIT) {
-                        tracing::warn!(%error, "closing a connection that does not read its replies");
-                        let _ = stream.shutdown(std::net::Shutdown::Both);
-                    }
-                    owed.fetch_sub(1, Ordering::AcqRel);
-                }
-            })?;
+            .spawn(move || serve(&context, &inbox, &builders))?;
         Ok(ControlPlane {
             jobs: Some(jobs),
             thread: Some(thread),
@@ -94,22 +117,103 @@ impl ControlPlane {
             return Err(job);
         };
         owed.fetch_add(1, Ordering::AcqRel);
-        jobs.send((stream, job, owed.clone()))
-            .map_err(|mpsc::SendError((_, job, owed))| {
-                owed.fetch_sub(1, Ordering::AcqRel);
-                job
+        jobs.send(Message::Job(stream, job, owed.clone()))
+            .map_err(|mpsc::SendError(message)| match message {
+                Message::Job(_, job, owed) => {
+                    owed.fetch_sub(1, Ordering::AcqRel);
+                    job
+                }
+                _ => unreachable!("only jobs are sent here"),
             })
     }
 }
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
-        // Closing the channel ends the thread once it has written what it was given.
-        self.jobs.take();
+        // Ends the thread once it has written what it was given (builds still running are
+        // abandoned: their connections are closing with the daemon).
+        if let Some(jobs) = self.jobs.take() {
+            let _ = jobs.send(Message::Stop);
+        }
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
     }
+}
+
+/// The control thread's loop.
+fn serve(context: &ControlContext, inbox: &mpsc::Receiver<Message>, builders: &mpsc::Sender<Message>) {
+    let mut waiting: std::collections::HashMap<usize, Waiting> = std::collections::HashMap::new();
+    for message in inbox {
+        match message {
+            Message::Stop => return,
+            Message::Job(stream, job, owed) => {
+                if let Some(w) = waiting.get_mut(&connection(&owed)) {
+                    w.later.push_back((stream, job, owed));
+                    continue;
+                }
+                if let Some(w) = run(context, stream, job, owed, builders) {
+                    waiting.insert(connection(&w.owed), w);
+                }
+            }
+            Message::Built(key, response) => {
+                let Some(mut w) = waiting.remove(&key) else { continue };
+                write(&w.stream, &response, &w.owed);
+                // The connection's jobs that waited, in order, until one starts a build again.
+                while let Some((stream, job, owed)) = w.later.pop_front() {
+                    if let Some(mut again) = run(context, stream, job, owed, builders) {
+                        again.later = std::mem::take(&mut w.later);
+                        waiting.insert(key, again);
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Answers `job` on `stream`, or starts its build and returns what waits for it.
+fn run(
+    context: &ControlContext,
+    stream: UnixStream,
+    job: ControlJob,
+    owed: Owed,
+    builders: &mpsc::Sender<Message>,
+) -> Option<Waiting> {
+    let ControlJob::BuildProgram(build) = job else {
+        let response = answer(context, job);
+        write(&stream, &response, &owed);
+        return None;
+    };
+    let key = connection(&owed);
+    let reply = builders.clone();
+    let started = std::thread::Builder::new().name("agora-build".into()).spawn(move || {
+        let response = crate::programs::build(*build);
+        let _ = reply.send(Message::Built(key, response));
+    });
+    match started {
+        Ok(_) => Some(Waiting {
+            stream,
+            owed,
+            later: Default::default(),
+        }),
+        Err(e) => {
+            let response = Response::Error(ControlError::BadRequest(format!(
+                "the daemon could not start a build: {e}"
+            )));
+            write(&stream, &response, &owed);
+            None
+        }
+    }
+}
+
+/// Writes a reply and counts it paid; a connection that does not take it is shut down.
+fn write(stream: &UnixStream, response: &Response, owed: &Owed) {
+    if let Err(error) = send_whole(stream, response, REPLY_WAIT) {
+        tracing::warn!(%error, "closing a connection that does not read its replies");
+        let _ = stream.shutdown(std::net::Shutdown::Both);
+    }
+    owed.fetch_sub(1, Ordering::AcqRel);
 }
 
 /// Longest a reply written here may wait for its client to take it (a reply larger than the
@@ -190,6 +294,10 @@ pub(crate) fn answer(context: &ControlContext, job: ControlJob) -> Response {
             );
             Response::KernelsReloaded(report)
         }
+        // Builds run on builder threads (see `run`); reaching here means none could start.
+        ControlJob::BuildProgram(_) => {
+            Response::Error(ControlError::BadRequest("the daemon could not start the build".into()))
+        }
     }
 }
 
@@ -232,6 +340,54 @@ mod tests {
         let (third, _) = recv_with_fds::<Response>(&client_side).unwrap();
         assert!(matches!(third, Response::Kernels(k) if k.iter().any(|s| s.name == "saxpy")));
         drop(control); // joins the thread: every job is written
+        assert_eq!(owed.load(Ordering::Acquire), 0);
+    }
+
+    /// A build runs on a builder thread; the connection's later job is answered after it, in
+    /// request order.
+    #[test]
+    fn a_build_and_the_jobs_after_it_are_answered_in_order() {
+        let control = ControlPlane::start(telemetry()).unwrap();
+        let (daemon_side, client_side) = UnixStream::pair().unwrap();
+        let owed = Owed::default();
+        let geometry = agora_protocol::segment::Geometry::new(2, 2, 4096).unwrap();
+        let segment = agora_transport::shm::Segment::create("control-test", geometry).unwrap();
+        let config = crate::DaemonConfig {
+            program_executor: Some("/nonexistent/agora".into()),
+            ..Default::default()
+        };
+        let programs = crate::programs::SessionPrograms::new(
+            &config,
+            1,
+            &segment,
+            crate::session::Credentials::default(),
+            Default::default(),
+        )
+        .unwrap();
+        let job = crate::programs::BuildJob {
+            programs: Arc::new(programs),
+            cache: Arc::new(crate::programs::ProgramCache::new(
+                std::path::Path::new("/nonexistent"),
+                0,
+            )),
+            language: "opencl".into(),
+            code: b"__kernel void k(__global float *y) {}".to_vec(),
+            manifest: None,
+            name: "p".into(),
+            max_programs: 64,
+        };
+        assert!(control
+            .submit(&daemon_side, ControlJob::BuildProgram(Box::new(job)), &owed)
+            .is_ok());
+        assert!(control.submit(&daemon_side, ControlJob::ListKernels, &owed).is_ok());
+        let (first, _) = recv_with_fds::<Response>(&client_side).unwrap();
+        assert!(
+            matches!(&first, Response::Error(ControlError::BadRequest(m)) if m.contains("/nonexistent/agora")),
+            "{first:?}"
+        );
+        let (second, _) = recv_with_fds::<Response>(&client_side).unwrap();
+        assert!(matches!(second, Response::Kernels(_)), "{second:?}");
+        drop(control);
         assert_eq!(owed.load(Ordering::Acquire), 0);
     }
 

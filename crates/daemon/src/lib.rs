@@ -14,6 +14,8 @@
 //!   `migration` moves queues off draining or failed devices and replays lost tasks;
 //! * `outcome` — what a task's success or failure means for the buffers it touches (a failed
 //!   writer poisons its outputs; readers of poisoned data fail with `DependencyFailed`);
+//! * `programs` — tenant programs: each session's executor process (`agora-executor`), its
+//!   programs' kernels, the program cache and who may build;
 //! * `revocation` — revocable launches (TReM): saving what a replay needs, the victim slots;
 //! * `handle` — generation-checked handle tables; `config` — the daemon's settings;
 //! * [`telemetry`] — Prometheus metrics, task traces, RAPL readings;
@@ -31,6 +33,7 @@ pub mod kernels;
 mod memory;
 mod outcome;
 pub mod policy;
+mod programs;
 mod revocation;
 mod scheduler;
 mod server;
@@ -47,7 +50,7 @@ use agora_transport::wake::Doorbell;
 
 pub use config::{
     default_state_dir, format_bytes, parse_bytes, state_dir_for_socket, state_home, ConfigError, DaemonConfig,
-    PolicyKind, PowerModel, SimDeviceConfig, SimKernelProfile,
+    PolicyKind, PowerModel, ProgramAccess, SimDeviceConfig, SimKernelProfile,
 };
 
 /// Why the daemon could not start or run.

@@ -129,6 +129,9 @@ pub(crate) struct Server {
     /// owed, this thread's replies to that connection go through the control thread too, so
     /// that replies keep the order of their requests.
     owed: HashMap<u64, Owed>,
+    /// Tenant programs: the daemon's cache of their binaries and who may build them.
+    program_cache: Arc<crate::programs::ProgramCache>,
+    program_policy: crate::programs::ProgramPolicy,
 }
 
 impl Server {
@@ -175,7 +178,14 @@ impl Server {
             kernels: scheduler.kernels.clone(),
         })
         .map_err(|e| DaemonError::io("starting the control thread", e))?;
+        let program_cache = Arc::new(crate::programs::ProgramCache::new(
+            &config.effective_state_dir(),
+            config.program_cache_bytes,
+        ));
+        let program_policy = crate::programs::ProgramPolicy::of(&config);
         Ok(Server {
+            program_cache,
+            program_policy,
             config,
             listener,
             epoll,
@@ -486,9 +496,12 @@ impl Server {
                 Ok(()) => self.offload(id, ControlJob::ReloadKernels),
                 Err(refusal) => Some(refusal),
             },
-            Request::BuildProgram { .. } => Some(Response::Error(ControlError::BadRequest(
-                "tenant programs are not available in this daemon yet".into(),
-            ))),
+            Request::BuildProgram {
+                language,
+                code,
+                manifest,
+                name,
+            } => self.build_program(id, language, code, manifest, name),
             Request::LookupKernel { name } => match check_name("kernel", &name) {
                 // Refused before the "did you mean" search, whose work grows with the name.
                 Err(e) => Some(Response::Error(e)),
@@ -539,6 +552,72 @@ impl Server {
             Conn::Observer { .. } => Some(observer_error()),
             Conn::Session(session) => Some(answer(&self.config, session)),
         }
+    }
+
+    /// `Request::BuildProgram`: checks what it can at once (session, name, permission, size,
+    /// language, count) and hands the build to the control thread, which replies.
+    fn build_program(
+        &mut self,
+        id: u64,
+        language: String,
+        code: Vec<u8>,
+        manifest: Option<String>,
+        name: String,
+    ) -> Option<Response> {
+        let refuse = |e: ControlError| Some(Response::Error(e));
+        if let Err(e) = check_name("program", &name) {
+            return refuse(e);
+        }
+        let config = &self.config;
+        let session = match self.conns.get_mut(&id)? {
+            Conn::Pending { .. } => {
+                return refuse(ControlError::BadRequest("open a session with Hello first".into()));
+            }
+            Conn::Observer { .. } => return Some(observer_error()),
+            Conn::Session(session) => session,
+        };
+        if let Err(e) = self.program_policy.check(&session.credentials) {
+            return refuse(e);
+        }
+        if let Err(e) = crate::programs::check_request(&language, &code, manifest.as_deref()) {
+            return refuse(e);
+        }
+        if session
+            .programs
+            .as_ref()
+            .is_some_and(|p| p.built() >= config.max_programs)
+        {
+            return refuse(ControlError::TooMany {
+                what: "programs".into(),
+                limit: config.max_programs as u64,
+            });
+        }
+        let programs = match &session.programs {
+            Some(programs) => programs.clone(),
+            None => {
+                let created = crate::programs::SessionPrograms::new(
+                    config,
+                    session.id,
+                    &session.shared.segment,
+                    session.credentials,
+                    session.program_kernels.clone(),
+                );
+                match created {
+                    Ok(programs) => session.programs.insert(Arc::new(programs)).clone(),
+                    Err(e) => return refuse(e),
+                }
+            }
+        };
+        let job = crate::programs::BuildJob {
+            programs,
+            cache: self.program_cache.clone(),
+            language,
+            code,
+            manifest,
+            name: if name.is_empty() { "program".into() } else { name },
+            max_programs: config.max_programs,
+        };
+        self.offload(id, ControlJob::BuildProgram(Box::new(job)))
     }
 
     /// A pending connection that asks for status or a drain becomes an observer (it may not

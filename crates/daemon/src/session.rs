@@ -217,8 +217,10 @@ pub(crate) struct Session {
     pub submitted: u64,
     pub completion_capacity: u32,
     /// Kernels of the session's own programs (tenant code run by its executor), by id without
-    /// [`crate::kernels::SESSION_KERNEL_BIT`].
-    pub program_kernels: Vec<agora_kernels::KernelRef>,
+    /// [`crate::kernels::SESSION_KERNEL_BIT`]; the builder thread adds to it.
+    pub program_kernels: Arc<crate::programs::ProgramKernels>,
+    /// The session's programs and executor, from its first build on.
+    pub programs: Option<Arc<crate::programs::SessionPrograms>>,
 }
 
 impl Session {
@@ -270,14 +272,15 @@ impl Session {
             ingested: 0,
             submitted: 0,
             completion_capacity,
-            program_kernels: Vec::new(),
+            program_kernels: Arc::default(),
+            programs: None,
         }
     }
 
     /// Kernel `index` of the session's programs.
     #[inline]
-    pub(crate) fn program_kernel(&self, index: u32) -> Option<&agora_kernels::KernelRef> {
-        self.program_kernels.get(index as usize)
+    pub(crate) fn program_kernel(&self, index: u32) -> Option<agora_kernels::KernelRef> {
+        self.program_kernels.get(index)
     }
 
     /// How many more descriptors we may take before the client must consume completions.

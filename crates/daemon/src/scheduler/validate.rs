@@ -172,12 +172,11 @@ pub(super) fn resolve(session: &Session, kernels: &KernelTable, d: &Decoded<'_>)
     let (action, estimated_ns) = match d.op {
         Op::Launch => {
             let kernel = if d.kernel & SESSION_KERNEL_BIT == 0 {
-                kernels.get(d.kernel)
+                kernels.get(d.kernel).cloned()
             } else {
                 session.program_kernel(d.kernel & !SESSION_KERNEL_BIT)
             }
-            .ok_or(TaskError::UnknownKernel(d.kernel))?
-            .clone();
+            .ok_or(TaskError::UnknownKernel(d.kernel))?;
             kernel.check_arguments(d.args)?;
             let mut args = [ArgValue::None; MAX_ARGS];
             let mut scalars = [0u64; MAX_ARGS];

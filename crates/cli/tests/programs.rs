@@ -1,0 +1,478 @@
+//! Tenant programs (issue 13, part 2), against real `agora serve` processes: code a session
+//! submits is built and run in its sandboxed executor process, never in the daemon.
+//!
+//! * an OpenCL program (saxpy and a 2-D stencil) builds and computes; a second session building
+//!   the same source gets it from the program cache; a syntax error comes back with the
+//!   compiler's log; a C shared object with a manifest computes too;
+//! * while a second tenant runs verified built-in work, a kernel that writes far out of bounds
+//!   or dereferences null fails with `KernelCrashed { signal: 11 }`, `abort()` with signal 6,
+//!   an endless loop with `KernelTimeout` — and after each the same session's next launch
+//!   works (a new executor), the neighbour's work all succeeds, and the daemon has as many
+//!   open descriptors and child processes as before;
+//! * limits: a 2 MB program, the 65th program of a session, and a tenant the policy excludes
+//!   are refused with messages naming the limit or setting.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agora::{Arg, Error, Kernel, Queue, Session, TaskError};
+use agora_protocol::control::{ControlError, MAX_PROGRAM_BYTES};
+use agora_test_support::{temp_dir, Daemon};
+
+const AGORA: &str = env!("CARGO_BIN_EXE_agora");
+
+const GOOD: &str = r#"
+__kernel void saxpy(const float a, __global const float *x, __global float *y) {
+    size_t i = get_global_id(0);
+    y[i] = a * x[i] + y[i];
+}
+
+// dst = src plus its four neighbours (clamped at the edges); range (h, w).
+__kernel void stencil(const int h, const int w, __global const float *src, __global float *dst) {
+    int r = get_global_id(0), c = get_global_id(1);
+    float sum = src[r * w + c];
+    sum += src[max(r - 1, 0) * w + c] + src[min(r + 1, h - 1) * w + c];
+    sum += src[r * w + max(c - 1, 0)] + src[r * w + min(c + 1, w - 1)];
+    dst[r * w + c] = sum;
+}
+
+__kernel void empty(__global float *y) {}
+"#;
+
+const BAD: &str = r#"
+__kernel void scale2(__global float *y) { y[get_global_id(0)] *= 2.0f; }
+
+// Writes 256 GiB past its buffer: nothing is mapped there.
+__kernel void far_out_of_bounds(__global float *y) {
+    size_t i = get_global_id(0);
+    y[i + ((size_t)1 << 36)] = 1.0f;
+}
+
+// Never ends (a store per round, so it cannot be optimised away).
+__kernel void endless(__global float *y) {
+    size_t i = get_global_id(0);
+    while (y[i] >= 0.0f) { y[i] += 1.0f; if (y[i] > 1.0e30f) y[i] = 0.0f; }
+}
+"#;
+
+const C_SOURCE: &str = r#"
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include "agora_kernel.h"
+
+// Tries what the sandbox forbids; returns which attempt succeeded (0: none did).
+AGORA_KERNEL int c_escape(const AgoraKernelArgs *args, uint64_t begin, uint64_t end) {
+    if (socket(AF_UNIX, SOCK_STREAM, 0) >= 0) return 1;
+    if (socket(AF_INET, SOCK_STREAM, 0) >= 0) return 2;
+    pid_t child = fork();
+    if (child == 0) _exit(0);
+    if (child > 0) return 3;
+    if (kill(getppid(), 0) == 0) return 4;
+    if (setsid() >= 0) return 5;
+    return 0;
+}
+
+AGORA_KERNEL int c_scale(const AgoraKernelArgs *args, uint64_t begin, uint64_t end) {
+    float a = agora_f32(args, 0);
+    const float *x = args->args[1].data;
+    float *y = args->args[2].data;
+    for (uint64_t i = begin; i < end; i++) y[i] = a * x[i];
+    return 0;
+}
+
+AGORA_KERNEL int c_null(const AgoraKernelArgs *args, uint64_t begin, uint64_t end) {
+    volatile int *p = (volatile int *)0;
+    *p = (int)(begin + end);
+    return 0;
+}
+
+AGORA_KERNEL int c_abort(const AgoraKernelArgs *args, uint64_t begin, uint64_t end) {
+    abort();
+}
+"#;
+
+const C_MANIFEST: &str = r#"
+[kernels.scale]
+doc = "y = a * x; range (n)"
+params = ["a: f32", "x: f32 read", "y: f32 write"]
+sizes = { x = "range0", y = "range0" }
+cpu = { symbol = "c_scale" }
+
+[kernels.escape]
+params = ["y: f32 readwrite"]
+sizes = { y = "range0" }
+cpu = { symbol = "c_escape" }
+
+[kernels.null_write]
+params = ["y: f32 readwrite"]
+sizes = { y = "range0" }
+cpu = { symbol = "c_null" }
+
+[kernels.abort]
+params = ["y: f32 readwrite"]
+sizes = { y = "range0" }
+cpu = { symbol = "c_abort" }
+"#;
+
+fn start(tag: &str, extra: &[&str]) -> Daemon {
+    let mut args = vec!["--no-opencl", "--cpu-lanes", "2"];
+    args.extend_from_slice(extra);
+    Daemon::start(AGORA, tag, &args)
+}
+
+/// Builds `C_SOURCE` into a shared object in `dir`.
+fn c_library(dir: &Path) -> Vec<u8> {
+    let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("../capi/include");
+    let source = dir.join("kernels.c");
+    let library = dir.join("libkernels.so");
+    std::fs::write(&source, C_SOURCE).unwrap();
+    let status = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O1", "-o"])
+        .arg(&library)
+        .arg("-I")
+        .arg(&include)
+        .arg(&source)
+        .status()
+        .expect("a C compiler (cc) builds the test's shared object");
+    assert!(status.success(), "cc failed");
+    std::fs::read(library).unwrap()
+}
+
+/// Runs `saxpy` (a program's, or the library's) over `n` items and checks the result.
+fn saxpy_checked(session: &Session, queue: &Queue, saxpy: &Kernel, n: usize, seed: f32) -> Result<(), Error> {
+    let x: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 + seed).collect();
+    let y: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
+    let bx = session.buffer_from(&x)?;
+    let by = session.buffer_from(&y)?;
+    queue.sync_to(&bx)?;
+    queue.sync_to(&by)?;
+    queue.launch(saxpy, &[Arg::F32(3.0), (&bx).into(), (&by).into()], n)?;
+    queue.sync_from(&by)?;
+    queue.finish()?;
+    let got = by.read_vec::<f32>();
+    for i in 0..n {
+        let want = 3.0 * x[i] + y[i];
+        assert_eq!(got[i], want, "saxpy element {i}");
+    }
+    Ok(())
+}
+
+/// Open descriptors of process `pid`.
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+}
+
+/// Processes whose parent is `pid` (zombies included).
+fn children(pid: u32) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| {
+            let status = std::fs::read_to_string(e.ok()?.path().join("status")).ok()?;
+            let ppid = status
+                .lines()
+                .find_map(|l| l.strip_prefix("PPid:"))?
+                .trim()
+                .parse::<u32>()
+                .ok()?;
+            (ppid == pid).then_some(())
+        })
+        .count()
+}
+
+/// `(open fds, children)` of `pid` once they equal `want`, or as they are after 5 s.
+fn settled(pid: u32, want: (usize, usize)) -> (usize, usize) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = (open_fds(pid), children(pid));
+        if now == want || Instant::now() > deadline {
+            return now;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A second tenant running verified built-in saxpy until told to stop; returns how many runs
+/// succeeded (any failure panics the thread).
+fn neighbour(socket: PathBuf, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let session = agora_test_support::connect(&socket, Some("neighbour"));
+        let queue = session.queue("neighbour").unwrap();
+        let saxpy = session.kernel("saxpy").unwrap();
+        let mut runs = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            saxpy_checked(&session, &queue, &saxpy, 4096, runs as f32).expect("the neighbour's work succeeds");
+            runs += 1;
+        }
+        runs
+    })
+}
+
+#[test]
+fn opencl_and_c_programs_build_and_compute_and_builds_are_cached() {
+    let daemon = start("programs-build", &[]);
+    let session = daemon.session();
+    let queue = session.queue("programs").unwrap();
+
+    let started = Instant::now();
+    let program = session.program_opencl(GOOD).expect("the program builds");
+    let first_ms = started.elapsed().as_secs_f64() * 1e3;
+    assert!(!program.cached());
+    let names: Vec<&str> = program.kernels().iter().map(|k| k.name()).collect();
+    assert_eq!(names, ["empty", "saxpy", "stencil"]);
+    let saxpy = program.kernel("saxpy").unwrap();
+    assert_eq!(
+        saxpy.signature().to_string(),
+        "saxpy(a: f32, x: read f32 buffer, y: read-write f32 buffer)"
+    );
+    saxpy_checked(&session, &queue, &saxpy, 10_000, 1.0).unwrap();
+
+    // The 2-D stencil over a 37 x 53 image.
+    let (h, w) = (37usize, 53usize);
+    let src: Vec<f32> = (0..h * w).map(|i| ((i * 7919) % 101) as f32).collect();
+    let bsrc = session.buffer_from(&src).unwrap();
+    let bdst = session.buffer_from(&vec![0f32; h * w]).unwrap();
+    let stencil = program.kernel("stencil").unwrap();
+    queue.sync_to(&bsrc).unwrap();
+    queue
+        .launch(
+            &stencil,
+            &[Arg::I32(h as i32), Arg::I32(w as i32), (&bsrc).into(), (&bdst).into()],
+            (h as u64, w as u64),
+        )
+        .unwrap();
+    queue.sync_from(&bdst).unwrap();
+    queue.finish().unwrap();
+    let got = bdst.read_vec::<f32>();
+    for r in 0..h {
+        for c in 0..w {
+            let at = |r: usize, c: usize| src[r * w + c];
+            let want = at(r, c)
+                + at(r.saturating_sub(1), c)
+                + at((r + 1).min(h - 1), c)
+                + at(r, c.saturating_sub(1))
+                + at(r, (c + 1).min(w - 1));
+            assert_eq!(got[r * w + c], want, "stencil at ({r}, {c})");
+        }
+    }
+
+    // An empty kernel's round trip: daemon -> executor -> daemon -> client.
+    let empty = program.kernel("empty").unwrap();
+    let b = session.buffer_from(&[0f32; 16]).unwrap();
+    queue.launch(&empty, &[(&b).into()], 1u64).unwrap().wait().unwrap();
+    let rounds = 200;
+    let started = Instant::now();
+    for _ in 0..rounds {
+        queue.launch(&empty, &[(&b).into()], 1u64).unwrap().wait().unwrap();
+    }
+    let round_trip_us = started.elapsed().as_secs_f64() * 1e6 / rounds as f64;
+    // For comparison: the library's noop, which the daemon may run inline.
+    let noop = session.kernel("noop").unwrap();
+    let started = Instant::now();
+    for _ in 0..rounds {
+        queue.launch(&noop, &[], 1u64).unwrap().wait().unwrap();
+    }
+    let noop_us = started.elapsed().as_secs_f64() * 1e6 / rounds as f64;
+
+    // The compiler's log comes back with a build error.
+    let err = session
+        .program_opencl("__kernel void broken(__global float *y) { y[0] = undefined_name; }")
+        .unwrap_err();
+    match &err {
+        Error::Control(ControlError::ProgramBuild { log, .. }) => {
+            assert!(log.contains("undefined_name") && log.contains("error"), "{log}")
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // A C program with a manifest.
+    let dir = temp_dir("programs-c");
+    let library = c_library(dir.path());
+    let c = session
+        .program_library(&library, C_MANIFEST)
+        .expect("the C program loads");
+    let scale = c.kernel("scale").unwrap();
+    let x: Vec<f32> = (0..1000).map(|i| i as f32).collect();
+    let bx = session.buffer_from(&x).unwrap();
+    let by = session.buffer_from(&vec![0f32; 1000]).unwrap();
+    queue.sync_to(&bx).unwrap();
+    queue
+        .launch(&scale, &[Arg::F32(-2.0), (&bx).into(), (&by).into()], 1000u64)
+        .unwrap();
+    queue.sync_from(&by).unwrap();
+    queue.finish().unwrap();
+    assert!(by
+        .read_vec::<f32>()
+        .iter()
+        .enumerate()
+        .all(|(i, v)| *v == -2.0 * i as f32));
+    // The manifest's size rule is enforced by the daemon.
+    let err = queue
+        .launch(&scale, &[Arg::F32(1.0), (&bx).into(), (&by).into()], 1001u64)
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    assert!(
+        matches!(err.task_error(), Some(TaskError::BufferTooSmall { .. })),
+        "{err:?}"
+    );
+    // Not an ELF shared object for this machine: refused with the reason.
+    let err = session
+        .program_library(b"#!/bin/sh\necho hi\n", C_MANIFEST)
+        .unwrap_err();
+    assert!(err.to_string().contains("not an ELF"), "{err}");
+    // A symbol the object lacks is named.
+    let missing = C_MANIFEST.replace("c_abort", "c_nowhere");
+    let err = session.program_library(&library, &missing).unwrap_err();
+    assert!(err.to_string().contains("c_nowhere"), "{err}");
+
+    // Another session building the same source gets it from the daemon's program cache.
+    let other = daemon.session();
+    let started = Instant::now();
+    let again = other.program_opencl(GOOD).unwrap();
+    let cached_ms = started.elapsed().as_secs_f64() * 1e3;
+    assert!(again.cached(), "the second build comes from the cache");
+    let q2 = other.queue("other").unwrap();
+    saxpy_checked(&other, &q2, &again.kernel("saxpy").unwrap(), 1000, 2.0).unwrap();
+    // Its kernel ids are its own: the first session's ids mean nothing there.
+    assert!(daemon.state_dir().join("programs").read_dir().unwrap().count() >= 1);
+
+    // Limits: the size, and the 65th program.
+    let huge = " ".repeat(2 << 20);
+    let err = other.program_opencl(&huge).unwrap_err().to_string();
+    assert!(err.contains(&MAX_PROGRAM_BYTES.to_string()), "{err}");
+    let started = Instant::now();
+    for built in 1..64 {
+        other
+            .program_opencl(GOOD)
+            .unwrap_or_else(|e| panic!("program {} of 64: {e}", built + 1));
+    }
+    let loop_ms = started.elapsed().as_secs_f64() * 1e3 / 63.0;
+    let err = other.program_opencl(GOOD).unwrap_err();
+    assert!(
+        matches!(&err, Error::Control(ControlError::TooMany { what, limit: 64 }) if what == "programs"),
+        "{err:?}"
+    );
+    eprintln!(
+        "first build {first_ms:.0} ms, cached build in a new session {cached_ms:.1} ms, cached build in a running \
+         executor {loop_ms:.1} ms, empty-kernel round trip {round_trip_us:.0} us (library noop {noop_us:.0} us)"
+    );
+}
+
+#[test]
+fn faulting_and_endless_tenant_kernels_end_their_task_not_the_daemon_or_a_neighbour() {
+    let daemon = start("programs-faults", &["--program-timeout", "500"]);
+    let pid = daemon.pid();
+    let stop = Arc::new(AtomicBool::new(false));
+    let runner = neighbour(daemon.socket().to_path_buf(), stop.clone());
+    // The neighbour is connected and working before the baseline.
+    std::thread::sleep(Duration::from_millis(200));
+    let baseline = (open_fds(pid), children(pid));
+
+    let session = daemon.session();
+    let queue = session.queue("faults").unwrap();
+    let program = session.program_opencl(BAD).unwrap();
+    let dir = temp_dir("programs-faults-c");
+    let c = session.program_library(&c_library(dir.path()), C_MANIFEST).unwrap();
+    let good = program.kernel("scale2").unwrap();
+    let check = || {
+        let data: Vec<f32> = (0..512).map(|i| i as f32).collect();
+        let b = session.buffer_from(&data).unwrap();
+        queue.sync_to(&b).unwrap();
+        queue.launch(&good, &[(&b).into()], 512u64).unwrap();
+        queue.sync_from(&b).unwrap();
+        queue.finish().expect("a good kernel runs in the (restarted) executor");
+        assert!(b
+            .read_vec::<f32>()
+            .iter()
+            .enumerate()
+            .all(|(i, v)| *v == 2.0 * i as f32));
+    };
+    check();
+    // The sandbox refuses sockets, fork, signals to the daemon and a new session.
+    {
+        let b = session.buffer_from(&[0f32; 4]).unwrap();
+        queue
+            .launch(&c.kernel("escape").unwrap(), &[(&b).into()], 1u64)
+            .unwrap()
+            .wait()
+            .expect("every escape attempt fails inside the sandbox");
+    }
+    let before = (open_fds(pid), children(pid));
+    assert_eq!(before.1, baseline.1 + 1, "one executor runs");
+    let cases = [
+        (
+            program.kernel("far_out_of_bounds").unwrap(),
+            TaskError::KernelCrashed { signal: 11 },
+        ),
+        (c.kernel("null_write").unwrap(), TaskError::KernelCrashed { signal: 11 }),
+        (c.kernel("abort").unwrap(), TaskError::KernelCrashed { signal: 6 }),
+        (
+            program.kernel("endless").unwrap(),
+            TaskError::KernelTimeout { limit_ms: 500 },
+        ),
+    ];
+    for (kernel, expected) in cases {
+        let b = session.buffer_from(&[0f32; 256]).unwrap();
+        queue.sync_to(&b).unwrap();
+        let started = Instant::now();
+        let err = queue
+            .launch(&kernel, &[(&b).into()], 256u64)
+            .unwrap()
+            .wait()
+            .unwrap_err();
+        let took = started.elapsed();
+        assert_eq!(err.task_error(), Some(&expected), "{}: {err}", kernel.name());
+        let _ = queue.finish();
+        check();
+        let after = settled(pid, before);
+        assert_eq!(
+            after,
+            before,
+            "{}: the daemon's (open fds, child processes) were {before:?} before and {after:?} after \
+             (failed in {took:?})",
+            kernel.name()
+        );
+        daemon_alive(&daemon);
+    }
+    drop(queue);
+    drop(session);
+    let after = settled(pid, baseline);
+    assert_eq!(
+        after, baseline,
+        "once the session ended the daemon's (open fds, child processes) were {after:?}, {baseline:?} before it began"
+    );
+    stop.store(true, Ordering::Relaxed);
+    let runs = runner.join().expect("the neighbour's work all succeeded");
+    assert!(runs > 0, "the neighbour ran");
+}
+
+fn daemon_alive(daemon: &Daemon) {
+    assert!(
+        Path::new(&format!("/proc/{}", daemon.pid())).exists(),
+        "the daemon runs"
+    );
+    daemon.status();
+}
+
+#[test]
+fn the_operator_decides_who_may_build_programs() {
+    let dir = temp_dir("programs-policy");
+    std::fs::write(
+        dir.path().join("agora.toml"),
+        "[programs]\nallow = \"nobody\"\nuids = [4242]\n",
+    )
+    .unwrap();
+    let config = dir.path().join("agora.toml").display().to_string();
+    let daemon = Daemon::start_in(AGORA, dir, &["--no-opencl", "--config", &config]);
+    let session = daemon.session();
+    let err = session.program_opencl(GOOD).unwrap_err();
+    assert!(
+        matches!(&err, Error::Control(ControlError::NotPermitted(m)) if m.contains("[programs] allow")),
+        "{err:?}"
+    );
+}

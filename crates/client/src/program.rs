@@ -1,0 +1,99 @@
+//! Tenant programs: kernels a session builds from its own code, run by the daemon in the
+//! session's sandboxed executor process (never inside the daemon).
+
+use agora_protocol::control::{ControlError, Request, Response, MAX_PROGRAM_BYTES};
+use agora_protocol::KernelSignature;
+
+use crate::session::{Kernel, Session};
+use crate::Error;
+
+/// A program built for this session: its kernels, callable like the library's with
+/// [`crate::Queue::launch`], from this session only.
+#[derive(Debug, Clone)]
+pub struct Program {
+    kernels: Vec<Kernel>,
+    log: String,
+    cached: bool,
+}
+
+impl Program {
+    /// The kernel named `name` (its `__kernel` function, or its manifest name).
+    pub fn kernel(&self, name: &str) -> Option<Kernel> {
+        self.kernels.iter().find(|k| k.name() == name).cloned()
+    }
+
+    /// Every kernel of the program.
+    pub fn kernels(&self) -> &[Kernel] {
+        &self.kernels
+    }
+
+    /// The compiler's log (warnings); empty when it had nothing to say.
+    pub fn build_log(&self) -> &str {
+        &self.log
+    }
+
+    /// Whether the daemon had built this source before (its program cache), so the build cost
+    /// almost nothing.
+    pub fn cached(&self) -> bool {
+        self.cached
+    }
+}
+
+impl Session {
+    /// Builds OpenCL C `source` (OpenCL 1.2; every `__kernel` function becomes a kernel, its
+    /// signature taken from its parameters: `__global` pointers to `int`, `uint`, `long`,
+    /// `ulong`, `float` or `double` are buffers, read-only when `const`; scalars of those types
+    /// are scalars). A launch runs over exactly its range, with the slice's first row as global
+    /// offset. A source that does not compile fails with the compiler's log
+    /// ([`ControlError::ProgramBuild`]).
+    ///
+    /// Without a manifest the daemon checks no buffer sizes: a kernel that reads or writes out
+    /// of bounds touches only this session's memory, or crashes its executor
+    /// ([`crate::TaskError::KernelCrashed`]); the next launch starts a new one.
+    pub fn program_opencl(&self, source: &str) -> Result<Program, Error> {
+        self.build_program("opencl", source.as_bytes(), None, "opencl program")
+    }
+
+    /// Like [`Session::program_opencl`], with a manifest (`[kernels.NAME]` tables of the kernel
+    /// package format, see docs/KERNELS.md) adding size rules and chunkability.
+    pub fn program_opencl_with_manifest(&self, source: &str, manifest: &str) -> Result<Program, Error> {
+        self.build_program("opencl", source.as_bytes(), Some(manifest), "opencl program")
+    }
+
+    /// Builds a C program: `library` is an ELF shared object for this machine exporting
+    /// functions with the C ABI of `agora_kernel.h`, `manifest` its `[kernels.NAME]` tables
+    /// (parameters, size rules, `cpu = { symbol = ... }`).
+    pub fn program_library(&self, library: &[u8], manifest: &str) -> Result<Program, Error> {
+        self.build_program("c", library, Some(manifest), "c program")
+    }
+
+    fn build_program(&self, language: &str, code: &[u8], manifest: Option<&str>, name: &str) -> Result<Program, Error> {
+        if code.len() > MAX_PROGRAM_BYTES {
+            return Err(Error::Control(ControlError::BadRequest(format!(
+                "the program's code is {} bytes; at most {MAX_PROGRAM_BYTES} bytes (MAX_PROGRAM_BYTES) can be \
+                 built by a session: larger code belongs in a kernel package the operator installs",
+                code.len()
+            ))));
+        }
+        let request = Request::BuildProgram {
+            language: language.to_string(),
+            code: code.to_vec(),
+            manifest: manifest.map(str::to_string),
+            name: name.to_string(),
+        };
+        match self.inner.request(&request)? {
+            Response::Program { kernels, log, cached } => Ok(Program {
+                kernels: kernels
+                    .into_iter()
+                    .map(|(id, signature): (u32, KernelSignature)| Kernel::new(id, signature))
+                    .collect(),
+                log,
+                cached,
+            }),
+            Response::Error(e) => Err(Error::Control(e)),
+            other => Err(Error::Protocol(format!(
+                "unexpected reply to a program build: {other:?}"
+            ))),
+        }
+    }
+}

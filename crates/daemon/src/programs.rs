@@ -1,0 +1,704 @@
+//! Tenant programs: code a session submits at run time (`Request::BuildProgram`), built and run
+//! in that session's sandboxed executor process (`agora-executor`), never in the daemon.
+//!
+//! Owns, per session, the programs built so far, their kernels (installed where the
+//! scheduler's `validate` finds them, under ids with [`SESSION_KERNEL_BIT`] set) and the
+//! session's [`Executor`]; and, daemon-wide, the program cache ([`cache`]) and who may build
+//! ([`ProgramPolicy`]). Must not: run tenant code in the daemon, load a tenant's shared object,
+//! or trust anything an executor says — its replies are bounded by the framing, their kernel
+//! lists validated, and a binary goes into the cache only from an executor that had run no
+//! tenant code yet.
+//!
+//! A program kernel is a [`KernelDef`] like any other, with `cpu: CpuImpl::External` (a
+//! [`ProgramKernel`]) and no OpenCL implementation of the daemon's own: the scheduler places it
+//! on the CPU device (which calls it on a lane thread, never inline on the dispatcher, and never
+//! with private copies: the executor computes on the session's segment). Its name and doc are
+//! owned text, so its metric label is `tenant_program` and tenant names never become labels.
+//! Its size rules come from the program's manifest when it has one; without a manifest a
+//! kernel has **no size check**: the daemon cannot know how much of each buffer it touches, and
+//! does not need to — the executor maps only the tenant's own segment, so an out-of-bounds
+//! access reads or writes the tenant's own memory or crashes the executor (`KernelCrashed`),
+//! never anything of the daemon or another tenant.
+//!
+//! A launch ([`ProgramKernel::run`]) turns each buffer pointer into an offset within the
+//! session's segment (refusing any pointer outside it), sends it to the executor and waits at
+//! most the per-launch limit (`[programs] timeout_ms`): then the executor is killed and the task
+//! fails with `KernelTimeout`; a crash fails it with `KernelCrashed`. Either way the next use
+//! starts a new executor, which rebuilds the session's programs (from their binaries) under the
+//! same numbers. One request at a time per executor: its lock is held for the exchange.
+//!
+//! Builds take 100 ms to a second, so they run on a builder thread that the control thread
+//! starts (see `crate::control`), which replies in request order.
+
+mod cache;
+
+use std::borrow::Cow;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use agora_executor::wire::{Arg, Code};
+use agora_executor::{ExecError, Executor, ExecutorSpec, Killer};
+use agora_kernels::{ArgValue, Cost, CpuImpl, ExternalKernel, KernelCall, KernelDef, KernelRef, Param, SizeCheck};
+use agora_protocol::control::{ControlError, Response, MAX_PROGRAM_BYTES};
+use agora_protocol::{Access, KernelSignature, ParamKind, TaskError};
+
+pub(crate) use cache::ProgramCache;
+
+use crate::config::{DaemonConfig, ProgramAccess};
+use crate::kernels::SESSION_KERNEL_BIT;
+use crate::session::Credentials;
+
+/// Longest one build may take (a compiler that hangs on a tenant's source is killed).
+pub(crate) const BUILD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Longest an executor may take to start and initialise OpenCL.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Most bytes of a program's manifest.
+pub(crate) const MAX_MANIFEST_BYTES: usize = 64 << 10;
+
+/// The kernels of a session's programs, by index (the id without [`SESSION_KERNEL_BIT`]):
+/// written by the builder thread, read by the dispatcher's `validate`.
+#[derive(Debug, Default)]
+pub(crate) struct ProgramKernels(Mutex<Vec<KernelRef>>);
+
+impl ProgramKernels {
+    /// Kernel `index`.
+    #[inline]
+    pub(crate) fn get(&self, index: u32) -> Option<KernelRef> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(index as usize)
+            .cloned()
+    }
+
+    /// Appends `kernels`; returns the index of the first.
+    fn install(&self, kernels: Vec<KernelRef>) -> u32 {
+        let mut table = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let first = table.len() as u32;
+        table.extend(kernels);
+        first
+    }
+}
+
+/// Who may build programs.
+#[derive(Debug, Clone)]
+pub(crate) struct ProgramPolicy {
+    allow: ProgramAccess,
+    uids: Vec<u32>,
+    gids: Vec<u32>,
+}
+
+impl ProgramPolicy {
+    pub(crate) fn of(config: &DaemonConfig) -> Self {
+        ProgramPolicy {
+            allow: config.programs_allow,
+            uids: config.program_uids.clone(),
+            gids: config.program_gids.clone(),
+        }
+    }
+
+    /// `Err(NotPermitted)` naming the setting unless `credentials` may build programs.
+    pub(crate) fn check(&self, credentials: &Credentials) -> Result<(), ControlError> {
+        if self.allow == ProgramAccess::Everyone
+            || self.uids.contains(&credentials.uid)
+            || self.gids.contains(&credentials.gid)
+        {
+            return Ok(());
+        }
+        Err(ControlError::NotPermitted(format!(
+            "uid {} (gid {}) may not build programs: the daemon's [programs] allow = \"nobody\", and \
+             [programs] uids / gids do not list it; ask the operator",
+            credentials.uid, credentials.gid
+        )))
+    }
+}
+
+/// The checks of a build request that need no executor: its size, language and manifest size.
+pub(crate) fn check_request(language: &str, code: &[u8], manifest: Option<&str>) -> Result<(), ControlError> {
+    if code.len() > MAX_PROGRAM_BYTES {
+        return Err(ControlError::BadRequest(format!(
+            "the program's code is {} bytes; at most {MAX_PROGRAM_BYTES} bytes (MAX_PROGRAM_BYTES) are \
+             accepted: larger code belongs in a kernel package the operator installs",
+            code.len()
+        )));
+    }
+    if manifest.is_some_and(|m| m.len() > MAX_MANIFEST_BYTES) {
+        return Err(ControlError::BadRequest(format!(
+            "the program's manifest is longer than {MAX_MANIFEST_BYTES} bytes"
+        )));
+    }
+    match language {
+        "opencl" => Ok(()),
+        "c" if manifest.is_none() => Err(ControlError::BadRequest(
+            "a C program needs a manifest ([kernels.NAME] tables with params and sizes) describing its kernels".into(),
+        )),
+        "c" => Ok(()),
+        other => Err(ControlError::BadRequest(format!(
+            "unknown program language '{}': use opencl (OpenCL C source) or c (a shared object)",
+            other.chars().take(32).collect::<String>()
+        ))),
+    }
+}
+
+/// The session's executor, shared by its program kernels.
+#[derive(Debug)]
+pub(crate) struct ExecutorCell {
+    executor: Mutex<Executor>,
+    killer: Killer,
+    /// The daemon's mapping of the session's segment: pointers in launches are translated
+    /// against it (never dereferenced here).
+    segment_base: usize,
+    segment_len: u64,
+    timeout: Duration,
+    closed: AtomicBool,
+}
+
+impl ExecutorCell {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Executor> {
+        self.executor.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A session's programs.
+#[derive(Debug)]
+pub(crate) struct SessionPrograms {
+    kernels: Arc<ProgramKernels>,
+    cell: Arc<ExecutorCell>,
+    /// Programs built so far (the dispatcher's quick check; the builder re-checks).
+    built: AtomicUsize,
+    session: u64,
+}
+
+impl SessionPrograms {
+    /// The programs of a session whose segment is `segment` (the daemon's mapping) and whose
+    /// client has `credentials`; `kernels` is the table the session's `validate` reads.
+    pub(crate) fn new(
+        config: &DaemonConfig,
+        session: u64,
+        segment: &agora_transport::shm::Segment,
+        credentials: Credentials,
+        kernels: Arc<ProgramKernels>,
+    ) -> Result<Self, ControlError> {
+        let program = config.program_executor.clone().ok_or_else(|| {
+            ControlError::BadRequest(
+                "this daemon cannot run tenant programs: it has no executor program (it does not run inside \
+                 the agora binary); set [programs] executor or AGORA_EXECUTOR to the agora binary"
+                    .into(),
+            )
+        })?;
+        let fd = segment
+            .fd()
+            .try_clone_to_owned()
+            .map_err(|e| ControlError::BadRequest(format!("the daemon could not share the segment: {e}")))?;
+        // Root drops the executor to the tenant's own user; anyone else runs it as itself.
+        let tenant = (rustix::process::geteuid().is_root() && credentials.uid != 0)
+            .then_some((credentials.uid, credentials.gid));
+        let executor = Executor::new(ExecutorSpec {
+            program,
+            segment: fd,
+            scratch: std::env::temp_dir(),
+            tenant,
+            start_timeout: START_TIMEOUT,
+            build_timeout: BUILD_TIMEOUT,
+        });
+        Ok(SessionPrograms {
+            kernels,
+            cell: Arc::new(ExecutorCell {
+                killer: executor.killer(),
+                executor: Mutex::new(executor),
+                segment_base: segment.view().base() as usize,
+                segment_len: segment.len() as u64,
+                timeout: config.program_timeout,
+                closed: AtomicBool::new(false),
+            }),
+            built: AtomicUsize::new(0),
+            session,
+        })
+    }
+
+    /// Programs built so far.
+    pub(crate) fn built(&self) -> usize {
+        self.built.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for SessionPrograms {
+    /// The session ended: its executor is killed now (without waiting for a launch that holds
+    /// its lock, which then fails) and reaped by whoever holds it last.
+    fn drop(&mut self) {
+        self.cell.closed.store(true, Ordering::Release);
+        self.cell.killer.kill();
+        // Reaping waits for the process to finish dying: not on the dispatcher.
+        let cell = self.cell.clone();
+        let reaper = std::thread::Builder::new()
+            .name("agora-reap".into())
+            .spawn(move || cell.lock().stop());
+        if reaper.is_err() {
+            if let Ok(mut executor) = self.cell.executor.try_lock() {
+                executor.stop();
+            }
+        }
+    }
+}
+
+/// A build to run off the dispatcher.
+pub(crate) struct BuildJob {
+    pub(crate) programs: Arc<SessionPrograms>,
+    pub(crate) cache: Arc<ProgramCache>,
+    pub(crate) language: String,
+    pub(crate) code: Vec<u8>,
+    pub(crate) manifest: Option<String>,
+    pub(crate) name: String,
+    pub(crate) max_programs: usize,
+}
+
+/// Runs a build (on a builder thread) and returns the reply.
+pub(crate) fn build(job: BuildJob) -> Response {
+    let started = Instant::now();
+    let session = job.programs.session;
+    let name = job.name.clone();
+    let result = build_inner(job);
+    match &result {
+        Ok(Response::Program { kernels, cached, .. }) => tracing::info!(
+            session,
+            kernels = kernels.len(),
+            cached,
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "tenant program built"
+        ),
+        _ => tracing::info!(session, "tenant program did not build"),
+    }
+    result.unwrap_or_else(|e| {
+        Response::Error(match e {
+            ControlError::ProgramBuild { log, .. } => ControlError::ProgramBuild { name, log },
+            other => other,
+        })
+    })
+}
+
+fn build_inner(job: BuildJob) -> Result<Response, ControlError> {
+    let BuildJob {
+        programs,
+        cache,
+        language,
+        code,
+        manifest,
+        name,
+        max_programs,
+    } = job;
+    check_request(&language, &code, manifest.as_deref())?;
+    let specs = match manifest.as_deref() {
+        None => None,
+        Some(text) => Some(
+            agora_packages::program_manifest(text, &format!("the manifest of program '{name}'"))
+                .map_err(|e| ControlError::BadRequest(e.to_string()))?,
+        ),
+    };
+    if let Some(spec) = specs.iter().flatten().find(|s| s.opencl_local.is_some()) {
+        return Err(ControlError::BadRequest(format!(
+            "kernel {}: tenant programs run with the exact range and no required work-group size; remove opencl.local",
+            spec.name
+        )));
+    }
+    let failed = |log: String| ControlError::ProgramBuild {
+        name: name.clone(),
+        log,
+    };
+    let cell = &programs.cell;
+    if cell.closed.load(Ordering::Acquire) {
+        return Err(ControlError::BadRequest("the session ended".into()));
+    }
+    let mut executor = cell.lock();
+    if executor.programs() >= max_programs {
+        return Err(ControlError::TooMany {
+            what: "programs".into(),
+            limit: max_programs as u64,
+        });
+    }
+    let started = |e: ExecError| match e {
+        ExecError::BuildFailed(log) => failed(log),
+        other => {
+            tracing::warn!(session = programs.session, error = %other, "a tenant program's executor failed during a build");
+            ControlError::BadRequest(format!("the program's executor failed: {other}"))
+        }
+    };
+    let (code, key) = match language.as_str() {
+        "opencl" => {
+            let source = String::from_utf8(code)
+                .map_err(|_| ControlError::BadRequest("OpenCL C source must be UTF-8 text".into()))?;
+            let device = executor.device().map_err(started)?;
+            let key = device.map(|d| ProgramCache::key(&d, agora_executor::BUILD_OPTIONS, &source));
+            let binary = key.as_ref().and_then(|k| cache.load(k));
+            (Code::OpenCl { source, binary }, key)
+        }
+        _ => {
+            let specs = specs.as_deref().unwrap_or_default();
+            let symbols = specs
+                .iter()
+                .map(|s| s.cpu_symbol.clone().unwrap_or_else(|| s.name.clone()))
+                .collect();
+            (Code::Library { bytes: code, symbols }, None)
+        }
+    };
+    let built = executor.build(code).map_err(started)?;
+    drop(executor);
+    if let (Some(key), Some(binary), false, true) = (&key, &built.binary, built.from_binary, built.clean) {
+        cache.store(key, binary);
+    }
+    let library = language == "c";
+    let defs = definitions(&built.kernels, specs.as_deref(), library, cell, built.program, &name).map_err(failed)?;
+    let signatures: Vec<KernelSignature> = defs.iter().map(|d| d.signature()).collect();
+    let first = programs
+        .kernels
+        .install(defs.into_iter().map(|d| KernelRef::Shared(Arc::new(d))).collect());
+    programs.built.fetch_add(1, Ordering::AcqRel);
+    Ok(Response::Program {
+        kernels: signatures
+            .into_iter()
+            .enumerate()
+            .map(|(j, s)| (SESSION_KERNEL_BIT | (first + j as u32), s))
+            .collect(),
+        log: built.log,
+        cached: built.from_binary,
+    })
+}
+
+/// The definitions of a built program's kernels: parameters from the compiler (OpenCL) or the
+/// manifest (C, and OpenCL kernels the manifest describes), size rules and chunkability from
+/// the manifest.
+fn definitions(
+    kernels: &[agora_executor::wire::BuiltKernel],
+    specs: Option<&[agora_packages::KernelSpec]>,
+    library: bool,
+    cell: &Arc<ExecutorCell>,
+    program: u32,
+    name: &str,
+) -> Result<Vec<KernelDef>, String> {
+    let mut defs = Vec::new();
+    for (index, kernel) in kernels.iter().enumerate() {
+        let spec = specs.and_then(|specs| {
+            if library {
+                specs.get(index)
+            } else {
+                specs
+                    .iter()
+                    .find(|s| s.opencl_entry.as_deref().unwrap_or(&s.name) == kernel.name)
+            }
+        });
+        let params: Vec<Param> = match spec {
+            Some(spec) => {
+                if !library {
+                    matches_compiler(&kernel.params, &spec.params, &kernel.name)?;
+                }
+                spec.params.clone()
+            }
+            None => kernel
+                .params
+                .iter()
+                .map(|p| Param {
+                    name: Cow::Owned(p.name.clone()),
+                    kind: p.kind,
+                })
+                .collect(),
+        };
+        let kernel_name = spec.map_or_else(|| kernel.name.clone(), |s| s.name.clone());
+        let doc = match spec.map(|s| s.doc.as_str()).filter(|d| !d.is_empty()) {
+            Some(doc) => doc.to_string(),
+            None => format!("kernel {} of the session's program '{name}'", kernel.name),
+        };
+        defs.push(KernelDef {
+            name: Cow::Owned(kernel_name),
+            doc: Cow::Owned(doc),
+            cost: spec.map_or(Cost::PerItemNs(2.0), |s| s.cost),
+            chunkable: spec.is_some_and(|s| s.chunkable),
+            check: spec.map_or(SizeCheck::Builtin(no_size_check), |s| s.check.clone()),
+            cpu: Some(CpuImpl::External(Arc::new(ProgramKernel {
+                cell: cell.clone(),
+                program,
+                kernel: index as u32,
+                arity: params.len(),
+            }))),
+            opencl: None,
+            params: Cow::Owned(params),
+        });
+    }
+    if let Some(spec) = specs.filter(|_| !library).and_then(|specs| {
+        specs.iter().find(|s| {
+            !kernels
+                .iter()
+                .any(|k| k.name == s.opencl_entry.as_deref().unwrap_or(&s.name))
+        })
+    }) {
+        return Err(format!(
+            "the manifest describes kernel {}, which the program does not define",
+            spec.name
+        ));
+    }
+    Ok(defs)
+}
+
+/// Checks a manifest's parameters against what the OpenCL compiler reports: the same count and
+/// kinds, and no writing to a `const` buffer.
+fn matches_compiler(compiled: &[agora_protocol::ParamSpec], declared: &[Param], kernel: &str) -> Result<(), String> {
+    if compiled.len() != declared.len() {
+        return Err(format!(
+            "kernel {kernel}: the manifest declares {} parameters, the source {}",
+            declared.len(),
+            compiled.len()
+        ));
+    }
+    for (index, (c, d)) in compiled.iter().zip(declared).enumerate() {
+        let same = match (c.kind, d.kind) {
+            (ParamKind::Scalar(a), ParamKind::Scalar(b)) => a == b,
+            (ParamKind::Buffer { element: a, access: ca }, ParamKind::Buffer { element: b, access: da }) => {
+                a == b && (ca != Access::Read || da == Access::Read)
+            }
+            _ => false,
+        };
+        if !same {
+            return Err(format!(
+                "kernel {kernel}: parameter {index} is {} in the manifest but {} in the source",
+                d.kind, c.kind
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The size check of a kernel without a manifest: none (see the module doc).
+fn no_size_check(_: &agora_kernels::LaunchShape<'_>) -> Result<(), TaskError> {
+    Ok(())
+}
+
+/// A kernel of a tenant program: a launch is a request to the session's executor.
+#[derive(Debug)]
+pub(crate) struct ProgramKernel {
+    cell: Arc<ExecutorCell>,
+    program: u32,
+    kernel: u32,
+    arity: usize,
+}
+
+impl ExternalKernel for ProgramKernel {
+    fn run(&self, call: &KernelCall<'_>, rows: std::ops::Range<u64>) -> Result<(), TaskError> {
+        let cell = &self.cell;
+        let args = translate(call, self.arity, cell.segment_base, cell.segment_len)?;
+        let range = call.range();
+        // The launch's dimensions as OpenCL sees them (trailing extents of 1 do not count).
+        let dims = if range[2] > 1 {
+            3
+        } else if range[1] > 1 {
+            2
+        } else {
+            1
+        };
+        if cell.closed.load(Ordering::Acquire) {
+            return Err(TaskError::Cancelled);
+        }
+        let mut executor = cell.lock();
+        let outcome = executor.run(
+            self.program,
+            self.kernel,
+            range,
+            dims,
+            [rows.start, rows.end],
+            args,
+            cell.timeout,
+        );
+        if cell.closed.load(Ordering::Acquire) {
+            // The session ended meanwhile: the process is killed already; reap it here.
+            executor.stop();
+        }
+        drop(executor);
+        outcome.map_err(|error| match error {
+            ExecError::TimedOut(limit) => TaskError::KernelTimeout {
+                limit_ms: limit.as_millis() as u64,
+            },
+            ExecError::Crashed { signal } => TaskError::KernelCrashed {
+                signal: u16::try_from(signal).unwrap_or(u16::MAX),
+            },
+            ExecError::Stopped => TaskError::Cancelled,
+            ExecError::Failed { code, message } => {
+                tracing::info!(code, %message, "a tenant kernel failed");
+                TaskError::KernelFault
+            }
+            other => {
+                tracing::warn!(error = %other, "a tenant program's executor failed during a launch");
+                TaskError::KernelFault
+            }
+        })
+    }
+}
+
+/// The executor's view of `call`'s first `arity` arguments: each buffer as an offset into the
+/// session's segment (the daemon maps it at `base`, `len` bytes long). A pointer outside the
+/// segment is a daemon bug, refused rather than passed on.
+pub(crate) fn translate(call: &KernelCall<'_>, arity: usize, base: usize, len: u64) -> Result<Vec<Arg>, TaskError> {
+    (0..arity)
+        .map(|index| match call.arg(index) {
+            ArgValue::Buffer { ptr, len: bytes } => {
+                let offset = (ptr as usize).checked_sub(base).map(|o| o as u64);
+                match offset {
+                    Some(offset) if offset.checked_add(bytes).is_some_and(|end| end <= len) => {
+                        Ok(Arg::Buffer { offset, len: bytes })
+                    }
+                    _ => Err(crate::internal_error(
+                        30,
+                        "a tenant kernel's buffer lies outside its session's segment",
+                    )),
+                }
+            }
+            ArgValue::Scalar(bits) => Ok(Arg::Scalar(bits)),
+            ArgValue::None => Err(crate::internal_error(31, "a tenant kernel's argument is missing")),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call_with(args: &[ArgValue]) -> KernelCall<'static> {
+        // SAFETY: the pointers are never dereferenced (translate only computes offsets).
+        unsafe { KernelCall::new(&[16], args) }
+    }
+
+    #[test]
+    fn pointers_become_offsets_within_the_segment_and_others_are_refused() {
+        let base = 0x10_0000usize;
+        let inside = call_with(&[
+            ArgValue::Scalar(7),
+            ArgValue::Buffer {
+                ptr: (base + 4096) as *mut u8,
+                len: 64,
+            },
+            ArgValue::Buffer {
+                ptr: (base + 8192 - 64) as *mut u8,
+                len: 64,
+            },
+        ]);
+        assert_eq!(
+            translate(&inside, 3, base, 8192).unwrap(),
+            vec![
+                Arg::Scalar(7),
+                Arg::Buffer { offset: 4096, len: 64 },
+                Arg::Buffer {
+                    offset: 8192 - 64,
+                    len: 64
+                }
+            ]
+        );
+        for (ptr, len) in [
+            (base - 64, 64u64),     // before the segment
+            (base + 8192 - 32, 64), // runs past its end
+            (base + 8192, 1),       // just past it
+            (base + 64, u64::MAX),  // overflowing length
+            (usize::MAX - 8, 16),   // far away
+        ] {
+            let call = call_with(&[ArgValue::Buffer {
+                ptr: ptr as *mut u8,
+                len,
+            }]);
+            assert!(
+                matches!(translate(&call, 1, base, 8192), Err(TaskError::Internal(30))),
+                "{ptr:#x} + {len}"
+            );
+        }
+        assert!(matches!(
+            translate(&call_with(&[]), 1, base, 8192),
+            Err(TaskError::Internal(31))
+        ));
+    }
+
+    #[test]
+    fn requests_are_checked_before_any_executor_starts() {
+        check_request("opencl", b"__kernel void k() {}", None).unwrap();
+        let big = vec![b' '; MAX_PROGRAM_BYTES + 1];
+        let err = check_request("opencl", &big, None).unwrap_err().to_string();
+        assert!(err.contains(&MAX_PROGRAM_BYTES.to_string()), "{err}");
+        assert!(check_request("fortran", b"x", None)
+            .unwrap_err()
+            .to_string()
+            .contains("opencl"));
+        assert!(check_request("c", b"x", None)
+            .unwrap_err()
+            .to_string()
+            .contains("manifest"));
+    }
+
+    #[test]
+    fn the_policy_names_its_setting() {
+        let tenant = Credentials {
+            pid: 1,
+            uid: 1000,
+            gid: 100,
+        };
+        let mut policy = ProgramPolicy {
+            allow: ProgramAccess::Everyone,
+            uids: vec![],
+            gids: vec![],
+        };
+        policy.check(&tenant).unwrap();
+        policy.allow = ProgramAccess::Nobody;
+        let err = policy.check(&tenant).unwrap_err().to_string();
+        assert!(err.contains("[programs] allow") && err.contains("1000"), "{err}");
+        policy.gids = vec![100];
+        policy.check(&tenant).unwrap();
+        policy.gids.clear();
+        policy.uids = vec![1000];
+        policy.check(&tenant).unwrap();
+    }
+
+    #[test]
+    fn manifests_must_agree_with_the_compiler() {
+        use agora_protocol::ScalarType;
+        let compiled = vec![
+            agora_protocol::ParamSpec {
+                name: "a".into(),
+                kind: ParamKind::Scalar(ScalarType::F32),
+            },
+            agora_protocol::ParamSpec {
+                name: "x".into(),
+                kind: ParamKind::Buffer {
+                    element: ScalarType::F32,
+                    access: Access::Read,
+                },
+            },
+            agora_protocol::ParamSpec {
+                name: "y".into(),
+                kind: ParamKind::Buffer {
+                    element: ScalarType::F32,
+                    access: Access::ReadWrite,
+                },
+            },
+        ];
+        let declared = |x: Access, y: Access| {
+            vec![
+                Param {
+                    name: "a".into(),
+                    kind: ParamKind::Scalar(ScalarType::F32),
+                },
+                Param {
+                    name: "x".into(),
+                    kind: ParamKind::Buffer {
+                        element: ScalarType::F32,
+                        access: x,
+                    },
+                },
+                Param {
+                    name: "y".into(),
+                    kind: ParamKind::Buffer {
+                        element: ScalarType::F32,
+                        access: y,
+                    },
+                },
+            ]
+        };
+        matches_compiler(&compiled, &declared(Access::Read, Access::Write), "k").unwrap();
+        assert!(matches_compiler(&compiled, &declared(Access::Write, Access::Write), "k").is_err());
+        assert!(matches_compiler(&compiled[..2], &declared(Access::Read, Access::Write), "k").is_err());
+    }
+}

@@ -1,0 +1,342 @@
+//! OpenCL programs in the executor: its own context on the first CPU device (PoCL on this
+//! project's machines), builds from source or from a cached binary, signatures from the kernel
+//! argument info, and launches over the session's segment with `CL_MEM_USE_HOST_PTR` buffers
+//! (zero copy on PoCL).
+
+use std::ffi::c_void;
+
+use agora_protocol::{Access, ParamKind, ParamSpec, ScalarType};
+use opencl3::command_queue::CommandQueue;
+use opencl3::context::Context;
+use opencl3::device::{Device, CL_DEVICE_TYPE_ALL, CL_DEVICE_TYPE_CPU};
+use opencl3::kernel::Kernel;
+use opencl3::memory::{Buffer, ClMem, CL_MEM_READ_ONLY, CL_MEM_READ_WRITE, CL_MEM_USE_HOST_PTR};
+use opencl3::program::Program;
+use opencl3::types::{cl_device_id, CL_BLOCKING};
+
+use crate::wire::{Arg, BuiltKernel, MAX_KERNELS};
+
+/// Options every tenant program is built with (part of the program cache's key).
+pub const BUILD_OPTIONS: &str = "-cl-std=CL1.2 -cl-kernel-arg-info";
+
+/// The executor's OpenCL context.
+pub struct OpenCl {
+    context: Context,
+    queue: CommandQueue,
+    device: cl_device_id,
+    /// The device's name (part of the program cache's key).
+    pub name: String,
+}
+
+/// A built program: its kernel objects with their parameters, in name order.
+pub struct ClProgram {
+    _program: Program,
+    kernels: Vec<(Kernel, Vec<ParamSpec>)>,
+}
+
+/// A successful build.
+pub struct ClBuild {
+    /// The program.
+    pub program: ClProgram,
+    /// Its kernels as reported to the daemon.
+    pub kernels: Vec<BuiltKernel>,
+    /// The compiler's log.
+    pub log: String,
+    /// Its binary.
+    pub binary: Option<Vec<u8>>,
+    /// Whether the given binary was used.
+    pub from_binary: bool,
+}
+
+impl OpenCl {
+    /// The first CPU device of any platform (else the first device); `None` without one.
+    pub fn init() -> Option<OpenCl> {
+        let platforms = opencl3::platform::get_platforms().ok()?;
+        let mut any = None;
+        for platform in &platforms {
+            if let Some(id) = platform
+                .get_devices(CL_DEVICE_TYPE_CPU)
+                .ok()
+                .and_then(|d| d.first().copied())
+            {
+                any = Some(id);
+                break;
+            }
+            if any.is_none() {
+                any = platform
+                    .get_devices(CL_DEVICE_TYPE_ALL)
+                    .ok()
+                    .and_then(|d| d.first().copied());
+            }
+        }
+        let id = any?;
+        let device = Device::new(id);
+        let name = device.name().unwrap_or_else(|_| "unknown".into());
+        let context = Context::from_device(&device).ok()?;
+        #[allow(deprecated)] // clCreateCommandQueue: the OpenCL 1.2 call every platform has.
+        let queue = CommandQueue::create_default(&context, 0).ok()?;
+        Some(OpenCl {
+            context,
+            queue,
+            device: id,
+            name,
+        })
+    }
+
+    /// Builds `source`, trying `binary` first; `Err(log)` when it does not build.
+    pub fn build(&self, source: &str, binary: Option<&[u8]>) -> Result<ClBuild, String> {
+        if let Some(binary) = binary {
+            // A cached binary that fails in any way is ignored: the source decides.
+            if let Ok(build) = self.build_from_binary(binary) {
+                return Ok(build);
+            }
+        }
+        let mut program = Program::create_from_source(&self.context, source)
+            .map_err(|e| format!("the OpenCL platform refused the source: {e}"))?;
+        if let Err(e) = program.build(&[self.device], BUILD_OPTIONS) {
+            let log = program.get_build_log(self.device).unwrap_or_default();
+            return Err(if log.trim().is_empty() {
+                format!("the OpenCL compiler failed ({e}) without a log")
+            } else {
+                log
+            });
+        }
+        let log = program.get_build_log(self.device).unwrap_or_default();
+        let binary = program
+            .get_binaries()
+            .ok()
+            .and_then(|mut b| b.pop())
+            .filter(|b| !b.is_empty());
+        let (program, kernels) = self.kernels(program)?;
+        Ok(ClBuild {
+            program,
+            kernels,
+            log,
+            binary,
+            from_binary: false,
+        })
+    }
+
+    fn build_from_binary(&self, binary: &[u8]) -> Result<ClBuild, String> {
+        // SAFETY: `self.device` belongs to `self.context`.
+        let mut program = unsafe { Program::create_from_binary(&self.context, &[self.device], &[binary]) }
+            .map_err(|e| e.to_string())?;
+        program
+            .build(&[self.device], BUILD_OPTIONS)
+            .map_err(|e| e.to_string())?;
+        let (program, kernels) = self.kernels(program)?;
+        Ok(ClBuild {
+            program,
+            kernels,
+            log: String::new(),
+            binary: Some(binary.to_vec()),
+            from_binary: true,
+        })
+    }
+
+    /// The program's kernels with their signatures.
+    fn kernels(&self, program: Program) -> Result<(ClProgram, Vec<BuiltKernel>), String> {
+        let objects = opencl3::kernel::create_program_kernels(&program)
+            .map_err(|e| format!("creating the program's kernels: {e}"))?;
+        if objects.is_empty() {
+            return Err("the program defines no __kernel function".into());
+        }
+        if objects.len() > MAX_KERNELS {
+            return Err(format!(
+                "the program defines {} kernels; at most {MAX_KERNELS} are allowed",
+                objects.len()
+            ));
+        }
+        let mut kernels = Vec::new();
+        for kernel in objects {
+            let name = kernel.function_name().map_err(|e| format!("a kernel's name: {e}"))?;
+            let params = signature(&kernel, &name)?;
+            kernels.push((name, kernel, params));
+        }
+        kernels.sort_by(|a, b| a.0.cmp(&b.0));
+        let built = kernels
+            .iter()
+            .map(|(name, _, params)| BuiltKernel {
+                name: name.clone(),
+                params: params.clone(),
+            })
+            .collect();
+        Ok((
+            ClProgram {
+                _program: program,
+                kernels: kernels.into_iter().map(|(_, k, p)| (k, p)).collect(),
+            },
+            built,
+        ))
+    }
+
+    /// Runs rows `rows` of kernel `index` of `program` over `range` with `args`, whose buffers
+    /// lie in `segment`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run(
+        &self,
+        program: &ClProgram,
+        index: u32,
+        range: [u64; 3],
+        dims: u8,
+        rows: [u64; 2],
+        args: &[Arg],
+        segment: &super::Mapping,
+    ) -> Result<(), (i32, String)> {
+        let (kernel, params) = program
+            .kernels
+            .get(index as usize)
+            .ok_or((-1, format!("no kernel {index}")))?;
+        if args.len() != params.len() {
+            return Err((-1, format!("{} arguments for {} parameters", args.len(), params.len())));
+        }
+        let mut buffers: Vec<(Buffer<u8>, u64, bool)> = Vec::new();
+        for (slot, (arg, param)) in args.iter().zip(params).enumerate() {
+            let slot = slot as u32;
+            let set = match (*arg, param.kind) {
+                (Arg::Buffer { offset, len }, ParamKind::Buffer { access, .. }) => {
+                    let host = segment.range(offset, len).filter(|_| len > 0).ok_or_else(|| {
+                        (
+                            -1,
+                            format!("argument {slot}: {len} bytes at {offset} lie outside the segment"),
+                        )
+                    })?;
+                    let flags = CL_MEM_USE_HOST_PTR
+                        | if access == Access::Read {
+                            CL_MEM_READ_ONLY
+                        } else {
+                            CL_MEM_READ_WRITE
+                        };
+                    // SAFETY: `host` is `len` bytes of the segment mapping, which stays mapped
+                    // for the executor's life; the buffer is released before this call returns.
+                    let buffer =
+                        unsafe { Buffer::<u8>::create(&self.context, flags, len as usize, host as *mut c_void) }
+                            .map_err(|e| (e.0, format!("argument {slot}: creating a buffer: {e}")))?;
+                    // SAFETY: a cl_mem for a __global pointer parameter.
+                    let set = unsafe { kernel.set_arg(slot, &buffer.get()) };
+                    buffers.push((buffer, len, access.writes()));
+                    set
+                }
+                (Arg::Scalar(bits), ParamKind::Scalar(t)) => {
+                    if t.size() == 4 {
+                        // SAFETY: a 4-byte scalar for a 4-byte parameter.
+                        unsafe { kernel.set_arg(slot, &(bits as u32)) }
+                    } else {
+                        // SAFETY: an 8-byte scalar for an 8-byte parameter.
+                        unsafe { kernel.set_arg(slot, &bits) }
+                    }
+                }
+                _ => return Err((-1, format!("argument {slot} does not match its parameter"))),
+            };
+            set.map_err(|e| (e.0, format!("argument {slot}: {e}")))?;
+        }
+        let dims = usize::from(dims.clamp(1, 3));
+        if rows[1] <= rows[0] {
+            return Ok(());
+        }
+        let offsets = [rows[0] as usize, 0, 0];
+        let sizes = [(rows[1] - rows[0]) as usize, range[1] as usize, range[2] as usize];
+        // SAFETY: the kernel's arguments are set; offsets and sizes hold `dims` entries.
+        let event = unsafe {
+            self.queue.enqueue_nd_range_kernel(
+                kernel.get(),
+                dims as u32,
+                offsets.as_ptr(),
+                sizes.as_ptr(),
+                std::ptr::null(),
+                &[],
+            )
+        }
+        .map_err(|e| (e.0, format!("launching the kernel: {e}")))?;
+        event.wait().map_err(|e| (e.0, format!("running the kernel: {e}")))?;
+        // Written buffers: a map makes the results visible in host memory even where the
+        // platform kept a copy of its own (a no-op on PoCL's zero-copy buffers).
+        for (buffer, len, written) in &buffers {
+            if !written {
+                continue;
+            }
+            let mut mapped: opencl3::types::cl_mem = std::ptr::null_mut();
+            // SAFETY: a blocking map of the whole buffer, unmapped at once below.
+            unsafe {
+                self.queue.enqueue_map_buffer(
+                    buffer,
+                    CL_BLOCKING,
+                    opencl3::memory::CL_MAP_READ,
+                    0,
+                    *len as usize,
+                    &mut mapped,
+                    &[],
+                )
+            }
+            .map_err(|e| (e.0, format!("reading the results back: {e}")))?;
+            // SAFETY: `mapped` was returned by the map of this buffer.
+            unsafe { self.queue.enqueue_unmap_mem_object(buffer.get(), mapped, &[]) }
+                .map_err(|e| (e.0, format!("reading the results back: {e}")))?;
+        }
+        self.queue
+            .finish()
+            .map_err(|e| (e.0, format!("finishing the launch: {e}")))?;
+        Ok(())
+    }
+}
+
+/// A kernel's parameters from its argument info.
+fn signature(kernel: &Kernel, name: &str) -> Result<Vec<ParamSpec>, String> {
+    use opencl3::kernel::{
+        CL_KERNEL_ARG_ADDRESS_CONSTANT, CL_KERNEL_ARG_ADDRESS_GLOBAL, CL_KERNEL_ARG_ADDRESS_PRIVATE,
+        CL_KERNEL_ARG_TYPE_CONST,
+    };
+    let count = kernel.num_args().map_err(|e| format!("kernel {name}: {e}"))?;
+    if count as usize > agora_protocol::MAX_ARGS {
+        return Err(format!(
+            "kernel {name} takes {count} arguments; at most {} are allowed",
+            agora_protocol::MAX_ARGS
+        ));
+    }
+    let mut params = Vec::new();
+    for index in 0..count {
+        let info = |e: opencl3::error_codes::ClError| {
+            format!("kernel {name}: argument {index} has no argument info ({e}); build with -cl-kernel-arg-info")
+        };
+        let address = kernel.get_arg_address_qualifier(index).map_err(info)?;
+        let type_name = kernel.get_arg_type_name(index).map_err(info)?;
+        let qualifier = kernel.get_arg_type_qualifier(index).map_err(info)?;
+        let arg_name = kernel.get_arg_name(index).unwrap_or_else(|_| format!("arg{index}"));
+        let unsupported = || {
+            format!(
+                "kernel {name}: argument {index} ({arg_name}) has type {type_name}, which Agora cannot pass: \
+                 use int, uint, long, ulong, float or double scalars, and __global (or __constant) \
+                 pointers to them"
+            )
+        };
+        let kind = match address {
+            CL_KERNEL_ARG_ADDRESS_GLOBAL | CL_KERNEL_ARG_ADDRESS_CONSTANT => {
+                let element = type_name.trim().strip_suffix('*').ok_or_else(unsupported)?;
+                let element = scalar_type(element).ok_or_else(unsupported)?;
+                let read_only =
+                    address == CL_KERNEL_ARG_ADDRESS_CONSTANT || qualifier & u64::from(CL_KERNEL_ARG_TYPE_CONST) != 0;
+                ParamKind::Buffer {
+                    element,
+                    access: if read_only { Access::Read } else { Access::ReadWrite },
+                }
+            }
+            CL_KERNEL_ARG_ADDRESS_PRIVATE => ParamKind::Scalar(scalar_type(&type_name).ok_or_else(unsupported)?),
+            _ => return Err(unsupported()),
+        };
+        params.push(ParamSpec { name: arg_name, kind });
+    }
+    Ok(params)
+}
+
+/// The scalar type an OpenCL C type name denotes.
+pub fn scalar_type(name: &str) -> Option<ScalarType> {
+    Some(match name.trim() {
+        "int" => ScalarType::I32,
+        "uint" | "unsigned int" => ScalarType::U32,
+        "long" => ScalarType::I64,
+        "ulong" | "unsigned long" => ScalarType::U64,
+        "float" => ScalarType::F32,
+        "double" => ScalarType::F64,
+        _ => return None,
+    })
+}
