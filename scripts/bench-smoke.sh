@@ -30,3 +30,4 @@ check hetero   'isinstance(d, list) and d and all(all(k in p for k in ("policy",
 check sharing  'all(k in d for k in ("apps", "shared_s", "sequential_s", "ratio"))'
 check sla      'all(k in d for k in ("sla_ms", "alone", "unsliced", "chunked", "revoked", "preempt_chunked_p99_ms"))'
 check migrate  'd["moves"] and "app" in d'
+check kernels  'd["verified"] and all(k in d for k in ("package_ratio_geomean", "sandbox_ratio_geomean", "cpu_ratio_geomean", "sandbox_empty_p50_ns", "first_build_ms", "cached_build_ms")) and d["cache_hit"] and len(d["kernels"]) == 3'

@@ -142,6 +142,12 @@ typedef struct AgoraKernel AgoraKernel;
 typedef struct AgoraKernelList AgoraKernelList;
 
 /**
+ * A program built from the session's own code (`agora_program_opencl`, `agora_program_library`):
+ * its kernels run in the session's sandboxed executor.
+ */
+typedef struct AgoraProgram AgoraProgram;
+
+/**
  * A queue.
  */
 typedef struct AgoraQueue AgoraQueue;
@@ -319,6 +325,60 @@ AgoraStatus agora_kernel_lookup(const AgoraSession *session, const char *name, A
  * Null or a live kernel handle, not used afterwards.
  */
 void agora_kernel_destroy(AgoraKernel *kernel);
+
+/**
+ * Builds OpenCL C `source` into a program whose kernels run in the session's sandboxed executor
+ * (signatures from the compiler; `manifest`, when not null, adds size rules, see
+ * docs/KERNELS.md). A build that fails returns `AGORA_CONTROL` and `agora_last_error_message`
+ * carries the compiler's log. Release the program with `agora_program_destroy`.
+ *
+ * # Safety
+ * Valid handles and pointers; `source` and `manifest` (when not null) NUL-terminated.
+ */
+AgoraStatus agora_program_opencl(const AgoraSession *session,
+                                 const char *source,
+                                 const char *manifest,
+                                 AgoraProgram **out);
+
+/**
+ * Builds a C shared object (`len` bytes at `library`, exporting `agora_kernel.h` functions)
+ * described by `manifest` (`[kernels.NAME]` tables) into a program whose kernels run in the
+ * session's sandboxed executor. Release it with `agora_program_destroy`.
+ *
+ * # Safety
+ * Valid handles and pointers; `library` readable for `len` bytes; `manifest` NUL-terminated.
+ */
+AgoraStatus agora_program_library(const AgoraSession *session,
+                                  const uint8_t *library,
+                                  uintptr_t len,
+                                  const char *manifest,
+                                  AgoraProgram **out);
+
+/**
+ * Kernel `name` of `program`, to launch like any kernel; release it with
+ * `agora_kernel_destroy`. `AGORA_INVALID_ARGUMENT` when the program has no such kernel.
+ *
+ * # Safety
+ * A live program handle; `name` NUL-terminated; `out` valid.
+ */
+AgoraStatus agora_program_kernel(const AgoraProgram *program, const char *name, AgoraKernel **out);
+
+/**
+ * The compiler's log of `program`'s build (warnings; empty when there were none), valid while
+ * the program lives.
+ *
+ * # Safety
+ * Null or a live program handle.
+ */
+const char *agora_program_log(const AgoraProgram *program);
+
+/**
+ * Releases a program handle (kernels taken from it stay usable while the session lives).
+ *
+ * # Safety
+ * Null or a live program handle, not used afterwards.
+ */
+void agora_program_destroy(AgoraProgram *program);
 
 /**
  * Lists every kernel the daemon offers: read it with `agora_kernel_list_len`,

@@ -38,17 +38,17 @@ extern "C" {
 #define AGORA_KERNEL __attribute__((visibility("default")))
 
 /* One argument: a buffer (data, len) or a scalar's bits (32-bit scalars in the low half). */
-typedef struct AgoraArg {
+typedef struct AgoraKernelArg {
     void *data;      /* buffer's first byte, 64-byte aligned; NULL for scalars */
     uint64_t len;    /* buffer's length in bytes; 0 for scalars */
     uint64_t scalar; /* scalar's bits; 0 for buffers */
-} AgoraArg;
+} AgoraKernelArg;
 
 typedef struct AgoraKernelArgs {
     uint32_t abi_version;                 /* AGORA_KERNEL_ABI_VERSION */
     uint32_t arg_count;                   /* arguments in signature order */
     uint64_t range[3];                    /* the launch's range; unused dimensions are 1 */
-    AgoraArg args[AGORA_KERNEL_MAX_ARGS]; /* arg_count entries are meaningful */
+    AgoraKernelArg args[AGORA_KERNEL_MAX_ARGS]; /* arg_count entries are meaningful */
 } AgoraKernelArgs;
 
 /* The signature of every kernel function. */

@@ -151,6 +151,12 @@ pub struct AgoraTask {
 }
 /// The kernels the daemon offers (`agora_kernel_list`).
 pub struct AgoraKernelList(Vec<KernelEntry>);
+/// A program built from the session's own code (`agora_program_opencl`, `agora_program_library`):
+/// its kernels run in the session's sandboxed executor.
+pub struct AgoraProgram {
+    program: agora::Program,
+    log: CString,
+}
 
 struct KernelEntry {
     name: CString,
@@ -557,6 +563,134 @@ pub unsafe extern "C" fn agora_kernel_destroy(kernel: *mut AgoraKernel) {
     if !kernel.is_null() {
         // SAFETY: a live handle from Box::into_raw, released once.
         drop(unsafe { Box::from_raw(kernel) });
+    }
+}
+
+/// Builds OpenCL C `source` into a program whose kernels run in the session's sandboxed executor
+/// (signatures from the compiler; `manifest`, when not null, adds size rules, see
+/// docs/KERNELS.md). A build that fails returns `AGORA_CONTROL` and `agora_last_error_message`
+/// carries the compiler's log. Release the program with `agora_program_destroy`.
+///
+/// # Safety
+/// Valid handles and pointers; `source` and `manifest` (when not null) NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn agora_program_opencl(
+    session: *const AgoraSession,
+    source: *const c_char,
+    manifest: *const c_char,
+    out: *mut *mut AgoraProgram,
+) -> AgoraStatus {
+    begin();
+    let session = handle!(session, "session");
+    if out.is_null() {
+        return fail(AgoraStatus::InvalidArgument, "out is null");
+    }
+    // SAFETY: caller's contract.
+    let (source, manifest) = match unsafe { (opt_str(source), opt_str(manifest)) } {
+        (Ok(Some(source)), Ok(manifest)) => (source, manifest),
+        (Ok(None), _) => return fail(AgoraStatus::InvalidArgument, "source is null"),
+        (Err(status), _) | (_, Err(status)) => return status,
+    };
+    let built = match manifest {
+        Some(m) => session.session.program_opencl_with_manifest(&source, &m),
+        None => session.session.program_opencl(&source),
+    };
+    store_program(built, out)
+}
+
+/// Builds a C shared object (`len` bytes at `library`, exporting `agora_kernel.h` functions)
+/// described by `manifest` (`[kernels.NAME]` tables) into a program whose kernels run in the
+/// session's sandboxed executor. Release it with `agora_program_destroy`.
+///
+/// # Safety
+/// Valid handles and pointers; `library` readable for `len` bytes; `manifest` NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn agora_program_library(
+    session: *const AgoraSession,
+    library: *const u8,
+    len: usize,
+    manifest: *const c_char,
+    out: *mut *mut AgoraProgram,
+) -> AgoraStatus {
+    begin();
+    let session = handle!(session, "session");
+    if out.is_null() || library.is_null() {
+        return fail(AgoraStatus::InvalidArgument, "out or library is null");
+    }
+    // SAFETY: caller's contract.
+    let manifest = match unsafe { opt_str(manifest) } {
+        Ok(Some(m)) => m,
+        Ok(None) => return fail(AgoraStatus::InvalidArgument, "manifest is null"),
+        Err(status) => return status,
+    };
+    // SAFETY: `library` is readable for `len` bytes (caller's contract).
+    let bytes = unsafe { std::slice::from_raw_parts(library, len) };
+    store_program(session.session.program_library(bytes, &manifest), out)
+}
+
+fn store_program(built: Result<agora::Program, agora::Error>, out: *mut *mut AgoraProgram) -> AgoraStatus {
+    match built {
+        Ok(program) => {
+            let log = CString::new(program.build_log().replace('\0', " ")).unwrap_or_default();
+            store(AgoraProgram { program, log }, out)
+        }
+        Err(e) => from_error(e),
+    }
+}
+
+/// Kernel `name` of `program`, to launch like any kernel; release it with
+/// `agora_kernel_destroy`. `AGORA_INVALID_ARGUMENT` when the program has no such kernel.
+///
+/// # Safety
+/// A live program handle; `name` NUL-terminated; `out` valid.
+#[no_mangle]
+pub unsafe extern "C" fn agora_program_kernel(
+    program: *const AgoraProgram,
+    name: *const c_char,
+    out: *mut *mut AgoraKernel,
+) -> AgoraStatus {
+    begin();
+    let program = handle!(program, "program");
+    if out.is_null() {
+        return fail(AgoraStatus::InvalidArgument, "out is null");
+    }
+    // SAFETY: caller's contract.
+    let name = match unsafe { opt_str(name) } {
+        Ok(Some(n)) => n,
+        Ok(None) => return fail(AgoraStatus::InvalidArgument, "kernel name is null"),
+        Err(status) => return status,
+    };
+    match program.program.kernel(&name) {
+        Some(kernel) => store(AgoraKernel(kernel), out),
+        None => fail(AgoraStatus::InvalidArgument, "the program has no kernel of that name"),
+    }
+}
+
+/// The compiler's log of `program`'s build (warnings; empty when there were none), valid while
+/// the program lives.
+///
+/// # Safety
+/// Null or a live program handle.
+#[no_mangle]
+pub unsafe extern "C" fn agora_program_log(program: *const AgoraProgram) -> *const c_char {
+    begin();
+    // SAFETY: null or a live handle (contract).
+    match unsafe { program.as_ref() } {
+        Some(p) => p.log.as_ptr(),
+        None => c"".as_ptr(),
+    }
+}
+
+/// Releases a program handle (kernels taken from it stay usable while the session lives).
+///
+/// # Safety
+/// Null or a live program handle, not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn agora_program_destroy(program: *mut AgoraProgram) {
+    begin();
+    if !program.is_null() {
+        // SAFETY: a live handle from Box::into_raw, released once.
+        drop(unsafe { Box::from_raw(program) });
     }
 }
 

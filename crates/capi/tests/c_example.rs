@@ -140,3 +140,38 @@ fn the_committed_header_is_the_generated_one() {
         }
     }
 }
+
+/// Tenant programs from C, against a daemon process (its sandboxed executor is the `agora`
+/// binary's `executor` subcommand, so the daemon must be that binary, built by the workspace).
+#[test]
+fn the_c_program_checks_pass_against_a_daemon() {
+    let agora = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/release/agora");
+    assert!(
+        agora.exists(),
+        "{} is missing: `cargo build --release --workspace` first (make test does)",
+        agora.display()
+    );
+    let scratch = agora_test_support::temp_dir("capi-programs");
+    let dir = scratch.path();
+    let prefix = dir.join("prefix");
+    install(&prefix);
+    let program = dir.join("program_checks");
+    compile(
+        &prefix,
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/program_checks.c"),
+        &program,
+    );
+    let daemon = agora_test_support::Daemon::start(&agora, "capi-programs", &["--no-opencl"]);
+    let run = Command::new(&program)
+        .env("AGORA_SOCKET", daemon.socket())
+        .env("LD_LIBRARY_PATH", prefix.join("lib"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "stdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(stdout.contains("C program checks: 0 failed"), "{stdout}");
+}

@@ -20,7 +20,7 @@ pub const ABI_VERSION: u32 = 1;
 /// One argument: a buffer's memory and byte length, or a scalar's bits.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-pub struct AgoraArg {
+pub struct AgoraKernelArg {
     /// A buffer's first byte (64-byte aligned); null for scalars.
     pub data: *mut c_void,
     /// A buffer's length in bytes; 0 for scalars.
@@ -40,13 +40,13 @@ pub struct AgoraKernelArgs {
     /// The launch's range per dimension (unused dimensions are 1).
     pub range: [u64; 3],
     /// `arg_count` entries are meaningful.
-    pub args: [AgoraArg; MAX_ARGS],
+    pub args: [AgoraKernelArg; MAX_ARGS],
 }
 
 impl AgoraKernelArgs {
     /// The C view of `call`, whose kernel has `arg_count` parameters.
     pub fn of(call: &KernelCall<'_>, arg_count: usize) -> Self {
-        let mut args = [AgoraArg {
+        let mut args = [AgoraKernelArg {
             data: std::ptr::null_mut(),
             len: 0,
             scalar: 0,
@@ -81,15 +81,15 @@ mod tests {
         assert!(header.contains(&format!("#define AGORA_KERNEL_ABI_VERSION {ABI_VERSION}")));
         assert!(header.contains(&format!("#define AGORA_KERNEL_MAX_ARGS {MAX_ARGS}")));
         let args = header
-            .find("typedef struct AgoraArg {")
-            .expect("AgoraArg in the header");
+            .find("typedef struct AgoraKernelArg {")
+            .expect("AgoraKernelArg in the header");
         let body = &header[args..];
         let order = ["void *data;", "uint64_t len;", "uint64_t scalar;"];
         let mut at = 0;
         for field in order {
             at += body[at..]
                 .find(field)
-                .unwrap_or_else(|| panic!("{field} in AgoraArg, in order"));
+                .unwrap_or_else(|| panic!("{field} in AgoraKernelArg, in order"));
         }
         let kargs = header
             .find("typedef struct AgoraKernelArgs {")
@@ -99,7 +99,7 @@ mod tests {
             "uint32_t abi_version;",
             "uint32_t arg_count;",
             "uint64_t range[3];",
-            "AgoraArg args[AGORA_KERNEL_MAX_ARGS];",
+            "AgoraKernelArg args[AGORA_KERNEL_MAX_ARGS];",
         ];
         let mut at = 0;
         for field in order {
@@ -107,7 +107,7 @@ mod tests {
                 .find(field)
                 .unwrap_or_else(|| panic!("{field} in AgoraKernelArgs, in order"));
         }
-        assert_eq!(std::mem::size_of::<AgoraArg>(), 24);
+        assert_eq!(std::mem::size_of::<AgoraKernelArg>(), 24);
         assert_eq!(std::mem::size_of::<AgoraKernelArgs>(), 8 + 24 + 24 * MAX_ARGS);
     }
 }

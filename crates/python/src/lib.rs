@@ -18,6 +18,7 @@
 mod buffer;
 mod errors;
 mod kernel;
+mod program;
 mod queue;
 mod session;
 mod task;
@@ -39,6 +40,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyQueue>()?;
     m.add_class::<PyBuffer>()?;
     m.add_class::<PyKernel>()?;
+    m.add_class::<program::PyProgram>()?;
     m.add_class::<PyTask>()?;
     macro_rules! exceptions {
         ($($name:ident),* $(,)?) => { $( m.add(stringify!($name), py.get_type::<$name>())?; )* };

@@ -12,6 +12,7 @@ use pyo3::types::{PyDict, PyTuple};
 use crate::buffer::PyBuffer;
 use crate::errors::{closed, Liveness, OrRaise, ProtocolError};
 use crate::kernel::PyKernel;
+use crate::program::PyProgram;
 use crate::queue::PyQueue;
 
 /// A connection to the Agora daemon: creates queues and buffers, looks kernels up.
@@ -179,6 +180,67 @@ impl PySession {
         let session = self.session()?;
         let kernel = py.detach(|| session.kernel(name)).or_raise()?;
         Ok(PyKernel { inner: kernel })
+    }
+
+    /// Builds a program from your own code; its kernels run in this session's sandboxed executor
+    /// process and are launched like the built-in ones (`queue.launch(program.name, ...)`).
+    ///
+    /// `program(source)`: OpenCL C source (the signatures come from the compiler; a `manifest`
+    /// may add size rules). `program(library=..., manifest=...)`: a C shared object (bytes or a
+    /// path) exporting `agora_kernel.h` functions, described by a manifest. A build that fails
+    /// raises `ProgramBuildError` with the compiler's log.
+    #[pyo3(signature = (source=None, *, language="opencl", library=None, manifest=None))]
+    fn program(
+        &self,
+        py: Python<'_>,
+        source: Option<&str>,
+        language: &str,
+        library: Option<&Bound<'_, PyAny>>,
+        manifest: Option<&str>,
+    ) -> PyResult<PyProgram> {
+        let session = self.session()?;
+        let program = match (source, library) {
+            (Some(source), None) => {
+                if language != "opencl" {
+                    return Err(PyValueError::new_err(format!(
+                        "language '{language}': source programs are OpenCL C ('opencl'); pass a C shared object as library=..."
+                    )));
+                }
+                let source = source.to_string();
+                let manifest = manifest.map(str::to_string);
+                py.detach(|| match manifest {
+                    Some(m) => session.program_opencl_with_manifest(&source, &m),
+                    None => session.program_opencl(&source),
+                })
+            }
+            (None, Some(library)) => {
+                let bytes: Vec<u8> = if let Ok(b) = library.extract::<Vec<u8>>() {
+                    b
+                } else {
+                    let path: std::path::PathBuf = library.extract().map_err(|_| {
+                        PyValueError::new_err("library must be the shared object's bytes or its path")
+                    })?;
+                    std::fs::read(&path).map_err(|e| {
+                        PyValueError::new_err(format!("cannot read the library {}: {e}", path.display()))
+                    })?
+                };
+                let manifest = manifest
+                    .ok_or_else(|| {
+                        PyValueError::new_err(
+                            "a C library needs a manifest ([kernels.NAME] tables: params, sizes, cpu.symbol; see docs/KERNELS.md)",
+                        )
+                    })?
+                    .to_string();
+                py.detach(|| session.program_library(&bytes, &manifest))
+            }
+            _ => {
+                return Err(PyValueError::new_err(
+                    "give either OpenCL source (program(source)) or a C library (program(library=..., manifest=...))",
+                ))
+            }
+        }
+        .or_raise()?;
+        Ok(PyProgram { inner: program })
     }
 
     /// Signatures of every kernel the daemon offers (name, params, doc).

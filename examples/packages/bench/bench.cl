@@ -16,8 +16,10 @@ __kernel void stencil(__global const float *in, __global float *out, const int r
 }
 
 // Blocked matrix multiply c = a * b of n x n matrices (n a multiple of 16), 16 x 16 tiles in
-// local memory. Range (n, n), local size (16, 16).
-__kernel void matmul(__global const float *a, __global const float *b, __global float *c, const int n) {
+// local memory. Range (n, n); the kernel requires work-groups of 16 x 16 (reqd_work_group_size, so
+// a caller that passes no local size, e.g. a tenant program, gets them too).
+__kernel __attribute__((reqd_work_group_size(16, 16, 1)))
+void matmul(__global const float *a, __global const float *b, __global float *c, const int n) {
     __local float ta[16][16];
     __local float tb[16][16];
     const int row = get_global_id(0);

@@ -35,7 +35,10 @@ impl DaemonProcess {
             .arg("--socket")
             .arg(&socket)
             .args(extra)
-            .env("AGORA_LOG", "warn")
+            .env(
+                "AGORA_LOG",
+                std::env::var("AGORA_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             // A throwaway daemon keeps its model in its own directory (removed with it), unless
             // the benchmark's configuration file names another.
             .env("AGORA_STATE_DIR", dir.join("state"))

@@ -12,6 +12,7 @@
 
 pub mod client;
 pub mod harness;
+pub mod kernels;
 pub mod latency;
 pub mod migrate;
 pub mod overhead;
@@ -40,6 +41,10 @@ pub enum BenchCommand {
     /// Latency-class requests beside long batch kernels, unsliced vs chunked: response times,
     /// SLA met, preemption latency.
     Sla(sched::SlaArgs),
+    /// Kernels written by hand outside the library (stencil, blocked matmul, reduction): natively
+    /// on OpenCL vs as an installed package vs as a sandboxed tenant program, their C versions
+    /// natively vs through Agora, the empty tenant-program round trip, first vs cached build.
+    Kernels(kernels::KernelsArgs),
     /// Live migration: time to move a queue with N MiB of live buffers between devices with
     /// their own memory, and the slowdown of an iterative application migrated once mid-run.
     Migrate(migrate::MigrateArgs),
@@ -54,5 +59,6 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Sharing(args) => sched::sharing(args.socket.path(), args),
         BenchCommand::Sla(args) => sched::sla(args),
         BenchCommand::Migrate(args) => migrate::migrate(args),
+        BenchCommand::Kernels(args) => kernels::kernels(args),
     }
 }

@@ -4,7 +4,7 @@
 
 use std::io::Write;
 
-use agora_kernels::native::{AgoraArg, AgoraKernelArgs, ABI_VERSION};
+use agora_kernels::native::{AgoraKernelArg, AgoraKernelArgs, ABI_VERSION};
 use agora_kernels::NativeCpuFn;
 use agora_protocol::MAX_ARGS;
 
@@ -133,7 +133,7 @@ impl Library {
         if args.len() > MAX_ARGS {
             return Err((-1, format!("{} arguments", args.len())));
         }
-        let mut c_args = [AgoraArg {
+        let mut c_args = [AgoraKernelArg {
             data: std::ptr::null_mut(),
             len: 0,
             scalar: 0,

@@ -236,14 +236,21 @@ impl OpenCl {
         }
         let offsets = [rows[0] as usize, 0, 0];
         let sizes = [(rows[1] - rows[0]) as usize, range[1] as usize, range[2] as usize];
-        // SAFETY: the kernel's arguments are set; offsets and sizes hold `dims` entries.
+        // A kernel that declares reqd_work_group_size gets exactly that (PoCL does not pick it
+        // by itself when given no local size); any other gets the runtime's choice.
+        let required = kernel
+            .get_compile_work_group_size(self.device)
+            .ok()
+            .filter(|l| l.len() >= dims && l[..dims].iter().all(|&x| x > 0));
+        // SAFETY: the kernel's arguments are set; offsets, sizes and the local size (when given)
+        // hold at least `dims` entries.
         let event = unsafe {
             self.queue.enqueue_nd_range_kernel(
                 kernel.get(),
                 dims as u32,
                 offsets.as_ptr(),
                 sizes.as_ptr(),
-                std::ptr::null(),
+                required.as_ref().map_or(std::ptr::null(), |l| l.as_ptr()),
                 &[],
             )
         }

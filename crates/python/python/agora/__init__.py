@@ -25,6 +25,7 @@ from ._native import (  # noqa: F401  (re-exported API)
     Queue,
     Buffer,
     Kernel,
+    Program,
     Task,
     AgoraError,
     ConnectError,

@@ -47,6 +47,17 @@ class Session:
         """Looks a kernel up (UnknownKernelError, with suggestions, when there is none)."""
     def kernels(self) -> list[dict[str, Any]]:
         """Every kernel's signature: {"name", "doc", "params": [(name, kind), ...]}."""
+    def program(
+        self,
+        source: Optional[str] = None,
+        *,
+        language: str = "opencl",
+        library: Optional[Union[bytes, str, PathLike[str]]] = None,
+        manifest: Optional[str] = None,
+    ) -> Program:
+        """Builds your own code (OpenCL C source, or a C shared object with a manifest) into a
+        program whose kernels run in this session's sandbox; ProgramBuildError carries the
+        compiler's log."""
     def status(self) -> dict[str, Any]:
         """The daemon's status summary: counters, devices, lanes, and the busiest sessions
         (`live_sessions` counts them all) with their busiest queues (`queue_count` counts them all)."""
@@ -110,6 +121,19 @@ class Kernel:
     def doc(self) -> str: ...
     @property
     def params(self) -> list[Tuple[str, str]]: ...
+
+class Program:
+    """A program built from the session's own code; its kernels are attributes and items."""
+
+    @property
+    def names(self) -> list[str]: ...
+    @property
+    def log(self) -> str: ...
+    @property
+    def cached(self) -> bool: ...
+    def kernel(self, name: str) -> Kernel: ...
+    def __getattr__(self, name: str) -> Kernel: ...
+    def __getitem__(self, name: str) -> Kernel: ...
 
 class Task:
     """An issued task."""
