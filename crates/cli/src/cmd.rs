@@ -489,7 +489,10 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
             }
         }
         if !report.errors.is_empty() {
-            bail!("{} package problem(s); the packages concerned keep their previous version", report.errors.len());
+            bail!(
+                "{} package problem(s); the packages concerned keep their previous version",
+                report.errors.len()
+            );
         }
         return Ok(());
     }
@@ -502,7 +505,10 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
         return Ok(());
     }
     for k in &kernels {
-        let origin = k.package.as_deref().map_or("built-in".to_string(), |p| format!("package {p}"));
+        let origin = k
+            .package
+            .as_deref()
+            .map_or("built-in".to_string(), |p| format!("package {p}"));
         let chunkable = if k.chunkable { ", chunkable" } else { "" };
         println!(
             "{}\n    {}\n    [{origin}; {}{chunkable}]",

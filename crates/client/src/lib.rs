@@ -48,8 +48,8 @@ pub use buffer::Buffer;
 pub use error::{Error, TaskFailures};
 pub use queue::{Arg, DeviceKind, NdRange, Queue, QueueOptions, Task};
 pub use session::{
-    daemon_session_status, daemon_status, drain_device, kernel_catalog, reload_kernels, DrainOutcome, Kernel, Session, SessionOptions,
-    DEFAULT_CONTROL_TIMEOUT,
+    daemon_session_status, daemon_status, drain_device, kernel_catalog, reload_kernels, DrainOutcome, Kernel, Session,
+    SessionOptions, DEFAULT_CONTROL_TIMEOUT,
 };
 
 /// The Rust guide's snippets, compiled (and run unless marked `no_run`) as doctests, so the guide

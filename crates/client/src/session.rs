@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use agora_protocol::control::{
-    check_name, KernelListing, PackageListing, QueueClass, ReloadReport, Request, Response, SessionStatus, StatusReport,
-    MAX_NAME,
+    check_name, KernelListing, PackageListing, QueueClass, ReloadReport, Request, Response, SessionStatus,
+    StatusReport, MAX_NAME,
 };
 use agora_protocol::ring::{CompletionConsumer, SubmissionProducer};
 use agora_protocol::segment::Geometry;
