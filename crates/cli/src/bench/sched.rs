@@ -491,6 +491,10 @@ pub struct SlaArgs {
     /// Order of the batch tenants' sgemm (each a long kernel).
     #[arg(long, default_value_t = 768)]
     batch_matrix: u32,
+    /// The daemons' `--batch-priority` (OS priority of lane threads running batch jobs: idle,
+    /// batch, normal or nice:N) [default: the daemon's].
+    #[arg(long, value_name = "PRIORITY", value_parser = agora_daemon::BatchPriority::parse)]
+    batch_priority: Option<agora_daemon::BatchPriority>,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -511,6 +515,8 @@ struct SlaFigures {
 struct SlaResult {
     sla_ms: f64,
     requests: usize,
+    /// The daemons' batch priority as asked (`default`: the daemon's default).
+    batch_priority: String,
     /// Requests with the node to themselves.
     alone: SlaFigures,
     /// Beside batch tenants, batch kernels not sliced.
@@ -660,15 +666,23 @@ pub fn sla(args: SlaArgs) -> Result<()> {
     if !args.json {
         println!(
             "agora bench sla: {requests} latency requests (sgemm 32, latency queue, mean interval {} ms, SLA {} ms) \
-             beside {cores} batch tenants looping sgemm {} on the CPU lanes; unsliced vs chunked (1 ms target) vs revoked",
-            args.interval_ms, args.sla_ms, args.batch_matrix
+             beside {cores} batch tenants looping sgemm {} on the CPU lanes; unsliced vs chunked (1 ms target) vs revoked; \
+             batch priority {}",
+            args.interval_ms,
+            args.sla_ms,
+            args.batch_matrix,
+            args.batch_priority.map_or("default".into(), |p| p.name())
         );
     }
     let sla = args.sla_ms.to_string();
+    let priority = args.batch_priority.map(|p| p.name());
     let run = |extra: &[&str], batch: usize| -> Result<(Vec<f64>, f64)> {
         // Every daemon judges requests by the bench's SLA.
         let mut extra = extra.to_vec();
         extra.extend(["--latency-sla-ms", sla.as_str()]);
+        if let Some(priority) = &priority {
+            extra.extend(["--batch-priority", priority.as_str()]);
+        }
         let daemon = DaemonProcess::start(None, &extra)?;
         sla_run(&daemon.socket, &args, requests, batch)
     };
@@ -688,6 +702,7 @@ pub fn sla(args: SlaArgs) -> Result<()> {
     let result = SlaResult {
         sla_ms: args.sla_ms,
         requests,
+        batch_priority: priority.clone().unwrap_or_else(|| "default".into()),
         alone,
         unsliced: sla_figures(&unsliced, args.sla_ms),
         chunked: sla_figures(&chunked, args.sla_ms),
