@@ -353,16 +353,23 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
 
 /// The OS priority lanes run batch jobs at: `requested`, when a thread of this process can go
 /// there and back (tried on a scratch thread); else the setting it falls back to, said in one
-/// line (see `agora_devices::priority`).
+/// line (see `agora_devices::priority`): at info level when it falls back to `batch` (what an
+/// unprivileged daemon is expected to get), as a warning when not even that works.
 fn lane_priorities(requested: agora_devices::priority::BatchPriority) -> agora_devices::priority::LanePriorities {
-    let priorities = agora_devices::priority::LanePriorities::resolve(requested);
+    use agora_devices::priority::{BatchPriority, LanePriorities};
+    let priorities = LanePriorities::resolve(requested);
     if let Some(why) = priorities.fallback() {
-        tracing::warn!(
+        let message = format!(
             "batch_priority \"{requested}\" cannot be used ({why}); lanes run batch work at \"{}\" instead \
-             (run as root, grant CAP_SYS_NICE, or raise RLIMIT_NICE to 20, e.g. LimitNICE=20 in systemd; \
-             or set [scheduler] batch_priority / --batch-priority batch to silence this)",
+             (for \"{requested}\": run as root, grant CAP_SYS_NICE, or raise RLIMIT_NICE to 20, e.g. LimitNICE=20 \
+             in systemd)",
             priorities.batch()
         );
+        if priorities.batch() == BatchPriority::Normal {
+            tracing::warn!("{message}");
+        } else {
+            tracing::info!("{message}");
+        }
     }
     priorities
 }
