@@ -588,6 +588,27 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn nice_raises_the_nice_value_for_batch_work_and_restores_it() {
+        std::thread::spawn(|| {
+            let p = LanePriorities::resolve(BatchPriority::Nice(5));
+            if p.batch() != BatchPriority::Nice(5) {
+                // Unprivileged: the fallback is SCHED_BATCH (tested above).
+                assert_eq!(p.batch(), BatchPriority::Batch, "{p:?}");
+                return;
+            }
+            let lane = LaneClass::new(&p);
+            let _member = lane.join();
+            let (policy, base) = current_thread_priority().unwrap();
+            lane.set(Class::Batch);
+            assert_eq!(current_thread_priority().unwrap(), (policy, (base + 5).min(19)));
+            lane.set(Class::Latency);
+            assert_eq!(current_thread_priority().unwrap(), (policy, base));
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
     fn a_class_change_moves_every_member_and_only_on_a_change() {
         let lane = Arc::new(LaneClass::with_batch(BatchPriority::Batch));
         let (tx, rx) = std::sync::mpsc::channel();
