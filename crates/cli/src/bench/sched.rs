@@ -650,6 +650,14 @@ fn sla_run(socket: &Path, args: &SlaArgs, requests: usize, batch: usize) -> Resu
             -(1.0 - u).ln() * args.interval_ms
         };
         if batch > 0 {
+            // Steady state: the daemon's model learns a kernel from its first run, so each
+            // tenant's first sgemm runs unsliced (tens of ms); requests measured behind it would
+            // say nothing about preemption. Wait until as many sgemms as tenants finished, then
+            // let the next ones start.
+            let deadline = Instant::now() + std::time::Duration::from_secs(30);
+            while finished.load(Ordering::Relaxed) < batch as u64 && Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
             std::thread::sleep(std::time::Duration::from_millis(50)); // batch kernels running
         }
         let mut times = Vec::with_capacity(requests);
