@@ -54,6 +54,18 @@ pub struct ServeArgs {
     /// Response-time target of latency-class queues that set none, in ms [default: 200].
     #[arg(long, value_name = "MS")]
     latency_sla_ms: Option<f64>,
+    /// OS priority of lane threads while they run batch-class jobs (latency-class jobs always run
+    /// at normal priority): idle (SCHED_IDLE: batch work yields the core to any other work),
+    /// batch (SCHED_BATCH), normal (no difference) or nice:N. idle and nice:N need CAP_SYS_NICE
+    /// or RLIMIT_NICE >= 20 to bring a lane back to normal priority; without, the daemon says so
+    /// and uses batch [default: idle].
+    #[arg(long, value_name = "PRIORITY", value_parser = agora_daemon::BatchPriority::parse)]
+    batch_priority: Option<agora_daemon::BatchPriority>,
+    /// Added to the dispatcher thread's nice value, e.g. -5 to run it above lanes and clients
+    /// (needs CAP_SYS_NICE or RLIMIT_NICE; without, the daemon says so and keeps it normal)
+    /// [default: 0, unchanged].
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    dispatcher_nice: Option<i32>,
     /// Most memory Agora uses on each OpenCL device, e.g. 512M [default: all it reports].
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     opencl_memory_limit: Option<u64>,
@@ -186,6 +198,12 @@ impl ServeArgs {
         }
         if let Some(v) = self.device_quota {
             c.device_quota = v;
+        }
+        if let Some(v) = self.batch_priority {
+            c.batch_priority = v;
+        }
+        if let Some(v) = self.dispatcher_nice {
+            c.dispatcher_nice = v;
         }
         if self.strict_coherence {
             c.strict_coherence = true;
@@ -1046,6 +1064,8 @@ mod tests {
             format!("[default: {}]", c.latency_sla.as_millis()),
             format!("[default: {}]", c.trace_capacity),
             format!("[default: {}]", c.program_timeout.as_millis()),
+            format!("[default: {}]", c.batch_priority),
+            format!("[default: {}, unchanged]", c.dispatcher_nice),
         ] {
             assert!(help.contains(&default), "serve --help lacks {default}:\n{help}");
         }

@@ -21,6 +21,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::policy::latency::LatencyPolicy;
+pub use agora_devices::priority::BatchPriority;
 
 /// Power draw of a device, for the `energy` policy and for energy reports.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -256,6 +257,28 @@ pub struct DaemonConfig {
     /// Batch launches predicted shorter than this are never made revocable (a latency task
     /// waits for them): revocability costs a drained lane and a copy of the read-write buffers.
     pub revoke_min: Duration,
+    /// OS priority of lane threads (and CPU gang helpers) while they run batch-class jobs;
+    /// latency-class jobs always run at normal priority (`SCHED_OTHER` at the daemon's nice
+    /// value). A lane's threads switch when the class of its work changes, and a latency job
+    /// queued behind a batch job raises the lane at once. `normal`: no difference (before 0.1);
+    /// `batch`: `SCHED_BATCH` (a waking batch thread does not preempt others; no privilege
+    /// needed); `idle`: `SCHED_IDLE` (batch work runs only when no normal thread wants the
+    /// core, so latency work — the dispatcher, clients, lanes with latency jobs — runs at once);
+    /// `nice:N`: nice value + N.
+    ///
+    /// Default `idle`: on the 2-core VM `agora bench sla` (scripts/measure-prio.sh) measured
+    /// chunked preemption p99 down from several ms to within the 1 ms target at the same batch
+    /// throughput, which `batch` does not reach. Returning a thread from `idle` or `nice:N` to
+    /// normal needs `CAP_SYS_NICE` or `RLIMIT_NICE` ≥ 20 (sched(7)); the daemon tries the round
+    /// trip at start and, where it fails, logs one line and uses `batch` instead, which every
+    /// user may use.
+    pub batch_priority: BatchPriority,
+    /// Nice value added to the dispatcher thread's (0: unchanged). Negative values raise it
+    /// above the lanes and clients (e.g. -5), which needs `CAP_SYS_NICE` or a sufficient
+    /// `RLIMIT_NICE`; without it the daemon logs one line and keeps the normal priority. Off by
+    /// default: the dispatcher spins for work, and above normal priority it would take a core
+    /// from the clients on small machines. (`SCHED_FIFO` is not offered for the same reason.)
+    pub dispatcher_nice: i32,
     /// Test-only fault injection `(seed, per mille)`: tasks the rule picks fail with
     /// `KernelFault` without running (see `agora_protocol::testing`). Not in the configuration
     /// file; the default comes from `AGORA_INJECT_FAULTS=SEED:PER_MILLE`.
@@ -403,6 +426,8 @@ impl Default for DaemonConfig {
             latency_policy: LatencyPolicy::Elastic,
             latency_sla: Duration::from_millis(200),
             revoke_min: Duration::from_millis(1),
+            batch_priority: BatchPriority::Idle,
+            dispatcher_nice: 0,
             strict_coherence: false,
             inject_faults: crate::outcome::FaultInjection::setting_from_env(),
             kernel_paths: agora_packages::default_paths(),
@@ -468,6 +493,8 @@ section! {
         latency_sla_ms: TargetMs => latency_sla,
         revoke_min_us: Micros => revoke_min,
         strict_coherence: bool => strict_coherence,
+        batch_priority: PriorityName => batch_priority,
+        dispatcher_nice: i32 => dispatcher_nice,
     }
     subsections { perf: PerfSection, energy: EnergySection }
 }
@@ -672,6 +699,20 @@ impl InFile<u64> for Bytes {
     }
 }
 
+/// A batch priority by name (`"idle"`, `"batch"`, `"normal"`, `"nice:N"`).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+struct PriorityName(String);
+
+impl InFile<BatchPriority> for PriorityName {
+    fn write(value: &BatchPriority) -> Option<Self> {
+        Some(PriorityName(value.name()))
+    }
+    fn read(self, key: &str) -> Result<BatchPriority, ConfigError> {
+        BatchPriority::parse(&self.0).map_err(|e| ConfigError::Invalid(format!("{key}: {e}")))
+    }
+}
+
 /// A duration in whole microseconds (keys ending in `_us`).
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(transparent)]
@@ -789,6 +830,12 @@ impl DaemonConfig {
                 self.history_weight
             ));
         }
+        if !(-20..=19).contains(&self.dispatcher_nice) {
+            return bad(format!(
+                "scheduler.dispatcher_nice = {} must be between -20 and 19 (0: unchanged)",
+                self.dispatcher_nice
+            ));
+        }
         if self.energy_slack < 1.0 {
             return bad(format!(
                 "scheduler.energy.slack = {} must be at least 1 (1: only the fastest device qualifies)",
@@ -843,6 +890,11 @@ impl DaemonConfig {
              #   not sliced; elastic also reserves lanes for latency work). latency_sla_ms: the\n\
              #   response-time target of latency queues that set none. revoke_min_us: shorter batch\n\
              #   launches are never revocable.\n\
+             # scheduler.batch_priority: idle | batch | normal | nice:N, the OS priority of lane threads\n\
+             #   running batch jobs (latency jobs run at normal). idle and nice:N need CAP_SYS_NICE or\n\
+             #   RLIMIT_NICE >= 20 to come back to normal; without, the daemon says so and uses batch.\n\
+             # scheduler.dispatcher_nice: added to the dispatcher thread's nice value (0: unchanged;\n\
+             #   negative raises it, which needs CAP_SYS_NICE or RLIMIT_NICE).\n\
              # scheduler.policy: rr | perf | energy. Add modeled devices with [[sim]] sections, e.g.\n\
              #   [[sim]]\n\
              #   name = \"sim0\"\n\
@@ -994,6 +1046,28 @@ mod tests {
         assert!(err("[sessions]\nring_capacity = 1000").contains("power of two"));
         assert!(err("[[sim]]\nname = \"a\"\n[[sim]]\nname = \"a\"").contains("unique"));
         assert!(err("[scheduler.perf]\nhistory_weight = 1.5").contains("[0, 1)"));
+        let e = err("[scheduler]\nbatch_priority = \"fifo\"");
+        assert!(e.contains("scheduler.batch_priority") && e.contains("idle"), "{e}");
+        assert!(err("[scheduler]\ndispatcher_nice = -21").contains("between -20 and 19"));
+    }
+
+    #[test]
+    fn batch_priorities_by_name() {
+        assert_eq!(DaemonConfig::default().batch_priority, BatchPriority::Idle);
+        assert_eq!(DaemonConfig::default().dispatcher_nice, 0);
+        for (text, priority) in [
+            ("normal", BatchPriority::Normal),
+            ("batch", BatchPriority::Batch),
+            ("idle", BatchPriority::Idle),
+            ("nice:10", BatchPriority::Nice(10)),
+        ] {
+            let c = DaemonConfig::from_toml(&format!("[scheduler]\nbatch_priority = \"{text}\"\n")).unwrap();
+            assert_eq!(c.batch_priority, priority);
+            assert!(c.to_toml().contains(&format!("batch_priority = \"{text}\"\n")));
+        }
+        let c = DaemonConfig::from_toml("[scheduler]\ndispatcher_nice = -5\n").unwrap();
+        assert_eq!(c.dispatcher_nice, -5);
+        assert_eq!(DaemonConfig::from_toml(&c.to_toml()).unwrap().dispatcher_nice, -5);
     }
 
     #[test]

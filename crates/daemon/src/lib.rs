@@ -49,8 +49,8 @@ use agora_devices::Device;
 use agora_transport::wake::Doorbell;
 
 pub use config::{
-    default_state_dir, format_bytes, parse_bytes, state_dir_for_socket, state_home, ConfigError, DaemonConfig,
-    PolicyKind, PowerModel, ProgramAccess, SimDeviceConfig, SimKernelProfile,
+    default_state_dir, format_bytes, parse_bytes, state_dir_for_socket, state_home, BatchPriority, ConfigError,
+    DaemonConfig, PolicyKind, PowerModel, ProgramAccess, SimDeviceConfig, SimKernelProfile,
 };
 
 /// Why the daemon could not start or run.
@@ -223,7 +223,8 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
         .map_err(|e| DaemonError::io("checking the configuration", std::io::Error::other(e.to_string())))?;
     // Before any device starts: a socket that cannot work fails at once, saying what to do.
     check_socket_path(&config.socket)?;
-    let mut cpu = CpuDevice::new(config.cpu_lanes, config.cpu_threads_per_lane)
+    let priorities = lane_priorities(config.batch_priority);
+    let mut cpu = CpuDevice::with_priorities(config.cpu_lanes, config.cpu_threads_per_lane, &priorities)
         .map_err(|e| DaemonError::io("starting CPU lanes", e))?;
     if config.strict_coherence {
         // Strict coherence: the CPU computes on private copies, like a device with memory of
@@ -245,7 +246,8 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
     }];
     let mut devices: Vec<Arc<dyn Device>> = vec![Arc::new(cpu)];
     if config.opencl {
-        let (found, problems) = agora_devices::opencl::discover(config.opencl_lanes, config.opencl_memory_limit);
+        let (found, problems) =
+            agora_devices::opencl::discover_with(config.opencl_lanes, config.opencl_memory_limit, &priorities);
         for problem in problems {
             tracing::warn!("{problem}; continuing without it");
         }
@@ -265,7 +267,11 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
         }
     }
     for sim in &config.sims {
-        let device = agora_devices::sim::SimDevice::new(sim_spec(sim))
+        let spec = agora_devices::sim::SimSpec {
+            priorities: priorities.clone(),
+            ..sim_spec(sim)
+        };
+        let device = agora_devices::sim::SimDevice::new(spec)
             .map_err(|e| DaemonError::io(format!("starting sim device {}", sim.name), e))?;
         tracing::info!(
             device = %device.info().name,
@@ -326,6 +332,7 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
         preempt_target_us = config.preempt_target.as_micros() as u64,
         latency_policy = config.latency_policy.name(),
         latency_sla_ms = config.latency_sla.as_secs_f64() * 1e3,
+        batch_priority = %priorities.batch(),
         "scheduling"
     );
     if config.policy == PolicyKind::Energy {
@@ -348,6 +355,29 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
         "listening"
     );
     server::Server::new(config, listener, scheduler, stop, telemetry)
+}
+
+/// The OS priority lanes run batch jobs at: `requested`, when a thread of this process can go
+/// there and back (tried on a scratch thread); else the setting it falls back to, said in one
+/// line (see `agora_devices::priority`): at info level when it falls back to `batch` (what an
+/// unprivileged daemon is expected to get), as a warning when not even that works.
+fn lane_priorities(requested: agora_devices::priority::BatchPriority) -> agora_devices::priority::LanePriorities {
+    use agora_devices::priority::{BatchPriority, LanePriorities};
+    let priorities = LanePriorities::resolve(requested);
+    if let Some(why) = priorities.fallback() {
+        let message = format!(
+            "batch_priority \"{requested}\" cannot be used ({why}); lanes run batch work at \"{}\" instead \
+             (for \"{requested}\": run as root, grant CAP_SYS_NICE, or raise RLIMIT_NICE to 20, e.g. LimitNICE=20 \
+             in systemd)",
+            priorities.batch()
+        );
+        if priorities.batch() == BatchPriority::Normal {
+            tracing::warn!("{message}");
+        } else {
+            tracing::info!("{message}");
+        }
+    }
+    priorities
 }
 
 /// The performance model saved in `state_dir`, or an empty one. A daemon whose state directory

@@ -209,6 +209,15 @@ impl Server {
 
     /// Runs until the stop signal.
     pub(crate) fn run(&mut self) -> Result<(), DaemonError> {
+        if self.config.dispatcher_nice != 0 {
+            match agora_devices::priority::renice_current_thread(self.config.dispatcher_nice) {
+                Ok(nice) => tracing::info!(nice, "dispatcher thread reniced"),
+                Err(why) => tracing::warn!(
+                    "dispatcher_nice = {} not applied ({why}); the dispatcher runs at normal priority",
+                    self.config.dispatcher_nice
+                ),
+            }
+        }
         let mut last_poll = Instant::now();
         let mut broken: Vec<u64> = Vec::new();
         loop {

@@ -13,6 +13,11 @@
 //! [`SLICE_DEPTH`] jobs are in flight: on an asynchronous device the lane would otherwise enqueue
 //! every slice at once, and a latency-class job arriving later would wait behind all of them in
 //! the device's queue. Other jobs keep the device's queue as full as they like.
+//!
+//! OS priority: a lane's threads run batch jobs at the lane's batch priority and latency-class
+//! jobs at normal priority ([`crate::priority`]); the lane thread switches when it starts a job of
+//! the other class, and a latency job pushed onto a lane raises it at once (it may wait behind a
+//! batch slice, which then finishes at normal priority).
 
 use std::any::Any;
 use std::collections::VecDeque;
@@ -25,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use agora_protocol::TaskError;
 
+use crate::priority::{Class, LaneClass};
 use crate::{Job, JobTimes, LaneReport, Transfer, Work};
 
 /// How long an idle lane thread polls before it sleeps. Short: lanes matter for throughput, not
@@ -139,6 +145,8 @@ pub struct Lane {
     /// Nanoseconds after `epoch` when the lane last went from idle to busy.
     busy_since: AtomicU64,
     epoch: Instant,
+    /// The OS priority of the lane's threads.
+    class: Arc<LaneClass>,
 }
 
 impl std::fmt::Debug for Lane {
@@ -148,10 +156,13 @@ impl std::fmt::Debug for Lane {
 }
 
 impl Lane {
-    /// Starts the lane's thread, named `name`, running jobs with `executor`.
+    /// Starts the lane's thread, named `name`, running jobs with `executor`, its threads' OS
+    /// priority switched by `class` (the executor's own threads, such as a CPU gang's helpers,
+    /// join `class` themselves).
     pub fn start(
         name: String,
         executor: Box<dyn Executor>,
+        class: Arc<LaneClass>,
     ) -> std::io::Result<(Arc<Lane>, std::thread::JoinHandle<()>)> {
         let lane = Arc::new(Lane {
             queue: Mutex::new(Queue::default()),
@@ -163,6 +174,7 @@ impl Lane {
             busy_ns: AtomicU64::new(0),
             busy_since: AtomicU64::new(0),
             epoch: Instant::now(),
+            class,
         });
         let runner = lane.clone();
         let handle = std::thread::Builder::new()
@@ -190,6 +202,9 @@ impl Lane {
             return;
         }
         if job.urgent {
+            // The lane runs latency work from now on: raised at once, so a batch job it waits
+            // behind does not run at batch priority meanwhile (one system call, on a change).
+            self.class.set(Class::Latency);
             q.urgent.push_back((job, Instant::now()));
         } else if job.revoke.as_ref().is_some_and(|r| r.replay) {
             q.jobs.push_front((job, Instant::now()));
@@ -268,6 +283,14 @@ impl Lane {
                 }
             }
             if let Some(job) = job {
+                // Under the queue lock, so a latency job pushed meanwhile is seen here or raises
+                // the lane after this.
+                let class = if job.0.urgent || !q.urgent.is_empty() {
+                    Class::Latency
+                } else {
+                    Class::Batch
+                };
+                self.class.set(class);
                 self.awaiting_room.store(false, Ordering::Relaxed);
                 self.pending.fetch_sub(1, Ordering::Relaxed);
                 if self.in_flight.fetch_add(1, Ordering::AcqRel) == 0 {
@@ -308,6 +331,7 @@ impl Lane {
     }
 
     fn run(self: Arc<Self>, mut executor: Box<dyn Executor>) {
+        let _member = self.class.join();
         while let Some((job, queued)) = self.next() {
             let Job {
                 transfers,
@@ -445,5 +469,136 @@ impl Lanes {
         for h in handles {
             let _ = h.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::priority::{self, current_thread_priority, BatchPriority, LanePriorities};
+    use std::sync::mpsc;
+
+    /// Reports the lane thread's scheduling policy at the start of each job, and holds a job
+    /// until told to go on when `hold` has a receiver.
+    struct Recorder {
+        seen: mpsc::Sender<i32>,
+        hold: Option<mpsc::Receiver<()>>,
+    }
+
+    impl Executor for Recorder {
+        fn run(&mut self, _transfers: Vec<Transfer>, _work: Work, end: JobEnd) {
+            self.seen.send(current_thread_priority().unwrap().0).unwrap();
+            if let Some(hold) = &self.hold {
+                // Held: report again once released (an urgent job may have been pushed meanwhile).
+                hold.recv().unwrap();
+                self.seen.send(current_thread_priority().unwrap().0).unwrap();
+            }
+            end.finish(Ok(()));
+        }
+    }
+
+    fn job(urgent: bool, done: mpsc::Sender<()>) -> Job {
+        Job {
+            transfers: Vec::new(),
+            work: Work::Nothing,
+            keepalive: None,
+            cancelled: None,
+            revoke: None,
+            urgent,
+            done: Box::new(move |r, _| {
+                r.unwrap();
+                done.send(()).unwrap();
+            }),
+        }
+    }
+
+    /// Runs batch, urgent, batch, batch, urgent jobs one at a time on a lane with `priorities`;
+    /// returns the policy each ran under.
+    fn policies_seen(priorities: &LanePriorities) -> Vec<i32> {
+        let (seen_tx, seen) = mpsc::channel();
+        let executor = Recorder {
+            seen: seen_tx,
+            hold: None,
+        };
+        let (lane, thread) = Lane::start("test-lane".into(), Box::new(executor), LaneClass::new(priorities)).unwrap();
+        let (done_tx, done) = mpsc::channel();
+        let mut policies = Vec::new();
+        for urgent in [false, true, false, false, true] {
+            lane.push(job(urgent, done_tx.clone()));
+            done.recv().unwrap();
+            policies.push(seen.recv().unwrap());
+        }
+        lane.stop();
+        thread.join().unwrap();
+        policies
+    }
+
+    #[test]
+    fn batch_jobs_run_at_the_batch_priority_and_urgent_ones_at_normal() {
+        use priority::{SCHED_BATCH as B, SCHED_IDLE as I, SCHED_OTHER as O};
+        assert_eq!(policies_seen(&LanePriorities::normal()), [O, O, O, O, O]);
+        let batch = LanePriorities::resolve(BatchPriority::Batch);
+        assert_eq!(batch.batch(), BatchPriority::Batch, "SCHED_BATCH needs no privilege");
+        assert_eq!(policies_seen(&batch), [B, O, B, B, O]);
+        let idle = LanePriorities::resolve(BatchPriority::Idle);
+        match idle.batch() {
+            BatchPriority::Idle => assert_eq!(policies_seen(&idle), [I, O, I, I, O]),
+            // Without CAP_SYS_NICE: the fallback, never a latency job at idle priority.
+            other => {
+                assert_eq!(other, BatchPriority::Batch, "{idle:?}");
+                assert_eq!(policies_seen(&idle), [B, O, B, B, O]);
+            }
+        }
+    }
+
+    #[test]
+    fn without_privilege_idle_falls_back_and_latency_jobs_still_run_at_normal() {
+        std::thread::spawn(|| {
+            if !priority::tests::drop_cap_sys_nice() {
+                eprintln!("cannot drop CAP_SYS_NICE here (or RLIMIT_NICE allows the way back): skipped");
+                return;
+            }
+            // Lanes started by this thread inherit its capabilities, as a daemon's would.
+            let idle = LanePriorities::resolve(BatchPriority::Idle);
+            assert_eq!(idle.batch(), BatchPriority::Batch);
+            assert!(idle.fallback().unwrap().contains("CAP_SYS_NICE"));
+            use priority::{SCHED_BATCH as B, SCHED_OTHER as O};
+            assert_eq!(policies_seen(&idle), [B, O, B, B, O]);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn an_urgent_job_raises_a_lane_that_runs_batch_work() {
+        let priorities = LanePriorities::resolve(BatchPriority::Idle);
+        let (seen_tx, seen) = mpsc::channel();
+        let (release, hold) = mpsc::channel();
+        let executor = Recorder {
+            seen: seen_tx,
+            hold: Some(hold),
+        };
+        let (lane, thread) = Lane::start("test-lane".into(), Box::new(executor), LaneClass::new(&priorities)).unwrap();
+        let (done_tx, done) = mpsc::channel();
+        lane.push(job(false, done_tx.clone()));
+        let batch = seen.recv().unwrap();
+        assert_ne!(batch, priority::SCHED_OTHER, "{priorities:?}");
+        // The batch job runs; an urgent job arrives behind it: the lane is raised at once.
+        lane.push(job(true, done_tx.clone()));
+        release.send(()).unwrap();
+        assert_eq!(seen.recv().unwrap(), priority::SCHED_OTHER, "the rest of the batch job");
+        done.recv().unwrap();
+        assert_eq!(seen.recv().unwrap(), priority::SCHED_OTHER, "the urgent job");
+        release.send(()).unwrap();
+        assert_eq!(seen.recv().unwrap(), priority::SCHED_OTHER);
+        done.recv().unwrap();
+        // Back to batch work: back to the batch priority.
+        lane.push(job(false, done_tx));
+        assert_eq!(seen.recv().unwrap(), batch);
+        release.send(()).unwrap();
+        assert_eq!(seen.recv().unwrap(), batch);
+        done.recv().unwrap();
+        lane.stop();
+        thread.join().unwrap();
     }
 }

@@ -33,6 +33,7 @@ pub mod cpu;
 pub mod lane;
 #[cfg(feature = "opencl")]
 pub mod opencl;
+pub mod priority;
 #[cfg(feature = "sim")]
 pub mod sim;
 

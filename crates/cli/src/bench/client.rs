@@ -23,8 +23,10 @@ pub enum ClientMode {
     /// Open a session, run one task, then sit idle for `--iterations` milliseconds.
     Idle,
     /// Run workload `--app` at `--size` `--iterations` times after a warm-up; print each time.
+    /// With `--stepwise`: once per `run` line on stdin instead.
     Workload,
     /// sync_to + fill + sync_from of `--size` bytes, `--iterations` times after a warm-up.
+    /// With `--stepwise`: once per `run` line on stdin instead.
     Transfer,
 }
 
@@ -39,6 +41,11 @@ pub struct ClientArgs {
     /// Print "ready" and wait for a line on stdin before starting (to start several at once).
     #[arg(long)]
     wait_go: bool,
+    /// Workload and transfer modes: after the warm-up print "ready", then run once per `run`
+    /// line read from stdin, printing each run's result as a JSON line, until stdin closes (so a
+    /// benchmark can interleave these runs with its baseline's). `--iterations` is ignored.
+    #[arg(long)]
+    stepwise: bool,
     /// Workload name (workload mode).
     #[arg(long)]
     app: Option<String>,
@@ -75,42 +82,69 @@ fn client_repeat(socket: Option<PathBuf>, args: &ClientArgs) -> Result<()> {
         control_timeout: None,
     })?;
     let kind = device_kind(args.device_kind.as_deref());
-    let mut result = RepeatResult {
-        verified: true,
-        ..Default::default()
-    };
-    match args.mode {
+    // One run: its seconds and whether its result was right.
+    let mut run: Box<dyn FnMut() -> Result<(f64, bool)>> = match args.mode {
         ClientMode::Workload => {
             let app = args.app.as_deref().context("--app")?;
             let workload = agora_apps::build(app, args.size.context("--size")?, None).context("unknown app")?;
-            for rep in 0..=args.iterations {
-                let r = agora_apps::run_on_agora(&session, &workload, kind)?;
-                result.verified &= r.verified;
-                if rep > 0 {
-                    result.seconds.push(r.seconds);
-                }
-            }
+            let session = &session;
+            Box::new(move || {
+                let r = agora_apps::run_on_agora(session, &workload, kind)?;
+                Ok((r.seconds, r.verified))
+            })
         }
         ClientMode::Transfer => {
             let bytes = args.size.context("--size")?;
             let queue = agora_apps::queue(&session, "transfer", kind)?;
             let fill = session.kernel("fill")?;
-            let buffer = session.buffer(bytes)?;
+            let mut buffer = session.buffer(bytes)?;
             let n = bytes / 4;
-            for rep in 0..=args.iterations {
+            Box::new(move || {
+                // A value on every page that only this run's fill can restore.
+                buffer
+                    .as_mut_slice::<f32>()
+                    .iter_mut()
+                    .step_by(1024)
+                    .for_each(|v| *v = 0.0);
                 let t = Instant::now();
                 let _ = queue.sync_to(&buffer)?;
                 let _ = queue.launch(&fill, &[agora::Arg::F32(1.5), (&buffer).into()], n)?;
                 let _ = queue.sync_from(&buffer)?;
                 queue.finish()?;
-                if rep > 0 {
-                    result.seconds.push(t.elapsed().as_secs_f64());
-                }
-            }
-            result.verified = buffer.as_slice::<f32>().iter().all(|v| *v == 1.5);
+                let seconds = t.elapsed().as_secs_f64();
+                Ok((seconds, buffer.as_slice::<f32>().iter().all(|v| *v == 1.5)))
+            })
         }
         _ => unreachable!("other modes are handled by client()"),
+    };
+    let (_, mut verified) = run()?; // warm-up
+    if args.stepwise {
+        println!("ready");
+        std::io::stdout().flush()?;
+        for line in std::io::stdin().lines() {
+            if line?.trim() != "run" {
+                break;
+            }
+            let (seconds, ok) = run()?;
+            verified &= ok;
+            println!(
+                "{}",
+                serde_json::to_string(&RepeatResult {
+                    seconds: vec![seconds],
+                    verified,
+                })?
+            );
+            std::io::stdout().flush()?;
+        }
+        return Ok(());
     }
+    let mut result = RepeatResult::default();
+    for _ in 0..args.iterations {
+        let (seconds, ok) = run()?;
+        verified &= ok;
+        result.seconds.push(seconds);
+    }
+    result.verified = verified;
     println!("{}", serde_json::to_string(&result)?);
     Ok(())
 }
@@ -235,18 +269,78 @@ pub(crate) fn run_clients(socket: &Path, mode: ClientMode, iterations: u64, coun
     Ok(results)
 }
 
-/// Runs a repeat-mode client process and returns its result.
-pub(crate) fn repeat_client(socket: &Path, mode: &str, extra: &[String]) -> Result<RepeatResult> {
-    let out = Command::new(std::env::current_exe()?)
-        .args(["bench-client", mode])
-        .args(extra)
-        .arg("--socket")
-        .arg(socket)
-        .stderr(Stdio::inherit())
-        .output()
-        .context("starting a benchmark client")?;
-    if !out.status.success() {
-        bail!("a benchmark client failed ({})", out.status);
+/// A workload- or transfer-mode client process run step by step (`--stepwise`): one run per
+/// [`StepClient::step`], so a benchmark can interleave them with its baseline's runs.
+pub(crate) struct StepClient {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    stdout: BufReader<std::process::ChildStdout>,
+}
+
+impl StepClient {
+    /// Starts the client (mode `mode`, options `extra`) and waits until it has warmed up.
+    pub(crate) fn start(socket: &Path, mode: &str, extra: &[String]) -> Result<Self> {
+        let mut child = Command::new(std::env::current_exe()?)
+            .args(["bench-client", mode, "--stepwise", "--iterations", "0"])
+            .args(extra)
+            .arg("--socket")
+            .arg(socket)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("starting a benchmark client")?;
+        let stdin = child.stdin.take().context("client stdin")?;
+        let stdout = BufReader::new(child.stdout.take().context("client stdout")?);
+        let mut client = StepClient {
+            child,
+            stdin: Some(stdin),
+            stdout,
+        };
+        let line = client.line()?;
+        if line.trim() != "ready" {
+            bail!("a benchmark client failed to start: {line}");
+        }
+        Ok(client)
     }
-    serde_json::from_slice(&out.stdout).context("benchmark client output")
+
+    fn line(&mut self) -> Result<String> {
+        let mut line = String::new();
+        if self.stdout.read_line(&mut line)? == 0 {
+            let status = self.child.wait()?;
+            bail!("a benchmark client stopped ({status})");
+        }
+        Ok(line)
+    }
+
+    /// Runs once: the seconds it took, and whether every result so far was right.
+    pub(crate) fn step(&mut self) -> Result<(f64, bool)> {
+        let stdin = self.stdin.as_mut().context("client stdin")?;
+        writeln!(stdin, "run")?;
+        stdin.flush()?;
+        let line = self.line()?;
+        let result: RepeatResult =
+            serde_json::from_str(line.trim()).with_context(|| format!("benchmark client output: {line}"))?;
+        Ok((result.seconds.first().copied().unwrap_or(f64::NAN), result.verified))
+    }
+
+    /// Ends the client (closing its stdin) and waits for it.
+    pub(crate) fn finish(mut self) -> Result<()> {
+        drop(self.stdin.take());
+        let status = self.child.wait()?;
+        if !status.success() {
+            bail!("a benchmark client failed ({status})");
+        }
+        Ok(())
+    }
+}
+
+impl Drop for StepClient {
+    fn drop(&mut self) {
+        if self.stdin.take().is_some() {
+            // Dropped on an error path: do not leave the process behind.
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }

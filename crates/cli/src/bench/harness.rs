@@ -137,3 +137,33 @@ pub(crate) fn median(values: &[f64]) -> f64 {
     }
     v[v.len() / 2]
 }
+
+/// Min / median / max of `a[i] / b[i]`: the ratios of runs paired in the same repetition (for
+/// interleaved measurements, where both sides of a pair saw the same state of the machine).
+pub(crate) fn paired_ratios(a: &[f64], b: &[f64]) -> Spread {
+    let ratios: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
+    if ratios.is_empty() {
+        return Spread {
+            min: f64::NAN,
+            median: f64::NAN,
+            max: f64::NAN,
+        };
+    }
+    spread(&ratios)
+}
+
+/// The machine's 1-minute load average now (from `/proc/loadavg`), for a benchmark's report.
+/// Above half the cores, other work competes with the measurement: says so on stderr.
+pub(crate) fn load_average_at_start() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    let load: f64 = text.split_whitespace().next()?.parse().ok()?;
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    if load > cores as f64 / 2.0 {
+        eprintln!(
+            "warning: the 1-minute load average is {load:.2} on {cores} cores: other work is running, \
+             so these timings will be noisy; compare the min / median / max of several repetitions, \
+             or run again on a quiet machine"
+        );
+    }
+    Some(load)
+}

@@ -1,5 +1,10 @@
 //! `agora bench overhead`: each program natively and through Agora, per device kind, and the
 //! transfer round trip.
+//!
+//! Native and Agora runs are interleaved: after one warm-up each, every repetition runs both
+//! sides (native first in even repetitions, Agora first in odd ones), the Agora side in one client
+//! process driven step by step, so drift in the machine's speed reaches both sides alike. Each
+//! row reports the ratio of medians and the min / median / max of the per-repetition ratios.
 
 use std::path::PathBuf;
 
@@ -7,8 +12,8 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
 
-use super::client::repeat_client;
-use super::harness::{median, minimum, DaemonProcess};
+use super::client::StepClient;
+use super::harness::{load_average_at_start, median, minimum, paired_ratios, spread, DaemonProcess, Spread};
 
 /// `agora bench overhead` options.
 #[derive(Args, Debug)]
@@ -16,12 +21,13 @@ pub struct OverheadArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
-    /// A short version for smoke checks (small sizes, 2 repetitions).
+    /// A short version for smoke checks (small sizes, one repetition).
     #[arg(long)]
     quick: bool,
-    /// Repetitions per measurement (default 5), after one warm-up.
-    #[arg(long)]
-    reps: Option<usize>,
+    /// Interleaved repetitions (native and Agora alternating) per measurement, after one
+    /// warm-up of each (default 5; 1 with --quick).
+    #[arg(long, alias = "reps")]
+    repetitions: Option<usize>,
     /// Programs to run (default: all).
     #[arg(long, value_delimiter = ',')]
     programs: Option<Vec<String>>,
@@ -61,18 +67,56 @@ struct OverheadRow {
     device: String,
     size: u64,
     launches: usize,
+    /// Median native run.
     native_s: f64,
+    /// Median Agora run.
     agora_s: f64,
+    /// `agora_s / native_s`: the ratio of medians.
     ratio: f64,
-    /// Best Agora run over best native run: robust to the noise of a shared 2-core VM.
+    /// Min / median / max over the repetitions of Agora's run over the native run of the same
+    /// repetition.
     ratio_min: f64,
+    ratio_median: f64,
+    ratio_max: f64,
+    /// Best Agora run over best native run.
+    ratio_best: f64,
+    native: Spread,
+    agora: Spread,
     native_runs_s: Vec<f64>,
     agora_runs_s: Vec<f64>,
     verified: bool,
 }
 
+/// Runs `native` and `agora` `reps` times each, alternating which goes first; returns their
+/// seconds by repetition and whether every result was right.
+fn interleaved(
+    reps: usize,
+    mut native: impl FnMut() -> Result<(f64, bool)>,
+    agora: &mut StepClient,
+) -> Result<(Vec<f64>, Vec<f64>, bool)> {
+    let (mut native_runs, mut agora_runs, mut verified) = (Vec::new(), Vec::new(), true);
+    for rep in 0..reps {
+        for side in if rep % 2 == 0 { [0, 1] } else { [1, 0] } {
+            let (seconds, ok) = if side == 0 { native()? } else { agora.step()? };
+            verified &= ok;
+            if side == 0 {
+                native_runs.push(seconds);
+            } else {
+                agora_runs.push(seconds);
+            }
+        }
+    }
+    Ok((native_runs, agora_runs, verified))
+}
+
+fn geomean(values: impl Iterator<Item = f64>) -> f64 {
+    let (sum, n) = values.fold((0.0, 0usize), |(s, n), v| (s + v.ln(), n + 1));
+    (sum / n.max(1) as f64).exp()
+}
+
 pub fn overhead(socket: Option<PathBuf>, args: OverheadArgs) -> Result<()> {
-    let reps = args.reps.unwrap_or(if args.quick { 2 } else { 5 }).max(1);
+    let reps = args.repetitions.unwrap_or(if args.quick { 1 } else { 5 }).max(1);
+    let load = load_average_at_start();
     let programs: Vec<String> = args
         .programs
         .clone()
@@ -89,67 +133,83 @@ pub fn overhead(socket: Option<PathBuf>, args: OverheadArgs) -> Result<()> {
     } else {
         None
     };
+    if !args.json {
+        eprintln!("agora bench overhead: {reps} interleaved repetitions per row (native and Agora alternating), after one warm-up each");
+    }
     let daemon = DaemonProcess::start(socket.as_deref(), &[])?;
     let mut rows = Vec::new();
     for program in &programs {
         let size = overhead_size(program, args.quick);
         let workload = agora_apps::build(program, size, None).with_context(|| format!("unknown program {program}"))?;
         for kind in &kinds {
-            let mut native_runs = Vec::new();
-            let mut verified = true;
-            for rep in 0..=reps {
+            let mut native = || -> Result<(f64, bool)> {
                 let r = match kind.as_str() {
                     "cpu" => agora_apps::native::run_cpu(&workload).map_err(anyhow::Error::msg)?,
                     "opencl" => agora_apps::native::run_opencl(native_cl.as_mut().context("OpenCL")?, &workload)
                         .map_err(anyhow::Error::msg)?,
                     other => bail!("unknown device kind {other}: use cpu or opencl"),
                 };
-                verified &= r.verified;
-                if rep > 0 {
-                    native_runs.push(r.seconds);
-                }
-            }
+                Ok((r.seconds, r.verified))
+            };
+            let (_, warm_ok) = native()?; // warm-up
             let extra = [
-                "--iterations".to_string(),
-                reps.to_string(),
-                "--app".into(),
+                "--app".to_string(),
                 program.clone(),
                 "--size".into(),
                 size.to_string(),
                 "--device-kind".into(),
                 kind.clone(),
             ];
-            let agora = repeat_client(&daemon.socket, "workload", &extra)?;
-            verified &= agora.verified;
+            let mut client = StepClient::start(&daemon.socket, "workload", &extra)?;
+            let (native_runs, agora_runs, ok) = interleaved(reps, native, &mut client)?;
+            client.finish()?;
+            let pairs = paired_ratios(&agora_runs, &native_runs);
             let row = OverheadRow {
                 program: program.clone(),
                 device: kind.clone(),
                 size,
                 launches: workload.launches(),
                 native_s: median(&native_runs),
-                agora_s: median(&agora.seconds),
-                ratio: median(&agora.seconds) / median(&native_runs),
-                ratio_min: minimum(&agora.seconds) / minimum(&native_runs),
+                agora_s: median(&agora_runs),
+                ratio: median(&agora_runs) / median(&native_runs),
+                ratio_min: pairs.min,
+                ratio_median: pairs.median,
+                ratio_max: pairs.max,
+                ratio_best: minimum(&agora_runs) / minimum(&native_runs),
+                native: spread(&native_runs),
+                agora: spread(&agora_runs),
                 native_runs_s: native_runs,
-                agora_runs_s: agora.seconds,
-                verified,
+                agora_runs_s: agora_runs,
+                verified: warm_ok && ok,
             };
             if !args.json {
                 eprintln!(
-                    "  {:<12} {:<7} native {:>9.4}s  agora {:>9.4}s  ratio {:.3}{}",
+                    "  {:<12} {:<7} native {:>9.4}s  agora {:>9.4}s  ratio {:.3} (per repetition {:.3} / {:.3} / {:.3}){}",
                     row.program,
                     row.device,
                     row.native_s,
                     row.agora_s,
                     row.ratio,
+                    row.ratio_min,
+                    row.ratio_median,
+                    row.ratio_max,
                     if row.verified { "" } else { "  VERIFICATION FAILED" }
                 );
             }
             rows.push(row);
         }
     }
-    let geomean = (rows.iter().map(|r| r.ratio.ln()).sum::<f64>() / rows.len().max(1) as f64).exp();
-    let geomean_min = (rows.iter().map(|r| r.ratio_min.ln()).sum::<f64>() / rows.len().max(1) as f64).exp();
+    let geomean_ratio = geomean(rows.iter().map(|r| r.ratio));
+    let geomean_best = geomean(rows.iter().map(|r| r.ratio_best));
+    // The geometric mean of each repetition's ratios, and their spread.
+    let per_repetition: Vec<f64> = (0..reps)
+        .map(|i| geomean(rows.iter().map(|r| r.agora_runs_s[i] / r.native_runs_s[i])))
+        .collect();
+    let geomean_spread = if rows.is_empty() {
+        paired_ratios(&[], &[])
+    } else {
+        spread(&per_repetition)
+    };
 
     // Transfer round trip on the OpenCL device: write, fill on the device, read back.
     let transfer = if let Some(cl) = native_cl.as_mut() {
@@ -158,72 +218,102 @@ pub fn overhead(socket: Option<PathBuf>, args: OverheadArgs) -> Result<()> {
             .unwrap_or(if args.quick { 64 << 20 } else { 1 << 30 });
         let mut host = vec![0u8; bytes as usize];
         let mut device = cl.transfer_buffer(bytes as usize).map_err(anyhow::Error::msg)?;
-        let mut native_runs = Vec::new();
-        for rep in 0..=reps {
+        let mut native = || -> Result<(f64, bool)> {
             let s = agora_apps::native::transfer_round_trip(cl, &mut device, &mut host).map_err(anyhow::Error::msg)?;
-            if rep > 0 {
-                native_runs.push(s);
-            }
-        }
+            Ok((s, true))
+        };
+        native()?; // warm-up
         let extra = [
-            "--iterations".to_string(),
-            reps.to_string(),
-            "--size".into(),
+            "--size".to_string(),
             bytes.to_string(),
             "--device-kind".into(),
             "opencl".into(),
         ];
-        let agora = repeat_client(&daemon.socket, "transfer", &extra)?;
-        Some((
-            bytes,
-            median(&native_runs),
-            median(&agora.seconds),
-            agora.verified,
-            native_runs,
-            agora.seconds,
-        ))
+        let mut client = StepClient::start(&daemon.socket, "transfer", &extra)?;
+        let (native_runs, agora_runs, verified) = interleaved(reps, native, &mut client)?;
+        client.finish()?;
+        Some((bytes, native_runs, agora_runs, verified))
     } else {
         None
     };
     drop(daemon);
 
     let all_verified = rows.iter().all(|r| r.verified) && transfer.as_ref().is_none_or(|t| t.3);
+    let transfer_ratio = transfer.as_ref().map(|t| median(&t.2) / median(&t.1));
+    let transfer_pairs = transfer.as_ref().map(|t| paired_ratios(&t.2, &t.1));
     if args.json {
         let out = serde_json::json!({
             "repetitions": reps,
+            "interleaved": true,
+            "load_average_at_start": load,
             "programs": rows,
-            "geomean_ratio": geomean,
-            "geomean_ratio_min": geomean_min,
+            "geomean_ratio": geomean_ratio,
+            "geomean_ratio_min": geomean_spread.min,
+            "geomean_ratio_median": geomean_spread.median,
+            "geomean_ratio_max": geomean_spread.max,
+            "geomean_ratio_best": geomean_best,
             "transfer_bytes": transfer.as_ref().map(|t| t.0),
-            "transfer_native_s": transfer.as_ref().map(|t| t.1),
-            "transfer_agora_s": transfer.as_ref().map(|t| t.2),
-            "transfer_ratio": transfer.as_ref().map(|t| t.2 / t.1),
-            "transfer_ratio_min": transfer.as_ref().map(|t| minimum(&t.5) / minimum(&t.4)),
-            "transfer_native_runs_s": transfer.as_ref().map(|t| t.4.clone()),
-            "transfer_agora_runs_s": transfer.as_ref().map(|t| t.5.clone()),
+            "transfer_native_s": transfer.as_ref().map(|t| median(&t.1)),
+            "transfer_agora_s": transfer.as_ref().map(|t| median(&t.2)),
+            "transfer_ratio": transfer_ratio,
+            "transfer_ratio_min": transfer_pairs.map(|p| p.min),
+            "transfer_ratio_median": transfer_pairs.map(|p| p.median),
+            "transfer_ratio_max": transfer_pairs.map(|p| p.max),
+            "transfer_ratio_best": transfer.as_ref().map(|t| minimum(&t.2) / minimum(&t.1)),
+            "transfer_native": transfer.as_ref().map(|t| spread(&t.1)),
+            "transfer_agora": transfer.as_ref().map(|t| spread(&t.2)),
+            "transfer_native_runs_s": transfer.as_ref().map(|t| t.1.clone()),
+            "transfer_agora_runs_s": transfer.as_ref().map(|t| t.2.clone()),
             "verified": all_verified,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         println!(
-            "\n{:<12} {:<7} {:>8} {:>9} {:>11} {:>11} {:>7} {:>9}",
-            "program", "device", "size", "launches", "native (s)", "agora (s)", "ratio", "best/best"
+            "\n{:<12} {:<7} {:>8} {:>9} {:>11} {:>11} {:>7} {:>23} {:>9}",
+            "program",
+            "device",
+            "size",
+            "launches",
+            "native (s)",
+            "agora (s)",
+            "ratio",
+            "min / median / max",
+            "best/best"
         );
         for r in &rows {
             println!(
-                "{:<12} {:<7} {:>8} {:>9} {:>11.4} {:>11.4} {:>7.3} {:>9.3}",
-                r.program, r.device, r.size, r.launches, r.native_s, r.agora_s, r.ratio, r.ratio_min
+                "{:<12} {:<7} {:>8} {:>9} {:>11.4} {:>11.4} {:>7.3} {:>23} {:>9.3}",
+                r.program,
+                r.device,
+                r.size,
+                r.launches,
+                r.native_s,
+                r.agora_s,
+                r.ratio,
+                format!("{:.3} / {:.3} / {:.3}", r.ratio_min, r.ratio_median, r.ratio_max),
+                r.ratio_best
             );
         }
         println!(
-            "geometric mean of ratios: {geomean:.3} (medians of {reps} runs each); of best-run ratios: {geomean_min:.3}"
+            "geometric mean of ratios: {geomean_ratio:.3} (ratios of medians of {reps} interleaved repetitions); \
+             per repetition min / median / max {:.3} / {:.3} / {:.3}; of best-run ratios: {geomean_best:.3}",
+            geomean_spread.min, geomean_spread.median, geomean_spread.max
         );
-        if let Some((bytes, native, agora, _, _, _)) = &transfer {
+        if let (Some((bytes, native, agora, _)), Some(pairs)) = (&transfer, transfer_pairs) {
             println!(
-                "transfer round trip of {} MiB (write, fill on device, read): native {native:.3}s, agora {agora:.3}s, ratio {:.3}",
+                "transfer round trip of {} MiB (write, fill on device, read): native {:.3}s, agora {:.3}s, \
+                 ratio {:.3} (per repetition {:.3} / {:.3} / {:.3})",
                 bytes >> 20,
-                agora / native
+                median(native),
+                median(agora),
+                median(agora) / median(native),
+                pairs.min,
+                pairs.median,
+                pairs.max
             );
+        }
+        if let Some(load) = load {
+            println!("load average at start: {load:.2}");
         }
     }
     if !all_verified {

@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
 
-use super::harness::{spread, DaemonProcess, Spread};
+use super::harness::{load_average_at_start, paired_ratios, spread, DaemonProcess, Spread};
 
 /// `agora bench hetero` options.
 #[derive(Args, Debug)]
@@ -344,13 +344,16 @@ pub struct SharingArgs {
         default_value = "gaussian:1024,hotspot:1024,nw:4096,lavamd:6"
     )]
     apps: Vec<String>,
-    /// Repetitions of each arrangement (default 3; 1 with --quick).
-    #[arg(long)]
-    reps: Option<usize>,
+    /// Interleaved repetitions: each runs both arrangements, shared first in even repetitions
+    /// and sequential first in odd ones (default 3; 1 with --quick).
+    #[arg(long, alias = "reps")]
+    repetitions: Option<usize>,
     /// Placement policy of the daemon.
     #[arg(long, default_value = "rr", value_parser = agora_daemon::PolicyKind::parse)]
     policy: agora_daemon::PolicyKind,
-    /// Print JSON: `shared_s`, `sequential_s`, `ratio` (medians) and the spreads.
+    /// Print JSON: `shared_s`, `sequential_s`, `ratio` (ratio of medians), `ratio_min`,
+    /// `ratio_median`, `ratio_max` (over the repetitions' own ratios), `repetitions`,
+    /// `load_average_at_start` and the spreads of both arrangements.
     #[arg(long)]
     json: bool,
     /// A short version for smoke checks (smaller sizes, one repetition).
@@ -367,8 +370,17 @@ struct SharingResult {
     shared_s: f64,
     /// Median of the summed wall times of the applications run one after another.
     sequential_s: f64,
-    /// `shared_s / sequential_s`: below 1, sharing finishes sooner.
+    /// `shared_s / sequential_s` (ratio of medians): below 1, sharing finishes sooner.
     ratio: f64,
+    /// Min / median / max over the repetitions of the shared time over the sequential time of
+    /// the same repetition.
+    ratio_min: f64,
+    ratio_median: f64,
+    ratio_max: f64,
+    /// Interleaved repetitions (each runs both arrangements).
+    repetitions: usize,
+    /// The machine's 1-minute load average when the benchmark started.
+    load_average_at_start: Option<f64>,
     shared: Spread,
     sequential: Spread,
 }
@@ -406,11 +418,13 @@ fn finish_app(app: &str, child: std::process::Child) -> Result<()> {
 }
 
 pub fn sharing(socket: Option<PathBuf>, args: SharingArgs) -> Result<()> {
-    let reps = args.reps.unwrap_or(if args.quick { 1 } else { 3 }).max(1);
+    let reps = args.repetitions.unwrap_or(if args.quick { 1 } else { 3 }).max(1);
+    let load = load_average_at_start();
     let daemon = DaemonProcess::start(socket.as_deref(), &["--policy", args.policy.name()])?;
     if !args.json {
         println!(
-            "agora bench sharing: {} applications ({}) sharing the node vs one after another (policy {}), {reps} reps",
+            "agora bench sharing: {} applications ({}) sharing the node vs one after another (policy {}), \
+             {reps} interleaved repetitions (shared first, then sequential first, alternating)",
             args.apps.len(),
             args.apps.join(", "),
             args.policy.name()
@@ -447,11 +461,17 @@ pub fn sharing(socket: Option<PathBuf>, args: SharingArgs) -> Result<()> {
             }
         }
     }
+    let pairs = paired_ratios(&shared, &sequential);
     let result = SharingResult {
         apps: args.apps.clone(),
         shared_s: spread(&shared).median,
         sequential_s: spread(&sequential).median,
         ratio: spread(&shared).median / spread(&sequential).median,
+        ratio_min: pairs.min,
+        ratio_median: pairs.median,
+        ratio_max: pairs.max,
+        repetitions: reps,
+        load_average_at_start: load,
         shared: spread(&shared),
         sequential: spread(&sequential),
     };
@@ -467,10 +487,17 @@ pub fn sharing(socket: Option<PathBuf>, args: SharingArgs) -> Result<()> {
             result.sequential.min, result.sequential.median, result.sequential.max
         );
         println!(
-            "ratio shared/sequential: {:.3} (sharing {:.0}% faster)",
+            "ratio shared/sequential: {:.3} (ratio of medians; sharing {:.0}% faster); per repetition \
+             min {:.3}  median {:.3}  max {:.3} over {reps} interleaved repetitions",
             result.ratio,
-            (1.0 / result.ratio - 1.0) * 100.0
+            (1.0 / result.ratio - 1.0) * 100.0,
+            result.ratio_min,
+            result.ratio_median,
+            result.ratio_max
         );
+        if let Some(load) = load {
+            println!("load average at start: {load:.2}");
+        }
     }
     Ok(())
 }
@@ -491,6 +518,10 @@ pub struct SlaArgs {
     /// Order of the batch tenants' sgemm (each a long kernel).
     #[arg(long, default_value_t = 768)]
     batch_matrix: u32,
+    /// The daemons' `--batch-priority` (OS priority of lane threads running batch jobs: idle,
+    /// batch, normal or nice:N) [default: the daemon's].
+    #[arg(long, value_name = "PRIORITY", value_parser = agora_daemon::BatchPriority::parse)]
+    batch_priority: Option<agora_daemon::BatchPriority>,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -511,6 +542,10 @@ struct SlaFigures {
 struct SlaResult {
     sla_ms: f64,
     requests: usize,
+    /// The daemons' batch priority as asked (`default`: the daemon's default).
+    batch_priority: String,
+    /// The machine's 1-minute load average when the benchmark started.
+    load_average_at_start: Option<f64>,
     /// Requests with the node to themselves.
     alone: SlaFigures,
     /// Beside batch tenants, batch kernels not sliced.
@@ -615,6 +650,14 @@ fn sla_run(socket: &Path, args: &SlaArgs, requests: usize, batch: usize) -> Resu
             -(1.0 - u).ln() * args.interval_ms
         };
         if batch > 0 {
+            // Steady state: the daemon's model learns a kernel from its first run, so each
+            // tenant's first sgemm runs unsliced (tens of ms); requests measured behind it would
+            // say nothing about preemption. Wait until as many sgemms as tenants finished, then
+            // let the next ones start.
+            let deadline = Instant::now() + std::time::Duration::from_secs(30);
+            while finished.load(Ordering::Relaxed) < batch as u64 && Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
             std::thread::sleep(std::time::Duration::from_millis(50)); // batch kernels running
         }
         let mut times = Vec::with_capacity(requests);
@@ -656,19 +699,28 @@ fn sla_figures(times: &[f64], sla_ms: f64) -> SlaFigures {
 
 pub fn sla(args: SlaArgs) -> Result<()> {
     let requests = args.requests.unwrap_or(if args.quick { 40 } else { 200 }).max(1);
+    let load = load_average_at_start();
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
     if !args.json {
         println!(
             "agora bench sla: {requests} latency requests (sgemm 32, latency queue, mean interval {} ms, SLA {} ms) \
-             beside {cores} batch tenants looping sgemm {} on the CPU lanes; unsliced vs chunked (1 ms target) vs revoked",
-            args.interval_ms, args.sla_ms, args.batch_matrix
+             beside {cores} batch tenants looping sgemm {} on the CPU lanes; unsliced vs chunked (1 ms target) vs revoked; \
+             batch priority {}",
+            args.interval_ms,
+            args.sla_ms,
+            args.batch_matrix,
+            args.batch_priority.map_or("default".into(), |p| p.name())
         );
     }
     let sla = args.sla_ms.to_string();
+    let priority = args.batch_priority.map(|p| p.name());
     let run = |extra: &[&str], batch: usize| -> Result<(Vec<f64>, f64)> {
         // Every daemon judges requests by the bench's SLA.
         let mut extra = extra.to_vec();
         extra.extend(["--latency-sla-ms", sla.as_str()]);
+        if let Some(priority) = &priority {
+            extra.extend(["--batch-priority", priority.as_str()]);
+        }
         let daemon = DaemonProcess::start(None, &extra)?;
         sla_run(&daemon.socket, &args, requests, batch)
     };
@@ -688,6 +740,8 @@ pub fn sla(args: SlaArgs) -> Result<()> {
     let result = SlaResult {
         sla_ms: args.sla_ms,
         requests,
+        batch_priority: priority.clone().unwrap_or_else(|| "default".into()),
+        load_average_at_start: load,
         alone,
         unsliced: sla_figures(&unsliced, args.sla_ms),
         chunked: sla_figures(&chunked, args.sla_ms),

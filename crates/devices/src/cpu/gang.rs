@@ -1,10 +1,15 @@
 //! A gang: the helper threads of one lane, which run stripes of the leader's current job.
+//!
+//! Helpers are members of their lane's [`LaneClass`], so they run each stripe at the OS priority
+//! of the class of the job it belongs to, as the lane thread does.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use agora_protocol::TaskError;
+
+use crate::priority::LaneClass;
 
 /// The stripe function of the current job, with its lifetime erased (see `Gang::run`).
 type StripeFn = *const (dyn Fn(Range<u64>) + Sync);
@@ -38,7 +43,12 @@ pub(crate) struct Gang {
 }
 
 impl Gang {
-    pub(crate) fn start(lane: usize, threads: usize) -> std::io::Result<(Gang, Vec<std::thread::JoinHandle<()>>)> {
+    /// Starts the `threads - 1` helpers of lane `lane`, members of the lane's `class`.
+    pub(crate) fn start(
+        lane: usize,
+        threads: usize,
+        class: &Arc<LaneClass>,
+    ) -> std::io::Result<(Gang, Vec<std::thread::JoinHandle<()>>)> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 generation: 0,
@@ -53,10 +63,14 @@ impl Gang {
         let mut handles = Vec::new();
         for stripe in 1..threads {
             let s = shared.clone();
+            let class = class.clone();
             handles.push(
                 std::thread::Builder::new()
                     .name(format!("agora-cpu-lane{lane}-{stripe}"))
-                    .spawn(move || helper(&s, stripe, threads))?,
+                    .spawn(move || {
+                        let _member = class.join();
+                        helper(&s, stripe, threads)
+                    })?,
             );
         }
         Ok((Gang { shared, threads }, handles))
@@ -154,6 +168,37 @@ mod tests {
                 }
                 assert!(covered.iter().all(|c| *c == 1), "rows {rows} threads {threads}");
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod class_tests {
+    use super::*;
+    use crate::priority::{current_thread_priority, BatchPriority, Class, LanePriorities, SCHED_BATCH, SCHED_OTHER};
+
+    #[test]
+    fn helpers_run_stripes_at_the_priority_of_the_lanes_class() {
+        let priorities = LanePriorities::resolve(BatchPriority::Batch);
+        let class = LaneClass::new(&priorities);
+        let (gang, helpers) = Gang::start(0, 3, &class).unwrap();
+        let _leader = class.join();
+        let seen = Mutex::new(Vec::new());
+        let record = |_: Range<u64>| seen.lock().unwrap().push(current_thread_priority().unwrap().0);
+        for (class_now, policy) in [
+            (Class::Batch, SCHED_BATCH),
+            (Class::Latency, SCHED_OTHER),
+            (Class::Batch, SCHED_BATCH),
+        ] {
+            class.set(class_now);
+            gang.run(3, &record).unwrap();
+            let seen = std::mem::take(&mut *seen.lock().unwrap());
+            assert_eq!(seen, [policy; 3], "{class_now:?}: the leader and both helpers");
+        }
+        class.set(Class::Latency);
+        gang.stop();
+        for h in helpers {
+            h.join().unwrap();
         }
     }
 }

@@ -23,6 +23,7 @@ use agora_kernels::{ArgValue, CpuImpl, KernelCall, KernelDef};
 use agora_protocol::TaskError;
 
 use crate::lane::{run_synchronously, Executor, JobEnd, Lane, Lanes};
+use crate::priority::{LaneClass, LanePriorities};
 use crate::{Device, DeviceBuffer, DeviceInfo, DeviceKind, DeviceReport, Job, Transfer, Work};
 use gang::Gang;
 
@@ -170,16 +171,27 @@ impl Executor for CpuExecutor {
 }
 
 impl CpuDevice {
-    /// Starts `lanes` lanes of `threads_per_lane` threads each.
+    /// Starts `lanes` lanes of `threads_per_lane` threads each, every job at normal OS priority.
     pub fn new(lanes: usize, threads_per_lane: usize) -> std::io::Result<Self> {
+        Self::with_priorities(lanes, threads_per_lane, &LanePriorities::normal())
+    }
+
+    /// Starts `lanes` lanes of `threads_per_lane` threads each, whose threads (gang helpers
+    /// included) run batch jobs at the OS priority `priorities` say.
+    pub fn with_priorities(
+        lanes: usize,
+        threads_per_lane: usize,
+        priorities: &LanePriorities,
+    ) -> std::io::Result<Self> {
         let lanes = lanes.max(1);
         let threads_per_lane = threads_per_lane.max(1);
         let mut handles = Vec::new();
         let mut lane_list = Vec::new();
         for index in 0..lanes {
-            let (gang, helpers) = Gang::start(index, threads_per_lane)?;
+            let class = LaneClass::new(priorities);
+            let (gang, helpers) = Gang::start(index, threads_per_lane, &class)?;
             handles.extend(helpers);
-            let (lane, thread) = Lane::start(format!("agora-cpu-lane{index}"), Box::new(CpuExecutor { gang }))?;
+            let (lane, thread) = Lane::start(format!("agora-cpu-lane{index}"), Box::new(CpuExecutor { gang }), class)?;
             lane_list.push(lane);
             handles.push(thread);
         }

@@ -23,6 +23,7 @@ use super::executor::ClExecutor;
 use super::limits::{self, Reported};
 use super::programs::Programs;
 use crate::lane::{Lane, Lanes};
+use crate::priority::{LaneClass, LanePriorities};
 use crate::{Device, DeviceBuffer, DeviceInfo, DeviceKind, DeviceReport, Job, LaunchLimits, Work};
 
 /// State shared by a device's lanes and its buffers.
@@ -69,7 +70,14 @@ impl std::fmt::Debug for OpenClDevice {
 }
 
 impl OpenClDevice {
-    fn new(index: usize, id: cl_device_id, platform: &str, lanes: usize, memory_limit: u64) -> Result<Self, String> {
+    fn new(
+        index: usize,
+        id: cl_device_id,
+        platform: &str,
+        lanes: usize,
+        memory_limit: u64,
+        priorities: &LanePriorities,
+    ) -> Result<Self, String> {
         let cl = ClDeviceInfo::new(id);
         let device_name = cl.name().map_err(|e| e.to_string())?;
         let mut memory_bytes = cl.global_mem_size().map_err(|e| e.to_string())?;
@@ -129,8 +137,12 @@ impl OpenClDevice {
                 kernels: HashMap::new(),
                 built: false,
             };
-            let (lane, thread) =
-                Lane::start(format!("agora-{name}-lane{l}"), Box::new(executor)).map_err(|e| e.to_string())?;
+            let (lane, thread) = Lane::start(
+                format!("agora-{name}-lane{l}"),
+                Box::new(executor),
+                LaneClass::new(priorities),
+            )
+            .map_err(|e| e.to_string())?;
             lane_list.push(lane);
             threads.push(thread);
         }
@@ -155,6 +167,16 @@ impl OpenClDevice {
 /// Finds every OpenCL device. Returns the devices that work and one message per platform or
 /// device that does not (to be reported once by the caller).
 pub fn discover(lanes_per_device: usize, memory_limit: u64) -> (Vec<OpenClDevice>, Vec<String>) {
+    discover_with(lanes_per_device, memory_limit, &LanePriorities::normal())
+}
+
+/// [`discover`], with lane threads that enqueue batch jobs at the OS priority `priorities` say
+/// (the device runtime's own threads, such as PoCL's workers, keep theirs).
+pub fn discover_with(
+    lanes_per_device: usize,
+    memory_limit: u64,
+    priorities: &LanePriorities,
+) -> (Vec<OpenClDevice>, Vec<String>) {
     // Loading the ICD and enumerating platforms from two threads at once (two daemons in one
     // process, as in tests) made one of them see no platform: discover one at a time.
     static DISCOVERY: Mutex<()> = Mutex::new(());
@@ -184,7 +206,14 @@ pub fn discover(lanes_per_device: usize, memory_limit: u64) -> (Vec<OpenClDevice
             }
         };
         for id in ids {
-            match OpenClDevice::new(devices.len(), id, &platform_name, lanes_per_device, memory_limit) {
+            match OpenClDevice::new(
+                devices.len(),
+                id,
+                &platform_name,
+                lanes_per_device,
+                memory_limit,
+                priorities,
+            ) {
                 Ok(d) => devices.push(d),
                 Err(e) => problems.push(format!(
                     "OpenCL platform {platform_name}: a device failed to start: {e}"

@@ -58,7 +58,7 @@ mod tests;
 
 use agora_protocol::TaskError;
 
-pub use device::{discover, OpenClDevice};
+pub use device::{discover, discover_with, OpenClDevice};
 pub use limits::{MAX_GROUPS_PER_ENQUEUE, MAX_ITEMS_PER_ENQUEUE, MAX_ITEMS_PER_LAUNCH};
 
 /// An OpenCL error code as the task error a job fails with.

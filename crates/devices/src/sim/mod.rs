@@ -65,6 +65,8 @@ pub struct SimSpec {
     pub fail_after_jobs: Option<u64>,
     /// What one launch may ask of it (default: no limit), to model a device with launch limits.
     pub limits: crate::LaunchLimits,
+    /// OS priority of its lane threads for batch jobs (default: normal, as latency jobs).
+    pub priorities: crate::priority::LanePriorities,
 }
 
 impl Default for SimSpec {
@@ -80,6 +82,7 @@ impl Default for SimSpec {
             bandwidth: 10e9,
             fail_after_jobs: None,
             limits: crate::LaunchLimits::NONE,
+            priorities: crate::priority::LanePriorities::normal(),
         }
     }
 }
@@ -298,6 +301,7 @@ impl SimDevice {
                     spec: spec.clone(),
                     fault: fault.clone(),
                 }),
+                crate::priority::LaneClass::new(&spec.priorities),
             )?;
             lane_list.push(lane);
             handles.push(thread);
