@@ -266,12 +266,16 @@ pub struct DaemonConfig {
     /// core, so latency work — the dispatcher, clients, lanes with latency jobs — runs at once);
     /// `nice:N`: nice value + N.
     ///
-    /// Default `idle`: on the 2-core VM `agora bench sla` (scripts/measure-prio.sh) measured
-    /// chunked preemption p99 down from several ms to within the 1 ms target at the same batch
-    /// throughput, which `batch` does not reach. Returning a thread from `idle` or `nice:N` to
-    /// normal needs `CAP_SYS_NICE` or `RLIMIT_NICE` ≥ 20 (sched(7)); the daemon tries the round
-    /// trip at start and, where it fails, logs one line and uses `batch` instead, which every
-    /// user may use.
+    /// Default `idle`: it is the only setting under which a waking latency thread always
+    /// preempts batch work at once (the kernel preempts a `SCHED_IDLE` thread for any waking
+    /// normal one; under `batch`, `nice:N` and `normal` the waking thread may wait for the
+    /// running one's slice). `agora bench sla` on the 2-core VM (scripts/measure-prio.sh, 3
+    /// interleaved runs each, other work running, so noisy) gave chunked preemption p99 medians
+    /// of 9.3 ms `normal`, 5.7 ms `idle`, 5.0 ms `batch`, batch throughput no lower (see
+    /// docs/PERFORMANCE.md). Returning a thread from `idle` or `nice:N` to normal needs
+    /// `CAP_SYS_NICE` or `RLIMIT_NICE` ≥ 20 (sched(7)); the daemon tries the round trip at start
+    /// and, where it fails, says so in one line and uses `batch`, which every user may use. On a
+    /// node shared with other busy programs, `idle` batch work waits for them: use `batch` there.
     pub batch_priority: BatchPriority,
     /// Nice value added to the dispatcher thread's (0: unchanged). Negative values raise it
     /// above the lanes and clients (e.g. -5), which needs `CAP_SYS_NICE` or a sufficient
