@@ -58,7 +58,7 @@ pub struct ServeArgs {
     /// at normal priority): idle (SCHED_IDLE: batch work yields the core to any other work),
     /// batch (SCHED_BATCH), normal (no difference) or nice:N. idle and nice:N need CAP_SYS_NICE
     /// or RLIMIT_NICE >= 20 to bring a lane back to normal priority; without, the daemon says so
-    /// and uses batch [default: idle].
+    /// and uses batch [default: batch].
     #[arg(long, value_name = "PRIORITY", value_parser = agora_daemon::BatchPriority::parse)]
     batch_priority: Option<agora_daemon::BatchPriority>,
     /// Added to the dispatcher thread's nice value, e.g. -5 to run it above lanes and clients

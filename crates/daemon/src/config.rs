@@ -266,13 +266,15 @@ pub struct DaemonConfig {
     /// core, so latency work — the dispatcher, clients, lanes with latency jobs — runs at once);
     /// `nice:N`: nice value + N.
     ///
-    /// Default `idle`: it is the only setting under which a waking latency thread always
-    /// preempts batch work at once (the kernel preempts a `SCHED_IDLE` thread for any waking
-    /// normal one; under `batch`, `nice:N` and `normal` the waking thread may wait for the
-    /// running one's slice). `agora bench sla` on the 2-core VM (scripts/measure-prio.sh, 3
-    /// interleaved runs each, other work running, so noisy) gave chunked preemption p99 medians
-    /// of 9.3 ms `normal`, 5.7 ms `idle`, 5.0 ms `batch`, batch throughput no lower (see
-    /// docs/PERFORMANCE.md). Returning a thread from `idle` or `nice:N` to normal needs
+    /// Default `batch`. `idle` is the only setting under which a waking latency thread always
+    /// preempts batch work at once, but it starves batch lanes whenever normal threads spin —
+    /// and Agora's clients and dispatcher spin briefly by design: with `idle`, the pipelined
+    /// throughput of `agora bench latency` (lane jobs of one batch queue) fell from about 1.6 to
+    /// 0.2–0.7 M tasks/s on the 2-core VM. `agora bench sla` (scripts/measure-prio.sh, 3
+    /// interleaved runs each) could not tell the three apart: chunked preemption p99 medians of
+    /// 2.4 ms `normal`, 2.2 ms `idle`, 3.6 ms `batch` on a quiet VM (9.3, 5.7, 5.0 ms with other
+    /// work running), batch throughput within 3 % (see docs/PERFORMANCE.md). `batch` never
+    /// starves and never needs privileges. Returning a thread from `idle` or `nice:N` to normal needs
     /// `CAP_SYS_NICE` or `RLIMIT_NICE` ≥ 20 (sched(7)); the daemon tries the round trip at start
     /// and, where it fails, says so in one line and uses `batch`, which every user may use. On a
     /// node shared with other busy programs, `idle` batch work waits for them: use `batch` there.
@@ -430,7 +432,7 @@ impl Default for DaemonConfig {
             latency_policy: LatencyPolicy::Elastic,
             latency_sla: Duration::from_millis(200),
             revoke_min: Duration::from_millis(1),
-            batch_priority: BatchPriority::Idle,
+            batch_priority: BatchPriority::Batch,
             dispatcher_nice: 0,
             strict_coherence: false,
             inject_faults: crate::outcome::FaultInjection::setting_from_env(),
@@ -1057,7 +1059,7 @@ mod tests {
 
     #[test]
     fn batch_priorities_by_name() {
-        assert_eq!(DaemonConfig::default().batch_priority, BatchPriority::Idle);
+        assert_eq!(DaemonConfig::default().batch_priority, BatchPriority::Batch);
         assert_eq!(DaemonConfig::default().dispatcher_nice, 0);
         for (text, priority) in [
             ("normal", BatchPriority::Normal),
