@@ -122,6 +122,19 @@ pub struct OpenClImpl {
     /// range take part in the barriers and skip only their stores (a revoked work-group returns
     /// as a whole).
     pub local: Option<[usize; 3]>,
+    /// Precompiled programs by device (a package's `opencl.binaries`): on a device whose name
+    /// matches, the backend loads the binary (`clCreateProgramWithBinary`) instead of compiling
+    /// `source`, and compiles `source` when the binary does not load.
+    pub binaries: Cow<'static, [OpenClBinary]>,
+}
+
+/// A program compiled ahead of time for one OpenCL device.
+#[derive(Debug, Clone)]
+pub struct OpenClBinary {
+    /// The device's name (`CL_DEVICE_NAME`), as `agora devices` shows it after the platform.
+    pub device: Text,
+    /// The program binary (`CL_PROGRAM_BINARIES` of a build for that device).
+    pub bytes: Arc<[u8]>,
 }
 
 /// How expensive a kernel is: the daemon's estimate before it has measured the kernel, for the
@@ -402,6 +415,7 @@ pub(crate) const fn opencl(program: &'static str, source: &'static str, entry: &
         source: Cow::Borrowed(source),
         entry: Cow::Borrowed(entry),
         local: None,
+        binaries: Cow::Borrowed(&[]),
     })
 }
 

@@ -87,6 +87,7 @@ pub const SGEMM: KernelDef = KernelDef {
         source: Cow::Borrowed(programs::SGEMM),
         entry: Cow::Borrowed("sgemm"),
         local: Some([TILE, TILE, 1]),
+        binaries: Cow::Borrowed(&[]),
     }),
 };
 

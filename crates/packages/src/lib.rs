@@ -245,11 +245,40 @@ pub fn load(dir: &Path) -> Result<Package, PackageError> {
                 hasher.update(b"\0opencl\0");
                 hasher.update(hash);
                 implementations.push("opencl");
+                let mut binaries = Vec::new();
+                let mut program_hash = Sha256::new();
+                program_hash.update(hash);
+                for (device, file) in &cl.binaries {
+                    let path = dir.join(&file.value);
+                    let bytes = std::fs::read(&path).map_err(|e| {
+                        src.error(
+                            &file.span,
+                            &file.key,
+                            format!("cannot read the binary {}: {e}", path.display()),
+                        )
+                    })?;
+                    let digest: [u8; 32] = Sha256::digest(&bytes).into();
+                    hasher.update(b"\0binary\0");
+                    hasher.update(digest);
+                    program_hash.update(device.as_bytes());
+                    program_hash.update(digest);
+                    binaries.push(agora_kernels::OpenClBinary {
+                        device: Cow::Owned(device.clone()),
+                        bytes: bytes.into(),
+                    });
+                }
+                // The program's cache key changes with the source and with the binaries.
+                let program_hash: [u8; 32] = if binaries.is_empty() {
+                    *hash
+                } else {
+                    program_hash.finalize().into()
+                };
                 Some(OpenClImpl {
-                    program: Cow::Owned(format!("{}/{}@{}", package.name, file.value, hex(&hash[..8]))),
+                    program: Cow::Owned(format!("{}/{}@{}", package.name, file.value, hex(&program_hash[..8]))),
                     source: Cow::Owned(source.to_string()),
                     entry: Cow::Owned(cl.entry.value.clone()),
                     local: cl.local,
+                    binaries: binaries.into(),
                 })
             }
         };

@@ -105,6 +105,8 @@ pub(crate) struct OpenClEntry {
     /// The entry point (the kernel's name when not given).
     pub entry: Located<String>,
     pub local: Option<[usize; 3]>,
+    /// Precompiled programs: (device name, file relative to the package), packages only.
+    pub binaries: Vec<(String, Located<String>)>,
 }
 
 /// One `[kernels.NAME]` table, checked.
@@ -647,7 +649,7 @@ fn kernel(
         None => None,
         Some(cl) => {
             let allowed: &[&str] = match mode {
-                Mode::Package => &["file", "entry", "local"],
+                Mode::Package => &["file", "entry", "local", "binaries"],
                 Mode::Program => &["entry", "local"],
             };
             cl.only(allowed)?;
@@ -684,12 +686,41 @@ fn kernel(
                     Some(local)
                 }
             };
+            let mut binaries = Vec::new();
+            if let Some(table) = cl.table("binaries")? {
+                let mut entries: Vec<Entry<'_, '_>> = table.table.iter().collect();
+                entries.sort_by_key(|(k, _)| k.span().start);
+                for (k, v) in entries {
+                    let device = k.get_ref().as_ref().to_string();
+                    let key = table.path(&device);
+                    let DeValue::String(path) = v.get_ref() else {
+                        return Err(table.wrong_type(&device, v, "a string (the binary's file)"));
+                    };
+                    if device.is_empty() || device.len() > 256 {
+                        return Err(src.error(&k.span(), &key, "a device name of 1 to 256 bytes (CL_DEVICE_NAME)"));
+                    }
+                    canonical.push_str(&format!("binary {device:?} {path:?}\n"));
+                    binaries.push((
+                        device,
+                        Located {
+                            value: path.to_string(),
+                            span: v.span(),
+                            key,
+                        },
+                    ));
+                }
+            }
             canonical.push_str(&format!(
                 "opencl {:?} {:?} {local:?}\n",
                 file.as_ref().map(|f| &f.value),
                 entry.value
             ));
-            Some(OpenClEntry { file, entry, local })
+            Some(OpenClEntry {
+                file,
+                entry,
+                local,
+                binaries,
+            })
         }
     };
     let cpu = match t.table("cpu")? {

@@ -873,3 +873,35 @@ fn entry_points_are_found_in_code_not_comments() {
     assert!(!declares_kernel(source, "ghost2"));
     assert!(!declares_kernel(source, "rea"));
 }
+
+/// `opencl.binaries` names a precompiled program per device: loaded with the package (its bytes
+/// in the definition and in the fingerprint), a missing file refused naming file, line and key.
+#[test]
+fn precompiled_binaries_are_loaded_and_a_missing_one_is_named() {
+    let manifest = GOOD.replace(
+        r#"opencl = { file = "demo.cl", entry = "scale", local = [64] }"#,
+        r#"opencl = { file = "demo.cl", entry = "scale", local = [64], binaries = { "some device" = "demo.bin" } }"#,
+    );
+    let dir = package(&manifest);
+    std::fs::write(dir.path().join("demo.bin"), b"binary bytes").unwrap();
+    let loaded = load(dir.path()).unwrap();
+    let imp = kernel(&loaded, "demo.scale").def.opencl.clone().unwrap();
+    assert_eq!(imp.binaries.len(), 1);
+    assert_eq!(imp.binaries[0].device, "some device");
+    assert_eq!(&*imp.binaries[0].bytes, b"binary bytes");
+    let before = kernel(&loaded, "demo.scale").fingerprint;
+    std::fs::write(dir.path().join("demo.bin"), b"other bytes").unwrap();
+    let again = load(dir.path()).unwrap();
+    assert_ne!(
+        kernel(&again, "demo.scale").fingerprint,
+        before,
+        "a new binary is a new version"
+    );
+    std::fs::remove_file(dir.path().join("demo.bin")).unwrap();
+    refused_in(
+        dir.path(),
+        12,
+        "kernels.scale.opencl.binaries.some device",
+        "cannot read the binary",
+    );
+}

@@ -32,6 +32,35 @@ impl Programs {
         if self.is_broken(&imp.program) {
             return Err(TaskError::DeviceFailed(-11));
         }
+        // A binary the package ships for this device: loaded instead of compiled (a package
+        // built ahead of time pays no compiler at all); one that does not load is reported once
+        // and the source is compiled instead.
+        let binary = if imp.binaries.is_empty() {
+            None
+        } else {
+            let cl_name = context
+                .devices()
+                .first()
+                .and_then(|id| opencl3::device::Device::new(*id).name().ok())
+                .unwrap_or_default();
+            imp.binaries.iter().find(|b| b.device == cl_name)
+        };
+        if let Some(binary) = binary {
+            match from_binary(context, &binary.bytes) {
+                Ok(program) => {
+                    tracing::debug!(device = %device, program = %imp.program, "OpenCL program loaded from its binary");
+                    let program = Arc::new(program);
+                    self.built
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(imp.program.to_string(), program.clone());
+                    return Ok(program);
+                }
+                Err(log) => {
+                    tracing::warn!(device = %device, program = %imp.program, %log, "the package's OpenCL binary for this device does not load; compiling its source instead");
+                }
+            }
+        }
         // Built outside the lock: a build takes up to a second; other programs need not wait.
         match Program::create_and_build_from_source(context, &imp.source, "-cl-std=CL1.2") {
             Ok(program) => {
@@ -57,6 +86,19 @@ impl Programs {
     pub(super) fn is_broken(&self, program: &str) -> bool {
         self.broken.lock().unwrap_or_else(|e| e.into_inner()).contains(program)
     }
+}
+
+/// A program from a binary built for the context's (first) device.
+fn from_binary(context: &Context, bytes: &[u8]) -> Result<Program, String> {
+    let device = *context.devices().first().ok_or("the context has no device")?;
+    // SAFETY: `device` belongs to `context`; the binary is only data to the runtime, which
+    // validates it (CL_INVALID_BINARY) before use.
+    let mut program =
+        unsafe { Program::create_from_binary(context, &[device], &[bytes]) }.map_err(|e| e.to_string())?;
+    program
+        .build(&[device], "-cl-std=CL1.2")
+        .map_err(|e| format!("{e}: {}", program.get_build_log(device).unwrap_or_default()))?;
+    Ok(program)
 }
 
 /// How a kernel object takes the parameters after its signature's (see

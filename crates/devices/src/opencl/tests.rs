@@ -446,3 +446,78 @@ fn without_shared_host_memory_the_flag_is_copied_in_before_the_kernel() {
     );
     dev.shutdown();
 }
+
+/// Runs saxpy (`y = 2x + y` over 1000 floats) as `kernel` on lane 0 and returns `y`.
+fn run_saxpy(dev: &OpenClDevice, kernel: &'static KernelDef) -> Result<Vec<f32>, TaskError> {
+    let x: Vec<f32> = (0..1000).map(|i| i as f32).collect();
+    let y = vec![1.0f32; 1000];
+    let (bx, tx) = upload(dev, bytemuck::cast_slice(&x));
+    let (by, ty) = upload(dev, bytemuck::cast_slice(&y));
+    let raw = [
+        agora_protocol::RawArg::f32(2.0),
+        agora_protocol::RawArg::buffer(0),
+        agora_protocol::RawArg::buffer(1),
+    ];
+    let work = launch(kernel, &[1000], &raw, &[bx, by.clone()], None);
+    let (sender, outcome) = mpsc::channel();
+    dev.submit(0, job(vec![tx, ty], work, None, &sender));
+    outcome.recv_timeout(Duration::from_secs(60)).unwrap().0?;
+    Ok(bytemuck::cast_slice(&download(dev, by.as_ref(), 4000)).to_vec())
+}
+
+/// A package's precompiled binary for this device is loaded instead of its source (here a source
+/// that does not even compile), and a binary that does not load falls back to the source.
+#[test]
+fn a_precompiled_binary_is_used_and_a_bad_one_falls_back_to_the_source() {
+    use opencl3::context::Context;
+    use opencl3::device::{Device as ClDevice, CL_DEVICE_TYPE_ALL};
+    use std::borrow::Cow;
+
+    let dev = device();
+    let saxpy = agora_kernels::find("saxpy").unwrap().1;
+    let imp = saxpy.opencl.clone().unwrap();
+    // The binary as a packager makes it: the source built for this device, CL_PROGRAM_BINARIES.
+    let platforms = opencl3::platform::get_platforms().unwrap();
+    let id = platforms[0].get_devices(CL_DEVICE_TYPE_ALL).unwrap()[0];
+    let cl_device = ClDevice::new(id);
+    let context = Context::from_device(&cl_device).unwrap();
+    let program =
+        opencl3::program::Program::create_and_build_from_source(&context, &imp.source, "-cl-std=CL1.2").unwrap();
+    let bytes = program.get_binaries().unwrap().remove(0);
+    let name = cl_device.name().unwrap();
+    let expected: Vec<f32> = (0..1000).map(|i| 2.0 * i as f32 + 1.0).collect();
+
+    let binary_only: &'static KernelDef = Box::leak(Box::new(KernelDef {
+        opencl: Some(agora_kernels::OpenClImpl {
+            program: Cow::Borrowed("test/binary-only"),
+            source: Cow::Borrowed("this is not OpenCL C"),
+            binaries: vec![agora_kernels::OpenClBinary {
+                device: Cow::Owned(name.clone()),
+                bytes: bytes.into(),
+            }]
+            .into(),
+            ..imp.clone()
+        }),
+        ..saxpy.clone()
+    }));
+    assert_eq!(run_saxpy(&dev, binary_only).unwrap(), expected, "ran from the binary");
+
+    let bad_binary: &'static KernelDef = Box::leak(Box::new(KernelDef {
+        opencl: Some(agora_kernels::OpenClImpl {
+            program: Cow::Borrowed("test/bad-binary"),
+            binaries: vec![agora_kernels::OpenClBinary {
+                device: Cow::Owned(name),
+                bytes: vec![0u8; 64].into(),
+            }]
+            .into(),
+            ..imp
+        }),
+        ..saxpy.clone()
+    }));
+    assert_eq!(
+        run_saxpy(&dev, bad_binary).unwrap(),
+        expected,
+        "compiled from the source"
+    );
+    dev.shutdown();
+}
