@@ -476,3 +476,56 @@ fn the_operator_decides_who_may_build_programs() {
         "{err:?}"
     );
 }
+
+/// `[programs] in_daemon = true`: an OpenCL program's kernels may also run on the daemon's own
+/// OpenCL devices (for trusted tenants, faster); a queue that prefers OpenCL gets them there and
+/// the results are the same. Off by default: without it the program has no OpenCL
+/// implementation and runs in the executor only.
+#[test]
+fn tenant_opencl_programs_run_in_the_daemon_only_when_the_operator_allows_it() {
+    for in_daemon in [true, false] {
+        let dir = temp_dir("programs-in-daemon");
+        std::fs::write(
+            dir.path().join("agora.toml"),
+            format!("[programs]\nin_daemon = {in_daemon}\n"),
+        )
+        .unwrap();
+        let config = dir.path().join("agora.toml").display().to_string();
+        let daemon = Daemon::start_in(AGORA, dir, &["--config", &config]);
+        let opencl_jobs = |daemon: &Daemon| -> u64 {
+            daemon
+                .status()
+                .devices
+                .iter()
+                .filter(|d| d.kind == "opencl")
+                .flat_map(|d| d.lanes.iter())
+                .map(|l| l.completed)
+                .sum()
+        };
+        assert!(
+            daemon.status().devices.iter().any(|d| d.kind == "opencl"),
+            "this test needs the OpenCL device (PoCL)"
+        );
+        let session = daemon.session();
+        let program = session.program_opencl(GOOD).unwrap();
+        let saxpy = program.kernel("saxpy").unwrap();
+        let queue = session
+            .queue_with(agora::QueueOptions {
+                name: "prefers opencl".into(),
+                class: agora::QueueClass::Batch,
+                preferred_device: Some(agora::DeviceKind::OpenCl),
+                sla: None,
+            })
+            .unwrap();
+        let before = opencl_jobs(&daemon);
+        saxpy_checked(&session, &queue, &saxpy, 4096, 1.0).unwrap();
+        let ran_there = opencl_jobs(&daemon) - before;
+        // sync_to x, sync_to y, the launch, sync_from y: all four on OpenCL when it may run there;
+        // else the launch (and the transfers around it) happen on the CPU device.
+        assert_eq!(
+            ran_there >= 3,
+            in_daemon,
+            "{ran_there} jobs on OpenCL, in_daemon = {in_daemon}"
+        );
+    }
+}

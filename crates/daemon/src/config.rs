@@ -315,6 +315,13 @@ pub struct DaemonConfig {
     /// Most bytes of compiled program binaries the daemon keeps under its state directory
     /// (`programs/`), so that building the same source again costs almost nothing (0: no cache).
     pub program_cache_bytes: u64,
+    /// Whether the kernels of tenant OpenCL programs may also run inside the daemon, on its own
+    /// OpenCL devices, where the scheduler places them like a package's (`[programs] in_daemon`;
+    /// default false). Faster (no executor round trip, the daemon's work-group choice, device
+    /// memory of its own), but the code is then no longer contained: a tenant kernel that
+    /// crashes PoCL crashes the daemon. For nodes whose tenants are trusted. Their CPU placement
+    /// (and C programs, always) stays in the sandboxed executor.
+    pub programs_in_daemon: bool,
 }
 
 /// Who may build tenant programs.
@@ -446,6 +453,7 @@ impl Default for DaemonConfig {
                 .filter(|p| !p.is_empty())
                 .map(PathBuf::from),
             program_cache_bytes: 256 << 20,
+            programs_in_daemon: false,
         }
     }
 }
@@ -557,6 +565,7 @@ section! {
         timeout_ms: LimitMs => program_timeout,
         executor: Option<PathBuf> => program_executor,
         cache_bytes: Bytes => program_cache_bytes,
+        in_daemon: bool => programs_in_daemon,
     }
 }
 

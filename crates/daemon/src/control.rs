@@ -375,6 +375,7 @@ mod tests {
             manifest: None,
             name: "p".into(),
             max_programs: 64,
+            in_daemon: false,
         };
         assert!(control
             .submit(&daemon_side, ControlJob::BuildProgram(Box::new(job)), &owed)

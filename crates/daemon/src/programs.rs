@@ -253,6 +253,9 @@ pub(crate) struct BuildJob {
     pub(crate) manifest: Option<String>,
     pub(crate) name: String,
     pub(crate) max_programs: usize,
+    /// `[programs] in_daemon`: an OpenCL program's kernels may also run on the daemon's own
+    /// OpenCL devices.
+    pub(crate) in_daemon: bool,
 }
 
 /// Runs a build (on a builder thread) and returns the reply.
@@ -288,6 +291,7 @@ fn build_inner(job: BuildJob) -> Result<Response, ControlError> {
         manifest,
         name,
         max_programs,
+        in_daemon,
     } = job;
     check_request(&language, &code, manifest.as_deref())?;
     let specs = match manifest.as_deref() {
@@ -325,10 +329,14 @@ fn build_inner(job: BuildJob) -> Result<Response, ControlError> {
             ControlError::BadRequest(format!("the program's executor failed: {other}"))
         }
     };
+    let mut daemon_source = None;
     let (code, key) = match language.as_str() {
         "opencl" => {
             let source = String::from_utf8(code)
                 .map_err(|_| ControlError::BadRequest("OpenCL C source must be UTF-8 text".into()))?;
+            if in_daemon {
+                daemon_source = Some(source.clone());
+            }
             let device = executor.device().map_err(started)?;
             let key = device.map(|d| ProgramCache::key(&d, agora_executor::BUILD_OPTIONS, &source));
             let binary = key.as_ref().and_then(|k| cache.load(k));
@@ -349,7 +357,24 @@ fn build_inner(job: BuildJob) -> Result<Response, ControlError> {
         cache.store(key, binary);
     }
     let library = language == "c";
-    let defs = definitions(&built.kernels, specs.as_deref(), library, cell, built.program, &name).map_err(failed)?;
+    let mut defs =
+        definitions(&built.kernels, specs.as_deref(), library, cell, built.program, &name).map_err(failed)?;
+    if let Some(source) = daemon_source {
+        // In-daemon placement allowed: the same source as an OpenCL implementation the daemon's
+        // devices build and run like a package's (plain convention: exact range, no revocation).
+        use sha2::Digest;
+        let hash: [u8; 32] = sha2::Sha256::digest(source.as_bytes()).into();
+        let program: String = hash[..8].iter().map(|b| format!("{b:02x}")).collect();
+        for (def, kernel) in defs.iter_mut().zip(&built.kernels) {
+            def.opencl = Some(agora_kernels::OpenClImpl {
+                program: Cow::Owned(format!("tenant/{program}")),
+                source: Cow::Owned(source.clone()),
+                entry: Cow::Owned(kernel.name.clone()),
+                local: None,
+                binaries: Cow::Borrowed(&[]),
+            });
+        }
+    }
     let signatures: Vec<KernelSignature> = defs.iter().map(|d| d.signature()).collect();
     let first = programs
         .kernels

@@ -625,6 +625,7 @@ impl Server {
             manifest,
             name: if name.is_empty() { "program".into() } else { name },
             max_programs: config.max_programs,
+            in_daemon: config.programs_in_daemon,
         };
         self.offload(id, ControlJob::BuildProgram(Box::new(job)))
     }
