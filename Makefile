@@ -20,11 +20,12 @@ test: setup
 bench: setup
 	./target/release/agora bench latency
 
-# The C client: dist/lib/libagora.{so,a}, dist/include/agora.h, dist/lib/pkgconfig/agora.pc.
+# The C client: dist/lib/libagora.{so,a}, dist/include/agora.h and agora_kernel.h (for kernels you write), dist/lib/pkgconfig/agora.pc.
 # Then: PKG_CONFIG_PATH=$(PWD)/dist/lib/pkgconfig cc app.c $$(pkg-config --cflags --libs agora)
 c: setup
 	mkdir -p dist/lib/pkgconfig dist/include
 	cp target/release/libagora_capi.so dist/lib/libagora.so
 	cp target/release/libagora_capi.a dist/lib/libagora.a
 	cp crates/capi/include/agora.h dist/include/agora.h
+	cp crates/capi/include/agora_kernel.h dist/include/agora_kernel.h
 	sed -e "s|@PREFIX@|$(CURDIR)/dist|" -e "s|@VERSION@|0.1.0|" crates/capi/agora.pc.in > dist/lib/pkgconfig/agora.pc

@@ -16,6 +16,12 @@ fn install(prefix: &Path) {
     std::fs::create_dir_all(prefix.join("include")).unwrap();
     std::fs::copy(&lib, prefix.join("lib/libagora.so")).unwrap();
     std::fs::copy(crate_dir.join("include/agora.h"), prefix.join("include/agora.h")).unwrap();
+    // As `make c` installs it: the header of kernels written for Agora, beside the client's.
+    std::fs::copy(
+        crate_dir.join("include/agora_kernel.h"),
+        prefix.join("include/agora_kernel.h"),
+    )
+    .unwrap();
     let pc = std::fs::read_to_string(crate_dir.join("agora.pc.in"))
         .unwrap()
         .replace("@PREFIX@", prefix.to_str().unwrap())
