@@ -340,7 +340,11 @@ def test_after_close_every_call_on_the_sessions_objects_raises_closed(daemon):
 
 
 CTRL_C_SCRIPT = """
+import signal
 import numpy as np, agora
+# Ctrl-C raises KeyboardInterrupt even when this runs under a shell that ignores SIGINT (a
+# background job inherits SIG_IGN, and Python then installs no handler of its own).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 session = agora.Session(name="ctrl-c")
 n = 1024
 a = session.buffer_from(np.ones((n, n), np.float32))
