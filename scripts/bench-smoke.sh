@@ -24,7 +24,7 @@ PYEOF
   echo "bench $bench --quick: ok ($((SECONDS - start)) s)"
 }
 
-check latency  'all(k in d for k in ("p50_ns", "p99_ns", "throughput_tasks_per_s", "lane_p50_ns", "floor_p50_ns"))'
+check latency  'all(k in d for k in ("p50_ns", "p99_ns", "throughput_tasks_per_s", "lane_p50_ns", "floor_p50_ns", "opencl_empty_p50_ns", "opencl_native_empty_p50_ns", "opencl_empty_ratio")) and d["opencl_empty_ratio"] > 0'
 check overhead 'd["verified"] and all(p["verified"] for p in d["programs"]) and "geomean_ratio" in d and "transfer_ratio" in d
   and d["repetitions"] >= 1 and "load_average_at_start" in d
   and all(k in d for k in ("geomean_ratio_min", "geomean_ratio_median", "geomean_ratio_max", "transfer_ratio_min", "transfer_ratio_median", "transfer_ratio_max"))

@@ -375,6 +375,40 @@ mod opencl {
     }
 
     impl NativeOpenCl {
+        /// Round trips of the library's `noop` kernel (range 1, enqueued and waited for one at a
+        /// time, as Agora's OpenCL lanes enqueue it: 64 work items, the guards, the zero
+        /// revocation flag), after 100 warm-ups: seconds each.
+        pub fn noop_round_trips(&mut self, count: usize) -> Result<Vec<f64>, String> {
+            let (kernel, _, _) = self.kernel("noop")?;
+            for d in 0..3u32 {
+                // SAFETY: noop's parameters are the three guards then the flag (set by `kernel`).
+                unsafe { kernel.set_arg(d, &1u64) }.map_err(err)?;
+            }
+            let global = [64usize];
+            let mut times = Vec::with_capacity(count);
+            for i in 0..count + 100 {
+                let start = Instant::now();
+                // SAFETY: every argument is set; a 1-D range of one work-group.
+                unsafe {
+                    self.queue
+                        .enqueue_nd_range_kernel(
+                            kernel.get(),
+                            1,
+                            std::ptr::null(),
+                            global.as_ptr(),
+                            global.as_ptr(),
+                            &[],
+                        )
+                        .map_err(err)?;
+                }
+                self.queue.finish().map_err(err)?;
+                if i >= 100 {
+                    times.push(start.elapsed().as_secs_f64());
+                }
+            }
+            Ok(times)
+        }
+
         /// Builds `source` as a PyOpenCL user would (`-cl-std=CL1.2`), the compiler's log on failure.
         pub fn build(&self, source: &str) -> Result<Program, String> {
             Program::create_and_build_from_source(&self.context, source, "-cl-std=CL1.2")

@@ -20,6 +20,8 @@ pub enum ClientMode {
     Latency,
     /// Many noops in flight on one queue; report start and end timestamps.
     Throughput,
+    /// As `latency`, on a queue that prefers the OpenCL device (the empty-kernel round trip).
+    OpenclLatency,
     /// Open a session, run one task, then sit idle for `--iterations` milliseconds.
     Idle,
     /// Run workload `--app` at `--size` `--iterations` times after a warm-up; print each time.
@@ -172,10 +174,23 @@ pub fn client(args: ClientArgs) -> Result<()> {
         heap_bytes: Some(1 << 20),
         control_timeout: None,
     })?;
-    let queue = session.queue("bench")?;
+    let queue = match args.mode {
+        ClientMode::OpenclLatency => session.queue_with(agora::QueueOptions {
+            name: "bench opencl".into(),
+            class: agora::QueueClass::Batch,
+            preferred_device: Some(agora::DeviceKind::OpenCl),
+            sla: None,
+        })?,
+        _ => session.queue("bench")?,
+    };
     let noop = session.kernel("noop")?;
     // Warm up: page in the rings, let the spinners adapt.
-    for _ in 0..2_000 {
+    let warm_up = if matches!(args.mode, ClientMode::OpenclLatency) {
+        200
+    } else {
+        2_000
+    };
+    for _ in 0..warm_up {
         queue.launch(&noop, &[], 1u64)?.wait()?;
     }
     if args.wait_go {
@@ -189,7 +204,7 @@ pub fn client(args: ClientArgs) -> Result<()> {
         ..Default::default()
     };
     match args.mode {
-        ClientMode::Latency => {
+        ClientMode::Latency | ClientMode::OpenclLatency => {
             let mut samples = Vec::with_capacity(args.iterations as usize);
             result.start_ns = monotonic_ns();
             for _ in 0..args.iterations {
@@ -224,7 +239,9 @@ pub fn client(args: ClientArgs) -> Result<()> {
 /// Starts `count` client processes; with `wait_go` they start measuring together.
 pub(crate) fn run_clients(socket: &Path, mode: ClientMode, iterations: u64, count: usize) -> Result<Vec<ClientResult>> {
     let exe = std::env::current_exe()?;
-    let mode_name = format!("{mode:?}").to_lowercase();
+    let mode_name = clap::ValueEnum::to_possible_value(&mode)
+        .map(|v| v.get_name().to_string())
+        .unwrap_or_else(|| format!("{mode:?}").to_lowercase());
     let mut children = Vec::new();
     for _ in 0..count {
         let mut cmd = Command::new(&exe);

@@ -41,6 +41,10 @@ struct LatencyRun {
     multi_client_throughput_tasks_per_s: f64,
     lane_p50_ns: u64,
     lane_p99_ns: u64,
+    /// The empty (`noop`) kernel on the OpenCL device through Agora, p50 (0 without one).
+    opencl_p50_ns: u64,
+    /// The same kernel enqueued natively on that device and waited for, p50.
+    opencl_native_p50_ns: u64,
 }
 
 /// The in-process floor: the noop kernel called directly, timed the same way as a round trip.
@@ -89,7 +93,35 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
         } else {
             (0, 0)
         };
+        // The empty kernel on the OpenCL device: through Agora, then natively (issue #14 item 5).
+        let (opencl_p50_ns, opencl_native_p50_ns) = if socket.is_none() {
+            let daemon = DaemonProcess::start(None, &[])?;
+            let has_opencl = agora::daemon_status(Some(daemon.socket.clone()))?
+                .devices
+                .iter()
+                .any(|d| d.kind == "opencl");
+            if has_opencl {
+                let count = (iterations / 20).max(200);
+                let r = run_clients(&daemon.socket, ClientMode::OpenclLatency, count, 1)?.remove(0);
+                drop(daemon);
+                let mut native = agora_apps::native::NativeOpenCl::open().map_err(anyhow::Error::msg)?;
+                let mut times: Vec<u64> = native
+                    .noop_round_trips(count as usize)
+                    .map_err(anyhow::Error::msg)?
+                    .into_iter()
+                    .map(|t| (t * 1e9) as u64)
+                    .collect();
+                times.sort_unstable();
+                (r.p50_ns, percentile(&times, 0.5))
+            } else {
+                (0, 0)
+            }
+        } else {
+            (0, 0)
+        };
         let r = LatencyRun {
+            opencl_p50_ns,
+            opencl_native_p50_ns,
             p50_ns: lat.p50_ns,
             p99_ns: lat.p99_ns,
             max_ns: lat.max_ns,
@@ -146,6 +178,14 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
     let multi = col(|r| r.multi_client_throughput_tasks_per_s);
     let lane50 = col(|r| r.lane_p50_ns as f64);
     let lane99 = col(|r| r.lane_p99_ns as f64);
+    let cl = col(|r| r.opencl_p50_ns as f64);
+    let cl_native = col(|r| r.opencl_native_p50_ns as f64);
+    // Ratio of medians; 0 without an OpenCL device.
+    let cl_ratio = if cl_native.median > 0.0 {
+        cl.median / cl_native.median
+    } else {
+        0.0
+    };
     let ratio = p50.median / (floor_p50.max(1) as f64);
 
     if args.json {
@@ -159,6 +199,9 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
             "multi_client_throughput_tasks_per_s": multi.median,
             "lane_p50_ns": lane50.median,
             "lane_p99_ns": lane99.median,
+            "opencl_empty_p50_ns": cl.median,
+            "opencl_native_empty_p50_ns": cl_native.median,
+            "opencl_empty_ratio": cl_ratio,
             "floor_p50_ns": floor_p50,
             "floor_p99_ns": floor_p99,
             "p50_over_floor": ratio,
@@ -168,6 +211,7 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
                 "p50_ns": p50, "p99_ns": p99, "max_ns": max,
                 "throughput_tasks_per_s": thr, "multi_client_throughput_tasks_per_s": multi,
                 "lane_p50_ns": lane50, "lane_p99_ns": lane99,
+                "opencl_empty_p50_ns": cl, "opencl_native_empty_p50_ns": cl_native,
             },
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -193,6 +237,11 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
     if socket.is_none() {
         row("round trip via a lane, p50 (ns)", &lane50, 1.0);
         row("round trip via a lane, p99 (ns)", &lane99, 1.0);
+        if cl_native.median > 0.0 {
+            row("empty kernel on OpenCL via Agora, p50 (ns)", &cl, 1.0);
+            row("the same enqueued natively, p50 (ns)", &cl_native, 1.0);
+            println!("{:<40} {:>12.2}", "OpenCL empty kernel, Agora / native", cl_ratio);
+        }
     }
     println!(
         "{:<40} {:>12} {:>12}",
