@@ -1,9 +1,10 @@
-//! `agora.Kernel`: a kernel of the daemon's library, looked up by name; read-only data (name,
-//! doc, parameters) around the client's kernel.
+//! `agora.Kernel`: a kernel of the daemon (its library or a kernel package), looked up by name,
+//! or of one of the session's programs; read-only data (name, doc, parameters) around the
+//! client's kernel.
 
 use pyo3::prelude::*;
 
-/// A kernel of the daemon's library, looked up by name.
+/// A kernel: of the daemon (`session.kernel(name)`) or of a program (`program.name`).
 #[pyclass(module = "agora._native", name = "Kernel", frozen)]
 pub(crate) struct PyKernel {
     pub(crate) inner: agora::Kernel,

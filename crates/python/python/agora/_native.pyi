@@ -113,7 +113,7 @@ class Buffer:
     def __buffer__(self, flags: int) -> memoryview: ...
 
 class Kernel:
-    """A kernel of the daemon's library."""
+    """A kernel: of the daemon (session.kernel(name)) or of a program (program.name)."""
 
     @property
     def name(self) -> str: ...
