@@ -1,7 +1,7 @@
 # The two commands of this repository (see README.md):
 #   make demo   install what is needed, build, run the demo (embedded daemon + client processes)
 #   make test   the whole test suite: format, lints, unit and integration tests, a --quick smoke run
-#               of every benchmark (scripts/bench-smoke.sh)
+#               of every benchmark, its JSON checked by scripts/bench-smoke.sh
 .PHONY: setup demo test bench c
 
 setup:
@@ -15,7 +15,13 @@ test: setup
 	cargo clippy --workspace --all-targets --release -- -D warnings
 	cargo test --workspace --release
 	.venv/bin/python -m pytest -q crates/python/tests
-	bash scripts/bench-smoke.sh
+	bash scripts/bench-smoke.sh ./target/release/agora bench latency --quick --json
+	bash scripts/bench-smoke.sh ./target/release/agora bench overhead --quick --json
+	bash scripts/bench-smoke.sh ./target/release/agora bench hetero --quick --json
+	bash scripts/bench-smoke.sh ./target/release/agora bench sharing --quick --json
+	bash scripts/bench-smoke.sh ./target/release/agora bench sla --quick --json
+	bash scripts/bench-smoke.sh ./target/release/agora bench migrate --quick --json
+	bash scripts/bench-smoke.sh ./target/release/agora bench kernels --quick --json
 
 bench: setup
 	./target/release/agora bench latency

@@ -194,6 +194,20 @@ mod tests {
         assert!(!help.contains("executor"), "the executor is hidden:\n{help}");
     }
 
+    /// Every benchmark has its `--quick` smoke run in `make test` (issue #14: no benchmark can rot).
+    #[test]
+    fn make_test_smoke_runs_every_benchmark() {
+        let makefile = include_str!("../../../Makefile");
+        let test = &makefile[makefile.find("\ntest:").expect("a test target")..];
+        let test = &test[..test[1..].find("\n\n").map_or(test.len(), |end| end + 1)];
+        let cli = Cli::command();
+        let bench = cli.find_subcommand("bench").expect("agora bench");
+        for b in bench.get_subcommands() {
+            let line = format!("agora bench {} --quick --json", b.get_name());
+            assert!(test.contains(&line), "make test lacks `{line}`");
+        }
+    }
+
     /// `--socket` only where the command connects to a daemon or reads one's model.
     #[test]
     fn socket_only_on_commands_that_connect() {
