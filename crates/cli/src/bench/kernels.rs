@@ -353,42 +353,21 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
         check(&format!("{name} natively on OpenCL"), &back, &reference)?;
 
         let package = session.kernel(&format!("bench.{name}"))?;
-        let (package_cl, out) = through_agora(
-            &session,
-            DeviceKind::OpenCl,
-            &package,
-            &inputs,
-            out_len,
-            &scalars,
-            &range,
-            launches,
-        )?;
-        check(&format!("{name} as a package on OpenCL"), &out, &reference)?;
-        let (package_cpu, out) = through_agora(
-            &session,
-            DeviceKind::Cpu,
-            &package,
-            &inputs,
-            out_len,
-            &scalars,
-            &range,
-            launches,
-        )?;
-        check(&format!("{name} as a package on the CPU"), &out, &reference)?;
         let tenant = program
             .kernel(name)
             .with_context(|| format!("the tenant program has no kernel {name}"))?;
-        let (sandbox, out) = through_agora(
-            &session,
-            DeviceKind::Cpu,
-            &tenant,
-            &inputs,
-            out_len,
-            &scalars,
-            &range,
-            launches,
-        )?;
-        check(&format!("{name} as a tenant program"), &out, &reference)?;
+        // The same launch three ways through Agora, each result checked against native C.
+        let mut agora_times = Vec::new();
+        for (kind, kernel, what) in [
+            (DeviceKind::OpenCl, &package, "as a package on OpenCL"),
+            (DeviceKind::Cpu, &package, "as a package on the CPU"),
+            (DeviceKind::Cpu, &tenant, "as a tenant program"),
+        ] {
+            let (times, out) = through_agora(&session, kind, kernel, &inputs, out_len, &scalars, &range, launches)?;
+            check(&format!("{name} {what}"), &out, &reference)?;
+            agora_times.push(times);
+        }
+        let [package_cl, package_cpu, sandbox] = <[Vec<f64>; 3]>::try_from(agora_times).expect("three paths");
 
         let med = |t: &[f64]| ms(t).median;
         let row = KernelRow {
