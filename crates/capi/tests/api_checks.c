@@ -3,23 +3,8 @@
  * only, and objects refusing every call once their session is closed.
  * Built and run by tests/c_example.rs; exit status 0 when every check passed. */
 #include <stdbool.h>
-#include <stdio.h>
-#include <string.h>
 
-#include "agora.h"
-
-static int failed = 0;
-
-#define EXPECT(cond)                                                                                 \
-    do {                                                                                             \
-        if (!(cond)) {                                                                               \
-            failed++;                                                                                \
-            fprintf(stderr, "line %d: FAILED %s (last error: \"%s\")\n", __LINE__, #cond,            \
-                    agora_last_error_message());                                                     \
-        }                                                                                            \
-    } while (0)
-#define OK(call) EXPECT((call) == AGORA_STATUS_OK)
-#define MESSAGE_HAS(text) (strstr(agora_last_error_message(), (text)) != NULL)
+#include "checks.h"
 
 int main(void) {
     AgoraSession *session;

@@ -3,23 +3,8 @@
  * that crashes fails its own task (and poisons what it writes) and the session goes on.
  * Built and run by tests/c_example.rs; exit status 0 when every check passed. */
 #include <stdbool.h>
-#include <stdio.h>
-#include <string.h>
 
-#include "agora.h"
-
-static int failed = 0;
-
-#define EXPECT(cond)                                                                                 \
-    do {                                                                                             \
-        if (!(cond)) {                                                                               \
-            failed++;                                                                                \
-            fprintf(stderr, "line %d: FAILED %s (last error: \"%s\")\n", __LINE__, #cond,            \
-                    agora_last_error_message());                                                     \
-        }                                                                                            \
-    } while (0)
-#define OK(call) EXPECT((call) == AGORA_STATUS_OK)
-#define MESSAGE_HAS(text) (strstr(agora_last_error_message(), (text)) != NULL)
+#include "checks.h"
 
 static const char *SOURCE =
     "__kernel void twice(__global const float *x, __global float *y) {\n"
