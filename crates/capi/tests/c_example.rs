@@ -104,20 +104,19 @@ fn the_c_gaussian_example_builds_with_pkg_config_and_verifies() {
     daemon.stop().unwrap();
 }
 
-#[test]
-fn the_c_api_checks_pass_against_a_daemon() {
-    let scratch = agora_test_support::temp_dir("capi-checks");
+/// Installs the library as `make c` does, builds the check program `tests/NAME.c` against it,
+/// runs it against the daemon on `socket`, and checks it reports `summary` (no check failed).
+fn run_checks(name: &str, socket: &Path, summary: &str) {
+    let scratch = agora_test_support::temp_dir(name);
     let dir = scratch.path();
     let prefix = dir.join("prefix");
     install(&prefix);
-    let program = dir.join("api_checks");
+    let program = dir.join(name);
     compile(
         &prefix,
-        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/api_checks.c"),
+        &format!("{}/tests/{name}.c", env!("CARGO_MANIFEST_DIR")),
         &program,
     );
-    let daemon = agora_test_support::EmbeddedDaemon::start("capi-daemon", |_| {});
-    let socket = daemon.socket();
     let run = Command::new(&program)
         .env("AGORA_SOCKET", socket)
         .env("LD_LIBRARY_PATH", prefix.join("lib"))
@@ -129,7 +128,13 @@ fn the_c_api_checks_pass_against_a_daemon() {
         "stdout:\n{stdout}\nstderr:\n{}",
         String::from_utf8_lossy(&run.stderr)
     );
-    assert!(stdout.contains("C API checks: 0 failed"), "{stdout}");
+    assert!(stdout.contains(summary), "{stdout}");
+}
+
+#[test]
+fn the_c_api_checks_pass_against_a_daemon() {
+    let daemon = agora_test_support::EmbeddedDaemon::start("capi-daemon", |_| {});
+    run_checks("api_checks", daemon.socket(), "C API checks: 0 failed");
     daemon.stop().unwrap();
 }
 
@@ -151,33 +156,12 @@ fn the_committed_header_is_the_generated_one() {
 /// binary's `executor` subcommand, so the daemon must be that binary, built by the workspace).
 #[test]
 fn the_c_program_checks_pass_against_a_daemon() {
-    let agora = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/release/agora");
+    let agora = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/release/agora");
     assert!(
         agora.exists(),
         "{} is missing: `cargo build --release --workspace` first (make test does)",
         agora.display()
     );
-    let scratch = agora_test_support::temp_dir("capi-programs");
-    let dir = scratch.path();
-    let prefix = dir.join("prefix");
-    install(&prefix);
-    let program = dir.join("program_checks");
-    compile(
-        &prefix,
-        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/program_checks.c"),
-        &program,
-    );
     let daemon = agora_test_support::Daemon::start(&agora, "capi-programs", &["--no-opencl"]);
-    let run = Command::new(&program)
-        .env("AGORA_SOCKET", daemon.socket())
-        .env("LD_LIBRARY_PATH", prefix.join("lib"))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    assert!(
-        run.status.success(),
-        "stdout:\n{stdout}\nstderr:\n{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    assert!(stdout.contains("C program checks: 0 failed"), "{stdout}");
+    run_checks("program_checks", daemon.socket(), "C program checks: 0 failed");
 }
