@@ -245,7 +245,9 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     }
     agora_daemon::run(config).map_err(|e| {
         let what = match e {
-            agora_daemon::DaemonError::Socket(_) | agora_daemon::DaemonError::AlreadyRunning(_) => {
+            agora_daemon::DaemonError::Socket(_)
+            | agora_daemon::DaemonError::AlreadyRunning(_)
+            | agora_daemon::DaemonError::Packages(_) => {
                 "the daemon cannot start"
             }
             _ => "the daemon stopped with an error",

@@ -209,5 +209,20 @@ fn two_packages_defining_one_kernel_are_refused_at_start() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("demo.scale") && err.contains("already defines"), "{err}");
+    assert!(err.contains("the daemon cannot start"), "{err}");
+    assert!(!dir.path().join("agora.sock").exists(), "no socket left behind");
+
+    // A --kernels directory that does not exist: refused at start, saying what to give.
+    let out = Command::new(AGORA)
+        .args(["serve", "--no-opencl", "--socket"])
+        .arg(dir.path().join("agora.sock"))
+        .arg("--kernels")
+        .arg(dir.path().join("no-such-dir"))
+        .env("AGORA_STATE_DIR", dir.path().join("state"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("no-such-dir") && err.contains("package.toml"), "{err}");
     assert!(!dir.path().join("agora.sock").exists(), "no socket left behind");
 }
