@@ -247,9 +247,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         let what = match e {
             agora_daemon::DaemonError::Socket(_)
             | agora_daemon::DaemonError::AlreadyRunning(_)
-            | agora_daemon::DaemonError::Packages(_) => {
-                "the daemon cannot start"
-            }
+            | agora_daemon::DaemonError::Packages(_) => "the daemon cannot start",
             _ => "the daemon stopped with an error",
         };
         anyhow::Error::new(e).context(what)
