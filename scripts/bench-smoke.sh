@@ -43,7 +43,7 @@ out="$state/$bench.json"
 import json, sys
 path, bench, expr = sys.argv[1:]
 d = json.load(open(path))
-if not eval(expr, {"d": d, "all": all, "isinstance": isinstance}):
+if not eval("(" + expr + ")", {"d": d, "all": all, "isinstance": isinstance}):  # parenthesised: checks may span lines
     sys.exit(f"bench {bench} --quick --json: check failed: {expr}\n{json.dumps(d)[:2000]}")
 PYEOF
 echo "bench $bench --quick: ok ($((SECONDS - start)) s)"
