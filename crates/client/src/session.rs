@@ -35,7 +35,10 @@ pub const DEFAULT_CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
 const LIVENESS_CHECK: Duration = Duration::from_millis(20);
 
 thread_local! {
-    static SPIN: RefCell<AdaptiveSpin> = RefCell::new(AdaptiveSpin::new(Duration::from_micros(1), Duration::from_micros(100)));
+    /// Each client thread's spin before it blocks on the completion futex: at least what a block
+    /// costs (so a daemon hiccup of a few microseconds does not turn into a 50 µs wake-up), at
+    /// most a little more than a round trip through a lane.
+    static SPIN: RefCell<AdaptiveSpin> = RefCell::new(AdaptiveSpin::new(agora_wait::MIN_BUDGET, Duration::from_micros(200)));
 }
 
 /// How to open a session.

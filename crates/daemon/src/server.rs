@@ -172,7 +172,7 @@ impl Server {
         )
         .map_err(|e| DaemonError::io("watching the wake doorbell", e.into()))?;
         scheduler.migration.set_wake(wake.clone());
-        let spin = AdaptiveSpin::new(Duration::from_micros(2), config.max_spin);
+        let spin = AdaptiveSpin::new(agora_wait::MIN_BUDGET.min(config.max_spin), config.max_spin);
         let control = ControlPlane::start(crate::control::ControlContext {
             telemetry: telemetry.clone(),
             kernels: scheduler.kernels.clone(),

@@ -6,8 +6,11 @@
 //! while earlier commands run. Either way it calls [`JobEnd::finish`] exactly once per job, and
 //! finishes a lane's jobs in the order they started.
 //!
-//! Idle lane threads spin briefly, then sleep on a condition variable that submitters signal only
-//! when the thread said it sleeps, so a busy lane costs no system call per job.
+//! Idle lane threads spin (for a budget learned from the gaps between their recent jobs, yielding
+//! their core to others meanwhile: [`agora_wait::AdaptiveSpin`]), then sleep on a condition
+//! variable that submitters signal only when the thread said it sleeps, so a lane fed one job at
+//! a time by a round-trip client takes each without a wake-up system call, and a busy lane costs
+//! none per job.
 //!
 //! Slices of a chunked launch (`Work::Launch::rows`) are started only while fewer than
 //! [`SLICE_DEPTH`] jobs are in flight: on an asynchronous device the lane would otherwise enqueue
@@ -29,13 +32,15 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use agora_protocol::TaskError;
+use agora_wait::AdaptiveSpin;
 
 use crate::priority::{Class, LaneClass};
 use crate::{Job, JobTimes, LaneReport, Transfer, Work};
 
-/// How long an idle lane thread polls before it sleeps. Short: lanes matter for throughput, not
-/// for the latency of tiny tasks (those run inline on the dispatcher).
-const IDLE_SPIN: Duration = Duration::from_micros(20);
+/// Longest an idle lane thread polls for its next job before it sleeps (the budget adapts below
+/// it, down to [`agora_wait::MIN_BUDGET`]): a little more than a round trip through a client, so
+/// a client issuing one task at a time finds the lane still awake.
+const IDLE_SPIN_MAX: Duration = Duration::from_micros(250);
 
 /// Most jobs in flight when a lane starts a slice of a chunked launch: one running and one queued
 /// behind it keep the device busy, and an urgent job waits for at most these two.
@@ -260,10 +265,9 @@ impl Lane {
         }
     }
 
-    fn next(&self) -> Option<(Job, Instant)> {
-        let spin_until = Instant::now() + IDLE_SPIN;
-        while self.pending.load(Ordering::Acquire) == 0 && Instant::now() < spin_until {
-            std::hint::spin_loop();
+    fn next(&self, spin: &mut AdaptiveSpin) -> Option<(Job, Instant)> {
+        if self.pending.load(Ordering::Acquire) == 0 {
+            spin.spin(|| self.pending.load(Ordering::Acquire) > 0);
         }
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         loop {
@@ -312,8 +316,10 @@ impl Lane {
             }
             // Asleep until a job is pushed or, when a slice is held back, one in flight finishes.
             q.sleeping = true;
+            let slept = Instant::now();
             q = self.wake.wait(q).unwrap_or_else(|e| e.into_inner());
             q.sleeping = false;
+            spin.blocked_for(slept.elapsed());
         }
     }
 
@@ -332,7 +338,8 @@ impl Lane {
 
     fn run(self: Arc<Self>, mut executor: Box<dyn Executor>) {
         let _member = self.class.join();
-        while let Some((job, queued)) = self.next() {
+        let mut spin = AdaptiveSpin::new(agora_wait::MIN_BUDGET, IDLE_SPIN_MAX);
+        while let Some((job, queued)) = self.next(&mut spin) {
             let Job {
                 transfers,
                 work,

@@ -1,14 +1,14 @@
 //! Wake-ups: spin briefly, then block.
 //!
-//! Waiters spin while the expected event is likely to arrive within about the time a blocking
-//! wake-up costs (tens of microseconds on these VMs), then block: clients on a futex in the shared
+//! Waiters spin ([`AdaptiveSpin`], cooperatively) while the expected event is likely to arrive
+//! within about the time a blocking wake-up costs (tens of microseconds on these VMs), then block: clients on a futex in the shared
 //! segment, the daemon in `epoll_wait` on per-session eventfd doorbells. Both sides announce that
 //! they are about to block in a segment word, so the other side makes the wake-up system call
 //! only when someone actually sleeps.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::AtomicU32;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rustix::event::EventfdFlags;
 use rustix::thread::futex;
@@ -70,74 +70,15 @@ impl AsFd for Doorbell {
     }
 }
 
-/// Spin budget that adapts to how long recent waits took.
-///
-/// After a wait that was satisfied while spinning, the budget becomes four times that wait (but
-/// falls by at most half per wait); a spin that runs out halves it; a wait that then had to
-/// block only briefly doubles it (spinning a little longer would have saved the syscall). Always
-/// within its bounds. So a client in a tight request loop
-/// spins through its waits, and one whose requests take milliseconds stops burning a core.
-#[derive(Debug, Clone)]
-pub struct AdaptiveSpin {
-    budget_ns: u64,
-    min_ns: u64,
-    max_ns: u64,
-}
-
-impl AdaptiveSpin {
-    /// A spinner with a budget between `min` and `max`.
-    pub fn new(min: Duration, max: Duration) -> Self {
-        let min_ns = min.as_nanos() as u64;
-        let max_ns = max.as_nanos() as u64;
-        AdaptiveSpin {
-            budget_ns: max_ns,
-            min_ns,
-            max_ns,
-        }
-    }
-
-    /// Current budget.
-    pub fn budget(&self) -> Duration {
-        Duration::from_nanos(self.budget_ns)
-    }
-
-    /// Spins until `ready()` is true or the budget is spent; returns whether it became ready.
-    pub fn spin(&mut self, mut ready: impl FnMut() -> bool) -> bool {
-        let start = Instant::now();
-        let mut iterations = 0u32;
-        loop {
-            if ready() {
-                let waited = start.elapsed().as_nanos() as u64;
-                self.budget_ns = (waited.saturating_mul(4))
-                    .clamp(self.min_ns, self.max_ns)
-                    .max(self.budget_ns / 2);
-                return true;
-            }
-            iterations = iterations.wrapping_add(1);
-            // Check the clock only every 64 polls: it costs ~20 ns.
-            if iterations.is_multiple_of(64) && start.elapsed().as_nanos() as u64 >= self.budget_ns {
-                self.budget_ns = (self.budget_ns / 2).max(self.min_ns);
-                return false;
-            }
-            std::hint::spin_loop();
-        }
-    }
-
-    /// Records that the awaited event arrived after blocking for `waited` (grows the budget
-    /// when blocking was short, i.e. spinning a little longer would have avoided the syscall).
-    pub fn blocked_for(&mut self, waited: Duration) {
-        let waited = waited.as_nanos() as u64;
-        if waited < self.max_ns {
-            self.budget_ns = (self.budget_ns * 2).clamp(self.min_ns, self.max_ns);
-        }
-    }
-}
+/// The spinning half of each wait (its own crate: lanes use it too).
+pub use agora_wait::AdaptiveSpin;
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::atomic::Ordering;
     use std::sync::Arc;
+    use std::time::Instant;
 
     #[test]
     fn futex_wait_returns_on_wake() {
@@ -154,16 +95,6 @@ mod tests {
         word.store(1, Ordering::Release);
         futex_wake_all(&word);
         assert!(t.join().unwrap() < Duration::from_secs(4));
-    }
-
-    #[test]
-    fn spin_budget_shrinks_when_nothing_comes() {
-        let mut s = AdaptiveSpin::new(Duration::from_micros(1), Duration::from_micros(100));
-        for _ in 0..10 {
-            assert!(!s.spin(|| false));
-        }
-        assert_eq!(s.budget(), Duration::from_micros(1));
-        assert!(s.spin(|| true));
     }
 
     #[test]

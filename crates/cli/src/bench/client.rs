@@ -181,7 +181,17 @@ pub fn client(args: ClientArgs) -> Result<()> {
             preferred_device: Some(agora::DeviceKind::OpenCl),
             sla: None,
         })?,
-        _ => session.queue("bench")?,
+        // `--device-kind`: the latency round trip through one kind's lanes (with inline runs
+        // off, the default policy would otherwise spread the noops over every device's lanes).
+        _ => match device_kind(args.device_kind.as_deref()) {
+            Some(kind) => session.queue_with(agora::QueueOptions {
+                name: "bench".into(),
+                class: agora::QueueClass::Batch,
+                preferred_device: Some(kind),
+                sla: None,
+            })?,
+            None => session.queue("bench")?,
+        },
     };
     let noop = session.kernel("noop")?;
     // Warm up: page in the rings, let the spinners adapt.
@@ -238,6 +248,17 @@ pub fn client(args: ClientArgs) -> Result<()> {
 
 /// Starts `count` client processes; with `wait_go` they start measuring together.
 pub(crate) fn run_clients(socket: &Path, mode: ClientMode, iterations: u64, count: usize) -> Result<Vec<ClientResult>> {
+    run_clients_with(socket, mode, iterations, count, &[])
+}
+
+/// [`run_clients`] with more `agora bench-client` options (`extra`).
+pub(crate) fn run_clients_with(
+    socket: &Path,
+    mode: ClientMode,
+    iterations: u64,
+    count: usize,
+    extra: &[&str],
+) -> Result<Vec<ClientResult>> {
     let exe = std::env::current_exe()?;
     let mode_name = clap::ValueEnum::to_possible_value(&mode)
         .map(|v| v.get_name().to_string())
@@ -246,6 +267,7 @@ pub(crate) fn run_clients(socket: &Path, mode: ClientMode, iterations: u64, coun
     for _ in 0..count {
         let mut cmd = Command::new(&exe);
         cmd.args(["bench-client", &mode_name, "--iterations", &iterations.to_string()])
+            .args(extra)
             .arg("--socket")
             .arg(socket)
             .stdout(Stdio::piped())

@@ -9,7 +9,7 @@ use anyhow::Result;
 use clap::Args;
 use serde::Serialize;
 
-use super::client::{run_clients, ClientMode};
+use super::client::{run_clients, run_clients_with, ClientMode};
 use super::harness::{cpu_ticks, percentile, spread, DaemonProcess, Spread};
 
 /// `agora bench latency` options.
@@ -85,10 +85,19 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
         let start = multi.iter().map(|r| r.start_ns).min().unwrap_or(0);
         let end = multi.iter().map(|r| r.end_ns).max().unwrap_or(0);
         let multi_tasks: u64 = multi.iter().map(|r| r.tasks).sum();
-        // The same round trip with inline runs disabled: every noop is handed to a CPU lane.
+        // The same round trip with inline runs disabled, on a queue that prefers the CPU device:
+        // every noop is handed to a CPU lane (without the preference the round-robin policy
+        // would send every other one to the OpenCL device, whose round trip is measured below).
         let (lane_p50_ns, lane_p99_ns) = if socket.is_none() {
             let daemon = DaemonProcess::start(None, &["--inline-max-ns", "0"])?;
-            let r = run_clients(&daemon.socket, ClientMode::Latency, iterations / 2, 1)?.remove(0);
+            let r = run_clients_with(
+                &daemon.socket,
+                ClientMode::Latency,
+                iterations / 2,
+                1,
+                &["--device-kind", "cpu"],
+            )?
+            .remove(0);
             (r.p50_ns, r.p99_ns)
         } else {
             (0, 0)

@@ -141,7 +141,31 @@ impl Scheduler {
             let mut model = self.model.lock().unwrap_or_else(|e| e.into_inner());
             model.start_exploring(k.label(), name, ready.items);
         }
-        Ok(Binding::new(c.device, c.lane))
+        Ok(Binding::new(c.device, self.warm_lane(queue.binding.load(), c)))
+    }
+
+    /// The lane of `chosen`'s device to use: the queue's previous lane when it is on that device
+    /// and idle too, else the chosen one. Which of a device's idle lanes runs a task makes no
+    /// difference to the device, but the previous one's thread is probably still spinning for its
+    /// next job (and its caches hold the queue's data): a client issuing one task at a time keeps
+    /// one lane thread awake instead of waking each lane in turn (a round-robin policy would
+    /// otherwise keep every lane of the device spinning, more threads than a small node has cores).
+    pub(super) fn warm_lane(&self, previous: Binding, chosen: Candidate) -> usize {
+        // Among the candidates: the policy's filters (drained lanes, lanes kept for latency work)
+        // apply to the previous lane too.
+        let stay = !previous.is_unbound()
+            && previous.device() == chosen.device
+            && previous.lane() != chosen.lane
+            && chosen.load == 0
+            && self
+                .candidates
+                .iter()
+                .any(|c| c.device == chosen.device && c.lane == previous.lane() && c.load == 0);
+        if stay {
+            previous.lane()
+        } else {
+            chosen.lane
+        }
     }
 
     /// The revocation choice: a latency launch committed to `placement` may revoke the batch

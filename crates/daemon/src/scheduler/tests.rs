@@ -144,6 +144,28 @@ fn a_preferred_kind_is_honoured_and_a_busy_queue_stays_on_its_lane() {
 }
 
 #[test]
+fn an_idle_queue_returns_to_its_previous_lane_while_it_is_idle() {
+    let mut s = scheduler(vec![cpu(), sim("sim0", None)], config());
+    let q = queue(QueueClass::Batch, Some(DeviceKind::Sim));
+    // Never bound: the round-robin policy rotates over the device's idle lanes.
+    let lanes: std::collections::HashSet<usize> = (0..4)
+        .map(|_| s.place(&noop(&q, 1 << 30)).unwrap().binding.lane())
+        .collect();
+    assert_eq!(lanes, [0, 1].into());
+    // Its last task ran on sim0/lane 1 and finished: every later task goes back there (its
+    // thread is still spinning), whichever lane the policy's rotation would give.
+    q.binding.store(Binding::new(1, 1));
+    for _ in 0..4 {
+        assert_eq!(s.place(&noop(&q, 1 << 30)).unwrap().binding, Binding::new(1, 1));
+    }
+    // The previous lane is on a device the policy did not choose: the policy's choice stands.
+    q.binding.store(Binding::new(0, 1));
+    for _ in 0..4 {
+        assert_eq!(s.place(&noop(&q, 1 << 30)).unwrap().binding.device(), 1);
+    }
+}
+
+#[test]
 fn devices_that_lack_the_kernel_or_are_draining_get_no_work() {
     let mut s = scheduler(
         vec![cpu(), sim("saxpy-only", Some(&["saxpy"])), sim("all", None)],

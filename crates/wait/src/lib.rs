@@ -1,0 +1,227 @@
+//! How Agora's threads wait for an event that is probably near: spin for a learned budget, then
+//! let the caller block.
+//!
+//! Owns the spinning half of every wait on the task path (a client waiting for its completion, the
+//! dispatcher waiting for submissions, a lane waiting for its next job). It knows nothing of what
+//! is awaited nor how to block: callers pass a readiness check and block on their own futex,
+//! eventfd or condition variable when [`AdaptiveSpin::spin`] gives up.
+//!
+//! Why spin at all: a blocking wake-up across cores costs tens of microseconds on the VMs this
+//! runs on (a futex ping-pong ≈ 50 µs), a hundred times an inline task. Why spin *cooperatively*:
+//! the three threads of a round trip (client, dispatcher, lane) often share two cores, so a
+//! spinner that kept its core could be the very thing the awaited thread waits for. After a short
+//! pure spin the spinner yields its core every few polls; alone on its core, a yield is a cheap
+//! system call, and beside the awaited thread it hands over at once instead of after a time
+//! slice. But a yield can also hand the core to a stranger (another program's busy thread, or
+//! one of our own batch lanes) that keeps it for a whole time slice: so each spinner watches what
+//! its yields bring. A yield that let another thread run and was followed at once by the event
+//! was *productive* (the next spins yield from their start); one that let another thread run and
+//! brought nothing was not, and after a few such the spinner stops yielding (and tries again
+//! every so often, since who shares the core changes).
+
+use std::time::{Duration, Instant};
+
+/// Polls between clock reads (and, past [`PURE_SPIN`], yields): a clock read costs ~20 ns.
+const POLLS_PER_CHECK: u32 = 64;
+
+/// How long a spin polls before it starts yielding its core: the awaited event of an inline task
+/// (~1 µs) arrives within it, undisturbed by system calls. Skipped while yielding is known to
+/// help (see [`AdaptiveSpin::spin`]).
+const PURE_SPIN: Duration = Duration::from_micros(2);
+
+/// A yield that took at least this long let another thread run on our core.
+const YIELD_SWITCHED: Duration = Duration::from_nanos(1_500);
+
+/// The shortest budget worth having: about what blocking and being woken costs here (ski rental —
+/// spinning as long as a block would cost is never worse than twice the better choice).
+pub const MIN_BUDGET: Duration = Duration::from_micros(30);
+
+/// A spin budget that adapts to how long recent waits took.
+///
+/// After a wait that was satisfied while spinning, the budget becomes four times that wait (but
+/// falls by at most half per wait); a spin that runs out halves it; a wait that then had to block
+/// only briefly doubles it (spinning a little longer would have saved the block). Always within
+/// its bounds. So a thread in a tight request loop spins through its waits, and one whose events
+/// come milliseconds apart spins only the minimum before it blocks.
+#[derive(Debug, Clone)]
+pub struct AdaptiveSpin {
+    budget_ns: u64,
+    min_ns: u64,
+    max_ns: u64,
+    yields: u64,
+    /// The last wait ended right after a productive yield: the awaited thread probably shares
+    /// our core, so the next spin yields from its start instead of after [`PURE_SPIN`].
+    eager: bool,
+    /// Yields in a row that let another thread run and brought no event (strangers on our core).
+    unproductive: u32,
+    /// Spins since the last one that tried yielding (retried every [`RETRY_YIELDING`]).
+    spins_without_yielding: u32,
+}
+
+/// Unproductive yields in a row after which a spinner stops yielding.
+const UNPRODUCTIVE_LIMIT: u32 = 3;
+
+/// A spinner that stopped yielding tries again after this many spins.
+const RETRY_YIELDING: u32 = 64;
+
+impl AdaptiveSpin {
+    /// A spinner with a budget between `min` and `max` (starting at `max`).
+    pub fn new(min: Duration, max: Duration) -> Self {
+        let min_ns = min.as_nanos() as u64;
+        let max_ns = (max.as_nanos() as u64).max(min_ns);
+        AdaptiveSpin {
+            budget_ns: max_ns,
+            min_ns,
+            max_ns,
+            yields: 0,
+            eager: false,
+            unproductive: 0,
+            spins_without_yielding: 0,
+        }
+    }
+
+    /// Current budget.
+    pub fn budget(&self) -> Duration {
+        Duration::from_nanos(self.budget_ns)
+    }
+
+    /// How many times this spinner yielded its core (for tests and diagnostics).
+    pub fn yields(&self) -> u64 {
+        self.yields
+    }
+
+    /// Spins until `ready()` is true or the budget is spent; returns whether it became ready.
+    ///
+    /// Past [`PURE_SPIN`] (from the start when the last wait was ended by a productive yield) it
+    /// yields its core every few polls, unless its recent yields were unproductive (see the
+    /// module documentation).
+    pub fn spin(&mut self, mut ready: impl FnMut() -> bool) -> bool {
+        let start = Instant::now();
+        let pure_ns = if self.eager { 0 } else { PURE_SPIN.as_nanos() as u64 };
+        let mut may_yield = self.unproductive < UNPRODUCTIVE_LIMIT;
+        if !may_yield {
+            self.spins_without_yielding += 1;
+            if self.spins_without_yielding >= RETRY_YIELDING {
+                // Who shares our core changes: try again.
+                self.spins_without_yielding = 0;
+                self.unproductive = UNPRODUCTIVE_LIMIT - 1;
+                may_yield = true;
+            }
+        }
+        let mut iterations = 0u32;
+        loop {
+            if ready() {
+                self.eager = false;
+                self.settle(start);
+                return true;
+            }
+            iterations = iterations.wrapping_add(1);
+            if iterations.is_multiple_of(POLLS_PER_CHECK) {
+                let spent = start.elapsed().as_nanos() as u64;
+                if spent >= self.budget_ns {
+                    self.budget_ns = (self.budget_ns / 2).max(self.min_ns);
+                    return false;
+                }
+                if may_yield && spent >= pure_ns {
+                    // Hand the core to whoever else is runnable on it (perhaps the thread we
+                    // wait for); returns at once when nobody is.
+                    let before = Instant::now();
+                    std::thread::yield_now();
+                    self.yields += 1;
+                    if before.elapsed() >= YIELD_SWITCHED {
+                        if ready() {
+                            self.unproductive = 0;
+                            self.eager = true;
+                            self.settle(start);
+                            return true;
+                        }
+                        self.unproductive += 1;
+                        if self.unproductive >= UNPRODUCTIVE_LIMIT {
+                            may_yield = false;
+                        }
+                    }
+                }
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Adapts the budget to a wait that ended, satisfied, after spinning since `start`.
+    fn settle(&mut self, start: Instant) {
+        let waited = start.elapsed().as_nanos() as u64;
+        self.budget_ns = (waited.saturating_mul(4))
+            .clamp(self.min_ns, self.max_ns)
+            .max(self.budget_ns / 2);
+    }
+
+    /// Records that the awaited event arrived after blocking for `waited` (grows the budget when
+    /// blocking was short, i.e. spinning a little longer would have avoided the block).
+    pub fn blocked_for(&mut self, waited: Duration) {
+        let waited = waited.as_nanos() as u64;
+        if waited < self.max_ns {
+            self.budget_ns = (self.budget_ns * 2).clamp(self.min_ns, self.max_ns);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    #[test]
+    fn the_budget_shrinks_to_its_floor_when_nothing_comes() {
+        let mut s = AdaptiveSpin::new(Duration::from_micros(1), Duration::from_micros(100));
+        for _ in 0..10 {
+            assert!(!s.spin(|| false));
+        }
+        assert_eq!(s.budget(), Duration::from_micros(1));
+        assert!(s.spin(|| true));
+    }
+
+    #[test]
+    fn a_satisfied_wait_sets_the_budget_to_four_times_it_within_the_bounds() {
+        let mut s = AdaptiveSpin::new(Duration::from_micros(30), Duration::from_micros(200));
+        // Ready at once: four times ~0 is below the floor, and the budget halves at most.
+        assert!(s.spin(|| true));
+        assert_eq!(s.budget(), Duration::from_micros(100));
+        assert!(s.spin(|| true));
+        assert_eq!(s.budget(), Duration::from_micros(50));
+        assert!(s.spin(|| true));
+        assert_eq!(s.budget(), Duration::from_micros(30), "never below the floor");
+        // A wait of 25 µs (within the budget): the budget becomes ~100 µs.
+        let start = Instant::now();
+        assert!(s.spin(|| start.elapsed() >= Duration::from_micros(25)));
+        assert!(s.budget() >= Duration::from_micros(100), "{:?}", s.budget());
+    }
+
+    #[test]
+    fn a_short_block_doubles_the_budget_a_long_one_does_not() {
+        let mut s = AdaptiveSpin::new(Duration::from_micros(10), Duration::from_micros(160));
+        for _ in 0..5 {
+            assert!(!s.spin(|| false));
+        }
+        assert_eq!(s.budget(), Duration::from_micros(10));
+        s.blocked_for(Duration::from_micros(50));
+        assert_eq!(s.budget(), Duration::from_micros(20));
+        s.blocked_for(Duration::from_millis(5));
+        assert_eq!(s.budget(), Duration::from_micros(20));
+    }
+
+    #[test]
+    fn a_spin_past_the_pure_phase_yields_and_still_sees_the_event() {
+        let flag = Arc::new(AtomicBool::new(false));
+        let setter = {
+            let flag = flag.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(2));
+                flag.store(true, Ordering::Release);
+            })
+        };
+        let mut s = AdaptiveSpin::new(Duration::from_secs(5), Duration::from_secs(5));
+        assert!(s.spin(|| flag.load(Ordering::Acquire)));
+        setter.join().unwrap();
+        assert!(s.yields() > 0, "a spin of milliseconds yields its core");
+    }
+}
