@@ -300,6 +300,24 @@ impl Ticket {
         }
     }
 
+    /// A ticket for a job on a device that computes on host memory (it cannot lose the job):
+    /// never replays, only wakes the dispatcher when its queue drains.
+    pub(super) fn unreplayable(migration: &Migration, device: usize) -> Ticket {
+        debug_assert!(migration.inbox.devices[device].info().shares_host_memory);
+        Ticket {
+            inbox: migration.inbox.clone(),
+            action: None,
+            estimated_ns: 0.0,
+            items: 0,
+            replay: Replay {
+                device,
+                host_inputs: 0,
+                device_inputs: 0,
+                replays: MAX_REPLAYS,
+            },
+        }
+    }
+
     /// Called by the job's done callback. When the device lost the task (and it may still be
     /// replayed), sends it back to the dispatcher and returns `None`: the callback must then not
     /// complete it nor release its in-flight count. Otherwise hands `named` back, with `result`

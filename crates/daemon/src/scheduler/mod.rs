@@ -105,6 +105,9 @@ pub(crate) struct Scheduler {
     bytes: [Counter; 2],
     /// Trace row of each device's lane 0 (lanes follow).
     first_row: Vec<u32>,
+    /// Each device's name, shared by its lane jobs' completions (one allocation per device, not
+    /// per job).
+    device_names: Vec<Arc<str>>,
     /// The learned performance model (fed by every finished launch, read by policies).
     pub model: Arc<Mutex<PerformanceModel>>,
     facts: Vec<DeviceFacts>,
@@ -203,7 +206,9 @@ impl Scheduler {
         }
         let bytes = telemetry.metrics.byte_counters();
         let migration = Migration::new(devices.clone());
+        let device_names = devices.iter().map(|d| Arc::from(d.info().name.as_str())).collect();
         Scheduler {
+            device_names,
             devices,
             policy,
             config,

@@ -76,7 +76,8 @@ pub(super) struct Planned {
     pub work: Work,
     pub named: NamedBuffers,
     /// Sends the task back for replay if its device loses it.
-    pub ticket: migration::Ticket,
+    /// `None` for a task placed to run inline (see [`Scheduler::plan_task`]).
+    pub ticket: Option<migration::Ticket>,
     /// Test-only: picked to fail (its work does not run).
     pub injected: bool,
 }
@@ -103,22 +104,29 @@ impl Scheduler {
         // Test-only: a task picked to fail keeps its transfers but its work does not run.
         let injected = self.config.faults.is_some_and(|f| f.picks(task_id));
         let mut transfers: Vec<Transfer> = Vec::new();
-        // Taken before planning: what a replay needs if the device loses the task.
-        let ticket = migration::Ticket::new(
-            &mut self.migration,
-            device,
-            &ready.action,
-            estimated_ns,
-            items,
-            named.slots(),
-        );
+        // Taken before planning: what a replay needs if the device loses the task. Not for a
+        // task bound to run inline on the host device (the common tiny task): that device
+        // cannot fail apart from the daemon, so there is nothing to replay, and the inline path
+        // stays free of the ticket's work (should it go to a lane after all, it gets a ticket
+        // that never replays, as every host-device job's would be).
+        let ticket = (!placement.tiny_on_host).then(|| {
+            migration::Ticket::new(
+                &mut self.migration,
+                device,
+                &ready.action,
+                estimated_ns,
+                items,
+                named.slots(),
+            )
+        });
         let work = match self.plan(session, device, ready.action, named.slots(), &mut transfers) {
             Ok(work) => work,
             Err(TaskError::DeviceLost) => {
+                let ticket = ticket.unwrap_or_else(|| migration::Ticket::unreplayable(&self.migration, device));
                 return self
                     .lost_while_planning(session, task_id, &queue, ticket, named)
                     .map(|()| None)
-                    .map_err(|error| Failed { error, named: None })
+                    .map_err(|error| Failed { error, named: None });
             }
             Err(error) => {
                 return Err(Failed {

@@ -19,7 +19,7 @@ use agora_protocol::{Completion, TaskError};
 use super::complete::LaneCompletion;
 use super::place::Placement;
 use super::plan::Planned;
-use super::{Scheduler, MAX_PREDICTED_NS};
+use super::{migration, Scheduler, MAX_PREDICTED_NS};
 use crate::revocation::Done;
 use crate::session::Session;
 use crate::telemetry::Span;
@@ -87,6 +87,7 @@ impl Scheduler {
             injected,
         } = *planned;
         let (device, lane) = (placement.binding.device(), placement.binding.lane());
+        let ticket = ticket.unwrap_or_else(|| migration::Ticket::unreplayable(&self.migration, device));
         if placement.idle {
             queue.binding.store(placement.binding);
         }
@@ -95,7 +96,7 @@ impl Scheduler {
         queue.in_flight.fetch_add(1, Ordering::AcqRel);
         session.shared.in_flight.fetch_add(1, Ordering::Relaxed);
         // Predicted time of this job on its lane, for the policies' queue-wait estimates.
-        let device_name: Arc<str> = Arc::from(self.devices[device].info().name.as_str());
+        let device_name = self.device_names[device].clone();
         let predicted = match &kernel {
             Some(k) => {
                 let model = self.model.lock().unwrap_or_else(|e| e.into_inner());
