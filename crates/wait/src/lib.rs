@@ -15,9 +15,9 @@
 //! slice. But a yield can also hand the core to a stranger (another program's busy thread, or
 //! one of our own batch lanes) that keeps it for a whole time slice: so each spinner watches what
 //! its yields bring. A yield that let another thread run and was followed at once by the event
-//! was *productive* (the next spins yield from their start); one that let another thread run and
-//! brought nothing was not, and after a few such the spinner stops yielding (and tries again
-//! every so often, since who shares the core changes).
+//! was *productive* (the next spins yield after every poll); one that lost the core for a whole
+//! time slice and brought nothing went to a stranger, and after a few such the spinner stops
+//! yielding (and tries again every so often, since who shares the core changes).
 
 use std::time::{Duration, Instant};
 
@@ -31,6 +31,10 @@ const PURE_SPIN: Duration = Duration::from_micros(2);
 
 /// A yield that took at least this long let another thread run on our core.
 const YIELD_SWITCHED: Duration = Duration::from_nanos(1_500);
+
+/// A yield that took at least this long handed the core to a thread that kept it for a time
+/// slice: not a partner of the round trip (they run a step of microseconds), a stranger.
+const STRANGER_SLICE: Duration = Duration::from_micros(50);
 
 /// The shortest budget worth having: about what blocking and being woken costs here (ski rental —
 /// spinning as long as a block would cost is never worse than twice the better choice).
@@ -52,7 +56,7 @@ pub struct AdaptiveSpin {
     /// The last wait ended right after a productive yield: the awaited thread probably shares
     /// our core, so the next spin yields from its start instead of after [`PURE_SPIN`].
     eager: bool,
-    /// Yields in a row that let another thread run and brought no event (strangers on our core).
+    /// Yields in a row that handed the core to a stranger ([`STRANGER_SLICE`]) and brought no event.
     unproductive: u32,
     /// Spins since the last one that tried yielding (retried every [`RETRY_YIELDING`]).
     spins_without_yielding: u32,
@@ -116,7 +120,9 @@ impl AdaptiveSpin {
                 return true;
             }
             iterations = iterations.wrapping_add(1);
-            if iterations.is_multiple_of(POLLS_PER_CHECK) {
+            // Eager: the thread we wait for shares our core and needs it now; yield after
+            // every poll.
+            if (self.eager && may_yield) || iterations.is_multiple_of(POLLS_PER_CHECK) {
                 let spent = start.elapsed().as_nanos() as u64;
                 if spent >= self.budget_ns {
                     self.budget_ns = (self.budget_ns / 2).max(self.min_ns);
@@ -128,16 +134,21 @@ impl AdaptiveSpin {
                     let before = Instant::now();
                     std::thread::yield_now();
                     self.yields += 1;
-                    if before.elapsed() >= YIELD_SWITCHED {
+                    let away = before.elapsed();
+                    if away >= YIELD_SWITCHED {
                         if ready() {
                             self.unproductive = 0;
                             self.eager = true;
                             self.settle(start);
                             return true;
                         }
-                        self.unproductive += 1;
-                        if self.unproductive >= UNPRODUCTIVE_LIMIT {
-                            may_yield = false;
+                        // A partner thread that ran a step of the round trip gives the core
+                        // back within microseconds; a stranger keeps it for a time slice.
+                        if away >= STRANGER_SLICE {
+                            self.unproductive += 1;
+                            if self.unproductive >= UNPRODUCTIVE_LIMIT {
+                                may_yield = false;
+                            }
                         }
                     }
                 }
