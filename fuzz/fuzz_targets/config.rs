@@ -1,8 +1,9 @@
 //! The daemon's TOML configuration file (`agora serve --config FILE`, `DaemonConfig::from_toml`).
 //!
 //! Properties: a text either parses into settings that validate, or is refused with a typed
-//! error (`Parse` or `Invalid`) that says something; what parsed prints
-//! (`--print-config`) as a file that parses back to the same settings, printed identically.
+//! error (`Parse` or `Invalid`) that says something (never a panic); every number accepted is
+//! finite; what parsed prints (`--print-config`) as a file that parses back to the same
+//! settings, printed identically.
 #![no_main]
 
 use agora_daemon::{ConfigError, DaemonConfig};
@@ -18,6 +19,14 @@ fuzz_target!(|data: &[u8]| {
                 panic!("a configuration that parsed does not validate: {e}");
             }
             let printed = config.to_toml();
+            // Every number it accepted is finite (NaN would pass any `<` check).
+            for line in printed.lines() {
+                let value = line.split_once(" = ").map_or("", |(_, v)| v.trim());
+                assert!(
+                    !matches!(value, "nan" | "+nan" | "-nan" | "inf" | "+inf" | "-inf"),
+                    "accepted a number that is not finite: {line}"
+                );
+            }
             let back = DaemonConfig::from_toml(&printed)
                 .unwrap_or_else(|e| panic!("the printed configuration does not parse: {e}\n{printed}"));
             assert_eq!(back.to_toml(), printed, "printing is not a round trip");
