@@ -1,6 +1,7 @@
 # The two commands of this repository (see README.md):
 #   make demo   install what is needed, build, run the demo (embedded daemon + client processes)
-#   make test   the whole test suite: format, lints, unit and integration tests, a --quick smoke run
+#   make test   the whole test suite: format, lints, unit and integration tests, short fuzz runs
+#               of every parser of untrusted bytes (scripts/fuzz.sh), a --quick smoke run
 #               of every benchmark, its JSON checked by scripts/bench-smoke.sh
 .PHONY: setup demo test bench c
 
@@ -14,6 +15,7 @@ test: setup
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --release -- -D warnings
 	cargo test --workspace --release
+	bash scripts/fuzz.sh
 	.venv/bin/python -m pytest -q crates/python/tests
 	bash scripts/bench-smoke.sh ./target/release/agora bench latency --quick --json
 	bash scripts/bench-smoke.sh ./target/release/agora bench overhead --quick --json

@@ -778,7 +778,13 @@ impl InFile<Duration> for TargetMs {
                 "{key} = {ms}: the response-time target must be a positive number of milliseconds"
             )));
         }
-        Ok(Duration::from_secs_f64(ms / 1e3))
+        // A finite target can still be too long for a `Duration` (1e300 ms): refuse it rather
+        // than panic.
+        Duration::try_from_secs_f64(ms / 1e3).map_err(|_| {
+            ConfigError::Invalid(format!(
+                "{key} = {ms}: the response-time target is too long (give milliseconds, e.g. 200)"
+            ))
+        })
     }
 }
 
@@ -827,6 +833,33 @@ impl DaemonConfig {
     /// Checks values that parse but cannot work.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
+        // NaN passes every `<` check below, and an infinite power or cost poisons the policies'
+        // arithmetic: every number of the file must be finite.
+        let mut floats = vec![
+            ("scheduler.perf.history_weight", self.history_weight),
+            ("scheduler.energy.slack", self.energy_slack),
+            ("cpu.idle_watts", self.cpu_power.idle_watts),
+            ("cpu.active_watts", self.cpu_power.active_watts),
+            ("opencl.idle_watts", self.opencl_power.idle_watts),
+            ("opencl.active_watts", self.opencl_power.active_watts),
+        ];
+        for sim in &self.sims {
+            floats.extend([
+                ("sim.speed", sim.speed),
+                ("sim.launch_ns", sim.launch_ns),
+                ("sim.idle_watts", sim.idle_watts),
+                ("sim.active_watts", sim.active_watts),
+            ]);
+            for profile in sim.profile.values() {
+                floats.extend([
+                    ("sim.profile.launch_ns", profile.launch_ns),
+                    ("sim.profile.ns_per_item", profile.ns_per_item),
+                ]);
+            }
+        }
+        if let Some((key, value)) = floats.into_iter().find(|(_, v)| !v.is_finite()) {
+            return bad(format!("{key} = {value} must be a finite number"));
+        }
         if !self.ring_capacity.is_power_of_two() || !(2..=1 << 16).contains(&self.ring_capacity) {
             return bad(format!(
                 "ring capacity (--ring-capacity, sessions.ring_capacity) = {} must be a power of two between 2 and 65536",
@@ -1035,6 +1068,25 @@ mod tests {
         );
         assert!(text.contains("device_quota = \"3M\"\n"), "{text}");
         assert_eq!(back.sims, config.sims);
+    }
+
+    /// Found by the `config` fuzz target: values that parse but must not be accepted.
+    #[test]
+    fn numbers_that_cannot_work_are_refused_not_accepted_or_panicking() {
+        for text in [
+            // Used to panic: a finite target too long for a `Duration`.
+            "[scheduler]\nlatency_sla_ms = 1e300",
+            // Used to be accepted: NaN passes `slack < 1` and `speed <= 0`.
+            "[scheduler.energy]\nslack = nan",
+            "[[sim]]\nname = \"s\"\nspeed = nan",
+            "[cpu]\nactive_watts = inf",
+            "[[sim]]\nname = \"s\"\n[sim.profile.sgemm]\nns_per_item = -inf",
+        ] {
+            match DaemonConfig::from_toml(text) {
+                Err(ConfigError::Invalid(m)) => assert!(!m.is_empty()),
+                other => panic!("{text}: {other:?}"),
+            }
+        }
     }
 
     #[test]

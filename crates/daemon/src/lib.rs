@@ -28,6 +28,12 @@
 
 mod config;
 mod control;
+/// For the fuzzer only (`fuzz/`, target `validate`): the validate stage with a hand-made
+/// session. Not an API; see `scheduler/fuzzing.rs`.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::scheduler::fuzzing::*;
+}
 mod handle;
 pub mod kernels;
 mod memory;

@@ -75,7 +75,7 @@ impl ProgramKernels {
     }
 
     /// Appends `kernels`; returns the index of the first.
-    fn install(&self, kernels: Vec<KernelRef>) -> u32 {
+    pub(crate) fn install(&self, kernels: Vec<KernelRef>) -> u32 {
         let mut table = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let first = table.len() as u32;
         table.extend(kernels);

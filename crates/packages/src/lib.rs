@@ -354,29 +354,41 @@ pub fn load(dir: &Path) -> Result<Package, PackageError> {
 /// names the manifest in errors (e.g. the program's name).
 pub fn program_manifest(text: &str, origin: &str) -> Result<Vec<KernelSpec>, PackageError> {
     let manifest = manifest::parse(origin, text, Mode::Program)?;
-    Ok(manifest
-        .kernels
-        .into_iter()
-        .map(|k| KernelSpec {
-            params: k
-                .params
-                .into_iter()
-                .map(|(name, kind)| Param {
-                    name: Cow::Owned(name),
-                    kind,
-                })
-                .collect(),
-            dims: k.dims as u8,
-            check: SizeCheck::Rules(Arc::new(k.rules)),
-            chunkable: k.chunkable,
-            cost: Cost::PerItemNs(k.cost_ns),
-            cpu_symbol: k.cpu.map(|s| s.value),
-            opencl_entry: k.opencl.as_ref().map(|c| c.entry.value.clone()),
-            opencl_local: k.opencl.as_ref().and_then(|c| c.local),
-            name: k.name,
-            doc: k.doc,
-        })
-        .collect())
+    Ok(manifest.kernels.into_iter().map(spec).collect())
+}
+
+/// **For the fuzzer only** (`fuzz/`, target `manifest`): parses a package manifest (`package.toml`
+/// text) as [`load`] does, without reading the files it names or loading its library, and
+/// returns the package's name and its kernels as [`program_manifest`] would. Not an API.
+#[doc(hidden)]
+pub fn parse_package_manifest(text: &str, file: &str) -> Result<(String, Vec<KernelSpec>), PackageError> {
+    let manifest = manifest::parse(file, text, Mode::Package)?;
+    let package = manifest
+        .package
+        .ok_or_else(|| PackageError::Other("a package manifest without [package]".into()))?;
+    Ok((package.name, manifest.kernels.into_iter().map(spec).collect()))
+}
+
+fn spec(k: manifest::KernelEntry) -> KernelSpec {
+    KernelSpec {
+        params: k
+            .params
+            .into_iter()
+            .map(|(name, kind)| Param {
+                name: Cow::Owned(name),
+                kind,
+            })
+            .collect(),
+        dims: k.dims as u8,
+        check: SizeCheck::Rules(Arc::new(k.rules)),
+        chunkable: k.chunkable,
+        cost: Cost::PerItemNs(k.cost_ns),
+        cpu_symbol: k.cpu.map(|s| s.value),
+        opencl_entry: k.opencl.as_ref().map(|c| c.entry.value.clone()),
+        opencl_local: k.opencl.as_ref().and_then(|c| c.local),
+        name: k.name,
+        doc: k.doc,
+    }
 }
 
 /// `name` as a `&'static str`, leaked once per distinct text. Kernel definitions of packages

@@ -59,7 +59,9 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
 
 mod books;
+// The validate stage driven without a server, for the fuzzer (`agora_daemon::fuzzing`).
 mod complete;
+pub(crate) mod fuzzing;
 mod inline;
 mod migration;
 mod place;
