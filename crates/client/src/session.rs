@@ -141,6 +141,10 @@ pub(crate) struct Inner {
     /// Queues with failures not yet reported by a `finish` (a fast check for the common case).
     failing_queues: AtomicUsize,
     disconnected: AtomicBool,
+    /// The session opened a latency-class queue: its waits never yield their core (a yield
+    /// that goes to another program's busy thread, or to the daemon's batch lanes, loses the
+    /// core for a time slice — milliseconds, far beyond a latency target).
+    latency_tenant: AtomicBool,
     id: u64,
 }
 
@@ -266,6 +270,7 @@ impl Session {
             capacity,
             failing_queues: AtomicUsize::new(0),
             disconnected: AtomicBool::new(false),
+            latency_tenant: AtomicBool::new(false),
             id: session,
             segment,
         };
@@ -290,6 +295,9 @@ impl Session {
     /// Creates a queue with options.
     pub fn queue_with(&self, options: QueueOptions) -> Result<Queue, Error> {
         check_name("queue", &options.name)?;
+        if options.class == QueueClass::Latency {
+            self.inner.latency_tenant.store(true, Ordering::Relaxed);
+        }
         match self.inner.request(&Request::CreateQueue {
             name: options.name,
             class: options.class,
@@ -740,7 +748,10 @@ impl Inner {
                 self.drain();
                 continue;
             }
-            if SPIN.with(|s| s.borrow_mut().spin(|| self.pending_in_ring() || self.is_done(id))) {
+            if SPIN.with(|s| {
+                s.borrow_mut()
+                    .spin_with(|| self.pending_in_ring() || self.is_done(id), self.may_yield())
+            }) {
                 continue;
             }
             self.block(id, || self.is_done(id), &SPIN)?;
@@ -763,7 +774,10 @@ impl Inner {
             if Instant::now() >= deadline {
                 return Ok(false);
             }
-            if SPIN.with(|s| s.borrow_mut().spin(|| self.pending_in_ring() || self.is_done(id))) {
+            if SPIN.with(|s| {
+                s.borrow_mut()
+                    .spin_with(|| self.pending_in_ring() || self.is_done(id), self.may_yield())
+            }) {
                 continue;
             }
             self.block(id, || self.is_done(id), &SPIN)?;
@@ -775,6 +789,11 @@ impl Inner {
         let id = self.producer.lock().unwrap_or_else(|e| e.into_inner()).next_id;
         let slot_free = id <= self.capacity || self.is_done(id - self.capacity);
         self.issued.load(Ordering::Relaxed) - self.consumed.load(Ordering::Acquire) < self.capacity && slot_free
+    }
+
+    /// Whether this thread's waits may yield the core (see `latency_tenant`).
+    fn may_yield(&self) -> bool {
+        !self.latency_tenant.load(Ordering::Relaxed)
     }
 
     /// Waits until [`Inner::has_room`] or `deadline`; returns which.

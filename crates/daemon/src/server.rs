@@ -248,7 +248,10 @@ impl Server {
                 continue;
             }
             let conns = &self.conns;
-            if self.spin.spin(|| Self::any_pending(conns)) {
+            // Yielding while it spins hands the core to the client or lane of a round trip
+            // sharing it; not while our lanes run long kernels (the yield would go to them).
+            let may_yield = !self.scheduler.long_work_on_lanes();
+            if self.spin.spin_with(|| Self::any_pending(conns), may_yield) {
                 continue;
             }
             // Going to sleep: announce it, then look once more (pairs with the client's fence

@@ -16,8 +16,9 @@
 //! one of our own batch lanes) that keeps it for a whole time slice: so each spinner watches what
 //! its yields bring. A yield that let another thread run and was followed at once by the event
 //! was *productive* (the next spins yield after every poll); one that lost the core for a whole
-//! time slice and brought nothing went to a stranger, and after a few such the spinner stops
-//! yielding (and tries again every so often, since who shares the core changes).
+//! time slice went to a stranger, and the spinner stops yielding for a while (tens of spins,
+//! doubling while strangers stay: who shares the core changes). A caller that knows its own
+//! long work occupies the cores says so ([`AdaptiveSpin::spin_with`]).
 
 use std::time::{Duration, Instant};
 
@@ -56,17 +57,19 @@ pub struct AdaptiveSpin {
     /// The last wait ended right after a productive yield: the awaited thread probably shares
     /// our core, so the next spin yields from its start instead of after [`PURE_SPIN`].
     eager: bool,
-    /// Yields in a row that handed the core to a stranger ([`STRANGER_SLICE`]) and brought no event.
-    unproductive: u32,
-    /// Spins since the last one that tried yielding (retried every [`RETRY_YIELDING`]).
-    spins_without_yielding: u32,
+    /// Spins left before this spinner yields again, after a yield handed its core to a stranger
+    /// ([`STRANGER_SLICE`]); 0: it yields.
+    quiet_spins: u32,
+    /// How many spins the next stranger makes it stay without yielding: doubles with each
+    /// stranger from [`RETRY_YIELDING`] to [`RETRY_YIELDING_MAX`], back to the start after a
+    /// productive yield.
+    quiet_next: u32,
 }
 
-/// Unproductive yields in a row after which a spinner stops yielding.
-const UNPRODUCTIVE_LIMIT: u32 = 3;
-
-/// A spinner that stopped yielding tries again after this many spins.
+/// Spins without yielding after a yield went to a stranger (each costs a time slice: try again
+/// only now and then, less often while strangers stay).
 const RETRY_YIELDING: u32 = 64;
+const RETRY_YIELDING_MAX: u32 = 8192;
 
 impl AdaptiveSpin {
     /// A spinner with a budget between `min` and `max` (starting at `max`).
@@ -79,8 +82,8 @@ impl AdaptiveSpin {
             max_ns,
             yields: 0,
             eager: false,
-            unproductive: 0,
-            spins_without_yielding: 0,
+            quiet_spins: 0,
+            quiet_next: RETRY_YIELDING,
         }
     }
 
@@ -97,21 +100,20 @@ impl AdaptiveSpin {
     /// Spins until `ready()` is true or the budget is spent; returns whether it became ready.
     ///
     /// Past [`PURE_SPIN`] (from the start when the last wait was ended by a productive yield) it
-    /// yields its core every few polls, unless its recent yields were unproductive (see the
-    /// module documentation).
-    pub fn spin(&mut self, mut ready: impl FnMut() -> bool) -> bool {
+    /// yields its core every few polls, unless a recent yield went to a stranger (see the module
+    /// documentation).
+    pub fn spin(&mut self, ready: impl FnMut() -> bool) -> bool {
+        self.spin_with(ready, true)
+    }
+
+    /// [`AdaptiveSpin::spin`], yielding only if `may_yield`: callers that know long work of
+    /// their own occupies the cores (a daemon whose lanes run batch kernels) pass false, since a
+    /// yield would hand a core to that work for a whole time slice.
+    pub fn spin_with(&mut self, mut ready: impl FnMut() -> bool, may_yield: bool) -> bool {
         let start = Instant::now();
         let pure_ns = if self.eager { 0 } else { PURE_SPIN.as_nanos() as u64 };
-        let mut may_yield = self.unproductive < UNPRODUCTIVE_LIMIT;
-        if !may_yield {
-            self.spins_without_yielding += 1;
-            if self.spins_without_yielding >= RETRY_YIELDING {
-                // Who shares our core changes: try again.
-                self.spins_without_yielding = 0;
-                self.unproductive = UNPRODUCTIVE_LIMIT - 1;
-                may_yield = true;
-            }
-        }
+        let mut may_yield = may_yield && self.quiet_spins == 0;
+        self.quiet_spins = self.quiet_spins.saturating_sub(1);
         let mut iterations = 0u32;
         loop {
             if ready() {
@@ -135,21 +137,19 @@ impl AdaptiveSpin {
                     std::thread::yield_now();
                     self.yields += 1;
                     let away = before.elapsed();
-                    if away >= YIELD_SWITCHED {
-                        if ready() {
-                            self.unproductive = 0;
-                            self.eager = true;
-                            self.settle(start);
-                            return true;
-                        }
-                        // A partner thread that ran a step of the round trip gives the core
-                        // back within microseconds; a stranger keeps it for a time slice.
-                        if away >= STRANGER_SLICE {
-                            self.unproductive += 1;
-                            if self.unproductive >= UNPRODUCTIVE_LIMIT {
-                                may_yield = false;
-                            }
-                        }
+                    if away >= YIELD_SWITCHED && ready() {
+                        self.eager = true;
+                        self.quiet_next = RETRY_YIELDING;
+                        self.settle(start);
+                        return true;
+                    }
+                    // A partner thread that ran a step of the round trip gives the core back
+                    // within microseconds; a stranger keeps it for a time slice.
+                    if away >= STRANGER_SLICE {
+                        self.eager = false;
+                        may_yield = false;
+                        self.quiet_spins = self.quiet_next;
+                        self.quiet_next = (self.quiet_next * 2).min(RETRY_YIELDING_MAX);
                     }
                 }
             }
@@ -218,6 +218,44 @@ mod tests {
         assert_eq!(s.budget(), Duration::from_micros(20));
         s.blocked_for(Duration::from_millis(5));
         assert_eq!(s.budget(), Duration::from_micros(20));
+    }
+
+    /// Pins the calling thread to CPU 0.
+    fn pin_to_cpu0() {
+        let mut set = rustix::thread::CpuSet::new();
+        set.set(0);
+        rustix::thread::sched_setaffinity(None, &set).unwrap();
+    }
+
+    #[test]
+    fn a_yield_to_a_stranger_stops_yielding_for_a_while() {
+        pin_to_cpu0();
+        let stop = Arc::new(AtomicBool::new(false));
+        let hog = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                pin_to_cpu0();
+                // A stranger: busy for whole time slices, never the event we wait for.
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        };
+        let mut s = AdaptiveSpin::new(Duration::from_millis(2), Duration::from_millis(2));
+        assert!(!s.spin(|| false));
+        let first = s.yields();
+        assert!(first >= 1, "the spin yielded");
+        // The stranger kept the core: the next spins do not yield at all.
+        for _ in 0..10 {
+            assert!(!s.spin(|| false));
+        }
+        stop.store(true, Ordering::Relaxed);
+        hog.join().unwrap();
+        assert_eq!(s.yields(), first, "no yields while the stranger is likely still there");
+        // A caller that says its own long work runs never yields.
+        let mut t = AdaptiveSpin::new(Duration::from_micros(100), Duration::from_micros(100));
+        assert!(!t.spin_with(|| false, false));
+        assert_eq!(t.yields(), 0);
     }
 
     #[test]

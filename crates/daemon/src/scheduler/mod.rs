@@ -130,6 +130,10 @@ pub(crate) struct Scheduler {
     kernel_table: (Arc<KernelTable>, u64),
 }
 
+/// Predicted work on one lane beyond which it counts as long ([`Scheduler::long_work_on_lanes`]):
+/// far beyond a round trip, well below a time slice.
+const LONG_WORK_NS: u64 = 200_000;
+
 /// The scheduler's settings, built once from the daemon's configuration.
 #[derive(Debug, Clone)]
 pub(crate) struct SchedulerConfig {
@@ -232,6 +236,16 @@ impl Scheduler {
             kernel_table: (kernels.snapshot(), kernels.generation()),
             kernels,
         }
+    }
+
+    /// Whether some lane holds long work (at least [`LONG_WORK_NS`] predicted, queued or
+    /// running): then the node's cores are busy with our own kernels, and a dispatcher that
+    /// yielded its core while it waits would hand it to them for a whole time slice.
+    pub(crate) fn long_work_on_lanes(&self) -> bool {
+        self.lane_pending
+            .iter()
+            .flatten()
+            .any(|pending| pending.load(Ordering::Relaxed) >= LONG_WORK_NS)
     }
 
     /// Trace row names: the dispatcher, then every lane.
