@@ -129,6 +129,38 @@ pub struct ServeArgs {
     /// daemon kills the session's executor (the task fails with KernelTimeout) [default: 10000].
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=86_400_000))]
     program_timeout: Option<u64>,
+    /// Most open connections per uid, all its clients and observers together [default: 256].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    limit_connections_per_uid: Option<u64>,
+    /// Most live sessions per uid [default: 64].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    limit_sessions_per_uid: Option<u64>,
+    /// Most heap bytes granted to one uid's sessions together, e.g. 16G: shared memory its
+    /// clients can fill [default: half of physical memory].
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    limit_heap_per_uid: Option<u64>,
+    /// Most live queues per uid, all its sessions [default: 16384].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    limit_queues_per_uid: Option<u64>,
+    /// Most live buffers per uid, all its sessions [default: 262144].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    limit_buffers_per_uid: Option<u64>,
+    /// Most control requests of one uid waiting for the daemon's control thread (status,
+    /// kernel lookups and lists, trace saves, program builds) [default: 4096].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    limit_control_requests_per_uid: Option<u64>,
+    /// Control requests per second one connection may make on average (token bucket; beyond
+    /// it requests are refused with a LimitReached error, the connection stays) [default: 100000].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    limit_control_rate: Option<u64>,
+    /// Control requests one connection may make at once before the rate applies
+    /// [default: 100000].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    limit_control_burst: Option<u64>,
+    /// Milliseconds a connection may wait before its first request; then it is closed
+    /// [default: 10000].
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=86_400_000))]
+    hello_timeout_ms: Option<u64>,
 }
 
 fn parse_metrics_addr(text: &str) -> Result<std::net::SocketAddr, String> {
@@ -227,6 +259,24 @@ impl ServeArgs {
         c.kernel_paths.extend(self.kernel_paths.iter().cloned());
         if let Some(ms) = self.program_timeout {
             c.program_timeout = Duration::from_millis(ms);
+        }
+        let l = &mut c.limits;
+        for (flag, setting) in [
+            (self.limit_connections_per_uid, &mut l.connections_per_uid),
+            (self.limit_sessions_per_uid, &mut l.sessions_per_uid),
+            (self.limit_heap_per_uid, &mut l.heap_bytes_per_uid),
+            (self.limit_queues_per_uid, &mut l.queues_per_uid),
+            (self.limit_buffers_per_uid, &mut l.buffers_per_uid),
+            (self.limit_control_requests_per_uid, &mut l.control_requests_per_uid),
+            (self.limit_control_rate, &mut l.control_rate),
+            (self.limit_control_burst, &mut l.control_burst),
+        ] {
+            if let Some(v) = flag {
+                *setting = v;
+            }
+        }
+        if let Some(ms) = self.hello_timeout_ms {
+            l.hello_timeout = Duration::from_millis(ms);
         }
         if c.program_executor.is_none() {
             // Tenant programs run in `agora executor`, a subcommand of this very binary.
@@ -386,7 +436,44 @@ pub fn status(args: StatusArgs) -> Result<()> {
             report.migrations, report.tasks_replayed, report.tasks_lost
         );
     }
+    print_limits(&report);
     Ok(())
+}
+
+/// Each uid's use against the per-uid limits, and what the limits refused.
+fn print_limits(report: &agora::StatusReport) {
+    if !report.uids.is_empty() {
+        println!("limits per uid (in use / limit):");
+    }
+    let of = |u: agora_protocol::control::LimitUse, bytes: bool| {
+        let show = |n: u64| if bytes { human_bytes(n) } else { n.to_string() };
+        if u.max == u64::MAX {
+            format!("{} (exempt)", show(u.used))
+        } else {
+            format!("{}/{}", show(u.used), show(u.max))
+        }
+    };
+    for u in &report.uids {
+        println!(
+            "  uid {:<6} connections {} · sessions {} · heap {} · queues {} · buffers {} · control requests waiting {}",
+            u.uid,
+            of(u.connections, false),
+            of(u.sessions, false),
+            of(u.heap_bytes, true),
+            of(u.queues, false),
+            of(u.buffers, false),
+            of(u.control_requests, false)
+        );
+    }
+    let refused: Vec<String> = report
+        .limit_refusals
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(limit, n)| format!("{limit}: {n}"))
+        .collect();
+    if !refused.is_empty() {
+        println!("refused by limits since start: {}", refused.join(" · "));
+    }
 }
 
 /// `agora drain` / `agora undrain` options.
@@ -1066,6 +1153,14 @@ mod tests {
             format!("[default: {}]", c.program_timeout.as_millis()),
             format!("[default: {}]", c.batch_priority),
             format!("[default: {}, unchanged]", c.dispatcher_nice),
+            format!("[default: {}]", c.limits.connections_per_uid),
+            format!("[default: {}]", c.limits.sessions_per_uid),
+            format!("[default: {}]", c.limits.queues_per_uid),
+            format!("[default: {}]", c.limits.buffers_per_uid),
+            format!("[default: {}]", c.limits.control_requests_per_uid),
+            format!("[default: {}]", c.limits.control_rate),
+            format!("[default: {}]", c.limits.control_burst),
+            format!("[default: {}]", c.limits.hello_timeout.as_millis()),
         ] {
             assert!(help.contains(&default), "serve --help lacks {default}:\n{help}");
         }

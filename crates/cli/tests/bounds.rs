@@ -32,7 +32,19 @@ impl Daemon {
         Daemon(agora_test_support::Daemon::start(
             AGORA,
             &format!("bounds-{tag}"),
-            &["--no-opencl", "--cpu-lanes", "1", "--session-quota", "1M"],
+            // 148 sessions and 4 × 4096 queues of one uid: beyond the default per-uid limits,
+            // which these tests are not about.
+            &[
+                "--no-opencl",
+                "--cpu-lanes",
+                "1",
+                "--session-quota",
+                "1M",
+                "--limit-sessions-per-uid",
+                "1000",
+                "--limit-queues-per-uid",
+                "100000",
+            ],
         ))
     }
 

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use agora_protocol::control::{
-    check_name, KernelListing, PackageListing, QueueClass, ReloadReport, Request, Response, SessionStatus,
-    StatusReport, MAX_NAME,
+    check_name, ControlError, KernelListing, PackageListing, QueueClass, ReloadReport, Request, Response,
+    SessionStatus, StatusReport, MAX_NAME,
 };
 use agora_protocol::ring::{CompletionConsumer, SubmissionProducer};
 use agora_protocol::segment::Geometry;
@@ -192,14 +192,15 @@ impl Session {
         // A daemon that accepts but never answers (stuck, or not an Agora daemon) must not hang
         // us: bound the hello exchange.
         let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
-        send(
-            &stream,
-            &Request::Hello {
-                version: PROTOCOL_VERSION,
-                client_name: name,
-                heap_bytes: options.heap_bytes,
-            },
-        )?;
+        let hello = Request::Hello {
+            version: PROTOCOL_VERSION,
+            client_name: name,
+            heap_bytes: options.heap_bytes,
+        };
+        if let Err(e) = send(&stream, &hello) {
+            // A daemon that refused the connection (a limit) said why before it closed it.
+            return Err(refusal_waiting(&stream).map_or_else(|| Error::from(e), Error::Control));
+        }
         let (response, fds): (Response, _) = recv_with_fds(&stream).map_err(|e| match e {
             agora_transport::TransportError::Os { cause, .. }
                 if matches!(
@@ -534,6 +535,16 @@ fn truncate(mut name: String) -> String {
 
 /// Sends `request` and reads its reply, within `timeout`. On failure, also says whether the
 /// connection is lost for good (`true`: later calls cannot work).
+/// The error a daemon wrote on a connection it then closed (it refuses connections beyond a
+/// limit that way), if one is waiting to be read.
+fn refusal_waiting(stream: &UnixStream) -> Option<ControlError> {
+    let mut pending = Vec::new();
+    match recv_before::<Response>(stream, &mut pending, Instant::now() + Duration::from_millis(100)) {
+        Ok(Response::Error(e)) => Some(e),
+        _ => None,
+    }
+}
+
 fn call(control: &mut Control, request: &Request, timeout: Duration) -> Result<Response, (Error, bool)> {
     let deadline = Instant::now() + timeout;
     let timed_out = || Error::Timeout {
@@ -565,7 +576,11 @@ fn call(control: &mut Control, request: &Request, timeout: Duration) -> Result<R
                 let _ = control.stream.shutdown(std::net::Shutdown::Both);
                 (timed_out(), true)
             }
-            other => lost(other),
+            other => match refusal_waiting(&control.stream) {
+                // The daemon refused the connection (a limit) and said why before closing it.
+                Some(refusal) => (Error::Control(refusal), true),
+                None => lost(other),
+            },
         });
     }
     match recv_before::<Response>(&control.stream, &mut control.pending, deadline) {

@@ -322,6 +322,14 @@ pub struct DaemonConfig {
     /// crashes PoCL crashes the daemon. For nodes whose tenants are trusted. Their CPU placement
     /// (and C programs, always) stays in the sandboxed executor.
     pub programs_in_daemon: bool,
+    /// Per-uid limits, the control request rate and the hello timeout (`[limits]`).
+    pub limits: crate::limits::LimitSettings,
+    /// Who may use admin requests (drain, `agora kernels reload`, `agora trace save`) besides
+    /// the groups of `admin_gids` (`[daemon] admin_uids`). `None` (the default): root and the
+    /// daemon's own user. Set, it is the whole list: root is admin only if listed.
+    pub admin_uids: Option<Vec<u32>>,
+    /// Groups whose members may use admin requests (`[daemon] admin_gids`; default none).
+    pub admin_gids: Vec<u32>,
 }
 
 /// Who may build tenant programs.
@@ -454,6 +462,9 @@ impl Default for DaemonConfig {
                 .map(PathBuf::from),
             program_cache_bytes: 256 << 20,
             programs_in_daemon: false,
+            limits: crate::limits::LimitSettings::default(),
+            admin_uids: None,
+            admin_gids: Vec::new(),
         }
     }
 }
@@ -482,6 +493,24 @@ section! {
         inline_max_ns: u64 => inline_max_ns,
         max_spin_us: Micros => max_spin,
         shutdown_timeout_s: Seconds => shutdown_timeout,
+        admin_uids: Option<Vec<u32>> => admin_uids,
+        admin_gids: Vec<u32> => admin_gids,
+    }
+}
+
+section! {
+    /// `[limits]`
+    LimitsSection "limits." {
+        connections_per_uid: u64 => limits.connections_per_uid,
+        sessions_per_uid: u64 => limits.sessions_per_uid,
+        heap_bytes_per_uid: Bytes => limits.heap_bytes_per_uid,
+        queues_per_uid: u64 => limits.queues_per_uid,
+        buffers_per_uid: u64 => limits.buffers_per_uid,
+        control_requests_per_uid: u64 => limits.control_requests_per_uid,
+        control_rate: u64 => limits.control_rate,
+        control_burst: u64 => limits.control_burst,
+        hello_timeout_ms: LimitMs => limits.hello_timeout,
+        exempt_uids: Vec<u32> => limits.exempt_uids,
     }
 }
 
@@ -601,6 +630,8 @@ struct File {
     kernels: KernelsSection,
     #[serde(default)]
     programs: ProgramsSection,
+    #[serde(default)]
+    limits: LimitsSection,
 }
 
 impl File {
@@ -615,6 +646,7 @@ impl File {
         }
         self.kernels.apply(c)?;
         self.programs.apply(c)?;
+        self.limits.apply(c)?;
         self.telemetry.apply(c)
     }
 
@@ -629,6 +661,7 @@ impl File {
             telemetry: TelemetrySection::of(c),
             kernels: KernelsSection::of(c),
             programs: ProgramsSection::of(c),
+            limits: LimitsSection::of(c),
         }
     }
 }
@@ -872,6 +905,7 @@ impl DaemonConfig {
         if self.program_timeout.is_zero() {
             return bad("the program timeout (--program-timeout, programs.timeout_ms) must be at least 1 ms".into());
         }
+        self.limits.validate().map_err(ConfigError::Invalid)?;
         if !(0.0..1.0).contains(&self.history_weight) {
             return bad(format!(
                 "scheduler.perf.history_weight = {} must be in [0, 1): the weight of the old average",
@@ -970,6 +1004,15 @@ impl DaemonConfig {
              #   timeout_ms: longest launch before the executor is killed; cache_bytes: compiled binaries kept\n\
              #   under the state directory (0: none); executor: the agora binary (default: $AGORA_EXECUTOR,\n\
              #   else the running agora).\n",
+        );
+        out.push_str(
+            "# [limits]: what one uid may hold across all its connections and sessions (refusals are typed errors\n\
+             #   naming the limit and this setting; `agora status` shows each uid's use). heap_bytes_per_uid defaults\n\
+             #   to half of physical memory; control_rate / control_burst: control requests per second (token bucket)\n\
+             #   per connection; hello_timeout_ms: a connection that sends nothing is closed; exempt_uids: counted,\n\
+             #   never refused (default none: root and the daemon's user are limited too).\n\
+             # [daemon] admin_uids: who may drain devices, reload kernel packages and save the trace (default: root\n\
+             #   and the daemon's user; set, it is the whole list); admin_gids: groups that may too.\n",
         );
         if self.trace.is_none() {
             out.push_str("# [telemetry] trace = \"agora.trace.json\" records a task trace (off by default)\n");

@@ -17,6 +17,8 @@
 //! * `programs` — tenant programs: each session's executor process (`agora-executor`), its
 //!   programs' kernels, the program cache and who may build;
 //! * `revocation` — revocable launches (TReM): saving what a replay needs, the victim slots;
+//! * `limits` — per-uid limits (connections, sessions, heap, queues, buffers, control
+//!   requests), the per-connection rate of control requests and the refusals;
 //! * `handle` — generation-checked handle tables; `config` — the daemon's settings;
 //! * [`telemetry`] — Prometheus metrics, task traces, RAPL readings;
 //! * [`policy`] — pluggable placement policies (`rr`, `perf`, `energy`) and the learned
@@ -36,6 +38,7 @@ pub mod fuzzing {
 }
 mod handle;
 pub mod kernels;
+mod limits;
 mod memory;
 mod outcome;
 pub mod policy;
@@ -58,6 +61,7 @@ pub use config::{
     default_state_dir, format_bytes, parse_bytes, state_dir_for_socket, state_home, BatchPriority, ConfigError,
     DaemonConfig, PolicyKind, PowerModel, ProgramAccess, SimDeviceConfig, SimKernelProfile,
 };
+pub use limits::LimitSettings;
 
 /// Why the daemon could not start or run.
 #[derive(Debug, thiserror::Error)]
@@ -405,8 +409,13 @@ fn load_model(config: &DaemonConfig, state_dir: &Path) -> policy::PerformanceMod
             model
         }
         Err(error) => {
+            // State is an optimisation: whatever is wrong with it, the daemon starts.
             tracing::warn!(%error, "starting with an empty performance model");
-            policy::PerformanceModel::new(config.history_weight)
+            let mut model = policy::PerformanceModel::new(config.history_weight);
+            if matches!(error, policy::ModelLoadError::Newer { .. }) {
+                model.leave_file_alone();
+            }
+            model
         }
     }
 }
@@ -461,6 +470,7 @@ fn start_model_saver(model: std::sync::Weak<std::sync::Mutex<policy::Performance
 /// Runs a daemon in the foreground until SIGINT or SIGTERM: the first signal shuts it down
 /// gracefully within about `shutdown_timeout`, a second one exits at once.
 pub fn run(config: DaemonConfig) -> Result<(), DaemonError> {
+    raise_open_file_limit();
     let stop = Arc::new(
         Doorbell::new()
             .map_err(|e| DaemonError::io("creating the stop signal", std::io::Error::other(e.to_string())))?,
@@ -495,6 +505,24 @@ pub fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         .map_err(|e| DaemonError::io("starting the signal thread", e))?;
     let mut server = build(config, stop)?;
     server.run()
+}
+
+/// Raises the soft limit on open files to the hard one: every connection and session holds
+/// descriptors, and the common soft default (1024) would let a few users' idle connections take
+/// them all (the per-uid limits assume the daemon has as many as the node allows it).
+fn raise_open_file_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        let raised = Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        match setrlimit(Resource::Nofile, raised) {
+            Ok(()) => tracing::debug!(from = ?limit.current, to = ?limit.maximum, "open-file limit raised"),
+            Err(e) => tracing::info!(error = %e, soft = ?limit.current, "could not raise the open-file limit"),
+        }
+    }
 }
 
 /// Starts a daemon on a background thread; it stops when the handle is stopped or dropped.

@@ -14,11 +14,21 @@
 //! [`MAX_NAME`] are refused before anything looks at them, and every reply fits in a frame (the
 //! status summarises, a session's queues come in pages), whatever tenants create.
 //!
+//! Limits (`crate::limits`): each connection is booked to its uid at accept; connections,
+//! sessions, heap, queues, buffers and outstanding control requests are checked per uid when a
+//! request asks for more, every frame takes a token from its connection's bucket, and a
+//! connection that says nothing within the hello timeout is closed. Refusals are typed replies
+//! (`ControlError::LimitReached`); the ring polling never looks at any of it. When the daemon
+//! runs out of descriptors (`EMFILE`/`ENFILE`), the listener leaves the epoll set for
+//! [`ACCEPT_BACKOFF`] (it is level-triggered: it would otherwise wake the loop at once, forever),
+//! a reserve descriptor is given up to accept the waiting connections and tell them why before
+//! closing them, and the log line is written at most once per [`ACCEPT_LOG_EVERY`].
+//!
 //! Shutdown (the stop signal): stop accepting, stop reading rings, let the work already on
 //! lanes finish for up to `shutdown_timeout`, then give up on the rest (clients see
 //! `Disconnected`), stop the lanes without waiting long for a running kernel, and return.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{fence, Ordering};
@@ -39,6 +49,7 @@ use rustix::event::epoll;
 
 use crate::config::DaemonConfig;
 use crate::control::{send_whole, ControlJob, ControlPlane, Owed};
+use crate::limits::{Books, Limit, LogGate, TokenBucket};
 use crate::scheduler::Scheduler;
 use crate::session::{AtomicBinding, Credentials, QueueState, Session};
 use crate::telemetry::Telemetry;
@@ -132,7 +143,31 @@ pub(crate) struct Server {
     /// Tenant programs: the daemon's cache of their binaries and who may build them.
     program_cache: Arc<crate::programs::ProgramCache>,
     program_policy: crate::programs::ProgramPolicy,
+    /// What each uid holds, against the limits.
+    books: Books,
+    /// Each connection's control request bucket.
+    buckets: HashMap<u64, TokenBucket>,
+    /// Connections waiting for their first request, with the time they are closed (in order:
+    /// the timeout is the same for all).
+    hello_deadlines: VecDeque<(Instant, u64)>,
+    /// An open `/dev/null`, given up when the daemon is out of descriptors so that it can
+    /// still accept a waiting connection to tell it why and close it.
+    reserve_fd: Option<std::fs::File>,
+    /// While out of descriptors: the listener is out of the epoll set until then.
+    listener_paused_until: Option<Instant>,
+    /// "Out of descriptors" is logged at most once per [`ACCEPT_LOG_EVERY`].
+    accept_log: LogGate,
 }
+
+/// How long the listener stays out of the epoll set after `accept` failed for want of
+/// descriptors (it is level-triggered: left in, it would wake the loop at once, forever).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// At most one "out of descriptors" log line per this long (with the count of those suppressed).
+const ACCEPT_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Most waiting connections accepted and refused per backoff when out of descriptors.
+const SHED_PER_BACKOFF: usize = 256;
 
 impl Server {
     pub(crate) fn new(
@@ -183,7 +218,15 @@ impl Server {
             config.program_cache_bytes,
         ));
         let program_policy = crate::programs::ProgramPolicy::of(&config);
+        let mut books = Books::new(config.limits.clone());
+        books.attach_counters(|limit| telemetry.metrics.limit_refusals(limit));
         Ok(Server {
+            books,
+            buckets: HashMap::new(),
+            hello_deadlines: VecDeque::new(),
+            reserve_fd: std::fs::File::open("/dev/null").ok(),
+            listener_paused_until: None,
+            accept_log: LogGate::new(ACCEPT_LOG_EVERY),
             program_cache,
             program_policy,
             config,
@@ -275,6 +318,11 @@ impl Server {
             } else {
                 housekeeping.then(|| Duration::from_millis(20))
             };
+            // Hello deadlines and a paused listener wake the loop too.
+            let timeout = match (timeout, self.next_timer()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             let slept = Instant::now();
             let stop = self.poll_events(timeout)?;
             self.set_sleeping(0);
@@ -312,6 +360,7 @@ impl Server {
     /// Waits for events (up to `timeout`, forever when `None`) and handles them.
     /// Returns whether the daemon must stop.
     fn poll_events(&mut self, timeout: Option<Duration>) -> Result<bool, DaemonError> {
+        self.resume_listener();
         let mut events = Vec::with_capacity(64);
         let ts = timeout.map(|t| rustix::time::Timespec {
             tv_sec: t.as_secs() as i64,
@@ -343,7 +392,61 @@ impl Server {
         Ok(stop)
     }
 
+    /// How long until the next hello deadline or the listener's return, if any.
+    fn next_timer(&self) -> Option<Duration> {
+        let now = Instant::now();
+        let hello = self.hello_deadlines.front().map(|(at, _)| *at);
+        [hello, self.listener_paused_until]
+            .into_iter()
+            .flatten()
+            .min()
+            .map(|at| at.saturating_duration_since(now))
+    }
+
+    /// Puts the listener back into the epoll set once its backoff is over.
+    fn resume_listener(&mut self) {
+        if self.listener_paused_until.is_some_and(|at| at <= Instant::now()) {
+            self.listener_paused_until = None;
+            if let Err(e) = epoll::add(
+                &self.epoll,
+                &self.listener,
+                epoll::EventData::new_u64(Token::Listener.encode()),
+                epoll::EventFlags::IN,
+            ) {
+                tracing::error!(error = %e, "could not watch the listener again; retrying");
+                self.listener_paused_until = Some(Instant::now() + ACCEPT_BACKOFF);
+            }
+        }
+    }
+
+    /// Closes connections that sent no request within the hello timeout, telling them why.
+    fn expire_hellos(&mut self) {
+        let now = Instant::now();
+        while let Some(&(deadline, id)) = self.hello_deadlines.front() {
+            if deadline > now {
+                break;
+            }
+            self.hello_deadlines.pop_front();
+            let Some(Conn::Pending {
+                stream, credentials, ..
+            }) = self.conns.get(&id)
+            else {
+                continue;
+            };
+            let ms = self.books.settings().hello_timeout.as_millis() as u64;
+            let refusal = self.books.refuse(Limit::HelloTimeout, credentials.uid, ms, ms);
+            let _ = send_whole(stream, &Response::Error(refusal), Duration::ZERO);
+            tracing::debug!(
+                connection = id,
+                pid = credentials.pid,
+                "closing a connection that said nothing"
+            );
+            self.close(id);
+        }
+    }
+
     fn housekeeping(&mut self) {
+        self.expire_hellos();
         for conn in self.conns.values_mut() {
             if let Conn::Session(s) = conn {
                 s.reclaim_zombies();
@@ -361,6 +464,10 @@ impl Server {
     }
 
     fn retire(&mut self, mut session: Box<Session>) {
+        self.books.reclaimed(
+            session.credentials.uid,
+            session.shared.segment.view().geometry().heap_len,
+        );
         self.retired_completed += session.shared.completed.load(Ordering::Relaxed);
         self.retired_failed += session.shared.failed.load(Ordering::Relaxed);
         let buffers = session.buffers.drain().len();
@@ -400,6 +507,15 @@ impl Server {
                     }
                     let id = self.next_id;
                     self.next_id += 1;
+                    if let Err(refusal) = self.books.connect(credentials.uid, id) {
+                        tracing::debug!(
+                            pid = credentials.pid,
+                            uid = credentials.uid,
+                            "refusing a connection: {refusal}"
+                        );
+                        let _ = send_whole(&stream, &Response::Error(refusal), Duration::ZERO);
+                        continue;
+                    }
                     let flags = epoll::EventFlags::IN | epoll::EventFlags::RDHUP;
                     if let Err(e) = epoll::add(
                         &self.epoll,
@@ -408,8 +524,14 @@ impl Server {
                         flags,
                     ) {
                         tracing::warn!(error = %e, "refusing a connection");
+                        self.books.disconnect(credentials.uid, id);
                         continue;
                     }
+                    let now = Instant::now();
+                    self.hello_deadlines
+                        .push_back((now + self.books.settings().hello_timeout, id));
+                    self.buckets
+                        .insert(id, TokenBucket::new(self.books.settings().control_burst, now));
                     self.conns.insert(
                         id,
                         Conn::Pending {
@@ -421,12 +543,124 @@ impl Server {
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e)
+                    if [rustix::io::Errno::MFILE, rustix::io::Errno::NFILE]
+                        .iter()
+                        .any(|n| e.raw_os_error() == Some(n.raw_os_error())) =>
+                {
+                    return self.out_of_descriptors(&e);
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
+                    if let Some(suppressed) = self.accept_log.allow(Instant::now()) {
+                        tracing::warn!(error = %e, suppressed, "accept failed");
+                    }
                     return;
                 }
             }
         }
+    }
+
+    /// `accept` failed for want of descriptors: refuse the waiting connections with a message
+    /// (using the reserve descriptor), take the listener out of the epoll set for
+    /// [`ACCEPT_BACKOFF`], and say so at most once per [`ACCEPT_LOG_EVERY`].
+    fn out_of_descriptors(&mut self, error: &std::io::Error) {
+        let mut shed = 0;
+        if let Some(reserve) = self.reserve_fd.take() {
+            drop(reserve);
+            let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+                .current
+                .unwrap_or(u64::MAX);
+            while shed < SHED_PER_BACKOFF {
+                let Ok((stream, _)) = self.listener.accept() else { break };
+                let uid = rustix::net::sockopt::socket_peercred(&stream).map_or(u32::MAX, |c| c.uid.as_raw());
+                let refusal = self.books.refuse(Limit::DaemonFiles, uid, limit, limit);
+                let _ = stream.set_nonblocking(true);
+                let _ = send_whole(&stream, &Response::Error(refusal), Duration::ZERO);
+                shed += 1;
+            }
+            self.reserve_fd = std::fs::File::open("/dev/null").ok();
+        }
+        if self.listener_paused_until.is_none() {
+            let _ = epoll::delete(&self.epoll, &self.listener);
+        }
+        self.listener_paused_until = Some(Instant::now() + ACCEPT_BACKOFF);
+        if let Some(suppressed) = self.accept_log.allow(Instant::now()) {
+            tracing::warn!(
+                error = %error,
+                refused = shed,
+                suppressed,
+                connections = self.conns.len(),
+                "out of file descriptors: refusing new connections (raise the daemon's RLIMIT_NOFILE, or see \
+                 `agora status` for who holds them); this line repeats at most every 10 s"
+            );
+        }
+    }
+
+    /// The identity of connection `id`.
+    fn credentials(&self, id: u64) -> Option<Credentials> {
+        match self.conns.get(&id)? {
+            Conn::Pending { credentials, .. } | Conn::Observer { credentials, .. } => Some(*credentials),
+            Conn::Session(s) => Some(s.credentials),
+        }
+    }
+
+    /// Takes a token from connection `id`'s bucket; the refusal when it is empty.
+    fn take_token(&mut self, id: u64) -> Result<(), ControlError> {
+        let Some(uid) = self.credentials(id).map(|c| c.uid) else {
+            return Ok(());
+        };
+        if self.books.exempt(uid) {
+            return Ok(());
+        }
+        let settings = self.books.settings();
+        let (rate, burst) = (settings.control_rate, settings.control_burst);
+        let bucket = self
+            .buckets
+            .entry(id)
+            .or_insert_with(|| TokenBucket::new(burst, Instant::now()));
+        if bucket.take(Instant::now(), rate, burst) {
+            return Ok(());
+        }
+        Err(self.books.refuse(Limit::ControlRate, uid, rate, rate))
+    }
+
+    /// `Ok` when connection `id`'s uid may have one more of `limit` (queues, buffers or
+    /// outstanding control requests), counted over all its sessions and connections.
+    fn check_uid(&mut self, id: u64, limit: Limit) -> Result<(), ControlError> {
+        let Some(uid) = self.credentials(id).map(|c| c.uid) else {
+            return Ok(());
+        };
+        if self.books.exempt(uid) {
+            return Ok(());
+        }
+        let used = match limit {
+            Limit::Queues => self.uid_sessions(uid).map(|s| s.queues.len() as u64).sum(),
+            Limit::Buffers => self.uid_sessions(uid).map(|s| s.buffers.len() as u64).sum(),
+            Limit::ControlRequests => self.uid_control_requests(uid),
+            _ => 0,
+        };
+        self.books.check(limit, uid, used, 1)
+    }
+
+    /// The live sessions of `uid`.
+    fn uid_sessions(&self, uid: u32) -> impl Iterator<Item = &Session> + '_ {
+        self.books
+            .sessions(uid)
+            .iter()
+            .filter_map(|id| match self.conns.get(id) {
+                Some(Conn::Session(s)) => Some(&**s),
+                _ => None,
+            })
+    }
+
+    /// Control requests of `uid` handed to the control thread and not answered yet.
+    fn uid_control_requests(&self, uid: u32) -> u64 {
+        self.books
+            .connections(uid)
+            .iter()
+            .filter_map(|id| self.owed.get(id))
+            .map(|o| o.load(Ordering::Acquire) as u64)
+            .sum()
     }
 
     fn readable(&mut self, id: u64) {
@@ -447,7 +681,14 @@ impl Server {
         };
         for frame in frames {
             let response = match decode_body::<Request>(&frame) {
-                Ok(request) => self.handle(id, request),
+                Ok(request) => match self.take_token(id) {
+                    Ok(()) => self.handle(id, request),
+                    Err(refusal) => {
+                        // A request is a request: the connection stops waiting for its hello.
+                        self.observe_if_pending(id, &request);
+                        Some(Response::Error(refusal))
+                    }
+                },
                 Err(e) => {
                     tracing::warn!(connection = id, error = %e, "closing a connection that sent an undecodable request");
                     return self.close(id);
@@ -476,6 +717,24 @@ impl Server {
     /// Answers one request. `None` when the reply was sent already (hello with descriptors) or
     /// will be, by the control thread.
     fn handle(&mut self, id: u64, request: Request) -> Option<Response> {
+        // Requests the control thread answers wait there; a uid may have only so many waiting.
+        let offloaded = matches!(
+            request,
+            Request::Status
+                | Request::SessionStatus { .. }
+                | Request::SaveTrace
+                | Request::ListKernels
+                | Request::KernelCatalog
+                | Request::ReloadKernels
+                | Request::BuildProgram { .. }
+                | Request::LookupKernel { .. }
+        );
+        if offloaded {
+            if let Err(refusal) = self.check_uid(id, Limit::ControlRequests) {
+                self.observe_if_pending(id, &request);
+                return Some(Response::Error(refusal));
+            }
+        }
         match request {
             // Any connection may ask these; a pending one becomes an observer.
             Request::Status => {
@@ -501,7 +760,11 @@ impl Server {
                 self.observe(id);
                 Some(self.drain(id, &device, drain, evacuate))
             }
-            Request::SaveTrace => self.offload(id, ControlJob::SaveTrace),
+            // Serialises up to the whole trace: admin only, like drain and reload.
+            Request::SaveTrace => match self.require_admin(id, "save the trace") {
+                Ok(()) => self.offload(id, ControlJob::SaveTrace),
+                Err(refusal) => Some(refusal),
+            },
             Request::ListKernels => self.offload(id, ControlJob::ListKernels),
             Request::KernelCatalog => self.offload(id, ControlJob::KernelCatalog),
             Request::ReloadKernels => match self.require_admin(id, "reload kernel packages") {
@@ -536,6 +799,26 @@ impl Server {
                 ))),
                 Conn::Observer { .. } => Some(observer_error()),
             },
+            Request::AllocBuffer { .. } | Request::CreateQueue { .. }
+                if matches!(self.conns.get(&id), Some(Conn::Session(_))) =>
+            {
+                let limit = if matches!(request, Request::AllocBuffer { .. }) {
+                    Limit::Buffers
+                } else {
+                    Limit::Queues
+                };
+                match self.check_uid(id, limit) {
+                    Ok(()) => self.in_session_request(id, request),
+                    Err(refusal) => Some(Response::Error(refusal)),
+                }
+            }
+            other => self.in_session_request(id, other),
+        }
+    }
+
+    /// Answers the requests that need an open session (`AllocBuffer`, `CreateQueue`).
+    fn in_session_request(&mut self, id: u64, request: Request) -> Option<Response> {
+        match request {
             Request::AllocBuffer { len } => self.in_session(id, |_, session| match session.alloc_buffer(len) {
                 Ok((handle, offset)) => Response::Buffer { handle, offset, len },
                 Err(e) => Response::Error(e),
@@ -548,6 +831,17 @@ impl Server {
             } => self.in_session(id, |config, session| {
                 create_queue(config, session, name, class, preferred_device, sla_ms)
             }),
+            _ => Some(Response::Error(ControlError::BadRequest(
+                "not a session request".into(),
+            ))),
+        }
+    }
+
+    /// A pending connection whose request was refused becomes what the request would have
+    /// made it: an observer unless it was a hello (which it may send again).
+    fn observe_if_pending(&mut self, id: u64, request: &Request) {
+        if !matches!(request, Request::Hello { .. }) {
+            self.observe(id);
         }
     }
 
@@ -682,6 +976,10 @@ impl Server {
         let heap = heap_bytes
             .unwrap_or(self.config.session_quota)
             .min(self.config.session_quota);
+        let uid = self.credentials(id)?.uid;
+        if let Err(refusal) = self.books.may_open_session(uid, heap) {
+            return Some(Response::Error(refusal));
+        }
         let capacity = self.config.ring_capacity;
         let opened = (|| -> Result<(Segment, Doorbell, Geometry), String> {
             let geometry = Geometry::new(capacity, capacity, heap).map_err(|e| e.to_string())?;
@@ -715,8 +1013,12 @@ impl Server {
         if let Err(e) = send_with_fds(&stream, &welcome, &[segment.fd(), doorbell.fd()]) {
             tracing::warn!(error = %e, "client left during hello");
             let _ = epoll::delete(&self.epoll, &stream);
+            self.books.disconnect(credentials.uid, id);
+            self.buckets.remove(&id);
+            self.owed.remove(&id);
             return None;
         }
+        self.books.session_opened(credentials.uid, id, geometry.heap_len);
         if let Err(e) = epoll::add(
             &self.epoll,
             doorbell.fd(),
@@ -753,9 +1055,15 @@ impl Server {
     /// memory is reclaimed.
     fn close(&mut self, id: u64) {
         self.owed.remove(&id);
+        self.buckets.remove(&id);
         let Some(conn) = self.conns.remove(&id) else {
             return;
         };
+        let uid = match &conn {
+            Conn::Pending { credentials, .. } | Conn::Observer { credentials, .. } => credentials.uid,
+            Conn::Session(s) => s.credentials.uid,
+        };
+        self.books.disconnect(uid, id);
         let _ = epoll::delete(&self.epoll, conn.stream());
         if let Conn::Session(session) = conn {
             let _ = epoll::delete(&self.epoll, session.doorbell.fd());
@@ -772,18 +1080,25 @@ impl Server {
         }
     }
 
-    /// `Err(reply)` unless connection `id` is root's or the daemon's own user's.
+    /// `Err(reply)` unless connection `id` is an admin's: root or the daemon's own user by
+    /// default, else the uids of `[daemon] admin_uids`; and members of `admin_gids`.
     fn require_admin(&self, id: u64, what: &str) -> Result<(), Response> {
-        let credentials = match self.conns.get(&id) {
-            Some(Conn::Pending { credentials, .. } | Conn::Observer { credentials, .. }) => *credentials,
-            Some(Conn::Session(s)) => s.credentials,
-            None => return Err(Response::Error(ControlError::BadRequest("connection gone".into()))),
+        let Some(credentials) = self.credentials(id) else {
+            return Err(Response::Error(ControlError::BadRequest("connection gone".into())));
         };
         let daemon_uid = rustix::process::geteuid().as_raw();
-        if credentials.uid != 0 && credentials.uid != daemon_uid {
+        let admin = match &self.config.admin_uids {
+            None => credentials.uid == 0 || credentials.uid == daemon_uid,
+            Some(uids) => uids.contains(&credentials.uid),
+        } || self.config.admin_gids.contains(&credentials.gid);
+        if !admin {
+            let who = match &self.config.admin_uids {
+                None => format!("root or the daemon's user (uid {daemon_uid})"),
+                Some(uids) => format!("uids {uids:?}"),
+            };
             return Err(Response::Error(ControlError::NotPermitted(format!(
-                "uid {} may not {what}: only root or the daemon's user (uid {daemon_uid}) may",
-                credentials.uid
+                "uid {} may not {what}: only {who} or members of gids {:?} may ([daemon] admin_uids / admin_gids)",
+                credentials.uid, self.config.admin_gids
             ))));
         }
         Ok(())
@@ -913,7 +1228,23 @@ impl Server {
             migrations: self.scheduler.migration.stats.migrations,
             tasks_replayed: self.scheduler.migration.stats.replayed,
             tasks_lost: self.scheduler.migration.stats.lost,
+            uids: self.uid_usage(),
+            limit_refusals: self.books.refusals(),
         }
+    }
+
+    /// Each uid present against the limits, the most connected first (at most `STATUS_UIDS`).
+    fn uid_usage(&self) -> Vec<agora_protocol::control::UidUsage> {
+        let mut uids: Vec<(u32, usize)> = self.books.uids().map(|(uid, conns, _, _)| (uid, conns)).collect();
+        uids.sort_by_key(|&(uid, conns)| (std::cmp::Reverse(conns), uid));
+        uids.into_iter()
+            .take(agora_protocol::control::STATUS_UIDS)
+            .map(|(uid, _)| {
+                let queues = self.uid_sessions(uid).map(|s| s.queues.len() as u64).sum();
+                let buffers = self.uid_sessions(uid).map(|s| s.buffers.len() as u64).sum();
+                self.books.usage(uid, queues, buffers, self.uid_control_requests(uid))
+            })
+            .collect()
     }
 
     /// Work handed to lanes and not yet completed, all sessions (closing ones included).

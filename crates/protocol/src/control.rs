@@ -288,6 +288,23 @@ pub enum ControlError {
     /// No live session has that id (it ended, or never existed).
     #[error("no live session #{0}: run `agora status` for the live ones")]
     UnknownSession(u64),
+    /// One of the daemon's limits refused the request (per uid, per connection, or the daemon's
+    /// own open files): nothing changed, the connection stays usable unless it was refused at
+    /// connect time. `agora status` shows each uid's use against the limits.
+    #[error("limit reached: {limit} is {max} and uid {uid} is at {value}; free some, wait, or ask the operator to raise it ({setting})")]
+    LimitReached {
+        /// Which limit, in words (`sessions per uid`, `control requests per second per
+        /// connection`, ...).
+        limit: String,
+        /// The uid it was counted for.
+        uid: u32,
+        /// The use the request found (for a rate: the rate).
+        value: u64,
+        /// The limit.
+        max: u64,
+        /// The configuration key and `agora serve` flag that set it.
+        setting: String,
+    },
 }
 
 /// Most bytes of a tenant program's code in one [`Request::BuildProgram`] (it must fit in a
@@ -502,6 +519,44 @@ pub struct StatusReport {
     pub tasks_replayed: u64,
     /// Tasks a failed device lost that could not be replayed (their inputs were gone).
     pub tasks_lost: u64,
+    /// Each uid with connections or sessions now: its use against the daemon's per-uid limits
+    /// (at most [`STATUS_UIDS`], the most connected first).
+    pub uids: Vec<UidUsage>,
+    /// Requests refused by each limit since start (limit name, count), every limit listed.
+    pub limit_refusals: Vec<(String, u64)>,
+}
+
+/// Most uids a [`StatusReport`] lists.
+pub const STATUS_UIDS: usize = 64;
+
+/// Use of one limit against its value.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitUse {
+    /// In use now.
+    pub used: u64,
+    /// The limit (`u64::MAX`: the uid is exempt).
+    pub max: u64,
+}
+
+/// One uid's use of the daemon against its per-uid limits.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UidUsage {
+    /// The uid.
+    pub uid: u32,
+    /// Exempt from the per-uid limits (`[limits] exempt_uids`).
+    pub exempt: bool,
+    /// Open connections (sessions, observers, connections that have not said hello yet).
+    pub connections: LimitUse,
+    /// Live sessions.
+    pub sessions: LimitUse,
+    /// Heap bytes granted to its sessions (ended sessions count until reclaimed).
+    pub heap_bytes: LimitUse,
+    /// Live queues, all its sessions.
+    pub queues: LimitUse,
+    /// Live buffers, all its sessions.
+    pub buffers: LimitUse,
+    /// Control requests handed to the control thread and not answered yet.
+    pub control_requests: LimitUse,
 }
 
 /// One session and one page of its queues.

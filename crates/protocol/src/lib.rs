@@ -39,4 +39,6 @@ pub use signature::{Access, KernelSignature, ParamKind, ParamSpec, ScalarType};
 /// `ControlError::NameTooLong` / `UnknownSession`, `migrations` in `Response::Drained`.
 ///    also `TaskError::RangeMismatch` (code 26: a range the kernel's size rule fixes exactly),
 /// `SessionStatus::unread_releases`.
-pub const PROTOCOL_VERSION: u32 = 5;
+/// 6: per-uid limits (issue 20): `ControlError::LimitReached`, `StatusReport::uids` /
+/// `limit_refusals`.
+pub const PROTOCOL_VERSION: u32 = 6;

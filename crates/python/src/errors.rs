@@ -188,6 +188,12 @@ create_exception!(
 );
 create_exception!(
     agora,
+    LimitReachedError,
+    AgoraError,
+    "A limit of the daemon refused the request (per uid: connections, sessions, heap bytes, queues, buffers, waiting control requests; per connection: the control request rate). The message names the limit, the use and the setting that raises it."
+);
+create_exception!(
+    agora,
     BadRequestError,
     AgoraError,
     "The daemon refused a malformed request."
@@ -241,6 +247,7 @@ fn client_exception(error: &Error, message: String) -> PyErr {
             ControlError::EmptyBuffer => PyValueError::new_err(message),
             ControlError::UnknownKernel { .. } => UnknownKernelError::new_err(message),
             ControlError::TooMany { .. } => TooManyError::new_err(message),
+            ControlError::LimitReached { .. } => LimitReachedError::new_err(message),
             ControlError::BadRequest(_) => BadRequestError::new_err(message),
             ControlError::NotPermitted(_) => NotPermittedError::new_err(message),
             ControlError::ProgramBuild { .. } => ProgramBuildError::new_err(message),

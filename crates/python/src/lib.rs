@@ -76,6 +76,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         QuotaExceededError,
         VersionMismatchError,
         TooManyError,
+        LimitReachedError,
         BadRequestError,
         NotPermittedError,
     );

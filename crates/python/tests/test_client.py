@@ -272,6 +272,19 @@ def test_a_killed_daemon_is_a_disconnected_error(fresh_daemon):
             time.sleep(0.01)
 
 
+def test_a_per_uid_limit_is_a_limit_reached_error_naming_the_setting(fresh_daemon):
+    daemon = fresh_daemon("--no-opencl", "--limit-sessions-per-uid", "1")
+    with agora.Session(socket=str(daemon.socket), heap_bytes=1 << 20) as first:
+        with pytest.raises(agora.LimitReachedError, match="sessions per uid is 1") as caught:
+            agora.Session(socket=str(daemon.socket), heap_bytes=1 << 20)
+        assert "--limit-sessions-per-uid" in str(caught.value)
+        # The first session is unaffected, and the status shows the use against the limit.
+        queue = first.queue()
+        queue.launch("noop", range=1).wait()
+        mine = [u for u in first.status()["uids"] if u["uid"] == os.getuid()]
+        assert mine and mine[0]["sessions"] == {"used": 1, "max": 1}
+
+
 def test_module_exports_every_error_class():
     for name in agora.__all__:
         if name.endswith("Error"):

@@ -15,7 +15,7 @@ mod perf;
 mod round_robin;
 
 pub use energy::Energy;
-pub use model::PerformanceModel;
+pub use model::{ModelLoadError, PerformanceModel};
 pub use perf::Perf;
 pub use round_robin::RoundRobin;
 

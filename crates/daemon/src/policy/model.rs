@@ -22,6 +22,44 @@ use serde::{Deserialize, Serialize};
 /// File name of the persisted model inside the state directory.
 pub const MODEL_FILE: &str = "perf-model.json";
 
+/// Format version of the model file this build writes and the newest it reads.
+pub const MODEL_VERSION: u32 = 1;
+
+/// Why a saved model was not loaded. The daemon warns and starts with an empty model in each
+/// case: state is an optimisation, never a reason not to start.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelLoadError {
+    /// The file (or its directory) cannot be read.
+    #[error("cannot read {path}: {cause}")]
+    Unreadable {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        cause: std::io::Error,
+    },
+    /// The file is not a model (damaged, or not ours); the next save replaces it.
+    #[error("{path} is not a performance model ({cause}); a new one replaces it at the next save")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What the parser said.
+        cause: String,
+    },
+    /// Written by a newer Agora in a format this one does not know; it is left as it is.
+    #[error(
+        "{path} was written by a newer Agora (model format {found}; this one reads up to {supported}); \
+         it is left as it is and this daemon keeps what it learns in memory only"
+    )]
+    Newer {
+        /// The file.
+        path: PathBuf,
+        /// Its format version.
+        found: u64,
+        /// The newest this build reads ([`MODEL_VERSION`]).
+        supported: u32,
+    },
+}
+
 /// One measured (kernel, device, size bucket).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Entry {
@@ -79,6 +117,8 @@ pub struct PerformanceModel {
     history_weight: f64,
     entries: BTreeMap<String, BTreeMap<String, Pair>>,
     dirty: bool,
+    /// Never written: the file belongs to a newer version ([`ModelLoadError::Newer`]).
+    leave_file_alone: bool,
 }
 
 /// How an estimate was made.
@@ -109,6 +149,7 @@ impl PerformanceModel {
             history_weight,
             entries: BTreeMap::new(),
             dirty: false,
+            leave_file_alone: false,
         }
     }
 
@@ -223,21 +264,39 @@ impl PerformanceModel {
         state_dir.join(MODEL_FILE)
     }
 
+    /// Makes [`PerformanceModel::save`] a no-op: the file there is not this version's to
+    /// replace.
+    pub fn leave_file_alone(&mut self) {
+        self.leave_file_alone = true;
+    }
+
     /// Loads the model saved in `state_dir`; an absent file is an empty model.
-    pub fn load(state_dir: &Path, history_weight: f64) -> Result<Self, String> {
+    pub fn load(state_dir: &Path, history_weight: f64) -> Result<Self, ModelLoadError> {
         let path = Self::path(state_dir);
         let mut model = PerformanceModel::new(history_weight);
         let text = match std::fs::read_to_string(&path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(model),
-            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+            Err(cause) => return Err(ModelLoadError::Unreadable { path, cause }),
         };
-        let file: ModelFile = serde_json::from_str(&text).map_err(|e| {
-            format!(
-                "{} is not a performance model ({e}); move it away to start a new one",
-                path.display()
-            )
-        })?;
+        let corrupt = |cause: String| ModelLoadError::Corrupt {
+            path: path.clone(),
+            cause,
+        };
+        // The version first: a newer format may not parse as this one.
+        let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| corrupt(e.to_string()))?;
+        let found = value
+            .get("version")
+            .and_then(serde_json::Value::as_u64)
+            .ok_or_else(|| corrupt("no format version".into()))?;
+        if found > u64::from(MODEL_VERSION) {
+            return Err(ModelLoadError::Newer {
+                path,
+                found,
+                supported: MODEL_VERSION,
+            });
+        }
+        let file: ModelFile = serde_json::from_value(value).map_err(|e| corrupt(e.to_string()))?;
         for row in file.rows {
             // The file is ours but may have been edited: keep only sensible numbers.
             if row.entry.mean_ns.is_finite()
@@ -256,9 +315,13 @@ impl PerformanceModel {
 
     /// Writes the model to `state_dir` (atomically: a temporary file renamed over the old one).
     pub fn save(&mut self, state_dir: &Path) -> Result<(), String> {
+        if self.leave_file_alone {
+            self.dirty = false;
+            return Ok(());
+        }
         std::fs::create_dir_all(state_dir).map_err(|e| format!("cannot create {}: {e}", state_dir.display()))?;
         let file = ModelFile {
-            version: 1,
+            version: MODEL_VERSION,
             history_weight: self.history_weight,
             rows: self.rows(),
         };
@@ -348,7 +411,10 @@ mod tests {
         let back = PerformanceModel::load(&dir, 0.8).unwrap();
         assert_eq!(back.rows(), m.rows());
         std::fs::write(PerformanceModel::path(&dir), "not json").unwrap();
-        assert!(PerformanceModel::load(&dir, 0.8).unwrap_err().contains("move it away"));
+        assert!(PerformanceModel::load(&dir, 0.8)
+            .unwrap_err()
+            .to_string()
+            .contains("not a performance model"));
         std::fs::remove_dir_all(&dir).unwrap();
         assert!(PerformanceModel::load(&dir, 0.8).unwrap().rows().is_empty());
     }

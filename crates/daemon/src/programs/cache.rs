@@ -68,6 +68,11 @@ impl ProgramCache {
             return None;
         }
         let bytes = std::fs::read(&path).ok()?;
+        if bytes.len() >= 8 && bytes[..7] == MAGIC[..7] && bytes[7] > MAGIC[7] {
+            // A newer Agora's format: not ours to judge or remove.
+            tracing::debug!(file = %path.display(), "a program cache file of a newer format; building instead");
+            return None;
+        }
         let sound = bytes.len() >= HEADER
             && &bytes[..8] == MAGIC
             && Sha256::digest(&bytes[HEADER..]).as_slice() == &bytes[8..HEADER];

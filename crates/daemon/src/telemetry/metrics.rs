@@ -31,6 +31,11 @@ struct LaneLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LimitLabels {
+    limit: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DirectionLabels {
     direction: String,
 }
@@ -63,6 +68,8 @@ pub(crate) struct Metrics {
     pub memory_waits: Counter,
     /// Buffers released with their newest contents on a device, never read back to the host.
     pub unread_releases: Counter,
+    /// Requests and connections refused by each limit (`crate::limits`).
+    limit_refusals: Family<LimitLabels, Counter>,
 }
 
 /// Cached counters of one (kernel, class): ok and failed.
@@ -186,7 +193,14 @@ impl Metrics {
             "Times a task whose buffers fit its device, but not now, waited for earlier tasks to free memory",
             memory_waits.clone(),
         );
+        let limit_refusals = Family::<LimitLabels, Counter>::default();
+        registry.register(
+            "agora_limit_refusals",
+            "Requests and connections refused by a per-uid limit, the control request rate, the hello timeout or the daemon's open-file limit",
+            limit_refusals.clone(),
+        );
         Metrics {
+            limit_refusals,
             registry: Mutex::new(registry),
             memory_waits,
             longest_inline,
@@ -207,6 +221,13 @@ impl Metrics {
             revoked_wasted_ns,
             unread_releases,
         }
+    }
+
+    /// The refusal counter of one limit (by its name).
+    pub(crate) fn limit_refusals(&self, limit: &str) -> Counter {
+        self.limit_refusals
+            .get_or_create(&LimitLabels { limit: limit.into() })
+            .clone()
     }
 
     /// Counters for tasks of `kernel` in queues of `class` (cache the result: it allocates).

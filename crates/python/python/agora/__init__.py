@@ -57,6 +57,7 @@ from ._native import (  # noqa: F401  (re-exported API)
     QuotaExceededError,
     VersionMismatchError,
     TooManyError,
+    LimitReachedError,
     BadRequestError,
     NotPermittedError,
 )
