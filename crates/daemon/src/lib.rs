@@ -224,7 +224,28 @@ fn bind(path: &Path) -> Result<UnixListener, DaemonError> {
             .create(dir)
             .map_err(|e| DaemonError::io(format!("creating {}", dir.display()), e))?;
     }
-    UnixListener::bind(path).map_err(|e| DaemonError::io(format!("binding {}", path.display()), e))
+    // Bound under a staging name, then renamed into place: the socket path appears only once
+    // it listens (between bind and listen a connect is refused, and a client or script that
+    // waits for the path to appear would see "connection refused").
+    let staging = path.with_file_name(format!(
+        ".{}.{}",
+        path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
+        std::process::id()
+    ));
+    if staging.as_os_str().len() > MAX_SOCKET_PATH {
+        return UnixListener::bind(path).map_err(|e| DaemonError::io(format!("binding {}", path.display()), e));
+    }
+    let _ = std::fs::remove_file(&staging);
+    let listener =
+        UnixListener::bind(&staging).map_err(|e| DaemonError::io(format!("binding {}", staging.display()), e))?;
+    if let Err(e) = std::fs::rename(&staging, path) {
+        let _ = std::fs::remove_file(&staging);
+        return Err(DaemonError::io(
+            format!("moving the socket into place at {}", path.display()),
+            e,
+        ));
+    }
+    Ok(listener)
 }
 
 fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, DaemonError> {
