@@ -1,8 +1,9 @@
 # The two commands of this repository (see README.md):
 #   make demo   install what is needed, build, run the demo (embedded daemon + client processes)
 #   make test   the whole test suite: format, lints, unit and integration tests, short fuzz runs
-#               of every parser of untrusted bytes (scripts/fuzz.sh), a --quick smoke run
-#               of every benchmark, its JSON checked by scripts/bench-smoke.sh
+#               of every parser of untrusted bytes (scripts/fuzz.sh), the protocol crate's
+#               unsafe code under Miri (scripts/miri.sh), a --quick smoke run of every
+#               benchmark, its JSON checked by scripts/bench-smoke.sh
 .PHONY: setup demo test bench c
 
 setup:
@@ -16,6 +17,7 @@ test: setup
 	cargo clippy --workspace --all-targets --release -- -D warnings
 	cargo test --workspace --release
 	bash scripts/fuzz.sh
+	bash scripts/miri.sh
 	.venv/bin/python -m pytest -q crates/python/tests
 	bash scripts/bench-smoke.sh ./target/release/agora bench latency --quick --json
 	bash scripts/bench-smoke.sh ./target/release/agora bench overhead --quick --json

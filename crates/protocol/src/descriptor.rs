@@ -379,6 +379,9 @@ mod tests {
     }
 
     #[test]
+    // Exhaustive over byte patterns: run natively (`cargo test`); under Miri (which checks the
+    // crate's unsafe code: scripts/miri.sh) it would take hours and has no unsafe code to check.
+    #[cfg_attr(miri, ignore = "exhaustive; runs natively, has no unsafe code for Miri to check")]
     fn every_byte_pattern_decodes_or_errors_without_panicking() {
         // A cheap stand-in for the fuzz target: pseudo-random descriptors never panic.
         let mut state = 0x9E37_79B9_7F4A_7C15u64;

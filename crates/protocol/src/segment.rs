@@ -306,7 +306,7 @@ mod tests {
     fn heap_range_is_bounded() {
         let g = Geometry::new(4, 4, 8192).unwrap();
         let mut mem = vec![0u8; g.total_len as usize + 4096];
-        let base = ((mem.as_mut_ptr() as usize + 4095) & !4095) as *mut u8;
+        let base = mem.as_mut_ptr().wrapping_add(mem.as_ptr().align_offset(4096));
         // SAFETY: `mem` outlives the view and covers total_len bytes after aligning.
         let view = unsafe { SegmentView::from_raw(base, g) };
         assert!(view.heap_range(0, 8192).is_some());
