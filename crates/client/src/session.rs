@@ -765,7 +765,7 @@ impl Inner {
             }
             if SPIN.with(|s| {
                 s.borrow_mut()
-                    .spin_with(|| self.pending_in_ring() || self.is_done(id), self.may_yield())
+                    .spin_with(|| self.pending_in_ring() || self.is_done(id), self.yielding())
             }) {
                 continue;
             }
@@ -791,7 +791,7 @@ impl Inner {
             }
             if SPIN.with(|s| {
                 s.borrow_mut()
-                    .spin_with(|| self.pending_in_ring() || self.is_done(id), self.may_yield())
+                    .spin_with(|| self.pending_in_ring() || self.is_done(id), self.yielding())
             }) {
                 continue;
             }
@@ -806,9 +806,13 @@ impl Inner {
         self.issued.load(Ordering::Relaxed) - self.consumed.load(Ordering::Acquire) < self.capacity && slot_free
     }
 
-    /// Whether this thread's waits may yield the core (see `latency_tenant`).
-    fn may_yield(&self) -> bool {
-        !self.latency_tenant.load(Ordering::Relaxed)
+    /// How this thread's waits may yield the core (see `latency_tenant`).
+    fn yielding(&self) -> agora_wait::Yielding {
+        if self.latency_tenant.load(Ordering::Relaxed) {
+            agora_wait::Yielding::Never
+        } else {
+            agora_wait::Yielding::Cooperative
+        }
     }
 
     /// Waits until [`Inner::has_room`] or `deadline`; returns which.

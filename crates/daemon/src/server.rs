@@ -45,6 +45,7 @@ use agora_transport::shm::Segment;
 use agora_transport::socket::{send_with_fds, FrameReader};
 use agora_transport::wake::{AdaptiveSpin, Doorbell};
 use agora_transport::TransportError;
+use agora_wait::Yielding;
 use rustix::event::epoll;
 
 use crate::config::DaemonConfig;
@@ -291,10 +292,19 @@ impl Server {
                 continue;
             }
             let conns = &self.conns;
-            // Yielding while it spins hands the core to the client or lane of a round trip
-            // sharing it; not while our lanes run long kernels (the yield would go to them).
-            let may_yield = !self.scheduler.long_work_on_lanes();
-            if self.spin.spin_with(|| Self::any_pending(conns), may_yield) {
+            // Yielding while it spins hands the core to a lane thread sharing it, which runs a
+            // job the dispatcher just handed over. While no lane has a job only a client could
+            // share the core: yield rarely (two threads that yield to each other may stay on one
+            // core, two that keep it busy the OS spreads over two). Never while our lanes run
+            // long kernels: the yield would go to them for a time slice.
+            let yielding = if self.scheduler.long_work_on_lanes() {
+                Yielding::Never
+            } else if self.scheduler.lanes_have_jobs() {
+                Yielding::Cooperative
+            } else {
+                Yielding::Rarely
+            };
+            if self.spin.spin_with(|| Self::any_pending(conns), yielding) {
                 continue;
             }
             // Going to sleep: announce it, then look once more (pairs with the client's fence

@@ -30,6 +30,22 @@ const POLLS_PER_CHECK: u32 = 64;
 /// help (see [`AdaptiveSpin::spin`]).
 const PURE_SPIN: Duration = Duration::from_micros(2);
 
+/// How a spin may give its core away ([`AdaptiveSpin::spin_with`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Yielding {
+    /// After a short pure spin, every few polls; after every poll while yields bring the event.
+    Cooperative,
+    /// Once per [`RARE_YIELD`] of spinning: enough for a thread sharing the core to make
+    /// progress, too little for two spinners to settle on one core handing it back and forth
+    /// (the OS spreads threads that keep their core busy, not ones that keep yielding).
+    Rarely,
+    /// Never: the core would go to long work of the caller's own for a time slice.
+    Never,
+}
+
+/// The spacing of yields of [`Yielding::Rarely`].
+const RARE_YIELD: Duration = Duration::from_micros(10);
+
 /// A yield that took at least this long let another thread run on our core.
 const YIELD_SWITCHED: Duration = Duration::from_nanos(1_500);
 
@@ -103,16 +119,24 @@ impl AdaptiveSpin {
     /// yields its core every few polls, unless a recent yield went to a stranger (see the module
     /// documentation).
     pub fn spin(&mut self, ready: impl FnMut() -> bool) -> bool {
-        self.spin_with(ready, true)
+        self.spin_with(ready, Yielding::Cooperative)
     }
 
-    /// [`AdaptiveSpin::spin`], yielding only if `may_yield`: callers that know long work of
-    /// their own occupies the cores (a daemon whose lanes run batch kernels) pass false, since a
-    /// yield would hand a core to that work for a whole time slice.
-    pub fn spin_with(&mut self, mut ready: impl FnMut() -> bool, may_yield: bool) -> bool {
+    /// [`AdaptiveSpin::spin`], yielding as `yielding` says: callers that know long work of
+    /// their own occupies the cores (a daemon whose lanes run batch kernels) pass
+    /// [`Yielding::Never`], since a yield would hand a core to that work for a whole time slice.
+    pub fn spin_with(&mut self, mut ready: impl FnMut() -> bool, yielding: Yielding) -> bool {
         let start = Instant::now();
-        let pure_ns = if self.eager { 0 } else { PURE_SPIN.as_nanos() as u64 };
-        let mut may_yield = may_yield && self.quiet_spins == 0;
+        let rarely = yielding == Yielding::Rarely;
+        let pure_ns = if rarely {
+            RARE_YIELD.as_nanos() as u64
+        } else if self.eager {
+            0
+        } else {
+            PURE_SPIN.as_nanos() as u64
+        };
+        let mut next_yield_ns = pure_ns;
+        let mut may_yield = yielding != Yielding::Never && self.quiet_spins == 0;
         self.quiet_spins = self.quiet_spins.saturating_sub(1);
         let mut iterations = 0u32;
         loop {
@@ -124,13 +148,16 @@ impl AdaptiveSpin {
             iterations = iterations.wrapping_add(1);
             // Eager: the thread we wait for shares our core and needs it now; yield after
             // every poll.
-            if (self.eager && may_yield) || iterations.is_multiple_of(POLLS_PER_CHECK) {
+            if (self.eager && may_yield && !rarely) || iterations.is_multiple_of(POLLS_PER_CHECK) {
                 let spent = start.elapsed().as_nanos() as u64;
                 if spent >= self.budget_ns {
                     self.budget_ns = (self.budget_ns / 2).max(self.min_ns);
                     return false;
                 }
-                if may_yield && spent >= pure_ns {
+                if may_yield && spent >= next_yield_ns {
+                    if rarely {
+                        next_yield_ns = spent + RARE_YIELD.as_nanos() as u64;
+                    }
                     // Hand the core to whoever else is runnable on it (perhaps the thread we
                     // wait for); returns at once when nobody is.
                     let before = Instant::now();
@@ -138,7 +165,7 @@ impl AdaptiveSpin {
                     self.yields += 1;
                     let away = before.elapsed();
                     if away >= YIELD_SWITCHED && ready() {
-                        self.eager = true;
+                        self.eager = !rarely;
                         self.quiet_next = RETRY_YIELDING;
                         self.settle(start);
                         return true;
@@ -254,7 +281,7 @@ mod tests {
         assert_eq!(s.yields(), first, "no yields while the stranger is likely still there");
         // A caller that says its own long work runs never yields.
         let mut t = AdaptiveSpin::new(Duration::from_micros(100), Duration::from_micros(100));
-        assert!(!t.spin_with(|| false, false));
+        assert!(!t.spin_with(|| false, Yielding::Never));
         assert_eq!(t.yields(), 0);
     }
 

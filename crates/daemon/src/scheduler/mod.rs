@@ -248,6 +248,13 @@ impl Scheduler {
             .any(|pending| pending.load(Ordering::Relaxed) >= LONG_WORK_NS)
     }
 
+    /// Whether some lane has a job queued or running.
+    pub(crate) fn lanes_have_jobs(&self) -> bool {
+        self.devices
+            .iter()
+            .any(|device| (0..device.info().lanes).any(|lane| device.lane_load(lane) > 0))
+    }
+
     /// Trace row names: the dispatcher, then every lane.
     pub(crate) fn trace_rows(devices: &[Arc<dyn Device>]) -> Vec<String> {
         let mut rows = vec!["dispatcher (inline)".to_string()];
