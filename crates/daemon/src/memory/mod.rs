@@ -61,6 +61,19 @@ pub(crate) struct Placement {
     /// Its only valid copy was on a device that failed: the host copy is older than what the
     /// client last wrote through tasks.
     pub lost: bool,
+    /// The task whose output the valid copies claim to hold: the last one planned that writes
+    /// the buffer (0: none). Should it not complete, no copy may go on claiming it
+    /// ([`Placement::writer_failed`]).
+    writer: u64,
+}
+
+/// Which of a buffer's copies were valid at some moment ([`Placement::validity`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Validity {
+    host: bool,
+    lost: bool,
+    /// Bit `i`: the `i`th device copy (at most [`MAX_DEVICES`] of them).
+    copies: u64,
 }
 
 /// Most devices a daemon drives (per-session device usage is a fixed array).
@@ -154,6 +167,7 @@ impl BufferRecord {
                 copies: Vec::new(),
                 registered: false,
                 lost: false,
+                writer: 0,
             }),
             in_use: AtomicU32::new(0),
             last_used: AtomicU64::new(0),
@@ -268,6 +282,53 @@ impl Placement {
             }
         }
         Ok(Some(self.copies[position].buffer.clone()))
+    }
+
+    /// Which copies are valid now, to [`restore`](Placement::restore) if what is planned next
+    /// is abandoned.
+    pub(crate) fn validity(&self) -> Validity {
+        let copies = self
+            .copies
+            .iter()
+            .enumerate()
+            .fold(0u64, |bits, (i, c)| bits | (u64::from(c.valid) << i.min(63)));
+        Validity {
+            host: self.host_valid,
+            lost: self.lost,
+            copies,
+        }
+    }
+
+    /// Undoes what planning claimed since `before` was taken (a task abandoned before any of its
+    /// transfers ran): the same copies are valid as then. Copies allocated since stay, invalid.
+    pub(crate) fn restore(&mut self, before: Validity) {
+        self.host_valid = before.host;
+        self.lost = before.lost;
+        for (i, c) in self.copies.iter_mut().enumerate() {
+            c.valid = i < 64 && before.copies & (1 << i) != 0;
+        }
+    }
+
+    /// Task `task` was planned writing this buffer: the valid copies claim its output from now.
+    pub(crate) fn written_by(&mut self, task: u64) {
+        self.writer = task;
+    }
+
+    /// Task `task`, which wrote this buffer, did not complete (failed, cancelled, or fed by a
+    /// failed task; its outcome poisons the buffer). When the device copy its planning made the
+    /// only valid one still claims its output (no later task was planned writing the buffer),
+    /// that copy holds no one's complete result — for a write-only launch, only what the
+    /// allocation held before — so it stops claiming it: the buffer falls back to its host copy,
+    /// the tenant's own older contents, and nothing (a `sync_from`, an eviction, host work that
+    /// brings the buffer home) copies the device's bytes out.
+    pub(crate) fn writer_failed(&mut self, task: u64) {
+        if self.writer != task || self.host_valid {
+            return;
+        }
+        for c in &mut self.copies {
+            c.valid = false;
+        }
+        self.host_valid = true;
     }
 
     /// Whether the host copy is current (no transfer needed to read it there).
@@ -631,6 +692,46 @@ mod tests {
         assert!(b.placement().is_on(0), "a buffer in use is never evicted");
         assert!(!c.placement().is_on(0));
         b.in_use.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    #[test]
+    fn a_failed_writer_leaves_no_copy_claiming_its_output() {
+        let (devices, heap, _residency, [a, b, _c]) = setup();
+        let usage = a.usage.clone();
+        // Task 7, a write-only launch over all of `a` (nothing copied in), claims the device copy.
+        let host = heap.host_range(a.offset, a.len).unwrap();
+        let mut placement = a.placement();
+        placement.host_written();
+        let mut transfers = Vec::new();
+        placement
+            .prepare(&devices, 0, Access::Write, true, host, a.len, &usage, &mut transfers)
+            .unwrap();
+        assert!(transfers.is_empty(), "a whole overwrite copies nothing in");
+        placement.written_by(7);
+        assert!(!placement.host_valid() && placement.valid_on(0));
+        placement.writer_failed(6);
+        assert!(!placement.host_valid(), "only the last writer's failure counts");
+        placement.writer_failed(7);
+        assert!(placement.host_valid() && !placement.valid_on(0));
+        assert_eq!(
+            placement.fetch_to_host(&devices, host, a.len, &mut transfers),
+            None,
+            "nothing is copied out of the device"
+        );
+        assert!(transfers.is_empty());
+        drop(placement);
+
+        // Planning abandoned: the copies are valid as before it.
+        let host = heap.host_range(b.offset, b.len).unwrap();
+        let mut placement = b.placement();
+        placement.host_written();
+        let before = placement.validity();
+        placement
+            .prepare(&devices, 0, Access::Write, true, host, b.len, &usage, &mut transfers)
+            .unwrap();
+        assert!(!placement.host_valid() && placement.valid_on(0));
+        placement.restore(before);
+        assert!(placement.host_valid() && !placement.valid_on(0));
     }
 
     #[test]

@@ -21,7 +21,7 @@ use super::migration;
 use super::place::Placement;
 use super::validate::{heap_ptr, operation_name, Action, Ready};
 use super::{Scheduler, MAX_SLICES};
-use crate::memory::{BufferRecord, Residency};
+use crate::memory::{BufferRecord, Residency, Validity};
 use crate::outcome::{Role, Uses};
 use crate::policy::latency::LatencyPolicy;
 use crate::session::{QueueState, Session};
@@ -136,7 +136,10 @@ impl Scheduler {
             }
         };
         let work = if injected { Work::Nothing } else { work };
-        for (record, _, _) in named.slots().iter().flatten() {
+        for (record, access, _) in named.slots().iter().flatten() {
+            if access.writes() {
+                record.placement().written_by(task_id);
+            }
             self.residency.register(record);
         }
         for t in &transfers {
@@ -270,30 +273,53 @@ impl Scheduler {
                 ..
             } => {
                 let mut device_args: [Option<Arc<dyn DeviceBuffer>>; MAX_ARGS] = Default::default();
+                // What each argument's copies were before it was planned, to undo what planning
+                // claimed when a later argument fails: its transfers never run.
+                let mut before = [Validity::default(); MAX_ARGS];
+                let undo = |before: &[Validity]| {
+                    for (index, entry) in buffers[..before.len()].iter().enumerate().rev() {
+                        if let Some((record, _, _)) = entry {
+                            record.placement().restore(before[index]);
+                        }
+                    }
+                };
                 for (index, entry) in buffers.iter().enumerate() {
                     let Some((record, access, overwrites)) = entry else {
                         continue;
                     };
-                    let ptr = host(record)?;
+                    let ptr = match host(record) {
+                        Ok(ptr) => ptr,
+                        Err(e) => {
+                            undo(&before[..index]);
+                            return Err(e);
+                        }
+                    };
                     let mut placement = record.placement();
-                    device_args[index] = placement
-                        .prepare(
-                            devices,
-                            device,
-                            *access,
-                            *overwrites,
-                            ptr,
-                            record.len,
-                            &record.usage,
-                            transfers,
-                        )
-                        .map_err(|e| match e {
-                            TaskError::DeviceOutOfMemory { needed, .. } => TaskError::DeviceOutOfMemory {
-                                index: index as u16,
-                                needed,
-                            },
-                            other => other,
-                        })?;
+                    before[index] = placement.validity();
+                    let prepared = placement.prepare(
+                        devices,
+                        device,
+                        *access,
+                        *overwrites,
+                        ptr,
+                        record.len,
+                        &record.usage,
+                        transfers,
+                    );
+                    drop(placement);
+                    device_args[index] = match prepared {
+                        Ok(buffer) => buffer,
+                        Err(e) => {
+                            undo(&before[..=index]);
+                            return Err(match e {
+                                TaskError::DeviceOutOfMemory { needed, .. } => TaskError::DeviceOutOfMemory {
+                                    index: index as u16,
+                                    needed,
+                                },
+                                other => other,
+                            });
+                        }
+                    };
                     args[index] = ArgValue::Buffer { ptr, len: record.len };
                 }
                 Work::Launch {
@@ -405,12 +431,27 @@ impl NamedBuffers {
     }
 
     /// The outcome to report for `task`, which ran with `result` (see `outcome`).
+    /// A task that did not complete leaves no device copy claiming its output (see
+    /// `Placement::writer_failed`).
     pub(super) fn settle(&self, task: u64, result: Result<(), TaskError>) -> Result<(), TaskError> {
-        Uses {
+        let result = Uses {
             buffers: self.slots(),
             roles: &self.roles[..self.slots],
         }
-        .settle(task, result)
+        .settle(task, result);
+        if result.is_err() {
+            for ((record, _, _), role) in self
+                .slots()
+                .iter()
+                .zip(&self.roles)
+                .filter_map(|(e, r)| Some((e.as_ref()?, r)))
+            {
+                if role.writes {
+                    record.placement().writer_failed(task);
+                }
+            }
+        }
+        result
     }
 }
 

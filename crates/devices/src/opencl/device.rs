@@ -294,11 +294,8 @@ impl Device for OpenClDevice {
             )
         };
         Some(match created {
-            Ok(buffer) => Ok(Arc::new(ClBuffer {
-                buffer,
-                len,
-                shared: self.shared.clone(),
-            }) as Arc<dyn DeviceBuffer>),
+            // Zeroed by the first queue that uses it, before anything reads it (see `buffer`).
+            Ok(buffer) => Ok(Arc::new(ClBuffer::new(buffer, len, self.shared.clone())) as Arc<dyn DeviceBuffer>),
             Err(e) => {
                 self.shared.memory_used.fetch_sub(len, Ordering::Relaxed);
                 tracing::warn!(device = %self.info.name, len, error = %e, "device allocation failed");
@@ -313,8 +310,12 @@ impl Device for OpenClDevice {
             return Err(TaskError::KernelFault);
         }
         let queue = self.shared.reader.lock().unwrap_or_else(|e| e.into_inner());
+        // Never the bytes of whoever had this memory before: zeroed first, or after a zeroing
+        // another queue enqueued.
+        let mut waits = Vec::new();
+        from.zeroed_before(queue.get(), &mut waits)?;
         // SAFETY: `host` is valid for `len` bytes (caller's contract), the buffer holds at least
-        // `len` bytes (checked); the read is blocking.
+        // `len` bytes (checked); the read is blocking; `waits` are live events (held by `from`).
         let event = unsafe {
             opencl3::command_queue::enqueue_read_buffer(
                 queue.get(),
@@ -323,8 +324,12 @@ impl Device for OpenClDevice {
                 0,
                 len,
                 host as *mut std::ffi::c_void,
-                0,
-                std::ptr::null(),
+                waits.len() as u32,
+                if waits.is_empty() {
+                    std::ptr::null()
+                } else {
+                    waits.as_ptr()
+                },
             )
         }
         .map_err(cl_error)?;

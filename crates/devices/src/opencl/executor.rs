@@ -20,7 +20,7 @@ use opencl3::kernel::Kernel;
 use opencl3::memory::{Buffer, ClMem, CL_MEM_READ_ONLY, CL_MEM_USE_HOST_PTR};
 use opencl3::types::{cl_event, cl_mem, CL_NON_BLOCKING};
 
-use super::buffer::as_cl;
+use super::buffer::{self, as_cl, ClBuffer};
 use super::completion::{self, Pending};
 use super::device::Shared;
 use super::programs::{self, Convention};
@@ -97,6 +97,7 @@ impl ClExecutor {
         revoke: Option<&Arc<AtomicBool>>,
     ) -> Result<Started, TaskError> {
         let queue = self.queue.get();
+        self.zero_fresh_buffers(transfers, work)?;
         let mut last_transfer: Option<cl_event> = None;
         for transfer in transfers {
             match transfer {
@@ -178,6 +179,34 @@ impl ClExecutor {
             return self.launch(work, revoke);
         }
         self.marker().map(Started::command)
+    }
+
+    /// Makes the job's commands see each of this device's buffers it names zeroed, never the
+    /// bytes of a previous allocation of that memory (see `buffer`): zeroings are enqueued here
+    /// ahead of the job's commands, and a barrier waits for those other queues enqueued.
+    fn zero_fresh_buffers(&self, transfers: &[Transfer], work: &Work) -> Result<(), TaskError> {
+        let queue = self.queue.get();
+        let mut waits = Vec::new();
+        fn own<'a>(buffer: &'a dyn crate::DeviceBuffer, shared: &Arc<Shared>) -> Option<&'a ClBuffer> {
+            as_cl(buffer).ok().filter(|b| Arc::ptr_eq(&b.shared, shared))
+        }
+        for transfer in transfers {
+            let buffer = match transfer {
+                Transfer::ToDevice { to, .. } => to,
+                Transfer::ToHost { from, .. } => from,
+            };
+            if let Some(buffer) = own(buffer.as_ref(), &self.shared) {
+                buffer.zeroed_before(queue, &mut waits)?;
+            }
+        }
+        if let Work::Launch { device_args, .. } = work {
+            for buffer in device_args.iter().flatten() {
+                if let Some(buffer) = own(buffer.as_ref(), &self.shared) {
+                    buffer.zeroed_before(queue, &mut waits)?;
+                }
+            }
+        }
+        buffer::wait_for(queue, &waits)
     }
 
     /// A marker: it completes after every earlier command of this queue, so a job with nothing

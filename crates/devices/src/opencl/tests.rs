@@ -521,3 +521,51 @@ fn a_precompiled_binary_is_used_and_a_bad_one_falls_back_to_the_source() {
     );
     dev.shutdown();
 }
+
+/// Device memory never comes with a freed buffer's bytes (issue #20, item 3): fresh
+/// allocations of the size of buffers that held a secret read as zeros, through the reader
+/// queue (synchronous reads) and through a lane's queue (a job's transfer to the host).
+#[test]
+fn fresh_allocations_read_as_zeros_never_as_freed_contents() {
+    let dev = Arc::new(device());
+    let len = 64 << 10;
+    let secret = vec![0xA5u8; len];
+    let (tx, rx) = mpsc::channel();
+    let mut old = Vec::new();
+    for _ in 0..8 {
+        let (buffer, transfer) = upload(&dev, &secret);
+        dev.submit(0, job(vec![transfer], Work::Nothing, None, &tx));
+        assert_eq!(rx.recv().unwrap().0, Ok(()));
+        assert_eq!(download(&dev, buffer.as_ref(), len), secret);
+        old.push(buffer);
+    }
+    drop(old);
+    let mut fresh = Vec::new();
+    for n in 0..4 {
+        let buffer = dev.alloc(len as u64).unwrap().unwrap();
+        assert!(
+            download(&dev, buffer.as_ref(), len).iter().all(|b| *b == 0),
+            "buffer {n} (reader queue)"
+        );
+        fresh.push(buffer);
+    }
+    for n in 0..4 {
+        let buffer = dev.alloc(len as u64).unwrap().unwrap();
+        let mut host = vec![0xFFu8; len];
+        let transfer = Transfer::ToHost {
+            from: buffer.clone(),
+            device: dev.clone(),
+            host: host.as_mut_ptr(),
+            len,
+        };
+        dev.submit(0, job(vec![transfer], Work::Nothing, None, &tx));
+        assert_eq!(rx.recv().unwrap().0, Ok(()));
+        assert!(host.iter().all(|b| *b == 0), "buffer {n} (lane queue)");
+        // Zeroed on the lane's queue: the reader queue waits for it and sees zeros too.
+        assert!(
+            download(&dev, buffer.as_ref(), len).iter().all(|b| *b == 0),
+            "buffer {n} (reader queue)"
+        );
+        fresh.push(buffer);
+    }
+}
