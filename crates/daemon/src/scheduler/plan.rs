@@ -76,8 +76,10 @@ pub(super) struct Planned {
     pub work: Work,
     pub named: NamedBuffers,
     /// Sends the task back for replay if its device loses it.
-    /// `None` for a task placed to run inline (see [`Scheduler::plan_task`]).
-    pub ticket: Option<migration::Ticket>,
+    /// `None` for a task placed to run inline (see [`Scheduler::plan_task`]). Boxed: it holds
+    /// a copy of the action (~0.5 kB) that a planned task would otherwise carry and copy
+    /// through the stages whether it has a ticket or not.
+    pub ticket: Option<Box<migration::Ticket>>,
     /// Test-only: picked to fail (its work does not run).
     pub injected: bool,
 }
@@ -110,19 +112,19 @@ impl Scheduler {
         // stays free of the ticket's work (should it go to a lane after all, it gets a ticket
         // that never replays, as every host-device job's would be).
         let ticket = (!placement.tiny_on_host).then(|| {
-            migration::Ticket::new(
+            Box::new(migration::Ticket::new(
                 &mut self.migration,
                 device,
                 &ready.action,
                 estimated_ns,
                 items,
                 named.slots(),
-            )
+            ))
         });
         let work = match self.plan(session, device, ready.action, named.slots(), &mut transfers) {
             Ok(work) => work,
             Err(TaskError::DeviceLost) => {
-                let ticket = ticket.unwrap_or_else(|| migration::Ticket::unreplayable(&self.migration, device));
+                let ticket = ticket.map_or_else(|| migration::Ticket::unreplayable(&self.migration, device), |t| *t);
                 return self
                     .lost_while_planning(session, task_id, &queue, ticket, named)
                     .map(|()| None)

@@ -87,7 +87,7 @@ impl Scheduler {
             injected,
         } = *planned;
         let (device, lane) = (placement.binding.device(), placement.binding.lane());
-        let ticket = ticket.unwrap_or_else(|| migration::Ticket::unreplayable(&self.migration, device));
+        let ticket = ticket.map_or_else(|| migration::Ticket::unreplayable(&self.migration, device), |t| *t);
         if placement.idle {
             queue.binding.store(placement.binding);
         }
