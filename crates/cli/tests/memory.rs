@@ -173,3 +173,51 @@ fn resident_memory_stays_bounded_during_a_flood_of_sliced_launches_and_returns_a
          peak {peak} KiB)"
     );
 }
+
+#[test]
+fn a_session_held_back_by_its_lane_work_limit_gets_every_task_done() {
+    // A limit of 1 ms of predicted batch work: after each launch the session is over it, and
+    // each lane job that ends must wake the dispatcher to take the next (else the client would
+    // wait for ever: it sends nothing more, its ring is full).
+    let daemon = Daemon::start(
+        env!("CARGO_BIN_EXE_agora"),
+        "backpressure",
+        &[
+            "--no-opencl",
+            "--preempt-target-us",
+            "100",
+            "--session-lane-work-ms",
+            "1",
+        ],
+    );
+    let session = daemon.session();
+    let q = session.queue("held").unwrap();
+    let sgemm = session.kernel("sgemm").unwrap();
+    // About a millisecond each here: at most one or two on lanes at a time.
+    let n = 192usize;
+    let a = session.buffer_from(&vec![1.0f32; n * n]).unwrap();
+    let c = session.buffer(n as u64 * n as u64 * 4).unwrap();
+    let args = [
+        Arg::I32(n as i32),
+        Arg::I32(n as i32),
+        Arg::I32(n as i32),
+        Arg::F32(1.0),
+        (&a).into(),
+        (&a).into(),
+        Arg::F32(0.0),
+        (&c).into(),
+    ];
+    let started = Instant::now();
+    // More than the ring holds (1024): the client waits for room too.
+    let tasks: Vec<_> = (0..1500)
+        .map(|_| q.launch(&sgemm, &args, (n as u64, n as u64)).unwrap())
+        .collect();
+    for t in &tasks {
+        t.wait().unwrap();
+    }
+    eprintln!(
+        "1500 launches held back to 1 ms of lane work each: done in {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(c.as_slice::<f32>().iter().all(|v| *v == n as f32));
+}
