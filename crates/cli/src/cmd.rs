@@ -41,6 +41,11 @@ pub struct ServeArgs {
     /// buffers are evicted to host memory [default: no limit but the device's].
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     device_quota: Option<u64>,
+    /// Back-pressure: once a session's batch work on lanes is predicted to run this long, no
+    /// more of its batch tasks are taken from its ring until lanes finish some (its client
+    /// waits for ring room) [default: 2000].
+    #[arg(long, value_name = "MS")]
+    session_lane_work_ms: Option<u64>,
     /// Batch kernels predicted to run longer than twice this are split into slices of about this
     /// length, so latency-class tasks wait at most about one slice; 0: never split [default: 1000].
     #[arg(long, value_name = "US")]
@@ -214,6 +219,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.opencl_memory_limit {
             c.opencl_memory_limit = v;
+        }
+        if let Some(v) = self.session_lane_work_ms {
+            c.session_lane_work = Duration::from_millis(v.max(1));
         }
         if let Some(v) = self.preempt_target_us {
             c.preempt_target = Duration::from_micros(v);
@@ -1148,6 +1156,7 @@ mod tests {
             format!("[default: {}]", c.opencl_lanes),
             format!("[default: {}]", c.cpu_threads_per_lane),
             format!("[default: {}]", c.preempt_target.as_micros()),
+            format!("[default: {}]", c.session_lane_work.as_millis()),
             format!("[default: {}]", c.latency_sla.as_millis()),
             format!("[default: {}]", c.trace_capacity),
             format!("[default: {}]", c.program_timeout.as_millis()),

@@ -195,6 +195,10 @@ pub struct DaemonConfig {
     pub max_queues: usize,
     /// Most buffers per session.
     pub max_buffers: usize,
+    /// Back-pressure: once a session's batch-class jobs on lanes are predicted to run this long
+    /// (all lanes together), no more of its batch-class tasks are taken from its ring until lanes
+    /// finish some: the ring fills and the client waits for room.
+    pub session_lane_work: Duration,
     /// Tasks estimated below this many nanoseconds run inline on the dispatcher thread when their
     /// queue has nothing in flight, skipping the hand-off to a lane. 0 disables inline runs.
     pub inline_max_ns: u64,
@@ -426,6 +430,7 @@ impl Default for DaemonConfig {
             ring_capacity: 1024,
             max_queues: 4096,
             max_buffers: 1 << 16,
+            session_lane_work: Duration::from_secs(2),
             inline_max_ns: 5_000,
             max_spin: Duration::from_micros(200),
             shutdown_timeout: Duration::from_secs(5),
@@ -522,6 +527,7 @@ section! {
         ring_capacity: u32 => ring_capacity,
         max_queues: usize => max_queues,
         max_buffers: usize => max_buffers,
+        lane_work_ms: TargetMs => session_lane_work,
         latency_uids: Vec<u32> => latency_uids,
         latency_gids: Vec<u32> => latency_gids,
     }
@@ -966,6 +972,8 @@ impl DaemonConfig {
             "# Agora daemon configuration: every effective setting (defaults, then the file, then flags).\n\
              # Sizes take suffixes (\"512M\", \"2G\"); memory_limit / device_quota 0 means no limit.\n\
              # sessions.latency_uids / latency_gids: who may open latency-class queues (both empty: anyone).\n\
+             # sessions.lane_work_ms: a session whose batch work on lanes is predicted to run this long\n\
+             #   gets no more batch tasks taken from its ring until lanes finish some (its client waits).\n\
              # scheduler.preempt_target_us: batch kernels are sliced to about this length so latency\n\
              #   tasks wait at most about one slice (0: no slicing).\n\
              # scheduler.latency_policy: none | priority | elastic (revocation of batch launches that are\n\

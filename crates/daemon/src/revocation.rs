@@ -233,6 +233,7 @@ fn start(replay: Arc<Replay>, transfers: Vec<Transfer>, is_replay: bool) {
             replay: is_replay,
         }),
         urgent: false,
+        slices: None,
         done: Box::new(move |result, times| ender.end(result, times)),
     };
     replay.device.submit(replay.lane, job);

@@ -349,7 +349,7 @@ impl Server {
             Conn::Session(s) => s
                 .submissions
                 .available()
-                .map_or(true, |n| n > 0 && s.admission_room() > 0),
+                .map_or(true, |n| n > 0 && s.admission_room() > 0 && s.lane_admits_head()),
             _ => false,
         })
     }
@@ -1053,6 +1053,7 @@ impl Server {
             segment,
             self.config.max_queues,
             self.config.max_buffers,
+            self.config.session_lane_work.as_nanos().min(u128::from(u64::MAX)) as u64,
         );
         self.sessions_opened += 1;
         self.telemetry.metrics.sessions_opened.inc();

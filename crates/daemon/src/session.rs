@@ -18,6 +18,23 @@ use agora_transport::wake::{futex_wake_all, Doorbell};
 use crate::handle::HandleTable;
 use crate::memory::{BufferRecord, DeviceUsage, Heap, HostMemory, UnreadReleases};
 
+/// Back-pressure: a session with this many jobs on lanes gets no more of its descriptors taken
+/// from its ring until some finish (its ring fills and its client waits for room). A sliced
+/// launch is one job however many slices it has (its lane makes them as it starts them), so
+/// this bounds the daemon's memory for queued work per session.
+pub(crate) const MAX_LANE_JOBS: u64 = 4096;
+
+/// What a session's outstanding lane work lets the dispatcher take from its ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LaneRoom {
+    /// Anything.
+    Open,
+    /// Descriptors of latency-class queues (and of none: they fail or complete without lanes).
+    LatencyOnly,
+    /// Nothing, until lanes finish some of its jobs.
+    Closed,
+}
+
 /// Identity from `SO_PEERCRED`.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Credentials {
@@ -40,6 +57,19 @@ pub(crate) struct SessionShared {
     pub failed: AtomicU64,
     /// Jobs handed to lanes and not yet completed.
     pub in_flight: AtomicU64,
+    /// Back-pressure ([`Session::lane_admits_head`]): this session's jobs on lanes (handed to a
+    /// lane, not finished), and the predicted nanoseconds of its batch-class ones among them.
+    pub lane_jobs: AtomicU64,
+    pub lane_ns: AtomicU64,
+    /// Back-pressure: once its batch-class jobs on lanes are predicted to run this long, no more
+    /// batch-class descriptors are taken from its ring until lanes finish some; a descriptor of
+    /// a latency-class queue at the ring's head is still taken (`sessions.lane_work_ms`).
+    /// Enough to keep the lanes busy, not enough to queue minutes of work that nothing can
+    /// reorder or take back.
+    pub max_lane_ns: u64,
+    /// The dispatcher stopped taking this session's descriptors over the lane limits: the lane
+    /// job that brings it back under them wakes the dispatcher.
+    pub throttled: AtomicBool,
     /// Bytes planned to move host → device and device → host for this session.
     pub bytes_to_device: AtomicU64,
     pub bytes_to_host: AtomicU64,
@@ -98,6 +128,35 @@ impl SessionShared {
             && newest >= header.client_wait_for.load(Ordering::Relaxed)
         {
             futex_wake_all(&header.completion_tail);
+        }
+    }
+
+    /// A job of this session (predicted `batch_ns` if batch-class, else 0) went to a lane.
+    pub(crate) fn lane_work_started(&self, batch_ns: u64) {
+        self.lane_jobs.fetch_add(1, Ordering::SeqCst);
+        self.lane_ns.fetch_add(batch_ns, Ordering::SeqCst);
+    }
+
+    /// The job [`SessionShared::lane_work_started`] counted is done; true when the dispatcher
+    /// stopped taking the session's descriptors and must now be woken to take them again.
+    pub(crate) fn lane_work_done(&self, batch_ns: u64) -> bool {
+        self.lane_jobs.fetch_sub(1, Ordering::SeqCst);
+        self.lane_ns.fetch_sub(batch_ns, Ordering::SeqCst);
+        // SeqCst with the dispatcher's store of `throttled` before its second look at the
+        // counters: either it sees these decrements or this sees it throttled.
+        self.throttled.load(Ordering::SeqCst)
+            && self.lane_room() != LaneRoom::Closed
+            && self.throttled.swap(false, Ordering::SeqCst)
+    }
+
+    /// What the session's outstanding lane work lets the dispatcher take.
+    pub(crate) fn lane_room(&self) -> LaneRoom {
+        if self.lane_jobs.load(Ordering::SeqCst) >= MAX_LANE_JOBS {
+            LaneRoom::Closed
+        } else if self.lane_ns.load(Ordering::SeqCst) >= self.max_lane_ns {
+            LaneRoom::LatencyOnly
+        } else {
+            LaneRoom::Open
         }
     }
 
@@ -235,6 +294,7 @@ impl Session {
         segment: Segment,
         max_queues: usize,
         max_buffers: usize,
+        max_lane_ns: u64,
     ) -> Self {
         let view = *segment.view();
         let heap = Heap::new(view.geometry().heap_len);
@@ -257,6 +317,10 @@ impl Session {
                 completed: AtomicU64::new(0),
                 failed: AtomicU64::new(0),
                 in_flight: AtomicU64::new(0),
+                lane_jobs: AtomicU64::new(0),
+                lane_ns: AtomicU64::new(0),
+                throttled: AtomicBool::new(false),
+                max_lane_ns,
                 bytes_to_device: AtomicU64::new(0),
                 bytes_to_host: AtomicU64::new(0),
                 device_usage: Arc::default(),
@@ -295,6 +359,26 @@ impl Session {
         let outstanding = self.ingested.wrapping_sub(head);
         // A head the client could not honestly have published counts as a full ring.
         self.completion_capacity.saturating_sub(outstanding)
+    }
+
+    /// Whether the descriptor at the head of the ring may be taken now, as far as the session's
+    /// outstanding lane work goes ([`LaneRoom`]). Call only when one is available. When not, the
+    /// session is marked throttled, so that the lane job that makes room wakes the dispatcher.
+    pub(crate) fn lane_admits_head(&self) -> bool {
+        let admits = |room: LaneRoom| match room {
+            LaneRoom::Open => true,
+            LaneRoom::Closed => false,
+            LaneRoom::LatencyOnly => {
+                let head = self.submissions.peek();
+                self.queues.get(head.queue).is_none_or(|q| q.class != QueueClass::Batch)
+            }
+        };
+        if admits(self.shared.lane_room()) {
+            return true;
+        }
+        self.shared.throttled.store(true, Ordering::SeqCst);
+        // A second look after announcing it (pairs with `lane_work_done`).
+        admits(self.shared.lane_room())
     }
 
     pub(crate) fn alloc_buffer(&mut self, len: u64) -> Result<(u64, u64), ControlError> {

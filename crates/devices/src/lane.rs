@@ -12,10 +12,13 @@
 //! a time by a round-trip client takes each without a wake-up system call, and a busy lane costs
 //! none per job.
 //!
-//! Slices of a chunked launch (`Work::Launch::rows`) are started only while fewer than
-//! [`SLICE_DEPTH`] jobs are in flight: on an asynchronous device the lane would otherwise enqueue
-//! every slice at once, and a latency-class job arriving later would wait behind all of them in
-//! the device's queue. Other jobs keep the device's queue as full as they like.
+//! A chunked launch ([`Job::slices`]) waits in the queue as one job with a cursor over its row
+//! slices; the lane makes a slice's job (`Work::Launch::rows`) only as it starts it, and only
+//! while fewer than [`SLICE_DEPTH`] jobs are in flight: on an asynchronous device the lane would
+//! otherwise enqueue every slice at once, and a latency-class job arriving later would wait
+//! behind all of them in the device's queue. Other jobs keep the device's queue as full as they
+//! like. A launch cut into 4096 slices so costs one queued job, not 4096 (a flood of such
+//! launches once queued over a million jobs and a gigabyte).
 //!
 //! OS priority: a lane's threads run batch jobs at the lane's batch priority and latency-class
 //! jobs at normal priority ([`crate::priority`]); the lane thread switches when it starts a job of
@@ -35,7 +38,7 @@ use agora_protocol::TaskError;
 use agora_wait::AdaptiveSpin;
 
 use crate::priority::{Class, LaneClass};
-use crate::{Job, JobTimes, LaneReport, Transfer, Work};
+use crate::{Job, JobTimes, LaneReport, Slices, Transfer, Work};
 
 /// Longest an idle lane thread polls for its next job before it sleeps (the budget adapts below
 /// it, down to [`agora_wait::MIN_BUDGET`]): a little more than a round trip through a client, so
@@ -131,10 +134,204 @@ impl JobEnd {
 #[derive(Default)]
 struct Queue {
     /// Latency-class jobs, started before any of `jobs`.
-    urgent: VecDeque<(Job, Instant)>,
-    jobs: VecDeque<(Job, Instant)>,
+    urgent: VecDeque<Queued>,
+    jobs: VecDeque<Queued>,
     sleeping: bool,
     stopping: bool,
+}
+
+/// A job in a lane's queue: when queued, and for a sliced launch, where its next slice starts.
+struct Queued {
+    job: Job,
+    at: Instant,
+    cursor: Option<Box<Cursor>>,
+}
+
+impl Queued {
+    fn new(mut job: Job) -> Queued {
+        let cursor = match (job.slices.take(), &job.work) {
+            (Some(slices), Work::Launch { range, rows: None, .. }) if slices.count > 1 => {
+                let done = std::mem::replace(&mut job.done, Box::new(|_, _| {}));
+                Some(Box::new(Cursor::new(range[0], slices, done)))
+            }
+            _ => None,
+        };
+        Queued {
+            job,
+            at: Instant::now(),
+            cursor,
+        }
+    }
+
+    /// Whether this is (a slice of) a chunked launch, started only under [`SLICE_DEPTH`].
+    fn is_slice(&self) -> bool {
+        self.cursor.is_some() || is_slice(&self.job)
+    }
+
+    /// Completes the job, or the slices of it not yet started, with `Cancelled`.
+    fn cancel(self) {
+        match self.cursor {
+            Some(cursor) => cursor.group.cancel_rest(),
+            None => {
+                let now = Instant::now();
+                (self.job.done)(
+                    Err(TaskError::Cancelled),
+                    JobTimes {
+                        queued: self.at,
+                        started: now,
+                        transfers_done: None,
+                        finished: now,
+                        cold: false,
+                    },
+                );
+            }
+        }
+    }
+}
+
+/// Where a sliced launch is: its next slice, and what its slices share.
+struct Cursor {
+    rows: u64,
+    align: u64,
+    units: u64,
+    count: u64,
+    next: u64,
+    group: Arc<Group>,
+}
+
+impl Cursor {
+    fn new(rows: u64, slices: Slices, done: Done) -> Cursor {
+        let align = slices.align.max(1);
+        let units = rows.div_ceil(align).max(1);
+        Cursor {
+            rows,
+            align,
+            units,
+            count: slices.count.clamp(1, units),
+            next: 0,
+            group: Arc::new(Group {
+                state: Mutex::new(GroupState {
+                    outstanding: 0,
+                    exhausted: false,
+                    first_error: None,
+                    first_times: None,
+                    cold: false,
+                    done: Some(done),
+                }),
+            }),
+        }
+    }
+
+    /// The first row of slice `slice`.
+    fn boundary(&self, slice: u64) -> u64 {
+        let unit = (u128::from(self.units) * u128::from(slice) / u128::from(self.count)) as u64;
+        self.align.saturating_mul(unit).min(self.rows)
+    }
+
+    /// The job of the next slice of `launch` (which keeps the launch's work, and its transfers
+    /// until the first slice takes them); `true` with it when it is the last. A cancelled launch
+    /// is finished as one slice over the rows left (it is skipped anyway).
+    fn take(&mut self, launch: &mut Job) -> (Job, bool) {
+        let cancelled = launch.cancelled.as_ref().is_some_and(|c| c.load(Ordering::Acquire));
+        let start = self.boundary(self.next);
+        self.next = if cancelled { self.count } else { self.next + 1 };
+        let end = self.boundary(self.next);
+        let last = self.next >= self.count;
+        {
+            let mut state = self.group.state.lock().unwrap_or_else(|e| e.into_inner());
+            state.outstanding += 1;
+            state.exhausted = last;
+        }
+        let mut work = launch.work.clone();
+        if let Work::Launch { rows, .. } = &mut work {
+            *rows = Some(start..end);
+        }
+        let group = self.group.clone();
+        let job = Job {
+            transfers: std::mem::take(&mut launch.transfers),
+            work,
+            keepalive: launch.keepalive.clone(),
+            cancelled: launch.cancelled.clone(),
+            revoke: None,
+            urgent: false,
+            slices: None,
+            done: Box::new(move |result, times| group.slice_done(result, times)),
+        };
+        (job, last)
+    }
+}
+
+type Done = Box<dyn FnOnce(Result<(), TaskError>, JobTimes) + Send>;
+
+/// What the slices of one launch share: the launch completes once, when its last slice has.
+struct Group {
+    state: Mutex<GroupState>,
+}
+
+struct GroupState {
+    /// Slices made and not finished.
+    outstanding: u64,
+    /// Every slice was made (or the rest cancelled).
+    exhausted: bool,
+    first_error: Option<TaskError>,
+    first_times: Option<JobTimes>,
+    cold: bool,
+    done: Option<Done>,
+}
+
+impl Group {
+    fn slice_done(&self, result: Result<(), TaskError>, times: JobTimes) {
+        let finished = {
+            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            if let Err(e) = result {
+                state.first_error.get_or_insert(e);
+            }
+            state.first_times.get_or_insert(times);
+            state.cold |= times.cold;
+            state.outstanding -= 1;
+            Self::finished(&mut state, times)
+        };
+        if let Some((done, outcome, times)) = finished {
+            done(outcome, times);
+        }
+    }
+
+    /// The slices not yet made will not be: the launch is cancelled.
+    fn cancel_rest(&self) {
+        let finished = {
+            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            state.first_error.get_or_insert(TaskError::Cancelled);
+            state.exhausted = true;
+            let now = Instant::now();
+            let times = JobTimes {
+                queued: now,
+                started: now,
+                transfers_done: None,
+                finished: now,
+                cold: false,
+            };
+            Self::finished(&mut state, times)
+        };
+        if let Some((done, outcome, times)) = finished {
+            done(outcome, times);
+        }
+    }
+
+    /// When the last slice is done: the launch's `done`, outcome and times (`last`: the times of
+    /// the slice that finished last).
+    fn finished(state: &mut GroupState, last: JobTimes) -> Option<(Done, Result<(), TaskError>, JobTimes)> {
+        if !state.exhausted || state.outstanding > 0 {
+            return None;
+        }
+        let first = state.first_times.unwrap_or(last);
+        let outcome = state.first_error.take().map_or(Ok(()), Err);
+        let times = JobTimes {
+            finished: last.finished,
+            cold: state.cold,
+            ..first
+        };
+        state.done.take().map(|done| (done, outcome, times))
+    }
 }
 
 /// A lane.
@@ -191,30 +388,21 @@ impl Lane {
     /// Appends a job.
     pub fn push(&self, job: Job) {
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let queued = Queued::new(job);
         if q.stopping {
             drop(q);
-            let now = Instant::now();
-            (job.done)(
-                Err(TaskError::Cancelled),
-                JobTimes {
-                    queued: now,
-                    started: now,
-                    transfers_done: None,
-                    finished: now,
-                    cold: false,
-                },
-            );
+            queued.cancel();
             return;
         }
-        if job.urgent {
+        if queued.job.urgent {
             // The lane runs latency work from now on: raised at once, so a batch job it waits
             // behind does not run at batch priority meanwhile (one system call, on a change).
             self.class.set(Class::Latency);
-            q.urgent.push_back((job, Instant::now()));
-        } else if job.revoke.as_ref().is_some_and(|r| r.replay) {
-            q.jobs.push_front((job, Instant::now()));
+            q.urgent.push_back(queued);
+        } else if queued.job.revoke.as_ref().is_some_and(|r| r.replay) {
+            q.jobs.push_front(queued);
         } else {
-            q.jobs.push_back((job, Instant::now()));
+            q.jobs.push_back(queued);
         }
         self.pending.fetch_add(1, Ordering::Release);
         let notify = q.sleeping;
@@ -239,19 +427,9 @@ impl Lane {
             all
         };
         self.wake.notify_all();
-        for (job, queued) in jobs {
+        for queued in jobs {
             self.pending.fetch_sub(1, Ordering::Relaxed);
-            let now = Instant::now();
-            (job.done)(
-                Err(TaskError::Cancelled),
-                JobTimes {
-                    queued,
-                    started: now,
-                    transfers_done: None,
-                    finished: now,
-                    cold: false,
-                },
-            );
+            queued.cancel();
         }
     }
 
@@ -271,22 +449,24 @@ impl Lane {
         }
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         loop {
-            let mut job = q.urgent.pop_front();
+            // The job to start, and whether it left the queue (a sliced launch stays until its
+            // last slice is made).
+            let mut job = q.urgent.pop_front().map(|u| Self::to_start(u, &mut q.jobs));
             let mut held_back = false;
             if job.is_none() {
                 match q.jobs.front() {
-                    Some((front, _)) if is_slice(front) && !q.stopping => {
+                    Some(front) if front.is_slice() => {
                         self.awaiting_room.store(true, Ordering::SeqCst);
-                        if self.in_flight.load(Ordering::SeqCst) < SLICE_DEPTH {
-                            job = q.jobs.pop_front();
+                        if q.stopping || self.in_flight.load(Ordering::SeqCst) < SLICE_DEPTH {
+                            job = q.jobs.pop_front().map(|f| Self::to_start(f, &mut q.jobs));
                         } else {
                             held_back = true;
                         }
                     }
-                    _ => job = q.jobs.pop_front(),
+                    _ => job = q.jobs.pop_front().map(|f| Self::to_start(f, &mut q.jobs)),
                 }
             }
-            if let Some(job) = job {
+            if let Some((job, left_queue)) = job {
                 // Under the queue lock, so a latency job pushed meanwhile is seen here or raises
                 // the lane after this.
                 let class = if job.0.urgent || !q.urgent.is_empty() {
@@ -296,7 +476,9 @@ impl Lane {
                 };
                 self.class.set(class);
                 self.awaiting_room.store(false, Ordering::Relaxed);
-                self.pending.fetch_sub(1, Ordering::Relaxed);
+                if left_queue {
+                    self.pending.fetch_sub(1, Ordering::Relaxed);
+                }
                 if self.in_flight.fetch_add(1, Ordering::AcqRel) == 0 {
                     self.busy_since
                         .store(self.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -306,7 +488,7 @@ impl Lane {
             if q.stopping && !held_back {
                 return None;
             }
-            // Empty after a flood: give the queues' memory back (a peak of a million slices must
+            // Empty after a flood: give the queues' memory back (a peak of queued jobs must
             // not stay reserved for the life of the daemon).
             if q.jobs.is_empty() && q.jobs.capacity() > SHRINK_ABOVE {
                 q.jobs.shrink_to(SHRINK_ABOVE);
@@ -321,6 +503,21 @@ impl Lane {
             q.sleeping = false;
             spin.blocked_for(slept.elapsed());
         }
+    }
+
+    /// The job to start for `queued`, just taken from the front of `jobs` (or of the urgent
+    /// queue): the job itself, or the next slice of a sliced launch, which goes back to the
+    /// front of `jobs` until its last slice is made. `true` with it when `queued` left the queue.
+    fn to_start(mut queued: Queued, jobs: &mut VecDeque<Queued>) -> ((Job, Instant), bool) {
+        let Some(cursor) = queued.cursor.as_mut() else {
+            return ((queued.job, queued.at), true);
+        };
+        let (slice, last) = cursor.take(&mut queued.job);
+        let at = queued.at;
+        if !last {
+            jobs.push_front(queued);
+        }
+        ((slice, at), last)
     }
 
     /// Waits until at most `jobs` jobs are in flight (this lane's started, unfinished jobs).
@@ -512,6 +709,7 @@ mod tests {
             cancelled: None,
             revoke: None,
             urgent,
+            slices: None,
             done: Box::new(move |r, _| {
                 r.unwrap();
                 done.send(()).unwrap();
@@ -607,5 +805,148 @@ mod tests {
         done.recv().unwrap();
         lane.stop();
         thread.join().unwrap();
+    }
+
+    /// Records the rows of each launch it runs (`None`: a job that is not a slice); holds each
+    /// until released when `hold` has a receiver.
+    struct Rows {
+        seen: mpsc::Sender<Option<std::ops::Range<u64>>>,
+        hold: Option<mpsc::Receiver<()>>,
+    }
+
+    impl Executor for Rows {
+        fn run(&mut self, _transfers: Vec<Transfer>, work: Work, end: JobEnd) {
+            let rows = match work {
+                Work::Launch { rows, .. } => rows,
+                _ => None,
+            };
+            self.seen.send(rows).unwrap();
+            if let Some(hold) = &self.hold {
+                hold.recv().unwrap();
+            }
+            end.finish(Ok(()));
+        }
+    }
+
+    fn launch(rows: u64, slices: Option<Slices>, done: mpsc::Sender<u32>, tag: u32) -> Job {
+        let (_, k) = agora_kernels::find("saxpy").unwrap();
+        Job {
+            transfers: Vec::new(),
+            work: Work::Launch {
+                kernel: k.into(),
+                range: [rows, 1, 1],
+                dims: 1,
+                args: [agora_kernels::ArgValue::None; agora_protocol::MAX_ARGS],
+                arg_count: 0,
+                device_args: Default::default(),
+                rows: None,
+            },
+            keepalive: None,
+            cancelled: None,
+            revoke: None,
+            urgent: false,
+            slices,
+            done: Box::new(move |r, _| {
+                r.unwrap();
+                done.send(tag).unwrap();
+            }),
+        }
+    }
+
+    #[test]
+    fn a_sliced_launch_waits_as_one_job_and_its_slices_are_made_as_they_start() {
+        let (seen_tx, seen) = mpsc::channel();
+        let (release, hold) = mpsc::channel();
+        let executor = Rows {
+            seen: seen_tx,
+            hold: Some(hold),
+        };
+        let class = LaneClass::new(&LanePriorities::normal());
+        let (lane, thread) = Lane::start("test-lane".into(), Box::new(executor), class).unwrap();
+        let (done_tx, done) = mpsc::channel();
+        // 1000 rows in 4096 asked slices of 3-row units: 334 slices, the last one short.
+        let slices = Some(Slices { count: 4096, align: 3 });
+        lane.push(launch(1000, slices, done_tx.clone(), 1));
+        lane.push(launch(10, slices, done_tx.clone(), 2));
+        assert_eq!(seen.recv().unwrap(), Some(0..3));
+        // Two launches of hundreds of slices: one slice started, two jobs queued.
+        assert!(lane.load() <= 3, "{:?}", lane.status());
+        // An urgent job overtakes the launch at its next slice boundary.
+        let mut urgent = job(true, mpsc::channel().0);
+        urgent.done = Box::new({
+            let done_tx = done_tx.clone();
+            move |r, _| {
+                r.unwrap();
+                done_tx.send(0).unwrap();
+            }
+        });
+        lane.push(urgent);
+        let mut next = 0;
+        let mut rows = Vec::new();
+        let mut urgent_at = None;
+        loop {
+            release.send(()).unwrap();
+            match seen.recv_timeout(Duration::from_secs(5)).unwrap() {
+                Some(r) => {
+                    if r.start == 0 && !rows.is_empty() {
+                        break; // the second launch
+                    }
+                    rows.push(r)
+                }
+                None => urgent_at = Some(rows.len()),
+            }
+            next += 1;
+            assert!(next < 1000);
+        }
+        assert!(urgent_at.is_some_and(|at| at <= SLICE_DEPTH + 1), "{urgent_at:?}");
+        assert_eq!(rows.len(), 333, "the first launch's slices but its first");
+        let mut expected = 3;
+        for r in &rows {
+            assert_eq!(r.start, expected);
+            assert!(r.end - r.start <= 3 && r.end > r.start);
+            expected = r.end;
+        }
+        assert_eq!(expected, 1000);
+        // The urgent job, then the first launch once, then (after its 4 slices) the second.
+        for _ in 0..4 {
+            release.send(()).unwrap();
+        }
+        let order: Vec<u32> = (0..3)
+            .map(|_| done.recv_timeout(Duration::from_secs(5)).unwrap())
+            .collect();
+        assert_eq!(order, [0, 1, 2]);
+        assert!(done.try_recv().is_err(), "each launch completes once");
+        lane.stop();
+        drop(release);
+        thread.join().unwrap();
+    }
+
+    #[test]
+    fn stopping_cancels_the_slices_not_made_and_completes_the_launch_once() {
+        let (seen_tx, seen) = mpsc::channel();
+        let (release, hold) = mpsc::channel();
+        let executor = Rows {
+            seen: seen_tx,
+            hold: Some(hold),
+        };
+        let class = LaneClass::new(&LanePriorities::normal());
+        let (lane, thread) = Lane::start("test-lane".into(), Box::new(executor), class).unwrap();
+        let (tx, rx) = mpsc::channel();
+        let mut job = launch(100, Some(Slices { count: 100, align: 1 }), mpsc::channel().0, 0);
+        job.done = Box::new(move |r, _| tx.send(r).unwrap());
+        lane.push(job);
+        assert_eq!(seen.recv().unwrap(), Some(0..1));
+        let stopper = std::thread::spawn({
+            let lane = lane.clone();
+            move || lane.stop()
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        for _ in 0..3 {
+            let _ = release.send(());
+        }
+        stopper.join().unwrap();
+        thread.join().unwrap();
+        assert!(matches!(rx.recv().unwrap(), Err(TaskError::Cancelled)));
+        assert!(rx.try_recv().is_err());
     }
 }

@@ -332,9 +332,31 @@ pub struct Job {
     /// A latency-class job: the lane starts it before any queued non-urgent job (so a sliced
     /// batch launch yields the lane at its next slice boundary).
     pub urgent: bool,
+    /// Cuts a launch into row slices that the lane makes one at a time, as it starts them
+    /// ([`Slices`]); `None`: the job runs whole.
+    pub slices: Option<Slices>,
     /// Called exactly once with the outcome and the job's times (on the lane's thread, or on a
-    /// device runtime thread for asynchronous devices).
+    /// device runtime thread for asynchronous devices). For a sliced job: once, after its last
+    /// slice, with the first error if any, the first slice's start and the last one's end.
     pub done: Box<dyn FnOnce(Result<(), TaskError>, JobTimes) + Send>,
+}
+
+/// How a lane cuts a launch (`Work::Launch` with `rows: None`) into consecutive row slices.
+///
+/// The lane keeps the launch as one queued job with a cursor over its rows and makes the next
+/// slice's job only when it starts it (under [`lane::SLICE_DEPTH`]), so a launch cut into
+/// thousands of slices costs one job's memory while it waits, not thousands. Between slices the
+/// lane may start urgent (latency-class) jobs; the job's transfers go with its first slice.
+///
+/// Slice `i` covers rows `[b(i), b(i+1))` with `b(i) = align × ⌊units × i / count⌋` (capped at
+/// the last row), `units = ⌈rows / align⌉`: even slices of whole multiples of `align` rows (so
+/// there may be fewer than `count`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slices {
+    /// How many slices (at most).
+    pub count: u64,
+    /// Slice boundaries are multiples of this many rows ([`Device::row_alignment`]).
+    pub align: u64,
 }
 
 /// What makes a job revocable.

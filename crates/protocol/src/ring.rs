@@ -101,6 +101,13 @@ impl SubmissionConsumer {
         Ok(distance)
     }
 
+    /// Copies the next descriptor out without taking it (the client may not change a published
+    /// slot, but one that does only changes what the copy says). Call only when
+    /// [`Self::available`] said one exists.
+    pub fn peek(&self) -> TaskDescriptor {
+        self.view.read_submission(self.head)
+    }
+
     /// Copies the next descriptor out. Call only when [`Self::available`] said one exists.
     pub fn take(&mut self) -> TaskDescriptor {
         let d = self.view.read_submission(self.head);

@@ -45,6 +45,9 @@ pub(super) struct LaneCompletion {
     pub model: Arc<Mutex<PerformanceModel>>,
     /// Its predicted nanoseconds, booked on its lane's pending work.
     pub predicted: u64,
+    /// Its predicted nanoseconds as counted in the session's outstanding lane work (0 for
+    /// latency-class tasks), for back-pressure.
+    pub session_ns: u64,
     pub lane_pending: Arc<AtomicU64>,
     /// Its entry in the latency books (latency-class tasks).
     pub latency: Option<LatencyCharge>,
@@ -78,6 +81,10 @@ impl LaneCompletion {
         let exec_start = times.transfers_done.unwrap_or(times.started);
         let execution = times.finished.saturating_duration_since(exec_start);
         self.lane_pending.fetch_sub(self.predicted, Ordering::Relaxed);
+        if self.shared.lane_work_done(self.session_ns) {
+            // The session was held back over its lane limits and now has room.
+            self.ticket.wake_dispatcher();
+        }
         if let Some(charge) = self.latency {
             charge.settle(execution);
         }

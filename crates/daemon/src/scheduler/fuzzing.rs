@@ -133,6 +133,7 @@ impl ValidateHarness {
             segment,
             16,
             64,
+            u64::MAX,
         );
         let mut buffers = Vec::new();
         for &len in BUFFER_LENS {

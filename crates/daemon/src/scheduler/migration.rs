@@ -386,6 +386,11 @@ impl Ticket {
             self.inbox.wake();
         }
     }
+
+    /// Wakes the dispatcher if it sleeps (a session it held back has room again).
+    pub(super) fn wake_dispatcher(&self) {
+        self.inbox.wake();
+    }
 }
 
 /// See [`Migration::drain_waker`].

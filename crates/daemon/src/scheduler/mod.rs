@@ -308,7 +308,14 @@ impl Scheduler {
             .get_or_init(|| metrics.unread_releases.clone());
         let available = session.submissions.available()?;
         let n = available.min(session.admission_room()).min(BATCH);
+        let mut taken = 0;
         for _ in 0..n {
+            // Back-pressure: over its lane limits, the session's ring stays full and its client
+            // waits (a lane job that makes room wakes us).
+            if !session.lane_admits_head() {
+                break;
+            }
+            taken += 1;
             let descriptor = session.submissions.take();
             session.ingested = session.ingested.wrapping_add(1);
             session.submitted += 1;
@@ -319,11 +326,11 @@ impl Scheduler {
                 self.task_counters("invalid", QueueClass::Batch).failed.inc();
             }
         }
-        if n > 0 {
+        if taken > 0 {
             session.submissions.release();
             self.flush(&session.shared);
         }
-        Ok(n)
+        Ok(taken)
     }
 
     fn flush(&mut self, shared: &SessionShared) {

@@ -9,10 +9,10 @@
 //! Must not: choose where the task runs or what data moves (`place`, `plan`).
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
-use agora_devices::{Device, Job, Transfer, Work};
+use agora_devices::{Device, Job, Slices, Transfer, Work};
 use agora_protocol::control::QueueClass;
 use agora_protocol::{Completion, TaskError};
 
@@ -113,6 +113,9 @@ impl Scheduler {
         let lane_pending = self.lane_pending[device][lane].clone();
         lane_pending.fetch_add(predicted, Ordering::Relaxed);
         let urgent = queue.class == QueueClass::Latency;
+        // The session's outstanding lane work, for back-pressure (its batch work by prediction).
+        let session_ns = if queue.class == QueueClass::Batch { predicted } else { 0 };
+        session.shared.lane_work_started(session_ns);
         // Latency work's own accounting: its queued time per lane, TReM's `q` and `l`.
         let latency = urgent.then(|| self.books.charge(device, lane, predicted));
         let slices = self
@@ -134,6 +137,7 @@ impl Scheduler {
             device_name,
             model: self.model.clone(),
             predicted,
+            session_ns,
             lane_pending,
             latency,
             counters,
@@ -173,6 +177,7 @@ impl Scheduler {
                     cancelled,
                     revoke: None,
                     urgent,
+                    slices: None,
                     done,
                 },
             );
@@ -181,11 +186,12 @@ impl Scheduler {
         }
     }
 }
-/// Submits a launch as `slices` jobs over consecutive row ranges, in order on one lane. The task
-/// completes (once, with the first error if any) when its last slice has run; its transfers go
-/// with the first slice. Between slices the lane may start urgent (latency-class) jobs. Slice
-/// boundaries are multiples of the device's row alignment for the kernel (whole work-groups on
-/// OpenCL), so there may be fewer slices than asked for.
+/// Submits a launch as one job that its lane cuts into `slices` consecutive row slices as it
+/// starts them ([`agora_devices::Slices`]: a launch cut into thousands of slices costs one
+/// queued job). The task completes (once, with the first error if any) when its last slice has
+/// run; its transfers go with the first slice. Between slices the lane may start urgent
+/// (latency-class) jobs. Slice boundaries are multiples of the device's row alignment for the
+/// kernel (whole work-groups on OpenCL), so there may be fewer slices than asked for.
 fn submit_sliced(
     device: &dyn Device,
     lane: usize,
@@ -195,92 +201,21 @@ fn submit_sliced(
     cancelled: Option<Arc<std::sync::atomic::AtomicBool>>,
     done: Done,
 ) {
-    let Work::Launch {
-        kernel,
-        range,
-        dims,
-        args,
-        arg_count,
-        device_args,
-        ..
-    } = work
-    else {
+    let Work::Launch { kernel, dims, .. } = &work else {
         unreachable!("only launches are sliced")
     };
-    // Even slices in units of the device's row alignment: slice `i` starts at unit
-    // `units * i / slices`, and the last one ends at the last row.
-    let rows = range[0];
-    let align = device.row_alignment(&kernel, dims).max(1);
-    let units = rows.div_ceil(align).max(1);
-    let slices = slices.clamp(1, units);
-    let boundary = |slice: u64| (align * (units * slice / slices)).min(rows);
-    /// What the slices of one task share.
-    struct Group {
-        remaining: std::sync::atomic::AtomicU64,
-        state: Mutex<GroupState>,
-    }
-    struct GroupState {
-        first_error: Option<TaskError>,
-        first_times: Option<agora_devices::JobTimes>,
-        cold: bool,
-        done: Option<Done>,
-    }
-    let group = Arc::new(Group {
-        remaining: std::sync::atomic::AtomicU64::new(slices),
-        state: Mutex::new(GroupState {
-            first_error: None,
-            first_times: None,
-            cold: false,
-            done: Some(done),
-        }),
-    });
-    let mut transfers = Some(transfers);
-    for slice in 0..slices {
-        let (start, end) = (boundary(slice), boundary(slice + 1));
-        let group = group.clone();
-        device.submit(
-            lane,
-            Job {
-                transfers: transfers.take().unwrap_or_default(),
-                work: Work::Launch {
-                    kernel: kernel.clone(),
-                    range,
-                    dims,
-                    args,
-                    arg_count,
-                    device_args: device_args.clone(),
-                    rows: Some(start..end),
-                },
-                keepalive: None,
-                cancelled: cancelled.clone(),
-                revoke: None,
-                urgent: false,
-                done: Box::new(move |result, times| {
-                    let finished = {
-                        let mut state = group.state.lock().unwrap_or_else(|e| e.into_inner());
-                        if let Err(e) = result {
-                            state.first_error.get_or_insert(e);
-                        }
-                        state.first_times.get_or_insert(times);
-                        state.cold |= times.cold;
-                        if group.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-                            let first = state.first_times.unwrap_or(times);
-                            let outcome = state.first_error.map_or(Ok(()), Err);
-                            let times = agora_devices::JobTimes {
-                                finished: times.finished,
-                                cold: state.cold,
-                                ..first
-                            };
-                            state.done.take().map(|done| (done, outcome, times))
-                        } else {
-                            None
-                        }
-                    };
-                    if let Some((done, outcome, times)) = finished {
-                        done(outcome, times);
-                    }
-                }),
-            },
-        );
-    }
+    let align = device.row_alignment(kernel, *dims).max(1);
+    device.submit(
+        lane,
+        Job {
+            transfers,
+            work,
+            keepalive: None,
+            cancelled,
+            revoke: None,
+            urgent: false,
+            slices: Some(Slices { count: slices, align }),
+            done,
+        },
+    );
 }

@@ -471,6 +471,7 @@ mod tests {
                 cancelled: None,
                 revoke: None,
                 urgent: false,
+                slices: None,
                 done: Box::new(move |r, _| tx.send(r).unwrap()),
             },
         );
@@ -554,6 +555,7 @@ mod tests {
                 cancelled: None,
                 revoke: None,
                 urgent: false,
+                slices: None,
                 done: Box::new(move |r, _| tx.send(r).unwrap()),
             },
         );
