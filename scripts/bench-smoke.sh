@@ -34,7 +34,7 @@ case "$bench" in
   and d["rounds"] > 0 and d["kills"] >= 1 and d["restarts"] == d["kills"] and len(d["samples"]) >= 5
   and all(p["rounds"] > 0 for p in d["profiles"] if p["clients"] > 0)
   and d["throughput_rounds_per_s"]["min"] <= d["throughput_rounds_per_s"]["median"] <= d["throughput_rounds_per_s"]["max"]
-  and all(k in d for k in ("rss_slope_mib_per_min", "rss_anon_slope_mib_per_min", "fd_slope_per_min", "rss_mib_max", "fds_max", "throughput_tasks_per_s", "warm_up_s", "seed", "load_average_at_start"))' ;;
+  and all(k in d for k in ("rss_slope_mib_per_min", "rss_anon_slope_mib_per_min", "fd_slope_per_min", "rss_mib_max", "fds_max", "throughput_tasks_per_s", "stalled_intervals", "warm_up_s", "seed", "load_average_at_start"))' ;;
   *)
     echo "bench-smoke: no checks for bench '$bench': add them here" >&2
     exit 2

@@ -289,6 +289,9 @@ struct SoakReportJson {
     profiles: Vec<ProfileReport>,
     throughput_rounds_per_s: Spread,
     throughput_tasks_per_s: Spread,
+    /// Sample intervals in which no client completed a round (the daemon, or the machine,
+    /// stalled for at least a whole interval).
+    stalled_intervals: usize,
     rss_mib_start: f64,
     rss_mib_end: f64,
     rss_mib_max: f64,
@@ -416,6 +419,9 @@ pub fn soak(args: SoakArgs) -> Result<()> {
                 tasks_per_s: (tasks - last.2) as f64 / dt,
                 kills,
             };
+            if rounds == last.1 {
+                eprintln!("agora bench soak: no client completed a round in the last {dt:.1} s (daemon pid {pid})");
+            }
             last = (now, rounds, tasks);
             samples.push(sample);
             let line = format!(
@@ -511,6 +517,7 @@ pub fn soak(args: SoakArgs) -> Result<()> {
             .collect(),
         throughput_rounds_per_s: spread(&nonempty(intervals.iter().map(|s| s.rounds_per_s).collect())),
         throughput_tasks_per_s: spread(&nonempty(intervals.iter().map(|s| s.tasks_per_s).collect())),
+        stalled_intervals: intervals.iter().filter(|s| s.rounds_per_s == 0.0).count(),
         rss_mib_start: rss0 as f64 / 1024.0,
         rss_mib_end: rss_end as f64 / 1024.0,
         rss_mib_max: samples.iter().map(|s| s.rss_kib).max().unwrap_or(0).max(rss_end) as f64 / 1024.0,
@@ -553,8 +560,8 @@ pub fn soak(args: SoakArgs) -> Result<()> {
             }
         }
         println!(
-            "throughput per {:.0} s interval (rounds/s): min {:.0}, median {:.0}, max {:.0}",
-            report.sample_s, t.min, t.median, t.max
+            "throughput per {:.0} s interval (rounds/s): min {:.0}, median {:.0}, max {:.0}; {} interval(s) without any round",
+            report.sample_s, t.min, t.median, t.max, report.stalled_intervals
         );
         println!(
             "daemon RSS {:.1} → {:.1} MiB (max {:.1}); after the {:.0} s warm-up: {:+.3} MiB/min (anonymous {:+.3})",
