@@ -26,6 +26,7 @@ test: setup
 	bash scripts/bench-smoke.sh ./target/release/agora bench sla --quick --json
 	bash scripts/bench-smoke.sh ./target/release/agora bench migrate --quick --json
 	bash scripts/bench-smoke.sh ./target/release/agora bench kernels --quick --json
+	bash scripts/bench-smoke.sh ./target/release/agora bench soak --quick --json
 
 bench: setup
 	./target/release/agora bench latency

@@ -30,6 +30,11 @@ case "$bench" in
   sla) expr='all(k in d for k in ("sla_ms", "alone", "unsliced", "chunked", "revoked", "preempt_chunked_p99_ms", "batch_per_s_chunked", "batch_priority", "load_average_at_start"))' ;;
   migrate) expr='d["moves"] and "app" in d' ;;
   kernels) expr='d["verified"] and all(k in d for k in ("package_ratio_geomean", "sandbox_ratio_geomean", "cpu_ratio_geomean", "sandbox_empty_p50_ns", "first_build_ms", "cached_build_ms")) and d["cache_hit"] and len(d["kernels"]) == 3' ;;
+  soak) expr='d["verified"] and d["wrong_results"] == 0 and d["client_failures"] == 0 and d["daemon_alive"] and d["sessions_left"] == 0
+  and d["rounds"] > 0 and d["kills"] >= 1 and d["restarts"] == d["kills"] and len(d["samples"]) >= 5
+  and all(p["rounds"] > 0 for p in d["profiles"] if p["clients"] > 0)
+  and d["throughput_rounds_per_s"]["min"] <= d["throughput_rounds_per_s"]["median"] <= d["throughput_rounds_per_s"]["max"]
+  and all(k in d for k in ("rss_slope_mib_per_min", "rss_anon_slope_mib_per_min", "fd_slope_per_min", "rss_mib_max", "fds_max", "throughput_tasks_per_s", "stalled_intervals", "warm_up_s", "seed", "load_average_at_start"))' ;;
   *)
     echo "bench-smoke: no checks for bench '$bench': add them here" >&2
     exit 2

@@ -949,4 +949,20 @@ pub mod testing {
     pub fn buffer_handle(buffer: &crate::Buffer) -> u64 {
         buffer.handle()
     }
+
+    /// The session's own view of its segment (header, rings, heap), to write anything into it
+    /// (valid while the session lives).
+    pub fn segment_view(session: &Session) -> agora_protocol::segment::SegmentView {
+        *session.inner.segment().view()
+    }
+
+    /// The session's segment memfd (to try to shrink or grow it).
+    pub fn segment_fd(session: &Session) -> std::os::fd::BorrowedFd<'_> {
+        session.inner.segment().fd()
+    }
+
+    /// Rings the daemon's doorbell for the session (makes it look at the rings now).
+    pub fn ring_doorbell(session: &Session) {
+        session.inner.doorbell.ring();
+    }
 }

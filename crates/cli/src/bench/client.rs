@@ -30,6 +30,9 @@ pub enum ClientMode {
     /// sync_to + fill + sync_from of `--size` bytes, `--iterations` times after a warm-up.
     /// With `--stepwise`: once per `run` line on stdin instead.
     Transfer,
+    /// Verified rounds (sync_to, fill, saxpy, copy, sync_from over `--size` floats) until stdin
+    /// closes, printing a [`SoakReport`] line of counts every 200 ms (`agora bench soak`).
+    Soak,
 }
 
 /// `agora bench-client` options.
@@ -57,6 +60,9 @@ pub struct ClientArgs {
     /// Preferred device kind (cpu, opencl).
     #[arg(long)]
     device_kind: Option<String>,
+    /// Soak mode: a latency-class queue (else batch).
+    #[arg(long)]
+    latency_class: bool,
     #[command(flatten)]
     pub socket: crate::SocketArg,
 }
@@ -151,6 +157,129 @@ fn client_repeat(socket: Option<PathBuf>, args: &ClientArgs) -> Result<()> {
     Ok(())
 }
 
+/// What a soak-mode client did since its previous line.
+#[derive(Serialize, Deserialize, Debug, Default, Clone)]
+pub(crate) struct SoakReport {
+    /// Rounds completed and checked.
+    pub(crate) rounds: u64,
+    /// Tasks those rounds issued.
+    pub(crate) tasks: u64,
+    /// Rounds whose result was wrong.
+    pub(crate) wrong: u64,
+    /// The first wrong value seen, described (empty when none).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub(crate) detail: String,
+    /// Longest round, nanoseconds.
+    pub(crate) max_round_ns: u64,
+}
+
+/// Tasks in one soak round.
+const SOAK_TASKS_PER_ROUND: u64 = 7;
+
+/// Soak mode: verified rounds until stdin closes (or the process is killed), a [`SoakReport`]
+/// line every 200 ms and a last one at the end. Every 64 rounds the buffers are released and
+/// allocated again, so the daemon sees registrations come and go, not only tasks.
+fn client_soak(socket: Option<PathBuf>, args: &ClientArgs) -> Result<()> {
+    let n = args.size.unwrap_or(4096).max(1);
+    let bytes = n * 4;
+    let session = Session::connect_with(SessionOptions {
+        socket,
+        name: Some(
+            if args.latency_class {
+                "bench-soak-latency"
+            } else {
+                "bench-soak-batch"
+            }
+            .into(),
+        ),
+        heap_bytes: Some((bytes * 3 * 2).max(4 << 20)),
+        control_timeout: None,
+    })?;
+    let queue = session.queue_with(agora::QueueOptions {
+        name: "soak".into(),
+        class: if args.latency_class {
+            agora::QueueClass::Latency
+        } else {
+            agora::QueueClass::Batch
+        },
+        preferred_device: device_kind(args.device_kind.as_deref()),
+        sla: None,
+    })?;
+    let fill = session.kernel("fill")?;
+    let saxpy = session.kernel("saxpy")?;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            // Until stdin closes (the benchmark's way of ending the run).
+            for line in std::io::stdin().lines() {
+                if line.is_err() {
+                    break;
+                }
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+    }
+    let emit = |report: &mut SoakReport| -> Result<()> {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{}", serde_json::to_string(&report)?)?;
+        out.flush()?;
+        *report = SoakReport::default();
+        Ok(())
+    };
+    let mut buffers = None;
+    let mut report = SoakReport::default();
+    let mut last = Instant::now();
+    let mut round: u64 = 0;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        if round.is_multiple_of(64) {
+            drop(buffers.take()); // released before the next ones are allocated
+            buffers = Some((session.buffer(bytes)?, session.buffer(bytes)?, session.buffer(bytes)?));
+        }
+        let Some((x, y, z)) = buffers.as_mut() else {
+            unreachable!("allocated above")
+        };
+        round += 1;
+        let started = Instant::now();
+        // Values that only this round's tasks produce: y = a·x + v, exact in f32.
+        let a = (1 + round % 3) as f32;
+        let v = (round % 251) as f32;
+        for (i, xi) in x.as_mut_slice::<f32>().iter_mut().enumerate() {
+            *xi = ((i as u64 + round) % 113) as f32;
+        }
+        z.as_mut_slice::<f32>().fill(-1.0);
+        let _ = queue.sync_to(x)?;
+        let _ = queue.sync_to(z)?;
+        let _ = queue.launch(&fill, &[agora::Arg::F32(v), (&*y).into()], n)?;
+        let _ = queue.launch(&saxpy, &[agora::Arg::F32(a), (&*x).into(), (&*y).into()], n)?;
+        let _ = queue.copy(y, 0, z, 0, 0)?;
+        let _ = queue.sync_from(y)?;
+        let _ = queue.sync_from(z)?;
+        queue.finish()?;
+        report.max_round_ns = report.max_round_ns.max(started.elapsed().as_nanos() as u64);
+        report.rounds += 1;
+        report.tasks += SOAK_TASKS_PER_ROUND;
+        let x = x.as_slice::<f32>();
+        let bad = [y.as_slice::<f32>(), z.as_slice::<f32>()].into_iter().find_map(|out| {
+            out.iter()
+                .zip(x)
+                .position(|(o, xi)| *o != a * xi + v)
+                .map(|i| (i, out[i]))
+        });
+        if let Some((i, got)) = bad {
+            report.wrong += 1;
+            if report.detail.is_empty() {
+                report.detail = format!("round {round}: element {i} of {n} is {got}, expected {}", a * x[i] + v);
+            }
+        }
+        if last.elapsed() >= Duration::from_millis(200) {
+            emit(&mut report)?;
+            last = Instant::now();
+        }
+    }
+    emit(&mut report)
+}
+
 #[derive(Serialize, Deserialize, Debug, Default, Clone)]
 pub(crate) struct ClientResult {
     pub(crate) tasks: u64,
@@ -167,6 +296,9 @@ pub fn client(args: ClientArgs) -> Result<()> {
     let socket = args.socket.path();
     if matches!(args.mode, ClientMode::Workload | ClientMode::Transfer) {
         return client_repeat(socket, &args);
+    }
+    if matches!(args.mode, ClientMode::Soak) {
+        return client_soak(socket, &args);
     }
     let session = Session::connect_with(SessionOptions {
         socket,
@@ -240,7 +372,7 @@ pub fn client(args: ClientArgs) -> Result<()> {
         ClientMode::Idle => {
             std::thread::sleep(Duration::from_millis(args.iterations));
         }
-        ClientMode::Workload | ClientMode::Transfer => unreachable!("handled above"),
+        ClientMode::Workload | ClientMode::Transfer | ClientMode::Soak => unreachable!("handled above"),
     }
     println!("{}", serde_json::to_string(&result)?);
     Ok(())

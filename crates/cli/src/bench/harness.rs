@@ -63,6 +63,11 @@ impl DaemonProcess {
     pub(crate) fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())
     }
+
+    /// Whether the daemon started here has exited (never, for one reused).
+    pub(crate) fn has_exited(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| !matches!(c.try_wait(), Ok(None)))
+    }
 }
 
 impl Drop for DaemonProcess {

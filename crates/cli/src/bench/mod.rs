@@ -17,6 +17,7 @@ pub mod latency;
 pub mod migrate;
 pub mod overhead;
 pub mod sched;
+pub mod soak;
 
 use anyhow::Result;
 use clap::Subcommand;
@@ -48,6 +49,10 @@ pub enum BenchCommand {
     /// Live migration: time to move a queue with N MiB of live buffers between devices with
     /// their own memory, and the slowdown of an iterative application migrated once mid-run.
     Migrate(migrate::MigrateArgs),
+    /// Minutes of mixed, verified work from several client processes, some killed (`kill -9`)
+    /// and restarted at random: wrong results (must be 0), the daemon's RSS and descriptor
+    /// slopes after warm-up, throughput per interval.
+    Soak(soak::SoakArgs),
 }
 
 /// Runs a benchmark.
@@ -60,5 +65,6 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Sla(args) => sched::sla(args),
         BenchCommand::Migrate(args) => migrate::migrate(args),
         BenchCommand::Kernels(args) => kernels::kernels(args),
+        BenchCommand::Soak(args) => soak::soak(args),
     }
 }
