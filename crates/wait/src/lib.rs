@@ -85,6 +85,7 @@ pub struct AdaptiveSpin {
 /// Spins without yielding after a yield went to a stranger (each costs a time slice: try again
 /// only now and then, less often while strangers stay).
 const RETRY_YIELDING: u32 = 64;
+/// The most spins a spinner stays without yielding while strangers keep taking its core.
 const RETRY_YIELDING_MAX: u32 = 8192;
 
 impl AdaptiveSpin {
