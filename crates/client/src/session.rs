@@ -533,8 +533,6 @@ fn truncate(mut name: String) -> String {
     name
 }
 
-/// Sends `request` and reads its reply, within `timeout`. On failure, also says whether the
-/// connection is lost for good (`true`: later calls cannot work).
 /// The error a daemon wrote on a connection it then closed (it refuses connections beyond a
 /// limit that way), if one is waiting to be read.
 fn refusal_waiting(stream: &UnixStream) -> Option<ControlError> {
@@ -545,6 +543,8 @@ fn refusal_waiting(stream: &UnixStream) -> Option<ControlError> {
     }
 }
 
+/// Sends `request` and reads its reply, within `timeout`. On failure, also says whether the
+/// connection is lost for good (`true`: later calls cannot work).
 fn call(control: &mut Control, request: &Request, timeout: Duration) -> Result<Response, (Error, bool)> {
     let deadline = Instant::now() + timeout;
     let timed_out = || Error::Timeout {
