@@ -1,31 +1,11 @@
 //! `decode_body::<Request>`: a control frame's body as the daemon decodes it from any local
 //! user.
 //!
-//! Properties: whatever decodes encodes again, that encoding decodes to an equal request (one
-//! whose own encoding is the same bytes: floats may be NaN), and `encode_frame` frames exactly
-//! that body behind its length.
+//! Properties (`control_body.rs`): whatever decodes encodes again, that encoding decodes to an
+//! equal request (one whose own encoding is the same bytes: floats may be NaN), and
+//! `encode_frame` frames exactly that body behind its length.
 #![no_main]
 
-use agora_protocol::control::{decode_body, encode_frame, Request};
-use libfuzzer_sys::fuzz_target;
+include!("control_body.rs");
 
-fuzz_target!(|data: &[u8]| {
-    let Ok(message) = decode_body::<Request>(data) else {
-        return;
-    };
-    let body = postcard::to_stdvec(&message).expect("a decoded request encodes");
-    assert!(
-        body.len() <= data.len(),
-        "re-encoding grew: {} > {}",
-        body.len(),
-        data.len()
-    );
-    let again: Request = decode_body(&body).expect("an encoded request decodes");
-    if message == message {
-        assert_eq!(again, message);
-    }
-    assert_eq!(postcard::to_stdvec(&again).unwrap(), body);
-    let frame = encode_frame(&message).unwrap();
-    assert_eq!(&frame[4..], &body[..]);
-    assert_eq!(u32::from_le_bytes(frame[..4].try_into().unwrap()) as usize, body.len());
-});
+control_body_target!(agora_protocol::control::Request);

@@ -7,9 +7,9 @@ use std::os::unix::net::UnixStream;
 use std::process::Command;
 use std::time::Duration;
 
-use agora::{Arg, Session};
+use agora::Arg;
 use agora_protocol::control::{encode_frame, Request, MAX_FRAME};
-use agora_test_support::Daemon;
+use agora_test_support::{saxpy_ok, Daemon};
 
 const AGORA: &str = env!("CARGO_BIN_EXE_agora");
 
@@ -19,18 +19,6 @@ fn start(tag: &str, extra: &[&str]) -> Daemon {
     let mut args = vec!["--no-opencl"];
     args.extend_from_slice(extra);
     Daemon::start(AGORA, &format!("control-{tag}"), &args)
-}
-
-/// A verified saxpy on a small buffer.
-fn saxpy_ok(session: &Session) {
-    let q = session.queue("check").unwrap();
-    let saxpy = session.kernel("saxpy").unwrap();
-    let x = session.buffer_from(&vec![1.0f32; 4096]).unwrap();
-    let y = session.buffer_from(&vec![2.0f32; 4096]).unwrap();
-    q.launch(&saxpy, &[Arg::F32(3.0), (&x).into(), (&y).into()], 4096usize)
-        .unwrap();
-    q.sync_from(&y).unwrap().wait().unwrap();
-    assert!(y.as_slice::<f32>().iter().all(|v| *v == 5.0));
 }
 
 /// Whether the daemon closed `stream` (reads end-of-file within a few seconds).
@@ -71,8 +59,8 @@ fn malformed_control_frames_close_only_their_connection() {
         }
     }
     // The daemon and its other clients are unharmed.
-    saxpy_ok(&neighbour);
-    saxpy_ok(&daemon.session());
+    saxpy_ok(&neighbour, 4096);
+    saxpy_ok(&daemon.session(), 4096);
     drop(deaf);
 }
 

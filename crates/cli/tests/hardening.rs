@@ -19,9 +19,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use agora::{Arg, Error, Session, SessionOptions};
+use agora::{Error, Session, SessionOptions};
 use agora_protocol::control::{decode_body, encode_frame, ControlError, Request, Response};
-use agora_test_support::{temp_dir, Daemon};
+use agora_test_support::{saxpy_ok, temp_dir, Daemon};
 
 const AGORA: &str = env!("CARGO_BIN_EXE_agora");
 
@@ -43,18 +43,6 @@ fn session_with(socket: &Path, heap: Option<u64>) -> Result<Session, Error> {
         heap_bytes: heap,
         control_timeout: None,
     })
-}
-
-/// Runs a saxpy and checks its result.
-fn saxpy_ok(session: &Session) {
-    let q = session.queue("check").unwrap();
-    let saxpy = session.kernel("saxpy").unwrap();
-    let x = session.buffer_from(&vec![1.0f32; 4096]).unwrap();
-    let y = session.buffer_from(&vec![2.0f32; 4096]).unwrap();
-    q.launch(&saxpy, &[Arg::F32(3.0), (&x).into(), (&y).into()], 4096usize)
-        .unwrap();
-    q.sync_from(&y).unwrap().wait().unwrap();
-    assert!(y.as_slice::<f32>().iter().all(|v| *v == 5.0));
 }
 
 /// The limit a refusal names, or a panic saying what came instead.
@@ -197,7 +185,7 @@ fn out_of_descriptors_the_daemon_does_not_spin_and_recovers() {
         session = session_with(daemon.socket(), Some(1 << 20)).ok();
         session.is_some()
     }));
-    saxpy_ok(session.as_ref().unwrap());
+    saxpy_ok(session.as_ref().unwrap(), 4096);
     daemon.assert_alive();
 }
 
@@ -226,7 +214,7 @@ fn a_connection_that_never_says_hello_is_closed_with_a_reason() {
     assert_eq!(silent.read(&mut byte).unwrap_or(0), 0, "then closed");
     // A session that said hello in time is not affected.
     std::thread::sleep(Duration::from_millis(400));
-    saxpy_ok(&session);
+    saxpy_ok(&session, 4096);
     let status = daemon.status();
     let refusals: u64 = status
         .limit_refusals
@@ -273,7 +261,7 @@ fn connections_per_uid_are_limited_and_freed() {
         session = session_with(daemon.socket(), Some(1 << 20)).ok();
         session.is_some()
     }));
-    saxpy_ok(session.as_ref().unwrap());
+    saxpy_ok(session.as_ref().unwrap(), 4096);
 }
 
 #[test]
@@ -315,7 +303,7 @@ fn sessions_and_heap_per_uid_are_limited_shown_and_counted() {
     let (limit, value, max, _) = limit_of(session_with(daemon.socket(), Some(4 << 20)));
     assert_eq!((limit.as_str(), value, max), ("heap bytes per uid", 1 << 20, 3 << 20));
     let two = session_with(daemon.socket(), Some(2 << 20)).unwrap();
-    saxpy_ok(&two);
+    saxpy_ok(&two, 4096);
     let _held = (two.queue("held").unwrap(), two.buffer(64).unwrap());
     let usage = mine();
     assert_eq!((usage.sessions.used, usage.sessions.max), (2, 2));
@@ -460,7 +448,7 @@ fn control_requests_are_rate_limited_per_connection_without_closing_it() {
         Some(Response::Buffer { .. })
     ));
     // Other connections have buckets of their own.
-    saxpy_ok(&daemon.session());
+    saxpy_ok(&daemon.session(), 4096);
 }
 
 #[test]
@@ -478,7 +466,7 @@ fn trace_save_and_drain_need_an_admin() {
             "{dir}/trace.json",
         ],
     );
-    saxpy_ok(&daemon.session());
+    saxpy_ok(&daemon.session(), 4096);
     let out = daemon.agora(&["trace", "save"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "a non-admin saved the trace");
@@ -512,7 +500,7 @@ fn trace_save_and_drain_need_an_admin() {
             "{dir}/trace.json",
         ],
     );
-    saxpy_ok(&daemon.session());
+    saxpy_ok(&daemon.session(), 4096);
     let out = daemon.agora(&["trace", "save"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(daemon.dir().join("trace.json").exists());
@@ -531,7 +519,7 @@ fn serve_with_state(tag: &str, state: impl FnOnce(&Path) -> PathBuf) -> (String,
         c.env("AGORA_STATE_DIR", &state_dir).stderr(Stdio::from(file));
     });
     let session = daemon.session();
-    saxpy_ok(&session);
+    saxpy_ok(&session, 4096);
     drop(session);
     daemon.assert_alive();
     daemon.stop();

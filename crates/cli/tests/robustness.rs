@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use agora::testing::{ArgTag, Op, RawArg, TaskDescriptor};
 use agora::{Arg, Error, Session, TaskError};
 use agora_protocol::control::ControlError;
-use agora_test_support::Daemon;
+use agora_test_support::{saxpy_ok, Daemon};
 
 const AGORA: &str = env!("CARGO_BIN_EXE_agora");
 
@@ -49,19 +49,6 @@ fn verified(output: std::process::Output) -> serde_json::Value {
     let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON report");
     assert_eq!(report["verified"], true, "report: {report}");
     report
-}
-
-fn saxpy_ok(session: &Session, n: usize) {
-    let queue = session.queue("check").unwrap();
-    let saxpy = session.kernel("saxpy").unwrap();
-    let x = session.buffer_from(&vec![1.0f32; n]).unwrap();
-    let y = session.buffer_from(&vec![2.0f32; n]).unwrap();
-    queue
-        .launch(&saxpy, &[Arg::F32(3.0), (&x).into(), (&y).into()], n)
-        .unwrap();
-    queue.sync_from(&y).unwrap();
-    queue.finish().unwrap();
-    assert!(y.as_slice::<f32>().iter().all(|v| *v == 5.0));
 }
 
 /// A queue with ~300 large saxpy launches issued (seconds of work); keep the buffers alive.

@@ -814,6 +814,26 @@ mod tests {
         hold: Option<mpsc::Receiver<()>>,
     }
 
+    /// A lane running [`Rows`]: what it saw, the sender that releases held jobs, the lane, its
+    /// thread.
+    #[allow(clippy::type_complexity)]
+    fn rows_lane() -> (
+        mpsc::Receiver<Option<std::ops::Range<u64>>>,
+        mpsc::Sender<()>,
+        Arc<Lane>,
+        std::thread::JoinHandle<()>,
+    ) {
+        let (seen_tx, seen) = mpsc::channel();
+        let (release, hold) = mpsc::channel();
+        let executor = Rows {
+            seen: seen_tx,
+            hold: Some(hold),
+        };
+        let class = LaneClass::new(&LanePriorities::normal());
+        let (lane, thread) = Lane::start("test-lane".into(), Box::new(executor), class).unwrap();
+        (seen, release, lane, thread)
+    }
+
     impl Executor for Rows {
         fn run(&mut self, _transfers: Vec<Transfer>, work: Work, end: JobEnd) {
             let rows = match work {
@@ -855,14 +875,7 @@ mod tests {
 
     #[test]
     fn a_sliced_launch_waits_as_one_job_and_its_slices_are_made_as_they_start() {
-        let (seen_tx, seen) = mpsc::channel();
-        let (release, hold) = mpsc::channel();
-        let executor = Rows {
-            seen: seen_tx,
-            hold: Some(hold),
-        };
-        let class = LaneClass::new(&LanePriorities::normal());
-        let (lane, thread) = Lane::start("test-lane".into(), Box::new(executor), class).unwrap();
+        let (seen, release, lane, thread) = rows_lane();
         let (done_tx, done) = mpsc::channel();
         // 1000 rows in 4096 asked slices of 3-row units: 334 slices, the last one short.
         let slices = Some(Slices { count: 4096, align: 3 });
@@ -923,14 +936,7 @@ mod tests {
 
     #[test]
     fn stopping_cancels_the_slices_not_made_and_completes_the_launch_once() {
-        let (seen_tx, seen) = mpsc::channel();
-        let (release, hold) = mpsc::channel();
-        let executor = Rows {
-            seen: seen_tx,
-            hold: Some(hold),
-        };
-        let class = LaneClass::new(&LanePriorities::normal());
-        let (lane, thread) = Lane::start("test-lane".into(), Box::new(executor), class).unwrap();
+        let (seen, release, lane, thread) = rows_lane();
         let (tx, rx) = mpsc::channel();
         let mut job = launch(100, Some(Slices { count: 100, align: 1 }), mpsc::channel().0, 0);
         job.done = Box::new(move |r, _| tx.send(r).unwrap());

@@ -42,6 +42,23 @@ pub fn connect(socket: &Path, name: Option<&str>) -> Session {
     .expect("session opens")
 }
 
+/// Runs a saxpy over `n` elements on a fresh queue of `session` and checks every result: the
+/// "a neighbour still gets correct answers" probe of the robustness and hardening tests.
+pub fn saxpy_ok(session: &Session, n: usize) {
+    let queue = session.queue("check").unwrap();
+    let saxpy = session.kernel("saxpy").unwrap();
+    let x = session.buffer_from(&vec![1.0f32; n]).unwrap();
+    let y = session.buffer_from(&vec![2.0f32; n]).unwrap();
+    queue
+        .launch(&saxpy, &[agora::Arg::F32(3.0), (&x).into(), (&y).into()], n)
+        .unwrap();
+    queue.sync_from(&y).unwrap().wait().unwrap();
+    assert!(
+        y.as_slice::<f32>().iter().all(|v| *v == 5.0),
+        "saxpy computed a wrong result"
+    );
+}
+
 /// Fails (never skips) when the daemon has no OpenCL device.
 pub fn require_opencl(session: &Session) {
     let status = session.status().unwrap();

@@ -287,6 +287,14 @@ mod tests {
     }
 
     #[test]
+    fn a_rare_spinner_yields_at_most_once_per_interval() {
+        let mut s = AdaptiveSpin::new(Duration::from_micros(500), Duration::from_micros(500));
+        assert!(!s.spin_with(|| false, Yielding::Rarely));
+        // 500 µs at one yield per RARE_YIELD (10 µs), the first after 10 µs.
+        assert!(s.yields() <= 50, "{} yields in 500 µs", s.yields());
+    }
+
+    #[test]
     fn a_spin_past_the_pure_phase_yields_and_still_sees_the_event() {
         let flag = Arc::new(AtomicBool::new(false));
         let setter = {
