@@ -229,10 +229,18 @@ mod tests {
         assert_eq!(s.budget(), Duration::from_micros(50));
         assert!(s.spin(|| true));
         assert_eq!(s.budget(), Duration::from_micros(30), "never below the floor");
-        // A wait of 25 µs (within the budget): the budget becomes ~100 µs.
+        // With room to spare (a budget of 500 µs), a wait of 200 µs sets four times it: at least
+        // 4 × 199 µs (the spin's clock starts a little after the test's).
+        let mut t = AdaptiveSpin::new(Duration::from_micros(30), Duration::from_millis(1));
+        assert!(t.spin(|| true));
+        assert_eq!(t.budget(), Duration::from_micros(500));
         let start = Instant::now();
-        assert!(s.spin(|| start.elapsed() >= Duration::from_micros(25)));
-        assert!(s.budget() >= Duration::from_micros(100), "{:?}", s.budget());
+        assert!(t.spin(|| start.elapsed() >= Duration::from_micros(200)));
+        assert!(t.budget() >= Duration::from_micros(796), "{:?}", t.budget());
+        // A wait four times of which passes the ceiling: the budget is the ceiling.
+        let start = Instant::now();
+        assert!(t.spin(|| start.elapsed() >= Duration::from_micros(300)));
+        assert_eq!(t.budget(), Duration::from_millis(1));
     }
 
     #[test]
