@@ -53,6 +53,12 @@ typedef enum {
    * session's control timeout (30 s); it is overloaded or stuck. The session stays usable.
    */
   AGORA_STATUS_TIMEOUT = 9,
+  /**
+   * The daemon restarted (crashed, killed, upgraded) before this task completed; the session
+   * reconnected to the new daemon, with its buffers, queues, kernels and programs. Issue the
+   * task again (a buffer a launch wrote after its last sync reads as lost until rewritten).
+   */
+  AGORA_STATUS_DAEMON_RESTARTED = 10,
 } AgoraStatus;
 
 /**

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use agora::{Arg, DeviceKind, Error, NdRange, QueueClass, QueueOptions, Session, SessionOptions};
+use agora::{Arg, DeviceKind, Error, NdRange, QueueClass, QueueOptions, Session, SessionOptions, TaskError};
 use agora_protocol::{ParamKind, ScalarType};
 
 /// Outcome of a call.
@@ -47,6 +47,10 @@ pub enum AgoraStatus {
     /// The daemon did not answer a control call (buffer, queue, kernel lookup) within the
     /// session's control timeout (30 s); it is overloaded or stuck. The session stays usable.
     Timeout = 9,
+    /// The daemon restarted (crashed, killed, upgraded) before this task completed; the session
+    /// reconnected to the new daemon, with its buffers, queues, kernels and programs. Issue the
+    /// task again (a buffer a launch wrote after its last sync reads as lost until rewritten).
+    DaemonRestarted = 10,
 }
 
 /// Kinds of kernel argument.
@@ -201,6 +205,7 @@ fn from_error(e: Error) -> AgoraStatus {
     let status = match &e {
         Error::Connect { .. } => AgoraStatus::Connect,
         Error::Disconnected => AgoraStatus::Disconnected,
+        Error::Task(TaskError::DaemonRestarted) => AgoraStatus::DaemonRestarted,
         Error::Task(_) | Error::Tasks(_) => AgoraStatus::Task,
         Error::Control(_) => AgoraStatus::Control,
         Error::OutOfBounds { .. } => AgoraStatus::OutOfBounds,
@@ -316,6 +321,8 @@ pub unsafe extern "C" fn agora_session_open(socket: *const c_char, out: *mut *mu
         name: None,
         heap_bytes: None,
         control_timeout: None,
+        // $AGORA_RECONNECT_TIMEOUT, else 30 s.
+        reconnect_timeout: None,
     }) {
         Ok(session) => store(
             AgoraSession {

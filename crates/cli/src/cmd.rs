@@ -796,6 +796,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         name: Some(format!("agora run {app}")),
         heap_bytes: None,
         control_timeout: None,
+        reconnect_timeout: None,
     })?;
     let status = session.status()?;
     let quota = status

@@ -58,6 +58,7 @@ impl Daemon {
             name: Some(name.into()),
             heap_bytes: Some(1 << 16),
             control_timeout,
+            reconnect_timeout: None,
         })
         .unwrap()
     }

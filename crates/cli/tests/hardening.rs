@@ -42,6 +42,7 @@ fn session_with(socket: &Path, heap: Option<u64>) -> Result<Session, Error> {
         name: Some("hardening".into()),
         heap_bytes: heap,
         control_timeout: None,
+        reconnect_timeout: None,
     })
 }
 

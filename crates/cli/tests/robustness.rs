@@ -317,7 +317,7 @@ fn a_killed_client_is_reclaimed() {
 #[test]
 fn a_killed_daemon_disconnects_waiting_clients() {
     let mut daemon = start("daemon-kill", &["--no-opencl"]);
-    let s = daemon.session_named("waiter");
+    let s = daemon.session_without_resume("waiter");
     let (q, _buffers) = busy_queue(&s);
     let waiter = std::thread::spawn(move || {
         let r = q.finish();
@@ -363,7 +363,7 @@ fn exits_within(child: &mut Child, limit: Duration) -> (std::process::ExitStatus
 #[test]
 fn sigterm_shuts_down_cleanly() {
     let mut daemon = start("term", &["--no-opencl", "--shutdown-timeout", "0"]);
-    let s = daemon.session_named("waiter");
+    let s = daemon.session_without_resume("waiter");
     let (q, _buffers) = busy_queue(&s);
     let waiter = std::thread::spawn(move || q.finish());
     std::thread::sleep(Duration::from_millis(200));
@@ -402,7 +402,7 @@ fn sigterm_waits_for_running_work_only_up_to_the_shutdown_timeout() {
     // A 20 s task: the daemon gives up on it after 1 s.
     let config = "[[sim]]\nname = \"slow\"\nlanes = 1\nlaunch_ns = 20000000000\n";
     let mut daemon = with_config("give-up", config, &["--shutdown-timeout", "1"]);
-    let s = daemon.session_named("long");
+    let s = daemon.session_without_resume("long");
     let (q, x, out) = sim_queue(&s);
     let running = q
         .launch(&add_of(&s), &[(&x).into(), (&x).into(), (&out).into()], 1024usize)
@@ -433,7 +433,7 @@ fn sigterm_waits_for_running_work_only_up_to_the_shutdown_timeout() {
 fn a_second_sigterm_exits_at_once() {
     let config = "[[sim]]\nname = \"slow\"\nlanes = 1\nlaunch_ns = 20000000000\n";
     let mut daemon = with_config("twice", config, &["--shutdown-timeout", "60"]);
-    let s = daemon.session_named("long");
+    let s = daemon.session_without_resume("long");
     let (q, x, out) = sim_queue(&s);
     let task = q
         .launch(&add_of(&s), &[(&x).into(), (&x).into(), (&out).into()], 1024usize)

@@ -46,6 +46,7 @@ fn metrics_and_trace_count_a_known_workload() {
         name: Some("tenant-t".into()),
         heap_bytes: None,
         control_timeout: None,
+        reconnect_timeout: None,
     })
     .unwrap();
     let saxpy = session.kernel("saxpy").unwrap();
@@ -195,6 +196,7 @@ fn top_once_json_shows_two_live_tenants() {
             name: Some(name.into()),
             heap_bytes: None,
             control_timeout: None,
+            reconnect_timeout: None,
         })
         .unwrap()
     };

@@ -1,10 +1,10 @@
 //! Buffers: opaque handles whose host copy lives in the session's shared segment.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use agora_protocol::{Op, RawArg, TaskDescriptor};
 
+use crate::resume::Whereabouts;
 use crate::session::Inner;
 use crate::Error;
 
@@ -31,8 +31,9 @@ pub struct Buffer {
     handle: u64,
     ptr: *mut u8,
     len: u64,
-    /// A launch that writes it was issued after its last sync_from (or sync_to, memset, copy).
-    unread: AtomicBool,
+    /// Where its newest contents are; shared with the session's resume registry, which reports
+    /// a buffer whose newest contents were on a device as lost after a daemon restart.
+    whereabouts: Arc<Whereabouts>,
 }
 
 // SAFETY: the pointer refers to the session's mapping, which `session` keeps alive; the type
@@ -56,12 +57,14 @@ impl Buffer {
             session.segment().view().heap_range(offset, len).ok_or_else(|| {
                 Error::Protocol(format!("the daemon placed a buffer outside the heap ({offset}+{len})"))
             })?;
+        let whereabouts = Arc::new(Whereabouts::default());
+        session.resume.buffer_created(handle, offset, len, whereabouts.clone());
         Ok(Buffer {
             session,
             handle,
             ptr,
             len,
-            unread: AtomicBool::new(false),
+            whereabouts,
         })
     }
 
@@ -72,13 +75,12 @@ impl Buffer {
     /// daemon ran the launch. Releasing such a buffer throws those results away (the daemon
     /// counts it in the session's `unread_releases`; Python warns with a `ResourceWarning`).
     pub fn needs_sync_from(&self) -> bool {
-        self.unread.load(Ordering::Relaxed)
+        self.whereabouts.unread()
     }
 
-    /// Notes that a task issued now leaves the newest contents on a device (`true`: a launch
-    /// that writes it) or in the host copy (`false`).
-    pub(crate) fn set_unread(&self, unread: bool) {
-        self.unread.store(unread, Ordering::Relaxed);
+    /// What the session knows of where the newest contents are (updated as tasks are issued).
+    pub(crate) fn whereabouts(&self) -> &Whereabouts {
+        &self.whereabouts
     }
 
     pub(crate) fn handle(&self) -> u64 {
@@ -154,6 +156,7 @@ impl Drop for Buffer {
         d.op = Op::ReleaseBuffer as u32;
         d.arg_count = 1;
         d.args[0] = RawArg::buffer(self.handle);
+        self.session.resume.buffer_released(self.handle);
         // Goes through the ring, so it is ordered after every task issued before it. If the
         // daemon is gone there is nothing left to release.
         let _ = self.session.submit(0, d, false);

@@ -32,13 +32,22 @@
 //! # Errors
 //! A task's failure (bad arguments, unknown kernel, buffer too small…) is reported by
 //! [`Task::wait`] or, for tasks nobody waited on, by [`Queue::finish`], as [`Error::Task`] with a
-//! [`TaskError`] that names the problem. If the daemon stops or is killed, every pending and
-//! future call returns [`Error::Disconnected`] within about 20 ms.
+//! [`TaskError`] that names the problem.
+//!
+//! # When the daemon restarts
+//! If the daemon stops, crashes or is restarted, the session notices within about 20 ms and
+//! reconnects (for up to [`SessionOptions::reconnect_timeout`], 30 s by default): buffers keep
+//! their host copies, queues, kernels and programs carry on, and the tasks that were in flight
+//! fail with [`TaskError::DaemonRestarted`] so the application can issue them again. A buffer
+//! that a launch wrote after its last `sync_from` comes back lost (`DataLost` when read, until
+//! written whole). With reconnection off, or no daemon back in time, calls return
+//! [`Error::Disconnected`].
 
 mod buffer;
 mod error;
 mod program;
 mod queue;
+mod resume;
 mod session;
 
 pub use agora_protocol::control::{
@@ -49,6 +58,7 @@ pub use buffer::Buffer;
 pub use error::{Error, TaskFailures};
 pub use program::Program;
 pub use queue::{Arg, DeviceKind, NdRange, Queue, QueueOptions, Task};
+pub use resume::{DEFAULT_RECONNECT_TIMEOUT, RECONNECT_ENV};
 pub use session::{
     daemon_session_status, daemon_status, drain_device, kernel_catalog, reload_kernels, DrainOutcome, Kernel, Session,
     SessionOptions, DEFAULT_CONTROL_TIMEOUT,

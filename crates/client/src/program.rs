@@ -82,14 +82,20 @@ impl Session {
             name: name.to_string(),
         };
         match self.inner.request(&request)? {
-            Response::Program { kernels, log, cached } => Ok(Program {
-                kernels: kernels
-                    .into_iter()
-                    .map(|(id, signature): (u32, KernelSignature)| Kernel::new(id, signature))
-                    .collect(),
-                log,
-                cached,
-            }),
+            Response::Program { kernels, log, cached } => {
+                // Recorded, so that a session resumed on a restarted daemon builds it again.
+                let real: Vec<u32> = kernels.iter().map(|(id, _)| *id).collect();
+                let ids = self.inner.resume.program_built(request, &real);
+                Ok(Program {
+                    kernels: ids
+                        .into_iter()
+                        .zip(kernels)
+                        .map(|(id, (_, signature)): (u32, (u32, KernelSignature))| Kernel::new(id, signature))
+                        .collect(),
+                    log,
+                    cached,
+                })
+            }
             Response::Error(e) => Err(Error::Control(e)),
             other => Err(Error::Protocol(format!(
                 "unexpected reply to a program build: {other:?}"

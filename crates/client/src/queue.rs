@@ -249,7 +249,7 @@ impl Queue {
         let range = range.into();
         let mut d = TaskDescriptor::zeroed();
         d.op = Op::Launch as u32;
-        d.kernel = kernel.id;
+        d.kernel = self.session.resume.kernel_ids.real(kernel.id);
         if args.len() > MAX_ARGS {
             return Err(Error::Task(agora_protocol::TaskError::ArgumentCount {
                 expected: kernel.signature().params.len() as u32,
@@ -267,7 +267,7 @@ impl Queue {
         for (arg, param) in args.iter().zip(&kernel.signature().params) {
             if let (Arg::Buffer(b), ParamKind::Buffer { access, .. }) = (arg, param.kind) {
                 if access.writes() {
-                    b.set_unread(true);
+                    b.whereabouts().written_by(task.id());
                 }
             }
         }
@@ -283,7 +283,11 @@ impl Queue {
         d.args[2] = RawArg::u64(len);
         let task = self.issue(d)?;
         // sync_from brings the newest contents home; after sync_to they are the host's.
-        buffer.set_unread(false);
+        if op == Op::SyncFrom {
+            buffer.whereabouts().brought_home_by(task.id());
+        } else {
+            buffer.whereabouts().host_written();
+        }
         Ok(task)
     }
 
@@ -306,7 +310,7 @@ impl Queue {
         d.args[1] = RawArg::u32(u32::from(value));
         let task = self.issue(d)?;
         // Memsets run on the host copy.
-        buffer.set_unread(false);
+        buffer.whereabouts().brought_home_by(task.id());
         Ok(task)
     }
 
@@ -322,8 +326,8 @@ impl Queue {
         d.args[4] = RawArg::u64(len);
         let task = self.issue(d)?;
         // Copies run on the host copies, bringing both buffers' newest contents there.
-        src.set_unread(false);
-        dst.set_unread(false);
+        src.whereabouts().brought_home_by(task.id());
+        dst.whereabouts().brought_home_by(task.id());
         Ok(task)
     }
 
@@ -362,6 +366,7 @@ impl Drop for Queue {
     fn drop(&mut self) {
         let mut d = TaskDescriptor::zeroed();
         d.op = Op::ReleaseQueue as u32;
+        self.session.resume.queue_released(self.handle);
         let _ = self.session.submit(self.handle, d, false);
     }
 }

@@ -9,19 +9,20 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use agora_protocol::control::{
-    check_name, ControlError, KernelListing, PackageListing, QueueClass, ReloadReport, Request, Response,
+    check_name, ControlError, KernelListing, PackageListing, QueueClass, ReloadReport, Request, Response, ResumedQueue,
     SessionStatus, StatusReport, MAX_NAME,
 };
 use agora_protocol::ring::{CompletionConsumer, SubmissionProducer};
 use agora_protocol::segment::Geometry;
 use agora_protocol::{KernelSignature, TaskDescriptor, TaskError, PROTOCOL_VERSION};
 use agora_transport::shm::Segment;
-use agora_transport::socket::{peer_hung_up, recv_before, recv_with_fds, send, socket_path};
+use agora_transport::socket::{peer_hung_up, recv_before, recv_with_fds, send, send_with_fds, socket_path};
 use agora_transport::wake::{futex_wait, futex_wake_all, AdaptiveSpin, Doorbell};
 use agora_transport::TransportError;
 
 use crate::buffer::Buffer;
 use crate::queue::{Queue, QueueOptions};
+use crate::resume::{backoff, reconnect_timeout, ResumeState};
 use crate::{Error, TaskFailures};
 
 /// How long to wait for the daemon's answer to hello.
@@ -58,6 +59,13 @@ pub struct SessionOptions {
     /// Longest a control call (buffer, queue, kernel, status...) waits for the daemon before
     /// it fails with [`Error::Timeout`]; default [`DEFAULT_CONTROL_TIMEOUT`].
     pub control_timeout: Option<Duration>,
+    /// How long the session keeps trying to reach a restarted daemon when it finds its daemon
+    /// gone (killed, crashed, restarted or upgraded): tasks that were in flight then fail with
+    /// [`TaskError::DaemonRestarted`], and everything else — buffers with their host copies,
+    /// queues, kernels, programs — carries on under the new daemon. Default
+    /// `$AGORA_RECONNECT_TIMEOUT` (seconds) or [`crate::DEFAULT_RECONNECT_TIMEOUT`] (30 s);
+    /// zero turns reconnection off (the session then fails with [`Error::Disconnected`]).
+    pub reconnect_timeout: Option<Duration>,
 }
 
 /// A kernel looked up by name.
@@ -108,6 +116,15 @@ const ERROR_STORED: u64 = 1 << 63;
 /// `slot_queue[slot]` of a task no handle or queue reports (the release of a queue or buffer).
 const UNTRACKED: u64 = u64::MAX;
 
+/// What a new daemon answered to a resume.
+struct Resumed {
+    doorbell: Doorbell,
+    /// The session's id there.
+    session: u64,
+    /// The new ids of the kernels the resume named, in its order.
+    kernels: Vec<Option<u32>>,
+}
+
 /// The control connection of a session.
 struct Control {
     stream: UnixStream,
@@ -121,9 +138,13 @@ struct Control {
 pub(crate) struct Inner {
     control: Mutex<Control>,
     control_timeout: Duration,
-    liveness: UnixStream,
+    /// A second handle on the control connection, to notice the daemon hanging up while
+    /// waiting (replaced by a resume).
+    liveness: Mutex<UnixStream>,
     segment: Segment,
-    doorbell: Doorbell,
+    /// Rung after a submission when the daemon sleeps (replaced by a resume: each daemon makes
+    /// its own).
+    doorbell: std::sync::RwLock<Doorbell>,
     producer: Mutex<Producer>,
     completions: Mutex<Completions>,
     /// `done[id % capacity]` holds the newest consumed task id in that slot.
@@ -145,7 +166,9 @@ pub(crate) struct Inner {
     /// that goes to another program's busy thread, or to the daemon's batch lanes, loses the
     /// core for a time slice — milliseconds, far beyond a latency target).
     latency_tenant: AtomicBool,
-    id: u64,
+    id: AtomicU64,
+    /// What a resume after a daemon restart needs ([`crate::resume`]).
+    pub(crate) resume: ResumeState,
 }
 
 /// A connection to the daemon. Clone it freely; all clones share one session.
@@ -157,7 +180,7 @@ pub struct Session {
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Session")
-            .field("id", &self.inner.id)
+            .field("id", &self.id())
             .finish_non_exhaustive()
     }
 }
@@ -175,7 +198,7 @@ impl Session {
             path: path.clone(),
             cause,
         })?;
-        let name = match options.name {
+        let name = match options.name.clone() {
             Some(name) => {
                 check_name("client", &name)?;
                 name
@@ -194,7 +217,7 @@ impl Session {
         let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
         let hello = Request::Hello {
             version: PROTOCOL_VERSION,
-            client_name: name,
+            client_name: name.clone(),
             heap_bytes: options.heap_bytes,
         };
         if let Err(e) = send(&stream, &hello) {
@@ -225,6 +248,8 @@ impl Session {
         // A daemon that stops reading must not block a call forever either (requests are small,
         // so this only fires when it has not read for that long).
         let _ = stream.set_write_timeout(Some(control_timeout));
+        let reconnect = reconnect_timeout(options.reconnect_timeout);
+        let resume = ResumeState::new(reconnect, path.clone(), name.clone());
         let (session, sub_cap, comp_cap, heap_len) = match response {
             Response::Welcome {
                 session,
@@ -252,8 +277,8 @@ impl Session {
                 owed: 0,
             }),
             control_timeout,
-            liveness,
-            doorbell: Doorbell::from_fd(doorbell_fd),
+            liveness: Mutex::new(liveness),
+            doorbell: std::sync::RwLock::new(Doorbell::from_fd(doorbell_fd)),
             producer: Mutex::new(Producer {
                 ring: SubmissionProducer::new(view),
                 next_id: 1,
@@ -272,15 +297,22 @@ impl Session {
             failing_queues: AtomicUsize::new(0),
             disconnected: AtomicBool::new(false),
             latency_tenant: AtomicBool::new(false),
-            id: session,
+            id: AtomicU64::new(session),
+            resume,
             segment,
         };
         Ok(Session { inner: Arc::new(inner) })
     }
 
-    /// Session id assigned by the daemon.
+    /// Session id assigned by the daemon (a new one after the session resumed on a restarted
+    /// daemon).
     pub fn id(&self) -> u64 {
-        self.inner.id
+        self.inner.id.load(Ordering::Relaxed)
+    }
+
+    /// How many times the session resumed on a restarted daemon.
+    pub fn resumes(&self) -> u64 {
+        self.inner.resume.epoch.load(Ordering::Relaxed)
     }
 
     /// Creates a batch-class queue.
@@ -299,13 +331,26 @@ impl Session {
         if options.class == QueueClass::Latency {
             self.inner.latency_tenant.store(true, Ordering::Relaxed);
         }
+        let name = options.name;
+        let class = options.class;
+        let preferred_device = options.preferred_device.map(|k| k.name().to_string());
+        let sla_ms = options.sla.map(|d| d.as_secs_f64() * 1e3);
         match self.inner.request(&Request::CreateQueue {
-            name: options.name,
-            class: options.class,
-            preferred_device: options.preferred_device.map(|k| k.name().to_string()),
-            sla_ms: options.sla.map(|d| d.as_secs_f64() * 1e3),
+            name: name.clone(),
+            class,
+            preferred_device: preferred_device.clone(),
+            sla_ms,
         })? {
-            Response::Queue { handle } => Ok(Queue::new(self.inner.clone(), handle)),
+            Response::Queue { handle } => {
+                self.inner.resume.queue_created(ResumedQueue {
+                    handle,
+                    name,
+                    class,
+                    preferred_device,
+                    sla_ms,
+                });
+                Ok(Queue::new(self.inner.clone(), handle))
+            }
             other => Err(unexpected(other)),
         }
     }
@@ -334,7 +379,10 @@ impl Session {
     pub fn kernel(&self, name: &str) -> Result<Kernel, Error> {
         check_name("kernel", name)?;
         match self.inner.request(&Request::LookupKernel { name: name.to_string() })? {
-            Response::Kernel { id, signature } => Ok(Kernel { id, signature }),
+            Response::Kernel { id, signature } => Ok(Kernel {
+                id: self.inner.resume.kernel_found(id, name),
+                signature,
+            }),
             other => Err(unexpected(other)),
         }
     }
@@ -518,6 +566,7 @@ fn request_name(request: &Request) -> &'static str {
         Request::KernelCatalog => "kernel catalog",
         Request::ReloadKernels => "kernel reload",
         Request::BuildProgram { .. } => "program build",
+        Request::Resume { .. } | Request::ResumeMore { .. } => "session resume",
     }
 }
 
@@ -597,9 +646,20 @@ impl Inner {
     /// One control call, within the session's control timeout (waiting for another thread's
     /// call included).
     pub(crate) fn request(&self, request: &Request) -> Result<Response, Error> {
-        if self.disconnected.load(Ordering::Relaxed) {
-            return Err(Error::Disconnected);
+        self.recover_if_gone()?;
+        let epoch = self.resume.epoch.load(Ordering::Acquire);
+        match self.request_once(request) {
+            // The daemon went away during the call: once the session resumed on a new daemon,
+            // ask that one (the old daemon's answer, if any, died with it).
+            Err(Error::Disconnected) if !self.resume.given_up.load(Ordering::Acquire) => {
+                self.recover(epoch)?;
+                self.request_once(request)
+            }
+            other => other,
         }
+    }
+
+    fn request_once(&self, request: &Request) -> Result<Response, Error> {
         let deadline = Instant::now() + self.control_timeout;
         let mut control = loop {
             match self.control.try_lock() {
@@ -645,9 +705,7 @@ impl Inner {
     /// for). Waits while too many tasks are outstanding.
     pub(crate) fn submit(&self, queue: u64, mut descriptor: TaskDescriptor, tracked: bool) -> Result<u64, Error> {
         loop {
-            if self.disconnected.load(Ordering::Relaxed) {
-                return Err(Error::Disconnected);
-            }
+            self.recover_if_gone()?;
             let mut producer = self.producer.lock().unwrap_or_else(|e| e.into_inner());
             let issued = self.issued.load(Ordering::Relaxed);
             let id = producer.next_id;
@@ -679,49 +737,66 @@ impl Inner {
         // Pairs with the daemon's fence between announcing sleep and its last look at the ring.
         fence(Ordering::SeqCst);
         if self.segment.view().header().daemon_sleeping.load(Ordering::Relaxed) != 0 {
-            self.doorbell.ring();
+            self.doorbell.read().unwrap_or_else(|e| e.into_inner()).ring();
         }
     }
 
     /// Consumes every available completion. Returns how many.
     fn drain(&self) -> usize {
         let mut c = self.lock_completions();
+        let n = self.drain_locked(&mut c);
+        drop(c);
+        if n > 0 {
+            self.consumed_more(n as u64);
+        }
+        n
+    }
+
+    /// [`Inner::drain`]'s work with the completions locked (the caller adds to `consumed`).
+    fn drain_locked(&self, c: &mut Completions) -> usize {
         let mut n = 0usize;
         while let Some(completion) = c.ring.take() {
-            let id = completion.task_id;
-            let slot = (id % self.capacity) as usize;
-            if let Err(e) = completion.result() {
-                let queue = self.slot_queue[slot].load(Ordering::Relaxed);
-                if queue != UNTRACKED {
-                    let failures = c.queue_failures.entry(queue).or_default();
-                    if failures.count == 0 {
-                        self.failing_queues.fetch_add(1, Ordering::Relaxed);
-                    }
-                    failures.push(id, e);
-                    // Kept for the task's own `wait` only while its handle lives.
-                    let stored = id | ERROR_STORED;
-                    if self.handles[slot]
-                        .compare_exchange(id, stored, Ordering::AcqRel, Ordering::Relaxed)
-                        .is_ok()
-                    {
-                        c.task_errors.insert(id, e);
-                    }
-                }
-            }
-            self.done[slot].fetch_max(id, Ordering::Release);
+            self.complete(c, completion.task_id, completion.result());
             n += 1;
         }
         if n > 0 {
             c.ring.release();
-            drop(c);
-            self.consumed.fetch_add(n as u64, Ordering::Release);
-            // Another thread may be blocked waiting for one of the tasks we just consumed.
-            let header = self.segment.view().header();
-            if header.client_waiters.load(Ordering::SeqCst) > 0 {
-                futex_wake_all(&header.completion_tail);
-            }
         }
         n
+    }
+
+    /// Records task `id`'s outcome.
+    fn complete(&self, c: &mut Completions, id: u64, result: Result<(), TaskError>) {
+        let slot = (id % self.capacity) as usize;
+        if let Err(e) = result {
+            let queue = self.slot_queue[slot].load(Ordering::Relaxed);
+            if queue != UNTRACKED {
+                let failures = c.queue_failures.entry(queue).or_default();
+                if failures.count == 0 {
+                    self.failing_queues.fetch_add(1, Ordering::Relaxed);
+                }
+                failures.push(id, e);
+                // Kept for the task's own `wait` only while its handle lives.
+                let stored = id | ERROR_STORED;
+                if self.handles[slot]
+                    .compare_exchange(id, stored, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    c.task_errors.insert(id, e);
+                }
+            }
+        }
+        self.done[slot].fetch_max(id, Ordering::Release);
+    }
+
+    /// `n` more tasks are complete: wakes the threads that may wait for them.
+    fn consumed_more(&self, n: u64) {
+        self.consumed.fetch_add(n, Ordering::Release);
+        // Another thread may be blocked waiting for one of the tasks just consumed.
+        let header = self.segment.view().header();
+        if header.client_waiters.load(Ordering::SeqCst) > 0 {
+            futex_wake_all(&header.completion_tail);
+        }
     }
 
     pub(crate) fn is_done(&self, id: u64) -> bool {
@@ -742,7 +817,8 @@ impl Inner {
             return Ok(true);
         }
         if self.disconnected.load(Ordering::Relaxed) {
-            return Err(Error::Disconnected);
+            self.recover_if_gone()?;
+            return Ok(self.is_done(id));
         }
         Ok(false)
     }
@@ -818,9 +894,7 @@ impl Inner {
     /// Waits until [`Inner::has_room`] or `deadline`; returns which.
     fn wait_for_room_until(&self, deadline: Instant) -> Result<bool, Error> {
         loop {
-            if self.disconnected.load(Ordering::Relaxed) {
-                return Err(Error::Disconnected);
-            }
+            self.recover_if_gone()?;
             if self.has_room() {
                 return Ok(true);
             }
@@ -879,13 +953,176 @@ impl Inner {
             // then sleep until its liveness timeout (20 ms) at worst; it cannot hang.
             header.client_wait_for.store(u64::MAX, Ordering::SeqCst);
         }
-        if header.daemon_closed.load(Ordering::Acquire) != 0 || (timed_out && peer_hung_up(&self.liveness)) {
+        if header.daemon_closed.load(Ordering::Acquire) != 0
+            || (timed_out && peer_hung_up(&self.liveness.lock().unwrap_or_else(|e| e.into_inner())))
+        {
             self.disconnected.store(true, Ordering::Relaxed);
         }
         if self.disconnected.load(Ordering::Relaxed) && !self.pending_in_ring() {
-            return Err(Error::Disconnected);
+            // Resumed on a new daemon: the tasks the old one left are complete (failed with
+            // DaemonRestarted), so the caller's condition is worth checking again.
+            self.recover_if_gone()?;
         }
         Ok(())
+    }
+
+    /// `Ok` while the daemon is there (or the session resumed on a new one); `Disconnected`
+    /// when it is gone for good.
+    fn recover_if_gone(&self) -> Result<(), Error> {
+        let epoch = self.resume.epoch.load(Ordering::Acquire);
+        if !self.disconnected.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.recover(epoch)
+    }
+
+    /// Resumes the session on a new daemon (see [`crate::resume`]), unless another thread did
+    /// since `seen_epoch`. `Disconnected` when reconnection is off, or no daemon took the
+    /// session back within the reconnect timeout; a daemon's refusal (another version, a
+    /// limit) as its error, once (later calls say `Disconnected`).
+    fn recover(&self, seen_epoch: u64) -> Result<(), Error> {
+        let _recovering = self.resume.recovering.lock().unwrap_or_else(|e| e.into_inner());
+        if self.resume.epoch.load(Ordering::Acquire) != seen_epoch {
+            return Ok(());
+        }
+        if self.resume.given_up.load(Ordering::Acquire) {
+            return Err(Error::Disconnected);
+        }
+        let header = self.segment.view().header();
+        if header.daemon_closed.load(Ordering::Acquire) == agora_protocol::segment::SESSION_ENDED {
+            // The daemon runs on and ended this session itself: it is not to be resumed.
+            self.resume.given_up.store(true, Ordering::Release);
+            return Err(Error::Disconnected);
+        }
+        let give_up = |e: Error| {
+            self.resume.given_up.store(true, Ordering::Release);
+            self.disconnected.store(true, Ordering::Release);
+            Err(e)
+        };
+        // Nothing else is issued, consumed or asked while the session moves.
+        let mut control = self.control.lock().unwrap_or_else(|e| e.into_inner());
+        let producer = self.producer.lock().unwrap_or_else(|e| e.into_inner());
+        let geometry = *self.segment.view().geometry();
+        let deadline = Instant::now() + self.resume.timeout;
+        let mut attempt = 0;
+        let (stream, resumed, kernel_ids) = loop {
+            let stream = match UnixStream::connect(&self.resume.socket) {
+                Ok(stream) => stream,
+                Err(_) if Instant::now() < deadline => {
+                    backoff(attempt, deadline);
+                    attempt += 1;
+                    continue;
+                }
+                Err(_) => return give_up(Error::Disconnected),
+            };
+            // The completions stay locked from the last look at what the old daemon posted
+            // until the head has moved past the tasks it lost: the new daemon continues the
+            // completion ring at the submission tail, and the slots between were never written.
+            let mut completions = self.lock_completions();
+            let taken = self.drain_locked(&mut completions);
+            // Made after that last look: a buffer whose sync_from the old daemon completed is
+            // not lost.
+            let (messages, kernel_ids) = self.resume.messages(
+                self.id.load(Ordering::Relaxed),
+                geometry.submission_capacity,
+                geometry.completion_capacity,
+                geometry.heap_len,
+                |id| self.is_done(id),
+            );
+            let outcome = self.try_resume(&stream, &messages);
+            if outcome.is_ok() {
+                self.complete_lost_tasks(&mut completions, producer.next_id);
+            }
+            drop(completions);
+            if taken > 0 {
+                self.consumed_more(taken as u64);
+            }
+            match outcome {
+                Ok(resumed) => break (stream, resumed, kernel_ids),
+                Err((e, retry)) => {
+                    if !retry || Instant::now() >= deadline {
+                        return give_up(e);
+                    }
+                    backoff(attempt, deadline);
+                    attempt += 1;
+                }
+            }
+        };
+        let _ = stream.set_read_timeout(None);
+        let _ = stream.set_write_timeout(Some(self.control_timeout));
+        match stream.try_clone() {
+            Ok(liveness) => *self.liveness.lock().unwrap_or_else(|e| e.into_inner()) = liveness,
+            Err(e) => return give_up(Error::Protocol(e.to_string())),
+        }
+        control.stream = stream;
+        control.pending.clear();
+        control.owed = 0;
+        *self.doorbell.write().unwrap_or_else(|e| e.into_inner()) = resumed.doorbell;
+        self.id.store(resumed.session, Ordering::Relaxed);
+        self.resume.kernels_resumed(&kernel_ids, &resumed.kernels);
+        let timeout = self.control_timeout;
+        self.resume
+            .rebuild_programs(|request| call(&mut control, request, timeout).ok());
+        drop(producer);
+        drop(control);
+        self.disconnected.store(false, Ordering::Release);
+        self.resume.epoch.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// After a resume: fails every task the lost daemon left outstanding with
+    /// [`TaskError::DaemonRestarted`] and moves the completion head to the submission tail,
+    /// where the new daemon posts from.
+    fn complete_lost_tasks(&self, c: &mut Completions, next_id: u64) {
+        let mut lost = 0u64;
+        // A slot is reused only after its previous task completed, so the outstanding tasks are
+        // among the last `capacity` ids.
+        for id in next_id.saturating_sub(self.capacity).max(1)..next_id {
+            if !self.is_done(id) {
+                self.complete(c, id, Err(TaskError::DaemonRestarted));
+                lost += 1;
+            }
+        }
+        let header = self.segment.view().header();
+        let tail = header.submission_tail.load(Ordering::Relaxed);
+        let head = header.completion_head.load(Ordering::Relaxed);
+        c.ring.skip(tail.wrapping_sub(head));
+        if lost > 0 {
+            self.consumed_more(lost);
+        }
+    }
+
+    /// One resume exchange on a fresh connection. On failure, the error and whether trying
+    /// again later may help.
+    fn try_resume(&self, stream: &UnixStream, messages: &[Request]) -> Result<Resumed, (Error, bool)> {
+        let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
+        let _ = stream.set_write_timeout(Some(HELLO_TIMEOUT));
+        let later = |e: TransportError| (Error::from(e), true);
+        let (first, rest) = messages.split_first().expect("a resume has a first message");
+        send_with_fds(stream, first, &[self.segment.fd()]).map_err(later)?;
+        for message in rest {
+            send(stream, message).map_err(later)?;
+        }
+        let (response, fds): (Response, _) = recv_with_fds(stream).map_err(later)?;
+        match response {
+            Response::Resumed { session, kernels } => match fds.into_iter().next() {
+                Some(fd) => Ok(Resumed {
+                    doorbell: Doorbell::from_fd(fd),
+                    session,
+                    kernels,
+                }),
+                None => Err((
+                    Error::Protocol("the daemon sent no doorbell with its resume".into()),
+                    true,
+                )),
+            },
+            // The daemon still tears down this segment's previous session (it closed our
+            // connection but lives): it will be free in a moment.
+            Response::Error(e @ ControlError::SegmentInUse { .. }) => Err((Error::Control(e), true)),
+            Response::Error(e @ ControlError::LimitReached { .. }) => Err((Error::Control(e), true)),
+            Response::Error(e) => Err((Error::Control(e), false)),
+            other => Err((Error::Protocol(format!("unexpected reply to resume: {other:?}")), false)),
+        }
     }
 
     /// The error of completed task `id`, whose `Task` handle is alive, if it failed.
@@ -942,7 +1179,7 @@ pub mod testing {
         let producer = session.inner.producer.lock().unwrap_or_else(|e| e.into_inner());
         producer.ring.publish_raw_tail(u32::MAX / 2);
         drop(producer);
-        session.inner.doorbell.ring();
+        session.inner.doorbell.read().unwrap_or_else(|e| e.into_inner()).ring();
     }
 
     /// Raw handle of a buffer or queue.
@@ -963,6 +1200,6 @@ pub mod testing {
 
     /// Rings the daemon's doorbell for the session (makes it look at the rings now).
     pub fn ring_doorbell(session: &Session) {
-        session.inner.doorbell.ring();
+        session.inner.doorbell.read().unwrap_or_else(|e| e.into_inner()).ring();
     }
 }

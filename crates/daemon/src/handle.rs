@@ -49,6 +49,36 @@ impl<T> HandleTable<T> {
         Some(u64::from(slot.generation) << 32 | u64::from(index))
     }
 
+    /// Inserts `value` under `handle` as an earlier table gave it out (a resumed session keeps
+    /// its handles, so the descriptors its client builds stay valid). `Err` with the reason when
+    /// the handle is malformed, beyond the limit, or taken. Slots skipped on the way become free.
+    pub(crate) fn insert_at(&mut self, handle: u64, value: T) -> Result<(), &'static str> {
+        let index = (handle & 0xffff_ffff) as usize;
+        let generation = (handle >> 32) as u32;
+        if generation == 0 {
+            return Err("generation 0 is never a handle");
+        }
+        if index >= self.limit || self.live >= self.limit {
+            return Err("beyond the daemon's limit");
+        }
+        while self.slots.len() <= index {
+            self.free.push(self.slots.len() as u32);
+            self.slots.push(Slot {
+                generation: 1,
+                value: None,
+            });
+        }
+        if self.slots[index].value.is_some() {
+            return Err("given twice");
+        }
+        self.free.retain(|&i| i as usize != index);
+        let slot = &mut self.slots[index];
+        slot.generation = generation;
+        slot.value = Some(value);
+        self.live += 1;
+        Ok(())
+    }
+
     fn slot(&self, handle: u64) -> Option<&Slot<T>> {
         let index = (handle & 0xffff_ffff) as usize;
         let generation = (handle >> 32) as u32;
@@ -117,5 +147,23 @@ mod tests {
         assert_eq!(t.get(u64::MAX), None);
         assert_eq!(t.get(b ^ (1 << 40)), None, "forged generation");
         assert_eq!(t.len(), 2);
+    }
+
+    #[test]
+    fn handles_of_an_earlier_table_are_kept_and_checked() {
+        let mut t = HandleTable::new(8);
+        let h = 5u64 << 32 | 3;
+        t.insert_at(h, "resumed").unwrap();
+        assert_eq!(t.get(h), Some(&"resumed"));
+        assert_eq!(t.insert_at(h, "again"), Err("given twice"));
+        assert_eq!(t.insert_at(3, "gen0"), Err("generation 0 is never a handle"));
+        assert_eq!(t.insert_at(1 << 32 | 8, "far"), Err("beyond the daemon's limit"));
+        // The skipped slots are free, and a fresh insert never lands on the kept one.
+        let fresh: Vec<u64> = (0..7)
+            .map(|i| t.insert(i.to_string().leak() as &str).unwrap())
+            .collect();
+        assert!(!fresh.contains(&h));
+        assert_eq!(t.len(), 8);
+        assert!(t.insert("full").is_none());
     }
 }

@@ -36,8 +36,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agora_protocol::control::{
-    check_name, decode_body, encoded_len, ControlError, DeviceStatus, LaneStatus, Request, Response, StatusReport,
-    MAX_NAME, REPLY_BUDGET, STATUS_SESSIONS,
+    check_name, decode_body, encoded_len, ControlError, DeviceStatus, LaneStatus, Request, Response, ResumedBuffer,
+    ResumedQueue, StatusReport, MAX_NAME, REPLY_BUDGET, STATUS_SESSIONS,
 };
 use agora_protocol::segment::Geometry;
 use agora_protocol::{DeviceKind, PROTOCOL_VERSION};
@@ -55,6 +55,9 @@ use crate::scheduler::Scheduler;
 use crate::session::{AtomicBinding, Credentials, QueueState, Session};
 use crate::telemetry::Telemetry;
 use crate::DaemonError;
+
+/// Most kernel names a resuming client may ask new ids for.
+const MAX_RESUMED_KERNELS: usize = 4096;
 
 /// What woke the loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -809,6 +812,36 @@ impl Server {
                 ))),
                 Conn::Observer { .. } => Some(observer_error()),
             },
+            Request::Resume { client_name, .. } if client_name.len() > MAX_NAME => {
+                check_name("client", &client_name).err().map(Response::Error)
+            }
+            Request::Resume {
+                version,
+                client_name,
+                previous_session,
+                submission_capacity,
+                completion_capacity,
+                heap_len,
+                buffers,
+                queues,
+                kernels,
+                more,
+            } => match self.conns.get(&id)? {
+                Conn::Pending { .. } => self.resume(
+                    id,
+                    version,
+                    client_name,
+                    previous_session,
+                    Geometry::new(submission_capacity, completion_capacity, heap_len),
+                    kernels,
+                    (buffers, queues, more),
+                ),
+                Conn::Session(_) => Some(Response::Error(ControlError::BadRequest(
+                    "a session is already open on this connection".into(),
+                ))),
+                Conn::Observer { .. } => Some(observer_error()),
+            },
+            Request::ResumeMore { buffers, queues, more } => self.resume_more(id, buffers, queues, more),
             Request::AllocBuffer { .. } | Request::CreateQueue { .. }
                 if matches!(self.conns.get(&id), Some(Conn::Session(_))) =>
             {
@@ -839,7 +872,7 @@ impl Server {
                 preferred_device,
                 sla_ms,
             } => self.in_session(id, |config, session| {
-                create_queue(config, session, name, class, preferred_device, sla_ms)
+                create_queue(config, session, name, class, preferred_device, sla_ms, None)
             }),
             _ => Some(Response::Error(ControlError::BadRequest(
                 "not a session request".into(),
@@ -1062,6 +1095,214 @@ impl Server {
         None
     }
 
+    /// `Request::Resume`: a client whose previous daemon died hands back its segment and names
+    /// its buffers, queues and kernels. Everything is checked as untrusted input (the segment's
+    /// seals and size, every heap range, every handle, every queue as `CreateQueue` would); a
+    /// refusal leaves the connection pending, as a refused hello does. The session is opened at
+    /// once but answered (and its doorbell watched) only after the last part.
+    #[allow(clippy::too_many_arguments)]
+    fn resume(
+        &mut self,
+        id: u64,
+        version: u32,
+        client_name: String,
+        previous_session: u64,
+        geometry: Result<Geometry, agora_protocol::segment::GeometryError>,
+        kernels: Vec<String>,
+        first_part: (Vec<ResumedBuffer>, Vec<ResumedQueue>, bool),
+    ) -> Option<Response> {
+        let refuse = |why: String| {
+            Some(Response::Error(ControlError::BadRequest(format!(
+                "cannot resume the session: {why}"
+            ))))
+        };
+        if version != PROTOCOL_VERSION {
+            return Some(Response::Error(ControlError::VersionMismatch {
+                daemon: PROTOCOL_VERSION,
+                client: version,
+            }));
+        }
+        let fds = match self.conns.get_mut(&id)? {
+            Conn::Pending { reader, .. } => reader.take_fds(),
+            _ => return None,
+        };
+        let geometry = match geometry {
+            Ok(g) => g,
+            Err(e) => return refuse(e.to_string()),
+        };
+        if geometry.heap_len > self.config.session_quota {
+            return refuse(format!(
+                "its heap is {} bytes, more than this daemon's session quota of {} bytes (agora serve --session-quota)",
+                geometry.heap_len, self.config.session_quota
+            ));
+        }
+        if kernels.len() > MAX_RESUMED_KERNELS || kernels.iter().any(|k| k.len() > MAX_NAME) {
+            return refuse(format!(
+                "at most {MAX_RESUMED_KERNELS} kernel names of at most {MAX_NAME} bytes"
+            ));
+        }
+        let mut fds = fds.into_iter();
+        let (Some(segment_fd), None) = (fds.next(), fds.next()) else {
+            return refuse("send exactly one descriptor, the segment's memfd, with the request".into());
+        };
+        let credentials = self.credentials(id)?;
+        if let Err(refusal) = self.books.may_open_session(credentials.uid, geometry.heap_len) {
+            return Some(Response::Error(refusal));
+        }
+        let identity = crate::session::segment_identity(segment_fd.as_fd());
+        let holder = self
+            .conns
+            .values()
+            .filter_map(|c| match c {
+                Conn::Session(s) => Some(&**s),
+                _ => None,
+            })
+            .chain(self.closing.iter().map(|s| &**s))
+            .find(|s| s.segment_identity == identity)
+            .map(|s| s.id);
+        if let Some(session) = holder {
+            return Some(Response::Error(ControlError::SegmentInUse { session }));
+        }
+        let segment = match Segment::adopt(segment_fd, geometry) {
+            Ok(s) => s,
+            Err(e) => return refuse(e.to_string()),
+        };
+        let doorbell = match Doorbell::new() {
+            Ok(d) => d,
+            Err(e) => return refuse(format!("the daemon could not create a doorbell: {e}")),
+        };
+        let table = self.scheduler.kernels.snapshot();
+        let kernel_ids: Vec<Option<u32>> = kernels.iter().map(|name| table.find(name).map(|(k, _)| k)).collect();
+        drop(table);
+        let Some(Conn::Pending { stream, reader, .. }) = self.conns.remove(&id) else {
+            return None;
+        };
+        let name = if client_name.is_empty() {
+            format!("pid{}", credentials.pid)
+        } else {
+            client_name
+        };
+        let mut session = Session::new(
+            id,
+            credentials,
+            name,
+            stream,
+            reader,
+            doorbell,
+            segment,
+            self.config.max_queues,
+            self.config.max_buffers,
+            self.config.session_lane_work.as_nanos().min(u128::from(u64::MAX)) as u64,
+        );
+        session.take_over_rings();
+        session.resuming = Some(kernel_ids);
+        tracing::info!(
+            session = id,
+            previous_session,
+            pid = credentials.pid,
+            uid = credentials.uid,
+            name = %session.name,
+            "session resuming after a daemon restart"
+        );
+        self.books.session_opened(credentials.uid, id, geometry.heap_len);
+        self.sessions_opened += 1;
+        self.telemetry.metrics.sessions_opened.inc();
+        self.telemetry.metrics.sessions.inc();
+        self.conns.insert(id, Conn::Session(Box::new(session)));
+        let (buffers, queues, more) = first_part;
+        self.resume_more(id, buffers, queues, more)
+    }
+
+    /// One part of a resume (the first comes with `Request::Resume`): registers its buffers and
+    /// queues; after the last, answers with the new doorbell. A part that fails a check ends the
+    /// connection with the reason: a half-resumed session is no use to anyone.
+    fn resume_more(
+        &mut self,
+        id: u64,
+        buffers: Vec<ResumedBuffer>,
+        queues: Vec<ResumedQueue>,
+        more: bool,
+    ) -> Option<Response> {
+        let config = self.config.clone();
+        let Some(Conn::Session(session)) = self.conns.get_mut(&id) else {
+            return Some(Response::Error(ControlError::BadRequest(
+                "ResumeMore continues a Resume; send Resume first".into(),
+            )));
+        };
+        if session.resuming.is_none() {
+            return Some(Response::Error(ControlError::BadRequest(
+                "this session is not resuming".into(),
+            )));
+        }
+        let mut failure = None;
+        let any_lost = buffers.iter().any(|b| b.lost);
+        for b in &buffers {
+            if let Err(why) = session.resume_buffer(b.handle, b.offset, b.len, b.lost) {
+                failure = Some(why);
+                break;
+            }
+        }
+        if failure.is_none() {
+            for q in queues {
+                let handle = q.handle;
+                match create_queue(
+                    &config,
+                    session,
+                    q.name,
+                    q.class,
+                    q.preferred_device,
+                    q.sla_ms,
+                    Some(handle),
+                ) {
+                    Response::Queue { .. } => {}
+                    Response::Error(e) => {
+                        failure = Some(format!("queue {handle:#x}: {e}"));
+                        break;
+                    }
+                    other => {
+                        failure = Some(format!("queue {handle:#x}: {other:?}"));
+                        break;
+                    }
+                }
+            }
+        }
+        if any_lost {
+            self.scheduler.buffers_lost_elsewhere();
+        }
+        if let Some(why) = failure {
+            let refusal = Response::Error(ControlError::BadRequest(format!("cannot resume the session: {why}")));
+            tracing::warn!(session = id, reason = %why, "refused a resume");
+            let _ = send_whole(&session.stream, &refusal, Duration::ZERO);
+            self.close(id);
+            return None;
+        }
+        if more {
+            return None;
+        }
+        let kernels = session.resuming.take().unwrap_or_default();
+        let reply = Response::Resumed { session: id, kernels };
+        if let Err(e) = send_with_fds(&session.stream, &reply, &[session.doorbell.fd()]) {
+            tracing::warn!(error = %e, "client left during its resume");
+            self.close(id);
+            return None;
+        }
+        if let Err(e) = epoll::add(
+            &self.epoll,
+            session.doorbell.fd(),
+            epoll::EventData::new_u64(Token::Doorbell(id).encode()),
+            epoll::EventFlags::IN,
+        ) {
+            tracing::warn!(error = %e, "could not watch a doorbell");
+        }
+        tracing::info!(
+            session = id,
+            buffers = session.buffers.len(),
+            queues = session.queues.len(),
+            "session resumed"
+        );
+        None
+    }
+
     /// Ends a connection; a session's running jobs finish (queued ones are cancelled) before its
     /// memory is reclaimed.
     fn close(&mut self, id: u64) {
@@ -1077,6 +1318,9 @@ impl Server {
         self.books.disconnect(uid, id);
         let _ = epoll::delete(&self.epoll, conn.stream());
         if let Conn::Session(session) = conn {
+            // Before its connection closes: a client that is still there (a session ended for
+            // a corrupt ring) learns it must not resume the session.
+            session.shared.end();
             let _ = epoll::delete(&self.epoll, session.doorbell.fd());
             self.scheduler.migration.forget_session(id);
             session.shared.cancelled.store(true, Ordering::Release);
@@ -1354,6 +1598,7 @@ fn create_queue(
     class: agora_protocol::control::QueueClass,
     preferred_device: Option<String>,
     sla_ms: Option<f64>,
+    resumed_handle: Option<u64>,
 ) -> Response {
     if let Some(ms) = sla_ms {
         if !(ms.is_finite() && ms > 0.0 && ms <= 3.6e6) {
@@ -1393,6 +1638,12 @@ fn create_queue(
         moving: Default::default(),
         sequencer: Default::default(),
     });
+    if let Some(handle) = resumed_handle {
+        return match session.queues.insert_at(handle, queue) {
+            Ok(()) => Response::Queue { handle },
+            Err(why) => Response::Error(ControlError::BadRequest(format!("queue handle {handle:#x}: {why}"))),
+        };
+    }
     match session.queues.insert(queue) {
         Some(handle) => Response::Queue { handle },
         None => Response::Error(ControlError::TooMany {

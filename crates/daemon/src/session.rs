@@ -167,8 +167,18 @@ impl SessionShared {
 
     /// Tells a waiting client the daemon is going away; completions are no longer posted.
     pub(crate) fn close(&self) {
+        self.close_as(agora_protocol::segment::DAEMON_SHUT_DOWN);
+    }
+
+    /// Tells the client the daemon ended its session (it must not resume it on this daemon);
+    /// completions are no longer posted.
+    pub(crate) fn end(&self) {
+        self.close_as(agora_protocol::segment::SESSION_ENDED);
+    }
+
+    fn close_as(&self, why: u32) {
         let header = self.segment.view().header();
-        header.daemon_closed.store(1, Ordering::Release);
+        header.daemon_closed.store(why, Ordering::Release);
         // Bump the futex word's neighbour-free way: waking is enough, waiters re-check the flag.
         futex_wake_all(&header.completion_tail);
     }
@@ -280,6 +290,12 @@ pub(crate) struct Session {
     pub program_kernels: Arc<crate::programs::ProgramKernels>,
     /// The session's programs and executor, from its first build on.
     pub programs: Option<Arc<crate::programs::SessionPrograms>>,
+    /// While a resume is still arriving in parts: the new ids of the kernels the client named
+    /// (sent with the last part's reply).
+    pub resuming: Option<Vec<Option<u32>>>,
+    /// The segment memfd's identity (device, inode): a resume must not hand back a segment a
+    /// session of this daemon still uses.
+    pub segment_identity: (u64, u64),
 }
 
 impl Session {
@@ -297,6 +313,7 @@ impl Session {
         max_lane_ns: u64,
     ) -> Self {
         let view = *segment.view();
+        let segment_identity = segment_identity(segment.fd());
         let heap = Heap::new(view.geometry().heap_len);
         let completion_capacity = view.geometry().completion_capacity;
         let tenant: Arc<str> = Arc::from(name.as_str());
@@ -338,7 +355,52 @@ impl Session {
             completion_capacity,
             program_kernels: Arc::default(),
             programs: None,
+            resuming: None,
+            segment_identity,
         }
+    }
+
+    /// Takes over the rings of a segment an earlier daemon served (a resumed session): the
+    /// descriptors that daemon had not taken are dropped, and completions continue at the
+    /// submission tail (the client fails the tasks it lost and moves its head there itself,
+    /// after this reply: until then it posts nothing). Also clears what the
+    /// earlier daemon may have left in the header (closed, asleep).
+    pub(crate) fn take_over_rings(&mut self) {
+        let view = *self.shared.segment.view();
+        let (submissions, tail) = SubmissionConsumer::resume(view);
+        self.submissions = submissions;
+        self.ingested = tail;
+        *self.shared.completions.lock().unwrap_or_else(|e| e.into_inner()) = CompletionProducer::resume(view, tail);
+        let header = view.header();
+        header.daemon_closed.store(0, Ordering::Release);
+        header.daemon_sleeping.store(0, Ordering::Release);
+    }
+
+    /// Registers a buffer of a resumed session under its old handle and heap range. `lost`: its
+    /// newest contents were on a device of the earlier daemon, so it reads as `DataLost` until
+    /// written whole. Refuses (with the reason) a range outside the heap or over another
+    /// buffer, and a handle the table cannot take.
+    pub(crate) fn resume_buffer(&mut self, handle: u64, offset: u64, len: u64, lost: bool) -> Result<(), String> {
+        if len == 0 || !self.heap.reserve(offset, len) {
+            return Err(format!(
+                "buffer {handle:#x}: bytes {offset}..+{len} are empty, misaligned, outside the heap or over another buffer"
+            ));
+        }
+        let owner: std::sync::Weak<dyn HostMemory> = Arc::downgrade(&self.shared) as std::sync::Weak<dyn HostMemory>;
+        let record = BufferRecord::new(
+            offset,
+            len,
+            self.shared.device_usage.clone(),
+            owner,
+            self.shared.unread.clone(),
+        );
+        if lost {
+            record.placement().mark_lost();
+        }
+        self.buffers.insert_at(handle, Arc::new(record)).map_err(|why| {
+            self.heap.free(offset, len);
+            format!("buffer handle {handle:#x}: {why}")
+        })
     }
 
     /// Kernel `index` of the session's programs.
@@ -521,4 +583,9 @@ impl QueueState {
                 .flatten(),
         }
     }
+}
+
+/// A memfd's (device, inode), which names it whatever descriptor refers to it.
+pub(crate) fn segment_identity(fd: std::os::fd::BorrowedFd<'_>) -> (u64, u64) {
+    rustix::fs::fstat(fd).map_or((0, 0), |st| (st.st_dev, st.st_ino))
 }

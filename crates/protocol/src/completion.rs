@@ -249,7 +249,7 @@ pub enum TaskError {
     DeviceLost,
     /// A buffer the task reads had its only valid copy on a device that failed, so its contents
     /// are gone (the host copy is older). Writing the whole buffer again makes it usable.
-    #[error("argument {index}: this buffer's only valid copy was on a device that failed; write it again (sync_to, or a memset/kernel that overwrites all of it) before reading it")]
+    #[error("argument {index}: this buffer's newest contents are gone (their only copy was on a device that failed, or in a daemon that restarted before a sync_from); write it again (sync_to, or a memset/kernel that overwrites all of it) before reading it")]
     DataLost {
         /// Which argument.
         index: u16,
@@ -305,6 +305,12 @@ pub enum TaskError {
         /// The limit in milliseconds.
         limit_ms: u64,
     },
+    /// The daemon stopped (it crashed, or was restarted or upgraded) while the task was issued
+    /// but not complete; the client reconnected to the new daemon, which never saw the task.
+    /// Issue it again (its inputs in host copies are intact; a buffer whose newest contents
+    /// were on a device reports `DataLost` when read).
+    #[error("the daemon restarted before this task completed; the session was resumed on the new daemon: issue the task again")]
+    DaemonRestarted,
     /// The daemon found itself in a state it should never be in while handling the task (a bug
     /// of the daemon, not of the task or its kernel); it logged the details. `0` names the
     /// place for the report.
@@ -405,6 +411,7 @@ impl TaskError {
             TaskError::DeviceTooSmall { .. } => "device_too_small",
             TaskError::KernelCrashed { .. } => "kernel_crashed",
             TaskError::KernelTimeout { .. } => "kernel_timeout",
+            TaskError::DaemonRestarted => "daemon_restarted",
             TaskError::Unknown(_) => "unknown",
         }
     }
@@ -453,6 +460,7 @@ impl TaskError {
             TaskError::DeviceTooSmall { needed, capacity } => (27, 0, needed, capacity),
             TaskError::KernelCrashed { signal } => (28, signal, 0, 0),
             TaskError::KernelTimeout { limit_ms } => (29, 0, limit_ms, 0),
+            TaskError::DaemonRestarted => (30, 0, 0, 0),
             TaskError::RangeMismatch {
                 expected_x,
                 expected_y,
@@ -524,6 +532,7 @@ impl TaskError {
             27 => TaskError::DeviceTooSmall { needed: a, capacity: b },
             28 => TaskError::KernelCrashed { signal: arg },
             29 => TaskError::KernelTimeout { limit_ms: a },
+            30 => TaskError::DaemonRestarted,
             24 => TaskError::DependencyFailed {
                 index: arg,
                 task: a,

@@ -129,7 +129,79 @@ pub enum Request {
         /// the dispatcher (other clients wait meanwhile); buffers in use move on demand.
         evacuate: bool,
     },
+    /// Open a session again after the daemon restarted, keeping what the client's last daemon
+    /// had: its segment (the memfd follows as ancillary data; host copies of its buffers are
+    /// still in it), its buffers and queues under their old handles, and its kernels by name.
+    /// The daemon checks every part as untrusted input. Long lists are split: the rest follows
+    /// in [`Request::ResumeMore`] messages, and the daemon replies once, to the last one.
+    Resume {
+        /// [`crate::PROTOCOL_VERSION`] of the client.
+        version: u32,
+        /// As in [`Request::Hello`].
+        client_name: String,
+        /// The session id the previous daemon gave (for logs).
+        previous_session: u64,
+        /// Submission ring capacity of the segment.
+        submission_capacity: u32,
+        /// Completion ring capacity of the segment.
+        completion_capacity: u32,
+        /// Heap length of the segment.
+        heap_len: u64,
+        /// Buffers to register again (the first part).
+        buffers: Vec<ResumedBuffer>,
+        /// Queues to create again (the first part).
+        queues: Vec<ResumedQueue>,
+        /// Names of the kernels the client looked up, in the order it wants their new ids.
+        kernels: Vec<String>,
+        /// Whether [`Request::ResumeMore`] messages follow.
+        more: bool,
+    },
+    /// More buffers and queues of a [`Request::Resume`].
+    ResumeMore {
+        /// Buffers to register again.
+        buffers: Vec<ResumedBuffer>,
+        /// Queues to create again.
+        queues: Vec<ResumedQueue>,
+        /// Whether more messages follow.
+        more: bool,
+    },
 }
+
+/// A buffer a resuming client had (see [`Request::Resume`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResumedBuffer {
+    /// Its handle under the previous daemon (kept, so the client's descriptors stay valid).
+    pub handle: u64,
+    /// Offset of its host copy in the heap.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Its newest contents may have been on a device of the previous daemon (a launch wrote it
+    /// after its last `sync_from`): the daemon marks it lost, so a task that reads it fails with
+    /// `DataLost` until it is written whole again.
+    pub lost: bool,
+}
+
+/// A queue a resuming client had (see [`Request::Resume`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ResumedQueue {
+    /// Its handle under the previous daemon.
+    pub handle: u64,
+    /// As in [`Request::CreateQueue`].
+    pub name: String,
+    /// As in [`Request::CreateQueue`].
+    pub class: QueueClass,
+    /// As in [`Request::CreateQueue`].
+    pub preferred_device: Option<String>,
+    /// As in [`Request::CreateQueue`].
+    pub sla_ms: Option<f64>,
+}
+
+/// Most buffers one [`Request::Resume`] or [`Request::ResumeMore`] carries (keeps each message
+/// far below [`MAX_FRAME`]).
+pub const RESUME_BUFFERS_PER_MESSAGE: usize = 8192;
+/// Most queues one resume message carries.
+pub const RESUME_QUEUES_PER_MESSAGE: usize = 512;
 
 /// A reply from the daemon.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -214,6 +286,15 @@ pub enum Response {
         /// Queues moved off devices since the daemon started (the status's `migrations`), as of
         /// this reply: compare with a later status to see the moves this drain caused.
         migrations: u64,
+    },
+    /// The session is open again (reply to the last message of a [`Request::Resume`]); a new
+    /// doorbell eventfd follows as ancillary data.
+    Resumed {
+        /// The new session id.
+        session: u64,
+        /// The new id of each kernel named in the request, in its order (`None`: the daemon has
+        /// no kernel of that name any more).
+        kernels: Vec<Option<u32>>,
     },
     /// The request failed.
     Error(ControlError),
@@ -304,6 +385,13 @@ pub enum ControlError {
         max: u64,
         /// The configuration key and `agora serve` flag that set it.
         setting: String,
+    },
+    /// A resume handed back a segment that a session of this daemon still uses (its client's
+    /// connection closed while its tasks still run): try again once that session has ended.
+    #[error("the segment is still in use by session #{session}, which is ending; try again shortly")]
+    SegmentInUse {
+        /// The session that holds it.
+        session: u64,
     },
 }
 

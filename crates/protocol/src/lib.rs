@@ -41,4 +41,4 @@ pub use signature::{Access, KernelSignature, ParamKind, ParamSpec, ScalarType};
 /// `SessionStatus::unread_releases`.
 /// 6: per-uid limits (issue 20): `ControlError::LimitReached`, `StatusReport::uids` /
 /// `limit_refusals`.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;

@@ -86,6 +86,17 @@ impl SubmissionConsumer {
         SubmissionConsumer { view, head: 0 }
     }
 
+    /// Takes over the ring of a segment that a previous daemon served (a resumed session):
+    /// whatever that daemon had not taken is dropped (its client fails those tasks itself), so
+    /// consuming starts at the client's current tail, which is also handed back as the head.
+    /// Returns the consumer and that index (a client that lies about it only loses its own
+    /// tasks).
+    pub fn resume(view: SegmentView) -> (Self, u32) {
+        let tail = view.header().submission_tail.load(Ordering::Acquire);
+        view.header().submission_head.store(tail, Ordering::Release);
+        (SubmissionConsumer { view, head: tail }, tail)
+    }
+
     /// Descriptors available, after checking the client's tail.
     pub fn available(&self) -> Result<u32, RingError> {
         let tail = self.view.header().submission_tail.load(Ordering::Acquire);
@@ -132,6 +143,16 @@ impl CompletionProducer {
     /// Starts producing into a fresh segment.
     pub fn new(view: SegmentView) -> Self {
         CompletionProducer { view, tail: 0 }
+    }
+
+    /// Takes over the ring of a segment that a previous daemon served (a resumed session):
+    /// producing continues at `tail`, the submission ring's tail (see
+    /// [`SubmissionConsumer::resume`]), so every submission keeps exactly one completion slot;
+    /// the client completes the tasks the previous daemon did not, and moves its head past
+    /// their slots.
+    pub fn resume(view: SegmentView, tail: u32) -> Self {
+        view.header().completion_tail.store(tail, Ordering::Release);
+        CompletionProducer { view, tail }
     }
 
     /// How many completions the client has consumed in all (wrapping), clamped to what is
@@ -202,6 +223,14 @@ impl CompletionConsumer {
     /// Returns taken slots to the daemon.
     pub fn release(&self) {
         self.view.header().completion_head.store(self.head, Ordering::Release);
+    }
+
+    /// Moves the head `count` entries on without reading them, and releases: for completions
+    /// that will never be written (tasks a daemon that died had not completed, which the client
+    /// completes itself before resuming the session on a new daemon).
+    pub fn skip(&mut self, count: u32) {
+        self.head = self.head.wrapping_add(count);
+        self.release();
     }
 }
 

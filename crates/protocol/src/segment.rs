@@ -67,13 +67,21 @@ pub struct SegmentHeader {
     /// Number of client threads blocked (or about to block) on `completion_tail`; the daemon
     /// issues a futex wake only when it is non-zero.
     pub client_waiters: CachePadded<AtomicU32>,
-    /// Set by the daemon when it shuts down cleanly, before it wakes every waiter.
+    /// Set by the daemon before it wakes every waiter: [`DAEMON_SHUT_DOWN`] when it shuts down
+    /// (a client may resume its session on the next daemon), [`SESSION_ENDED`] when it ended
+    /// this session while it runs on (a corrupt ring, a hostile client): not to be resumed.
     pub daemon_closed: CachePadded<AtomicU32>,
     /// Smallest task id a blocked client thread waits for (`u64::MAX` when none): the daemon
     /// wakes waiters only when it posts a completion for that id or a later one, so a client
     /// waiting for the last of many tasks is not woken for each of them.
     pub client_wait_for: CachePadded<AtomicU64>,
 }
+
+/// [`Header::daemon_closed`]: the daemon shut down (its clients may resume on the next one).
+pub const DAEMON_SHUT_DOWN: u32 = 1;
+/// [`Header::daemon_closed`]: the daemon ended this session and runs on; the client must not
+/// resume it.
+pub const SESSION_ENDED: u32 = 2;
 
 const _: () = assert!(std::mem::size_of::<SegmentHeader>() as u64 <= HEADER_LEN);
 

@@ -140,6 +140,12 @@ create_exception!(
 );
 create_exception!(
     agora,
+    DaemonRestartedError,
+    TaskFailedError,
+    "The daemon restarted before the task completed; the session reconnected to the new daemon (buffers, queues, kernels and programs kept): issue the task again."
+);
+create_exception!(
+    agora,
     ProgramBuildError,
     AgoraError,
     "A program did not build; the message carries the compiler's log."
@@ -253,6 +259,8 @@ fn client_exception(error: &Error, message: String) -> PyErr {
             ControlError::ProgramBuild { .. } => ProgramBuildError::new_err(message),
             // A refused request, like any other the daemon cannot serve.
             ControlError::NameTooLong { .. } | ControlError::UnknownSession(_) => BadRequestError::new_err(message),
+            // Only a resume gets it, and the client retries it itself.
+            ControlError::SegmentInUse { .. } => BadRequestError::new_err(message),
         },
         Error::Task(_) | Error::Tasks(_) => TaskFailedError::new_err(message),
     }
@@ -279,6 +287,7 @@ fn task_exception(task: &TaskError, message: String) -> PyErr {
         TaskError::NoDevice(_) => NoDeviceError::new_err(message),
         TaskError::KernelFault | TaskError::KernelCrashed { .. } => KernelFaultError::new_err(message),
         TaskError::KernelTimeout { .. } => KernelTimeoutError::new_err(message),
+        TaskError::DaemonRestarted => DaemonRestartedError::new_err(message),
         TaskError::Cancelled => CancelledError::new_err(message),
         // A session quota is a device-memory limit too.
         TaskError::DeviceOutOfMemory { .. } | TaskError::DeviceQuota { .. } | TaskError::DeviceTooSmall { .. } => {

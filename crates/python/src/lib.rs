@@ -68,6 +68,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         NoDeviceError,
         KernelFaultError,
         KernelTimeoutError,
+        DaemonRestartedError,
         ProgramBuildError,
         CancelledError,
         DeviceOutOfMemoryError,

@@ -63,15 +63,29 @@ impl PySession {
     /// default path).
     /// `control_timeout`: seconds a control call (buffer, queue, kernel, status) may wait for
     /// the daemon before it raises TimeoutError (default 30).
+    /// `reconnect_timeout`: seconds the session keeps trying to reach a restarted daemon when
+    /// its daemon dies (default $AGORA_RECONNECT_TIMEOUT, else 30; 0 turns reconnection off).
+    /// Tasks in flight then raise DaemonRestartedError; buffers, queues, kernels and programs
+    /// carry on.
     #[new]
-    #[pyo3(signature = (socket=None, name=None, heap_bytes=None, control_timeout=None))]
+    #[pyo3(signature = (socket=None, name=None, heap_bytes=None, control_timeout=None, reconnect_timeout=None))]
     fn new(
         py: Python<'_>,
         socket: Option<std::path::PathBuf>,
         name: Option<String>,
         heap_bytes: Option<u64>,
         control_timeout: Option<f64>,
+        reconnect_timeout: Option<f64>,
     ) -> PyResult<Self> {
+        let reconnect_timeout = match reconnect_timeout {
+            None => None,
+            Some(s) if s.is_finite() && (0.0..=86_400.0).contains(&s) => Some(std::time::Duration::from_secs_f64(s)),
+            Some(s) => {
+                return Err(PyValueError::new_err(format!(
+                    "reconnect_timeout={s}: give a number of seconds from 0 (off) to a day, or None"
+                )))
+            }
+        };
         let control_timeout = match control_timeout {
             None => None,
             Some(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => Some(std::time::Duration::from_secs_f64(s)),
@@ -97,6 +111,7 @@ impl PySession {
             name,
             heap_bytes,
             control_timeout,
+            reconnect_timeout,
         };
         let session = py.detach(|| agora::Session::connect_with(options)).or_raise()?;
         Ok(PySession {

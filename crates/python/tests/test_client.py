@@ -262,7 +262,7 @@ def test_each_failed_task_reports_its_own_error_every_time(fresh_daemon):
 
 def test_a_killed_daemon_is_a_disconnected_error(fresh_daemon):
     daemon = fresh_daemon("--no-opencl")
-    session = agora.Session(socket=str(daemon.socket))
+    session = agora.Session(socket=str(daemon.socket), reconnect_timeout=0)
     queue = session.queue()
     queue.launch("noop", range=1).wait()
     daemon.kill()

@@ -76,6 +76,8 @@ pub struct Daemon {
     child: Option<Child>,
     agora: PathBuf,
     socket: PathBuf,
+    /// The arguments after `serve --socket SOCKET`, for [`Daemon::restart`].
+    args: Vec<String>,
     // Last, so it is removed after the process is gone.
     dir: TempDir,
 }
@@ -105,35 +107,29 @@ impl Daemon {
         example_packages();
         let socket = dir.path().join("agora.sock");
         let here = dir.path().display().to_string();
-        let mut command = Command::new(&agora);
-        command
-            .arg("serve")
-            .arg("--socket")
-            .arg(&socket)
-            .args(args.iter().map(|a| a.replace("{dir}", &here)))
-            .env("AGORA_LOG", "warn")
-            .env("AGORA_STATE_DIR", dir.path().join("state"))
-            .stdout(Stdio::null());
-        env(&mut command);
-        let mut child = command.spawn().expect("agora serve starts");
-        let deadline = Instant::now() + START_TIMEOUT;
-        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("agora serve exited before it listened: {status}");
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("the daemon did not listen on {} within 20 s", socket.display());
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let args: Vec<String> = args.iter().map(|a| a.replace("{dir}", &here)).collect();
+        let child = spawn_listening(&agora, &socket, dir.path(), &args, env);
         Daemon {
             child: Some(child),
             agora,
             socket,
+            args,
             dir,
         }
+    }
+
+    /// Kills the daemon with SIGKILL (if it runs) and starts it again on the same socket, state
+    /// directory and arguments (not the environment changes of [`Daemon::start_in_with`]);
+    /// returns once the new one listens.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.child = Some(spawn_listening(
+            &self.agora,
+            &self.socket,
+            self.dir.path(),
+            &self.args,
+            |_| {},
+        ));
     }
 
     /// Its control socket.
@@ -164,6 +160,18 @@ impl Daemon {
     /// A session with this name.
     pub fn session_named(&self, name: &str) -> Session {
         connect(&self.socket, Some(name))
+    }
+
+    /// A session with this name that does not reconnect when the daemon goes away (calls then
+    /// fail with `Disconnected` at once): for tests of what a daemon's death does.
+    pub fn session_without_resume(&self, name: &str) -> Session {
+        Session::connect_with(SessionOptions {
+            socket: Some(self.socket.clone()),
+            name: Some(name.into()),
+            reconnect_timeout: Some(Duration::ZERO),
+            ..Default::default()
+        })
+        .expect("session opens")
     }
 
     /// What `agora status` reports.
@@ -218,6 +226,35 @@ impl Daemon {
             let _ = child.wait();
         }
     }
+}
+
+/// Starts `AGORA serve --socket SOCKET ARGS` with its state in `DIR/state` and waits until it
+/// answers on its socket.
+fn spawn_listening(agora: &Path, socket: &Path, dir: &Path, args: &[String], env: impl FnOnce(&mut Command)) -> Child {
+    let mut command = Command::new(agora);
+    command
+        .arg("serve")
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .env("AGORA_LOG", "warn")
+        .env("AGORA_STATE_DIR", dir.join("state"))
+        .stdout(Stdio::null());
+    env(&mut command);
+    let mut child = command.spawn().expect("agora serve starts");
+    let deadline = Instant::now() + START_TIMEOUT;
+    while std::os::unix::net::UnixStream::connect(socket).is_err() {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("agora serve exited before it listened: {status}");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the daemon did not listen on {} within 20 s", socket.display());
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    child
 }
 
 impl Drop for Daemon {

@@ -66,6 +66,37 @@ impl Segment {
         Ok(segment)
     }
 
+    /// Maps a segment a resuming client hands back (daemon side): a segment an earlier daemon
+    /// created for it, which the client kept mapped across that daemon's death. Everything is
+    /// checked as untrusted: it must be a memfd sealed against shrinking, growing and further
+    /// sealing (so the client cannot truncate it under us), exactly as long as `geometry`
+    /// says, with a matching header.
+    pub fn adopt(fd: OwnedFd, geometry: Geometry) -> Result<Self, TransportError> {
+        let refuse = |why: String| TransportError::Protocol(format!("the segment handed back is not usable: {why}"));
+        let seals = rustix::fs::fcntl_get_seals(&fd).map_err(|_| refuse("it is not a sealable memfd".into()))?;
+        let needed = SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL;
+        if !seals.contains(needed) {
+            return Err(refuse(format!("it is not sealed against resizing (seals {seals:?})")));
+        }
+        if seals.intersects(SealFlags::WRITE | SealFlags::FUTURE_WRITE) {
+            return Err(refuse("it is sealed against writing".into()));
+        }
+        let file = File::from(fd);
+        let len = file
+            .metadata()
+            .map_err(TransportError::os("inspecting the segment"))?
+            .len();
+        if len != geometry.total_len {
+            return Err(refuse(format!(
+                "it is {len} bytes, its geometry needs {}",
+                geometry.total_len
+            )));
+        }
+        let segment = Self::map_file(file, geometry)?;
+        segment.view.verify().map_err(|e| refuse(e.to_string()))?;
+        Ok(segment)
+    }
+
     fn map_file(file: File, geometry: Geometry) -> Result<Self, TransportError> {
         let map = memmap2::MmapOptions::new()
             .len(geometry.total_len as usize)

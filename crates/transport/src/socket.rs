@@ -209,20 +209,51 @@ fn closed_or(what: &'static str) -> impl FnOnce(std::io::Error) -> TransportErro
 
 /// Reassembles frames from a non-blocking stream without ever blocking (daemon side), so a
 /// client that sends half a frame and stops cannot stall the daemon.
+///
+/// Descriptors a peer attaches (a resuming client's segment) are kept, at most
+/// [`FrameReader::MAX_HELD_FDS`]; more are closed at once, so a peer cannot make the daemon
+/// hold descriptors.
 #[derive(Debug, Default)]
 pub struct FrameReader {
     buffer: Vec<u8>,
+    fds: Vec<OwnedFd>,
 }
 
 impl FrameReader {
+    /// Most received descriptors held until [`FrameReader::take_fds`].
+    pub const MAX_HELD_FDS: usize = 2;
+
+    /// The descriptors received so far (and forgets them).
+    pub fn take_fds(&mut self) -> Vec<OwnedFd> {
+        std::mem::take(&mut self.fds)
+    }
+
     /// Reads what is available and returns the complete frame bodies found.
     /// `Err(Closed)` when the peer has closed; `Err(Protocol)` on an oversize frame.
     pub fn read_frames(&mut self, stream: &UnixStream) -> Result<Vec<Vec<u8>>, TransportError> {
         let mut chunk = [0u8; 4096];
         let mut closed = false;
         loop {
-            let mut s = stream;
-            match s.read(&mut chunk) {
+            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
+            let mut control = RecvAncillaryBuffer::new(&mut space);
+            let got = rustix::net::recvmsg(
+                stream,
+                &mut [IoSliceMut::new(&mut chunk)],
+                &mut control,
+                RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT,
+            )
+            .map(|r| r.bytes)
+            .map_err(std::io::Error::from);
+            for message in control.drain() {
+                if let RecvAncillaryMessage::ScmRights(received) = message {
+                    for fd in received {
+                        if self.fds.len() < Self::MAX_HELD_FDS {
+                            self.fds.push(fd);
+                        }
+                    }
+                }
+            }
+            match got {
                 Ok(0) => {
                     closed = true;
                     break;

@@ -88,6 +88,7 @@ fn client_repeat(socket: Option<PathBuf>, args: &ClientArgs) -> Result<()> {
         name: Some("bench-overhead".into()),
         heap_bytes: None,
         control_timeout: None,
+        reconnect_timeout: None,
     })?;
     let kind = device_kind(args.device_kind.as_deref());
     // One run: its seconds and whether its result was right.
@@ -194,6 +195,7 @@ fn client_soak(socket: Option<PathBuf>, args: &ClientArgs) -> Result<()> {
         ),
         heap_bytes: Some((bytes * 3 * 2).max(4 << 20)),
         control_timeout: None,
+        reconnect_timeout: None,
     })?;
     let queue = session.queue_with(agora::QueueOptions {
         name: "soak".into(),
@@ -305,6 +307,7 @@ pub fn client(args: ClientArgs) -> Result<()> {
         name: Some(format!("bench-{:?}", args.mode).to_lowercase()),
         heap_bytes: Some(1 << 20),
         control_timeout: None,
+        reconnect_timeout: None,
     })?;
     let queue = match args.mode {
         ClientMode::OpenclLatency => session.queue_with(agora::QueueOptions {

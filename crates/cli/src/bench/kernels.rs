@@ -253,6 +253,7 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
             name: Some(name.into()),
             heap_bytes: Some(512 << 20),
             control_timeout: None,
+            reconnect_timeout: None,
         })
     };
     let session = connect("agora bench kernels")?;

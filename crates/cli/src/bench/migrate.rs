@@ -296,6 +296,7 @@ pub fn migrate(args: MigrateArgs) -> Result<()> {
         name: Some("agora bench migrate".into()),
         heap_bytes: Some((largest << 20) * 2 + (64 << 20)),
         control_timeout: None,
+        reconnect_timeout: None,
     })?;
     if !args.json {
         println!(

@@ -127,6 +127,7 @@ fn run_jobs(socket: &Path, tenants: usize, jobs: usize) -> Result<f64> {
                         name: Some(format!("hetero-tenant{tenant}")),
                         heap_bytes: None,
                         control_timeout: None,
+                        reconnect_timeout: None,
                     })?;
                     for job in 0..jobs {
                         let (program, size, iterations) = JOB_MIX[(tenant + job) % JOB_MIX.len()];
@@ -603,6 +604,7 @@ fn sla_run(socket: &Path, args: &SlaArgs, requests: usize, batch: usize) -> Resu
             name: Some(name.to_string()),
             heap_bytes: None,
             control_timeout: None,
+            reconnect_timeout: None,
         })
     };
     let began = Instant::now();

@@ -45,6 +45,35 @@ impl Heap {
         Some(offset)
     }
 
+    /// Allocates exactly `[offset, offset + len)` (rounded up like `alloc`), as an earlier heap
+    /// of a resumed session gave it out. `false` when the range is misaligned or not wholly free.
+    pub(crate) fn reserve(&mut self, offset: u64, len: u64) -> bool {
+        let Some(size) = Self::reserved(len) else {
+            return false;
+        };
+        if len == 0 || !offset.is_multiple_of(HEAP_ALIGN) {
+            return false;
+        }
+        let Some(end) = offset.checked_add(size) else {
+            return false;
+        };
+        let Some((&start, &block)) = self.free.range(..=offset).next_back() else {
+            return false;
+        };
+        if start + block < end {
+            return false;
+        }
+        self.free.remove(&start);
+        if start < offset {
+            self.free.insert(start, offset - start);
+        }
+        if end < start + block {
+            self.free.insert(end, start + block - end);
+        }
+        self.used += size;
+        true
+    }
+
     /// Frees the block at `offset` of `len` bytes (as passed to `alloc`).
     pub(crate) fn free(&mut self, offset: u64, len: u64) {
         let Some(mut size) = Self::reserved(len) else {
@@ -97,6 +126,21 @@ mod tests {
         assert_eq!(h.used(), 0);
         assert_eq!(h.largest_free(), 1024, "all blocks merged back");
         assert_eq!(h.alloc(1024), Some(0));
+    }
+
+    #[test]
+    fn reserved_ranges_are_exact_and_never_overlap() {
+        let mut h = Heap::new(4096);
+        assert!(h.reserve(128, 100));
+        assert!(!h.reserve(192, 10), "overlaps the first");
+        assert!(!h.reserve(65, 10), "misaligned");
+        assert!(!h.reserve(4032, 128), "past the end");
+        assert!(!h.reserve(u64::MAX - 63, 1), "overflow");
+        assert!(h.reserve(0, 64));
+        assert_eq!(h.used(), 64 + 128);
+        assert_eq!(h.alloc(10), Some(64), "first fit: the gap between the reserved blocks");
+        h.free(128, 100);
+        assert_eq!(h.alloc(100), Some(128));
     }
 
     #[test]

@@ -193,6 +193,13 @@ impl Placement {
         }
     }
 
+    /// The buffer's newest contents are gone (a resumed session's buffer whose last write ran
+    /// under a daemon that died): tasks that read it fail with `DataLost` until it is written
+    /// whole again. Its host copy is all there is.
+    pub(crate) fn mark_lost(&mut self) {
+        self.lost = true;
+    }
+
     /// Makes the host copy current, adding the transfer that does it if needed (`sync_from`, and
     /// before host-side work). Returns the device whose copy is read, if any.
     pub(crate) fn fetch_to_host(

@@ -142,6 +142,8 @@ impl Inbox {
 pub(crate) struct Migration {
     draining: Vec<bool>,
     failed: Vec<bool>,
+    /// A device failed, or a session resumed with lost buffers: tasks are checked for reading
+    /// lost data ([`check_lost`]); until then that check costs nothing.
     pub(super) any_failed: bool,
     inbox: Arc<Inbox>,
     /// Held queues by session id.
@@ -430,6 +432,13 @@ pub(super) fn check_lost(ready: &Ready) -> Result<(), TaskError> {
 }
 
 impl Scheduler {
+    /// Some buffer may now be lost without a device failure (a session resumed after a daemon
+    /// restart with buffers whose newest contents died): from now on tasks are checked for
+    /// reading lost data.
+    pub(crate) fn buffers_lost_elsewhere(&mut self) {
+        self.migration.any_failed = true;
+    }
+
     /// Dispatch hook: whether `ready` must be held because its queue is being moved, or must
     /// start moving (busy on a device it must leave; this orphans the queue). Borrows the task:
     /// this runs for every task, most of which go straight on.

@@ -1,0 +1,480 @@
+//! Issue 20, item 5: clients survive a daemon restart. A real `agora serve` process is killed
+//! with SIGKILL and started again on the same socket while client processes and threads run
+//! verified work; each session reconnects by itself, hands its segment back, and carries on with
+//! the same buffers, queues, kernels and programs. Tasks that were in flight fail with
+//! `DaemonRestarted` (the application issues them again); a buffer whose newest contents were
+//! only on a device comes back lost (`DataLost`) until it is written whole.
+//!
+//! The gap (from the new daemon listening to the first task completed on it) is measured and
+//! printed: `cargo test --release --test restart -- --nocapture`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use agora::{Arg, DeviceKind, Error, QueueOptions, Session, SessionOptions, TaskError};
+use agora_test_support::Daemon;
+
+const AGORA: &str = env!("CARGO_BIN_EXE_agora");
+const RESTARTS: usize = 10;
+const N: usize = 4096;
+
+fn session(socket: &Path, name: &str) -> Session {
+    Session::connect_with(SessionOptions {
+        socket: Some(socket.to_path_buf()),
+        name: Some(name.into()),
+        reconnect_timeout: Some(Duration::from_secs(20)),
+        ..Default::default()
+    })
+    .expect("session opens")
+}
+
+/// What the verified loop saw.
+#[derive(Default)]
+struct Progress {
+    /// When each verified round completed.
+    completed: Mutex<Vec<Instant>>,
+    rounds: AtomicU64,
+    /// Tasks that failed with `DaemonRestarted` (and were issued again).
+    restarted: AtomicU64,
+}
+
+/// One round of saxpy whose inputs depend on `round`, fully rewritten each time: `Ok(true)`
+/// verified, `Ok(false)` a task failed with `DaemonRestarted` (issue the round again), `Err` any
+/// other failure.
+fn round(
+    queue: &agora::Queue,
+    saxpy: &agora::Kernel,
+    x: &agora::Buffer,
+    y: &agora::Buffer,
+    r: u64,
+) -> Result<bool, String> {
+    let xs: Vec<f32> = (0..N).map(|i| ((i as u64 + r) % 1000) as f32).collect();
+    let ys: Vec<f32> = vec![(r % 7) as f32; N];
+    x.write_slice(&xs).unwrap();
+    y.write_slice(&ys).unwrap();
+    let tasks = (|| -> Result<Vec<agora::Task>, Error> {
+        Ok(vec![
+            queue.sync_to(x)?,
+            queue.sync_to(y)?,
+            queue.launch(saxpy, &[Arg::F32(3.0), x.into(), y.into()], N)?,
+            queue.sync_from(y)?,
+        ])
+    })();
+    let tasks = match tasks {
+        Ok(t) => t,
+        Err(Error::Task(TaskError::DaemonRestarted)) => return Ok(false),
+        Err(e) => return Err(format!("issuing round {r}: {e}")),
+    };
+    let mut restarted = false;
+    for task in &tasks {
+        match task.wait() {
+            Ok(()) => {}
+            Err(Error::Task(TaskError::DaemonRestarted)) => restarted = true,
+            // A task after one that the restart lost may read what it should have written.
+            Err(Error::Task(TaskError::DependencyFailed { .. } | TaskError::DataLost { .. })) if restarted => {}
+            Err(e) => return Err(format!("round {r}: {e}")),
+        }
+    }
+    if restarted {
+        return Ok(false);
+    }
+    let got = y.read_vec::<f32>();
+    for (i, v) in got.iter().enumerate() {
+        let want = 3.0 * xs[i] + ys[i];
+        if *v != want {
+            return Err(format!("round {r}: y[{i}] = {v}, expected {want}"));
+        }
+    }
+    Ok(true)
+}
+
+/// The verified loop of one session, until `stop`.
+fn work(session: Session, device: DeviceKind, progress: Arc<Progress>, stop: Arc<AtomicBool>) -> Result<(), String> {
+    let queue = session
+        .queue_with(QueueOptions {
+            name: format!("loop-{}", device.name()),
+            preferred_device: Some(device),
+            ..Default::default()
+        })
+        .map_err(|e| e.to_string())?;
+    let saxpy = session.kernel("saxpy").map_err(|e| e.to_string())?;
+    let x = session.buffer(N as u64 * 4).map_err(|e| e.to_string())?;
+    let y = session.buffer(N as u64 * 4).map_err(|e| e.to_string())?;
+    let mut r = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        if round(&queue, &saxpy, &x, &y, r)? {
+            progress.rounds.fetch_add(1, Ordering::Relaxed);
+            progress.completed.lock().unwrap().push(Instant::now());
+            r += 1;
+        } else {
+            progress.restarted.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    Ok(())
+}
+
+/// Kills and restarts `daemon` `RESTARTS` times, each once every one of `loops` shows
+/// `rounds_between` more verified rounds; returns each loop's gaps (new daemon listening →
+/// its first round completed after it).
+fn restart_under(daemon: &mut Daemon, loops: &[Arc<Progress>], rounds_between: u64) -> Vec<Vec<Duration>> {
+    let wait_for_rounds = |what: &str| {
+        let targets: Vec<u64> = loops
+            .iter()
+            .map(|p| p.rounds.load(Ordering::Relaxed) + rounds_between)
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while loops
+            .iter()
+            .zip(&targets)
+            .any(|(p, t)| p.rounds.load(Ordering::Relaxed) < *t)
+        {
+            assert!(Instant::now() < deadline, "no verified progress within 60 s {what}");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    };
+    let mut ready_times = Vec::new();
+    for i in 0..RESTARTS {
+        wait_for_rounds(&format!("before restart {i}"));
+        daemon.restart();
+        ready_times.push(Instant::now());
+    }
+    wait_for_rounds("after the last restart");
+    loops
+        .iter()
+        .map(|progress| {
+            let completed = progress.completed.lock().unwrap();
+            ready_times
+                .iter()
+                .map(|ready| {
+                    let first = completed
+                        .iter()
+                        .find(|t| *t > ready)
+                        .expect("a round completed after each restart");
+                    first.duration_since(*ready)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn spread(gaps: &[Duration]) -> String {
+    let mut ms: Vec<f64> = gaps.iter().map(|g| g.as_secs_f64() * 1e3).collect();
+    ms.sort_by(f64::total_cmp);
+    format!(
+        "min {:.1} ms, median {:.1} ms, max {:.1} ms",
+        ms[0],
+        ms[ms.len() / 2],
+        ms[ms.len() - 1]
+    )
+}
+
+#[test]
+fn rust_sessions_carry_on_with_verified_work_across_ten_sigkill_restarts() {
+    let mut daemon = Daemon::start(AGORA, "restart-rust", &[]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut workers = Vec::new();
+    let mut sessions = Vec::new();
+    let mut loops = Vec::new();
+    let devices = [DeviceKind::Cpu, DeviceKind::OpenCl];
+    for device in devices {
+        let s = session(daemon.socket(), &format!("restart-{}", device.name()));
+        sessions.push(s.clone());
+        let progress = Arc::new(Progress::default());
+        loops.push(progress.clone());
+        let stop = stop.clone();
+        workers.push(std::thread::spawn(move || work(s, device, progress, stop)));
+    }
+    let gaps = restart_under(&mut daemon, &loops, 3);
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.join().unwrap().expect("every round verified or reissued");
+    }
+    for s in &sessions {
+        assert_eq!(s.resumes(), RESTARTS as u64, "each session resumed after every restart");
+    }
+    let status = daemon.status();
+    assert_eq!(
+        status.sessions.len(),
+        2,
+        "the resumed sessions are the daemon's only sessions"
+    );
+    for ((device, progress), gaps) in devices.iter().zip(&loops).zip(&gaps) {
+        eprintln!(
+            "restart (Rust, {} queue): {} verified rounds, {} rounds reissued after DaemonRestarted, gap restart→first verified round over {RESTARTS} restarts: {}",
+            device.name(),
+            progress.rounds.load(Ordering::Relaxed),
+            progress.restarted.load(Ordering::Relaxed),
+            spread(gaps)
+        );
+    }
+}
+
+#[test]
+fn data_only_on_a_device_comes_back_lost_and_everything_else_carries_on() {
+    let mut daemon = Daemon::start(AGORA, "restart-lost", &[]);
+    let s = session(daemon.socket(), "restart-lost");
+    agora_test_support::require_opencl(&s);
+    let queue = s
+        .queue_with(QueueOptions {
+            name: "opencl".into(),
+            preferred_device: Some(DeviceKind::OpenCl),
+            ..Default::default()
+        })
+        .unwrap();
+    let saxpy = s.kernel("saxpy").unwrap();
+    let x = s.buffer_from(&vec![1.0f32; N]).unwrap();
+    let y = s.buffer_from(&vec![2.0f32; N]).unwrap();
+    let kept = s.buffer_from(&vec![7u8; 256]).unwrap();
+    // y's newest contents (5.0) are on the device only.
+    queue
+        .launch(&saxpy, &[Arg::F32(3.0), (&x).into(), (&y).into()], N)
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert!(y.needs_sync_from());
+    let queue_handle = queue.handle();
+    daemon.restart();
+
+    // Reading y: its newest contents died with the daemon. (The first try may be issued before
+    // the session noticed the daemon gone: it then fails with DaemonRestarted, to issue again.)
+    let mut outcome = queue.sync_from(&y).unwrap().wait();
+    if matches!(outcome, Err(Error::Task(TaskError::DaemonRestarted))) {
+        outcome = queue.sync_from(&y).unwrap().wait();
+    }
+    match outcome {
+        Err(Error::Task(TaskError::DataLost { .. })) => {}
+        other => panic!("reading a buffer whose newest copy was on the dead daemon's device: {other:?}"),
+    }
+    // finish() reports what failed since the previous one: the lost read, and the reissued one.
+    match queue.finish() {
+        Err(Error::Tasks(failures)) => assert!(failures
+            .failures
+            .iter()
+            .any(|(_, e)| matches!(e, TaskError::DataLost { .. }))),
+        other => panic!("finish after a lost read: {other:?}"),
+    }
+    assert_eq!(s.resumes(), 1);
+    assert_eq!(queue.handle(), queue_handle, "the queue keeps its handle");
+    // A buffer synced before the restart is intact, host copy and all.
+    queue.sync_to(&kept).unwrap().wait().unwrap();
+    queue.sync_from(&kept).unwrap().wait().unwrap();
+    assert!(kept.read().iter().all(|b| *b == 7));
+    // Writing y whole makes it usable again; the kernel looked up before the restart still runs.
+    y.write_slice(&vec![2.0f32; N]).unwrap();
+    queue.sync_to(&y).unwrap();
+    queue
+        .launch(&saxpy, &[Arg::F32(3.0), (&x).into(), (&y).into()], N)
+        .unwrap();
+    queue.sync_from(&y).unwrap().wait().unwrap();
+    assert!(y.read_vec::<f32>().iter().all(|v| *v == 5.0));
+    queue.finish().unwrap();
+}
+
+#[test]
+fn with_reconnection_off_the_session_reports_disconnected() {
+    let mut daemon = Daemon::start(AGORA, "restart-off", &[]);
+    let s = Session::connect_with(SessionOptions {
+        socket: Some(daemon.socket().to_path_buf()),
+        reconnect_timeout: Some(Duration::ZERO),
+        ..Default::default()
+    })
+    .unwrap();
+    let queue = s.queue("q").unwrap();
+    let buffer = s.buffer(64).unwrap();
+    daemon.restart();
+    let started = Instant::now();
+    let outcome = queue.memset(&buffer, 0).and_then(|t| t.wait());
+    assert!(matches!(outcome, Err(Error::Disconnected)), "{outcome:?}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+/// The repository's Python virtualenv, made by `make setup`.
+fn python() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python")
+}
+
+/// A client process (`program ARGS`, with `AGORA_SOCKET`) running verified rounds until its
+/// stop file appears, printing one line per verified round (`ok`) and per reissued round
+/// (`restarted`), and `done` at the end; the daemon is killed and restarted under it.
+fn restart_under_process(tag: &str, mut command: Command) {
+    let mut daemon = Daemon::start(AGORA, tag, &[]);
+    let stop = daemon.dir().join("stop");
+    let out = daemon.dir().join("out");
+    let mut child = command
+        .env("AGORA_SOCKET", daemon.socket())
+        .env("AGORA_RECONNECT_TIMEOUT", "20")
+        .env("RESTART_STOP_FILE", &stop)
+        .stdout(std::fs::File::create(&out).unwrap())
+        .spawn()
+        .expect("the client process starts");
+    let rounds = || {
+        std::fs::read_to_string(&out)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| *l == "ok")
+            .count()
+    };
+    let mut ready_times = Vec::new();
+    let mut seen_at = Vec::<(usize, Instant)>::new();
+    let mut watch = |until: usize, seen_at: &mut Vec<(usize, Instant)>| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let n = rounds();
+            if seen_at.last().is_none_or(|(m, _)| *m != n) {
+                seen_at.push((n, Instant::now()));
+            }
+            if n >= until {
+                return;
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "the {tag} client exited ({status}) after {n} rounds:\n{}",
+                    std::fs::read_to_string(&out).unwrap_or_default()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the {tag} client made no progress within 60 s ({n} rounds)"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    for _ in 0..RESTARTS {
+        let target = rounds() + 3;
+        watch(target, &mut seen_at);
+        daemon.restart();
+        ready_times.push((rounds(), Instant::now()));
+    }
+    let target = rounds() + 3;
+    watch(target, &mut seen_at);
+    std::fs::write(&stop, b"").unwrap();
+    let status = child.wait().unwrap();
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(status.success(), "the {tag} client failed ({status}):\n{text}");
+    assert_eq!(text.lines().last(), Some("done"), "{text}");
+    // First time the count of verified rounds grew past its value at each restart.
+    let gaps: Vec<Duration> = ready_times
+        .iter()
+        .map(|(n, ready)| {
+            let (_, at) = seen_at
+                .iter()
+                .find(|(m, at)| m > n && at >= ready)
+                .expect("progress after each restart");
+            at.duration_since(*ready)
+        })
+        .collect();
+    eprintln!(
+        "restart ({tag}): {} verified rounds, {} reissued, gap restart→first verified round over {RESTARTS} restarts: {}",
+        rounds(),
+        text.lines().filter(|l| *l == "restarted").count(),
+        spread(&gaps)
+    );
+}
+
+#[test]
+fn a_python_client_process_carries_on_across_ten_sigkill_restarts() {
+    let python = python();
+    assert!(python.exists(), "{} is missing: run `make setup`", python.display());
+    let mut command = Command::new(python);
+    command.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/restart_loop.py"));
+    restart_under_process("python", command);
+}
+
+#[test]
+fn a_c_client_process_carries_on_across_ten_sigkill_restarts() {
+    // target/<profile>/deps/restart-… → target/<profile>, where libagora_capi.so is built.
+    let exe = std::env::current_exe().unwrap();
+    let build_dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
+    assert!(
+        build_dir.join("libagora_capi.so").exists(),
+        "libagora_capi.so is not built in {}: cargo build --workspace",
+        build_dir.display()
+    );
+    let scratch = agora_test_support::temp_dir("restart-c");
+    let program = scratch.path().join("restart_loop");
+    let include = concat!(env!("CARGO_MANIFEST_DIR"), "/../capi/include");
+    let cc = Command::new("cc")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/restart_loop.c"))
+        .arg(format!("-I{include}"))
+        .arg(format!("-L{}", build_dir.display()))
+        .args(["-lagora_capi", "-Wall", "-Werror", "-o"])
+        .arg(&program)
+        .output()
+        .expect("a C compiler (cc) runs");
+    assert!(
+        cc.status.success(),
+        "cc failed:\n{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let mut command = Command::new(&program);
+    command.env("LD_LIBRARY_PATH", &build_dir);
+    restart_under_process("c", command);
+}
+
+#[test]
+fn a_tenant_program_is_built_again_and_its_kernels_keep_working() {
+    let mut daemon = Daemon::start(AGORA, "restart-program", &[]);
+    let s = session(daemon.socket(), "restart-program");
+    agora_test_support::require_opencl(&s);
+    // A program of the tenant's own, and a library kernel looked up beside it.
+    let program = s
+        .program_opencl(
+            "__kernel void twice_plus(float a, __global const float *x, __global float *y) {\n\
+             size_t i = get_global_id(0); y[i] = 2.0f * x[i] + a; }",
+        )
+        .expect("the program builds");
+    let twice_plus = program.kernel("twice_plus").unwrap();
+    let saxpy = s.kernel("saxpy").unwrap();
+    let queue = s.queue("program").unwrap();
+    let x = s.buffer_from(&vec![1.5f32; N]).unwrap();
+    let y = s.buffer(N as u64 * 4).unwrap();
+    let run = |a: f32| -> Result<Vec<f32>, Error> {
+        queue.sync_to(&x)?;
+        queue.launch(&twice_plus, &[Arg::F32(a), (&x).into(), (&y).into()], N)?;
+        queue.launch(&saxpy, &[Arg::F32(1.0), (&x).into(), (&y).into()], N)?;
+        queue.sync_from(&y)?.wait()?;
+        Ok(y.read_vec::<f32>())
+    };
+    assert!(run(1.0).unwrap().iter().all(|v| *v == 2.0 * 1.5 + 1.0 + 1.5));
+    daemon.restart();
+    // The first try may have been issued to the daemon that died.
+    let got = match run(2.0) {
+        Err(Error::Task(TaskError::DaemonRestarted | TaskError::DependencyFailed { .. })) => {
+            let _ = queue.finish();
+            run(2.0)
+        }
+        other => other,
+    }
+    .expect("the rebuilt program's kernel runs on the new daemon");
+    assert!(got.iter().all(|v| *v == 2.0 * 1.5 + 2.0 + 1.5), "{:?}", &got[..4]);
+    assert_eq!(s.resumes(), 1);
+}
+
+#[test]
+fn a_daemon_that_does_not_come_back_in_time_is_disconnected_after_the_reconnect_timeout() {
+    let mut daemon = Daemon::start(AGORA, "restart-never", &["--no-opencl"]);
+    let s = Session::connect_with(SessionOptions {
+        socket: Some(daemon.socket().to_path_buf()),
+        reconnect_timeout: Some(Duration::from_millis(300)),
+        ..Default::default()
+    })
+    .unwrap();
+    let queue = s.queue("q").unwrap();
+    let buffer = s.buffer(64).unwrap();
+    daemon.kill();
+    let started = Instant::now();
+    let outcome = queue.memset(&buffer, 0).and_then(|t| t.wait());
+    let took = started.elapsed();
+    assert!(matches!(outcome, Err(Error::Disconnected)), "{outcome:?}");
+    assert!(
+        took >= Duration::from_millis(250) && took < Duration::from_secs(5),
+        "gave up after {took:?}"
+    );
+    // Given up for good: later calls fail at once.
+    let started = Instant::now();
+    assert!(matches!(s.queue("again"), Err(Error::Disconnected)));
+    assert!(started.elapsed() < Duration::from_millis(200));
+}
