@@ -175,6 +175,34 @@ fn requests() -> Vec<Request> {
             drain: true,
             evacuate: true,
         },
+        Request::Resume {
+            version: agora_protocol::PROTOCOL_VERSION,
+            client_name: "resumed".into(),
+            previous_session: 7,
+            submission_capacity: 1024,
+            completion_capacity: 1024,
+            heap_len: 1 << 20,
+            buffers: vec![agora_protocol::control::ResumedBuffer {
+                handle: 1 << 32 | 3,
+                offset: 128,
+                len: 4096,
+                lost: true,
+            }],
+            queues: vec![agora_protocol::control::ResumedQueue {
+                handle: 1 << 32,
+                name: "q".into(),
+                class: QueueClass::Latency,
+                preferred_device: Some("opencl".into()),
+                sla_ms: Some(2.0),
+            }],
+            kernels: vec!["saxpy".into()],
+            more: true,
+        },
+        Request::ResumeMore {
+            buffers: vec![],
+            queues: vec![],
+            more: false,
+        },
     ]
 }
 
@@ -289,6 +317,11 @@ fn responses() -> Vec<Response> {
             evacuated_bytes: 8192,
             migrations: 1,
         },
+        Response::Resumed {
+            session: 9,
+            kernels: vec![Some(4), None],
+        },
+        Response::Error(ControlError::SegmentInUse { session: 3 }),
         Response::Error(ControlError::QuotaExceeded {
             requested: 1,
             available: 0,

@@ -41,4 +41,7 @@ pub use signature::{Access, KernelSignature, ParamKind, ParamSpec, ScalarType};
 /// `SessionStatus::unread_releases`.
 /// 6: per-uid limits (issue 20): `ControlError::LimitReached`, `StatusReport::uids` /
 /// `limit_refusals`.
+/// 7: sessions survive a daemon restart (issue 20): `Request::Resume` / `ResumeMore`,
+/// `Response::Resumed`, `ControlError::SegmentInUse`, `TaskError::DaemonRestarted` (code 30),
+/// `segment::SESSION_ENDED` in `Header::daemon_closed`.
 pub const PROTOCOL_VERSION: u32 = 7;
