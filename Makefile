@@ -18,6 +18,7 @@ test: setup
 	cargo test --workspace --release
 	bash scripts/fuzz.sh
 	bash scripts/miri.sh
+	bash scripts/loom.sh
 	.venv/bin/python -m pytest -q crates/python/tests
 	bash scripts/bench-smoke.sh ./target/release/agora bench latency --quick --json
 	bash scripts/bench-smoke.sh ./target/release/agora bench overhead --quick --json

@@ -939,6 +939,12 @@ impl Inner {
         let header = self.segment.view().header();
         header.client_waiters.fetch_add(1, Ordering::SeqCst);
         header.client_wait_for.fetch_min(target, Ordering::SeqCst);
+        // Pairs with the daemon's fence between posting and reading `client_waiters`
+        // (`SessionShared::post_releasing`): one of us sees the other's write. The SeqCst
+        // accesses alone may already pair with that fence; the fence makes it plain, and lets
+        // the loom model (crates/protocol/tests/loom.rs) check exactly this code. It costs
+        // nothing next to the futex call that follows.
+        std::sync::atomic::fence(Ordering::SeqCst);
         let tail = header.completion_tail.load(Ordering::SeqCst);
         let mut timed_out = false;
         if tail == header.completion_head.load(Ordering::Relaxed) && !satisfied() {

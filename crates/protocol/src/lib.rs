@@ -11,7 +11,8 @@
 //! * [`control`]: the messages of the control socket (hello, allocate, create queue, look up
 //!   kernel, status);
 //! * [`device`]: the kinds of device ([`DeviceKind`]) and their names;
-//! * [`signature`]: kernel signatures (which arguments are buffers, how they are accessed).
+//! * [`signature`]: kernel signatures (which arguments are buffers, how they are accessed);
+//! * [`sync`]: the atomics of the header and rings (`std`'s, or loom's for the model tests).
 //!
 //! It must not do I/O (sockets, mapping, futexes live in `agora-transport`) and must not
 //! allocate on the hot path: descriptor decoding and ring operations work on caller-owned memory.
@@ -23,6 +24,7 @@ pub mod device;
 pub mod ring;
 pub mod segment;
 pub mod signature;
+pub mod sync;
 pub mod testing;
 
 pub use completion::{Completion, LaunchLimit, TaskError};

@@ -10,11 +10,10 @@
 //! publishes: a submission tail more than `capacity` ahead of the daemon's head is
 //! [`RingError::Corrupt`], and a completion head outside `[tail - capacity, tail]` is clamped.
 
-use std::sync::atomic::Ordering;
-
 use crate::completion::Completion;
 use crate::descriptor::TaskDescriptor;
 use crate::segment::SegmentView;
+use crate::sync::Ordering;
 
 /// A ring index published by the peer is impossible.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

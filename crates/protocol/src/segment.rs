@@ -13,10 +13,10 @@
 //! keeps its own copy.
 
 use crossbeam_utils::CachePadded;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::completion::Completion;
 use crate::descriptor::TaskDescriptor;
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// `"AGORASG1"` little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"AGORASG1");
@@ -75,6 +75,37 @@ pub struct SegmentHeader {
     /// wakes waiters only when it posts a completion for that id or a later one, so a client
     /// waiting for the last of many tasks is not woken for each of them.
     pub client_wait_for: CachePadded<AtomicU64>,
+}
+
+#[cfg(loom)]
+impl SegmentHeader {
+    /// The header of a fresh segment, built as a value (loom builds only): loom's atomics are
+    /// registered with the running model when created, so a model test cannot take them from
+    /// zeroed memory as [`SegmentView::initialize`] does; it writes this value at the start of
+    /// a segment-sized buffer instead. Same contents as `initialize` leaves.
+    pub fn new_for_model(geometry: &Geometry) -> Self {
+        let g = geometry;
+        SegmentHeader {
+            magic: MAGIC,
+            version: crate::PROTOCOL_VERSION,
+            submission_capacity: g.submission_capacity,
+            completion_capacity: g.completion_capacity,
+            reserved: 0,
+            submission_offset: g.submission_offset,
+            completion_offset: g.completion_offset,
+            heap_offset: g.heap_offset,
+            heap_len: g.heap_len,
+            total_len: g.total_len,
+            submission_tail: CachePadded::new(AtomicU32::new(0)),
+            submission_head: CachePadded::new(AtomicU32::new(0)),
+            completion_tail: CachePadded::new(AtomicU32::new(0)),
+            completion_head: CachePadded::new(AtomicU32::new(0)),
+            daemon_sleeping: CachePadded::new(AtomicU32::new(0)),
+            client_waiters: CachePadded::new(AtomicU32::new(0)),
+            daemon_closed: CachePadded::new(AtomicU32::new(0)),
+            client_wait_for: CachePadded::new(AtomicU64::new(u64::MAX)),
+        }
+    }
 }
 
 /// [`Header::daemon_closed`]: the daemon shut down (its clients may resume on the next one).
