@@ -435,8 +435,11 @@ pub fn status(args: StatusArgs) -> Result<()> {
             report.revocations, report.revoked_work_s, report.latency_policy
         );
     }
-    if report.evictions > 0 {
-        println!("buffers evicted from device memory since start: {}", report.evictions);
+    if report.evictions > 0 || report.memory_waits > 0 || report.allocation_retries > 0 {
+        println!(
+            "device memory pressure since start: {} buffers evicted, {} tasks waited for room, {} allocations retried after eviction",
+            report.evictions, report.memory_waits, report.allocation_retries
+        );
     }
     if report.migrations > 0 || report.tasks_replayed > 0 || report.tasks_lost > 0 {
         println!(

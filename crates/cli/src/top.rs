@@ -29,7 +29,7 @@ pub struct TopArgs {
     /// kind, description, memory_used, memory_bytes, lanes: [{busy, queued, completed, busy_ns}]}],
     /// tenants: [{id, pid, uid, name, classes, queue_count, queues: [{name, class, in_flight,
     /// bound_to}] (the busiest), in_flight, tasks_per_s, bytes_moved, bytes_per_s}],
-    /// live_sessions}. `tenants` lists the busiest sessions; `live_sessions` counts them all.
+    /// live_sessions, evictions, memory_waits, allocation_retries}. `tenants` lists the busiest sessions; `live_sessions` counts them all.
     #[arg(long, requires = "once")]
     json: bool,
     /// Seconds between refreshes.
@@ -68,6 +68,11 @@ struct View {
     tenants: Vec<Tenant>,
     /// Live sessions, all of them (`tenants` lists the busiest).
     live_sessions: u64,
+    /// Device memory pressure since start: buffers evicted, tasks that waited for room,
+    /// allocations retried after eviction.
+    evictions: u64,
+    memory_waits: u64,
+    allocation_retries: u64,
 }
 
 fn view(previous: Option<(&StatusReport, Instant)>, now: &StatusReport, at: Instant) -> View {
@@ -120,7 +125,21 @@ fn view(previous: Option<(&StatusReport, Instant)>, now: &StatusReport, at: Inst
         devices: now.devices.clone(),
         tenants,
         live_sessions: now.live_sessions,
+        evictions: now.evictions,
+        memory_waits: now.memory_waits,
+        allocation_retries: now.allocation_retries,
     }
+}
+
+/// The memory-pressure part of the header ("" while there was none).
+fn pressure(v: &View) -> String {
+    if v.evictions + v.memory_waits + v.allocation_retries == 0 {
+        return String::new();
+    }
+    format!(
+        " · memory pressure: {} evicted, {} waited, {} retried",
+        v.evictions, v.memory_waits, v.allocation_retries
+    )
 }
 
 fn human_bytes(b: f64) -> String {
@@ -137,8 +156,12 @@ fn human_bytes(b: f64) -> String {
 
 fn print_text(v: &View) {
     println!(
-        "agora top · policy {} · up {:.0}s · {} tasks done, {} failed",
-        v.policy, v.uptime_s, v.tasks_completed, v.tasks_failed
+        "agora top · policy {} · up {:.0}s · {} tasks done, {} failed{}",
+        v.policy,
+        v.uptime_s,
+        v.tasks_completed,
+        v.tasks_failed,
+        pressure(v)
     );
     for d in &v.devices {
         let memory = if d.memory_bytes == 0 {
@@ -267,8 +290,8 @@ fn live(terminal: &mut ratatui::DefaultTerminal, socket: Option<PathBuf>, interv
             let header = match (&current, &problem) {
                 (_, Some(p)) => format!("agora top · daemon unreachable: {p}"),
                 (Some(v), None) => format!(
-                    "agora top · policy {} · up {:.0}s · {} done, {} failed · {} sessions ({} busiest shown) · sort: {:?} · q quit, s sort, ↑↓ select, Enter queues",
-                    v.policy, v.uptime_s, v.tasks_completed, v.tasks_failed, v.live_sessions, v.tenants.len(), sort
+                    "agora top · policy {} · up {:.0}s · {} done, {} failed{} · {} sessions ({} busiest shown) · sort: {:?} · q quit, s sort, ↑↓ select, Enter queues",
+                    v.policy, v.uptime_s, v.tasks_completed, v.tasks_failed, pressure(v), v.live_sessions, v.tenants.len(), sort
                 ),
                 (None, None) => "agora top · connecting…".into(),
             };

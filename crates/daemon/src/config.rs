@@ -77,6 +77,11 @@ pub struct SimDeviceConfig {
     /// this many jobs; the daemon then drains it and moves its queues elsewhere.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fail_after_jobs: Option<u64>,
+    /// Fault injection (tests): the memory the device's runtime really gives, below `memory`
+    /// (the daemon's books), e.g. `"6M"`: allocations past it are refused, as a driver that
+    /// reports more free memory than it has; the daemon evicts idle buffers and retries.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_bytes")]
+    pub runtime_memory: Option<u64>,
 }
 
 /// One kernel's modeled time on a sim device.
@@ -127,6 +132,7 @@ impl SimDeviceConfig {
             idle_watts: default_sim_idle(),
             active_watts: default_sim_active(),
             fail_after_jobs: None,
+            runtime_memory: None,
         }
     }
 
@@ -1080,6 +1086,24 @@ mod bytes {
             Size::Number(n) => Ok(n),
             Size::Text(t) => super::parse_bytes(&t).map_err(serde::de::Error::custom),
         }
+    }
+}
+
+/// Serde for an optional byte size (see [`bytes`]).
+mod opt_bytes {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(n: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+        match n {
+            Some(n) => super::bytes::serialize(n, s),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        #[derive(Deserialize)]
+        struct Wrapped(#[serde(with = "super::bytes")] u64);
+        Ok(Option::<Wrapped>::deserialize(d)?.map(|w| w.0))
     }
 }
 

@@ -465,6 +465,7 @@ fn sim_spec(sim: &SimDeviceConfig) -> agora_devices::sim::SimSpec {
         kernels: sim.kernels.clone(),
         bandwidth: sim.bandwidth as f64,
         fail_after_jobs: sim.fail_after_jobs,
+        runtime_memory_bytes: sim.runtime_memory,
         ..Default::default()
     }
 }

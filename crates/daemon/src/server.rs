@@ -1477,6 +1477,8 @@ impl Server {
             tasks_completed: self.retired_completed + live_completed + closing_completed,
             tasks_failed: self.retired_failed + live_failed + closing_failed,
             evictions: self.scheduler.residency.evictions,
+            memory_waits: self.scheduler.migration.stats.memory_waits,
+            allocation_retries: self.scheduler.allocation_retries,
             latency_policy: self.scheduler.config().latency_policy.name().to_string(),
             revocations: self.scheduler.revocations().0,
             revoked_work_s: self.scheduler.revocations().1,

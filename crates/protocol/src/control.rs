@@ -594,6 +594,11 @@ pub struct StatusReport {
     pub tasks_failed: u64,
     /// Buffers evicted from device memory to host memory since start.
     pub evictions: u64,
+    /// Times a task waited for device memory (memory pressure) instead of failing, since start.
+    pub memory_waits: u64,
+    /// Device allocations a runtime refused although the books said they fit, retried after
+    /// evicting idle buffers, since start.
+    pub allocation_retries: u64,
     /// How latency-class work is protected (`none`, `priority`, `elastic`).
     pub latency_policy: String,
     /// Batch launches revoked for latency-class work (and replayed) since start.

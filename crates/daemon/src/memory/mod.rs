@@ -511,9 +511,15 @@ impl Residency {
         (had, lost)
     }
 
-    /// Evicts idle buffers from `device` (least recently used first) until `needed` more bytes
-    /// fit in its memory and, when `quota` is set, in the session's share of it. Only buffers of
-    /// `session` (its usage record) are evicted for the quota. Returns whether it fits now.
+    /// Evicts idle buffers from `device` until `needed` more bytes fit in its memory and, when
+    /// `quota` is set, in the session's share of it. Returns whether it fits now.
+    ///
+    /// Fair to the other tenants (issue 22): each tenant with data on the device has a fair share
+    /// of its memory (the device divided among them). Buffers of tenants over their share go
+    /// first, each group least recently used first; a session that already holds more than its
+    /// share when it asks may evict only its own buffers and those of other tenants over their
+    /// share, so it waits (the caller's `Room::Later`) rather than pushing out a tenant within
+    /// its share. For the quota only the session's own buffers are evicted.
     pub(crate) fn make_room(
         &mut self,
         devices: &[Arc<dyn Device>],
@@ -531,17 +537,25 @@ impl Residency {
             return true;
         }
         self.buffers.retain(|w| w.strong_count() > 0);
-        let mut victims: Vec<Arc<BufferRecord>> = self
-            .buffers
-            .iter()
-            .filter_map(Weak::upgrade)
+        let live: Vec<Arc<BufferRecord>> = self.buffers.iter().filter_map(Weak::upgrade).collect();
+        let share = fair_share(capacity, device, session, live.iter().map(|r| &r.usage));
+        let over_share = |usage: &DeviceUsage| usage.0[device].load(Ordering::Relaxed) > share;
+        let asker_over_share = over_share(session);
+        let mut victims: Vec<Arc<BufferRecord>> = live
+            .into_iter()
             .filter(|r| r.in_use.load(Ordering::Acquire) == 0 && r.placement().is_on(device))
             .collect();
-        victims.sort_by_key(|r| r.last_used.load(Ordering::Relaxed));
+        // Over their share first (false sorts first), then least recently used.
+        victims.sort_by_key(|r| (!over_share(&r.usage), r.last_used.load(Ordering::Relaxed)));
         for victim in victims {
             let device_full = devices[device].memory_used() + needed > capacity;
+            let own = Arc::ptr_eq(&victim.usage, session);
             // Over the quota but not the device: only this session's buffers may go.
-            if !device_full && !Arc::ptr_eq(&victim.usage, session) {
+            if !device_full && !own {
+                continue;
+            }
+            // A session over its share does not push out a tenant within its share.
+            if asker_over_share && !own && !over_share(&victim.usage) {
                 continue;
             }
             // Holding the owner keeps its segment mapped while the copy is read back.
@@ -568,6 +582,64 @@ impl Residency {
         }
         fits(session)
     }
+
+    /// Evicts idle buffers from `device` (over-share tenants' first, least recently used first)
+    /// until at least `bytes` were freed or none is left: for a device runtime that refused an
+    /// allocation the books said would fit (its real free memory is lower: fragmentation, other
+    /// processes, a driver's own use). Returns the bytes freed.
+    pub(crate) fn evict_at_least(&mut self, devices: &[Arc<dyn Device>], device: usize, bytes: u64) -> u64 {
+        let before = devices[device].memory_used();
+        let target = before.saturating_sub(bytes);
+        self.buffers.retain(|w| w.strong_count() > 0);
+        let live: Vec<Arc<BufferRecord>> = self.buffers.iter().filter_map(Weak::upgrade).collect();
+        let capacity = devices[device].info().memory_bytes;
+        let nobody = Arc::new(DeviceUsage::default());
+        let share = fair_share(capacity, device, &nobody, live.iter().map(|r| &r.usage));
+        let mut victims: Vec<Arc<BufferRecord>> = live
+            .into_iter()
+            .filter(|r| r.in_use.load(Ordering::Acquire) == 0 && r.placement().is_on(device))
+            .collect();
+        victims.sort_by_key(|r| {
+            (
+                r.usage.0[device].load(Ordering::Relaxed) <= share,
+                r.last_used.load(Ordering::Relaxed),
+            )
+        });
+        for victim in victims {
+            if devices[device].memory_used() <= target {
+                break;
+            }
+            let Some(owner) = victim.owner.upgrade() else { continue };
+            let Some(host) = owner.host_range(victim.offset, victim.len) else {
+                continue;
+            };
+            if let Ok(true) = victim
+                .placement()
+                .evict(devices, device, host, victim.len, &victim.usage)
+            {
+                self.evictions += 1;
+            }
+        }
+        before.saturating_sub(devices[device].memory_used())
+    }
+}
+
+/// A tenant's fair share of `device`'s `capacity`: the device divided among the tenants that
+/// have data on it, `asker` counted even before it has any.
+fn fair_share<'a>(
+    capacity: u64,
+    device: usize,
+    asker: &Arc<DeviceUsage>,
+    usages: impl Iterator<Item = &'a Arc<DeviceUsage>>,
+) -> u64 {
+    let mut tenants: Vec<*const DeviceUsage> = usages
+        .filter(|u| u.0[device].load(Ordering::Relaxed) > 0)
+        .map(Arc::as_ptr)
+        .collect();
+    tenants.push(Arc::as_ptr(asker));
+    tenants.sort_unstable();
+    tenants.dedup();
+    capacity / tenants.len() as u64
 }
 
 /// Returns the allocator's free memory to the operating system. glibc keeps memory freed after
@@ -739,6 +811,79 @@ mod tests {
         assert!(!placement.host_valid() && placement.valid_on(0));
         placement.restore(before);
         assert!(placement.host_valid() && !placement.valid_on(0));
+    }
+
+    /// A 3 MiB sim device holding three 1 MiB buffers: `b` of a tenant within its fair share
+    /// (used least recently), then `a1`, `a2` of a tenant over it (2 MiB of a 1.5 MiB share).
+    fn two_tenants() -> Setup {
+        let devices: Vec<Arc<dyn Device>> = vec![Arc::new(
+            SimDevice::new(SimSpec {
+                memory_bytes: 3 * MIB,
+                ..Default::default()
+            })
+            .unwrap(),
+        )];
+        let heap = Arc::new(TestHeap(Mutex::new(vec![0u8; 3 * MIB as usize])));
+        let owner: Weak<dyn HostMemory> = Arc::downgrade(&(heap.clone() as Arc<dyn HostMemory>));
+        let (within, over) = (Arc::new(DeviceUsage::default()), Arc::new(DeviceUsage::default()));
+        let unread = Arc::new(UnreadReleases::default());
+        let mut residency = Residency::default();
+        let records = [(0, &within), (1, &over), (2, &over)].map(|(i, usage)| {
+            let record = Arc::new(BufferRecord::new(
+                i * MIB,
+                MIB,
+                usage.clone(),
+                owner.clone(),
+                unread.clone(),
+            ));
+            let host = heap.host_range(record.offset, record.len).unwrap();
+            record
+                .placement()
+                .prepare(&devices, 0, Access::ReadWrite, false, host, MIB, usage, &mut Vec::new())
+                .unwrap();
+            residency.register(&record);
+            residency.touch(&record);
+            record
+        });
+        (devices, heap, residency, records)
+    }
+
+    #[test]
+    fn eviction_takes_from_the_tenant_over_its_fair_share_first() {
+        let (devices, _heap, mut residency, [b, a1, a2]) = two_tenants();
+        let within = b.usage.clone();
+        // The tenant within its share needs 1 MiB: the over-share tenant's least recently used
+        // buffer goes, although `b` is the least recently used of all.
+        assert!(residency.make_room(&devices, 0, MIB, &within, 0));
+        assert!(b.placement().is_on(0), "the tenant within its share keeps its buffer");
+        assert!(!a1.placement().is_on(0) && a2.placement().is_on(0));
+    }
+
+    #[test]
+    fn a_tenant_over_its_fair_share_waits_rather_than_push_out_one_within_it() {
+        let (devices, _heap, mut residency, [b, a1, a2]) = two_tenants();
+        let over = a1.usage.clone();
+        // Its own buffers are busy: it may not take `b`'s place, so it waits (false).
+        a1.in_use.fetch_add(1, Ordering::AcqRel);
+        a2.in_use.fetch_add(1, Ordering::AcqRel);
+        assert!(!residency.make_room(&devices, 0, MIB, &over, 0));
+        assert!(b.placement().is_on(0));
+        assert_eq!(residency.evictions, 0);
+        // Once one of its own is idle, it evicts that one.
+        a2.in_use.fetch_sub(1, Ordering::AcqRel);
+        assert!(residency.make_room(&devices, 0, MIB, &over, 0));
+        assert!(b.placement().is_on(0) && !a2.placement().is_on(0));
+        a1.in_use.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    #[test]
+    fn a_refused_allocation_frees_at_least_its_size_over_share_first() {
+        let (devices, _heap, mut residency, [b, a1, a2]) = two_tenants();
+        // The books say 1 MiB is free; the runtime refused 1.5 MiB: 1.5 MiB more is freed.
+        let freed = residency.evict_at_least(&devices, 0, 3 * MIB / 2);
+        assert_eq!(freed, 2 * MIB);
+        assert!(b.placement().is_on(0), "the over-share tenant's buffers went");
+        assert!(!a1.placement().is_on(0) && !a2.placement().is_on(0));
     }
 
     #[test]

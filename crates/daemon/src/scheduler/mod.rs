@@ -117,6 +117,8 @@ pub(crate) struct Scheduler {
     lane_pending: Vec<Vec<Arc<AtomicU64>>>,
     /// Which buffers have device copies (eviction).
     pub residency: Residency,
+    /// Device allocations a runtime refused though they fit the books, retried after eviction.
+    pub allocation_retries: u64,
     /// Latency-class work per lane and in all, and the victims revocation may pick.
     books: LatencyBooks,
     /// Which launches may run inline (shape classes measured short).
@@ -229,6 +231,7 @@ impl Scheduler {
             facts,
             lane_pending,
             residency: Residency::default(),
+            allocation_retries: 0,
             books,
             inline_guard,
             revocation_counters,
@@ -468,8 +471,12 @@ impl Scheduler {
             Ok(placement) => placement,
             Err(error) => return self.fail_ready(session, task_id, ready, roles, error),
         };
+        let mut waits_if_refused = None;
         match self.room(session, &ready, &placement) {
             Ok(plan::Room::Now) => {}
+            // Rare (only tasks that move data to a device): kept to wait with, should the
+            // device runtime refuse the allocation after all.
+            Ok(plan::Room::NowAllocating) => waits_if_refused = Some(ready.clone()),
             Ok(plan::Room::Later) => {
                 // Memory pressure: it waits (with its queue's later tasks) until earlier tasks
                 // finish and their buffers can be evicted; only a task that can never fit fails.
@@ -484,6 +491,18 @@ impl Scheduler {
             Ok(Some(planned)) => planned,
             // Its device failed while it was planned: it went back for replay.
             Ok(None) => return Ok(()),
+            // The runtime refused its memory even after eviction (the books said it fits):
+            // buffers other tasks hold take the room; it waits for them like a `Later`.
+            Err(plan::Failed {
+                error: TaskError::DeviceOutOfMemory { .. },
+                named: Some(named),
+            }) if waits_if_refused.is_some() => {
+                drop(named);
+                if let Some(ready) = waits_if_refused {
+                    self.wait_for_room(session, task_id, ready);
+                }
+                return Ok(());
+            }
             Err(plan::Failed {
                 error,
                 named: Some(named),

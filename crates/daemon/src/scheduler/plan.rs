@@ -29,8 +29,11 @@ use crate::session::{QueueState, Session};
 /// Whether a task's buffers fit on its device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Room {
-    /// Now.
+    /// Now, nothing to allocate.
     Now,
+    /// Now by the books, allocating on the device: should its runtime refuse even after
+    /// eviction, the task waits as for `Later`.
+    NowAllocating,
     /// Once earlier tasks free theirs: it waits.
     Later,
 }
@@ -213,15 +216,17 @@ impl Scheduler {
         if missing == 0 {
             return Ok(Room::Now);
         }
+        // (Below: `missing` bytes will be allocated.)
         // Its own buffers are not evicted to make room for it.
         let _pinned = Pinned::new(buffers);
         let usage = &session.shared.device_usage;
-        Ok(
-            match self.residency.make_room(&self.devices, device, missing, usage, quota) {
-                true => Room::Now,
-                false => Room::Later,
-            },
-        )
+        let evicted_before = self.residency.evictions;
+        let fits = self.residency.make_room(&self.devices, device, missing, usage, quota);
+        self.telemetry
+            .metrics
+            .evictions
+            .inc_by(self.residency.evictions - evicted_before);
+        Ok(if fits { Room::NowAllocating } else { Room::Later })
     }
     /// Whether a launch runs revocable: a batch launch that was not sliced, on a device that
     /// polls revocation, under a latency policy, predicted long enough that a latency task could
@@ -256,7 +261,7 @@ impl Scheduler {
 
     /// Plans data placement for `action` on `device` and builds its work.
     fn plan(
-        &self,
+        &mut self,
         session: &Session,
         device: usize,
         action: Action,
@@ -298,7 +303,7 @@ impl Scheduler {
                     };
                     let mut placement = record.placement();
                     before[index] = placement.validity();
-                    let prepared = placement.prepare(
+                    let mut prepared = placement.prepare(
                         devices,
                         device,
                         *access,
@@ -309,6 +314,33 @@ impl Scheduler {
                         transfers,
                     );
                     drop(placement);
+                    if let Err(TaskError::DeviceOutOfMemory { needed, .. }) = prepared {
+                        // The runtime refused what the books said fits (the room stage made
+                        // room by them): free at least that much more of idle buffers and try
+                        // once more, so a tenant within its share is not failed by the
+                        // runtime's own view of its memory.
+                        let evicted_before = self.residency.evictions;
+                        let freed = self.residency.evict_at_least(devices, device, needed);
+                        self.telemetry
+                            .metrics
+                            .evictions
+                            .inc_by(self.residency.evictions - evicted_before);
+                        tracing::debug!(device = %devices[device].info().name, needed, freed, "device allocation refused; evicted and retrying");
+                        self.allocation_retries += 1;
+                        self.telemetry.metrics.allocation_retries.inc();
+                        let mut placement = record.placement();
+                        placement.restore(before[index]);
+                        prepared = placement.prepare(
+                            devices,
+                            device,
+                            *access,
+                            *overwrites,
+                            ptr,
+                            record.len,
+                            &record.usage,
+                            transfers,
+                        );
+                    }
                     device_args[index] = match prepared {
                         Ok(buffer) => buffer,
                         Err(e) => {

@@ -59,7 +59,9 @@ pub(super) enum Action {
     },
 }
 
-/// A task whose arguments are resolved and checked.
+/// A task whose arguments are resolved and checked. Clone: kept, for a task that allocates
+/// device memory, until its device runtime took the allocation (a refusal makes it wait).
+#[derive(Clone)]
 pub(super) struct Ready {
     pub(super) queue: Arc<QueueState>,
     pub(super) action: Action,

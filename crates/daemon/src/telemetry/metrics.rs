@@ -66,6 +66,10 @@ pub(crate) struct Metrics {
     pub inline_refused: Counter,
     /// Times a task waited for device memory instead of failing.
     pub memory_waits: Counter,
+    /// Buffers evicted from device memory to make room for a task.
+    pub evictions: Counter,
+    /// Device allocations a runtime refused though they fit the books, retried after eviction.
+    pub allocation_retries: Counter,
     /// Buffers released with their newest contents on a device, never read back to the host.
     pub unread_releases: Counter,
     /// Requests and connections refused by each limit (`crate::limits`).
@@ -193,6 +197,18 @@ impl Metrics {
             "Times a task whose buffers fit its device, but not now, waited for earlier tasks to free memory",
             memory_waits.clone(),
         );
+        let evictions = Counter::default();
+        registry.register(
+            "agora_evictions",
+            "Buffers evicted from device memory to host memory to make room for a task (tenants over their fair share of the device first)",
+            evictions.clone(),
+        );
+        let allocation_retries = Counter::default();
+        registry.register(
+            "agora_allocation_retries",
+            "Device allocations a runtime refused although they fit the daemon's books, retried after evicting idle buffers",
+            allocation_retries.clone(),
+        );
         let limit_refusals = Family::<LimitLabels, Counter>::default();
         registry.register(
             "agora_limit_refusals",
@@ -203,6 +219,8 @@ impl Metrics {
             limit_refusals,
             registry: Mutex::new(registry),
             memory_waits,
+            evictions,
+            allocation_retries,
             longest_inline,
             inline_refused,
             tasks,

@@ -63,6 +63,10 @@ pub struct SimSpec {
     pub bandwidth: f64,
     /// Fault injection: the device fails for good after running this many jobs.
     pub fail_after_jobs: Option<u64>,
+    /// Fault injection: the memory its runtime can really give, below `memory_bytes` (the
+    /// daemon's books): allocations past it are refused, like a driver whose free memory is
+    /// less than it reports (fragmentation, other processes).
+    pub runtime_memory_bytes: Option<u64>,
     /// What one launch may ask of it (default: no limit), to model a device with launch limits.
     pub limits: crate::LaunchLimits,
     /// OS priority of its lane threads for batch jobs (default: normal, as latency jobs).
@@ -81,6 +85,7 @@ impl Default for SimSpec {
             kernels: None,
             bandwidth: 10e9,
             fail_after_jobs: None,
+            runtime_memory_bytes: None,
             limits: crate::LaunchLimits::NONE,
             priorities: crate::priority::LanePriorities::normal(),
         }
@@ -379,7 +384,12 @@ impl Device for SimDevice {
             return Some(Err(TaskError::DeviceLost));
         }
         let used = self.used.fetch_add(len, Ordering::Relaxed) + len;
-        if used > self.spec.memory_bytes {
+        if used
+            > self
+                .spec
+                .memory_bytes
+                .min(self.spec.runtime_memory_bytes.unwrap_or(u64::MAX))
+        {
             self.used.fetch_sub(len, Ordering::Relaxed);
             return Some(Err(TaskError::DeviceOutOfMemory { index: 0, needed: len }));
         }

@@ -1,0 +1,135 @@
+//! Issue 22, item 2, across tenants, against a real `agora serve` process: a tenant that asks
+//! for more OpenCL memory than the device has (pipelined fills of 8 MiB buffers into a 48 MiB
+//! device) must not make a neighbour within its fair share fail or stall. Before: the
+//! neighbour's 64 KiB task failed with `DeviceOutOfMemory` within 3 s.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use agora::{Arg, DeviceKind, QueueOptions, Session};
+use agora_test_support::Daemon;
+
+const AGORA: &str = env!("CARGO_BIN_EXE_agora");
+
+fn opencl_queue(session: &Session, name: &str) -> agora::Queue {
+    session
+        .queue_with(QueueOptions {
+            name: name.into(),
+            preferred_device: Some(DeviceKind::OpenCl),
+            ..Default::default()
+        })
+        .unwrap()
+}
+
+#[test]
+fn a_tenant_over_its_share_of_device_memory_never_fails_a_neighbour() {
+    let daemon = Daemon::start(AGORA, "pressure", &["--opencl-memory-limit", "48M"]);
+    let hog = daemon.session_named("hog");
+    agora_test_support::require_opencl(&hog);
+    let neighbour = daemon.session_named("neighbour");
+    let stop = Arc::new(AtomicBool::new(false));
+
+    // The neighbour: small verified tasks on OpenCL, all the time.
+    let neighbour_errors = Arc::new(Mutex::new(Vec::<String>::new()));
+    let neighbour_rounds = Arc::new(AtomicU64::new(0));
+    let longest = Arc::new(Mutex::new(Duration::ZERO));
+    // Kept open here, so its counters are still in the status after the worker ends.
+    let _neighbour_open = neighbour.clone();
+    let worker = {
+        let (stop, errors, rounds, longest) = (
+            stop.clone(),
+            neighbour_errors.clone(),
+            neighbour_rounds.clone(),
+            longest.clone(),
+        );
+        std::thread::spawn(move || {
+            let q = opencl_queue(&neighbour, "small");
+            let saxpy = neighbour.kernel("saxpy").unwrap();
+            let n = 8 << 10; // 2 x 32 KiB
+            let x = neighbour.buffer_from(&vec![1.0f32; n]).unwrap();
+            let y = neighbour.buffer_from(&vec![0.0f32; n]).unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                let started = Instant::now();
+                let outcome = (|| -> Result<(), agora::Error> {
+                    y.write_slice(&vec![2.0f32; n])?;
+                    q.sync_to(&y)?;
+                    q.launch(&saxpy, &[Arg::F32(3.0), (&x).into(), (&y).into()], n)?;
+                    q.sync_from(&y)?.wait()
+                })();
+                let took = started.elapsed();
+                let mut l = longest.lock().unwrap();
+                *l = (*l).max(took);
+                drop(l);
+                match outcome {
+                    Ok(()) if y.as_slice::<f32>().iter().all(|v| *v == 5.0) => {
+                        rounds.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(()) => errors.lock().unwrap().push("wrong result".into()),
+                    Err(e) => {
+                        errors.lock().unwrap().push(e.to_string());
+                        let _ = q.finish();
+                    }
+                }
+            }
+        })
+    };
+
+    // The hog: 8 buffers of 8 MiB filled on the OpenCL device, again and again (64 MiB of
+    // outputs into 48 MiB).
+    let q = opencl_queue(&hog, "hog");
+    let fill = hog.kernel("fill").unwrap();
+    let n = 2 << 20; // 8 MiB of f32
+    let buffers: Vec<agora::Buffer> = (0..8).map(|_| hog.buffer(n as u64 * 4).unwrap()).collect();
+    let mut hog_failures = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(4);
+    let mut hog_rounds = 0;
+    while Instant::now() < deadline {
+        for (i, b) in buffers.iter().enumerate() {
+            q.launch(&fill, &[Arg::F32(i as f32), b.into()], n).unwrap();
+        }
+        if let Err(e) = q.finish() {
+            hog_failures.push(e.to_string());
+        }
+        hog_rounds += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    worker.join().unwrap();
+    let errors = neighbour_errors.lock().unwrap();
+    let status = daemon.status();
+    let rounds = neighbour_rounds.load(Ordering::Relaxed);
+    let moved = status
+        .sessions
+        .iter()
+        .find(|s| s.name == "neighbour")
+        .map(|s| s.bytes_to_device)
+        .unwrap();
+    // Each round uploads y (32 KiB, sync_to); x (32 KiB, read only) stays on the device unless
+    // it is evicted: the hog is over its fair share, so its buffers go first.
+    let x_uploads = moved.saturating_sub(rounds * 32 * 1024) / (32 * 1024);
+    eprintln!(
+        "pressure: hog rounds {hog_rounds} (failed finishes {}), neighbour rounds {rounds}, neighbour errors {}, neighbour's longest round {:?}, x uploaded {x_uploads} times; daemon: {} evictions, {} memory waits, {} allocation retries",
+        hog_failures.len(),
+        errors.len(),
+        longest.lock().unwrap(),
+        status.evictions,
+        status.memory_waits,
+        status.allocation_retries
+    );
+    assert!(status.evictions > 0, "the hog's 64 MiB into 48 MiB evicts");
+    assert!(
+        x_uploads <= 2,
+        "the neighbour's resident input was evicted {x_uploads} times for a tenant over its share"
+    );
+    assert!(
+        errors.is_empty(),
+        "the neighbour failed: {:?}",
+        &errors[..errors.len().min(5)]
+    );
+    assert!(
+        hog_failures.is_empty(),
+        "the hog's tasks fit one at a time: {:?}",
+        hog_failures.first()
+    );
+    assert!(neighbour_rounds.load(Ordering::Relaxed) > 0);
+}
