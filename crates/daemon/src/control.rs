@@ -94,6 +94,9 @@ pub(crate) struct ControlPlane {
     thread: Option<JoinHandle<()>>,
 }
 
+/// How much the control thread lowers its OS priority (nice), below the dispatcher's.
+const CONTROL_NICE: i32 = 19;
+
 impl ControlPlane {
     /// Starts the thread.
     pub(crate) fn start(context: ControlContext) -> std::io::Result<Self> {
@@ -101,7 +104,17 @@ impl ControlPlane {
         let builders = jobs.clone();
         let thread = std::thread::Builder::new()
             .name("agora-control".into())
-            .spawn(move || serve(&context, &inbox, &builders))?;
+            .spawn(move || {
+                // Slow requests (a trace of 500 000 spans, a status of 1 000 sessions, a program
+                // build) must not take a core from the dispatcher and the lanes either: measured
+                // on 2 cores (scripts/measure-control-loop.sh), trace saves every 0.2 s at the
+                // default priority raised the round-trip p50 of a neighbour ~7x. Lowering its own
+                // priority needs no privilege; the build threads it starts inherit it.
+                if let Err(error) = agora_devices::priority::renice_current_thread(CONTROL_NICE) {
+                    tracing::debug!(%error, "the control thread keeps its priority");
+                }
+                serve(&context, &inbox, &builders)
+            })?;
         Ok(ControlPlane {
             jobs: Some(jobs),
             thread: Some(thread),

@@ -7,7 +7,8 @@
 //!   control requests that change its state, polls session rings, sleeps when idle;
 //! * `control` — the control thread: slow control-plane work (trace files, kernel listings,
 //!   encoding and writing large replies) off the dispatcher;
-//! * `session` — per-client state (segment, rings, queues, buffers, heap, counters);
+//! * `session` — per-client state (segment, rings, queues, buffers, heap, counters), and the
+//!   resume of a session whose client outlived its previous daemon;
 //! * `memory` — where buffers live: the session heap allocator, valid copies per device,
 //!   eviction under device-memory pressure and per-session device quotas;
 //! * `scheduler` — descriptors → validated tasks → inline runs or device lanes; its child
@@ -19,6 +20,8 @@
 //! * `revocation` — revocable launches (TReM): saving what a replay needs, the victim slots;
 //! * `limits` — per-uid limits (connections, sessions, heap, queues, buffers, control
 //!   requests), the per-connection rate of control requests and the refusals;
+//! * [`kernels`] — the kernel registry: the library's kernels and the operator's kernel
+//!   packages, reloaded at run time (the snapshot launches are validated against);
 //! * `handle` — generation-checked handle tables; `config` — the daemon's settings;
 //! * [`telemetry`] — Prometheus metrics, task traces, RAPL readings;
 //! * [`policy`] — pluggable placement policies (`rr`, `perf`, `energy`) and the learned
