@@ -30,7 +30,7 @@ use std::collections::VecDeque;
 
 /// Jobs a lane's queues keep room for when empty; beyond, the room goes back after a flood.
 const SHRINK_ABOVE: usize = 1024;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -106,7 +106,11 @@ impl JobEnd {
                 .fetch_add(lane.epoch.elapsed().as_nanos() as u64 - since, Ordering::Relaxed);
         }
         // SeqCst with the lane's store before it re-checks `in_flight`: either it sees this
-        // decrement or this sees it waiting, so it is never left asleep with room to start.
+        // decrement or this sees it waiting, so it is never left asleep with room to start. The
+        // fences (here and in `next`) state that pairing in the terms loom checks (it treats
+        // SeqCst accesses as acquire/release: crates/protocol/tests/loom.rs, the lane room
+        // model); on x86 the locked read-modify-write above is a full barrier already.
+        fence(Ordering::SeqCst);
         if lane.awaiting_room.load(Ordering::SeqCst) {
             let _queue = lane.queue.lock().unwrap_or_else(|e| e.into_inner());
             lane.wake.notify_one();
@@ -457,6 +461,8 @@ impl Lane {
                 match q.jobs.front() {
                     Some(front) if front.is_slice() => {
                         self.awaiting_room.store(true, Ordering::SeqCst);
+                        // Pairs with the fence in `JobEnd::finish` (see there).
+                        fence(Ordering::SeqCst);
                         if q.stopping || self.in_flight.load(Ordering::SeqCst) < SLICE_DEPTH {
                             job = q.jobs.pop_front().map(|f| Self::to_start(f, &mut q.jobs));
                         } else {

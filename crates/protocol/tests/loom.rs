@@ -1,6 +1,6 @@
 //! Loom models of the protocols between a client and the daemon that meet in the shared
 //! segment: the two rings, the daemon-sleeping/doorbell handshake and the futex waiter
-//! protocol. Loom runs each model under every interleaving (up to `LOOM_MAX_PREEMPTIONS`
+//! protocol; and the sleep/wake of a device lane's thread (`agora-devices`). Loom runs each model under every interleaving (up to `LOOM_MAX_PREEMPTIONS`
 //! preemptions) and every outcome of the C11 memory model its atomics allow.
 //!
 //! Run with `bash scripts/loom.sh` (`RUSTFLAGS="--cfg loom"`; the file is empty otherwise).
@@ -16,7 +16,7 @@
 //!   access not ordered by the indices' release/acquire pairs as a causality violation: a slot
 //!   read before it was written, or overwritten before it was consumed.
 //! * The code of the other crates (the client's doorbell and futex waits, the dispatcher's
-//!   sleep, `post_releasing`), which cannot be built under loom cheaply: each model restates it
+//!   sleep, `post_releasing`, the lane's `push`/`next`/`JobEnd::finish`), which cannot be built under loom cheaply: each model restates it
 //!   with the same header fields and the same orderings, citing file and line (as of commit
 //!   3915288). The eventfd doorbell and the futex are modelled with a loom mutex and condvar
 //!   (a system call is ordered by the kernel's locks the same way); a wait that nobody ends is
@@ -474,4 +474,211 @@ fn futex_waiter_without_the_daemon_fence_loses_a_wake_up() {
 #[should_panic(expected = "deadlock")]
 fn futex_waiter_announcing_its_target_late_loses_a_wake_up() {
     futex_model(Variant::LateTarget);
+}
+
+/// A device lane (`crates/devices/src/lane.rs`, `Lane`) reduced to what its sleep/wake uses:
+/// `queue` (a `Mutex<Queue>` whose `sleeping` flag the lane thread sets, under the lock, before
+/// it waits on `wake`), `pending` (jobs queued: what the idle lane thread spins on before it
+/// takes the lock), `in_flight` (jobs started, unfinished) and `awaiting_room` (a slice is held
+/// back until `in_flight` drops below `SLICE_DEPTH`). A job is its id, and whether it is a
+/// slice of a chunked launch. The urgent queue, the OS priority class, the busy-time counters
+/// and `stopping` are left out (the first two change under the same lock and notify nobody;
+/// `stop` wakes the lane with `notify_all`, which would hide a lost wake-up, so the model's
+/// lane thread ends after the jobs it expects instead). Lines cited as of commit 120559a. The
+/// models share it through a `std::sync::Arc` (loom's `Arc`, dropped while loom unwinds from a
+/// deadlock it found, aborts the test process instead of failing the test).
+#[derive(Default)]
+struct LaneModel {
+    queue: Mutex<LaneQueue>,
+    wake: Condvar,
+    pending: loom::sync::atomic::AtomicUsize,
+    in_flight: loom::sync::atomic::AtomicUsize,
+    awaiting_room: loom::sync::atomic::AtomicBool,
+}
+
+#[derive(Default)]
+struct LaneQueue {
+    /// (job id, is a slice).
+    jobs: std::collections::VecDeque<(u64, bool)>,
+    sleeping: bool,
+}
+
+/// `lane::SLICE_DEPTH`.
+const SLICE_DEPTH: usize = 2;
+
+/// How the lane models are run: as the code is, or weakened the way a plausible bug would.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum LaneVariant {
+    AsWritten,
+    /// `push` reads `sleeping` in its own critical section before it queues the job.
+    SleepingReadEarly,
+    /// `next` announces sleep (`sleeping = true`) and waits in two critical sections, so it
+    /// waits without looking at the queue after announcing.
+    SleepAnnouncedApart,
+    /// No `fence(SeqCst)` between the store and the load on either side of the room wait.
+    NoRoomFence,
+}
+
+impl LaneModel {
+    /// `Lane::push` (lane.rs:389-413): queue the job and count it under the lock, read
+    /// `sleeping` there, unlock, then `notify_one` if the lane thread said it sleeps.
+    fn push(&self, id: u64, slice: bool, variant: LaneVariant) {
+        let early = (variant == LaneVariant::SleepingReadEarly).then(|| self.queue.lock().unwrap().sleeping);
+        let mut q = self.queue.lock().unwrap();
+        q.jobs.push_back((id, slice));
+        self.pending.fetch_add(1, Ordering::Release);
+        let notify = early.unwrap_or(q.sleeping);
+        drop(q);
+        if notify {
+            self.wake.notify_one();
+        }
+    }
+
+    /// `Lane::next` (lane.rs:446-506): spin on `pending` (the `AdaptiveSpin`, one look here: its
+    /// outcome only decides how soon the lock is taken), then under the lock take the front job
+    /// (a slice only while fewer than `SLICE_DEPTH` are in flight, after announcing
+    /// `awaiting_room`), or set `sleeping` and wait on `wake`, and look again when woken.
+    fn next(&self, variant: LaneVariant) -> u64 {
+        if self.pending.load(Ordering::Acquire) == 0 {
+            let _ = self.pending.load(Ordering::Acquire) > 0;
+        }
+        let mut q = self.queue.lock().unwrap();
+        loop {
+            let job = match q.jobs.front() {
+                Some(&(_, true)) => {
+                    self.awaiting_room.store(true, Ordering::SeqCst);
+                    if variant != LaneVariant::NoRoomFence {
+                        fence(Ordering::SeqCst);
+                    }
+                    if self.in_flight.load(Ordering::SeqCst) < SLICE_DEPTH {
+                        q.jobs.pop_front()
+                    } else {
+                        None
+                    }
+                }
+                _ => q.jobs.pop_front(),
+            };
+            if let Some((id, _)) = job {
+                self.awaiting_room.store(false, Ordering::Relaxed);
+                self.pending.fetch_sub(1, Ordering::Relaxed);
+                self.in_flight.fetch_add(1, Ordering::AcqRel);
+                return id;
+            }
+            q.sleeping = true;
+            if variant == LaneVariant::SleepAnnouncedApart {
+                drop(q);
+                q = self.queue.lock().unwrap();
+            }
+            q = self.wake.wait(q).unwrap();
+            q.sleeping = false;
+        }
+    }
+
+    /// `JobEnd::finish` (lane.rs:81-115), its outcome and counters left out: drop `in_flight`,
+    /// then, if the lane thread waits for room, `notify_one` under the queue lock.
+    fn finish(&self, variant: LaneVariant) {
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        if variant != LaneVariant::NoRoomFence {
+            fence(Ordering::SeqCst);
+        }
+        if self.awaiting_room.load(Ordering::SeqCst) {
+            let _q = self.queue.lock().unwrap();
+            self.wake.notify_one();
+        }
+    }
+}
+
+/// (e) The lane sleep/wake: two submitters push one job each (`Lane::push`, as the daemon's
+/// dispatcher and another lane's completion path may at once) while the lane thread takes
+/// jobs as `Lane::run` does: `next`, then the CPU's executor runs the job and calls
+/// `JobEnd::finish` on the lane thread. No lost wake-up: the lane thread always runs both jobs
+/// (or sleeps for good: a deadlock loom reports); none runs twice.
+fn lane_model(variant: LaneVariant) {
+    const TASKS: u64 = 2;
+    loom::model(move || {
+        let lane = std::sync::Arc::new(LaneModel::default());
+        let submitters: Vec<_> = (1..=TASKS)
+            .map(|id| {
+                let lane = lane.clone();
+                thread::spawn(move || lane.push(id, false, variant))
+            })
+            .collect();
+        // The lane thread (`Lane::run`), here the model's main thread.
+        let mut ran = Vec::new();
+        while (ran.len() as u64) < TASKS {
+            let id = lane.next(variant);
+            assert!(!ran.contains(&id), "job {id} ran twice");
+            ran.push(id);
+            lane.finish(variant);
+        }
+        for submitter in submitters {
+            submitter.join().unwrap();
+        }
+        ran.sort_unstable();
+        assert_eq!(ran, [1, 2], "every job pushed ran once");
+        assert_eq!(lane.pending.load(Ordering::Relaxed), 0);
+        assert_eq!(lane.in_flight.load(Ordering::Relaxed), 0);
+        assert!(lane.queue.lock().unwrap().jobs.is_empty());
+    });
+}
+
+/// Shown able to fail by the two tests after this one: with `push` reading `sleeping` before
+/// it queues the job, or `next` waiting in a critical section other than the one that found the
+/// queue empty and announced sleep, loom finds the lost wake-up (a deadlock).
+#[test]
+fn lane_sleep_loses_no_wake_up() {
+    lane_model(LaneVariant::AsWritten);
+}
+
+#[test]
+#[should_panic(expected = "deadlock")]
+fn lane_sleep_with_sleeping_read_before_the_push_loses_a_wake_up() {
+    lane_model(LaneVariant::SleepingReadEarly);
+}
+
+#[test]
+#[should_panic(expected = "deadlock")]
+fn lane_sleep_announced_apart_from_the_wait_loses_a_wake_up() {
+    lane_model(LaneVariant::SleepAnnouncedApart);
+}
+
+/// (f) The lane's wait for room: `SLICE_DEPTH` jobs are in flight on an asynchronous device and
+/// a slice of a chunked launch is next; the device finishes one job from its own thread (an
+/// OpenCL event callback calling `JobEnd::finish`) while the lane thread holds the slice back
+/// and sleeps. No lost wake-up: the lane thread always starts the slice. (On the CPU the
+/// executor calls `finish` on the lane thread before its next `next`, so this wait never
+/// happens there.)
+///
+/// `next` stores `awaiting_room` then loads `in_flight`; `finish` decrements `in_flight` then
+/// loads `awaiting_room`: one of the two loads must see the other thread's write. With only
+/// `SeqCst` accesses loom (which treats them as `AcqRel`) let both loads read the old values and
+/// reported a lost wake-up; the code now has a `fence(SeqCst)` between the two accesses on each
+/// side (in `Lane::next` and `JobEnd::finish`), as this model does. Shown able to fail by the
+/// next test: without the fences, a deadlock.
+fn lane_room_model(variant: LaneVariant) {
+    loom::model(move || {
+        let lane = std::sync::Arc::new(LaneModel::default());
+        // Two jobs started as `next` starts them, then the slice queued.
+        for _ in 0..SLICE_DEPTH {
+            lane.awaiting_room.store(false, Ordering::Relaxed);
+            lane.in_flight.fetch_add(1, Ordering::AcqRel);
+        }
+        lane.push(3, true, variant);
+        let device = lane.clone();
+        let callback = thread::spawn(move || device.finish(variant));
+        assert_eq!(lane.next(variant), 3, "the slice starts once there is room");
+        callback.join().unwrap();
+        assert_eq!(lane.in_flight.load(Ordering::Relaxed), SLICE_DEPTH);
+    });
+}
+
+#[test]
+fn lane_room_wait_loses_no_wake_up() {
+    lane_room_model(LaneVariant::AsWritten);
+}
+
+#[test]
+#[should_panic(expected = "deadlock")]
+fn lane_room_wait_without_the_fences_loses_a_wake_up() {
+    lane_room_model(LaneVariant::NoRoomFence);
 }
