@@ -435,6 +435,10 @@ pub fn status(args: StatusArgs) -> Result<()> {
             report.revocations, report.revoked_work_s, report.latency_policy
         );
     }
+    println!(
+        "dispatcher's longest stretch of work since start: {:.3} ms",
+        report.dispatcher_longest_iteration_ms
+    );
     if report.evictions > 0 || report.memory_waits > 0 || report.allocation_retries > 0 {
         println!(
             "device memory pressure since start: {} buffers evicted, {} tasks waited for room, {} allocations retried after eviction",

@@ -1,8 +1,10 @@
 //! The dispatcher never runs long work (#22 3c), against a real `agora serve` process: launches
 //! the library's estimate calls tiny but whose scalars and buffers make them long (`sgemm` with
-//! m = n = 1 and a huge k, `hpccg.spmv` with one row of millions of non-zeros) run on lanes,
-//! never inline on the dispatcher, which the task trace shows row by row; the daemon exports its
-//! longest inline run, and a tiny launch still runs inline once its shape has been measured.
+//! m = n = 1 and a huge k, `hpccg.spmv` with one row of millions of non-zeros,
+//! and `nw.diagonal` with one big block) run on lanes, never inline on the dispatcher, which the
+//! task trace shows row by row; the daemon exports its longest inline run and the longest
+//! stretch of the dispatcher's work, and a tiny launch still runs inline once its shape has
+//! been measured.
 
 use agora::Arg;
 use agora_test_support::Daemon;
@@ -59,7 +61,27 @@ fn launches_long_by_their_arguments_never_run_on_the_dispatcher() {
     let vals = attacker.buffer_from(&vec![1.0f32; k]).unwrap();
     let x = attacker.buffer_from(&[3.0f32]).unwrap();
     let y = attacker.buffer_from(&[0.0f32]).unwrap();
+    // nw.diagonal with one block of 1024 x 1024 cells: one work item, a million cells.
+    let nw = attacker.kernel("nw.diagonal").unwrap();
+    let side = 1024usize;
+    let score = attacker.buffer_from(&vec![0i32; (side + 1) * (side + 1)]).unwrap();
+    let reference = attacker.buffer_from(&vec![1i32; (side + 1) * (side + 1)]).unwrap();
     for _ in 0..8 {
+        q.launch(
+            &nw,
+            &[
+                (&score).into(),
+                (&reference).into(),
+                Arg::I32(side as i32),
+                Arg::I32(10),
+                Arg::I32(0),
+                Arg::I32(side as i32),
+            ],
+            1u64,
+        )
+        .unwrap()
+        .wait()
+        .unwrap();
         // Each waited for, so its queue is idle when the next arrives: the inline case.
         q.launch(
             &sgemm,
@@ -116,6 +138,14 @@ fn launches_long_by_their_arguments_never_run_on_the_dispatcher() {
     assert_eq!(on("sgemm", false), 8);
     assert_eq!(on("hpccg.spmv", true), 0, "spmv never runs on the dispatcher");
     assert_eq!(on("hpccg.spmv", false), 8);
+    assert_eq!(on("nw.diagonal", true), 0, "nw.diagonal never runs on the dispatcher");
+    assert_eq!(on("nw.diagonal", false), 8);
+    // Exported (status, metrics): here a figure for the log, not a timed assertion (a loaded
+    // machine deschedules the dispatcher for whole time slices).
+    eprintln!(
+        "dispatcher's longest stretch of work: {:.3} ms",
+        daemon.status().dispatcher_longest_iteration_ms
+    );
     assert!(on("noop", false) >= 1, "an unseen shape is measured on a lane first");
     assert!(on("noop", true) >= 15, "then it runs inline: {executions:?}");
 }

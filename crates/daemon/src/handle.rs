@@ -119,12 +119,6 @@ impl<T> HandleTable<T> {
             .skip(first)
             .filter_map(|(i, s)| s.value.as_ref().map(|v| (i, v)))
     }
-
-    pub(crate) fn drain(&mut self) -> Vec<T> {
-        self.free.clear();
-        self.live = 0;
-        self.slots.drain(..).filter_map(|s| s.value).collect()
-    }
 }
 
 #[cfg(test)]

@@ -596,6 +596,9 @@ pub struct StatusReport {
     pub evictions: u64,
     /// Times a task waited for device memory (memory pressure) instead of failing, since start.
     pub memory_waits: u64,
+    /// The dispatcher's longest stretch of work since start, milliseconds: how long a new task
+    /// could have waited for it (issue 22: at most about a millisecond, whatever tenants do).
+    pub dispatcher_longest_iteration_ms: f64,
     /// Device allocations a runtime refused although the books said they fit, retried after
     /// evicting idle buffers, since start.
     pub allocation_retries: u64,

@@ -62,6 +62,9 @@ pub(crate) struct Metrics {
     /// The longest task the dispatcher ran inline, seconds (the longest it stalled every tenant
     /// for a task).
     pub longest_inline: Gauge<f64, AtomicU64>,
+    /// The dispatcher's longest stretch of work without looking at the rings again (a loop
+    /// iteration's dispatching, or its handling of socket events), seconds.
+    pub longest_iteration: Gauge<f64, AtomicU64>,
     /// Launches sent to a lane because their shape class was unseen or ran long inline.
     pub inline_refused: Counter,
     /// Times a task waited for device memory instead of failing.
@@ -185,6 +188,12 @@ impl Metrics {
             "The longest task the dispatcher thread ran inline since start (every tenant waits meanwhile)",
             longest_inline.clone(),
         );
+        let longest_iteration = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "agora_dispatcher_longest_iteration_seconds",
+            "The dispatcher thread's longest stretch of work since start (dispatching what the rings held, or handling socket events): how long a new task could wait for it",
+            longest_iteration.clone(),
+        );
         let inline_refused = Counter::default();
         registry.register(
             "agora_inline_refused",
@@ -222,6 +231,7 @@ impl Metrics {
             evictions,
             allocation_retries,
             longest_inline,
+            longest_iteration,
             inline_refused,
             tasks,
             queue_wait,
