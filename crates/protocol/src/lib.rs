@@ -46,5 +46,5 @@ pub use signature::{Access, KernelSignature, ParamKind, ParamSpec, ScalarType};
 /// 7: sessions survive a daemon restart (issue 20): `Request::Resume` / `ResumeMore`,
 /// `Response::Resumed`, `ControlError::SegmentInUse`, `TaskError::DaemonRestarted` (code 30),
 /// `segment::SESSION_ENDED` in `Header::daemon_closed`; `StatusReport::memory_waits` /
-/// `allocation_retries` (issue 22).
+/// `allocation_retries` / `dispatcher_longest_iteration_ms` (issue 22).
 pub const PROTOCOL_VERSION: u32 = 7;
