@@ -56,6 +56,9 @@ impl ClExecutor {
             self.built = true;
             let shared = &self.shared;
             let program = shared.programs.get(&shared.context, &shared.name, imp)?;
+            // The kernel's first launch on this lane (most often its first on the device): the
+            // runtime may compile it now, which needs descriptors (see `room_to_compile`).
+            shared.programs.room_to_compile(&shared.name, imp)?;
             let object = programs::kernel_object(&program, &shared.name, imp, params)?;
             self.kernels
                 .entry(imp.program.to_string())

@@ -12,7 +12,9 @@
 //! command queue full while earlier commands run, and tasks of several tenants run side by side
 //! on separate queues. Programs are built at first use, once per device, and cached; kernel
 //! objects are cached per lane (they carry argument state, so lanes must not share them). A
-//! program that fails to build is reported once, and the device stops claiming its kernels.
+//! program that fails to build is reported once, and the device stops claiming its kernels;
+//! one whose build failed for lack of a resource (file descriptors, memory) is built again at a
+//! later use instead (see `programs`).
 //!
 //! Preemption (DESIGN.md §3): lanes run *row slices* of a launch (`Work::Launch::rows`) as one
 //! command each, with a global work offset, and *revocable* launches poll their job's revocation
