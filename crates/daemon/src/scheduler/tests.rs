@@ -1,5 +1,6 @@
 //! Decisions of the stages, tested with hand-made inputs: devices built in the test (the CPU
-//! and modeled `sim` devices), a `Ready` made by hand, no daemon, no sockets, no sessions.
+//! and modeled `sim` devices), a `Ready` made by hand, no daemon, no client (the release of held
+//! tasks posts completions to a session whose segment the test reads).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -312,4 +313,65 @@ fn a_queue_whose_device_lacks_the_next_kernel_moves() {
     q.in_flight.fetch_add(1, Ordering::AcqRel);
     assert_eq!(s.must_hold(3, &noop(&q, 16)), Ok(true), "noop is missing on its device");
     q.in_flight.fetch_sub(1, Ordering::AcqRel);
+}
+
+/// A session without a client (a real sealed segment, a socketpair that nobody reads): where
+/// dispatched tasks post their completions.
+fn session() -> crate::session::Session {
+    use agora_protocol::segment::Geometry;
+    let geometry = Geometry::new(8, 8, 1 << 16).unwrap();
+    let segment = agora_transport::shm::Segment::create("agora-test", geometry).unwrap();
+    let (stream, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+    crate::session::Session::new(
+        7,
+        crate::session::Credentials::default(),
+        "test".into(),
+        stream,
+        agora_transport::socket::FrameReader::default(),
+        agora_transport::wake::Doorbell::new().unwrap(),
+        segment,
+        16,
+        64,
+        u64::MAX,
+    )
+}
+
+#[test]
+fn held_tasks_are_released_in_order_once_their_queue_has_nothing_in_flight() {
+    let mut s = scheduler(vec![cpu(), sim("a", None)], config());
+    let session = session();
+    let q = queue(QueueClass::Batch, None);
+    // Busy on sim a (device 1), which starts draining: its next tasks are held, in order.
+    q.binding.store(Binding::new(1, 0));
+    q.in_flight.fetch_add(1, Ordering::AcqRel);
+    s.set_draining(1, true).unwrap();
+    for task in [21, 22, 23] {
+        let ready = noop(&q, 16);
+        assert_eq!(s.must_hold(session.id, &ready), Ok(true));
+        s.hold(&session, task, ready);
+    }
+    // Still busy: a release changes nothing.
+    s.release_held(&session);
+    assert!(s.migration.holding());
+    let view = *session.shared.segment.view();
+    let mut completions = agora_protocol::ring::CompletionConsumer::new(view);
+    assert!(completions.take().is_none(), "nothing ran while its queue was busy");
+    // Its last task on a finishes: the held ones go, in order, to a device that is not draining.
+    q.in_flight.fetch_sub(1, Ordering::AcqRel);
+    s.release_held(&session);
+    assert!(!s.migration.holding());
+    assert!(!q.moving.load(Ordering::Acquire));
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    let mut done = Vec::new();
+    while done.len() < 3 {
+        assert!(Instant::now() < deadline, "released tasks completed: {done:?}");
+        match completions.take() {
+            Some(c) => {
+                assert!(c.result().is_ok(), "task {}: {:?}", c.task_id, c.result());
+                done.push(c.task_id);
+            }
+            None => std::thread::yield_now(),
+        }
+    }
+    assert_eq!(done, [21, 22, 23], "in the order they were held");
 }
