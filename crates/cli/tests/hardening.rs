@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use agora::{Error, Session, SessionOptions};
 use agora_protocol::control::{decode_body, encode_frame, ControlError, Request, Response};
-use agora_test_support::{saxpy_ok, temp_dir, Daemon};
+use agora_test_support::{eventually, saxpy_ok, temp_dir, Daemon};
 
 const AGORA: &str = env!("CARGO_BIN_EXE_agora");
 
@@ -57,20 +57,6 @@ fn limit_of(result: Result<impl std::fmt::Debug, Error>) -> (String, u64, u64, S
             ..
         })) => (limit, value, max, setting),
         other => panic!("expected a LimitReached refusal, got {other:?}"),
-    }
-}
-
-/// Polls `condition` every 10 ms for up to `within`; whether it became true.
-fn eventually(within: Duration, mut condition: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    loop {
-        if condition() {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

@@ -43,14 +43,7 @@ fn queue(s: &Session, name: &str, class: QueueClass, kind: DeviceKind) -> agora:
 
 /// The device the queue's last task handed to a lane ran on.
 fn last_device(s: &Session, queue: &str) -> String {
-    let status = s.status().unwrap();
-    status
-        .sessions
-        .iter()
-        .find(|x| x.id == s.id())
-        .and_then(|x| x.queues.iter().find(|q| q.name == queue))
-        .and_then(|q| q.last_device.clone())
-        .unwrap_or_else(|| panic!("queue {queue} has run nothing on a lane"))
+    agora_test_support::last_device(s, queue).unwrap_or_else(|| panic!("queue {queue} has run nothing on a lane"))
 }
 
 /// Checks that a task completed. Here the CPU takes every range the protocol allows, so even the

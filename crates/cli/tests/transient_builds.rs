@@ -20,7 +20,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use agora::{Arg, Buffer, DeviceKind, Error, Queue, QueueClass, QueueOptions, Session};
-use agora_test_support::{require_opencl, temp_dir, Daemon};
+use agora_test_support::{eventually, last_device, require_opencl, temp_dir, Daemon};
 use rustix::process::{getrlimit, prlimit, Pid, Resource, Rlimit};
 
 const AGORA: &str = env!("CARGO_BIN_EXE_agora");
@@ -52,31 +52,6 @@ fn start_logged(tag: &str) -> (Daemon, PathBuf) {
 
 fn open_fds(pid: u32) -> u64 {
     std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count() as u64
-}
-
-/// Polls `condition` every 10 ms for up to `within`; whether it became true.
-fn eventually(within: Duration, mut condition: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    loop {
-        if condition() {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// The device the queue's last task handed to a lane ran on.
-fn last_device(s: &Session, queue: &str) -> Option<String> {
-    let status = s.status().unwrap();
-    status
-        .sessions
-        .iter()
-        .find(|x| x.id == s.id())
-        .and_then(|x| x.queues.iter().find(|q| q.name == queue))
-        .and_then(|q| q.last_device.clone())
 }
 
 /// A buffer of `N` copies of `value`, on the queue's device.

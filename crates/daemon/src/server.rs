@@ -1114,22 +1114,32 @@ impl Server {
             self.owed.remove(&id);
             return None;
         }
-        self.books.session_opened(credentials.uid, id, geometry.heap_len);
-        if let Err(e) = epoll::add(
-            &self.epoll,
-            doorbell.fd(),
-            epoll::EventData::new_u64(Token::Doorbell(id).encode()),
-            epoll::EventFlags::IN,
-        ) {
-            tracing::warn!(error = %e, "could not watch a doorbell");
-        }
+        Self::watch_doorbell(&self.epoll, id, &doorbell);
+        let session = self.new_session(id, credentials, client_name, stream, reader, doorbell, segment);
+        tracing::info!(session = id, pid = credentials.pid, uid = credentials.uid, name = %session.name, heap, "session opened");
+        self.admit_session(session);
+        None
+    }
+
+    /// A session of connection `id` (named `pid…` when the client gave no name), with this
+    /// daemon's per-session limits.
+    #[allow(clippy::too_many_arguments)]
+    fn new_session(
+        &self,
+        id: u64,
+        credentials: Credentials,
+        client_name: String,
+        stream: UnixStream,
+        reader: FrameReader,
+        doorbell: Doorbell,
+        segment: Segment,
+    ) -> Session {
         let name = if client_name.is_empty() {
             format!("pid{}", credentials.pid)
         } else {
             client_name
         };
-        tracing::info!(session = id, pid = credentials.pid, uid = credentials.uid, %name, heap, "session opened");
-        let session = Session::new(
+        Session::new(
             id,
             credentials,
             name,
@@ -1140,12 +1150,30 @@ impl Server {
             self.config.max_queues,
             self.config.max_buffers,
             self.config.session_lane_work.as_nanos().min(u128::from(u64::MAX)) as u64,
-        );
+        )
+    }
+
+    /// Counts a new (or resumed) session against its uid and in the metrics, and serves it.
+    fn admit_session(&mut self, session: Session) {
+        let geometry = *session.shared.segment.view().geometry();
+        self.books
+            .session_opened(session.credentials.uid, session.id, geometry.heap_len);
         self.sessions_opened += 1;
         self.telemetry.metrics.sessions_opened.inc();
         self.telemetry.metrics.sessions.inc();
-        self.conns.insert(id, Conn::Session(Box::new(session)));
-        None
+        self.conns.insert(session.id, Conn::Session(Box::new(session)));
+    }
+
+    /// Wakes the loop when session `id`'s client rings its doorbell.
+    fn watch_doorbell(epoll: &OwnedFd, id: u64, doorbell: &Doorbell) {
+        if let Err(e) = epoll::add(
+            epoll,
+            doorbell.fd(),
+            epoll::EventData::new_u64(Token::Doorbell(id).encode()),
+            epoll::EventFlags::IN,
+        ) {
+            tracing::warn!(error = %e, "could not watch a doorbell");
+        }
     }
 
     /// `Request::Resume`: a client whose previous daemon died hands back its segment and names
@@ -1230,23 +1258,7 @@ impl Server {
         let Some(Conn::Pending { stream, reader, .. }) = self.conns.remove(&id) else {
             return None;
         };
-        let name = if client_name.is_empty() {
-            format!("pid{}", credentials.pid)
-        } else {
-            client_name
-        };
-        let mut session = Session::new(
-            id,
-            credentials,
-            name,
-            stream,
-            reader,
-            doorbell,
-            segment,
-            self.config.max_queues,
-            self.config.max_buffers,
-            self.config.session_lane_work.as_nanos().min(u128::from(u64::MAX)) as u64,
-        );
+        let mut session = self.new_session(id, credentials, client_name, stream, reader, doorbell, segment);
         session.take_over_rings();
         session.resuming = Some(kernel_ids);
         tracing::info!(
@@ -1257,11 +1269,7 @@ impl Server {
             name = %session.name,
             "session resuming after a daemon restart"
         );
-        self.books.session_opened(credentials.uid, id, geometry.heap_len);
-        self.sessions_opened += 1;
-        self.telemetry.metrics.sessions_opened.inc();
-        self.telemetry.metrics.sessions.inc();
-        self.conns.insert(id, Conn::Session(Box::new(session)));
+        self.admit_session(session);
         let (buffers, queues, more) = first_part;
         self.resume_more(id, buffers, queues, more)
     }
@@ -1339,14 +1347,7 @@ impl Server {
             self.close(id);
             return None;
         }
-        if let Err(e) = epoll::add(
-            &self.epoll,
-            session.doorbell.fd(),
-            epoll::EventData::new_u64(Token::Doorbell(id).encode()),
-            epoll::EventFlags::IN,
-        ) {
-            tracing::warn!(error = %e, "could not watch a doorbell");
-        }
+        Self::watch_doorbell(&self.epoll, id, &session.doorbell);
         tracing::info!(
             session = id,
             buffers = session.buffers.len(),

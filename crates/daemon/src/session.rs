@@ -376,6 +376,18 @@ impl Session {
         header.daemon_sleeping.store(0, Ordering::Release);
     }
 
+    /// The record of a buffer of this session at `offset` in its heap.
+    fn buffer_record(&self, offset: u64, len: u64) -> BufferRecord {
+        let owner: std::sync::Weak<dyn HostMemory> = Arc::downgrade(&self.shared) as std::sync::Weak<dyn HostMemory>;
+        BufferRecord::new(
+            offset,
+            len,
+            self.shared.device_usage.clone(),
+            owner,
+            self.shared.unread.clone(),
+        )
+    }
+
     /// Registers a buffer of a resumed session under its old handle and heap range. `lost`: its
     /// newest contents were on a device of the earlier daemon, so it reads as `DataLost` until
     /// written whole. Refuses (with the reason) a range outside the heap or over another
@@ -386,14 +398,7 @@ impl Session {
                 "buffer {handle:#x}: bytes {offset}..+{len} are empty, misaligned, outside the heap or over another buffer"
             ));
         }
-        let owner: std::sync::Weak<dyn HostMemory> = Arc::downgrade(&self.shared) as std::sync::Weak<dyn HostMemory>;
-        let record = BufferRecord::new(
-            offset,
-            len,
-            self.shared.device_usage.clone(),
-            owner,
-            self.shared.unread.clone(),
-        );
+        let record = self.buffer_record(offset, len);
         if lost {
             record.placement().mark_lost();
         }
@@ -456,14 +461,7 @@ impl Session {
                 quota: self.heap.capacity(),
             });
         };
-        let owner: std::sync::Weak<dyn HostMemory> = Arc::downgrade(&self.shared) as std::sync::Weak<dyn HostMemory>;
-        let record = BufferRecord::new(
-            offset,
-            len,
-            self.shared.device_usage.clone(),
-            owner,
-            self.shared.unread.clone(),
-        );
+        let record = self.buffer_record(offset, len);
         match self.buffers.insert(Arc::new(record)) {
             Some(handle) => Ok((handle, offset)),
             None => {

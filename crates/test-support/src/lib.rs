@@ -59,6 +59,31 @@ pub fn saxpy_ok(session: &Session, n: usize) {
     );
 }
 
+/// Polls `condition` every 10 ms for up to `within`; whether it became true.
+pub fn eventually(within: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if condition() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The device on which the last task that queue `queue` of `session` handed to a lane ran.
+pub fn last_device(session: &Session, queue: &str) -> Option<String> {
+    let status = session.status().unwrap();
+    status
+        .sessions
+        .iter()
+        .find(|x| x.id == session.id())
+        .and_then(|x| x.queues.iter().find(|q| q.name == queue))
+        .and_then(|q| q.last_device.clone())
+}
+
 /// Fails (never skips) when the daemon has no OpenCL device.
 pub fn require_opencl(session: &Session) {
     let status = session.status().unwrap();

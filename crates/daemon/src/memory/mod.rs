@@ -536,17 +536,8 @@ impl Residency {
         if fits(session) {
             return true;
         }
-        self.buffers.retain(|w| w.strong_count() > 0);
-        let live: Vec<Arc<BufferRecord>> = self.buffers.iter().filter_map(Weak::upgrade).collect();
-        let share = fair_share(capacity, device, session, live.iter().map(|r| &r.usage));
-        let over_share = |usage: &DeviceUsage| usage.0[device].load(Ordering::Relaxed) > share;
-        let asker_over_share = over_share(session);
-        let mut victims: Vec<Arc<BufferRecord>> = live
-            .into_iter()
-            .filter(|r| r.in_use.load(Ordering::Acquire) == 0 && r.placement().is_on(device))
-            .collect();
-        // Over their share first (false sorts first), then least recently used.
-        victims.sort_by_key(|r| (!over_share(&r.usage), r.last_used.load(Ordering::Relaxed)));
+        let (victims, share) = self.idle_on(devices, device, session);
+        let asker_over_share = session.0[device].load(Ordering::Relaxed) > share;
         for victim in victims {
             let device_full = devices[device].memory_used() + needed > capacity;
             let own = Arc::ptr_eq(&victim.usage, session);
@@ -555,27 +546,10 @@ impl Residency {
                 continue;
             }
             // A session over its share does not push out a tenant within its share.
-            if asker_over_share && !own && !over_share(&victim.usage) {
+            if asker_over_share && !own && victim.usage.0[device].load(Ordering::Relaxed) <= share {
                 continue;
             }
-            // Holding the owner keeps its segment mapped while the copy is read back.
-            let Some(owner) = victim.owner.upgrade() else { continue };
-            let Some(host) = owner.host_range(victim.offset, victim.len) else {
-                continue;
-            };
-            let evicted = victim
-                .placement()
-                .evict(devices, device, host, victim.len, &victim.usage);
-            match evicted {
-                Ok(true) => {
-                    self.evictions += 1;
-                    tracing::debug!(device = %devices[device].info().name, bytes = victim.len, "evicted a buffer to host memory");
-                }
-                Ok(false) => {}
-                Err(error) => {
-                    tracing::warn!(device = %devices[device].info().name, %error, "could not evict a buffer; keeping it");
-                }
-            }
+            self.evict(devices, device, &victim);
             if fits(session) {
                 return true;
             }
@@ -590,37 +564,67 @@ impl Residency {
     pub(crate) fn evict_at_least(&mut self, devices: &[Arc<dyn Device>], device: usize, bytes: u64) -> u64 {
         let before = devices[device].memory_used();
         let target = before.saturating_sub(bytes);
+        let (victims, _) = self.idle_on(devices, device, &Arc::new(DeviceUsage::default()));
+        for victim in victims {
+            if devices[device].memory_used() <= target {
+                break;
+            }
+            self.evict(devices, device, &victim);
+        }
+        before.saturating_sub(devices[device].memory_used())
+    }
+
+    /// The idle buffers with a copy on `device`, in eviction order — those of tenants over
+    /// their fair share first, each group least recently used first — and that share (`asker`
+    /// counted as a tenant).
+    fn idle_on(
+        &mut self,
+        devices: &[Arc<dyn Device>],
+        device: usize,
+        asker: &Arc<DeviceUsage>,
+    ) -> (Vec<Arc<BufferRecord>>, u64) {
         self.buffers.retain(|w| w.strong_count() > 0);
         let live: Vec<Arc<BufferRecord>> = self.buffers.iter().filter_map(Weak::upgrade).collect();
-        let capacity = devices[device].info().memory_bytes;
-        let nobody = Arc::new(DeviceUsage::default());
-        let share = fair_share(capacity, device, &nobody, live.iter().map(|r| &r.usage));
+        let share = fair_share(
+            devices[device].info().memory_bytes,
+            device,
+            asker,
+            live.iter().map(|r| &r.usage),
+        );
         let mut victims: Vec<Arc<BufferRecord>> = live
             .into_iter()
             .filter(|r| r.in_use.load(Ordering::Acquire) == 0 && r.placement().is_on(device))
             .collect();
+        // Over their share first (false sorts first), then least recently used.
         victims.sort_by_key(|r| {
             (
                 r.usage.0[device].load(Ordering::Relaxed) <= share,
                 r.last_used.load(Ordering::Relaxed),
             )
         });
-        for victim in victims {
-            if devices[device].memory_used() <= target {
-                break;
-            }
-            let Some(owner) = victim.owner.upgrade() else { continue };
-            let Some(host) = owner.host_range(victim.offset, victim.len) else {
-                continue;
-            };
-            if let Ok(true) = victim
-                .placement()
-                .evict(devices, device, host, victim.len, &victim.usage)
-            {
+        (victims, share)
+    }
+
+    /// Evicts `victim`'s copy on `device` (reading it home first if it is the only valid one).
+    fn evict(&mut self, devices: &[Arc<dyn Device>], device: usize, victim: &BufferRecord) {
+        // Holding the owner keeps its segment mapped while the copy is read back.
+        let Some(owner) = victim.owner.upgrade() else { return };
+        let Some(host) = owner.host_range(victim.offset, victim.len) else {
+            return;
+        };
+        match victim
+            .placement()
+            .evict(devices, device, host, victim.len, &victim.usage)
+        {
+            Ok(true) => {
                 self.evictions += 1;
+                tracing::debug!(device = %devices[device].info().name, bytes = victim.len, "evicted a buffer to host memory");
+            }
+            Ok(false) => {}
+            Err(error) => {
+                tracing::warn!(device = %devices[device].info().name, %error, "could not evict a buffer; keeping it");
             }
         }
-        before.saturating_sub(devices[device].memory_used())
     }
 }
 
