@@ -478,3 +478,90 @@ fn a_daemon_that_does_not_come_back_in_time_is_disconnected_after_the_reconnect_
     assert!(matches!(s.queue("again"), Err(Error::Disconnected)));
     assert!(started.elapsed() < Duration::from_millis(200));
 }
+
+/// One `Request::Resume` sent raw, with `fds` attached; the daemon's reply (`None`: it closed
+/// the connection).
+fn raw_resume(
+    socket: &Path,
+    fds: &[std::os::fd::BorrowedFd<'_>],
+    heap_len: u64,
+    buffers: Vec<agora_protocol::control::ResumedBuffer>,
+) -> Option<agora_protocol::control::Response> {
+    use agora_protocol::control::{Request, Response};
+    let stream = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let request = Request::Resume {
+        version: agora_protocol::PROTOCOL_VERSION,
+        client_name: "forger".into(),
+        previous_session: 1,
+        submission_capacity: 8,
+        completion_capacity: 8,
+        heap_len,
+        buffers,
+        queues: vec![],
+        kernels: vec!["saxpy".into()],
+        more: false,
+    };
+    agora_transport::socket::send_with_fds(&stream, &request, fds).unwrap();
+    agora_transport::socket::recv_with_fds::<Response>(&stream)
+        .ok()
+        .map(|(r, _)| r)
+}
+
+#[test]
+fn a_resume_is_checked_as_untrusted_input_and_refused_without_harm() {
+    use agora_protocol::control::{ControlError, Response, ResumedBuffer};
+    use agora_protocol::segment::Geometry;
+    use std::os::fd::AsFd;
+    let daemon = Daemon::start(AGORA, "restart-forged", &["--no-opencl"]);
+    let neighbour = daemon.session_named("neighbour");
+    let heap = 1u64 << 16;
+    let geometry = Geometry::new(8, 8, heap).unwrap();
+    let buffer = |handle: u64, offset: u64, len: u64| ResumedBuffer {
+        handle,
+        offset,
+        len,
+        lost: false,
+    };
+    let refused = |reply: Option<Response>, what: &str| match reply {
+        Some(Response::Error(ControlError::BadRequest(why))) => assert!(why.contains(what), "{why}"),
+        // A part refused after the session opened ends the connection, after saying why.
+        None => {}
+        other => panic!("a forged resume ({what}) was answered {other:?}"),
+    };
+
+    // No descriptor.
+    refused(raw_resume(daemon.socket(), &[], heap, vec![]), "exactly one descriptor");
+    // A descriptor that is not a sealed memfd.
+    let file = std::fs::File::open("/dev/null").unwrap();
+    refused(raw_resume(daemon.socket(), &[file.as_fd()], heap, vec![]), "not usable");
+    // A real segment whose size does not match the geometry the request states.
+    let segment = agora_transport::shm::Segment::create("forged", geometry).unwrap();
+    refused(
+        raw_resume(daemon.socket(), &[segment.fd()], heap * 2, vec![]),
+        "not usable",
+    );
+    // Buffers over each other, outside the heap, or with handles that were never handles.
+    for buffers in [
+        vec![buffer(1 << 32 | 1, 0, 256), buffer(1 << 32 | 2, 128, 256)],
+        vec![buffer(1 << 32 | 1, heap - 64, 256)],
+        vec![buffer(5, 0, 64)],
+        vec![buffer(1 << 32 | 1, 0, 64), buffer(1 << 32 | 1, 64, 64)],
+    ] {
+        let segment = agora_transport::shm::Segment::create("forged", geometry).unwrap();
+        let reply = raw_resume(daemon.socket(), &[segment.fd()], heap, buffers.clone());
+        assert!(
+            !matches!(reply, Some(Response::Resumed { .. })),
+            "{buffers:?} was accepted"
+        );
+    }
+    // A well-formed resume of a fresh segment is accepted (the checks above are not blanket).
+    let segment = agora_transport::shm::Segment::create("forged", geometry).unwrap();
+    match raw_resume(daemon.socket(), &[segment.fd()], heap, vec![buffer(1 << 32 | 1, 0, 64)]) {
+        Some(Response::Resumed { kernels, .. }) => assert!(kernels[0].is_some(), "saxpy has an id"),
+        other => panic!("a valid resume: {other:?}"),
+    }
+    // The neighbour never noticed.
+    agora_test_support::saxpy_ok(&neighbour, 10_000);
+    assert!(daemon.status().sessions.iter().any(|s| s.name == "neighbour"));
+}
