@@ -4,7 +4,12 @@
 #               of every parser of untrusted bytes (scripts/fuzz.sh), the protocol crate's
 #               unsafe code under Miri (scripts/miri.sh), a --quick smoke run of every
 #               benchmark, its JSON checked by scripts/bench-smoke.sh
-.PHONY: setup demo test bench c
+.PHONY: setup demo test bench c gpu-dist
+
+# NVRTC and ptxas from PyPI (installed into .venv by setup.sh): the CUDA backend's tests and
+# `agora bench gpu --quick` compile, fence and assemble the kernel library with them.
+export AGORA_NVRTC ?= $(firstword $(wildcard $(CURDIR)/.venv/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12))
+export AGORA_PTXAS ?= $(firstword $(wildcard $(CURDIR)/.venv/lib/python3*/site-packages/nvidia/cuda_nvcc/bin/ptxas))
 
 setup:
 	bash scripts/setup.sh
@@ -28,6 +33,7 @@ test: setup
 	bash scripts/bench-smoke.sh ./target/release/agora bench migrate --quick --json
 	bash scripts/bench-smoke.sh ./target/release/agora bench kernels --quick --json
 	bash scripts/bench-smoke.sh ./target/release/agora bench soak --quick --json
+	bash scripts/bench-smoke.sh ./target/release/agora bench gpu --quick --json
 
 bench: setup
 	./target/release/agora bench latency
@@ -41,3 +47,11 @@ c: setup
 	cp crates/capi/include/agora.h dist/include/agora.h
 	cp crates/capi/include/agora_kernel.h dist/include/agora_kernel.h
 	sed -e "s|@PREFIX@|$(CURDIR)/dist|" -e "s|@VERSION@|0.1.0|" crates/capi/agora.pc.in > dist/lib/pkgconfig/agora.pc
+
+# What scripts/gpu-check.sh runs on a GPU machine without a Rust toolchain: the CLI and the GPU
+# test binary, stripped, in dist/gpu (copy it there with the repository's examples/packages).
+gpu-dist: setup
+	cargo test --release -p agora --test gpu --no-run
+	mkdir -p dist/gpu
+	strip -o dist/gpu/agora target/release/agora
+	strip -o dist/gpu/gpu-tests $$(ls -t target/release/deps/gpu-* | grep -v '\.d$$' | head -1)

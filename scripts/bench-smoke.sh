@@ -35,6 +35,9 @@ case "$bench" in
   and all(p["rounds"] > 0 for p in d["profiles"] if p["clients"] > 0)
   and d["throughput_rounds_per_s"]["min"] <= d["throughput_rounds_per_s"]["median"] <= d["throughput_rounds_per_s"]["max"]
   and all(k in d for k in ("rss_slope_mib_per_min", "rss_anon_slope_mib_per_min", "fd_slope_per_min", "rss_mib_max", "fds_max", "throughput_tasks_per_s", "stalled_intervals", "warm_up_s", "seed", "load_average_at_start"))' ;;
+  gpu) expr='all(k in d for k in ("gpus", "empty_kernel_p50_ns", "native_empty_kernel_p50_ns", "h2d_ratio", "d2h_ratio", "rodinia_ratio_geomean", "fence_ratio_geomean", "sharing_ratio", "pipeline"))
+  and d["verified"] and d["pipeline"]["programs"] >= 8 and d["pipeline"]["nvrtc_ms"] > 0 and d["pipeline"]["ptxas_ms"] is not None
+  and (d["gpus"] == 0 or (d["h2d_ratio"] > 0 and d["rodinia_ratio_geomean"] > 0))' ;;
   *)
     echo "bench-smoke: no checks for bench '$bench': add them here" >&2
     exit 2

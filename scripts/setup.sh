@@ -59,4 +59,10 @@ echo "setup: installing the Python package into .venv (pip install ./crates/pyth
 .venv/bin/python -m pip install --quiet --disable-pip-version-check maturin numpy pytest pytest-timeout
 .venv/bin/python -m pip install --quiet --disable-pip-version-check ./crates/python
 
+# NVRTC and ptxas run without a GPU: the test suite compiles every built-in kernel to PTX,
+# fences it and assembles it (the CUDA backend's checks on machines without CUDA). From PyPI,
+# into the venv; the Makefile points AGORA_NVRTC and AGORA_PTXAS at them.
+echo "setup: installing NVRTC and ptxas (PyPI: nvidia-cuda-nvrtc-cu12, nvidia-cuda-nvcc-cu12) into .venv"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check "nvidia-cuda-nvrtc-cu12==12.9.*" "nvidia-cuda-nvcc-cu12==12.9.*"
+
 echo "setup: done; the CLI is target/release/agora"

@@ -96,6 +96,10 @@ typedef enum {
    * A modeled (`sim`) device declared in the daemon's configuration.
    */
   AGORA_DEVICE_KIND_SIM = 3,
+  /**
+   * An NVIDIA GPU.
+   */
+  AGORA_DEVICE_KIND_CUDA = 4,
 } AgoraDeviceKind;
 
 /**

@@ -110,6 +110,8 @@ pub enum AgoraDeviceKind {
     Opencl = 2,
     /// A modeled (`sim`) device declared in the daemon's configuration.
     Sim = 3,
+    /// An NVIDIA GPU.
+    Cuda = 4,
 }
 
 /// How to create a queue (`agora_queue_create_with`). A zero-initialised struct gives the
@@ -420,6 +422,7 @@ pub unsafe extern "C" fn agora_queue_create_with(
             AgoraDeviceKind::Cpu => Some(DeviceKind::Cpu),
             AgoraDeviceKind::Opencl => Some(DeviceKind::OpenCl),
             AgoraDeviceKind::Sim => Some(DeviceKind::Sim),
+            AgoraDeviceKind::Cuda => Some(DeviceKind::Cuda),
         },
         sla,
     };

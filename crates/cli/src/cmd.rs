@@ -105,6 +105,15 @@ pub struct ServeArgs {
     /// Do not look for OpenCL devices.
     #[arg(long)]
     no_opencl: bool,
+    /// Lanes (streams) per GPU [default: 4].
+    #[arg(long, value_name = "N")]
+    cuda_lanes: Option<usize>,
+    /// Most memory Agora uses on each GPU, e.g. 8G [default: all it reports].
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    cuda_memory_limit: Option<u64>,
+    /// Do not look for NVIDIA GPUs (without a CUDA driver there are none anyway).
+    #[arg(long)]
+    no_cuda: bool,
     /// Strict coherence, for finding missing sync_to/sync_from calls: every device, the CPU
     /// included, computes on its own copy of each buffer, so the host copy changes only at
     /// sync_from and device copies only at sync_to, wherever the daemon runs a task. Slower (a
@@ -220,6 +229,12 @@ impl ServeArgs {
         if let Some(v) = self.opencl_memory_limit {
             c.opencl_memory_limit = v;
         }
+        if let Some(v) = self.cuda_lanes {
+            c.cuda_lanes = v.max(1);
+        }
+        if let Some(v) = self.cuda_memory_limit {
+            c.cuda_memory_limit = v;
+        }
         if let Some(v) = self.session_lane_work_ms {
             c.session_lane_work = Duration::from_millis(v.max(1));
         }
@@ -255,6 +270,7 @@ impl ServeArgs {
             c.state_dir = Some(v.clone());
         }
         c.opencl &= !self.no_opencl;
+        c.cuda &= !self.no_cuda;
         if self.metrics.is_some() {
             c.metrics = self.metrics;
         }
@@ -706,6 +722,8 @@ pub enum DeviceChoice {
     Cpu,
     /// An OpenCL device.
     Opencl,
+    /// An NVIDIA GPU.
+    Cuda,
     /// Whatever the daemon picks.
     Any,
 }
@@ -715,6 +733,7 @@ impl DeviceChoice {
         match self {
             DeviceChoice::Cpu => Some(agora::DeviceKind::Cpu),
             DeviceChoice::Opencl => Some(agora::DeviceKind::OpenCl),
+            DeviceChoice::Cuda => Some(agora::DeviceKind::Cuda),
             DeviceChoice::Any => None,
         }
     }
@@ -1162,6 +1181,7 @@ mod tests {
             format!("[default: {}]", c.inline_max_ns),
             format!("[default: {}]", c.max_spin.as_micros()),
             format!("[default: {}]", c.opencl_lanes),
+            format!("[default: {}]", c.cuda_lanes),
             format!("[default: {}]", c.cpu_threads_per_lane),
             format!("[default: {}]", c.preempt_target.as_micros()),
             format!("[default: {}]", c.session_lane_work.as_millis()),
@@ -1184,7 +1204,10 @@ mod tests {
         // Every option says its default (flags that switch something on need none).
         for arg in Serve::command().get_arguments() {
             let id = arg.get_id().as_str();
-            if matches!(id, "print_config" | "no_opencl" | "config" | "help" | "version") {
+            if matches!(
+                id,
+                "print_config" | "no_opencl" | "no_cuda" | "config" | "help" | "version"
+            ) {
                 continue;
             }
             let text = arg

@@ -2,7 +2,7 @@
 //!
 //! [`DaemonConfig`] is what the daemon runs with. A configuration file (`agora serve --config
 //! FILE`) sets any subset of it in sections (`[daemon]`, `[sessions]`, `[scheduler]`, `[cpu]`,
-//! `[opencl]`, `[[sim]]`, `[telemetry]`, `[kernels]`, `[programs]`); what the file does not set
+//! `[opencl]`, `[cuda]`, `[[sim]]`, `[telemetry]`, `[kernels]`, `[programs]`); what the file does not set
 //! keeps its default, and
 //! command-line flags override both. [`DaemonConfig::to_toml`] writes every effective setting in
 //! the same format (`agora serve --print-config`), so its output is a valid configuration file.
@@ -222,6 +222,14 @@ pub struct DaemonConfig {
     pub opencl_memory_limit: u64,
     /// Power model of each OpenCL device.
     pub opencl_power: PowerModel,
+    /// Whether to look for NVIDIA GPUs (through the CUDA driver, if installed).
+    pub cuda: bool,
+    /// Lanes (streams) per GPU.
+    pub cuda_lanes: usize,
+    /// Most memory Agora uses on each GPU (0: all it reports).
+    pub cuda_memory_limit: u64,
+    /// Power model of each GPU.
+    pub cuda_power: PowerModel,
     /// Modeled devices.
     pub sims: Vec<SimDeviceConfig>,
     /// Longest the dispatcher polls the rings after its last work before it blocks.
@@ -447,6 +455,13 @@ impl Default for DaemonConfig {
             opencl_lanes: 2,
             opencl_memory_limit: 0,
             opencl_power: cpu_power,
+            cuda: true,
+            cuda_lanes: 4,
+            cuda_memory_limit: 0,
+            cuda_power: PowerModel {
+                idle_watts: 70.0,
+                active_watts: 400.0,
+            },
             sims: Vec::new(),
             policy: PolicyKind::Rr,
             history_weight: 0.8,
@@ -590,6 +605,17 @@ section! {
 }
 
 section! {
+    /// `[cuda]`
+    CudaSection "cuda." {
+        enabled: bool => cuda,
+        lanes: usize => cuda_lanes,
+        memory_limit: Bytes => cuda_memory_limit,
+        idle_watts: f64 => cuda_power.idle_watts,
+        active_watts: f64 => cuda_power.active_watts,
+    }
+}
+
+section! {
     /// `[kernels]`
     KernelsSection "kernels." {
         paths: Vec<PathBuf> => kernel_paths,
@@ -634,6 +660,8 @@ struct File {
     cpu: CpuSection,
     #[serde(default)]
     opencl: OpenClSection,
+    #[serde(default)]
+    cuda: CudaSection,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     sim: Vec<SimDeviceConfig>,
     #[serde(default)]
@@ -653,6 +681,7 @@ impl File {
         self.scheduler.apply(c)?;
         self.cpu.apply(c)?;
         self.opencl.apply(c)?;
+        self.cuda.apply(c)?;
         if !self.sim.is_empty() {
             c.sims = self.sim;
         }
@@ -669,6 +698,7 @@ impl File {
             scheduler: SchedulerSection::of(c),
             cpu: CpuSection::of(c),
             opencl: OpenClSection::of(c),
+            cuda: CudaSection::of(c),
             sim: c.sims.clone(),
             telemetry: TelemetrySection::of(c),
             kernels: KernelsSection::of(c),
@@ -887,6 +917,8 @@ impl DaemonConfig {
             ("cpu.active_watts", self.cpu_power.active_watts),
             ("opencl.idle_watts", self.opencl_power.idle_watts),
             ("opencl.active_watts", self.opencl_power.active_watts),
+            ("cuda.idle_watts", self.cuda_power.idle_watts),
+            ("cuda.active_watts", self.cuda_power.active_watts),
         ];
         for sim in &self.sims {
             floats.extend([
@@ -911,8 +943,8 @@ impl DaemonConfig {
                 self.ring_capacity
             ));
         }
-        if self.cpu_lanes == 0 || self.cpu_threads_per_lane == 0 || self.opencl_lanes == 0 {
-            return bad("cpu.lanes, cpu.threads_per_lane and opencl.lanes must be at least 1".into());
+        if self.cpu_lanes == 0 || self.cpu_threads_per_lane == 0 || self.opencl_lanes == 0 || self.cuda_lanes == 0 {
+            return bad("cpu.lanes, cpu.threads_per_lane, opencl.lanes and cuda.lanes must be at least 1".into());
         }
         if self.program_timeout.is_zero() {
             return bad("the program timeout (--program-timeout, programs.timeout_ms) must be at least 1 ms".into());

@@ -300,6 +300,27 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
             devices.push(Arc::new(device));
         }
     }
+    #[cfg(feature = "cuda")]
+    if config.cuda {
+        let (found, problems) = agora_devices::cuda::discover(config.cuda_lanes, config.cuda_memory_limit, &priorities);
+        for problem in problems {
+            tracing::info!("{problem}");
+        }
+        for device in found {
+            tracing::info!(
+                device = %device.info().name,
+                description = %device.info().description,
+                lanes = device.info().lanes,
+                memory_mib = device.info().memory_bytes >> 20,
+                "device ready"
+            );
+            facts.push(scheduler::DeviceFacts {
+                lane_watts: config.cuda_power.lane_watts(device.info().lanes),
+                bandwidth: 25e9,
+            });
+            devices.push(Arc::new(device));
+        }
+    }
     for sim in &config.sims {
         let spec = agora_devices::sim::SimSpec {
             priorities: priorities.clone(),

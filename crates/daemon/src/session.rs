@@ -43,12 +43,19 @@ pub(crate) struct Credentials {
     pub gid: u32,
 }
 
+/// What keeps a session's segment registered with one device (see [`SessionShared::pin_for`]).
+type PinGuard = Box<dyn std::any::Any + Send + Sync>;
+
 /// The part of a session that lanes touch when a job completes.
 #[derive(Debug)]
 pub(crate) struct SessionShared {
     /// Session id and client name, for traces.
     pub id: u64,
     pub tenant: Arc<str>,
+    /// The segment's registrations with devices that copy from registered host memory without
+    /// a staging copy (GPUs), by device index. Declared before `segment`: the registrations go
+    /// before the memory is unmapped.
+    pinned: Mutex<Vec<(usize, Option<PinGuard>)>>,
     pub segment: Segment,
     completions: Mutex<CompletionProducer>,
     /// Set when the client is gone: queued jobs are skipped.
@@ -86,6 +93,30 @@ impl HostMemory for SessionShared {
 }
 
 impl SessionShared {
+    /// Registers the segment with `device` (index `index`) the first time one of the session's
+    /// tasks moves data to or from it, for devices that want it (GPUs:
+    /// [`Device::pin_host_memory`](agora_devices::Device::pin_host_memory)). Tried once per
+    /// device: a refusal is logged and copies go through the driver's staging instead.
+    pub fn pin_for(&self, index: usize, device: &dyn agora_devices::Device) {
+        let mut pinned = self.pinned.lock().unwrap_or_else(|e| e.into_inner());
+        if pinned.iter().any(|(i, _)| *i == index) {
+            return;
+        }
+        let view = self.segment.view();
+        let guard = match device.pin_host_memory(view.base(), self.segment.len()) {
+            None => None,
+            Some(Ok(guard)) => {
+                tracing::debug!(session = self.id, device = %device.info().name, bytes = self.segment.len(), "segment registered");
+                Some(guard)
+            }
+            Some(Err(why)) => {
+                tracing::warn!(session = self.id, "{why}");
+                None
+            }
+        };
+        pinned.push((index, guard));
+    }
+
     /// Posts completions (in order) and wakes the client if it sleeps.
     pub(crate) fn post(&self, completions: &[Completion]) {
         self.post_releasing(completions, || {});
@@ -329,6 +360,7 @@ impl Session {
                 id,
                 tenant: tenant.clone(),
                 completions: Mutex::new(CompletionProducer::new(view)),
+                pinned: Mutex::new(Vec::new()),
                 segment,
                 cancelled: Arc::new(AtomicBool::new(false)),
                 completed: AtomicU64::new(0),

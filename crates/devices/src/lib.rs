@@ -30,6 +30,8 @@ use agora_protocol::{LaunchLimit, TaskError, MAX_ARGS};
 
 #[cfg(feature = "cpu")]
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod lane;
 #[cfg(feature = "opencl")]
 pub mod opencl;
@@ -471,6 +473,13 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     /// fails its lost tasks elsewhere. Never true again once false.
     fn healthy(&self) -> bool {
         true
+    }
+    /// Registers host memory `[base, base + len)` (a session's segment) with the device, so its
+    /// transfers from and to that memory need no staging copy; the returned guard unregisters it
+    /// when dropped, which the caller does before the memory is unmapped. `None`: the device has
+    /// no use for it (the default); an error says why it could not (transfers still work).
+    fn pin_host_memory(&self, _base: *mut u8, _len: usize) -> Option<Result<Box<dyn Any + Send + Sync>, String>> {
+        None
     }
     /// A status snapshot.
     fn status(&self) -> DeviceReport;

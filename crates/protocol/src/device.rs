@@ -1,6 +1,6 @@
 //! Kinds of device, as clients, the daemon and its device layer name them.
 //!
-//! Owns the one [`DeviceKind`] enum and its lower-case names (`cpu`, `opencl`, `sim`): the names
+//! Owns the one [`DeviceKind`] enum and its lower-case names (`cpu`, `opencl`, `cuda`, `sim`): the names
 //! a client puts in a queue's device preference, `agora status` shows, and configuration files
 //! and command lines use. Must not describe devices beyond their kind (that is the daemon's).
 
@@ -15,6 +15,8 @@ pub enum DeviceKind {
     Cpu,
     /// An OpenCL device (any platform: PoCL on the CPU, a GPU, an FPGA).
     OpenCl,
+    /// An NVIDIA GPU, through the CUDA driver (loaded at run time).
+    Cuda,
     /// A modeled device (`sim`) declared in the daemon's configuration: exact results, modeled
     /// time; for scale tests.
     Sim,
@@ -22,13 +24,14 @@ pub enum DeviceKind {
 
 impl DeviceKind {
     /// Every kind, in the order `agora devices` lists them.
-    pub const ALL: [DeviceKind; 3] = [DeviceKind::Cpu, DeviceKind::OpenCl, DeviceKind::Sim];
+    pub const ALL: [DeviceKind; 4] = [DeviceKind::Cpu, DeviceKind::OpenCl, DeviceKind::Cuda, DeviceKind::Sim];
 
-    /// The lower-case name (`cpu`, `opencl`, `sim`).
+    /// The lower-case name (`cpu`, `opencl`, `cuda`, `sim`).
     pub fn name(self) -> &'static str {
         match self {
             DeviceKind::Cpu => "cpu",
             DeviceKind::OpenCl => "opencl",
+            DeviceKind::Cuda => "cuda",
             DeviceKind::Sim => "sim",
         }
     }

@@ -74,11 +74,7 @@ pub(crate) struct RepeatResult {
 }
 
 fn device_kind(name: Option<&str>) -> Option<agora::DeviceKind> {
-    match name {
-        Some("cpu") => Some(agora::DeviceKind::Cpu),
-        Some("opencl") => Some(agora::DeviceKind::OpenCl),
-        _ => None,
-    }
+    name.and_then(agora::DeviceKind::parse)
 }
 
 /// Workload and transfer modes of the client.

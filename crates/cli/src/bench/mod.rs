@@ -11,6 +11,7 @@
 //! the client, never each other.
 
 pub mod client;
+pub mod gpu;
 pub mod harness;
 pub mod kernels;
 pub mod latency;
@@ -49,6 +50,10 @@ pub enum BenchCommand {
     /// Live migration: time to move a queue with N MiB of live buffers between devices with
     /// their own memory, and the slowdown of an iterative application migrated once mid-run.
     Migrate(migrate::MigrateArgs),
+    /// NVIDIA GPUs through Agora vs natively (CUDA driver API) in one run: empty kernel, copies,
+    /// the Rodinia programs, two tenants sharing a GPU. Without a GPU: `"gpus": 0` and the
+    /// NVRTC / fencing / ptxas pipeline's times.
+    Gpu(gpu::GpuArgs),
     /// Minutes of mixed, verified work from several client processes, some killed (`kill -9`)
     /// and restarted at random: wrong results (must be 0), the daemon's RSS and descriptor
     /// slopes after warm-up, throughput per interval.
@@ -66,5 +71,6 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Migrate(args) => migrate::migrate(args),
         BenchCommand::Kernels(args) => kernels::kernels(args),
         BenchCommand::Soak(args) => soak::soak(args),
+        BenchCommand::Gpu(args) => gpu::gpu(args.socket.path(), args),
     }
 }

@@ -156,6 +156,9 @@ impl Scheduler {
             let direction = usize::from(matches!(t, Transfer::ToHost { .. }));
             self.bytes[direction].inc_by(bytes as u64);
         }
+        if !transfers.is_empty() {
+            session.shared.pin_for(device, self.devices[device].as_ref());
+        }
         // Boxed: the stages hand it on by pointer (a launch's work is about a kilobyte).
         Ok(Some(Box::new(Planned {
             queue,

@@ -10,7 +10,7 @@ import numpy.typing as npt
 __version__: str
 
 QueueClass = Literal["batch", "latency"]
-DeviceKind = Literal["cpu", "opencl", "sim"]
+DeviceKind = Literal["cpu", "opencl", "cuda", "sim"]
 Range = Union[int, Tuple[int], Tuple[int, int], Tuple[int, int, int]]
 Scalar = Union[int, float, np.integer[Any], np.floating[Any]]
 

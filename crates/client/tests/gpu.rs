@@ -1,0 +1,155 @@
+//! NVIDIA GPU cases: every library kernel case on a GPU, checked against its host reference;
+//! two tenants at once; launches beyond the GPU's grid limits; a tenant program never loaded on
+//! a GPU unfenced.
+//!
+//! These need an NVIDIA GPU and its driver, which CI and the development machines lack: they
+//! are `#[ignore]`d (listed as ignored, never passed) and run by `scripts/gpu-check.sh` with
+//! `--ignored` on a GPU machine, where a daemon without a GPU fails them.
+
+use std::time::Duration;
+
+use agora::{Arg, DeviceKind, QueueOptions, Session};
+use agora_kernels::cases;
+
+mod common;
+use common::run_case;
+
+/// A daemon with its GPUs and CPU (no OpenCL: a GPU machine's OpenCL may be the same GPU), and a
+/// session; fails when the daemon found no GPU.
+fn gpu_daemon(tag: &str) -> (common::EmbeddedDaemon, Session) {
+    let (daemon, session) = common::daemon_with(tag, |c| {
+        c.strict_coherence = true;
+        c.opencl = false;
+    });
+    let status = session.status().unwrap();
+    assert!(
+        status.devices.iter().any(|d| d.kind == "cuda"),
+        "no GPU in the daemon (devices: {:?}): these tests need an NVIDIA GPU and its driver",
+        status.devices.iter().map(|d| &d.name).collect::<Vec<_>>()
+    );
+    (daemon, session)
+}
+
+fn gpu_queue(session: &Session, name: &str) -> agora::Queue {
+    session
+        .queue_with(QueueOptions {
+            name: name.into(),
+            preferred_device: Some(DeviceKind::Cuda),
+            ..Default::default()
+        })
+        .unwrap()
+}
+
+fn gpu_jobs(session: &Session) -> u64 {
+    session
+        .status()
+        .unwrap()
+        .devices
+        .iter()
+        .filter(|d| d.kind == "cuda")
+        .flat_map(|d| d.lanes.iter())
+        .map(|l| l.completed)
+        .sum()
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-check.sh on a GPU machine"]
+fn every_kernel_case_passes_on_the_gpu() {
+    let (daemon, session) = gpu_daemon("gpu-suite");
+    let queue = gpu_queue(&session, "gpu");
+    let all = cases::all();
+    let mut failures = Vec::new();
+    for case in &all {
+        let before = gpu_jobs(&session);
+        let started = std::time::Instant::now();
+        match run_case(&session, &queue, case) {
+            Err(e) => failures.push(format!("{}: {e}", case.name)),
+            // It ran on the GPU, not on a device the daemon fell back to.
+            Ok(()) if gpu_jobs(&session) == before => failures.push(format!("{}: did not run on the GPU", case.name)),
+            Ok(()) => {}
+        }
+        eprintln!(
+            "cuda {:<60} {:>8.1} ms",
+            case.name,
+            started.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed on the GPU:\n{}",
+        failures.len(),
+        all.len(),
+        failures.join("\n")
+    );
+    drop(session);
+    daemon.stop().unwrap();
+}
+
+/// One tenant's saxpy loop on the GPU, checked exactly.
+fn tenant(session: Session, n: usize, rounds: usize, a: f32) -> Result<(), String> {
+    let queue = gpu_queue(&session, "tenant");
+    let saxpy = session.kernel("saxpy").map_err(|e| e.to_string())?;
+    let mut x = session.buffer((n * 4) as u64).map_err(|e| e.to_string())?;
+    let mut y = session.buffer((n * 4) as u64).map_err(|e| e.to_string())?;
+    for (i, v) in x.as_mut_slice::<f32>().iter_mut().enumerate() {
+        *v = (i % 1000) as f32;
+    }
+    y.as_mut_slice::<f32>().fill(1.0);
+    let _ = queue.sync_to(&x).map_err(|e| e.to_string())?;
+    let _ = queue.sync_to(&y).map_err(|e| e.to_string())?;
+    for _ in 0..rounds {
+        let _ = queue
+            .launch(&saxpy, &[Arg::F32(a), (&x).into(), (&y).into()], n as u64)
+            .map_err(|e| e.to_string())?;
+    }
+    let _ = queue.sync_from(&y).map_err(|e| e.to_string())?;
+    queue.finish().map_err(|e| e.to_string())?;
+    for (i, v) in y.as_slice::<f32>().iter().enumerate() {
+        let mut expected = 1.0f32;
+        for _ in 0..rounds {
+            expected += a * (i % 1000) as f32;
+        }
+        if *v != expected {
+            return Err(format!("y[{i}] = {v}, expected {expected}"));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-check.sh on a GPU machine"]
+fn two_tenants_share_the_gpu_and_both_get_exact_results() {
+    let (daemon, session) = gpu_daemon("gpu-tenants");
+    let before = gpu_jobs(&session);
+    let (one, two) = (daemon.session(), daemon.session());
+    let a = std::thread::spawn(move || tenant(one, 1 << 22, 50, 0.5));
+    let b = std::thread::spawn(move || tenant(two, 1 << 20, 200, 0.25));
+    a.join().unwrap().unwrap();
+    b.join().unwrap().unwrap();
+    assert!(
+        gpu_jobs(&session) >= before + 250,
+        "the tenants' launches did not run on the GPU"
+    );
+    drop(session);
+    daemon.stop().unwrap();
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-check.sh on a GPU machine"]
+fn a_launch_beyond_one_grid_is_sliced_and_completes() {
+    let (daemon, session) = gpu_daemon("gpu-limits");
+    let queue = gpu_queue(&session, "big");
+    let noop = session.kernel("noop").unwrap();
+    let before = gpu_jobs(&session);
+    // 2^33 threads: more than one command takes (2^32), so at least two slices.
+    let task = queue.launch(&noop, &[], 1u64 << 33).unwrap();
+    task.wait().unwrap();
+    assert!(gpu_jobs(&session) > before, "did not run on the GPU");
+    // The daemon and the GPU still work.
+    agora_test_support::saxpy_ok(&session, 1 << 16);
+    assert!(agora_test_support::eventually(Duration::from_secs(5), || session
+        .status()
+        .is_ok()));
+    drop(session);
+    daemon.stop().unwrap();
+}

@@ -1,0 +1,500 @@
+//! A CUDA device: discovery, the state its lanes and buffers share (one context per GPU, shared
+//! by every tenant), and the [`Device`] implementation (allocation, synchronous reads for other
+//! devices, host-memory registration, status).
+//!
+//! Owns the device's context, its reader and zeroing streams and its lanes. It must not enqueue a
+//! job's commands (the lanes' executors do) nor finish jobs (the stream callbacks do).
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use agora_kernels::KernelDef;
+use agora_protocol::TaskError;
+use cudarc::driver::result as driver;
+use cudarc::driver::sys::{self, CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUresult, CUstream};
+
+use super::buffer::{as_cuda, CudaBuffer, PinnedHost};
+use super::executor::CudaExecutor;
+use super::programs::{self, Programs};
+use crate::lane::{Lane, Lanes};
+use crate::priority::{LaneClass, LanePriorities};
+use crate::{Device, DeviceBuffer, DeviceInfo, DeviceKind, DeviceReport, Job, LaunchLimits, Work};
+
+/// Most blocks of one launch in dimension 0 (CUDA's grid limit); dimensions 1 and 2 take 65 535.
+pub const MAX_GRID_X: u64 = (1 << 31) - 1;
+/// Most blocks in dimensions 1 and 2 of a launch.
+pub const MAX_GRID_YZ: u64 = 65_535;
+/// Most threads of one launch command: a larger launch is cut into row slices, so one command
+/// holds its stream for a bounded time and latency-class work gets in between.
+pub const MAX_ITEMS_PER_ENQUEUE: u64 = 1 << 32;
+
+/// Driver errors after which the context is unusable for every stream in it (a kernel fault).
+pub(super) fn is_sticky(code: CUresult) -> bool {
+    matches!(
+        code,
+        CUresult::CUDA_ERROR_ILLEGAL_ADDRESS
+            | CUresult::CUDA_ERROR_LAUNCH_FAILED
+            | CUresult::CUDA_ERROR_MISALIGNED_ADDRESS
+            | CUresult::CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | CUresult::CUDA_ERROR_HARDWARE_STACK_ERROR
+            | CUresult::CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | CUresult::CUDA_ERROR_INVALID_PC
+            | CUresult::CUDA_ERROR_ASSERT
+            | CUresult::CUDA_ERROR_LAUNCH_TIMEOUT
+            | CUresult::CUDA_ERROR_ECC_UNCORRECTABLE
+            | CUresult::CUDA_ERROR_UNKNOWN
+    )
+}
+
+/// State shared by a device's lanes and its buffers.
+pub(super) struct Shared {
+    pub(super) name: String,
+    pub(super) context: CUcontext,
+    /// Compute capability as `major * 10 + minor` (NVRTC's `compute_XX`).
+    pub(super) arch: u32,
+    /// Stream for synchronous reads requested by other devices' lanes, and for zeroing fresh
+    /// allocations.
+    pub(super) reader: Mutex<CUstream>,
+    pub(super) programs: Programs,
+    pub(super) memory_used: AtomicU64,
+    pub(super) memory_bytes: u64,
+    pub(super) pinned_bytes: AtomicU64,
+    /// One zero byte: the revocation flag of launches that cannot be revoked.
+    pub(super) zero_flag: CUdeviceptr,
+    /// A kernel faulted and left the context unusable: every job fails with `DeviceLost`.
+    pub(super) failed: AtomicBool,
+    /// Allocations dropped on a stream-callback thread, where CUDA calls are not allowed.
+    deferred_frees: Mutex<Vec<(CUdeviceptr, u64)>>,
+}
+
+// SAFETY: the context and stream handles are process-wide driver handles usable from any thread
+// once the context is current there (`bind`); the mutable parts are atomics or behind mutexes.
+unsafe impl Send for Shared {}
+// SAFETY: as above.
+unsafe impl Sync for Shared {}
+
+thread_local! {
+    /// Set while a stream callback runs on this thread: CUDA calls are not allowed there.
+    pub(super) static IN_CALLBACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+impl Shared {
+    /// Makes the device's context current on the calling thread.
+    pub(super) fn bind(&self) -> Result<(), TaskError> {
+        // SAFETY: a live context (released only when the device is dropped).
+        unsafe { driver::ctx::set_current(self.context) }.map_err(|e| self.error(e.0))
+    }
+
+    /// The task error for a driver error, marking the device failed when the context is gone.
+    pub(super) fn error(&self, code: CUresult) -> TaskError {
+        if is_sticky(code) {
+            if !self.failed.swap(true, Ordering::AcqRel) {
+                tracing::error!(device = %self.name, ?code, "a kernel fault left the CUDA context unusable; the device fails its jobs from now on");
+            }
+            return TaskError::KernelFault;
+        }
+        TaskError::DeviceFailed(code as i64)
+    }
+
+    /// Frees an allocation now, or later when called from a stream callback.
+    pub(super) fn free(&self, ptr: CUdeviceptr, len: u64) {
+        if IN_CALLBACK.with(|c| c.get()) {
+            self.deferred_frees
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((ptr, len));
+            return;
+        }
+        if self.bind().is_ok() {
+            // SAFETY: an allocation of this context that no queued command uses any more (the
+            // job that used it last has completed).
+            let _ = unsafe { driver::free_sync(ptr) };
+        }
+        self.memory_used.fetch_sub(len, Ordering::Relaxed);
+    }
+
+    /// Frees what stream callbacks dropped (on a thread where CUDA calls are allowed).
+    pub(super) fn free_deferred(&self) {
+        let frees = std::mem::take(&mut *self.deferred_frees.lock().unwrap_or_else(|e| e.into_inner()));
+        for (ptr, len) in frees {
+            self.free(ptr, len);
+        }
+    }
+}
+
+/// An NVIDIA GPU.
+pub struct CudaDevice {
+    info: DeviceInfo,
+    pub(super) shared: Arc<Shared>,
+    lanes: Lanes,
+    ordinal: CUdevice,
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaDevice")
+            .field("info", &self.info)
+            .finish_non_exhaustive()
+    }
+}
+
+fn attribute(device: CUdevice, attribute: CUdevice_attribute) -> i64 {
+    // SAFETY: a valid device and attribute.
+    unsafe { driver::device::get_attribute(device, attribute) }.map_or(0, i64::from)
+}
+
+impl CudaDevice {
+    fn new(
+        index: usize,
+        ordinal: i32,
+        lanes: usize,
+        memory_limit: u64,
+        priorities: &LanePriorities,
+    ) -> Result<Self, String> {
+        let device = driver::device::get(ordinal).map_err(|e| format!("cuDeviceGet: {e:?}"))?;
+        let device_name = driver::device::get_name(device).map_err(|e| format!("cuDeviceGetName: {e:?}"))?;
+        // SAFETY: a valid device.
+        let total = unsafe { driver::device::total_mem(device) }.map_err(|e| format!("cuDeviceTotalMem: {e:?}"))?;
+        let mut memory_bytes = total as u64;
+        if memory_limit > 0 {
+            memory_bytes = memory_bytes.min(memory_limit);
+        }
+        use CUdevice_attribute as A;
+        let major = attribute(device, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+        let minor = attribute(device, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+        let multiprocessors = attribute(device, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+        let max_block = attribute(device, A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK).max(1) as u64;
+        let max_block_dims = [
+            attribute(device, A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X).max(1) as u64,
+            attribute(device, A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y).max(1) as u64,
+            attribute(device, A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z).max(1) as u64,
+        ];
+        // The primary context: one per GPU in the process, shared by all tenants' streams.
+        // SAFETY: a valid device; released in Drop.
+        let context =
+            unsafe { driver::primary_ctx::retain(device) }.map_err(|e| format!("cuDevicePrimaryCtxRetain: {e:?}"))?;
+        // SAFETY: the context just retained.
+        unsafe { driver::ctx::set_current(context) }.map_err(|e| format!("cuCtxSetCurrent: {e:?}"))?;
+        let new_stream = || {
+            driver::stream::create(driver::stream::StreamKind::NonBlocking)
+                .map_err(|e| format!("cuStreamCreate: {e:?}"))
+        };
+        let reader = new_stream()?;
+        // SAFETY: a one-byte allocation in the current context, zeroed synchronously.
+        let zero_flag = unsafe {
+            let ptr = driver::malloc_sync(1).map_err(|e| format!("cuMemAlloc: {e:?}"))?;
+            driver::memset_d8_sync(ptr, 0, 1).map_err(|e| format!("cuMemsetD8: {e:?}"))?;
+            ptr
+        };
+        let limits = LaunchLimits {
+            max_items: 1 << 40,
+            max_extent: [MAX_GRID_X * max_block_dims[0], u64::MAX, u64::MAX],
+            max_items_per_enqueue: MAX_ITEMS_PER_ENQUEUE,
+            max_groups_per_enqueue: MAX_GRID_X,
+            max_group: max_block_dims,
+            max_group_items: max_block,
+            max_buffer_bytes: memory_bytes,
+        };
+        let name = format!("cuda{index}");
+        let shared = Arc::new(Shared {
+            name: name.clone(),
+            context,
+            arch: (major * 10 + minor) as u32,
+            reader: Mutex::new(reader),
+            programs: Programs::default(),
+            memory_used: AtomicU64::new(0),
+            memory_bytes,
+            pinned_bytes: AtomicU64::new(0),
+            zero_flag,
+            failed: AtomicBool::new(false),
+            deferred_frees: Mutex::new(Vec::new()),
+        });
+        let mut lane_list = Vec::new();
+        let mut threads = Vec::new();
+        for l in 0..lanes.max(1) {
+            let stream = new_stream()?;
+            // SAFETY: a one-byte allocation in the current context.
+            let lane_flag = unsafe { driver::malloc_sync(1) }.map_err(|e| format!("cuMemAlloc: {e:?}"))?;
+            let executor = CudaExecutor {
+                shared: shared.clone(),
+                stream,
+                lane_flag,
+                functions: HashMap::new(),
+                bound: false,
+            };
+            let (lane, thread) = Lane::start(
+                format!("agora-{name}-lane{l}"),
+                Box::new(executor),
+                LaneClass::new(priorities),
+            )
+            .map_err(|e| e.to_string())?;
+            lane_list.push(lane);
+            threads.push(thread);
+        }
+        Ok(CudaDevice {
+            info: DeviceInfo {
+                name,
+                kind: DeviceKind::Cuda,
+                description: format!(
+                    "{device_name} (sm_{major}{minor}, {multiprocessors} multiprocessors, {} GiB)",
+                    total >> 30
+                ),
+                lanes: lane_list.len(),
+                threads_per_lane: 1,
+                memory_bytes,
+                shares_host_memory: false,
+                limits,
+            },
+            shared,
+            lanes: Lanes::new(lane_list, threads),
+            ordinal: device,
+        })
+    }
+
+    /// Compute capability as `major * 10 + minor`.
+    pub fn arch(&self) -> u32 {
+        self.shared.arch
+    }
+}
+
+/// Finds every NVIDIA GPU. Returns the devices that work and one message per problem (to be
+/// reported once by the caller): no driver, no device, a device that failed to start.
+pub fn discover(
+    lanes_per_device: usize,
+    memory_limit: u64,
+    priorities: &LanePriorities,
+) -> (Vec<CudaDevice>, Vec<String>) {
+    let mut devices = Vec::new();
+    let mut problems = Vec::new();
+    // SAFETY: only tries to open the library.
+    if !unsafe { sys::is_culib_present() } {
+        problems.push("no CUDA driver (libcuda.so.1 not found): no GPU devices".into());
+        return (devices, problems);
+    }
+    if let Err(e) = driver::init() {
+        problems.push(format!("the CUDA driver did not initialise ({e:?}): no GPU devices"));
+        return (devices, problems);
+    }
+    let count = match driver::device::get_count() {
+        Ok(n) => n,
+        Err(e) => {
+            problems.push(format!("cannot count CUDA devices: {e:?}"));
+            return (devices, problems);
+        }
+    };
+    if count == 0 {
+        problems.push("the CUDA driver sees no GPU".into());
+    }
+    for ordinal in 0..count {
+        match CudaDevice::new(devices.len(), ordinal, lanes_per_device, memory_limit, priorities) {
+            Ok(d) => devices.push(d),
+            Err(e) => problems.push(format!("CUDA device {ordinal} failed to start: {e}")),
+        }
+    }
+    if !programs::nvrtc_available() && !devices.is_empty() {
+        problems.push("NVRTC (libnvrtc.so) not found: GPUs run only kernels whose PTX is in the cache".into());
+    }
+    (devices, problems)
+}
+
+/// Whether `program` is a tenant's own program (the daemon names them `tenant/<hash>`), which a
+/// GPU must not run unfenced.
+pub fn is_tenant_program(program: &str) -> bool {
+    program.starts_with("tenant/")
+}
+
+/// The block shape of a launch in `dims` dimensions (for guarded kernels; a plain kernel's is
+/// halved until it divides the range): the kernel's required one, else 256 threads
+/// (1-D), 16×16 or 8×8×4.
+pub fn block_shape(dims: usize, local: Option<[usize; 3]>) -> [u64; 3] {
+    if let Some(local) = local {
+        return local.map(|l| l.max(1) as u64);
+    }
+    match dims {
+        0 | 1 => [256, 1, 1],
+        2 => [16, 16, 1],
+        _ => [8, 8, 4],
+    }
+}
+
+impl Device for CudaDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn implements(&self, kernel: &KernelDef) -> bool {
+        match &kernel.opencl {
+            // A tenant's own program (`tenant/…`) is untrusted code: never loaded on a GPU
+            // unfenced, and fenced launches are not wired yet (see `fence`).
+            Some(imp) => !is_tenant_program(&imp.program) && !self.shared.programs.is_broken(&imp.program),
+            None => false,
+        }
+    }
+
+    fn submit(&self, lane: usize, job: Job) {
+        self.lanes.submit(lane, job);
+    }
+
+    fn lane_load(&self, lane: usize) -> usize {
+        self.lanes.load(lane)
+    }
+
+    fn memory_used(&self) -> u64 {
+        self.shared.memory_used.load(Ordering::Relaxed)
+    }
+
+    fn runs_row_slices(&self) -> bool {
+        true
+    }
+
+    fn check_launch(&self, kernel: &KernelDef, range: &[u64], buffer_lens: &[u64]) -> Result<u64, TaskError> {
+        let local = kernel.opencl.as_ref().and_then(|imp| imp.local);
+        let block = block_shape(range.len(), local);
+        let mut limits = self.info.limits;
+        // Grid limits per dimension, in threads for this block shape.
+        limits.max_extent[1] = MAX_GRID_YZ * block[1];
+        limits.max_extent[2] = MAX_GRID_YZ * block[2];
+        limits.check(range, block, buffer_lens, kernel.chunkable)
+    }
+
+    fn row_alignment(&self, kernel: &KernelDef, dims: usize) -> u64 {
+        block_shape(dims, kernel.opencl.as_ref().and_then(|imp| imp.local))[0]
+    }
+
+    fn run_inline(&self, _work: &Work) -> Result<(), TaskError> {
+        // Never called: this device does not share host memory.
+        Err(TaskError::KernelFault)
+    }
+
+    fn alloc(&self, len: u64) -> Option<Result<Arc<dyn DeviceBuffer>, TaskError>> {
+        let shared = &self.shared;
+        if shared.failed.load(Ordering::Acquire) {
+            return Some(Err(TaskError::DeviceLost));
+        }
+        shared.free_deferred();
+        let used = shared.memory_used.fetch_add(len, Ordering::Relaxed) + len;
+        if used > shared.memory_bytes {
+            shared.memory_used.fetch_sub(len, Ordering::Relaxed);
+            return Some(Err(TaskError::DeviceOutOfMemory { index: 0, needed: len }));
+        }
+        let allocated = shared.bind().and_then(|()| {
+            // SAFETY: an allocation in the current context, zeroed on the reader stream before
+            // it is returned (no tenant sees another's old bytes), so no lane's stream can use it
+            // before the zeroing is done.
+            unsafe {
+                let ptr = driver::malloc_sync(len.max(1) as usize).map_err(|e| shared.error(e.0))?;
+                let stream = *shared.reader.lock().unwrap_or_else(|e| e.into_inner());
+                let zeroed = driver::memset_d8_async(ptr, 0, len as usize, stream)
+                    .and_then(|()| driver::stream::synchronize(stream));
+                if let Err(e) = zeroed {
+                    let _ = driver::free_sync(ptr);
+                    return Err(shared.error(e.0));
+                }
+                Ok(ptr)
+            }
+        });
+        Some(match allocated {
+            Ok(ptr) => Ok(Arc::new(CudaBuffer {
+                ptr,
+                len,
+                shared: shared.clone(),
+            }) as Arc<dyn DeviceBuffer>),
+            Err(e) => {
+                shared.memory_used.fetch_sub(len, Ordering::Relaxed);
+                tracing::warn!(device = %self.info.name, len, error = %e, "device allocation failed");
+                Err(match e {
+                    TaskError::DeviceFailed(_) => TaskError::DeviceOutOfMemory { index: 0, needed: len },
+                    other => other,
+                })
+            }
+        })
+    }
+
+    unsafe fn read(&self, from: &dyn DeviceBuffer, host: *mut u8, len: usize) -> Result<(), TaskError> {
+        let from = as_cuda(from)?;
+        if len as u64 > from.len {
+            return Err(TaskError::KernelFault);
+        }
+        if self.shared.failed.load(Ordering::Acquire) {
+            return Err(TaskError::DeviceLost);
+        }
+        self.shared.bind()?;
+        let stream = *self.shared.reader.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: `host` is valid for `len` bytes (caller's contract); the buffer holds at least
+        // `len` bytes (checked); the copy is complete when the stream synchronisation returns.
+        unsafe {
+            sys::cuMemcpyDtoHAsync_v2(host as *mut c_void, from.ptr, len, stream)
+                .result()
+                .and_then(|()| driver::stream::synchronize(stream))
+        }
+        .map_err(|e| self.shared.error(e.0))
+    }
+
+    fn pin_host_memory(
+        &self,
+        base: *mut u8,
+        len: usize,
+    ) -> Option<Result<Box<dyn std::any::Any + Send + Sync>, String>> {
+        let shared = &self.shared;
+        if let Err(e) = shared.bind() {
+            return Some(Err(format!("cannot use {}: {e}", shared.name)));
+        }
+        // SAFETY: `base..base+len` is mapped host memory (a session's segment) that the caller
+        // keeps mapped until the returned guard is dropped.
+        let registered =
+            unsafe { sys::cuMemHostRegister_v2(base as *mut c_void, len, sys::CU_MEMHOSTREGISTER_PORTABLE).result() };
+        Some(match registered {
+            Ok(()) => {
+                shared.pinned_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                Ok(Box::new(PinnedHost {
+                    base: base as usize,
+                    len,
+                    shared: shared.clone(),
+                }))
+            }
+            Err(e) => Err(format!(
+                "registering {len} bytes of host memory with {} failed ({e:?}); copies go through the driver's staging buffer",
+                shared.name
+            )),
+        })
+    }
+
+    fn healthy(&self) -> bool {
+        !self.shared.failed.load(Ordering::Acquire)
+    }
+
+    fn status(&self) -> DeviceReport {
+        DeviceReport {
+            name: self.info.name.clone(),
+            kind: self.info.kind,
+            description: self.info.description.clone(),
+            memory_bytes: self.info.memory_bytes,
+            memory_used: self.shared.memory_used.load(Ordering::Relaxed),
+            threads_per_lane: 1,
+            lanes: self.lanes.statuses(),
+            failed: self.shared.failed.load(Ordering::Acquire),
+        }
+    }
+
+    fn shutdown(&self) {
+        self.lanes.shutdown();
+    }
+}
+
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        self.shutdown();
+        if self.shared.bind().is_ok() {
+            self.shared.free_deferred();
+            self.shared.programs.unload_all();
+            // SAFETY: the lanes have stopped; these handles are not used any more.
+            unsafe {
+                let _ = driver::free_sync(self.shared.zero_flag);
+                let _ = driver::stream::destroy(*self.shared.reader.lock().unwrap_or_else(|e| e.into_inner()));
+                let _ = driver::primary_ctx::release(self.ordinal);
+            }
+        }
+    }
+}

@@ -1,0 +1,336 @@
+//! A lane's executor on a CUDA device: turns each job into commands on the lane's stream
+//! (transfers straight from and into the tenant's segment, host work after the stream drains, a
+//! kernel launch) and finishes the job from the stream's callback, without a thread waiting per
+//! command.
+//!
+//! Owns the lane's stream, its function cache and its device copy of the revocation flag. It must
+//! not finish a job whose commands it enqueued before they are done (the stream callback does),
+//! and must not let a launch beyond the device's grid limits reach the driver.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use agora_kernels::{ArgValue, OpenClImpl};
+use agora_protocol::{ParamKind, TaskError};
+use cudarc::driver::sys::{self, CUdeviceptr, CUfunction, CUresult, CUstream};
+
+use super::buffer::as_cuda;
+use super::device::{block_shape, Shared, IN_CALLBACK, MAX_GRID_X, MAX_GRID_YZ};
+use super::programs::Convention;
+use crate::lane::{Executor, JobEnd};
+use crate::{Transfer, Work};
+
+/// A lane's executor: enqueues each job's commands on the lane's stream.
+pub(super) struct CudaExecutor {
+    pub(super) shared: Arc<Shared>,
+    pub(super) stream: CUstream,
+    /// This lane's device copy of a revocable launch's flag, written just before the kernel.
+    pub(super) lane_flag: CUdeviceptr,
+    /// Functions by program and entry point (two levels: a lookup builds no key).
+    pub(super) functions: HashMap<String, HashMap<String, (CUfunction, Convention)>>,
+    /// Whether the context is current on the lane's thread.
+    pub(super) bound: bool,
+}
+
+// SAFETY: the executor moves into its lane thread once and is used only there; the handles are
+// process-wide driver handles.
+unsafe impl Send for CudaExecutor {}
+
+/// A started job waiting for its stream callback.
+struct Pending {
+    end: JobEnd,
+    shared: Arc<Shared>,
+    // Held until the commands are done: they read and write the memory these point to.
+    _transfers: Vec<Transfer>,
+    _work: Work,
+}
+
+impl CudaExecutor {
+    fn function(&mut self, imp: &OpenClImpl, built: &mut bool) -> Result<(CUfunction, Convention), TaskError> {
+        if let Some(found) = self.functions.get(&*imp.program).and_then(|m| m.get(&*imp.entry)) {
+            return Ok(*found);
+        }
+        let found = self
+            .shared
+            .programs
+            .function(&self.shared.name, self.shared.arch, imp)
+            .map_err(|message| {
+                tracing::error!(device = %self.shared.name, "{message}");
+                TaskError::DeviceFailed(i64::from(CUresult::CUDA_ERROR_INVALID_PTX as u32))
+            })?;
+        *built |= found.built;
+        self.functions
+            .entry(imp.program.to_string())
+            .or_default()
+            .insert(imp.entry.to_string(), (found.function, found.convention));
+        Ok((found.function, found.convention))
+    }
+
+    fn check(&self, result: CUresult) -> Result<(), TaskError> {
+        match result {
+            CUresult::CUDA_SUCCESS => Ok(()),
+            code => Err(self.shared.error(code)),
+        }
+    }
+
+    /// Enqueues a job's commands on the lane's stream.
+    fn start(
+        &mut self,
+        transfers: &[Transfer],
+        work: &Work,
+        transfers_marker: &Arc<OnceLock<Instant>>,
+        revoke: Option<&Arc<AtomicBool>>,
+        built: &mut bool,
+    ) -> Result<(), TaskError> {
+        for transfer in transfers {
+            match transfer {
+                Transfer::ToDevice { host, len, to } => {
+                    let to = as_cuda(to.as_ref())?;
+                    if *len as u64 > to.len {
+                        return Err(TaskError::KernelFault);
+                    }
+                    // SAFETY: `host` is valid for `len` bytes until the job finishes (after this
+                    // copy); the device buffer holds at least `len` bytes (checked). From a
+                    // registered segment this is DMA with no staging copy.
+                    self.check(unsafe {
+                        sys::cuMemcpyHtoDAsync_v2(to.ptr, *host as *const c_void, *len, self.stream)
+                    })?;
+                }
+                Transfer::ToHost {
+                    from,
+                    device,
+                    host,
+                    len,
+                } => match as_cuda(from.as_ref()) {
+                    Ok(own) if Arc::ptr_eq(&own.shared, &self.shared) => {
+                        if *len as u64 > own.len {
+                            return Err(TaskError::KernelFault);
+                        }
+                        // SAFETY: as above, in the other direction; ordered after this lane's
+                        // earlier commands by the stream.
+                        self.check(unsafe {
+                            sys::cuMemcpyDtoHAsync_v2(*host as *mut c_void, own.ptr, *len, self.stream)
+                        })?;
+                    }
+                    // Another device's buffer: read it synchronously through that device.
+                    // SAFETY: `host` is valid for `len` bytes until the job finishes.
+                    _ => unsafe { device.read(from.as_ref(), *host, *len)? },
+                },
+            }
+        }
+        if !transfers.is_empty() {
+            let marker = Arc::into_raw(transfers_marker.clone()) as *mut c_void;
+            // SAFETY: the callback takes back the reference leaked here, exactly once.
+            let added = unsafe { sys::cuStreamAddCallback(self.stream, Some(on_transfers_done), marker, 0) };
+            if added != CUresult::CUDA_SUCCESS {
+                // SAFETY: not registered, so the reference is still ours.
+                drop(unsafe { Arc::from_raw(marker as *const OnceLock<Instant>) });
+                return Err(self.shared.error(added));
+            }
+        }
+        match work {
+            Work::Fill { .. } | Work::Copy { .. } => {
+                // Host-memory work of a queue bound to this lane: it may read what earlier
+                // commands wrote to the host, so wait for them first.
+                // SAFETY: a live stream.
+                self.check(unsafe { sys::cuStreamSynchronize(self.stream) })?;
+                crate::run_host_work(work).unwrap_or(Err(TaskError::KernelFault))
+            }
+            Work::Launch { .. } => self.launch(work, revoke, built),
+            Work::Nothing => Ok(()),
+        }
+    }
+
+    fn launch(&mut self, work: &Work, revoke: Option<&Arc<AtomicBool>>, built: &mut bool) -> Result<(), TaskError> {
+        let Work::Launch {
+            kernel,
+            range,
+            dims,
+            args,
+            device_args,
+            rows,
+            ..
+        } = work
+        else {
+            return Err(TaskError::KernelFault);
+        };
+        let imp = kernel.opencl.as_ref().ok_or(TaskError::KernelFault)?;
+        let (first, end) = match rows {
+            Some(rows) => (rows.start.min(range[0]), rows.end.min(range[0])),
+            None => (0, range[0]),
+        };
+        if end <= first {
+            return Ok(()); // An empty slice: nothing to run.
+        }
+        let (function, convention) = self.function(imp, built)?;
+        // Argument values, then pointers to them (cuLaunchKernel copies each parameter's size
+        // from its pointer: 4-byte scalars are the low bytes of their u64, little-endian).
+        let params = kernel.params.len();
+        let mut values = [0u64; agora_protocol::MAX_ARGS + 5];
+        for (index, param) in kernel.params.iter().enumerate() {
+            values[index] = match (param.kind, &args[index]) {
+                (ParamKind::Buffer { .. }, _) => {
+                    let buffer = device_args[index].as_deref().ok_or(TaskError::KernelFault)?;
+                    as_cuda(buffer)?.ptr
+                }
+                (ParamKind::Scalar(_), ArgValue::Scalar(bits)) => *bits,
+                _ => return Err(TaskError::KernelFault),
+            };
+        }
+        let mut count = params;
+        let local = imp.local;
+        let mut block = block_shape(*dims, local);
+        let mut extent = [1u64; 3];
+        extent[..*dims].copy_from_slice(&range[..*dims]);
+        extent[0] = end - first;
+        if convention == Convention::Guarded {
+            values[count] = end; // range0: the slice's end, so rounded-up threads stop there.
+            values[count + 1] = range[1];
+            values[count + 2] = range[2];
+            values[count + 3] = match revoke {
+                Some(flag) => {
+                    // The flag as it is now, copied just before the kernel (the stream runs it
+                    // after the previous command): a launch revoked while it waits stops at once.
+                    // SAFETY: one byte of the job's flag, alive until the job completes.
+                    self.check(unsafe {
+                        sys::cuMemcpyHtoDAsync_v2(self.lane_flag, flag.as_ptr() as *const c_void, 1, self.stream)
+                    })?;
+                    self.lane_flag
+                }
+                None => self.shared.zero_flag,
+            };
+            values[count + 4] = first;
+            count += 5;
+        } else {
+            // Plain kernels get the exact range: blocks that divide it.
+            for d in 0..3 {
+                while block[d] > 1 && extent[d] % block[d] != 0 {
+                    block[d] /= 2;
+                }
+            }
+        }
+        let grid = [0, 1, 2].map(|d| extent[d].div_ceil(block[d]));
+        if grid[0] > MAX_GRID_X || grid[1] > MAX_GRID_YZ || grid[2] > MAX_GRID_YZ {
+            tracing::error!(device = %self.shared.name, kernel = %kernel.name, ?grid, "a launch beyond the grid limits reached the device; refused");
+            return Err(TaskError::KernelFault);
+        }
+        let mut pointers = [std::ptr::null_mut::<c_void>(); agora_protocol::MAX_ARGS + 5];
+        for (pointer, value) in pointers.iter_mut().zip(values.iter_mut()).take(count) {
+            *pointer = value as *mut u64 as *mut c_void;
+        }
+        // SAFETY: `function` is a live function of this context whose parameters are the
+        // kernel's declared ones (checked by the daemon) plus the convention's trailing ones, in
+        // that order; `pointers` points into `values`, alive during the call (the driver copies
+        // the parameters before returning); the grid is within the device's limits (checked).
+        let launched = unsafe {
+            sys::cuLaunchKernel(
+                function,
+                grid[0] as u32,
+                grid[1] as u32,
+                grid[2] as u32,
+                block[0] as u32,
+                block[1] as u32,
+                block[2] as u32,
+                0,
+                self.stream,
+                pointers.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        if launched != CUresult::CUDA_SUCCESS {
+            tracing::error!(device = %self.shared.name, kernel = %kernel.name, ?launched, "CUDA launch failed");
+        }
+        self.check(launched)
+    }
+}
+
+impl Executor for CudaExecutor {
+    fn run(&mut self, transfers: Vec<Transfer>, work: Work, mut end: JobEnd) {
+        if self.shared.failed.load(Ordering::Acquire) {
+            end.finish(Err(TaskError::DeviceLost));
+            return;
+        }
+        if !self.bound {
+            if let Err(e) = self.shared.bind() {
+                end.finish(Err(e));
+                return;
+            }
+            self.bound = true;
+        }
+        self.shared.free_deferred();
+        let marker = end.transfers_marker();
+        let mut built = false;
+        let started = self.start(&transfers, &work, &marker, end.revoke_flag(), &mut built);
+        if built {
+            end.mark_cold();
+        }
+        if let Err(e) = started {
+            // Commands enqueued before the failure may still use the job's memory.
+            // SAFETY: a live stream.
+            let _ = unsafe { sys::cuStreamSynchronize(self.stream) };
+            drop(work);
+            drop(transfers);
+            end.finish(Err(e));
+            return;
+        }
+        let pending = Box::into_raw(Box::new(Pending {
+            end,
+            shared: self.shared.clone(),
+            _transfers: transfers,
+            _work: work,
+        }));
+        // SAFETY: the callback takes back the box leaked here, exactly once.
+        let added = unsafe { sys::cuStreamAddCallback(self.stream, Some(on_complete), pending as *mut c_void, 0) };
+        if added != CUresult::CUDA_SUCCESS {
+            // SAFETY: not registered, so the box is still ours alone.
+            let pending = unsafe { Box::from_raw(pending) };
+            // SAFETY: a live stream.
+            let _ = unsafe { sys::cuStreamSynchronize(self.stream) };
+            let error = self.shared.error(added);
+            pending.end.finish(Err(error));
+        }
+    }
+
+    fn stop(&mut self) {
+        // SAFETY: the lane stops: nothing more is enqueued on its stream.
+        unsafe {
+            let _ = sys::cuStreamSynchronize(self.stream);
+            let _ = sys::cuStreamDestroy_v2(self.stream);
+            let _ = sys::cuMemFree_v2(self.lane_flag);
+        }
+    }
+}
+
+/// The stream callback after a job's last command: finishes the job. CUDA calls are not allowed
+/// here, so buffers the job lets go are freed later (`Shared::free`).
+unsafe extern "C" fn on_complete(_stream: CUstream, status: CUresult, user: *mut c_void) {
+    // SAFETY: `user` is the `Box<Pending>` leaked by `run`; the driver calls this once.
+    let pending = unsafe { Box::from_raw(user as *mut Pending) };
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        IN_CALLBACK.with(|c| c.set(true));
+        let Pending {
+            end,
+            shared,
+            _transfers,
+            _work,
+        } = *pending;
+        let result = match status {
+            CUresult::CUDA_SUCCESS => Ok(()),
+            code => Err(shared.error(code)),
+        };
+        drop(_work);
+        drop(_transfers);
+        end.finish(result);
+        IN_CALLBACK.with(|c| c.set(false));
+    }));
+}
+
+/// The stream callback after a job's transfers: records when they ended.
+unsafe extern "C" fn on_transfers_done(_stream: CUstream, _status: CUresult, user: *mut c_void) {
+    // SAFETY: `user` is an `Arc<OnceLock<Instant>>` reference leaked for this callback.
+    let marker = unsafe { Arc::from_raw(user as *const OnceLock<Instant>) };
+    let _ = marker.set(Instant::now());
+}

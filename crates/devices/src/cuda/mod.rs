@@ -1,0 +1,51 @@
+//! NVIDIA GPUs, through the CUDA driver API (cudarc, loaded at run time: a daemon built with this
+//! backend starts, and serves its other devices, where no CUDA driver is installed; it logs one
+//! line saying why there is no GPU).
+//!
+//! Sharing: each GPU has one context (the primary context) shared by every tenant, and each lane
+//! is a stream in it, so tenants' kernels run side by side on the GPU (spatial sharing, as MPS
+//! gives, without an MPS server). A lane's thread only *enqueues*: transfers, then the kernel;
+//! the job finishes from a stream callback after its last command, so no thread waits per
+//! command and a lane keeps its stream full.
+//!
+//! Transfers: the daemon registers a session's segment with the driver (page-locked, through
+//! [`Device::pin_host_memory`](crate::Device::pin_host_memory)) the first time one of its tasks
+//! moves data to or from a GPU, so host↔device copies are DMA straight from and into the
+//! tenant's shared memory, with no staging copy. Fresh allocations are zeroed before use.
+//!
+//! Kernels: the library's kernels have one source, OpenCL C; on CUDA it compiles under a prelude
+//! (`opencl.cuh`) that maps OpenCL C's qualifiers and work-item functions onto CUDA's, with NVRTC
+//! for the device's architecture at first use, cached on disk per (source hash, architecture)
+//! (see `programs`). Calling convention: as [`agora_kernels::OpenClImpl`] describes, plus one
+//! trailing `ulong` row offset (CUDA has no global work offset): a row slice `a..b` is a grid over
+//! `b - a` rows with offset `a`, and `range0 = b`.
+//!
+//! Preemption: launches larger than [`MAX_ITEMS_PER_ENQUEUE`] threads are cut into row slices
+//! (latency-class work gets in at slice boundaries, as on OpenCL). A revocable launch's flag is
+//! copied to the device just before the kernel starts: a launch revoked while it waits behind
+//! other commands stops at once, one revoked while it runs completes
+//! ([`Device::polls_revocation`](crate::Device::polls_revocation) is false).
+//!
+//! Faults: an illegal address or a trap leaves a CUDA context unusable for every stream in it.
+//! The guilty job fails with `KernelFault`; the device then reports itself failed
+//! ([`Device::healthy`](crate::Device::healthy)), so the daemon drains it and replays or fails
+//! its other tasks elsewhere, and the daemon lives. Rebuilding the context in a device-host
+//! process, so the GPU stays in service, is not done yet; [`fence`] keeps a fenced tenant's
+//! stray accesses inside its own partition instead of faulting.
+//!
+//! One file per mechanism:
+//! * `device`: discovery, the shared state, the [`Device`](crate::Device) implementation;
+//! * `executor`: a lane's executor and the stream callbacks that finish jobs;
+//! * `programs`: OpenCL C as CUDA C, NVRTC, the PTX cache, modules and functions;
+//! * `buffer`: device memory of one buffer and registered host memory;
+//! * `fence`: rewriting tenant PTX so its global accesses stay in its partition (Guardian).
+
+mod buffer;
+mod device;
+mod executor;
+pub mod fence;
+pub mod programs;
+#[cfg(test)]
+mod tests;
+
+pub use device::{block_shape, discover, CudaDevice, MAX_GRID_X, MAX_GRID_YZ, MAX_ITEMS_PER_ENQUEUE};

@@ -1,0 +1,378 @@
+//! CUDA programs: the CUDA C of a kernel (its OpenCL C under the `opencl.cuh` prelude), compiled
+//! by NVRTC to PTX for the device's architecture at first use, cached on disk per (source hash,
+//! architecture), loaded once per device as a module, with its functions cached.
+//!
+//! Owns NVRTC and the on-disk PTX cache. It must not launch anything, nor decide where a kernel
+//! runs.
+//!
+//! NVRTC is loaded at run time like the driver (cudarc's dynamic loading, as `libnvrtc.so` or
+//! `libnvrtc.so.12`/`.13`). Where it is elsewhere, `AGORA_NVRTC` names the library file: it is
+//! loaded first, so the dynamic loader finds it by its soname (the test suite points it at the
+//! NVRTC of the project's virtual environment, from PyPI, which runs without a GPU).
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::hash::Hasher;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use agora_kernels::OpenClImpl;
+use cudarc::driver::sys::{CUfunction, CUmodule};
+use cudarc::nvrtc::result as nvrtc;
+
+/// The OpenCL-to-CUDA prelude every program is compiled under.
+pub const PRELUDE: &str = include_str!("opencl.cuh");
+
+/// What marks a guarded, revocable kernel's last declared parameter (the library's convention,
+/// [`OpenClImpl`]); the backend appends the row offset after it.
+const REVOKE_PARAMETER: &str = "uchar *revoke)";
+
+/// A kernel's calling convention on CUDA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Convention {
+    /// Declared parameters, `range0..2`, the revocation flag, the row offset.
+    Guarded,
+    /// Declared parameters only (a package's plain kernel; never sliced).
+    Plain,
+}
+
+/// The CUDA C of an OpenCL C program: the prelude, then the source with the row offset appended
+/// to every guarded kernel's parameters.
+pub fn cuda_source(opencl: &str) -> String {
+    let body = without_attributes(opencl).replace(REVOKE_PARAMETER, "uchar *revoke, const ulong agora_row_offset)");
+    format!("{PRELUDE}\n#line 1 \"kernel\"\n{body}")
+}
+
+/// `source` without its `__attribute__((...))`s (OpenCL's kernel attributes, which CUDA does not
+/// allow where OpenCL puts them; `local` carries the one that matters).
+fn without_attributes(source: &str) -> String {
+    const ATTRIBUTE: &str = "__attribute__";
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(at) = rest.find(ATTRIBUTE) {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + ATTRIBUTE.len()..];
+        let mut depth = 0usize;
+        let mut end = None;
+        for (i, c) in after.char_indices() {
+            match c {
+                '(' => depth += 1,
+                ')' => {
+                    depth = depth.saturating_sub(1);
+                    if depth == 0 {
+                        end = Some(i + 1);
+                        break;
+                    }
+                }
+                c if depth == 0 && !c.is_whitespace() => break,
+                _ => {}
+            }
+        }
+        match end {
+            Some(end) => rest = &after[end..],
+            None => {
+                // Not an attribute we can parse: keep it, NVRTC will say what is wrong.
+                out.push_str(ATTRIBUTE);
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The convention of `entry` in an OpenCL source: guarded when its parameter list ends with the
+/// revocation flag.
+pub fn convention(opencl: &str, entry: &str) -> Convention {
+    let declaration = opencl
+        .match_indices(entry)
+        .filter(|(at, _)| {
+            let after = &opencl[at + entry.len()..];
+            let before = opencl[..*at].trim_end();
+            before.ends_with("void") && after.trim_start().starts_with('(')
+        })
+        .map(|(at, _)| at)
+        .next();
+    let Some(at) = declaration else {
+        return Convention::Plain;
+    };
+    let parameters = &opencl[at..];
+    let close = parameters.find(')').map_or(parameters.len(), |c| c + 1);
+    if parameters[..close]
+        .replace(char::is_whitespace, "")
+        .ends_with(&REVOKE_PARAMETER.replace(' ', ""))
+    {
+        Convention::Guarded
+    } else {
+        Convention::Plain
+    }
+}
+
+/// A stable 64-bit hash (FNV-1a) of the compiled text, for the disk cache's file names: stable
+/// across Rust versions, unlike `DefaultHasher`. Collisions only cost a wrong cache hit, which
+/// the module load or the kernel lookup then reports; the full text is short.
+fn source_hash(text: &str) -> u64 {
+    struct Fnv(u64);
+    impl Hasher for Fnv {
+        fn finish(&self) -> u64 {
+            self.0
+        }
+        fn write(&mut self, bytes: &[u8]) {
+            for b in bytes {
+                self.0 ^= u64::from(*b);
+                self.0 = self.0.wrapping_mul(0x100_0000_01b3);
+            }
+        }
+    }
+    let mut h = Fnv(0xcbf2_9ce4_8422_2325);
+    h.write(text.as_bytes());
+    h.finish()
+}
+
+/// Loads the NVRTC named by `AGORA_NVRTC`, once, so cudarc finds it by soname. Returns whether
+/// NVRTC can be loaded at all.
+pub fn nvrtc_available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        if let Some(path) = std::env::var_os("AGORA_NVRTC") {
+            if let Ok(c) = CString::new(path.as_encoded_bytes()) {
+                // SAFETY: dlopen of a library file; the handle is kept for the process's life.
+                let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+                if handle.is_null() {
+                    tracing::warn!(path = ?path, "AGORA_NVRTC names a library that does not load");
+                }
+            }
+        }
+        // SAFETY: only tries to open the library.
+        unsafe { cudarc::nvrtc::sys::is_culib_present() }
+    })
+}
+
+/// Why a program did not compile.
+#[derive(Debug, Clone)]
+pub struct CompileError {
+    /// NVRTC's log (or why NVRTC is missing).
+    pub log: String,
+}
+
+impl std::fmt::Display for CompileError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.log)
+    }
+}
+
+/// Compiles CUDA C `source` to PTX for `compute_<arch>` (e.g. 90) with NVRTC.
+pub fn compile_ptx(name: &str, source: &str, arch: u32) -> Result<String, CompileError> {
+    if !nvrtc_available() {
+        return Err(CompileError {
+            log:
+                "NVRTC (libnvrtc.so) is not installed: install the CUDA toolkit's NVRTC, or set AGORA_NVRTC to its path"
+                    .into(),
+        });
+    }
+    let c_source = CString::new(source).map_err(|_| CompileError {
+        log: "the source contains a NUL byte".into(),
+    })?;
+    let c_name = CString::new(name.replace('\0', "")).unwrap_or_default();
+    let program = nvrtc::create_program(&c_source, Some(&c_name)).map_err(|e| CompileError {
+        log: format!("nvrtcCreateProgram: {e:?}"),
+    })?;
+    let options = [
+        format!("--gpu-architecture=compute_{arch}"),
+        "-default-device".to_string(),
+        "--std=c++17".to_string(),
+    ];
+    // SAFETY: `program` is live until destroyed below.
+    let compiled = unsafe { nvrtc::compile_program(program, &options) };
+    let log = || {
+        // SAFETY: as above.
+        unsafe { nvrtc::get_program_log(program) }
+            .map(|chars| {
+                let bytes: Vec<u8> = chars.iter().map(|c| *c as u8).take_while(|b| *b != 0).collect();
+                String::from_utf8_lossy(&bytes).into_owned()
+            })
+            .unwrap_or_default()
+    };
+    let result = match compiled {
+        Ok(()) => {
+            // SAFETY: as above; the program compiled.
+            unsafe { nvrtc::get_ptx(program) }
+                .map(|chars| {
+                    let bytes: Vec<u8> = chars.iter().map(|c| *c as u8).take_while(|b| *b != 0).collect();
+                    String::from_utf8_lossy(&bytes).into_owned()
+                })
+                .map_err(|e| CompileError {
+                    log: format!("nvrtcGetPTX: {e:?}"),
+                })
+        }
+        Err(e) => Err(CompileError {
+            log: format!("{e:?}:\n{}", log()),
+        }),
+    };
+    // SAFETY: destroyed once, after its last use.
+    let _ = unsafe { nvrtc::destroy_program(program) };
+    result
+}
+
+/// Where compiled PTX is kept between runs: `AGORA_CUDA_CACHE`, else
+/// `$XDG_CACHE_HOME/agora/cuda`, else `~/.cache/agora/cuda`.
+fn cache_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("AGORA_CUDA_CACHE") {
+        return Some(PathBuf::from(dir));
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("agora").join("cuda"))
+}
+
+/// PTX for `source` on `compute_<arch>`, from the disk cache or NVRTC (then cached). Returns the
+/// PTX and whether it was compiled now.
+pub fn ptx_for(program: &str, source: &str, arch: u32) -> Result<(String, bool), CompileError> {
+    let hash = source_hash(source);
+    let safe_name: String = program
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    let path = cache_dir().map(|d| d.join(format!("{safe_name}-{hash:016x}-sm{arch}.ptx")));
+    if let Some(path) = &path {
+        if let Ok(ptx) = std::fs::read_to_string(path) {
+            if ptx.contains(".entry") || ptx.contains(".version") {
+                return Ok((ptx, false));
+            }
+        }
+    }
+    let ptx = compile_ptx(program, source, arch)?;
+    if let Some(path) = &path {
+        // A cache that cannot be written costs a compile per daemon start, nothing more.
+        let written = path.parent().map_or(Ok(()), std::fs::create_dir_all).and_then(|()| {
+            let partial = path.with_extension(format!("ptx.{}", std::process::id()));
+            std::fs::write(&partial, &ptx)?;
+            std::fs::rename(&partial, path)
+        });
+        if let Err(e) = written {
+            tracing::debug!(path = %path.display(), error = %e, "PTX cache not written");
+        }
+    }
+    Ok((ptx, true))
+}
+
+/// A loaded module and its functions by entry point.
+struct Loaded {
+    module: CUmodule,
+    functions: HashMap<String, CUfunction>,
+}
+
+/// The programs of one device (its context must be current on the calling thread).
+#[derive(Default)]
+pub struct Programs {
+    /// By program name and source hash.
+    loaded: Mutex<HashMap<(String, u64), Loaded>>,
+    /// Programs that failed to compile or load, with the message logged.
+    broken: Mutex<HashMap<String, String>>,
+}
+
+// SAFETY: CUmodule and CUfunction are driver handles valid on any thread of the process with
+// the module's context current; the maps are behind mutexes.
+unsafe impl Send for Programs {}
+// SAFETY: as above.
+unsafe impl Sync for Programs {}
+
+/// A function handle, with whether finding it built a program.
+pub struct Found {
+    /// The function.
+    pub function: CUfunction,
+    /// Its calling convention.
+    pub convention: Convention,
+    /// Whether its program was compiled now (the job that waited for it is not typical).
+    pub built: bool,
+}
+
+impl Programs {
+    /// Whether `program` failed to compile or load (the device then stops claiming it).
+    pub fn is_broken(&self, program: &str) -> bool {
+        self.broken
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(program)
+    }
+
+    /// The function of `imp` on the current context, compiled and loaded at first use.
+    pub fn function(&self, device: &str, arch: u32, imp: &OpenClImpl) -> Result<Found, String> {
+        let source = cuda_source(&imp.source);
+        let key = (imp.program.to_string(), source_hash(&source));
+        let convention = convention(&imp.source, &imp.entry);
+        let mut loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+        let mut built = false;
+        if !loaded.contains_key(&key) {
+            let (ptx, compiled) = ptx_for(&imp.program, &source, arch).map_err(|e| {
+                let message = format!("CUDA program {} did not compile for sm_{arch}: {e}", imp.program);
+                tracing::error!(device, "{message}");
+                self.broken
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(imp.program.to_string(), message.clone());
+                message
+            })?;
+            built = compiled;
+            let c_ptx = CString::new(ptx).map_err(|_| "PTX with a NUL byte".to_string())?;
+            // SAFETY: NUL-terminated PTX text; the module is kept until the device goes.
+            let module = unsafe { cudarc::driver::result::module::load_data(c_ptx.as_ptr().cast()) }.map_err(|e| {
+                let message = format!("CUDA program {} did not load: {e:?}", imp.program);
+                tracing::error!(device, "{message}");
+                self.broken
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(imp.program.to_string(), message.clone());
+                message
+            })?;
+            loaded.insert(
+                key.clone(),
+                Loaded {
+                    module,
+                    functions: HashMap::new(),
+                },
+            );
+        }
+        let entry = loaded.get_mut(&key).expect("inserted above");
+        if let Some(function) = entry.functions.get(&*imp.entry) {
+            return Ok(Found {
+                function: *function,
+                convention,
+                built,
+            });
+        }
+        let name = CString::new(imp.entry.as_bytes()).map_err(|_| "an entry point with a NUL byte".to_string())?;
+        // SAFETY: a live module of the current context and a NUL-terminated name.
+        let function = unsafe { cudarc::driver::result::module::get_function(entry.module, name) }
+            .map_err(|e| format!("kernel {} not found in CUDA program {}: {e:?}", imp.entry, imp.program))?;
+        entry.functions.insert(imp.entry.to_string(), function);
+        Ok(Found {
+            function,
+            convention,
+            built,
+        })
+    }
+
+    /// Unloads every module (the device's context must be current).
+    pub fn unload_all(&self) {
+        for (_, loaded) in self.loaded.lock().unwrap_or_else(|e| e.into_inner()).drain() {
+            // SAFETY: no launch uses the module any more (the lanes stopped).
+            let _ = unsafe { cudarc::driver::result::module::unload(loaded.module) };
+        }
+    }
+}
+
+/// The whole OpenCL library's sources, for tests and `agora bench gpu --quick`.
+pub fn library_programs() -> Vec<Arc<OpenClImpl>> {
+    let mut seen = HashMap::new();
+    for kernel in agora_kernels::library() {
+        if let Some(imp) = &kernel.opencl {
+            seen.entry(imp.program.to_string())
+                .or_insert_with(|| Arc::new(imp.clone()));
+        }
+    }
+    let mut programs: Vec<_> = seen.into_values().collect();
+    programs.sort_by(|a, b| a.program.cmp(&b.program));
+    programs
+}

@@ -1,0 +1,135 @@
+//! Tests of the CUDA backend that need no GPU: every library kernel compiled by NVRTC and
+//! assembled by ptxas (both from PyPI, installed into the project's virtual environment by
+//! `scripts/setup.sh`), the calling convention, discovery without a driver.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::programs::{self, Convention};
+
+/// The project's virtual environment's `site-packages/nvidia` directory.
+fn nvidia_dir() -> PathBuf {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/lib");
+    let python = std::fs::read_dir(&venv)
+        .ok()
+        .and_then(|entries| {
+            entries
+                .flatten()
+                .find(|e| e.file_name().to_string_lossy().starts_with("python"))
+        })
+        .unwrap_or_else(|| panic!("no Python in {}: run `bash scripts/setup.sh`", venv.display()));
+    python.path().join("site-packages/nvidia")
+}
+
+/// Points `AGORA_NVRTC` at the environment's NVRTC, unless it is set already.
+pub(crate) fn use_project_nvrtc() {
+    if std::env::var_os("AGORA_NVRTC").is_none() {
+        let lib = nvidia_dir().join("cuda_nvrtc/lib/libnvrtc.so.12");
+        assert!(
+            lib.exists(),
+            "{} is missing: run `bash scripts/setup.sh` (it installs NVRTC from PyPI)",
+            lib.display()
+        );
+        std::env::set_var("AGORA_NVRTC", lib);
+    }
+    assert!(programs::nvrtc_available(), "NVRTC does not load");
+}
+
+/// ptxas from the environment (`AGORA_PTXAS` overrides).
+pub(crate) fn ptxas() -> PathBuf {
+    if let Some(p) = std::env::var_os("AGORA_PTXAS") {
+        return PathBuf::from(p);
+    }
+    let p = nvidia_dir().join("cuda_nvcc/bin/ptxas");
+    assert!(p.exists(), "{} is missing: run `bash scripts/setup.sh`", p.display());
+    p
+}
+
+/// Assembles `ptx` for `sm_<arch>`; returns ptxas's error output on failure.
+pub(crate) fn assemble(ptx: &str, arch: u32) -> Result<(), String> {
+    let dir = std::env::temp_dir().join(format!("agora-ptxas-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(format!("k{arch}-{}.ptx", ptx.len()));
+    std::fs::write(&file, ptx).unwrap();
+    let out = Command::new(ptxas())
+        .arg(format!("-arch=sm_{arch}"))
+        .arg("-o")
+        .arg("/dev/null")
+        .arg(&file)
+        .output()
+        .expect("ptxas runs");
+    let _ = std::fs::remove_file(&file);
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+#[test]
+fn every_library_program_compiles_with_nvrtc_and_assembles_for_sm80_and_sm90() {
+    use_project_nvrtc();
+    let library = programs::library_programs();
+    assert!(library.len() >= 8, "{} programs", library.len());
+    for imp in &library {
+        for arch in [80, 90] {
+            let ptx = programs::compile_ptx(&imp.program, &programs::cuda_source(&imp.source), arch)
+                .unwrap_or_else(|e| panic!("{} for compute_{arch}: {e}", imp.program));
+            // Every kernel of the program is an entry point of the PTX.
+            for kernel in agora_kernels::library() {
+                if let Some(k) = kernel.opencl.as_ref().filter(|k| k.program == imp.program) {
+                    assert!(
+                        ptx.contains(&format!(".entry {}(", k.entry)),
+                        "{} has no entry {} for compute_{arch}",
+                        imp.program,
+                        k.entry
+                    );
+                }
+            }
+            assemble(&ptx, arch).unwrap_or_else(|e| panic!("{} for sm_{arch}: {e}", imp.program));
+        }
+    }
+}
+
+#[test]
+fn a_guarded_kernel_takes_the_row_offset_after_its_revocation_flag() {
+    use_project_nvrtc();
+    let source = "__kernel void k(__global float *y, const ulong range0, const ulong range1, const ulong range2,\n \
+                  __global const volatile uchar *revoke) { size_t i = get_global_id(0); if (i < range0) y[i] = 1.0f; }\n\
+                  __kernel void plain(__global float *y) { y[get_global_id(0)] = 2.0f; }";
+    assert_eq!(programs::convention(source, "k"), Convention::Guarded);
+    assert_eq!(programs::convention(source, "plain"), Convention::Plain);
+    let ptx = programs::compile_ptx("t", &programs::cuda_source(source), 80).unwrap();
+    // y, range0..2, revoke, the row offset: six parameters; the plain kernel keeps its one.
+    assert!(ptx.contains("k_param_5"), "{ptx}");
+    assert!(!ptx.contains("k_param_6"), "{ptx}");
+    assert!(ptx.contains("plain_param_0") && !ptx.contains("plain_param_1"), "{ptx}");
+}
+
+#[test]
+fn a_program_that_does_not_compile_reports_nvrtc_s_log() {
+    use_project_nvrtc();
+    let e = programs::compile_ptx(
+        "broken",
+        &programs::cuda_source("__kernel void k() { undefined_thing(); }"),
+        80,
+    )
+    .unwrap_err();
+    assert!(e.log.contains("undefined_thing"), "{e}");
+}
+
+#[test]
+fn discovery_without_a_gpu_reports_why_and_finds_nothing_or_finds_working_gpus() {
+    let (devices, problems) = super::discover(2, 0, &crate::priority::LanePriorities::normal());
+    if devices.is_empty() {
+        assert!(!problems.is_empty(), "no GPU and no reason given");
+        assert!(problems.iter().any(|p| p.contains("GPU")), "{problems:?}");
+    }
+}
+
+#[test]
+fn a_tenant_program_is_never_claimed_by_a_gpu_and_packages_and_the_library_are() {
+    assert!(super::device::is_tenant_program("tenant/0123456789abcdef"));
+    assert!(!super::device::is_tenant_program("basic"));
+    assert!(!super::device::is_tenant_program("imaging/blur.cl"));
+}

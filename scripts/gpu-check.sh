@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The GPU checks, on a machine with an NVIDIA GPU and its driver, from prebuilt binaries (no Rust
+# toolchain, no network): the GPU test cases (every library kernel against its host reference,
+# two tenants at once, a launch beyond one grid) and `agora bench gpu --json`.
+#
+# Build the binaries on a development machine with `make gpu-dist` (dist/gpu: agora, gpu-tests),
+# copy the repository (with dist/gpu and examples/packages) to the GPU machine, then run
+#   bash scripts/gpu-check.sh [--quick]
+# Results go to $OUT (default /tmp/agora-gpu-check): devices.txt, tests.txt, bench-gpu.json and
+# daemon logs. NVRTC is the CUDA toolkit's (libnvrtc.so on the loader's path, or AGORA_NVRTC).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+quick=""
+[ "${1:-}" = "--quick" ] && quick="--quick"
+bin=${AGORA_GPU_DIST:-dist/gpu}
+out=${OUT:-/tmp/agora-gpu-check}
+mkdir -p "$out"
+export AGORA_CUDA_CACHE="$out/ptx-cache" AGORA_LOG=${AGORA_LOG:-info}
+[ -x "$bin/agora" ] && [ -x "$bin/gpu-tests" ] || { echo "gpu-check: $bin/agora and $bin/gpu-tests missing: run 'make gpu-dist' first" >&2; exit 2; }
+nvidia-smi -L | tee "$out/gpus.txt"
+status=0
+
+echo "== devices"
+sock="$out/agora.sock"
+"$bin/agora" serve --socket "$sock" --no-opencl > "$out/daemon.log" 2>&1 &
+daemon=$!
+for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+"$bin/agora" devices --socket "$sock" | tee "$out/devices.txt" || status=1
+kill -TERM "$daemon"; wait "$daemon" || true
+grep -q cuda "$out/devices.txt" || { echo "gpu-check: the daemon found no GPU (see $out/daemon.log)"; status=1; }
+
+echo "== GPU test cases"
+timeout "${AGORA_GPU_TEST_TIMEOUT:-900}" "$bin/gpu-tests" --ignored --test-threads=1 --nocapture 2>&1 | tee "$out/tests.txt" || status=1
+
+echo "== agora bench gpu $quick"
+timeout "${AGORA_GPU_BENCH_TIMEOUT:-1800}" "$bin/agora" bench gpu --json $quick > "$out/bench-gpu.json" 2> "$out/bench-gpu.log" || status=1
+cat "$out/bench-gpu.log"
+head -c 6000 "$out/bench-gpu.json"; echo
+exit $status
