@@ -459,6 +459,13 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     fn row_alignment(&self, _kernel: &KernelDef, _dims: usize) -> u64 {
         1
     }
+    /// The fewest work items a row slice should have on this device: a smaller slice leaves the
+    /// device partly idle while its fixed cost (a command, a completion) stays, so the daemon
+    /// cuts a launch into no more slices than this allows (the device's limits may still require
+    /// more). 1, the default: no floor (a CPU lane is busy with any slice).
+    fn min_items_per_slice(&self) -> u64 {
+        1
+    }
     /// Whether a running launch stops early when its job's [`Job::revoke`] flag is set.
     fn polls_revocation(&self) -> bool {
         false

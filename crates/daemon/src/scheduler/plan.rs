@@ -259,7 +259,11 @@ impl Scheduler {
         {
             return 1;
         }
-        ((predicted_ns / target).ceil() as u64).clamp(1, range[0].min(MAX_SLICES))
+        // No slice smaller than the device fills at once (a GPU's resident threads): below that a
+        // slice costs its launch and completion for a fraction of the device.
+        let items = range.iter().fold(1u64, |a, r| a.saturating_mul((*r).max(1)));
+        let by_size = (items / self.devices[device].min_items_per_slice().max(1)).max(1);
+        ((predicted_ns / target).ceil() as u64).clamp(1, range[0].min(MAX_SLICES).min(by_size))
     }
 
     /// Plans data placement for `action` on `device` and builds its work.

@@ -16,6 +16,7 @@ use cudarc::driver::result as driver;
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUresult, CUstream};
 
 use super::buffer::{as_cuda, CudaBuffer, PinnedHost};
+use super::completion::Completions;
 use super::executor::CudaExecutor;
 use super::programs::{self, Programs};
 use crate::lane::{Lane, Lanes};
@@ -54,6 +55,8 @@ pub(super) struct Shared {
     pub(super) context: CUcontext,
     /// Compute capability as `major * 10 + minor` (NVRTC's `compute_XX`).
     pub(super) arch: u32,
+    /// Threads the whole GPU runs at once (multiprocessors × threads per multiprocessor).
+    pub(super) resident_threads: u64,
     /// Stream for synchronous reads requested by other devices' lanes, and for zeroing fresh
     /// allocations.
     pub(super) reader: Mutex<CUstream>,
@@ -130,6 +133,8 @@ pub struct CudaDevice {
     pub(super) shared: Arc<Shared>,
     lanes: Lanes,
     ordinal: CUdevice,
+    /// The completion thread (absent when jobs finish from stream callbacks).
+    completer: Option<(Arc<Completions>, std::thread::JoinHandle<()>)>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -165,6 +170,7 @@ impl CudaDevice {
         let major = attribute(device, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
         let minor = attribute(device, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
         let multiprocessors = attribute(device, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+        let threads_per_multiprocessor = attribute(device, A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR);
         let max_block = attribute(device, A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK).max(1) as u64;
         let max_block_dims = [
             attribute(device, A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X).max(1) as u64,
@@ -202,6 +208,7 @@ impl CudaDevice {
             name: name.clone(),
             context,
             arch: (major * 10 + minor) as u32,
+            resident_threads: (multiprocessors.max(1) * threads_per_multiprocessor.max(1)) as u64,
             reader: Mutex::new(reader),
             programs: Programs::default(),
             memory_used: AtomicU64::new(0),
@@ -211,9 +218,24 @@ impl CudaDevice {
             failed: AtomicBool::new(false),
             deferred_frees: Mutex::new(Vec::new()),
         });
+        let lanes = lanes.max(1);
+        // Jobs finish from polled events on a completion thread, unless the operator asks for the
+        // driver's stream callbacks (see `completion`).
+        let callbacks = std::env::var("AGORA_CUDA_COMPLETIONS").is_ok_and(|v| v == "callbacks");
+        let completer = if callbacks {
+            None
+        } else {
+            let completions = Arc::new(Completions::new(lanes));
+            let (c, s) = (completions.clone(), shared.clone());
+            let thread = std::thread::Builder::new()
+                .name(format!("agora-{name}-done"))
+                .spawn(move || c.run(s))
+                .map_err(|e| format!("starting the completion thread: {e}"))?;
+            Some((completions, thread))
+        };
         let mut lane_list = Vec::new();
         let mut threads = Vec::new();
-        for l in 0..lanes.max(1) {
+        for l in 0..lanes {
             let stream = new_stream()?;
             // SAFETY: a one-byte allocation in the current context.
             let lane_flag = unsafe { driver::malloc_sync(1) }.map_err(|e| format!("cuMemAlloc: {e:?}"))?;
@@ -223,6 +245,8 @@ impl CudaDevice {
                 lane_flag,
                 functions: HashMap::new(),
                 bound: false,
+                lane: l,
+                completions: completer.as_ref().map(|(c, _)| c.clone()),
             };
             let (lane, thread) = Lane::start(
                 format!("agora-{name}-lane{l}"),
@@ -250,6 +274,7 @@ impl CudaDevice {
             shared,
             lanes: Lanes::new(lane_list, threads),
             ordinal: device,
+            completer,
         })
     }
 
@@ -357,6 +382,12 @@ impl Device for CudaDevice {
         limits.max_extent[1] = MAX_GRID_YZ * block[1];
         limits.max_extent[2] = MAX_GRID_YZ * block[2];
         limits.check(range, block, buffer_lens, kernel.chunkable)
+    }
+
+    fn min_items_per_slice(&self) -> u64 {
+        // A slice that does not fill the GPU once costs a launch and a completion for a fraction
+        // of it (cutting lavaMD's one launch by a CPU-based estimate made it 100x slower).
+        self.shared.resident_threads
     }
 
     fn row_alignment(&self, kernel: &KernelDef, dims: usize) -> u64 {
@@ -486,6 +517,13 @@ impl Device for CudaDevice {
 impl Drop for CudaDevice {
     fn drop(&mut self) {
         self.shutdown();
+        if let Some((completions, thread)) = self.completer.take() {
+            completions.stop();
+            let _ = thread.join();
+            if self.shared.bind().is_ok() {
+                completions.destroy_events();
+            }
+        }
         if self.shared.bind().is_ok() {
             self.shared.free_deferred();
             self.shared.programs.unload_all();

@@ -18,6 +18,7 @@ use agora_protocol::{ParamKind, TaskError};
 use cudarc::driver::sys::{self, CUdeviceptr, CUfunction, CUresult, CUstream};
 
 use super::buffer::as_cuda;
+use super::completion::{Completions, Pending};
 use super::device::{block_shape, Shared, IN_CALLBACK, MAX_GRID_X, MAX_GRID_YZ};
 use super::programs::Convention;
 use crate::lane::{Executor, JobEnd};
@@ -33,19 +34,20 @@ pub(super) struct CudaExecutor {
     pub(super) functions: HashMap<String, HashMap<String, (CUfunction, Convention)>>,
     /// Whether the context is current on the lane's thread.
     pub(super) bound: bool,
+    /// This lane's index among the device's.
+    pub(super) lane: usize,
+    /// The device's completion thread's queues; `None`: jobs finish from stream callbacks.
+    pub(super) completions: Option<Arc<Completions>>,
 }
 
 // SAFETY: the executor moves into its lane thread once and is used only there; the handles are
 // process-wide driver handles.
 unsafe impl Send for CudaExecutor {}
 
-/// A started job waiting for its stream callback.
-struct Pending {
-    end: JobEnd,
+/// A started job waiting for its stream callback (`AGORA_CUDA_COMPLETIONS=callbacks`).
+struct Called {
+    pending: Pending,
     shared: Arc<Shared>,
-    // Held until the commands are done: they read and write the memory these point to.
-    _transfers: Vec<Transfer>,
-    _work: Work,
 }
 
 impl CudaExecutor {
@@ -276,21 +278,29 @@ impl Executor for CudaExecutor {
             end.finish(Err(e));
             return;
         }
-        let pending = Box::into_raw(Box::new(Pending {
-            end,
+        let pending = Pending { end, transfers, work };
+        if let Some(completions) = &self.completions {
+            if let Err(failed) = completions.track(&self.shared, self.lane, self.stream, pending) {
+                let (pending, error) = *failed;
+                // SAFETY: a live stream.
+                let _ = unsafe { sys::cuStreamSynchronize(self.stream) };
+                pending.finish(Err(error));
+            }
+            return;
+        }
+        let called = Box::into_raw(Box::new(Called {
+            pending,
             shared: self.shared.clone(),
-            _transfers: transfers,
-            _work: work,
         }));
         // SAFETY: the callback takes back the box leaked here, exactly once.
-        let added = unsafe { sys::cuStreamAddCallback(self.stream, Some(on_complete), pending as *mut c_void, 0) };
+        let added = unsafe { sys::cuStreamAddCallback(self.stream, Some(on_complete), called as *mut c_void, 0) };
         if added != CUresult::CUDA_SUCCESS {
             // SAFETY: not registered, so the box is still ours alone.
-            let pending = unsafe { Box::from_raw(pending) };
+            let called = unsafe { Box::from_raw(called) };
             // SAFETY: a live stream.
             let _ = unsafe { sys::cuStreamSynchronize(self.stream) };
             let error = self.shared.error(added);
-            pending.end.finish(Err(error));
+            called.pending.finish(Err(error));
         }
     }
 
@@ -304,26 +314,20 @@ impl Executor for CudaExecutor {
     }
 }
 
-/// The stream callback after a job's last command: finishes the job. CUDA calls are not allowed
+/// The stream callback after a job's last command (`AGORA_CUDA_COMPLETIONS=callbacks`): finishes
+/// the job. CUDA calls are not allowed
 /// here, so buffers the job lets go are freed later (`Shared::free`).
 unsafe extern "C" fn on_complete(_stream: CUstream, status: CUresult, user: *mut c_void) {
-    // SAFETY: `user` is the `Box<Pending>` leaked by `run`; the driver calls this once.
-    let pending = unsafe { Box::from_raw(user as *mut Pending) };
+    // SAFETY: `user` is the `Box<Called>` leaked by `run`; the driver calls this once.
+    let called = unsafe { Box::from_raw(user as *mut Called) };
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
         IN_CALLBACK.with(|c| c.set(true));
-        let Pending {
-            end,
-            shared,
-            _transfers,
-            _work,
-        } = *pending;
+        let Called { pending, shared } = *called;
         let result = match status {
             CUresult::CUDA_SUCCESS => Ok(()),
             code => Err(shared.error(code)),
         };
-        drop(_work);
-        drop(_transfers);
-        end.finish(result);
+        pending.finish(result);
         IN_CALLBACK.with(|c| c.set(false));
     }));
 }

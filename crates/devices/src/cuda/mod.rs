@@ -4,9 +4,10 @@
 //!
 //! Sharing: each GPU has one context (the primary context) shared by every tenant, and each lane
 //! is a stream in it, so tenants' kernels run side by side on the GPU (spatial sharing, as MPS
-//! gives, without an MPS server). A lane's thread only *enqueues*: transfers, then the kernel;
-//! the job finishes from a stream callback after its last command, so no thread waits per
-//! command and a lane keeps its stream full.
+//! gives, without an MPS server). A lane's thread only *enqueues*: transfers, then the kernel,
+//! then an event; the device's completion thread polls the events and finishes each job when
+//! its event has happened (see `completion`), so no thread waits per command and a lane keeps
+//! its stream full.
 //!
 //! Transfers: the daemon registers a session's segment with the driver (page-locked, through
 //! [`Device::pin_host_memory`](crate::Device::pin_host_memory)) the first time one of its tasks
@@ -35,12 +36,14 @@
 //!
 //! One file per mechanism:
 //! * `device`: discovery, the shared state, the [`Device`](crate::Device) implementation;
-//! * `executor`: a lane's executor and the stream callbacks that finish jobs;
+//! * `executor`: a lane's executor (and the stream callbacks of the callback mode);
+//! * `completion`: the completion thread that finishes jobs from polled events;
 //! * `programs`: OpenCL C as CUDA C, NVRTC, the PTX cache, modules and functions;
 //! * `buffer`: device memory of one buffer and registered host memory;
 //! * `fence`: rewriting tenant PTX so its global accesses stay in its partition (Guardian).
 
 mod buffer;
+mod completion;
 mod device;
 mod executor;
 pub mod fence;

@@ -1,0 +1,216 @@
+//! How a CUDA job finishes: an event recorded after its last command, polled by the device's
+//! completion thread, which then finishes the job (in each lane's start order).
+//!
+//! Why not the driver's stream callbacks (`cuStreamAddCallback`, kept as the alternative behind
+//! `AGORA_CUDA_COMPLETIONS=callbacks`): on an H200 a job finished from its callback reached the
+//! client 51 µs after its launch, against 8.8 µs for a native launch + `cuStreamSynchronize`;
+//! the callback thread's wake-up is most of the difference. The completion thread spins over the
+//! oldest event of each lane while jobs are in flight (for an adaptive budget, as lanes do), then
+//! blocks in `cuEventSynchronize` on the oldest one (events are blocking-sync, so it sleeps); with
+//! nothing in flight it sleeps on a condition variable. One thread per GPU, not one per command.
+//!
+//! Owns the in-flight queues and the event pool. It must not enqueue commands.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use agora_protocol::TaskError;
+use agora_wait::AdaptiveSpin;
+use cudarc::driver::sys::{self, CUevent, CUresult, CUstream};
+
+use super::device::Shared;
+use crate::lane::JobEnd;
+use crate::{Transfer, Work};
+
+/// Longest the completion thread polls before it blocks on the oldest event.
+const SPIN_MAX: Duration = Duration::from_micros(500);
+
+/// A started job: what it holds until its commands are done.
+pub(super) struct Pending {
+    pub(super) end: JobEnd,
+    // The commands read and write the memory these point to.
+    pub(super) transfers: Vec<Transfer>,
+    pub(super) work: Work,
+}
+
+impl Pending {
+    /// Finishes the job, letting go of its device buffers first (the scheduler may evict and
+    /// reuse their memory as soon as it sees the task done).
+    pub(super) fn finish(self, result: Result<(), TaskError>) {
+        let Pending { end, transfers, work } = self;
+        drop(work);
+        drop(transfers);
+        end.finish(result);
+    }
+}
+
+struct InFlight {
+    event: CUevent,
+    pending: Pending,
+}
+
+// SAFETY: an event handle is a process-wide driver handle; the rest is Send.
+unsafe impl Send for InFlight {}
+
+/// The in-flight jobs of a device's lanes, and the thread that finishes them.
+pub(super) struct Completions {
+    lanes: Mutex<Vec<VecDeque<InFlight>>>,
+    wake: Condvar,
+    sleeping: AtomicBool,
+    stopping: AtomicBool,
+    /// Finished events, for reuse (creating one per job would cost a driver call each).
+    events: Mutex<Vec<CUevent>>,
+}
+
+// SAFETY: event handles are process-wide driver handles; everything is behind mutexes or atomic.
+unsafe impl Send for Completions {}
+// SAFETY: as above.
+unsafe impl Sync for Completions {}
+
+impl Completions {
+    pub(super) fn new(lanes: usize) -> Self {
+        Completions {
+            lanes: Mutex::new((0..lanes).map(|_| VecDeque::new()).collect()),
+            wake: Condvar::new(),
+            sleeping: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
+            events: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Records an event after `stream`'s commands so far and queues `pending` to finish when it
+    /// has happened. On a driver error the job is handed back with it (boxed: rare, and the job
+    /// is large).
+    pub(super) fn track(
+        &self,
+        shared: &Shared,
+        lane: usize,
+        stream: CUstream,
+        pending: Pending,
+    ) -> Result<(), Box<(Pending, TaskError)>> {
+        let event = match self.events.lock().unwrap_or_else(|e| e.into_inner()).pop() {
+            Some(event) => event,
+            None => {
+                let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32
+                    | sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32;
+                let mut event = std::ptr::null_mut();
+                // SAFETY: creates an event in the current context (the lane thread's).
+                match unsafe { sys::cuEventCreate(&mut event, flags) } {
+                    CUresult::CUDA_SUCCESS => event,
+                    code => return Err(Box::new((pending, shared.error(code)))),
+                }
+            }
+        };
+        // SAFETY: a live event and stream of the same context.
+        let recorded = unsafe { sys::cuEventRecord(event, stream) };
+        if recorded != CUresult::CUDA_SUCCESS {
+            self.events.lock().unwrap_or_else(|e| e.into_inner()).push(event);
+            return Err(Box::new((pending, shared.error(recorded))));
+        }
+        self.lanes.lock().unwrap_or_else(|e| e.into_inner())[lane].push_back(InFlight { event, pending });
+        if self.sleeping.load(Ordering::SeqCst) {
+            // Under the lock, so the wake is not lost between its check and its wait.
+            let _guard = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+            self.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Stops the completion thread once nothing is in flight.
+    pub(super) fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        let _guard = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+        self.wake.notify_one();
+    }
+
+    /// Destroys the pooled events (the context must be current; the thread has stopped).
+    pub(super) fn destroy_events(&self) {
+        for event in self.events.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+            // SAFETY: no command records or waits on a pooled event.
+            let _ = unsafe { sys::cuEventDestroy_v2(event) };
+        }
+    }
+
+    /// Takes every job whose event has happened (or failed), oldest first per lane.
+    fn ready(&self, shared: &Shared) -> Vec<(Pending, Result<(), TaskError>, CUevent)> {
+        let mut lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+        let mut done = Vec::new();
+        for lane in lanes.iter_mut() {
+            while let Some(head) = lane.front() {
+                // SAFETY: a live event recorded on a stream of this context.
+                let result = match unsafe { sys::cuEventQuery(head.event) } {
+                    CUresult::CUDA_ERROR_NOT_READY => break,
+                    CUresult::CUDA_SUCCESS => Ok(()),
+                    code => Err(shared.error(code)),
+                };
+                let head = lane.pop_front().expect("a head");
+                done.push((head.pending, result, head.event));
+            }
+        }
+        done
+    }
+
+    /// The oldest event in flight (the head submitted first across lanes, by position: heads
+    /// are compared by their lane's queue age only roughly, which is enough to block on).
+    fn oldest(&self) -> Option<CUevent> {
+        let lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+        lanes.iter().filter_map(|l| l.front()).map(|f| f.event).next()
+    }
+
+    fn idle(&self) -> bool {
+        self.lanes.lock().unwrap_or_else(|e| e.into_inner()).iter().all(VecDeque::is_empty)
+    }
+
+    /// The completion thread's loop.
+    pub(super) fn run(self: Arc<Self>, shared: Arc<Shared>) {
+        if shared.bind().is_err() {
+            tracing::error!(device = %shared.name, "the completion thread cannot use the GPU's context");
+        }
+        let mut spin = AdaptiveSpin::new(agora_wait::MIN_BUDGET, SPIN_MAX);
+        loop {
+            let done = self.ready(&shared);
+            if !done.is_empty() {
+                let mut events = Vec::with_capacity(done.len());
+                for (pending, result, event) in done {
+                    pending.finish(result);
+                    events.push(event);
+                }
+                self.events.lock().unwrap_or_else(|e| e.into_inner()).extend(events);
+                shared.free_deferred();
+                continue;
+            }
+            if self.idle() {
+                let mut lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+                if lanes.iter().all(VecDeque::is_empty) {
+                    if self.stopping.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    self.sleeping.store(true, Ordering::SeqCst);
+                    lanes = self.wake.wait(lanes).unwrap_or_else(|e| e.into_inner());
+                    self.sleeping.store(false, Ordering::SeqCst);
+                }
+                drop(lanes);
+                continue;
+            }
+            let ready = spin.spin(|| {
+                let lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+                lanes.iter().filter_map(|l| l.front()).any(|head| {
+                    // SAFETY: as in `ready`.
+                    let state = unsafe { sys::cuEventQuery(head.event) };
+                    state != CUresult::CUDA_ERROR_NOT_READY
+                })
+            });
+            if !ready {
+                if let Some(event) = self.oldest() {
+                    let blocked = Instant::now();
+                    // SAFETY: a live event; only this thread pops it, so it stays live. Its
+                    // outcome is read by `ready` next.
+                    let _ = unsafe { sys::cuEventSynchronize(event) };
+                    spin.blocked_for(blocked.elapsed());
+                }
+            }
+        }
+    }
+}
