@@ -1,6 +1,6 @@
 //! NVIDIA GPU cases: every library kernel case on a GPU, checked against its host reference;
-//! two tenants at once; launches beyond the GPU's grid limits; a tenant program never loaded on
-//! a GPU unfenced.
+//! two tenants at once; launches beyond the GPU's grid limits (sliced, or run elsewhere when no
+//! slicing fits); a buffer larger than the memory the GPU may use.
 //!
 //! These need an NVIDIA GPU and its driver, which CI and the development machines lack: they
 //! are `#[ignore]`d (listed as ignored, never passed) and run by `scripts/gpu-check.sh` with
@@ -17,9 +17,17 @@ use common::run_case;
 /// A daemon with its GPUs and CPU (no OpenCL: a GPU machine's OpenCL may be the same GPU), and a
 /// session; fails when the daemon found no GPU.
 fn gpu_daemon(tag: &str) -> (common::EmbeddedDaemon, Session) {
+    gpu_daemon_with(tag, |_| {})
+}
+
+fn gpu_daemon_with(
+    tag: &str,
+    tweak: impl FnOnce(&mut agora_daemon::DaemonConfig),
+) -> (common::EmbeddedDaemon, Session) {
     let (daemon, session) = common::daemon_with(tag, |c| {
         c.strict_coherence = true;
         c.opencl = false;
+        tweak(c);
     });
     let status = session.status().unwrap();
     assert!(
@@ -150,6 +158,86 @@ fn a_launch_beyond_one_grid_is_sliced_and_completes() {
     assert!(agora_test_support::eventually(Duration::from_secs(5), || session
         .status()
         .is_ok()));
+    drop(session);
+    daemon.stop().unwrap();
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-check.sh on a GPU machine"]
+fn a_launch_no_grid_takes_runs_elsewhere_with_the_right_result() {
+    let (daemon, session) = gpu_daemon("gpu-grid");
+    let queue = gpu_queue(&session, "wide");
+    let sgemm = session.kernel("sgemm").unwrap();
+    // 1 x 2 000 000 x 1: 125 000 blocks of 16 columns in dimension 1, beyond the 65 535 a grid
+    // takes there (dimension 1 is never sliced): the GPU refuses it before the driver sees it.
+    let n = 2_000_000u64;
+    let a = session.buffer_from(&[3.0f32]).unwrap();
+    let mut b = session.buffer(n * 4).unwrap();
+    for (j, v) in b.as_mut_slice::<f32>().iter_mut().enumerate() {
+        *v = (j % 977) as f32;
+    }
+    let c = session.buffer(n * 4).unwrap();
+    let args = [
+        Arg::I32(1),
+        Arg::I32(n as i32),
+        Arg::I32(1),
+        Arg::F32(1.0),
+        (&a).into(),
+        (&b).into(),
+        Arg::F32(0.0),
+        (&c).into(),
+    ];
+    let _ = queue.sync_to(&a).unwrap();
+    let _ = queue.sync_to(&b).unwrap();
+    let task = queue.launch(&sgemm, &args, agora::NdRange::d2(1, n)).unwrap();
+    let _ = queue.sync_from(&c).unwrap();
+    queue.finish().unwrap();
+    task.wait().unwrap();
+    let ran_on = agora_test_support::last_device(&session, "wide");
+    for (j, v) in c.as_slice::<f32>().iter().enumerate().step_by(4999) {
+        assert_eq!(*v, 3.0 * (j % 977) as f32, "c[{j}] (ran on {ran_on:?})");
+    }
+    assert_ne!(
+        ran_on.as_deref(),
+        Some("cuda0"),
+        "a launch beyond the grid reached the GPU"
+    );
+    agora_test_support::saxpy_ok(&session, 1 << 16);
+    drop(session);
+    daemon.stop().unwrap();
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-check.sh on a GPU machine"]
+fn a_buffer_larger_than_the_gpu_may_use_runs_elsewhere_or_fails_saying_so() {
+    let (daemon, session) = gpu_daemon_with("gpu-too-big", |c| c.cuda_memory_limit = 64 << 20);
+    let queue = gpu_queue(&session, "big");
+    let fill = session.kernel("fill").unwrap();
+    let n = (128u64 << 20) / 4;
+    let y = session.buffer(n * 4).unwrap();
+    let task = queue.launch(&fill, &[Arg::F32(2.5), (&y).into()], n).unwrap();
+    let _ = queue.sync_from(&y);
+    let finished = queue.finish();
+    match task.wait() {
+        Ok(()) => {
+            finished.unwrap();
+            assert!(y.as_slice::<f32>().iter().step_by(4096).all(|v| *v == 2.5));
+            let ran_on = agora_test_support::last_device(&session, "big");
+            assert_ne!(
+                ran_on.as_deref(),
+                Some("cuda0"),
+                "128 MiB placed on a GPU limited to 64 MiB"
+            );
+        }
+        Err(e) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("device") || text.contains("memory"),
+                "unclear error: {text}"
+            );
+        }
+    }
+    agora_test_support::saxpy_ok(&session, 1 << 16);
     drop(session);
     daemon.stop().unwrap();
 }

@@ -375,3 +375,76 @@ fn held_tasks_are_released_in_order_once_their_queue_has_nothing_in_flight() {
     }
     assert_eq!(done, [21, 22, 23], "in the order they were held");
 }
+
+/// A device like the CPU whose slices must each fill `floor` work items (as a GPU's resident
+/// threads): the CPU device with `Device::min_items_per_slice` overridden.
+#[derive(Debug)]
+struct WithSliceFloor(Arc<dyn Device>, u64);
+
+impl Device for WithSliceFloor {
+    fn info(&self) -> &agora_devices::DeviceInfo {
+        self.0.info()
+    }
+    fn implements(&self, kernel: &agora_kernels::KernelDef) -> bool {
+        self.0.implements(kernel)
+    }
+    fn submit(&self, lane: usize, job: agora_devices::Job) {
+        self.0.submit(lane, job)
+    }
+    fn lane_load(&self, lane: usize) -> usize {
+        self.0.lane_load(lane)
+    }
+    fn run_inline(&self, work: &Work) -> Result<(), TaskError> {
+        self.0.run_inline(work)
+    }
+    fn alloc(&self, len: u64) -> Option<Result<Arc<dyn agora_devices::DeviceBuffer>, TaskError>> {
+        self.0.alloc(len)
+    }
+    unsafe fn read(&self, from: &dyn agora_devices::DeviceBuffer, host: *mut u8, len: usize) -> Result<(), TaskError> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.0.read(from, host, len) }
+    }
+    fn runs_row_slices(&self) -> bool {
+        self.0.runs_row_slices()
+    }
+    fn min_items_per_slice(&self) -> u64 {
+        self.1
+    }
+    fn status(&self) -> agora_devices::DeviceReport {
+        self.0.status()
+    }
+    fn shutdown(&self) {
+        self.0.shutdown()
+    }
+}
+
+#[test]
+fn no_slice_is_smaller_than_the_device_fills_at_once() {
+    // 270 336 threads: an H200's 132 multiprocessors × 2048.
+    let floor = 132 * 2048;
+    let s = scheduler(vec![Arc::new(WithSliceFloor(cpu(), floor))], config());
+    let work = |range: [u64; 3], dims: usize| Work::Launch {
+        kernel: agora_kernels::find("noop").unwrap().1.into(),
+        range,
+        dims,
+        args: [ArgValue::None; MAX_ARGS],
+        arg_count: 0,
+        device_args: Default::default(),
+        rows: None,
+    };
+    // lavaMD's launch (409 600 work items) predicted at a second by the CPU-based estimate:
+    // one slice, not a thousand.
+    assert_eq!(s.slices_for(0, &work([409_600, 1, 1], 1), QueueClass::Batch, 1e9), 1);
+    // Ten full GPUs' worth of items: at most ten slices, however long the prediction.
+    assert_eq!(
+        s.slices_for(0, &work([10 * floor, 1, 1], 1), QueueClass::Batch, 1e12),
+        10
+    );
+    // Dimensions 1 and 2 count: 2048 x 2048 items fill the GPU 15 times.
+    assert_eq!(s.slices_for(0, &work([2048, 2048, 1], 2), QueueClass::Batch, 1e12), 15);
+    // Within the floor, the preemption target still decides.
+    assert_eq!(
+        s.slices_for(0, &work([100 * floor, 1, 1], 1), QueueClass::Batch, 5e6),
+        5
+    );
+}

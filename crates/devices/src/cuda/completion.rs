@@ -160,7 +160,11 @@ impl Completions {
     }
 
     fn idle(&self) -> bool {
-        self.lanes.lock().unwrap_or_else(|e| e.into_inner()).iter().all(VecDeque::is_empty)
+        self.lanes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .all(VecDeque::is_empty)
     }
 
     /// The completion thread's loop.
