@@ -6,10 +6,6 @@
 #               benchmark, its JSON checked by scripts/bench-smoke.sh
 .PHONY: setup demo test bench c gpu-dist
 
-# NVRTC and ptxas from PyPI (installed into .venv by setup.sh): the CUDA backend's tests and
-# `agora bench gpu --quick` compile, fence and assemble the kernel library with them.
-export AGORA_NVRTC ?= $(firstword $(wildcard $(CURDIR)/.venv/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12))
-export AGORA_PTXAS ?= $(firstword $(wildcard $(CURDIR)/.venv/lib/python3*/site-packages/nvidia/cuda_nvcc/bin/ptxas))
 
 setup:
 	bash scripts/setup.sh
@@ -49,9 +45,11 @@ c: setup
 	sed -e "s|@PREFIX@|$(CURDIR)/dist|" -e "s|@VERSION@|0.1.0|" crates/capi/agora.pc.in > dist/lib/pkgconfig/agora.pc
 
 # What scripts/gpu-check.sh runs on a GPU machine without a Rust toolchain: the CLI and the GPU
-# test binary, stripped, in dist/gpu (copy it there with the repository's examples/packages).
+# test binary, stripped, and the Python wheel (abi3: CPython 3.11 and later), in dist/gpu (copy it there with the repository's examples/packages).
 gpu-dist: setup
 	cargo test --release -p agora --test gpu --no-run
 	mkdir -p dist/gpu
 	strip -o dist/gpu/agora target/release/agora
 	strip -o dist/gpu/gpu-tests $$(ls -t target/release/deps/gpu-* | grep -v '\.d$$' | head -1)
+	rm -f dist/gpu/agora-*.whl
+	.venv/bin/python -m maturin build --quiet --release -m crates/python/Cargo.toml -o dist/gpu

@@ -15,6 +15,11 @@ bench=$3
 state=$(mktemp -d -t agora-bench-smoke-XXXXXX)
 trap 'rm -rf "$state"' EXIT
 export AGORA_STATE_DIR="$state" AGORA_LOG=warn
+# NVRTC and ptxas from PyPI, installed into .venv by setup.sh (`bench gpu` times them without a
+# GPU); a value set by the caller wins.
+nvidia=$(ls -d .venv/lib/python3*/site-packages/nvidia 2>/dev/null | head -1)
+export AGORA_NVRTC=${AGORA_NVRTC:-${nvidia:+$PWD/$nvidia/cuda_nvrtc/lib/libnvrtc.so.12}}
+export AGORA_PTXAS=${AGORA_PTXAS:-${nvidia:+$PWD/$nvidia/cuda_nvcc/bin/ptxas}}
 
 # The checks, by benchmark: a Python expression over `d` (the parsed JSON) that must hold.
 case "$bench" in
@@ -35,7 +40,7 @@ case "$bench" in
   and all(p["rounds"] > 0 for p in d["profiles"] if p["clients"] > 0)
   and d["throughput_rounds_per_s"]["min"] <= d["throughput_rounds_per_s"]["median"] <= d["throughput_rounds_per_s"]["max"]
   and all(k in d for k in ("rss_slope_mib_per_min", "rss_anon_slope_mib_per_min", "fd_slope_per_min", "rss_mib_max", "fds_max", "throughput_tasks_per_s", "stalled_intervals", "warm_up_s", "seed", "load_average_at_start"))' ;;
-  gpu) expr='all(k in d for k in ("gpus", "empty_kernel_p50_ns", "native_empty_kernel_p50_ns", "h2d_ratio", "d2h_ratio", "rodinia_ratio_geomean", "fence_ratio_geomean", "sharing_ratio", "pipeline"))
+  gpu) expr='all(k in d for k in ("gpus", "empty_kernel_p50_ns", "native_empty_kernel_p50_ns", "h2d_ratio", "d2h_ratio", "rodinia_ratio_geomean", "fence_ratio_geomean", "sharing_ratio", "latency_under_batch_p99_ns", "pipeline"))
   and d["verified"] and d["pipeline"]["programs"] >= 8 and d["pipeline"]["nvrtc_ms"] > 0 and d["pipeline"]["ptxas_ms"] is not None
   and (d["gpus"] == 0 or (d["h2d_ratio"] > 0 and d["rodinia_ratio_geomean"] > 0))' ;;
   *)

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The GPU checks, on a machine with an NVIDIA GPU and its driver, from prebuilt binaries (no Rust
 # toolchain, no network): the GPU test cases (every library kernel against its host reference,
-# two tenants at once, a launch beyond one grid) and `agora bench gpu --json`.
+# two tenants at once, launches beyond the grid, a buffer beyond the GPU's limit), the Python
+# client on a GPU queue (scripts/gpu_check.py, from the abi3 wheel) and `agora bench gpu --json`.
 #
-# Build the binaries on a development machine with `make gpu-dist` (dist/gpu: agora, gpu-tests),
+# Build the binaries on a development machine with `make gpu-dist` (dist/gpu: agora, gpu-tests,
+# the Python wheel),
 # copy the repository (with dist/gpu and examples/packages) to the GPU machine, then run
 #   bash scripts/gpu-check.sh [--quick]
 # Results go to $OUT (default /tmp/agora-gpu-check): devices.txt, tests.txt, bench-gpu.json and
@@ -26,6 +28,15 @@ sock="$out/agora.sock"
 daemon=$!
 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
 "$bin/agora" devices --socket "$sock" | tee "$out/devices.txt" || status=1
+
+echo "== Python client"
+wheel=$(ls "$bin"/agora-*.whl 2>/dev/null | head -1 || true)
+if [ -n "$wheel" ]; then
+  python3 -m pip install --quiet --no-index --no-deps --target "$out/python" "$wheel" \
+    && PYTHONPATH="$out/python" AGORA_SOCKET="$sock" python3 scripts/gpu_check.py || status=1
+else
+  echo "gpu-check: no wheel in $bin (make gpu-dist builds it)"; status=1
+fi
 kill -TERM "$daemon"; wait "$daemon" || true
 grep -q cuda "$out/devices.txt" || { echo "gpu-check: the daemon found no GPU (see $out/daemon.log)"; status=1; }
 

@@ -57,10 +57,10 @@ pub struct ClientArgs {
     /// Workload size, or bytes (transfer mode).
     #[arg(long)]
     size: Option<u64>,
-    /// Preferred device kind (cpu, opencl).
+    /// Preferred device kind (cpu, opencl, cuda, sim).
     #[arg(long)]
     device_kind: Option<String>,
-    /// Soak mode: a latency-class queue (else batch).
+    /// Soak and latency modes: a latency-class queue (else batch).
     #[arg(long)]
     latency_class: bool,
     #[command(flatten)]
@@ -317,7 +317,11 @@ pub fn client(args: ClientArgs) -> Result<()> {
         _ => match device_kind(args.device_kind.as_deref()) {
             Some(kind) => session.queue_with(agora::QueueOptions {
                 name: "bench".into(),
-                class: agora::QueueClass::Batch,
+                class: if args.latency_class {
+                    agora::QueueClass::Latency
+                } else {
+                    agora::QueueClass::Batch
+                },
                 preferred_device: Some(kind),
                 sla: None,
             })?,

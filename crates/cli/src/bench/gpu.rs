@@ -4,8 +4,9 @@
 //! Rows: the empty kernel's launch + wait (a client process through Agora vs `cuLaunchKernel` +
 //! `cuStreamSynchronize`), host→device and device→host copies (Agora's registered segment vs
 //! native pinned copies), every Rodinia program (Agora vs the same CUDA code natively, pinned
-//! host memory), and two tenants sharing the GPU vs one after the other. Native and Agora runs
-//! alternate, as in `bench overhead`. Without a GPU it reports `"gpus": 0` and times what runs
+//! host memory), two tenants sharing the GPU vs one after the other, and latency-class empty
+//! kernels beside a batch tenant on the GPU. Native and Agora runs alternate, as in
+//! `bench overhead`. Without a GPU it reports `"gpus": 0` and times what runs
 //! anywhere: NVRTC, the fencing pass and ptxas over the kernel library.
 
 use std::collections::HashMap;
@@ -58,7 +59,7 @@ struct Pipeline {
 }
 
 fn find_ptxas() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("AGORA_PTXAS") {
+    if let Some(p) = std::env::var_os("AGORA_PTXAS").filter(|p| !p.is_empty()) {
         return Some(PathBuf::from(p));
     }
     std::env::var_os("PATH").and_then(|paths| {
@@ -525,6 +526,7 @@ pub fn gpu(socket: Option<PathBuf>, args: GpuArgs) -> Result<()> {
             "rodinia_ratio_geomean": null,
             "fence_ratio_geomean": null,
             "sharing_ratio": null,
+            "latency_under_batch_p99_ns": null,
             "load_average_at_start": load,
             "verified": true,
         });
@@ -687,9 +689,49 @@ pub fn gpu(socket: Option<PathBuf>, args: GpuArgs) -> Result<()> {
         median(&sequential),
         median(&together)
     ));
+    // Latency-class empty kernels on the GPU while another tenant loops a batch program there.
+    let batch_app = "nw";
+    let mut batch = StepClient::start(
+        &daemon.socket,
+        "workload",
+        &[
+            "--app".into(),
+            batch_app.into(),
+            "--size".into(),
+            gpu_size(batch_app, args.quick).to_string(),
+            "--device-kind".into(),
+            "cuda".into(),
+        ],
+    )?;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (under_batch, batch_ok) = std::thread::scope(|scope| {
+        let looping = scope.spawn(|| -> Result<bool> {
+            let mut ok = true;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                ok &= batch.step()?.1;
+            }
+            Ok(ok)
+        });
+        let measured = run_clients_with(
+            &daemon.socket,
+            ClientMode::Latency,
+            launches / 5,
+            1,
+            &["--device-kind", "cuda", "--latency-class"],
+        );
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        (measured, looping.join().expect("batch tenant thread"))
+    });
+    let under_batch = under_batch?;
+    let batch_ok = batch_ok?;
+    batch.finish()?;
+    say(format!(
+        "latency-class empty kernel beside a batch tenant ({batch_app}): p50 {} ns p99 {} ns",
+        under_batch[0].p50_ns, under_batch[0].p99_ns
+    ));
     drop(daemon);
 
-    let verified = copies_ok && sharing_ok && rows.iter().all(|r| r.verified);
+    let verified = batch_ok && copies_ok && sharing_ok && rows.iter().all(|r| r.verified);
     let out = serde_json::json!({
         "gpus": 1,
         "arch": native.arch,
@@ -711,6 +753,9 @@ pub fn gpu(socket: Option<PathBuf>, args: GpuArgs) -> Result<()> {
         "programs": rows,
         "rodinia_ratio_geomean": rodinia_geomean,
         "fence_ratio_geomean": null,
+        "latency_under_batch_p50_ns": under_batch[0].p50_ns,
+        "latency_under_batch_p99_ns": under_batch[0].p99_ns,
+        "latency_under_batch_with": batch_app,
         "sharing_sequential_s": spread(&sequential),
         "sharing_together_s": spread(&together),
         "sharing_ratio": sharing_ratio,

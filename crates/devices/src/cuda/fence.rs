@@ -1168,7 +1168,7 @@ fn verify_statement(body: &[Statement<'_>], k: usize, prologue: usize, is_entry:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::{Path, PathBuf};
+    use std::path::PathBuf;
     use std::process::Command;
 
     // Real NVRTC 12.9 output (`--gpu-architecture=compute_80`, banner comments dropped), from:
@@ -2301,23 +2301,7 @@ $L__BB0_6:
 
     /// ptxas from `AGORA_PTXAS`, or the one `scripts/setup.sh` installs into the project's .venv.
     fn ptxas() -> PathBuf {
-        if let Some(path) = std::env::var_os("AGORA_PTXAS") {
-            return PathBuf::from(path);
-        }
-        let lib = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/lib");
-        let found = std::fs::read_dir(&lib).ok().and_then(|dir| {
-            dir.flatten()
-                .filter(|e| e.file_name().to_string_lossy().starts_with("python3"))
-                .map(|e| e.path().join("site-packages/nvidia/cuda_nvcc/bin/ptxas"))
-                .find(|p| p.is_file())
-        });
-        found.unwrap_or_else(|| {
-            panic!(
-                "ptxas not found (looked for AGORA_PTXAS and {}/python3*/site-packages/nvidia/cuda_nvcc/bin/ptxas): \
-                 run `bash scripts/setup.sh`, which installs it",
-                lib.display()
-            )
-        })
+        crate::cuda::tests::ptxas()
     }
 
     #[test]

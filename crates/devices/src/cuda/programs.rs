@@ -134,7 +134,7 @@ fn source_hash(text: &str) -> u64 {
 pub fn nvrtc_available() -> bool {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
     *AVAILABLE.get_or_init(|| {
-        if let Some(path) = std::env::var_os("AGORA_NVRTC") {
+        if let Some(path) = std::env::var_os("AGORA_NVRTC").filter(|p| !p.is_empty()) {
             if let Ok(c) = CString::new(path.as_encoded_bytes()) {
                 // SAFETY: dlopen of a library file; the handle is kept for the process's life.
                 let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };

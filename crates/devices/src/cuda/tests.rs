@@ -23,7 +23,8 @@ fn nvidia_dir() -> PathBuf {
 
 /// Points `AGORA_NVRTC` at the environment's NVRTC, unless it is set already.
 pub(crate) fn use_project_nvrtc() {
-    if std::env::var_os("AGORA_NVRTC").is_none() {
+    // Set but empty counts as unset (a Makefile variable that found nothing).
+    if std::env::var_os("AGORA_NVRTC").is_none_or(|v| v.is_empty()) {
         let lib = nvidia_dir().join("cuda_nvrtc/lib/libnvrtc.so.12");
         assert!(
             lib.exists(),
@@ -37,7 +38,7 @@ pub(crate) fn use_project_nvrtc() {
 
 /// ptxas from the environment (`AGORA_PTXAS` overrides).
 pub(crate) fn ptxas() -> PathBuf {
-    if let Some(p) = std::env::var_os("AGORA_PTXAS") {
+    if let Some(p) = std::env::var_os("AGORA_PTXAS").filter(|p| !p.is_empty()) {
         return PathBuf::from(p);
     }
     let p = nvidia_dir().join("cuda_nvcc/bin/ptxas");
