@@ -279,9 +279,28 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
         bandwidth: 10e9,
     }];
     let mut devices: Vec<Arc<dyn Device>> = vec![Arc::new(cpu)];
+    // GPUs first: when the CUDA backend serves them, NVIDIA's OpenCL platform (the same GPUs) is
+    // left out, so each GPU has one context in the daemon. Listed after the OpenCL devices.
+    #[cfg(feature = "cuda")]
+    let gpus = if config.cuda {
+        let (found, problems) = agora_devices::cuda::discover(config.cuda_lanes, config.cuda_memory_limit, &priorities);
+        for problem in problems {
+            tracing::info!("{problem}");
+        }
+        found
+    } else {
+        Vec::new()
+    };
+    #[cfg(not(feature = "cuda"))]
+    let gpus: Vec<std::convert::Infallible> = Vec::new();
     if config.opencl {
-        let (found, problems) =
-            agora_devices::opencl::discover_with(config.opencl_lanes, config.opencl_memory_limit, &priorities);
+        let served_by_cuda = |platform: &str| !gpus.is_empty() && platform == agora_devices::opencl::NVIDIA_PLATFORM;
+        let (found, problems) = agora_devices::opencl::discover_except(
+            config.opencl_lanes,
+            config.opencl_memory_limit,
+            &priorities,
+            &served_by_cuda,
+        );
         for problem in problems {
             tracing::warn!("{problem}; continuing without it");
         }
@@ -301,25 +320,19 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
         }
     }
     #[cfg(feature = "cuda")]
-    if config.cuda {
-        let (found, problems) = agora_devices::cuda::discover(config.cuda_lanes, config.cuda_memory_limit, &priorities);
-        for problem in problems {
-            tracing::info!("{problem}");
-        }
-        for device in found {
-            tracing::info!(
-                device = %device.info().name,
-                description = %device.info().description,
-                lanes = device.info().lanes,
-                memory_mib = device.info().memory_bytes >> 20,
-                "device ready"
-            );
-            facts.push(scheduler::DeviceFacts {
-                lane_watts: config.cuda_power.lane_watts(device.info().lanes),
-                bandwidth: 25e9,
-            });
-            devices.push(Arc::new(device));
-        }
+    for device in gpus {
+        tracing::info!(
+            device = %device.info().name,
+            description = %device.info().description,
+            lanes = device.info().lanes,
+            memory_mib = device.info().memory_bytes >> 20,
+            "device ready"
+        );
+        facts.push(scheduler::DeviceFacts {
+            lane_watts: config.cuda_power.lane_watts(device.info().lanes),
+            bandwidth: 25e9,
+        });
+        devices.push(Arc::new(device));
     }
     for sim in &config.sims {
         let spec = agora_devices::sim::SimSpec {

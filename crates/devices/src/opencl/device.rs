@@ -177,6 +177,18 @@ pub fn discover_with(
     memory_limit: u64,
     priorities: &LanePriorities,
 ) -> (Vec<OpenClDevice>, Vec<String>) {
+    discover_except(lanes_per_device, memory_limit, priorities, &|_| false)
+}
+
+/// [`discover_with`], leaving out the platforms `skip` names (by platform name): the daemon
+/// leaves out NVIDIA's OpenCL platform when its CUDA backend serves the same GPUs, so a GPU has
+/// one context in the daemon, not two (and no tenant OpenCL program reaches it unfenced).
+pub fn discover_except(
+    lanes_per_device: usize,
+    memory_limit: u64,
+    priorities: &LanePriorities,
+    skip: &dyn Fn(&str) -> bool,
+) -> (Vec<OpenClDevice>, Vec<String>) {
     // Loading the ICD and enumerating platforms from two threads at once (two daemons in one
     // process, as in tests) made one of them see no platform: discover one at a time.
     static DISCOVERY: Mutex<()> = Mutex::new(());
@@ -198,6 +210,12 @@ pub fn discover_with(
     };
     for platform in platforms {
         let platform_name = platform.name().unwrap_or_else(|_| "unknown platform".into());
+        if skip(&platform_name) {
+            problems.push(format!(
+                "OpenCL platform {platform_name} left out: its GPUs are served by the CUDA backend"
+            ));
+            continue;
+        }
         let ids = match platform.get_devices(CL_DEVICE_TYPE_ALL) {
             Ok(ids) => ids,
             Err(e) => {

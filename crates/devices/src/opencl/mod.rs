@@ -60,7 +60,10 @@ mod tests;
 
 use agora_protocol::TaskError;
 
-pub use device::{discover, discover_with, OpenClDevice};
+pub use device::{discover, discover_except, discover_with, OpenClDevice};
+
+/// NVIDIA's OpenCL platform: the same GPUs the CUDA backend serves.
+pub const NVIDIA_PLATFORM: &str = "NVIDIA CUDA";
 pub use limits::{MAX_GROUPS_PER_ENQUEUE, MAX_ITEMS_PER_ENQUEUE, MAX_ITEMS_PER_LAUNCH};
 
 /// An OpenCL error code as the task error a job fails with.

@@ -570,3 +570,18 @@ fn fresh_allocations_read_as_zeros_never_as_freed_contents() {
         fresh.push(buffer);
     }
 }
+
+#[test]
+fn a_platform_left_out_creates_no_device_and_says_why() {
+    let priorities = crate::priority::LanePriorities::normal();
+    let (kept, _) = super::discover_except(1, 0, &priorities, &|_| false);
+    assert!(!kept.is_empty(), "PoCL is installed by make setup");
+    let (left, problems) = super::discover_except(1, 0, &priorities, &|_| true);
+    assert!(left.is_empty());
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("left out") && p.contains("CUDA backend")),
+        "{problems:?}"
+    );
+}
