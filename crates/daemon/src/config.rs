@@ -230,6 +230,10 @@ pub struct DaemonConfig {
     pub cuda_memory_limit: u64,
     /// Power model of each GPU.
     pub cuda_power: PowerModel,
+    /// Most host memory one user's sessions may have registered (page-locked) with GPUs, in
+    /// bytes; a session beyond it copies through the driver's staging buffer instead (0: half
+    /// the host's memory).
+    pub cuda_pinned_limit_per_user: u64,
     /// Modeled devices.
     pub sims: Vec<SimDeviceConfig>,
     /// Longest the dispatcher polls the rings after its last work before it blocks.
@@ -458,6 +462,7 @@ impl Default for DaemonConfig {
             cuda: true,
             cuda_lanes: 4,
             cuda_memory_limit: 0,
+            cuda_pinned_limit_per_user: 0,
             cuda_power: PowerModel {
                 idle_watts: 70.0,
                 active_watts: 400.0,
@@ -610,6 +615,7 @@ section! {
         enabled: bool => cuda,
         lanes: usize => cuda_lanes,
         memory_limit: Bytes => cuda_memory_limit,
+        pinned_limit_per_user: Bytes => cuda_pinned_limit_per_user,
         idle_watts: f64 => cuda_power.idle_watts,
         active_watts: f64 => cuda_power.active_watts,
     }
@@ -1044,6 +1050,11 @@ impl DaemonConfig {
         if self.metrics.is_none() {
             out.push_str("# [telemetry] metrics = \"127.0.0.1:9464\" serves Prometheus metrics (off by default)\n");
         }
+        out.push_str(
+            "# [cuda]: NVIDIA GPUs (when a CUDA driver is installed). lanes: streams per GPU; memory_limit: most\n\
+             #   device memory used per GPU (0: all); pinned_limit_per_user: most host memory one user's sessions\n\
+             #   may have page-locked for copies (0: half the host's; beyond it copies use the driver's staging).\n",
+        );
         out.push_str(
             "# [programs]: tenant programs (OpenCL C or C shared objects a session builds), run in one sandboxed\n\
              #   executor process per session. allow = \"everyone\" | \"nobody\" (then only uids / gids may);\n\

@@ -95,19 +95,45 @@ impl HostMemory for SessionShared {
 impl SessionShared {
     /// Registers the segment with `device` (index `index`) the first time one of the session's
     /// tasks moves data to or from it, for devices that want it (GPUs:
-    /// [`Device::pin_host_memory`](agora_devices::Device::pin_host_memory)). Tried once per
-    /// device: a refusal is logged and copies go through the driver's staging instead.
-    pub fn pin_for(&self, index: usize, device: &dyn agora_devices::Device) {
+    /// [`Device::pin_host_memory`](agora_devices::Device::pin_host_memory)), within the per-user
+    /// limit of `books` (`uid` is the session's user). Tried once per device: a refusal (the
+    /// limit, or the driver's) is logged and copies go through the driver's staging instead.
+    pub fn pin_for(
+        &self,
+        index: usize,
+        device: &dyn agora_devices::Device,
+        uid: u32,
+        books: &Arc<crate::memory::pinned::PinnedBooks>,
+    ) {
         let mut pinned = self.pinned.lock().unwrap_or_else(|e| e.into_inner());
         if pinned.iter().any(|(i, _)| *i == index) {
             return;
         }
+        let bytes = self.segment.len();
+        let ticket = match books.take(uid, bytes as u64) {
+            Ok(ticket) => ticket,
+            Err(held) => {
+                tracing::warn!(
+                    session = self.id,
+                    uid,
+                    device = %device.info().name,
+                    bytes,
+                    held,
+                    limit = books.limit(),
+                    "registering this session's memory with the device would pass the user's page-locked memory limit ([cuda] pinned_limit_per_user): its copies go through the driver's staging buffer"
+                );
+                pinned.push((index, None));
+                return;
+            }
+        };
         let view = self.segment.view();
-        let guard = match device.pin_host_memory(view.base(), self.segment.len()) {
+        let started = std::time::Instant::now();
+        let guard = match device.pin_host_memory(view.base(), bytes) {
             None => None,
             Some(Ok(guard)) => {
-                tracing::debug!(session = self.id, device = %device.info().name, bytes = self.segment.len(), "segment registered");
-                Some(guard)
+                tracing::debug!(session = self.id, device = %device.info().name, bytes, took_us = started.elapsed().as_micros() as u64, "segment registered");
+                // The device's registration goes first, then the user's bytes come back.
+                Some(Box::new((guard, ticket)) as PinGuard)
             }
             Some(Err(why)) => {
                 tracing::warn!(session = self.id, "{why}");

@@ -34,6 +34,7 @@
 //! Must not launch kernels or know about queues.
 
 mod heap;
+pub(crate) mod pinned;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};

@@ -117,6 +117,8 @@ pub(crate) struct Scheduler {
     lane_pending: Vec<Vec<Arc<AtomicU64>>>,
     /// Which buffers have device copies (eviction).
     pub residency: Residency,
+    /// Host memory registered with devices, per user.
+    pinned: Arc<crate::memory::pinned::PinnedBooks>,
     /// Device allocations a runtime refused though they fit the books, retried after eviction.
     pub allocation_retries: u64,
     /// Latency-class work per lane and in all, and the victims revocation may pick.
@@ -154,6 +156,8 @@ pub(crate) struct SchedulerConfig {
     pub revoke_min_ns: f64,
     /// Test-only: tasks picked to fail (`DaemonConfig::inject_faults`).
     pub faults: Option<FaultInjection>,
+    /// Most host memory one user may have registered with GPUs (0: half the host's).
+    pub pinned_limit_per_user: u64,
 }
 
 impl SchedulerConfig {
@@ -167,6 +171,7 @@ impl SchedulerConfig {
             default_sla_ns: config.latency_sla.as_nanos() as f64,
             revoke_min_ns: config.revoke_min.as_nanos() as f64,
             faults: FaultInjection::new(config.inject_faults),
+            pinned_limit_per_user: config.cuda_pinned_limit_per_user,
         }
     }
 }
@@ -215,6 +220,7 @@ impl Scheduler {
         let bytes = telemetry.metrics.byte_counters();
         let migration = Migration::new(devices.clone());
         let device_names = devices.iter().map(|d| Arc::from(d.info().name.as_str())).collect();
+        let pinned = crate::memory::pinned::PinnedBooks::new(config.pinned_limit_per_user);
         Scheduler {
             device_names,
             devices,
@@ -231,6 +237,7 @@ impl Scheduler {
             facts,
             lane_pending,
             residency: Residency::default(),
+            pinned,
             allocation_retries: 0,
             books,
             inline_guard,

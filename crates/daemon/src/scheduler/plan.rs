@@ -157,7 +157,12 @@ impl Scheduler {
             self.bytes[direction].inc_by(bytes as u64);
         }
         if !transfers.is_empty() {
-            session.shared.pin_for(device, self.devices[device].as_ref());
+            session.shared.pin_for(
+                device,
+                self.devices[device].as_ref(),
+                session.credentials.uid,
+                &self.pinned,
+            );
         }
         // Boxed: the stages hand it on by pointer (a launch's work is about a kilobyte).
         Ok(Some(Box::new(Planned {

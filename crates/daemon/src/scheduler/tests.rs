@@ -30,6 +30,7 @@ fn config() -> SchedulerConfig {
         default_sla_ns: 200e6,
         revoke_min_ns: 1e6,
         faults: None,
+        pinned_limit_per_user: 0,
     }
 }
 
