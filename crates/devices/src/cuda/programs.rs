@@ -37,10 +37,30 @@ pub enum Convention {
 }
 
 /// The CUDA C of an OpenCL C program: the prelude, then the source with the row offset appended
-/// to every guarded kernel's parameters.
+/// to every guarded kernel's parameters (after its `uchar *revoke`, however it is spaced; helper
+/// functions keep theirs).
 pub fn cuda_source(opencl: &str) -> String {
-    let body = without_attributes(opencl).replace(REVOKE_PARAMETER, "uchar *revoke, const ulong agora_row_offset)");
-    format!("{PRELUDE}\n#line 1 \"kernel\"\n{body}")
+    let body = without_attributes(opencl);
+    let mut out = String::with_capacity(body.len() + 256);
+    let mut copied = 0;
+    for (at, _) in body.match_indices("revoke") {
+        let after = &body[at + "revoke".len()..];
+        let before = body[..at].trim_end();
+        // The declaration this parameter list belongs to: back to the previous `;` or `}`.
+        let declaration = before.rfind([';', '}']).map_or(0, |i| i + 1);
+        let is_last_parameter = after.trim_start().starts_with(')')
+            && before.ends_with('*')
+            && before[..before.len() - 1].trim_end().ends_with("uchar")
+            && before[declaration..].contains("__kernel");
+        if is_last_parameter {
+            let end = at + "revoke".len();
+            out.push_str(&body[copied..end]);
+            out.push_str(", const ulong agora_row_offset");
+            copied = end;
+        }
+    }
+    out.push_str(&body[copied..]);
+    format!("{PRELUDE}\n#line 1 \"kernel\"\n{out}")
 }
 
 /// `source` without its `__attribute__((...))`s (OpenCL's kernel attributes, which CUDA does not

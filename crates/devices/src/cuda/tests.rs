@@ -134,3 +134,38 @@ fn a_tenant_program_is_never_claimed_by_a_gpu_and_packages_and_the_library_are()
     assert!(!super::device::is_tenant_program("basic"));
     assert!(!super::device::is_tenant_program("imaging/blur.cl"));
 }
+
+#[test]
+fn opencl_attributes_are_removed_and_everything_else_is_kept() {
+    let source = "__attribute__((reqd_work_group_size(16, 16, 1)))\n__kernel void k(__global float *y,\n \
+                  const ulong range0, const ulong range1, const ulong range2, __global const volatile uchar *revoke) {}";
+    let cuda = programs::cuda_source(source);
+    let body = &cuda[cuda.find("#line 1").unwrap()..];
+    assert!(!body.contains("__attribute__"), "{body}");
+    assert!(body.contains("__kernel void k(__global float *y"), "{body}");
+    assert!(body.contains("uchar *revoke, const ulong agora_row_offset)"), "{body}");
+    // An attribute it cannot parse is left for NVRTC to report, not silently dropped.
+    assert!(programs::cuda_source("__attribute__ broken").contains("__attribute__ broken"));
+}
+
+#[test]
+fn the_convention_is_read_from_the_entry_s_own_declaration() {
+    use_project_nvrtc();
+    let source = "void helper(uchar *revoke) {}\n\
+                  __kernel void a(__global float *y) { helper(0); }\n\
+                  __kernel void b(__global float *y, const ulong range0, const ulong range1, const ulong range2,\n\
+                  __global const volatile uchar * revoke ) {}";
+    assert_eq!(programs::convention(source, "a"), Convention::Plain);
+    assert_eq!(programs::convention(source, "b"), Convention::Guarded);
+    assert_eq!(programs::convention(source, "missing"), Convention::Plain);
+    // The rewrite agrees with the convention: `b` gets the row offset however it is spaced; the
+    // helper and `a` keep their parameters.
+    let cuda = programs::cuda_source(source);
+    assert!(
+        cuda.contains("uchar * revoke, const ulong agora_row_offset )"),
+        "{cuda}"
+    );
+    assert!(cuda.contains("void helper(uchar *revoke) {}"), "{cuda}");
+    assert!(cuda.contains("void a(__global float *y)"), "{cuda}");
+    programs::compile_ptx("spacing", &cuda, 80).unwrap();
+}
