@@ -48,8 +48,10 @@ c: setup
 # test binary, stripped, and the Python wheel (abi3: CPython 3.11 and later), in dist/gpu (copy it there with the repository's examples/packages).
 gpu-dist: setup
 	cargo test --release -p agora --test gpu --no-run
+	cargo test --release -p agora-apps --test preemption --no-run
 	mkdir -p dist/gpu
 	strip -o dist/gpu/agora target/release/agora
 	strip -o dist/gpu/gpu-tests $$(ls -t target/release/deps/gpu-* | grep -v '\.d$$' | head -1)
+	strip -o dist/gpu/preemption-tests $$(ls -t target/release/deps/preemption-* | grep -v '\.d$$' | head -1)
 	rm -f dist/gpu/agora-*.whl
 	.venv/bin/python -m maturin build --quiet --release -m crates/python/Cargo.toml -o dist/gpu

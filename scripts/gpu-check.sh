@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks, on a machine with an NVIDIA GPU and its driver, from prebuilt binaries (no Rust
 # toolchain, no network): the GPU test cases (every library kernel against its host reference,
-# two tenants at once, launches beyond the grid, a buffer beyond the GPU's limit), the Python
+# two tenants at once, launches beyond the grid, a buffer beyond the GPU's limit, running kernels
+# revoked and replayed with every program verified), the Python
 # client on a GPU queue (scripts/gpu_check.py, from the abi3 wheel) and `agora bench gpu --json`.
 #
 # Build the binaries on a development machine with `make gpu-dist` (dist/gpu: agora, gpu-tests,
@@ -18,7 +19,9 @@ bin=${AGORA_GPU_DIST:-dist/gpu}
 out=${OUT:-/tmp/agora-gpu-check}
 mkdir -p "$out"
 export AGORA_CUDA_CACHE="$out/ptx-cache" AGORA_LOG=${AGORA_LOG:-info}
-[ -x "$bin/agora" ] && [ -x "$bin/gpu-tests" ] || { echo "gpu-check: $bin/agora and $bin/gpu-tests missing: run 'make gpu-dist' first" >&2; exit 2; }
+for f in agora gpu-tests preemption-tests; do
+  [ -x "$bin/$f" ] || { echo "gpu-check: $bin/$f missing: run 'make gpu-dist' first" >&2; exit 2; }
+done
 nvidia-smi -L | tee "$out/gpus.txt"
 status=0
 
@@ -42,6 +45,9 @@ grep -q cuda "$out/devices.txt" || { echo "gpu-check: the daemon found no GPU (s
 
 echo "== GPU test cases"
 timeout "${AGORA_GPU_TEST_TIMEOUT:-900}" "$bin/gpu-tests" --ignored --test-threads=1 --nocapture 2>&1 | tee "$out/tests.txt" || status=1
+echo "== revocation of running GPU kernels (every program verified while latency tasks revoke it)"
+timeout "${AGORA_GPU_TEST_TIMEOUT:-900}" "$bin/preemption-tests" --ignored on_a_gpu --test-threads=1 --nocapture 2>&1 \
+  | tee "$out/revocation.txt" || status=1
 
 echo "== agora bench gpu $quick"
 timeout "${AGORA_GPU_BENCH_TIMEOUT:-1800}" "$bin/agora" bench gpu --json $quick > "$out/bench-gpu.json" 2> "$out/bench-gpu.log" || status=1

@@ -249,6 +249,14 @@ fn every_program_verifies_on_opencl_while_latency_tasks_keep_revoking_its_kernel
     revoke_every_program(DeviceKind::OpenCl);
 }
 
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-check.sh on a GPU machine"]
+fn every_program_verifies_on_a_gpu_while_latency_tasks_keep_revoking_its_kernels() {
+    // The running kernel polls its lane's flag in mapped host memory, which the completion
+    // thread keeps equal to the job's flag.
+    revoke_every_program(DeviceKind::Cuda);
+}
+
 fn revoke_every_program(kind: DeviceKind) {
     // Every launch is revocable (no slicing, no minimum length) and a second client issues a
     // latency task every few hundred microseconds, so kernels are revoked at arbitrary points;
@@ -259,6 +267,7 @@ fn revoke_every_program(kind: DeviceKind) {
         c.cpu_threads_per_lane = 2;
         c.opencl = kind == DeviceKind::OpenCl;
         c.opencl_lanes = 1;
+        c.cuda_lanes = 1;
         c.inline_max_ns = 0;
         c.preempt_target = Duration::ZERO;
         c.revoke_min = Duration::ZERO;
@@ -322,6 +331,16 @@ fn revoke_every_program(kind: DeviceKind) {
         "kernels were revoked and replayed: {} revocations",
         status.revocations
     );
+    // The programs ran on that kind of device (a preference is a hint: without one they run
+    // elsewhere, which must not pass for this kind).
+    let jobs: u64 = status
+        .devices
+        .iter()
+        .filter(|d| d.kind == kind.name())
+        .flat_map(|d| d.lanes.iter())
+        .map(|l| l.completed)
+        .sum();
+    assert!(jobs > 0, "no job ran on a {kind:?} device");
     drop(session);
     daemon.stop().unwrap();
 }

@@ -9,6 +9,10 @@
 //! blocks in `cuEventSynchronize` on the oldest one (events are blocking-sync, so it sleeps); with
 //! nothing in flight it sleeps on a condition variable. One thread per GPU, not one per command.
 //!
+//! Revocation: a revocable job's kernel polls its lane's revocation flag in mapped host memory;
+//! while such a job is in flight this thread copies the job's flag into it (so a running kernel
+//! stops at its next work-group, TReM-style), polling every [`MIRROR_POLL`] instead of blocking.
+//!
 //! Owns the in-flight queues and the event pool. It must not enqueue commands.
 
 use std::collections::VecDeque;
@@ -26,6 +30,9 @@ use crate::{Transfer, Work};
 
 /// Longest the completion thread polls before it blocks on the oldest event.
 const SPIN_MAX: Duration = Duration::from_micros(500);
+/// While a revocable kernel runs, how often the completion thread copies its flag (instead of
+/// blocking): the revocation latency it adds, at most.
+const MIRROR_POLL: Duration = Duration::from_micros(50);
 
 /// A started job: what it holds until its commands are done.
 pub(super) struct Pending {
@@ -33,13 +40,48 @@ pub(super) struct Pending {
     // The commands read and write the memory these point to.
     pub(super) transfers: Vec<Transfer>,
     pub(super) work: Work,
+    /// A revocable launch whose kernel reads its lane's mapped flag: mirrored while it runs.
+    pub(super) mirror: Option<Mirror>,
+}
+
+/// A revocable job's flag, and the lane's mapped byte its kernel polls.
+pub(super) struct Mirror {
+    pub(super) flag: Arc<AtomicBool>,
+    pub(super) host: *mut u8,
+}
+
+// SAFETY: `host` is the lane's mapped byte, alive while the device is; writes to it are volatile
+// byte stores that the kernel only reads.
+unsafe impl Send for Mirror {}
+
+impl Mirror {
+    /// Copies a set flag into the mapped byte (the kernel's work-groups see it as they start).
+    fn copy(&self) {
+        if self.flag.load(Ordering::Acquire) {
+            // SAFETY: see the type.
+            unsafe { std::ptr::write_volatile(self.host, 1) };
+        }
+    }
 }
 
 impl Pending {
+    /// The job's outcome once its commands ended with `result`: `Cancelled` when its kernel
+    /// polled a revocation flag that is now set (its writes may be partial; the daemon restores
+    /// and replays it). The flag may have been set after the last block started, so the run may
+    /// be complete: then the replay is needless, never wrong.
+    fn outcome(&self, result: Result<(), TaskError>) -> Result<(), TaskError> {
+        match (&result, &self.mirror) {
+            (Ok(()), Some(mirror)) if mirror.flag.load(Ordering::Acquire) => Err(TaskError::Cancelled),
+            _ => result,
+        }
+    }
+
     /// Finishes the job, letting go of its device buffers first (the scheduler may evict and
     /// reuse their memory as soon as it sees the task done).
     pub(super) fn finish(self, result: Result<(), TaskError>) {
-        let Pending { end, transfers, work } = self;
+        let Pending {
+            end, transfers, work, ..
+        } = self;
         drop(work);
         drop(transfers);
         end.finish(result);
@@ -146,6 +188,7 @@ impl Completions {
                     code => Err(shared.error(code)),
                 };
                 let head = lane.pop_front().expect("a head");
+                let result = head.pending.outcome(result);
                 done.push((head.pending, result, head.event));
             }
         }
@@ -157,6 +200,22 @@ impl Completions {
     fn oldest(&self) -> Option<CUevent> {
         let lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
         lanes.iter().filter_map(|l| l.front()).map(|f| f.event).next()
+    }
+
+    /// Copies the set flags of running revocable jobs into their lanes' mapped bytes.
+    fn mirror_flags(lanes: &[VecDeque<InFlight>]) {
+        for job in lanes.iter().flatten() {
+            if let Some(mirror) = &job.pending.mirror {
+                mirror.copy();
+            }
+        }
+    }
+
+    /// Whether a revocable job whose kernel polls a mapped flag is in flight (copying its flag).
+    fn mirroring(&self) -> bool {
+        let lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+        Self::mirror_flags(&lanes);
+        lanes.iter().flatten().any(|job| job.pending.mirror.is_some())
     }
 
     fn idle(&self) -> bool {
@@ -200,13 +259,17 @@ impl Completions {
             }
             let ready = spin.spin(|| {
                 let lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+                Self::mirror_flags(&lanes);
                 lanes.iter().filter_map(|l| l.front()).any(|head| {
                     // SAFETY: as in `ready`.
                     let state = unsafe { sys::cuEventQuery(head.event) };
                     state != CUresult::CUDA_ERROR_NOT_READY
                 })
             });
-            if !ready {
+            if !ready && self.mirroring() {
+                // A revocable kernel runs: keep copying its flag, so no blocking wait.
+                std::thread::sleep(MIRROR_POLL);
+            } else if !ready {
                 if let Some(event) = self.oldest() {
                     let blocked = Instant::now();
                     // SAFETY: a live event; only this thread pops it, so it stays live. Its

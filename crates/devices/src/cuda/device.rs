@@ -17,7 +17,7 @@ use cudarc::driver::sys::{self, CUcontext, CUdevice, CUdevice_attribute, CUdevic
 
 use super::buffer::{as_cuda, CudaBuffer, PinnedHost};
 use super::completion::Completions;
-use super::executor::CudaExecutor;
+use super::executor::{CudaExecutor, MappedFlag};
 use super::programs::{self, Programs};
 use crate::lane::{Lane, Lanes};
 use crate::priority::{LaneClass, LanePriorities};
@@ -135,6 +135,33 @@ pub struct CudaDevice {
     ordinal: CUdevice,
     /// The completion thread (absent when jobs finish from stream callbacks).
     completer: Option<(Arc<Completions>, std::thread::JoinHandle<()>)>,
+    /// Every lane has a mapped revocation flag that the completion thread keeps current, so a
+    /// running kernel stops when its job is revoked.
+    polls: bool,
+}
+
+/// One byte of page-locked host memory mapped into the GPU's address space, zeroed (`None` when
+/// the driver refuses: the lane then copies flags in before kernels).
+fn mapped_flag() -> Option<MappedFlag> {
+    let mut host = std::ptr::null_mut();
+    let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+    // SAFETY: a one-byte page-locked allocation in the current context, freed by the lane.
+    if unsafe { sys::cuMemHostAlloc(&mut host, 1, flags) } != CUresult::CUDA_SUCCESS {
+        return None;
+    }
+    let mut device = 0;
+    // SAFETY: `host` was allocated with DEVICEMAP just above.
+    if unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host, 0) } != CUresult::CUDA_SUCCESS {
+        // SAFETY: allocated above, used by nothing.
+        let _ = unsafe { sys::cuMemFreeHost(host) };
+        return None;
+    }
+    // SAFETY: one byte, ours.
+    unsafe { std::ptr::write_volatile(host as *mut u8, 0) };
+    Some(MappedFlag {
+        host: host as *mut u8,
+        device,
+    })
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -235,7 +262,11 @@ impl CudaDevice {
         };
         let mut lane_list = Vec::new();
         let mut threads = Vec::new();
+        let mut polls = completer.is_some();
         for l in 0..lanes {
+            // Mirrored by the completion thread: only with one.
+            let mapped_flag = completer.as_ref().and_then(|_| mapped_flag());
+            polls &= mapped_flag.is_some();
             let stream = new_stream()?;
             // SAFETY: a one-byte allocation in the current context.
             let lane_flag = unsafe { driver::malloc_sync(1) }.map_err(|e| format!("cuMemAlloc: {e:?}"))?;
@@ -247,6 +278,8 @@ impl CudaDevice {
                 bound: false,
                 lane: l,
                 completions: completer.as_ref().map(|(c, _)| c.clone()),
+                mapped_flag,
+                mirror: None,
             };
             let (lane, thread) = Lane::start(
                 format!("agora-{name}-lane{l}"),
@@ -275,6 +308,7 @@ impl CudaDevice {
             lanes: Lanes::new(lane_list, threads),
             ordinal: device,
             completer,
+            polls,
         })
     }
 
@@ -392,6 +426,10 @@ impl Device for CudaDevice {
 
     fn row_alignment(&self, kernel: &KernelDef, dims: usize) -> u64 {
         block_shape(dims, kernel.opencl.as_ref().and_then(|imp| imp.local))[0]
+    }
+
+    fn polls_revocation(&self) -> bool {
+        self.polls
     }
 
     fn run_inline(&self, _work: &Work) -> Result<(), TaskError> {

@@ -18,7 +18,7 @@ use agora_protocol::{ParamKind, TaskError};
 use cudarc::driver::sys::{self, CUdeviceptr, CUfunction, CUresult, CUstream};
 
 use super::buffer::as_cuda;
-use super::completion::{Completions, Pending};
+use super::completion::{Completions, Mirror, Pending};
 use super::device::{block_shape, Shared, IN_CALLBACK, MAX_GRID_X, MAX_GRID_YZ};
 use super::programs::Convention;
 use crate::lane::{Executor, JobEnd};
@@ -28,8 +28,16 @@ use crate::{Transfer, Work};
 pub(super) struct CudaExecutor {
     pub(super) shared: Arc<Shared>,
     pub(super) stream: CUstream,
-    /// This lane's device copy of a revocable launch's flag, written just before the kernel.
+    /// This lane's device copy of a revocable launch's flag, written just before the kernel
+    /// (where the lane has no mapped flag).
     pub(super) lane_flag: CUdeviceptr,
+    /// This lane's revocation flag in mapped host memory, which a running kernel reads: the
+    /// completion thread copies a revocable job's flag into it while the job runs, so the
+    /// job's kernel stops at its next work-group. `None`: copy the flag in before the kernel.
+    pub(super) mapped_flag: Option<MappedFlag>,
+    /// Set by `launch` for the job being started: the job's flag and where the completion thread
+    /// mirrors it.
+    pub(super) mirror: Option<Mirror>,
     /// Functions by program and entry point (two levels: a lookup builds no key).
     pub(super) functions: HashMap<String, HashMap<String, (CUfunction, Convention)>>,
     /// Whether the context is current on the lane's thread.
@@ -43,6 +51,14 @@ pub(super) struct CudaExecutor {
 // SAFETY: the executor moves into its lane thread once and is used only there; the handles are
 // process-wide driver handles.
 unsafe impl Send for CudaExecutor {}
+
+/// A lane's revocation flag in page-locked host memory mapped into the GPU's address space.
+pub(super) struct MappedFlag {
+    /// Where the host writes it.
+    pub(super) host: *mut u8,
+    /// Where kernels read it.
+    pub(super) device: CUdeviceptr,
+}
 
 /// A started job waiting for its stream callback (`AGORA_CUDA_COMPLETIONS=callbacks`).
 struct Called {
@@ -192,8 +208,19 @@ impl CudaExecutor {
             values[count] = end; // range0: the slice's end, so rounded-up threads stop there.
             values[count + 1] = range[1];
             values[count + 2] = range[2];
-            values[count + 3] = match revoke {
-                Some(flag) => {
+            values[count + 3] = match (revoke, &self.mapped_flag) {
+                (Some(flag), Some(mapped)) => {
+                    // SAFETY: the lane's mapped byte, which only this lane thread and the
+                    // completion thread write (the latter only while this job is in flight: a
+                    // revocable job runs alone on its lane).
+                    unsafe { std::ptr::write_volatile(mapped.host, u8::from(flag.load(Ordering::Acquire))) };
+                    self.mirror = Some(Mirror {
+                        flag: flag.clone(),
+                        host: mapped.host,
+                    });
+                    mapped.device
+                }
+                (Some(flag), None) => {
                     // The flag as it is now, copied just before the kernel (the stream runs it
                     // after the previous command): a launch revoked while it waits stops at once.
                     // SAFETY: one byte of the job's flag, alive until the job completes.
@@ -202,7 +229,7 @@ impl CudaExecutor {
                     })?;
                     self.lane_flag
                 }
-                None => self.shared.zero_flag,
+                (None, _) => self.shared.zero_flag,
             };
             values[count + 4] = first;
             count += 5;
@@ -264,6 +291,7 @@ impl Executor for CudaExecutor {
         }
         self.shared.free_deferred();
         let marker = end.transfers_marker();
+        self.mirror = None;
         let mut built = false;
         let started = self.start(&transfers, &work, &marker, end.revoke_flag(), &mut built);
         if built {
@@ -278,7 +306,12 @@ impl Executor for CudaExecutor {
             end.finish(Err(e));
             return;
         }
-        let pending = Pending { end, transfers, work };
+        let pending = Pending {
+            end,
+            transfers,
+            work,
+            mirror: self.mirror.take(),
+        };
         if let Some(completions) = &self.completions {
             if let Err(failed) = completions.track(&self.shared, self.lane, self.stream, pending) {
                 let (pending, error) = *failed;
@@ -310,6 +343,9 @@ impl Executor for CudaExecutor {
             let _ = sys::cuStreamSynchronize(self.stream);
             let _ = sys::cuStreamDestroy_v2(self.stream);
             let _ = sys::cuMemFree_v2(self.lane_flag);
+            if let Some(mapped) = self.mapped_flag.take() {
+                let _ = sys::cuMemFreeHost(mapped.host as *mut c_void);
+            }
         }
     }
 }

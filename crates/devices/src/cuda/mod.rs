@@ -21,11 +21,13 @@
 //! trailing `ulong` row offset (CUDA has no global work offset): a row slice `a..b` is a grid over
 //! `b - a` rows with offset `a`, and `range0 = b`.
 //!
-//! Preemption: launches larger than [`MAX_ITEMS_PER_ENQUEUE`] threads are cut into row slices
-//! (latency-class work gets in at slice boundaries, as on OpenCL). A revocable launch's flag is
-//! copied to the device just before the kernel starts: a launch revoked while it waits behind
-//! other commands stops at once, one revoked while it runs completes
-//! ([`Device::polls_revocation`](crate::Device::polls_revocation) is false).
+//! Preemption: long batch launches are cut into row slices (never smaller than the GPU fills at
+//! once), so latency-class work gets in at slice boundaries, as on OpenCL. A revocable launch's
+//! kernel polls its lane's flag in mapped host memory, which the completion thread keeps equal to
+//! the job's flag while it runs: a revoked kernel stops at its next work-group
+//! ([`Device::polls_revocation`](crate::Device::polls_revocation) is true). Where the driver
+//! refuses mapped memory (or in the callback mode) the flag is copied in just before the kernel
+//! instead: a launch revoked while it waits stops at once, one revoked while it runs completes.
 //!
 //! Faults: an illegal address or a trap leaves a CUDA context unusable for every stream in it.
 //! The guilty job fails with `KernelFault`; the device then reports itself failed
