@@ -262,10 +262,13 @@ impl CudaDevice {
         };
         let mut lane_list = Vec::new();
         let mut threads = Vec::new();
-        let mut polls = completer.is_some();
+        // Running kernels see revocation through a mapped flag the completion thread mirrors;
+        // `AGORA_CUDA_REVOCATION=copy` copies the flag in before each kernel instead (revoked
+        // while queued only), for comparison.
+        let mirrored = completer.is_some() && !std::env::var("AGORA_CUDA_REVOCATION").is_ok_and(|v| v == "copy");
+        let mut polls = mirrored;
         for l in 0..lanes {
-            // Mirrored by the completion thread: only with one.
-            let mapped_flag = completer.as_ref().and_then(|_| mapped_flag());
+            let mapped_flag = if mirrored { mapped_flag() } else { None };
             polls &= mapped_flag.is_some();
             let stream = new_stream()?;
             // SAFETY: a one-byte allocation in the current context.
