@@ -481,6 +481,11 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     fn healthy(&self) -> bool {
         true
     }
+    /// Whether the device registers host memory for copies ([`Device::pin_host_memory`]); the
+    /// daemon counts such memory against a per-user limit only for devices that do.
+    fn wants_pinned_host_memory(&self) -> bool {
+        false
+    }
     /// Registers host memory `[base, base + len)` (a session's segment) with the device, so its
     /// transfers from and to that memory need no staging copy; the returned guard unregisters it
     /// when dropped, which the caller does before the memory is unmapped. `None`: the device has
