@@ -109,6 +109,10 @@ impl SessionShared {
         if pinned.iter().any(|(i, _)| *i == index) {
             return;
         }
+        if !device.wants_pinned_host_memory() {
+            pinned.push((index, None));
+            return;
+        }
         let bytes = self.segment.len();
         let ticket = match books.take(uid, bytes as u64) {
             Ok(ticket) => ticket,

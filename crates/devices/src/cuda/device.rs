@@ -504,6 +504,10 @@ impl Device for CudaDevice {
         .map_err(|e| self.shared.error(e.0))
     }
 
+    fn wants_pinned_host_memory(&self) -> bool {
+        true
+    }
+
     fn pin_host_memory(
         &self,
         base: *mut u8,
