@@ -6,8 +6,10 @@
 //! client 51 µs after its launch, against 8.8 µs for a native launch + `cuStreamSynchronize`;
 //! the callback thread's wake-up is most of the difference. The completion thread spins over the
 //! oldest event of each lane while jobs are in flight (for an adaptive budget, as lanes do), then
-//! blocks in `cuEventSynchronize` on the oldest one (events are blocking-sync, so it sleeps); with
-//! nothing in flight it sleeps on a condition variable. One thread per GPU, not one per command.
+//! polls every [`POLL`], waking early when a lane hands over a job; with nothing in flight it
+//! sleeps on a condition variable. One thread per GPU, not one per command. It never blocks on
+//! one event (`cuEventSynchronize`): a long kernel of one tenant would then hold every other
+//! lane's completions until it ended.
 //!
 //! Revocation: a revocable job's kernel polls its lane's revocation flag in mapped host memory;
 //! while such a job is in flight this thread copies the job's flag into it (so a running kernel
@@ -30,9 +32,12 @@ use crate::{Transfer, Work};
 
 /// Longest the completion thread polls before it blocks on the oldest event.
 const SPIN_MAX: Duration = Duration::from_micros(500);
-/// While a revocable kernel runs, how often the completion thread copies its flag (instead of
-/// blocking): the revocation latency it adds, at most.
+/// While a revocable kernel runs, how often the completion thread copies its flag: the
+/// revocation latency it adds, at most.
 const MIRROR_POLL: Duration = Duration::from_micros(50);
+/// How long the completion thread sleeps between polls once its spin ran out (unless a lane hands
+/// over a job first): the completion latency it adds, at most, to jobs longer than the spin.
+const POLL: Duration = Duration::from_micros(100);
 
 /// A started job: what it holds until its commands are done.
 pub(super) struct Pending {
@@ -135,8 +140,7 @@ impl Completions {
         let event = match self.events.lock().unwrap_or_else(|e| e.into_inner()).pop() {
             Some(event) => event,
             None => {
-                let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32
-                    | sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32;
+                let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
                 let mut event = std::ptr::null_mut();
                 // SAFETY: creates an event in the current context (the lane thread's).
                 match unsafe { sys::cuEventCreate(&mut event, flags) } {
@@ -193,13 +197,6 @@ impl Completions {
             }
         }
         done
-    }
-
-    /// The oldest event in flight (the head submitted first across lanes, by position: heads
-    /// are compared by their lane's queue age only roughly, which is enough to block on).
-    fn oldest(&self) -> Option<CUevent> {
-        let lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
-        lanes.iter().filter_map(|l| l.front()).map(|f| f.event).next()
     }
 
     /// Copies the set flags of running revocable jobs into their lanes' mapped bytes.
@@ -266,17 +263,21 @@ impl Completions {
                     state != CUresult::CUDA_ERROR_NOT_READY
                 })
             });
-            if !ready && self.mirroring() {
-                // A revocable kernel runs: keep copying its flag, so no blocking wait.
-                std::thread::sleep(MIRROR_POLL);
-            } else if !ready {
-                if let Some(event) = self.oldest() {
-                    let blocked = Instant::now();
-                    // SAFETY: a live event; only this thread pops it, so it stays live. Its
-                    // outcome is read by `ready` next.
-                    let _ = unsafe { sys::cuEventSynchronize(event) };
-                    spin.blocked_for(blocked.elapsed());
-                }
+            if !ready {
+                // Nothing finished within the spin: wait a little, or until a lane hands over a
+                // new job (it may be a short latency-class one, worth spinning for again).
+                // Never a blocking wait on one event: a long kernel on one lane would hold every
+                // other lane's completions, another tenant's latency work included, until it ends.
+                let mirroring = self.mirroring();
+                let lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+                self.sleeping.store(true, Ordering::SeqCst);
+                let waited = Instant::now();
+                let _ = self
+                    .wake
+                    .wait_timeout(lanes, if mirroring { MIRROR_POLL } else { POLL })
+                    .unwrap_or_else(|e| e.into_inner());
+                self.sleeping.store(false, Ordering::SeqCst);
+                spin.blocked_for(waited.elapsed());
             }
         }
     }
