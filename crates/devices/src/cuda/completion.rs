@@ -20,7 +20,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use agora_protocol::TaskError;
 use agora_wait::AdaptiveSpin;
@@ -271,13 +271,14 @@ impl Completions {
                 let mirroring = self.mirroring();
                 let lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
                 self.sleeping.store(true, Ordering::SeqCst);
-                let waited = Instant::now();
+                // Not `spin.blocked_for`: a poll is not an event, and growing the budget after
+                // each one would keep this thread spinning through every long kernel; the spin
+                // that ran out already halved it.
                 let _ = self
                     .wake
                     .wait_timeout(lanes, if mirroring { MIRROR_POLL } else { POLL })
                     .unwrap_or_else(|e| e.into_inner());
                 self.sleeping.store(false, Ordering::SeqCst);
-                spin.blocked_for(waited.elapsed());
             }
         }
     }
