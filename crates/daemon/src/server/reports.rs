@@ -1,0 +1,178 @@
+//! What the operator asks of the daemon as a whole: the status report (summarised so it fits one
+//! frame), per-uid usage, the device list, and draining a device (admin only).
+//!
+//! The dispatcher's (`Server`'s) methods for these replies. It must not change sessions.
+
+use super::*;
+
+impl Server {
+    /// `Err(reply)` unless connection `id` is an admin's: root or the daemon's own user by
+    /// default, else the uids of `[daemon] admin_uids`; and members of `admin_gids`.
+    pub(super) fn require_admin(&self, id: u64, what: &str) -> Result<(), Response> {
+        let Some(credentials) = self.credentials(id) else {
+            return Err(Response::Error(ControlError::BadRequest("connection gone".into())));
+        };
+        let daemon_uid = rustix::process::geteuid().as_raw();
+        let admin = match &self.config.admin_uids {
+            None => credentials.uid == 0 || credentials.uid == daemon_uid,
+            Some(uids) => uids.contains(&credentials.uid),
+        } || self.config.admin_gids.contains(&credentials.gid);
+        if !admin {
+            let who = match &self.config.admin_uids {
+                None => format!("root or the daemon's user (uid {daemon_uid})"),
+                Some(uids) => format!("uids {uids:?}"),
+            };
+            return Err(Response::Error(ControlError::NotPermitted(format!(
+                "uid {} may not {what}: only {who} or members of gids {:?} may ([daemon] admin_uids / admin_gids)",
+                credentials.uid, self.config.admin_gids
+            ))));
+        }
+        Ok(())
+    }
+
+    /// `Request::Drain`: admin only (root or the daemon's own user).
+    pub(super) fn drain(&mut self, id: u64, device: &str, drain: bool, evacuate: bool) -> Response {
+        if let Err(refusal) = self.require_admin(id, "drain devices") {
+            return refusal;
+        }
+        let names: Vec<&str> = self.scheduler.devices.iter().map(|d| d.info().name.as_str()).collect();
+        let Some(index) = names.iter().position(|n| *n == device) else {
+            return Response::Error(ControlError::BadRequest(format!(
+                "unknown device '{device}': this daemon has {}",
+                names.join(", ")
+            )));
+        };
+        if evacuate && !drain {
+            return Response::Error(ControlError::BadRequest(
+                "evacuate goes with drain: a device that takes new work would fill up again".into(),
+            ));
+        }
+        if let Err(e) = self.scheduler.set_draining(index, drain) {
+            return Response::Error(ControlError::BadRequest(e));
+        }
+        let (evacuated_buffers, evacuated_bytes) = if evacuate && !self.scheduler.migration.is_failed(index) {
+            self.scheduler.evacuate(index)
+        } else {
+            (0, 0)
+        };
+        // Queues busy there now: each moves when its next task arrives and these are done.
+        let queues_bound = self
+            .conns
+            .values()
+            .filter_map(|c| match c {
+                Conn::Session(s) => Some(s),
+                _ => None,
+            })
+            .flat_map(|s| s.queues.values())
+            .filter(|q| q.in_flight.load(Ordering::Relaxed) > 0 && q.binding.load().device() == index)
+            .count() as u64;
+        Response::Drained {
+            device: device.to_string(),
+            draining: drain,
+            queues_bound,
+            evacuated_buffers,
+            evacuated_bytes,
+            migrations: self.scheduler.migration.stats.migrations,
+        }
+    }
+
+    pub(super) fn device_names(&self) -> Vec<String> {
+        self.scheduler.devices.iter().map(|d| d.info().name.clone()).collect()
+    }
+
+    /// The status summary: every counter, and the busiest sessions (each with its busiest
+    /// queues) as many as fit in [`REPLY_BUDGET`], whatever the tenants created.
+    pub(super) fn status(&self) -> StatusReport {
+        let device_names = self.device_names();
+        let live: Vec<&Session> = self
+            .conns
+            .values()
+            .filter_map(|c| match c {
+                Conn::Session(s) => Some(&**s),
+                _ => None,
+            })
+            .collect();
+        let live_completed: u64 = live.iter().map(|s| s.shared.completed.load(Ordering::Relaxed)).sum();
+        let live_failed: u64 = live.iter().map(|s| s.shared.failed.load(Ordering::Relaxed)).sum();
+        let mut busiest = live.clone();
+        busiest.sort_by_key(|s| {
+            (
+                std::cmp::Reverse(s.shared.in_flight.load(Ordering::Relaxed)),
+                std::cmp::Reverse(s.submitted),
+                s.id,
+            )
+        });
+        let mut sessions = Vec::new();
+        let mut bytes = 0;
+        for session in busiest.into_iter().take(STATUS_SESSIONS) {
+            let entry = session.status(&device_names);
+            bytes += encoded_len(&entry);
+            if bytes > REPLY_BUDGET {
+                break;
+            }
+            sessions.push(entry);
+        }
+        sessions.sort_by_key(|s| s.id);
+        let closing_completed: u64 = self
+            .closing
+            .iter()
+            .map(|s| s.shared.completed.load(Ordering::Relaxed))
+            .sum();
+        let closing_failed: u64 = self
+            .closing
+            .iter()
+            .map(|s| s.shared.failed.load(Ordering::Relaxed))
+            .sum();
+        StatusReport {
+            pid: std::process::id(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            uptime_s: self.started.elapsed().as_secs_f64(),
+            policy: self.scheduler.policy_name().to_string(),
+            devices: self
+                .scheduler
+                .devices
+                .iter()
+                .enumerate()
+                .map(|(index, d)| {
+                    let mut status = device_status(d.status());
+                    status.draining = self.scheduler.migration.is_draining(index);
+                    status.failed |= self.scheduler.migration.is_failed(index);
+                    status
+                })
+                .collect(),
+            sessions,
+            live_sessions: live.len() as u64,
+            closing_sessions: self.closing.len() as u64,
+            sessions_opened: self.sessions_opened,
+            sessions_closed: self.sessions_closed,
+            tasks_completed: self.retired_completed + live_completed + closing_completed,
+            tasks_failed: self.retired_failed + live_failed + closing_failed,
+            evictions: self.scheduler.residency.evictions,
+            memory_waits: self.scheduler.migration.stats.memory_waits,
+            dispatcher_longest_iteration_ms: self.longest_iteration_ns as f64 / 1e6,
+            allocation_retries: self.scheduler.allocation_retries,
+            latency_policy: self.scheduler.config().latency_policy.name().to_string(),
+            revocations: self.scheduler.revocations().0,
+            revoked_work_s: self.scheduler.revocations().1,
+            migrations: self.scheduler.migration.stats.migrations,
+            tasks_replayed: self.scheduler.migration.stats.replayed,
+            tasks_lost: self.scheduler.migration.stats.lost,
+            uids: self.uid_usage(),
+            limit_refusals: self.books.refusals(),
+        }
+    }
+
+    /// Each uid present against the limits, the most connected first (at most `STATUS_UIDS`).
+    pub(super) fn uid_usage(&self) -> Vec<agora_protocol::control::UidUsage> {
+        let mut uids: Vec<(u32, usize)> = self.books.uids().map(|(uid, conns, _, _)| (uid, conns)).collect();
+        uids.sort_by_key(|&(uid, conns)| (std::cmp::Reverse(conns), uid));
+        uids.into_iter()
+            .take(agora_protocol::control::STATUS_UIDS)
+            .map(|(uid, _)| {
+                let queues = self.uid_sessions(uid).map(|s| s.queues.len() as u64).sum();
+                let buffers = self.uid_sessions(uid).map(|s| s.buffers.len() as u64).sum();
+                self.books.usage(uid, queues, buffers, self.uid_control_requests(uid))
+            })
+            .collect()
+    }
+}

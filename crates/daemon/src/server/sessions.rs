@@ -1,0 +1,344 @@
+//! Sessions come and go: `Hello` opens one (its segment, rings and doorbell, checked against the
+//! uid's limits), `Resume`/`ResumeMore` take over a segment an earlier daemon served (every part
+//! of it checked as untrusted input), and `close` ends a connection and hands its session to the
+//! reclaim thread.
+//!
+//! Owns nothing of its own: these are the dispatcher's (`Server`'s) methods for a session's
+//! beginning and end. It must not poll rings or schedule tasks.
+
+use super::*;
+
+impl Server {
+    pub(super) fn hello(
+        &mut self,
+        id: u64,
+        version: u32,
+        client_name: String,
+        heap_bytes: Option<u64>,
+    ) -> Option<Response> {
+        if version != PROTOCOL_VERSION {
+            return Some(Response::Error(ControlError::VersionMismatch {
+                daemon: PROTOCOL_VERSION,
+                client: version,
+            }));
+        }
+        let heap = heap_bytes
+            .unwrap_or(self.config.session_quota)
+            .min(self.config.session_quota);
+        let uid = self.credentials(id)?.uid;
+        if let Err(refusal) = self.books.may_open_session(uid, heap) {
+            return Some(Response::Error(refusal));
+        }
+        let capacity = self.config.ring_capacity;
+        let opened = (|| -> Result<(Segment, Doorbell, Geometry), String> {
+            let geometry = Geometry::new(capacity, capacity, heap).map_err(|e| e.to_string())?;
+            let segment = Segment::create(&format!("agora-session-{id}"), geometry).map_err(|e| e.to_string())?;
+            let doorbell = Doorbell::new().map_err(|e| e.to_string())?;
+            Ok((segment, doorbell, geometry))
+        })();
+        let (segment, doorbell, geometry) = match opened {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::error!(error = %e, "could not create a session segment");
+                return Some(Response::Error(ControlError::BadRequest(format!(
+                    "the daemon could not create the session: {e}"
+                ))));
+            }
+        };
+        let Some(Conn::Pending {
+            stream,
+            reader,
+            credentials,
+        }) = self.conns.remove(&id)
+        else {
+            return None;
+        };
+        let welcome = Response::Welcome {
+            session: id,
+            submission_capacity: geometry.submission_capacity,
+            completion_capacity: geometry.completion_capacity,
+            heap_len: geometry.heap_len,
+        };
+        if let Err(e) = send_with_fds(&stream, &welcome, &[segment.fd(), doorbell.fd()]) {
+            tracing::warn!(error = %e, "client left during hello");
+            let _ = epoll::delete(&self.epoll, &stream);
+            self.books.disconnect(credentials.uid, id);
+            self.buckets.remove(&id);
+            self.owed.remove(&id);
+            return None;
+        }
+        Self::watch_doorbell(&self.epoll, id, &doorbell);
+        let session = self.new_session(id, credentials, client_name, stream, reader, doorbell, segment);
+        tracing::info!(session = id, pid = credentials.pid, uid = credentials.uid, name = %session.name, heap, "session opened");
+        self.admit_session(session);
+        None
+    }
+
+    /// A session of connection `id` (named `pid…` when the client gave no name), with this
+    /// daemon's per-session limits.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new_session(
+        &self,
+        id: u64,
+        credentials: Credentials,
+        client_name: String,
+        stream: UnixStream,
+        reader: FrameReader,
+        doorbell: Doorbell,
+        segment: Segment,
+    ) -> Session {
+        let name = if client_name.is_empty() {
+            format!("pid{}", credentials.pid)
+        } else {
+            client_name
+        };
+        Session::new(
+            id,
+            credentials,
+            name,
+            stream,
+            reader,
+            doorbell,
+            segment,
+            self.config.max_queues,
+            self.config.max_buffers,
+            self.config.session_lane_work.as_nanos().min(u128::from(u64::MAX)) as u64,
+        )
+    }
+
+    /// Counts a new (or resumed) session against its uid and in the metrics, and serves it.
+    pub(super) fn admit_session(&mut self, session: Session) {
+        let geometry = *session.shared.segment.view().geometry();
+        self.books
+            .session_opened(session.credentials.uid, session.id, geometry.heap_len);
+        self.sessions_opened += 1;
+        self.telemetry.metrics.sessions_opened.inc();
+        self.telemetry.metrics.sessions.inc();
+        self.conns.insert(session.id, Conn::Session(Box::new(session)));
+    }
+
+    /// Wakes the loop when session `id`'s client rings its doorbell.
+    pub(super) fn watch_doorbell(epoll: &OwnedFd, id: u64, doorbell: &Doorbell) {
+        if let Err(e) = epoll::add(
+            epoll,
+            doorbell.fd(),
+            epoll::EventData::new_u64(Token::Doorbell(id).encode()),
+            epoll::EventFlags::IN,
+        ) {
+            tracing::warn!(error = %e, "could not watch a doorbell");
+        }
+    }
+
+    /// `Request::Resume`: a client whose previous daemon died hands back its segment and names
+    /// its buffers, queues and kernels. Everything is checked as untrusted input (the segment's
+    /// seals and size, every heap range, every handle, every queue as `CreateQueue` would); a
+    /// refusal leaves the connection pending, as a refused hello does. The session is opened at
+    /// once but answered (and its doorbell watched) only after the last part.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn resume(
+        &mut self,
+        id: u64,
+        version: u32,
+        client_name: String,
+        previous_session: u64,
+        geometry: Result<Geometry, agora_protocol::segment::GeometryError>,
+        kernels: Vec<String>,
+        first_part: (Vec<ResumedBuffer>, Vec<ResumedQueue>, bool),
+    ) -> Option<Response> {
+        let refuse = |why: String| {
+            Some(Response::Error(ControlError::BadRequest(format!(
+                "cannot resume the session: {why}"
+            ))))
+        };
+        if version != PROTOCOL_VERSION {
+            return Some(Response::Error(ControlError::VersionMismatch {
+                daemon: PROTOCOL_VERSION,
+                client: version,
+            }));
+        }
+        let fds = match self.conns.get_mut(&id)? {
+            Conn::Pending { reader, .. } => reader.take_fds(),
+            _ => return None,
+        };
+        let geometry = match geometry {
+            Ok(g) => g,
+            Err(e) => return refuse(e.to_string()),
+        };
+        if geometry.heap_len > self.config.session_quota {
+            return refuse(format!(
+                "its heap is {} bytes, more than this daemon's session quota of {} bytes (agora serve --session-quota)",
+                geometry.heap_len, self.config.session_quota
+            ));
+        }
+        if kernels.len() > MAX_RESUMED_KERNELS || kernels.iter().any(|k| k.len() > MAX_NAME) {
+            return refuse(format!(
+                "at most {MAX_RESUMED_KERNELS} kernel names of at most {MAX_NAME} bytes"
+            ));
+        }
+        let mut fds = fds.into_iter();
+        let (Some(segment_fd), None) = (fds.next(), fds.next()) else {
+            return refuse("send exactly one descriptor, the segment's memfd, with the request".into());
+        };
+        let credentials = self.credentials(id)?;
+        if let Err(refusal) = self.books.may_open_session(credentials.uid, geometry.heap_len) {
+            return Some(Response::Error(refusal));
+        }
+        let identity = crate::session::segment_identity(segment_fd.as_fd());
+        let holder = self
+            .conns
+            .values()
+            .filter_map(|c| match c {
+                Conn::Session(s) => Some(&**s),
+                _ => None,
+            })
+            .chain(self.closing.iter().map(|s| &**s))
+            .find(|s| s.segment_identity == identity)
+            .map(|s| s.id);
+        if let Some(session) = holder {
+            return Some(Response::Error(ControlError::SegmentInUse { session }));
+        }
+        let segment = match Segment::adopt(segment_fd, geometry) {
+            Ok(s) => s,
+            Err(e) => return refuse(e.to_string()),
+        };
+        let doorbell = match Doorbell::new() {
+            Ok(d) => d,
+            Err(e) => return refuse(format!("the daemon could not create a doorbell: {e}")),
+        };
+        let table = self.scheduler.kernels.snapshot();
+        let kernel_ids: Vec<Option<u32>> = kernels.iter().map(|name| table.find(name).map(|(k, _)| k)).collect();
+        drop(table);
+        let Some(Conn::Pending { stream, reader, .. }) = self.conns.remove(&id) else {
+            return None;
+        };
+        let mut session = self.new_session(id, credentials, client_name, stream, reader, doorbell, segment);
+        session.take_over_rings();
+        session.resuming = Some(kernel_ids);
+        tracing::info!(
+            session = id,
+            previous_session,
+            pid = credentials.pid,
+            uid = credentials.uid,
+            name = %session.name,
+            "session resuming after a daemon restart"
+        );
+        self.admit_session(session);
+        let (buffers, queues, more) = first_part;
+        self.resume_more(id, buffers, queues, more)
+    }
+
+    /// One part of a resume (the first comes with `Request::Resume`): registers its buffers and
+    /// queues; after the last, answers with the new doorbell. A part that fails a check ends the
+    /// connection with the reason: a half-resumed session is no use to anyone.
+    pub(super) fn resume_more(
+        &mut self,
+        id: u64,
+        buffers: Vec<ResumedBuffer>,
+        queues: Vec<ResumedQueue>,
+        more: bool,
+    ) -> Option<Response> {
+        let config = self.config.clone();
+        let Some(Conn::Session(session)) = self.conns.get_mut(&id) else {
+            return Some(Response::Error(ControlError::BadRequest(
+                "ResumeMore continues a Resume; send Resume first".into(),
+            )));
+        };
+        if session.resuming.is_none() {
+            return Some(Response::Error(ControlError::BadRequest(
+                "this session is not resuming".into(),
+            )));
+        }
+        let mut failure = None;
+        let any_lost = buffers.iter().any(|b| b.lost);
+        for b in &buffers {
+            if let Err(why) = session.resume_buffer(b.handle, b.offset, b.len, b.lost) {
+                failure = Some(why);
+                break;
+            }
+        }
+        if failure.is_none() {
+            for q in queues {
+                let handle = q.handle;
+                match create_queue(
+                    &config,
+                    session,
+                    q.name,
+                    q.class,
+                    q.preferred_device,
+                    q.sla_ms,
+                    Some(handle),
+                ) {
+                    Response::Queue { .. } => {}
+                    Response::Error(e) => {
+                        failure = Some(format!("queue {handle:#x}: {e}"));
+                        break;
+                    }
+                    other => {
+                        failure = Some(format!("queue {handle:#x}: {other:?}"));
+                        break;
+                    }
+                }
+            }
+        }
+        if any_lost {
+            self.scheduler.buffers_lost_elsewhere();
+        }
+        if let Some(why) = failure {
+            let refusal = Response::Error(ControlError::BadRequest(format!("cannot resume the session: {why}")));
+            tracing::warn!(session = id, reason = %why, "refused a resume");
+            let _ = send_whole(&session.stream, &refusal, Duration::ZERO);
+            self.close(id);
+            return None;
+        }
+        if more {
+            return None;
+        }
+        let kernels = session.resuming.take().unwrap_or_default();
+        let reply = Response::Resumed { session: id, kernels };
+        if let Err(e) = send_with_fds(&session.stream, &reply, &[session.doorbell.fd()]) {
+            tracing::warn!(error = %e, "client left during its resume");
+            self.close(id);
+            return None;
+        }
+        Self::watch_doorbell(&self.epoll, id, &session.doorbell);
+        tracing::info!(
+            session = id,
+            buffers = session.buffers.len(),
+            queues = session.queues.len(),
+            "session resumed"
+        );
+        None
+    }
+
+    /// Ends a connection; a session's running jobs finish (queued ones are cancelled) before its
+    /// memory is reclaimed.
+    pub(super) fn close(&mut self, id: u64) {
+        self.owed.remove(&id);
+        self.buckets.remove(&id);
+        let Some(conn) = self.conns.remove(&id) else {
+            return;
+        };
+        let uid = match &conn {
+            Conn::Pending { credentials, .. } | Conn::Observer { credentials, .. } => credentials.uid,
+            Conn::Session(s) => s.credentials.uid,
+        };
+        self.books.disconnect(uid, id);
+        let _ = epoll::delete(&self.epoll, conn.stream());
+        if let Conn::Session(session) = conn {
+            // Before its connection closes: a client that is still there (a session ended for
+            // a corrupt ring) learns it must not resume the session.
+            session.shared.end();
+            let _ = epoll::delete(&self.epoll, session.doorbell.fd());
+            self.scheduler.migration.forget_session(id);
+            session.shared.cancelled.store(true, Ordering::Release);
+            self.sessions_closed += 1;
+            self.telemetry.metrics.sessions.dec();
+            tracing::info!(session = id, pid = session.credentials.pid, "session ended");
+            if session.shared.in_flight.load(Ordering::Acquire) == 0 {
+                self.retire(session);
+            } else {
+                self.closing.push(session);
+            }
+        }
+    }
+}
