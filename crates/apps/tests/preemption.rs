@@ -45,15 +45,7 @@ fn every_program_verifies(kind: DeviceKind, tag: &str, target: Duration) -> u64 
         let report = agora_apps::run_on_agora(&session, &workload, Some(kind)).unwrap();
         assert!(report.verified, "{kind:?} {program}: max error {}", report.max_error);
     }
-    let jobs: u64 = session
-        .status()
-        .unwrap()
-        .devices
-        .iter()
-        .filter(|d| d.kind == kind.name())
-        .flat_map(|d| d.lanes.iter())
-        .map(|l| l.completed)
-        .sum();
+    let jobs = agora_test_support::jobs_on(&session, kind.name());
     drop(session);
     daemon.stop().unwrap();
     jobs
@@ -333,13 +325,7 @@ fn revoke_every_program(kind: DeviceKind) {
     );
     // The programs ran on that kind of device (a preference is a hint: without one they run
     // elsewhere, which must not pass for this kind).
-    let jobs: u64 = status
-        .devices
-        .iter()
-        .filter(|d| d.kind == kind.name())
-        .flat_map(|d| d.lanes.iter())
-        .map(|l| l.completed)
-        .sum();
+    let jobs = agora_test_support::jobs_on(&session, kind.name());
     assert!(jobs > 0, "no job ran on a {kind:?} device");
     drop(session);
     daemon.stop().unwrap();

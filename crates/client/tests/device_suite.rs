@@ -40,14 +40,7 @@ fn every_kernel_case_passes_on_every_device() {
     }
     // The OpenCL preference was honoured: its lanes ran at least one job per case. (CPU cases
     // may run inline on the dispatcher, which no lane counts.)
-    let status = session.status().unwrap();
-    let completed: u64 = status
-        .devices
-        .iter()
-        .filter(|d| d.kind == "opencl")
-        .flat_map(|d| d.lanes.iter())
-        .map(|l| l.completed)
-        .sum();
+    let completed = agora_test_support::jobs_on(&session, "opencl");
     assert!(
         completed >= all.len() as u64,
         "OpenCL lanes ran {completed} jobs for {} cases",

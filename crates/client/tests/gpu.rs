@@ -49,15 +49,7 @@ fn gpu_queue(session: &Session, name: &str) -> agora::Queue {
 }
 
 fn gpu_jobs(session: &Session) -> u64 {
-    session
-        .status()
-        .unwrap()
-        .devices
-        .iter()
-        .filter(|d| d.kind == "cuda")
-        .flat_map(|d| d.lanes.iter())
-        .map(|l| l.completed)
-        .sum()
+    agora_test_support::jobs_on(session, "cuda")
 }
 
 #[test]

@@ -305,34 +305,14 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
             tracing::warn!("{problem}; continuing without it");
         }
         for device in found {
-            tracing::info!(
-                device = %device.info().name,
-                description = %device.info().description,
-                lanes = device.info().lanes,
-                memory_mib = device.info().memory_bytes >> 20,
-                "device ready"
-            );
-            facts.push(scheduler::DeviceFacts {
-                lane_watts: config.opencl_power.lane_watts(device.info().lanes),
-                bandwidth: 8e9,
-            });
-            devices.push(Arc::new(device));
+            let lane_watts = config.opencl_power.lane_watts(device.info().lanes);
+            device_ready(&mut devices, &mut facts, Arc::new(device), lane_watts, 8e9);
         }
     }
     #[cfg(feature = "cuda")]
     for device in gpus {
-        tracing::info!(
-            device = %device.info().name,
-            description = %device.info().description,
-            lanes = device.info().lanes,
-            memory_mib = device.info().memory_bytes >> 20,
-            "device ready"
-        );
-        facts.push(scheduler::DeviceFacts {
-            lane_watts: config.cuda_power.lane_watts(device.info().lanes),
-            bandwidth: 25e9,
-        });
-        devices.push(Arc::new(device));
+        let lane_watts = config.cuda_power.lane_watts(device.info().lanes);
+        device_ready(&mut devices, &mut facts, Arc::new(device), lane_watts, 25e9);
     }
     for sim in &config.sims {
         let spec = agora_devices::sim::SimSpec {
@@ -476,6 +456,26 @@ fn load_model(config: &DaemonConfig, state_dir: &Path) -> policy::PerformanceMod
             model
         }
     }
+}
+
+/// Logs a discovered device with memory of its own and adds it, with its power and bandwidth
+/// estimates for the policies (starting points, not measurements).
+fn device_ready(
+    devices: &mut Vec<Arc<dyn Device>>,
+    facts: &mut Vec<scheduler::DeviceFacts>,
+    device: Arc<dyn Device>,
+    lane_watts: f64,
+    bandwidth: f64,
+) {
+    tracing::info!(
+        device = %device.info().name,
+        description = %device.info().description,
+        lanes = device.info().lanes,
+        memory_mib = device.info().memory_bytes >> 20,
+        "device ready"
+    );
+    facts.push(scheduler::DeviceFacts { lane_watts, bandwidth });
+    devices.push(device);
 }
 
 /// The device layer's description of a configured sim device.

@@ -299,6 +299,15 @@ pub enum Work {
 // memory. The daemon hands each job to exactly one lane.
 unsafe impl Send for Work {}
 
+/// The rows of dimension 0 a launch over `rows0` rows runs: the slice `rows` (clamped to the
+/// range) or all of them. Empty when the slice is.
+pub fn rows_to_run(rows0: u64, rows: Option<&std::ops::Range<u64>>) -> std::ops::Range<u64> {
+    match rows {
+        Some(rows) => rows.start.min(rows0)..rows.end.min(rows0),
+        None => 0..rows0,
+    }
+}
+
 /// Runs work that touches only host memory (fills, copies, ordering points) on the calling
 /// thread; `None` for kernel launches. Every backend's lanes can run these.
 pub fn run_host_work(work: &Work) -> Option<Result<(), TaskError>> {

@@ -84,6 +84,21 @@ pub fn last_device(session: &Session, queue: &str) -> Option<String> {
         .and_then(|q| q.last_device.clone())
 }
 
+/// Jobs the lanes of every device of kind `kind` (`cpu`, `opencl`, `cuda`, `sim`) ran to the end:
+/// whether a kind preference (only a hint) was honoured. Inline runs on the dispatcher are not
+/// counted.
+pub fn jobs_on(session: &Session, kind: &str) -> u64 {
+    session
+        .status()
+        .unwrap()
+        .devices
+        .iter()
+        .filter(|d| d.kind == kind)
+        .flat_map(|d| d.lanes.iter())
+        .map(|l| l.completed)
+        .sum()
+}
+
 /// Fails (never skips) when the daemon has no OpenCL device.
 pub fn require_opencl(session: &Session) {
     let status = session.status().unwrap();

@@ -14,7 +14,7 @@ use std::ffi::{c_void, CString};
 use std::path::PathBuf;
 use std::time::Instant;
 
-use agora_devices::cuda::{block_shape, fence, programs};
+use agora_devices::cuda::{fence, launch_shape, programs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use cudarc::driver::result as driver;
@@ -22,7 +22,7 @@ use cudarc::driver::sys::{self, CUcontext, CUdeviceptr, CUfunction, CUresult, CU
 use serde::Serialize;
 
 use super::client::{run_clients_with, ClientMode, StepClient};
-use super::harness::{load_average_at_start, median, paired_ratios, spread, DaemonProcess, Spread};
+use super::harness::{geomean, load_average_at_start, median, paired_ratios, spread, DaemonProcess, Spread};
 
 /// `agora bench gpu` options.
 #[derive(Args, Debug)]
@@ -216,18 +216,11 @@ impl Native {
         let dims = range.len().clamp(1, 3);
         let mut extent = [1u64; 3];
         extent[..dims].copy_from_slice(&range[..dims]);
-        let mut block = block_shape(dims, local);
         let mut all: Vec<u64> = values.to_vec();
         if convention == programs::Convention::Guarded {
             all.extend([extent[0], extent[1], extent[2], self.zero_flag, 0]);
-        } else {
-            for d in 0..3 {
-                while block[d] > 1 && extent[d] % block[d] != 0 {
-                    block[d] /= 2;
-                }
-            }
         }
-        let grid = [0, 1, 2].map(|d| extent[d].div_ceil(block[d]) as u32);
+        let (grid, block) = launch_shape(extent, dims, local, convention);
         let mut pointers: Vec<*mut c_void> = all.iter_mut().map(|v| v as *mut u64 as *mut c_void).collect();
         // SAFETY: parameters follow the kernel's signature and convention; `all` outlives the
         // call (the driver copies parameters before returning).
@@ -235,9 +228,9 @@ impl Native {
             unsafe {
                 sys::cuLaunchKernel(
                     f,
-                    grid[0],
-                    grid[1],
-                    grid[2],
+                    grid[0] as u32,
+                    grid[1] as u32,
+                    grid[2] as u32,
                     block[0] as u32,
                     block[1] as u32,
                     block[2] as u32,
@@ -397,11 +390,6 @@ struct ProgramRow {
     ratio: f64,
     ratio_spread: Spread,
     verified: bool,
-}
-
-fn geomean(values: impl Iterator<Item = f64>) -> Option<f64> {
-    let (sum, n) = values.fold((0.0, 0usize), |(s, n), v| (s + v.ln(), n + 1));
-    (n > 0).then(|| (sum / n as f64).exp())
 }
 
 /// GPU sizes: a few milliseconds to a second natively on an H100-class GPU.

@@ -130,6 +130,12 @@ pub(crate) fn percentile(sorted: &[u64], p: f64) -> u64 {
     sorted[index]
 }
 
+/// The geometric mean of `values`; `None` when there are none.
+pub(crate) fn geomean(values: impl Iterator<Item = f64>) -> Option<f64> {
+    let (sum, n) = values.fold((0.0, 0usize), |(s, n), v| (s + v.ln(), n + 1));
+    (n > 0).then(|| (sum / n as f64).exp())
+}
+
 pub(crate) fn minimum(values: &[f64]) -> f64 {
     values.iter().copied().fold(f64::INFINITY, f64::min)
 }

@@ -135,9 +135,9 @@ fn ms(times: &[f64]) -> Spread {
     spread(&v)
 }
 
+/// The geometric mean (1 for no values, as a ratio of nothing).
 fn geomean(values: impl Iterator<Item = f64>) -> f64 {
-    let v: Vec<f64> = values.collect();
-    (v.iter().map(|x| x.ln()).sum::<f64>() / v.len().max(1) as f64).exp()
+    super::harness::geomean(values).unwrap_or(1.0)
 }
 
 /// Whether `got` matches `want` within single-precision rounding of sums of up to a few

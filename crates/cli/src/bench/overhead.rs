@@ -109,9 +109,9 @@ fn interleaved(
     Ok((native_runs, agora_runs, verified))
 }
 
+/// The geometric mean (1 for no values, as a ratio of nothing).
 fn geomean(values: impl Iterator<Item = f64>) -> f64 {
-    let (sum, n) = values.fold((0.0, 0usize), |(s, n), v| (s + v.ln(), n + 1));
-    (sum / n.max(1) as f64).exp()
+    super::harness::geomean(values).unwrap_or(1.0)
 }
 
 pub fn overhead(socket: Option<PathBuf>, args: OverheadArgs) -> Result<()> {

@@ -361,6 +361,26 @@ pub fn discover(
     (devices, problems)
 }
 
+/// The grid and block of a launch over `extent` threads per dimension (dimension 0: the slice's
+/// rows): blocks of [`block_shape`], a plain kernel's halved in each dimension until they divide
+/// its extent (it has no guard that stops rounded-up threads).
+pub fn launch_shape(
+    extent: [u64; 3],
+    dims: usize,
+    local: Option<[usize; 3]>,
+    convention: super::programs::Convention,
+) -> ([u64; 3], [u64; 3]) {
+    let mut block = block_shape(dims, local);
+    if convention == super::programs::Convention::Plain {
+        for d in 0..3 {
+            while block[d] > 1 && !extent[d].is_multiple_of(block[d]) {
+                block[d] /= 2;
+            }
+        }
+    }
+    ([0, 1, 2].map(|d| extent[d].div_ceil(block[d])), block)
+}
+
 /// Whether `program` is a tenant's own program (the daemon names them `tenant/<hash>`), which a
 /// GPU must not run unfenced.
 pub fn is_tenant_program(program: &str) -> bool {

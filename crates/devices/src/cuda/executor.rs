@@ -19,7 +19,7 @@ use cudarc::driver::sys::{self, CUdeviceptr, CUfunction, CUresult, CUstream};
 
 use super::buffer::as_cuda;
 use super::completion::{Completions, Mirror, Pending};
-use super::device::{block_shape, Shared, IN_CALLBACK, MAX_GRID_X, MAX_GRID_YZ};
+use super::device::{launch_shape, Shared, IN_CALLBACK, MAX_GRID_X, MAX_GRID_YZ};
 use super::programs::Convention;
 use crate::lane::{Executor, JobEnd};
 use crate::{Transfer, Work};
@@ -176,10 +176,7 @@ impl CudaExecutor {
             return Err(TaskError::KernelFault);
         };
         let imp = kernel.opencl.as_ref().ok_or(TaskError::KernelFault)?;
-        let (first, end) = match rows {
-            Some(rows) => (rows.start.min(range[0]), rows.end.min(range[0])),
-            None => (0, range[0]),
-        };
+        let std::ops::Range { start: first, end } = crate::rows_to_run(range[0], rows.as_ref());
         if end <= first {
             return Ok(()); // An empty slice: nothing to run.
         }
@@ -199,8 +196,6 @@ impl CudaExecutor {
             };
         }
         let mut count = params;
-        let local = imp.local;
-        let mut block = block_shape(*dims, local);
         let mut extent = [1u64; 3];
         extent[..*dims].copy_from_slice(&range[..*dims]);
         extent[0] = end - first;
@@ -233,15 +228,8 @@ impl CudaExecutor {
             };
             values[count + 4] = first;
             count += 5;
-        } else {
-            // Plain kernels get the exact range: blocks that divide it.
-            for d in 0..3 {
-                while block[d] > 1 && extent[d] % block[d] != 0 {
-                    block[d] /= 2;
-                }
-            }
         }
-        let grid = [0, 1, 2].map(|d| extent[d].div_ceil(block[d]));
+        let (grid, block) = launch_shape(extent, *dims, imp.local, convention);
         if grid[0] > MAX_GRID_X || grid[1] > MAX_GRID_YZ || grid[2] > MAX_GRID_YZ {
             tracing::error!(device = %self.shared.name, kernel = %kernel.name, ?grid, "a launch beyond the grid limits reached the device; refused");
             return Err(TaskError::KernelFault);

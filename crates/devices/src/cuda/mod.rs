@@ -53,4 +53,4 @@ pub mod programs;
 #[cfg(test)]
 mod tests;
 
-pub use device::{block_shape, discover, CudaDevice, MAX_GRID_X, MAX_GRID_YZ, MAX_ITEMS_PER_ENQUEUE};
+pub use device::{block_shape, discover, launch_shape, CudaDevice, MAX_GRID_X, MAX_GRID_YZ, MAX_ITEMS_PER_ENQUEUE};

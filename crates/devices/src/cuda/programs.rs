@@ -317,6 +317,17 @@ impl Programs {
             .contains_key(program)
     }
 
+    /// Logs `message` and remembers `imp`'s program as broken (the device stops claiming it);
+    /// returns the message.
+    fn mark_broken(&self, device: &str, imp: &OpenClImpl, message: String) -> String {
+        tracing::error!(device, "{message}");
+        self.broken
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(imp.program.to_string(), message.clone());
+        message
+    }
+
     /// The function of `imp` on the current context, compiled and loaded at first use.
     pub fn function(&self, device: &str, arch: u32, imp: &OpenClImpl) -> Result<Found, String> {
         let source = cuda_source(&imp.source);
@@ -326,25 +337,17 @@ impl Programs {
         let mut built = false;
         if !loaded.contains_key(&key) {
             let (ptx, compiled) = ptx_for(&imp.program, &source, arch).map_err(|e| {
-                let message = format!("CUDA program {} did not compile for sm_{arch}: {e}", imp.program);
-                tracing::error!(device, "{message}");
-                self.broken
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(imp.program.to_string(), message.clone());
-                message
+                self.mark_broken(
+                    device,
+                    imp,
+                    format!("CUDA program {} did not compile for sm_{arch}: {e}", imp.program),
+                )
             })?;
             built = compiled;
             let c_ptx = CString::new(ptx).map_err(|_| "PTX with a NUL byte".to_string())?;
             // SAFETY: NUL-terminated PTX text; the module is kept until the device goes.
             let module = unsafe { cudarc::driver::result::module::load_data(c_ptx.as_ptr().cast()) }.map_err(|e| {
-                let message = format!("CUDA program {} did not load: {e:?}", imp.program);
-                tracing::error!(device, "{message}");
-                self.broken
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(imp.program.to_string(), message.clone());
-                message
+                self.mark_broken(device, imp, format!("CUDA program {} did not load: {e:?}", imp.program))
             })?;
             loaded.insert(
                 key.clone(),

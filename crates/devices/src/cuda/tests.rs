@@ -169,3 +169,27 @@ fn the_convention_is_read_from_the_entry_s_own_declaration() {
     assert!(cuda.contains("void a(__global float *y)"), "{cuda}");
     programs::compile_ptx("spacing", &cuda, 80).unwrap();
 }
+
+#[test]
+fn guarded_launches_round_up_to_whole_blocks_and_plain_ones_get_blocks_that_divide_them() {
+    use super::launch_shape;
+    // Guarded: 1000 rows in blocks of 256, the last block's extra threads stopped by the guard.
+    assert_eq!(
+        launch_shape([1000, 1, 1], 1, None, Convention::Guarded),
+        ([4, 1, 1], [256, 1, 1])
+    );
+    // A kernel's required block shape (sgemm's 16 x 16).
+    assert_eq!(
+        launch_shape([33, 40, 1], 2, Some([16, 16, 1]), Convention::Guarded),
+        ([3, 3, 1], [16, 16, 1])
+    );
+    // Plain: no guard, so blocks divide the extent exactly (1000 = 8 x 125).
+    assert_eq!(
+        launch_shape([1000, 1, 1], 1, None, Convention::Plain),
+        ([125, 1, 1], [8, 1, 1])
+    );
+    assert_eq!(
+        launch_shape([7, 48, 1], 2, None, Convention::Plain),
+        ([7, 3, 1], [1, 16, 1])
+    );
+}

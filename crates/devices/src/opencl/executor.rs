@@ -279,10 +279,7 @@ impl ClExecutor {
         let imp = kernel.opencl.as_ref().ok_or(TaskError::KernelFault)?;
         // A row slice runs rows `first..end` of dimension 0, as one command whose global work
         // offset is `first`.
-        let (first, end) = match rows {
-            Some(rows) => (rows.start.min(range[0]), rows.end.min(range[0])),
-            None => (0, range[0]),
-        };
+        let std::ops::Range { start: first, end } = crate::rows_to_run(range[0], rows.as_ref());
         if end <= first {
             // An empty slice (OpenCL 1.2 refuses a zero global size): nothing to run.
             return self.marker().map(Started::command);
