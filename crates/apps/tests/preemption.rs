@@ -109,7 +109,20 @@ fn latency_beside_batch(session: &Session, kind: DeviceKind) -> (Duration, bool)
             agora::NdRange::d2(n as u64, n as u64),
         )
         .unwrap();
-    std::thread::sleep(Duration::from_millis(2)); // the batch kernel is running
+    // Wait until the batch kernel is running on a lane of `kind` (a fixed sleep was not enough on
+    // a loaded machine: the latency task then reached the lane first, ahead of the queued batch
+    // job, and overtook it without any slicing).
+    let running = agora_test_support::eventually(Duration::from_secs(10), || {
+        session
+            .status()
+            .unwrap()
+            .devices
+            .iter()
+            .filter(|d| d.kind == kind.name())
+            .any(|d| d.lanes.iter().any(|l| l.busy))
+    });
+    assert!(running, "the batch kernel never started on a {kind:?} lane");
+    std::thread::sleep(Duration::from_millis(2));
     let issued = Instant::now();
     let small = latency
         .launch(
