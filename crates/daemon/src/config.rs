@@ -279,6 +279,10 @@ pub struct DaemonConfig {
     /// Batch launches predicted shorter than this are never made revocable (a latency task
     /// waits for them): revocability costs a drained lane and a copy of the read-write buffers.
     pub revoke_min: Duration,
+    /// Largest share of a launch's predicted time that saving its read-write buffers (what a
+    /// replay restores) may cost for it to run revocable. Above it the launch runs whole: on a
+    /// GPU, saving a 64 MiB buffer before each of nw's 100 µs diagonals made it 450× slower.
+    pub revoke_max_save_share: f64,
     /// OS priority of lane threads (and CPU gang helpers) while they run batch-class jobs;
     /// latency-class jobs always run at normal priority (`SCHED_OTHER` at the daemon's nice
     /// value). A lane's threads switch when the class of its work changes, and a latency job
@@ -478,6 +482,7 @@ impl Default for DaemonConfig {
             latency_policy: LatencyPolicy::Elastic,
             latency_sla: Duration::from_millis(200),
             revoke_min: Duration::from_millis(1),
+            revoke_max_save_share: 0.05,
             batch_priority: BatchPriority::Batch,
             dispatcher_nice: 0,
             strict_coherence: false,
@@ -567,6 +572,7 @@ section! {
         latency_policy: LatencyPolicy => latency_policy,
         latency_sla_ms: TargetMs => latency_sla,
         revoke_min_us: Micros => revoke_min,
+        revoke_max_save_share: f64 => revoke_max_save_share,
         strict_coherence: bool => strict_coherence,
         batch_priority: PriorityName => batch_priority,
         dispatcher_nice: i32 => dispatcher_nice,
@@ -1023,7 +1029,8 @@ impl DaemonConfig {
              # scheduler.latency_policy: none | priority | elastic (revocation of batch launches that are\n\
              #   not sliced; elastic also reserves lanes for latency work). latency_sla_ms: the\n\
              #   response-time target of latency queues that set none. revoke_min_us: shorter batch\n\
-             #   launches are never revocable.\n\
+             #   launches are never revocable. revoke_max_save_share (0.05): nor are launches whose\n\
+             #   read-write buffers take longer than this share of the launch to save.\n\
              # scheduler.batch_priority: idle | batch | normal | nice:N, the OS priority of lane threads\n\
              #   running batch jobs (latency jobs run at normal). idle and nice:N need CAP_SYS_NICE or\n\
              #   RLIMIT_NICE >= 20 to come back to normal; without, the daemon says so and uses batch.\n\

@@ -140,22 +140,10 @@ pub(crate) fn read_write_bytes(work: &Work) -> u64 {
     }
 }
 
-/// Submits a launch revocable on `lane` of `device`. `transfers` go with its first run;
-/// `done` is called once, when it completes (after any number of revocations and replays).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn submit(
-    device: Arc<dyn Device>,
-    lane: usize,
-    transfers: Vec<Transfer>,
-    work: Work,
-    session_cancelled: Arc<AtomicBool>,
-    slot: VictimSlot,
-    predicted_ns: f64,
-    cost_ns: f64,
-    counters: RevocationCounters,
-    done: Done,
-) {
-    let buffers = match &work {
+/// The read-write buffers of `work`, and whether `transfers` (the launch's own) load each from
+/// its host copy.
+fn read_write_buffers(work: &Work, transfers: &[Transfer]) -> Vec<ReadWrite> {
+    match work {
         Work::Launch {
             kernel,
             args,
@@ -188,7 +176,35 @@ pub(crate) fn submit(
             })
             .collect(),
         _ => Vec::new(),
-    };
+    }
+}
+
+/// The bytes a revocable run of `work` saves before it starts (its read-write buffers, less
+/// those its own `transfers` load from their unchanged host copies): what revocability costs.
+pub(crate) fn bytes_to_save(work: &Work, transfers: &[Transfer]) -> u64 {
+    read_write_buffers(work, transfers)
+        .iter()
+        .filter(|b| !b.loaded_from_host)
+        .map(|b| b.len as u64)
+        .sum()
+}
+
+/// Submits a launch revocable on `lane` of `device`. `transfers` go with its first run;
+/// `done` is called once, when it completes (after any number of revocations and replays).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn submit(
+    device: Arc<dyn Device>,
+    lane: usize,
+    transfers: Vec<Transfer>,
+    work: Work,
+    session_cancelled: Arc<AtomicBool>,
+    slot: VictimSlot,
+    predicted_ns: f64,
+    cost_ns: f64,
+    counters: RevocationCounters,
+    done: Done,
+) {
+    let buffers = read_write_buffers(&work, &transfers);
     let replay = Arc::new(Replay {
         device,
         lane,

@@ -557,7 +557,7 @@ impl Lane {
                 Some(r) => (Some(r.flag), r.save),
                 None => (None, None),
             };
-            let end = JobEnd {
+            let mut end = JobEnd {
                 lane: self.clone(),
                 done,
                 keepalive,
@@ -580,6 +580,10 @@ impl Lane {
                     end.finish(Err(e));
                     continue;
                 }
+                // The job's time starts after its save: the performance model learns the launch,
+                // not the save (counted in, a save longer than the launch made the next launch
+                // look long enough to be revocable again, and so on).
+                end.started = Instant::now();
             }
             executor.run(transfers, work, end);
             if revocable {

@@ -154,6 +154,8 @@ pub(crate) struct SchedulerConfig {
     pub default_sla_ns: f64,
     /// Shortest predicted batch launch made revocable, nanoseconds.
     pub revoke_min_ns: f64,
+    /// Largest share of a launch's predicted time its save may cost for it to run revocable.
+    pub revoke_max_save_share: f64,
     /// Test-only: tasks picked to fail (`DaemonConfig::inject_faults`).
     pub faults: Option<FaultInjection>,
     /// Most host memory one user may have registered with GPUs (0: half the host's).
@@ -170,6 +172,7 @@ impl SchedulerConfig {
             latency_policy: config.latency_policy,
             default_sla_ns: config.latency_sla.as_nanos() as f64,
             revoke_min_ns: config.revoke_min.as_nanos() as f64,
+            revoke_max_save_share: config.revoke_max_save_share,
             faults: FaultInjection::new(config.inject_faults),
             pinned_limit_per_user: config.cuda_pinned_limit_per_user,
         }
