@@ -22,7 +22,10 @@ export AGORA_CUDA_CACHE="$out/ptx-cache" AGORA_LOG=${AGORA_LOG:-info}
 for f in agora gpu-tests preemption-tests; do
   [ -x "$bin/$f" ] || { echo "gpu-check: $bin/$f missing: run 'make gpu-dist' first" >&2; exit 2; }
 done
+# Tenant programs' executors are the agora binary (the fencing test builds one).
+export AGORA_EXECUTOR="$(cd "$bin" && pwd)/agora"
 nvidia-smi -L | tee "$out/gpus.txt"
+ls /etc/OpenCL/vendors >> "$out/gpus.txt" 2>&1 || echo "no OpenCL ICDs" >> "$out/gpus.txt"
 status=0
 
 echo "== devices"
@@ -50,7 +53,8 @@ timeout "${AGORA_GPU_TEST_TIMEOUT:-900}" "$bin/preemption-tests" --ignored on_a_
   | tee "$out/revocation.txt" || status=1
 
 echo "== agora bench gpu $quick"
-timeout "${AGORA_GPU_BENCH_TIMEOUT:-1800}" "$bin/agora" bench gpu --json $quick > "$out/bench-gpu.json" 2> "$out/bench-gpu.log" || status=1
+# shellcheck disable=SC2086 # AGORA_GPU_BENCH_ARGS: extra options, e.g. "--repetitions 3"
+timeout "${AGORA_GPU_BENCH_TIMEOUT:-1800}" "$bin/agora" bench gpu --json $quick ${AGORA_GPU_BENCH_ARGS:-} > "$out/bench-gpu.json" 2> "$out/bench-gpu.log" || status=1
 cat "$out/bench-gpu.log"
 head -c 6000 "$out/bench-gpu.json"; echo
 exit $status

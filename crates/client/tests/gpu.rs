@@ -1,6 +1,8 @@
 //! NVIDIA GPU cases: every library kernel case on a GPU, checked against its host reference;
 //! two tenants at once; launches beyond the GPU's grid limits (sliced, or run elsewhere when no
-//! slicing fits); a buffer larger than the memory the GPU may use.
+//! slicing fits); a buffer larger than the memory the GPU may use; a tenant's own kernel that
+//! writes all over the GPU's address space, fenced into its partition while its neighbour's data
+//! stays exact.
 //!
 //! These need an NVIDIA GPU and its driver, which CI and the development machines lack: they
 //! are `#[ignore]`d (listed as ignored, never passed) and run by `scripts/gpu-check.sh` with
@@ -231,5 +233,106 @@ fn a_buffer_larger_than_the_gpu_may_use_runs_elsewhere_or_fails_saying_so() {
     }
     agora_test_support::saxpy_ok(&session, 1 << 16);
     drop(session);
+    daemon.stop().unwrap();
+}
+
+/// A tenant's own kernel that writes and atomically updates addresses it computes from scalars,
+/// far outside its buffer: unfenced, it would write other tenants' memory or fault the context.
+const STRAY_WRITER: &str = "__kernel void stray(__global float *out, const long delta, const long stride) {\n\
+    size_t i = get_global_id(0);\n\
+    __global float *p = out + delta + (long)i * stride;\n\
+    *p = 13.0f;\n\
+    atomic_add((__global int *)(p + 1), 7);\n\
+}";
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-check.sh on a GPU machine"]
+fn a_tenant_kernel_writing_out_of_bounds_is_fenced_and_its_neighbour_stays_exact() {
+    let (daemon, session) = gpu_daemon_with("gpu-fence", |c| {
+        if c.program_executor.is_none() {
+            // The agora binary runs tenant programs' executors (gpu-check.sh sets AGORA_EXECUTOR).
+            c.program_executor = std::env::var_os("AGORA_EXECUTOR").map(Into::into);
+        }
+        assert!(
+            c.program_executor.is_some(),
+            "set AGORA_EXECUTOR to the agora binary: tenant programs need their executor"
+        );
+        assert!(c.programs_on_gpus, "tenant programs run on GPUs by default");
+    });
+    // The neighbour: 64 MiB with a pattern, left on the GPU while the stray kernel runs.
+    let neighbour = daemon.session();
+    let queue = gpu_queue(&neighbour, "neighbour");
+    let floats = 16usize << 20;
+    let mut data = neighbour.buffer((floats * 4) as u64).unwrap();
+    for (i, v) in data.as_mut_slice::<f32>().iter_mut().enumerate() {
+        *v = (i % 4093) as f32;
+    }
+    let scale = neighbour.kernel("stream.scale").unwrap();
+    let scratch = neighbour.buffer((floats * 4) as u64).unwrap();
+    let _ = queue.sync_to(&data).unwrap();
+    // On the GPU: scratch = 1 * data (the data is resident there from now on).
+    let _ = queue
+        .launch(
+            &scale,
+            &[Arg::F32(1.0), (&data).into(), (&scratch).into()],
+            floats as u64,
+        )
+        .unwrap();
+    queue.finish().unwrap();
+
+    // The attacker's own program, fenced on the GPU.
+    let attacker = daemon.session();
+    let program = attacker.program_opencl(STRAY_WRITER).unwrap();
+    let stray = program.kernel("stray").unwrap();
+    let attack = gpu_queue(&attacker, "attack");
+    let mine = attacker.buffer(1 << 20).unwrap();
+    let before = gpu_jobs(&session);
+    // 2^20 threads 2^16 floats (256 KiB) apart, from 4 GiB below to 4 GiB above its buffer, and
+    // beyond: 256 GiB of addresses, every other tenant's memory included.
+    for delta in [-(1i64 << 30), -(1 << 20), 1 << 18, 1 << 30, 1 << 36] {
+        let task = attack
+            .launch(
+                &stray,
+                &[(&mine).into(), Arg::I64(delta), Arg::I64(1 << 16)],
+                1u64 << 20,
+            )
+            .unwrap();
+        task.wait()
+            .unwrap_or_else(|e| panic!("the fenced stray launch (delta {delta}) failed: {e}"));
+    }
+    attack.finish().unwrap();
+    assert!(
+        gpu_jobs(&session) >= before + 5,
+        "the tenant's kernel did not run on the GPU (jobs {before} -> {})",
+        gpu_jobs(&session)
+    );
+
+    // The neighbour's data, on the GPU and read back, is exact; the GPU still works for both.
+    let _ = queue
+        .launch(
+            &scale,
+            &[Arg::F32(2.0), (&data).into(), (&scratch).into()],
+            floats as u64,
+        )
+        .unwrap();
+    let _ = queue.sync_from(&data).unwrap();
+    let _ = queue.sync_from(&scratch).unwrap();
+    queue.finish().unwrap();
+    let wrong = data
+        .as_slice::<f32>()
+        .iter()
+        .zip(scratch.as_slice::<f32>())
+        .enumerate()
+        .filter(|(i, (d, s))| **d != (i % 4093) as f32 || **s != 2.0 * (i % 4093) as f32)
+        .count();
+    assert_eq!(wrong, 0, "{wrong} of the neighbour's values changed");
+    agora_test_support::saxpy_ok(&attacker, 1 << 16);
+    let status = session.status().unwrap();
+    assert!(
+        status.devices.iter().any(|d| d.kind == "cuda" && !d.failed),
+        "the GPU failed: {:?}",
+        status.devices
+    );
+    drop((attacker, neighbour, session));
     daemon.stop().unwrap();
 }

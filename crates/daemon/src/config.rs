@@ -348,6 +348,10 @@ pub struct DaemonConfig {
     /// crashes PoCL crashes the daemon. For nodes whose tenants are trusted. Their CPU placement
     /// (and C programs, always) stays in the sandboxed executor.
     pub programs_in_daemon: bool,
+    /// Whether the kernels of tenant OpenCL programs may run on the daemon's GPUs, compiled to
+    /// PTX and fenced into the tenant's partition of GPU memory (`[programs] on_gpus`; default
+    /// true). A program the fence pass refuses runs elsewhere.
+    pub programs_on_gpus: bool,
     /// Per-uid limits, the control request rate and the hello timeout (`[limits]`).
     pub limits: crate::limits::LimitSettings,
     /// Who may use admin requests (drain, `agora kernels reload`, `agora trace save`) besides
@@ -498,6 +502,7 @@ impl Default for DaemonConfig {
                 .map(PathBuf::from),
             program_cache_bytes: 256 << 20,
             programs_in_daemon: false,
+            programs_on_gpus: true,
             limits: crate::limits::LimitSettings::default(),
             admin_uids: None,
             admin_gids: Vec::new(),
@@ -645,6 +650,7 @@ section! {
         executor: Option<PathBuf> => program_executor,
         cache_bytes: Bytes => program_cache_bytes,
         in_daemon: bool => programs_in_daemon,
+        on_gpus: bool => programs_on_gpus,
     }
 }
 

@@ -389,6 +389,7 @@ mod tests {
             name: "p".into(),
             max_programs: 64,
             in_daemon: false,
+            on_gpus: false,
         };
         assert!(control
             .submit(&daemon_side, ControlJob::BuildProgram(Box::new(job)), &owed)

@@ -104,8 +104,13 @@ impl KernelTable {
                         if kernel.cpu.is_some() {
                             implementations.push("cpu".to_string());
                         }
-                        if kernel.opencl.is_some() {
-                            implementations.push("opencl".to_string());
+                        match &kernel.opencl {
+                            // A tenant program outside `[programs] in_daemon`: GPUs only, fenced.
+                            Some(imp) if agora_kernels::runs_only_fenced(&imp.program) => {
+                                implementations.push("cuda (fenced)".to_string())
+                            }
+                            Some(_) => implementations.push("opencl".to_string()),
+                            None => {}
                         }
                         (None, implementations)
                     }

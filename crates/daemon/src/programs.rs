@@ -256,6 +256,8 @@ pub(crate) struct BuildJob {
     /// `[programs] in_daemon`: an OpenCL program's kernels may also run on the daemon's own
     /// OpenCL devices.
     pub(crate) in_daemon: bool,
+    /// `[programs] on_gpus`: ... and on its GPUs, fenced.
+    pub(crate) on_gpus: bool,
 }
 
 /// Runs a build (on a builder thread) and returns the reply.
@@ -292,6 +294,7 @@ fn build_inner(job: BuildJob) -> Result<Response, ControlError> {
         name,
         max_programs,
         in_daemon,
+        on_gpus,
     } = job;
     check_request(&language, &code, manifest.as_deref())?;
     let specs = match manifest.as_deref() {
@@ -334,7 +337,7 @@ fn build_inner(job: BuildJob) -> Result<Response, ControlError> {
         "opencl" => {
             let source = String::from_utf8(code)
                 .map_err(|_| ControlError::BadRequest("OpenCL C source must be UTF-8 text".into()))?;
-            if in_daemon {
+            if in_daemon || on_gpus {
                 daemon_source = Some(source.clone());
             }
             let device = executor.device().map_err(started)?;
@@ -362,12 +365,18 @@ fn build_inner(job: BuildJob) -> Result<Response, ControlError> {
     if let Some(source) = daemon_source {
         // In-daemon placement allowed: the same source as an OpenCL implementation the daemon's
         // devices build and run like a package's (plain convention: exact range, no revocation).
+        // Its name says where: on OpenCL devices and GPUs (`in_daemon`), or fenced on GPUs only.
         use sha2::Digest;
         let hash: [u8; 32] = sha2::Sha256::digest(source.as_bytes()).into();
         let program: String = hash[..8].iter().map(|b| format!("{b:02x}")).collect();
+        let prefix = if in_daemon {
+            agora_kernels::TENANT_PROGRAM_PREFIX
+        } else {
+            agora_kernels::FENCED_TENANT_PROGRAM_PREFIX
+        };
         for (def, kernel) in defs.iter_mut().zip(&built.kernels) {
             def.opencl = Some(agora_kernels::OpenClImpl {
-                program: Cow::Owned(format!("tenant/{program}")),
+                program: Cow::Owned(format!("{prefix}{program}")),
                 source: Cow::Owned(source.clone()),
                 entry: Cow::Owned(kernel.name.clone()),
                 local: None,

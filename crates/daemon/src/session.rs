@@ -402,7 +402,7 @@ impl Session {
                 max_lane_ns,
                 bytes_to_device: AtomicU64::new(0),
                 bytes_to_host: AtomicU64::new(0),
-                device_usage: Arc::default(),
+                device_usage: Arc::new(DeviceUsage::new(id)),
                 unread: Arc::new(UnreadReleases {
                     session: id,
                     ..Default::default()

@@ -82,8 +82,8 @@ fn main() {
     println!("{}", dev.info().description);
     let n = 768u64;
     let ones: Vec<u8> = (0..n * n).flat_map(|_| 1.0f32.to_ne_bytes()).collect();
-    let a = dev.alloc(n * n * 4).unwrap().unwrap();
-    let c = dev.alloc(n * n * 4).unwrap().unwrap();
+    let a = dev.alloc(1, n * n * 4).unwrap().unwrap();
+    let c = dev.alloc(1, n * n * 4).unwrap().unwrap();
     let (tx, rx) = mpsc::channel();
     let upload = Transfer::ToDevice {
         host: ones.as_ptr(),

@@ -436,9 +436,11 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     /// Runs `work` on the calling thread, now. Only for devices that share host memory, and only
     /// for work the caller has judged tiny; used to skip a thread hand-off for such tasks.
     fn run_inline(&self, work: &Work) -> Result<(), TaskError>;
-    /// Allocates device memory for a buffer of `len` bytes. Devices that share host memory have
-    /// no memory of their own and return `None`.
-    fn alloc(&self, len: u64) -> Option<Result<Arc<dyn DeviceBuffer>, TaskError>>;
+    /// Allocates device memory for a buffer of `len` bytes owned by `tenant` (the daemon's
+    /// session id: a device that fences tenants' kernels keeps each tenant's memory in a
+    /// partition of its own). Devices that share host memory have no memory of their own and
+    /// return `None`.
+    fn alloc(&self, tenant: u64, len: u64) -> Option<Result<Arc<dyn DeviceBuffer>, TaskError>>;
     /// Copies `len` bytes of `from` (a buffer of this device) into `host`, synchronously.
     ///
     /// # Safety

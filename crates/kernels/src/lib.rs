@@ -137,6 +137,23 @@ pub struct OpenClBinary {
     pub bytes: Arc<[u8]>,
 }
 
+/// How the daemon names a tenant's own OpenCL program in [`OpenClImpl::program`]: untrusted code.
+/// `tenant/<hash>` may run on the daemon's OpenCL devices (`[programs] in_daemon`) and, fenced, on
+/// its GPUs; `tenant-fenced/<hash>` only fenced, on GPUs.
+pub const TENANT_PROGRAM_PREFIX: &str = "tenant/";
+/// See [`TENANT_PROGRAM_PREFIX`].
+pub const FENCED_TENANT_PROGRAM_PREFIX: &str = "tenant-fenced/";
+
+/// Whether `program` is a tenant's own (untrusted) program.
+pub fn is_tenant_program(program: &str) -> bool {
+    program.starts_with(TENANT_PROGRAM_PREFIX) || program.starts_with(FENCED_TENANT_PROGRAM_PREFIX)
+}
+
+/// Whether `program` may run only where its memory accesses are fenced (a GPU).
+pub fn runs_only_fenced(program: &str) -> bool {
+    program.starts_with(FENCED_TENANT_PROGRAM_PREFIX)
+}
+
 /// How expensive a kernel is: the daemon's estimate before it has measured the kernel, for the
 /// decisions to run a task inline on the dispatcher thread, to split a launch into slices and to
 /// make it revocable.

@@ -4,7 +4,7 @@
 //! Rows: the empty kernel's launch + wait (a client process through Agora vs `cuLaunchKernel` +
 //! `cuStreamSynchronize`), host→device and device→host copies (Agora's registered segment vs
 //! native pinned copies), every Rodinia program (Agora vs the same CUDA code natively, pinned
-//! host memory), two tenants sharing the GPU vs one after the other, and latency-class empty
+//! host memory; and that code fenced vs unfenced, natively: the fence's cost), two tenants sharing the GPU vs one after the other, and latency-class empty
 //! kernels beside a batch tenant on the GPU. Native and Agora runs alternate, as in
 //! `bench overhead`. Without a GPU it reports `"gpus": 0` and times what runs
 //! anywhere: NVRTC, the fencing pass and ptxas over the kernel library.
@@ -117,6 +117,8 @@ struct Native {
     zero_flag: CUdeviceptr,
     functions: HashMap<String, (CUfunction, programs::Convention, agora_kernels::KernelRef)>,
     modules: HashMap<String, sys::CUmodule>,
+    /// Load kernels fenced (and launch them with the fence's arguments): the fence's cost.
+    fenced: bool,
 }
 
 fn check(result: CUresult, what: &str) -> Result<()> {
@@ -164,6 +166,7 @@ impl Native {
             zero_flag,
             functions: HashMap::new(),
             modules: HashMap::new(),
+            fenced: false,
         }))
     }
 
@@ -173,8 +176,10 @@ impl Native {
     }
 
     /// The function of kernel `name` (the library's or a package's), compiled as the daemon does.
+    /// With `fenced`, the module's PTX goes through the fence pass first (as a tenant's would).
     fn function(&mut self, name: &str) -> Result<(CUfunction, programs::Convention, agora_kernels::KernelRef)> {
-        if let Some((f, c, def)) = self.functions.get(name) {
+        let key = format!("{}{name}", if self.fenced { "fenced:" } else { "" });
+        if let Some((f, c, def)) = self.functions.get(&key) {
             return Ok((*f, *c, def.clone()));
         }
         let def = agora_apps::native::kernel_def(name).map_err(anyhow::Error::msg)?;
@@ -182,16 +187,22 @@ impl Native {
             .opencl
             .as_ref()
             .with_context(|| format!("{name} has no OpenCL C source"))?;
-        let module = match self.modules.get(&*imp.program) {
+        let module_key = format!("{}{}", if self.fenced { "fenced:" } else { "" }, imp.program);
+        let module = match self.modules.get(&module_key) {
             Some(m) => *m,
             None => {
-                let (ptx, _) = programs::ptx_for(&imp.program, &programs::cuda_source(&imp.source), self.arch)
+                let (mut ptx, _) = programs::ptx_for(&imp.program, &programs::cuda_source(&imp.source), self.arch)
                     .map_err(|e| anyhow::anyhow!("{}: {e}", imp.program))?;
+                if self.fenced {
+                    ptx = fence::fence(&ptx)
+                        .map_err(|e| anyhow::anyhow!("fencing {}: {e}", imp.program))?
+                        .ptx;
+                }
                 let ptx = CString::new(ptx)?;
                 // SAFETY: NUL-terminated PTX.
                 let m =
                     unsafe { driver::module::load_data(ptx.as_ptr().cast()) }.map_err(|e| anyhow::anyhow!("{e:?}"))?;
-                self.modules.insert(imp.program.to_string(), m);
+                self.modules.insert(module_key, m);
                 m
             }
         };
@@ -199,7 +210,7 @@ impl Native {
         let f = unsafe { driver::module::get_function(module, CString::new(imp.entry.as_bytes())?) }
             .map_err(|e| anyhow::anyhow!("{name}: {e:?}"))?;
         let c = programs::convention(&imp.source, &imp.entry);
-        self.functions.insert(name.to_string(), (f, c, def.clone()));
+        self.functions.insert(key, (f, c, def.clone()));
         Ok((f, c, def.clone()))
     }
 
@@ -219,6 +230,12 @@ impl Native {
         let mut all: Vec<u64> = values.to_vec();
         if convention == programs::Convention::Guarded {
             all.extend([extent[0], extent[1], extent[2], self.zero_flag, 0]);
+        }
+        if self.fenced {
+            // Base 0, mask all ones: every address maps to itself (these buffers are plain
+            // allocations, in no partition), and the kernel runs exactly the instructions a
+            // fenced tenant kernel runs: what the fence costs.
+            all.extend([0, u64::MAX]);
         }
         let (grid, block) = launch_shape(extent, dims, local, convention);
         let mut pointers: Vec<*mut c_void> = all.iter_mut().map(|v| v as *mut u64 as *mut c_void).collect();
@@ -389,6 +406,10 @@ struct ProgramRow {
     agora_s: f64,
     ratio: f64,
     ratio_spread: Spread,
+    /// The same kernels natively, fenced (as a tenant's program would run): the fence's cost.
+    native_fenced_s: f64,
+    fence_ratio: f64,
+    fence_ratio_spread: Spread,
     verified: bool,
 }
 
@@ -586,19 +607,31 @@ pub fn gpu(socket: Option<PathBuf>, args: GpuArgs) -> Result<()> {
             "cuda".into(),
         ];
         let mut client = StepClient::start(&daemon.socket, "workload", &extra)?;
-        let (mut native_runs, mut agora_runs, mut ok) = (Vec::new(), Vec::new(), warm_ok);
+        // The fenced native side, warmed too (its modules load at first use).
+        native.fenced = true;
+        let fenced_warm = run_native_workload(&mut native, &workload);
+        native.fenced = false;
+        let (_, fenced_warm_ok) = fenced_warm?;
+        let (mut native_runs, mut agora_runs, mut fenced_runs, mut ok) =
+            (Vec::new(), Vec::new(), Vec::new(), warm_ok && fenced_warm_ok);
         for rep in 0..reps {
-            for side in if rep % 2 == 0 { [0, 1] } else { [1, 0] } {
-                let (s, v) = if side == 0 {
-                    run_native_workload(&mut native, &workload)?
-                } else {
-                    client.step()?
+            let order = if rep % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] };
+            for side in order {
+                let (s, v) = match side {
+                    0 => run_native_workload(&mut native, &workload)?,
+                    1 => client.step()?,
+                    _ => {
+                        native.fenced = true;
+                        let run = run_native_workload(&mut native, &workload);
+                        native.fenced = false;
+                        run?
+                    }
                 };
                 ok &= v;
-                if side == 0 {
-                    native_runs.push(s);
-                } else {
-                    agora_runs.push(s);
+                match side {
+                    0 => native_runs.push(s),
+                    1 => agora_runs.push(s),
+                    _ => fenced_runs.push(s),
                 }
             }
         }
@@ -610,10 +643,13 @@ pub fn gpu(socket: Option<PathBuf>, args: GpuArgs) -> Result<()> {
             agora_s: median(&agora_runs),
             ratio: median(&agora_runs) / median(&native_runs),
             ratio_spread: paired_ratios(&agora_runs, &native_runs),
+            native_fenced_s: median(&fenced_runs),
+            fence_ratio: median(&fenced_runs) / median(&native_runs),
+            fence_ratio_spread: paired_ratios(&fenced_runs, &native_runs),
             verified: ok,
         };
         say(format!(
-            "  {:<12} native {:>9.5}s agora {:>9.5}s ratio {:.3} (per repetition {:.3} / {:.3} / {:.3}){}",
+            "  {:<12} native {:>9.5}s agora {:>9.5}s ratio {:.3} (per repetition {:.3} / {:.3} / {:.3}); fenced {:.3}x{}",
             row.program,
             row.native_s,
             row.agora_s,
@@ -621,6 +657,7 @@ pub fn gpu(socket: Option<PathBuf>, args: GpuArgs) -> Result<()> {
             row.ratio_spread.min,
             row.ratio_spread.median,
             row.ratio_spread.max,
+            row.fence_ratio,
             if row.verified { "" } else { "  VERIFICATION FAILED" }
         ));
         rows.push(row);
@@ -631,6 +668,16 @@ pub fn gpu(socket: Option<PathBuf>, args: GpuArgs) -> Result<()> {
             .filter(|r| rodinia.contains(&r.program.as_str()))
             .map(|r| r.ratio),
     );
+    let fence_geomean = geomean(
+        rows.iter()
+            .filter(|r| rodinia.contains(&r.program.as_str()))
+            .map(|r| r.fence_ratio),
+    );
+    say(format!(
+        "Rodinia geomean: agora/native {:.3}, fenced/unfenced (native) {:.3}",
+        rodinia_geomean.unwrap_or(f64::NAN),
+        fence_geomean.unwrap_or(f64::NAN)
+    ));
 
     // Two tenants sharing the GPU vs one after the other.
     let mix = [("gaussian", "lavamd"), ("nw", "backprop")];
@@ -740,7 +787,7 @@ pub fn gpu(socket: Option<PathBuf>, args: GpuArgs) -> Result<()> {
         "d2h_ratio": d2h_ratio,
         "programs": rows,
         "rodinia_ratio_geomean": rodinia_geomean,
-        "fence_ratio_geomean": null,
+        "fence_ratio_geomean": fence_geomean,
         "latency_under_batch_p50_ns": under_batch[0].p50_ns,
         "latency_under_batch_p99_ns": under_batch[0].p99_ns,
         "latency_under_batch_with": batch_app,

@@ -51,8 +51,8 @@ pub enum BenchCommand {
     /// their own memory, and the slowdown of an iterative application migrated once mid-run.
     Migrate(migrate::MigrateArgs),
     /// NVIDIA GPUs through Agora vs natively (CUDA driver API) in one run: empty kernel, copies,
-    /// the Rodinia programs, two tenants sharing a GPU, latency-class kernels beside a batch
-    /// tenant. Without a GPU: `"gpus": 0` and the NVRTC / fencing / ptxas pipeline's times.
+    /// the Rodinia programs (and their kernels fenced vs unfenced), two tenants sharing a GPU,
+    /// latency-class kernels beside a batch tenant. Without a GPU: `"gpus": 0` and the NVRTC / fencing / ptxas pipeline's times.
     Gpu(gpu::GpuArgs),
     /// Minutes of mixed, verified work from several client processes, some killed (`kill -9`)
     /// and restarted at random: wrong results (must be 0), the daemon's RSS and descriptor

@@ -80,13 +80,27 @@ pub(crate) struct Validity {
 /// Most devices a daemon drives (per-session device usage is a fixed array).
 pub(crate) const MAX_DEVICES: usize = 64;
 
-/// Bytes of device memory one session's buffers hold, per device.
+/// Bytes of device memory one session's buffers hold, per device, and whose they are.
 #[derive(Debug)]
-pub(crate) struct DeviceUsage(pub [AtomicU64; MAX_DEVICES]);
+pub(crate) struct DeviceUsage {
+    pub bytes: [AtomicU64; MAX_DEVICES],
+    /// The session, as devices know their tenants (a GPU keeps each tenant's memory in a
+    /// partition of its own, which its fenced kernels cannot leave).
+    pub tenant: u64,
+}
+
+impl DeviceUsage {
+    pub(crate) fn new(tenant: u64) -> Self {
+        DeviceUsage {
+            bytes: std::array::from_fn(|_| AtomicU64::new(0)),
+            tenant,
+        }
+    }
+}
 
 impl Default for DeviceUsage {
     fn default() -> Self {
-        DeviceUsage(std::array::from_fn(|_| AtomicU64::new(0)))
+        DeviceUsage::new(0)
     }
 }
 
@@ -261,9 +275,9 @@ impl Placement {
             Some(p) => p,
             None => {
                 let buffer = devices[device]
-                    .alloc(len)
+                    .alloc(usage.tenant, len)
                     .ok_or_else(|| crate::internal_error(4, "a device without memory of its own asked for a copy"))??;
-                usage.0[device].fetch_add(len, Ordering::Relaxed);
+                usage.bytes[device].fetch_add(len, Ordering::Relaxed);
                 self.copies.push(DeviceCopy {
                     device,
                     buffer,
@@ -352,7 +366,7 @@ impl Placement {
             return false;
         };
         let copy = self.copies.remove(position);
-        usage.0[device].fetch_sub(len, Ordering::Relaxed);
+        usage.bytes[device].fetch_sub(len, Ordering::Relaxed);
         if copy.valid && !self.host_valid && !self.copies.iter().any(|c| c.valid) {
             self.host_valid = true;
             self.lost = true;
@@ -421,7 +435,7 @@ impl Placement {
             self.host_valid = true;
         }
         self.copies.remove(position);
-        usage.0[device].fetch_sub(len, Ordering::Relaxed);
+        usage.bytes[device].fetch_sub(len, Ordering::Relaxed);
         Ok(true)
     }
 }
@@ -434,7 +448,7 @@ impl Drop for BufferRecord {
             self.unread.note(self.len, device);
         }
         for copy in &placement.copies {
-            self.usage.0[copy.device].fetch_sub(self.len, Ordering::Relaxed);
+            self.usage.bytes[copy.device].fetch_sub(self.len, Ordering::Relaxed);
         }
     }
 }
@@ -532,13 +546,13 @@ impl Residency {
         let capacity = devices[device].info().memory_bytes;
         let fits = |s: &Arc<DeviceUsage>| {
             devices[device].memory_used() + needed <= capacity
-                && (quota == 0 || s.0[device].load(Ordering::Relaxed) + needed <= quota)
+                && (quota == 0 || s.bytes[device].load(Ordering::Relaxed) + needed <= quota)
         };
         if fits(session) {
             return true;
         }
         let (victims, share) = self.idle_on(devices, device, session);
-        let asker_over_share = session.0[device].load(Ordering::Relaxed) > share;
+        let asker_over_share = session.bytes[device].load(Ordering::Relaxed) > share;
         for victim in victims {
             let device_full = devices[device].memory_used() + needed > capacity;
             let own = Arc::ptr_eq(&victim.usage, session);
@@ -547,7 +561,7 @@ impl Residency {
                 continue;
             }
             // A session over its share does not push out a tenant within its share.
-            if asker_over_share && !own && victim.usage.0[device].load(Ordering::Relaxed) <= share {
+            if asker_over_share && !own && victim.usage.bytes[device].load(Ordering::Relaxed) <= share {
                 continue;
             }
             self.evict(devices, device, &victim);
@@ -599,7 +613,7 @@ impl Residency {
         // Over their share first (false sorts first), then least recently used.
         victims.sort_by_key(|r| {
             (
-                r.usage.0[device].load(Ordering::Relaxed) <= share,
+                r.usage.bytes[device].load(Ordering::Relaxed) <= share,
                 r.last_used.load(Ordering::Relaxed),
             )
         });
@@ -638,7 +652,7 @@ fn fair_share<'a>(
     usages: impl Iterator<Item = &'a Arc<DeviceUsage>>,
 ) -> u64 {
     let mut tenants: Vec<*const DeviceUsage> = usages
-        .filter(|u| u.0[device].load(Ordering::Relaxed) > 0)
+        .filter(|u| u.bytes[device].load(Ordering::Relaxed) > 0)
         .map(Arc::as_ptr)
         .collect();
     tenants.push(Arc::as_ptr(asker));

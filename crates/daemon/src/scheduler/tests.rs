@@ -404,8 +404,8 @@ impl Device for WithSliceFloor {
     fn run_inline(&self, work: &Work) -> Result<(), TaskError> {
         self.0.run_inline(work)
     }
-    fn alloc(&self, len: u64) -> Option<Result<Arc<dyn agora_devices::DeviceBuffer>, TaskError>> {
-        self.0.alloc(len)
+    fn alloc(&self, tenant: u64, len: u64) -> Option<Result<Arc<dyn agora_devices::DeviceBuffer>, TaskError>> {
+        self.0.alloc(tenant, len)
     }
     unsafe fn read(&self, from: &dyn agora_devices::DeviceBuffer, host: *mut u8, len: usize) -> Result<(), TaskError> {
         // SAFETY: the caller's contract, passed on.

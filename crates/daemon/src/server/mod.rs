@@ -825,6 +825,7 @@ impl Server {
             name: if name.is_empty() { "program".into() } else { name },
             max_programs: config.max_programs,
             in_daemon: config.programs_in_daemon,
+            on_gpus: config.programs_on_gpus,
         };
         self.offload(id, ControlJob::BuildProgram(Box::new(job)))
     }

@@ -267,7 +267,7 @@ impl Device for CpuDevice {
         execute(on_private_copies(work)?.as_ref(), None)
     }
 
-    fn alloc(&self, len: u64) -> Option<Result<Arc<dyn DeviceBuffer>, TaskError>> {
+    fn alloc(&self, _tenant: u64, len: u64) -> Option<Result<Arc<dyn DeviceBuffer>, TaskError>> {
         if self.info.shares_host_memory {
             return None;
         }
@@ -557,8 +557,8 @@ mod tests {
         let mut x = vec![1.0f32; n];
         let mut y = vec![5.0f32; n];
         let bytes = (n * 4) as u64;
-        let x_copy = dev.alloc(bytes).unwrap().unwrap();
-        let y_copy = dev.alloc(bytes).unwrap().unwrap();
+        let x_copy = dev.alloc(1, bytes).unwrap().unwrap();
+        let y_copy = dev.alloc(1, bytes).unwrap().unwrap();
         assert_eq!(dev.memory_used(), 2 * bytes);
         let (tx, rx) = mpsc::channel();
         let mut job = saxpy_job(&mut x, &mut y, tx.clone());
@@ -587,7 +587,7 @@ mod tests {
         assert!(y.iter().all(|v| *v == 7.0));
         // A buffer that is not a private copy is refused, not dereferenced.
         let mut plain = CpuDevice::new(1, 1).unwrap();
-        assert!(plain.alloc(8).is_none());
+        assert!(plain.alloc(1, 8).is_none());
         plain = plain.with_private_copies();
         drop((x_copy, y_copy));
         assert_eq!(dev.memory_used(), 0);

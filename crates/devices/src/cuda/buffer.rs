@@ -1,6 +1,7 @@
 //! Device memory of one buffer on a CUDA device, and the host memory a device has registered.
 //!
-//! A buffer is one `cuMemAlloc` allocation, zeroed before the allocation returns (so no tenant
+//! A buffer is a sub-range of its tenant's partition (see `partition`), or one `cuMemAlloc`
+//! allocation on a GPU without partitions, zeroed before the allocation returns (so no tenant
 //! reads what another left there). It must not be freed from a stream callback (the driver forbids
 //! CUDA calls there): a buffer dropped on such a thread is queued and freed by the device's next
 //! allocation or lane job.
@@ -12,7 +13,8 @@ use std::sync::Arc;
 use agora_protocol::TaskError;
 use cudarc::driver::sys::CUdeviceptr;
 
-use super::device::Shared;
+use super::device::{Freed, Shared};
+use super::partition::Partition;
 use crate::DeviceBuffer;
 
 /// Device memory of one buffer.
@@ -20,6 +22,8 @@ pub(super) struct CudaBuffer {
     pub(super) ptr: CUdeviceptr,
     pub(super) len: u64,
     pub(super) shared: Arc<Shared>,
+    /// The tenant's partition it lies in (`None`: a plain allocation).
+    pub(super) partition: Option<Arc<Partition>>,
 }
 
 impl std::fmt::Debug for CudaBuffer {
@@ -42,7 +46,10 @@ impl DeviceBuffer for CudaBuffer {
 
 impl Drop for CudaBuffer {
     fn drop(&mut self) {
-        self.shared.free(self.ptr, self.len);
+        self.shared.free(match self.partition.take() {
+            Some(partition) => Freed::InPartition(partition, self.ptr, self.len),
+            None => Freed::Whole(self.ptr, self.len),
+        });
     }
 }
 

@@ -18,6 +18,7 @@ use cudarc::driver::sys::{self, CUcontext, CUdevice, CUdevice_attribute, CUdevic
 use super::buffer::{as_cuda, CudaBuffer, PinnedHost};
 use super::completion::Completions;
 use super::executor::{CudaExecutor, MappedFlag};
+use super::partition::{Partition, Partitions};
 use super::programs::{self, Programs};
 use crate::lane::{Lane, Lanes};
 use crate::priority::{LaneClass, LanePriorities};
@@ -69,7 +70,21 @@ pub(super) struct Shared {
     /// A kernel faulted and left the context unusable: every job fails with `DeviceLost`.
     pub(super) failed: AtomicBool,
     /// Allocations dropped on a stream-callback thread, where CUDA calls are not allowed.
-    deferred_frees: Mutex<Vec<(CUdeviceptr, u64)>>,
+    deferred_frees: Mutex<Vec<Freed>>,
+    /// Each tenant's memory in a partition of its own (absent where the GPU has no virtual
+    /// memory management: then tenants' own kernels never run on it).
+    pub(super) partitions: Option<Partitions>,
+    /// A partition no tenant's buffer lives in, for fenced launches without buffer arguments
+    /// (their stray accesses land there), made at the first one.
+    scratch: Mutex<Option<Arc<Partition>>>,
+}
+
+/// An allocation to free.
+pub(super) enum Freed {
+    /// A `cuMemAlloc` allocation.
+    Whole(CUdeviceptr, u64),
+    /// A sub-range of a tenant's partition (the partition itself goes with its last buffer).
+    InPartition(Arc<Partition>, CUdeviceptr, u64),
 }
 
 // SAFETY: the context and stream handles are process-wide driver handles usable from any thread
@@ -102,28 +117,83 @@ impl Shared {
     }
 
     /// Frees an allocation now, or later when called from a stream callback.
-    pub(super) fn free(&self, ptr: CUdeviceptr, len: u64) {
+    pub(super) fn free(&self, freed: Freed) {
         if IN_CALLBACK.with(|c| c.get()) {
             self.deferred_frees
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .push((ptr, len));
+                .push(freed);
             return;
         }
-        if self.bind().is_ok() {
-            // SAFETY: an allocation of this context that no queued command uses any more (the
-            // job that used it last has completed).
-            let _ = unsafe { driver::free_sync(ptr) };
-        }
+        let bound = self.bind().is_ok();
+        let len = match freed {
+            Freed::Whole(ptr, len) => {
+                if bound {
+                    // SAFETY: an allocation of this context that no queued command uses any more
+                    // (the job that used it last has completed).
+                    let _ = unsafe { driver::free_sync(ptr) };
+                }
+                len
+            }
+            Freed::InPartition(partition, ptr, len) => {
+                // (Unbound, it would unmap nothing: the range is still returned.)
+                partition.free(ptr, len);
+                // The partition is unmapped here if this was its last buffer (the context is
+                // current: this is not a callback thread).
+                drop(partition);
+                len
+            }
+        };
         self.memory_used.fetch_sub(len, Ordering::Relaxed);
     }
 
     /// Frees what stream callbacks dropped (on a thread where CUDA calls are allowed).
     pub(super) fn free_deferred(&self) {
         let frees = std::mem::take(&mut *self.deferred_frees.lock().unwrap_or_else(|e| e.into_inner()));
-        for (ptr, len) in frees {
-            self.free(ptr, len);
+        for freed in frees {
+            self.free(freed);
         }
+    }
+
+    /// The partition and fence arguments (base, mask) for a fenced launch with these buffers:
+    /// their tenant's partition, which must hold them all, or the scratch partition when there
+    /// are none. The context must be current.
+    pub(super) fn fence_for(&self, buffers: &[&CudaBuffer]) -> Result<(u64, u64), TaskError> {
+        let partition = match buffers.first() {
+            Some(first) => {
+                let partition = first.partition.clone().ok_or(TaskError::KernelFault)?;
+                let apart = buffers.iter().any(|b| {
+                    !b.partition.as_ref().is_some_and(|p| Arc::ptr_eq(p, &partition)) || !partition.holds(b.ptr, b.len)
+                });
+                if apart {
+                    tracing::error!(device = %self.name, tenant = partition.tenant, "a fenced launch's buffers are not all in its tenant's partition; refused");
+                    return Err(TaskError::KernelFault);
+                }
+                partition
+            }
+            None => {
+                let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+                match &*scratch {
+                    Some(p) => p.clone(),
+                    None => {
+                        let partitions = self.partitions.as_ref().ok_or(TaskError::KernelFault)?;
+                        let p = partitions.of(u64::MAX).map_err(|e| {
+                            tracing::error!(device = %self.name, error = %e, "no scratch partition for a fenced launch");
+                            TaskError::KernelFault
+                        })?;
+                        // Maps its first granule (the sub-range itself is never used or freed).
+                        p.alloc(1).map_err(|e| {
+                            tracing::error!(device = %self.name, error = %e, "no scratch partition for a fenced launch");
+                            TaskError::KernelFault
+                        })?;
+                        *scratch = Some(p.clone());
+                        p
+                    }
+                }
+            }
+        };
+        partition.mark_fenced();
+        partition.fence_arguments().ok_or(TaskError::KernelFault)
     }
 }
 
@@ -221,6 +291,15 @@ impl CudaDevice {
             driver::memset_d8_sync(ptr, 0, 1).map_err(|e| format!("cuMemsetD8: {e:?}"))?;
             ptr
         };
+        // Tenant partitions need the driver's virtual memory management (every GPU since Pascal).
+        let partitions = match attribute(device, A::CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED) {
+            0 => Err("the GPU has no virtual memory management".to_string()),
+            _ => Partitions::new(device, memory_bytes),
+        }
+        .inspect_err(|e| {
+            tracing::warn!(device = %device_name, "no tenant partitions ({e}): tenants' own kernels will not run on this GPU")
+        })
+        .ok();
         let limits = LaunchLimits {
             max_items: 1 << 40,
             max_extent: [MAX_GRID_X * max_block_dims[0], u64::MAX, u64::MAX],
@@ -244,6 +323,8 @@ impl CudaDevice {
             zero_flag,
             failed: AtomicBool::new(false),
             deferred_frees: Mutex::new(Vec::new()),
+            partitions,
+            scratch: Mutex::new(None),
         });
         let lanes = lanes.max(1);
         // Jobs finish from polled events on a completion thread, unless the operator asks for the
@@ -262,10 +343,12 @@ impl CudaDevice {
         };
         let mut lane_list = Vec::new();
         let mut threads = Vec::new();
-        // Running kernels see revocation through a mapped flag the completion thread mirrors;
-        // `AGORA_CUDA_REVOCATION=copy` copies the flag in before each kernel instead (revoked
-        // while queued only), for comparison.
-        let mirrored = completer.is_some() && !std::env::var("AGORA_CUDA_REVOCATION").is_ok_and(|v| v == "copy");
+        // A revocable launch's flag is copied in just before its kernel (a launch revoked while
+        // queued stops at once, one revoked while running completes).
+        // `AGORA_CUDA_REVOCATION=mapped` lets running kernels see it too, through a mapped flag
+        // the completion thread mirrors; not the default: on an H100, nw through Agora took 4.9 s
+        // with it against 1.2 s with the copy (the same run and results, `scripts/gpu-diagnose.sh`).
+        let mirrored = completer.is_some() && std::env::var("AGORA_CUDA_REVOCATION").is_ok_and(|v| v == "mapped");
         let mut polls = mirrored;
         for l in 0..lanes {
             let mapped_flag = if mirrored { mapped_flag() } else { None };
@@ -381,11 +464,8 @@ pub fn launch_shape(
     ([0, 1, 2].map(|d| extent[d].div_ceil(block[d])), block)
 }
 
-/// Whether `program` is a tenant's own program (the daemon names them `tenant/<hash>`), which a
-/// GPU must not run unfenced.
-pub fn is_tenant_program(program: &str) -> bool {
-    program.starts_with("tenant/")
-}
+/// Whether `program` is a tenant's own program, which a GPU must not run unfenced.
+pub use agora_kernels::is_tenant_program;
 
 /// The block shape of a launch in `dims` dimensions (for guarded kernels; a plain kernel's is
 /// halved until it divides the range): the kernel's required one, else 256 threads
@@ -408,9 +488,12 @@ impl Device for CudaDevice {
 
     fn implements(&self, kernel: &KernelDef) -> bool {
         match &kernel.opencl {
-            // A tenant's own program (`tenant/…`) is untrusted code: never loaded on a GPU
-            // unfenced, and fenced launches are not wired yet (see `fence`).
-            Some(imp) => !is_tenant_program(&imp.program) && !self.shared.programs.is_broken(&imp.program),
+            // A tenant's own program (`tenant/…`) is untrusted code: it runs here fenced into
+            // its tenant's partition, so only on a GPU that has partitions (see `programs`).
+            Some(imp) => {
+                (!is_tenant_program(&imp.program) || self.shared.partitions.is_some())
+                    && !self.shared.programs.is_broken(&imp.program)
+            }
             None => false,
         }
     }
@@ -460,7 +543,7 @@ impl Device for CudaDevice {
         Err(TaskError::KernelFault)
     }
 
-    fn alloc(&self, len: u64) -> Option<Result<Arc<dyn DeviceBuffer>, TaskError>> {
+    fn alloc(&self, tenant: u64, len: u64) -> Option<Result<Arc<dyn DeviceBuffer>, TaskError>> {
         let shared = &self.shared;
         if shared.failed.load(Ordering::Acquire) {
             return Some(Err(TaskError::DeviceLost));
@@ -471,30 +554,54 @@ impl Device for CudaDevice {
             shared.memory_used.fetch_sub(len, Ordering::Relaxed);
             return Some(Err(TaskError::DeviceOutOfMemory { index: 0, needed: len }));
         }
-        let allocated = shared.bind().and_then(|()| {
-            // SAFETY: an allocation in the current context, zeroed on the reader stream before
-            // it is returned (no tenant sees another's old bytes), so no lane's stream can use it
-            // before the zeroing is done.
-            unsafe {
-                let ptr = driver::malloc_sync(len.max(1) as usize).map_err(|e| shared.error(e.0))?;
-                let stream = *shared.reader.lock().unwrap_or_else(|e| e.into_inner());
-                let zeroed = driver::memset_d8_async(ptr, 0, len as usize, stream)
-                    .and_then(|()| driver::stream::synchronize(stream));
-                if let Err(e) = zeroed {
-                    let _ = driver::free_sync(ptr);
-                    return Err(shared.error(e.0));
+        let placed = shared.bind().and_then(|()| match &shared.partitions {
+            // In the tenant's partition where the GPU has them, else a plain allocation.
+            Some(partitions) => match partitions.of(tenant) {
+                Ok(partition) => partition.alloc(len).map(|ptr| (ptr, Some(partition))).map_err(|e| {
+                    tracing::warn!(device = %shared.name, tenant, len, error = %e, "no room in the tenant's partition");
+                    TaskError::DeviceOutOfMemory { index: 0, needed: len }
+                }),
+                Err(e) => {
+                    // No address range left to reserve: a plain allocation, with which the
+                    // tenant's fenced launches are refused (`fence_for`).
+                    tracing::warn!(device = %shared.name, tenant, error = %e, "no partition for the tenant; a plain allocation instead");
+                    // SAFETY: an allocation in the current context, freed with the buffer.
+                    unsafe { driver::malloc_sync(len.max(1) as usize) }
+                        .map(|ptr| (ptr, None))
+                        .map_err(|e| shared.error(e.0))
                 }
-                Ok(ptr)
-            }
+            },
+            // SAFETY: an allocation in the current context, freed with the buffer.
+            None => unsafe { driver::malloc_sync(len.max(1) as usize) }
+                .map(|ptr| (ptr, None))
+                .map_err(|e| shared.error(e.0)),
         });
-        Some(match allocated {
-            Ok(ptr) => Ok(Arc::new(CudaBuffer {
-                ptr,
-                len,
-                shared: shared.clone(),
-            }) as Arc<dyn DeviceBuffer>),
-            Err(e) => {
+        let allocated = placed
+            .inspect_err(|_| {
                 shared.memory_used.fetch_sub(len, Ordering::Relaxed);
+            })
+            .and_then(|(ptr, partition)| {
+                let buffer = CudaBuffer {
+                    ptr,
+                    len,
+                    shared: shared.clone(),
+                    partition,
+                };
+                // Zeroed on the reader stream before it is returned (no tenant sees another's old
+                // bytes, nor its own), so no lane's stream can use it before the zeroing is done.
+                // SAFETY: `len` bytes at `ptr`, allocated above in the current context.
+                let zeroed = unsafe {
+                    let stream = *shared.reader.lock().unwrap_or_else(|e| e.into_inner());
+                    driver::memset_d8_async(ptr, 0, len as usize, stream)
+                        .and_then(|()| driver::stream::synchronize(stream))
+                };
+                // On failure the buffer is dropped, which frees it (and counts it out once).
+                zeroed.map_err(|e| shared.error(e.0))?;
+                Ok(buffer)
+            });
+        Some(match allocated {
+            Ok(buffer) => Ok(Arc::new(buffer) as Arc<dyn DeviceBuffer>),
+            Err(e) => {
                 tracing::warn!(device = %self.info.name, len, error = %e, "device allocation failed");
                 Err(match e {
                     TaskError::DeviceFailed(_) => TaskError::DeviceOutOfMemory { index: 0, needed: len },
@@ -591,6 +698,7 @@ impl Drop for CudaDevice {
         }
         if self.shared.bind().is_ok() {
             self.shared.free_deferred();
+            self.shared.scratch.lock().unwrap_or_else(|e| e.into_inner()).take();
             self.shared.programs.unload_all();
             // SAFETY: the lanes have stopped; these handles are not used any more.
             unsafe {

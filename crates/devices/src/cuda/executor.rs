@@ -39,7 +39,8 @@ pub(super) struct CudaExecutor {
     /// mirrors it.
     pub(super) mirror: Option<Mirror>,
     /// Functions by program and entry point (two levels: a lookup builds no key).
-    pub(super) functions: HashMap<String, HashMap<String, (CUfunction, Convention)>>,
+    /// By program and entry: the function, its convention, whether it is fenced.
+    pub(super) functions: HashMap<String, HashMap<String, (CUfunction, Convention, bool)>>,
     /// Whether the context is current on the lane's thread.
     pub(super) bound: bool,
     /// This lane's index among the device's.
@@ -67,7 +68,7 @@ struct Called {
 }
 
 impl CudaExecutor {
-    fn function(&mut self, imp: &OpenClImpl, built: &mut bool) -> Result<(CUfunction, Convention), TaskError> {
+    fn function(&mut self, imp: &OpenClImpl, built: &mut bool) -> Result<(CUfunction, Convention, bool), TaskError> {
         if let Some(found) = self.functions.get(&*imp.program).and_then(|m| m.get(&*imp.entry)) {
             return Ok(*found);
         }
@@ -83,8 +84,8 @@ impl CudaExecutor {
         self.functions
             .entry(imp.program.to_string())
             .or_default()
-            .insert(imp.entry.to_string(), (found.function, found.convention));
-        Ok((found.function, found.convention))
+            .insert(imp.entry.to_string(), (found.function, found.convention, found.fenced));
+        Ok((found.function, found.convention, found.fenced))
     }
 
     fn check(&self, result: CUresult) -> Result<(), TaskError> {
@@ -180,7 +181,7 @@ impl CudaExecutor {
         if end <= first {
             return Ok(()); // An empty slice: nothing to run.
         }
-        let (function, convention) = self.function(imp, built)?;
+        let (function, convention, fenced) = self.function(imp, built)?;
         // Argument values, then pointers to them (cuLaunchKernel copies each parameter's size
         // from its pointer: 4-byte scalars are the low bytes of their u64, little-endian).
         let params = kernel.params.len();
@@ -228,6 +229,20 @@ impl CudaExecutor {
             };
             values[count + 4] = first;
             count += 5;
+        }
+        if fenced {
+            // A tenant's fenced kernel: its partition's base and mask, after its own parameters.
+            let buffers = kernel
+                .params
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| matches!(p.kind, ParamKind::Buffer { .. }))
+                .map(|(index, _)| as_cuda(device_args[index].as_deref().ok_or(TaskError::KernelFault)?))
+                .collect::<Result<Vec<_>, _>>()?;
+            let (base, mask) = self.shared.fence_for(&buffers)?;
+            values[count] = base;
+            values[count + 1] = mask;
+            count += 2;
         }
         let (grid, block) = launch_shape(extent, *dims, imp.local, convention);
         if grid[0] > MAX_GRID_X || grid[1] > MAX_GRID_YZ || grid[2] > MAX_GRID_YZ {

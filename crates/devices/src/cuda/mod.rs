@@ -49,6 +49,7 @@ mod completion;
 mod device;
 mod executor;
 pub mod fence;
+mod partition;
 pub mod programs;
 #[cfg(test)]
 mod tests;

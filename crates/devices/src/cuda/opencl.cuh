@@ -54,3 +54,16 @@ __device__ inline float clamp(float x, float lo, float hi) { return fminf(fmaxf(
 __device__ inline size_t min(size_t a, size_t b) { return a < b ? a : b; }
 __device__ inline size_t max(size_t a, size_t b) { return a > b ? a : b; }
 __device__ inline float mad(float a, float b, float c) { return a * b + c; }
+
+// OpenCL's 32-bit integer atomics on global or local memory (tenant programs use them).
+#define atomic_add(p, v) atomicAdd((p), (v))
+#define atomic_sub(p, v) atomicSub((p), (v))
+#define atomic_xchg(p, v) atomicExch((p), (v))
+#define atomic_min(p, v) atomicMin((p), (v))
+#define atomic_max(p, v) atomicMax((p), (v))
+#define atomic_and(p, v) atomicAnd((p), (v))
+#define atomic_or(p, v) atomicOr((p), (v))
+#define atomic_xor(p, v) atomicXor((p), (v))
+#define atomic_inc(p) atomicAdd((p), 1)
+#define atomic_dec(p) atomicSub((p), 1)
+#define atomic_cmpxchg(p, cmp, v) atomicCAS((p), (cmp), (v))

@@ -63,6 +63,12 @@ pub fn cuda_source(opencl: &str) -> String {
     format!("{PRELUDE}\n#line 1 \"kernel\"\n{out}")
 }
 
+/// The CUDA C of a plain OpenCL C program (a tenant's): the prelude, then the source as written
+/// (no parameter is appended).
+pub fn plain_cuda_source(opencl: &str) -> String {
+    format!("{PRELUDE}\n#line 1 \"kernel\"\n{}", without_attributes(opencl))
+}
+
 /// `source` without its `__attribute__((...))`s (OpenCL's kernel attributes, which CUDA does not
 /// allow where OpenCL puts them; `local` carries the one that matters).
 fn without_attributes(source: &str) -> String {
@@ -306,6 +312,8 @@ pub struct Found {
     pub convention: Convention,
     /// Whether its program was compiled now (the job that waited for it is not typical).
     pub built: bool,
+    /// Whether it is fenced: it takes the partition's base and mask after its own parameters.
+    pub fenced: bool,
 }
 
 impl Programs {
@@ -329,10 +337,20 @@ impl Programs {
     }
 
     /// The function of `imp` on the current context, compiled and loaded at first use.
+    ///
+    /// A tenant's own program (`tenant/…`) is untrusted: it is compiled with the plain
+    /// convention (the daemon gives tenant kernels no revocation flag nor row offset), and its PTX
+    /// is fenced ([`fence`](super::fence)) and the result checked before it is loaded; a program
+    /// the pass refuses is never loaded here (it is marked broken, with the pass's reason, and
+    /// runs on the other devices).
     pub fn function(&self, device: &str, arch: u32, imp: &OpenClImpl) -> Result<Found, String> {
-        let source = cuda_source(&imp.source);
+        let fenced = super::device::is_tenant_program(&imp.program);
+        let (source, convention) = if fenced {
+            (plain_cuda_source(&imp.source), Convention::Plain)
+        } else {
+            (cuda_source(&imp.source), convention(&imp.source, &imp.entry))
+        };
         let key = (imp.program.to_string(), source_hash(&source));
-        let convention = convention(&imp.source, &imp.entry);
         let mut loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
         let mut built = false;
         if !loaded.contains_key(&key) {
@@ -344,6 +362,22 @@ impl Programs {
                 )
             })?;
             built = compiled;
+            let ptx = if fenced {
+                let rewritten =
+                    super::fence::fence(&ptx).and_then(|f| super::fence::check_fenced(&f.ptx).map(|_| f.ptx));
+                rewritten.map_err(|e| {
+                    self.mark_broken(
+                        device,
+                        imp,
+                        format!(
+                            "tenant program {} cannot be fenced, so it does not run on this GPU: {e}",
+                            imp.program
+                        ),
+                    )
+                })?
+            } else {
+                ptx
+            };
             let c_ptx = CString::new(ptx).map_err(|_| "PTX with a NUL byte".to_string())?;
             // SAFETY: NUL-terminated PTX text; the module is kept until the device goes.
             let module = unsafe { cudarc::driver::result::module::load_data(c_ptx.as_ptr().cast()) }.map_err(|e| {
@@ -363,6 +397,7 @@ impl Programs {
                 function: *function,
                 convention,
                 built,
+                fenced,
             });
         }
         let name = CString::new(imp.entry.as_bytes()).map_err(|_| "an entry point with a NUL byte".to_string())?;
@@ -374,6 +409,7 @@ impl Programs {
             function,
             convention,
             built,
+            fenced,
         })
     }
 

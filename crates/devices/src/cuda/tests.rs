@@ -129,8 +129,11 @@ fn discovery_without_a_gpu_reports_why_and_finds_nothing_or_finds_working_gpus()
 }
 
 #[test]
-fn a_tenant_program_is_never_claimed_by_a_gpu_and_packages_and_the_library_are() {
+fn tenant_programs_are_told_from_packages_and_the_library() {
     assert!(super::device::is_tenant_program("tenant/0123456789abcdef"));
+    assert!(super::device::is_tenant_program("tenant-fenced/0123456789abcdef"));
+    assert!(agora_kernels::runs_only_fenced("tenant-fenced/0123456789abcdef"));
+    assert!(!agora_kernels::runs_only_fenced("tenant/0123456789abcdef"));
     assert!(!super::device::is_tenant_program("basic"));
     assert!(!super::device::is_tenant_program("imaging/blur.cl"));
 }
@@ -191,5 +194,54 @@ fn guarded_launches_round_up_to_whole_blocks_and_plain_ones_get_blocks_that_divi
     assert_eq!(
         launch_shape([7, 48, 1], 2, None, Convention::Plain),
         ([7, 3, 1], [1, 16, 1])
+    );
+}
+
+/// A hostile tenant kernel: stores, atomics and loads at addresses it computes from a scalar.
+const HOSTILE_TENANT_KERNEL: &str = "__kernel void stray(__global float *out, const long delta, const long stride) {\n\
+     size_t i = get_global_id(0);\n\
+     __global float *p = out + delta + (long)i * stride;\n\
+     *p = 13.0f;\n\
+     atomic_add((__global int *)(p + 1), 7);\n\
+     out[i] = p[2];\n\
+ }\n\
+ __kernel void named_revoke(__global float *y, __global const volatile uchar *revoke) { y[get_global_id(0)] = 1.0f; }";
+
+#[test]
+fn a_tenant_program_is_compiled_plain_then_fenced_and_assembles() {
+    use_project_nvrtc();
+    // Plain: a tenant parameter named like the library's revocation flag gets no row offset.
+    let source = programs::plain_cuda_source(HOSTILE_TENANT_KERNEL);
+    assert!(!source.contains("agora_row_offset,") && !source.contains(", const ulong agora_row_offset"));
+    for arch in [80, 90] {
+        let ptx = programs::compile_ptx("tenant-fenced/test", &source, arch).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            ptx.contains("named_revoke_param_1") && !ptx.contains("named_revoke_param_2"),
+            "{ptx}"
+        );
+        let fenced = super::fence::fence(&ptx).unwrap_or_else(|e| panic!("fencing a tenant kernel: {e}"));
+        assert_eq!(fenced.entries, ["stray", "named_revoke"]);
+        // The store, the atomic and the loads of `stray`, the store of `named_revoke`.
+        assert!(
+            fenced.fenced_accesses >= 4,
+            "{} accesses fenced",
+            fenced.fenced_accesses
+        );
+        super::fence::check_fenced(&fenced.ptx).unwrap_or_else(|e| panic!("the check refused the pass's output: {e}"));
+        // The unfenced PTX does not pass the check: the loader relies on it.
+        assert!(super::fence::check_fenced(&ptx).is_err());
+        assemble(&fenced.ptx, arch).unwrap_or_else(|e| panic!("fenced tenant PTX for sm_{arch}: {e}"));
+    }
+}
+
+#[test]
+fn a_tenant_program_the_fence_cannot_cover_is_refused_saying_why() {
+    use_project_nvrtc();
+    let source = programs::plain_cuda_source("__kernel void talk(__global float *y) { printf(\"%f\\n\", y[0]); }");
+    let ptx = programs::compile_ptx("tenant-fenced/printf", &source, 80).unwrap_or_else(|e| panic!("{e}"));
+    let e = super::fence::fence(&ptx).unwrap_err().to_string();
+    assert!(
+        e.contains("printf") || e.contains("outside the module") || e.contains("body is not in the module"),
+        "{e}"
     );
 }

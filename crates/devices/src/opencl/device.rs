@@ -249,7 +249,12 @@ impl Device for OpenClDevice {
 
     fn implements(&self, kernel: &KernelDef) -> bool {
         match &kernel.opencl {
-            Some(imp) => !self.shared.programs.is_broken(&imp.program),
+            // A tenant program the operator did not allow in the daemon reaches only GPUs,
+            // where it is fenced; never an OpenCL device, where a stray access or a PoCL crash
+            // would reach the daemon.
+            Some(imp) => {
+                !agora_kernels::runs_only_fenced(&imp.program) && !self.shared.programs.is_broken(&imp.program)
+            }
             None => false,
         }
     }
@@ -296,7 +301,7 @@ impl Device for OpenClDevice {
         Err(TaskError::KernelFault)
     }
 
-    fn alloc(&self, len: u64) -> Option<Result<Arc<dyn DeviceBuffer>, TaskError>> {
+    fn alloc(&self, _tenant: u64, len: u64) -> Option<Result<Arc<dyn DeviceBuffer>, TaskError>> {
         let used = self.shared.memory_used.fetch_add(len, Ordering::Relaxed) + len;
         if used > self.shared.memory_bytes {
             self.shared.memory_used.fetch_sub(len, Ordering::Relaxed);

@@ -86,7 +86,7 @@ fn launch(
 }
 
 fn upload(dev: &OpenClDevice, data: &[u8]) -> (Arc<dyn DeviceBuffer>, Transfer) {
-    let buffer = dev.alloc(data.len() as u64).unwrap().unwrap();
+    let buffer = dev.alloc(1, data.len() as u64).unwrap().unwrap();
     let transfer = Transfer::ToDevice {
         host: data.as_ptr(),
         len: data.len(),
@@ -543,7 +543,7 @@ fn fresh_allocations_read_as_zeros_never_as_freed_contents() {
     drop(old);
     let mut fresh = Vec::new();
     for n in 0..4 {
-        let buffer = dev.alloc(len as u64).unwrap().unwrap();
+        let buffer = dev.alloc(1, len as u64).unwrap().unwrap();
         assert!(
             download(&dev, buffer.as_ref(), len).iter().all(|b| *b == 0),
             "buffer {n} (reader queue)"
@@ -551,7 +551,7 @@ fn fresh_allocations_read_as_zeros_never_as_freed_contents() {
         fresh.push(buffer);
     }
     for n in 0..4 {
-        let buffer = dev.alloc(len as u64).unwrap().unwrap();
+        let buffer = dev.alloc(1, len as u64).unwrap().unwrap();
         let mut host = vec![0xFFu8; len];
         let transfer = Transfer::ToHost {
             from: buffer.clone(),

@@ -379,7 +379,7 @@ impl Device for SimDevice {
         Err(TaskError::KernelFault)
     }
 
-    fn alloc(&self, len: u64) -> Option<Result<Arc<dyn DeviceBuffer>, TaskError>> {
+    fn alloc(&self, _tenant: u64, len: u64) -> Option<Result<Arc<dyn DeviceBuffer>, TaskError>> {
         if !self.healthy() {
             return Some(Err(TaskError::DeviceLost));
         }
@@ -504,8 +504,8 @@ mod tests {
         );
         let dev = SimDevice::new(spec).unwrap();
         let n = 1000u64;
-        let x = dev.alloc(n * 4).unwrap().unwrap();
-        let y = dev.alloc(n * 4).unwrap().unwrap();
+        let x = dev.alloc(1, n * 4).unwrap().unwrap();
+        let y = dev.alloc(1, n * 4).unwrap().unwrap();
         let host_x: Vec<f32> = (0..n).map(|i| i as f32).collect();
         let host_y = vec![1.0f32; n as usize];
         for (host, buffer) in [(&host_x, &x), (&host_y, &y)] {
@@ -533,15 +533,15 @@ mod tests {
             ..SimSpec::default()
         })
         .unwrap();
-        let a = dev.alloc(600).unwrap().unwrap();
+        let a = dev.alloc(1, 600).unwrap().unwrap();
         assert_eq!(dev.status().memory_used, 600);
         assert_eq!(
-            dev.alloc(600).unwrap().unwrap_err(),
+            dev.alloc(1, 600).unwrap().unwrap_err(),
             TaskError::DeviceOutOfMemory { index: 0, needed: 600 }
         );
         drop(a);
         assert_eq!(dev.status().memory_used, 0);
-        assert!(dev.alloc(600).unwrap().is_ok());
+        assert!(dev.alloc(1, 600).unwrap().is_ok());
     }
 
     #[test]
@@ -551,8 +551,8 @@ mod tests {
             ..SimSpec::default()
         })
         .unwrap();
-        let x = dev.alloc(4000).unwrap().unwrap();
-        let y = dev.alloc(4000).unwrap().unwrap();
+        let x = dev.alloc(1, 4000).unwrap().unwrap();
+        let y = dev.alloc(1, 4000).unwrap().unwrap();
         submit_saxpy(&dev, &x, &y, 1000);
         assert!(dev.healthy());
         let (tx, rx) = mpsc::channel();
@@ -575,7 +575,7 @@ mod tests {
         // SAFETY: out holds 16 bytes.
         let read = unsafe { dev.read(x.as_ref(), out.as_mut_ptr(), 16) };
         assert_eq!(read, Err(TaskError::DeviceLost));
-        assert!(matches!(dev.alloc(16), Some(Err(TaskError::DeviceLost))));
+        assert!(matches!(dev.alloc(1, 16), Some(Err(TaskError::DeviceLost))));
     }
 
     #[test]
