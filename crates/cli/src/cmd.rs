@@ -342,8 +342,8 @@ pub struct StatusArgs {
     socket: SocketArg,
 }
 
-/// One session's line in `agora status`.
-fn print_session(s: &agora::SessionStatus) {
+/// One session's line in `agora status` (`devices`: the daemon's device names, in order).
+fn print_session(s: &agora::SessionStatus, devices: &[String]) {
     println!(
         "  #{:<4} {:<16} pid {:<7} uid {:<6} queues {:<3} buffers {:<4} heap {}/{} MiB · tasks {} ok {} failed {} in flight",
         s.id,
@@ -358,6 +358,19 @@ fn print_session(s: &agora::SessionStatus) {
         s.tasks_failed,
         s.in_flight
     );
+    let device_memory: Vec<String> = s
+        .device_memory
+        .iter()
+        .enumerate()
+        .filter(|(_, bytes)| **bytes > 0)
+        .map(|(i, bytes)| {
+            let name = devices.get(i).map_or_else(|| format!("device {i}"), Clone::clone);
+            format!("{name} {:.1} MiB", *bytes as f64 / f64::from(1u32 << 20))
+        })
+        .collect();
+    if !device_memory.is_empty() {
+        println!("        device memory: {}", device_memory.join(", "));
+    }
     for q in &s.queues {
         // What the client asked for (a hint) beside what the policy chose.
         println!(
@@ -383,7 +396,11 @@ fn session_status(args: &StatusArgs, id: u64) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&session)?);
         return Ok(());
     }
-    print_session(&session);
+    // Device names for its device memory line (the summary has them in order).
+    let devices: Vec<String> = agora::daemon_status(args.socket.path())
+        .map(|r| r.devices.into_iter().map(|d| d.name).collect())
+        .unwrap_or_default();
+    print_session(&session, &devices);
     Ok(())
 }
 
@@ -406,11 +423,20 @@ pub fn status(args: StatusArgs) -> Result<()> {
     );
     for d in &report.devices {
         println!(
-            "device {} ({}) · {} lanes × {} threads{}",
+            "device {} ({}) · {} lanes × {} threads{}{}",
             d.name,
             d.kind,
             d.lanes.len(),
             d.threads_per_lane,
+            if d.memory_bytes > 0 {
+                format!(
+                    " · memory {} of {} MiB in use",
+                    d.memory_used >> 20,
+                    d.memory_bytes >> 20
+                )
+            } else {
+                String::new()
+            },
             match (d.failed, d.draining) {
                 (true, _) => " · FAILED (drained)",
                 (false, true) => " · draining",
@@ -431,8 +457,9 @@ pub fn status(args: StatusArgs) -> Result<()> {
         "sessions: {} live, {} closing · {} opened, {} closed since start",
         report.live_sessions, report.closing_sessions, report.sessions_opened, report.sessions_closed
     );
+    let names: Vec<String> = report.devices.iter().map(|d| d.name.clone()).collect();
     for s in &report.sessions {
-        print_session(s);
+        print_session(s, &names);
         let more = s.queue_count.saturating_sub(s.queues.len() as u64);
         if more > 0 {
             println!(

@@ -520,3 +520,41 @@ fn a_task_elsewhere_reading_from_the_failed_device_fails_in_order_naming_the_buf
     drop(session);
     daemon.stop().unwrap();
 }
+
+#[test]
+fn each_session_sees_the_device_memory_its_own_buffers_hold() {
+    let (daemon, session) = start("device-memory", |c| {
+        c.opencl = false;
+        c.sims.push(slow_sim("a", 1_000.0));
+    });
+    let other = daemon.session();
+    let queue = sim_queue(&session, "q");
+    let fill = session.kernel("fill").unwrap();
+    let buffer = session.buffer(1 << 20).unwrap();
+    queue
+        .launch(&fill, &[Arg::F32(1.0), (&buffer).into()], 1u64 << 18)
+        .unwrap()
+        .wait()
+        .unwrap();
+    let held = |s: &Session, id: u64| {
+        let status = s.status().unwrap();
+        let sim = status.devices.iter().position(|d| d.kind == "sim").unwrap();
+        let entry = status.sessions.iter().find(|e| e.id == id).unwrap().clone();
+        (entry.device_memory.get(sim).copied().unwrap_or(0), entry.device_memory)
+    };
+    let (mine, _) = held(&session, session.id());
+    assert_eq!(mine, 1 << 20, "the buffer's device copy on the sim device");
+    let (_, theirs) = held(&session, other.id());
+    assert!(
+        theirs.iter().all(|b| *b == 0),
+        "another session holds nothing: {theirs:?}"
+    );
+    drop(buffer);
+    assert!(
+        agora_test_support::eventually(std::time::Duration::from_secs(5), || held(&session, session.id()).0
+            == 0),
+        "the released buffer's device copy is counted out"
+    );
+    drop((other, session));
+    daemon.stop().unwrap();
+}

@@ -618,6 +618,18 @@ impl Session {
             bytes_to_device: shared.bytes_to_device.load(Ordering::Relaxed),
             bytes_to_host: shared.bytes_to_host.load(Ordering::Relaxed),
             unread_releases: shared.unread.count.load(Ordering::Relaxed),
+            device_memory: {
+                let mut bytes: Vec<u64> = shared
+                    .device_usage
+                    .bytes
+                    .iter()
+                    .map(|b| b.load(Ordering::Relaxed))
+                    .collect();
+                while bytes.last() == Some(&0) {
+                    bytes.pop();
+                }
+                bytes
+            },
         }
     }
 }

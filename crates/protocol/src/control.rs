@@ -562,6 +562,11 @@ pub struct SessionStatus {
     /// Buffers this session released whose newest contents were on a device and never read back
     /// to the host copy (results nobody saw: a missing `sync_from`?).
     pub unread_releases: u64,
+    /// Device memory its buffers' device copies hold, bytes, per device in the order of
+    /// [`StatusReport::devices`] (devices after the last one it uses left out): on a GPU, its
+    /// tenant partition's buffers.
+    #[serde(default)]
+    pub device_memory: Vec<u64>,
 }
 
 /// A snapshot of the whole daemon.
