@@ -378,7 +378,7 @@ fn print_session(s: &agora::SessionStatus, devices: &[String]) {
             q.name,
             format!("{:?}", q.class).to_lowercase(),
             q.in_flight,
-            q.preferred.as_deref().unwrap_or("any"),
+            q.preferred.map_or("any", |k| k.name()),
             match (&q.bound_to, &q.last_device) {
                 (Some(bound), _) if q.moving => format!("bound to {bound}, moving (new tasks wait)"),
                 (Some(bound), _) => format!("bound to {bound}"),

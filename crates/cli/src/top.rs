@@ -309,7 +309,7 @@ fn live(terminal: &mut ratatui::DefaultTerminal, socket: Option<PathBuf>, interv
                     };
                     Row::new(vec![
                         d.name.clone(),
-                        d.kind.clone(),
+                        d.kind.to_string(),
                         format!("{lanes} {busy}/{}", d.lanes.len()),
                         queued.to_string(),
                         done.to_string(),

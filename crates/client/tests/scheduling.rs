@@ -171,7 +171,7 @@ fn a_valid_copy_migrates_between_opencl_sim_and_cpu_exactly() {
             ran_on.starts_with(kind.name()),
             "step {step}: ran on {ran_on}, wanted {kind:?}"
         );
-        assert_eq!(chosen.preferred.as_deref(), Some(kind.name()));
+        assert_eq!(chosen.preferred, Some(*kind));
     }
     let q = queue(&session, DeviceKind::Cpu);
     q.sync_from(&y).unwrap().wait().unwrap();

@@ -647,7 +647,7 @@ impl QueueState {
                 let device = device_names.get(binding.device()).map_or("?", |n| n.as_str());
                 format!("{device}/lane{}", binding.lane())
             }),
-            preferred: self.preferred.map(|k| k.name().to_string()),
+            preferred: self.preferred,
             sla_ms: self.sla_ns.map(|ns| ns / 1e6),
             moving: self.moving.load(Ordering::Relaxed),
             last_device: (!binding.is_unbound())

@@ -218,7 +218,7 @@ fn session_status() -> SessionStatus {
             class: QueueClass::Latency,
             in_flight: 2,
             bound_to: Some("cpu0/1".into()),
-            preferred: Some("cpu".into()),
+            preferred: Some(agora_protocol::DeviceKind::Cpu),
             sla_ms: Some(5.0),
             last_device: Some("cpu0".into()),
             moving: false,
@@ -238,8 +238,10 @@ fn responses() -> Vec<Response> {
         policy: "rr".into(),
         devices: vec![DeviceStatus {
             name: "cpu0".into(),
-            kind: "cpu".into(),
+            kind: agora_protocol::DeviceKind::Cpu,
             description: "host CPU".into(),
+            memory_bytes: 0,
+            memory_used: 0,
             threads_per_lane: 2,
             lanes: vec![LaneStatus {
                 busy: true,
@@ -247,7 +249,8 @@ fn responses() -> Vec<Response> {
                 completed: 10,
                 busy_ns: 1000,
             }],
-            ..Default::default()
+            draining: false,
+            failed: false,
         }],
         sessions: vec![session_status()],
         live_sessions: 1,

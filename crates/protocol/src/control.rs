@@ -66,7 +66,8 @@ pub enum Request {
         /// Kind of device the client prefers for this queue, if any: a
         /// [`DeviceKind`](crate::DeviceKind) name, or `any` (the same as none). Sent as a string
         /// so that the daemon, not the decoder, answers an unknown name (with a message that
-        /// lists the kinds).
+        /// lists the kinds): a client that knows a kind this daemon does not gets that message,
+        /// not a decoding error. Replies carry [`DeviceKind`](crate::DeviceKind) itself.
         preferred_device: Option<String>,
         /// Response-time target of a latency-class queue's tasks, in milliseconds (the daemon's
         /// default when absent).
@@ -476,13 +477,13 @@ pub struct LaneStatus {
 }
 
 /// State of one device.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DeviceStatus {
     /// Name, e.g. `cpu0`.
     pub name: String,
-    /// Kind, as [`DeviceKind::name`](crate::DeviceKind::name) spells it (`cpu`, `opencl`,
-    /// `sim`).
-    pub kind: String,
+    /// Kind (in JSON, as [`DeviceKind::name`](crate::DeviceKind::name) spells it: `cpu`,
+    /// `opencl`, `cuda`, `sim`).
+    pub kind: crate::DeviceKind,
     /// What it is (e.g. the OpenCL platform and device name).
     pub description: String,
     /// Device memory in bytes (0 for devices that compute on host memory).
@@ -510,9 +511,9 @@ pub struct QueueStatus {
     pub in_flight: u64,
     /// `device/lane` it is bound to, when it has work in flight.
     pub bound_to: Option<String>,
-    /// The device kind the client prefers (a hint), as
-    /// [`DeviceKind::name`](crate::DeviceKind::name) spells it.
-    pub preferred: Option<String>,
+    /// The device kind the client prefers (a hint; in JSON as
+    /// [`DeviceKind::name`](crate::DeviceKind::name) spells it).
+    pub preferred: Option<crate::DeviceKind>,
     /// Response-time target of a latency-class queue, ms.
     pub sla_ms: Option<f64>,
     /// The device its last task handed to a lane ran on (what the policy chose).

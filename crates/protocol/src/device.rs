@@ -44,7 +44,15 @@ impl DeviceKind {
 
 impl std::fmt::Display for DeviceKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
+        // `pad`, so widths and alignment apply (`{:<8}` in tables).
+        f.pad(self.name())
+    }
+}
+
+/// A kind equals its name (`kind == "cuda"`), as reports and tests compare it.
+impl PartialEq<&str> for DeviceKind {
+    fn eq(&self, name: &&str) -> bool {
+        self.name() == *name
     }
 }
 
@@ -58,6 +66,8 @@ mod tests {
             assert_eq!(DeviceKind::parse(kind.name()), Some(kind));
             assert_eq!(kind.to_string(), kind.name());
         }
+        assert_eq!(format!("{:<8}|", DeviceKind::Cuda), "cuda    |");
+        assert!(DeviceKind::OpenCl == "opencl" && DeviceKind::Cpu != "opencl");
         assert_eq!(DeviceKind::parse("any"), None);
         assert_eq!(DeviceKind::parse("OpenCL"), None);
     }

@@ -90,7 +90,7 @@ active_watts = 5.0
 /// Power models of the benchmark's devices by kind/name: (idle watts, extra watts per busy lane).
 fn power_of(device: &agora_protocol::control::DeviceStatus) -> (f64, f64) {
     let lanes = device.lanes.len().max(1) as f64;
-    match (device.kind.as_str(), device.name.as_str()) {
+    match (device.kind.name(), device.name.as_str()) {
         ("cpu", _) => (4.0, 20.0 / lanes),
         ("opencl", _) => (0.0, 24.0 / lanes),
         (_, "slow") => (5.0, 20.0 / lanes),

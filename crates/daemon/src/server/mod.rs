@@ -1028,7 +1028,7 @@ fn observer_error() -> Response {
 fn device_status(report: agora_devices::DeviceReport) -> DeviceStatus {
     DeviceStatus {
         name: report.name,
-        kind: report.kind.name().to_string(),
+        kind: report.kind,
         description: report.description,
         memory_bytes: report.memory_bytes,
         memory_used: report.memory_used,
