@@ -352,3 +352,241 @@ impl Replay {
         start(self, transfers, true);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The replay protocol in isolation: a CPU device and host buffers, no daemon.
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use agora_devices::cpu::CpuDevice;
+    use agora_devices::sim::{SimDevice, SimSpec};
+    use agora_kernels::ArgValue;
+    use agora_protocol::MAX_ARGS;
+
+    use super::*;
+
+    /// `saxpy(2, x, y)` over `x.len()` items on host memory (`y` is read-write).
+    fn saxpy(x: &mut [f32], y: &mut [f32], device_args: [Option<Arc<dyn DeviceBuffer>>; MAX_ARGS]) -> Work {
+        let mut args = [ArgValue::None; MAX_ARGS];
+        args[0] = ArgValue::Scalar(u64::from(2.0f32.to_bits()));
+        args[1] = ArgValue::Buffer {
+            ptr: x.as_mut_ptr().cast(),
+            len: (x.len() * 4) as u64,
+        };
+        args[2] = ArgValue::Buffer {
+            ptr: y.as_mut_ptr().cast(),
+            len: (y.len() * 4) as u64,
+        };
+        Work::Launch {
+            kernel: agora_kernels::find("saxpy").unwrap().1.into(),
+            range: [x.len() as u64, 1, 1],
+            dims: 1,
+            args,
+            arg_count: 3,
+            device_args,
+            rows: None,
+        }
+    }
+
+    fn counters() -> RevocationCounters {
+        RevocationCounters {
+            revoked: Counter::default(),
+            wasted_ns: Counter::default(),
+        }
+    }
+
+    /// A job that holds the lane until `release` sends (its completion runs on the lane).
+    fn hold_lane(device: &dyn Device) -> mpsc::Sender<()> {
+        let (release, wait) = mpsc::channel::<()>();
+        device.submit(
+            0,
+            Job {
+                transfers: Vec::new(),
+                work: Work::Nothing,
+                keepalive: None,
+                cancelled: None,
+                revoke: None,
+                urgent: false,
+                slices: None,
+                done: Box::new(move |_, _| {
+                    let _ = wait.recv_timeout(Duration::from_secs(10));
+                }),
+            },
+        );
+        release
+    }
+
+    #[test]
+    fn only_read_write_buffers_the_launch_does_not_load_itself_need_saving() {
+        let (mut x, mut y) = (vec![1.0f32; 64], vec![1.0f32; 64]);
+        let sim: Arc<dyn Device> = Arc::new(SimDevice::new(SimSpec::default()).unwrap());
+        let (x_copy, y_copy) = (sim.alloc(1, 256).unwrap().unwrap(), sim.alloc(1, 256).unwrap().unwrap());
+        let mut device_args: [Option<Arc<dyn DeviceBuffer>>; MAX_ARGS] = Default::default();
+        device_args[1] = Some(x_copy.clone());
+        device_args[2] = Some(y_copy.clone());
+        let work = saxpy(&mut x, &mut y, device_args);
+        // y (read-write, 256 bytes) only; x is read.
+        assert_eq!(read_write_bytes(&work), 256);
+        assert_eq!(
+            bytes_to_save(&work, &[]),
+            256,
+            "y's device copy is what a replay restores"
+        );
+        let load = |to: &Arc<dyn DeviceBuffer>| Transfer::ToDevice {
+            host: y.as_ptr().cast(),
+            len: 256,
+            to: to.clone(),
+        };
+        assert_eq!(
+            bytes_to_save(&work, &[load(&x_copy)]),
+            256,
+            "loading x does not cover y"
+        );
+        assert_eq!(
+            bytes_to_save(&work, &[load(&y_copy)]),
+            0,
+            "the launch loads y from its unchanged host copy: a replay reloads it from there"
+        );
+        // On a device that shares host memory, the host copy is what the kernel changes.
+        let work = saxpy(&mut x, &mut y, Default::default());
+        assert_eq!(bytes_to_save(&work, &[]), 256);
+        assert_eq!(bytes_to_save(&Work::Nothing, &[]), 0);
+    }
+
+    #[test]
+    fn a_launch_revoked_while_queued_is_skipped_then_replayed_and_completes_once() {
+        let device: Arc<dyn Device> = Arc::new(CpuDevice::new(1, 1).unwrap());
+        let (mut x, mut y) = ((0..1000).map(|i| i as f32).collect::<Vec<_>>(), vec![1.0f32; 1000]);
+        let work = saxpy(&mut x, &mut y, Default::default());
+        let release = hold_lane(&*device);
+        let slot: VictimSlot = Arc::new(Mutex::new(None));
+        let (done, results) = mpsc::channel();
+        let counters = counters();
+        submit(
+            device.clone(),
+            0,
+            Vec::new(),
+            work,
+            Arc::new(AtomicBool::new(false)),
+            slot.clone(),
+            1e6,
+            1e3,
+            counters.clone(),
+            Box::new(move |result, _| done.send(result).unwrap()),
+        );
+        // Offered as the lane's victim while it waits; revoking it then only skips it.
+        let victim = slot.lock().unwrap().clone().expect("a victim while queued");
+        assert!(victim.started.is_none());
+        assert_eq!(victim.remaining_ns(), 1e6);
+        victim.flag.store(true, Ordering::Release);
+        release.send(()).unwrap();
+        assert_eq!(results.recv_timeout(Duration::from_secs(10)).unwrap(), Ok(()));
+        assert!(
+            results.recv_timeout(Duration::from_millis(100)).is_err(),
+            "completed once"
+        );
+        assert_eq!(counters.revoked.get(), 1);
+        // Ran exactly once: y = 2x + 1.
+        for (i, v) in y.iter().enumerate() {
+            assert_eq!(*v, 2.0 * i as f32 + 1.0, "y[{i}]");
+        }
+        assert!(slot.lock().unwrap().is_none(), "no victim once it completed");
+        device.shutdown();
+    }
+
+    #[test]
+    fn a_launch_stopped_part_way_is_restored_from_what_it_saved_and_replayed_exactly() {
+        let device: Arc<dyn Device> = Arc::new(CpuDevice::new(1, 1).unwrap());
+        let (mut x, mut y) = ((0..1000).map(|i| i as f32).collect::<Vec<_>>(), vec![1.0f32; 1000]);
+        let work = saxpy(&mut x, &mut y, Default::default());
+        let (done, results) = mpsc::channel();
+        let counters = counters();
+        let replay = Arc::new(Replay {
+            device: device.clone(),
+            lane: 0,
+            flag: Arc::new(AtomicBool::new(false)),
+            session_cancelled: Arc::new(AtomicBool::new(false)),
+            slot: Arc::new(Mutex::new(None)),
+            predicted_ns: 1e6,
+            cost_ns: 1e3,
+            counters: counters.clone(),
+            state: Mutex::new(State {
+                buffers: read_write_buffers(&work, &[]),
+                work,
+                transfers: Vec::new(),
+                started: false,
+                done: Some(Box::new(move |result, _| done.send(result).unwrap())),
+            }),
+            revocations: std::sync::atomic::AtomicU32::new(0),
+        });
+        // As the lane starts it: y's prior contents saved, offered as the running victim.
+        replay.save().unwrap();
+        assert!(replay.slot.lock().unwrap().as_ref().unwrap().started.is_some());
+        // Part of the kernel ran (it updated some rows in place), then it saw the flag.
+        for v in &mut y[..300] {
+            *v += 123.0;
+        }
+        replay.flag.store(true, Ordering::Release);
+        let now = std::time::Instant::now();
+        let times = JobTimes {
+            queued: now,
+            started: now,
+            transfers_done: None,
+            finished: now,
+            cold: false,
+        };
+        replay.clone().end(Err(TaskError::Cancelled), times);
+        assert_eq!(results.recv_timeout(Duration::from_secs(10)).unwrap(), Ok(()));
+        assert_eq!(counters.revoked.get(), 1);
+        assert!(!replay.flag.load(Ordering::Acquire), "cleared for the replay");
+        for (i, v) in y.iter().enumerate() {
+            assert_eq!(*v, 2.0 * i as f32 + 1.0, "y[{i}]: restored, then run once");
+        }
+        device.shutdown();
+    }
+
+    #[test]
+    fn a_launch_whose_session_was_cancelled_is_not_replayed() {
+        let device: Arc<dyn Device> = Arc::new(CpuDevice::new(1, 1).unwrap());
+        let (mut x, mut y) = (vec![1.0f32; 16], vec![1.0f32; 16]);
+        let work = saxpy(&mut x, &mut y, Default::default());
+        let release = hold_lane(&*device);
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let slot: VictimSlot = Arc::new(Mutex::new(None));
+        let (done, results) = mpsc::channel();
+        let counters = counters();
+        submit(
+            device.clone(),
+            0,
+            Vec::new(),
+            work,
+            cancelled.clone(),
+            slot.clone(),
+            1e6,
+            1e3,
+            counters.clone(),
+            Box::new(move |result, _| done.send(result).unwrap()),
+        );
+        // Both: the session went away and a latency task revoked it.
+        cancelled.store(true, Ordering::Release);
+        slot.lock()
+            .unwrap()
+            .as_ref()
+            .unwrap()
+            .flag
+            .store(true, Ordering::Release);
+        release.send(()).unwrap();
+        assert_eq!(
+            results.recv_timeout(Duration::from_secs(10)).unwrap(),
+            Err(TaskError::Cancelled)
+        );
+        assert_eq!(
+            counters.revoked.get(),
+            0,
+            "a cancelled session's launch is not replayed"
+        );
+        assert_eq!(y, vec![1.0f32; 16], "never ran");
+        device.shutdown();
+    }
+}
