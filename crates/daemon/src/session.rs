@@ -661,3 +661,127 @@ impl QueueState {
 pub(crate) fn segment_identity(fd: std::os::fd::BorrowedFd<'_>) -> (u64, u64) {
     rustix::fs::fstat(fd).map_or((0, 0), |st| (st.st_dev, st.st_ino))
 }
+
+#[cfg(test)]
+mod tests {
+    //! A session's own bookkeeping, on a real segment with no client: its heap and buffer
+    //! table, its lane-work back-pressure, its device-memory report, the packed binding.
+    use super::*;
+    use agora_protocol::segment::Geometry;
+
+    /// A session whose heap is `heap` bytes, with at most `max_buffers` buffers and
+    /// `max_lane_ns` of outstanding batch work.
+    fn session(heap: u64, max_buffers: usize, max_lane_ns: u64) -> Session {
+        let geometry = Geometry::new(8, 8, heap).unwrap();
+        let segment = Segment::create("agora-session-test", geometry).unwrap();
+        let (stream, _peer) = UnixStream::pair().unwrap();
+        Session::new(
+            9,
+            Credentials::default(),
+            "unit".into(),
+            stream,
+            FrameReader::default(),
+            Doorbell::new().unwrap(),
+            segment,
+            16,
+            max_buffers,
+            max_lane_ns,
+        )
+    }
+
+    #[test]
+    fn buffers_come_from_the_heap_and_refusals_say_what_is_left() {
+        let mut s = session(1 << 16, 2, u64::MAX);
+        assert!(matches!(s.alloc_buffer(0), Err(ControlError::EmptyBuffer)));
+        let (a, a_offset) = s.alloc_buffer(1 << 14).unwrap();
+        match s.alloc_buffer(1 << 20) {
+            Err(ControlError::QuotaExceeded {
+                requested,
+                available,
+                quota,
+                ..
+            }) => {
+                assert_eq!(requested, 1 << 20);
+                assert_eq!(quota, s.heap.capacity());
+                assert_eq!(available, quota - (1 << 14));
+            }
+            other => panic!("{other:?}"),
+        }
+        let (_b, _) = s.alloc_buffer(1 << 10).unwrap();
+        // The table is full: refused, and the heap range it took is given back.
+        let used = s.heap.used();
+        assert!(matches!(
+            s.alloc_buffer(64),
+            Err(ControlError::TooMany { limit: 2, .. })
+        ));
+        assert_eq!(s.heap.used(), used, "the refused buffer's range was freed");
+        // A released buffer's range is reused at once when nothing references it.
+        assert!(s.release_buffer(a));
+        assert!(!s.release_buffer(a), "a handle is released once");
+        let (_, again) = s.alloc_buffer(1 << 14).unwrap();
+        assert_eq!(again, a_offset);
+    }
+
+    #[test]
+    fn a_released_buffer_a_task_still_uses_keeps_its_range_until_the_task_lets_go() {
+        let mut s = session(1 << 16, 8, u64::MAX);
+        let (handle, offset) = s.alloc_buffer(4096).unwrap();
+        let in_use = s.buffers.get(handle).unwrap().clone(); // as a dispatched task holds it
+        assert!(s.release_buffer(handle));
+        let (_, other) = s.alloc_buffer(4096).unwrap();
+        assert_ne!(other, offset, "still referenced: its range is not handed out");
+        drop(in_use);
+        s.reclaim_zombies();
+        let (_, reused) = s.alloc_buffer(4096).unwrap();
+        assert_eq!(reused, offset, "reclaimed once the task let go");
+    }
+
+    #[test]
+    fn outstanding_lane_work_closes_batch_then_everything_and_reopens() {
+        let s = session(1 << 16, 8, 1_000);
+        let shared = &s.shared;
+        assert_eq!(shared.lane_room(), LaneRoom::Open);
+        shared.lane_work_started(600);
+        shared.lane_work_started(600);
+        assert_eq!(
+            shared.lane_room(),
+            LaneRoom::LatencyOnly,
+            "1.2 µs of batch work over 1 µs"
+        );
+        // Not throttled: finishing work needs no wake-up.
+        assert!(!shared.lane_work_done(600));
+        assert_eq!(shared.lane_room(), LaneRoom::Open);
+        assert!(!shared.lane_work_done(600));
+        for _ in 0..MAX_LANE_JOBS {
+            shared.lane_work_started(0);
+        }
+        assert_eq!(shared.lane_room(), LaneRoom::Closed);
+        // The dispatcher stopped taking descriptors: the job that makes room says to wake it,
+        // once.
+        shared.throttled.store(true, Ordering::SeqCst);
+        assert!(shared.lane_work_done(0), "room again: wake the dispatcher");
+        assert!(!shared.lane_work_done(0), "already woken");
+    }
+
+    #[test]
+    fn the_status_reports_device_memory_per_device_without_trailing_zeros() {
+        let s = session(1 << 16, 8, u64::MAX);
+        assert!(s.summary().device_memory.is_empty());
+        s.shared.device_usage.bytes[2].store(4096, Ordering::Relaxed);
+        assert_eq!(s.summary().device_memory, vec![0, 0, 4096]);
+        assert_eq!(
+            s.shared.device_usage.tenant, 9,
+            "devices know the session as the tenant"
+        );
+    }
+
+    #[test]
+    fn a_binding_packs_device_and_lane() {
+        let b = Binding::new(3, 17);
+        assert_eq!((b.device(), b.lane()), (3, 17));
+        assert!(Binding::UNBOUND.is_unbound() && !b.is_unbound());
+        let atomic = AtomicBinding::unbound();
+        atomic.store(b);
+        assert_eq!(atomic.load(), b);
+    }
+}
