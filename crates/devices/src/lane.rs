@@ -123,6 +123,15 @@ impl JobEnd {
         self.cold = true;
     }
 
+    /// The device could not have started this job before `at` (its predecessor on an in-order
+    /// stream finished then): its times start no earlier. Without it, a job queued behind
+    /// others on a GPU stream counts their time as its own, and the performance model learns
+    /// that a 100 µs kernel takes as long as the whole queue ahead of it (which then made nw's
+    /// diagonals look long enough to run revocable, each saving its 64 MiB first).
+    pub fn started_no_earlier_than(&mut self, at: Instant) {
+        self.started = self.started.max(at);
+    }
+
     /// Records that the job's transfers are done (now). Executors call it, or hand the
     /// [`JobEnd::transfers_marker`] to whoever learns it later.
     pub fn transfers_done(&self) {

@@ -15,12 +15,18 @@
 //! while such a job is in flight this thread copies the job's flag into it (so a running kernel
 //! stops at its next work-group, TReM-style), polling every [`MIRROR_POLL`] instead of blocking.
 //!
+//! Times: a job's kernel cannot start before the job ahead of it on the lane's stream ended, so
+//! the thread starts each job's time no earlier than when it saw that one finish; jobs seen
+//! finished in the same look as their predecessor are left out of the performance model (their
+//! own time is unknown). Counted from when the lane enqueued them, pipelined kernels looked as
+//! long as the queue ahead of them.
+//!
 //! Owns the in-flight queues and the event pool. It must not enqueue commands.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use agora_protocol::TaskError;
 use agora_wait::AdaptiveSpin;
@@ -109,6 +115,9 @@ pub(super) struct Completions {
     stopping: AtomicBool,
     /// Finished events, for reuse (creating one per job would cost a driver call each).
     events: Mutex<Vec<CUevent>>,
+    /// Per lane, when its last job was seen finished: the next job on the lane's stream could
+    /// not start before (see [`JobEnd::started_no_earlier_than`]).
+    last_finished: Mutex<Vec<Option<Instant>>>,
 }
 
 // SAFETY: event handles are process-wide driver handles; everything is behind mutexes or atomic.
@@ -124,6 +133,7 @@ impl Completions {
             sleeping: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             events: Mutex::new(Vec::new()),
+            last_finished: Mutex::new(vec![None; lanes]),
         }
     }
 
@@ -182,8 +192,11 @@ impl Completions {
     /// Takes every job whose event has happened (or failed), oldest first per lane.
     fn ready(&self, shared: &Shared) -> Vec<(Pending, Result<(), TaskError>, CUevent)> {
         let mut lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+        let mut last_finished = self.last_finished.lock().unwrap_or_else(|e| e.into_inner());
         let mut done = Vec::new();
-        for lane in lanes.iter_mut() {
+        let now = Instant::now();
+        for (lane, last) in lanes.iter_mut().zip(last_finished.iter_mut()) {
+            let mut first = true;
             while let Some(head) = lane.front() {
                 // SAFETY: a live event recorded on a stream of this context.
                 let result = match unsafe { sys::cuEventQuery(head.event) } {
@@ -191,7 +204,18 @@ impl Completions {
                     CUresult::CUDA_SUCCESS => Ok(()),
                     code => Err(shared.error(code)),
                 };
-                let head = lane.pop_front().expect("a head");
+                let mut head = lane.pop_front().expect("a head");
+                if first {
+                    if let Some(previous) = *last {
+                        head.pending.end.started_no_earlier_than(previous);
+                    }
+                } else {
+                    // Finished in the same look as the one before it on this lane: it ran
+                    // somewhere in between, its own time is unknown, so the model skips it.
+                    head.pending.end.mark_cold();
+                }
+                first = false;
+                *last = Some(now);
                 let result = head.pending.outcome(result);
                 done.push((head.pending, result, head.event));
             }
