@@ -8,7 +8,7 @@
 
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use agora_protocol::TaskError;
@@ -30,6 +30,10 @@ pub(super) struct Pending {
     pub(super) _flag: Option<Buffer<u8>>,
     pub(super) _transfers: Vec<Transfer>,
     pub(super) _work: Work,
+    /// When the lane's previous job finished: this one's kernel could not start before (the
+    /// lane's queue is in order), so its time starts no earlier. Timed from when the lane
+    /// enqueued it, a pipelined job would count the queue ahead of it as its own.
+    pub(super) lane_finished: Arc<Mutex<Option<Instant>>>,
 }
 
 impl Pending {
@@ -51,13 +55,21 @@ impl Pending {
     /// evict and reuse their memory as soon as it sees the task done.
     pub(super) fn finish(self, result: Result<(), TaskError>) {
         let Pending {
-            end,
+            mut end,
             event,
             polled: _,
             _flag,
             _transfers,
             _work,
+            lane_finished,
         } = self;
+        {
+            let mut last = lane_finished.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(previous) = *last {
+                end.started_no_earlier_than(previous);
+            }
+            *last = Some(Instant::now());
+        }
         drop(_work);
         drop(_transfers);
         // Before the job's flag (held by `end`) can go: this buffer wraps its memory.

@@ -136,6 +136,7 @@ impl OpenClDevice {
                 lane_flag,
                 kernels: HashMap::new(),
                 built: false,
+                lane_finished: Arc::default(),
             };
             let (lane, thread) = Lane::start(
                 format!("agora-{name}-lane{l}"),

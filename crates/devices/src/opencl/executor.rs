@@ -41,6 +41,8 @@ pub(super) struct ClExecutor {
     pub(super) kernels: HashMap<String, HashMap<String, (Kernel, Convention)>>,
     /// Whether the job being started had to build a kernel object (its time is not typical).
     pub(super) built: bool,
+    /// When this lane's last job finished (see `completion::Pending::lane_finished`).
+    pub(super) lane_finished: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
 }
 
 // SAFETY: the executor moves into its lane thread once and is used only there; Kernel is Send.
@@ -417,6 +419,7 @@ impl Executor for ClExecutor {
             _flag: flag,
             _transfers: transfers,
             _work: work,
+            lane_finished: self.lane_finished.clone(),
         };
         if completion::finish_on_completion(pending) {
             // Start the commands now rather than at the next flush.
