@@ -461,10 +461,17 @@ fn tasks_within_the_quota_wait_for_room_instead_of_failing() {
             e.task_error(),
             Some(TaskError::DeviceQuota {
                 needed,
-                quota
-            }) if *needed == 24 << 20 && *quota == 16 << 20
+                quota,
+                device_mib,
+            }) if *needed == 24 << 20 && *quota == 16 << 20 && *device_mib > 0
         ),
         "{e}"
+    );
+    // The message names the working set, the quota and the device's size.
+    let message = e.to_string();
+    assert!(
+        message.contains("25165824 bytes") && message.contains("16777216 bytes") && message.contains("the device has"),
+        "{message}"
     );
 }
 

@@ -18,7 +18,7 @@ pub struct Completion {
     pub code: u16,
     /// Argument index, when the error concerns one.
     pub arg: u16,
-    /// Zero.
+    /// Zero, except for [`TaskError::DeviceQuota`]: the device's memory in MiB.
     pub reserved: u32,
     /// First detail value.
     pub a: u64,
@@ -232,12 +232,14 @@ pub enum TaskError {
     },
     /// The task's buffers do not fit in the session's device-memory quota, even with the
     /// session's other buffers evicted.
-    #[error("the task's buffers need {needed} bytes of device memory at once but the session's device quota is {quota} bytes per device, so it can never run there; use smaller buffers or ask the operator for a larger quota (agora serve --device-quota)")]
+    #[error("the task's buffers need {needed} bytes of device memory at once but the session's device quota is {quota} bytes per device (the device has {device_mib} MiB), so it can never run there; use smaller buffers or ask the operator for a larger quota (agora serve --device-quota)")]
     DeviceQuota {
         /// Bytes the task's buffers need on the device.
         needed: u64,
         /// The quota.
         quota: u64,
+        /// The device's memory, MiB (sent in the completion record's `reserved` word).
+        device_mib: u32,
     },
     /// The device reported an error running the task (logged by the daemon).
     #[error("the device failed to run the task (OpenCL error {0}); the daemon logged the details")]
@@ -329,7 +331,7 @@ fn extents(dims: &[u64]) -> String {
 }
 
 fn cause_name(code: u16) -> &'static str {
-    TaskError::decode(code, 0, 0, 0).kind()
+    TaskError::decode(code, 0, 0, 0, 0).kind()
 }
 
 fn tag_name(tag: u32) -> &'static str {
@@ -365,7 +367,10 @@ impl Completion {
             task_id,
             code,
             arg,
-            reserved: 0,
+            reserved: match error {
+                TaskError::DeviceQuota { device_mib, .. } => device_mib,
+                _ => 0,
+            },
             a,
             b,
         }
@@ -376,7 +381,7 @@ impl Completion {
         if self.code == 0 {
             Ok(())
         } else {
-            Err(TaskError::decode(self.code, self.arg, self.a, self.b))
+            Err(TaskError::decode(self.code, self.arg, self.a, self.b, self.reserved))
         }
     }
 }
@@ -451,7 +456,7 @@ impl TaskError {
             TaskError::Cancelled => (17, 0, 0, 0),
             TaskError::DeviceOutOfMemory { index, needed } => (18, index, needed, 0),
             TaskError::DeviceFailed(code) => (19, 0, code as u64, 0),
-            TaskError::DeviceQuota { needed, quota } => (20, 0, needed, quota),
+            TaskError::DeviceQuota { needed, quota, .. } => (20, 0, needed, quota),
             TaskError::DeviceLost => (21, 0, 0, 0),
             TaskError::DataLost { index } => (22, index, 0, 0),
             TaskError::DeviceLimit { limit, value, max } => (23, limit.code(), value, max),
@@ -477,7 +482,7 @@ impl TaskError {
         }
     }
 
-    fn decode(code: u16, arg: u16, a: u64, b: u64) -> Self {
+    fn decode(code: u16, arg: u16, a: u64, b: u64, reserved: u32) -> Self {
         let a32 = a as u32;
         match code {
             1 => TaskError::Malformed(Malformed::UnknownOp(a32)),
@@ -517,7 +522,11 @@ impl TaskError {
             17 => TaskError::Cancelled,
             18 => TaskError::DeviceOutOfMemory { index: arg, needed: a },
             19 => TaskError::DeviceFailed(a as i64),
-            20 => TaskError::DeviceQuota { needed: a, quota: b },
+            20 => TaskError::DeviceQuota {
+                needed: a,
+                quota: b,
+                device_mib: reserved,
+            },
             21 => TaskError::DeviceLost,
             22 => TaskError::DataLost { index: arg },
             23 => match LaunchLimit::from_code(arg) {
@@ -613,6 +622,7 @@ mod tests {
             TaskError::DeviceQuota {
                 needed: 1 << 21,
                 quota: 1 << 20,
+                device_mib: 81_079,
             },
             TaskError::DeviceLost,
             TaskError::DataLost { index: 3 },

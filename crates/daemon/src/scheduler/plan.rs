@@ -219,6 +219,7 @@ impl Scheduler {
             return Err(TaskError::DeviceQuota {
                 needed: working_set,
                 quota,
+                device_mib: u32::try_from(info.memory_bytes >> 20).unwrap_or(u32::MAX),
             });
         }
         if missing == 0 {
