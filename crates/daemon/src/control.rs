@@ -60,7 +60,7 @@ pub(crate) enum ControlJob {
 /// What reaches the control thread.
 enum Message {
     /// A job and the connection it answers.
-    Job(UnixStream, ControlJob, Owed),
+    Job(Arc<UnixStream>, ControlJob, Owed),
     /// A builder thread's reply for the connection whose `Owed` has this address.
     Built(usize, Response),
     /// The daemon is stopping: end after the jobs before this one.
@@ -69,9 +69,9 @@ enum Message {
 
 /// A connection waiting for its build: where the reply goes, and its later jobs in order.
 struct Waiting {
-    stream: UnixStream,
+    stream: Arc<UnixStream>,
     owed: Owed,
-    later: std::collections::VecDeque<(UnixStream, ControlJob, Owed)>,
+    later: std::collections::VecDeque<(Arc<UnixStream>, ControlJob, Owed)>,
 }
 
 /// The identity of a connection: the address of its `Owed` counter.
@@ -125,10 +125,14 @@ impl ControlPlane {
     /// (that connection's count) is one more until it is written. `Err` when the connection
     /// could not be duplicated (then nothing is sent and `owed` is unchanged; the caller
     /// answers).
-    pub(crate) fn submit(&self, stream: &UnixStream, job: ControlJob, owed: &Owed) -> Result<(), ControlJob> {
-        let (Some(jobs), Ok(stream)) = (&self.jobs, stream.try_clone()) else {
+    /// The connection is shared, not duplicated: a `dup` needs a descriptor, and a daemon out
+    /// of descriptors could then not keep a reply in order behind one the control thread owes
+    /// (it closed the connection instead, ending a tenant's session).
+    pub(crate) fn submit(&self, stream: &Arc<UnixStream>, job: ControlJob, owed: &Owed) -> Result<(), ControlJob> {
+        let Some(jobs) = &self.jobs else {
             return Err(job);
         };
+        let stream = stream.clone();
         owed.fetch_add(1, Ordering::AcqRel);
         jobs.send(Message::Job(stream, job, owed.clone()))
             .map_err(|mpsc::SendError(message)| match message {
@@ -188,7 +192,7 @@ fn serve(context: &ControlContext, inbox: &mpsc::Receiver<Message>, builders: &m
 /// Answers `job` on `stream`, or starts its build and returns what waits for it.
 fn run(
     context: &ControlContext,
-    stream: UnixStream,
+    stream: Arc<UnixStream>,
     job: ControlJob,
     owed: Owed,
     builders: &mpsc::Sender<Message>,
@@ -334,6 +338,7 @@ mod tests {
     fn jobs_are_answered_on_the_requesting_connection_in_order() {
         let control = ControlPlane::start(telemetry()).unwrap();
         let (daemon_side, client_side) = UnixStream::pair().unwrap();
+        let daemon_side = Arc::new(daemon_side);
         let owed = Owed::default();
         assert!(control
             .submit(&daemon_side, ControlJob::LookupKernel("saxpi".into()), &owed)
@@ -362,6 +367,7 @@ mod tests {
     fn a_build_and_the_jobs_after_it_are_answered_in_order() {
         let control = ControlPlane::start(telemetry()).unwrap();
         let (daemon_side, client_side) = UnixStream::pair().unwrap();
+        let daemon_side = Arc::new(daemon_side);
         let owed = Owed::default();
         let geometry = agora_protocol::segment::Geometry::new(2, 2, 4096).unwrap();
         let segment = agora_transport::shm::Segment::create("control-test", geometry).unwrap();
@@ -410,6 +416,7 @@ mod tests {
     fn a_reply_too_large_for_a_frame_becomes_an_error() {
         let control = ControlPlane::start(telemetry()).unwrap();
         let (daemon_side, client_side) = UnixStream::pair().unwrap();
+        let daemon_side = Arc::new(daemon_side);
         let huge = Response::Error(ControlError::BadRequest(
             "x".repeat(agora_protocol::control::MAX_FRAME as usize),
         ));

@@ -127,7 +127,7 @@ impl ValidateHarness {
             1,
             Credentials::default(),
             "fuzz".into(),
-            stream,
+            std::sync::Arc::new(stream),
             FrameReader::default(),
             doorbell,
             segment,

@@ -333,7 +333,7 @@ fn session() -> crate::session::Session {
         7,
         crate::session::Credentials::default(),
         "test".into(),
-        stream,
+        std::sync::Arc::new(stream),
         agora_transport::socket::FrameReader::default(),
         agora_transport::wake::Doorbell::new().unwrap(),
         segment,

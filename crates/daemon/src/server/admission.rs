@@ -83,7 +83,7 @@ impl Server {
                     self.conns.insert(
                         id,
                         Conn::Pending {
-                            stream,
+                            stream: Arc::new(stream),
                             reader: FrameReader::default(),
                             credentials,
                         },

@@ -143,13 +143,13 @@ impl Token {
 enum Conn {
     /// Connected, no hello yet.
     Pending {
-        stream: UnixStream,
+        stream: Arc<UnixStream>,
         reader: FrameReader,
         credentials: Credentials,
     },
     /// A one-shot observer (`agora status`, `agora drain`).
     Observer {
-        stream: UnixStream,
+        stream: Arc<UnixStream>,
         reader: FrameReader,
         credentials: Credentials,
     },
@@ -158,7 +158,7 @@ enum Conn {
 }
 
 impl Conn {
-    fn stream(&self) -> &UnixStream {
+    fn stream(&self) -> &Arc<UnixStream> {
         match self {
             Conn::Pending { stream, .. } | Conn::Observer { stream, .. } => stream,
             Conn::Session(s) => &s.stream,

@@ -82,7 +82,7 @@ impl Server {
         id: u64,
         credentials: Credentials,
         client_name: String,
-        stream: UnixStream,
+        stream: Arc<UnixStream>,
         reader: FrameReader,
         doorbell: Doorbell,
         segment: Segment,
