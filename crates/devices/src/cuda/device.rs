@@ -343,9 +343,9 @@ impl CudaDevice {
         };
         let mut lane_list = Vec::new();
         let mut threads = Vec::new();
-        // A revocable launch's flag is copied in just before its kernel (a launch revoked while
-        // queued stops at once, one revoked while running completes).
-        // `AGORA_CUDA_REVOCATION=mapped` lets running kernels see it too, through a mapped flag
+        // By default no launch here is revocable (`polls_revocation()` false: latency work gets
+        // in at slice boundaries), and a kernel's flag is a copy made just before it.
+        // `AGORA_CUDA_REVOCATION=mapped` makes running kernels revocable, through a mapped flag
         // the completion thread mirrors; not the default: on an H100, nw through Agora took 4.9 s
         // with it against 1.2 s with the copy (the same run and results, `scripts/gpu-diagnose.sh`).
         let mirrored = completer.is_some() && std::env::var("AGORA_CUDA_REVOCATION").is_ok_and(|v| v == "mapped");
