@@ -118,74 +118,78 @@ fn is_read_write(kind: agora_protocol::ParamKind) -> bool {
     )
 }
 
-/// Whether `work` has read-write buffers a replay would need to restore, and their bytes.
-pub(crate) fn read_write_bytes(work: &Work) -> u64 {
-    match work {
-        Work::Launch {
-            kernel,
-            args,
-            arg_count,
-            ..
-        } => kernel
-            .params
-            .iter()
-            .zip(&args[..*arg_count])
-            .filter(|(p, _)| is_read_write(p.kind))
-            .map(|(_, a)| match a {
-                agora_kernels::ArgValue::Buffer { len, .. } => *len,
-                _ => 0,
-            })
-            .sum(),
-        _ => 0,
-    }
+/// One read-write buffer argument of a launch.
+struct ReadWriteArg<'a> {
+    host: *mut u8,
+    len: u64,
+    device_copy: Option<&'a Arc<dyn DeviceBuffer>>,
 }
 
-/// The read-write buffers of `work`, and whether `transfers` (the launch's own) load each from
-/// its host copy.
-fn read_write_buffers(work: &Work, transfers: &[Transfer]) -> Vec<ReadWrite> {
-    match work {
+/// The read-write buffer arguments of `work` (none unless it is a launch). Allocates nothing:
+/// the scheduler asks for their size on its dispatch path.
+fn read_write_args(work: &Work) -> impl Iterator<Item = ReadWriteArg<'_>> {
+    let launch = match work {
         Work::Launch {
             kernel,
             args,
             arg_count,
             device_args,
             ..
-        } => kernel
+        } => Some((kernel, args, *arg_count, device_args)),
+        _ => None,
+    };
+    launch.into_iter().flat_map(|(kernel, args, arg_count, device_args)| {
+        kernel
             .params
             .iter()
             .enumerate()
-            .take(*arg_count)
+            .take(arg_count)
             .filter(|(_, p)| is_read_write(p.kind))
-            .filter_map(|(index, _)| match args[index] {
-                agora_kernels::ArgValue::Buffer { ptr, len } => {
-                    let device_copy = device_args[index].clone();
-                    let loaded_from_host = device_copy.as_ref().is_some_and(|copy| {
-                        transfers.iter().any(|t| {
-                            matches!(t, Transfer::ToDevice { to, .. } if std::ptr::addr_eq(Arc::as_ptr(to), Arc::as_ptr(copy)))
-                        })
-                    });
-                    Some(ReadWrite {
-                        host: ptr,
-                        len: len as usize,
-                        device_copy,
-                        loaded_from_host,
-                        saved: None,
-                    })
-                }
+            .filter_map(move |(index, _)| match args[index] {
+                agora_kernels::ArgValue::Buffer { ptr, len } => Some(ReadWriteArg {
+                    host: ptr,
+                    len,
+                    device_copy: device_args[index].as_ref(),
+                }),
                 _ => None,
             })
-            .collect(),
-        _ => Vec::new(),
-    }
+    })
+}
+
+/// Whether `transfers` load `copy` from its host copy.
+fn loads(transfers: &[Transfer], copy: Option<&Arc<dyn DeviceBuffer>>) -> bool {
+    copy.is_some_and(|copy| {
+        transfers.iter().any(
+            |t| matches!(t, Transfer::ToDevice { to, .. } if std::ptr::addr_eq(Arc::as_ptr(to), Arc::as_ptr(copy))),
+        )
+    })
+}
+
+/// The bytes of `work`'s read-write buffers (what restoring them for a replay moves).
+pub(crate) fn read_write_bytes(work: &Work) -> u64 {
+    read_write_args(work).map(|a| a.len).sum()
+}
+
+/// The read-write buffers of `work`, and whether `transfers` (the launch's own) load each from
+/// its host copy.
+fn read_write_buffers(work: &Work, transfers: &[Transfer]) -> Vec<ReadWrite> {
+    read_write_args(work)
+        .map(|a| ReadWrite {
+            host: a.host,
+            len: a.len as usize,
+            loaded_from_host: loads(transfers, a.device_copy),
+            device_copy: a.device_copy.cloned(),
+            saved: None,
+        })
+        .collect()
 }
 
 /// The bytes a revocable run of `work` saves before it starts (its read-write buffers, less
 /// those its own `transfers` load from their unchanged host copies): what revocability costs.
 pub(crate) fn bytes_to_save(work: &Work, transfers: &[Transfer]) -> u64 {
-    read_write_buffers(work, transfers)
-        .iter()
-        .filter(|b| !b.loaded_from_host)
-        .map(|b| b.len as u64)
+    read_write_args(work)
+        .filter(|a| !loads(transfers, a.device_copy))
+        .map(|a| a.len)
         .sum()
 }
 

@@ -240,24 +240,24 @@ impl Scheduler {
     /// Whether a launch runs revocable: a batch launch that was not sliced, on a device that
     /// polls revocation, under a latency policy, predicted long enough that a latency task could
     /// not simply wait for it (`revoke_min`, and twice the preemption target), and whose
-    /// read-write buffers (`save_bytes` of them must be saved before it starts, for a replay)
-    /// take at most `revoke_max_save_share` of it to save. Short launches are not worth the lane
-    /// drain, nor launches that would spend longer saving than computing.
+    /// read-write buffers (`save_bytes()` of them must be saved before it starts, for a replay;
+    /// asked last) take at most `revoke_max_save_share` of it to save. Short launches are not
+    /// worth the lane drain, nor launches that would spend longer saving than computing.
     pub(super) fn revocable(
         &self,
         device: usize,
         work: &Work,
         class: QueueClass,
         predicted_ns: f64,
-        save_bytes: u64,
+        save_bytes: impl FnOnce() -> u64,
     ) -> bool {
-        let save_ns = save_bytes as f64 / self.facts[device].bandwidth.max(1.0) * 1e9;
         class == QueueClass::Batch
             && self.config.latency_policy != LatencyPolicy::None
             && matches!(work, Work::Launch { kernel, .. } if kernel.chunkable)
             && self.devices[device].polls_revocation()
             && predicted_ns >= self.config.revoke_min_ns.max(2.0 * self.config.preempt_target_ns)
-            && save_ns <= self.config.revoke_max_save_share * predicted_ns
+            && save_bytes() as f64 / self.facts[device].bandwidth.max(1.0) * 1e9
+                <= self.config.revoke_max_save_share * predicted_ns
     }
 
     /// How many row slices to split a launch into so that a latency task waits at most about

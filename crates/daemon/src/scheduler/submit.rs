@@ -121,10 +121,10 @@ impl Scheduler {
         let slices = self
             .slices_for(device, &work, queue.class, predicted as f64)
             .max(placement.required_slices);
-        let revocable = slices <= 1 && {
-            let save_bytes = crate::revocation::bytes_to_save(&work, &transfers);
-            self.revocable(device, &work, queue.class, predicted as f64, save_bytes)
-        };
+        let revocable = slices <= 1
+            && self.revocable(device, &work, queue.class, predicted as f64, || {
+                crate::revocation::bytes_to_save(&work, &transfers)
+            });
         let counters = self.task_counters(name, queue.class).clone();
         let done = LaneCompletion {
             task_id,

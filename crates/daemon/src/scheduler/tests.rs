@@ -273,14 +273,14 @@ fn long_batch_launches_are_sliced_to_the_preemption_target() {
     );
     // A long batch launch on the CPU (which polls the flag) is revocable unless the latency
     // policy is none; latency work never is.
-    assert!(s.revocable(0, &work(1 << 20), QueueClass::Batch, 10e6, 0));
-    assert!(!s.revocable(0, &work(1 << 20), QueueClass::Latency, 10e6, 0));
-    assert!(!s.revocable(0, &work(1 << 20), QueueClass::Batch, 0.5e6, 0));
+    assert!(s.revocable(0, &work(1 << 20), QueueClass::Batch, 10e6, || 0));
+    assert!(!s.revocable(0, &work(1 << 20), QueueClass::Latency, 10e6, || 0));
+    assert!(!s.revocable(0, &work(1 << 20), QueueClass::Batch, 0.5e6, || 0));
     // Nor is one whose read-write buffers take longer than 5 % of it to save (at 10 GB/s: 5 MB
     // is 0.5 ms, 5 % of 10 ms; nw's 64 MiB score matrix before each 100 µs diagonal on a GPU).
-    assert!(s.revocable(0, &work(1 << 20), QueueClass::Batch, 10e6, 5_000_000));
-    assert!(!s.revocable(0, &work(1 << 20), QueueClass::Batch, 10e6, 5_000_001));
-    assert!(!s.revocable(0, &work(1 << 20), QueueClass::Batch, 100e3, 64 << 20));
+    assert!(s.revocable(0, &work(1 << 20), QueueClass::Batch, 10e6, || 5_000_000));
+    assert!(!s.revocable(0, &work(1 << 20), QueueClass::Batch, 10e6, || 5_000_001));
+    assert!(!s.revocable(0, &work(1 << 20), QueueClass::Batch, 100e3, || 64 << 20));
 }
 
 #[test]

@@ -869,21 +869,24 @@ impl Server {
         }
     }
 
+    /// The sessions of live connections.
+    fn live_sessions(&self) -> impl Iterator<Item = &Session> + '_ {
+        self.conns.values().filter_map(|c| match c {
+            Conn::Session(s) => Some(&**s),
+            _ => None,
+        })
+    }
+
+    /// Every session: live, and closing (its client gone, its work still in flight).
+    fn every_session(&self) -> impl Iterator<Item = &Session> + '_ {
+        self.live_sessions().chain(self.closing.iter().map(|s| &**s))
+    }
+
     /// Work handed to lanes and not yet completed, all sessions (closing ones included).
     fn in_flight(&self) -> u64 {
-        let live: u64 = self
-            .conns
-            .values()
-            .filter_map(|c| match c {
-                Conn::Session(s) => Some(s.shared.in_flight.load(Ordering::Acquire)),
-                _ => None,
-            })
-            .sum();
-        live + self
-            .closing
-            .iter()
+        self.every_session()
             .map(|s| s.shared.in_flight.load(Ordering::Acquire))
-            .sum::<u64>()
+            .sum()
     }
 
     fn shutdown(&mut self) -> Result<(), DaemonError> {
@@ -908,15 +911,7 @@ impl Server {
         // 3. Give up on the rest: closed segments take no more completions, so clients see
         // the daemon go away (`Disconnected`) rather than their tasks cancelled.
         let abandoned = self.in_flight();
-        for session in self
-            .conns
-            .values()
-            .filter_map(|c| match c {
-                Conn::Session(s) => Some(&**s),
-                _ => None,
-            })
-            .chain(self.closing.iter().map(|s| &**s))
-        {
+        for session in self.every_session() {
             session.shared.close();
             session.shared.cancelled.store(true, Ordering::Release);
         }

@@ -57,12 +57,7 @@ impl Server {
         };
         // Queues busy there now: each moves when its next task arrives and these are done.
         let queues_bound = self
-            .conns
-            .values()
-            .filter_map(|c| match c {
-                Conn::Session(s) => Some(s),
-                _ => None,
-            })
+            .live_sessions()
             .flat_map(|s| s.queues.values())
             .filter(|q| q.in_flight.load(Ordering::Relaxed) > 0 && q.binding.load().device() == index)
             .count() as u64;
@@ -84,14 +79,7 @@ impl Server {
     /// queues) as many as fit in [`REPLY_BUDGET`], whatever the tenants created.
     pub(super) fn status(&self) -> StatusReport {
         let device_names = self.device_names();
-        let live: Vec<&Session> = self
-            .conns
-            .values()
-            .filter_map(|c| match c {
-                Conn::Session(s) => Some(&**s),
-                _ => None,
-            })
-            .collect();
+        let live: Vec<&Session> = self.live_sessions().collect();
         let live_completed: u64 = live.iter().map(|s| s.shared.completed.load(Ordering::Relaxed)).sum();
         let live_failed: u64 = live.iter().map(|s| s.shared.failed.load(Ordering::Relaxed)).sum();
         let mut busiest = live.clone();

@@ -185,13 +185,7 @@ impl Server {
         }
         let identity = crate::session::segment_identity(segment_fd.as_fd());
         let holder = self
-            .conns
-            .values()
-            .filter_map(|c| match c {
-                Conn::Session(s) => Some(&**s),
-                _ => None,
-            })
-            .chain(self.closing.iter().map(|s| &**s))
+            .every_session()
             .find(|s| s.segment_identity == identity)
             .map(|s| s.id);
         if let Some(session) = holder {

@@ -161,15 +161,16 @@ impl Shared {
     pub(super) fn fence_for(&self, buffers: &[&CudaBuffer]) -> Result<(u64, u64), TaskError> {
         let partition = match buffers.first() {
             Some(first) => {
-                let partition = first.partition.clone().ok_or(TaskError::KernelFault)?;
-                let apart = buffers.iter().any(|b| {
-                    !b.partition.as_ref().is_some_and(|p| Arc::ptr_eq(p, &partition)) || !partition.holds(b.ptr, b.len)
+                let partition = first.partition.clone().filter(|partition| {
+                    buffers.iter().all(|b| {
+                        b.partition.as_ref().is_some_and(|p| Arc::ptr_eq(p, partition)) && partition.holds(b.ptr, b.len)
+                    })
                 });
-                if apart {
-                    tracing::error!(device = %self.name, tenant = partition.tenant, "a fenced launch's buffers are not all in its tenant's partition; refused");
-                    return Err(TaskError::KernelFault);
-                }
-                partition
+                // A buffer outside a partition (its tenant got none) or in another one.
+                partition.ok_or_else(|| {
+                    tracing::error!(device = %self.name, "a fenced launch's buffers are not all in one tenant partition; refused");
+                    TaskError::KernelFault
+                })?
             }
             None => {
                 let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
