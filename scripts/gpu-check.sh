@@ -43,7 +43,14 @@ if [ -n "$wheel" ]; then
 else
   echo "gpu-check: no wheel in $bin (make gpu-dist builds it)"; status=1
 fi
-kill -TERM "$daemon"; wait "$daemon" || true
+# A daemon that does not stop within 15 s is a failure of its own (and must not hang the check).
+kill -TERM "$daemon"
+for _ in $(seq 150); do kill -0 "$daemon" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$daemon" 2>/dev/null; then
+  echo "gpu-check: the daemon did not stop within 15 s of SIGTERM (see $out/daemon.log)"; status=1
+  kill -KILL "$daemon"
+fi
+wait "$daemon" || true
 grep -q cuda "$out/devices.txt" || { echo "gpu-check: the daemon found no GPU (see $out/daemon.log)"; status=1; }
 
 echo "== GPU test cases"

@@ -12,7 +12,7 @@ mod workload;
 use agora::{DeviceKind, Error, Queue, QueueOptions, Session};
 
 pub use programs::{build, default_size, footprint, hotspot_params, min_size, unknown_program, MAX_LAUNCHES, PROGRAMS};
-pub use workload::{run_on_agora, AppReport, Step, Verdict, WArg, Workload};
+pub use workload::{prepare_on_agora, run_on_agora, AppReport, PreparedRun, Step, Verdict, WArg, Workload};
 
 /// A queue for workload `name`, preferring `device` when given.
 pub fn queue(session: &Session, name: &str, device: Option<DeviceKind>) -> Result<Queue, Error> {

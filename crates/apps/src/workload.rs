@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use agora::{Arg, DeviceKind, Error, NdRange, Session};
+use agora::{Arg, DeviceKind, Error, NdRange, Queue, Session};
 use serde::{Deserialize, Serialize};
 
 /// A kernel argument in a workload.
@@ -121,6 +121,24 @@ pub struct AppReport {
 
 /// Runs `workload` on one Agora queue (preferring `device`), then verifies it.
 pub fn run_on_agora(session: &Session, workload: &Workload, device: Option<DeviceKind>) -> Result<AppReport, Error> {
+    prepare_on_agora(session, workload, device)?.run(session, workload)
+}
+
+/// A workload's queue, kernels and buffers (with their initial contents), ready to run once: what
+/// [`run_on_agora`] does before its timer starts, apart so a caller can time runs that start
+/// together (two tenants at once) without their set-up in between.
+pub struct PreparedRun {
+    queue: Queue,
+    kernels: std::collections::HashMap<&'static str, agora::Kernel>,
+    buffers: Vec<agora::Buffer>,
+}
+
+/// Opens `workload`'s queue (preferring `device`), looks up its kernels and allocates its buffers.
+pub fn prepare_on_agora(
+    session: &Session,
+    workload: &Workload,
+    device: Option<DeviceKind>,
+) -> Result<PreparedRun, Error> {
     let queue = crate::queue(session, workload.name, device)?;
     let mut kernels = std::collections::HashMap::new();
     for step in &workload.steps {
@@ -135,46 +153,65 @@ pub fn run_on_agora(session: &Session, workload: &Workload, device: Option<Devic
         .iter()
         .map(|b| session.buffer_from(b))
         .collect::<Result<Vec<_>, _>>()?;
-    let start = Instant::now();
-    for step in &workload.steps {
-        match step {
-            Step::SyncTo(b) => drop(queue.sync_to(&buffers[*b])?),
-            Step::SyncFrom(b) => drop(queue.sync_from(&buffers[*b])?),
-            Step::Launch { kernel, args, range } => {
-                let args: Vec<Arg<'_>> = args
-                    .iter()
-                    .map(|a| match *a {
-                        WArg::Buffer(b) => Arg::Buffer(&buffers[b]),
-                        WArg::F32(v) => Arg::F32(v),
-                        WArg::I32(v) => Arg::I32(v),
-                        WArg::U32(v) => Arg::U32(v),
-                        WArg::U64(v) => Arg::U64(v),
-                    })
-                    .collect();
-                let range = match range.as_slice() {
-                    [x] => NdRange::d1(*x),
-                    [x, y] => NdRange::d2(*x, *y),
-                    [x, y, z] => NdRange::d3(*x, *y, *z),
-                    _ => {
-                        return Err(Error::Protocol(format!(
-                            "{}: a range has 1 to 3 dimensions",
-                            workload.name
-                        )))
-                    }
-                };
-                drop(queue.launch(&kernels[kernel], &args, range)?);
+    Ok(PreparedRun {
+        queue,
+        kernels,
+        buffers,
+    })
+}
+
+impl PreparedRun {
+    /// Runs the steps of `workload` (the one it was prepared for), timed, then verifies them.
+    pub fn run(self, session: &Session, workload: &Workload) -> Result<AppReport, Error> {
+        let PreparedRun {
+            queue,
+            kernels,
+            buffers,
+        } = self;
+        let start = Instant::now();
+        for step in &workload.steps {
+            match step {
+                Step::SyncTo(b) => drop(queue.sync_to(&buffers[*b])?),
+                Step::SyncFrom(b) => drop(queue.sync_from(&buffers[*b])?),
+                Step::Launch { kernel, args, range } => {
+                    let args: Vec<Arg<'_>> = args
+                        .iter()
+                        .map(|a| match *a {
+                            WArg::Buffer(b) => Arg::Buffer(&buffers[b]),
+                            WArg::F32(v) => Arg::F32(v),
+                            WArg::I32(v) => Arg::I32(v),
+                            WArg::U32(v) => Arg::U32(v),
+                            WArg::U64(v) => Arg::U64(v),
+                        })
+                        .collect();
+                    let range = match range.as_slice() {
+                        [x] => NdRange::d1(*x),
+                        [x, y] => NdRange::d2(*x, *y),
+                        [x, y, z] => NdRange::d3(*x, *y, *z),
+                        _ => {
+                            return Err(Error::Protocol(format!(
+                                "{}: a range has 1 to 3 dimensions",
+                                workload.name
+                            )))
+                        }
+                    };
+                    let kernel = kernels.get(kernel).ok_or_else(|| {
+                        Error::Protocol(format!("{}: not prepared for kernel {kernel}", workload.name))
+                    })?;
+                    drop(queue.launch(kernel, &args, range)?);
+                }
             }
         }
+        queue.finish()?;
+        let seconds = start.elapsed().as_secs_f64();
+        // Where the policy put the queue's last task (asked before the queue is released, after
+        // the timed part).
+        let last_device = queue_device(session, workload.name)?;
+        let views: Vec<&[u8]> = buffers.iter().map(|b| b.as_slice::<u8>()).collect();
+        let mut report = workload.report(seconds, &views);
+        report.devices.extend(last_device);
+        Ok(report)
     }
-    queue.finish()?;
-    let seconds = start.elapsed().as_secs_f64();
-    // Where the policy put the queue's last task (asked before the queue is released, after
-    // the timed part).
-    let last_device = queue_device(session, workload.name)?;
-    let views: Vec<&[u8]> = buffers.iter().map(|b| b.as_slice::<u8>()).collect();
-    let mut report = workload.report(seconds, &views);
-    report.devices.extend(last_device);
-    Ok(report)
 }
 
 /// The device queue `name` of this session is bound to now, else the one its last task ran on

@@ -71,6 +71,10 @@ pub struct ClientArgs {
 pub(crate) struct RepeatResult {
     pub(crate) seconds: Vec<f64>,
     pub(crate) verified: bool,
+    /// Stepwise: when the timed part of the run began, nanoseconds of the system's monotonic clock
+    /// (the same in every process), so runs of two clients can be laid on one time line.
+    #[serde(default)]
+    pub(crate) started_ns: u64,
 }
 
 fn device_kind(name: Option<&str>) -> Option<agora::DeviceKind> {
@@ -87,15 +91,25 @@ fn client_repeat(socket: Option<PathBuf>, args: &ClientArgs) -> Result<()> {
         reconnect_timeout: None,
     })?;
     let kind = device_kind(args.device_kind.as_deref());
-    // One run: its seconds and whether its result was right.
-    let mut run: Box<dyn FnMut() -> Result<(f64, bool)>> = match args.mode {
+    // One run: its seconds, whether its result was right, and when its timed part began.
+    let mut run: Box<dyn FnMut() -> Result<(f64, bool, u64)>> = match args.mode {
         ClientMode::Workload => {
             let app = args.app.as_deref().context("--app")?;
             let workload = agora_apps::build(app, args.size.context("--size")?, None).context("unknown app")?;
             let session = &session;
+            // The next run's buffers are made ready after each run, outside its time, so a
+            // stepwise run starts its steps as soon as it is asked (two clients asked at once
+            // start together).
+            let mut prepared = None;
             Box::new(move || {
-                let r = agora_apps::run_on_agora(session, &workload, kind)?;
-                Ok((r.seconds, r.verified))
+                let ready = match prepared.take() {
+                    Some(ready) => ready,
+                    None => agora_apps::prepare_on_agora(session, &workload, kind)?,
+                };
+                let started_ns = monotonic_ns();
+                let r = ready.run(session, &workload)?;
+                prepared = Some(agora_apps::prepare_on_agora(session, &workload, kind)?);
+                Ok((r.seconds, r.verified, started_ns))
             })
         }
         ClientMode::Transfer => {
@@ -111,18 +125,19 @@ fn client_repeat(socket: Option<PathBuf>, args: &ClientArgs) -> Result<()> {
                     .iter_mut()
                     .step_by(1024)
                     .for_each(|v| *v = 0.0);
+                let started_ns = monotonic_ns();
                 let t = Instant::now();
                 let _ = queue.sync_to(&buffer)?;
                 let _ = queue.launch(&fill, &[agora::Arg::F32(1.5), (&buffer).into()], n)?;
                 let _ = queue.sync_from(&buffer)?;
                 queue.finish()?;
                 let seconds = t.elapsed().as_secs_f64();
-                Ok((seconds, buffer.as_slice::<f32>().iter().all(|v| *v == 1.5)))
+                Ok((seconds, buffer.as_slice::<f32>().iter().all(|v| *v == 1.5), started_ns))
             })
         }
         _ => unreachable!("other modes are handled by client()"),
     };
-    let (_, mut verified) = run()?; // warm-up
+    let (_, mut verified, _) = run()?; // warm-up
     if args.stepwise {
         println!("ready");
         std::io::stdout().flush()?;
@@ -130,13 +145,14 @@ fn client_repeat(socket: Option<PathBuf>, args: &ClientArgs) -> Result<()> {
             if line?.trim() != "run" {
                 break;
             }
-            let (seconds, ok) = run()?;
+            let (seconds, ok, started_ns) = run()?;
             verified &= ok;
             println!(
                 "{}",
                 serde_json::to_string(&RepeatResult {
                     seconds: vec![seconds],
                     verified,
+                    started_ns,
                 })?
             );
             std::io::stdout().flush()?;
@@ -145,7 +161,7 @@ fn client_repeat(socket: Option<PathBuf>, args: &ClientArgs) -> Result<()> {
     }
     let mut result = RepeatResult::default();
     for _ in 0..args.iterations {
-        let (seconds, ok) = run()?;
+        let (seconds, ok, _) = run()?;
         verified &= ok;
         result.seconds.push(seconds);
     }
@@ -443,6 +459,24 @@ pub(crate) fn run_clients_with(
     Ok(results)
 }
 
+/// One stepwise run of a client.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TimedRun {
+    /// Seconds of its timed part.
+    pub(crate) seconds: f64,
+    /// Whether every result so far was right.
+    pub(crate) verified: bool,
+    /// When its timed part began, on the system's monotonic clock ([`monotonic_ns`]).
+    pub(crate) started_ns: u64,
+}
+
+impl TimedRun {
+    /// When its timed part ended, on the same clock.
+    pub(crate) fn ended_ns(&self) -> u64 {
+        self.started_ns + (self.seconds * 1e9) as u64
+    }
+}
+
 /// A workload- or transfer-mode client process run step by step (`--stepwise`): one run per
 /// [`StepClient::step`], so a benchmark can interleave them with its baseline's runs.
 pub(crate) struct StepClient {
@@ -489,13 +523,35 @@ impl StepClient {
 
     /// Runs once: the seconds it took, and whether every result so far was right.
     pub(crate) fn step(&mut self) -> Result<(f64, bool)> {
+        let run = self.timed_step()?;
+        Ok((run.seconds, run.verified))
+    }
+
+    /// Runs once, saying when on the system's monotonic clock the timed part began.
+    pub(crate) fn timed_step(&mut self) -> Result<TimedRun> {
+        self.ask()?;
+        self.answer()
+    }
+
+    /// Asks for one run without waiting for it ([`StepClient::answer`] reads its result): asking
+    /// two clients first, then reading both, starts them together.
+    pub(crate) fn ask(&mut self) -> Result<()> {
         let stdin = self.stdin.as_mut().context("client stdin")?;
         writeln!(stdin, "run")?;
         stdin.flush()?;
+        Ok(())
+    }
+
+    /// The result of the run asked for last.
+    pub(crate) fn answer(&mut self) -> Result<TimedRun> {
         let line = self.line()?;
         let result: RepeatResult =
             serde_json::from_str(line.trim()).with_context(|| format!("benchmark client output: {line}"))?;
-        Ok((result.seconds.first().copied().unwrap_or(f64::NAN), result.verified))
+        Ok(TimedRun {
+            seconds: result.seconds.first().copied().unwrap_or(f64::NAN),
+            verified: result.verified,
+            started_ns: result.started_ns,
+        })
     }
 
     /// Ends the client (closing its stdin) and waits for it.

@@ -7,7 +7,8 @@
 //! the callback thread's wake-up is most of the difference. The completion thread spins over the
 //! oldest event of each lane while jobs are in flight (for an adaptive budget, as lanes do), then
 //! polls every [`POLL`], waking early when a lane hands over a job; with nothing in flight it
-//! sleeps on a condition variable. One thread per GPU, not one per command. It never blocks on
+//! polls for the next job a little longer than a client's round trip ([`IDLE_SPIN_MAX`], adaptive),
+//! then sleeps on a condition variable. One thread per GPU, not one per command. It never blocks on
 //! one event (`cuEventSynchronize`): a long kernel of one tenant would then hold every other
 //! lane's completions until it ended.
 //!
@@ -24,7 +25,7 @@
 //! Owns the in-flight queues and the event pool. It must not enqueue commands.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -44,6 +45,11 @@ const MIRROR_POLL: Duration = Duration::from_micros(50);
 /// How long the completion thread sleeps between polls once its spin ran out (unless a lane hands
 /// over a job first): the completion latency it adds, at most, to jobs longer than the spin.
 const POLL: Duration = Duration::from_micros(100);
+/// Longest the completion thread, with nothing in flight, polls for a lane's next job before it
+/// sleeps (the budget adapts below it, down to [`agora_wait::MIN_BUDGET`]): a little more than a
+/// client's round trip, so a client launching one kernel at a time finds the thread awake. Asleep,
+/// every launch paid a wake-up (a futex and the scheduler) on top of the kernel.
+const IDLE_SPIN_MAX: Duration = Duration::from_micros(250);
 
 /// A started job: what it holds until its commands are done.
 pub(super) struct Pending {
@@ -113,6 +119,8 @@ pub(super) struct Completions {
     wake: Condvar,
     sleeping: AtomicBool,
     stopping: AtomicBool,
+    /// Jobs in the lanes' queues: what the idle thread polls without taking the lock.
+    in_flight: AtomicUsize,
     /// Finished events, for reuse (creating one per job would cost a driver call each).
     events: Mutex<Vec<CUevent>>,
     /// Per lane, when its last job was seen finished: the next job on the lane's stream could
@@ -132,6 +140,7 @@ impl Completions {
             wake: Condvar::new(),
             sleeping: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
             events: Mutex::new(Vec::new()),
             last_finished: Mutex::new(vec![None; lanes]),
         }
@@ -165,7 +174,12 @@ impl Completions {
             self.events.lock().unwrap_or_else(|e| e.into_inner()).push(event);
             return Err(Box::new((pending, shared.error(recorded))));
         }
-        self.lanes.lock().unwrap_or_else(|e| e.into_inner())[lane].push_back(InFlight { event, pending });
+        {
+            let mut lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+            lanes[lane].push_back(InFlight { event, pending });
+            // Under the lock, as `ready`'s decrement: the count never goes below zero.
+            self.in_flight.fetch_add(1, Ordering::SeqCst);
+        }
         if self.sleeping.load(Ordering::SeqCst) {
             // Under the lock, so the wake is not lost between its check and its wait.
             let _guard = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
@@ -220,6 +234,7 @@ impl Completions {
                 done.push((head.pending, result, head.event));
             }
         }
+        self.in_flight.fetch_sub(done.len(), Ordering::SeqCst);
         done
     }
 
@@ -239,20 +254,13 @@ impl Completions {
         lanes.iter().flatten().any(|job| job.pending.mirror.is_some())
     }
 
-    fn idle(&self) -> bool {
-        self.lanes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .all(VecDeque::is_empty)
-    }
-
     /// The completion thread's loop.
     pub(super) fn run(self: Arc<Self>, shared: Arc<Shared>) {
         if shared.bind().is_err() {
             tracing::error!(device = %shared.name, "the completion thread cannot use the GPU's context");
         }
         let mut spin = AdaptiveSpin::new(agora_wait::MIN_BUDGET, SPIN_MAX);
+        let mut idle_spin = AdaptiveSpin::new(agora_wait::MIN_BUDGET, IDLE_SPIN_MAX);
         loop {
             let done = self.ready(&shared);
             if !done.is_empty() {
@@ -265,15 +273,22 @@ impl Completions {
                 shared.free_deferred();
                 continue;
             }
-            if self.idle() {
+            if self.in_flight.load(Ordering::Acquire) == 0 {
+                let next_job = || self.in_flight.load(Ordering::Acquire) > 0 || self.stopping.load(Ordering::Acquire);
+                // Stopping ends the spin too, and then the thread returns below.
+                if idle_spin.spin(next_job) && !self.stopping.load(Ordering::Acquire) {
+                    continue;
+                }
                 let mut lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
                 if lanes.iter().all(VecDeque::is_empty) {
                     if self.stopping.load(Ordering::SeqCst) {
                         return;
                     }
+                    let asleep = Instant::now();
                     self.sleeping.store(true, Ordering::SeqCst);
                     lanes = self.wake.wait(lanes).unwrap_or_else(|e| e.into_inner());
                     self.sleeping.store(false, Ordering::SeqCst);
+                    idle_spin.blocked_for(asleep.elapsed());
                 }
                 drop(lanes);
                 continue;

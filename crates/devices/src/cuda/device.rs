@@ -558,10 +558,32 @@ impl Device for CudaDevice {
         let placed = shared.bind().and_then(|()| match &shared.partitions {
             // In the tenant's partition where the GPU has them, else a plain allocation.
             Some(partitions) => match partitions.of(tenant) {
-                Ok(partition) => partition.alloc(len).map(|ptr| (ptr, Some(partition))).map_err(|e| {
-                    tracing::warn!(device = %shared.name, tenant, len, error = %e, "no room in the tenant's partition");
-                    TaskError::DeviceOutOfMemory { index: 0, needed: len }
-                }),
+                Ok(partition) => {
+                    let asked = std::time::Instant::now();
+                    partition
+                    .alloc(len)
+                    .map_err(|e| {
+                        tracing::warn!(device = %shared.name, tenant, len, error = %e, "no room in the tenant's partition");
+                        TaskError::DeviceOutOfMemory { index: 0, needed: len }
+                    })
+                    .and_then(|(ptr, grown)| {
+                        if let Some((at, bytes)) = grown {
+                            // Newly mapped memory may hold another tenant's bytes, and a fenced
+                            // kernel may read anywhere in the mapped prefix: zeroed now, before
+                            // the allocation returns (growth doubles the prefix, so this costs at
+                            // most twice the tenant's peak, not once per buffer).
+                            // SAFETY: `bytes` bytes just mapped at `at`, no command uses them.
+                            unsafe {
+                                let stream = *shared.reader.lock().unwrap_or_else(|e| e.into_inner());
+                                driver::memset_d8_async(at, 0, bytes as usize, stream)
+                                    .and_then(|()| driver::stream::synchronize(stream))
+                            }
+                            .map_err(|e| shared.error(e.0))?;
+                            tracing::debug!(device = %shared.name, tenant, len, grown_by = bytes, mapped = partition.mapped_bytes(), micros = asked.elapsed().as_micros() as u64, "partition grown (mapped and zeroed)");
+                        }
+                        Ok((ptr, Some(partition)))
+                    })
+                }
                 Err(e) => {
                     // No address range left to reserve: a plain allocation, with which the
                     // tenant's fenced launches are refused (`fence_for`).
@@ -577,28 +599,18 @@ impl Device for CudaDevice {
                 .map(|ptr| (ptr, None))
                 .map_err(|e| shared.error(e.0)),
         });
+        // Not zeroed here: the first command that reads it does, on its own stream (see
+        // `buffer`); most buffers start with a copy that writes every byte.
         let allocated = placed
             .inspect_err(|_| {
                 shared.memory_used.fetch_sub(len, Ordering::Relaxed);
             })
-            .and_then(|(ptr, partition)| {
-                let buffer = CudaBuffer {
-                    ptr,
-                    len,
-                    shared: shared.clone(),
-                    partition,
-                };
-                // Zeroed on the reader stream before it is returned (no tenant sees another's old
-                // bytes, nor its own), so no lane's stream can use it before the zeroing is done.
-                // SAFETY: `len` bytes at `ptr`, allocated above in the current context.
-                let zeroed = unsafe {
-                    let stream = *shared.reader.lock().unwrap_or_else(|e| e.into_inner());
-                    driver::memset_d8_async(ptr, 0, len as usize, stream)
-                        .and_then(|()| driver::stream::synchronize(stream))
-                };
-                // On failure the buffer is dropped, which frees it (and counts it out once).
-                zeroed.map_err(|e| shared.error(e.0))?;
-                Ok(buffer)
+            .map(|(ptr, partition)| CudaBuffer {
+                ptr,
+                len,
+                shared: shared.clone(),
+                partition,
+                unwritten: AtomicBool::new(true),
             });
         Some(match allocated {
             Ok(buffer) => Ok(Arc::new(buffer) as Arc<dyn DeviceBuffer>),
@@ -625,8 +637,9 @@ impl Device for CudaDevice {
         // SAFETY: `host` is valid for `len` bytes (caller's contract); the buffer holds at least
         // `len` bytes (checked); the copy is complete when the stream synchronisation returns.
         unsafe {
-            sys::cuMemcpyDtoHAsync_v2(host as *mut c_void, from.ptr, len, stream)
+            from.zero_if_unwritten(stream)
                 .result()
+                .and_then(|()| sys::cuMemcpyDtoHAsync_v2(host as *mut c_void, from.ptr, len, stream).result())
                 .and_then(|()| driver::stream::synchronize(stream))
         }
         .map_err(|e| self.shared.error(e.0))

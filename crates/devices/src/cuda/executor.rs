@@ -111,6 +111,11 @@ impl CudaExecutor {
                     if *len as u64 > to.len {
                         return Err(TaskError::KernelFault);
                     }
+                    if *len as u64 == to.len {
+                        to.written_whole();
+                    } else {
+                        self.check(to.zero_if_unwritten(self.stream))?;
+                    }
                     // SAFETY: `host` is valid for `len` bytes until the job finishes (after this
                     // copy); the device buffer holds at least `len` bytes (checked). From a
                     // registered segment this is DMA with no staging copy.
@@ -189,8 +194,11 @@ impl CudaExecutor {
         for (index, param) in kernel.params.iter().enumerate() {
             values[index] = match (param.kind, &args[index]) {
                 (ParamKind::Buffer { .. }, _) => {
-                    let buffer = device_args[index].as_deref().ok_or(TaskError::KernelFault)?;
-                    as_cuda(buffer)?.ptr
+                    let buffer = as_cuda(device_args[index].as_deref().ok_or(TaskError::KernelFault)?)?;
+                    // A kernel may read what it was given, even a buffer it only writes (or a
+                    // fenced one anywhere in its partition): never bytes left by another buffer.
+                    self.check(buffer.zero_if_unwritten(self.stream))?;
+                    buffer.ptr
                 }
                 (ParamKind::Scalar(_), ArgValue::Scalar(bits)) => *bits,
                 _ => return Err(TaskError::KernelFault),

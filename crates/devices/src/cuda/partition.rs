@@ -10,7 +10,8 @@
 //! twice what the tenant uses, and is given back when the tenant's last buffer goes.
 //!
 //! Owns the driver's virtual-memory calls (reserve, create, map, set access, unmap, release,
-//! free). It must not launch, copy or zero anything (the device zeroes fresh buffers) and must
+//! free). It must not launch, copy or zero anything (the device zeroes what it newly maps, and
+//! buffers before their first use) and must
 //! not decide who is a tenant (the daemon names the owner of each allocation).
 
 use std::collections::{BTreeMap, HashMap};
@@ -190,11 +191,14 @@ impl Partition {
     }
 
     /// A sub-range of `len` bytes, mapping more of the partition when nothing free fits. The
-    /// context must be current. Returns its device address.
-    pub fn alloc(&self, len: u64) -> Result<CUdeviceptr, String> {
+    /// context must be current. Returns its device address, and the range (address, bytes) newly
+    /// mapped for it, if any: physical memory that may hold what another tenant left there, which
+    /// the caller zeroes before any kernel of this tenant can run (a fenced kernel may read
+    /// anywhere in the mapped prefix, free ranges included).
+    pub fn alloc(&self, len: u64) -> Result<(CUdeviceptr, Option<(CUdeviceptr, u64)>), String> {
         let mut mapped = self.mapped.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(offset) = mapped.ranges.alloc(len, BUFFER_ALIGNMENT) {
-            return Ok(self.base + offset);
+            return Ok((self.base + offset, None));
         }
         let end = mapped.ranges.end();
         let end_free = mapped
@@ -249,7 +253,7 @@ impl Partition {
             .ranges
             .alloc(len, BUFFER_ALIGNMENT)
             .ok_or_else(|| "a grown partition has no room (a bug)".to_string())?;
-        Ok(self.base + offset)
+        Ok((self.base + offset, Some((at, size))))
     }
 
     /// Returns a sub-range (no queued command may use it any more). The context must be current:
