@@ -7,10 +7,11 @@
 //! command-line flags override both. [`DaemonConfig::to_toml`] writes every effective setting in
 //! the same format (`agora serve --print-config`), so its output is a valid configuration file.
 //!
-//! The file format is written once, as a table: each section lists its keys, how the file writes
-//! each value and the [`DaemonConfig`] field it sets (`section!` below); reading, printing and the
-//! refusal of unknown keys (with the line and column) all follow from it. A new setting is its
-//! field in [`DaemonConfig`], with its doc and default, plus one line in its section.
+//! Each setting is written once: its field in [`DaemonConfig`] carries its doc and its default
+//! (`#[default(...)]`, smart-default's derive), and one line of its file section says its key, how
+//! the file writes the value and which field it sets (`section!` below); reading, printing and the
+//! refusal of unknown keys (with the line and column) all follow from that line. A new setting is
+//! its field plus that one line.
 //!
 //! Must not start anything: this module only describes.
 
@@ -19,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use smart_default::SmartDefault;
 
 use crate::policy::latency::LatencyPolicy;
 pub use agora_devices::priority::BatchPriority;
@@ -179,95 +181,130 @@ impl PolicyKind {
     }
 }
 
-/// Settings of one daemon.
-#[derive(Debug, Clone)]
+/// Settings of one daemon. Each field carries its doc and its default (`#[default(...)]`).
+#[derive(Debug, Clone, SmartDefault)]
 pub struct DaemonConfig {
     /// Control socket path.
+    #[default(agora_transport::socket::socket_path(None))]
     pub socket: PathBuf,
     /// CPU lanes.
+    #[default(agora_devices::cpu::CpuDevice::default_partition().0)]
     pub cpu_lanes: usize,
     /// Threads per CPU lane.
+    #[default(agora_devices::cpu::CpuDevice::default_partition().1)]
     pub cpu_threads_per_lane: usize,
     /// Power model of the CPU device (used where RAPL counters cannot be read).
+    #[default(default_cpu_power())]
     pub cpu_power: PowerModel,
     /// Largest heap a session may have, in bytes (its buffer quota).
+    #[default(2 << 30)]
     pub session_quota: u64,
     /// Most device memory one session's buffers may hold on one device (0: no limit but the
     /// device's own). Beyond it the session's idle buffers are evicted to make room.
+    #[default(0)]
     pub device_quota: u64,
     /// Submission and completion ring capacity per session (entries, a power of two).
+    #[default(1024)]
     pub ring_capacity: u32,
     /// Most queues per session.
+    #[default(4096)]
     pub max_queues: usize,
     /// Most buffers per session.
+    #[default(1 << 16)]
     pub max_buffers: usize,
     /// Back-pressure: once a session's batch-class jobs on lanes are predicted to run this long
     /// (all lanes together), no more of its batch-class tasks are taken from its ring until lanes
     /// finish some: the ring fills and the client waits for room.
+    #[default(Duration::from_secs(2))]
     pub session_lane_work: Duration,
     /// Tasks estimated below this many nanoseconds run inline on the dispatcher thread when their
     /// queue has nothing in flight, skipping the hand-off to a lane. 0 disables inline runs.
+    #[default(5_000)]
     pub inline_max_ns: u64,
     /// Address to serve Prometheus metrics on (`/metrics`), if any.
+    #[default(None)]
     pub metrics: Option<std::net::SocketAddr>,
     /// File to write the task trace to (Chrome/Perfetto JSON), if tracing.
+    #[default(None)]
     pub trace: Option<PathBuf>,
     /// Most spans the trace keeps (oldest dropped first).
+    #[default(500_000)]
     pub trace_capacity: usize,
     /// Whether to look for OpenCL devices.
+    #[default(true)]
     pub opencl: bool,
     /// Lanes (command queues) per OpenCL device.
+    #[default(2)]
     pub opencl_lanes: usize,
     /// Most memory Agora uses on each OpenCL device (0: all it reports).
+    #[default(0)]
     pub opencl_memory_limit: u64,
     /// Power model of each OpenCL device.
+    #[default(default_cpu_power())]
     pub opencl_power: PowerModel,
     /// Whether to look for NVIDIA GPUs (through the CUDA driver, if installed).
+    #[default(true)]
     pub cuda: bool,
     /// Lanes (streams) per GPU.
+    #[default(4)]
     pub cuda_lanes: usize,
     /// Most memory Agora uses on each GPU (0: all it reports).
+    #[default(0)]
     pub cuda_memory_limit: u64,
     /// Power model of each GPU.
+    #[default(PowerModel { idle_watts: 70.0, active_watts: 400.0 })]
     pub cuda_power: PowerModel,
     /// Most host memory one user's sessions may have registered (page-locked) with GPUs, in
     /// bytes; a session beyond it copies through the driver's staging buffer instead (0: half
     /// the host's memory).
+    #[default(0)]
     pub cuda_pinned_limit_per_user: u64,
     /// Modeled devices.
+    #[default(Vec::new())]
     pub sims: Vec<SimDeviceConfig>,
     /// Longest the dispatcher polls the rings after its last work before it blocks.
+    #[default(Duration::from_micros(200))]
     pub max_spin: Duration,
     /// On SIGTERM/SIGINT, how long work already on lanes may run before the daemon gives up on
     /// it and exits (its clients see `Disconnected`). A second signal exits at once.
+    #[default(Duration::from_secs(5))]
     pub shutdown_timeout: Duration,
     /// Placement policy.
+    #[default(PolicyKind::Rr)]
     pub policy: PolicyKind,
     /// `perf`: weight of the old average when a new measurement arrives (0.8 = XiTAO's 4:1).
+    #[default(0.8)]
     pub history_weight: f64,
     /// `energy`: a device may be chosen when its predicted finish is within this factor of the
     /// earliest predicted finish (the task's slack).
+    #[default(1.5)]
     pub energy_slack: f64,
     /// Where the daemon keeps state across restarts (the performance model). `None`: a
     /// directory of this daemon's own, derived from its socket ([`state_dir_for_socket`]), so
     /// daemons on different sockets do not overwrite each other's learning. Set (by
     /// `--state-dir`, `$AGORA_STATE_DIR` or `[daemon] state_dir`), it is used as it is: daemons
     /// given the same directory share it. [`DaemonConfig::effective_state_dir`] is the one used.
+    #[default(state_dir_from_env())]
     pub state_dir: Option<PathBuf>,
     /// Users allowed to open latency-class queues (with `latency_gids`; both empty: everyone).
+    #[default(Vec::new())]
     pub latency_uids: Vec<u32>,
     /// Groups allowed to open latency-class queues.
+    #[default(Vec::new())]
     pub latency_gids: Vec<u32>,
     /// Target preemption latency for batch kernels: launches predicted to run longer are split
     /// into slices of about this length, between which a lane can run latency-class tasks.
     /// 0 disables chunking.
+    #[default(Duration::from_millis(1))]
     pub preempt_target: Duration,
     /// How latency-class work is protected: `none` (latency-first lanes and chunking only),
     /// `priority` (also placed where it starts soonest, revoking batch launches on demand) or
     /// `elastic` (TReM: as priority, with lanes reserved for latency work and revocation only
     /// when the request would miss its SLA otherwise).
+    #[default(LatencyPolicy::Elastic)]
     pub latency_policy: LatencyPolicy,
     /// Response-time target of latency-class queues that set none.
+    #[default(Duration::from_millis(200))]
     pub latency_sla: Duration,
     /// Strict coherence (for finding missing `sync_to`/`sync_from` calls): every device, the CPU
     /// included, computes on its own copy of each buffer, so the host copy changes only at
@@ -275,13 +312,16 @@ pub struct DaemonConfig {
     /// task runs. A program that forgets one then reads stale data on every device, not only on
     /// those with memory of their own. Costs a private copy per buffer on the CPU, the copies
     /// between them, and inline runs.
+    #[default(false)]
     pub strict_coherence: bool,
     /// Batch launches predicted shorter than this are never made revocable (a latency task
     /// waits for them): revocability costs a drained lane and a copy of the read-write buffers.
+    #[default(Duration::from_millis(1))]
     pub revoke_min: Duration,
     /// Largest share of a launch's predicted time that saving its read-write buffers (what a
     /// replay restores) may cost for it to run revocable. Above it the launch runs whole: on a
     /// GPU, saving a 64 MiB buffer before each of nw's 100 µs diagonals made it 450× slower.
+    #[default(0.05)]
     pub revoke_max_save_share: f64,
     /// OS priority of lane threads (and CPU gang helpers) while they run batch-class jobs;
     /// latency-class jobs always run at normal priority (`SCHED_OTHER` at the daemon's nice
@@ -304,42 +344,53 @@ pub struct DaemonConfig {
     /// `CAP_SYS_NICE` or `RLIMIT_NICE` ≥ 20 (sched(7)); the daemon tries the round trip at start
     /// and, where it fails, says so in one line and uses `batch`, which every user may use. On a
     /// node shared with other busy programs, `idle` batch work waits for them: use `batch` there.
+    #[default(BatchPriority::Batch)]
     pub batch_priority: BatchPriority,
     /// Nice value added to the dispatcher thread's (0: unchanged). Negative values raise it
     /// above the lanes and clients (e.g. -5), which needs `CAP_SYS_NICE` or a sufficient
     /// `RLIMIT_NICE`; without it the daemon logs one line and keeps the normal priority. Off by
     /// default: the dispatcher spins for work, and above normal priority it would take a core
     /// from the clients on small machines. (`SCHED_FIFO` is not offered for the same reason.)
+    #[default(0)]
     pub dispatcher_nice: i32,
     /// Test-only fault injection `(seed, per mille)`: tasks the rule picks fail with
     /// `KernelFault` without running (see `agora_protocol::testing`). Not in the configuration
     /// file; the default comes from `AGORA_INJECT_FAULTS=SEED:PER_MILLE`.
+    #[default(crate::outcome::FaultInjection::setting_from_env())]
     pub inject_faults: Option<(u64, u64)>,
     /// Kernel package directories (`[kernels] paths`; `agora serve --kernels DIR`, repeatable,
     /// adds to them): each a package (a directory with `package.toml`) or a directory of
     /// packages. Packages are trusted code: their kernels run inside the daemon. Default:
     /// [`agora_packages::default_paths`].
+    #[default(agora_packages::default_paths())]
     pub kernel_paths: Vec<PathBuf>,
     /// Who may build tenant programs (`[programs] allow`): everyone, or nobody but the users and
     /// groups of `program_uids` / `program_gids`.
+    #[default(ProgramAccess::Everyone)]
     pub programs_allow: ProgramAccess,
     /// Users who may build tenant programs when `programs_allow` is `nobody`.
+    #[default(Vec::new())]
     pub program_uids: Vec<u32>,
     /// Groups who may build tenant programs when `programs_allow` is `nobody`.
+    #[default(Vec::new())]
     pub program_gids: Vec<u32>,
     /// Most programs one session may build.
+    #[default(64)]
     pub max_programs: usize,
     /// Longest one launch of a tenant program's kernel may run before the daemon kills its
     /// executor (`agora serve --program-timeout MS`, `[programs] timeout_ms`); the task fails
     /// with `KernelTimeout`.
+    #[default(Duration::from_secs(10))]
     pub program_timeout: Duration,
     /// The program run as a session's executor (`PROGRAM executor ...`): the `agora` binary.
     /// `None`: `$AGORA_EXECUTOR`, else (for `agora serve`) the running `agora` binary itself; a
     /// daemon embedded in another program has none unless one of those is set, and refuses to
     /// build programs, saying so.
+    #[default(executor_from_env())]
     pub program_executor: Option<PathBuf>,
     /// Most bytes of compiled program binaries the daemon keeps under its state directory
     /// (`programs/`), so that building the same source again costs almost nothing (0: no cache).
+    #[default(256 << 20)]
     pub program_cache_bytes: u64,
     /// Whether the kernels of tenant OpenCL programs may also run inside the daemon, on its own
     /// OpenCL devices, where the scheduler places them like a package's (`[programs] in_daemon`;
@@ -347,18 +398,23 @@ pub struct DaemonConfig {
     /// memory of its own), but the code is then no longer contained: a tenant kernel that
     /// crashes PoCL crashes the daemon. For nodes whose tenants are trusted. Their CPU placement
     /// (and C programs, always) stays in the sandboxed executor.
+    #[default(false)]
     pub programs_in_daemon: bool,
     /// Whether the kernels of tenant OpenCL programs may run on the daemon's GPUs, compiled to
     /// PTX and fenced into the tenant's partition of GPU memory (`[programs] on_gpus`; default
     /// true). A program the fence pass refuses runs elsewhere.
+    #[default(true)]
     pub programs_on_gpus: bool,
     /// Per-uid limits, the control request rate and the hello timeout (`[limits]`).
+    #[default(crate::limits::LimitSettings::default())]
     pub limits: crate::limits::LimitSettings,
     /// Who may use admin requests (drain, `agora kernels reload`, `agora trace save`) besides
     /// the groups of `admin_gids` (`[daemon] admin_uids`). `None` (the default): root and the
     /// daemon's own user. Set, it is the whole list: root is admin only if listed.
+    #[default(None)]
     pub admin_uids: Option<Vec<u32>>,
     /// Groups whose members may use admin requests (`[daemon] admin_gids`; default none).
+    #[default(Vec::new())]
     pub admin_gids: Vec<u32>,
 }
 
@@ -437,76 +493,21 @@ fn socket_key(socket: &Path) -> String {
     format!("{name}-{hash:016x}")
 }
 
-impl Default for DaemonConfig {
-    fn default() -> Self {
-        let (lanes, threads) = agora_devices::cpu::CpuDevice::default_partition();
-        let cores = (lanes * threads) as f64;
-        // A server core draws roughly 2 W idle and 10–12 W busy; PoCL runs on the same cores.
-        let cpu_power = PowerModel {
-            idle_watts: 2.0 * cores,
-            active_watts: 12.0 * cores,
-        };
-        DaemonConfig {
-            socket: agora_transport::socket::socket_path(None),
-            cpu_lanes: lanes,
-            cpu_threads_per_lane: threads,
-            cpu_power,
-            session_quota: 2 << 30,
-            device_quota: 0,
-            ring_capacity: 1024,
-            max_queues: 4096,
-            max_buffers: 1 << 16,
-            session_lane_work: Duration::from_secs(2),
-            inline_max_ns: 5_000,
-            max_spin: Duration::from_micros(200),
-            shutdown_timeout: Duration::from_secs(5),
-            opencl: true,
-            metrics: None,
-            trace: None,
-            trace_capacity: 500_000,
-            opencl_lanes: 2,
-            opencl_memory_limit: 0,
-            opencl_power: cpu_power,
-            cuda: true,
-            cuda_lanes: 4,
-            cuda_memory_limit: 0,
-            cuda_pinned_limit_per_user: 0,
-            cuda_power: PowerModel {
-                idle_watts: 70.0,
-                active_watts: 400.0,
-            },
-            sims: Vec::new(),
-            policy: PolicyKind::Rr,
-            history_weight: 0.8,
-            energy_slack: 1.5,
-            state_dir: state_dir_from_env(),
-            latency_uids: Vec::new(),
-            latency_gids: Vec::new(),
-            preempt_target: Duration::from_millis(1),
-            latency_policy: LatencyPolicy::Elastic,
-            latency_sla: Duration::from_millis(200),
-            revoke_min: Duration::from_millis(1),
-            revoke_max_save_share: 0.05,
-            batch_priority: BatchPriority::Batch,
-            dispatcher_nice: 0,
-            strict_coherence: false,
-            inject_faults: crate::outcome::FaultInjection::setting_from_env(),
-            kernel_paths: agora_packages::default_paths(),
-            programs_allow: ProgramAccess::Everyone,
-            program_uids: Vec::new(),
-            program_gids: Vec::new(),
-            max_programs: 64,
-            program_timeout: Duration::from_secs(10),
-            program_executor: std::env::var_os("AGORA_EXECUTOR")
-                .filter(|p| !p.is_empty())
-                .map(PathBuf::from),
-            program_cache_bytes: 256 << 20,
-            programs_in_daemon: false,
-            programs_on_gpus: true,
-            limits: crate::limits::LimitSettings::default(),
-            admin_uids: None,
-            admin_gids: Vec::new(),
-        }
+/// `$AGORA_EXECUTOR`, when set and not empty.
+fn executor_from_env() -> Option<PathBuf> {
+    std::env::var_os("AGORA_EXECUTOR")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+}
+
+/// The CPU device's power model: a server core draws roughly 2 W idle and 10–12 W busy (PoCL
+/// runs on the same cores, so OpenCL devices get the same model by default).
+fn default_cpu_power() -> PowerModel {
+    let (lanes, threads) = agora_devices::cpu::CpuDevice::default_partition();
+    let cores = (lanes * threads) as f64;
+    PowerModel {
+        idle_watts: 2.0 * cores,
+        active_watts: 12.0 * cores,
     }
 }
 
@@ -524,7 +525,9 @@ pub enum ConfigError {
 // The file format. Each section is one line per key: the key, how the file writes the value
 // (the field's own type, or a unit such as `Micros` or `Bytes`) and the `DaemonConfig` field it
 // sets. Reading (`apply`), printing (`of`) and the refusal of unknown keys all come from these
-// lines, so a new setting is its field in `DaemonConfig` (doc and default) plus one line here.
+// lines, so a new setting is its field in `DaemonConfig` (doc and `#[default]`) plus one line here.
+// The sections stay flat in `DaemonConfig` (`config.cpu_lanes`, not `config.cpu.lanes`): some 500
+// places read it, and the file's nesting is a matter of this table alone.
 
 section! {
     /// `[daemon]`
