@@ -149,11 +149,20 @@ fn starve_then_recover(tag: &str, built: bool, logged: &str) {
     daemon.assert_alive();
     match &starved {
         Ok(()) => assert!(a.as_slice::<f32>().iter().all(|v| *v == 7.0), "stream.triad is exact"),
-        Err(_) => assert!(
-            read_log().contains(logged),
-            "the log does not say {logged:?}:\n{}",
-            read_log()
-        ),
+        Err(e) => {
+            assert!(
+                read_log().contains(logged),
+                "the log does not say {logged:?}:\n{}",
+                read_log()
+            );
+            // The client is told what ran out and that it is transient (a typed error), not an
+            // OpenCL error code.
+            let message = e.to_string();
+            assert!(
+                message.contains("ran out of file descriptors") && message.contains("transient"),
+                "the client's error does not say what ran out and that it is transient: {message}"
+            );
+        }
     }
 
     // Descriptors again; past the retry backoff (100 ms after one failure), the next launch

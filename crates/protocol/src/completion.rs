@@ -318,9 +318,74 @@ pub enum TaskError {
     /// place for the report.
     #[error("internal error {0} of the Agora daemon (a bug, not your program's; the daemon logged the details): please report it")]
     Internal(u16),
+    /// The daemon ran out of a host resource ([`Resource`]: file descriptors or memory) while
+    /// preparing the task's kernel (an OpenCL program build, or a kernel's compilation at its
+    /// first launch). Transient: nothing was cached as broken, and a later use builds again once
+    /// `retry_ms` have passed. Issue the task again.
+    #[error(
+        "the daemon ran out of {} while preparing this task's kernel; this is transient (nothing was cached as broken): issue the task again{}, and if it keeps happening ask the operator to raise the daemon's limit ({})",
+        Resource::from_code(*.resource).describe(),
+        retry_after(*.retry_ms),
+        Resource::from_code(*.resource).remedy()
+    )]
+    ResourceExhausted {
+        /// Which resource ([`Resource::code`]).
+        resource: u16,
+        /// Milliseconds until the daemon tries again (0: at the next use).
+        retry_ms: u64,
+    },
     /// The error code is not known to this client (a newer daemon).
     #[error("unknown error code {0} from the daemon: upgrade the client")]
     Unknown(u16),
+}
+
+/// A host resource the daemon can run out of ([`TaskError::ResourceExhausted`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resource {
+    /// File descriptors (`EMFILE`, `ENFILE`; OpenCL's `CL_OUT_OF_RESOURCES`).
+    FileDescriptors,
+    /// Host memory (`ENOMEM`; OpenCL's `CL_OUT_OF_HOST_MEMORY`).
+    Memory,
+    /// A resource this client does not know (a newer daemon).
+    Other,
+}
+
+impl Resource {
+    /// Its code on the wire.
+    pub fn code(self) -> u16 {
+        match self {
+            Resource::FileDescriptors => 1,
+            Resource::Memory => 2,
+            Resource::Other => 0,
+        }
+    }
+
+    /// The resource of a wire code.
+    pub fn from_code(code: u16) -> Resource {
+        match code {
+            1 => Resource::FileDescriptors,
+            2 => Resource::Memory,
+            _ => Resource::Other,
+        }
+    }
+
+    /// What ran out, for messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Resource::FileDescriptors => "file descriptors",
+            Resource::Memory => "host memory",
+            Resource::Other => "a host resource",
+        }
+    }
+
+    /// What the operator can do, for messages.
+    pub fn remedy(self) -> &'static str {
+        match self {
+            Resource::FileDescriptors => "ulimit -n, or LimitNOFILE= in its service unit",
+            Resource::Memory => "free memory on the node, or lower other tenants' quotas",
+            Resource::Other => "see the daemon's log",
+        }
+    }
 }
 
 /// `(x, y, z)` without trailing extents of 1 (at least one extent).
@@ -328,6 +393,15 @@ fn extents(dims: &[u64]) -> String {
     let used = dims.iter().rposition(|d| *d != 1).map_or(1, |last| last + 1);
     let list: Vec<String> = dims[..used].iter().map(u64::to_string).collect();
     format!("({})", list.join(", "))
+}
+
+/// When to issue a task again, for messages.
+fn retry_after(retry_ms: u64) -> String {
+    if retry_ms == 0 {
+        String::new()
+    } else {
+        format!(" in {retry_ms} ms or later")
+    }
 }
 
 fn cause_name(code: u16) -> &'static str {
@@ -417,6 +491,7 @@ impl TaskError {
             TaskError::KernelCrashed { .. } => "kernel_crashed",
             TaskError::KernelTimeout { .. } => "kernel_timeout",
             TaskError::DaemonRestarted => "daemon_restarted",
+            TaskError::ResourceExhausted { .. } => "resource_exhausted",
             TaskError::Unknown(_) => "unknown",
         }
     }
@@ -466,6 +541,7 @@ impl TaskError {
             TaskError::KernelCrashed { signal } => (28, signal, 0, 0),
             TaskError::KernelTimeout { limit_ms } => (29, 0, limit_ms, 0),
             TaskError::DaemonRestarted => (30, 0, 0, 0),
+            TaskError::ResourceExhausted { resource, retry_ms } => (31, resource, retry_ms, 0),
             TaskError::RangeMismatch {
                 expected_x,
                 expected_y,
@@ -542,6 +618,10 @@ impl TaskError {
             28 => TaskError::KernelCrashed { signal: arg },
             29 => TaskError::KernelTimeout { limit_ms: a },
             30 => TaskError::DaemonRestarted,
+            31 => TaskError::ResourceExhausted {
+                resource: arg,
+                retry_ms: a,
+            },
             24 => TaskError::DependencyFailed {
                 index: arg,
                 task: a,
@@ -673,6 +753,10 @@ mod tests {
             },
             TaskError::KernelCrashed { signal: 11 },
             TaskError::KernelTimeout { limit_ms: 2000 },
+            TaskError::ResourceExhausted {
+                resource: Resource::FileDescriptors.code(),
+                retry_ms: 400,
+            },
             TaskError::RangeMismatch {
                 expected_x: 100_000,
                 expected_y: u32::MAX,

@@ -27,7 +27,7 @@ pub mod signature;
 pub mod sync;
 pub mod testing;
 
-pub use completion::{Completion, LaunchLimit, TaskError};
+pub use completion::{Completion, LaunchLimit, Resource, TaskError};
 pub use descriptor::{ArgTag, Op, RawArg, TaskDescriptor, MAX_ARGS};
 pub use device::DeviceKind;
 pub use signature::{Access, KernelSignature, ParamKind, ParamSpec, ScalarType};

@@ -140,6 +140,12 @@ create_exception!(
 );
 create_exception!(
     agora,
+    ResourceExhaustedError,
+    TaskFailedError,
+    "The daemon ran out of file descriptors or memory while preparing the task's kernel; transient: issue the task again later."
+);
+create_exception!(
+    agora,
     DaemonRestartedError,
     TaskFailedError,
     "The daemon restarted before the task completed; the session reconnected to the new daemon (buffers, queues, kernels and programs kept): issue the task again."
@@ -287,6 +293,7 @@ fn task_exception(task: &TaskError, message: String) -> PyErr {
         TaskError::NoDevice(_) => NoDeviceError::new_err(message),
         TaskError::KernelFault | TaskError::KernelCrashed { .. } => KernelFaultError::new_err(message),
         TaskError::KernelTimeout { .. } => KernelTimeoutError::new_err(message),
+        TaskError::ResourceExhausted { .. } => ResourceExhaustedError::new_err(message),
         TaskError::DaemonRestarted => DaemonRestartedError::new_err(message),
         TaskError::Cancelled => CancelledError::new_err(message),
         // A session quota is a device-memory limit too.

@@ -68,6 +68,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         NoDeviceError,
         KernelFaultError,
         KernelTimeoutError,
+        ResourceExhaustedError,
         DaemonRestartedError,
         ProgramBuildError,
         CancelledError,

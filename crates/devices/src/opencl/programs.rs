@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agora_kernels::OpenClImpl;
-use agora_protocol::TaskError;
+use agora_protocol::{Resource, TaskError};
 use opencl3::context::Context;
 use opencl3::error_codes::{CL_BUILD_PROGRAM_FAILURE, CL_OUT_OF_HOST_MEMORY, CL_OUT_OF_RESOURCES};
 use opencl3::kernel::Kernel;
@@ -80,8 +80,9 @@ impl Programs {
             return Err(TaskError::DeviceFailed(CL_BUILD_PROGRAM_FAILURE.into()));
         }
         if let Some(retry) = self.retry.lock().unwrap_or_else(|e| e.into_inner()).get(name) {
-            if Instant::now() < retry.not_before {
-                return Err(TaskError::DeviceFailed(retry.code.into()));
+            let now = Instant::now();
+            if now < retry.not_before {
+                return Err(exhausted(retry.code, retry.not_before - now));
             }
         }
         // Built outside the locks: a build takes up to a second; other programs need not wait.
@@ -103,7 +104,7 @@ impl Programs {
                     },
                 );
                 tracing::warn!(device = %device, program = %name, code, errno = failure.errno, log = %failure.log, retry_in = ?wait, "OpenCL program failed to build for lack of a resource (file descriptors or memory); transient: not cached as broken, the build is retried at a later use");
-                Err(TaskError::DeviceFailed(code.into()))
+                Err(exhausted(code, wait))
             }
             None => {
                 tracing::error!(device = %device, program = %name, log = %failure.log, "OpenCL program failed to build; its kernels will run elsewhere");
@@ -151,7 +152,21 @@ impl Programs {
             *warned = Some(Instant::now());
             tracing::warn!(device = %device, program = %imp.program, kernel = %imp.entry, left, "too few file descriptors left to compile a kernel at its first launch (the OpenCL runtime would abort the daemon); transient: the launch fails, a later one tries again (this line repeats at most every second)");
         }
-        Err(TaskError::DeviceFailed(CL_OUT_OF_RESOURCES.into()))
+        Err(exhausted(CL_OUT_OF_RESOURCES, Duration::ZERO))
+    }
+}
+
+/// The task error of a transient failure reported as OpenCL error `code`
+/// (`CL_OUT_OF_RESOURCES`: descriptors; else memory), tried again after `retry`.
+fn exhausted(code: i32, retry: Duration) -> TaskError {
+    let resource = if code == CL_OUT_OF_RESOURCES {
+        Resource::FileDescriptors
+    } else {
+        Resource::Memory
+    };
+    TaskError::ResourceExhausted {
+        resource: resource.code(),
+        retry_ms: retry.as_millis().try_into().unwrap_or(u64::MAX),
     }
 }
 
@@ -436,13 +451,16 @@ mod tests {
             builds.set(builds.get() + 1);
             from_source(context, SOURCE)
         };
+        // The resource that ran out, and when the daemon tries again (ms).
         let code = |r: Result<_, TaskError>| match r {
-            Err(TaskError::DeviceFailed(code)) => code,
-            other => panic!("expected a device failure, got {:?}", other.map(|_| ())),
+            Err(TaskError::ResourceExhausted { resource, retry_ms }) => (Resource::from_code(resource), retry_ms),
+            other => panic!("expected a transient resource failure, got {:?}", other.map(|_| ())),
         };
-        assert_eq!(
-            code(programs.get_or_build("test", "p", starved)),
-            i64::from(CL_OUT_OF_RESOURCES)
+        let first = code(programs.get_or_build("test", "p", starved));
+        assert_eq!(first.0, Resource::FileDescriptors);
+        assert!(
+            first.1 > 0 && first.1 <= RETRY_AFTER.as_millis() as u64,
+            "retried within the backoff: {first:?}"
         );
         assert!(
             !programs.is_broken("p"),
@@ -450,8 +468,8 @@ mod tests {
         );
         // Within the backoff: refused without a compiler run, whatever the build would do.
         assert_eq!(
-            code(programs.get_or_build("test", "p", fine)),
-            i64::from(CL_OUT_OF_RESOURCES)
+            code(programs.get_or_build("test", "p", fine)).0,
+            Resource::FileDescriptors
         );
         assert_eq!(builds.get(), 1, "no build within the backoff");
         std::thread::sleep(RETRY_AFTER + RETRY_AFTER / 2);

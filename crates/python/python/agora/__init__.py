@@ -49,6 +49,7 @@ from ._native import (  # noqa: F401  (re-exported API)
     NoDeviceError,
     KernelFaultError,
     KernelTimeoutError,
+    ResourceExhaustedError,
     DaemonRestartedError,
     ProgramBuildError,
     CancelledError,
