@@ -355,7 +355,7 @@ pub(super) fn kernel_object(
 mod tests {
     use std::cell::Cell;
 
-    use agora_protocol::{ParamKind, TaskError};
+    use agora_protocol::{ParamKind, Resource, TaskError};
     use opencl3::context::Context;
     use opencl3::error_codes::{CL_BUILD_PROGRAM_FAILURE, CL_OUT_OF_HOST_MEMORY, CL_OUT_OF_RESOURCES};
     use opencl3::program::Program;
