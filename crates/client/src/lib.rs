@@ -51,13 +51,14 @@ mod resume;
 mod session;
 
 pub use agora_protocol::control::{
-    KernelListing, PackageListing, QueueClass, QueueStatus, ReloadReport, SessionStatus, StatusReport,
+    CheckpointReport, CheckpointSummary, CheckpointWrite, KernelListing, PackageListing, QueueClass, QueueStatus,
+    RecoverReport, ReloadReport, SessionStatus, StatusReport,
 };
 pub use agora_protocol::{KernelSignature, LaunchLimit, TaskError};
 pub use buffer::Buffer;
 pub use error::{Error, TaskFailures};
 pub use program::Program;
-pub use queue::{Arg, DeviceKind, NdRange, Queue, QueueOptions, Task};
+pub use queue::{Arg, CheckpointLevel, DeviceKind, NdRange, Queue, QueueOptions, Task};
 pub use resume::{DEFAULT_RECONNECT_TIMEOUT, RECONNECT_ENV};
 pub use session::{
     daemon_session_status, daemon_status, drain_device, kernel_catalog, reload_kernels, DrainOutcome, Kernel, Session,

@@ -12,6 +12,20 @@ use crate::buffer::Buffer;
 use crate::session::{Inner, Kernel};
 use crate::Error;
 
+/// How durable a checkpoint is (FTI's levels, on one node and what it reaches).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum CheckpointLevel {
+    /// Level 1: the node's local checkpoint directory. Survives the process and the daemon.
+    Local = 1,
+    /// Level 2: also a copy in the daemon's partner directory (another disk or node).
+    Partner = 2,
+    /// Level 3: Reed–Solomon coded across several files; survives losing some of them.
+    Erasure = 3,
+    /// Level 4: also a copy on the daemon's shared (parallel) file system.
+    Shared = 4,
+}
+
 /// How to create a queue.
 #[derive(Debug, Clone, Default)]
 pub struct QueueOptions {
@@ -289,6 +303,21 @@ impl Queue {
             buffer.whereabouts().host_written();
         }
         Ok(task)
+    }
+
+    /// Checkpoints the session's protected buffers (FTI's `FTI_Checkpoint`) as a task of this
+    /// queue: it runs after the queue's earlier tasks, captures the buffers' current contents
+    /// (from whichever device holds them) and completes; the daemon writes them in the
+    /// background at `level`, with integrity hashes, writing only blocks that changed since the
+    /// application's last checkpoint. `id` must be larger than the application's previous
+    /// checkpoint's (the iteration number, say). [`Session::checkpoints`] reports the writes.
+    pub fn checkpoint(&self, id: u64, level: CheckpointLevel) -> Result<Task, Error> {
+        let mut d = TaskDescriptor::zeroed();
+        d.op = Op::Checkpoint as u32;
+        d.arg_count = 2;
+        d.args[0] = RawArg::u64(id);
+        d.args[1] = RawArg::u32(level as u32);
+        self.issue(d)
     }
 
     /// Makes the devices see the buffer's host copy (after the host wrote it).

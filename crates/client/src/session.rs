@@ -367,6 +367,44 @@ impl Session {
         }
     }
 
+    /// Protects `buffer` under `id` for checkpoints (FTI's `FTI_Protect`): every later
+    /// [`Queue::checkpoint`] of this session saves it, and [`Session::recover`] restores it.
+    /// Protecting an id again replaces its buffer; releasing the buffer unprotects it. The
+    /// checkpoints belong to the application named by [`SessionOptions::name`] (the program's
+    /// name by default) and the user, so a restarted process of the same name recovers them.
+    /// At most 16 ids per session; pack small values (an iteration counter) into one buffer.
+    pub fn protect(&self, id: u32, buffer: &Buffer) -> Result<(), Error> {
+        match self.inner.request(&Request::Protect {
+            id,
+            buffer: buffer.handle(),
+        })? {
+            Response::Protected { .. } => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Restores every protected buffer's host copy from the application's newest intact
+    /// checkpoint (FTI's `FTI_Recover`; damaged newer ones are passed over and named in the
+    /// report). Call it after protecting, before issuing tasks that use the buffers; then
+    /// `sync_to` is not needed (the host copies are the current ones). An error when the
+    /// application has no checkpoint, or a protected id is missing or has another size in it:
+    /// then nothing is restored.
+    pub fn recover(&self) -> Result<agora_protocol::control::RecoverReport, Error> {
+        match self.inner.request(&Request::Recover)? {
+            Response::Recovered(report) => Ok(report),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The application's complete checkpoints (what [`Session::recover`] would choose from, the
+    /// newest last) and the outcome of its last checkpoint writes (FTI's `FTI_Status`).
+    pub fn checkpoints(&self) -> Result<agora_protocol::control::CheckpointReport, Error> {
+        match self.inner.request(&Request::Checkpoints)? {
+            Response::Checkpoints(report) => Ok(report),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// Allocates a buffer holding a copy of `data`.
     pub fn buffer_from<T: bytemuck::Pod>(&self, data: &[T]) -> Result<Buffer, Error> {
         let bytes: &[u8] = bytemuck::cast_slice(data);
@@ -567,6 +605,9 @@ fn request_name(request: &Request) -> &'static str {
         Request::ReloadKernels => "kernel reload",
         Request::BuildProgram { .. } => "program build",
         Request::Resume { .. } | Request::ResumeMore { .. } => "session resume",
+        Request::Protect { .. } => "protect",
+        Request::Recover => "recover",
+        Request::Checkpoints => "checkpoint listing",
     }
 }
 

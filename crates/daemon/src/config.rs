@@ -2,7 +2,8 @@
 //!
 //! [`DaemonConfig`] is what the daemon runs with. A configuration file (`agora serve --config
 //! FILE`) sets any subset of it in sections (`[daemon]`, `[sessions]`, `[scheduler]`, `[cpu]`,
-//! `[opencl]`, `[cuda]`, `[[sim]]`, `[telemetry]`, `[kernels]`, `[programs]`); what the file does not set
+//! `[opencl]`, `[cuda]`, `[[sim]]`, `[telemetry]`, `[kernels]`, `[programs]`, `[limits]`,
+//! `[checkpoint]`); what the file does not set
 //! keeps its default, and
 //! command-line flags override both. [`DaemonConfig::to_toml`] writes every effective setting in
 //! the same format (`agora serve --print-config`), so its output is a valid configuration file.
@@ -416,6 +417,31 @@ pub struct DaemonConfig {
     /// Groups whose members may use admin requests (`[daemon] admin_gids`; default none).
     #[default(Vec::new())]
     pub admin_gids: Vec<u32>,
+    /// Level 1 of checkpoints (`[checkpoint] local`): the node's fast local storage (tmpfs
+    /// allowed). `None`: `checkpoints/` under the daemon's state directory.
+    #[default(None)]
+    pub checkpoint_local: Option<PathBuf>,
+    /// Level 2 (`[checkpoint] partner`): a second directory (another disk, or a partner node's
+    /// mount) that gets a copy of each level-2 checkpoint. `None`: level 2 is refused.
+    #[default(None)]
+    pub checkpoint_partner: Option<PathBuf>,
+    /// Level 4 (`[checkpoint] shared`): a parallel or shared file system path that gets a copy of
+    /// each level-4 checkpoint. `None`: level 4 is refused.
+    #[default(None)]
+    pub checkpoint_shared: Option<PathBuf>,
+    /// Block size of differential checkpoints: only blocks whose hash changed since the last
+    /// checkpoint are written (FTI's dCP).
+    #[default(64 << 10)]
+    pub checkpoint_block_bytes: u64,
+    /// Level 3's Reed–Solomon data shards (files a checkpoint is split into).
+    #[default(4)]
+    pub checkpoint_data_shards: usize,
+    /// Level 3's parity shards: a checkpoint survives the loss of any this many of its files.
+    #[default(2)]
+    pub checkpoint_parity_shards: usize,
+    /// Complete checkpoints kept per application (older ones are deleted after a new one).
+    #[default(2)]
+    pub checkpoint_keep: usize,
 }
 
 /// Who may build tenant programs.
@@ -658,6 +684,19 @@ section! {
 }
 
 section! {
+    /// `[checkpoint]`
+    CheckpointSection "checkpoint." {
+        local: Option<PathBuf> => checkpoint_local,
+        partner: Option<PathBuf> => checkpoint_partner,
+        shared: Option<PathBuf> => checkpoint_shared,
+        block_bytes: Bytes => checkpoint_block_bytes,
+        data_shards: usize => checkpoint_data_shards,
+        parity_shards: usize => checkpoint_parity_shards,
+        keep: usize => checkpoint_keep,
+    }
+}
+
+section! {
     /// `[telemetry]`
     TelemetrySection "telemetry." {
         metrics: Option<std::net::SocketAddr> => metrics,
@@ -693,6 +732,8 @@ struct File {
     programs: ProgramsSection,
     #[serde(default)]
     limits: LimitsSection,
+    #[serde(default)]
+    checkpoint: CheckpointSection,
 }
 
 impl File {
@@ -709,6 +750,7 @@ impl File {
         self.kernels.apply(c)?;
         self.programs.apply(c)?;
         self.limits.apply(c)?;
+        self.checkpoint.apply(c)?;
         self.telemetry.apply(c)
     }
 
@@ -725,6 +767,7 @@ impl File {
             kernels: KernelsSection::of(c),
             programs: ProgramsSection::of(c),
             limits: LimitsSection::of(c),
+            checkpoint: CheckpointSection::of(c),
         }
     }
 }

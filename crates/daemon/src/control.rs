@@ -55,6 +55,10 @@ pub(crate) enum ControlJob {
     /// `session.program(...)`: a build on a builder thread (the dispatcher checked the caller,
     /// the size and the session's program count).
     BuildProgram(Box<crate::programs::BuildJob>),
+    /// `session.recover()`: a checkpoint read back into the protected buffers.
+    Recover(Box<crate::checkpoint::RecoverJob>),
+    /// `session.checkpoints()`.
+    Checkpoints(Arc<crate::checkpoint::Checkpoints>, agora_checkpoint::AppKey),
 }
 
 /// What reaches the control thread.
@@ -277,6 +281,8 @@ pub(crate) fn answer(context: &ControlContext, job: ControlJob) -> Response {
                 Err(e) => Response::Error(ControlError::BadRequest(format!("could not write the trace: {e}"))),
             },
         },
+        ControlJob::Recover(job) => job.run(),
+        ControlJob::Checkpoints(service, app) => Response::Checkpoints(service.report(&app)),
         ControlJob::ListKernels => {
             let table = context.kernels.snapshot();
             Response::Kernels(table.current().into_iter().map(|(_, k)| k.signature()).collect())

@@ -18,6 +18,8 @@
 //! * `programs` — tenant programs: each session's executor process (`agora-executor`), its
 //!   programs' kernels, the program cache and who may build;
 //! * `revocation` — revocable launches (TReM): saving what a replay needs, the victim slots;
+//! * `checkpoint` — checkpoint/restart of protected buffers (FTI): admission of checkpoint
+//!   tasks, the capture, the writer thread over `agora-checkpoint`'s store, recovery;
 //! * `limits` — per-uid limits (connections, sessions, heap, queues, buffers, control
 //!   requests), the per-connection rate of control requests and the refusals;
 //! * [`kernels`] — the kernel registry: the library's kernels and the operator's kernel
@@ -31,6 +33,7 @@
 //! Use [`run`] for a foreground daemon that stops on SIGINT/SIGTERM, or [`spawn`] to embed one
 //! in another program (as `agora demo` and the tests do).
 
+mod checkpoint;
 mod config;
 mod control;
 /// For the fuzzer only (`fuzz/`, target `validate`): the validate stage with a hand-made
@@ -366,12 +369,13 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
     config
         .check_kernel_names(&kernels.snapshot())
         .map_err(|e| DaemonError::Packages(e.to_string()))?;
+    let checkpoints = checkpoint::Checkpoints::start(&config);
     let scheduler = scheduler::Scheduler::new(
         devices,
         facts,
         policy::build(config.policy, &config),
         model,
-        scheduler::SchedulerConfig::from_daemon(&config),
+        scheduler::SchedulerConfig::from_daemon(&config, checkpoints),
         telemetry.clone(),
         kernels.clone(),
     );

@@ -253,6 +253,7 @@ fn start(replay: Arc<Replay>, transfers: Vec<Transfer>, is_replay: bool) {
             replay: is_replay,
         }),
         urgent: false,
+        exclusive: false,
         slices: None,
         done: Box::new(move |result, times| ender.end(result, times)),
     };
@@ -412,6 +413,7 @@ mod tests {
                 cancelled: None,
                 revoke: None,
                 urgent: false,
+                exclusive: false,
                 slices: None,
                 done: Box::new(move |_, _| {
                     let _ = wait.recv_timeout(Duration::from_secs(10));

@@ -358,6 +358,8 @@ pub(crate) struct Session {
     /// The segment memfd's identity (device, inode): a resume must not hand back a segment a
     /// session of this daemon still uses.
     pub segment_identity: (u64, u64),
+    /// Buffers protected for checkpoints (`Protect`), by the application's id for them.
+    pub protected: std::collections::BTreeMap<u32, u64>,
 }
 
 impl Session {
@@ -420,6 +422,7 @@ impl Session {
             programs: None,
             resuming: None,
             segment_identity,
+            protected: std::collections::BTreeMap::new(),
         }
     }
 
@@ -540,6 +543,8 @@ impl Session {
     pub(crate) fn release_buffer(&mut self, handle: u64) -> bool {
         match self.buffers.remove(handle) {
             Some(record) => {
+                // A released buffer is no longer protected (later checkpoints leave it out).
+                self.protected.retain(|_, protected| *protected != handle);
                 self.zombies.push(record);
                 self.reclaim_zombies();
                 true

@@ -28,6 +28,7 @@ fn job(transfers: Vec<Transfer>, work: Work, revoke: Option<Arc<AtomicBool>>, tx
             replay: false,
         }),
         urgent: false,
+        exclusive: false,
         slices: None,
         done: Box::new(move |result, _| {
             let _ = tx.send((result, Instant::now()));

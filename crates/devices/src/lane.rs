@@ -267,6 +267,7 @@ impl Cursor {
             cancelled: launch.cancelled.clone(),
             revoke: None,
             urgent: false,
+            exclusive: false,
             slices: None,
             done: Box::new(move |result, times| group.slice_done(result, times)),
         };
@@ -559,6 +560,7 @@ impl Lane {
                 cancelled,
                 revoke,
                 done,
+                exclusive,
                 ..
             } = job;
             let revocable = revoke.is_some();
@@ -581,6 +583,10 @@ impl Lane {
                 end.finish(Err(TaskError::Cancelled));
                 continue;
             }
+            if exclusive && save.is_none() {
+                // Runs alone: what the lane started before it finishes first.
+                self.wait_idle(1);
+            }
             if let Some(save) = save {
                 // A revocable job runs alone: earlier jobs finish first, so what it saves is what
                 // it will read.
@@ -595,7 +601,7 @@ impl Lane {
                 end.started = Instant::now();
             }
             executor.run(transfers, work, end);
-            if revocable {
+            if revocable || exclusive {
                 // ... and nothing starts after it until it finished: a replay must run before its
                 // queue's later jobs.
                 self.wait_idle(0);
@@ -728,6 +734,7 @@ mod tests {
             cancelled: None,
             revoke: None,
             urgent,
+            exclusive: false,
             slices: None,
             done: Box::new(move |r, _| {
                 r.unwrap();
@@ -884,6 +891,7 @@ mod tests {
             cancelled: None,
             revoke: None,
             urgent: false,
+            exclusive: false,
             slices,
             done: Box::new(move |r, _| {
                 r.unwrap();

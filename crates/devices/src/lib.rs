@@ -343,6 +343,10 @@ pub struct Job {
     /// A latency-class job: the lane starts it before any queued non-urgent job (so a sliced
     /// batch launch yields the lane at its next slice boundary).
     pub urgent: bool,
+    /// The job runs alone on its lane: the lane's earlier jobs finish before it starts, and
+    /// nothing starts after it until its `done` returned (a checkpoint captures its buffers'
+    /// host copies there, which a later job on an asynchronous device could change meanwhile).
+    pub exclusive: bool,
     /// Cuts a launch into row slices that the lane makes one at a time, as it starts them
     /// ([`Slices`]); `None`: the job runs whole.
     pub slices: Option<Slices>,

@@ -334,9 +334,45 @@ pub enum TaskError {
         /// Milliseconds until the daemon tries again (0: at the next use).
         retry_ms: u64,
     },
+    /// A checkpoint task the daemon could not take (nothing was captured; earlier checkpoints
+    /// are untouched).
+    #[error("checkpoint {checkpoint} refused: {}", checkpoint_refusal(*.reason, *.level))]
+    CheckpointRefused {
+        /// Why ([`CHECKPOINT_NOTHING_PROTECTED`] and the other `CHECKPOINT_*` codes).
+        reason: u16,
+        /// The level asked for.
+        level: u8,
+        /// The checkpoint's id.
+        checkpoint: u64,
+    },
     /// The error code is not known to this client (a newer daemon).
     #[error("unknown error code {0} from the daemon: upgrade the client")]
     Unknown(u16),
+}
+
+/// [`TaskError::CheckpointRefused`]: the session protected no buffer.
+pub const CHECKPOINT_NOTHING_PROTECTED: u16 = 1;
+/// [`TaskError::CheckpointRefused`]: the level is not 1–4, or needs a directory the daemon
+/// has not configured.
+pub const CHECKPOINT_LEVEL_UNAVAILABLE: u16 = 2;
+/// [`TaskError::CheckpointRefused`]: the id is not larger than the application's newest one.
+pub const CHECKPOINT_ID_NOT_NEWER: u16 = 3;
+/// [`TaskError::CheckpointRefused`]: the daemon has no checkpoint store (its directory could
+/// not be created; the daemon's log says why).
+pub const CHECKPOINT_NO_STORE: u16 = 4;
+/// [`TaskError::CheckpointRefused`]: too many of the session's checkpoints are still being
+/// written (the captured bytes are held in the daemon's memory until then).
+pub const CHECKPOINT_BACKLOG: u16 = 5;
+
+fn checkpoint_refusal(reason: u16, level: u8) -> String {
+    match reason {
+        CHECKPOINT_NOTHING_PROTECTED => "no buffer is protected in this session; protect the data first (session.protect(id, buffer))".into(),
+        CHECKPOINT_LEVEL_UNAVAILABLE => format!("level {level} is not available on this daemon (levels are 1-4; level 2 needs [checkpoint] partner and level 4 [checkpoint] shared in the daemon's configuration)"),
+        CHECKPOINT_ID_NOT_NEWER => "its id is not larger than this application's newest checkpoint; use increasing ids (e.g. the iteration number)".into(),
+        CHECKPOINT_NO_STORE => "the daemon has no checkpoint store (see its log for why its directory is unusable)".into(),
+        CHECKPOINT_BACKLOG => "earlier checkpoints of this session are still being written; checkpoint less often or wait for them (session.checkpoints())".into(),
+        _ => format!("reason {reason} (a newer daemon)"),
+    }
 }
 
 /// A host resource the daemon can run out of ([`TaskError::ResourceExhausted`]).
@@ -492,6 +528,7 @@ impl TaskError {
             TaskError::KernelTimeout { .. } => "kernel_timeout",
             TaskError::DaemonRestarted => "daemon_restarted",
             TaskError::ResourceExhausted { .. } => "resource_exhausted",
+            TaskError::CheckpointRefused { .. } => "checkpoint_refused",
             TaskError::Unknown(_) => "unknown",
         }
     }
@@ -542,6 +579,11 @@ impl TaskError {
             TaskError::KernelTimeout { limit_ms } => (29, 0, limit_ms, 0),
             TaskError::DaemonRestarted => (30, 0, 0, 0),
             TaskError::ResourceExhausted { resource, retry_ms } => (31, resource, retry_ms, 0),
+            TaskError::CheckpointRefused {
+                reason,
+                level,
+                checkpoint,
+            } => (32, reason, checkpoint, u64::from(level)),
             TaskError::RangeMismatch {
                 expected_x,
                 expected_y,
@@ -621,6 +663,11 @@ impl TaskError {
             31 => TaskError::ResourceExhausted {
                 resource: arg,
                 retry_ms: a,
+            },
+            32 => TaskError::CheckpointRefused {
+                reason: arg,
+                level: b as u8,
+                checkpoint: a,
             },
             24 => TaskError::DependencyFailed {
                 index: arg,
@@ -756,6 +803,11 @@ mod tests {
             TaskError::ResourceExhausted {
                 resource: Resource::FileDescriptors.code(),
                 retry_ms: 400,
+            },
+            TaskError::CheckpointRefused {
+                reason: CHECKPOINT_ID_NOT_NEWER,
+                level: 2,
+                checkpoint: 41,
             },
             TaskError::RangeMismatch {
                 expected_x: 100_000,

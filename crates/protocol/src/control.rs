@@ -166,6 +166,23 @@ pub enum Request {
         /// Whether more messages follow.
         more: bool,
     },
+    /// Protect a buffer under `id` (FTI's `protect`): checkpoints of this session (the `Checkpoint`
+    /// task) save it, and [`Request::Recover`] restores it. Protecting an id again replaces the
+    /// buffer. Checkpoints belong to the application named by the session's client name and the
+    /// user: a process of the same name and user recovers them.
+    Protect {
+        /// The id the application gives the data (stable across its runs).
+        id: u32,
+        /// The buffer's handle.
+        buffer: u64,
+    },
+    /// Restore every protected buffer from the newest intact checkpoint of this application
+    /// (FTI's `recover`): each buffer's host copy gets the saved bytes. Ask before issuing tasks
+    /// that use them; a protected id that the checkpoint lacks, or whose size differs, is an error
+    /// that names it.
+    Recover,
+    /// This application's checkpoints, and the outcome of the last one written.
+    Checkpoints,
 }
 
 /// A buffer a resuming client had (see [`Request::Resume`]).
@@ -299,6 +316,73 @@ pub enum Response {
     },
     /// The request failed.
     Error(ControlError),
+    /// Reply to [`Request::Protect`].
+    Protected {
+        /// Ids protected now.
+        ids: Vec<u32>,
+    },
+    /// Reply to [`Request::Recover`].
+    Recovered(RecoverReport),
+    /// Reply to [`Request::Checkpoints`].
+    Checkpoints(CheckpointReport),
+}
+
+/// What a recovery restored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoverReport {
+    /// The checkpoint used (its id, as the application gave it).
+    pub checkpoint: u64,
+    /// Its level (1–4).
+    pub level: u8,
+    /// The protected ids restored.
+    pub restored: Vec<u32>,
+    /// Newer checkpoints passed over because they were damaged, one message each.
+    pub skipped: Vec<String>,
+}
+
+/// One complete checkpoint of an application.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointSummary {
+    /// Its id, as the application gave it.
+    pub checkpoint: u64,
+    /// Its level (1–4).
+    pub level: u8,
+    /// Bytes it holds.
+    pub bytes: u64,
+    /// Protected ids in it.
+    pub entries: u32,
+    /// When it was written, milliseconds since the Unix epoch.
+    pub created_unix_ms: u64,
+}
+
+/// The outcome of one checkpoint write (done in the background after the task captured the bytes).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointWrite {
+    /// The checkpoint's id.
+    pub checkpoint: u64,
+    /// Its level (1–4).
+    pub level: u8,
+    /// Bytes of the protected data.
+    pub bytes_total: u64,
+    /// Bytes written (differential checkpoints write only blocks that changed).
+    pub bytes_written: u64,
+    /// Seconds the write took.
+    pub seconds: f64,
+    /// Why it failed, if it did (then the previous checkpoints are what recovery uses).
+    pub error: Option<String>,
+}
+
+/// Reply to [`Request::Checkpoints`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointReport {
+    /// The application: the session's client name.
+    pub application: String,
+    /// Its complete checkpoints, oldest first.
+    pub checkpoints: Vec<CheckpointSummary>,
+    /// The last checkpoint writes of this session, oldest first (at most 16).
+    pub writes: Vec<CheckpointWrite>,
+    /// Checkpoint tasks whose bytes are captured but not yet written.
+    pub writing: u32,
 }
 
 /// Why a control request failed.
@@ -394,6 +478,9 @@ pub enum ControlError {
         /// The session that holds it.
         session: u64,
     },
+    /// A checkpoint request that could not be done (the message says why and what to do).
+    #[error("{0}")]
+    Checkpoint(String),
 }
 
 /// Most bytes of a tenant program's code in one [`Request::BuildProgram`] (it must fit in a

@@ -34,6 +34,11 @@ pub enum Op {
     ReleaseBuffer = 6,
     /// Release the queue named by `queue` after its earlier tasks.
     ReleaseQueue = 7,
+    /// Checkpoint the session's protected buffers after the queue's earlier tasks (FTI's
+    /// `checkpoint`): `args[0]` the checkpoint's id (a `u64`, larger than the application's
+    /// previous one), `args[1]` its level (`u32`, 1–4). The task completes once the bytes are
+    /// captured; the daemon writes them in the background.
+    Checkpoint = 8,
 }
 
 impl Op {
@@ -47,6 +52,7 @@ impl Op {
             5 => Op::Copy,
             6 => Op::ReleaseBuffer,
             7 => Op::ReleaseQueue,
+            8 => Op::Checkpoint,
             _ => return None,
         })
     }

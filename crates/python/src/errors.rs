@@ -140,6 +140,12 @@ create_exception!(
 );
 create_exception!(
     agora,
+    CheckpointError,
+    AgoraError,
+    "A protect, recover or checkpoint listing the daemon could not do; the message says why and what to do."
+);
+create_exception!(
+    agora,
     ResourceExhaustedError,
     TaskFailedError,
     "The daemon ran out of file descriptors or memory while preparing the task's kernel; transient: issue the task again later."
@@ -267,6 +273,7 @@ fn client_exception(error: &Error, message: String) -> PyErr {
             ControlError::NameTooLong { .. } | ControlError::UnknownSession(_) => BadRequestError::new_err(message),
             // Only a resume gets it, and the client retries it itself.
             ControlError::SegmentInUse { .. } => BadRequestError::new_err(message),
+            ControlError::Checkpoint(_) => CheckpointError::new_err(message),
         },
         Error::Task(_) | Error::Tasks(_) => TaskFailedError::new_err(message),
     }

@@ -69,6 +69,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         KernelFaultError,
         KernelTimeoutError,
         ResourceExhaustedError,
+        CheckpointError,
         DaemonRestartedError,
         ProgramBuildError,
         CancelledError,

@@ -223,6 +223,27 @@ impl PyQueue {
         self.issue(py, |q| q.sync_from(b))
     }
 
+    /// Checkpoints the session's protected buffers (FTI's checkpoint) as a task of this queue:
+    /// after the queue's earlier tasks, it captures the buffers' current contents and completes;
+    /// the daemon writes them in the background at `level` (1 local, 2 also the partner
+    /// directory, 3 erasure coded, 4 also the shared file system), writing only blocks that
+    /// changed. `id` must grow from one checkpoint to the next (the iteration number, say).
+    #[pyo3(signature = (id, level=1))]
+    fn checkpoint(&self, py: Python<'_>, id: u64, level: u32) -> PyResult<PyTask> {
+        let level = match level {
+            1 => agora::CheckpointLevel::Local,
+            2 => agora::CheckpointLevel::Partner,
+            3 => agora::CheckpointLevel::Erasure,
+            4 => agora::CheckpointLevel::Shared,
+            _ => {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "checkpoint level {level}: levels are 1 (local), 2 (partner), 3 (erasure coded) and 4 (shared)"
+                )))
+            }
+        };
+        self.issue(py, |q| q.checkpoint(id, level))
+    }
+
     /// Sets every byte of `buffer` to `value`.
     #[pyo3(signature = (buffer, value=0))]
     fn memset(&self, py: Python<'_>, buffer: &PyBuffer, value: u8) -> PyResult<PyTask> {

@@ -274,6 +274,34 @@ impl PySession {
         to_dict(py, serde_json::to_string(&report))
     }
 
+    /// Protects `buffer` under `id` for checkpoints (FTI's protect): every later
+    /// `queue.checkpoint()` of this session saves it and `recover()` restores it. The
+    /// checkpoints belong to the application named by the session's `name` and the user.
+    fn protect(&self, py: Python<'_>, id: u32, buffer: &crate::buffer::PyBuffer) -> PyResult<()> {
+        let session = self.session()?;
+        let guard = buffer.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let b = guard
+            .as_ref()
+            .ok_or_else(|| crate::errors::ClosedError::new_err("the buffer is closed"))?;
+        py.detach(|| session.protect(id, b)).or_raise()
+    }
+
+    /// Restores every protected buffer from the application's newest intact checkpoint (FTI's
+    /// recover) and returns what it used as a dict (`checkpoint`, `level`, `restored`, `skipped`:
+    /// damaged newer checkpoints passed over). Raises CheckpointError when there is none.
+    fn recover(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let session = self.session()?;
+        let report = py.detach(|| session.recover()).or_raise()?;
+        to_dict(py, serde_json::to_string(&report))
+    }
+
+    /// The application's complete checkpoints (oldest first) and its last writes, as a dict.
+    fn checkpoints(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let session = self.session()?;
+        let report = py.detach(|| session.checkpoints()).or_raise()?;
+        to_dict(py, serde_json::to_string(&report))
+    }
+
     /// One live session (default: this one) with all its queues, as a dict.
     #[pyo3(signature = (session_id=None))]
     fn session_status(&self, py: Python<'_>, session_id: Option<u64>) -> PyResult<Py<PyAny>> {

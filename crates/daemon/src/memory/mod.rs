@@ -196,6 +196,38 @@ impl BufferRecord {
     pub(crate) fn placement(&self) -> std::sync::MutexGuard<'_, Placement> {
         self.placement.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// A copy of the host copy's bytes (`None` when the owning session's memory is gone).
+    /// The caller makes sure the host copy is the current one.
+    pub(crate) fn read_host(&self) -> Option<Vec<u8>> {
+        let owner = self.owner.upgrade()?;
+        let ptr = owner.host_range(self.offset, self.len)?;
+        let mut bytes = vec![0u8; self.len as usize];
+        // SAFETY: `host_range` checked that `len` bytes at `ptr` lie in the session's mapped heap,
+        // which `owner` keeps mapped until the copy is done. The client may write them meanwhile
+        // (its own race): bytes are copied, never interpreted.
+        unsafe { std::ptr::copy_nonoverlapping(ptr, bytes.as_mut_ptr(), bytes.len()) };
+        Some(bytes)
+    }
+
+    /// Writes `bytes` (exactly the buffer's length) into the host copy and makes it the only
+    /// valid one (device copies are stale now). `false` when the session's memory is gone or the
+    /// length differs.
+    pub(crate) fn write_host(&self, bytes: &[u8]) -> bool {
+        let Some(owner) = self.owner.upgrade() else {
+            return false;
+        };
+        if bytes.len() as u64 != self.len {
+            return false;
+        }
+        let Some(ptr) = owner.host_range(self.offset, self.len) else {
+            return false;
+        };
+        // SAFETY: as in `read_host`, the other way.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr, bytes.len()) };
+        self.placement().host_written();
+        true
+    }
 }
 
 impl Placement {

@@ -419,7 +419,7 @@ pub(super) fn check_lost(ready: &Ready) -> Result<(), TaskError> {
         let reads = match &ready.action {
             // Rewrites the host copy: that is how a client repairs a lost buffer.
             Action::SyncTo => false,
-            Action::SyncFrom => true,
+            Action::SyncFrom | Action::Checkpoint { .. } => true,
             Action::Launch { .. } => !(*access == Access::Write && *overwrites),
             Action::Fill { offset, len, .. } => !(*offset == 0 && *len == record.len),
             Action::Copy { dst_offset, len, .. } => slot == 0 || !(*dst_offset == 0 && *len == record.len),

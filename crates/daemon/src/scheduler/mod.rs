@@ -160,11 +160,16 @@ pub(crate) struct SchedulerConfig {
     pub faults: Option<FaultInjection>,
     /// Most host memory one user may have registered with GPUs (0: half the host's).
     pub pinned_limit_per_user: u64,
+    /// The checkpoint service that takes `Checkpoint` tasks (`None`: they are refused).
+    pub checkpoints: Option<Arc<crate::checkpoint::Checkpoints>>,
 }
 
 impl SchedulerConfig {
-    /// The scheduler's part of the daemon's configuration.
-    pub(crate) fn from_daemon(config: &crate::config::DaemonConfig) -> Self {
+    /// The scheduler's part of the daemon's configuration, with the daemon's checkpoint service.
+    pub(crate) fn from_daemon(
+        config: &crate::config::DaemonConfig,
+        checkpoints: Arc<crate::checkpoint::Checkpoints>,
+    ) -> Self {
         SchedulerConfig {
             inline_max_ns: config.inline_max_ns as f64,
             device_quota: config.device_quota,
@@ -175,6 +180,7 @@ impl SchedulerConfig {
             revoke_max_save_share: config.revoke_max_save_share,
             faults: FaultInjection::new(config.inject_faults),
             pinned_limit_per_user: config.cuda_pinned_limit_per_user,
+            checkpoints: Some(checkpoints),
         }
     }
 }
@@ -299,6 +305,11 @@ impl Scheduler {
 
     pub(crate) fn policy_name(&self) -> &'static str {
         self.policy.name()
+    }
+
+    /// The checkpoint service (for the control requests that protect and recover).
+    pub(crate) fn checkpoints(&self) -> Option<&Arc<crate::checkpoint::Checkpoints>> {
+        self.config.checkpoints.as_ref()
     }
 
     /// Writes the performance model to `state_dir` if it changed.

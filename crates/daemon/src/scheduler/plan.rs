@@ -85,6 +85,9 @@ pub(super) struct Planned {
     pub ticket: Option<Box<migration::Ticket>>,
     /// Test-only: picked to fail (its work does not run).
     pub injected: bool,
+    /// A checkpoint task's capture, run when its job is done (the job then runs alone on its
+    /// lane). Boxed: rare.
+    pub capture: Option<Box<crate::checkpoint::CheckpointCapture>>,
 }
 
 impl Scheduler {
@@ -104,6 +107,10 @@ impl Scheduler {
         let kernel = ready.kernel().cloned();
         let name = operation_name(&ready.action);
         let (items, estimated_ns) = (ready.items, ready.estimated_ns);
+        let checkpoint = match &ready.action {
+            Action::Checkpoint { checkpoint, level, ids } => Some((*checkpoint, *level, *ids)),
+            _ => None,
+        };
         // Its buffers are in use from now until it finishes, so eviction leaves them alone.
         let named = NamedBuffers::new(ready.buffers, ready.slots, roles, &mut self.residency);
         // Test-only: a task picked to fail keeps its transfers but its work does not run.
@@ -124,7 +131,27 @@ impl Scheduler {
                 named.slots(),
             ))
         });
-        let work = match self.plan(session, device, ready.action, named.slots(), &mut transfers) {
+        // Judged before anything is planned, so a refusal leaves the buffers' copies as they were.
+        let capture = match checkpoint {
+            None => None,
+            Some((checkpoint, level, ids)) => {
+                match self.admit_checkpoint(session, checkpoint, level, ids, named.slots()) {
+                    Ok(capture) => Some(Box::new(capture)),
+                    Err(error) => {
+                        return Err(Failed {
+                            error,
+                            named: Some(Box::new(named)),
+                        })
+                    }
+                }
+            }
+        };
+        let planned = self.plan(session, device, ready.action, named.slots(), &mut transfers);
+        if let (Err(_), Some(capture)) = (&planned, capture.as_ref()) {
+            // Nothing will be captured: the checkpoint is not being written after all.
+            capture.abandon();
+        }
+        let work = match planned {
             Ok(work) => work,
             Err(TaskError::DeviceLost) => {
                 let ticket = ticket.map_or_else(|| migration::Ticket::unreplayable(&self.migration, device), |t| *t);
@@ -176,7 +203,39 @@ impl Scheduler {
             named,
             ticket,
             injected,
+            capture,
         })))
+    }
+
+    /// Judges a checkpoint task (level, id, writes in progress) and makes its capture of the
+    /// protected buffers in `slots` (ids in `ids`, slot by slot).
+    fn admit_checkpoint(
+        &self,
+        session: &Session,
+        checkpoint: u64,
+        level: u32,
+        ids: [u32; MAX_ARGS],
+        slots: &[Option<(Arc<BufferRecord>, Access, bool)>],
+    ) -> Result<crate::checkpoint::CheckpointCapture, TaskError> {
+        let service = self.config.checkpoints.clone().ok_or(TaskError::CheckpointRefused {
+            reason: agora_protocol::completion::CHECKPOINT_NO_STORE,
+            level: level.min(255) as u8,
+            checkpoint,
+        })?;
+        let app = crate::checkpoint::application(session.credentials.uid, &session.name);
+        let level = service.admit(&app, checkpoint, level)?;
+        let buffers = slots
+            .iter()
+            .zip(ids)
+            .filter_map(|(slot, id)| slot.as_ref().map(|(record, _, _)| (id, record.clone())))
+            .collect();
+        Ok(crate::checkpoint::CheckpointCapture {
+            service,
+            app,
+            checkpoint,
+            level,
+            buffers,
+        })
     }
 
     /// Whether `ready`'s buffers fit on the device `placement` chose: now (after evicting idle
@@ -417,6 +476,15 @@ impl Scheduler {
                     .ok_or_else(|| crate::internal_error(3, "a transfer task without its buffer"))?;
                 let ptr = host(record)?;
                 record.placement().fetch_to_host(devices, ptr, record.len, transfers);
+                Work::Nothing
+            }
+            // Every protected buffer's host copy made current, as sync_from does; the capture
+            // copies them when the job is done.
+            Action::Checkpoint { .. } => {
+                for (record, _, _) in buffers.iter().flatten() {
+                    let ptr = host(record)?;
+                    record.placement().fetch_to_host(devices, ptr, record.len, transfers);
+                }
                 Work::Nothing
             }
             Action::Fill { offset, len, value } => {

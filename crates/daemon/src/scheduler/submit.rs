@@ -32,6 +32,7 @@ impl Scheduler {
             && self.devices[placement.binding.device()].info().shares_host_memory
             && planned.transfers.is_empty()
             && placement.required_slices == 1
+            && planned.capture.is_none()
     }
 
     /// Runs `planned` here and now; its completion joins the batch flushed to the ring.
@@ -85,6 +86,7 @@ impl Scheduler {
             named,
             ticket,
             injected,
+            capture,
         } = *planned;
         let (device, lane) = (placement.binding.device(), placement.binding.lane());
         let ticket = ticket.map_or_else(|| migration::Ticket::unreplayable(&self.migration, device), |t| *t);
@@ -150,6 +152,23 @@ impl Scheduler {
             inline_shape: placement.shape.map(|shape| (shape, self.inline_guard.clone())),
         }
         .into_done();
+        // A checkpoint captures its buffers once its job is done (their host copies are current
+        // then), before the task completes; its job runs alone on the lane, so nothing after it
+        // changes them first.
+        let exclusive = capture.is_some();
+        let done: Done = match capture {
+            None => done,
+            Some(capture) => Box::new(move |result, times| {
+                let result = match result {
+                    Ok(()) => capture.capture(),
+                    Err(e) => {
+                        capture.abandon();
+                        Err(e)
+                    }
+                };
+                done(result, times)
+            }),
+        };
         if revocable {
             let rw_bytes = crate::revocation::read_write_bytes(&work) as f64;
             // The CPU stops at its next block of rows (1/256 of the launch); restoring the
@@ -180,6 +199,7 @@ impl Scheduler {
                     cancelled,
                     revoke: None,
                     urgent,
+                    exclusive,
                     slices: None,
                     done,
                 },
@@ -217,6 +237,7 @@ fn submit_sliced(
             cancelled,
             revoke: None,
             urgent: false,
+            exclusive: false,
             slices: Some(Slices { count: slices, align }),
             done,
         },

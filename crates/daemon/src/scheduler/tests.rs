@@ -32,6 +32,7 @@ fn config() -> SchedulerConfig {
         revoke_max_save_share: 0.05,
         faults: None,
         pinned_limit_per_user: 0,
+        checkpoints: None,
     }
 }
 

@@ -27,6 +27,7 @@ pub(super) fn operation_name(action: &Action) -> &'static str {
         Action::SyncFrom => "sync_from",
         Action::Fill { .. } => "memset",
         Action::Copy { .. } => "copy",
+        Action::Checkpoint { .. } => "checkpoint",
     }
 }
 
@@ -56,6 +57,14 @@ pub(super) enum Action {
         src_offset: u64,
         dst_offset: u64,
         len: u64,
+    },
+    /// Capture the session's protected buffers (in `buffers`, in id order) for checkpoint
+    /// `checkpoint` at `level` (1–4, judged when it is planned).
+    Checkpoint {
+        checkpoint: u64,
+        level: u32,
+        /// The protected id of each buffer slot.
+        ids: [u32; MAX_ARGS],
     },
 }
 
@@ -106,7 +115,7 @@ pub(super) fn data_roles(ready: &Ready) -> [Role; MAX_ARGS] {
             Action::Launch { .. } => Role::launch(*access, *overwrites),
             // Rewrites the host copy whole (the placement treats any sync_to so).
             Action::SyncTo => Role::write(0, record.len, record.len),
-            Action::SyncFrom => Role::READ,
+            Action::SyncFrom | Action::Checkpoint { .. } => Role::READ,
             Action::Fill { offset, len, .. } => Role::write(*offset, *len, record.len),
             Action::Copy { dst_offset, len, .. } => {
                 let same = matches!(&ready.buffers[1 - slot], Some((other, _, _)) if Arc::ptr_eq(other, record));
@@ -298,6 +307,32 @@ pub(super) fn resolve(session: &Session, kernels: &KernelTable, d: &Decoded<'_>)
                 len as f64 * 0.1,
             )
         }
+        Op::Checkpoint => {
+            let checkpoint = d.u64_arg_or(0, 0)?;
+            let level = d.u64_arg_or(1, 1)?;
+            if session.protected.is_empty() {
+                return Err(TaskError::CheckpointRefused {
+                    reason: agora_protocol::completion::CHECKPOINT_NOTHING_PROTECTED,
+                    level: level.min(255) as u8,
+                    checkpoint,
+                });
+            }
+            let mut ids = [0u32; MAX_ARGS];
+            for (slot, (id, handle)) in session.protected.iter().enumerate().take(MAX_ARGS) {
+                let record = buffer(session, slot, *handle)?;
+                buffers[slot] = Some((record.clone(), Access::Read, false));
+                ids[slot] = *id;
+            }
+            let bytes: u64 = buffers.iter().flatten().map(|(r, _, _)| r.len).sum();
+            (
+                Action::Checkpoint {
+                    checkpoint,
+                    level: level.min(u64::from(u32::MAX)) as u32,
+                    ids,
+                },
+                bytes as f64 * 0.1,
+            )
+        }
         Op::ReleaseBuffer | Op::ReleaseQueue => unreachable!("handled by admit"),
     };
     let items = match &action {
@@ -307,6 +342,7 @@ pub(super) fn resolve(session: &Session, kernels: &KernelTable, d: &Decoded<'_>)
     let slots = match d.op {
         Op::Launch => d.args.len(),
         Op::Copy => 2,
+        Op::Checkpoint => session.protected.len().min(MAX_ARGS),
         _ => 1,
     };
     Ok(Ready {

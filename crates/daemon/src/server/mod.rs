@@ -45,7 +45,7 @@ use agora_protocol::control::{
     ResumedQueue, StatusReport, MAX_NAME, REPLY_BUDGET, STATUS_SESSIONS,
 };
 use agora_protocol::segment::Geometry;
-use agora_protocol::{DeviceKind, PROTOCOL_VERSION};
+use agora_protocol::{DeviceKind, MAX_ARGS, PROTOCOL_VERSION};
 use agora_transport::shm::Segment;
 use agora_transport::socket::{send_with_fds, FrameReader};
 use agora_transport::wake::{AdaptiveSpin, Doorbell};
@@ -600,6 +600,8 @@ impl Server {
                 | Request::ReloadKernels
                 | Request::BuildProgram { .. }
                 | Request::LookupKernel { .. }
+                | Request::Recover
+                | Request::Checkpoints
         );
         if offloaded {
             if let Err(refusal) = self.check_uid(id, Limit::ControlRequests) {
@@ -733,10 +735,85 @@ impl Server {
             } => self.in_session(id, |config, session| {
                 create_queue(config, session, name, class, preferred_device, sla_ms, None)
             }),
+            Request::Protect { id: protected, buffer } => self.in_session(id, |_, session| {
+                if session.buffers.get(buffer).is_none() {
+                    return Response::Error(ControlError::Checkpoint(format!(
+                        "no buffer with handle {buffer} in this session; protect a buffer the session holds"
+                    )));
+                }
+                if !session.protected.contains_key(&protected) && session.protected.len() >= MAX_ARGS {
+                    return Response::Error(ControlError::Checkpoint(format!(
+                        "at most {MAX_ARGS} buffers can be protected in one session; pack small values into one buffer"
+                    )));
+                }
+                session.protected.insert(protected, buffer);
+                Response::Protected {
+                    ids: session.protected.keys().copied().collect(),
+                }
+            }),
+            Request::Recover => self.recover(id),
+            Request::Checkpoints => {
+                let Some(service) = self.scheduler.checkpoints().cloned() else {
+                    return Some(Response::Error(ControlError::Checkpoint(
+                        "the daemon has no checkpoint service".into(),
+                    )));
+                };
+                let app = match self.conns.get(&id) {
+                    Some(Conn::Session(session)) => {
+                        crate::checkpoint::application(session.credentials.uid, &session.name)
+                    }
+                    _ => {
+                        return Some(Response::Error(ControlError::BadRequest(
+                            "open a session with Hello first".into(),
+                        )))
+                    }
+                };
+                self.offload(id, ControlJob::Checkpoints(service, app))
+            }
             _ => Some(Response::Error(ControlError::BadRequest(
                 "not a session request".into(),
             ))),
         }
+    }
+
+    /// `Request::Recover`: checks the session's protected buffers here (none in use by a task)
+    /// and leaves the reading and writing to the control thread.
+    fn recover(&mut self, id: u64) -> Option<Response> {
+        let refuse = |message: String| Some(Response::Error(ControlError::Checkpoint(message)));
+        let Some(service) = self.scheduler.checkpoints().cloned() else {
+            return refuse("the daemon has no checkpoint service".into());
+        };
+        let job = match self.conns.get(&id)? {
+            Conn::Session(session) => {
+                if session.protected.is_empty() {
+                    return refuse("nothing is protected in this session: protect the buffers to restore first (session.protect(id, buffer))".into());
+                }
+                let mut buffers = Vec::new();
+                for (protected, handle) in &session.protected {
+                    let Some(record) = session.buffers.get(*handle) else {
+                        continue;
+                    };
+                    if record.in_use.load(Ordering::Acquire) != 0 {
+                        return refuse(format!(
+                            "protected id {protected} is in use by a task; recover before issuing tasks that use the protected buffers"
+                        ));
+                    }
+                    buffers.push((*protected, record.clone()));
+                }
+                crate::checkpoint::RecoverJob {
+                    service,
+                    app: crate::checkpoint::application(session.credentials.uid, &session.name),
+                    buffers,
+                }
+            }
+            Conn::Pending { .. } => {
+                return Some(Response::Error(ControlError::BadRequest(
+                    "open a session with Hello first".into(),
+                )))
+            }
+            Conn::Observer { .. } => return Some(observer_error()),
+        };
+        self.offload(id, ControlJob::Recover(Box::new(job)))
     }
 
     /// A pending connection whose request was refused becomes what the request would have
@@ -933,6 +1010,10 @@ impl Server {
         }
         // After the lanes stopped (or were given up on), so every finished task is in the model.
         self.scheduler.save_model(&self.config.effective_state_dir());
+        // Captured checkpoints are written before the daemon exits.
+        if let Some(checkpoints) = self.scheduler.checkpoints() {
+            checkpoints.stop();
+        }
         if let Some(trace) = &self.telemetry.trace {
             match trace.save() {
                 Ok((path, spans)) => tracing::info!(file = %path.display(), spans, "trace written"),

@@ -454,6 +454,7 @@ mod tests {
             cancelled: None,
             revoke: None,
             urgent: false,
+            exclusive: false,
             slices: None,
             done: Box::new(move |r, _| tx.send(r).unwrap()),
         }

@@ -50,6 +50,7 @@ from ._native import (  # noqa: F401  (re-exported API)
     KernelFaultError,
     KernelTimeoutError,
     ResourceExhaustedError,
+    CheckpointError,
     DaemonRestartedError,
     ProgramBuildError,
     CancelledError,

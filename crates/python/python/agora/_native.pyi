@@ -67,6 +67,15 @@ class Session:
         (`live_sessions` counts them all) with their busiest queues (`queue_count` counts them all)."""
     def session_status(self, session_id: Optional[int] = None) -> dict[str, Any]:
         """One live session (default: this one) with all its queues."""
+    def protect(self, id: int, buffer: Buffer) -> None:
+        """Protects `buffer` under `id` for checkpoints (FTI's protect); the checkpoints belong
+        to the application named by the session's `name` and the user."""
+    def recover(self) -> dict[str, Any]:
+        """Restores every protected buffer from the application's newest intact checkpoint:
+        `checkpoint`, `level`, `restored` (ids), `skipped` (damaged newer ones). Raises
+        CheckpointError when there is none."""
+    def checkpoints(self) -> dict[str, Any]:
+        """The application's complete checkpoints (oldest first) and its last writes."""
     def close(self) -> None:
         """Closes the session: every later call on it and on its queues, buffers and tasks raises
         ClosedError (NumPy views made before stay readable)."""
@@ -82,6 +91,10 @@ class Queue:
         """Makes the devices see the host copy (after writing it)."""
     def sync_from(self, buffer: Buffer) -> Task:
         """Makes the host copy current (read it after this task completes)."""
+    def checkpoint(self, id: int, level: int = 1) -> Task:
+        """Checkpoints the session's protected buffers after this queue's earlier tasks (FTI's
+        checkpoint); level 1 local, 2 also the partner directory, 3 erasure coded, 4 also the
+        shared file system. `id` must grow from one checkpoint to the next."""
     def memset(self, buffer: Buffer, value: int = 0) -> Task: ...
     def copy(self, src: Buffer, dst: Buffer, src_offset: int = 0, dst_offset: int = 0, nbytes: int = 0) -> Task: ...
     def finish(self) -> None:
@@ -178,6 +191,7 @@ class NoDeviceError(TaskFailedError): ...
 class KernelFaultError(TaskFailedError): ...
 class KernelTimeoutError(TaskFailedError): ...
 class ResourceExhaustedError(TaskFailedError): ...
+class CheckpointError(AgoraError): ...
 class DaemonRestartedError(TaskFailedError): ...
 class ProgramBuildError(AgoraError): ...
 class CancelledError(TaskFailedError): ...

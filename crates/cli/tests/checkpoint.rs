@@ -1,0 +1,203 @@
+//! Issue 15, checkpoint/restart (FTI's model): a real `agora serve` process, a session that
+//! protects buffers and checkpoints them as tasks in its queue, the daemon killed with SIGKILL and
+//! started again, and a new session of the same application that recovers exactly what the last
+//! checkpoint captured, then computes on it. Also: differential checkpoints write less than the
+//! protected data when part of it did not change; a damaged newest checkpoint is passed over with
+//! a message; refusals (an id not newer, a level without its directory, nothing protected) fail
+//! the task with a message that says what to do.
+
+use std::time::Duration;
+
+use agora::{Arg, CheckpointLevel, Error, Session};
+use agora_test_support::{eventually, temp_dir, Daemon};
+
+const AGORA: &str = env!("CARGO_BIN_EXE_agora");
+/// Elements of the state buffer: 1 MiB of f32, 16 blocks of the 64 KiB default.
+const N: usize = 1 << 18;
+
+/// Waits until the daemon has written every captured checkpoint of the session's application.
+fn written(session: &Session) -> agora::CheckpointReport {
+    let mut last = None;
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            let report = session.checkpoints().expect("checkpoint listing");
+            let done = report.writing == 0;
+            last = Some(report);
+            done
+        }),
+        "checkpoints still being written: {last:?}"
+    );
+    last.expect("a report")
+}
+
+/// The message of the one failed task in `result` (a `finish()` error).
+fn failure(result: Result<(), Error>) -> String {
+    match result {
+        Ok(()) => panic!("the task should have failed"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn a_checkpointed_application_recovers_exactly_after_the_daemon_is_killed() {
+    let dir = temp_dir("checkpoint");
+    let partner = dir.path().join("partner");
+    std::fs::write(
+        dir.path().join("agora.toml"),
+        format!("[checkpoint]\npartner = \"{}\"\nkeep = 2\n", partner.display()),
+    )
+    .unwrap();
+    let mut daemon = Daemon::start_in(AGORA, dir, &["--config", "{dir}/agora.toml", "--no-opencl"]);
+
+    let xs: Vec<f32> = (0..N).map(|i| (i % 1000) as f32).collect();
+    let expected_after = |iterations: u64| -> Vec<f32> { xs.iter().map(|x| 2.0 * x * iterations as f32).collect() };
+    {
+        let s = daemon.session_without_resume("solver");
+        let saxpy = s.kernel("saxpy").unwrap();
+        let q = s.queue("main").unwrap();
+        let x = s.buffer_from(&xs).unwrap();
+        let y = s.buffer_from(&vec![0f32; N]).unwrap();
+        let counter = s.buffer_from(&[0u64]).unwrap();
+
+        // Nothing protected yet: refused, with what to do.
+        q.checkpoint(1, CheckpointLevel::Local).unwrap();
+        let message = failure(q.finish());
+        assert!(message.contains("no buffer is protected"), "{message}");
+
+        s.protect(1, &x).unwrap();
+        s.protect(2, &y).unwrap();
+        s.protect(3, &counter).unwrap();
+        for iteration in 1..=3u64 {
+            q.launch(&saxpy, &[Arg::F32(2.0), (&x).into(), (&y).into()], N as u64)
+                .unwrap();
+            counter.write_slice(&[iteration]).unwrap();
+            q.sync_to(&counter).unwrap();
+            // Level 2 for the last: also written to the partner directory.
+            let level = if iteration == 3 {
+                CheckpointLevel::Partner
+            } else {
+                CheckpointLevel::Local
+            };
+            q.checkpoint(iteration, level).unwrap();
+        }
+        // After the last checkpoint: not in it, so recovery must not see it.
+        q.launch(&saxpy, &[Arg::F32(2.0), (&x).into(), (&y).into()], N as u64)
+            .unwrap();
+        q.finish().unwrap();
+
+        let report = written(&s);
+        eprintln!("checkpoint writes: {:?}", report.writes);
+        let ids: Vec<u64> = report.checkpoints.iter().map(|c| c.checkpoint).collect();
+        assert_eq!(ids, vec![2, 3], "the newest two are kept: {report:?}");
+        assert_eq!(report.checkpoints[1].level, 2);
+        let total = (2 * N * 4 + 8) as u64;
+        let second = report
+            .writes
+            .iter()
+            .find(|w| w.checkpoint == 2)
+            .expect("checkpoint 2 written");
+        assert_eq!(second.bytes_total, total);
+        assert!(second.error.is_none(), "{second:?}");
+        // x did not change after the first checkpoint: differential checkpoints skip its blocks.
+        assert!(
+            second.bytes_written <= total - (N * 4) as u64 + 4096,
+            "checkpoint 2 wrote {} of {} bytes; x's unchanged blocks should not be written again",
+            second.bytes_written,
+            total
+        );
+        assert!(
+            std::fs::read_dir(&partner).is_ok_and(|mut d| d.next().is_some()),
+            "level 2 wrote nothing to the partner directory"
+        );
+
+        // Refusals: an id not newer; level 4 without a shared directory.
+        q.checkpoint(3, CheckpointLevel::Local).unwrap();
+        let message = failure(q.finish());
+        assert!(
+            message.contains("not larger than this application's newest"),
+            "{message}"
+        );
+        q.checkpoint(10, CheckpointLevel::Shared).unwrap();
+        let message = failure(q.finish());
+        assert!(message.contains("level 4 is not available"), "{message}");
+    }
+
+    // The daemon dies without warning and comes back: the checkpoints are on disk.
+    daemon.restart();
+    let s = daemon.session_without_resume("solver");
+    let x = s.buffer_from(&vec![0f32; N]).unwrap();
+    let y = s.buffer_from(&vec![-1f32; N]).unwrap();
+    let counter = s.buffer_from(&[0u64]).unwrap();
+    s.protect(1, &x).unwrap();
+    s.protect(2, &y).unwrap();
+    s.protect(3, &counter).unwrap();
+    let report = s.recover().expect("recovery");
+    assert_eq!(report.checkpoint, 3);
+    assert_eq!(report.restored, vec![1, 2, 3]);
+    assert!(report.skipped.is_empty(), "{report:?}");
+    assert_eq!(counter.as_slice::<u64>(), &[3]);
+    assert_eq!(x.as_slice::<f32>(), &xs[..], "x recovered exactly");
+    assert_eq!(
+        y.as_slice::<f32>(),
+        &expected_after(3)[..],
+        "y as of checkpoint 3, exactly"
+    );
+
+    // It computes on what it recovered (the host copies are the current ones).
+    let saxpy = s.kernel("saxpy").unwrap();
+    let q = s.queue("main").unwrap();
+    q.launch(&saxpy, &[Arg::F32(2.0), (&x).into(), (&y).into()], N as u64)
+        .unwrap();
+    q.sync_from(&y).unwrap();
+    q.finish().unwrap();
+    assert_eq!(
+        y.as_slice::<f32>(),
+        &expected_after(4)[..],
+        "the next iteration is exact"
+    );
+
+    // A newer checkpoint whose manifest is damaged is passed over, with a message.
+    q.checkpoint(4, CheckpointLevel::Local).unwrap();
+    q.finish().unwrap();
+    written(&s);
+    let uid = rustix::process::getuid().as_raw();
+    let manifests = daemon
+        .state_dir()
+        .join("checkpoints")
+        .join(uid.to_string())
+        .join("solver")
+        .join("manifests");
+    let newest = std::fs::read_dir(&manifests)
+        .unwrap_or_else(|e| panic!("{}: {e}", manifests.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .max()
+        .expect("a manifest");
+    let text = std::fs::read(&newest).unwrap();
+    std::fs::write(&newest, &text[..text.len() / 2]).unwrap();
+    drop(q);
+    drop(s);
+    let s = daemon.session_without_resume("solver");
+    let y = s.buffer_from(&vec![0f32; N]).unwrap();
+    let x = s.buffer_from(&vec![0f32; N]).unwrap();
+    let counter = s.buffer_from(&[0u64]).unwrap();
+    s.protect(1, &x).unwrap();
+    s.protect(2, &y).unwrap();
+    s.protect(3, &counter).unwrap();
+    let report = s.recover().expect("recovery from the previous checkpoint");
+    assert_eq!(report.checkpoint, 3, "{report:?}");
+    assert!(
+        report.skipped.iter().any(|m| m.contains("checkpoint 4")),
+        "the damaged checkpoint is named: {report:?}"
+    );
+    assert_eq!(y.as_slice::<f32>(), &expected_after(3)[..]);
+
+    // A buffer of another size under a protected id: nothing is restored, and the error says why.
+    let small = s.buffer_from(&[0f32; 16]).unwrap();
+    s.protect(2, &small).unwrap();
+    match s.recover() {
+        Err(e) => assert!(e.to_string().contains("protected id 2"), "{e}"),
+        Ok(report) => panic!("recovered into a buffer of another size: {report:?}"),
+    }
+    daemon.assert_alive();
+}

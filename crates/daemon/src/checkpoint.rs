@@ -1,0 +1,408 @@
+//! The checkpoint/restart service (FTI's model on one node): a session protects buffers under
+//! ids, a `Checkpoint` task in a queue captures their bytes in the queue's order, and a writer
+//! thread makes them durable in the [`agora_checkpoint::Store`]; `Recover` puts the newest intact
+//! checkpoint back into the protected buffers' host copies.
+//!
+//! Owns the store, the writer thread and what the daemon remembers of each application's
+//! checkpoints (the newest id accepted, writes in progress, the last writes' outcomes). An
+//! application is the session's client name (made file-name safe) and its user: a process of the
+//! same name and user, after a crash or under a restarted daemon, recovers what an earlier one
+//! saved. The capture runs where the task's job finishes (a lane thread); the write, hashing
+//! included, runs on the writer thread, so neither the dispatcher nor other tenants wait for the
+//! disk.
+//!
+//! Must not: place, plan or run tasks (the scheduler makes the task's job and calls
+//! [`CheckpointCapture::capture`] from its completion), or read a buffer whose host copy is not
+//! current (the task's transfers bring every protected buffer home first).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Mutex};
+
+use agora_checkpoint::{AppKey, Capture, Entry, Level, Recovered, Store, StoreConfig, StoreError};
+use agora_protocol::completion::{
+    CHECKPOINT_BACKLOG, CHECKPOINT_ID_NOT_NEWER, CHECKPOINT_LEVEL_UNAVAILABLE, CHECKPOINT_NO_STORE,
+};
+use agora_protocol::control::{
+    CheckpointReport, CheckpointSummary, CheckpointWrite, ControlError, RecoverReport, Response,
+};
+use agora_protocol::TaskError;
+
+use crate::config::DaemonConfig;
+use crate::memory::BufferRecord;
+
+/// Checkpoints of one session captured and not yet written, at most: each holds a copy of the
+/// protected bytes in the daemon's memory until the writer is done with it.
+const MAX_WRITING: u32 = 4;
+/// Write outcomes remembered per application.
+const WRITES_KEPT: usize = 16;
+
+/// What the daemon remembers of one application.
+#[derive(Debug, Default)]
+struct Application {
+    /// The newest checkpoint id accepted (`None` until the store was asked).
+    newest: Option<u64>,
+    /// Captured, not yet written.
+    writing: u32,
+    /// The last writes' outcomes, oldest first.
+    writes: VecDeque<CheckpointWrite>,
+}
+
+/// The service: one per daemon.
+#[derive(Debug)]
+pub(crate) struct Checkpoints {
+    /// `None`: the store's directory is unusable (logged at start); checkpoints are refused.
+    store: Option<Arc<Store>>,
+    writer: Mutex<Option<Sender<Capturing>>>,
+    /// The writer thread, joined by [`Checkpoints::stop`].
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    applications: Arc<Mutex<HashMap<(u32, String), Application>>>,
+    partner: bool,
+    shared: bool,
+}
+
+/// A captured checkpoint on its way to the writer.
+#[derive(Debug)]
+struct Capturing {
+    app: AppKey,
+    capture: Capture,
+}
+
+impl Checkpoints {
+    /// Opens the store the configuration describes (level 1 under the state directory unless
+    /// configured) and starts the writer thread.
+    pub(crate) fn start(config: &DaemonConfig) -> Arc<Checkpoints> {
+        let local = config
+            .checkpoint_local
+            .clone()
+            .unwrap_or_else(|| config.effective_state_dir().join("checkpoints"));
+        let mut store_config = StoreConfig::new(local.clone());
+        store_config.partner = config.checkpoint_partner.clone();
+        store_config.shared = config.checkpoint_shared.clone();
+        store_config.block_bytes = config.checkpoint_block_bytes;
+        store_config.data_shards = config.checkpoint_data_shards;
+        store_config.parity_shards = config.checkpoint_parity_shards;
+        store_config.keep = config.checkpoint_keep;
+        let store = match Store::open(store_config) {
+            Ok(store) => Some(Arc::new(store)),
+            Err(e) => {
+                tracing::error!(directory = %local.display(), error = %e, "no checkpoint store: checkpoint tasks will be refused (fix [checkpoint] in the configuration)");
+                None
+            }
+        };
+        let applications: Arc<Mutex<HashMap<(u32, String), Application>>> = Arc::default();
+        let (sender, receiver) = mpsc::channel::<Capturing>();
+        let mut thread = None;
+        if let Some(store) = store.clone() {
+            let books = applications.clone();
+            let spawned = std::thread::Builder::new()
+                .name("agora-checkpoint".into())
+                .spawn(move || {
+                    for Capturing { app, capture } in receiver {
+                        let (checkpoint, level) = (capture.sequence, capture.level);
+                        let bytes_total: u64 = capture.entries.iter().map(|e| e.bytes.len() as u64).sum();
+                        let outcome = store.write(&app, capture);
+                        let write = match outcome {
+                            Ok(report) => {
+                                tracing::debug!(app = %app.name, uid = app.uid, checkpoint, level = %level, bytes = report.bytes_total, written = report.bytes_written, seconds = report.seconds, "checkpoint written");
+                                CheckpointWrite {
+                                    checkpoint,
+                                    level: level_number(level),
+                                    bytes_total: report.bytes_total,
+                                    bytes_written: report.bytes_written,
+                                    seconds: report.seconds,
+                                    error: None,
+                                }
+                            }
+                            Err(e) => {
+                                tracing::warn!(app = %app.name, uid = app.uid, checkpoint, error = %e, "a checkpoint could not be written; recovery uses the previous one");
+                                CheckpointWrite {
+                                    checkpoint,
+                                    level: level_number(level),
+                                    bytes_total,
+                                    bytes_written: 0,
+                                    seconds: 0.0,
+                                    error: Some(e.to_string()),
+                                }
+                            }
+                        };
+                        let mut books = books.lock().unwrap_or_else(|e| e.into_inner());
+                        let entry = books.entry((app.uid, app.name.clone())).or_default();
+                        entry.writing = entry.writing.saturating_sub(1);
+                        entry.writes.push_back(write);
+                        while entry.writes.len() > WRITES_KEPT {
+                            entry.writes.pop_front();
+                        }
+                    }
+                });
+            match spawned {
+                Ok(handle) => thread = Some(handle),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start the checkpoint writer thread: checkpoint tasks will be refused");
+                    return Arc::new(Checkpoints {
+                        store: None,
+                        writer: Mutex::new(None),
+                        thread: Mutex::new(None),
+                        applications,
+                        partner: false,
+                        shared: false,
+                    });
+                }
+            }
+        }
+        Arc::new(Checkpoints {
+            store,
+            writer: Mutex::new(Some(sender)),
+            thread: Mutex::new(thread),
+            applications,
+            partner: config.checkpoint_partner.is_some(),
+            shared: config.checkpoint_shared.is_some(),
+        })
+    }
+
+    /// Stops taking checkpoints and waits until the writer has written the captured ones.
+    pub(crate) fn stop(&self) {
+        self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(thread) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = thread.join();
+        }
+    }
+
+    /// Judges a checkpoint task: its level, its id against the application's newest, the
+    /// writes in progress. On success the id becomes the newest and one more write is counted.
+    pub(crate) fn admit(&self, app: &AppKey, checkpoint: u64, level: u32) -> Result<Level, TaskError> {
+        let refuse = |reason| TaskError::CheckpointRefused {
+            reason,
+            level: level.min(255) as u8,
+            checkpoint,
+        };
+        let store = self.store.as_ref().ok_or(refuse(CHECKPOINT_NO_STORE))?;
+        let level = match level {
+            1 => Level::L1,
+            2 if self.partner => Level::L2,
+            3 => Level::L3,
+            4 if self.shared => Level::L4,
+            _ => return Err(refuse(CHECKPOINT_LEVEL_UNAVAILABLE)),
+        };
+        let mut books = self.applications.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = books.entry((app.uid, app.name.clone())).or_default();
+        if entry.newest.is_none() {
+            // What an earlier daemon or process wrote counts too.
+            entry.newest = store.list(app).ok().and_then(|list| list.last().map(|c| c.sequence));
+        }
+        if entry.newest.is_some_and(|newest| checkpoint <= newest) {
+            return Err(refuse(CHECKPOINT_ID_NOT_NEWER));
+        }
+        if entry.writing >= MAX_WRITING {
+            return Err(refuse(CHECKPOINT_BACKLOG));
+        }
+        entry.newest = Some(checkpoint);
+        entry.writing += 1;
+        Ok(level)
+    }
+
+    /// An admitted checkpoint that will not be captured after all (its task failed before its
+    /// capture): no longer counted as being written.
+    fn abandoned(&self, app: &AppKey) {
+        let mut books = self.applications.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(entry) = books.get_mut(&(app.uid, app.name.clone())) {
+            entry.writing = entry.writing.saturating_sub(1);
+        }
+    }
+
+    /// The newest intact checkpoint of `app` (`Ok(None)`: it has none).
+    pub(crate) fn recover(&self, app: &AppKey) -> Result<Option<Recovered>, String> {
+        let store = self
+            .store
+            .as_ref()
+            .ok_or_else(|| "the daemon has no checkpoint store (see its log)".to_string())?;
+        store.latest(app).map_err(|e: StoreError| e.to_string())
+    }
+
+    /// What `app` has: its complete checkpoints and its last writes.
+    pub(crate) fn report(&self, app: &AppKey) -> CheckpointReport {
+        let checkpoints = self
+            .store
+            .as_ref()
+            .and_then(|store| store.list(app).ok())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| CheckpointSummary {
+                checkpoint: c.sequence,
+                level: level_number(c.level),
+                bytes: c.bytes_total,
+                entries: c.entries as u32,
+                created_unix_ms: c.created_unix_ms,
+            })
+            .collect();
+        let books = self.applications.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = books.get(&(app.uid, app.name.clone()));
+        CheckpointReport {
+            application: app.name.clone(),
+            checkpoints,
+            writes: entry.map(|e| e.writes.iter().cloned().collect()).unwrap_or_default(),
+            writing: entry.map_or(0, |e| e.writing),
+        }
+    }
+}
+
+/// The level's number on the wire (1–4).
+fn level_number(level: Level) -> u8 {
+    match level {
+        Level::L1 => 1,
+        Level::L2 => 2,
+        Level::L3 => 3,
+        Level::L4 => 4,
+    }
+}
+
+/// The application a session's checkpoints belong to: its client name with every character a
+/// file name should not hold replaced by `_` (at most 128 bytes), and its user.
+pub(crate) fn application(uid: u32, client_name: &str) -> AppKey {
+    let mut name: String = client_name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(128)
+        .collect();
+    if name.is_empty() || name.starts_with('.') {
+        name.insert(0, '_');
+        name.truncate(128);
+    }
+    AppKey::new(uid, name).unwrap_or_else(|_| AppKey::new(uid, "application").expect("a valid name"))
+}
+
+/// One admitted checkpoint task's capture: the protected buffers, read when the task's job is
+/// done (their host copies are current then, and the job ran alone on its lane).
+pub(crate) struct CheckpointCapture {
+    pub(crate) service: Arc<Checkpoints>,
+    pub(crate) app: AppKey,
+    pub(crate) checkpoint: u64,
+    pub(crate) level: Level,
+    pub(crate) buffers: Vec<(u32, Arc<BufferRecord>)>,
+}
+
+impl CheckpointCapture {
+    /// Copies the protected bytes (the copy-on-checkpoint) and hands them to the writer. Runs
+    /// where the task's job finishes; the write itself happens on the writer thread.
+    pub(crate) fn capture(self) -> Result<(), TaskError> {
+        let mut entries = Vec::with_capacity(self.buffers.len());
+        for (id, record) in &self.buffers {
+            match record.read_host() {
+                Some(bytes) => entries.push(Entry { id: *id, bytes }),
+                None => {
+                    self.service.abandoned(&self.app);
+                    return Err(TaskError::Cancelled);
+                }
+            }
+        }
+        let sent = self
+            .service
+            .writer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|writer| {
+                writer.send(Capturing {
+                    app: self.app.clone(),
+                    capture: Capture {
+                        sequence: self.checkpoint,
+                        level: self.level,
+                        entries,
+                    },
+                })
+            });
+        match sent {
+            Some(Ok(())) => Ok(()),
+            _ => {
+                self.service.abandoned(&self.app);
+                Err(TaskError::CheckpointRefused {
+                    reason: CHECKPOINT_NO_STORE,
+                    level: level_number(self.level),
+                    checkpoint: self.checkpoint,
+                })
+            }
+        }
+    }
+
+    /// The task failed before its capture: nothing will be written.
+    pub(crate) fn abandon(&self) {
+        self.service.abandoned(&self.app);
+    }
+}
+
+/// A `Recover` request, run on the control thread (reading a checkpoint back may take long).
+pub(crate) struct RecoverJob {
+    pub(crate) service: Arc<Checkpoints>,
+    pub(crate) app: AppKey,
+    /// The protected buffers, by id (not in use by any task: checked when it was asked).
+    pub(crate) buffers: Vec<(u32, Arc<BufferRecord>)>,
+}
+
+impl RecoverJob {
+    /// Restores every protected buffer from the newest intact checkpoint, or none of them.
+    pub(crate) fn run(self) -> Response {
+        let refuse = |message: String| Response::Error(ControlError::Checkpoint(message));
+        let recovered = match self.service.recover(&self.app) {
+            Ok(Some(recovered)) => recovered,
+            Ok(None) => {
+                return refuse(format!(
+                    "application {} (uid {}) has no checkpoint to recover from; start from the beginning",
+                    self.app.name, self.app.uid
+                ))
+            }
+            Err(e) => return refuse(format!("cannot recover: {e}")),
+        };
+        // Everything checked before anything is written: a recovery is whole or not at all.
+        let mut plan = Vec::with_capacity(self.buffers.len());
+        for (id, record) in &self.buffers {
+            let Some(entry) = recovered.entries.iter().find(|e| e.id == *id) else {
+                return refuse(format!(
+                    "checkpoint {} has no data for protected id {id}; protect the same ids as the run that wrote it",
+                    recovered.sequence
+                ));
+            };
+            if entry.bytes.len() as u64 != record.len {
+                return refuse(format!(
+                    "checkpoint {} holds {} bytes for protected id {id}, but the buffer protected under it has {}; protect a buffer of the saved size",
+                    recovered.sequence,
+                    entry.bytes.len(),
+                    record.len
+                ));
+            }
+            plan.push((record, entry));
+        }
+        for (record, entry) in plan {
+            if !record.write_host(&entry.bytes) {
+                return refuse("the session ended during its recovery".into());
+            }
+        }
+        for message in &recovered.skipped {
+            tracing::warn!(app = %self.app.name, uid = self.app.uid, "{message}");
+        }
+        Response::Recovered(RecoverReport {
+            checkpoint: recovered.sequence,
+            level: level_number(recovered.level),
+            restored: self.buffers.iter().map(|(id, _)| *id).collect(),
+            skipped: recovered.skipped,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn application_names_are_made_file_name_safe() {
+        assert_eq!(application(1000, "python:train.py").name, "python_train.py");
+        assert_eq!(application(1000, "").name, "_");
+        assert_eq!(application(1000, ".hidden").name, "_.hidden");
+        assert_eq!(application(1000, &"x".repeat(300)).name.len(), 128);
+    }
+}

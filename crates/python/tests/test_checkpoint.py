@@ -1,0 +1,65 @@
+"""Checkpoint/restart from Python (issue 15): protect, checkpoint as a queue task, the daemon
+killed with SIGKILL and started again, and a new session of the same application recovering
+exactly; the refusals raise with a message that says what to do."""
+
+import time
+
+import numpy as np
+import pytest
+
+import agora
+
+
+def test_a_python_application_recovers_its_protected_buffers_after_the_daemon_dies(fresh_daemon):
+    daemon = fresh_daemon()
+    n = 1 << 16
+    x0 = (np.arange(n) % 1000).astype(np.float32)
+    with agora.Session(name="py-solver", socket=str(daemon.socket)) as s:
+        x = s.buffer_from(x0)
+        y = s.buffer_from(np.zeros(n, dtype=np.float32))
+        q = s.queue("main")
+        q.checkpoint(1)
+        with pytest.raises(agora.TaskFailedError, match="no buffer is protected"):
+            q.finish()
+        s.protect(1, x)
+        s.protect(2, y)
+        for step in (1, 2):
+            q.launch("saxpy", 2.0, x, y, range=n)
+            q.checkpoint(step)
+        q.launch("saxpy", 2.0, x, y, range=n)  # after the last checkpoint: not in it
+        q.finish()
+        q.checkpoint(3, level=4)
+        with pytest.raises(agora.TaskFailedError, match="level 4 is not available"):
+            q.finish()
+        with pytest.raises(ValueError, match="levels are 1"):
+            q.checkpoint(3, level=7)
+        # Written in the background: wait for the writer before the daemon dies.
+        deadline = time.monotonic() + 20
+        while s.checkpoints()["writing"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        listing = s.checkpoints()
+        assert [c["checkpoint"] for c in listing["checkpoints"]] == [1, 2], listing
+    daemon.kill()
+    daemon.socket.unlink(missing_ok=True)
+    daemon = fresh_daemon()
+    with agora.Session(name="py-solver", socket=str(daemon.socket)) as s:
+        x = s.buffer_from(np.zeros(n, dtype=np.float32))
+        y = s.buffer_from(np.full(n, -1.0, dtype=np.float32))
+        s.protect(1, x)
+        s.protect(2, y)
+        report = s.recover()
+        assert report["checkpoint"] == 2, report
+        assert sorted(report["restored"]) == [1, 2]
+        np.testing.assert_array_equal(x.numpy(dtype=np.float32), x0)
+        np.testing.assert_array_equal(y.numpy(dtype=np.float32), 4.0 * x0)
+
+
+def test_recover_without_a_checkpoint_raises_checkpoint_error(fresh_daemon):
+    daemon = fresh_daemon()
+    with agora.Session(name="never-saved", socket=str(daemon.socket)) as s:
+        b = s.buffer_from(np.zeros(4, dtype=np.float32))
+        with pytest.raises(agora.CheckpointError, match="nothing is protected"):
+            s.recover()
+        s.protect(7, b)
+        with pytest.raises(agora.CheckpointError, match="no checkpoint to recover from"):
+            s.recover()
