@@ -480,6 +480,43 @@ AgoraStatus agora_sync_from(const AgoraQueue *queue,
                             AgoraTask **task_out);
 
 /**
+ * Protects `buffer` under `id` for checkpoints (FTI's `FTI_Protect`): every later
+ * `agora_checkpoint` of this session saves it and `agora_recover` restores it. The checkpoints
+ * belong to the application (the program's name) and the user. At most 16 ids per session.
+ *
+ * # Safety
+ * Valid handles.
+ */
+AgoraStatus agora_protect(const AgoraSession *session, uint32_t id, const AgoraBuffer *buffer);
+
+/**
+ * Checkpoints the session's protected buffers (FTI's `FTI_Checkpoint`) as a task of `queue`:
+ * after the queue's earlier tasks it captures their current contents and completes; the daemon
+ * writes them in the background at `level` (1 local, 2 also the partner directory, 3 erasure
+ * coded, 4 also the shared file system), only the blocks that changed. `id` must grow from one
+ * checkpoint to the next. A refused checkpoint fails its task (`AGORA_STATUS_TASK`, the message
+ * says why). `task_out` may be null.
+ *
+ * # Safety
+ * Valid handles.
+ */
+AgoraStatus agora_checkpoint(const AgoraQueue *queue,
+                             uint64_t id,
+                             uint32_t level,
+                             AgoraTask **task_out);
+
+/**
+ * Restores every protected buffer's host copy from the application's newest intact checkpoint
+ * (FTI's `FTI_Recover`; damaged newer ones are passed over). `checkpoint_out` (may be null)
+ * receives the id of the checkpoint used. Fails, restoring nothing, when there is none or a
+ * protected id is missing from it or has another size (the message says which).
+ *
+ * # Safety
+ * Valid handles; `checkpoint_out` null or valid.
+ */
+AgoraStatus agora_recover(const AgoraSession *session, uint64_t *checkpoint_out);
+
+/**
  * Sets every byte of `buffer` to `value` (on the device side; `agora_sync_from` to see it on the
  * host). `task_out` may be null.
  *

@@ -1004,6 +1004,82 @@ pub unsafe extern "C" fn agora_sync_from(
     }
 }
 
+/// Protects `buffer` under `id` for checkpoints (FTI's `FTI_Protect`): every later
+/// `agora_checkpoint` of this session saves it and `agora_recover` restores it. The checkpoints
+/// belong to the application (the program's name) and the user. At most 16 ids per session.
+///
+/// # Safety
+/// Valid handles.
+#[no_mangle]
+pub unsafe extern "C" fn agora_protect(session: *const AgoraSession, id: u32, buffer: *const AgoraBuffer) -> AgoraStatus {
+    begin();
+    let session = handle!(session, "session");
+    let buffer = open_handle!(buffer, "buffer");
+    match session.session.protect(id, &buffer.buffer) {
+        Ok(()) => AgoraStatus::Ok,
+        Err(e) => from_error(e),
+    }
+}
+
+/// Checkpoints the session's protected buffers (FTI's `FTI_Checkpoint`) as a task of `queue`:
+/// after the queue's earlier tasks it captures their current contents and completes; the daemon
+/// writes them in the background at `level` (1 local, 2 also the partner directory, 3 erasure
+/// coded, 4 also the shared file system), only the blocks that changed. `id` must grow from one
+/// checkpoint to the next. A refused checkpoint fails its task (`AGORA_STATUS_TASK`, the message
+/// says why). `task_out` may be null.
+///
+/// # Safety
+/// Valid handles.
+#[no_mangle]
+pub unsafe extern "C" fn agora_checkpoint(
+    queue: *const AgoraQueue,
+    id: u64,
+    level: u32,
+    task_out: *mut *mut AgoraTask,
+) -> AgoraStatus {
+    begin();
+    let queue = open_handle!(queue, "queue");
+    let level = match level {
+        1 => agora::CheckpointLevel::Local,
+        2 => agora::CheckpointLevel::Partner,
+        3 => agora::CheckpointLevel::Erasure,
+        4 => agora::CheckpointLevel::Shared,
+        _ => {
+            return fail(
+                AgoraStatus::InvalidArgument,
+                "checkpoint levels are 1 (local), 2 (partner), 3 (erasure coded) and 4 (shared)",
+            )
+        }
+    };
+    match queue.queue.checkpoint(id, level) {
+        Ok(t) => store_task(t, &queue.closed, task_out),
+        Err(e) => from_error(e),
+    }
+}
+
+/// Restores every protected buffer's host copy from the application's newest intact checkpoint
+/// (FTI's `FTI_Recover`; damaged newer ones are passed over). `checkpoint_out` (may be null)
+/// receives the id of the checkpoint used. Fails, restoring nothing, when there is none or a
+/// protected id is missing from it or has another size (the message says which).
+///
+/// # Safety
+/// Valid handles; `checkpoint_out` null or valid.
+#[no_mangle]
+pub unsafe extern "C" fn agora_recover(session: *const AgoraSession, checkpoint_out: *mut u64) -> AgoraStatus {
+    begin();
+    let session = handle!(session, "session");
+    match session.session.recover() {
+        Ok(report) => {
+            if !checkpoint_out.is_null() {
+                // SAFETY: caller's contract.
+                unsafe { *checkpoint_out = report.checkpoint };
+            }
+            AgoraStatus::Ok
+        }
+        Err(e) => from_error(e),
+    }
+}
+
 /// Sets every byte of `buffer` to `value` (on the device side; `agora_sync_from` to see it on the
 /// host). `task_out` may be null.
 ///

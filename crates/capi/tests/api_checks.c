@@ -3,6 +3,7 @@
  * only, and objects refusing every call once their session is closed.
  * Built and run by tests/c_example.rs; exit status 0 when every check passed. */
 #include <stdbool.h>
+#include <unistd.h>
 
 #include "checks.h"
 
@@ -115,6 +116,28 @@ int main(void) {
     OK(agora_queue_finish(batch));
     EXPECT(strcmp(agora_last_error_message(), "") == 0);
     EXPECT(agora_last_failed_tasks(NULL, 0) == 0);
+
+    /* Checkpoint/restart: protect y, checkpoint it as a task, spoil the host copy, recover it. */
+    uint64_t used = 0;
+    EXPECT(agora_recover(session, &used) != AGORA_STATUS_OK && MESSAGE_HAS("nothing is protected"));
+    OK(agora_protect(session, 1, y));
+    EXPECT(agora_checkpoint(batch, 1, 9, NULL) == AGORA_STATUS_INVALID_ARGUMENT && MESSAGE_HAS("levels are 1"));
+    OK(agora_queue_finish(latency));
+    float saved[16];
+    memcpy(saved, hy, sizeof saved);
+    OK(agora_checkpoint(batch, 1, 1, NULL));
+    OK(agora_queue_finish(batch));
+    for (int i = 0; i < 16; i++) hy[i] = -5.0f;
+    /* Written in the background: recovery finds it once the daemon has written it. */
+    AgoraStatus recovered = AGORA_STATUS_TASK;
+    for (int tries = 0; tries < 500 && recovered != AGORA_STATUS_OK; tries++) {
+        recovered = agora_recover(session, &used);
+        if (recovered != AGORA_STATUS_OK) usleep(10000);
+    }
+    EXPECT(recovered == AGORA_STATUS_OK && used == 1);
+    EXPECT(memcmp(saved, hy, sizeof saved) == 0);
+    EXPECT(agora_checkpoint(batch, 1, 1, NULL) == AGORA_STATUS_OK);
+    EXPECT(agora_queue_finish(batch) == AGORA_STATUS_TASK && MESSAGE_HAS("not larger than"));
 
     /* After close, every call on the session's objects fails with CLOSED. */
     AgoraTask *pending;
