@@ -1011,7 +1011,11 @@ pub unsafe extern "C" fn agora_sync_from(
 /// # Safety
 /// Valid handles.
 #[no_mangle]
-pub unsafe extern "C" fn agora_protect(session: *const AgoraSession, id: u32, buffer: *const AgoraBuffer) -> AgoraStatus {
+pub unsafe extern "C" fn agora_protect(
+    session: *const AgoraSession,
+    id: u32,
+    buffer: *const AgoraBuffer,
+) -> AgoraStatus {
     begin();
     let session = handle!(session, "session");
     let buffer = open_handle!(buffer, "buffer");

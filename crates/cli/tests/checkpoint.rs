@@ -201,3 +201,72 @@ fn a_checkpointed_application_recovers_exactly_after_the_daemon_is_killed() {
     }
     daemon.assert_alive();
 }
+
+#[test]
+fn a_checkpoint_takes_the_newest_copy_from_the_device_that_holds_it() {
+    let mut daemon = Daemon::start(AGORA, "checkpoint-opencl", &[]);
+    let s = daemon.session_without_resume("on-opencl");
+    agora_test_support::require_opencl(&s);
+    let q = s
+        .queue_with(agora::QueueOptions {
+            name: "gpu-like".into(),
+            preferred_device: Some(agora::DeviceKind::OpenCl),
+            ..Default::default()
+        })
+        .unwrap();
+    let saxpy = s.kernel("saxpy").unwrap();
+    let n = 1 << 16;
+    let xs: Vec<f32> = (0..n).map(|i| (i % 100) as f32).collect();
+    let x = s.buffer_from(&xs).unwrap();
+    let y = s.buffer_from(&vec![1f32; n]).unwrap();
+    s.protect(7, &y).unwrap();
+    q.sync_to(&x).unwrap();
+    q.sync_to(&y).unwrap();
+    q.launch(&saxpy, &[Arg::F32(3.0), (&x).into(), (&y).into()], n as u64)
+        .unwrap();
+    // No sync_from: y's newest contents are on the OpenCL device; the checkpoint fetches them.
+    q.checkpoint(1, CheckpointLevel::Erasure).unwrap();
+    q.finish().unwrap();
+    let device = agora_test_support::last_device(&s, "gpu-like").unwrap_or_default();
+    assert!(device.starts_with("opencl"), "the queue ran on {device}");
+    written(&s);
+    drop(q);
+    drop(s);
+
+    let s = daemon.session_without_resume("on-opencl");
+    let y = s.buffer_from(&vec![0f32; n]).unwrap();
+    s.protect(7, &y).unwrap();
+    let report = s.recover().unwrap();
+    assert_eq!((report.checkpoint, report.level), (1, 3));
+    let want: Vec<f32> = xs.iter().map(|x| 3.0 * x + 1.0).collect();
+    assert_eq!(
+        y.as_slice::<f32>(),
+        &want[..],
+        "the device's result, recovered from erasure-coded shards"
+    );
+    daemon.assert_alive();
+}
+
+#[test]
+fn snapshots_checkpoint_once_the_configured_interval_has_passed() {
+    let dir = temp_dir("checkpoint-snapshot");
+    std::fs::write(dir.path().join("agora.toml"), "[checkpoint]\ninterval_s = 0.3\n").unwrap();
+    let daemon = Daemon::start_in(AGORA, dir, &["--config", "{dir}/agora.toml", "--no-opencl"]);
+    let s = daemon.session_without_resume("snapshots");
+    let q = s.queue("main").unwrap();
+    let state = s.buffer_from(&[0u64; 8]).unwrap();
+    assert!(q.snapshot().unwrap().is_none(), "nothing protected: no clock");
+    s.protect(1, &state).unwrap();
+    assert!(q.snapshot().unwrap().is_none(), "the interval has not passed yet");
+    std::thread::sleep(Duration::from_millis(350));
+    let first = q.snapshot().unwrap().expect("a snapshot after the interval");
+    assert!(q.snapshot().unwrap().is_none(), "the clock restarts at each snapshot");
+    std::thread::sleep(Duration::from_millis(350));
+    let second = q.snapshot().unwrap().expect("another after the next interval");
+    first.wait().unwrap();
+    second.wait().unwrap();
+    q.finish().unwrap();
+    let report = written(&s);
+    assert_eq!(report.checkpoints.len(), 2, "{report:?}");
+    assert!(report.checkpoints[0].checkpoint < report.checkpoints[1].checkpoint);
+}

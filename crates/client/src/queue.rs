@@ -320,6 +320,29 @@ impl Queue {
         self.issue(d)
     }
 
+    /// FTI's `FTI_Snapshot`: call it every iteration; once the daemon's checkpoint interval
+    /// (`[checkpoint] interval_s`, 60 s by default) has passed since the last snapshot (or the
+    /// first `protect`), it issues a level-1 [`Queue::checkpoint`] and returns its task, else
+    /// `None`. Its ids are the time in milliseconds since the Unix epoch (they grow across runs;
+    /// mix them with your own ids only if yours stay below).
+    pub fn snapshot(&self) -> Result<Option<Task>, Error> {
+        let id = {
+            let mut clock = self.session.snapshots.lock().unwrap_or_else(|e| e.into_inner());
+            match clock.as_mut() {
+                Some(clock) if clock.since.elapsed() >= clock.interval => {
+                    clock.since = std::time::Instant::now();
+                    let now_ms = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis() as u64);
+                    clock.last_id = now_ms.max(clock.last_id + 1);
+                    clock.last_id
+                }
+                _ => return Ok(None),
+            }
+        };
+        self.checkpoint(id, CheckpointLevel::Local).map(Some)
+    }
+
     /// Makes the devices see the buffer's host copy (after the host wrote it).
     pub fn sync_to(&self, buffer: &Buffer) -> Result<Task, Error> {
         self.transfer(Op::SyncTo, buffer, 0, 0)

@@ -169,6 +169,20 @@ pub(crate) struct Inner {
     id: AtomicU64,
     /// What a resume after a daemon restart needs ([`crate::resume`]).
     pub(crate) resume: ResumeState,
+    /// `Queue::snapshot`'s clock: the daemon's interval (set by `protect`) and the last
+    /// checkpoint it issued (or the first protect).
+    pub(crate) snapshots: Mutex<Option<SnapshotClock>>,
+}
+
+/// `Queue::snapshot`'s clock.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SnapshotClock {
+    /// The daemon's checkpoint interval.
+    pub(crate) interval: Duration,
+    /// The last snapshot (or the first `protect`).
+    pub(crate) since: Instant,
+    /// The last snapshot's id (ids grow even within one millisecond).
+    pub(crate) last_id: u64,
 }
 
 /// A connection to the daemon. Clone it freely; all clones share one session.
@@ -299,6 +313,7 @@ impl Session {
             latency_tenant: AtomicBool::new(false),
             id: AtomicU64::new(session),
             resume,
+            snapshots: Mutex::new(None),
             segment,
         };
         Ok(Session { inner: Arc::new(inner) })
@@ -378,7 +393,21 @@ impl Session {
             id,
             buffer: buffer.handle(),
         })? {
-            Response::Protected { .. } => Ok(()),
+            Response::Protected { interval_ms, .. } => {
+                let mut clock = self.inner.snapshots.lock().unwrap_or_else(|e| e.into_inner());
+                let interval = Duration::from_millis(interval_ms);
+                match clock.as_mut() {
+                    Some(clock) => clock.interval = interval,
+                    None => {
+                        *clock = Some(SnapshotClock {
+                            interval,
+                            since: Instant::now(),
+                            last_id: 0,
+                        })
+                    }
+                }
+                Ok(())
+            }
             other => Err(unexpected(other)),
         }
     }

@@ -442,6 +442,10 @@ pub struct DaemonConfig {
     /// Complete checkpoints kept per application (older ones are deleted after a new one).
     #[default(2)]
     pub checkpoint_keep: usize,
+    /// How often a client's `snapshot()` checkpoints (FTI's checkpoint interval): it is called
+    /// every iteration and issues a level-1 checkpoint once this long has passed since the last.
+    #[default(Duration::from_secs(60))]
+    pub checkpoint_interval: Duration,
 }
 
 /// Who may build tenant programs.
@@ -693,6 +697,7 @@ section! {
         data_shards: usize => checkpoint_data_shards,
         parity_shards: usize => checkpoint_parity_shards,
         keep: usize => checkpoint_keep,
+        interval_s: Seconds => checkpoint_interval,
     }
 }
 

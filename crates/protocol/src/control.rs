@@ -320,6 +320,9 @@ pub enum Response {
     Protected {
         /// Ids protected now.
         ids: Vec<u32>,
+        /// The daemon's snapshot interval (`[checkpoint] interval_s`), milliseconds: how often
+        /// the client's `snapshot()` checkpoints.
+        interval_ms: u64,
     },
     /// Reply to [`Request::Recover`].
     Recovered(RecoverReport),

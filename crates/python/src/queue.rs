@@ -244,6 +244,18 @@ impl PyQueue {
         self.issue(py, |q| q.checkpoint(id, level))
     }
 
+    /// FTI's snapshot: call it every iteration; once the daemon's checkpoint interval
+    /// (`[checkpoint] interval_s`) has passed since the last one (or the first `protect`), it
+    /// issues a level-1 checkpoint and returns its task, else None.
+    fn snapshot(&self, py: Python<'_>) -> PyResult<Option<PyTask>> {
+        let queue = self.queue()?;
+        let task = py.detach(|| queue.snapshot()).or_raise()?;
+        Ok(task.map(|task| PyTask {
+            task,
+            liveness: self.liveness.clone(),
+        }))
+    }
+
     /// Sets every byte of `buffer` to `value`.
     #[pyo3(signature = (buffer, value=0))]
     fn memset(&self, py: Python<'_>, buffer: &PyBuffer, value: u8) -> PyResult<PyTask> {

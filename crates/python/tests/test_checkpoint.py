@@ -23,6 +23,7 @@ def test_a_python_application_recovers_its_protected_buffers_after_the_daemon_di
             q.finish()
         s.protect(1, x)
         s.protect(2, y)
+        assert q.snapshot() is None  # the daemon's interval (60 s) has not passed
         for step in (1, 2):
             q.launch("saxpy", 2.0, x, y, range=n)
             q.checkpoint(step)

@@ -735,7 +735,7 @@ impl Server {
             } => self.in_session(id, |config, session| {
                 create_queue(config, session, name, class, preferred_device, sla_ms, None)
             }),
-            Request::Protect { id: protected, buffer } => self.in_session(id, |_, session| {
+            Request::Protect { id: protected, buffer } => self.in_session(id, |config, session| {
                 if session.buffers.get(buffer).is_none() {
                     return Response::Error(ControlError::Checkpoint(format!(
                         "no buffer with handle {buffer} in this session; protect a buffer the session holds"
@@ -749,6 +749,7 @@ impl Server {
                 session.protected.insert(protected, buffer);
                 Response::Protected {
                     ids: session.protected.keys().copied().collect(),
+                    interval_ms: config.checkpoint_interval.as_millis().try_into().unwrap_or(u64::MAX),
                 }
             }),
             Request::Recover => self.recover(id),

@@ -95,6 +95,9 @@ class Queue:
         """Checkpoints the session's protected buffers after this queue's earlier tasks (FTI's
         checkpoint); level 1 local, 2 also the partner directory, 3 erasure coded, 4 also the
         shared file system. `id` must grow from one checkpoint to the next."""
+    def snapshot(self) -> Optional[Task]:
+        """FTI's snapshot: call it every iteration; once the daemon's checkpoint interval has
+        passed since the last one (or the first protect), it issues a level-1 checkpoint."""
     def memset(self, buffer: Buffer, value: int = 0) -> Task: ...
     def copy(self, src: Buffer, dst: Buffer, src_offset: int = 0, dst_offset: int = 0, nbytes: int = 0) -> Task: ...
     def finish(self) -> None:
