@@ -30,6 +30,7 @@ test: setup
 	bash scripts/bench-smoke.sh ./target/release/agora bench kernels --quick --json
 	bash scripts/bench-smoke.sh ./target/release/agora bench soak --quick --json
 	bash scripts/bench-smoke.sh ./target/release/agora bench gpu --quick --json
+	bash scripts/bench-smoke.sh ./target/release/agora bench checkpoint --quick --json
 
 bench: setup
 	./target/release/agora bench latency

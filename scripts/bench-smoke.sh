@@ -43,6 +43,8 @@ case "$bench" in
   gpu) expr='all(k in d for k in ("gpus", "empty_kernel_p50_ns", "native_empty_kernel_p50_ns", "h2d_ratio", "d2h_ratio", "rodinia_ratio_geomean", "fence_ratio_geomean", "sharing_ratio", "latency_under_batch_p99_ns", "pipeline"))
   and d["verified"] and d["pipeline"]["programs"] >= 8 and d["pipeline"]["nvrtc_ms"] > 0 and d["pipeline"]["ptxas_ms"] is not None
   and (d["gpus"] == 0 or (d["h2d_ratio"] > 0 and d["rodinia_ratio_geomean"] > 0))' ;;
+  checkpoint) expr='d["verified"] and all(k in d for k in ("state_bytes", "plain_iteration_s", "checkpointed_iteration_s", "checkpoint_overhead_ratio", "dcp_written_fraction", "first_written_fraction", "write_mib_s", "recover_s", "load_average_at_start"))
+  and 0 < d["dcp_written_fraction"]["median"] < 0.5 and d["first_written_fraction"] > 0.9 and d["write_mib_s"] > 0' ;;
   *)
     echo "bench-smoke: no checks for bench '$bench': add them here" >&2
     exit 2

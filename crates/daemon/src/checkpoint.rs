@@ -20,9 +20,7 @@ use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 
 use agora_checkpoint::{AppKey, Capture, Entry, Level, Recovered, Store, StoreConfig, StoreError};
-use agora_protocol::completion::{
-    CHECKPOINT_BACKLOG, CHECKPOINT_ID_NOT_NEWER, CHECKPOINT_LEVEL_UNAVAILABLE, CHECKPOINT_NO_STORE,
-};
+use agora_protocol::completion::{CHECKPOINT_ID_NOT_NEWER, CHECKPOINT_LEVEL_UNAVAILABLE, CHECKPOINT_NO_STORE};
 use agora_protocol::control::{
     CheckpointReport, CheckpointSummary, CheckpointWrite, ControlError, RecoverReport, Response,
 };
@@ -31,11 +29,12 @@ use agora_protocol::TaskError;
 use crate::config::DaemonConfig;
 use crate::memory::BufferRecord;
 
-/// Checkpoints of one session captured and not yet written, at most: each holds a copy of the
-/// protected bytes in the daemon's memory until the writer is done with it.
+/// Checkpoints of one application captured and not yet written, at most: each holds a copy of
+/// the protected bytes in the daemon's memory until the writer is done with it. A capture beyond
+/// it waits for the writer (its queue's lane waits: back-pressure, as memory pressure waits).
 const MAX_WRITING: u32 = 4;
 /// Write outcomes remembered per application.
-const WRITES_KEPT: usize = 16;
+const WRITES_KEPT: usize = 64;
 
 /// What the daemon remembers of one application.
 #[derive(Debug, Default)]
@@ -57,6 +56,8 @@ pub(crate) struct Checkpoints {
     /// The writer thread, joined by [`Checkpoints::stop`].
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     applications: Arc<Mutex<HashMap<(u32, String), Application>>>,
+    /// Signalled by the writer when a write is done (a capture may be waiting for room).
+    room: Arc<std::sync::Condvar>,
     partner: bool,
     shared: bool,
 }
@@ -91,10 +92,12 @@ impl Checkpoints {
             }
         };
         let applications: Arc<Mutex<HashMap<(u32, String), Application>>> = Arc::default();
+        let room: Arc<std::sync::Condvar> = Arc::default();
         let (sender, receiver) = mpsc::channel::<Capturing>();
         let mut thread = None;
         if let Some(store) = store.clone() {
             let books = applications.clone();
+            let done = room.clone();
             let spawned = std::thread::Builder::new()
                 .name("agora-checkpoint".into())
                 .spawn(move || {
@@ -133,6 +136,7 @@ impl Checkpoints {
                         while entry.writes.len() > WRITES_KEPT {
                             entry.writes.pop_front();
                         }
+                        done.notify_all();
                     }
                 });
             match spawned {
@@ -144,6 +148,7 @@ impl Checkpoints {
                         writer: Mutex::new(None),
                         thread: Mutex::new(None),
                         applications,
+                        room,
                         partner: false,
                         shared: false,
                     });
@@ -155,6 +160,7 @@ impl Checkpoints {
             writer: Mutex::new(Some(sender)),
             thread: Mutex::new(thread),
             applications,
+            room,
             partner: config.checkpoint_partner.is_some(),
             shared: config.checkpoint_shared.is_some(),
         })
@@ -168,8 +174,8 @@ impl Checkpoints {
         }
     }
 
-    /// Judges a checkpoint task: its level, its id against the application's newest, the
-    /// writes in progress. On success the id becomes the newest and one more write is counted.
+    /// Judges a checkpoint task: its level and its id against the application's newest. On
+    /// success the id becomes the newest.
     pub(crate) fn admit(&self, app: &AppKey, checkpoint: u64, level: u32) -> Result<Level, TaskError> {
         let refuse = |reason| TaskError::CheckpointRefused {
             reason,
@@ -193,21 +199,32 @@ impl Checkpoints {
         if entry.newest.is_some_and(|newest| checkpoint <= newest) {
             return Err(refuse(CHECKPOINT_ID_NOT_NEWER));
         }
-        if entry.writing >= MAX_WRITING {
-            return Err(refuse(CHECKPOINT_BACKLOG));
-        }
         entry.newest = Some(checkpoint);
-        entry.writing += 1;
         Ok(level)
     }
 
-    /// An admitted checkpoint that will not be captured after all (its task failed before its
-    /// capture): no longer counted as being written.
-    fn abandoned(&self, app: &AppKey) {
+    /// Waits until `app` has fewer than [`MAX_WRITING`] captures being written, then counts one
+    /// more.
+    fn wait_for_room(&self, app: &AppKey) {
+        let key = (app.uid, app.name.clone());
+        let mut books = self.applications.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let entry = books.entry(key.clone()).or_default();
+            if entry.writing < MAX_WRITING {
+                entry.writing += 1;
+                return;
+            }
+            books = self.room.wait(books).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// A counted capture that did not reach the writer.
+    fn not_sent(&self, app: &AppKey) {
         let mut books = self.applications.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(entry) = books.get_mut(&(app.uid, app.name.clone())) {
             entry.writing = entry.writing.saturating_sub(1);
         }
+        self.room.notify_all();
     }
 
     /// The newest intact checkpoint of `app` (`Ok(None)`: it has none).
@@ -291,12 +308,14 @@ impl CheckpointCapture {
     /// Copies the protected bytes (the copy-on-checkpoint) and hands them to the writer. Runs
     /// where the task's job finishes; the write itself happens on the writer thread.
     pub(crate) fn capture(self) -> Result<(), TaskError> {
+        // Room first, so the copies held for the writer stay bounded.
+        self.service.wait_for_room(&self.app);
         let mut entries = Vec::with_capacity(self.buffers.len());
         for (id, record) in &self.buffers {
             match record.read_host() {
                 Some(bytes) => entries.push(Entry { id: *id, bytes }),
                 None => {
-                    self.service.abandoned(&self.app);
+                    self.service.not_sent(&self.app);
                     return Err(TaskError::Cancelled);
                 }
             }
@@ -320,7 +339,7 @@ impl CheckpointCapture {
         match sent {
             Some(Ok(())) => Ok(()),
             _ => {
-                self.service.abandoned(&self.app);
+                self.service.not_sent(&self.app);
                 Err(TaskError::CheckpointRefused {
                     reason: CHECKPOINT_NO_STORE,
                     level: level_number(self.level),
@@ -328,11 +347,6 @@ impl CheckpointCapture {
                 })
             }
         }
-    }
-
-    /// The task failed before its capture: nothing will be written.
-    pub(crate) fn abandon(&self) {
-        self.service.abandoned(&self.app);
     }
 }
 

@@ -360,9 +360,6 @@ pub const CHECKPOINT_ID_NOT_NEWER: u16 = 3;
 /// [`TaskError::CheckpointRefused`]: the daemon has no checkpoint store (its directory could
 /// not be created; the daemon's log says why).
 pub const CHECKPOINT_NO_STORE: u16 = 4;
-/// [`TaskError::CheckpointRefused`]: too many of the session's checkpoints are still being
-/// written (the captured bytes are held in the daemon's memory until then).
-pub const CHECKPOINT_BACKLOG: u16 = 5;
 
 fn checkpoint_refusal(reason: u16, level: u8) -> String {
     match reason {
@@ -370,7 +367,6 @@ fn checkpoint_refusal(reason: u16, level: u8) -> String {
         CHECKPOINT_LEVEL_UNAVAILABLE => format!("level {level} is not available on this daemon (levels are 1-4; level 2 needs [checkpoint] partner and level 4 [checkpoint] shared in the daemon's configuration)"),
         CHECKPOINT_ID_NOT_NEWER => "its id is not larger than this application's newest checkpoint; use increasing ids (e.g. the iteration number)".into(),
         CHECKPOINT_NO_STORE => "the daemon has no checkpoint store (see its log for why its directory is unusable)".into(),
-        CHECKPOINT_BACKLOG => "earlier checkpoints of this session are still being written; checkpoint less often or wait for them (session.checkpoints())".into(),
         _ => format!("reason {reason} (a newer daemon)"),
     }
 }

@@ -382,7 +382,7 @@ pub struct CheckpointReport {
     pub application: String,
     /// Its complete checkpoints, oldest first.
     pub checkpoints: Vec<CheckpointSummary>,
-    /// The last checkpoint writes of this session, oldest first (at most 16).
+    /// The last checkpoint writes of this application, oldest first (at most 64).
     pub writes: Vec<CheckpointWrite>,
     /// Checkpoint tasks whose bytes are captured but not yet written.
     pub writing: u32,

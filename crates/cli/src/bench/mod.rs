@@ -10,6 +10,7 @@
 //! statistics) and [`client`] (the client process and its modes). Benchmarks use the harness and
 //! the client, never each other.
 
+pub mod checkpoint;
 pub mod client;
 pub mod gpu;
 pub mod harness;
@@ -54,6 +55,10 @@ pub enum BenchCommand {
     /// the Rodinia programs (and their kernels fenced vs unfenced), two tenants sharing a GPU,
     /// latency-class kernels beside a batch tenant. Without a GPU: `"gpus": 0` and the NVRTC / fencing / ptxas pipeline's times.
     Gpu(gpu::GpuArgs),
+    /// Checkpoints of an iterative application that rewrites part of its protected state each
+    /// iteration: time per iteration with a checkpoint after each vs none, bytes each
+    /// checkpoint wrote (differential), the writer's throughput, recovery time (verified).
+    Checkpoint(checkpoint::CheckpointArgs),
     /// Minutes of mixed, verified work from several client processes, some killed (`kill -9`)
     /// and restarted at random: wrong results (must be 0), the daemon's RSS and descriptor
     /// slopes after warm-up, throughput per interval.
@@ -72,5 +77,6 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Kernels(args) => kernels::kernels(args),
         BenchCommand::Soak(args) => soak::soak(args),
         BenchCommand::Gpu(args) => gpu::gpu(args.socket.path(), args),
+        BenchCommand::Checkpoint(args) => checkpoint::checkpoint(args.socket.path(), args),
     }
 }

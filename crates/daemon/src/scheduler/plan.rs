@@ -146,12 +146,7 @@ impl Scheduler {
                 }
             }
         };
-        let planned = self.plan(session, device, ready.action, named.slots(), &mut transfers);
-        if let (Err(_), Some(capture)) = (&planned, capture.as_ref()) {
-            // Nothing will be captured: the checkpoint is not being written after all.
-            capture.abandon();
-        }
-        let work = match planned {
+        let work = match self.plan(session, device, ready.action, named.slots(), &mut transfers) {
             Ok(work) => work,
             Err(TaskError::DeviceLost) => {
                 let ticket = ticket.map_or_else(|| migration::Ticket::unreplayable(&self.migration, device), |t| *t);

@@ -159,13 +159,8 @@ impl Scheduler {
         let done: Done = match capture {
             None => done,
             Some(capture) => Box::new(move |result, times| {
-                let result = match result {
-                    Ok(()) => capture.capture(),
-                    Err(e) => {
-                        capture.abandon();
-                        Err(e)
-                    }
-                };
+                // A job that failed captures nothing (its buffers' host copies may be stale).
+                let result = result.and_then(|()| capture.capture());
                 done(result, times)
             }),
         };
