@@ -203,14 +203,14 @@ impl Checkpoints {
         Ok(level)
     }
 
-    /// Waits until `app` has fewer than [`MAX_WRITING`] captures being written, then counts one
-    /// more.
-    fn wait_for_room(&self, app: &AppKey) {
+    /// Counts one more capture of `app` being written; with `may_wait`, first waits until it has
+    /// fewer than [`MAX_WRITING`].
+    fn wait_for_room(&self, app: &AppKey, may_wait: bool) {
         let key = (app.uid, app.name.clone());
         let mut books = self.applications.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             let entry = books.entry(key.clone()).or_default();
-            if entry.writing < MAX_WRITING {
+            if entry.writing < MAX_WRITING || !may_wait {
                 entry.writing += 1;
                 return;
             }
@@ -302,6 +302,11 @@ pub(crate) struct CheckpointCapture {
     pub(crate) checkpoint: u64,
     pub(crate) level: Level,
     pub(crate) buffers: Vec<(u32, Arc<BufferRecord>)>,
+    /// Whether the capture may wait for the writer: only on a lane thread of its own (the host
+    /// device's). On other devices it runs on the device's completion thread, which every
+    /// tenant's jobs there share; it does not wait there (the bound on held copies is exceeded
+    /// instead).
+    pub(crate) may_wait: bool,
 }
 
 impl CheckpointCapture {
@@ -309,7 +314,7 @@ impl CheckpointCapture {
     /// where the task's job finishes; the write itself happens on the writer thread.
     pub(crate) fn capture(self) -> Result<(), TaskError> {
         // Room first, so the copies held for the writer stay bounded.
-        self.service.wait_for_room(&self.app);
+        self.service.wait_for_room(&self.app, self.may_wait);
         let mut entries = Vec::with_capacity(self.buffers.len());
         for (id, record) in &self.buffers {
             match record.read_host() {

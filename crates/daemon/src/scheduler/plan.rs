@@ -135,7 +135,7 @@ impl Scheduler {
         let capture = match checkpoint {
             None => None,
             Some((checkpoint, level, ids)) => {
-                match self.admit_checkpoint(session, checkpoint, level, ids, named.slots()) {
+                match self.admit_checkpoint(session, checkpoint, level, ids, named.slots(), device) {
                     Ok(capture) => Some(Box::new(capture)),
                     Err(error) => {
                         return Err(Failed {
@@ -202,8 +202,8 @@ impl Scheduler {
         })))
     }
 
-    /// Judges a checkpoint task (level, id, writes in progress) and makes its capture of the
-    /// protected buffers in `slots` (ids in `ids`, slot by slot).
+    /// Judges a checkpoint task (level, id) and makes its capture of the protected buffers in
+    /// `slots` (ids in `ids`, slot by slot), to run on `device`.
     fn admit_checkpoint(
         &self,
         session: &Session,
@@ -211,6 +211,7 @@ impl Scheduler {
         level: u32,
         ids: [u32; MAX_ARGS],
         slots: &[Option<(Arc<BufferRecord>, Access, bool)>],
+        device: usize,
     ) -> Result<crate::checkpoint::CheckpointCapture, TaskError> {
         let service = self.config.checkpoints.clone().ok_or(TaskError::CheckpointRefused {
             reason: agora_protocol::completion::CHECKPOINT_NO_STORE,
@@ -219,6 +220,7 @@ impl Scheduler {
         })?;
         let app = crate::checkpoint::application(session.credentials.uid, &session.name);
         let level = service.admit(&app, checkpoint, level)?;
+        let may_wait = self.devices[device].info().shares_host_memory;
         let buffers = slots
             .iter()
             .zip(ids)
@@ -230,6 +232,7 @@ impl Scheduler {
             checkpoint,
             level,
             buffers,
+            may_wait,
         })
     }
 
