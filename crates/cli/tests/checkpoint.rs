@@ -270,3 +270,33 @@ fn snapshots_checkpoint_once_the_configured_interval_has_passed() {
     assert_eq!(report.checkpoints.len(), 2, "{report:?}");
     assert!(report.checkpoints[0].checkpoint < report.checkpoints[1].checkpoint);
 }
+
+#[test]
+fn a_session_resumed_on_a_restarted_daemon_keeps_its_buffers_protected() {
+    let mut daemon = Daemon::start(AGORA, "checkpoint-resume", &["--no-opencl"]);
+    let s = daemon.session_named("resumer");
+    let q = s.queue("main").unwrap();
+    let state = s.buffer_from(&[1u32; 1024]).unwrap();
+    s.protect(5, &state).unwrap();
+    q.checkpoint(1, CheckpointLevel::Local).unwrap();
+    q.finish().unwrap();
+    written(&s);
+    daemon.restart();
+    // The session resumes by itself on its next call (tasks it had issued meanwhile would fail
+    // with DaemonRestarted); its protection is sent again.
+    let listing = s.checkpoints().expect("the session resumes");
+    assert_eq!(listing.checkpoints.len(), 1, "{listing:?}");
+    state.write_slice(&[2u32; 1024]).unwrap();
+    q.sync_to(&state).unwrap();
+    q.checkpoint(2, CheckpointLevel::Local).unwrap();
+    q.finish()
+        .unwrap_or_else(|e| panic!("the checkpoint after the resume failed: {e}"));
+    written(&s);
+    drop(q);
+    drop(s);
+    let fresh = daemon.session_without_resume("resumer");
+    let into = fresh.buffer_from(&[0u32; 1024]).unwrap();
+    fresh.protect(5, &into).unwrap();
+    assert_eq!(fresh.recover().unwrap().checkpoint, 2);
+    assert_eq!(into.as_slice::<u32>(), &[2u32; 1024][..]);
+}

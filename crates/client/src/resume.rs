@@ -121,6 +121,8 @@ pub(crate) struct Registry {
     /// Library kernels looked up, by the id the application holds.
     kernels: BTreeMap<u32, String>,
     programs: Vec<RecordedProgram>,
+    /// Buffers protected for checkpoints: id → buffer handle.
+    protected: BTreeMap<u32, u64>,
 }
 
 /// Kernel ids as the application holds them (in `Kernel` values) → the ids the current daemon
@@ -220,7 +222,33 @@ impl ResumeState {
     }
 
     pub(crate) fn buffer_released(&self, handle: u64) {
-        self.registry().buffers.remove(&handle);
+        let mut registry = self.registry();
+        registry.buffers.remove(&handle);
+        // The daemon unprotects a released buffer too.
+        registry.protected.retain(|_, protected| *protected != handle);
+    }
+
+    /// A buffer was protected for checkpoints under `id`.
+    pub(crate) fn protected(&self, id: u32, handle: u64) {
+        self.registry().protected.insert(id, handle);
+    }
+
+    /// Protects the session's buffers again with `call` (a new daemon does not know what the
+    /// old one was told); returns how many it refused.
+    pub(crate) fn protect_again(&self, mut call: impl FnMut(&Request) -> Option<Response>) -> usize {
+        let protected: Vec<(u32, u64)> = self.registry().protected.iter().map(|(i, h)| (*i, *h)).collect();
+        protected
+            .into_iter()
+            .filter(|(id, buffer)| {
+                !matches!(
+                    call(&Request::Protect {
+                        id: *id,
+                        buffer: *buffer
+                    }),
+                    Some(Response::Protected { .. })
+                )
+            })
+            .count()
     }
 
     pub(crate) fn queue_created(&self, queue: ResumedQueue) {

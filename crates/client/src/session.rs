@@ -394,6 +394,7 @@ impl Session {
             buffer: buffer.handle(),
         })? {
             Response::Protected { interval_ms, .. } => {
+                self.inner.resume.protected(id, buffer.handle());
                 let mut clock = self.inner.snapshots.lock().unwrap_or_else(|e| e.into_inner());
                 let interval = Duration::from_millis(interval_ms);
                 match clock.as_mut() {
@@ -1139,6 +1140,11 @@ impl Inner {
         let timeout = self.control_timeout;
         self.resume
             .rebuild_programs(|request| call(&mut control, request, timeout).ok());
+        // A buffer the new daemon refuses to protect is left out of later checkpoints (a
+        // checkpoint with none protected fails, saying so).
+        let _refused = self
+            .resume
+            .protect_again(|request| call(&mut control, request, timeout).ok());
         drop(producer);
         drop(control);
         self.disconnected.store(false, Ordering::Release);
