@@ -104,7 +104,10 @@ impl Checkpoints {
                     for Capturing { app, capture } in receiver {
                         let (checkpoint, level) = (capture.sequence, capture.level);
                         let bytes_total: u64 = capture.entries.iter().map(|e| e.bytes.len() as u64).sum();
-                        let outcome = store.write(&app, capture);
+                        // A panic in the store must not end the writer: captures waiting for room
+                        // would wait for ever (and their lanes with them).
+                        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| store.write(&app, capture)))
+                            .unwrap_or_else(|_| Err(StoreError::Encode { what: "the store panicked (a bug); see the daemon's log".into() }));
                         let write = match outcome {
                             Ok(report) => {
                                 tracing::debug!(app = %app.name, uid = app.uid, checkpoint, level = %level, bytes = report.bytes_total, written = report.bytes_written, seconds = report.seconds, "checkpoint written");
