@@ -1043,17 +1043,11 @@ pub unsafe extern "C" fn agora_checkpoint(
 ) -> AgoraStatus {
     begin();
     let queue = open_handle!(queue, "queue");
-    let level = match level {
-        1 => agora::CheckpointLevel::Local,
-        2 => agora::CheckpointLevel::Partner,
-        3 => agora::CheckpointLevel::Erasure,
-        4 => agora::CheckpointLevel::Shared,
-        _ => {
-            return fail(
-                AgoraStatus::InvalidArgument,
-                "checkpoint levels are 1 (local), 2 (partner), 3 (erasure coded) and 4 (shared)",
-            )
-        }
+    let Some(level) = agora::CheckpointLevel::from_number(level) else {
+        return fail(
+            AgoraStatus::InvalidArgument,
+            "checkpoint levels are 1 (local), 2 (partner), 3 (erasure coded) and 4 (shared)",
+        );
     };
     match queue.queue.checkpoint(id, level) {
         Ok(t) => store_task(t, &queue.closed, task_out),

@@ -168,15 +168,7 @@ mod tests {
     }
 
     fn manifest_entries(entries: &[Entry]) -> Vec<ManifestEntry> {
-        entries
-            .iter()
-            .map(|e| ManifestEntry {
-                id: e.id,
-                len: e.bytes.len() as u64,
-                hash: manifest::hash_hex(&e.bytes),
-                blocks: Vec::new(),
-            })
-            .collect()
+        entries.iter().map(|e| ManifestEntry::of(e, Vec::new())).collect()
     }
 
     #[test]

@@ -56,6 +56,18 @@ pub(crate) struct ManifestEntry {
     pub blocks: Vec<String>,
 }
 
+impl ManifestEntry {
+    /// The entry of `entry`'s bytes, with these block hashes (none for L3).
+    pub(crate) fn of(entry: &crate::config::Entry, blocks: Vec<String>) -> ManifestEntry {
+        ManifestEntry {
+            id: entry.id,
+            len: entry.bytes.len() as u64,
+            hash: hash_hex(&entry.bytes),
+            blocks,
+        }
+    }
+}
+
 /// How an L3 checkpoint was erasure coded.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct ErasureInfo {

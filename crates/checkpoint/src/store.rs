@@ -308,12 +308,7 @@ impl Store {
                 }
                 hashes.push(h);
             }
-            manifest_entries.push(ManifestEntry {
-                id: e.id,
-                len: e.bytes.len() as u64,
-                hash: manifest::hash_hex(&e.bytes),
-                blocks: hashes,
-            });
+            manifest_entries.push(ManifestEntry::of(e, hashes));
         }
         let (mut blocks_written, mut bytes_written) = (0, 0);
         for root in roots {
@@ -363,12 +358,7 @@ impl Store {
         let entries = capture
             .entries
             .iter()
-            .map(|e| ManifestEntry {
-                id: e.id,
-                len: e.bytes.len() as u64,
-                hash: manifest::hash_hex(&e.bytes),
-                blocks: Vec::new(),
-            })
+            .map(|e| ManifestEntry::of(e, Vec::new()))
             .collect();
         Ok(DataWritten {
             entries,

@@ -300,3 +300,41 @@ fn a_session_resumed_on_a_restarted_daemon_keeps_its_buffers_protected() {
     assert_eq!(fresh.recover().unwrap().checkpoint, 2);
     assert_eq!(into.as_slice::<u32>(), &[2u32; 1024][..]);
 }
+
+#[test]
+fn a_daemon_whose_checkpoint_directory_is_unusable_refuses_checkpoints_and_serves_the_rest() {
+    let dir = temp_dir("checkpoint-nostore");
+    // Nothing can be created under /proc: the daemon starts without a store.
+    std::fs::write(
+        dir.path().join("agora.toml"),
+        "[checkpoint]\nlocal = \"/proc/agora-checkpoints\"\n",
+    )
+    .unwrap();
+    let mut daemon = Daemon::start_in(AGORA, dir, &["--config", "{dir}/agora.toml", "--no-opencl"]);
+    let s = daemon.session_without_resume("nostore");
+    let q = s.queue("main").unwrap();
+    let b = s.buffer_from(&[1f32; 16]).unwrap();
+    s.protect(1, &b).unwrap();
+    q.checkpoint(1, CheckpointLevel::Local).unwrap();
+    let message = failure(q.finish());
+    assert!(message.contains("no checkpoint store"), "{message}");
+    let refusal = s.recover().expect_err("no store, nothing to recover");
+    assert!(refusal.to_string().contains("no checkpoint store"), "{refusal}");
+    // Everything else works.
+    agora_test_support::saxpy_ok(&s, 1024);
+    daemon.assert_alive();
+}
+
+#[test]
+fn protecting_more_buffers_than_a_checkpoint_carries_is_refused_with_the_limit() {
+    let daemon = Daemon::start(AGORA, "checkpoint-many", &["--no-opencl"]);
+    let s = daemon.session_without_resume("many");
+    let buffers: Vec<_> = (0..17).map(|_| s.buffer_from(&[0u8; 8]).unwrap()).collect();
+    for (id, b) in buffers.iter().take(16).enumerate() {
+        s.protect(id as u32, b).unwrap();
+    }
+    // Protecting an id again replaces its buffer: allowed at the limit.
+    s.protect(3, &buffers[16]).unwrap();
+    let refusal = s.protect(99, &buffers[16]).expect_err("a 17th id");
+    assert!(refusal.to_string().contains("at most 16 buffers"), "{refusal}");
+}

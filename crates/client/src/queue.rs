@@ -26,6 +26,19 @@ pub enum CheckpointLevel {
     Shared = 4,
 }
 
+impl CheckpointLevel {
+    /// The level numbered `level` (FTI's 1–4), for the C and Python APIs.
+    pub fn from_number(level: u32) -> Option<CheckpointLevel> {
+        Some(match level {
+            1 => CheckpointLevel::Local,
+            2 => CheckpointLevel::Partner,
+            3 => CheckpointLevel::Erasure,
+            4 => CheckpointLevel::Shared,
+            _ => return None,
+        })
+    }
+}
+
 /// How to create a queue.
 #[derive(Debug, Clone, Default)]
 pub struct QueueOptions {

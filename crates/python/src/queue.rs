@@ -230,17 +230,11 @@ impl PyQueue {
     /// changed. `id` must grow from one checkpoint to the next (the iteration number, say).
     #[pyo3(signature = (id, level=1))]
     fn checkpoint(&self, py: Python<'_>, id: u64, level: u32) -> PyResult<PyTask> {
-        let level = match level {
-            1 => agora::CheckpointLevel::Local,
-            2 => agora::CheckpointLevel::Partner,
-            3 => agora::CheckpointLevel::Erasure,
-            4 => agora::CheckpointLevel::Shared,
-            _ => {
-                return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                    "checkpoint level {level}: levels are 1 (local), 2 (partner), 3 (erasure coded) and 4 (shared)"
-                )))
-            }
-        };
+        let level = agora::CheckpointLevel::from_number(level).ok_or_else(|| {
+            pyo3::exceptions::PyValueError::new_err(format!(
+                "checkpoint level {level}: levels are 1 (local), 2 (partner), 3 (erasure coded) and 4 (shared)"
+            ))
+        })?;
         self.issue(py, |q| q.checkpoint(id, level))
     }
 
