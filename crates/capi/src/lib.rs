@@ -211,6 +211,7 @@ fn from_error(e: Error) -> AgoraStatus {
         Error::Task(_) | Error::Tasks(_) => AgoraStatus::Task,
         Error::Control(_) => AgoraStatus::Control,
         Error::OutOfBounds { .. } => AgoraStatus::OutOfBounds,
+        Error::ReadOnly => AgoraStatus::InvalidArgument,
         Error::Protocol(_) => AgoraStatus::Protocol,
         Error::Timeout { .. } => AgoraStatus::Timeout,
     };

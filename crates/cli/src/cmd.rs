@@ -594,6 +594,52 @@ pub fn devices(socket: Option<PathBuf>) -> Result<()> {
     Ok(())
 }
 
+/// `agora exports`.
+#[derive(Args, Debug)]
+pub struct ExportsArgs {
+    #[command(flatten)]
+    pub socket: SocketArg,
+    /// Print JSON (a list of exports) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Lists the exports the caller may see.
+pub fn exports(args: ExportsArgs) -> Result<()> {
+    let list = agora::daemon_exports(args.socket.path())?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&list)?);
+        return Ok(());
+    }
+    if list.is_empty() {
+        println!("no exports you may see (a session publishes one with session.export(buffer, name))");
+        return Ok(());
+    }
+    println!(
+        "{:<24} {:>8} {:<16} {:>6} {:>10} {:<10} {:>8}  readers",
+        "name", "session", "client", "uid", "size", "mode", "attached"
+    );
+    for e in &list {
+        let readers = if e.readers.uids.is_empty() && e.readers.gids.is_empty() {
+            "its uid".to_string()
+        } else {
+            format!("uids {:?} gids {:?}", e.readers.uids, e.readers.gids)
+        };
+        println!(
+            "{:<24} {:>8} {:<16} {:>6} {:>10} {:<10} {:>8}  {}",
+            e.name,
+            format!("#{}", e.session),
+            e.client,
+            e.uid,
+            human_bytes(e.len),
+            if e.writable { "read-write" } else { "read-only" },
+            e.attachers.len(),
+            readers
+        );
+    }
+    Ok(())
+}
+
 /// Asks the daemon to write its task trace now.
 pub fn trace_save(socket: Option<PathBuf>) -> Result<()> {
     use agora_protocol::control::{Request, Response};

@@ -69,6 +69,9 @@ enum Command {
     /// List the kernels the daemon offers (built-in and from kernel packages) with their
     /// signatures and implementations; `agora kernels reload` loads the packages again.
     Kernels(cmd::KernelsArgs),
+    /// List the exported buffers you may attach (yours, and those exported to your uid or
+    /// group; an administrator sees all): name, exporter, size, mode and attachers.
+    Exports(cmd::ExportsArgs),
     /// Run a bundled workload as a client of a running daemon and verify its result.
     Run(cmd::RunArgs),
     /// Start an embedded daemon, run several client processes against it, print a summary.
@@ -156,6 +159,7 @@ fn main() {
         Command::Drain(args) => cmd::drain(args, true),
         Command::Undrain(args) => cmd::drain(args, false),
         Command::Kernels(args) => cmd::kernels(args),
+        Command::Exports(args) => cmd::exports(args),
         Command::Run(args) => cmd::run(args),
         Command::Demo(args) => cmd::demo(args),
         Command::Trace(TraceCommand::Save(socket)) => cmd::trace_save(socket.path()),

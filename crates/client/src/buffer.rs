@@ -34,6 +34,9 @@ pub struct Buffer {
     /// Where its newest contents are; shared with the session's resume registry, which reports
     /// a buffer whose newest contents were on a device as lost after a daemon restart.
     whereabouts: Arc<Whereabouts>,
+    /// An exportable or attached buffer's own memory (not the segment's heap), kept mapped
+    /// while the buffer lives; `None` for an ordinary buffer.
+    region: Option<Arc<agora_transport::shm::Region>>,
 }
 
 // SAFETY: the pointer refers to the session's mapping, which `session` keeps alive; the type
@@ -65,7 +68,49 @@ impl Buffer {
             ptr,
             len,
             whereabouts,
+            region: None,
         })
+    }
+
+    /// An exportable or attached buffer, whose host copy is `region` (not resumed after a
+    /// daemon restart: the new daemon does not know the region).
+    pub(crate) fn in_region(
+        session: Arc<Inner>,
+        handle: u64,
+        region: agora_transport::shm::Region,
+    ) -> Result<Self, Error> {
+        let len = region.len();
+        let ptr = region
+            .range(0, len)
+            .ok_or_else(|| Error::Protocol("an empty region for a buffer".into()))?;
+        Ok(Buffer {
+            session,
+            handle,
+            ptr,
+            len,
+            whereabouts: Arc::new(Whereabouts::default()),
+            region: Some(Arc::new(region)),
+        })
+    }
+
+    /// Whether this process may write the host copy: false only for a buffer attached
+    /// read-only (its memory is mapped read-only, so a write through it would fault).
+    pub fn is_writable(&self) -> bool {
+        self.region.as_ref().is_none_or(|region| region.writable())
+    }
+
+    /// Whether the buffer's memory is a region of its own that other sessions can map: an
+    /// exportable buffer ([`crate::Session::shared_buffer`]) or an attached one.
+    pub fn is_shared(&self) -> bool {
+        self.region.is_some()
+    }
+
+    fn check_writable(&self) -> Result<(), Error> {
+        if self.is_writable() {
+            Ok(())
+        } else {
+            Err(Error::ReadOnly)
+        }
     }
 
     /// Whether a launch that writes this buffer was issued after its last `sync_from` (or
@@ -105,6 +150,7 @@ impl Buffer {
 
     /// Copies `data` into the host copy at byte `offset`.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), Error> {
+        self.check_writable()?;
         let end = offset.saturating_add(data.len() as u64);
         if end > self.len {
             return Err(Error::OutOfBounds {
@@ -143,7 +189,16 @@ impl Buffer {
     }
 
     /// The host copy viewed as elements of `T`, mutably, in place (zero-copy).
+    ///
+    /// # Panics
+    /// On a buffer attached read-only ([`Buffer::is_writable`] is false): its memory is mapped
+    /// read-only. [`Buffer::write`] returns an error instead.
     pub fn as_mut_slice<T: bytemuck::Pod>(&mut self) -> &mut [T] {
+        assert!(
+            self.is_writable(),
+            "buffer {:#x} is attached read-only: its host copy cannot be written",
+            self.handle
+        );
         let n = self.len as usize / std::mem::size_of::<T>();
         // SAFETY: as for `as_slice`; `&mut self` makes this the only view from this process.
         unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut T, n) }

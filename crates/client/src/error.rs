@@ -41,6 +41,9 @@ pub enum Error {
         /// The buffer's length.
         capacity: u64,
     },
+    /// A write to the host copy of a buffer attached read-only.
+    #[error("the buffer is attached read-only: its host copy cannot be written (attach it writable if the export allows, or copy it into a buffer of your own)")]
+    ReadOnly,
     /// The daemon answered something this client does not understand.
     #[error("protocol error: {0}; are the client and daemon the same Agora version?")]
     Protocol(String),
@@ -65,6 +68,7 @@ impl std::fmt::Debug for Error {
                 Error::Tasks(_) => "Tasks",
                 Error::Control(_) => "Control",
                 Error::OutOfBounds { .. } => "OutOfBounds",
+                Error::ReadOnly => "ReadOnly",
                 Error::Protocol(_) => "Protocol",
                 Error::Timeout { .. } => "Timeout",
             };

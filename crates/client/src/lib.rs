@@ -51,8 +51,8 @@ mod resume;
 mod session;
 
 pub use agora_protocol::control::{
-    CheckpointReport, CheckpointSummary, CheckpointWrite, KernelListing, PackageListing, QueueClass, QueueStatus,
-    RecoverReport, ReloadReport, SessionStatus, StatusReport,
+    CheckpointReport, CheckpointSummary, CheckpointWrite, ExportReaders, ExportStatus, KernelListing, PackageListing,
+    QueueClass, QueueStatus, RecoverReport, ReloadReport, SessionStatus, StatusReport,
 };
 pub use agora_protocol::{KernelSignature, LaunchLimit, TaskError};
 pub use buffer::Buffer;
@@ -61,8 +61,8 @@ pub use program::Program;
 pub use queue::{Arg, CheckpointLevel, DeviceKind, NdRange, Queue, QueueOptions, Task};
 pub use resume::{DEFAULT_RECONNECT_TIMEOUT, RECONNECT_ENV};
 pub use session::{
-    daemon_session_status, daemon_status, drain_device, kernel_catalog, reload_kernels, DrainOutcome, Kernel, Session,
-    SessionOptions, DEFAULT_CONTROL_TIMEOUT,
+    daemon_exports, daemon_session_status, daemon_status, drain_device, kernel_catalog, reload_kernels, DrainOutcome,
+    Kernel, Session, SessionOptions, DEFAULT_CONTROL_TIMEOUT,
 };
 
 /// The Rust guide's snippets, compiled (and run unless marked `no_run`) as doctests, so the guide

@@ -9,14 +9,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use agora_protocol::control::{
-    check_name, ControlError, KernelListing, PackageListing, QueueClass, ReloadReport, Request, Response, ResumedQueue,
-    SessionStatus, StatusReport, MAX_NAME,
+    check_name, ControlError, ExportReaders, ExportStatus, KernelListing, PackageListing, QueueClass, ReloadReport,
+    Request, Response, ResumedQueue, SessionStatus, StatusReport, MAX_NAME,
 };
 use agora_protocol::ring::{CompletionConsumer, SubmissionProducer};
 use agora_protocol::segment::Geometry;
 use agora_protocol::{KernelSignature, TaskDescriptor, TaskError, PROTOCOL_VERSION};
 use agora_transport::shm::Segment;
-use agora_transport::socket::{peer_hung_up, recv_before, recv_with_fds, send, send_with_fds, socket_path};
+use agora_transport::socket::{
+    peer_hung_up, recv_before, recv_before_with_fds, recv_with_fds, send, send_with_fds, socket_path,
+};
 use agora_transport::wake::{futex_wait, futex_wake_all, AdaptiveSpin, Doorbell};
 use agora_transport::TransportError;
 
@@ -133,6 +135,8 @@ struct Control {
     /// Replies still to come for calls that timed out: the daemon answers in request order,
     /// so the next call skips this many before reading its own.
     owed: usize,
+    /// Descriptors that came with the last reply (an exportable or attached buffer's memory).
+    fds: Vec<std::os::fd::OwnedFd>,
 }
 
 pub(crate) struct Inner {
@@ -289,6 +293,7 @@ impl Session {
                 stream,
                 pending: Vec::new(),
                 owed: 0,
+                fds: Vec::new(),
             }),
             control_timeout,
             liveness: Mutex::new(liveness),
@@ -378,6 +383,88 @@ impl Session {
                 buffer.zero();
                 Ok(buffer)
             }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Allocates an **exportable** buffer of `len` bytes (zero-filled): like
+    /// [`Session::buffer`], but its host copy is a memory region of its own, so that
+    /// [`Session::export`] can hand it to other processes without exposing anything else of the
+    /// session. It counts against a second limit as large as the session's heap quota, and
+    /// unlike heap buffers it is not kept across a daemon restart.
+    pub fn shared_buffer(&self, len: u64) -> Result<Buffer, Error> {
+        match self.inner.request_with_memory(&Request::AllocShared { len })? {
+            (Response::SharedBuffer { handle, len }, Some(fd)) => {
+                let region = agora_transport::shm::Region::open(fd, len, true)?;
+                Buffer::in_region(self.inner.clone(), handle, region)
+            }
+            (Response::SharedBuffer { .. }, None) => Err(Error::Protocol(
+                "an exportable buffer arrived without its memory".into(),
+            )),
+            (other, _) => Err(unexpected(other)),
+        }
+    }
+
+    /// Publishes an exportable `buffer` under `name` (XEMEM's `xemem_make`): sessions of the
+    /// users `readers` allows (and of this user) can [`Session::attach`] it, zero-copy.
+    /// `writable`: attachers may attach read-write; otherwise its memory is sealed so that no
+    /// attacher can ever map it writable. The export ends with [`Session::revoke`], with the
+    /// buffer's release, or with this session.
+    pub fn export(&self, buffer: &Buffer, name: &str, readers: &ExportReaders, writable: bool) -> Result<(), Error> {
+        match self.inner.request(&Request::Export {
+            buffer: buffer.handle(),
+            name: name.to_string(),
+            readers: readers.clone(),
+            writable,
+        })? {
+            Response::Exported { .. } => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Withdraws the export `name` (XEMEM's `xemem_remove`): nobody new can attach, and every
+    /// attacher's tasks on it fail with [`TaskError::Attachment`]; the memory the attachers
+    /// mapped stays readable to them until they drop their buffer. Returns the sessions that
+    /// were attached.
+    pub fn revoke(&self, name: &str) -> Result<Vec<u64>, Error> {
+        match self.inner.request(&Request::Revoke { name: name.to_string() })? {
+            Response::Exported { attachers, .. } => Ok(attachers),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Attaches the export `name` (XEMEM's `xemem_get` + `xemem_attach`): a buffer of this
+    /// session backed by the exporter's memory, usable as a kernel argument and readable in
+    /// place. It is the exporter's buffer: where its newest contents are is shared, so a
+    /// task of either session that reads it gets them (the daemon moves them), while its
+    /// host copy shows a device's results only after a `sync_from` by either side.
+    /// `writable`: attach read-write (the export must allow it).
+    pub fn attach(&self, name: &str, writable: bool) -> Result<Buffer, Error> {
+        match self.inner.request_with_memory(&Request::Attach {
+            name: name.to_string(),
+            writable,
+        })? {
+            (
+                Response::Attached {
+                    handle, len, writable, ..
+                },
+                Some(fd),
+            ) => {
+                let region = agora_transport::shm::Region::open(fd, len, writable)?;
+                Buffer::in_region(self.inner.clone(), handle, region)
+            }
+            (Response::Attached { .. }, None) => {
+                Err(Error::Protocol("an attachment arrived without its memory".into()))
+            }
+            (other, _) => Err(unexpected(other)),
+        }
+    }
+
+    /// The exports this user may see: its own and those it may attach (all, for an
+    /// administrator).
+    pub fn exports(&self) -> Result<Vec<ExportStatus>, Error> {
+        match self.inner.request(&Request::Exports)? {
+            Response::Exports(list) => Ok(list),
             other => Err(unexpected(other)),
         }
     }
@@ -524,6 +611,7 @@ impl Observer {
                 stream,
                 pending: Vec::new(),
                 owed: 0,
+                fds: Vec::new(),
             },
         })
     }
@@ -537,6 +625,14 @@ impl Observer {
 pub fn daemon_status(socket: Option<PathBuf>) -> Result<StatusReport, Error> {
     match Observer::connect(socket)?.request(&Request::Status)? {
         Response::Status(report) => Ok(*report),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// The exports this user may see (`agora exports`), without opening a session.
+pub fn daemon_exports(socket: Option<PathBuf>) -> Result<Vec<ExportStatus>, Error> {
+    match Observer::connect(socket)?.request(&Request::Exports)? {
+        Response::Exports(list) => Ok(list),
         other => Err(unexpected(other)),
     }
 }
@@ -636,6 +732,11 @@ fn request_name(request: &Request) -> &'static str {
         Request::BuildProgram { .. } => "program build",
         Request::Resume { .. } | Request::ResumeMore { .. } => "session resume",
         Request::Protect { .. } => "protect",
+        Request::AllocShared { .. } => "exportable buffer allocation",
+        Request::Export { .. } => "export",
+        Request::Revoke { .. } => "revoke",
+        Request::Attach { .. } => "attach",
+        Request::Exports => "exports listing",
         Request::Recover => "recover",
         Request::Checkpoints => "checkpoint listing",
     }
@@ -703,7 +804,8 @@ fn call(control: &mut Control, request: &Request, timeout: Duration) -> Result<R
             },
         });
     }
-    match recv_before::<Response>(&control.stream, &mut control.pending, deadline) {
+    control.fds.clear();
+    match recv_before_with_fds::<Response>(&control.stream, &mut control.pending, &mut control.fds, deadline) {
         Ok(response) => Ok(response),
         Err(TransportError::TimedOut) => {
             control.owed += 1;
@@ -730,7 +832,28 @@ impl Inner {
         }
     }
 
+    /// [`Inner::request`] for a reply that carries a memory descriptor (an exportable or
+    /// attached buffer's region): the reply and the descriptor, if one came.
+    pub(crate) fn request_with_memory(
+        &self,
+        request: &Request,
+    ) -> Result<(Response, Option<std::os::fd::OwnedFd>), Error> {
+        self.recover_if_gone()?;
+        let epoch = self.resume.epoch.load(Ordering::Acquire);
+        match self.request_once_with_fd(request) {
+            Err(Error::Disconnected) if !self.resume.given_up.load(Ordering::Acquire) => {
+                self.recover(epoch)?;
+                self.request_once_with_fd(request)
+            }
+            other => other,
+        }
+    }
+
     fn request_once(&self, request: &Request) -> Result<Response, Error> {
+        self.request_once_with_fd(request).map(|(response, _)| response)
+    }
+
+    fn request_once_with_fd(&self, request: &Request) -> Result<(Response, Option<std::os::fd::OwnedFd>), Error> {
         let deadline = Instant::now() + self.control_timeout;
         let mut control = loop {
             match self.control.try_lock() {
@@ -748,7 +871,7 @@ impl Inner {
             }
         };
         let left = deadline.saturating_duration_since(Instant::now());
-        call(&mut control, request, left).map_err(|(e, gone)| {
+        let response = call(&mut control, request, left).map_err(|(e, gone)| {
             if gone {
                 self.disconnected.store(true, Ordering::Relaxed);
             }
@@ -760,7 +883,8 @@ impl Inner {
                 },
                 other => other,
             }
-        })
+        })?;
+        Ok((response, control.fds.pop()))
     }
 
     pub(crate) fn segment(&self) -> &Segment {

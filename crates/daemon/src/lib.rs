@@ -36,6 +36,7 @@
 mod checkpoint;
 mod config;
 mod control;
+mod exports;
 /// For the fuzzer only (`fuzz/`, target `validate`): the validate stage with a hand-made
 /// session. Not an API; see `scheduler/fuzzing.rs`.
 #[doc(hidden)]

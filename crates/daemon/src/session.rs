@@ -360,6 +360,8 @@ pub(crate) struct Session {
     pub segment_identity: (u64, u64),
     /// Buffers protected for checkpoints (`Protect`), by the application's id for them.
     pub protected: std::collections::BTreeMap<u32, u64>,
+    /// Exportable buffers and attachments: what they hold against the session's limit.
+    pub shared_memory: crate::exports::SessionSharing,
 }
 
 impl Session {
@@ -423,6 +425,7 @@ impl Session {
             resuming: None,
             segment_identity,
             protected: std::collections::BTreeMap::new(),
+            shared_memory: crate::exports::SessionSharing::new(view.geometry().heap_len),
         }
     }
 
@@ -540,8 +543,60 @@ impl Session {
         }
     }
 
+    /// Allocates an exportable buffer (its own region, see [`crate::exports`]); returns its
+    /// handle and region (whose memfd goes to the client).
+    pub(crate) fn alloc_shared(&mut self, len: u64) -> Result<(u64, Arc<agora_transport::shm::Region>), ControlError> {
+        if len == 0 {
+            return Err(ControlError::EmptyBuffer);
+        }
+        self.shared_memory.reserve(len)?;
+        let region = match agora_transport::shm::Region::create("agora-shared", len) {
+            Ok(region) => Arc::new(region),
+            Err(e) => {
+                self.shared_memory.give_back(len);
+                return Err(ControlError::Export(format!(
+                    "could not create the memory of a {len}-byte exportable buffer: {e}"
+                )));
+            }
+        };
+        let record = self.region_record(region.clone());
+        self.insert_shared(Arc::new(record), len).map(|handle| (handle, region))
+    }
+
+    /// Registers a buffer of another session's region under a new handle of this one (an
+    /// attachment; `len` was reserved against this session's limit by the caller).
+    pub(crate) fn insert_shared(&mut self, record: Arc<BufferRecord>, len: u64) -> Result<u64, ControlError> {
+        match self.buffers.insert(record) {
+            Some(handle) => Ok(handle),
+            None => {
+                self.shared_memory.give_back(len);
+                Err(ControlError::TooMany {
+                    what: "buffers".into(),
+                    limit: self.buffers.len() as u64,
+                })
+            }
+        }
+    }
+
+    fn region_record(&self, region: Arc<agora_transport::shm::Region>) -> BufferRecord {
+        let owner: std::sync::Weak<dyn HostMemory> = Arc::downgrade(&self.shared) as std::sync::Weak<dyn HostMemory>;
+        BufferRecord::in_region(
+            region,
+            self.shared.device_usage.clone(),
+            owner,
+            self.shared.unread.clone(),
+        )
+    }
+
     pub(crate) fn release_buffer(&mut self, handle: u64) -> bool {
         match self.buffers.remove(handle) {
+            Some(record) if record.region.is_some() => {
+                // No heap range to free: the region goes with the last holder of the record (a
+                // job, an attacher). Its export, if any, ends; an attachment is left.
+                self.protected.retain(|_, protected| *protected != handle);
+                self.shared_memory.released(handle, record.len);
+                true
+            }
             Some(record) => {
                 // A released buffer is no longer protected (later checkpoints leave it out).
                 self.protected.retain(|_, protected| *protected != handle);

@@ -345,9 +345,33 @@ pub enum TaskError {
         /// The checkpoint's id.
         checkpoint: u64,
     },
+    /// Argument `index` is an attached buffer the task may not use that way: the attachment is
+    /// read-only and the task writes it, or its export was revoked (or its exporter ended).
+    #[error("argument {index} (buffer {handle:#x}): {}", attachment_refusal(*.reason))]
+    Attachment {
+        /// Argument index.
+        index: u16,
+        /// The buffer's handle.
+        handle: u64,
+        /// Why ([`ATTACHMENT_READ_ONLY`] or [`ATTACHMENT_REVOKED`]).
+        reason: u16,
+    },
     /// The error code is not known to this client (a newer daemon).
     #[error("unknown error code {0} from the daemon: upgrade the client")]
     Unknown(u16),
+}
+
+/// [`TaskError::Attachment`]: the task writes a buffer attached read-only.
+pub const ATTACHMENT_READ_ONLY: u16 = 1;
+/// [`TaskError::Attachment`]: the export was revoked, or its exporter's session ended.
+pub const ATTACHMENT_REVOKED: u16 = 2;
+
+fn attachment_refusal(reason: u16) -> String {
+    match reason {
+        ATTACHMENT_READ_ONLY => "attached read-only, and this task writes it; attach with writable=True if the export allows writers, or write a buffer of your own".into(),
+        ATTACHMENT_REVOKED => "its export was revoked or its exporter's session ended; the memory you mapped stays readable, but tasks may no longer use it (drop it, and attach the exporter's new name if it publishes one)".into(),
+        _ => format!("reason {reason} (a newer daemon)"),
+    }
 }
 
 /// [`TaskError::CheckpointRefused`]: the session protected no buffer.
@@ -525,6 +549,7 @@ impl TaskError {
             TaskError::DaemonRestarted => "daemon_restarted",
             TaskError::ResourceExhausted { .. } => "resource_exhausted",
             TaskError::CheckpointRefused { .. } => "checkpoint_refused",
+            TaskError::Attachment { .. } => "attachment",
             TaskError::Unknown(_) => "unknown",
         }
     }
@@ -580,6 +605,7 @@ impl TaskError {
                 level,
                 checkpoint,
             } => (32, reason, checkpoint, u64::from(level)),
+            TaskError::Attachment { index, handle, reason } => (33, index, handle, u64::from(reason)),
             TaskError::RangeMismatch {
                 expected_x,
                 expected_y,
@@ -664,6 +690,11 @@ impl TaskError {
                 reason: arg,
                 level: b as u8,
                 checkpoint: a,
+            },
+            33 => TaskError::Attachment {
+                index: arg,
+                handle: a,
+                reason: b as u16,
             },
             24 => TaskError::DependencyFailed {
                 index: arg,
@@ -804,6 +835,11 @@ mod tests {
                 reason: CHECKPOINT_ID_NOT_NEWER,
                 level: 2,
                 checkpoint: 41,
+            },
+            TaskError::Attachment {
+                index: 2,
+                handle: 0x1_0000_0005,
+                reason: ATTACHMENT_REVOKED,
             },
             TaskError::RangeMismatch {
                 expected_x: 100_000,

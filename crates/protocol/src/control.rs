@@ -183,6 +183,84 @@ pub enum Request {
     Recover,
     /// This application's checkpoints, and the outcome of the last one written.
     Checkpoints,
+    /// Allocate an exportable buffer: its host copy is a memory region of its own (a memfd that
+    /// follows the reply as ancillary data), not a range of the session's heap, so that it can be
+    /// handed to other sessions ([`Request::Export`]) without exposing anything else. It counts
+    /// against the session's shared-memory limit (the heap quota again), and it is not kept
+    /// across a daemon restart.
+    AllocShared {
+        /// Length in bytes (at least 1).
+        len: u64,
+    },
+    /// Make an exportable buffer attachable by name (XEMEM's `make`). Names are the daemon's,
+    /// one namespace for every user; a name is taken until its export is revoked or its
+    /// exporter's session ends.
+    Export {
+        /// The buffer's handle (allocated with [`Request::AllocShared`]).
+        buffer: u64,
+        /// The name attachers ask for (at most [`MAX_NAME`] bytes, no control characters).
+        name: String,
+        /// Who may attach, besides the exporter's own uid.
+        readers: ExportReaders,
+        /// Whether attachers may write (attach read-write). A buffer exported read-only once stays
+        /// read-only for every later attacher: its memory is sealed against new writers.
+        writable: bool,
+    },
+    /// Withdraw an export (XEMEM's `remove`): the name is free again, nobody new can attach, and
+    /// every attacher's tasks that name the buffer fail with `TaskError::Attachment` (revoked).
+    /// Memory the attachers mapped stays readable to them until they drop the buffer.
+    Revoke {
+        /// The export's name.
+        name: String,
+    },
+    /// Attach an exported buffer (XEMEM's `get` + `attach`): the reply carries a handle of this
+    /// session for the same memory (the region's memfd follows as ancillary data; read-only
+    /// unless `writable`). The buffer is the exporter's: its device copies, where its newest
+    /// contents are, and the device memory it holds are shared with the exporter.
+    Attach {
+        /// The export's name.
+        name: String,
+        /// Attach read-write (the export must allow it).
+        writable: bool,
+    },
+    /// The exports this connection's user may see (its own and those it may attach; root or the
+    /// daemon's user sees all), for `agora exports`.
+    Exports,
+}
+
+/// Who may attach an export besides its exporter's uid ([`Request::Export`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExportReaders {
+    /// Users allowed.
+    pub uids: Vec<u32>,
+    /// Groups allowed (the attaching process's primary group, as the socket reports it).
+    pub gids: Vec<u32>,
+}
+
+/// Most readers (uids plus gids) one export lists.
+pub const MAX_EXPORT_READERS: usize = 64;
+
+/// One export as [`Request::Exports`] lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExportStatus {
+    /// Its name.
+    pub name: String,
+    /// The exporting session, its client name and its uid.
+    pub session: u64,
+    /// The exporting client's name.
+    pub client: String,
+    /// The exporter's uid.
+    pub uid: u32,
+    /// Length in bytes.
+    pub len: u64,
+    /// Whether attachers may write.
+    pub writable: bool,
+    /// Who may attach besides the exporter's uid.
+    pub readers: ExportReaders,
+    /// Sessions attached now.
+    pub attachers: Vec<u64>,
+    /// Attachments made since it was exported.
+    pub attaches: u64,
 }
 
 /// A buffer a resuming client had (see [`Request::Resume`]).
@@ -328,6 +406,34 @@ pub enum Response {
     Recovered(RecoverReport),
     /// Reply to [`Request::Checkpoints`].
     Checkpoints(CheckpointReport),
+    /// An exportable buffer (reply to [`Request::AllocShared`]); its memfd follows as ancillary
+    /// data.
+    SharedBuffer {
+        /// Handle.
+        handle: u64,
+        /// Length.
+        len: u64,
+    },
+    /// Reply to [`Request::Export`] and [`Request::Revoke`].
+    Exported {
+        /// The name.
+        name: String,
+        /// Sessions attached when a revoke took effect (empty for an export).
+        attachers: Vec<u64>,
+    },
+    /// Reply to [`Request::Attach`]; the region's memfd follows as ancillary data.
+    Attached {
+        /// The buffer's handle in this session.
+        handle: u64,
+        /// Length.
+        len: u64,
+        /// Whether this session may write it.
+        writable: bool,
+        /// The exporting session.
+        exporter: u64,
+    },
+    /// Reply to [`Request::Exports`].
+    Exports(Vec<ExportStatus>),
 }
 
 /// What a recovery restored.
@@ -484,6 +590,9 @@ pub enum ControlError {
     /// A checkpoint request that could not be done (the message says why and what to do).
     #[error("{0}")]
     Checkpoint(String),
+    /// An export, attach or revoke that could not be done (the message says why and what to do).
+    #[error("{0}")]
+    Export(String),
 }
 
 /// Most bytes of a tenant program's code in one [`Request::BuildProgram`] (it must fit in a

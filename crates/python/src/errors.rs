@@ -146,6 +146,18 @@ create_exception!(
 );
 create_exception!(
     agora,
+    ExportError,
+    AgoraError,
+    "An export, attach or revoke the daemon refused (unknown name, not permitted, name taken, not an exportable buffer); the message says why and what to do."
+);
+create_exception!(
+    agora,
+    AttachmentError,
+    TaskFailedError,
+    "The task used an attached buffer in a way the attachment does not allow: it writes a buffer attached read-only, or the export was revoked (or its exporter ended)."
+);
+create_exception!(
+    agora,
     ResourceExhaustedError,
     TaskFailedError,
     "The daemon ran out of file descriptors or memory while preparing the task's kernel; transient: issue the task again later."
@@ -257,6 +269,7 @@ fn client_exception(error: &Error, message: String) -> PyErr {
         Error::Connect { .. } => ConnectError::new_err(message),
         Error::Disconnected => DisconnectedError::new_err(message),
         Error::OutOfBounds { .. } => OutOfBoundsError::new_err(message),
+        Error::ReadOnly => pyo3::exceptions::PyPermissionError::new_err(message),
         Error::Protocol(_) => ProtocolError::new_err(message),
         Error::Timeout { .. } => TimeoutError::new_err(message),
         Error::Control(control) => match control {
@@ -274,6 +287,7 @@ fn client_exception(error: &Error, message: String) -> PyErr {
             // Only a resume gets it, and the client retries it itself.
             ControlError::SegmentInUse { .. } => BadRequestError::new_err(message),
             ControlError::Checkpoint(_) => CheckpointError::new_err(message),
+            ControlError::Export(_) => ExportError::new_err(message),
         },
         Error::Task(_) | Error::Tasks(_) => TaskFailedError::new_err(message),
     }
@@ -301,6 +315,7 @@ fn task_exception(task: &TaskError, message: String) -> PyErr {
         TaskError::KernelFault | TaskError::KernelCrashed { .. } => KernelFaultError::new_err(message),
         TaskError::KernelTimeout { .. } => KernelTimeoutError::new_err(message),
         TaskError::ResourceExhausted { .. } => ResourceExhaustedError::new_err(message),
+        TaskError::Attachment { .. } => AttachmentError::new_err(message),
         TaskError::DaemonRestarted => DaemonRestartedError::new_err(message),
         TaskError::Cancelled => CancelledError::new_err(message),
         // A session quota is a device-memory limit too.

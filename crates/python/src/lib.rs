@@ -69,6 +69,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         KernelFaultError,
         KernelTimeoutError,
         ResourceExhaustedError,
+        ExportError,
+        AttachmentError,
         CheckpointError,
         DaemonRestartedError,
         ProgramBuildError,

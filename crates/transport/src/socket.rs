@@ -148,10 +148,23 @@ pub fn recv<T: DeserializeOwned>(stream: &UnixStream) -> Result<T, TransportErro
 
 /// Receives one frame before `deadline` (blocking at most until then). Bytes of a frame that
 /// has not fully arrived stay in `pending` for the next call on the same stream, so a timeout
-/// never leaves the stream in the middle of a frame. Descriptors are not accepted here.
+/// never leaves the stream in the middle of a frame. Descriptors that arrive are closed (see
+/// [`recv_before_with_fds`]).
 pub fn recv_before<T: DeserializeOwned>(
     stream: &UnixStream,
     pending: &mut Vec<u8>,
+    deadline: std::time::Instant,
+) -> Result<T, TransportError> {
+    let mut fds = Vec::new();
+    recv_before_with_fds(stream, pending, &mut fds, deadline)
+}
+
+/// [`recv_before`], keeping the descriptors that arrive in `fds` (at most 4 per read; the
+/// caller, which sends one request at a time, knows which reply they came with).
+pub fn recv_before_with_fds<T: DeserializeOwned>(
+    stream: &UnixStream,
+    pending: &mut Vec<u8>,
+    fds: &mut Vec<OwnedFd>,
     deadline: std::time::Instant,
 ) -> Result<T, TransportError> {
     use rustix::event::{PollFd, PollFlags};
@@ -179,15 +192,29 @@ pub fn recv_before<T: DeserializeOwned>(
             tv_sec: left.as_secs() as i64,
             tv_nsec: i64::from(left.subsec_nanos()),
         };
-        let mut fds = [PollFd::new(stream, PollFlags::IN)];
-        match rustix::event::poll(&mut fds, Some(&timeout)) {
+        let mut polled = [PollFd::new(stream, PollFlags::IN)];
+        match rustix::event::poll(&mut polled, Some(&timeout)) {
             Ok(0) => continue,
             Ok(_) => {}
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return Err(e.into()),
         }
         let mut chunk = [0u8; 16 * 1024];
-        match rustix::net::recv(stream, &mut chunk, RecvFlags::DONTWAIT) {
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let received = rustix::net::recvmsg(
+            stream,
+            &mut [IoSliceMut::new(&mut chunk)],
+            &mut control,
+            RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC,
+        )
+        .map(|got| (got.bytes, ()));
+        for message in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(received) = message {
+                fds.extend(received);
+            }
+        }
+        match received {
             Ok((0, _)) => return Err(TransportError::Closed),
             Ok((n, _)) => pending.extend_from_slice(&chunk[..n]),
             Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {}

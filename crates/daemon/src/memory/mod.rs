@@ -158,6 +158,10 @@ pub(crate) struct BufferRecord {
     pub provenance: crate::outcome::Provenance,
     /// Where its release is counted when its newest contents were never read back.
     unread: Arc<UnreadReleases>,
+    /// An exportable buffer's host copy: a region of its own instead of a range of the owner's
+    /// heap (`offset` is then 0). Held here, so it stays mapped while any session or job holds
+    /// the record, whichever session allocated it.
+    pub region: Option<Arc<agora_transport::shm::Region>>,
 }
 
 /// Host memory that buffers live in (a session's heap in its segment).
@@ -190,7 +194,37 @@ impl BufferRecord {
             owner,
             provenance: Default::default(),
             unread,
+            region: None,
         }
+    }
+
+    /// A record whose host copy is `region` (an exportable buffer), owned for device-memory
+    /// accounting by the session whose `usage` and `unread` these are.
+    pub(crate) fn in_region(
+        region: Arc<agora_transport::shm::Region>,
+        usage: Arc<DeviceUsage>,
+        owner: Weak<dyn HostMemory>,
+        unread: Arc<UnreadReleases>,
+    ) -> Self {
+        let mut record = BufferRecord::new(0, region.len(), usage, owner, unread);
+        record.region = Some(region);
+        record
+    }
+
+    /// Runs `f` with the address of `[offset, offset+len)` of the host copy, the memory kept
+    /// mapped meanwhile; `None` when the owner's memory is gone or the range lies outside it.
+    pub(crate) fn with_host<R>(&self, offset: u64, len: u64, f: impl FnOnce(*mut u8) -> R) -> Option<R> {
+        if offset.checked_add(len)? > self.len {
+            return None;
+        }
+        if let Some(region) = &self.region {
+            // The record holds the region, so it stays mapped while `f` runs.
+            return region.range(offset, len).map(f);
+        }
+        // Holding the owner keeps its segment mapped while `f` runs.
+        let owner = self.owner.upgrade()?;
+        let ptr = owner.host_range(self.offset + offset, len)?;
+        Some(f(ptr))
     }
 
     pub(crate) fn placement(&self) -> std::sync::MutexGuard<'_, Placement> {
@@ -200,13 +234,13 @@ impl BufferRecord {
     /// A copy of the host copy's bytes (`None` when the owning session's memory is gone).
     /// The caller makes sure the host copy is the current one.
     pub(crate) fn read_host(&self) -> Option<Vec<u8>> {
-        let owner = self.owner.upgrade()?;
-        let ptr = owner.host_range(self.offset, self.len)?;
         let mut bytes = vec![0u8; self.len as usize];
-        // SAFETY: `host_range` checked that `len` bytes at `ptr` lie in the session's mapped heap,
-        // which `owner` keeps mapped until the copy is done. The client may write them meanwhile
-        // (its own race): bytes are copied, never interpreted.
-        unsafe { std::ptr::copy_nonoverlapping(ptr, bytes.as_mut_ptr(), bytes.len()) };
+        self.with_host(0, self.len, |ptr| {
+            // SAFETY: `with_host` checked that `len` bytes at `ptr` lie in the mapped host copy and
+            // keeps it mapped until the copy is done. The client may write them meanwhile (its
+            // own race): bytes are copied, never interpreted.
+            unsafe { std::ptr::copy_nonoverlapping(ptr, bytes.as_mut_ptr(), bytes.len()) };
+        })?;
         Some(bytes)
     }
 
@@ -214,17 +248,16 @@ impl BufferRecord {
     /// valid one (device copies are stale now). `false` when the session's memory is gone or the
     /// length differs.
     pub(crate) fn write_host(&self, bytes: &[u8]) -> bool {
-        let Some(owner) = self.owner.upgrade() else {
-            return false;
-        };
         if bytes.len() as u64 != self.len {
             return false;
         }
-        let Some(ptr) = owner.host_range(self.offset, self.len) else {
+        let written = self.with_host(0, self.len, |ptr| {
+            // SAFETY: as in `read_host`, the other way.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr, bytes.len()) };
+        });
+        if written.is_none() {
             return false;
-        };
-        // SAFETY: as in `read_host`, the other way.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr, bytes.len()) };
+        }
         self.placement().host_written();
         true
     }
@@ -520,15 +553,14 @@ impl Residency {
             if record.in_use.load(Ordering::Acquire) != 0 {
                 continue;
             }
-            // Holding the owner keeps its segment mapped while the copy is read back.
-            let Some(owner) = record.owner.upgrade() else { continue };
-            let Some(host) = owner.host_range(record.offset, record.len) else {
-                continue;
-            };
-            match record
-                .placement()
-                .evict(devices, device, host, record.len, &record.usage)
-            {
+            // The host copy stays mapped while the copy is read back.
+            let evicted = record.with_host(0, record.len, |host| {
+                record
+                    .placement()
+                    .evict(devices, device, host, record.len, &record.usage)
+            });
+            let Some(evicted) = evicted else { continue };
+            match evicted {
                 Ok(true) => {
                     count += 1;
                     bytes += record.len;
@@ -654,15 +686,14 @@ impl Residency {
 
     /// Evicts `victim`'s copy on `device` (reading it home first if it is the only valid one).
     fn evict(&mut self, devices: &[Arc<dyn Device>], device: usize, victim: &BufferRecord) {
-        // Holding the owner keeps its segment mapped while the copy is read back.
-        let Some(owner) = victim.owner.upgrade() else { return };
-        let Some(host) = owner.host_range(victim.offset, victim.len) else {
-            return;
-        };
-        match victim
-            .placement()
-            .evict(devices, device, host, victim.len, &victim.usage)
-        {
+        // The host copy stays mapped while the copy is read back.
+        let evicted = victim.with_host(0, victim.len, |host| {
+            victim
+                .placement()
+                .evict(devices, device, host, victim.len, &victim.usage)
+        });
+        let Some(evicted) = evicted else { return };
+        match evicted {
             Ok(true) => {
                 self.evictions += 1;
                 tracing::debug!(device = %devices[device].info().name, bytes = victim.len, "evicted a buffer to host memory");

@@ -162,6 +162,12 @@ fn byte_range(record: &BufferRecord, index: usize, offset: u64, len: u64) -> Res
 }
 
 pub(super) fn heap_ptr(session: &Session, record: &BufferRecord, offset: u64, len: u64) -> Result<*mut u8, TaskError> {
+    if let Some(region) = &record.region {
+        // An exportable buffer's own region, which the job keeps mapped by holding the record.
+        return region
+            .range(offset, len)
+            .ok_or_else(|| crate::internal_error(1, "a range outside an exportable buffer's region"));
+    }
     // The heap allocator only hands out in-heap ranges, so this cannot fail unless the daemon
     // is wrong; fail this task with an internal error rather than trusting it.
     session
@@ -204,6 +210,7 @@ pub(super) fn resolve(session: &Session, kernels: &KernelTable, d: &Decoded<'_>)
                             ))
                         }
                     };
+                    session.shared_memory.check(index, arg.value, access.writes())?;
                     // One buffer twice is fine only when neither use writes it.
                     for (earlier, entry) in buffers.iter().enumerate().take(index) {
                         if let Some((other, other_access, _)) = entry {
@@ -258,7 +265,10 @@ pub(super) fn resolve(session: &Session, kernels: &KernelTable, d: &Decoded<'_>)
             )
         }
         Op::SyncTo | Op::SyncFrom => {
-            let record = buffer(session, 0, d.buffer_arg(0)?)?;
+            let handle = d.buffer_arg(0)?;
+            let record = buffer(session, 0, handle)?;
+            // `sync_to` declares the host copy the newest contents: a write.
+            session.shared_memory.check(0, handle, d.op == Op::SyncTo)?;
             byte_range(record, 0, d.u64_arg_or(1, 0)?, d.u64_arg_or(2, 0)?)?;
             buffers[0] = Some((record.clone(), Access::Read, false));
             (
@@ -271,7 +281,9 @@ pub(super) fn resolve(session: &Session, kernels: &KernelTable, d: &Decoded<'_>)
             )
         }
         Op::Memset => {
-            let record = buffer(session, 0, d.buffer_arg(0)?)?;
+            let handle = d.buffer_arg(0)?;
+            let record = buffer(session, 0, handle)?;
+            session.shared_memory.check(0, handle, true)?;
             let value = d.u64_arg_or(1, 0)?;
             if value > 255 {
                 return Err(TaskError::InvalidScalar {
@@ -293,6 +305,8 @@ pub(super) fn resolve(session: &Session, kernels: &KernelTable, d: &Decoded<'_>)
         Op::Copy => {
             let src = buffer(session, 0, d.buffer_arg(0)?)?;
             let dst = buffer(session, 1, d.buffer_arg(1)?)?;
+            session.shared_memory.check(0, d.buffer_arg(0)?, false)?;
+            session.shared_memory.check(1, d.buffer_arg(1)?, true)?;
             let (src_offset, len) = byte_range(src, 0, d.u64_arg_or(2, 0)?, d.u64_arg_or(4, 0)?)?;
             let dst_offset = d.u64_arg_or(3, 0)?;
             byte_range(dst, 1, dst_offset, len)?;
@@ -320,6 +334,7 @@ pub(super) fn resolve(session: &Session, kernels: &KernelTable, d: &Decoded<'_>)
             let mut ids = [0u32; MAX_ARGS];
             for (slot, (id, handle)) in session.protected.iter().enumerate().take(MAX_ARGS) {
                 let record = buffer(session, slot, *handle)?;
+                session.shared_memory.check(slot, *handle, false)?;
                 buffers[slot] = Some((record.clone(), Access::Read, false));
                 ids[slot] = *id;
             }

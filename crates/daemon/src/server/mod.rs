@@ -64,6 +64,7 @@ use crate::DaemonError;
 mod admission;
 mod reports;
 mod sessions;
+mod sharing;
 
 /// Most kernel names a resuming client may ask new ids for.
 const MAX_RESUMED_KERNELS: usize = 4096;
@@ -213,6 +214,8 @@ pub(crate) struct Server {
     listener_paused_until: Option<Instant>,
     /// "Out of descriptors" is logged at most once per [`ACCEPT_LOG_EVERY`].
     accept_log: LogGate,
+    /// Exported buffers by name (`Export`, `Attach`).
+    exports: crate::exports::Exports,
 }
 
 /// How long the listener stays out of the epoll set after `accept` failed for want of
@@ -283,6 +286,7 @@ impl Server {
             reserve_fd: std::fs::File::open("/dev/null").ok(),
             listener_paused_until: None,
             accept_log: LogGate::new(ACCEPT_LOG_EVERY),
+            exports: Default::default(),
             program_cache,
             program_policy,
             config,
@@ -716,6 +720,16 @@ impl Server {
                     Err(refusal) => Some(Response::Error(refusal)),
                 }
             }
+            Request::AllocShared { len } => self.alloc_shared(id, len),
+            Request::Export {
+                buffer,
+                name,
+                readers,
+                writable,
+            } => self.export(id, buffer, name, readers, writable),
+            Request::Revoke { name } => self.revoke(id, name),
+            Request::Attach { name, writable } => self.attach(id, name, writable),
+            Request::Exports => self.list_exports(id),
             other => self.in_session_request(id, other),
         }
     }

@@ -324,6 +324,7 @@ impl Server {
             session.shared.end();
             let _ = epoll::delete(&self.epoll, session.doorbell.fd());
             self.scheduler.migration.forget_session(id);
+            self.exports.session_ended(id);
             session.shared.cancelled.store(true, Ordering::Release);
             self.sessions_closed += 1;
             self.telemetry.metrics.sessions.dec();

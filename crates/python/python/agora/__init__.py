@@ -50,6 +50,8 @@ from ._native import (  # noqa: F401  (re-exported API)
     KernelFaultError,
     KernelTimeoutError,
     ResourceExhaustedError,
+    ExportError,
+    AttachmentError,
     CheckpointError,
     DaemonRestartedError,
     ProgramBuildError,
