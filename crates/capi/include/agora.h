@@ -294,6 +294,59 @@ void agora_queue_destroy(AgoraQueue *queue);
 AgoraStatus agora_buffer_create(const AgoraSession *session, uint64_t len, AgoraBuffer **out);
 
 /**
+ * Allocates a zero-filled **exportable** buffer of `len` bytes: its memory is a region of its
+ * own that `agora_export` can hand to other processes (XEMEM's model).
+ *
+ * # Safety
+ * Valid handles and pointers.
+ */
+AgoraStatus agora_shared_buffer_create(const AgoraSession *session,
+                                       uint64_t len,
+                                       AgoraBuffer **out);
+
+/**
+ * Publishes an exportable `buffer` under `name` (XEMEM's `xemem_make`): sessions of this user,
+ * of the `uid_count` uids at `uids` and of the `gid_count` gids at `gids` may attach it
+ * (`agora_attach`). `writable`: attachers may attach read-write. The export ends with
+ * `agora_revoke`, with the buffer's release, or with the session. A refusal is
+ * `AGORA_STATUS_CONTROL` with the reason in `agora_last_error()`.
+ *
+ * # Safety
+ * Valid handles; `name` NUL-terminated; `uids`/`gids` null (count 0) or arrays of their count.
+ */
+AgoraStatus agora_export(const AgoraSession *session,
+                         const AgoraBuffer *buffer,
+                         const char *name,
+                         const uint32_t *uids,
+                         uintptr_t uid_count,
+                         const uint32_t *gids,
+                         uintptr_t gid_count,
+                         bool writable);
+
+/**
+ * Withdraws the export `name`: nobody new can attach, and attachers' tasks on it fail
+ * (their mapped memory stays readable until they destroy the buffer).
+ *
+ * # Safety
+ * A valid handle; `name` NUL-terminated.
+ */
+AgoraStatus agora_revoke(const AgoraSession *session, const char *name);
+
+/**
+ * Attaches the export `name` (XEMEM's `xemem_get` + `xemem_attach`): `*out` is a buffer of this
+ * session backed by the exporter's memory, no copy, usable as a kernel argument. Unless
+ * `writable` (which the export must allow) its memory is mapped read-only: do not write
+ * through `agora_buffer_data` (the process would fault).
+ *
+ * # Safety
+ * Valid handles and pointers; `name` NUL-terminated.
+ */
+AgoraStatus agora_attach(const AgoraSession *session,
+                         const char *name,
+                         bool writable,
+                         AgoraBuffer **out);
+
+/**
  * Releases a buffer (its memory is reclaimed once no issued task uses it).
  *
  * # Safety
@@ -305,7 +358,8 @@ void agora_buffer_destroy(AgoraBuffer *buffer);
  * The buffer's host copy, in shared memory (zero-copy): write it before `agora_sync_to`, read it
  * after the `agora_sync_from` task completed. Null for a null handle, and once the session was
  * closed (the message says why); a pointer obtained before stays valid until the buffer is
- * destroyed.
+ * destroyed. For a buffer attached read-only (`agora_attach`) the memory is mapped read-only:
+ * only read through the pointer.
  *
  * # Safety
  * Null or a live buffer handle.

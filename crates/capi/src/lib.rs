@@ -479,6 +479,137 @@ pub unsafe extern "C" fn agora_buffer_create(
     }
 }
 
+/// Allocates a zero-filled **exportable** buffer of `len` bytes: its memory is a region of its
+/// own that `agora_export` can hand to other processes (XEMEM's model).
+///
+/// # Safety
+/// Valid handles and pointers.
+#[no_mangle]
+pub unsafe extern "C" fn agora_shared_buffer_create(
+    session: *const AgoraSession,
+    len: u64,
+    out: *mut *mut AgoraBuffer,
+) -> AgoraStatus {
+    begin();
+    let session = handle!(session, "session");
+    if out.is_null() {
+        return fail(AgoraStatus::InvalidArgument, "out is null");
+    }
+    match session.session.shared_buffer(len) {
+        Ok(buffer) => store(
+            AgoraBuffer {
+                buffer,
+                closed: session.closed.clone(),
+            },
+            out,
+        ),
+        Err(e) => from_error(e),
+    }
+}
+
+/// Publishes an exportable `buffer` under `name` (XEMEM's `xemem_make`): sessions of this user,
+/// of the `uid_count` uids at `uids` and of the `gid_count` gids at `gids` may attach it
+/// (`agora_attach`). `writable`: attachers may attach read-write. The export ends with
+/// `agora_revoke`, with the buffer's release, or with the session. A refusal is
+/// `AGORA_STATUS_CONTROL` with the reason in `agora_last_error()`.
+///
+/// # Safety
+/// Valid handles; `name` NUL-terminated; `uids`/`gids` null (count 0) or arrays of their count.
+#[no_mangle]
+pub unsafe extern "C" fn agora_export(
+    session: *const AgoraSession,
+    buffer: *const AgoraBuffer,
+    name: *const c_char,
+    uids: *const u32,
+    uid_count: usize,
+    gids: *const u32,
+    gid_count: usize,
+    writable: bool,
+) -> AgoraStatus {
+    begin();
+    let session = handle!(session, "session");
+    let buffer = open_handle!(buffer, "buffer");
+    // SAFETY: null or NUL-terminated (contract).
+    let name = match unsafe { opt_str(name) } {
+        Ok(Some(name)) => name,
+        Ok(None) => return fail(AgoraStatus::InvalidArgument, "name is null"),
+        Err(status) => return status,
+    };
+    let list = |ptr: *const u32, count: usize| -> Option<Vec<u32>> {
+        if count == 0 {
+            return Some(Vec::new());
+        }
+        if ptr.is_null() {
+            return None;
+        }
+        // SAFETY: non-null with `count` elements (contract).
+        Some(unsafe { std::slice::from_raw_parts(ptr, count) }.to_vec())
+    };
+    let (Some(uids), Some(gids)) = (list(uids, uid_count), list(gids, gid_count)) else {
+        return fail(
+            AgoraStatus::InvalidArgument,
+            "uids or gids is null with a non-zero count",
+        );
+    };
+    let readers = agora::ExportReaders { uids, gids };
+    done(session.session.export(&buffer.buffer, &name, &readers, writable))
+}
+
+/// Withdraws the export `name`: nobody new can attach, and attachers' tasks on it fail
+/// (their mapped memory stays readable until they destroy the buffer).
+///
+/// # Safety
+/// A valid handle; `name` NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn agora_revoke(session: *const AgoraSession, name: *const c_char) -> AgoraStatus {
+    begin();
+    let session = handle!(session, "session");
+    // SAFETY: null or NUL-terminated (contract).
+    let name = match unsafe { opt_str(name) } {
+        Ok(Some(name)) => name,
+        Ok(None) => return fail(AgoraStatus::InvalidArgument, "name is null"),
+        Err(status) => return status,
+    };
+    done(session.session.revoke(&name).map(|_| ()))
+}
+
+/// Attaches the export `name` (XEMEM's `xemem_get` + `xemem_attach`): `*out` is a buffer of this
+/// session backed by the exporter's memory, no copy, usable as a kernel argument. Unless
+/// `writable` (which the export must allow) its memory is mapped read-only: do not write
+/// through `agora_buffer_data` (the process would fault).
+///
+/// # Safety
+/// Valid handles and pointers; `name` NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn agora_attach(
+    session: *const AgoraSession,
+    name: *const c_char,
+    writable: bool,
+    out: *mut *mut AgoraBuffer,
+) -> AgoraStatus {
+    begin();
+    let session = handle!(session, "session");
+    if out.is_null() {
+        return fail(AgoraStatus::InvalidArgument, "out is null");
+    }
+    // SAFETY: null or NUL-terminated (contract).
+    let name = match unsafe { opt_str(name) } {
+        Ok(Some(name)) => name,
+        Ok(None) => return fail(AgoraStatus::InvalidArgument, "name is null"),
+        Err(status) => return status,
+    };
+    match session.session.attach(&name, writable) {
+        Ok(buffer) => store(
+            AgoraBuffer {
+                buffer,
+                closed: session.closed.clone(),
+            },
+            out,
+        ),
+        Err(e) => from_error(e),
+    }
+}
+
 /// Releases a buffer (its memory is reclaimed once no issued task uses it).
 ///
 /// # Safety
@@ -495,7 +626,8 @@ pub unsafe extern "C" fn agora_buffer_destroy(buffer: *mut AgoraBuffer) {
 /// The buffer's host copy, in shared memory (zero-copy): write it before `agora_sync_to`, read it
 /// after the `agora_sync_from` task completed. Null for a null handle, and once the session was
 /// closed (the message says why); a pointer obtained before stays valid until the buffer is
-/// destroyed.
+/// destroyed. For a buffer attached read-only (`agora_attach`) the memory is mapped read-only:
+/// only read through the pointer.
 ///
 /// # Safety
 /// Null or a live buffer handle.
@@ -508,6 +640,9 @@ pub unsafe extern "C" fn agora_buffer_data(buffer: *mut AgoraBuffer) -> *mut c_v
             closed("buffer");
             std::ptr::null_mut()
         }
+        // A buffer attached read-only is mapped read-only: the caller must only read through
+        // the pointer (documented at `agora_attach`).
+        Some(b) if !b.buffer.is_writable() => b.buffer.as_slice::<u8>().as_ptr() as *mut c_void,
         Some(b) => b.buffer.as_mut_slice::<u8>().as_mut_ptr() as *mut c_void,
         None => {
             fail(AgoraStatus::InvalidArgument, "buffer is null");

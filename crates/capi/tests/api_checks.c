@@ -139,6 +139,35 @@ int main(void) {
     EXPECT(agora_checkpoint(batch, 1, 1, NULL) == AGORA_STATUS_OK);
     EXPECT(agora_queue_finish(batch) == AGORA_STATUS_TASK && MESSAGE_HAS("not larger than"));
 
+    /* Export and attach: a second session attaches an exportable buffer, sees its bytes in
+     * place, computes on it, and is refused a write; a heap buffer cannot be exported. */
+    EXPECT(agora_export(session, x, "c/heap", NULL, 0, NULL, 0, false) == AGORA_STATUS_CONTROL
+           && MESSAGE_HAS("agora_shared_buffer"));
+    AgoraBuffer *shared;
+    OK(agora_shared_buffer_create(session, 16 * sizeof(float), &shared));
+    float *hs = agora_buffer_data(shared);
+    for (int i = 0; i < 16; i++) hs[i] = (float)i;
+    OK(agora_export(session, shared, "c/state", NULL, 0, NULL, 0, false));
+    AgoraSession *reader;
+    OK(agora_session_open(NULL, &reader));
+    AgoraBuffer *attached;
+    EXPECT(agora_attach(reader, "c/state", true, &attached) == AGORA_STATUS_CONTROL && MESSAGE_HAS("read-only"));
+    OK(agora_attach(reader, "c/state", false, &attached));
+    EXPECT(agora_buffer_len(attached) == 16 * sizeof(float));
+    EXPECT(((const float *)agora_buffer_data(attached))[15] == 15.0f);
+    hs[15] = 99.0f; /* zero-copy: visible at once */
+    EXPECT(((const float *)agora_buffer_data(attached))[15] == 99.0f);
+    AgoraQueue *rq;
+    OK(agora_queue_create(reader, "reader", &rq));
+    OK(agora_memset(rq, attached, 0, NULL));
+    EXPECT(agora_queue_finish(rq) == AGORA_STATUS_TASK && MESSAGE_HAS("attached read-only"));
+    OK(agora_revoke(session, "c/state"));
+    EXPECT(agora_attach(reader, "c/state", false, &attached) == AGORA_STATUS_CONTROL && MESSAGE_HAS("no export named"));
+    agora_queue_destroy(rq);
+    agora_buffer_destroy(attached);
+    agora_session_close(reader);
+    agora_buffer_destroy(shared);
+
     /* After close, every call on the session's objects fails with CLOSED. */
     AgoraTask *pending;
     OK(agora_sync_to(batch, x, &pending));

@@ -136,6 +136,19 @@ impl PyBuffer {
         self.with(|b| b.write(offset, &bytes))?.or_raise()
     }
 
+    /// Whether this process may write the host copy (False only for a buffer attached
+    /// read-only).
+    #[getter]
+    fn writable(&self) -> PyResult<bool> {
+        self.with(|b| b.is_writable())
+    }
+
+    /// Whether the buffer's memory can be exported or is attached (`shared_buffer`, `attach`).
+    #[getter]
+    fn shared(&self) -> PyResult<bool> {
+        self.with(|b| b.is_shared())
+    }
+
     /// Number of NumPy arrays and memoryviews currently viewing this buffer.
     #[getter]
     fn views(&self) -> usize {
@@ -175,13 +188,19 @@ impl PyBuffer {
         if view.is_null() {
             return Err(pyo3::exceptions::PyBufferError::new_err("null view"));
         }
-        let (ptr, len) = {
+        let (ptr, len, writable) = {
             let this = slf.borrow();
             this.with(|b| {
-                let bytes = b.as_mut_slice::<u8>();
-                (bytes.as_mut_ptr(), bytes.len())
+                let bytes = b.as_slice::<u8>();
+                (bytes.as_ptr() as *mut u8, bytes.len(), b.is_writable())
             })?
         };
+        // A buffer attached read-only is mapped read-only: views of it are read-only too.
+        if !writable && flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE {
+            return Err(pyo3::exceptions::PyBufferError::new_err(
+                "the buffer is attached read-only: ask for a read-only view (numpy() gives one)",
+            ));
+        }
         slf.borrow().exports.fetch_add(1, Ordering::AcqRel);
         // SAFETY: `view` is non-null and points at a Py_buffer the caller (CPython) owns; `ptr`
         // and `len` describe the buffer's range of the session mapping, which stays mapped while
@@ -192,7 +211,7 @@ impl PyBuffer {
             (*view).obj = slf.into_any().into_ptr();
             (*view).buf = ptr as *mut c_void;
             (*view).len = len as isize;
-            (*view).readonly = 0;
+            (*view).readonly = c_int::from(!writable);
             (*view).itemsize = 1;
             (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT {
                 c"B".as_ptr() as *mut _

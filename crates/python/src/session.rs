@@ -190,6 +190,101 @@ impl PySession {
         Ok(buffer)
     }
 
+    /// Allocates an exportable buffer of `nbytes` bytes (zeroed): like `buffer()`, but its memory
+    /// is a region of its own that `export()` can hand to other processes. With `dtype` (and
+    /// `shape`), `nbytes` is computed and `numpy()` views it that way.
+    #[pyo3(signature = (nbytes=None, *, dtype=None, shape=None))]
+    fn shared_buffer(
+        &self,
+        py: Python<'_>,
+        nbytes: Option<u64>,
+        dtype: Option<&Bound<'_, PyAny>>,
+        shape: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyBuffer> {
+        let numpy = py.import("numpy")?;
+        let dtype = dtype.map(|d| numpy.call_method1("dtype", (d,))).transpose()?;
+        let nbytes = match (nbytes, &dtype, shape) {
+            (Some(n), _, _) => n,
+            (None, Some(dtype), Some(shape)) => {
+                let elements: u64 = numpy.call_method1("prod", (shape,))?.extract()?;
+                let itemsize: u64 = dtype.getattr("itemsize")?.extract()?;
+                elements * itemsize
+            }
+            _ => return Err(PyValueError::new_err("give nbytes, or dtype and shape")),
+        };
+        if nbytes == 0 {
+            return Err(PyValueError::new_err("buffers must be at least 1 byte long"));
+        }
+        let session = self.session()?;
+        let buffer = py.detach(|| session.shared_buffer(nbytes)).or_raise()?;
+        let mut buffer = PyBuffer::new(buffer, self.liveness.clone());
+        buffer.dtype = dtype.map(|d| d.unbind());
+        buffer.shape = shape.map(|s| s.clone().unbind());
+        Ok(buffer)
+    }
+
+    /// Publishes an exportable buffer under `name` (XEMEM's make): sessions of this user, of the
+    /// `uids` and of the `gids` given can `attach(name)` it, zero-copy. `writable`: attachers may
+    /// attach read-write; otherwise no attacher can ever write it. The export ends with
+    /// `revoke(name)`, with the buffer's release, or with this session.
+    #[pyo3(signature = (buffer, name, *, uids=Vec::new(), gids=Vec::new(), writable=false))]
+    fn export(
+        &self,
+        py: Python<'_>,
+        buffer: &crate::buffer::PyBuffer,
+        name: &str,
+        uids: Vec<u32>,
+        gids: Vec<u32>,
+        writable: bool,
+    ) -> PyResult<()> {
+        let session = self.session()?;
+        let guard = buffer.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let b = guard
+            .as_ref()
+            .ok_or_else(|| crate::errors::ClosedError::new_err("the buffer is closed"))?;
+        let readers = agora::ExportReaders { uids, gids };
+        py.detach(|| session.export(b, name, &readers, writable)).or_raise()
+    }
+
+    /// Withdraws the export `name`: nobody new can attach, and attachers' tasks on it raise
+    /// AttachmentError (their NumPy views stay readable). Returns the sessions that were attached.
+    fn revoke(&self, py: Python<'_>, name: &str) -> PyResult<Vec<u64>> {
+        let session = self.session()?;
+        py.detach(|| session.revoke(name)).or_raise()
+    }
+
+    /// Attaches the export `name`: a buffer backed by the exporter's memory (no copy), usable
+    /// as a kernel argument; `numpy(dtype, shape)` views it in place (read-only unless
+    /// `writable`, which the export must allow).
+    #[pyo3(signature = (name, *, writable=false, dtype=None, shape=None))]
+    fn attach(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        writable: bool,
+        dtype: Option<&Bound<'_, PyAny>>,
+        shape: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyBuffer> {
+        let session = self.session()?;
+        let dtype = match dtype {
+            Some(d) => Some(py.import("numpy")?.call_method1("dtype", (d,))?.unbind()),
+            None => None,
+        };
+        let buffer = py.detach(|| session.attach(name, writable)).or_raise()?;
+        let mut buffer = PyBuffer::new(buffer, self.liveness.clone());
+        buffer.dtype = dtype;
+        buffer.shape = shape.map(|s| s.clone().unbind());
+        Ok(buffer)
+    }
+
+    /// The exports this user may see, as a list of dicts (`name`, `session`, `client`, `uid`,
+    /// `len`, `writable`, `readers`, `attachers`, `attaches`).
+    fn exports(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let session = self.session()?;
+        let list = py.detach(|| session.exports()).or_raise()?;
+        to_dict(py, serde_json::to_string(&list))
+    }
+
     /// Looks a kernel up by name.
     fn kernel(&self, py: Python<'_>, name: &str) -> PyResult<PyKernel> {
         let session = self.session()?;

@@ -67,6 +67,42 @@ class Session:
         (`live_sessions` counts them all) with their busiest queues (`queue_count` counts them all)."""
     def session_status(self, session_id: Optional[int] = None) -> dict[str, Any]:
         """One live session (default: this one) with all its queues."""
+    def shared_buffer(
+        self,
+        nbytes: Optional[int] = None,
+        *,
+        dtype: Optional[npt.DTypeLike] = None,
+        shape: Optional[Sequence[int]] = None,
+    ) -> Buffer:
+        """Allocates a zeroed exportable buffer (its memory is a region of its own that
+        `export()` can hand to other processes); `nbytes`, or `dtype` and `shape`."""
+    def export(
+        self,
+        buffer: Buffer,
+        name: str,
+        *,
+        uids: Sequence[int] = (),
+        gids: Sequence[int] = (),
+        writable: bool = False,
+    ) -> None:
+        """Publishes an exportable buffer under `name` for this user and the `uids`/`gids`
+        given (XEMEM's make); ExportError says why when refused."""
+    def revoke(self, name: str) -> list[int]:
+        """Withdraws the export `name`; returns the sessions that were attached (their tasks on
+        it raise AttachmentError from now on; their views stay readable)."""
+    def attach(
+        self,
+        name: str,
+        *,
+        writable: bool = False,
+        dtype: Optional[npt.DTypeLike] = None,
+        shape: Optional[Sequence[int]] = None,
+    ) -> Buffer:
+        """Attaches the export `name`: the exporter's memory, no copy; `numpy()` views it in
+        place (read-only unless `writable`)."""
+    def exports(self) -> list[dict[str, Any]]:
+        """The exports this user may see: name, session, client, uid, len, writable, readers,
+        attachers, attaches."""
     def protect(self, id: int, buffer: Buffer) -> None:
         """Protects `buffer` under `id` for checkpoints (FTI's protect); the checkpoints belong
         to the application named by the session's `name` and the user."""
@@ -122,6 +158,12 @@ class Buffer:
     @property
     def views(self) -> int:
         """NumPy arrays and memoryviews currently viewing this buffer."""
+    @property
+    def writable(self) -> bool:
+        """False only for a buffer attached read-only."""
+    @property
+    def shared(self) -> bool:
+        """Whether its memory is exportable or attached (`shared_buffer`, `attach`)."""
     def __len__(self) -> int: ...
     def numpy(self, dtype: Optional[npt.DTypeLike] = None, shape: Optional[Sequence[int]] = None) -> npt.NDArray[Any]:
         """A zero-copy NumPy view of the host copy; it keeps the buffer alive. `dtype` defaults to
