@@ -31,6 +31,7 @@ test: setup
 	bash scripts/bench-smoke.sh ./target/release/agora bench soak --quick --json
 	bash scripts/bench-smoke.sh ./target/release/agora bench gpu --quick --json
 	bash scripts/bench-smoke.sh ./target/release/agora bench checkpoint --quick --json
+	bash scripts/bench-smoke.sh ./target/release/agora bench insitu --quick --json
 
 bench: setup
 	./target/release/agora bench latency

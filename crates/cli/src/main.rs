@@ -93,6 +93,9 @@ enum Command {
     /// Client side of a benchmark (started by `agora bench`; not for direct use).
     #[command(hide = true, name = "bench-client")]
     BenchClient(bench::ClientArgs),
+    /// The analytics side of `agora bench insitu` (started by it; not for direct use).
+    #[command(hide = true, name = "insitu-analytics")]
+    InsituAnalytics(bench::insitu::AnalyticsArgs),
     /// A session's sandboxed executor for tenant programs (started by the daemon; not for
     /// direct use).
     #[command(hide = true, name = "executor")]
@@ -168,6 +171,7 @@ fn main() {
         Command::Sim(args) => sim::run(args),
         Command::Bench(command) => bench::run(command),
         Command::BenchClient(args) => bench::client(args),
+        Command::InsituAnalytics(args) => bench::insitu::analytics(args),
         Command::Executor(_) => unreachable!("handled before logging starts"),
     };
     if let Err(e) = result {

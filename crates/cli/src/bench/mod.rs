@@ -14,6 +14,7 @@ pub mod checkpoint;
 pub mod client;
 pub mod gpu;
 pub mod harness;
+pub mod insitu;
 pub mod kernels;
 pub mod latency;
 pub mod migrate;
@@ -59,6 +60,11 @@ pub enum BenchCommand {
     /// iteration: time per iteration with a checkpoint after each vs none, bytes each
     /// checkpoint wrote (differential), the writer's throughput, recovery time (verified).
     Checkpoint(checkpoint::CheckpointArgs),
+    /// XEMEM's in situ workflow: a CG simulation exports its state, an analytics process
+    /// attaches it and runs STREAM over it (synchronous / asynchronous, one-time / recurring
+    /// attachment), and the simulation with checkpoints per level: time against the simulation
+    /// alone, attach latency, and a recovered run verified bit for bit.
+    Insitu(insitu::InsituArgs),
     /// Minutes of mixed, verified work from several client processes, some killed (`kill -9`)
     /// and restarted at random: wrong results (must be 0), the daemon's RSS and descriptor
     /// slopes after warm-up, throughput per interval.
@@ -78,5 +84,6 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Soak(args) => soak::soak(args),
         BenchCommand::Gpu(args) => gpu::gpu(args.socket.path(), args),
         BenchCommand::Checkpoint(args) => checkpoint::checkpoint(args.socket.path(), args),
+        BenchCommand::Insitu(args) => insitu::insitu(args.socket.path(), args),
     }
 }
