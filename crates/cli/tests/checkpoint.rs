@@ -338,3 +338,161 @@ fn protecting_more_buffers_than_a_checkpoint_carries_is_refused_with_the_limit()
     let refusal = s.protect(99, &buffers[16]).expect_err("a 17th id");
     assert!(refusal.to_string().contains("at most 16 buffers"), "{refusal}");
 }
+
+/// Run as a child process by the next test: a long sgemm issued as checkpointed row windows.
+#[test]
+#[ignore = "a helper process of a_long_launch_killed_mid_run_resumes_from_its_last_window, not a test by itself"]
+fn checkpointed_sgemm_process() {
+    let Ok(socket) = std::env::var("AGORA_TEST_SGEMM_SOCKET") else {
+        return;
+    };
+    let s = Session::connect_with(agora::SessionOptions {
+        socket: Some(socket.into()),
+        name: Some("partial-sgemm".into()),
+        ..Default::default()
+    })
+    .unwrap();
+    let (a, b, c) = sgemm_buffers(&s);
+    s.protect(1, &c).unwrap();
+    let q = s.queue("sgemm").unwrap();
+    let sgemm = s.kernel("sgemm").unwrap();
+    println!("sgemm-started");
+    q.launch_checkpointed(
+        &sgemm,
+        &sgemm_args(&a, &b, &c),
+        (SGEMM as u64, SGEMM as u64),
+        &partial_plan(None),
+    )
+    .unwrap();
+    q.finish().unwrap();
+    println!("sgemm-finished");
+}
+
+/// The sgemm of the partial-checkpoint test: C = A·B, 1536 × 1536 (about 7 GFLOP: seconds on a
+/// CPU lane, so that the process can be killed mid-launch), windows of 16 rows.
+const SGEMM: usize = 1536;
+const WINDOW: u64 = 16;
+
+fn sgemm_buffers(s: &Session) -> (agora::Buffer, agora::Buffer, agora::Buffer) {
+    let a: Vec<f32> = (0..SGEMM * SGEMM).map(|i| ((i * 7) % 13) as f32 * 0.25).collect();
+    let b: Vec<f32> = (0..SGEMM * SGEMM).map(|i| ((i * 5) % 11) as f32 * 0.5).collect();
+    (
+        s.buffer_from(&a).unwrap(),
+        s.buffer_from(&b).unwrap(),
+        s.buffer_from(&vec![0f32; SGEMM * SGEMM]).unwrap(),
+    )
+}
+
+fn sgemm_args<'a>(a: &'a agora::Buffer, b: &'a agora::Buffer, c: &'a agora::Buffer) -> [Arg<'a>; 8] {
+    let n = SGEMM as i32;
+    [
+        Arg::I32(n),
+        Arg::I32(n),
+        Arg::I32(n),
+        Arg::F32(1.0),
+        a.into(),
+        b.into(),
+        Arg::F32(0.0),
+        c.into(),
+    ]
+}
+
+fn partial_plan(resume_after: Option<u64>) -> agora::CheckpointedLaunch {
+    agora::CheckpointedLaunch {
+        window_rows: WINDOW,
+        first_checkpoint: 1,
+        level: CheckpointLevel::Local,
+        resume_after,
+    }
+}
+
+#[test]
+fn a_long_launch_killed_mid_run_resumes_from_its_last_window() {
+    use std::io::{BufRead, BufReader};
+    let mut daemon = Daemon::start(AGORA, "checkpoint-partial", &["--no-opencl"]);
+    let windows = SGEMM as u64 / WINDOW;
+    // The reference: the same sgemm launched whole.
+    let reference = {
+        let s = daemon.session_without_resume("reference");
+        let (a, b, c) = sgemm_buffers(&s);
+        let q = s.queue("whole").unwrap();
+        let sgemm = s.kernel("sgemm").unwrap();
+        q.launch(&sgemm, &sgemm_args(&a, &b, &c), (SGEMM as u64, SGEMM as u64))
+            .unwrap();
+        q.sync_from(&c).unwrap();
+        q.finish().unwrap();
+        c.read_vec::<f32>()
+    };
+
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "checkpointed_sgemm_process",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("AGORA_TEST_SGEMM_SOCKET", daemon.socket())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert!(lines.any(|l| l.is_ok_and(|l| l.trim_end().ends_with("sgemm-started"))));
+    // An observer of the same application sees its checkpoints as they are written.
+    let observer = daemon.session_without_resume("partial-sgemm");
+    assert!(
+        eventually(Duration::from_secs(60), || observer.checkpoints().unwrap().writes.len()
+            >= 3),
+        "the checkpointed launch wrote no checkpoints"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(observer);
+
+    // A new process of the application: the same inputs, its output protected, recovered.
+    let s = daemon.session_without_resume("partial-sgemm");
+    let (a, b, c) = sgemm_buffers(&s);
+    s.protect(1, &c).unwrap();
+    let report = s.recover().unwrap();
+    let done = report.checkpoint;
+    eprintln!("killed after window {done} of {windows}; resuming from there");
+    assert!(
+        (1..windows).contains(&done),
+        "the launch was not interrupted mid-run (recovered checkpoint {done} of {windows}); the test needs a slower launch"
+    );
+    // The recovered rows are exactly the finished windows' rows of the result.
+    let recovered = c.read_vec::<f32>();
+    let finished = done as usize * WINDOW as usize * SGEMM;
+    assert_eq!(&recovered[..finished], &reference[..finished]);
+    let q = s.queue("resume").unwrap();
+    q.sync_to(&c).unwrap();
+    let sgemm = s.kernel("sgemm").unwrap();
+    q.launch_checkpointed(
+        &sgemm,
+        &sgemm_args(&a, &b, &c),
+        (SGEMM as u64, SGEMM as u64),
+        &partial_plan(Some(done)),
+    )
+    .unwrap();
+    q.sync_from(&c).unwrap();
+    q.finish().unwrap();
+    assert_eq!(c.read_vec::<f32>(), reference, "the resumed launch's result differs");
+    // The resumed launch ran only the windows after the recovered one: its checkpoints are
+    // done + 1 ..= windows, the last one being the last window's.
+    let newest = s.checkpoints().unwrap().checkpoints.last().map(|c| c.checkpoint);
+    assert_eq!(newest, Some(windows));
+
+    // Windows the daemon refuses, with the reason.
+    let bad = |rows: std::ops::Range<u64>| match q.launch_rows(
+        &sgemm,
+        &sgemm_args(&a, &b, &c),
+        (SGEMM as u64, SGEMM as u64),
+        rows,
+    ) {
+        Err(e) => e.to_string(),
+        Ok(_) => failure(q.finish()),
+    };
+    let message = bad(1500..1600);
+    assert!(message.contains("inside the launch's first dimension"), "{message}");
+    daemon.assert_alive();
+}

@@ -58,7 +58,7 @@ pub use agora_protocol::{KernelSignature, LaunchLimit, TaskError};
 pub use buffer::Buffer;
 pub use error::{Error, TaskFailures};
 pub use program::Program;
-pub use queue::{Arg, CheckpointLevel, DeviceKind, NdRange, Queue, QueueOptions, Task};
+pub use queue::{Arg, CheckpointLevel, CheckpointedLaunch, DeviceKind, NdRange, Queue, QueueOptions, Task};
 pub use resume::{DEFAULT_RECONNECT_TIMEOUT, RECONNECT_ENV};
 pub use session::{
     daemon_exports, daemon_session_status, daemon_status, drain_device, kernel_catalog, reload_kernels, DrainOutcome,

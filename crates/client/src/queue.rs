@@ -12,6 +12,21 @@ use crate::buffer::Buffer;
 use crate::session::{Inner, Kernel};
 use crate::Error;
 
+/// How [`Queue::launch_checkpointed`] cuts a launch and checkpoints it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CheckpointedLaunch {
+    /// Rows of the first dimension per window (a checkpoint follows each; on OpenCL or CUDA a
+    /// multiple of 1024 is safe).
+    pub window_rows: u64,
+    /// The id of the checkpoint after the first window; the `k`-th window's is this plus `k`.
+    /// Larger than the application's previous checkpoints.
+    pub first_checkpoint: u64,
+    /// The checkpoints' level.
+    pub level: CheckpointLevel,
+    /// Resume: the checkpoint [`Session::recover`] restored (only later windows run).
+    pub resume_after: Option<u64>,
+}
+
 /// How durable a checkpoint is (FTI's levels, on one node and what it reaches).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
@@ -273,8 +288,87 @@ impl Queue {
     /// Launches `kernel` over `range` with `args` (checked by the daemon against the kernel's
     /// signature; a mismatch fails the task with an error naming the argument).
     pub fn launch(&self, kernel: &Kernel, args: &[Arg<'_>], range: impl Into<NdRange>) -> Result<Task, Error> {
+        self.launch_window(kernel, args, range.into(), None)
+    }
+
+    /// Launches `kernel` over `range` but runs only rows `rows` of its first dimension (a row
+    /// window): the kernel sees the whole range (sizes, indices), and the other rows are left
+    /// as they are. Only for chunkable kernels, whose rows are independent; a window whose
+    /// bounds no device can run (OpenCL and CUDA run whole work-groups: use multiples of 1024
+    /// rows) fails with `BadWindow`. [`Queue::launch_checkpointed`] builds on it.
+    pub fn launch_rows(
+        &self,
+        kernel: &Kernel,
+        args: &[Arg<'_>],
+        range: impl Into<NdRange>,
+        rows: std::ops::Range<u64>,
+    ) -> Result<Task, Error> {
+        self.launch_window(kernel, args, range.into(), Some(rows))
+    }
+
+    /// A long chunkable launch with a checkpoint after every `plan.window_rows` rows (FTI's
+    /// partial-task checkpoints, LEGaTO's approach B): the launch is issued as row windows, each
+    /// followed by a checkpoint task (id `plan.first_checkpoint + k` after window `k`) of the
+    /// session's protected buffers, which should include the launch's outputs. After a crash,
+    /// the application protects the same buffers, calls [`Session::recover`], and launches again
+    /// with `plan.resume_after` set to the checkpoint it recovered: only the windows after it
+    /// run. Returns the last task issued (the last checkpoint; `None` when resumed after the last
+    /// window: nothing was left to run).
+    pub fn launch_checkpointed(
+        &self,
+        kernel: &Kernel,
+        args: &[Arg<'_>],
+        range: impl Into<NdRange>,
+        plan: &CheckpointedLaunch,
+    ) -> Result<Option<Task>, Error> {
         let range = range.into();
+        let rows = range.dims[0];
+        let window = plan.window_rows.max(1);
+        let windows = rows.div_ceil(window);
+        let start = match plan.resume_after {
+            None => 0,
+            Some(id) if id >= plan.first_checkpoint && id - plan.first_checkpoint < windows => {
+                id - plan.first_checkpoint + 1
+            }
+            Some(id) => {
+                return Err(Error::Protocol(format!(
+                    "resume_after {id} is not a checkpoint of this launch (its checkpoints are {} to {})",
+                    plan.first_checkpoint,
+                    plan.first_checkpoint + windows - 1
+                )))
+            }
+        };
+        let mut last = None;
+        for k in start..windows {
+            let rows = k * window..((k + 1) * window).min(rows);
+            self.launch_window(kernel, args, range, Some(rows))?;
+            last = Some(self.checkpoint(plan.first_checkpoint + k, plan.level)?);
+        }
+        Ok(last)
+    }
+
+    fn launch_window(
+        &self,
+        kernel: &Kernel,
+        args: &[Arg<'_>],
+        range: NdRange,
+        window: Option<std::ops::Range<u64>>,
+    ) -> Result<Task, Error> {
         let mut d = TaskDescriptor::zeroed();
+        if let Some(rows) = window {
+            let refuse = || {
+                Error::Task(agora_protocol::TaskError::BadWindow {
+                    reason: agora_protocol::completion::WINDOW_OUTSIDE,
+                    first: rows.start,
+                    end: rows.end,
+                })
+            };
+            if rows.start >= rows.end || rows.end > range.dims[0] {
+                return Err(refuse());
+            }
+            d.window_first = u32::try_from(rows.start).map_err(|_| refuse())?;
+            d.window_rows = u32::try_from(rows.end - rows.start).map_err(|_| refuse())?;
+        }
         d.op = Op::Launch as u32;
         d.kernel = self.session.resume.kernel_ids.real(kernel.id);
         if args.len() > MAX_ARGS {

@@ -231,11 +231,31 @@ impl Checkpoints {
     }
 
     /// The newest intact checkpoint of `app` (`Ok(None)`: it has none).
+    ///
+    /// Captures of the application still being written (a crashed process's last checkpoints)
+    /// are waited for first, up to 30 s: they are what to recover from. And the application
+    /// restarts from what is on disk: ids admitted for checkpoints that were never captured (a
+    /// crashed process's queued checkpoint tasks, skipped when it died) no longer count, so the
+    /// resumed run may use the ids after the recovered one.
     pub(crate) fn recover(&self, app: &AppKey) -> Result<Option<Recovered>, String> {
         let store = self
             .store
             .as_ref()
             .ok_or_else(|| "the daemon has no checkpoint store (see its log)".to_string())?;
+        let key = (app.uid, app.name.clone());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let mut books = self.applications.lock().unwrap_or_else(|e| e.into_inner());
+        while books.get(&key).is_some_and(|entry| entry.writing > 0) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            books = self.room.wait_timeout(books, left).unwrap_or_else(|e| e.into_inner()).0;
+        }
+        if let Some(entry) = books.get_mut(&key) {
+            entry.newest = None;
+        }
+        drop(books);
         store.latest(app).map_err(|e: StoreError| e.to_string())
     }
 

@@ -356,9 +356,38 @@ pub enum TaskError {
         /// Why ([`ATTACHMENT_READ_ONLY`] or [`ATTACHMENT_REVOKED`]).
         reason: u16,
     },
+    /// A launch's row window ([`crate::TaskDescriptor::window_first`]) cannot run: it lies
+    /// outside the range, the kernel is not chunkable, or no device can run rows starting there.
+    #[error("row window {first}..{end}: {}", window_refusal(*.reason))]
+    BadWindow {
+        /// Why ([`WINDOW_OUTSIDE`] and the other `WINDOW_*` codes).
+        reason: u16,
+        /// The window's first row.
+        first: u64,
+        /// One past its last row.
+        end: u64,
+    },
     /// The error code is not known to this client (a newer daemon).
     #[error("unknown error code {0} from the daemon: upgrade the client")]
     Unknown(u16),
+}
+
+/// [`TaskError::BadWindow`]: empty, outside the launch's first dimension, or on an operation
+/// that is not a launch.
+pub const WINDOW_OUTSIDE: u16 = 1;
+/// [`TaskError::BadWindow`]: the kernel's rows are not independent (not chunkable).
+pub const WINDOW_NOT_CHUNKABLE: u16 = 2;
+/// [`TaskError::BadWindow`]: the window's bounds are not multiples of the row alignment of any
+/// device that implements the kernel (OpenCL and CUDA run whole work-groups).
+pub const WINDOW_MISALIGNED: u16 = 3;
+
+fn window_refusal(reason: u16) -> String {
+    match reason {
+        WINDOW_OUTSIDE => "a window is non-empty, inside the launch's first dimension, and only on launches".into(),
+        WINDOW_NOT_CHUNKABLE => "the kernel is not chunkable (its rows depend on each other), so it cannot run part of its range; launch it whole".into(),
+        WINDOW_MISALIGNED => "no device that implements the kernel can start or end a window there (its work-groups span several rows); put window bounds at multiples of 1024 rows".into(),
+        _ => format!("reason {reason} (a newer daemon)"),
+    }
 }
 
 /// [`TaskError::Attachment`]: the task writes a buffer attached read-only.
@@ -550,6 +579,7 @@ impl TaskError {
             TaskError::ResourceExhausted { .. } => "resource_exhausted",
             TaskError::CheckpointRefused { .. } => "checkpoint_refused",
             TaskError::Attachment { .. } => "attachment",
+            TaskError::BadWindow { .. } => "bad_window",
             TaskError::Unknown(_) => "unknown",
         }
     }
@@ -606,6 +636,7 @@ impl TaskError {
                 checkpoint,
             } => (32, reason, checkpoint, u64::from(level)),
             TaskError::Attachment { index, handle, reason } => (33, index, handle, u64::from(reason)),
+            TaskError::BadWindow { reason, first, end } => (34, reason, first, end),
             TaskError::RangeMismatch {
                 expected_x,
                 expected_y,
@@ -695,6 +726,11 @@ impl TaskError {
                 index: arg,
                 handle: a,
                 reason: b as u16,
+            },
+            34 => TaskError::BadWindow {
+                reason: arg,
+                first: a,
+                end: b,
             },
             24 => TaskError::DependencyFailed {
                 index: arg,
@@ -840,6 +876,11 @@ mod tests {
                 index: 2,
                 handle: 0x1_0000_0005,
                 reason: ATTACHMENT_REVOKED,
+            },
+            TaskError::BadWindow {
+                reason: WINDOW_MISALIGNED,
+                first: 1000,
+                end: 2048,
             },
             TaskError::RangeMismatch {
                 expected_x: 100_000,

@@ -216,8 +216,15 @@ pub struct TaskDescriptor {
     pub dims: u32,
     /// Global range per dimension (launch only).
     pub range: [u64; 3],
-    /// Zero.
-    pub reserved: u64,
+    /// Launch only: the first row (of dimension 0) of a **row window**, with
+    /// [`TaskDescriptor::window_rows`]. The launch keeps its whole range for its size checks and
+    /// indexing, but only rows `window_first .. window_first + window_rows` run (a chunkable
+    /// kernel's rows are independent): a long launch issued as windows, with a checkpoint after
+    /// each, resumes after a crash from the last checkpointed window (FTI's partial-task
+    /// checkpoints). Both zero: the whole range.
+    pub window_first: u32,
+    /// Launch only: rows in the window (0: no window, the whole range).
+    pub window_rows: u32,
     /// Arguments.
     pub args: [RawArg; MAX_ARGS],
 }
@@ -239,6 +246,8 @@ pub struct Decoded<'a> {
     pub args: &'a [RawArg],
     /// Range, dims entries, each at least 1, product at most [`MAX_RANGE_ITEMS`].
     pub range: &'a [u64],
+    /// Rows of dimension 0 to run (launch only), `(first, end)` inside `range[0]`; `None`: all.
+    pub window: Option<(u64, u64)>,
 }
 
 impl TaskDescriptor {
@@ -283,6 +292,21 @@ impl TaskDescriptor {
         } else {
             &[]
         };
+        let window = match (self.window_first, self.window_rows) {
+            (0, 0) => None,
+            (first, rows) => {
+                let (first, end) = (u64::from(first), u64::from(first) + u64::from(rows));
+                let extent = range.first().copied().unwrap_or(0);
+                if op != Op::Launch || rows == 0 || end > extent {
+                    return Err(TaskError::BadWindow {
+                        reason: crate::completion::WINDOW_OUTSIDE,
+                        first,
+                        end,
+                    });
+                }
+                Some((first, end))
+            }
+        };
         Ok(Decoded {
             op,
             task_id: self.task_id,
@@ -290,6 +314,7 @@ impl TaskDescriptor {
             kernel: self.kernel,
             args,
             range,
+            window,
         })
     }
 }

@@ -307,9 +307,10 @@ fn task_exception(task: &TaskError, message: String) -> PyErr {
         TaskError::InvalidScalar { .. } => InvalidScalarError::new_err(message),
         // A range beyond every capable device's limits is a range too large for this node; one
         // that differs from the range the kernel's size rule fixes is an invalid range too.
-        TaskError::InvalidRange { .. } | TaskError::RangeMismatch { .. } | TaskError::DeviceLimit { .. } => {
-            InvalidRangeError::new_err(message)
-        }
+        TaskError::InvalidRange { .. }
+        | TaskError::RangeMismatch { .. }
+        | TaskError::DeviceLimit { .. }
+        | TaskError::BadWindow { .. } => InvalidRangeError::new_err(message),
         TaskError::Aliased { .. } => AliasedBuffersError::new_err(message),
         TaskError::NoDevice(_) => NoDeviceError::new_err(message),
         TaskError::KernelFault | TaskError::KernelCrashed { .. } => KernelFaultError::new_err(message),

@@ -114,99 +114,54 @@ fn parse_range(range: &Bound<'_, PyAny>) -> PyResult<agora::NdRange> {
 impl PyQueue {
     /// Launches `kernel` (a Kernel or its name) with `args` over `range` (an int or a tuple of up
     /// to 3 ints). Scalars are converted to the types of the kernel's signature.
-    #[pyo3(signature = (kernel, *args, range))]
+    ///
+    /// `rows=(first, end)` runs only those rows of the range's first dimension (a row window;
+    /// chunkable kernels only): the kernel still sees the whole range.
+    #[pyo3(signature = (kernel, *args, range, rows=None))]
     fn launch(
         &self,
         kernel: &Bound<'_, PyAny>,
         args: &Bound<'_, PyTuple>,
         range: &Bound<'_, PyAny>,
+        rows: Option<(u64, u64)>,
     ) -> PyResult<PyTask> {
-        self.liveness.check("queue")?;
-        let kernel: agora::Kernel = if let Ok(k) = kernel.cast::<PyKernel>() {
-            k.get().inner.clone()
-        } else if let Ok(name) = kernel.extract::<String>() {
-            let mut cache = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
-            match cache.get(&name) {
-                Some(k) => k.clone(),
-                None => {
-                    let session = &self.session;
-                    let k = args.py().detach(|| session.kernel(&name)).or_raise()?;
-                    cache.insert(name, k.clone());
-                    k
-                }
-            }
-        } else {
-            return Err(PyTypeError::new_err(
-                "kernel must be a Kernel (session.kernel(name)) or a kernel name",
-            ));
+        let mode = match rows {
+            Some((first, end)) => LaunchMode::Rows(first..end),
+            None => LaunchMode::Whole,
         };
-        let params = &kernel.signature().params;
-        if args.len() != params.len() {
-            return Err(ArgumentCountError::new_err(format!(
-                "{} takes {} arguments ({}), got {}",
-                kernel.name(),
-                params.len(),
-                params.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", "),
-                args.len()
-            )));
-        }
-        let range = parse_range(range)?;
-        // Borrow every buffer argument for the duration of the issue.
-        let items: Vec<Bound<'_, PyAny>> = args.iter().collect();
-        let mut buffers: Vec<Option<PyRef<'_, PyBuffer>>> = Vec::with_capacity(items.len());
-        for (index, (item, param)) in items.iter().zip(params).enumerate() {
-            match param.kind {
-                ParamKind::Buffer { .. } => {
-                    let buffer = item.cast::<PyBuffer>().map_err(|_| {
-                        ArgumentTypeError::new_err(format!(
-                            "argument {index} ('{}') is a buffer; got {}",
-                            param.name,
-                            item.get_type().name().map(|n| n.to_string()).unwrap_or_default()
-                        ))
-                    })?;
-                    let buffer = buffer.borrow();
-                    buffer.liveness.check("buffer")?;
-                    if let ParamKind::Buffer { element, .. } = param.kind {
-                        check_element_type(&buffer, element, index, &param.name, kernel.name())?;
-                    }
-                    buffers.push(Some(buffer));
-                }
-                ParamKind::Scalar(_) => buffers.push(None),
-            }
-        }
-        // Lock each distinct buffer once: the same buffer may be passed twice (sgemm's `a, a`),
-        // and a std Mutex locked twice by one thread deadlocks.
-        let mut distinct: Vec<&PyBuffer> = Vec::new();
-        let slots: Vec<Option<usize>> = buffers
-            .iter()
-            .map(|b| {
-                b.as_ref().map(|b| {
-                    let b: &PyBuffer = b;
-                    match distinct.iter().position(|d| std::ptr::eq(*d, b)) {
-                        Some(slot) => slot,
-                        None => {
-                            distinct.push(b);
-                            distinct.len() - 1
-                        }
-                    }
-                })
-            })
-            .collect();
-        let guards: Vec<std::sync::MutexGuard<'_, Option<agora::Buffer>>> = distinct
-            .iter()
-            .map(|b| b.inner.lock().unwrap_or_else(|e| e.into_inner()))
-            .collect();
-        let mut call: Vec<Arg<'_>> = Vec::with_capacity(items.len());
-        for (index, ((item, param), slot)) in items.iter().zip(params).zip(&slots).enumerate() {
-            match (param.kind, slot) {
-                (ParamKind::Buffer { .. }, Some(slot)) => {
-                    call.push(Arg::Buffer(guards[*slot].as_ref().ok_or_else(|| closed("buffer"))?));
-                }
-                (ParamKind::Scalar(ty), _) => call.push(scalar(item, ty, index, &param.name)?),
-                (ParamKind::Buffer { .. }, None) => unreachable!("buffer parameters were borrowed above"),
-            }
-        }
-        self.issue(args.py(), |q| q.launch(&kernel, &call, range))
+        self.launch_with(kernel, args, range, mode)
+            .map(|task| task.expect("a launch issues a task"))
+    }
+
+    /// A long chunkable launch with a checkpoint of the session's protected buffers after every
+    /// `window_rows` rows (FTI's partial-task checkpoints): checkpoint ids `first_checkpoint`,
+    /// `first_checkpoint + 1`, ... After a crash, protect the same buffers, `recover()`, and call
+    /// this again with `resume_after` = the recovered checkpoint: only the later windows run.
+    /// Returns the last task (None when nothing was left to run).
+    #[pyo3(signature = (kernel, *args, range, window_rows, first_checkpoint, level=1, resume_after=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn launch_checkpointed(
+        &self,
+        kernel: &Bound<'_, PyAny>,
+        args: &Bound<'_, PyTuple>,
+        range: &Bound<'_, PyAny>,
+        window_rows: u64,
+        first_checkpoint: u64,
+        level: u32,
+        resume_after: Option<u64>,
+    ) -> PyResult<Option<PyTask>> {
+        let level = agora::CheckpointLevel::from_number(level).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "checkpoint level {level}: levels are 1 (local), 2 (partner), 3 (erasure coded) and 4 (shared)"
+            ))
+        })?;
+        let plan = agora::CheckpointedLaunch {
+            window_rows,
+            first_checkpoint,
+            level,
+            resume_after,
+        };
+        self.launch_with(kernel, args, range, LaunchMode::Checkpointed(plan))
     }
 
     /// Makes the devices see the buffer's host copy (call after writing it).
@@ -322,6 +277,127 @@ impl PyQueue {
             Some(_) if self.liveness.is_closed() => "<agora.Queue closed>".to_string(),
             Some(q) => format!("<agora.Queue {:#x}>", q.handle()),
             None => "<agora.Queue closed>".to_string(),
+        }
+    }
+}
+
+/// What `launch_with` issues.
+enum LaunchMode {
+    Whole,
+    Rows(std::ops::Range<u64>),
+    Checkpointed(agora::CheckpointedLaunch),
+}
+
+impl PyQueue {
+    /// Checks and borrows a launch's arguments, then issues it as `mode` says.
+    fn launch_with(
+        &self,
+        kernel: &Bound<'_, PyAny>,
+        args: &Bound<'_, PyTuple>,
+        range: &Bound<'_, PyAny>,
+        mode: LaunchMode,
+    ) -> PyResult<Option<PyTask>> {
+        self.liveness.check("queue")?;
+        let kernel: agora::Kernel = if let Ok(k) = kernel.cast::<PyKernel>() {
+            k.get().inner.clone()
+        } else if let Ok(name) = kernel.extract::<String>() {
+            let mut cache = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
+            match cache.get(&name) {
+                Some(k) => k.clone(),
+                None => {
+                    let session = &self.session;
+                    let k = args.py().detach(|| session.kernel(&name)).or_raise()?;
+                    cache.insert(name, k.clone());
+                    k
+                }
+            }
+        } else {
+            return Err(PyTypeError::new_err(
+                "kernel must be a Kernel (session.kernel(name)) or a kernel name",
+            ));
+        };
+        let params = &kernel.signature().params;
+        if args.len() != params.len() {
+            return Err(ArgumentCountError::new_err(format!(
+                "{} takes {} arguments ({}), got {}",
+                kernel.name(),
+                params.len(),
+                params.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", "),
+                args.len()
+            )));
+        }
+        let range = parse_range(range)?;
+        // Borrow every buffer argument for the duration of the issue.
+        let items: Vec<Bound<'_, PyAny>> = args.iter().collect();
+        let mut buffers: Vec<Option<PyRef<'_, PyBuffer>>> = Vec::with_capacity(items.len());
+        for (index, (item, param)) in items.iter().zip(params).enumerate() {
+            match param.kind {
+                ParamKind::Buffer { .. } => {
+                    let buffer = item.cast::<PyBuffer>().map_err(|_| {
+                        ArgumentTypeError::new_err(format!(
+                            "argument {index} ('{}') is a buffer; got {}",
+                            param.name,
+                            item.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+                        ))
+                    })?;
+                    let buffer = buffer.borrow();
+                    buffer.liveness.check("buffer")?;
+                    if let ParamKind::Buffer { element, .. } = param.kind {
+                        check_element_type(&buffer, element, index, &param.name, kernel.name())?;
+                    }
+                    buffers.push(Some(buffer));
+                }
+                ParamKind::Scalar(_) => buffers.push(None),
+            }
+        }
+        // Lock each distinct buffer once: the same buffer may be passed twice (sgemm's `a, a`),
+        // and a std Mutex locked twice by one thread deadlocks.
+        let mut distinct: Vec<&PyBuffer> = Vec::new();
+        let slots: Vec<Option<usize>> = buffers
+            .iter()
+            .map(|b| {
+                b.as_ref().map(|b| {
+                    let b: &PyBuffer = b;
+                    match distinct.iter().position(|d| std::ptr::eq(*d, b)) {
+                        Some(slot) => slot,
+                        None => {
+                            distinct.push(b);
+                            distinct.len() - 1
+                        }
+                    }
+                })
+            })
+            .collect();
+        let guards: Vec<std::sync::MutexGuard<'_, Option<agora::Buffer>>> = distinct
+            .iter()
+            .map(|b| b.inner.lock().unwrap_or_else(|e| e.into_inner()))
+            .collect();
+        let mut call: Vec<Arg<'_>> = Vec::with_capacity(items.len());
+        for (index, ((item, param), slot)) in items.iter().zip(params).zip(&slots).enumerate() {
+            match (param.kind, slot) {
+                (ParamKind::Buffer { .. }, Some(slot)) => {
+                    call.push(Arg::Buffer(guards[*slot].as_ref().ok_or_else(|| closed("buffer"))?));
+                }
+                (ParamKind::Scalar(ty), _) => call.push(scalar(item, ty, index, &param.name)?),
+                (ParamKind::Buffer { .. }, None) => unreachable!("buffer parameters were borrowed above"),
+            }
+        }
+        match mode {
+            LaunchMode::Whole => self.issue(args.py(), |q| q.launch(&kernel, &call, range)).map(Some),
+            LaunchMode::Rows(rows) => self
+                .issue(args.py(), |q| q.launch_rows(&kernel, &call, range, rows))
+                .map(Some),
+            LaunchMode::Checkpointed(plan) => {
+                let queue = self.queue()?;
+                let task = args
+                    .py()
+                    .detach(|| queue.launch_checkpointed(&kernel, &call, range, &plan))
+                    .or_raise()?;
+                Ok(task.map(|task| PyTask {
+                    task,
+                    liveness: self.liveness.clone(),
+                }))
+            }
         }
     }
 }

@@ -64,3 +64,43 @@ def test_recover_without_a_checkpoint_raises_checkpoint_error(fresh_daemon):
         s.protect(7, b)
         with pytest.raises(agora.CheckpointError, match="no checkpoint to recover from"):
             s.recover()
+
+
+def test_a_checkpointed_launch_runs_in_windows_and_resumes_after_the_recovered_one(fresh_daemon):
+    daemon = fresh_daemon()
+    n = 8192
+    x0 = np.arange(n, dtype=np.float32)
+    with agora.Session(name="py-partial", socket=str(daemon.socket)) as s:
+        x = s.buffer_from(x0)
+        y = s.buffer_from(np.ones(n, dtype=np.float32))
+        q = s.queue("windows")
+        # One window by hand: only its rows change.
+        q.launch("saxpy", 2.0, x, y, range=n, rows=(1024, 2048))
+        q.sync_from(y)
+        q.finish()
+        expected = np.ones(n, dtype=np.float32)
+        expected[1024:2048] += 2.0 * x0[1024:2048]
+        np.testing.assert_array_equal(y.numpy(), expected)
+        with pytest.raises(agora.TaskFailedError, match="row window"):
+            q.launch("saxpy", 2.0, x, y, range=n, rows=(8000, 9000))
+        # The whole range in 8 windows, a checkpoint after each.
+        s.protect(1, y)
+        last = q.launch_checkpointed("saxpy", 2.0, x, y, range=n, window_rows=1024, first_checkpoint=1)
+        assert last is not None
+        q.sync_from(y)
+        q.finish()
+        expected += 2.0 * x0
+        np.testing.assert_array_equal(y.numpy(), expected)
+        deadline = time.monotonic() + 20
+        while s.checkpoints()["writing"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert s.checkpoints()["checkpoints"][-1]["checkpoint"] == 8
+    with agora.Session(name="py-partial", socket=str(daemon.socket)) as s:
+        y = s.buffer(n * 4)
+        s.protect(1, y)
+        assert s.recover()["checkpoint"] == 8
+        np.testing.assert_array_equal(y.numpy(dtype=np.float32), expected)
+        x = s.buffer_from(x0)
+        q = s.queue("resumed")
+        # Resumed after the last window: nothing is left to run.
+        assert q.launch_checkpointed("saxpy", 2.0, x, y, range=n, window_rows=1024, first_checkpoint=1, resume_after=8) is None

@@ -182,7 +182,11 @@ impl Scheduler {
     /// there (1 for anything else), or the device limit it exceeds.
     pub(super) fn fit(&self, device: usize, ready: &Ready) -> Result<u64, TaskError> {
         let Action::Launch {
-            kernel, range, dims, ..
+            kernel,
+            range,
+            dims,
+            window,
+            ..
         } = &ready.action
         else {
             return Ok(1);
@@ -192,6 +196,29 @@ impl Scheduler {
             if let Some((record, _, _)) = entry {
                 *len = record.len;
             }
+        }
+        if let Some((first, end)) = *window {
+            // A window runs as one enqueue of its rows, on a device whose work-groups fit its
+            // bounds (a group spanning the bound would run rows outside the window).
+            let align = self.devices[device].row_alignment(kernel, *dims).max(1);
+            if first % align != 0 || (end != range[0] && end % align != 0) {
+                return Err(TaskError::BadWindow {
+                    reason: agora_protocol::completion::WINDOW_MISALIGNED,
+                    first,
+                    end,
+                });
+            }
+            let mut rows = *range;
+            rows[0] = end - first;
+            let slices = self.devices[device].check_launch(kernel, &rows[..*dims], &lens[..ready.slots])?;
+            if slices > 1 {
+                return Err(TaskError::DeviceLimit {
+                    limit: LaunchLimit::ItemsPerEnqueue,
+                    value: rows[..*dims].iter().product(),
+                    max: rows[..*dims].iter().product::<u64>() / slices,
+                });
+            }
+            return Ok(1);
         }
         let slices = self.devices[device].check_launch(kernel, &range[..*dims], &lens[..ready.slots])?;
         if slices > MAX_SLICES {

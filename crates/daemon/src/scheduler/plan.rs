@@ -322,10 +322,15 @@ impl Scheduler {
     /// slices, when the prediction exceeds twice the target. 1: do not split.
     pub(super) fn slices_for(&self, device: usize, work: &Work, class: QueueClass, predicted_ns: f64) -> u64 {
         let target = self.config.preempt_target_ns;
-        let Work::Launch { range, kernel, .. } = work else {
+        let Work::Launch {
+            range, kernel, rows, ..
+        } = work
+        else {
             return 1;
         };
-        if class != QueueClass::Batch
+        // A row window runs as one enqueue (lanes slice only whole launches).
+        if rows.is_some()
+            || class != QueueClass::Batch
             || !kernel.chunkable
             || target <= 0.0
             || predicted_ns < 2.0 * target
@@ -358,6 +363,7 @@ impl Scheduler {
                 dims,
                 mut args,
                 arg_count,
+                window,
                 ..
             } => {
                 let mut device_args: [Option<Arc<dyn DeviceBuffer>>; MAX_ARGS] = Default::default();
@@ -444,7 +450,7 @@ impl Scheduler {
                     args,
                     arg_count,
                     device_args,
-                    rows: None,
+                    rows: window.map(|(first, end)| first..end),
                 }
             }
             Action::SyncTo => {

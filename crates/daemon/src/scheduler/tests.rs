@@ -99,6 +99,7 @@ fn noop(queue: &Arc<QueueState>, items: u64) -> Ready {
             dims: 1,
             args: [ArgValue::None; MAX_ARGS],
             arg_count: 0,
+            window: None,
         },
         estimated_ns: kernel.estimated_ns(items),
         items,

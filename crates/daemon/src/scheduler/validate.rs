@@ -45,6 +45,8 @@ pub(super) enum Action {
         dims: usize,
         args: [ArgValue; MAX_ARGS],
         arg_count: usize,
+        /// Rows of dimension 0 to run, `(first, end)` (a row window); `None`: all.
+        window: Option<(u64, u64)>,
     },
     SyncTo,
     SyncFrom,
@@ -237,11 +239,21 @@ pub(super) fn resolve(session: &Session, kernels: &KernelTable, d: &Decoded<'_>)
                 needed: &needed,
             };
             kernel.check_shape(&shape)?;
+            if let Some((first, end)) = d.window {
+                if !kernel.chunkable {
+                    return Err(TaskError::BadWindow {
+                        reason: agora_protocol::completion::WINDOW_NOT_CHUNKABLE,
+                        first,
+                        end,
+                    });
+                }
+            }
             // A write-only argument whose checked range is the whole buffer is overwritten
-            // entirely: its old contents need not reach the device.
+            // entirely: its old contents need not reach the device. Not by a row window, which
+            // writes only its rows: the others keep what earlier windows wrote.
             for (index, entry) in buffers.iter_mut().enumerate() {
                 if let Some((record, access, overwrites)) = entry {
-                    *overwrites = *access == Access::Write && needed[index].get() >= record.len;
+                    *overwrites = d.window.is_none() && *access == Access::Write && needed[index].get() >= record.len;
                     // What the size rule says the launch uses (all of it when the rule is silent).
                     touched_bytes += match needed[index].get() {
                         0 => record.len,
@@ -251,7 +263,11 @@ pub(super) fn resolve(session: &Session, kernels: &KernelTable, d: &Decoded<'_>)
             }
             let mut range = [1u64; 3];
             range[..d.range.len()].copy_from_slice(d.range);
-            let estimated = kernel.estimated_ns(shape.items());
+            let items = match d.window {
+                Some((first, end)) => shape.items() / range[0].max(1) * (end - first),
+                None => shape.items(),
+            };
+            let estimated = kernel.estimated_ns(items);
             (
                 Action::Launch {
                     kernel,
@@ -260,6 +276,7 @@ pub(super) fn resolve(session: &Session, kernels: &KernelTable, d: &Decoded<'_>)
                     dims: d.range.len(),
                     args,
                     arg_count: d.args.len(),
+                    window: d.window,
                 },
                 estimated,
             )
@@ -351,6 +368,12 @@ pub(super) fn resolve(session: &Session, kernels: &KernelTable, d: &Decoded<'_>)
         Op::ReleaseBuffer | Op::ReleaseQueue => unreachable!("handled by admit"),
     };
     let items = match &action {
+        Action::Launch {
+            range,
+            dims,
+            window: Some((first, end)),
+            ..
+        } => range[1..*dims].iter().product::<u64>() * (end - first),
         Action::Launch { range, dims, .. } => range[..*dims].iter().product(),
         _ => 0,
     };

@@ -121,8 +121,27 @@ class Session:
 class Queue:
     """An ordered stream of tasks, bound to no device."""
 
-    def launch(self, kernel: Union[Kernel, str], *args: Union[Buffer, Scalar], range: Range) -> Task:
-        """Launches `kernel` over `range`; scalars take the types of the kernel's signature."""
+    def launch(
+        self,
+        kernel: Union[Kernel, str],
+        *args: Union[Buffer, Scalar],
+        range: Range,
+        rows: Optional[tuple[int, int]] = None,
+    ) -> Task:
+        """Launches `kernel` over `range`; scalars take the types of the kernel's signature.
+        `rows=(first, end)`: only those rows of the first dimension run (chunkable kernels)."""
+    def launch_checkpointed(
+        self,
+        kernel: Union[Kernel, str],
+        *args: Union[Buffer, Scalar],
+        range: Range,
+        window_rows: int,
+        first_checkpoint: int,
+        level: int = 1,
+        resume_after: Optional[int] = None,
+    ) -> Optional[Task]:
+        """A long launch issued as row windows with a checkpoint after each (ids from
+        `first_checkpoint`); `resume_after` = the recovered checkpoint runs only later windows."""
     def sync_to(self, buffer: Buffer) -> Task:
         """Makes the devices see the host copy (after writing it)."""
     def sync_from(self, buffer: Buffer) -> Task:
