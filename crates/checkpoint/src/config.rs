@@ -90,6 +90,13 @@ pub struct StoreConfig {
     /// Complete checkpoints kept per application, at least 1; older ones are deleted after each
     /// successful write.
     pub keep: usize,
+    /// Most bytes one user's checkpoints may take in all the store's directories together
+    /// (`None`: no limit). A write that would pass it fails before writing anything, so the
+    /// user's earlier checkpoints stay intact.
+    pub quota_per_user: Option<u64>,
+    /// Test-only: sleep this long after a checkpoint's data is durable and before its manifest
+    /// is written, so that a test can kill the writer in the middle of a checkpoint.
+    pub test_pause_before_manifest: Option<std::time::Duration>,
 }
 
 /// Smallest allowed [`StoreConfig::block_bytes`].
@@ -109,6 +116,8 @@ impl StoreConfig {
             data_shards: 4,
             parity_shards: 2,
             keep: 2,
+            quota_per_user: None,
+            test_pause_before_manifest: None,
         }
     }
 

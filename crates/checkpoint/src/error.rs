@@ -53,6 +53,18 @@ pub enum StoreError {
         /// The newest sequence number present.
         newest: u64,
     },
+    /// The write would take the user's checkpoints past their quota; nothing was written.
+    #[error("checkpoint {sequence} would bring uid {uid}'s checkpoints to {would} bytes, over the quota of {quota} ([checkpoint] quota_per_user); nothing was written and the earlier checkpoints are intact: remove checkpoints of applications the user no longer needs, keep fewer (`keep`), or ask the operator to raise the quota")]
+    QuotaExceeded {
+        /// The user.
+        uid: u32,
+        /// The checkpoint refused.
+        sequence: u64,
+        /// Bytes the user's checkpoints would take with it.
+        would: u64,
+        /// The quota.
+        quota: u64,
+    },
     /// Two entries of one capture share an id, so recovery could not tell them apart.
     #[error("capture has two entries with id {id}: give each protected buffer its own id")]
     DuplicateEntry {

@@ -141,3 +141,20 @@ pub(crate) fn file_has_len(path: &Path, len: u64) -> Result<bool, StoreError> {
         Err(e) => Err(StoreError::io("inspect file", path, e)),
     }
 }
+
+/// Bytes of the regular files under `dir`, recursively (0 when it does not exist; unreadable
+/// entries count 0: the figure is for a quota, which errs on the side of the writes it allows).
+pub(crate) fn tree_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut total = 0;
+    for entry in entries.flatten() {
+        match entry.file_type() {
+            Ok(t) if t.is_dir() => total += tree_bytes(&entry.path()),
+            Ok(t) if t.is_file() => total += entry.metadata().map_or(0, |m| m.len()),
+            _ => {}
+        }
+    }
+    total
+}

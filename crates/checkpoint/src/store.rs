@@ -116,6 +116,9 @@ impl Store {
             }
         }
         let bytes_total: u64 = capture.entries.iter().map(|e| e.bytes.len() as u64).sum();
+        if let Some(quota) = self.config.quota_per_user {
+            self.check_quota(app, &roots, &capture, quota)?;
+        }
         let data = if capture.level == Level::L3 {
             self.write_erasure(app, &capture)?
         } else {
@@ -134,6 +137,9 @@ impl Store {
             erasure: data.erasure,
         };
         let encoded = manifest::encode(&manifest)?;
+        if let Some(pause) = self.config.test_pause_before_manifest {
+            std::thread::sleep(pause);
+        }
         // The manifest goes last and makes the checkpoint complete; every copy names data that is
         // already durable in its own root.
         for root in &roots {
@@ -337,6 +343,67 @@ impl Store {
             blocks_written,
             bytes_written,
         })
+    }
+
+    /// Refuses `capture` when what it would add to the user's checkpoints (the blocks not yet
+    /// present in each root it is written to, or level 3's shards, plus a manifest per root)
+    /// would take them past `quota`. Counted over every root's directory of the user, before
+    /// anything is written; the retention that follows a write may then free some.
+    fn check_quota(&self, app: &AppKey, roots: &[&Path], capture: &Capture, quota: u64) -> Result<(), StoreError> {
+        // A manifest: its fixed part and about 80 bytes per block hash (generous).
+        let block = self.config.block_bytes.max(1);
+        let blocks: u64 = capture
+            .entries
+            .iter()
+            .map(|e| (e.bytes.len() as u64).div_ceil(block))
+            .sum();
+        let manifest_bytes = 4096 + 80 * blocks;
+        let mut adding = manifest_bytes * roots.len() as u64;
+        if capture.level == Level::L3 {
+            let (k, m) = (self.config.data_shards as u64, self.config.parity_shards as u64);
+            let bytes: u64 = capture.entries.iter().map(|e| e.bytes.len() as u64 + 64).sum();
+            adding += bytes.div_ceil(k) * (k + m);
+        } else {
+            let mut seen = HashSet::new();
+            let mut unique = Vec::new();
+            for e in &capture.entries {
+                for chunk in e.bytes.chunks(usize::try_from(block).unwrap_or(usize::MAX)) {
+                    let h = manifest::hash_hex(chunk);
+                    if seen.insert(h.clone()) {
+                        unique.push((h, chunk.len() as u64));
+                    }
+                }
+            }
+            for root in roots {
+                let dir = app_dir(root, app).join(BLOCKS);
+                for (h, len) in &unique {
+                    if !fsio::file_has_len(&dir.join(h), *len)? {
+                        adding += len;
+                    }
+                }
+            }
+        }
+        let mut used = 0u64;
+        for root in [
+            Some(&self.config.local),
+            self.config.partner.as_ref(),
+            self.config.shared.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            used += fsio::tree_bytes(&root.join(app.uid.to_string()));
+        }
+        let would = used.saturating_add(adding);
+        if would > quota {
+            return Err(StoreError::QuotaExceeded {
+                uid: app.uid,
+                sequence: capture.sequence,
+                would,
+                quota,
+            });
+        }
+        Ok(())
     }
 
     /// Writes an L3 checkpoint's shards under the local root, durable before this returns.

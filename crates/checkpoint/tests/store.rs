@@ -543,3 +543,104 @@ proptest! {
         prop_assert!(f.store.list(&a).expect("list").len() <= 2);
     }
 }
+
+#[test]
+fn a_write_past_the_users_quota_is_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let mut config = StoreConfig::new(dir.path().join("local"));
+    config.block_bytes = BLOCK as u64;
+    config.keep = 4;
+    // Room for one 64 KiB state and a few changed blocks, not for a second application's state.
+    config.quota_per_user = Some(100 << 10);
+    let store = Store::open(config).expect("open store");
+    let solver = app("solver");
+    let state = noise(1, 64 << 10);
+    store
+        .write(
+            &solver,
+            capture(
+                1,
+                Level::L1,
+                &[Entry {
+                    id: 1,
+                    bytes: state.clone(),
+                }],
+            ),
+        )
+        .expect("the first checkpoint fits");
+    // Differential: one changed block of 4 KiB fits.
+    let mut changed = state.clone();
+    changed[..BLOCK].copy_from_slice(&noise(2, BLOCK));
+    store
+        .write(
+            &solver,
+            capture(
+                2,
+                Level::L1,
+                &[Entry {
+                    id: 1,
+                    bytes: changed.clone(),
+                }],
+            ),
+        )
+        .expect("a small differential checkpoint fits");
+    // Another application of the same user with a 64 KiB state does not.
+    let other = app("other");
+    match store.write(
+        &other,
+        capture(
+            1,
+            Level::L1,
+            &[Entry {
+                id: 1,
+                bytes: noise(3, 64 << 10),
+            }],
+        ),
+    ) {
+        Err(StoreError::QuotaExceeded {
+            uid: 1000,
+            quota,
+            would,
+            ..
+        }) => {
+            assert_eq!(quota, 100 << 10);
+            assert!(would > quota);
+        }
+        other => panic!("expected a quota refusal, got {other:?}"),
+    }
+    assert!(
+        store.latest(&other).expect("listing").is_none(),
+        "nothing of the refused one"
+    );
+    assert!(
+        !dir.path().join("local/1000/other/blocks").exists()
+            || fs::read_dir(dir.path().join("local/1000/other/blocks"))
+                .unwrap()
+                .next()
+                .is_none()
+    );
+    // Level 3 counts its shards too.
+    assert!(matches!(
+        store.write(
+            &solver,
+            capture(
+                3,
+                Level::L3,
+                &[Entry {
+                    id: 1,
+                    bytes: changed.clone()
+                }]
+            )
+        ),
+        Err(StoreError::QuotaExceeded { .. })
+    ));
+    // The user's earlier checkpoint is intact.
+    let latest = store.latest(&solver).expect("recovery").expect("a checkpoint");
+    assert_eq!(latest.sequence, 2);
+    assert_eq!(latest.entries[0].bytes, changed);
+    // Another user is not affected by this one's use.
+    let stranger = AppKey::new(1001, "solver").expect("valid name");
+    store
+        .write(&stranger, capture(1, Level::L1, &[Entry { id: 1, bytes: state }]))
+        .expect("another user's quota is its own");
+}

@@ -496,3 +496,108 @@ fn a_long_launch_killed_mid_run_resumes_from_its_last_window() {
     assert!(message.contains("inside the launch's first dimension"), "{message}");
     daemon.assert_alive();
 }
+
+#[test]
+fn the_daemon_killed_in_the_middle_of_a_write_leaves_the_previous_checkpoint_valid() {
+    let uid = rustix::process::getuid().as_raw();
+    let dir = temp_dir("checkpoint-midwrite");
+    // Every write pauses 3 s between its data and its manifest: long enough to kill it there.
+    let mut daemon = Daemon::start_in_with(AGORA, dir, &["--no-opencl"], |command| {
+        command.env("AGORA_TEST_CHECKPOINT_PAUSE_MS", "3000");
+    });
+    let first: Vec<f32> = (0..N).map(|i| i as f32).collect();
+    let app_dir = daemon
+        .state_dir()
+        .join("checkpoints")
+        .join(uid.to_string())
+        .join("midwrite");
+    let block_count = || std::fs::read_dir(app_dir.join("blocks")).map_or(0, |d| d.count());
+    let blocks_before;
+    {
+        let s = daemon.session_without_resume("midwrite");
+        let q = s.queue("q").unwrap();
+        let state = s.buffer_from(&first).unwrap();
+        s.protect(1, &state).unwrap();
+        q.checkpoint(1, CheckpointLevel::Local).unwrap();
+        q.finish().unwrap();
+        written(&s);
+        blocks_before = block_count();
+        // The second checkpoint's blocks reach the disk, its manifest never does.
+        state.write_slice(&vec![-1f32; N]).unwrap();
+        q.sync_to(&state).unwrap();
+        q.checkpoint(2, CheckpointLevel::Local).unwrap();
+        q.finish().unwrap();
+    }
+    // Killed while checkpoint 2's blocks are on disk and its manifest is not (the listing
+    // would wait for the write, so the files tell).
+    assert!(
+        eventually(Duration::from_secs(2), || block_count() > blocks_before),
+        "checkpoint 2's data never reached {}",
+        app_dir.display()
+    );
+    let manifests = std::fs::read_dir(app_dir.join("manifests")).unwrap().count();
+    assert_eq!(manifests, 1, "only checkpoint 1 is complete when the daemon dies");
+    daemon.restart(); // SIGKILL, then a daemon without the pause
+    let s = daemon.session_without_resume("midwrite");
+    let state = s.buffer(N as u64 * 4).unwrap();
+    s.protect(1, &state).unwrap();
+    let report = s.recover().unwrap();
+    assert_eq!(report.checkpoint, 1, "the half-written checkpoint does not exist");
+    assert_eq!(
+        state.read_vec::<f32>(),
+        first,
+        "the previous checkpoint recovers exactly"
+    );
+    // And the application continues its ids after the one it recovered.
+    let q = s.queue("q").unwrap();
+    q.checkpoint(2, CheckpointLevel::Local).unwrap();
+    q.finish().unwrap();
+    let report = written(&s);
+    assert!(report.writes.iter().all(|w| w.error.is_none()), "{report:?}");
+    assert_eq!(report.checkpoints.last().map(|c| c.checkpoint), Some(2));
+    daemon.assert_alive();
+}
+
+#[test]
+fn a_users_checkpoints_past_the_quota_are_refused_and_the_earlier_ones_kept() {
+    let dir = temp_dir("checkpoint-quota");
+    std::fs::write(
+        dir.path().join("agora.toml"),
+        "[checkpoint]\nquota_per_user = \"1536K\"\nkeep = 4\n",
+    )
+    .unwrap();
+    let mut daemon = Daemon::start_in(AGORA, dir, &["--config", "{dir}/agora.toml", "--no-opencl"]);
+    let s = daemon.session_without_resume("quota");
+    let q = s.queue("q").unwrap();
+    // 1 MiB fits the 1.5 MiB quota; a second, different 1 MiB does not.
+    let state = s.buffer_from(&(0..N).map(|i| i as f32).collect::<Vec<_>>()).unwrap();
+    s.protect(1, &state).unwrap();
+    q.checkpoint(1, CheckpointLevel::Local).unwrap();
+    q.finish().unwrap();
+    state
+        .write_slice(&(0..N).map(|i| -(i as f32)).collect::<Vec<_>>())
+        .unwrap();
+    q.sync_to(&state).unwrap();
+    q.checkpoint(2, CheckpointLevel::Local).unwrap();
+    q.finish().unwrap();
+    let report = written(&s);
+    let refused = report
+        .writes
+        .iter()
+        .find(|w| w.checkpoint == 2)
+        .expect("the second write");
+    let message = refused.error.clone().expect("refused");
+    assert!(
+        message.contains("over the quota")
+            && message.contains("quota_per_user")
+            && message.contains("earlier checkpoints are intact"),
+        "{message}"
+    );
+    assert_eq!(report.checkpoints.last().map(|c| c.checkpoint), Some(1));
+    let fresh = daemon.session_without_resume("quota");
+    let back = fresh.buffer(N as u64 * 4).unwrap();
+    fresh.protect(1, &back).unwrap();
+    assert_eq!(fresh.recover().unwrap().checkpoint, 1);
+    assert_eq!(back.read_vec::<f32>(), (0..N).map(|i| i as f32).collect::<Vec<_>>());
+    daemon.assert_alive();
+}

@@ -84,6 +84,18 @@ impl Checkpoints {
         store_config.data_shards = config.checkpoint_data_shards;
         store_config.parity_shards = config.checkpoint_parity_shards;
         store_config.keep = config.checkpoint_keep;
+        store_config.quota_per_user =
+            (config.checkpoint_quota_per_user > 0).then_some(config.checkpoint_quota_per_user);
+        if let Some(ms) = std::env::var("AGORA_TEST_CHECKPOINT_PAUSE_MS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            tracing::warn!(
+                ms,
+                "test-only: every checkpoint write pauses before its manifest (AGORA_TEST_CHECKPOINT_PAUSE_MS)"
+            );
+            store_config.test_pause_before_manifest = Some(std::time::Duration::from_millis(ms));
+        }
         let store = match Store::open(store_config) {
             Ok(store) => Some(Arc::new(store)),
             Err(e) => {

@@ -446,6 +446,11 @@ pub struct DaemonConfig {
     /// every iteration and issues a level-1 checkpoint once this long has passed since the last.
     #[default(Duration::from_secs(60))]
     pub checkpoint_interval: Duration,
+    /// Most bytes one user's checkpoints may take on disk, all applications and directories
+    /// together (`[checkpoint] quota_per_user`; 0: no limit). A checkpoint that would pass it
+    /// fails before anything is written (its write reports why); earlier ones stay intact.
+    #[default(0)]
+    pub checkpoint_quota_per_user: u64,
 }
 
 /// Who may build tenant programs.
@@ -698,6 +703,7 @@ section! {
         parity_shards: usize => checkpoint_parity_shards,
         keep: usize => checkpoint_keep,
         interval_s: Seconds => checkpoint_interval,
+        quota_per_user: Bytes => checkpoint_quota_per_user,
     }
 }
 
