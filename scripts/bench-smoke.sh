@@ -44,7 +44,8 @@ case "$bench" in
   and d["verified"] and d["pipeline"]["programs"] >= 8 and d["pipeline"]["nvrtc_ms"] > 0 and d["pipeline"]["ptxas_ms"] is not None
   and (d["gpus"] == 0 or (d["h2d_ratio"] > 0 and d["rodinia_ratio_geomean"] > 0))' ;;
   checkpoint) expr='d["verified"] and all(k in d for k in ("state_bytes", "plain_iteration_s", "checkpointed_iteration_s", "checkpoint_overhead_ratio", "dcp_written_fraction", "first_written_fraction", "write_mib_s", "recover_s", "load_average_at_start"))
-  and 0 < d["dcp_written_fraction"]["median"] < 0.5 and d["first_written_fraction"] > 0.9 and d["write_mib_s"] > 0' ;;
+  and 0 < d["dcp_written_fraction"]["median"] < 0.5 and d["first_written_fraction"] > 0.9 and d["write_mib_s"] > 0
+  and d["partial_verified"] and d["partial_overhead_ratio"] > 0 and all(k in d for k in ("partial_rows", "partial_window_rows", "partial_whole_s", "partial_checkpointed_s"))' ;;
   insitu) expr='d["recovered_exact"] and all(k in d for k in ("recurring_attach_us", "one_time_attach_us", "async_insitu_overhead", "checkpoint_l1_overhead", "attach_512mib_us", "sync_insitu_overhead", "checkpoint_l3_overhead", "simulation_alone_s", "load_average_at_start"))
   and d["recurring_attach_us"] > 0 and d["one_time_attach_us"] > 0 and d["attach_512mib_us"] > 0 and len(d["configurations"]) == 7 and d["communication_points"] == 15' ;;
   *)

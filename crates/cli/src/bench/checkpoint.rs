@@ -66,7 +66,79 @@ struct Report {
     /// Wall time of `recover()` of the newest checkpoint into a fresh session.
     recover_s: f64,
     verified: bool,
+    /// A long sgemm (C = A·B, `partial_rows`² × `partial_rows`) launched whole vs issued as row
+    /// windows of `partial_window_rows` with a level-1 checkpoint of C after each (partial-task
+    /// checkpoints): seconds, min / median / max of the repetitions.
+    partial_rows: u64,
+    partial_window_rows: u64,
+    partial_whole_s: Spread,
+    partial_checkpointed_s: Spread,
+    /// Median over repetitions of checkpointed / whole.
+    partial_overhead_ratio: f64,
+    /// The checkpointed launch's result equals the whole launch's, bit for bit.
+    partial_verified: bool,
     load_average_at_start: Option<f64>,
+}
+
+/// One sgemm of `rows`² × `rows`, whole (`window: None`) or checkpointed in windows of that
+/// many rows (ids from `first_id`); seconds and the result.
+fn sgemm_run(
+    socket: &std::path::Path,
+    name: &str,
+    rows: u64,
+    window: Option<u64>,
+    first_id: u64,
+) -> Result<(f64, Vec<f32>)> {
+    let s = session(socket, name)?;
+    let q = s.queue("sgemm")?;
+    let n = rows as usize;
+    let a: Vec<f32> = (0..n * n).map(|i| ((i * 7) % 13) as f32 * 0.25).collect();
+    let b: Vec<f32> = (0..n * n).map(|i| ((i * 5) % 11) as f32 * 0.5).collect();
+    let (a, b, c) = (
+        s.buffer_from(&a)?,
+        s.buffer_from(&b)?,
+        s.buffer_from(&vec![0f32; n * n])?,
+    );
+    for buffer in [&a, &b, &c] {
+        q.sync_to(buffer)?;
+    }
+    let sgemm = s.kernel("sgemm")?;
+    let args = [
+        agora::Arg::I32(n as i32),
+        agora::Arg::I32(n as i32),
+        agora::Arg::I32(n as i32),
+        agora::Arg::F32(1.0),
+        (&a).into(),
+        (&b).into(),
+        agora::Arg::F32(0.0),
+        (&c).into(),
+    ];
+    q.finish()?;
+    let started = Instant::now();
+    match window {
+        None => {
+            q.launch(&sgemm, &args, (rows, rows))?;
+        }
+        Some(window_rows) => {
+            s.protect(1, &c)?;
+            q.launch_checkpointed(
+                &sgemm,
+                &args,
+                (rows, rows),
+                &agora::CheckpointedLaunch {
+                    window_rows,
+                    first_checkpoint: first_id,
+                    level: CheckpointLevel::Local,
+                    resume_after: None,
+                },
+            )?;
+        }
+    }
+    q.finish()?;
+    let seconds = started.elapsed().as_secs_f64();
+    q.sync_from(&c)?;
+    q.finish()?;
+    Ok((seconds, c.read_vec()))
 }
 
 fn session(socket: &std::path::Path, name: &str) -> Result<Session> {
@@ -206,6 +278,31 @@ pub fn checkpoint(socket: Option<std::path::PathBuf>, args: CheckpointArgs) -> R
     drop(fresh);
     drop(s);
 
+    // Partial-task checkpoints: a long launch checkpointed every window vs whole.
+    let (partial_rows, partial_window_rows) = if args.quick { (256, 64) } else { (1536, 96) };
+    let (mut whole, mut windowed, mut partial_ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let mut partial_verified = true;
+    let mut first_id = 1;
+    for _ in 0..reps {
+        let (w, reference) = sgemm_run(&daemon.socket, "bench-partial", partial_rows, None, 0)?;
+        let (c, result) = sgemm_run(
+            &daemon.socket,
+            "bench-partial",
+            partial_rows,
+            Some(partial_window_rows),
+            first_id,
+        )?;
+        first_id += partial_rows.div_ceil(partial_window_rows);
+        partial_verified &= result == reference;
+        say(format!(
+            "sgemm {partial_rows}²: whole {:.3} s, in windows of {partial_window_rows} rows with a checkpoint after each {:.3} s",
+            w, c
+        ));
+        whole.push(w);
+        windowed.push(c);
+        partial_ratios.push(c / w);
+    }
+
     let result = Report {
         state_bytes,
         changed_fraction: args.changed,
@@ -219,6 +316,12 @@ pub fn checkpoint(socket: Option<std::path::PathBuf>, args: CheckpointArgs) -> R
         write_mib_s,
         recover_s,
         verified,
+        partial_rows,
+        partial_window_rows,
+        partial_whole_s: spread(&whole),
+        partial_checkpointed_s: spread(&windowed),
+        partial_overhead_ratio: median(&partial_ratios),
+        partial_verified,
         load_average_at_start,
     };
     say(format!(
@@ -237,8 +340,16 @@ pub fn checkpoint(socket: Option<std::path::PathBuf>, args: CheckpointArgs) -> R
     if args.json {
         println!("{}", serde_json::to_string_pretty(&result)?);
     }
+    say(format!(
+        "partial-task checkpoints: a {partial_rows}² sgemm checkpointed every {partial_window_rows} rows takes {:.3}x its whole launch (median), result {}",
+        result.partial_overhead_ratio,
+        if partial_verified { "identical" } else { "DIFFERENT" }
+    ));
     if !verified {
         bail!("the recovered state differs from the last checkpointed one");
+    }
+    if !partial_verified {
+        bail!("the checkpointed sgemm's result differs from the whole launch's");
     }
     Ok(())
 }
