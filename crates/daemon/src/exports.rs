@@ -404,6 +404,34 @@ mod tests {
     }
 
     #[test]
+    fn who_may_attach_is_the_exporters_uid_the_listed_uids_and_gids_and_admins() {
+        let readers = ExportReaders {
+            uids: vec![2001],
+            gids: vec![300],
+        };
+        let export = |readers: ExportReaders| Export {
+            session: 1,
+            client: "sim".into(),
+            uid: 1000,
+            record: crate::memory::tests_support::record(64),
+            region: Arc::new(Region::create("agora-test-export", 64).unwrap()),
+            readers,
+            writable: false,
+            revoked: Arc::default(),
+            attachments: Vec::new(),
+            attaches: 0,
+        };
+        let open = export(readers);
+        assert!(open.may_attach(1000, 1000, false), "the exporter's own uid");
+        assert!(open.may_attach(2001, 5, false), "a listed uid");
+        assert!(open.may_attach(3000, 300, false), "a member of a listed gid");
+        assert!(!open.may_attach(3000, 301, false), "anyone else");
+        assert!(open.may_attach(3000, 301, true), "an administrator");
+        let private = export(ExportReaders::default());
+        assert!(!private.may_attach(2001, 300, false), "by default the exporter's uid only");
+    }
+
+    #[test]
     fn the_session_limit_counts_regions_and_gives_them_back() {
         let mut sharing = SessionSharing::new(100);
         sharing.reserve(60).unwrap();

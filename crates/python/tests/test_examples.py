@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 
 from conftest import REPO
 
@@ -102,3 +103,24 @@ def test_checkpoint_guide_shows_the_example_verbatim():
     body = "\n".join(body.splitlines()[1:]).rstrip()
     guide = (REPO / "docs" / "checkpoint.md").read_text()
     assert body in guide, "docs/checkpoint.md must show examples/checkpoint.py's example verbatim"
+
+
+def test_insitu_example_attaches_the_simulations_snapshots(daemon):
+    """examples/insitu.py: two processes share snapshots through an export; it checks them."""
+    run = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "insitu.py"), "--steps", "20", "--every", "4", "--size", "100000"],
+        env={**os.environ, "AGORA_SOCKET": str(daemon.socket)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.strip() == "in situ verified"
+
+
+def test_exports_guide_shows_the_insitu_example_verbatim():
+    example = (REPO / "examples" / "insitu.py").read_text()
+    body = example[example.index("# docs example begins") : example.index("# docs example ends")]
+    body = textwrap.dedent("\n".join(body.splitlines()[1:])).strip()
+    guide = (REPO / "docs" / "exports.md").read_text()
+    assert body in guide, "docs/exports.md must show examples/insitu.py's example verbatim"
