@@ -32,6 +32,7 @@ test: setup
 	bash scripts/bench-smoke.sh ./target/release/agora bench gpu --quick --json
 	bash scripts/bench-smoke.sh ./target/release/agora bench checkpoint --quick --json
 	bash scripts/bench-smoke.sh ./target/release/agora bench insitu --quick --json
+	bash scripts/bench-smoke.sh ./target/release/agora bench rt --quick --json
 
 bench: setup
 	./target/release/agora bench latency

@@ -48,6 +48,8 @@ case "$bench" in
   and d["partial_verified"] and d["partial_overhead_ratio"] > 0 and all(k in d for k in ("partial_rows", "partial_window_rows", "partial_whole_s", "partial_checkpointed_s"))' ;;
   insitu) expr='d["recovered_exact"] and all(k in d for k in ("recurring_attach_us", "one_time_attach_us", "async_insitu_overhead", "checkpoint_l1_overhead", "attach_512mib_us", "sync_insitu_overhead", "checkpoint_l3_overhead", "simulation_alone_s", "load_average_at_start"))
   and d["recurring_attach_us"] > 0 and d["one_time_attach_us"] > 0 and d["attach_512mib_us"] > 0 and len(d["configurations"]) == 7 and d["communication_points"] == 15' ;;
+  rt) expr='d["simulated"] and d["admitted_misses"] == 0 and d["lanes"] == 4 and d["apedf_admitted_utilisation"] >= 2.5
+  and all(k in d for k in ("gedf_miss_ratio_at_full", "fifo_miss_ratio_at_full", "release_jitter_p99_us", "points")) and len(d["points"]) >= 2' ;;
   *)
     echo "bench-smoke: no checks for bench '$bench': add them here" >&2
     exit 2

@@ -12,6 +12,7 @@ mod cmd;
 mod model;
 mod plot;
 mod progress;
+mod rt;
 mod sim;
 mod size;
 mod top;
@@ -72,6 +73,10 @@ enum Command {
     /// List the exported buffers you may attach (yours, and those exported to your uid or
     /// group; an administrator sees all): name, exporter, size, mode and attachers.
     Exports(cmd::ExportsArgs),
+    /// Periodic task graphs from an RTDAG YAML file: check them, admit them onto lanes (APEDF),
+    /// and simulate them (`--simulate`; the daemon does not run DAGs yet), with RTDAG's
+    /// response-time statistics per DAG.
+    Rtdag(rt::RtdagArgs),
     /// Run a bundled workload as a client of a running daemon and verify its result.
     Run(cmd::RunArgs),
     /// Start an embedded daemon, run several client processes against it, print a summary.
@@ -163,6 +168,7 @@ fn main() {
         Command::Undrain(args) => cmd::drain(args, false),
         Command::Kernels(args) => cmd::kernels(args),
         Command::Exports(args) => cmd::exports(args),
+        Command::Rtdag(args) => rt::rtdag(args),
         Command::Run(args) => cmd::run(args),
         Command::Demo(args) => cmd::demo(args),
         Command::Trace(TraceCommand::Save(socket)) => cmd::trace_save(socket.path()),

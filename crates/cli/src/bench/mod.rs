@@ -65,6 +65,10 @@ pub enum BenchCommand {
     /// attachment), and the simulation with checkpoints per level: time against the simulation
     /// alone, attach latency, and a recovered run verified bit for bit.
     Insitu(insitu::InsituArgs),
+    /// Periodic DAG sets swept from utilisation 0.5 to the number of lanes under FIFO, global
+    /// EDF and APEDF first-fit / worst-fit, in the simulator (the daemon does not run DAGs yet):
+    /// miss ratios, what APEDF admits, misses of admitted sets.
+    Rt(crate::rt::BenchRtArgs),
     /// Minutes of mixed, verified work from several client processes, some killed (`kill -9`)
     /// and restarted at random: wrong results (must be 0), the daemon's RSS and descriptor
     /// slopes after warm-up, throughput per interval.
@@ -85,5 +89,6 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Gpu(args) => gpu::gpu(args.socket.path(), args),
         BenchCommand::Checkpoint(args) => checkpoint::checkpoint(args.socket.path(), args),
         BenchCommand::Insitu(args) => insitu::insitu(args.socket.path(), args),
+        BenchCommand::Rt(args) => crate::rt::bench_rt(args),
     }
 }

@@ -1,0 +1,408 @@
+//! `agora rtdag FILE.yaml --simulate` and `agora bench rt`: periodic task graphs (issue #16),
+//! analysed and simulated with `agora-realtime`.
+//!
+//! What is built: RTDAG's YAML files are read and checked, admission (APEDF first-fit or
+//! worst-fit over N lanes) says which DAGs fit and, for those that do not, the arithmetic; the
+//! admitted set runs in the discrete-event simulator under the chosen policy, and the report has
+//! RTDAG's end-to-end response-time statistics per DAG. What is not built yet: the daemon running
+//! DAGs on its lanes (a deadline class, releases by a timer in the daemon). Every output says
+//! "simulated" so that nobody reads these figures as measurements of the daemon.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use agora_realtime::{
+    simulate, sweep, Admission, AdmissionConfig, AdmissionError, DagLimits, Packing, Policy, SimulationConfig,
+    SweepConfig, Workload,
+};
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+
+/// A scheduling policy on the command line.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum PolicyArg {
+    /// Release order, any free lane.
+    Fifo,
+    /// Global EDF.
+    Gedf,
+    /// APEDF, first-fit pushes.
+    ApedfFf,
+    /// APEDF, worst-fit pushes.
+    ApedfWf,
+}
+
+impl PolicyArg {
+    fn policy(self) -> Policy {
+        match self {
+            PolicyArg::Fifo => Policy::Fifo,
+            PolicyArg::Gedf => Policy::GlobalEdf,
+            PolicyArg::ApedfFf => Policy::ApedfFirstFit,
+            PolicyArg::ApedfWf => Policy::ApedfWorstFit,
+        }
+    }
+}
+
+/// `agora rtdag` options.
+#[derive(Args, Debug)]
+pub struct RtdagArgs {
+    /// An RTDAG task-set file (one YAML document per DAG: dag_name, dag_period, dag_deadline,
+    /// tasks_name, tasks_wcet, tasks_rel_deadline, adjacency matrix, ...).
+    file: PathBuf,
+    /// Analyse and simulate the set (the only mode today: the daemon does not run DAGs yet).
+    #[arg(long)]
+    simulate: bool,
+    /// Lanes to place the DAGs on.
+    #[arg(long, default_value_t = 4)]
+    lanes: usize,
+    /// Scheduling policy of the simulation.
+    #[arg(long, value_enum, default_value = "apedf-ff")]
+    policy: PolicyArg,
+    /// Margin on every WCET (0.1 = +10 %).
+    #[arg(long, default_value_t = 0.0)]
+    wcet_margin: f64,
+    /// Launches are preemptible only every this many microseconds (Agora's chunk length).
+    #[arg(long, default_value_t = 0)]
+    chunk_us: u64,
+    /// Simulated seconds of releases.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct DagLine {
+    name: String,
+    admitted: bool,
+    /// Lane of each node (admitted DAGs).
+    lanes: Vec<usize>,
+    /// Why not (refused DAGs): the admission's arithmetic.
+    refusal: Option<String>,
+    utilisation: f64,
+}
+
+#[derive(Serialize)]
+struct RtdagReport {
+    simulated: bool,
+    file: String,
+    lanes: usize,
+    policy: &'static str,
+    dags: Vec<DagLine>,
+    lane_utilisation: Vec<f64>,
+    simulation: Option<agora_realtime::SimulationReport>,
+}
+
+/// Runs `agora rtdag`.
+pub fn rtdag(args: RtdagArgs) -> Result<()> {
+    if !args.simulate {
+        bail!(
+            "running DAGs on the daemon is not built yet (issue #16: the deadline class and the daemon's release timer); \
+             `agora rtdag {} --simulate` checks the set, admits it and simulates it",
+            args.file.display()
+        );
+    }
+    let specs = agora_realtime::rtdag::read_file(&args.file)?;
+    let config = AdmissionConfig {
+        lanes: args.lanes,
+        packing: match args.policy {
+            PolicyArg::ApedfWf => Packing::WorstFit,
+            _ => Packing::FirstFit,
+        },
+        wcet_margin: args.wcet_margin,
+        preemption_granularity_us: args.chunk_us,
+    };
+    let mut admission = Admission::new(config).context("admission settings")?;
+    let limits = DagLimits::default();
+    let mut lines = Vec::new();
+    let (mut admitted, mut homes) = (Vec::new(), Vec::new());
+    for spec in specs {
+        let name = spec.name.clone();
+        let dag = spec.validate(&limits).with_context(|| format!("DAG {name}"))?;
+        let utilisation = dag.utilisation();
+        match admission.admit(dag.clone()) {
+            Ok(decision) => {
+                lines.push(DagLine {
+                    name,
+                    admitted: true,
+                    lanes: decision.lanes.clone(),
+                    refusal: None,
+                    utilisation,
+                });
+                homes.push(decision.lanes);
+                admitted.push(dag);
+            }
+            Err(AdmissionError::Refused(refusal)) => lines.push(DagLine {
+                name,
+                admitted: false,
+                lanes: Vec::new(),
+                refusal: Some(refusal.to_string()),
+                utilisation,
+            }),
+            Err(e) => bail!("admission of {name}: {e}"),
+        }
+    }
+    let simulation = if admitted.is_empty() {
+        None
+    } else {
+        let mut sim = SimulationConfig::new(args.lanes, args.policy.policy());
+        sim.duration_us = (args.seconds * 1e6) as u64;
+        sim.preemption_granularity_us = args.chunk_us;
+        sim.wcet_margin = args.wcet_margin;
+        Some(simulate(
+            &Workload {
+                dags: admitted,
+                home_lanes: Some(homes),
+            },
+            &sim,
+        )?)
+    };
+    let report = RtdagReport {
+        simulated: true,
+        file: args.file.display().to_string(),
+        lanes: args.lanes,
+        policy: args.policy.policy().name(),
+        lane_utilisation: admission.lane_utilisation(),
+        dags: lines,
+        simulation,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!(
+        "{} (simulated: {} lanes, {}; the daemon does not run DAGs yet)",
+        report.file, report.lanes, report.policy
+    );
+    for line in &report.dags {
+        if line.admitted {
+            println!(
+                "  {:<20} admitted, utilisation {:.3}, nodes on lanes {:?}",
+                line.name, line.utilisation, line.lanes
+            );
+        } else {
+            println!(
+                "  {:<20} REFUSED, utilisation {:.3}: {}",
+                line.name,
+                line.utilisation,
+                line.refusal.as_deref().unwrap_or("")
+            );
+        }
+    }
+    let lanes: Vec<String> = report.lane_utilisation.iter().map(|u| format!("{u:.3}")).collect();
+    println!("  lane utilisation: {}", lanes.join(" "));
+    if let Some(sim) = &report.simulation {
+        println!(
+            "  {:<20} {:>9} {:>7} {:>11} {:>11} {:>11} {:>10}",
+            "dag", "releases", "misses", "resp p50 ms", "resp p99 ms", "resp max ms", "migrations"
+        );
+        for dag in &sim.dags {
+            println!(
+                "  {:<20} {:>9} {:>7} {:>11.3} {:>11.3} {:>11.3} {:>10}",
+                dag.name,
+                dag.releases,
+                dag.deadline_misses,
+                dag.response_time.p50_us as f64 / 1e3,
+                dag.response_time.p99_us as f64 / 1e3,
+                dag.response_time.max_us as f64 / 1e3,
+                dag.migrations
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `agora bench rt` options.
+#[derive(Args, Debug)]
+pub struct BenchRtArgs {
+    /// Lanes.
+    #[arg(long, default_value_t = 4)]
+    lanes: usize,
+    /// Task sets per utilisation point (default 10; 2 with --quick).
+    #[arg(long)]
+    sets: Option<usize>,
+    /// Simulated seconds per set (default 1; 0.2 with --quick).
+    #[arg(long)]
+    seconds: Option<f64>,
+    /// Launches are preemptible only every this many microseconds (Agora's chunk length).
+    #[arg(long, default_value_t = 0)]
+    chunk_us: u64,
+    /// Seed of the task-set generator.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Write the miss ratio against utilisation per policy as an SVG plot.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    /// A short version for smoke checks.
+    #[arg(long)]
+    quick: bool,
+}
+
+#[derive(Serialize)]
+struct BenchRtReport {
+    /// Every figure comes from the simulator (the daemon does not run DAGs yet).
+    simulated: bool,
+    lanes: usize,
+    admitted_misses: u64,
+    apedf_admitted_utilisation: f64,
+    gedf_miss_ratio_at_full: f64,
+    fifo_miss_ratio_at_full: f64,
+    /// Release jitter of the daemon's timer: not measurable until the daemon releases DAGs.
+    release_jitter_p99_us: Option<f64>,
+    first_fit_bound: f64,
+    points: Vec<agora_realtime::sweep::SweepPoint>,
+}
+
+/// Runs `agora bench rt`.
+pub fn bench_rt(args: BenchRtArgs) -> Result<()> {
+    let mut config = SweepConfig::new(args.lanes);
+    config.sets_per_point = args.sets.unwrap_or(if args.quick { 2 } else { 10 }).max(1);
+    config.duration_us = (args.seconds.unwrap_or(if args.quick { 0.2 } else { 1.0 }) * 1e6) as u64;
+    config.preemption_granularity_us = args.chunk_us;
+    config.seed = args.seed;
+    let report = sweep(&config)?;
+    let out = BenchRtReport {
+        simulated: true,
+        lanes: report.summary.lanes,
+        admitted_misses: report.summary.admitted_misses,
+        apedf_admitted_utilisation: report.summary.apedf_admitted_utilisation,
+        gedf_miss_ratio_at_full: report.summary.gedf_miss_ratio_at_full,
+        fifo_miss_ratio_at_full: report.summary.fifo_miss_ratio_at_full,
+        release_jitter_p99_us: None,
+        first_fit_bound: agora_realtime::first_fit_utilisation_bound(args.lanes, 1.0),
+        points: report.points,
+    };
+    if let Some(path) = &args.plot {
+        std::fs::write(path, plot(&out)).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!(
+        "simulated, {} lanes, {} sets per point (the daemon does not run DAGs yet):",
+        out.lanes, config.sets_per_point
+    );
+    println!(
+        "  {:>11}  {:>8} {:>8} {:>10} {:>10}  apedf-ff admitted",
+        "utilisation", "fifo", "gedf", "apedf-ff", "apedf-wf"
+    );
+    for point in &out.points {
+        let ratio = |p: Policy| {
+            point
+                .policies
+                .iter()
+                .find(|x| x.policy == p)
+                .map_or(f64::NAN, |x| x.miss_ratio)
+        };
+        let admitted = point
+            .policies
+            .iter()
+            .find(|x| x.policy == Policy::ApedfFirstFit)
+            .and_then(|x| x.admitted_utilisation)
+            .unwrap_or(f64::NAN);
+        println!(
+            "  {:>11.2}  {:>7.1}% {:>7.1}% {:>9.1}% {:>9.1}%  {:.2}",
+            point.target_utilisation,
+            100.0 * ratio(Policy::Fifo),
+            100.0 * ratio(Policy::GlobalEdf),
+            100.0 * ratio(Policy::ApedfFirstFit),
+            100.0 * ratio(Policy::ApedfWorstFit),
+            admitted
+        );
+    }
+    println!(
+        "admitted sets: {} misses; APEDF-FF admitted {:.2} of {} offered at full load (first-fit bound {:.2}); miss ratio at full load: FIFO {:.1}%, GEDF {:.1}% (every DAG running)",
+        out.admitted_misses,
+        out.apedf_admitted_utilisation,
+        out.lanes,
+        out.first_fit_bound,
+        100.0 * out.fifo_miss_ratio_at_full,
+        100.0 * out.gedf_miss_ratio_at_full
+    );
+    Ok(())
+}
+
+/// Miss ratio (every DAG running) against offered utilisation, one line per policy.
+fn plot(report: &BenchRtReport) -> String {
+    let (w, h, left, right, top, bottom) = (640.0, 400.0, 60.0, 20.0, 40.0, 50.0);
+    let xs: Vec<f64> = report.points.iter().map(|p| p.target_utilisation).collect();
+    let (lo, hi) = (xs.first().copied().unwrap_or(0.0), xs.last().copied().unwrap_or(1.0));
+    let y_max = report
+        .points
+        .iter()
+        .flat_map(|p| p.policies.iter().map(|x| x.miss_ratio))
+        .fold(0.01, f64::max);
+    let tx = |x: f64| left + (x - lo) / (hi - lo).max(1e-9) * (w - left - right);
+    let ty = |y: f64| top + (1.0 - y / y_max) * (h - top - bottom);
+    let mut svg = String::new();
+    let _ = write!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">
+<rect width="100%" height="100%" fill="white"/>
+<text x="{}" y="20" text-anchor="middle" font-size="14">Deadline-miss ratio vs utilisation, {} lanes (simulated)</text>
+<line x1="{left}" y1="{}" x2="{}" y2="{}" stroke="black"/><line x1="{left}" y1="{top}" x2="{left}" y2="{}" stroke="black"/>
+"#,
+        w / 2.0,
+        report.lanes,
+        h - bottom,
+        w - right,
+        h - bottom,
+        h - bottom
+    );
+    for &x in &xs {
+        let _ = writeln!(
+            svg,
+            r#"<text x="{}" y="{}" text-anchor="middle">{x}</text>"#,
+            tx(x),
+            h - bottom + 16.0
+        );
+    }
+    for i in 0..=4 {
+        let y = y_max * i as f64 / 4.0;
+        let _ = writeln!(
+            svg,
+            r##"<text x="{}" y="{}" text-anchor="end">{:.1}%</text><line x1="{left}" y1="{}" x2="{}" y2="{}" stroke="#ddd"/>"##,
+            left - 6.0,
+            ty(y) + 4.0,
+            y * 100.0,
+            ty(y),
+            w - right,
+            ty(y)
+        );
+    }
+    let _ = writeln!(
+        svg,
+        r#"<text x="{}" y="{}" text-anchor="middle">offered utilisation (sum over DAGs)</text>"#,
+        w / 2.0,
+        h - 12.0
+    );
+    let colours = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd"];
+    for (index, policy) in Policy::ALL.iter().enumerate() {
+        let points: Vec<String> = report
+            .points
+            .iter()
+            .filter_map(|p| {
+                p.policies
+                    .iter()
+                    .find(|x| x.policy == *policy)
+                    .map(|x| format!("{:.1},{:.1}", tx(p.target_utilisation), ty(x.miss_ratio)))
+            })
+            .collect();
+        let colour = colours[index % colours.len()];
+        let _ = writeln!(
+            svg,
+            r#"<polyline points="{}" fill="none" stroke="{colour}" stroke-width="2"/><text x="{}" y="{}" fill="{colour}">{}</text>"#,
+            points.join(" "),
+            left + 10.0,
+            top + 16.0 * (index as f64 + 1.0),
+            policy.name()
+        );
+    }
+    svg.push_str("</svg>\n");
+    svg
+}

@@ -1,0 +1,72 @@
+//! Issue 16, first part: `agora rtdag FILE.yaml --simulate` reads RTDAG's task-set format,
+//! admits the DAGs onto lanes with the arithmetic of each refusal, and simulates the admitted set;
+//! without `--simulate` it says that the daemon does not run DAGs yet. Bad files get a message
+//! that names the line and field.
+
+use std::process::Command;
+
+const AGORA: &str = env!("CARGO_BIN_EXE_agora");
+
+fn example() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/rtdag/pipeline.yaml")
+}
+
+fn run(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(AGORA).args(args).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn an_rtdag_file_is_admitted_and_meets_its_deadlines_in_simulation() {
+    let file = example();
+    let file = file.to_str().unwrap();
+    let (ok, stdout, stderr) = run(&["rtdag", file, "--simulate", "--json"]);
+    assert!(ok, "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["simulated"], true);
+    let dags = report["dags"].as_array().unwrap();
+    assert_eq!(dags.len(), 3);
+    assert!(dags.iter().all(|d| d["admitted"] == true), "{report}");
+    let sim = &report["simulation"];
+    assert_eq!(sim["total"]["deadline_misses"], 0, "{sim}");
+    assert!(sim["total"]["releases"].as_u64().unwrap() > 1000);
+
+    // On one lane two of them cannot fit: refused with the numbers and what would fit.
+    let (ok, stdout, _) = run(&["rtdag", file, "--simulate", "--lanes", "1"]);
+    assert!(ok);
+    assert!(stdout.contains("logger               REFUSED"), "{stdout}");
+    assert!(stdout.contains("it would have fit with a WCET of at most"), "{stdout}");
+
+    // The daemon does not run DAGs yet, and says so.
+    let (ok, _, stderr) = run(&["rtdag", file]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("not built yet") && stderr.contains("--simulate"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_bad_rtdag_file_is_refused_with_the_line_and_field() {
+    let dir = agora_test_support::temp_dir("rtdag-bad");
+    let cyclic = dir.path().join("cyclic.yaml");
+    std::fs::write(
+        &cyclic,
+        "dag_name: \"loop\"\nn_tasks: 2\ndag_period: 1000\ndag_deadline: 1000\ntasks_name: [\"a\", \"b\"]\n\
+         tasks_type: [\"cpu\", \"cpu\"]\ntasks_wcet: [100, 100]\ntasks_rel_deadline: [500, 500]\n\
+         adjacency_matrix: [[0, 1], [1, 0]]\n",
+    )
+    .unwrap();
+    let (ok, _, stderr) = run(&["rtdag", cyclic.to_str().unwrap(), "--simulate"]);
+    assert!(!ok);
+    assert!(stderr.contains("cycle"), "{stderr}");
+    let wrong = dir.path().join("wrong.yaml");
+    std::fs::write(&wrong, "dag_name: \"x\"\ndag_period: \"soon\"\n").unwrap();
+    let (ok, _, stderr) = run(&["rtdag", wrong.to_str().unwrap(), "--simulate"]);
+    assert!(!ok);
+    assert!(stderr.contains("dag_period"), "{stderr}");
+}
