@@ -2,7 +2,8 @@
 #   make demo   install what is needed, build, run the demo (embedded daemon + client processes)
 #   make test   the whole test suite: format, lints, unit and integration tests, short fuzz runs
 #               of every parser of untrusted bytes (scripts/fuzz.sh), the protocol crate's
-#               unsafe code under Miri (scripts/miri.sh), a --quick smoke run of every
+#               unsafe code under Miri (scripts/miri.sh), jobs on a real Slurm cluster on loopback
+#               sharing nodes through Agora (scripts/slurm/agora-jobs.sh), a --quick smoke run of every
 #               benchmark, its JSON checked by scripts/bench-smoke.sh
 .PHONY: setup demo test bench c gpu-dist
 
@@ -21,6 +22,7 @@ test: setup
 	bash scripts/miri.sh
 	bash scripts/loom.sh
 	.venv/bin/python -m pytest -q crates/python/tests
+	bash scripts/slurm/agora-jobs.sh ./target/release/agora
 	bash scripts/bench-smoke.sh ./target/release/agora bench latency --quick --json
 	bash scripts/bench-smoke.sh ./target/release/agora bench overhead --quick --json
 	bash scripts/bench-smoke.sh ./target/release/agora bench hetero --quick --json

@@ -65,4 +65,8 @@ echo "setup: installing the Python package into .venv (pip install ./crates/pyth
 echo "setup: installing NVRTC and ptxas (PyPI: nvidia-cuda-nvrtc-cu12, nvidia-cuda-nvcc-cu12) into .venv"
 .venv/bin/python -m pip install --quiet --disable-pip-version-check "nvidia-cuda-nvrtc-cu12==12.9.*" "nvidia-cuda-nvcc-cu12==12.9.*"
 
+# Slurm and MUNGE from Debian's packages, for the test that runs Agora under a real Slurm cluster
+# on loopback (scripts/slurm/agora-jobs.sh; issue #17). Their system services are not used.
+bash scripts/slurm/install.sh
+
 echo "setup: done; the CLI is target/release/agora"

@@ -15,7 +15,8 @@
 # here; any user works, but then only that user's jobs run: see README.md).
 # Environment: SLURM_NODES (default 2: two slurmd on this host, n1 and n2, each on its own
 # port; 1 for a single node n1), SLURM_GRES_COUNT (default 8: the `agora` GRES per node),
-# SLURM_START_TIMEOUT (default 60 s), SLURM_PROCTRACK (default proctrack/pgid; see README.md).
+# SLURM_START_TIMEOUT (default 60 s), SLURM_PROCTRACK (default proctrack/pgid; see README.md),
+# SLURM_EXTRA_CONF (lines appended to slurm.conf).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -116,6 +117,8 @@ KillWait=2
 MinJobAge=30
 GresTypes=agora
 EOF
+  # Lines a caller adds (e.g. `TaskProlog=...` for scripts/slurm/agora-jobs.sh).
+  if [ -n "${SLURM_EXTRA_CONF:-}" ]; then echo "$SLURM_EXTRA_CONF" >>"$dir/slurm.conf"; fi
   for i in $(seq 1 "$n"); do
     echo "NodeName=n$i NodeHostname=localhost NodeAddr=127.0.0.1 Port=$(free_port) CPUs=$cpus RealMemory=1024 Gres=agora:$gres_count Features=agora State=UNKNOWN" >>"$dir/slurm.conf"
   done

@@ -594,6 +594,64 @@ pub fn devices(socket: Option<PathBuf>) -> Result<()> {
     Ok(())
 }
 
+/// `agora slurm …`.
+#[derive(clap::Subcommand, Debug)]
+pub enum SlurmCommand {
+    /// Print the lines an administrator adds to slurm.conf and gres.conf for this node: node
+    /// features naming Agora and its device kinds, and a count-only GRES `agora` of one share
+    /// per lane of the node's devices (jobs ask `--gres=agora:K`).
+    Conf(SlurmConfArgs),
+}
+
+/// `agora slurm conf`.
+#[derive(Args, Debug)]
+pub struct SlurmConfArgs {
+    #[command(flatten)]
+    pub socket: SocketArg,
+    /// The node's name in slurm.conf (default: this host's name).
+    #[arg(long)]
+    pub node: Option<String>,
+}
+
+/// Runs `agora slurm …`.
+pub fn slurm(command: SlurmCommand) -> Result<()> {
+    match command {
+        SlurmCommand::Conf(args) => slurm_conf(args),
+    }
+}
+
+fn slurm_conf(args: SlurmConfArgs) -> Result<()> {
+    let report = agora::daemon_status(args.socket.path())?;
+    let node = match args.node {
+        Some(node) => node,
+        // Slurm's default NodeName is the short host name.
+        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().split('.').next().unwrap_or("").to_string())
+            .unwrap_or_else(|_| "localhost".into()),
+    };
+    let lanes: usize = report.devices.iter().map(|d| d.lanes.len()).sum();
+    let mut kinds: Vec<String> = report.devices.iter().map(|d| d.kind.to_string()).collect();
+    kinds.sort();
+    kinds.dedup();
+    let devices: Vec<String> = report
+        .devices
+        .iter()
+        .map(|d| format!("{} ({}, {} lanes)", d.name, d.kind, d.lanes.len()))
+        .collect();
+    let features: Vec<String> = std::iter::once("agora".to_string())
+        .chain(kinds.iter().map(|k| format!("agora-{k}")))
+        .collect();
+    println!("# Agora on {node}: {}; {lanes} lanes in all.", devices.join(", "));
+    println!("# A share is one lane's time: a job asking --gres=agora:K may keep about K lanes busy.");
+    println!("# slurm.conf, once:");
+    println!("GresTypes=agora");
+    println!("# slurm.conf, on this node's NodeName line (with its other settings):");
+    println!("NodeName={node} Features={} Gres=agora:{lanes}", features.join(","));
+    println!("# gres.conf on this node (a count, no device files):");
+    println!("NodeName={node} Name=agora Count={lanes}");
+    Ok(())
+}
+
 /// `agora exports`.
 #[derive(Args, Debug)]
 pub struct ExportsArgs {

@@ -77,6 +77,10 @@ enum Command {
     /// and simulate them (`--simulate`; the daemon does not run DAGs yet), with RTDAG's
     /// response-time statistics per DAG.
     Rtdag(rt::RtdagArgs),
+    /// Slurm integration: `agora slurm conf` prints the node's slurm.conf and gres.conf lines
+    /// (features and a GRES of Agora shares) from what the running daemon sees.
+    #[command(subcommand)]
+    Slurm(cmd::SlurmCommand),
     /// Run a bundled workload as a client of a running daemon and verify its result.
     Run(cmd::RunArgs),
     /// Start an embedded daemon, run several client processes against it, print a summary.
@@ -169,6 +173,7 @@ fn main() {
         Command::Kernels(args) => cmd::kernels(args),
         Command::Exports(args) => cmd::exports(args),
         Command::Rtdag(args) => rt::rtdag(args),
+        Command::Slurm(command) => cmd::slurm(command),
         Command::Run(args) => cmd::run(args),
         Command::Demo(args) => cmd::demo(args),
         Command::Trace(TraceCommand::Save(socket)) => cmd::trace_save(socket.path()),

@@ -428,7 +428,10 @@ mod tests {
         assert!(!open.may_attach(3000, 301, false), "anyone else");
         assert!(open.may_attach(3000, 301, true), "an administrator");
         let private = export(ExportReaders::default());
-        assert!(!private.may_attach(2001, 300, false), "by default the exporter's uid only");
+        assert!(
+            !private.may_attach(2001, 300, false),
+            "by default the exporter's uid only"
+        );
     }
 
     #[test]

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Issue #17, on a real Slurm cluster: jobs share a node's accelerators through Agora.
+#
+#   bash scripts/slurm/agora-jobs.sh [AGORA]      (AGORA: the agora binary, default target/release/agora)
+#
+# Starts a two-node Slurm cluster on loopback (scripts/slurm/cluster.sh) with one Agora daemon
+# per node; a TaskProlog points each job task at its node's daemon (AGORA_SOCKET). Then checks:
+#   1. `agora slurm conf` prints the node's Features and GRES lines from what the daemon sees;
+#   2. two batch jobs on one node at once, each an Agora client running a verified workload,
+#      share that node's daemon (both verified, both sessions seen by that node's daemon, none by
+#      the other node's);
+#   3. a job asking more `agora` shares than a node has is refused by Slurm, with its message;
+#   4. `scancel` of a running job ends its Agora session (the daemon reclaims it; checked with
+#      `agora status --json`), and the node's daemon serves the next job.
+# Exits non-zero on any failure, keeping the cluster's directory for its logs.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+agora=$(realpath "${1:-target/release/agora}")
+[ -x "$agora" ] || { echo "slurm/agora-jobs: no agora binary at $agora (build first)" >&2; exit 1; }
+command -v slurmctld >/dev/null || { echo "slurm/agora-jobs: Slurm is not installed: bash scripts/slurm/install.sh" >&2; exit 1; }
+
+dir=$(mktemp -d -t agora-slurm-XXXXXX)
+chmod 0755 "$dir"
+failed=0
+pids=()
+cleanup() {
+  bash scripts/slurm/cluster.sh stop "$dir" >/dev/null 2>&1 || true
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  if [ "$failed" = 0 ]; then rm -rf "$dir"; else echo "slurm/agora-jobs: logs kept in $dir" >&2; fi
+}
+trap cleanup EXIT
+fail() { echo "slurm/agora-jobs: FAILED: $*" >&2; failed=1; exit 1; }
+pass() { echo "slurm/agora-jobs: ok: $*"; }
+
+# One Agora daemon per node, each with its own socket and state.
+for node in n1 n2; do
+  AGORA_STATE_DIR="$dir/agora-$node" AGORA_LOG=warn "$agora" serve --socket "$dir/agora-$node.sock" --no-opencl \
+    >"$dir/agora-$node.log" 2>&1 &
+  pids+=($!)
+done
+for node in n1 n2; do
+  for _ in $(seq 1 100); do [ -S "$dir/agora-$node.sock" ] && break; sleep 0.05; done
+  [ -S "$dir/agora-$node.sock" ] || fail "the Agora daemon of $node did not start (see $dir/agora-$node.log)"
+done
+
+# Slurm runs the TaskProlog before each task; its `export` lines become the task's environment.
+cat >"$dir/task-prolog.sh" <<EOF
+#!/bin/sh
+echo "export AGORA_SOCKET=$dir/agora-\$SLURMD_NODENAME.sock"
+EOF
+chmod 0755 "$dir/task-prolog.sh"
+started=$(date +%s%N)
+SLURM_EXTRA_CONF="TaskProlog=$dir/task-prolog.sh" bash scripts/slurm/cluster.sh start "$dir" >/dev/null
+export SLURM_CONF="$dir/slurm.conf"
+echo "slurm/agora-jobs: cluster up in $(( ($(date +%s%N) - started) / 1000000 )) ms"
+
+status() { "$agora" status --json --socket "$dir/agora-$1.sock"; }
+field() { python3 -c "import json,sys; print(json.load(sys.stdin)['$1'])"; }
+
+# 1. The node description.
+conf=$("$agora" slurm conf --socket "$dir/agora-n1.sock" --node n1)
+echo "$conf" | grep -q "^NodeName=n1 Features=agora,agora-cpu Gres=agora:" || fail "agora slurm conf printed: $conf"
+echo "$conf" | grep -q "^NodeName=n1 Name=agora Count=" || fail "no gres.conf line in: $conf"
+pass "agora slurm conf: $(echo "$conf" | grep '^NodeName=n1 Features')"
+
+# Waits until none of the given jobs is pending or running (60 s at most).
+wait_jobs() {
+  for _ in $(seq 1 600); do
+    [ -z "$(squeue -h -j "$(IFS=,; echo "$*")" 2>/dev/null)" ] && return 0
+    sleep 0.1
+  done
+  fail "jobs $* still queued or running after 60 s"
+}
+
+# 2. Two jobs on n1 at once, each a verified Agora workload.
+a=$(sbatch --parsable -w n1 --gres=agora:2 -o "$dir/job-a.out" --wrap "$agora run saxpy --iterations 2000 --json")
+b=$(sbatch --parsable -w n1 --gres=agora:2 -o "$dir/job-b.out" --wrap "$agora run vector-add --json")
+wait_jobs "$a" "$b"
+for out in job-a job-b; do
+  grep -Eq '"verified": ?true' "$dir/$out.out" || fail "$out did not verify: $(cat "$dir/$out.out")"
+done
+opened_n1=$(status n1 | field sessions_opened)
+opened_n2=$(status n2 | field sessions_opened)
+[ "$opened_n1" -ge 2 ] && [ "$opened_n2" -eq 0 ] || fail "sessions: n1 opened $opened_n1 (want 2+), n2 $opened_n2 (want 0)"
+pass "two jobs shared n1 through its Agora daemon ($opened_n1 sessions there, none on n2), both verified"
+
+# 3. More shares than a node has: Slurm refuses the job; Agora never sees it.
+if refusal=$(sbatch -w n1 --gres=agora:99 --wrap true 2>&1); then
+  fail "a job asking agora:99 was accepted: $refusal"
+fi
+echo "$refusal" | grep -q "Requested node configuration is not available" || fail "unexpected refusal: $refusal"
+pass "agora:99 refused by Slurm: $refusal"
+
+# 4. scancel of a running job: its Agora session ends.
+live_before=$(status n1 | field live_sessions)
+c=$(sbatch --parsable -w n1 --gres=agora:1 -o "$dir/job-c.out" --wrap "$agora run saxpy --iterations 1000000")
+for _ in $(seq 1 300); do
+  [ "$(status n1 | field live_sessions)" -gt "$live_before" ] && break
+  sleep 0.1
+done
+[ "$(status n1 | field live_sessions)" -gt "$live_before" ] || fail "the long job never opened its Agora session"
+scancel "$c"
+wait_jobs "$c"
+for _ in $(seq 1 100); do
+  [ "$(status n1 | field live_sessions)" -eq "$live_before" ] && [ "$(status n1 | field closing_sessions)" -eq 0 ] && break
+  sleep 0.1
+done
+[ "$(status n1 | field live_sessions)" -eq "$live_before" ] || fail "the cancelled job's session is still live: $(status n1)"
+d=$(sbatch --parsable -w n1 -o "$dir/job-d.out" --wrap "$agora run vector-add --json")
+wait_jobs "$d"
+grep -Eq '"verified": ?true' "$dir/job-d.out" || fail "the job after the cancel did not verify: $(cat "$dir/job-d.out")"
+pass "scancel ended the job's Agora session; the next job on n1 verified"
+
+echo "slurm/agora-jobs: all passed"
