@@ -83,6 +83,9 @@ fn an_attached_buffer_is_the_exporters_memory_and_a_kernel_argument() {
         attachment_reason(q.finish()),
         agora_protocol::completion::ATTACHMENT_READ_ONLY
     );
+    // Nor through a recovery: a read-only attachment cannot be protected.
+    let message = attacher.protect(1, &view).unwrap_err().to_string();
+    assert!(message.contains("attached read-only"), "{message}");
 
     // The listing names it, its size, its attacher.
     let listed = attacher.exports().unwrap();

@@ -94,6 +94,12 @@ impl SessionSharing {
         self.attached.remove(&handle);
     }
 
+    /// Whether buffer `handle` is attached read-only (recovering a checkpoint into it would
+    /// write the exporter's memory, so it cannot be protected).
+    pub(crate) fn is_read_only_attachment(&self, handle: u64) -> bool {
+        self.attached.get(&handle).is_some_and(|a| !a.writable)
+    }
+
     /// Whether a task may use buffer `handle` as argument `index` (`writes`: it writes it).
     pub(crate) fn check(&self, index: usize, handle: u64, writes: bool) -> Result<(), TaskError> {
         if self.attached.is_empty() {

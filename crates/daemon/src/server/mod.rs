@@ -755,6 +755,11 @@ impl Server {
                         "no buffer with handle {buffer} in this session; protect a buffer the session holds"
                     )));
                 }
+                if session.shared_memory.is_read_only_attachment(buffer) {
+                    return Response::Error(ControlError::Checkpoint(format!(
+                        "buffer {buffer:#x} is attached read-only: recovering a checkpoint into it would write its exporter's memory; protect a copy of your own"
+                    )));
+                }
                 if !session.protected.contains_key(&protected) && session.protected.len() >= MAX_ARGS {
                     return Response::Error(ControlError::Checkpoint(format!(
                         "at most {MAX_ARGS} buffers can be protected in one session; pack small values into one buffer"
