@@ -166,8 +166,11 @@ impl Store {
     /// left out, since nothing about it can be trusted; [`Store::latest`] reports it.
     pub fn list(&self, app: &AppKey) -> Result<Vec<CheckpointInfo>, StoreError> {
         app.check()?;
-        let lock = self.app_lock(app);
-        let _guard = lock.read().unwrap_or_else(PoisonError::into_inner);
+        // Without the application's lock: a write holds it for as long as it takes (seconds for
+        // a large checkpoint), and listings come from the daemon's control and dispatcher
+        // threads, which must not wait that long. Manifests appear by rename, whole, so a
+        // listing sees each complete or not at all; one that retention deletes meanwhile is
+        // left out (its manifest no longer loads).
         let mut out = Vec::new();
         for seq in self.sequences(app)? {
             if let Ok(m) = self.load_manifest(app, seq) {

@@ -479,7 +479,7 @@ fn a_long_launch_killed_mid_run_resumes_from_its_last_window() {
     assert_eq!(c.read_vec::<f32>(), reference, "the resumed launch's result differs");
     // The resumed launch ran only the windows after the recovered one: its checkpoints are
     // done + 1 ..= windows, the last one being the last window's.
-    let newest = s.checkpoints().unwrap().checkpoints.last().map(|c| c.checkpoint);
+    let newest = written(&s).checkpoints.last().map(|c| c.checkpoint);
     assert_eq!(newest, Some(windows));
 
     // Windows the daemon refuses, with the reason.

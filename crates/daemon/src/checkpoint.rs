@@ -245,7 +245,8 @@ impl Checkpoints {
     /// The newest intact checkpoint of `app` (`Ok(None)`: it has none).
     ///
     /// Captures of the application still being written (a crashed process's last checkpoints)
-    /// are waited for first, up to 30 s: they are what to recover from. And the application
+    /// are waited for first, up to 5 s (this runs on the control thread, which other tenants'
+    /// control requests share): they are what to recover from. And the application
     /// restarts from what is on disk: ids admitted for checkpoints that were never captured (a
     /// crashed process's queued checkpoint tasks, skipped when it died) no longer count, so the
     /// resumed run may use the ids after the recovered one.
@@ -255,7 +256,7 @@ impl Checkpoints {
             .as_ref()
             .ok_or_else(|| "the daemon has no checkpoint store (see its log)".to_string())?;
         let key = (app.uid, app.name.clone());
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         let mut books = self.applications.lock().unwrap_or_else(|e| e.into_inner());
         while books.get(&key).is_some_and(|entry| entry.writing > 0) {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
