@@ -560,6 +560,29 @@ AgoraStatus agora_checkpoint(const AgoraQueue *queue,
                              AgoraTask **task_out);
 
 /**
+ * FTI's `FTI_Snapshot`: call it every iteration; once the daemon's checkpoint interval
+ * (`[checkpoint] interval_s`) has passed since the last one (or the first `agora_protect`), it
+ * issues a level-1 checkpoint on `queue` and `*issued` (may be null) is set to true, else
+ * false. `task_out` (may be null) receives the checkpoint's task when one was issued.
+ *
+ * # Safety
+ * Valid handles; `issued` and `task_out` null or valid.
+ */
+AgoraStatus agora_snapshot(const AgoraQueue *queue, bool *issued, AgoraTask **task_out);
+
+/**
+ * FTI's `FTI_Status`: the application's newest complete checkpoint (`*newest`, 0 when it has
+ * none) and how many of its checkpoints the daemon is still writing (`*writing`). Either
+ * pointer may be null.
+ *
+ * # Safety
+ * A valid handle; `newest` and `writing` null or valid.
+ */
+AgoraStatus agora_checkpoint_status(const AgoraSession *session,
+                                    uint64_t *newest,
+                                    uint32_t *writing);
+
+/**
  * Restores every protected buffer's host copy from the application's newest intact checkpoint
  * (FTI's `FTI_Recover`; damaged newer ones are passed over). `checkpoint_out` (may be null)
  * receives the id of the checkpoint used. Fails, restoring nothing, when there is none or a

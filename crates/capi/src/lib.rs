@@ -1191,6 +1191,70 @@ pub unsafe extern "C" fn agora_checkpoint(
     }
 }
 
+/// FTI's `FTI_Snapshot`: call it every iteration; once the daemon's checkpoint interval
+/// (`[checkpoint] interval_s`) has passed since the last one (or the first `agora_protect`), it
+/// issues a level-1 checkpoint on `queue` and `*issued` (may be null) is set to true, else
+/// false. `task_out` (may be null) receives the checkpoint's task when one was issued.
+///
+/// # Safety
+/// Valid handles; `issued` and `task_out` null or valid.
+#[no_mangle]
+pub unsafe extern "C" fn agora_snapshot(
+    queue: *const AgoraQueue,
+    issued: *mut bool,
+    task_out: *mut *mut AgoraTask,
+) -> AgoraStatus {
+    begin();
+    let queue = open_handle!(queue, "queue");
+    let set = |value: bool| {
+        if !issued.is_null() {
+            // SAFETY: caller's contract.
+            unsafe { *issued = value };
+        }
+    };
+    match queue.queue.snapshot() {
+        Ok(Some(t)) => {
+            set(true);
+            store_task(t, &queue.closed, task_out)
+        }
+        Ok(None) => {
+            set(false);
+            AgoraStatus::Ok
+        }
+        Err(e) => from_error(e),
+    }
+}
+
+/// FTI's `FTI_Status`: the application's newest complete checkpoint (`*newest`, 0 when it has
+/// none) and how many of its checkpoints the daemon is still writing (`*writing`). Either
+/// pointer may be null.
+///
+/// # Safety
+/// A valid handle; `newest` and `writing` null or valid.
+#[no_mangle]
+pub unsafe extern "C" fn agora_checkpoint_status(
+    session: *const AgoraSession,
+    newest: *mut u64,
+    writing: *mut u32,
+) -> AgoraStatus {
+    begin();
+    let session = handle!(session, "session");
+    match session.session.checkpoints() {
+        Ok(report) => {
+            if !newest.is_null() {
+                // SAFETY: caller's contract.
+                unsafe { *newest = report.checkpoints.last().map_or(0, |c| c.checkpoint) };
+            }
+            if !writing.is_null() {
+                // SAFETY: caller's contract.
+                unsafe { *writing = report.writing };
+            }
+            AgoraStatus::Ok
+        }
+        Err(e) => from_error(e),
+    }
+}
+
 /// Restores every protected buffer's host copy from the application's newest intact checkpoint
 /// (FTI's `FTI_Recover`; damaged newer ones are passed over). `checkpoint_out` (may be null)
 /// receives the id of the checkpoint used. Fails, restoring nothing, when there is none or a

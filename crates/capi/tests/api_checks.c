@@ -127,6 +127,18 @@ int main(void) {
     memcpy(saved, hy, sizeof saved);
     OK(agora_checkpoint(batch, 1, 1, NULL));
     OK(agora_queue_finish(batch));
+    /* FTI_Snapshot: the daemon's interval (60 s) has not passed, so nothing is issued. */
+    bool snapped = true;
+    OK(agora_snapshot(batch, &snapped, NULL));
+    EXPECT(!snapped);
+    /* FTI_Status: the newest complete checkpoint once written. */
+    uint64_t newest = 0;
+    uint32_t writing = 1;
+    for (int tries = 0; tries < 500 && (newest != 1 || writing != 0); tries++) {
+        OK(agora_checkpoint_status(session, &newest, &writing));
+        if (newest != 1 || writing != 0) usleep(10000);
+    }
+    EXPECT(newest == 1 && writing == 0);
     for (int i = 0; i < 16; i++) hy[i] = -5.0f;
     /* Written in the background: recovery finds it once the daemon has written it. */
     AgoraStatus recovered = AGORA_STATUS_TASK;

@@ -42,6 +42,9 @@ use crate::telemetry::Telemetry;
 pub(crate) enum ControlJob {
     /// A reply prepared by the dispatcher, to encode and write.
     Reply(Response),
+    /// A reply that carries a memory descriptor (an exportable or attached buffer's region),
+    /// queued behind the replies owed on its connection.
+    ReplyWithMemory(Response, std::os::fd::OwnedFd),
     /// `agora trace save`.
     SaveTrace,
     /// `agora kernels`.
@@ -201,10 +204,23 @@ fn run(
     owed: Owed,
     builders: &mpsc::Sender<Message>,
 ) -> Option<Waiting> {
-    let ControlJob::BuildProgram(build) = job else {
-        let response = answer(context, job);
-        write(&stream, &response, &owed);
-        return None;
+    let build = match job {
+        ControlJob::BuildProgram(build) => build,
+        ControlJob::ReplyWithMemory(response, fd) => {
+            use std::os::fd::AsFd;
+            // Small, and the client waits for it: sent whole or the connection is shut down.
+            if let Err(error) = agora_transport::socket::send_with_fds(&stream, &response, &[fd.as_fd()]) {
+                tracing::warn!(%error, "closing a connection that does not take a reply carrying memory");
+                let _ = stream.shutdown(std::net::Shutdown::Both);
+            }
+            owed.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        job => {
+            let response = answer(context, job);
+            write(&stream, &response, &owed);
+            return None;
+        }
     };
     let key = connection(&owed);
     let reply = builders.clone();
@@ -269,6 +285,8 @@ pub(crate) fn answer(context: &ControlContext, job: ControlJob) -> Response {
     let telemetry = &context.telemetry;
     match job {
         ControlJob::Reply(response) => response,
+        // Sent by `run` with its descriptor; never answered here.
+        ControlJob::ReplyWithMemory(response, _) => response,
         ControlJob::SaveTrace => match &telemetry.trace {
             None => Response::Error(ControlError::BadRequest(
                 "tracing is off: start the daemon with --trace FILE".into(),

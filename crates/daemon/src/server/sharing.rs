@@ -7,14 +7,24 @@
 use super::*;
 
 impl Server {
-    /// Sends `response` with `fd` as ancillary data, unless replies are still owed on the
-    /// connection (a reply carrying memory cannot wait in the control thread's queue; the
-    /// client library sends one request at a time, so this is a client that pipelines).
+    /// Sends `response` with `fd` as ancillary data; behind the replies still owed on the
+    /// connection (the control thread writes those), through the control thread too, so that
+    /// replies keep the order of their requests.
     fn reply_with_memory(&mut self, id: u64, response: Response, fd: std::os::fd::BorrowedFd<'_>) -> Option<Response> {
         if self.owed.get(&id).is_some_and(|o| o.load(Ordering::Acquire) > 0) {
-            return Some(Response::Error(ControlError::BadRequest(
-                "a reply that carries memory cannot overtake the replies still owed on this connection: wait for each reply before the next request".into(),
-            )));
+            let owned = match fd.try_clone_to_owned() {
+                Ok(owned) => owned,
+                Err(e) => {
+                    return Some(Response::Error(ControlError::Export(format!(
+                        "could not duplicate a memory descriptor for the reply: {e}"
+                    ))))
+                }
+            };
+            if self.offload(id, ControlJob::ReplyWithMemory(response, owned)).is_some() {
+                tracing::warn!(connection = id, "closing a connection whose reply could not be ordered");
+                self.close(id);
+            }
+            return None;
         }
         let Some(Conn::Session(session)) = self.conns.get(&id) else {
             return None;
