@@ -29,6 +29,18 @@ fuzz_target!(|data: &[u8]| {
             for a in dec.args {
                 assert!(ArgTag::from_u32(a.tag).is_some(), "a bad tag passed: {a:?}");
             }
+            // A row window: only on launches, non-empty, inside the first dimension.
+            match dec.window {
+                None => assert!(d.window_first == 0 && d.window_rows == 0),
+                Some((first, end)) => {
+                    assert_eq!(op, Op::Launch);
+                    assert!(first < end && end <= dec.range[0], "{first}..{end} of {:?}", dec.range);
+                    assert_eq!(
+                        (first, end - first),
+                        (u64::from(d.window_first), u64::from(d.window_rows))
+                    );
+                }
+            }
             if op == Op::Launch {
                 assert_eq!(dec.range.len(), d.dims as usize);
                 assert!((1..=3).contains(&dec.range.len()));
@@ -89,6 +101,18 @@ fuzz_target!(|data: &[u8]| {
                     assert_eq!(max, MAX_RANGE_ITEMS);
                     let range = &d.range[..d.dims as usize];
                     assert!(range.contains(&0) || items > MAX_RANGE_ITEMS, "{range:?} {items}");
+                }
+                TaskError::BadWindow { reason, first, end } => {
+                    assert_eq!(reason, agora_protocol::completion::WINDOW_OUTSIDE);
+                    assert_eq!(
+                        (first, end),
+                        (
+                            u64::from(d.window_first),
+                            u64::from(d.window_first) + u64::from(d.window_rows)
+                        )
+                    );
+                    let extent = if d.op == Op::Launch as u32 { d.range[0] } else { 0 };
+                    assert!(d.op != Op::Launch as u32 || d.window_rows == 0 || end > extent);
                 }
                 other => panic!("decode returned a stateful error: {other:?}"),
             }

@@ -105,7 +105,7 @@ pub enum Outcome {
         kernel: Option<u32>,
         /// Work items (launches).
         items: u64,
-        /// Range, 1-padded (launches).
+        /// Range that runs, 1-padded (launches): a row window's rows in the first dimension.
         range: [u64; 3],
         /// Bytes the size rule says the launch uses.
         touched_bytes: u64,
@@ -249,7 +249,14 @@ impl ValidateHarness {
             });
         }
         let (kernel, range) = match &ready.action {
-            Action::Launch { id, range, .. } => (Some(*id), *range),
+            Action::Launch { id, range, window, .. } => {
+                // What runs: a row window's rows in the first dimension.
+                let mut runs = *range;
+                if let Some((first, end)) = window {
+                    runs[0] = end - first;
+                }
+                (Some(*id), runs)
+            }
             _ => (None, [0; 3]),
         };
         Ok(Outcome::Ready {
