@@ -240,6 +240,18 @@ unsafe fn opt_str(s: *const c_char) -> Result<Option<String>, AgoraStatus> {
         .map_err(|_| fail(AgoraStatus::InvalidArgument, "string is not UTF-8"))
 }
 
+/// Reads a C string that must be given (`what` names it in the error).
+///
+/// # Safety
+/// `s` is null or a NUL-terminated string.
+unsafe fn required_str(s: *const c_char, what: &str) -> Result<String, AgoraStatus> {
+    // SAFETY: the caller's contract, passed on.
+    match unsafe { opt_str(s) }? {
+        Some(s) => Ok(s),
+        None => Err(fail(AgoraStatus::InvalidArgument, format!("{what} is null"))),
+    }
+}
+
 macro_rules! handle {
     ($ptr:expr, $what:literal) => {{
         // SAFETY: non-null handles come from this library and are not yet released (contract).
@@ -467,16 +479,7 @@ pub unsafe extern "C" fn agora_buffer_create(
     if out.is_null() {
         return fail(AgoraStatus::InvalidArgument, "out is null");
     }
-    match session.session.buffer(len) {
-        Ok(buffer) => store(
-            AgoraBuffer {
-                buffer,
-                closed: session.closed.clone(),
-            },
-            out,
-        ),
-        Err(e) => from_error(e),
-    }
+    store_buffer(session.session.buffer(len), session, out)
 }
 
 /// Allocates a zero-filled **exportable** buffer of `len` bytes: its memory is a region of its
@@ -495,16 +498,7 @@ pub unsafe extern "C" fn agora_shared_buffer_create(
     if out.is_null() {
         return fail(AgoraStatus::InvalidArgument, "out is null");
     }
-    match session.session.shared_buffer(len) {
-        Ok(buffer) => store(
-            AgoraBuffer {
-                buffer,
-                closed: session.closed.clone(),
-            },
-            out,
-        ),
-        Err(e) => from_error(e),
-    }
+    store_buffer(session.session.shared_buffer(len), session, out)
 }
 
 /// Publishes an exportable `buffer` under `name` (XEMEM's `xemem_make`): sessions of this user,
@@ -530,9 +524,8 @@ pub unsafe extern "C" fn agora_export(
     let session = handle!(session, "session");
     let buffer = open_handle!(buffer, "buffer");
     // SAFETY: null or NUL-terminated (contract).
-    let name = match unsafe { opt_str(name) } {
-        Ok(Some(name)) => name,
-        Ok(None) => return fail(AgoraStatus::InvalidArgument, "name is null"),
+    let name = match unsafe { required_str(name, "name") } {
+        Ok(name) => name,
         Err(status) => return status,
     };
     let list = |ptr: *const u32, count: usize| -> Option<Vec<u32>> {
@@ -565,9 +558,8 @@ pub unsafe extern "C" fn agora_revoke(session: *const AgoraSession, name: *const
     begin();
     let session = handle!(session, "session");
     // SAFETY: null or NUL-terminated (contract).
-    let name = match unsafe { opt_str(name) } {
-        Ok(Some(name)) => name,
-        Ok(None) => return fail(AgoraStatus::InvalidArgument, "name is null"),
+    let name = match unsafe { required_str(name, "name") } {
+        Ok(name) => name,
         Err(status) => return status,
     };
     done(session.session.revoke(&name).map(|_| ()))
@@ -593,21 +585,11 @@ pub unsafe extern "C" fn agora_attach(
         return fail(AgoraStatus::InvalidArgument, "out is null");
     }
     // SAFETY: null or NUL-terminated (contract).
-    let name = match unsafe { opt_str(name) } {
-        Ok(Some(name)) => name,
-        Ok(None) => return fail(AgoraStatus::InvalidArgument, "name is null"),
+    let name = match unsafe { required_str(name, "name") } {
+        Ok(name) => name,
         Err(status) => return status,
     };
-    match session.session.attach(&name, writable) {
-        Ok(buffer) => store(
-            AgoraBuffer {
-                buffer,
-                closed: session.closed.clone(),
-            },
-            out,
-        ),
-        Err(e) => from_error(e),
-    }
+    store_buffer(session.session.attach(&name, writable), session, out)
 }
 
 /// Releases a buffer (its memory is reclaimed once no issued task uses it).
@@ -934,6 +916,24 @@ pub unsafe extern "C" fn agora_kernel_list_destroy(list: *mut AgoraKernelList) {
     if !list.is_null() {
         // SAFETY: a live handle from Box::into_raw, released once.
         drop(unsafe { Box::from_raw(list) });
+    }
+}
+
+/// Hands a new buffer of `session` to the caller through `out` (checked non-null), or the error.
+fn store_buffer(
+    result: Result<agora::Buffer, Error>,
+    session: &AgoraSession,
+    out: *mut *mut AgoraBuffer,
+) -> AgoraStatus {
+    match result {
+        Ok(buffer) => store(
+            AgoraBuffer {
+                buffer,
+                closed: session.closed.clone(),
+            },
+            out,
+        ),
+        Err(e) => from_error(e),
     }
 }
 
