@@ -49,7 +49,9 @@ case "$bench" in
   insitu) expr='d["recovered_exact"] and all(k in d for k in ("recurring_attach_us", "one_time_attach_us", "async_insitu_overhead", "checkpoint_l1_overhead", "attach_512mib_us", "sync_insitu_overhead", "checkpoint_l3_overhead", "simulation_alone_s", "load_average_at_start"))
   and d["recurring_attach_us"] > 0 and d["one_time_attach_us"] > 0 and d["attach_512mib_us"] > 0 and len(d["configurations"]) == 7 and d["communication_points"] == 15' ;;
   rt) expr='d["simulated"] and d["admitted_misses"] == 0 and d["lanes"] == 4 and d["apedf_admitted_utilisation"] >= 2.5
-  and all(k in d for k in ("gedf_miss_ratio_at_full", "fifo_miss_ratio_at_full", "release_jitter_p99_us", "points")) and len(d["points"]) >= 2' ;;
+  and all(k in d for k in ("gedf_miss_ratio_at_full", "fifo_miss_ratio_at_full", "release_jitter_p99_us", "points")) and len(d["points"]) >= 2
+  and d["release_jitter_p99_us"] is not None and d["daemon"]["dags"][0]["admitted"] and d["daemon"]["dags"][0]["releases"] >= 100
+  and all(k in d["daemon"]["dags"][0] for k in ("misses", "misses_without_overrun", "overruns", "handoff_p99_us"))' ;;
   *)
     echo "bench-smoke: no checks for bench '$bench': add them here" >&2
     exit 2

@@ -13,6 +13,7 @@ mod model;
 mod plot;
 mod progress;
 mod rt;
+mod rt_daemon;
 mod sim;
 mod size;
 mod top;
@@ -241,8 +242,8 @@ mod tests {
             for leaf in leaves {
                 let name = format!("{} {}", c.get_name(), leaf.get_name());
                 // `executor` is started by the daemon with its descriptors, not a socket.
-                // `rtdag --simulate` and `bench rt` only simulate (the daemon does not run DAGs yet).
-                let connects = !matches!(c.get_name(), "plot" | "sim" | "model" | "demo" | "executor" | "rtdag")
+                // `bench rt` simulates and starts a daemon of its own for its measured part.
+                let connects = !matches!(c.get_name(), "plot" | "sim" | "model" | "demo" | "executor")
                     && !matches!(leaf.get_name(), "hetero" | "sla" | "migrate" | "soak" | "rt")
                     // `bench kernels` measures first vs cached builds: a daemon of its own.
                     && name != "bench kernels";

@@ -1,7 +1,7 @@
-//! Issue 16, first part: `agora rtdag FILE.yaml --simulate` reads RTDAG's task-set format,
-//! admits the DAGs onto lanes with the arithmetic of each refusal, and simulates the admitted set;
-//! without `--simulate` it says that the daemon does not run DAGs yet. Bad files get a message
-//! that names the line and field.
+//! Issue 16: `agora rtdag FILE.yaml --simulate` reads RTDAG's task-set format, admits the DAGs
+//! onto lanes with the arithmetic of each refusal, and simulates the admitted set; without
+//! `--simulate` the DAGs run on a daemon, with busy-work nodes of the file's WCETs. Bad files get
+//! a message that names the line and field.
 
 use std::process::Command;
 
@@ -40,14 +40,54 @@ fn an_rtdag_file_is_admitted_and_meets_its_deadlines_in_simulation() {
     assert!(ok);
     assert!(stdout.contains("logger               REFUSED"), "{stdout}");
     assert!(stdout.contains("it would have fit with a WCET of at most"), "{stdout}");
+}
 
-    // The daemon does not run DAGs yet, and says so.
-    let (ok, _, stderr) = run(&["rtdag", file]);
-    assert!(!ok);
+#[test]
+fn an_rtdag_file_runs_on_the_daemon_with_statistics_per_dag() {
+    let daemon = agora_test_support::Daemon::start(AGORA, "rtdag-daemon", &["--no-opencl", "--cpu-lanes", "2"]);
+    let file = example();
+    let socket = daemon.socket().to_str().unwrap().to_string();
+    let (ok, stdout, stderr) = run(&[
+        "rtdag",
+        file.to_str().unwrap(),
+        "--socket",
+        &socket,
+        "--seconds",
+        "1",
+        "--run-fraction",
+        "0.3",
+        "--json",
+    ]);
+    assert!(ok, "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let dags = report["dags"].as_array().unwrap();
+    let by_name = |name: &str| dags.iter().find(|d| d["name"] == name).unwrap();
+    // Two lanes: the daemon admits perception and logger; control does not fit beside them.
+    let control = by_name("control");
+    assert_eq!(control["admitted"], false, "{report}");
     assert!(
-        stderr.contains("not built yet") && stderr.contains("--simulate"),
-        "{stderr}"
+        control["refusal"].as_str().unwrap().contains("fits on none of 2 lanes"),
+        "{control}"
     );
+    for (name, period_ms) in [("perception", 10.0), ("logger", 20.0)] {
+        let dag = by_name(name);
+        assert_eq!(dag["admitted"], true, "{dag}");
+        let releases = dag["releases"].as_u64().unwrap();
+        // Released by the daemon's timer every period for a second (the first after one period).
+        let expected = 1000.0 / period_ms - 1.0;
+        assert!(releases as f64 >= expected * 0.8, "{name}: {releases} releases, {dag}");
+        assert!(dag["response_p50_ms"].as_f64().unwrap() > 0.0, "{dag}");
+        for field in [
+            "misses",
+            "misses_without_overrun",
+            "overruns",
+            "response_p99_ms",
+            "jitter_p99_us",
+            "handoff_p99_us",
+        ] {
+            assert!(dag.get(field).is_some(), "{field} missing: {dag}");
+        }
+    }
 }
 
 #[test]

@@ -44,6 +44,7 @@
 //! [`Error::Disconnected`].
 
 mod buffer;
+mod dag;
 mod error;
 mod program;
 mod queue;
@@ -54,8 +55,10 @@ pub use agora_protocol::control::{
     CheckpointReport, CheckpointSummary, CheckpointWrite, ExportReaders, ExportStatus, KernelListing, PackageListing,
     QueueClass, QueueStatus, RecoverReport, ReloadReport, SessionStatus, StatusReport,
 };
+pub use agora_protocol::control::{DagAdmission, DagRelease, DagResults};
 pub use agora_protocol::{KernelSignature, LaunchLimit, TaskError};
 pub use buffer::Buffer;
+pub use dag::{Dag, DagBuilder};
 pub use error::{Error, TaskFailures};
 pub use program::Program;
 pub use queue::{Arg, CheckpointLevel, CheckpointedLaunch, DeviceKind, NdRange, Queue, QueueOptions, Task};

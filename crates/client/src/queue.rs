@@ -354,35 +354,7 @@ impl Queue {
         range: NdRange,
         window: Option<std::ops::Range<u64>>,
     ) -> Result<Task, Error> {
-        let mut d = TaskDescriptor::zeroed();
-        if let Some(rows) = window {
-            let refuse = || {
-                Error::Task(agora_protocol::TaskError::BadWindow {
-                    reason: agora_protocol::completion::WINDOW_OUTSIDE,
-                    first: rows.start,
-                    end: rows.end,
-                })
-            };
-            if rows.start >= rows.end || rows.end > range.dims[0] {
-                return Err(refuse());
-            }
-            d.window_first = u32::try_from(rows.start).map_err(|_| refuse())?;
-            d.window_rows = u32::try_from(rows.end - rows.start).map_err(|_| refuse())?;
-        }
-        d.op = Op::Launch as u32;
-        d.kernel = self.session.resume.kernel_ids.real(kernel.id);
-        if args.len() > MAX_ARGS {
-            return Err(Error::Task(agora_protocol::TaskError::ArgumentCount {
-                expected: kernel.signature().params.len() as u32,
-                got: args.len() as u32,
-            }));
-        }
-        d.arg_count = args.len() as u32;
-        for (slot, arg) in d.args.iter_mut().zip(args) {
-            *slot = arg.raw();
-        }
-        d.dims = range.count;
-        d.range = range.dims;
+        let d = launch_descriptor(&self.session, kernel, args, range, window)?;
         let task = self.issue(d)?;
         // What it writes has its newest contents on a device until a sync_from.
         for (arg, param) in args.iter().zip(&kernel.signature().params) {
@@ -528,4 +500,44 @@ impl Drop for Queue {
         self.session.resume.queue_released(self.handle);
         let _ = self.session.submit(self.handle, d, false);
     }
+}
+
+/// The descriptor of a launch (task id and queue left zero), checked as far as the client can.
+pub(crate) fn launch_descriptor(
+    session: &Inner,
+    kernel: &Kernel,
+    args: &[Arg<'_>],
+    range: NdRange,
+    window: Option<std::ops::Range<u64>>,
+) -> Result<TaskDescriptor, Error> {
+    let mut d = TaskDescriptor::zeroed();
+    if let Some(rows) = window {
+        let refuse = || {
+            Error::Task(agora_protocol::TaskError::BadWindow {
+                reason: agora_protocol::completion::WINDOW_OUTSIDE,
+                first: rows.start,
+                end: rows.end,
+            })
+        };
+        if rows.start >= rows.end || rows.end > range.dims[0] {
+            return Err(refuse());
+        }
+        d.window_first = u32::try_from(rows.start).map_err(|_| refuse())?;
+        d.window_rows = u32::try_from(rows.end - rows.start).map_err(|_| refuse())?;
+    }
+    d.op = Op::Launch as u32;
+    d.kernel = session.resume.kernel_ids.real(kernel.id);
+    if args.len() > MAX_ARGS {
+        return Err(Error::Task(agora_protocol::TaskError::ArgumentCount {
+            expected: kernel.signature().params.len() as u32,
+            got: args.len() as u32,
+        }));
+    }
+    d.arg_count = args.len() as u32;
+    for (slot, arg) in d.args.iter_mut().zip(args) {
+        *slot = arg.raw();
+    }
+    d.dims = range.count;
+    d.range = range.dims;
+    Ok(d)
 }

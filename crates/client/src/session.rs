@@ -708,7 +708,7 @@ pub fn drain_device(socket: Option<PathBuf>, device: &str, drain: bool, evacuate
     }
 }
 
-fn unexpected(response: Response) -> Error {
+pub(crate) fn unexpected(response: Response) -> Error {
     match response {
         Response::Error(e) => Error::Control(e),
         other => Error::Protocol(format!("unexpected reply: {other:?}")),
@@ -739,6 +739,10 @@ fn request_name(request: &Request) -> &'static str {
         Request::Exports => "exports listing",
         Request::Recover => "recover",
         Request::Checkpoints => "checkpoint listing",
+        Request::DeclareDag(_) => "DAG declaration",
+        Request::ReleaseDag { .. } => "DAG release",
+        Request::DagResults { .. } => "DAG results",
+        Request::DropDag { .. } => "DAG withdrawal",
     }
 }
 

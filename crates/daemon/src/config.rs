@@ -451,6 +451,43 @@ pub struct DaemonConfig {
     /// fails before anything is written (its write reports why); earlier ones stay intact.
     #[default(0)]
     pub checkpoint_quota_per_user: u64,
+    /// The device whose lanes run real-time DAGs (`[realtime] device`, a name such as `cpu0`).
+    /// `None`: the first CPU device. Admission partitions DAG nodes onto its lanes.
+    #[default(None)]
+    pub realtime_device: Option<String>,
+    /// How admission picks a lane for each node (`[realtime] packing`): first-fit packs lanes
+    /// and has the utilisation bound, worst-fit spreads load.
+    #[default(RealtimePacking::FirstFit)]
+    pub realtime_packing: RealtimePacking,
+    /// Safety margin on every node's WCET (`[realtime] wcet_margin`): budget = WCET × (1 +
+    /// margin). Covers the daemon's own interference.
+    #[default(0.1)]
+    pub realtime_wcet_margin: f64,
+    /// A node without a declared WCET is counted with the performance model's estimate times
+    /// this (`[realtime] model_factor`): the model keeps a mean, not a percentile.
+    #[default(2.0)]
+    pub realtime_model_factor: f64,
+    /// Users allowed to declare real-time DAGs (`[realtime] uids`; with `gids` both empty:
+    /// everyone).
+    #[default(Vec::new())]
+    pub realtime_uids: Vec<u32>,
+    /// Groups allowed to declare real-time DAGs (`[realtime] gids`).
+    #[default(Vec::new())]
+    pub realtime_gids: Vec<u32>,
+    /// Most DAGs one session may have admitted at once (`[realtime] max_dags_per_session`).
+    #[default(64)]
+    pub realtime_max_dags_per_session: usize,
+}
+
+/// How admission partitions DAG nodes onto lanes (`[realtime] packing`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum RealtimePacking {
+    /// The lowest lane that fits.
+    #[default]
+    FirstFit,
+    /// The least loaded lane that fits.
+    WorstFit,
 }
 
 /// Who may build tenant programs.
@@ -708,6 +745,19 @@ section! {
 }
 
 section! {
+    /// `[realtime]`
+    RealtimeSection "realtime." {
+        device: Option<String> => realtime_device,
+        packing: RealtimePacking => realtime_packing,
+        wcet_margin: f64 => realtime_wcet_margin,
+        model_factor: f64 => realtime_model_factor,
+        uids: Vec<u32> => realtime_uids,
+        gids: Vec<u32> => realtime_gids,
+        max_dags_per_session: usize => realtime_max_dags_per_session,
+    }
+}
+
+section! {
     /// `[telemetry]`
     TelemetrySection "telemetry." {
         metrics: Option<std::net::SocketAddr> => metrics,
@@ -745,6 +795,8 @@ struct File {
     limits: LimitsSection,
     #[serde(default)]
     checkpoint: CheckpointSection,
+    #[serde(default)]
+    realtime: RealtimeSection,
 }
 
 impl File {
@@ -762,6 +814,7 @@ impl File {
         self.programs.apply(c)?;
         self.limits.apply(c)?;
         self.checkpoint.apply(c)?;
+        self.realtime.apply(c)?;
         self.telemetry.apply(c)
     }
 
@@ -779,6 +832,7 @@ impl File {
             programs: ProgramsSection::of(c),
             limits: LimitsSection::of(c),
             checkpoint: CheckpointSection::of(c),
+            realtime: RealtimeSection::of(c),
         }
     }
 }
@@ -1011,6 +1065,18 @@ impl DaemonConfig {
         }
         if let Some((key, value)) = floats.into_iter().find(|(_, v)| !v.is_finite()) {
             return bad(format!("{key} = {value} must be a finite number"));
+        }
+        if !(0.0..=10.0).contains(&self.realtime_wcet_margin) {
+            return bad(format!(
+                "realtime.wcet_margin = {} must be between 0 and 10 (e.g. 0.1 for 10 %)",
+                self.realtime_wcet_margin
+            ));
+        }
+        if !(1.0..=100.0).contains(&self.realtime_model_factor) {
+            return bad(format!(
+                "realtime.model_factor = {} must be between 1 and 100",
+                self.realtime_model_factor
+            ));
         }
         if !self.ring_capacity.is_power_of_two() || !(2..=1 << 16).contains(&self.ring_capacity) {
             return bad(format!(

@@ -50,6 +50,7 @@ mod memory;
 mod outcome;
 pub mod policy;
 mod programs;
+mod realtime;
 mod revocation;
 mod scheduler;
 mod server;
@@ -66,7 +67,7 @@ use agora_transport::wake::Doorbell;
 
 pub use config::{
     default_state_dir, format_bytes, parse_bytes, state_dir_for_socket, state_home, BatchPriority, ConfigError,
-    DaemonConfig, PolicyKind, PowerModel, ProgramAccess, SimDeviceConfig, SimKernelProfile,
+    DaemonConfig, PolicyKind, PowerModel, ProgramAccess, RealtimePacking, SimDeviceConfig, SimKernelProfile,
 };
 pub use limits::LimitSettings;
 

@@ -254,6 +254,7 @@ fn start(replay: Arc<Replay>, transfers: Vec<Transfer>, is_replay: bool) {
         }),
         urgent: false,
         exclusive: false,
+        deadline: None,
         slices: None,
         done: Box::new(move |result, times| ender.end(result, times)),
     };
@@ -414,6 +415,7 @@ mod tests {
                 revoke: None,
                 urgent: false,
                 exclusive: false,
+                deadline: None,
                 slices: None,
                 done: Box::new(move |_, _| {
                     let _ = wait.recv_timeout(Duration::from_secs(10));

@@ -4,7 +4,7 @@
 
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use agora_protocol::control::{
     encoded_len, ControlError, QueueClass, QueueStatus, SessionDetails, SessionStatus, REPLY_BUDGET, STATUS_QUEUES,
@@ -84,6 +84,9 @@ pub(crate) struct SessionShared {
     pub device_usage: Arc<DeviceUsage>,
     /// Buffers released with their newest contents on a device, never read back.
     pub unread: Arc<UnreadReleases>,
+    /// The real-time service, once the session declared a DAG: completions of its DAG node jobs
+    /// ([`crate::realtime::DAG_TASK_BIT`]) go there, not to the client's ring.
+    pub realtime: OnceLock<Arc<crate::realtime::Realtime>>,
 }
 
 impl HostMemory for SessionShared {
@@ -158,6 +161,25 @@ impl SessionShared {
     /// queue's next task inline at once), and any completion the dispatcher posts after seeing
     /// it idle still lands after this one.
     pub(crate) fn post_releasing(&self, completions: &[Completion], release: impl FnOnce()) {
+        if let Some(realtime) = self.realtime.get() {
+            if completions.iter().any(|c| crate::realtime::is_dag_task(c.task_id)) {
+                // DAG node jobs report to their release, not to the client; the rest go on (a
+                // client's own task id with the DAG bit that routes nowhere included).
+                let (nodes, own): (Vec<Completion>, Vec<Completion>) = completions
+                    .iter()
+                    .cloned()
+                    .partition(|c| crate::realtime::is_dag_task(c.task_id) && realtime.owns(self.id, c.task_id));
+                if own.is_empty() {
+                    release();
+                } else {
+                    self.post_releasing(&own, release);
+                }
+                for node in nodes {
+                    realtime.node_done(node.task_id, node.result());
+                }
+                return;
+            }
+        }
         if completions.is_empty() || self.is_closed() {
             // Once the daemon has given up on the session at shutdown, the jobs it cancels post
             // nothing: the client reports their tasks as `Disconnected` (the daemon went away),
@@ -412,6 +434,7 @@ impl Session {
                     session: id,
                     ..Default::default()
                 }),
+                realtime: OnceLock::new(),
             }),
             queues: HandleTable::new(max_queues),
             buffers: HandleTable::new(max_buffers),

@@ -20,13 +20,18 @@
 //! like. A launch cut into 4096 slices so costs one queued job, not 4096 (a flood of such
 //! launches once queued over a million jobs and a gigabyte).
 //!
+//! Order: deadline-class jobs (nodes of admitted real-time DAGs, [`Job::deadline`]) start
+//! first, earliest absolute deadline first (EDF; equal deadlines in push order), then
+//! latency-class jobs in push order, then batch work in push order. None of them interrupts a
+//! job already started: a sliced batch launch yields at its next slice boundary.
+//!
 //! OS priority: a lane's threads run batch jobs at the lane's batch priority and latency-class
 //! jobs at normal priority ([`crate::priority`]); the lane thread switches when it starts a job of
 //! the other class, and a latency job pushed onto a lane raises it at once (it may wait behind a
 //! batch slice, which then finishes at normal priority).
 
 use std::any::Any;
-use std::collections::VecDeque;
+use std::collections::{BinaryHeap, VecDeque};
 
 /// Jobs a lane's queues keep room for when empty; beyond, the room goes back after a flood.
 const SHRINK_ABOVE: usize = 1024;
@@ -146,11 +151,43 @@ impl JobEnd {
 
 #[derive(Default)]
 struct Queue {
+    /// Deadline-class jobs, earliest deadline first, started before any other.
+    deadline: BinaryHeap<ByDeadline>,
+    /// Pushes so far, to keep jobs with equal deadlines in push order.
+    deadline_pushes: u64,
     /// Latency-class jobs, started before any of `jobs`.
     urgent: VecDeque<Queued>,
     jobs: VecDeque<Queued>,
     sleeping: bool,
     stopping: bool,
+}
+
+/// A deadline job in the lane's heap: the earliest deadline (then the earliest push) on top.
+struct ByDeadline {
+    deadline: Instant,
+    push: u64,
+    queued: Queued,
+}
+
+impl PartialEq for ByDeadline {
+    fn eq(&self, other: &Self) -> bool {
+        (self.deadline, self.push) == (other.deadline, other.push)
+    }
+}
+
+impl Eq for ByDeadline {}
+
+impl PartialOrd for ByDeadline {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ByDeadline {
+    /// Reversed: `BinaryHeap` is a max-heap, and the earliest deadline must come out first.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (other.deadline, other.push).cmp(&(self.deadline, self.push))
+    }
 }
 
 /// A job in a lane's queue: when queued, and for a sliced launch, where its next slice starts.
@@ -268,6 +305,7 @@ impl Cursor {
             revoke: None,
             urgent: false,
             exclusive: false,
+            deadline: None,
             slices: None,
             done: Box::new(move |result, times| group.slice_done(result, times)),
         };
@@ -408,7 +446,13 @@ impl Lane {
             queued.cancel();
             return;
         }
-        if queued.job.urgent {
+        if let Some(deadline) = queued.job.deadline {
+            // Deadline work runs at the latency class's OS priority, for the same reason.
+            self.class.set(Class::Latency);
+            q.deadline_pushes += 1;
+            let push = q.deadline_pushes;
+            q.deadline.push(ByDeadline { deadline, push, queued });
+        } else if queued.job.urgent {
             // The lane runs latency work from now on: raised at once, so a batch job it waits
             // behind does not run at batch priority meanwhile (one system call, on a change).
             self.class.set(Class::Latency);
@@ -436,7 +480,8 @@ impl Lane {
         let jobs = {
             let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
             q.stopping = true;
-            let mut all = std::mem::take(&mut q.urgent);
+            let mut all: VecDeque<Queued> = std::mem::take(&mut q.deadline).into_iter().map(|d| d.queued).collect();
+            all.extend(std::mem::take(&mut q.urgent));
             all.extend(std::mem::take(&mut q.jobs));
             all
         };
@@ -465,7 +510,11 @@ impl Lane {
         loop {
             // The job to start, and whether it left the queue (a sliced launch stays until its
             // last slice is made).
-            let mut job = q.urgent.pop_front().map(|u| Self::to_start(u, &mut q.jobs));
+            // Deadline jobs first (EDF), then latency-class jobs, then batch work.
+            let mut job = match q.deadline.pop() {
+                Some(d) => Some(Self::to_start(d.queued, &mut q.jobs)),
+                None => q.urgent.pop_front().map(|u| Self::to_start(u, &mut q.jobs)),
+            };
             let mut held_back = false;
             if job.is_none() {
                 match q.jobs.front() {
@@ -485,11 +534,12 @@ impl Lane {
             if let Some((job, left_queue)) = job {
                 // Under the queue lock, so a latency job pushed meanwhile is seen here or raises
                 // the lane after this.
-                let class = if job.0.urgent || !q.urgent.is_empty() {
-                    Class::Latency
-                } else {
-                    Class::Batch
-                };
+                let class =
+                    if job.0.urgent || job.0.deadline.is_some() || !q.urgent.is_empty() || !q.deadline.is_empty() {
+                        Class::Latency
+                    } else {
+                        Class::Batch
+                    };
                 self.class.set(class);
                 self.awaiting_room.store(false, Ordering::Relaxed);
                 if left_queue {
@@ -735,6 +785,7 @@ mod tests {
             revoke: None,
             urgent,
             exclusive: false,
+            deadline: None,
             slices: None,
             done: Box::new(move |r, _| {
                 r.unwrap();
@@ -833,6 +884,60 @@ mod tests {
         thread.join().unwrap();
     }
 
+    #[test]
+    fn deadline_jobs_start_first_earliest_deadline_first_then_latency_then_batch() {
+        let priorities = LanePriorities::resolve(BatchPriority::Normal);
+        let (seen_tx, seen) = mpsc::channel();
+        let (release, hold) = mpsc::channel();
+        let executor = Recorder {
+            seen: seen_tx,
+            hold: Some(hold),
+        };
+        let (lane, thread) = Lane::start("edf-lane".into(), Box::new(executor), LaneClass::new(&priorities)).unwrap();
+        let (order_tx, order) = mpsc::channel();
+        let tagged = |tag: &'static str, urgent: bool, deadline: Option<Instant>| {
+            let order_tx = order_tx.clone();
+            Job {
+                deadline,
+                done: Box::new(move |r: Result<(), TaskError>, _| {
+                    r.unwrap();
+                    order_tx.send(tag).unwrap();
+                }),
+                ..job(urgent, mpsc::channel().0)
+            }
+        };
+        // A batch job holds the lane while the others queue behind it.
+        lane.push(tagged("running", false, None));
+        seen.recv().unwrap();
+        let now = Instant::now();
+        lane.push(tagged("batch", false, None));
+        lane.push(tagged("latency", true, None));
+        lane.push(tagged("late deadline", false, Some(now + Duration::from_millis(30))));
+        lane.push(tagged("early deadline", true, Some(now + Duration::from_millis(10))));
+        lane.push(tagged(
+            "same deadline, pushed later",
+            false,
+            Some(now + Duration::from_millis(10)),
+        ));
+        for _ in 0..6 {
+            release.send(()).unwrap();
+        }
+        let ran: Vec<&str> = (0..6).map(|_| order.recv().unwrap()).collect();
+        assert_eq!(
+            ran,
+            [
+                "running",
+                "early deadline",
+                "same deadline, pushed later",
+                "late deadline",
+                "latency",
+                "batch"
+            ]
+        );
+        lane.stop();
+        thread.join().unwrap();
+    }
+
     /// Records the rows of each launch it runs (`None`: a job that is not a slice); holds each
     /// until released when `hold` has a receiver.
     struct Rows {
@@ -892,6 +997,7 @@ mod tests {
             revoke: None,
             urgent: false,
             exclusive: false,
+            deadline: None,
             slices,
             done: Box::new(move |r, _| {
                 r.unwrap();

@@ -347,6 +347,11 @@ pub struct Job {
     /// nothing starts after it until its `done` returned (a checkpoint captures its buffers'
     /// host copies there, which a later job on an asynchronous device could change meanwhile).
     pub exclusive: bool,
+    /// A deadline-class job (a node of an admitted real-time DAG) and its absolute deadline:
+    /// the lane starts deadline jobs before latency and batch work, earliest deadline first
+    /// (EDF). Such a job is never sliced: a batch launch it waits behind yields at its next
+    /// slice boundary.
+    pub deadline: Option<std::time::Instant>,
     /// Cuts a launch into row slices that the lane makes one at a time, as it starts them
     /// ([`Slices`]); `None`: the job runs whole.
     pub slices: Option<Slices>,

@@ -226,6 +226,121 @@ pub enum Request {
     /// The exports this connection's user may see (its own and those it may attach; root or the
     /// daemon's user sees all), for `agora exports`.
     Exports,
+    /// Declare a real-time task graph (AMPERE's periodic DAGs): the daemon admits it only if
+    /// every node fits its deadline lanes (EDF, APEDF partitioning), then releases it every
+    /// period itself, or on [`Request::ReleaseDag`] only when it is sporadic.
+    DeclareDag(Box<DagDeclaration>),
+    /// Release one instance of an admitted DAG now (a sporadic activation). Refused when it comes
+    /// sooner than the DAG's period after the previous release: the period is the minimum
+    /// inter-arrival time admission counted with.
+    ReleaseDag {
+        /// The DAG's id (from [`Response::DagAdmitted`]).
+        dag: u64,
+    },
+    /// The DAG's releases that finished since the previous call (oldest first).
+    DagResults {
+        /// The DAG's id.
+        dag: u64,
+    },
+    /// Withdraw an admitted DAG: no more releases, its lane reservations are freed; a release in
+    /// flight finishes.
+    DropDag {
+        /// The DAG's id.
+        dag: u64,
+    },
+}
+
+/// Most nodes in one DAG ([`Request::DeclareDag`]).
+pub const MAX_DAG_NODES: usize = 256;
+
+/// Finished releases the daemon keeps per DAG until the client reads them
+/// ([`Request::DagResults`]); older ones are counted as dropped.
+pub const DAG_RESULTS_KEPT: usize = 4096;
+
+/// A task graph to admit ([`Request::DeclareDag`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DagDeclaration {
+    /// A name for reports, metrics and errors (at most [`MAX_NAME`] bytes).
+    pub name: String,
+    /// Release period, nanoseconds (for a sporadic DAG: the minimum time between releases).
+    pub period_ns: u64,
+    /// End-to-end relative deadline, nanoseconds; `None`: the period.
+    pub deadline_ns: Option<u64>,
+    /// Whether the daemon releases it every period by itself (`false`: only on
+    /// [`Request::ReleaseDag`]).
+    pub periodic: bool,
+    /// The nodes, in any order; edges name them by index.
+    pub nodes: Vec<DagNodeDeclaration>,
+    /// Precedence edges `(from, to)`: `to` starts after `from` finished, in each release.
+    pub edges: Vec<(u32, u32)>,
+}
+
+/// One node of a [`DagDeclaration`]: a kernel launch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DagNodeDeclaration {
+    /// Its name within the DAG.
+    pub name: String,
+    /// The launch, as the 320 bytes of a `TaskDescriptor` with `op = Launch` (its task id and
+    /// queue are ignored: each node gets a queue of its own in the daemon).
+    pub launch: Vec<u8>,
+    /// A declared worst-case execution time, nanoseconds; `None`: the learned performance
+    /// model's estimate, with the daemon's margin. Runs longer than it count as overruns.
+    pub wcet_ns: Option<u64>,
+    /// A relative deadline for this node (kept as declared by deadline splitting).
+    pub relative_deadline_ns: Option<u64>,
+}
+
+/// How a DAG was admitted ([`Response::DagAdmitted`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DagAdmission {
+    /// Its id, for release, results and drop.
+    pub dag: u64,
+    /// Each node's lane (`cpu0/lane1`), by node index.
+    pub lanes: Vec<String>,
+    /// Each node's WCET counted, nanoseconds (before the margin), by node index.
+    pub wcet_ns: Vec<u64>,
+    /// Where each WCET came from: `declared` or `model`.
+    pub wcet_source: Vec<String>,
+    /// The DAG's utilisation (budgets over the period, margin included).
+    pub utilisation: f64,
+    /// Utilisation of each deadline lane with this DAG admitted.
+    pub lane_utilisation: Vec<f64>,
+    /// Whether the first-fit utilisation bound decided it (no exact test needed).
+    pub decided_by_bound: bool,
+}
+
+/// One finished release of a DAG.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DagRelease {
+    /// Its number (0, 1, ...).
+    pub release: u64,
+    /// Nanoseconds from the release to the end of its last node.
+    pub response_ns: u64,
+    /// Whether it ended by its deadline (and every node succeeded).
+    pub met: bool,
+    /// Nanoseconds from the time it was due to the time the daemon's release timer released it
+    /// (the period jitter; 0 for a release on request).
+    pub jitter_ns: u64,
+    /// Nanoseconds from the time it was due to the time its first nodes were handed to lanes
+    /// (the jitter plus the dispatcher's hand-off).
+    pub handoff_ns: u64,
+    /// The first failure of one of its nodes, `(node, message)`.
+    pub failed: Option<(u32, String)>,
+    /// Nodes that ran longer than their WCET (the only misses admission does not cover).
+    pub overruns: Vec<u32>,
+}
+
+/// Reply to [`Request::DagResults`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DagResults {
+    /// Finished releases since the previous call, oldest first.
+    pub releases: Vec<DagRelease>,
+    /// Releases finished but not kept (more than [`DAG_RESULTS_KEPT`] unread).
+    pub dropped: u64,
+    /// Releases issued so far.
+    pub released: u64,
+    /// Why the daemon stopped releasing the DAG, if it did (e.g. a node's buffer was released).
+    pub stopped: Option<String>,
 }
 
 /// Who may attach an export besides its exporter's uid ([`Request::Export`]).
@@ -434,6 +549,17 @@ pub enum Response {
     },
     /// Reply to [`Request::Exports`].
     Exports(Vec<ExportStatus>),
+    /// Reply to [`Request::DeclareDag`].
+    DagAdmitted(Box<DagAdmission>),
+    /// Reply to [`Request::ReleaseDag`]: the release's number.
+    DagReleased {
+        /// Its number.
+        release: u64,
+    },
+    /// Reply to [`Request::DagResults`].
+    DagResults(DagResults),
+    /// Reply to [`Request::DropDag`].
+    DagDropped,
 }
 
 /// What a recovery restored.
@@ -593,6 +719,10 @@ pub enum ControlError {
     /// An export, attach or revoke that could not be done (the message says why and what to do).
     #[error("{0}")]
     Export(String),
+    /// A task graph refused at declaration (the message gives the arithmetic and what would
+    /// fit), or a release, result or drop that could not be done.
+    #[error("{0}")]
+    Dag(String),
 }
 
 /// Most bytes of a tenant program's code in one [`Request::BuildProgram`] (it must fit in a

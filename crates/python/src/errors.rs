@@ -152,6 +152,12 @@ create_exception!(
 );
 create_exception!(
     agora,
+    DagError,
+    AgoraError,
+    "A real-time DAG the daemon refused (it does not fit its deadline lanes: the message gives the arithmetic and what would fit; a cycle; a node whose launch is invalid), or a release, result or withdrawal it could not do."
+);
+create_exception!(
+    agora,
     AttachmentError,
     TaskFailedError,
     "The task used an attached buffer in a way the attachment does not allow: it writes a buffer attached read-only, or the export was revoked (or its exporter ended)."
@@ -288,6 +294,7 @@ fn client_exception(error: &Error, message: String) -> PyErr {
             ControlError::SegmentInUse { .. } => BadRequestError::new_err(message),
             ControlError::Checkpoint(_) => CheckpointError::new_err(message),
             ControlError::Export(_) => ExportError::new_err(message),
+            ControlError::Dag(_) => DagError::new_err(message),
         },
         Error::Task(_) | Error::Tasks(_) => TaskFailedError::new_err(message),
     }

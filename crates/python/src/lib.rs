@@ -70,6 +70,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         KernelTimeoutError,
         ResourceExhaustedError,
         ExportError,
+        DagError,
         AttachmentError,
         CheckpointError,
         DaemonRestartedError,

@@ -91,6 +91,11 @@ impl LaneCompletion {
         if let (Some((shape, guard)), Ok(())) = (&self.inline_shape, &result) {
             guard.measured_on_lane(*shape, execution.as_nanos() as f64);
         }
+        if crate::realtime::is_dag_task(self.task_id) {
+            if let Some(realtime) = self.shared.realtime.get() {
+                realtime.executed(self.task_id, execution);
+            }
+        }
         if let Some(k) = self.kernel {
             let mut model = self.model.lock().unwrap_or_else(|e| e.into_inner());
             if result.is_ok() && !times.cold {

@@ -132,6 +132,9 @@ pub(crate) struct Scheduler {
     pub kernels: Arc<KernelRegistry>,
     /// The snapshot launches are validated against, and the registry generation it is from.
     kernel_table: (Arc<KernelTable>, u64),
+    /// Set while a DAG node job goes through the stages ([`Scheduler::dispatch_node_job`]): the
+    /// lane APEDF chose and the job's absolute deadline.
+    deadline_job: Option<(crate::session::Binding, std::time::Instant)>,
 }
 
 /// Predicted work on one lane beyond which it counts as long ([`Scheduler::long_work_on_lanes`]):
@@ -254,6 +257,7 @@ impl Scheduler {
             migration,
             kernel_table: (kernels.snapshot(), kernels.generation()),
             kernels,
+            deadline_job: None,
         }
     }
 
@@ -360,6 +364,70 @@ impl Scheduler {
     fn flush(&mut self, shared: &SessionShared) {
         shared.post(&self.inline_done);
         self.inline_done.clear();
+    }
+
+    /// Checks a DAG node's launch at declaration, as the validate stage would check it, for
+    /// device `device` (the deadline lanes'): `Ok` with the performance model's estimate of its
+    /// time there, nanoseconds (`None`: never measured), or the error its first release would
+    /// fail with.
+    pub(crate) fn check_node_launch(
+        &mut self,
+        session: &Session,
+        descriptor: &agora_protocol::TaskDescriptor,
+        device: usize,
+    ) -> Result<Option<f64>, TaskError> {
+        let decoded = descriptor.decode()?;
+        if decoded.op != Op::Launch {
+            return Err(TaskError::Malformed(agora_protocol::completion::Malformed::UnknownOp(
+                descriptor.op,
+            )));
+        }
+        let generation = self.kernels.generation();
+        if generation != self.kernel_table.1 {
+            self.kernel_table = (self.kernels.snapshot(), generation);
+        }
+        let ready = resolve(session, &self.kernel_table.0, &decoded)?;
+        let Some(kernel) = ready.kernel() else {
+            return Err(TaskError::UnknownKernel(decoded.kernel));
+        };
+        if !self.devices[device].implements(kernel) {
+            return Err(TaskError::NoDevice(decoded.kernel));
+        }
+        self.fit(device, &ready)?;
+        let model = self.model.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(model
+            .estimate(kernel.label(), &self.device_names[device], ready.items)
+            .ns())
+    }
+
+    /// Runs a DAG node job (from the real-time service) through the stages like a client's task,
+    /// on its chosen lane with its deadline; an error completes it (to its release) at once.
+    /// Returns the error of a launch that no longer resolves (a buffer of it was released, say):
+    /// the DAG cannot run again.
+    pub(crate) fn dispatch_node_job(
+        &mut self,
+        session: &mut Session,
+        job: &crate::realtime::NodeJob,
+    ) -> Option<TaskError> {
+        let descriptor = job.descriptor;
+        let task_id = descriptor.task_id;
+        let mut unresolved = None;
+        let outcome = descriptor.decode().and_then(|decoded| {
+            let generation = self.kernels.generation();
+            if generation != self.kernel_table.1 {
+                self.kernel_table = (self.kernels.snapshot(), generation);
+            }
+            let ready = resolve(session, &self.kernel_table.0, &decoded).inspect_err(|e| unresolved = Some(*e))?;
+            self.deadline_job = Some((job.lane, job.deadline));
+            let dispatched = self.dispatch(session, task_id, ready);
+            self.deadline_job = None;
+            dispatched
+        });
+        if let Err(error) = outcome {
+            self.inline_done.push(Completion::failed(task_id, error));
+        }
+        self.flush(&session.shared);
+        unresolved
     }
 
     /// Resolves and dispatches one decoded descriptor; `Err` completes it with that error.

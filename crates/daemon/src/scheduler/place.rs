@@ -47,6 +47,17 @@ impl Scheduler {
     pub(super) fn place(&mut self, ready: &Ready) -> Result<Placement, TaskError> {
         let queue = &ready.queue;
         let idle = queue.in_flight.load(Ordering::Acquire) == 0;
+        if let Some((binding, _)) = self.deadline_job {
+            // A DAG node job: the lane APEDF chose, never inline (its time is measured there).
+            return Ok(Placement {
+                binding,
+                idle,
+                tiny_on_host: false,
+                required_slices: self.fit(binding.device(), ready)?,
+                inline_allowed: false,
+                shape: None,
+            });
+        }
         let kernel = ready.kernel().map(|k| &**k);
         // A tiny task whose data is current on the host runs inline on the host device (no
         // hand-off, no transfer) unless its queue prefers another kind of device.

@@ -115,15 +115,25 @@ impl Scheduler {
         let lane_pending = self.lane_pending[device][lane].clone();
         lane_pending.fetch_add(predicted, Ordering::Relaxed);
         let urgent = queue.class == QueueClass::Latency;
+        // A DAG node job: ordered by its deadline on the lane, never sliced or revoked.
+        let deadline = self.deadline_job.map(|(_, deadline)| deadline);
         // The session's outstanding lane work, for back-pressure (its batch work by prediction).
-        let session_ns = if queue.class == QueueClass::Batch { predicted } else { 0 };
+        let session_ns = if queue.class == QueueClass::Batch && deadline.is_none() {
+            predicted
+        } else {
+            0
+        };
         session.shared.lane_work_started(session_ns);
         // Latency work's own accounting: its queued time per lane, TReM's `q` and `l`.
         let latency = urgent.then(|| self.books.charge(device, lane, predicted));
-        let slices = self
-            .slices_for(device, &work, queue.class, predicted as f64)
-            .max(placement.required_slices);
-        let revocable = slices <= 1
+        let slices = match deadline {
+            Some(_) => placement.required_slices,
+            None => self
+                .slices_for(device, &work, queue.class, predicted as f64)
+                .max(placement.required_slices),
+        };
+        let revocable = deadline.is_none()
+            && slices <= 1
             && self.revocable(device, &work, queue.class, predicted as f64, || {
                 crate::revocation::bytes_to_save(&work, &transfers)
             });
@@ -195,6 +205,7 @@ impl Scheduler {
                     revoke: None,
                     urgent,
                     exclusive,
+                    deadline,
                     slices: None,
                     done,
                 },
@@ -233,6 +244,7 @@ fn submit_sliced(
             revoke: None,
             urgent: false,
             exclusive: false,
+            deadline: None,
             slices: Some(Slices { count: slices, align }),
             done,
         },

@@ -62,6 +62,7 @@ use crate::telemetry::Telemetry;
 use crate::DaemonError;
 
 mod admission;
+mod realtime;
 mod reports;
 mod sessions;
 mod sharing;
@@ -216,6 +217,8 @@ pub(crate) struct Server {
     accept_log: LogGate,
     /// Exported buffers by name (`Export`, `Attach`).
     exports: crate::exports::Exports,
+    /// Real-time DAGs and their release thread (`None`: no deadline device).
+    realtime: Option<(Arc<crate::realtime::Realtime>, std::thread::JoinHandle<()>)>,
 }
 
 /// How long the listener stays out of the epoll set after `accept` failed for want of
@@ -277,6 +280,7 @@ impl Server {
             config.program_cache_bytes,
         ));
         let program_policy = crate::programs::ProgramPolicy::of(&config);
+        let realtime = realtime::start_service(&config, &scheduler.devices, wake.clone(), telemetry.clone());
         let mut books = Books::new(config.limits.clone());
         books.attach_counters(|limit| telemetry.metrics.limit_refusals(limit));
         Ok(Server {
@@ -287,6 +291,7 @@ impl Server {
             listener_paused_until: None,
             accept_log: LogGate::new(ACCEPT_LOG_EVERY),
             exports: Default::default(),
+            realtime,
             program_cache,
             program_policy,
             config,
@@ -330,6 +335,8 @@ impl Server {
             let began = Instant::now();
             // Failed devices and tasks they lost, before any session's new tasks.
             self.scheduler.migration_tick();
+            // Released DAG nodes next: they have deadlines.
+            self.run_node_jobs();
             for (&id, conn) in self.conns.iter_mut() {
                 if let Conn::Session(session) = conn {
                     match self.scheduler.ingest(session) {
@@ -367,14 +374,19 @@ impl Server {
             } else {
                 Yielding::Rarely
             };
-            if self.spin.spin_with(|| Self::any_pending(conns), yielding) {
+            let realtime = self.realtime.as_ref().map(|(service, _)| service.clone());
+            let node_jobs = || realtime.as_ref().is_some_and(|service| service.has_jobs());
+            if self
+                .spin
+                .spin_with(|| Self::any_pending(conns) || node_jobs(), yielding)
+            {
                 continue;
             }
             // Going to sleep: announce it, then look once more (pairs with the client's fence
             // between publishing its tail and reading `daemon_sleeping`).
             self.set_sleeping(1);
             fence(Ordering::SeqCst);
-            if Self::any_pending(&self.conns) {
+            if Self::any_pending(&self.conns) || self.node_jobs_pending() {
                 self.set_sleeping(0);
                 continue;
             }
@@ -730,6 +742,18 @@ impl Server {
             Request::Revoke { name } => self.revoke(id, name),
             Request::Attach { name, writable } => self.attach(id, name, writable),
             Request::Exports => self.list_exports(id),
+            Request::DeclareDag(declaration) => self.declare_dag(id, *declaration),
+            Request::ReleaseDag { dag } => self.dag_request(id, |service, session| {
+                service
+                    .release_now(session, dag)
+                    .map(|release| Response::DagReleased { release })
+            }),
+            Request::DagResults { dag } => self.dag_request(id, |service, session| {
+                service.results(session, dag).map(Response::DagResults)
+            }),
+            Request::DropDag { dag } => self.dag_request(id, |service, session| {
+                service.drop_dag(session, dag).map(|()| Response::DagDropped)
+            }),
             other => self.in_session_request(id, other),
         }
     }
@@ -987,6 +1011,11 @@ impl Server {
     }
 
     fn shutdown(&mut self) -> Result<(), DaemonError> {
+        // No more DAG releases.
+        if let Some((service, thread)) = self.realtime.take() {
+            service.stop();
+            let _ = thread.join();
+        }
         // 1. Nobody new: the socket goes first, so a client that starts now is told at once
         // that no daemon runs, and no ring is read again.
         let _ = epoll::delete(&self.epoll, &self.listener);

@@ -325,6 +325,12 @@ impl Server {
             let _ = epoll::delete(&self.epoll, session.doorbell.fd());
             self.scheduler.migration.forget_session(id);
             self.exports.session_ended(id);
+            if let Some((service, _)) = &self.realtime {
+                let withdrawn = service.session_ended(id);
+                if withdrawn > 0 {
+                    tracing::info!(session = id, dags = withdrawn, "DAGs withdrawn with their session");
+                }
+            }
             session.shared.cancelled.store(true, Ordering::Release);
             self.sessions_closed += 1;
             self.telemetry.metrics.sessions.dec();

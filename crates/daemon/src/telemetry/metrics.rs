@@ -36,6 +36,17 @@ struct LimitLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DagLabels {
+    dag: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DagOutcomeLabels {
+    dag: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DirectionLabels {
     direction: String,
 }
@@ -77,6 +88,30 @@ pub(crate) struct Metrics {
     pub unread_releases: Counter,
     /// Requests and connections refused by each limit (`crate::limits`).
     limit_refusals: Family<LimitLabels, Counter>,
+    dag_response: Family<DagLabels, Histogram>,
+    dag_releases: Family<DagOutcomeLabels, Counter>,
+    dag_overruns: Family<DagLabels, Counter>,
+    /// Deadline jobs APEDF pushed off the lane their node was partitioned onto.
+    pub dag_migrations: Counter,
+    /// Lateness of the release timer (period jitter).
+    pub dag_release_jitter: Histogram,
+    /// DAGs admitted now.
+    pub dags_admitted: Gauge,
+}
+
+/// The metric handles of one admitted DAG.
+#[derive(Clone)]
+pub(crate) struct DagMetrics {
+    /// End-to-end response time of each release.
+    pub response: Histogram,
+    /// Releases that met their deadline.
+    pub met: Counter,
+    /// Releases that missed it.
+    pub missed: Counter,
+    /// Releases that had a node fail.
+    pub failed: Counter,
+    /// Node runs longer than their WCET.
+    pub overruns: Counter,
 }
 
 /// Cached counters of one (kernel, class): ok and failed.
@@ -224,7 +259,49 @@ impl Metrics {
             "Requests and connections refused by a per-uid limit, the control request rate, the hello timeout or the daemon's open-file limit",
             limit_refusals.clone(),
         );
+        let dag_response = Family::<DagLabels, Histogram>::new_with_constructor(seconds_histogram);
+        registry.register(
+            "agora_dag_response_seconds",
+            "End-to-end response time of each release of a real-time DAG",
+            dag_response.clone(),
+        );
+        let dag_releases = Family::<DagOutcomeLabels, Counter>::default();
+        registry.register(
+            "agora_dag_releases",
+            "Finished releases of real-time DAGs, by outcome (met, missed, failed)",
+            dag_releases.clone(),
+        );
+        let dag_overruns = Family::<DagLabels, Counter>::default();
+        registry.register(
+            "agora_dag_overruns",
+            "DAG node runs longer than their WCET (the only misses admission does not cover)",
+            dag_overruns.clone(),
+        );
+        let dag_migrations = Counter::default();
+        registry.register(
+            "agora_dag_migrations",
+            "Deadline jobs pushed off their partitioned lane by APEDF",
+            dag_migrations.clone(),
+        );
+        let dag_release_jitter = seconds_histogram();
+        registry.register(
+            "agora_dag_release_jitter_seconds",
+            "Lateness of the daemon's release timer: from a periodic DAG release's due time to its release",
+            dag_release_jitter.clone(),
+        );
+        let dags_admitted = Gauge::default();
+        registry.register(
+            "agora_dags_admitted",
+            "Real-time DAGs admitted now",
+            dags_admitted.clone(),
+        );
         Metrics {
+            dag_response,
+            dag_releases,
+            dag_overruns,
+            dag_migrations,
+            dag_release_jitter,
+            dags_admitted,
             limit_refusals,
             registry: Mutex::new(registry),
             memory_waits,
@@ -248,6 +325,28 @@ impl Metrics {
             revoked,
             revoked_wasted_ns,
             unread_releases,
+        }
+    }
+
+    /// The metric handles of the DAG named `dag` (cache them: this allocates).
+    pub(crate) fn dag_metrics(&self, dag: &str) -> DagMetrics {
+        let outcome = |outcome: &str| {
+            self.dag_releases
+                .get_or_create(&DagOutcomeLabels {
+                    dag: dag.into(),
+                    outcome: outcome.into(),
+                })
+                .clone()
+        };
+        let (met, missed, failed) = (outcome("met"), outcome("missed"), outcome("failed"));
+        let response = self.dag_response.get_or_create(&DagLabels { dag: dag.into() }).clone();
+        let overruns = self.dag_overruns.get_or_create(&DagLabels { dag: dag.into() }).clone();
+        DagMetrics {
+            response,
+            met,
+            missed,
+            failed,
+            overruns,
         }
     }
 

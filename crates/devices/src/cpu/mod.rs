@@ -455,6 +455,7 @@ mod tests {
             revoke: None,
             urgent: false,
             exclusive: false,
+            deadline: None,
             slices: None,
             done: Box::new(move |r, _| tx.send(r).unwrap()),
         }

@@ -43,6 +43,7 @@ fn job(transfers: Vec<Transfer>, work: Work, revoke: Option<Arc<AtomicBool>>, tx
         }),
         urgent: false,
         exclusive: false,
+        deadline: None,
         slices: None,
         done: Box::new(move |result, _| {
             let _ = tx.send((result, Instant::now()));

@@ -51,6 +51,7 @@ from ._native import (  # noqa: F401  (re-exported API)
     KernelTimeoutError,
     ResourceExhaustedError,
     ExportError,
+    DagError,
     AttachmentError,
     CheckpointError,
     DaemonRestartedError,
