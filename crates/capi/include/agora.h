@@ -142,6 +142,17 @@ typedef enum {
 typedef struct AgoraBuffer AgoraBuffer;
 
 /**
+ * An admitted real-time DAG (`agora_dag_declare`); `agora_dag_withdraw` withdraws and releases it.
+ */
+typedef struct AgoraDag AgoraDag;
+
+/**
+ * A real-time DAG being declared (`agora_dag_create`); `agora_dag_declare` sends it (and
+ * releases the builder), `agora_dag_builder_destroy` drops it undeclared.
+ */
+typedef struct AgoraDagBuilder AgoraDagBuilder;
+
+/**
  * A kernel.
  */
 typedef struct AgoraKernel AgoraKernel;
@@ -217,6 +228,47 @@ typedef struct {
    */
   double f;
 } AgoraArg;
+
+/**
+ * One finished release of a DAG (`agora_dag_results`).
+ */
+typedef struct {
+  /**
+   * Its number (0, 1, ...).
+   */
+  uint64_t release;
+  /**
+   * Nanoseconds from the release to the end of its last node.
+   */
+  uint64_t response_ns;
+  /**
+   * Whether it ended by its deadline with every node succeeded.
+   */
+  bool met;
+  /**
+   * Nanoseconds from the time it was due to the time the daemon's release timer released it
+   * (the period jitter; 0 for a release on request).
+   */
+  uint64_t jitter_ns;
+  /**
+   * Nanoseconds from the time it was due to the time its first nodes were handed to lanes
+   * (the jitter plus the dispatcher's hand-off).
+   */
+  uint64_t handoff_ns;
+  /**
+   * The node whose failure ended it, -1 when none failed.
+   */
+  int64_t failed_node;
+  /**
+   * That node's error message (null when none failed), valid until the next
+   * `agora_dag_results` or `agora_dag_wait_results` call on the DAG.
+   */
+  const char *failed_message;
+  /**
+   * How many of its nodes ran longer than their WCET.
+   */
+  uint32_t overruns;
+} AgoraDagRelease;
 
 #ifdef __cplusplus
 extern "C" {
@@ -696,6 +748,177 @@ AgoraStatus agora_queue_finish(const AgoraQueue *queue);
 AgoraStatus agora_queue_finish_timeout(const AgoraQueue *queue,
                                        uint64_t timeout_ms,
                                        bool *done_out);
+
+/**
+ * Starts a real-time DAG named `name`, released every `period_ns` nanoseconds (its end-to-end
+ * deadline is the period unless `agora_dag_deadline` says otherwise). Add nodes and edges, then
+ * `agora_dag_declare` it.
+ *
+ * # Safety
+ * Valid handles and pointers; `name` NUL-terminated.
+ */
+AgoraStatus agora_dag_create(const AgoraSession *session,
+                             const char *name,
+                             uint64_t period_ns,
+                             AgoraDagBuilder **out);
+
+/**
+ * Adds a node to `builder` that launches `kernel` with `nargs` arguments over a
+ * `dims`-dimensional `range`, as `agora_launch` takes them (checked against the kernel's
+ * signature now: a mistake fails with `AGORA_STATUS_INVALID_ARGUMENT` and a message naming the
+ * argument). `index_out` (may be null) receives the node's index (0, 1, ...), for
+ * `agora_dag_edge`, `agora_dag_wcet` and the results. The arguments and their buffers are not
+ * used after this call returns; a buffer destroyed before a release makes the DAG stop.
+ *
+ * # Safety
+ * Valid handles; `name` NUL-terminated; `args` points to `nargs` arguments whose buffers are
+ * live; `range` to `dims` values; `index_out` null or valid.
+ */
+AgoraStatus agora_dag_node(AgoraDagBuilder *builder,
+                           const char *name,
+                           const AgoraKernel *kernel,
+                           const AgoraArg *args,
+                           uintptr_t nargs,
+                           const uint64_t *range,
+                           uintptr_t dims,
+                           uintptr_t *index_out);
+
+/**
+ * Declares node `node`'s worst-case execution time, `wcet_ns` nanoseconds (else the daemon's
+ * performance model estimates it, which needs the launch to have run there before). Runs longer
+ * than it are reported as overruns.
+ *
+ * # Safety
+ * A live builder handle.
+ */
+AgoraStatus agora_dag_wcet(AgoraDagBuilder *builder, uintptr_t node, uint64_t wcet_ns);
+
+/**
+ * Fixes node `node`'s relative deadline, `deadline_ns` nanoseconds (deadline splitting keeps
+ * it as given).
+ *
+ * # Safety
+ * A live builder handle.
+ */
+AgoraStatus agora_dag_node_deadline(AgoraDagBuilder *builder, uintptr_t node, uint64_t deadline_ns);
+
+/**
+ * Node `to` starts after node `from` finished, in each release. (A cycle is refused by
+ * `agora_dag_declare`.)
+ *
+ * # Safety
+ * A live builder handle.
+ */
+AgoraStatus agora_dag_edge(AgoraDagBuilder *builder, uintptr_t from, uintptr_t to);
+
+/**
+ * The end-to-end deadline of each release, `deadline_ns` nanoseconds (default: the period).
+ *
+ * # Safety
+ * A live builder handle.
+ */
+AgoraStatus agora_dag_deadline(AgoraDagBuilder *builder, uint64_t deadline_ns);
+
+/**
+ * Makes the DAG sporadic: released only by `agora_dag_release`, the period being the least
+ * time between releases.
+ *
+ * # Safety
+ * A live builder handle.
+ */
+AgoraStatus agora_dag_sporadic(AgoraDagBuilder *builder);
+
+/**
+ * Sends the DAG for admission and releases the builder, admitted or not. `*out` is the
+ * admitted DAG, or null when the daemon refused it: `AGORA_STATUS_CONTROL`, and
+ * `agora_last_error_message` says why (which node does not fit, the lanes' utilisation, the
+ * WCET that would have fit; a cycle; a node whose launch is invalid).
+ *
+ * # Safety
+ * Null or a live builder handle, not used afterwards; `out` valid.
+ */
+AgoraStatus agora_dag_declare(AgoraDagBuilder *builder, AgoraDag **out);
+
+/**
+ * Releases a DAG builder without declaring it (null is ignored).
+ *
+ * # Safety
+ * Null or a live builder handle, not used afterwards.
+ */
+void agora_dag_builder_destroy(AgoraDagBuilder *builder);
+
+/**
+ * The daemon's id of a DAG (0 for a null handle).
+ *
+ * # Safety
+ * Null or a live DAG handle.
+ */
+uint64_t agora_dag_id(const AgoraDag *dag);
+
+/**
+ * How the DAG was admitted: its utilisation (budgets over the period, margin included) to
+ * `*utilisation` and its node count to `*nodes`; either pointer may be null.
+ *
+ * # Safety
+ * A live DAG handle; `utilisation` and `nodes` null or valid.
+ */
+AgoraStatus agora_dag_admission(const AgoraDag *dag, double *utilisation, uintptr_t *nodes);
+
+/**
+ * Releases one instance of a sporadic DAG now; `*release` (may be null) receives its number.
+ * `AGORA_STATUS_CONTROL` when it comes sooner than the period after the previous release, or
+ * the DAG was stopped (the message says why).
+ *
+ * # Safety
+ * A live DAG handle; `release` null or valid.
+ */
+AgoraStatus agora_dag_release(const AgoraDag *dag, uint64_t *release);
+
+/**
+ * The releases of the DAG finished since they were last handed out, oldest first: up to
+ * `capacity` written to `out`, their number to `*count`; any more stay for the next call.
+ * Each's `failed_message` is valid until the next results call on this DAG.
+ *
+ * # Safety
+ * A live DAG handle; `out` valid for `capacity` writes (null when `capacity` is 0); `count` valid.
+ */
+AgoraStatus agora_dag_results(const AgoraDag *dag,
+                              AgoraDagRelease *out,
+                              uintptr_t capacity,
+                              uintptr_t *count);
+
+/**
+ * `agora_dag_results`, waiting up to about `timeout_ms` milliseconds until at least `want`
+ * releases (at most `capacity`) are there to hand out.
+ *
+ * # Safety
+ * As `agora_dag_results`.
+ */
+AgoraStatus agora_dag_wait_results(const AgoraDag *dag,
+                                   uintptr_t want,
+                                   uint64_t timeout_ms,
+                                   AgoraDagRelease *out,
+                                   uintptr_t capacity,
+                                   uintptr_t *count);
+
+/**
+ * Why the daemon stopped releasing the DAG (a node's buffer was destroyed, say), as the last
+ * results call learned it; null while it runs. Valid while the DAG handle lives.
+ *
+ * # Safety
+ * Null or a live DAG handle.
+ */
+const char *agora_dag_stopped(const AgoraDag *dag);
+
+/**
+ * Withdraws the DAG (no more releases; its reservations are freed; releases in flight finish)
+ * and releases the handle (null is ignored). `AGORA_STATUS_CLOSED`, the handle released all the
+ * same, once its session was closed.
+ *
+ * # Safety
+ * Null or a live DAG handle, not used afterwards.
+ */
+AgoraStatus agora_dag_withdraw(AgoraDag *dag);
 
 #ifdef __cplusplus
 }  // extern "C"

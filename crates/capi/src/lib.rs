@@ -1464,3 +1464,507 @@ pub unsafe extern "C" fn agora_queue_finish_timeout(
     unsafe { *done_out = !matches!(outcome, Ok(false)) };
     done(outcome.map(|_| ()))
 }
+
+/// A real-time DAG being declared (`agora_dag_create`); `agora_dag_declare` sends it (and
+/// releases the builder), `agora_dag_builder_destroy` drops it undeclared.
+pub struct AgoraDagBuilder {
+    /// It holds its session.
+    builder: agora::DagBuilder,
+    nodes: usize,
+    closed: ClosedFlag,
+}
+
+/// An admitted real-time DAG (`agora_dag_declare`); `agora_dag_withdraw` withdraws and releases it.
+pub struct AgoraDag {
+    dag: agora::Dag,
+    closed: ClosedFlag,
+    /// Releases fetched from the daemon and not yet handed out (the caller's array was full).
+    pending: std::sync::Mutex<DagPending>,
+}
+
+#[derive(Default)]
+struct DagPending {
+    releases: std::collections::VecDeque<agora::DagRelease>,
+    /// The failure messages of the releases last handed out (their `failed_message` points here).
+    messages: Vec<CString>,
+    /// Why the daemon stopped releasing the DAG, once it did.
+    stopped: Option<CString>,
+}
+
+/// One finished release of a DAG (`agora_dag_results`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct AgoraDagRelease {
+    /// Its number (0, 1, ...).
+    pub release: u64,
+    /// Nanoseconds from the release to the end of its last node.
+    pub response_ns: u64,
+    /// Whether it ended by its deadline with every node succeeded.
+    pub met: bool,
+    /// Nanoseconds from the time it was due to the time the daemon's release timer released it
+    /// (the period jitter; 0 for a release on request).
+    pub jitter_ns: u64,
+    /// Nanoseconds from the time it was due to the time its first nodes were handed to lanes
+    /// (the jitter plus the dispatcher's hand-off).
+    pub handoff_ns: u64,
+    /// The node whose failure ended it, -1 when none failed.
+    pub failed_node: i64,
+    /// That node's error message (null when none failed), valid until the next
+    /// `agora_dag_results` or `agora_dag_wait_results` call on the DAG.
+    pub failed_message: *const c_char,
+    /// How many of its nodes ran longer than their WCET.
+    pub overruns: u32,
+}
+
+/// Like `open_handle!`, for a DAG builder, mutable.
+macro_rules! open_builder {
+    ($ptr:expr) => {{
+        // SAFETY: non-null handles come from this library and are not yet released (contract).
+        match unsafe { $ptr.as_mut() } {
+            Some(h) if h.closed.load(Ordering::Acquire) => return closed("DAG builder"),
+            Some(h) => h,
+            None => return fail(AgoraStatus::InvalidArgument, "builder is null"),
+        }
+    }};
+}
+
+/// Checks that `node` is a node of `builder` (`AGORA_STATUS_INVALID_ARGUMENT` otherwise).
+fn check_node(builder: &AgoraDagBuilder, node: usize) -> Result<(), AgoraStatus> {
+    if node < builder.nodes {
+        Ok(())
+    } else {
+        Err(fail(
+            AgoraStatus::InvalidArgument,
+            format!("no node {node}: the DAG has {} nodes so far", builder.nodes),
+        ))
+    }
+}
+
+/// Starts a real-time DAG named `name`, released every `period_ns` nanoseconds (its end-to-end
+/// deadline is the period unless `agora_dag_deadline` says otherwise). Add nodes and edges, then
+/// `agora_dag_declare` it.
+///
+/// # Safety
+/// Valid handles and pointers; `name` NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn agora_dag_create(
+    session: *const AgoraSession,
+    name: *const c_char,
+    period_ns: u64,
+    out: *mut *mut AgoraDagBuilder,
+) -> AgoraStatus {
+    begin();
+    let session = handle!(session, "session");
+    if out.is_null() {
+        return fail(AgoraStatus::InvalidArgument, "out is null");
+    }
+    // SAFETY: null or NUL-terminated (contract).
+    let name = match unsafe { required_str(name, "name") } {
+        Ok(name) => name,
+        Err(status) => return status,
+    };
+    let builder = session.session.dag(&name, Duration::from_nanos(period_ns));
+    store(
+        AgoraDagBuilder {
+            builder,
+            nodes: 0,
+            closed: session.closed.clone(),
+        },
+        out,
+    )
+}
+
+/// Adds a node to `builder` that launches `kernel` with `nargs` arguments over a
+/// `dims`-dimensional `range`, as `agora_launch` takes them (checked against the kernel's
+/// signature now: a mistake fails with `AGORA_STATUS_INVALID_ARGUMENT` and a message naming the
+/// argument). `index_out` (may be null) receives the node's index (0, 1, ...), for
+/// `agora_dag_edge`, `agora_dag_wcet` and the results. The arguments and their buffers are not
+/// used after this call returns; a buffer destroyed before a release makes the DAG stop.
+///
+/// # Safety
+/// Valid handles; `name` NUL-terminated; `args` points to `nargs` arguments whose buffers are
+/// live; `range` to `dims` values; `index_out` null or valid.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn agora_dag_node(
+    builder: *mut AgoraDagBuilder,
+    name: *const c_char,
+    kernel: *const AgoraKernel,
+    args: *const AgoraArg,
+    nargs: usize,
+    range: *const u64,
+    dims: usize,
+    index_out: *mut usize,
+) -> AgoraStatus {
+    begin();
+    let builder = open_builder!(builder);
+    let kernel = handle!(kernel, "kernel");
+    // SAFETY: null or NUL-terminated (contract).
+    let name = match unsafe { required_str(name, "name") } {
+        Ok(name) => name,
+        Err(status) => return status,
+    };
+    if range.is_null() || !(1..=3).contains(&dims) || (args.is_null() && nargs > 0) {
+        return fail(
+            AgoraStatus::InvalidArgument,
+            "range must have 1 to 3 dimensions; args must not be null",
+        );
+    }
+    // SAFETY: `range` points to `dims` values, `args` to `nargs` arguments (contract; checked non-null).
+    let (range, raw_args) = unsafe {
+        (
+            std::slice::from_raw_parts(range, dims),
+            if nargs == 0 {
+                &[][..]
+            } else {
+                std::slice::from_raw_parts(args, nargs)
+            },
+        )
+    };
+    let converted = match convert_args(&kernel.0, raw_args) {
+        Ok(c) => c,
+        Err(message) => return fail(AgoraStatus::InvalidArgument, message),
+    };
+    let range = match range {
+        [x] => NdRange::d1(*x),
+        [x, y] => NdRange::d2(*x, *y),
+        [x, y, z] => NdRange::d3(*x, *y, *z),
+        _ => unreachable!("dims checked"),
+    };
+    match builder.builder.node(&name, &kernel.0, &converted, range) {
+        Ok(index) => {
+            builder.nodes = index + 1;
+            if !index_out.is_null() {
+                // SAFETY: non-null and valid (contract).
+                unsafe { *index_out = index };
+            }
+            AgoraStatus::Ok
+        }
+        Err(e) => from_error(e),
+    }
+}
+
+/// Declares node `node`'s worst-case execution time, `wcet_ns` nanoseconds (else the daemon's
+/// performance model estimates it, which needs the launch to have run there before). Runs longer
+/// than it are reported as overruns.
+///
+/// # Safety
+/// A live builder handle.
+#[no_mangle]
+pub unsafe extern "C" fn agora_dag_wcet(builder: *mut AgoraDagBuilder, node: usize, wcet_ns: u64) -> AgoraStatus {
+    begin();
+    let builder = open_builder!(builder);
+    if let Err(status) = check_node(builder, node) {
+        return status;
+    }
+    builder.builder.wcet(node, Duration::from_nanos(wcet_ns));
+    AgoraStatus::Ok
+}
+
+/// Fixes node `node`'s relative deadline, `deadline_ns` nanoseconds (deadline splitting keeps
+/// it as given).
+///
+/// # Safety
+/// A live builder handle.
+#[no_mangle]
+pub unsafe extern "C" fn agora_dag_node_deadline(
+    builder: *mut AgoraDagBuilder,
+    node: usize,
+    deadline_ns: u64,
+) -> AgoraStatus {
+    begin();
+    let builder = open_builder!(builder);
+    if let Err(status) = check_node(builder, node) {
+        return status;
+    }
+    builder.builder.node_deadline(node, Duration::from_nanos(deadline_ns));
+    AgoraStatus::Ok
+}
+
+/// Node `to` starts after node `from` finished, in each release. (A cycle is refused by
+/// `agora_dag_declare`.)
+///
+/// # Safety
+/// A live builder handle.
+#[no_mangle]
+pub unsafe extern "C" fn agora_dag_edge(builder: *mut AgoraDagBuilder, from: usize, to: usize) -> AgoraStatus {
+    begin();
+    let builder = open_builder!(builder);
+    if let Err(status) = check_node(builder, from).and_then(|()| check_node(builder, to)) {
+        return status;
+    }
+    builder.builder.edge(from, to);
+    AgoraStatus::Ok
+}
+
+/// The end-to-end deadline of each release, `deadline_ns` nanoseconds (default: the period).
+///
+/// # Safety
+/// A live builder handle.
+#[no_mangle]
+pub unsafe extern "C" fn agora_dag_deadline(builder: *mut AgoraDagBuilder, deadline_ns: u64) -> AgoraStatus {
+    begin();
+    let builder = open_builder!(builder);
+    builder.builder.deadline(Duration::from_nanos(deadline_ns));
+    AgoraStatus::Ok
+}
+
+/// Makes the DAG sporadic: released only by `agora_dag_release`, the period being the least
+/// time between releases.
+///
+/// # Safety
+/// A live builder handle.
+#[no_mangle]
+pub unsafe extern "C" fn agora_dag_sporadic(builder: *mut AgoraDagBuilder) -> AgoraStatus {
+    begin();
+    let builder = open_builder!(builder);
+    builder.builder.sporadic();
+    AgoraStatus::Ok
+}
+
+/// Sends the DAG for admission and releases the builder, admitted or not. `*out` is the
+/// admitted DAG, or null when the daemon refused it: `AGORA_STATUS_CONTROL`, and
+/// `agora_last_error_message` says why (which node does not fit, the lanes' utilisation, the
+/// WCET that would have fit; a cycle; a node whose launch is invalid).
+///
+/// # Safety
+/// Null or a live builder handle, not used afterwards; `out` valid.
+#[no_mangle]
+pub unsafe extern "C" fn agora_dag_declare(builder: *mut AgoraDagBuilder, out: *mut *mut AgoraDag) -> AgoraStatus {
+    begin();
+    if builder.is_null() || out.is_null() {
+        return fail(AgoraStatus::InvalidArgument, "builder or out is null");
+    }
+    // SAFETY: a live handle from Box::into_raw, released once (contract).
+    let builder = unsafe { Box::from_raw(builder) };
+    // SAFETY: checked non-null; valid for a write (contract).
+    unsafe { *out = std::ptr::null_mut() };
+    if builder.closed.load(Ordering::Acquire) {
+        return closed("DAG builder");
+    }
+    match builder.builder.declare() {
+        Ok(dag) => store(
+            AgoraDag {
+                dag,
+                closed: builder.closed.clone(),
+                pending: Default::default(),
+            },
+            out,
+        ),
+        Err(e) => from_error(e),
+    }
+}
+
+/// Releases a DAG builder without declaring it (null is ignored).
+///
+/// # Safety
+/// Null or a live builder handle, not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn agora_dag_builder_destroy(builder: *mut AgoraDagBuilder) {
+    begin();
+    if !builder.is_null() {
+        // SAFETY: a live handle from Box::into_raw, released once.
+        drop(unsafe { Box::from_raw(builder) });
+    }
+}
+
+/// The daemon's id of a DAG (0 for a null handle).
+///
+/// # Safety
+/// Null or a live DAG handle.
+#[no_mangle]
+pub unsafe extern "C" fn agora_dag_id(dag: *const AgoraDag) -> u64 {
+    // SAFETY: null or a live handle (contract).
+    unsafe { dag.as_ref() }.map_or(0, |d| d.dag.id())
+}
+
+/// How the DAG was admitted: its utilisation (budgets over the period, margin included) to
+/// `*utilisation` and its node count to `*nodes`; either pointer may be null.
+///
+/// # Safety
+/// A live DAG handle; `utilisation` and `nodes` null or valid.
+#[no_mangle]
+pub unsafe extern "C" fn agora_dag_admission(
+    dag: *const AgoraDag,
+    utilisation: *mut f64,
+    nodes: *mut usize,
+) -> AgoraStatus {
+    begin();
+    let dag = open_handle!(dag, "DAG");
+    let admission = dag.dag.admission();
+    if !utilisation.is_null() {
+        // SAFETY: caller's contract.
+        unsafe { *utilisation = admission.utilisation };
+    }
+    if !nodes.is_null() {
+        // SAFETY: caller's contract.
+        unsafe { *nodes = admission.lanes.len() };
+    }
+    AgoraStatus::Ok
+}
+
+/// Releases one instance of a sporadic DAG now; `*release` (may be null) receives its number.
+/// `AGORA_STATUS_CONTROL` when it comes sooner than the period after the previous release, or
+/// the DAG was stopped (the message says why).
+///
+/// # Safety
+/// A live DAG handle; `release` null or valid.
+#[no_mangle]
+pub unsafe extern "C" fn agora_dag_release(dag: *const AgoraDag, release: *mut u64) -> AgoraStatus {
+    begin();
+    let dag = open_handle!(dag, "DAG");
+    match dag.dag.release() {
+        Ok(number) => {
+            if !release.is_null() {
+                // SAFETY: caller's contract.
+                unsafe { *release = number };
+            }
+            AgoraStatus::Ok
+        }
+        Err(e) => from_error(e),
+    }
+}
+
+/// Hands out up to `capacity` of the releases fetched, oldest first, to `out`; their number to
+/// `*count`. The rest wait for the next call.
+///
+/// # Safety
+/// `out` valid for `capacity` writes (or null with `capacity` 0); `count` valid.
+unsafe fn hand_out(pending: &mut DagPending, out: *mut AgoraDagRelease, capacity: usize, count: *mut usize) {
+    let n = pending.releases.len().min(capacity);
+    pending.messages.clear();
+    for (i, r) in pending.releases.drain(..n).enumerate() {
+        let (failed_node, failed_message) = match r.failed {
+            Some((node, message)) => {
+                pending
+                    .messages
+                    .push(CString::new(message.replace('\0', " ")).unwrap_or_default());
+                (
+                    i64::from(node),
+                    pending.messages.last().map_or(std::ptr::null(), |m| m.as_ptr()),
+                )
+            }
+            None => (-1, std::ptr::null()),
+        };
+        let release = AgoraDagRelease {
+            release: r.release,
+            response_ns: r.response_ns,
+            met: r.met,
+            jitter_ns: r.jitter_ns,
+            handoff_ns: r.handoff_ns,
+            failed_node,
+            failed_message,
+            overruns: r.overruns.len() as u32,
+        };
+        // SAFETY: `i < n <= capacity` and `out` is valid for `capacity` writes (contract).
+        unsafe { out.add(i).write(release) };
+    }
+    // SAFETY: valid (contract, checked non-null by the callers).
+    unsafe { *count = n };
+}
+
+/// Fetches the releases the daemon finished into `pending`; keeps its stop reason.
+fn fetch(dag: &AgoraDag, pending: &mut DagPending) -> Result<(), Error> {
+    let results = dag.dag.results()?;
+    pending.releases.extend(results.releases);
+    // Set once: a stopped DAG stays stopped, and `agora_dag_stopped` hands out its pointer.
+    if let (None, Some(why)) = (&pending.stopped, results.stopped) {
+        pending.stopped = Some(CString::new(why.replace('\0', " ")).unwrap_or_default());
+    }
+    Ok(())
+}
+
+/// The releases of the DAG finished since they were last handed out, oldest first: up to
+/// `capacity` written to `out`, their number to `*count`; any more stay for the next call.
+/// Each's `failed_message` is valid until the next results call on this DAG.
+///
+/// # Safety
+/// A live DAG handle; `out` valid for `capacity` writes (null when `capacity` is 0); `count` valid.
+#[no_mangle]
+pub unsafe extern "C" fn agora_dag_results(
+    dag: *const AgoraDag,
+    out: *mut AgoraDagRelease,
+    capacity: usize,
+    count: *mut usize,
+) -> AgoraStatus {
+    // SAFETY: the caller's contract, passed on; a timeout of 0 fetches once.
+    unsafe { agora_dag_wait_results(dag, 0, 0, out, capacity, count) }
+}
+
+/// `agora_dag_results`, waiting up to about `timeout_ms` milliseconds until at least `want`
+/// releases (at most `capacity`) are there to hand out.
+///
+/// # Safety
+/// As `agora_dag_results`.
+#[no_mangle]
+pub unsafe extern "C" fn agora_dag_wait_results(
+    dag: *const AgoraDag,
+    want: usize,
+    timeout_ms: u64,
+    out: *mut AgoraDagRelease,
+    capacity: usize,
+    count: *mut usize,
+) -> AgoraStatus {
+    begin();
+    let dag = open_handle!(dag, "DAG");
+    if count.is_null() || (out.is_null() && capacity > 0) {
+        return fail(
+            AgoraStatus::InvalidArgument,
+            "count is null, or out is null with a capacity",
+        );
+    }
+    let until = std::time::Instant::now() + Duration::from_millis(timeout_ms);
+    let want = want.min(capacity);
+    let mut pending = dag.pending.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        if let Err(e) = fetch(dag, &mut pending) {
+            // SAFETY: checked non-null; valid (contract).
+            unsafe { *count = 0 };
+            return from_error(e);
+        }
+        if pending.releases.len() >= want || std::time::Instant::now() >= until {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // SAFETY: `out` valid for `capacity` writes, `count` checked non-null (contract).
+    unsafe { hand_out(&mut pending, out, capacity, count) };
+    AgoraStatus::Ok
+}
+
+/// Why the daemon stopped releasing the DAG (a node's buffer was destroyed, say), as the last
+/// results call learned it; null while it runs. Valid while the DAG handle lives.
+///
+/// # Safety
+/// Null or a live DAG handle.
+#[no_mangle]
+pub unsafe extern "C" fn agora_dag_stopped(dag: *const AgoraDag) -> *const c_char {
+    // SAFETY: null or a live handle (contract).
+    let Some(dag) = (unsafe { dag.as_ref() }) else {
+        return std::ptr::null();
+    };
+    let pending = dag.pending.lock().unwrap_or_else(|e| e.into_inner());
+    // Set once and never replaced (see `fetch`): its buffer lives as long as the handle.
+    pending.stopped.as_ref().map_or(std::ptr::null(), |s| s.as_ptr())
+}
+
+/// Withdraws the DAG (no more releases; its reservations are freed; releases in flight finish)
+/// and releases the handle (null is ignored). `AGORA_STATUS_CLOSED`, the handle released all the
+/// same, once its session was closed.
+///
+/// # Safety
+/// Null or a live DAG handle, not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn agora_dag_withdraw(dag: *mut AgoraDag) -> AgoraStatus {
+    begin();
+    if dag.is_null() {
+        return AgoraStatus::Ok;
+    }
+    // SAFETY: a live handle from Box::into_raw, released once (contract).
+    let dag = unsafe { Box::from_raw(dag) };
+    if dag.closed.load(Ordering::Acquire) {
+        return closed("DAG");
+    }
+    let AgoraDag { dag, .. } = *dag;
+    done(dag.withdraw())
+}

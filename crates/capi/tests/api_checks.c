@@ -1,6 +1,7 @@
 /* Checks of the C API's behaviour against a daemon: queue options, kernel listing, memset/copy,
  * task polling and bounded waits, argument checks at launch, the error message of the last call
- * only, and objects refusing every call once their session is closed.
+ * only, real-time DAGs (declared, released, refused), and objects refusing every call once their
+ * session is closed.
  * Built and run by tests/c_example.rs; exit status 0 when every check passed. */
 #include <stdbool.h>
 #include <unistd.h>
@@ -179,6 +180,89 @@ int main(void) {
     agora_buffer_destroy(attached);
     agora_session_close(reader);
     agora_buffer_destroy(shared);
+
+    /* Real-time DAGs: fill(1, dx) -> saxpy(2, dx, dy), sporadic with a 20 ms period, released
+     * twice (the period apart): each release adds 2 to dy; then a release too soon and a cycle,
+     * refused with the reason. */
+    {
+        enum { DN = 4096 };
+        const uint64_t period_ns = 20000000, wcet_ns = 2000000;
+        AgoraKernel *fill;
+        OK(agora_kernel_lookup(session, "fill", &fill));
+        AgoraBuffer *dx, *dy;
+        OK(agora_buffer_create(session, DN * sizeof(float), &dx));
+        OK(agora_buffer_create(session, DN * sizeof(float), &dy));
+        uint64_t dn = DN;
+        AgoraArg fill_args[2] = {{AGORA_ARG_KIND_F32, NULL, 0, 1.0}, {AGORA_ARG_KIND_BUFFER, dx}};
+        AgoraArg saxpy_args[3] = {
+            {AGORA_ARG_KIND_F32, NULL, 0, 2.0}, {AGORA_ARG_KIND_BUFFER, dx}, {AGORA_ARG_KIND_BUFFER, dy}};
+        AgoraDagBuilder *builder = NULL;
+        OK(agora_dag_create(session, "c-pipeline", period_ns, &builder));
+        size_t a = 99, b = 99;
+        OK(agora_dag_node(builder, "fill", fill, fill_args, 2, &dn, 1, &a));
+        OK(agora_dag_node(builder, "saxpy", saxpy, saxpy_args, 3, &dn, 1, &b));
+        EXPECT(a == 0 && b == 1);
+        /* The arguments are checked as agora_launch checks them; node indices by the builder. */
+        EXPECT(agora_dag_node(builder, "bad", saxpy, fill_args, 2, &dn, 1, NULL) == AGORA_STATUS_INVALID_ARGUMENT
+               && MESSAGE_HAS("wrong argument count"));
+        EXPECT(agora_dag_edge(builder, a, 7) == AGORA_STATUS_INVALID_ARGUMENT && MESSAGE_HAS("no node 7"));
+        OK(agora_dag_edge(builder, a, b));
+        OK(agora_dag_wcet(builder, a, wcet_ns));
+        OK(agora_dag_wcet(builder, b, wcet_ns));
+        OK(agora_dag_sporadic(builder));
+        AgoraDag *dag = NULL;
+        OK(agora_dag_declare(builder, &dag));
+        EXPECT(dag != NULL);
+        double utilisation = 0.0;
+        size_t nodes = 0;
+        OK(agora_dag_admission(dag, &utilisation, &nodes));
+        EXPECT(nodes == 2 && utilisation > 0.19 && utilisation < 0.3);
+        AgoraDagRelease releases[4];
+        size_t got = 0, total = 0;
+        bool all_met = true;
+        for (uint64_t i = 0; i < 2; i++) {
+            uint64_t number = 99;
+            OK(agora_dag_release(dag, &number));
+            EXPECT(number == i);
+            OK(agora_dag_wait_results(dag, 1, 5000, releases, 4, &got));
+            EXPECT(got == 1 && releases[0].release == i);
+            for (size_t r = 0; r < got; r++) {
+                all_met &= releases[r].met && releases[r].failed_node == -1 && releases[r].failed_message == NULL
+                           && releases[r].response_ns > 0 && releases[r].response_ns < period_ns
+                           && releases[r].handoff_ns >= releases[r].jitter_ns;
+            }
+            total += got;
+            usleep(21000); /* the period is the least time between releases */
+        }
+        EXPECT(total == 2 && all_met);
+        const float *hdy = agora_buffer_data(dy);
+        int fours = 1;
+        for (int i = 0; i < DN; i++) fours &= hdy[i] == 4.0f;
+        EXPECT(fours); /* saxpy ran once per release, after fill: 2 x 2 */
+        OK(agora_dag_results(dag, releases, 4, &got));
+        EXPECT(got == 0 && agora_dag_stopped(dag) == NULL);
+        /* Too soon after the previous release: refused, with the period. */
+        OK(agora_dag_release(dag, NULL));
+        EXPECT(agora_dag_release(dag, NULL) == AGORA_STATUS_CONTROL && MESSAGE_HAS("least time between releases"));
+        OK(agora_dag_withdraw(dag));
+
+        /* A cycle: refused, the builder released all the same, no DAG. */
+        OK(agora_dag_create(session, "c-cycle", period_ns, &builder));
+        OK(agora_dag_node(builder, "fill", fill, fill_args, 2, &dn, 1, &a));
+        OK(agora_dag_node(builder, "saxpy", saxpy, saxpy_args, 3, &dn, 1, &b));
+        OK(agora_dag_edge(builder, a, b));
+        OK(agora_dag_edge(builder, b, a));
+        OK(agora_dag_wcet(builder, a, wcet_ns));
+        OK(agora_dag_wcet(builder, b, wcet_ns));
+        dag = (AgoraDag *)&got; /* overwritten with NULL */
+        EXPECT(agora_dag_declare(builder, &dag) == AGORA_STATUS_CONTROL && MESSAGE_HAS("cycle") && dag == NULL);
+        /* A builder never declared. */
+        OK(agora_dag_create(session, "c-unused", period_ns, &builder));
+        agora_dag_builder_destroy(builder);
+        agora_buffer_destroy(dx);
+        agora_buffer_destroy(dy);
+        agora_kernel_destroy(fill);
+    }
 
     /* After close, every call on the session's objects fails with CLOSED. */
     AgoraTask *pending;

@@ -494,8 +494,40 @@ pub fn status(args: StatusArgs) -> Result<()> {
             report.migrations, report.tasks_replayed, report.tasks_lost
         );
     }
+    print_dags(&report.dags);
     print_limits(&report);
     Ok(())
+}
+
+/// The admitted real-time DAGs, one line each.
+pub(crate) fn print_dags(dags: &[agora_protocol::control::DagStatus]) {
+    if dags.is_empty() {
+        return;
+    }
+    println!("real-time DAGs (admitted now):");
+    for d in dags {
+        let stopped = d
+            .stopped
+            .as_deref()
+            .map(|s| format!(" · STOPPED: {s}"))
+            .unwrap_or_default();
+        println!(
+            "  #{:<4} {:<20} session {:<5} {} every {:.3} ms, deadline {:.3} ms · {} releases: {} met, {} missed, {} overruns · response p99 {:.3} ms, max {:.3} ms · nodes on {}{stopped}",
+            d.id,
+            d.name,
+            d.session,
+            if d.periodic { "released" } else { "sporadic, at least" },
+            d.period_us as f64 / 1e3,
+            d.deadline_us as f64 / 1e3,
+            d.releases,
+            d.met,
+            d.missed,
+            d.overruns,
+            d.response_p99_us as f64 / 1e3,
+            d.response_max_us as f64 / 1e3,
+            d.lanes.join(", ")
+        );
+    }
 }
 
 /// Each uid's use against the per-uid limits, and what the limits refused.

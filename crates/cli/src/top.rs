@@ -73,6 +73,8 @@ struct View {
     evictions: u64,
     memory_waits: u64,
     allocation_retries: u64,
+    /// Real-time DAGs admitted now.
+    dags: Vec<agora_protocol::control::DagStatus>,
 }
 
 fn view(previous: Option<(&StatusReport, Instant)>, now: &StatusReport, at: Instant) -> View {
@@ -128,6 +130,7 @@ fn view(previous: Option<(&StatusReport, Instant)>, now: &StatusReport, at: Inst
         evictions: now.evictions,
         memory_waits: now.memory_waits,
         allocation_retries: now.allocation_retries,
+        dags: now.dags.clone(),
     }
 }
 
@@ -198,6 +201,29 @@ fn print_text(v: &View) {
     if hidden > 0 {
         println!("… and {hidden} more session(s) (the busiest are shown)");
     }
+    crate::cmd::print_dags(&v.dags);
+}
+
+/// One line per admitted DAG, for the live view.
+fn dag_lines(v: &View) -> Vec<Line<'static>> {
+    v.dags
+        .iter()
+        .map(|d| {
+            Line::from(format!(
+                "#{} {} (session {}) every {:.1} ms: {} releases, {} met, {} missed, {} overruns, p99 {:.2} ms{}",
+                d.id,
+                d.name,
+                d.session,
+                d.period_us as f64 / 1e3,
+                d.releases,
+                d.met,
+                d.missed,
+                d.overruns,
+                d.response_p99_us as f64 / 1e3,
+                if d.stopped.is_some() { " · stopped" } else { "" }
+            ))
+        })
+        .collect()
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -284,9 +310,16 @@ fn live(terminal: &mut ratatui::DefaultTerminal, socket: Option<PathBuf>, interv
                 Constraint::Length(2),
                 Constraint::Length(current.as_ref().map_or(3, |v| v.devices.len() as u16 + 3)),
                 Constraint::Min(5),
+                Constraint::Length(current.as_ref().map_or(0, |v| if v.dags.is_empty() { 0 } else { v.dags.len().min(6) as u16 + 2 })),
                 Constraint::Length(if details { 8 } else { 0 }),
             ])
             .split(frame.area());
+            if let Some(v) = current.as_ref().filter(|v| !v.dags.is_empty()) {
+                frame.render_widget(
+                    Paragraph::new(dag_lines(v)).block(Block::bordered().title("real-time DAGs")),
+                    areas[3],
+                );
+            }
             let header = match (&current, &problem) {
                 (_, Some(p)) => format!("agora top · daemon unreachable: {p}"),
                 (Some(v), None) => format!(
@@ -384,7 +417,7 @@ fn live(terminal: &mut ratatui::DefaultTerminal, socket: Option<PathBuf>, interv
                 let table = Table::new(rows, [Constraint::Length(20), Constraint::Length(8), Constraint::Length(10), Constraint::Min(10)])
                     .header(Row::new(vec!["queue", "class", "in flight", "bound to"]).style(Style::new().add_modifier(Modifier::BOLD)))
                     .block(Block::bordered().title(title));
-                frame.render_widget(table, areas[3]);
+                frame.render_widget(table, areas[4]);
             }
         })?;
         let wait = next_refresh.saturating_duration_since(Instant::now());

@@ -22,7 +22,7 @@ fn dag_refusal<T: std::fmt::Debug>(result: Result<T, Error>) -> String {
 }
 
 /// `fill(1, x)` then `saxpy(2, x, y)`: each release adds 2 to every element of `y`.
-fn pipeline<'s>(session: &'s Session, x: &agora::Buffer, y: &agora::Buffer, period: Duration) -> agora::DagBuilder<'s> {
+fn pipeline(session: &Session, x: &agora::Buffer, y: &agora::Buffer, period: Duration) -> agora::DagBuilder {
     let fill = session.kernel("fill").unwrap();
     let saxpy = session.kernel("saxpy").unwrap();
     let mut dag = session.dag("pipeline", period);
@@ -88,9 +88,33 @@ fn a_sporadic_dag_runs_its_nodes_in_order_once_per_release() {
     dag.withdraw().unwrap();
 }
 
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn scrape(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("metrics endpoint answers");
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
+}
+
 #[test]
 fn a_periodic_dag_is_released_by_the_daemon_and_meets_its_deadlines_beside_batch_work() {
-    let daemon = Daemon::start(AGORA, "dag-periodic", &["--no-opencl", "--cpu-lanes", "2"]);
+    let port = free_port();
+    let daemon = Daemon::start(
+        AGORA,
+        "dag-periodic",
+        &["--no-opencl", "--cpu-lanes", "2", "--metrics", &port.to_string()],
+    );
     let session = daemon.session();
     let x = session.buffer((N * 4) as u64).unwrap();
     let y = session.buffer((N * 4) as u64).unwrap();
@@ -127,6 +151,33 @@ fn a_periodic_dag_is_released_by_the_daemon_and_meets_its_deadlines_beside_batch
     }
     let results = dag.results().unwrap();
     assert!(results.released >= 15 && results.stopped.is_none(), "{results:?}");
+
+    // Observability: status, `agora status`, and the metrics show it.
+    let status = daemon.status();
+    let shown = status
+        .dags
+        .iter()
+        .find(|d| d.id == dag.id())
+        .expect("the DAG in status");
+    assert!(shown.periodic && shown.met >= 15 && shown.missed == 0, "{shown:?}");
+    assert_eq!(shown.lanes.len(), 2);
+    assert!(
+        shown.response_p99_us > 0 && shown.response_p99_us <= 20_000,
+        "{shown:?}"
+    );
+    let text = daemon.agora(&["status"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("real-time DAGs") && text.contains("pipeline"), "{text}");
+    let metrics = scrape(port);
+    assert!(
+        metrics.contains("agora_dag_releases_total{dag=\"pipeline\",outcome=\"met\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("agora_dag_response_seconds_count{dag=\"pipeline\"}"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("agora_dags_admitted 1"), "{metrics}");
 }
 
 #[test]

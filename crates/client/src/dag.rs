@@ -18,11 +18,19 @@ use crate::error::Error;
 use crate::queue::{launch_descriptor, Arg, NdRange};
 use crate::session::{unexpected, Inner, Kernel, Session};
 
-/// A DAG being built ([`Session::dag`]); [`DagBuilder::declare`] sends it to the daemon.
-#[derive(Debug)]
-pub struct DagBuilder<'s> {
-    session: &'s Session,
+/// A DAG being built ([`Session::dag`]); [`DagBuilder::declare`] sends it to the daemon. It
+/// holds its session (not a borrow), so bindings can keep it as long as they like.
+pub struct DagBuilder {
+    session: Arc<Inner>,
     declaration: DagDeclaration,
+}
+
+impl std::fmt::Debug for DagBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DagBuilder")
+            .field("declaration", &self.declaration)
+            .finish()
+    }
 }
 
 /// An admitted DAG. Dropping it withdraws it (releases in flight finish).
@@ -45,9 +53,9 @@ impl std::fmt::Debug for Dag {
 impl Session {
     /// Starts a real-time DAG named `name`, released every `period` (its end-to-end deadline is
     /// the period unless [`DagBuilder::deadline`] says otherwise).
-    pub fn dag(&self, name: &str, period: Duration) -> DagBuilder<'_> {
+    pub fn dag(&self, name: &str, period: Duration) -> DagBuilder {
         DagBuilder {
-            session: self,
+            session: self.inner.clone(),
             declaration: DagDeclaration {
                 name: name.to_string(),
                 period_ns: period.as_nanos().min(u64::MAX as u128) as u64,
@@ -60,7 +68,7 @@ impl Session {
     }
 }
 
-impl DagBuilder<'_> {
+impl DagBuilder {
     /// Adds a node that launches `kernel` with `args` over `range`; returns its index.
     pub fn node(
         &mut self,
@@ -69,7 +77,7 @@ impl DagBuilder<'_> {
         args: &[Arg<'_>],
         range: impl Into<NdRange>,
     ) -> Result<usize, Error> {
-        let descriptor = launch_descriptor(&self.session.inner, kernel, args, range.into(), None)?;
+        let descriptor = launch_descriptor(&self.session, kernel, args, range.into(), None)?;
         self.declaration.nodes.push(DagNodeDeclaration {
             name: name.to_string(),
             launch: bytemuck::bytes_of(&descriptor).to_vec(),
@@ -118,7 +126,7 @@ impl DagBuilder<'_> {
     /// Sends the DAG for admission: `Err(Error::Control(ControlError::Dag))` says why it does not
     /// fit (which node, the lanes' utilisation, the WCET that would have fit).
     pub fn declare(&self) -> Result<Dag, Error> {
-        let inner = &self.session.inner;
+        let inner = &self.session;
         match inner.request(&Request::DeclareDag(Box::new(self.declaration.clone())))? {
             Response::DagAdmitted(admission) => Ok(Dag {
                 session: inner.clone(),

@@ -955,6 +955,49 @@ pub struct StatusReport {
     pub uids: Vec<UidUsage>,
     /// Requests refused by each limit since start (limit name, count), every limit listed.
     pub limit_refusals: Vec<(String, u64)>,
+    /// Real-time DAGs admitted now (at most [`STATUS_DAGS`]).
+    #[serde(default)]
+    pub dags: Vec<DagStatus>,
+}
+
+/// Most DAGs a [`StatusReport`] lists (each with at most [`STATUS_DAG_LANES`] node lanes, so
+/// that they fit beside the sessions in [`REPLY_BUDGET`]).
+pub const STATUS_DAGS: usize = 32;
+
+/// Most node lanes one [`DagStatus`] lists.
+pub const STATUS_DAG_LANES: usize = 16;
+
+/// One admitted real-time DAG, for `agora status` and `agora top`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DagStatus {
+    /// Its id.
+    pub id: u64,
+    /// Its name.
+    pub name: String,
+    /// The session that declared it.
+    pub session: u64,
+    /// Period, microseconds.
+    pub period_us: u64,
+    /// End-to-end deadline, microseconds.
+    pub deadline_us: u64,
+    /// Whether the daemon releases it by itself (else on request only).
+    pub periodic: bool,
+    /// Lane of each node (the first [`STATUS_DAG_LANES`]).
+    pub lanes: Vec<String>,
+    /// Releases issued so far.
+    pub releases: u64,
+    /// Finished releases that met their deadline.
+    pub met: u64,
+    /// Finished releases that missed it (a node failing included).
+    pub missed: u64,
+    /// Node runs longer than their WCET.
+    pub overruns: u64,
+    /// Response time of the last (up to 1024) releases, p99 and max, microseconds.
+    pub response_p99_us: u64,
+    /// The longest of them.
+    pub response_max_us: u64,
+    /// Why the daemon stopped releasing it, if it did.
+    pub stopped: Option<String>,
 }
 
 /// Most uids a [`StatusReport`] lists.

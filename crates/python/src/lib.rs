@@ -12,10 +12,11 @@
 //! in slices with a check for signals between them, so Ctrl-C interrupts them at once; control
 //! calls end within the session's `control_timeout` (TimeoutError).
 //!
-//! One module per class: [`session`], [`queue`], [`buffer`], [`kernel`], [`task`]; [`errors`]
-//! holds the exception classes and the error mapping.
+//! One module per class: [`session`], [`queue`], [`buffer`], [`kernel`], [`task`], and [`dag`]
+//! (`DagBuilder` and `Dag`); [`errors`] holds the exception classes and the error mapping.
 
 mod buffer;
+mod dag;
 mod errors;
 mod kernel;
 mod program;
@@ -42,6 +43,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyKernel>()?;
     m.add_class::<program::PyProgram>()?;
     m.add_class::<PyTask>()?;
+    m.add_class::<dag::PyDagBuilder>()?;
+    m.add_class::<dag::PyDag>()?;
     macro_rules! exceptions {
         ($($name:ident),* $(,)?) => { $( m.add(stringify!($name), py.get_type::<$name>())?; )* };
     }

@@ -92,7 +92,7 @@ fn scalar(value: &Bound<'_, PyAny>, ty: ScalarType, index: usize, name: &str) ->
     })
 }
 
-fn parse_range(range: &Bound<'_, PyAny>) -> PyResult<agora::NdRange> {
+pub(crate) fn parse_range(range: &Bound<'_, PyAny>) -> PyResult<agora::NdRange> {
     if let Ok(x) = range.extract::<u64>() {
         return Ok(agora::NdRange::d1(x));
     }
@@ -316,88 +316,99 @@ impl PyQueue {
                 "kernel must be a Kernel (session.kernel(name)) or a kernel name",
             ));
         };
-        let params = &kernel.signature().params;
-        if args.len() != params.len() {
-            return Err(ArgumentCountError::new_err(format!(
-                "{} takes {} arguments ({}), got {}",
-                kernel.name(),
-                params.len(),
-                params.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", "),
-                args.len()
-            )));
-        }
         let range = parse_range(range)?;
-        // Borrow every buffer argument for the duration of the issue.
         let items: Vec<Bound<'_, PyAny>> = args.iter().collect();
-        let mut buffers: Vec<Option<PyRef<'_, PyBuffer>>> = Vec::with_capacity(items.len());
-        for (index, (item, param)) in items.iter().zip(params).enumerate() {
-            match param.kind {
-                ParamKind::Buffer { .. } => {
-                    let buffer = item.cast::<PyBuffer>().map_err(|_| {
-                        ArgumentTypeError::new_err(format!(
-                            "argument {index} ('{}') is a buffer; got {}",
-                            param.name,
-                            item.get_type().name().map(|n| n.to_string()).unwrap_or_default()
-                        ))
-                    })?;
-                    let buffer = buffer.borrow();
-                    buffer.liveness.check("buffer")?;
-                    if let ParamKind::Buffer { element, .. } = param.kind {
-                        check_element_type(&buffer, element, index, &param.name, kernel.name())?;
-                    }
-                    buffers.push(Some(buffer));
-                }
-                ParamKind::Scalar(_) => buffers.push(None),
-            }
-        }
-        // Lock each distinct buffer once: the same buffer may be passed twice (sgemm's `a, a`),
-        // and a std Mutex locked twice by one thread deadlocks.
-        let mut distinct: Vec<&PyBuffer> = Vec::new();
-        let slots: Vec<Option<usize>> = buffers
-            .iter()
-            .map(|b| {
-                b.as_ref().map(|b| {
-                    let b: &PyBuffer = b;
-                    match distinct.iter().position(|d| std::ptr::eq(*d, b)) {
-                        Some(slot) => slot,
-                        None => {
-                            distinct.push(b);
-                            distinct.len() - 1
-                        }
-                    }
-                })
-            })
-            .collect();
-        let guards: Vec<std::sync::MutexGuard<'_, Option<agora::Buffer>>> = distinct
-            .iter()
-            .map(|b| b.inner.lock().unwrap_or_else(|e| e.into_inner()))
-            .collect();
-        let mut call: Vec<Arg<'_>> = Vec::with_capacity(items.len());
-        for (index, ((item, param), slot)) in items.iter().zip(params).zip(&slots).enumerate() {
-            match (param.kind, slot) {
-                (ParamKind::Buffer { .. }, Some(slot)) => {
-                    call.push(Arg::Buffer(guards[*slot].as_ref().ok_or_else(|| closed("buffer"))?));
-                }
-                (ParamKind::Scalar(ty), _) => call.push(scalar(item, ty, index, &param.name)?),
-                (ParamKind::Buffer { .. }, None) => unreachable!("buffer parameters were borrowed above"),
-            }
-        }
-        match mode {
-            LaunchMode::Whole => self.issue(args.py(), |q| q.launch(&kernel, &call, range)).map(Some),
+        with_launch_args(&kernel, &items, |call| match mode {
+            LaunchMode::Whole => self.issue(args.py(), |q| q.launch(&kernel, call, range)).map(Some),
             LaunchMode::Rows(rows) => self
-                .issue(args.py(), |q| q.launch_rows(&kernel, &call, range, rows))
+                .issue(args.py(), |q| q.launch_rows(&kernel, call, range, rows))
                 .map(Some),
             LaunchMode::Checkpointed(plan) => {
                 let queue = self.queue()?;
                 let task = args
                     .py()
-                    .detach(|| queue.launch_checkpointed(&kernel, &call, range, &plan))
+                    .detach(|| queue.launch_checkpointed(&kernel, call, range, &plan))
                     .or_raise()?;
                 Ok(task.map(|task| PyTask {
                     task,
                     liveness: self.liveness.clone(),
                 }))
             }
+        })
+    }
+}
+
+/// Checks a launch's arguments `items` against `kernel`'s signature (count, buffer or scalar,
+/// a buffer's remembered dtype), borrows the buffers among them and calls `f` with them converted
+/// (scalars to the signature's types). Shared by `Queue.launch` and `DagBuilder.node`.
+pub(crate) fn with_launch_args<R>(
+    kernel: &agora::Kernel,
+    items: &[Bound<'_, PyAny>],
+    f: impl FnOnce(&[Arg<'_>]) -> PyResult<R>,
+) -> PyResult<R> {
+    let params = &kernel.signature().params;
+    if items.len() != params.len() {
+        return Err(ArgumentCountError::new_err(format!(
+            "{} takes {} arguments ({}), got {}",
+            kernel.name(),
+            params.len(),
+            params.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", "),
+            items.len()
+        )));
+    }
+    // Borrow every buffer argument for the duration of `f`.
+    let mut buffers: Vec<Option<PyRef<'_, PyBuffer>>> = Vec::with_capacity(items.len());
+    for (index, (item, param)) in items.iter().zip(params).enumerate() {
+        match param.kind {
+            ParamKind::Buffer { .. } => {
+                let buffer = item.cast::<PyBuffer>().map_err(|_| {
+                    ArgumentTypeError::new_err(format!(
+                        "argument {index} ('{}') is a buffer; got {}",
+                        param.name,
+                        item.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+                    ))
+                })?;
+                let buffer = buffer.borrow();
+                buffer.liveness.check("buffer")?;
+                if let ParamKind::Buffer { element, .. } = param.kind {
+                    check_element_type(&buffer, element, index, &param.name, kernel.name())?;
+                }
+                buffers.push(Some(buffer));
+            }
+            ParamKind::Scalar(_) => buffers.push(None),
         }
     }
+    // Lock each distinct buffer once: the same buffer may be passed twice (sgemm's `a, a`),
+    // and a std Mutex locked twice by one thread deadlocks.
+    let mut distinct: Vec<&PyBuffer> = Vec::new();
+    let slots: Vec<Option<usize>> = buffers
+        .iter()
+        .map(|b| {
+            b.as_ref().map(|b| {
+                let b: &PyBuffer = b;
+                match distinct.iter().position(|d| std::ptr::eq(*d, b)) {
+                    Some(slot) => slot,
+                    None => {
+                        distinct.push(b);
+                        distinct.len() - 1
+                    }
+                }
+            })
+        })
+        .collect();
+    let guards: Vec<std::sync::MutexGuard<'_, Option<agora::Buffer>>> = distinct
+        .iter()
+        .map(|b| b.inner.lock().unwrap_or_else(|e| e.into_inner()))
+        .collect();
+    let mut call: Vec<Arg<'_>> = Vec::with_capacity(items.len());
+    for (index, ((item, param), slot)) in items.iter().zip(params).zip(&slots).enumerate() {
+        match (param.kind, slot) {
+            (ParamKind::Buffer { .. }, Some(slot)) => {
+                call.push(Arg::Buffer(guards[*slot].as_ref().ok_or_else(|| closed("buffer"))?));
+            }
+            (ParamKind::Scalar(ty), _) => call.push(scalar(item, ty, index, &param.name)?),
+            (ParamKind::Buffer { .. }, None) => unreachable!("buffer parameters were borrowed above"),
+        }
+    }
+    f(&call)
 }

@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
 use crate::buffer::PyBuffer;
+use crate::dag::PyDagBuilder;
 use crate::errors::{closed, Liveness, OrRaise, ProtocolError};
 use crate::kernel::PyKernel;
 use crate::program::PyProgram;
@@ -283,6 +284,19 @@ impl PySession {
         let session = self.session()?;
         let list = py.detach(|| session.exports()).or_raise()?;
         to_dict(py, serde_json::to_string(&list))
+    }
+
+    /// Starts a real-time DAG named `name`, released every `period` seconds (its end-to-end
+    /// deadline is the period unless `deadline()` says otherwise): add nodes (kernel launches)
+    /// and edges to the builder, then `declare()` it for admission.
+    fn dag(&self, name: &str, period: f64) -> PyResult<PyDagBuilder> {
+        let period = crate::dag::duration("period", period)?;
+        Ok(PyDagBuilder::new(
+            self.session()?,
+            self.liveness.clone(),
+            name.to_string(),
+            period,
+        ))
     }
 
     /// Looks a kernel up by name.

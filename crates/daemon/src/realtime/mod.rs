@@ -91,7 +91,20 @@ struct Dag {
     dropped: u64,
     stopped: Option<String>,
     metrics: crate::telemetry::DagMetrics,
+    /// Whether the release thread releases it.
+    periodic: bool,
+    /// Each node's lane name.
+    lane_names: Vec<String>,
+    /// Outcome counts since admission, for status.
+    met: u64,
+    missed: u64,
+    overruns: u64,
+    /// Response times of the last [`RECENT_RESPONSES`] releases, nanoseconds.
+    recent: VecDeque<u64>,
 }
+
+/// Releases whose response times a DAG keeps for status (p99 and max).
+const RECENT_RESPONSES: usize = 1024;
 
 /// A release whose nodes have not all finished.
 struct OpenRelease {
@@ -235,7 +248,7 @@ impl Realtime {
             .map_err(|e| e.to_string())?;
         let id = decision.id.0;
         let name = declared.validated.name().to_string();
-        let lanes = decision.lanes.iter().map(|&l| self.lane_names[l].clone()).collect();
+        let lanes: Vec<String> = decision.lanes.iter().map(|&l| self.lane_names[l].clone()).collect();
         let now = Instant::now();
         if declared.periodic {
             // The first release one period from now: the client has time to read its admission.
@@ -258,6 +271,12 @@ impl Realtime {
                 results: VecDeque::new(),
                 dropped: 0,
                 stopped: None,
+                periodic: declared.periodic,
+                lane_names: lanes.clone(),
+                met: 0,
+                missed: 0,
+                overruns: 0,
+                recent: VecDeque::new(),
             },
         );
         self.telemetry.metrics.dags_admitted.set(state.dags.len() as i64);
@@ -265,6 +284,46 @@ impl Realtime {
         drop(state);
         self.timer.notify_all();
         Ok((id, lanes, decision.decided_by_bound, utilisation))
+    }
+
+    /// The admitted DAGs (at most `limit`, by id), for status.
+    pub(crate) fn status(&self, limit: usize) -> Vec<agora_protocol::control::DagStatus> {
+        let state = self.state();
+        let mut ids: Vec<u64> = state.dags.keys().copied().collect();
+        ids.sort_unstable();
+        ids.truncate(limit);
+        ids.iter()
+            .map(|id| {
+                let dag = &state.dags[id];
+                let mut recent: Vec<u64> = dag.recent.iter().copied().collect();
+                recent.sort_unstable();
+                let p99 = recent
+                    .get(((recent.len().max(1) - 1) as f64 * 0.99).round() as usize)
+                    .copied()
+                    .unwrap_or(0);
+                agora_protocol::control::DagStatus {
+                    id: *id,
+                    name: dag.name.clone(),
+                    session: dag.session,
+                    period_us: dag.period.as_micros() as u64,
+                    deadline_us: dag.deadline.as_micros() as u64,
+                    periodic: dag.periodic,
+                    lanes: dag
+                        .lane_names
+                        .iter()
+                        .take(agora_protocol::control::STATUS_DAG_LANES)
+                        .cloned()
+                        .collect(),
+                    releases: dag.released,
+                    met: dag.met,
+                    missed: dag.missed,
+                    overruns: dag.overruns,
+                    response_p99_us: p99 / 1000,
+                    response_max_us: recent.last().copied().unwrap_or(0) / 1000,
+                    stopped: dag.stopped.clone(),
+                }
+            })
+            .collect()
     }
 
     /// Releases `dag` of `session` now (a sporadic activation); its release number.
@@ -536,6 +595,7 @@ impl Realtime {
         };
         if execution.as_nanos() as u64 > entry.nodes[route.node].wcet_ns {
             entry.metrics.overruns.inc();
+            entry.overruns += 1;
             if let Some(open) = entry.open.get_mut(&route.release) {
                 open.overruns.push(route.node as u32);
             }
@@ -600,6 +660,15 @@ impl Realtime {
                 (None, true) => entry.metrics.met.inc(),
                 (None, false) => entry.metrics.missed.inc(),
             };
+            if met {
+                entry.met += 1;
+            } else {
+                entry.missed += 1;
+            }
+            if entry.recent.len() >= RECENT_RESPONSES {
+                entry.recent.pop_front();
+            }
+            entry.recent.push_back(response.as_nanos() as u64);
             if entry.results.len() >= DAG_RESULTS_KEPT {
                 entry.results.pop_front();
                 entry.dropped += 1;

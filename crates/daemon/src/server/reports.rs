@@ -147,6 +147,11 @@ impl Server {
             tasks_lost: self.scheduler.migration.stats.lost,
             uids: self.uid_usage(),
             limit_refusals: self.books.refusals(),
+            dags: self
+                .realtime
+                .as_ref()
+                .map(|(service, _)| service.status(agora_protocol::control::STATUS_DAGS))
+                .unwrap_or_default(),
         }
     }
 

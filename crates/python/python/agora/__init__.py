@@ -27,6 +27,8 @@ from ._native import (  # noqa: F401  (re-exported API)
     Kernel,
     Program,
     Task,
+    DagBuilder,
+    Dag,
     AgoraError,
     ConnectError,
     DisconnectedError,

@@ -112,6 +112,9 @@ class Session:
         CheckpointError when there is none."""
     def checkpoints(self) -> dict[str, Any]:
         """The application's complete checkpoints (oldest first) and its last writes."""
+    def dag(self, name: str, period: float) -> DagBuilder:
+        """Starts a real-time DAG released every `period` seconds (its end-to-end deadline is
+        the period unless `deadline()` says otherwise); add nodes and edges, then `declare()`."""
     def close(self) -> None:
         """Closes the session: every later call on it and on its queues, buffers and tasks raises
         ClosedError (NumPy views made before stay readable)."""
@@ -225,6 +228,59 @@ class Task:
         """Blocks (GIL released) until the task completes; raises its error, every time. Ctrl-C
         interrupts the wait at once (the task keeps running)."""
     def done(self) -> bool: ...
+
+class DagBuilder:
+    """A real-time DAG being declared (`Session.dag`); the chaining methods return the builder."""
+
+    def node(
+        self,
+        name: str,
+        kernel: Union[Kernel, str],
+        args: Sequence[Union[Buffer, Scalar]],
+        range: Range,
+    ) -> int:
+        """Adds a node launching `kernel` with `args` over `range` (checked against the kernel's
+        signature now); returns its index."""
+    def wcet(self, node: int, seconds: float) -> DagBuilder:
+        """Declares node `node`'s worst-case execution time (else the daemon's model estimates it)."""
+    def node_deadline(self, node: int, seconds: float) -> DagBuilder:
+        """Fixes node `node`'s relative deadline."""
+    def edge(self, a: int, b: int) -> DagBuilder:
+        """Node `b` starts after node `a` finished, in each release."""
+    def deadline(self, seconds: float) -> DagBuilder:
+        """The end-to-end deadline of each release (default: the period)."""
+    def sporadic(self) -> DagBuilder:
+        """Released only by `Dag.release()`; the period is then the least time between releases."""
+    def declare(self) -> Dag:
+        """Sends the DAG for admission; DagError says why it does not fit (or that it has a cycle)."""
+    def __len__(self) -> int: ...
+
+class Dag:
+    """An admitted real-time DAG; withdrawn by `withdraw()`, the end of a `with` block, or garbage collection."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def admission(self) -> dict[str, Any]:
+        """`dag`, `lanes`, `wcet_ns`, `wcet_source`, `utilisation`, `lane_utilisation`, `decided_by_bound`."""
+    def release(self) -> int:
+        """Releases one instance now (sporadic); returns its number. DagError when too soon or stopped."""
+    def results(self) -> dict[str, Any]:
+        """Releases finished since the previous call: `releases` (dicts: `release`, `response_s`,
+        `response_ns`, `met`, `jitter_s`, `jitter_ns`, `handoff_s`, `handoff_ns`, `failed` (None
+        or (node, message)),
+        `overruns`), `dropped`, `released`, `stopped` (None or why it stopped)."""
+    def wait_results(self, count: int, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+        """Collects finished releases until `count` arrived or `timeout_s` passed."""
+    def withdraw(self) -> None:
+        """Withdraws the DAG (its reservations are freed); twice does nothing."""
+    def __enter__(self) -> Dag: ...
+    def __exit__(
+        self,
+        exc_type: Optional[type[BaseException]],
+        exc_value: Optional[BaseException],
+        traceback: Optional[TracebackType],
+    ) -> bool: ...
 
 class AgoraError(Exception): ...
 class ConnectError(AgoraError): ...
