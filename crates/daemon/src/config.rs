@@ -477,6 +477,11 @@ pub struct DaemonConfig {
     /// Most DAGs one session may have admitted at once (`[realtime] max_dags_per_session`).
     #[default(64)]
     pub realtime_max_dags_per_session: usize,
+    /// Added to the release thread's nice value (`[realtime] release_nice`): negative, so that
+    /// it preempts lanes busy with nodes and releases DAGs on time (needs CAP_SYS_NICE or
+    /// RLIMIT_NICE; without, the daemon says so and keeps it normal).
+    #[default(-10)]
+    pub realtime_release_nice: i32,
 }
 
 /// How admission partitions DAG nodes onto lanes (`[realtime] packing`).
@@ -754,6 +759,7 @@ section! {
         uids: Vec<u32> => realtime_uids,
         gids: Vec<u32> => realtime_gids,
         max_dags_per_session: usize => realtime_max_dags_per_session,
+        release_nice: i32 => realtime_release_nice,
     }
 }
 

@@ -40,9 +40,12 @@ pub(crate) fn is_dag_task(task_id: u64) -> bool {
     task_id & DAG_TASK_BIT != 0
 }
 
-/// How long before a release is due the release thread stops sleeping and polls the clock: a
-/// wake-up from a timed sleep comes tens of microseconds late on a loaded machine.
-const SPIN_BEFORE: Duration = Duration::from_micros(200);
+/// How long before a release is due the release thread stops sleeping and polls the clock (its
+/// timed sleeps have a timer slack of 1 µs, so they end within a few tens of microseconds of
+/// their time on an idle machine); the dispatcher polls too from then on (a wake-up from its
+/// sleep takes about 100 µs on a VM). Not longer, because both take a core from the lanes
+/// meanwhile.
+const SPIN_BEFORE: Duration = Duration::from_micros(150);
 
 /// A node job ready to run, for the dispatcher.
 #[derive(Debug, Clone)]
@@ -151,6 +154,9 @@ pub(crate) struct Realtime {
     timer: Condvar,
     jobs: Mutex<Vec<NodeJob>>,
     pending: AtomicBool,
+    /// A release is due within [`SPIN_BEFORE`]: the dispatcher polls instead of sleeping, so
+    /// that the release's first nodes do not wait for it to wake up.
+    imminent: AtomicBool,
     /// The dispatcher's doorbell.
     wake: Arc<Doorbell>,
     /// The deadline lanes.
@@ -207,6 +213,7 @@ impl Realtime {
             timer: Condvar::new(),
             jobs: Mutex::new(Vec::new()),
             pending: AtomicBool::new(false),
+            imminent: AtomicBool::new(false),
             wake,
             lanes,
             lane_names,
@@ -219,12 +226,28 @@ impl Realtime {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Starts the release thread.
-    pub(crate) fn start_releases(self: &Arc<Self>) -> std::io::Result<std::thread::JoinHandle<()>> {
+    /// Starts the release thread, its nice value changed by `nice` (negative: it must preempt
+    /// lanes busy with nodes to release the next DAG on time; refused without `CAP_SYS_NICE` or
+    /// `RLIMIT_NICE`, which the log says).
+    pub(crate) fn start_releases(self: &Arc<Self>, nice: i32) -> std::io::Result<std::thread::JoinHandle<()>> {
         let service = self.clone();
         std::thread::Builder::new()
             .name("agora-releases".into())
-            .spawn(move || service.release_loop())
+            .spawn(move || {
+                // Timed sleeps end at their time, not up to 50 µs later (the default slack).
+                if let Err(why) = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1000)) {
+                    tracing::debug!(%why, "release thread keeps the default timer slack");
+                }
+                if nice != 0 {
+                    match agora_devices::priority::renice_current_thread(nice) {
+                        Ok(now) => tracing::debug!(nice = now, "release thread reniced"),
+                        Err(why) => tracing::info!(
+                        "the DAG release thread keeps its priority ({why}); releases may come late while lanes are busy"
+                    ),
+                    }
+                }
+                service.release_loop()
+            })
     }
 
     /// Stops the release thread (at shutdown).
@@ -554,6 +577,12 @@ impl Realtime {
         self.pending.load(Ordering::Acquire)
     }
 
+    /// Whether the dispatcher should poll rather than sleep: node jobs wait, or a release is
+    /// about to come.
+    pub(crate) fn wants_dispatcher(&self) -> bool {
+        self.pending.load(Ordering::Acquire) || self.imminent.load(Ordering::Acquire)
+    }
+
     /// The node jobs waiting for the dispatcher.
     pub(crate) fn take_jobs(&self) -> Vec<NodeJob> {
         self.pending.store(false, Ordering::Release);
@@ -710,8 +739,8 @@ impl Realtime {
             }
             if due > now {
                 drop(state);
-                // The dispatcher wakes now and polls meanwhile, so that the release's first
-                // nodes do not wait for it to wake up.
+                // The dispatcher wakes now and polls until the release is out.
+                self.imminent.store(true, Ordering::Release);
                 self.ring();
                 while Instant::now() < due {
                     std::hint::spin_loop();
@@ -719,6 +748,8 @@ impl Realtime {
                 state = self.state();
                 continue;
             }
+            // Cleared after the release's jobs are queued (they keep the dispatcher awake).
+            let _imminent = ClearOnDrop(&self.imminent);
             state.timers.pop();
             let Some(entry) = state.dags.get(&dag) else { continue };
             if entry.stopped.is_some() {
@@ -735,6 +766,15 @@ impl Realtime {
             }
             state.timers.push(std::cmp::Reverse((next, dag)));
         }
+    }
+}
+
+/// Clears its flag when dropped.
+struct ClearOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for ClearOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
     }
 }
 
@@ -849,7 +889,7 @@ mod tests {
         let mut declared = chain("periodic", 5_000, 100);
         declared.periodic = true;
         let (dag, ..) = rt.admit(declared).unwrap();
-        let thread = rt.start_releases().unwrap();
+        let thread = rt.start_releases(0).unwrap();
         let start = Instant::now();
         let mut released = 0;
         while released < 4 && start.elapsed() < Duration::from_secs(5) {

@@ -375,7 +375,7 @@ impl Server {
                 Yielding::Rarely
             };
             let realtime = self.realtime.as_ref().map(|(service, _)| service.clone());
-            let node_jobs = || realtime.as_ref().is_some_and(|service| service.has_jobs());
+            let node_jobs = || realtime.as_ref().is_some_and(|service| service.wants_dispatcher());
             if self
                 .spin
                 .spin_with(|| Self::any_pending(conns) || node_jobs(), yielding)

@@ -56,7 +56,7 @@ pub(super) fn start_service(
             return None;
         }
     };
-    match service.start_releases() {
+    match service.start_releases(config.realtime_release_nice) {
         Ok(thread) => Some((service, thread)),
         Err(why) => {
             tracing::warn!(%why, "real-time DAGs disabled: could not start the release thread");
@@ -109,9 +109,11 @@ impl Server {
         }
     }
 
-    /// Whether node jobs wait for the dispatcher.
+    /// Whether node jobs wait for the dispatcher, or a release is about to come.
     pub(super) fn node_jobs_pending(&self) -> bool {
-        self.realtime.as_ref().is_some_and(|(service, _)| service.has_jobs())
+        self.realtime
+            .as_ref()
+            .is_some_and(|(service, _)| service.wants_dispatcher())
     }
 
     /// `Request::DeclareDag`.
