@@ -379,3 +379,23 @@ fn a_dag_whose_buffer_is_released_stops_with_the_reason() {
     let refused = dag_refusal(dag.release());
     assert!(refused.contains("was stopped"), "{refused}");
 }
+
+#[test]
+fn only_the_users_the_operator_names_may_declare_dags() {
+    let dir = agora_test_support::temp_dir("dag-permission");
+    // Nobody runs these tests as uid 4242.
+    std::fs::write(dir.path().join("agora.toml"), "[realtime]\nuids = [4242]\n").unwrap();
+    let daemon = Daemon::start_in(AGORA, dir, &["--no-opencl", "--config", "{dir}/agora.toml"]);
+    let session = daemon.session();
+    let x = session.buffer((N * 4) as u64).unwrap();
+    let fill = session.kernel("fill").unwrap();
+    let mut dag = session.dag("not-mine", Duration::from_millis(10));
+    dag.node("fill", &fill, &[Arg::F32(1.0), Arg::Buffer(&x)], N).unwrap();
+    dag.wcet(0, Duration::from_millis(1));
+    match dag.declare() {
+        Err(Error::Control(ControlError::NotPermitted(message))) => {
+            assert!(message.contains("[realtime] uids"), "{message}")
+        }
+        other => panic!("expected NotPermitted, got {other:?}"),
+    }
+}
