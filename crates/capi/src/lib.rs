@@ -206,7 +206,7 @@ fn from_error(e: Error) -> AgoraStatus {
     }
     let status = match &e {
         Error::Connect { .. } => AgoraStatus::Connect,
-        Error::Disconnected => AgoraStatus::Disconnected,
+        Error::Disconnected | Error::SessionEnded => AgoraStatus::Disconnected,
         Error::Task(TaskError::DaemonRestarted) => AgoraStatus::DaemonRestarted,
         Error::Task(_) | Error::Tasks(_) => AgoraStatus::Task,
         Error::Control(_) => AgoraStatus::Control,

@@ -495,6 +495,18 @@ pub fn status(args: StatusArgs) -> Result<()> {
         );
     }
     print_dags(&report.dags);
+    if !report.jobs.is_empty() {
+        println!("Slurm jobs on this node:");
+        for job in &report.jobs {
+            println!(
+                "  job {} (uid {}, {} shares): {}",
+                job.job,
+                job.uid,
+                job.shares,
+                job_summary(job)
+            );
+        }
+    }
     print_limits(&report);
     Ok(())
 }
@@ -633,6 +645,64 @@ pub enum SlurmCommand {
     /// features naming Agora and its device kinds, and a count-only GRES `agora` of one share
     /// per lane of the node's devices (jobs ask `--gres=agora:K`).
     Conf(SlurmConfArgs),
+    /// For Slurm's Prolog (as root): registers a job with this node's daemon, so that sessions
+    /// of its processes join it (its heap quota, latency permission) and end with it.
+    JobStart(SlurmJobStartArgs),
+    /// For Slurm's Epilog (as root): ends a job's sessions on this node's daemon, even those of
+    /// processes still running, and prints its accounting (device time per kind, bytes moved,
+    /// modelled energy); also written to STATE_DIR/jobs/JOB.json.
+    JobEnd(SlurmJobEndArgs),
+    /// For Slurm's SuspendProgram: drains every device of this node's daemon, writing idle
+    /// buffers back to host memory, so nothing is left on a device that powers down.
+    Suspend(SlurmPowerArgs),
+    /// For Slurm's ResumeProgram: makes every device of this node's daemon usable again.
+    Resume(SlurmPowerArgs),
+}
+
+/// `agora slurm job-start`.
+#[derive(Args, Debug)]
+pub struct SlurmJobStartArgs {
+    #[command(flatten)]
+    pub socket: SocketArg,
+    /// The job id [default: $SLURM_JOB_ID].
+    #[arg(long, env = "SLURM_JOB_ID")]
+    pub job: u64,
+    /// The job's uid [default: $SLURM_JOB_UID].
+    #[arg(long, env = "SLURM_JOB_UID")]
+    pub uid: u32,
+    /// The `agora` GRES shares the job has on this node (`--gres=agora:K`).
+    #[arg(long, default_value_t = 0)]
+    pub shares: u32,
+    /// Heap quota of each of the job's sessions, e.g. 256M [default: the daemon's].
+    #[arg(long, value_parser = parse_size)]
+    pub heap_quota: Option<u64>,
+    /// The job's sessions may open latency-class queues.
+    #[arg(long)]
+    pub latency: bool,
+}
+
+/// `agora slurm job-end`.
+#[derive(Args, Debug)]
+pub struct SlurmJobEndArgs {
+    #[command(flatten)]
+    pub socket: SocketArg,
+    /// The job id [default: $SLURM_JOB_ID].
+    #[arg(long, env = "SLURM_JOB_ID")]
+    pub job: u64,
+    /// Print JSON instead of one line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `agora slurm suspend` / `resume`.
+#[derive(Args, Debug)]
+pub struct SlurmPowerArgs {
+    #[command(flatten)]
+    pub socket: SocketArg,
+}
+
+fn parse_size(text: &str) -> Result<u64, String> {
+    agora_daemon::parse_bytes(text).map_err(|e| e.to_string())
 }
 
 /// `agora slurm conf`.
@@ -649,7 +719,76 @@ pub struct SlurmConfArgs {
 pub fn slurm(command: SlurmCommand) -> Result<()> {
     match command {
         SlurmCommand::Conf(args) => slurm_conf(args),
+        SlurmCommand::JobStart(args) => {
+            let job = args.job;
+            agora::slurm_job_start(
+                args.socket.path(),
+                agora::JobStart {
+                    job,
+                    uid: args.uid,
+                    shares: args.shares,
+                    heap_quota: args.heap_quota,
+                    latency: args.latency,
+                },
+            )
+            .with_context(|| format!("registering Slurm job {job} with the Agora daemon"))?;
+            println!("agora: job {job} registered ({} shares)", args.shares);
+            Ok(())
+        }
+        SlurmCommand::JobEnd(args) => {
+            let job = args.job;
+            let account = agora::slurm_job_end(args.socket.path(), job)
+                .with_context(|| format!("ending Slurm job {job} on the Agora daemon"))?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&account)?);
+            } else {
+                println!("{}", job_summary(&account));
+            }
+            Ok(())
+        }
+        SlurmCommand::Suspend(args) => power(args, true),
+        SlurmCommand::Resume(args) => power(args, false),
     }
+}
+
+/// One line for Slurm's AdminComment: what the job used through Agora on this node.
+fn job_summary(a: &agora::JobAccount) -> String {
+    let devices: Vec<String> = a
+        .device_seconds
+        .iter()
+        .map(|(kind, s)| format!("{kind} {s:.3}s"))
+        .collect();
+    format!(
+        "agora: {} sessions ({} ended by the daemon), {} tasks ({} failed), device time {}, {} to devices, {} back, {:.1} J (model)",
+        a.sessions,
+        a.sessions_ended_by_daemon,
+        a.tasks_completed + a.tasks_failed,
+        a.tasks_failed,
+        if devices.is_empty() { "none".to_string() } else { devices.join(", ") },
+        human_bytes(a.bytes_to_device),
+        human_bytes(a.bytes_to_host),
+        a.energy_model_joules
+    )
+}
+
+/// Drains (`suspend`) or undrains every device of the node's daemon.
+fn power(args: SlurmPowerArgs, suspend: bool) -> Result<()> {
+    let report = agora::daemon_status(args.socket.path())?;
+    for device in &report.devices {
+        let outcome = agora::drain_device(args.socket.path(), &device.name, suspend, suspend)
+            .with_context(|| format!("{} {}", if suspend { "draining" } else { "undraining" }, device.name))?;
+        if suspend {
+            println!(
+                "{}: drained, {} buffers ({}) written back to host memory",
+                device.name,
+                outcome.evacuated_buffers,
+                human_bytes(outcome.evacuated_bytes)
+            );
+        } else {
+            println!("{}: usable again", device.name);
+        }
+    }
+    Ok(())
 }
 
 fn slurm_conf(args: SlurmConfArgs) -> Result<()> {

@@ -139,7 +139,11 @@ fn a_corrupt_ring_ends_only_that_session() {
         daemon.status().sessions.iter().all(|s| s.name != "evil")
     });
     let queue = evil.queue("after").map(|_| ());
-    assert!(matches!(queue, Err(Error::Disconnected)), "{queue:?}");
+    assert!(matches!(queue, Err(Error::SessionEnded)), "{queue:?}");
+    assert!(
+        matches!(evil.queue("later"), Err(Error::Disconnected)),
+        "then: disconnected"
+    );
     saxpy_ok(&good, 10_000);
 }
 

@@ -22,6 +22,10 @@ pub enum Error {
     /// The daemon stopped or was killed; the session is gone.
     #[error("the Agora daemon went away (stopped or killed); this session is closed, open a new one once it is back")]
     Disconnected,
+    /// The daemon runs on but ended this session itself: its Slurm job ended (the epilog ends
+    /// every session of the job), or its ring was found corrupt. It is not resumed.
+    #[error("the Agora daemon ended this session (its Slurm job ended, or it found the session's ring corrupt); open a new one if you may")]
+    SessionEnded,
     /// A task failed.
     #[error("task failed: {0}")]
     Task(#[from] TaskError),
@@ -64,6 +68,7 @@ impl std::fmt::Debug for Error {
             let kind = match self {
                 Error::Connect { .. } => "Connect",
                 Error::Disconnected => "Disconnected",
+                Error::SessionEnded => "SessionEnded",
                 Error::Task(_) => "Task",
                 Error::Tasks(_) => "Tasks",
                 Error::Control(_) => "Control",

@@ -55,7 +55,7 @@ pub use agora_protocol::control::{
     CheckpointReport, CheckpointSummary, CheckpointWrite, ExportReaders, ExportStatus, KernelListing, PackageListing,
     QueueClass, QueueStatus, RecoverReport, ReloadReport, SessionStatus, StatusReport,
 };
-pub use agora_protocol::control::{DagAdmission, DagRelease, DagResults};
+pub use agora_protocol::control::{DagAdmission, DagRelease, DagResults, JobAccount, JobStart};
 pub use agora_protocol::{KernelSignature, LaunchLimit, TaskError};
 pub use buffer::Buffer;
 pub use dag::{Dag, DagBuilder};
@@ -64,8 +64,8 @@ pub use program::Program;
 pub use queue::{Arg, CheckpointLevel, CheckpointedLaunch, DeviceKind, NdRange, Queue, QueueOptions, Task};
 pub use resume::{DEFAULT_RECONNECT_TIMEOUT, RECONNECT_ENV};
 pub use session::{
-    daemon_exports, daemon_session_status, daemon_status, drain_device, kernel_catalog, reload_kernels, DrainOutcome,
-    Kernel, Session, SessionOptions, DEFAULT_CONTROL_TIMEOUT,
+    daemon_exports, daemon_session_status, daemon_status, drain_device, kernel_catalog, reload_kernels, slurm_job_end,
+    slurm_job_start, DrainOutcome, Kernel, Session, SessionOptions, DEFAULT_CONTROL_TIMEOUT,
 };
 
 /// The Rust guide's snippets, compiled (and run unless marked `no_run`) as doctests, so the guide

@@ -708,6 +708,23 @@ pub fn drain_device(socket: Option<PathBuf>, device: &str, drain: bool, evacuate
     }
 }
 
+/// Slurm's prolog: registers `job` with the daemon (root or the daemon's user only).
+pub fn slurm_job_start(socket: Option<PathBuf>, job: agora_protocol::control::JobStart) -> Result<(), Error> {
+    match Observer::connect(socket)?.request(&Request::JobStart(job))? {
+        Response::JobStarted => Ok(()),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// Slurm's epilog: ends `job` on the daemon (its sessions are ended and reclaimed) and returns
+/// its accounting.
+pub fn slurm_job_end(socket: Option<PathBuf>, job: u64) -> Result<agora_protocol::control::JobAccount, Error> {
+    match Observer::connect(socket)?.request(&Request::JobEnd { job })? {
+        Response::JobEnded(account) => Ok(*account),
+        other => Err(unexpected(other)),
+    }
+}
+
 pub(crate) fn unexpected(response: Response) -> Error {
     match response {
         Response::Error(e) => Error::Control(e),
@@ -743,6 +760,8 @@ fn request_name(request: &Request) -> &'static str {
         Request::ReleaseDag { .. } => "DAG release",
         Request::DagResults { .. } => "DAG results",
         Request::DropDag { .. } => "DAG withdrawal",
+        Request::JobStart(_) => "job start",
+        Request::JobEnd { .. } => "job end",
     }
 }
 
@@ -1197,7 +1216,7 @@ impl Inner {
         if header.daemon_closed.load(Ordering::Acquire) == agora_protocol::segment::SESSION_ENDED {
             // The daemon runs on and ended this session itself: it is not to be resumed.
             self.resume.given_up.store(true, Ordering::Release);
-            return Err(Error::Disconnected);
+            return Err(Error::SessionEnded);
         }
         let give_up = |e: Error| {
             self.resume.given_up.store(true, Ordering::Release);

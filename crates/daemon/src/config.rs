@@ -482,6 +482,10 @@ pub struct DaemonConfig {
     /// RLIMIT_NICE; without, the daemon says so and keeps it normal).
     #[default(-10)]
     pub realtime_release_nice: i32,
+    /// Refuse sessions of processes that belong to no running Slurm job (`[slurm] require_job`;
+    /// off by default). Root, the daemon's user and admin uids are exempt.
+    #[default(false)]
+    pub slurm_require_job: bool,
 }
 
 /// How admission partitions DAG nodes onto lanes (`[realtime] packing`).
@@ -764,6 +768,13 @@ section! {
 }
 
 section! {
+    /// `[slurm]`
+    SlurmSection "slurm." {
+        require_job: bool => slurm_require_job,
+    }
+}
+
+section! {
     /// `[telemetry]`
     TelemetrySection "telemetry." {
         metrics: Option<std::net::SocketAddr> => metrics,
@@ -803,6 +814,8 @@ struct File {
     checkpoint: CheckpointSection,
     #[serde(default)]
     realtime: RealtimeSection,
+    #[serde(default)]
+    slurm: SlurmSection,
 }
 
 impl File {
@@ -821,6 +834,7 @@ impl File {
         self.limits.apply(c)?;
         self.checkpoint.apply(c)?;
         self.realtime.apply(c)?;
+        self.slurm.apply(c)?;
         self.telemetry.apply(c)
     }
 
@@ -839,6 +853,7 @@ impl File {
             limits: LimitsSection::of(c),
             checkpoint: CheckpointSection::of(c),
             realtime: RealtimeSection::of(c),
+            slurm: SlurmSection::of(c),
         }
     }
 }

@@ -87,7 +87,13 @@ pub(crate) struct SessionShared {
     /// The real-time service, once the session declared a DAG: completions of its DAG node jobs
     /// ([`crate::realtime::DAG_TASK_BIT`]) go there, not to the client's ring.
     pub realtime: OnceLock<Arc<crate::realtime::Realtime>>,
+    /// Execution time of its tasks per device index (the first [`ACCOUNTED_DEVICES`]),
+    /// nanoseconds, for its Slurm job's accounting.
+    pub device_ns: [AtomicU64; ACCOUNTED_DEVICES],
 }
+
+/// Devices whose time a session accounts (by index; later ones are not accounted).
+pub(crate) const ACCOUNTED_DEVICES: usize = 16;
 
 impl HostMemory for SessionShared {
     fn host_range(&self, offset: u64, len: u64) -> Option<*mut u8> {
@@ -211,6 +217,13 @@ impl SessionShared {
             && newest >= header.client_wait_for.load(Ordering::Relaxed)
         {
             futex_wake_all(&header.completion_tail);
+        }
+    }
+
+    /// One of its tasks ran `ns` nanoseconds on device `device`.
+    pub(crate) fn add_device_time(&self, device: usize, ns: u64) {
+        if let Some(counter) = self.device_ns.get(device) {
+            counter.fetch_add(ns, Ordering::Relaxed);
         }
     }
 
@@ -384,6 +397,10 @@ pub(crate) struct Session {
     pub protected: std::collections::BTreeMap<u32, u64>,
     /// Exportable buffers and attachments: what they hold against the session's limit.
     pub shared_memory: crate::exports::SessionSharing,
+    /// The Slurm job its process belongs to (`JobStart`), if any.
+    pub job: Option<u64>,
+    /// Its job lets it open latency-class queues.
+    pub job_latency: bool,
 }
 
 impl Session {
@@ -435,6 +452,7 @@ impl Session {
                     ..Default::default()
                 }),
                 realtime: OnceLock::new(),
+                device_ns: Default::default(),
             }),
             queues: HandleTable::new(max_queues),
             buffers: HandleTable::new(max_buffers),
@@ -449,6 +467,8 @@ impl Session {
             segment_identity,
             protected: std::collections::BTreeMap::new(),
             shared_memory: crate::exports::SessionSharing::new(view.geometry().heap_len),
+            job: None,
+            job_latency: false,
         }
     }
 

@@ -248,6 +248,61 @@ pub enum Request {
         /// The DAG's id.
         dag: u64,
     },
+    /// A Slurm job starts on this node (from its prolog, `agora slurm job-start`; root or the
+    /// daemon's user only): sessions of processes of the job get its limits, and are ended when
+    /// the job ends.
+    JobStart(JobStart),
+    /// A Slurm job ended (from its epilog, `agora slurm job-end`): every session of the job is
+    /// ended and reclaimed, even if a process of it still runs; the reply is its accounting.
+    JobEnd {
+        /// The job id.
+        job: u64,
+    },
+}
+
+/// A Slurm job on this node ([`Request::JobStart`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobStart {
+    /// The job id (`SLURM_JOB_ID`).
+    pub job: u64,
+    /// The job's user (`SLURM_JOB_UID`): only its processes' sessions join the job.
+    pub uid: u32,
+    /// The `agora` GRES shares the job was given on this node (`--gres=agora:K`).
+    pub shares: u32,
+    /// Heap quota of each of its sessions, bytes (`None`: the daemon's).
+    pub heap_quota: Option<u64>,
+    /// Whether its sessions may open latency-class queues (besides the daemon's own rule).
+    pub latency: bool,
+}
+
+/// What a job used on this node ([`Request::JobEnd`]), as its epilog records it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobAccount {
+    /// The job id.
+    pub job: u64,
+    /// Its user.
+    pub uid: u32,
+    /// Its `agora` shares.
+    pub shares: u32,
+    /// Sessions its processes opened.
+    pub sessions: u64,
+    /// Sessions still open when it ended (ended by the daemon).
+    pub sessions_ended_by_daemon: u64,
+    /// Tasks completed and failed.
+    pub tasks_completed: u64,
+    /// Tasks that failed.
+    pub tasks_failed: u64,
+    /// Seconds of device time by device kind (`cpu`, `opencl`, ...): lane execution of its tasks.
+    pub device_seconds: Vec<(String, f64)>,
+    /// Bytes moved host → device and device → host.
+    pub bytes_to_device: u64,
+    /// Bytes moved device → host.
+    pub bytes_to_host: u64,
+    /// Energy of its device time, joules, from the daemon's power model (busy-lane watts ×
+    /// time), not a measurement.
+    pub energy_model_joules: f64,
+    /// Seconds from its start to its end on this daemon.
+    pub wall_seconds: f64,
 }
 
 /// Most nodes in one DAG ([`Request::DeclareDag`]).
@@ -560,6 +615,10 @@ pub enum Response {
     DagResults(DagResults),
     /// Reply to [`Request::DropDag`].
     DagDropped,
+    /// Reply to [`Request::JobStart`].
+    JobStarted,
+    /// Reply to [`Request::JobEnd`].
+    JobEnded(Box<JobAccount>),
 }
 
 /// What a recovery restored.
@@ -958,7 +1017,14 @@ pub struct StatusReport {
     /// Real-time DAGs admitted now (at most [`STATUS_DAGS`]).
     #[serde(default)]
     pub dags: Vec<DagStatus>,
+    /// Slurm jobs running on this node as the daemon knows them (at most [`STATUS_JOBS`]), with
+    /// their use so far.
+    #[serde(default)]
+    pub jobs: Vec<JobAccount>,
 }
+
+/// Most jobs a [`StatusReport`] lists.
+pub const STATUS_JOBS: usize = 64;
 
 /// Most DAGs a [`StatusReport`] lists (each with at most [`STATUS_DAG_LANES`] node lanes, so
 /// that they fit beside the sessions in [`REPLY_BUDGET`]).

@@ -273,7 +273,7 @@ fn to_python(error: Error) -> PyErr {
 fn client_exception(error: &Error, message: String) -> PyErr {
     match error {
         Error::Connect { .. } => ConnectError::new_err(message),
-        Error::Disconnected => DisconnectedError::new_err(message),
+        Error::Disconnected | Error::SessionEnded => DisconnectedError::new_err(message),
         Error::OutOfBounds { .. } => OutOfBoundsError::new_err(message),
         Error::ReadOnly => pyo3::exceptions::PyPermissionError::new_err(message),
         Error::Protocol(_) => ProtocolError::new_err(message),

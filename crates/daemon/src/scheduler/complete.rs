@@ -30,6 +30,8 @@ use crate::telemetry::{Span, TaskCounters, Telemetry};
 /// What a lane job's end must do; see the module documentation.
 pub(super) struct LaneCompletion {
     pub task_id: u64,
+    /// The device's index.
+    pub device: usize,
     pub queue: Arc<QueueState>,
     pub shared: Arc<SessionShared>,
     /// Its place in its queue's settling order.
@@ -81,6 +83,7 @@ impl LaneCompletion {
         let exec_start = times.transfers_done.unwrap_or(times.started);
         let execution = times.finished.saturating_duration_since(exec_start);
         self.lane_pending.fetch_sub(self.predicted, Ordering::Relaxed);
+        self.shared.add_device_time(self.device, execution.as_nanos() as u64);
         if self.shared.lane_work_done(self.session_ns) {
             // The session was held back over its lane limits and now has room.
             self.ticket.wake_dispatcher();

@@ -302,6 +302,11 @@ impl Scheduler {
         (c.revoked.get(), c.wasted_ns.get() as f64 / 1e9)
     }
 
+    /// Watts one busy lane of device `device` draws, by the power model.
+    pub(crate) fn lane_watts(&self, device: usize) -> f64 {
+        self.facts.get(device).map_or(0.0, |f| f.lane_watts)
+    }
+
     /// Its settings.
     pub(crate) fn config(&self) -> &SchedulerConfig {
         &self.config

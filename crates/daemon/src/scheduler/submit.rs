@@ -46,6 +46,9 @@ impl Scheduler {
         // Every inline run is timed: one that overran sends its shape to lanes.
         let ran = start.elapsed();
         self.inline_guard.ran_inline(placement.shape, ran.as_nanos() as f64);
+        session
+            .shared
+            .add_device_time(placement.binding.device(), ran.as_nanos() as u64);
         let result = planned.named.settle(task_id, result);
         let counters = self.task_counters(planned.name, planned.queue.class);
         if result.is_ok() {
@@ -140,6 +143,7 @@ impl Scheduler {
         let counters = self.task_counters(name, queue.class).clone();
         let done = LaneCompletion {
             task_id,
+            device,
             sequence: queue.sequencer.ticket(),
             queue,
             shared: session.shared.clone(),

@@ -62,6 +62,7 @@ use crate::telemetry::Telemetry;
 use crate::DaemonError;
 
 mod admission;
+mod jobs;
 mod realtime;
 mod reports;
 mod sessions;
@@ -219,6 +220,8 @@ pub(crate) struct Server {
     exports: crate::exports::Exports,
     /// Real-time DAGs and their release thread (`None`: no deadline device).
     realtime: Option<(Arc<crate::realtime::Realtime>, std::thread::JoinHandle<()>)>,
+    /// Slurm jobs running on this node.
+    jobs: jobs::Jobs,
 }
 
 /// How long the listener stays out of the epoll set after `accept` failed for want of
@@ -292,6 +295,7 @@ impl Server {
             accept_log: LogGate::new(ACCEPT_LOG_EVERY),
             exports: Default::default(),
             realtime,
+            jobs: jobs::Jobs::load(&config.effective_state_dir()),
             program_cache,
             program_policy,
             config,
@@ -754,6 +758,14 @@ impl Server {
             Request::DropDag { dag } => self.dag_request(id, |service, session| {
                 service.drop_dag(session, dag).map(|()| Response::DagDropped)
             }),
+            Request::JobStart(spec) => {
+                self.observe(id);
+                self.job_start(id, spec)
+            }
+            Request::JobEnd { job } => {
+                self.observe(id);
+                self.job_end(id, job)
+            }
             other => self.in_session_request(id, other),
         }
     }
@@ -1112,7 +1124,10 @@ fn create_queue(
             }
         },
     };
-    if class == agora_protocol::control::QueueClass::Latency && !may_open_latency(config, &session.credentials) {
+    if class == agora_protocol::control::QueueClass::Latency
+        && !session.job_latency
+        && !may_open_latency(config, &session.credentials)
+    {
         return Response::Error(ControlError::NotPermitted(format!(
             "uid {} (gid {}) may not open latency-class queues; this daemon allows uids {:?} and gids {:?} \
              (sessions.latency_uids / latency_gids): use a batch queue or ask the operator",

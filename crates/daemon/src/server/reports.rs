@@ -8,16 +8,23 @@ use super::*;
 impl Server {
     /// `Err(reply)` unless connection `id` is an admin's: root or the daemon's own user by
     /// default, else the uids of `[daemon] admin_uids`; and members of `admin_gids`.
+    /// Whether `credentials` are an admin's (`[daemon] admin_uids` / `admin_gids`; by default
+    /// root and the daemon's user).
+    pub(super) fn is_admin_credentials(&self, credentials: &crate::session::Credentials) -> bool {
+        let daemon_uid = rustix::process::geteuid().as_raw();
+        let listed = match &self.config.admin_uids {
+            None => credentials.uid == 0 || credentials.uid == daemon_uid,
+            Some(uids) => uids.contains(&credentials.uid),
+        };
+        listed || self.config.admin_gids.contains(&credentials.gid)
+    }
+
     pub(super) fn require_admin(&self, id: u64, what: &str) -> Result<(), Response> {
         let Some(credentials) = self.credentials(id) else {
             return Err(Response::Error(ControlError::BadRequest("connection gone".into())));
         };
         let daemon_uid = rustix::process::geteuid().as_raw();
-        let admin = match &self.config.admin_uids {
-            None => credentials.uid == 0 || credentials.uid == daemon_uid,
-            Some(uids) => uids.contains(&credentials.uid),
-        } || self.config.admin_gids.contains(&credentials.gid);
-        if !admin {
+        if !self.is_admin_credentials(&credentials) {
             let who = match &self.config.admin_uids {
                 None => format!("root or the daemon's user (uid {daemon_uid})"),
                 Some(uids) => format!("uids {uids:?}"),
@@ -147,6 +154,7 @@ impl Server {
             tasks_lost: self.scheduler.migration.stats.lost,
             uids: self.uid_usage(),
             limit_refusals: self.books.refusals(),
+            jobs: self.job_accounts(),
             dags: self
                 .realtime
                 .as_ref()

@@ -22,10 +22,16 @@ impl Server {
                 client: version,
             }));
         }
+        let who = self.credentials(id)?;
+        let job_quota = match self.session_job(&who) {
+            Ok(job) => job.and_then(|job| job.heap_quota),
+            Err(refusal) => return Some(Response::Error(refusal)),
+        };
         let heap = heap_bytes
             .unwrap_or(self.config.session_quota)
-            .min(self.config.session_quota);
-        let uid = self.credentials(id)?.uid;
+            .min(self.config.session_quota)
+            .min(job_quota.unwrap_or(u64::MAX));
+        let uid = who.uid;
         if let Err(refusal) = self.books.may_open_session(uid, heap) {
             return Some(Response::Error(refusal));
         }
@@ -107,7 +113,14 @@ impl Server {
     }
 
     /// Counts a new (or resumed) session against its uid and in the metrics, and serves it.
-    pub(super) fn admit_session(&mut self, session: Session) {
+    pub(super) fn admit_session(&mut self, mut session: Session) {
+        if let Ok(Some(job)) = self.session_job(&session.credentials) {
+            session.job = Some(job.job);
+            session.job_latency = job.latency;
+            let job = job.job;
+            self.job_session_opened(job);
+            tracing::info!(session = session.id, job, "session joins its Slurm job");
+        }
         let geometry = *session.shared.segment.view().geometry();
         self.books
             .session_opened(session.credentials.uid, session.id, geometry.heap_len);
@@ -155,6 +168,9 @@ impl Server {
                 daemon: PROTOCOL_VERSION,
                 client: version,
             }));
+        }
+        if let Err(refusal) = self.session_job(&self.credentials(id)?) {
+            return Some(Response::Error(refusal));
         }
         let fds = match self.conns.get_mut(&id)? {
             Conn::Pending { reader, .. } => reader.take_fds(),
@@ -325,6 +341,7 @@ impl Server {
             let _ = epoll::delete(&self.epoll, session.doorbell.fd());
             self.scheduler.migration.forget_session(id);
             self.exports.session_ended(id);
+            self.job_session_ended(&session);
             if let Some((service, _)) = &self.realtime {
                 let withdrawn = service.session_ended(id);
                 if withdrawn > 0 {

@@ -1,0 +1,168 @@
+//! Issue 17, the daemon's side of Slurm jobs, without Slurm (scripts/slurm/agora-jobs.sh runs
+//! the same through a real slurmctld/slurmd with the prolog and epilog): `agora slurm job-start`
+//! registers a job, sessions of processes whose environment names it join it, `agora slurm
+//! job-end` ends them even while their process runs and records the job's use; with
+//! `[slurm] require_job` a process outside a running job is refused; a restart keeps the jobs.
+
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use agora::{Error, Session, SessionOptions};
+use agora_protocol::control::ControlError;
+use agora_test_support::{eventually, temp_dir, Daemon};
+
+const AGORA: &str = env!("CARGO_BIN_EXE_agora");
+
+/// A daemon that serves only processes of running jobs. Root is not an admin here (admins are
+/// exempt), but registers jobs as Slurm's prolog would.
+fn daemon(tag: &str) -> Daemon {
+    let dir = temp_dir(tag);
+    std::fs::write(
+        dir.path().join("agora.toml"),
+        "[daemon]\nadmin_uids = [4242]\n\n[slurm]\nrequire_job = true\n",
+    )
+    .unwrap();
+    Daemon::start_in(AGORA, dir, &["--no-opencl", "--config", "{dir}/agora.toml"])
+}
+
+/// `agora run saxpy` for a long while, as a process of job `job`.
+fn job_process(daemon: &Daemon, job: u64) -> Child {
+    daemon
+        .command(&["run", "saxpy", "--size", "1024", "--iterations", "1000000"])
+        .env("SLURM_JOB_ID", job.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn agora_ok(daemon: &Daemon, args: &[&str]) -> String {
+    let out = daemon.agora(args);
+    assert!(
+        out.status.success(),
+        "agora {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn a_job_s_sessions_join_it_end_with_it_and_its_use_is_recorded() {
+    let daemon = daemon("slurm-jobs");
+    // Outside a job: refused, saying why and what to do.
+    match Session::connect_with(SessionOptions {
+        socket: Some(daemon.socket().to_path_buf()),
+        ..Default::default()
+    }) {
+        Err(Error::Control(ControlError::NotPermitted(message))) => {
+            assert!(message.contains("require_job") && message.contains("srun"), "{message}")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+
+    let uid = rustix::process::getuid().as_raw().to_string();
+    agora_ok(
+        &daemon,
+        &[
+            "slurm",
+            "job-start",
+            "--job",
+            "77",
+            "--uid",
+            &uid,
+            "--shares",
+            "2",
+            "--heap-quota",
+            "256M",
+        ],
+    );
+    let mut process = job_process(&daemon, 77);
+    assert!(
+        eventually(Duration::from_secs(10), || daemon.status().live_sessions == 1),
+        "the job's process never opened its session"
+    );
+    let status = daemon.status();
+    let job = status.jobs.iter().find(|j| j.job == 77).expect("the job in status");
+    assert_eq!((job.sessions, job.shares), (1, 2), "{job:?}");
+    let text = agora_ok(&daemon, &["status"]);
+    assert!(text.contains("Slurm jobs") && text.contains("job 77"), "{text}");
+
+    // A process naming a job that is not running is refused.
+    let refused = daemon
+        .command(&["run", "vector-add"])
+        .env("SLURM_JOB_ID", "78")
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("Slurm job 78 is not running"), "{stderr}");
+
+    // The epilog: the session ends though its process still runs, and the job's use comes back.
+    assert!(
+        eventually(Duration::from_secs(20), || daemon
+            .status()
+            .jobs
+            .iter()
+            .any(|j| j.job == 77 && j.tasks_completed > 0)),
+        "the job's process ran no task"
+    );
+    let out = agora_ok(&daemon, &["slurm", "job-end", "--job", "77", "--json"]);
+    let account: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(account["sessions"], 1, "{account}");
+    assert_eq!(account["sessions_ended_by_daemon"], 1, "{account}");
+    assert!(account["tasks_completed"].as_u64().unwrap() > 0, "{account}");
+    let cpu = account["device_seconds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|entry| entry[0] == "cpu")
+        .and_then(|entry| entry[1].as_f64())
+        .unwrap();
+    assert!(cpu > 0.0, "{account}");
+    assert!(account["energy_model_joules"].as_f64().unwrap() > 0.0, "{account}");
+    let record = daemon.state_dir().join("jobs/77.json");
+    let recorded: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&record).unwrap()).unwrap();
+    assert_eq!(recorded["tasks_completed"], account["tasks_completed"]);
+
+    assert!(
+        eventually(Duration::from_secs(10), || matches!(process.try_wait(), Ok(Some(_)))),
+        "the job's process kept running without its session"
+    );
+    let output = process.wait_with_output().unwrap();
+    assert!(!output.status.success(), "its session was ended under it");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("ended this session") && stderr.contains("Slurm job"),
+        "{stderr}"
+    );
+    assert!(eventually(Duration::from_secs(5), || {
+        let s = daemon.status();
+        s.live_sessions == 0 && s.closing_sessions == 0 && s.jobs.is_empty()
+    }));
+
+    // The epilog twice: a clear error.
+    let again = daemon.agora(&["slurm", "job-end", "--job", "77"]);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("no Slurm job 77"));
+}
+
+#[test]
+fn running_jobs_outlive_a_daemon_restart() {
+    let mut daemon = daemon("slurm-jobs-restart");
+    let uid = rustix::process::getuid().as_raw().to_string();
+    agora_ok(&daemon, &["slurm", "job-start", "--job", "79", "--uid", &uid]);
+    daemon.restart();
+    assert!(
+        daemon.status().jobs.iter().any(|j| j.job == 79),
+        "the job was forgotten"
+    );
+    let mut process = job_process(&daemon, 79);
+    assert!(
+        eventually(Duration::from_secs(10), || daemon.status().live_sessions == 1),
+        "the job's process was not served after the restart"
+    );
+    let out = agora_ok(&daemon, &["slurm", "job-end", "--job", "79"]);
+    assert!(out.starts_with("agora: 1 sessions (1 ended by the daemon)"), "{out}");
+    let _ = process.kill();
+    let _ = process.wait();
+}

@@ -1,0 +1,284 @@
+//! Slurm jobs on this node (issue #17): the prolog registers a job (`JobStart`), sessions of
+//! its processes join it, and the epilog ends it (`JobEnd`): every session of the job is ended
+//! and reclaimed, even if one of its processes still runs, and the job's use is recorded.
+//!
+//! Owns: the running jobs and their use so far, which job a new session belongs to (the
+//! `SLURM_JOB_ID` in its process's environment, checked against the job's uid), the
+//! `[slurm] require_job` refusal, the accounting record (`STATE_DIR/jobs/JOB.json`) and the
+//! running jobs kept across a daemon restart (`STATE_DIR/jobs/running/JOB.json`).
+//! Must not: schedule anything differently for a job (shares are recorded, not enforced).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use agora_protocol::control::{ControlError, JobAccount, JobStart, Response, STATUS_JOBS};
+
+use super::{Conn, Server};
+use crate::session::{Credentials, Session, ACCOUNTED_DEVICES};
+
+/// A running job and what its ended sessions used.
+#[derive(Debug)]
+pub(super) struct RunningJob {
+    spec: JobStart,
+    started: Instant,
+    /// Sessions it opened so far.
+    sessions: u64,
+    used: Usage,
+}
+
+/// Use added up over sessions.
+#[derive(Debug, Default, Clone)]
+struct Usage {
+    tasks_completed: u64,
+    tasks_failed: u64,
+    device_ns: [u64; ACCOUNTED_DEVICES],
+    bytes_to_device: u64,
+    bytes_to_host: u64,
+}
+
+impl Usage {
+    fn add_session(&mut self, session: &Session) {
+        let shared = &session.shared;
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        self.tasks_completed += load(&shared.completed);
+        self.tasks_failed += load(&shared.failed);
+        for (total, device) in self.device_ns.iter_mut().zip(&shared.device_ns) {
+            *total += load(device);
+        }
+        self.bytes_to_device += load(&shared.bytes_to_device);
+        self.bytes_to_host += load(&shared.bytes_to_host);
+    }
+}
+
+/// The running jobs.
+#[derive(Debug, Default)]
+pub(super) struct Jobs {
+    running: HashMap<u64, RunningJob>,
+    /// Where records go (`STATE_DIR/jobs`).
+    dir: PathBuf,
+}
+
+impl Jobs {
+    /// The jobs a previous daemon on this state directory had running (its prolog ran, its
+    /// epilog not yet): they go on, so that the epilog still finds its job.
+    pub(super) fn load(state_dir: &std::path::Path) -> Jobs {
+        let dir = state_dir.join("jobs");
+        let mut running = HashMap::new();
+        if let Ok(entries) = std::fs::read_dir(dir.join("running")) {
+            for entry in entries.flatten() {
+                let Ok(text) = std::fs::read_to_string(entry.path()) else {
+                    continue;
+                };
+                match serde_json::from_str::<JobStart>(&text) {
+                    Ok(spec) => {
+                        running.insert(
+                            spec.job,
+                            RunningJob {
+                                spec,
+                                started: Instant::now(),
+                                sessions: 0,
+                                used: Usage::default(),
+                            },
+                        );
+                    }
+                    Err(e) => {
+                        tracing::warn!(file = %entry.path().display(), error = %e, "ignoring an unreadable running-job file")
+                    }
+                }
+            }
+        }
+        if !running.is_empty() {
+            tracing::info!(jobs = running.len(), "Slurm jobs still running from before the restart");
+        }
+        Jobs { running, dir }
+    }
+}
+
+/// Whether `who` may register and end jobs: root or the daemon's user (Slurm's prolog and
+/// epilog run as root).
+fn is_job_controller(who: &Credentials) -> bool {
+    who.uid == 0 || who.uid == rustix::process::geteuid().as_raw()
+}
+
+/// The `SLURM_JOB_ID` in process `pid`'s environment, if any (readable by its own user and root:
+/// the daemon runs as one of them for sessions it can serve).
+fn job_of_process(pid: i32) -> Option<u64> {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    environ
+        .split(|&b| b == 0)
+        .find_map(|entry| entry.strip_prefix(b"SLURM_JOB_ID="))
+        .and_then(|value| std::str::from_utf8(value).ok()?.parse().ok())
+}
+
+impl Server {
+    /// `Request::JobStart`.
+    pub(super) fn job_start(&mut self, id: u64, spec: JobStart) -> Option<Response> {
+        let who = self.credentials(id)?;
+        if !is_job_controller(&who) {
+            return Some(Response::Error(ControlError::NotPermitted(format!(
+                "uid {} may not register Slurm jobs: only root or the daemon's user (Slurm's prolog) may",
+                who.uid
+            ))));
+        }
+        let running = self.jobs.dir.join("running");
+        let written = std::fs::create_dir_all(&running)
+            .and_then(|()| std::fs::write(running.join(format!("{}.json", spec.job)), serde_json::to_vec(&spec)?));
+        if let Err(e) = written {
+            tracing::warn!(job = spec.job, error = %e, "could not record the running job; a daemon restart will forget it");
+        }
+        tracing::info!(
+            job = spec.job,
+            uid = spec.uid,
+            shares = spec.shares,
+            "Slurm job started"
+        );
+        self.jobs.running.insert(
+            spec.job,
+            RunningJob {
+                spec,
+                started: Instant::now(),
+                sessions: 0,
+                used: Usage::default(),
+            },
+        );
+        Some(Response::JobStarted)
+    }
+
+    /// Which job a new session of `who` belongs to, or why it is refused: a process naming a
+    /// job of another uid is refused; with `[slurm] require_job`, so is one in no running job
+    /// (admins exempt).
+    pub(super) fn session_job(&self, who: &Credentials) -> Result<Option<&JobStart>, ControlError> {
+        let claimed = job_of_process(who.pid);
+        match claimed.and_then(|job| self.jobs.running.get(&job)) {
+            Some(job) if job.spec.uid == who.uid => return Ok(Some(&job.spec)),
+            Some(job) => {
+                return Err(ControlError::NotPermitted(format!(
+                    "this process says it belongs to Slurm job {} of uid {}, but runs as uid {}: use your own job's allocation",
+                    job.spec.job, job.spec.uid, who.uid
+                )))
+            }
+            None => {}
+        }
+        if self.config.slurm_require_job && !self.is_admin_credentials(who) {
+            let why = match claimed {
+                Some(job) => format!("Slurm job {job} is not running on this node"),
+                None => "this process is not part of a Slurm job".to_string(),
+            };
+            return Err(ControlError::NotPermitted(format!(
+                "{why}, and this daemon serves only processes of running jobs ([slurm] require_job): run it with srun or sbatch"
+            )));
+        }
+        Ok(None)
+    }
+
+    /// A session of a job ended: its use goes to the job.
+    pub(super) fn job_session_ended(&mut self, session: &Session) {
+        if let Some(job) = session.job.and_then(|job| self.jobs.running.get_mut(&job)) {
+            job.used.add_session(session);
+        }
+    }
+
+    /// A session joined `job`.
+    pub(super) fn job_session_opened(&mut self, job: u64) {
+        if let Some(job) = self.jobs.running.get_mut(&job) {
+            job.sessions += 1;
+        }
+    }
+
+    /// `Request::JobEnd`: ends the job's sessions, records and returns its use.
+    pub(super) fn job_end(&mut self, id: u64, job: u64) -> Option<Response> {
+        let who = self.credentials(id)?;
+        if !is_job_controller(&who) {
+            return Some(Response::Error(ControlError::NotPermitted(format!(
+                "uid {} may not end Slurm jobs: only root or the daemon's user (Slurm's epilog) may",
+                who.uid
+            ))));
+        }
+        if !self.jobs.running.contains_key(&job) {
+            return Some(Response::Error(ControlError::BadRequest(format!(
+                "no Slurm job {job} is running on this daemon (its prolog did not register it, or its epilog already ran)"
+            ))));
+        }
+        let sessions: Vec<u64> = self
+            .conns
+            .iter()
+            .filter_map(|(&sid, conn)| match conn {
+                Conn::Session(s) if s.job == Some(job) => Some(sid),
+                _ => None,
+            })
+            .collect();
+        for &sid in &sessions {
+            tracing::info!(job, session = sid, "ending a session of an ended Slurm job");
+            // `close` adds its use to the job.
+            self.close(sid);
+        }
+        let running = self.jobs.running.remove(&job)?;
+        let mut account = self.account(&running);
+        account.sessions_ended_by_daemon = sessions.len() as u64;
+        let _ = std::fs::remove_file(self.jobs.dir.join("running").join(format!("{job}.json")));
+        let record = self.jobs.dir.join(format!("{job}.json"));
+        let written = std::fs::create_dir_all(&self.jobs.dir).and_then(|()| {
+            let mut value = serde_json::to_value(&account)?;
+            value["ended_unix_s"] = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs())
+                .into();
+            std::fs::write(&record, serde_json::to_vec_pretty(&value)?)
+        });
+        if let Err(e) = written {
+            tracing::warn!(job, error = %e, file = %record.display(), "could not write the job's accounting record");
+        }
+        tracing::info!(
+            job,
+            sessions = account.sessions,
+            tasks = account.tasks_completed,
+            "Slurm job ended"
+        );
+        Some(Response::JobEnded(Box::new(account)))
+    }
+
+    /// A job's use so far: its ended sessions' and its live ones'.
+    fn account(&self, job: &RunningJob) -> JobAccount {
+        let mut used = job.used.clone();
+        for conn in self.conns.values() {
+            if let Conn::Session(s) = conn {
+                if s.job == Some(job.spec.job) {
+                    used.add_session(s);
+                }
+            }
+        }
+        let mut by_kind: Vec<(String, f64)> = Vec::new();
+        let mut energy = 0.0;
+        for (index, device) in self.scheduler.devices.iter().enumerate().take(ACCOUNTED_DEVICES) {
+            let seconds = used.device_ns[index] as f64 / 1e9;
+            energy += seconds * self.scheduler.lane_watts(index);
+            let kind = device.info().kind.name().to_string();
+            match by_kind.iter_mut().find(|(k, _)| *k == kind) {
+                Some((_, total)) => *total += seconds,
+                None => by_kind.push((kind, seconds)),
+            }
+        }
+        JobAccount {
+            job: job.spec.job,
+            uid: job.spec.uid,
+            shares: job.spec.shares,
+            sessions: job.sessions,
+            sessions_ended_by_daemon: 0,
+            tasks_completed: used.tasks_completed,
+            tasks_failed: used.tasks_failed,
+            device_seconds: by_kind,
+            bytes_to_device: used.bytes_to_device,
+            bytes_to_host: used.bytes_to_host,
+            energy_model_joules: energy,
+            wall_seconds: job.started.elapsed().as_secs_f64(),
+        }
+    }
+
+    /// The running jobs with their use so far, for status.
+    pub(super) fn job_accounts(&self) -> Vec<JobAccount> {
+        let mut jobs: Vec<&RunningJob> = self.jobs.running.values().collect();
+        jobs.sort_by_key(|j| j.spec.job);
+        jobs.into_iter().take(STATUS_JOBS).map(|j| self.account(j)).collect()
+    }
+}
