@@ -4,14 +4,17 @@
 #   bash scripts/slurm/agora-jobs.sh [AGORA]      (AGORA: the agora binary, default target/release/agora)
 #
 # Starts a two-node Slurm cluster on loopback (scripts/slurm/cluster.sh) with one Agora daemon
-# per node; a TaskProlog points each job task at its node's daemon (AGORA_SOCKET). Then checks:
+# per node and the project's Prolog, Epilog and TaskProlog (scripts/slurm/*.sh, through wrappers
+# that name each node's daemon: two nodes share this host). Then checks:
 #   1. `agora slurm conf` prints the node's Features and GRES lines from what the daemon sees;
 #   2. two batch jobs on one node at once, each an Agora client running a verified workload,
 #      share that node's daemon (both verified, both sessions seen by that node's daemon, none by
 #      the other node's);
 #   3. a job asking more `agora` shares than a node has is refused by Slurm, with its message;
 #   4. `scancel` of a running job ends its Agora session (the daemon reclaims it; checked with
-#      `agora status --json`), and the node's daemon serves the next job.
+#      `agora status --json`), and the node's daemon serves the next job;
+#   5. the epilog records each job's use in the node daemon's STATE_DIR/jobs/JOB.json;
+#   6. a process that escaped its job (setsid) and still runs loses its session when the job ends.
 # Exits non-zero on any failure, keeping the cluster's directory for its logs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -44,14 +47,21 @@ for node in n1 n2; do
   [ -S "$dir/agora-$node.sock" ] || fail "the Agora daemon of $node did not start (see $dir/agora-$node.log)"
 done
 
-# Slurm runs the TaskProlog before each task; its `export` lines become the task's environment.
-cat >"$dir/task-prolog.sh" <<EOF
+# The project's Prolog, Epilog and TaskProlog, each through a wrapper that names this node's
+# daemon (an administrator sets AGORA and AGORA_SOCKET once for the node instead).
+scripts=$(realpath scripts/slurm)
+for hook in prolog epilog task-prolog; do
+  cat >"$dir/$hook.sh" <<EOF
 #!/bin/sh
-echo "export AGORA_SOCKET=$dir/agora-\$SLURMD_NODENAME.sock"
+export AGORA=$agora AGORA_SOCKET=$dir/agora-\$SLURMD_NODENAME.sock SLURM_CONF=$dir/slurm.conf
+exec $scripts/$hook.sh
 EOF
-chmod 0755 "$dir/task-prolog.sh"
+  chmod 0755 "$dir/$hook.sh"
+done
 started=$(date +%s%N)
-SLURM_EXTRA_CONF="TaskProlog=$dir/task-prolog.sh" bash scripts/slurm/cluster.sh start "$dir" >/dev/null
+SLURM_EXTRA_CONF="TaskProlog=$dir/task-prolog.sh
+Prolog=$dir/prolog.sh
+Epilog=$dir/epilog.sh" bash scripts/slurm/cluster.sh start "$dir" >/dev/null
 export SLURM_CONF="$dir/slurm.conf"
 echo "slurm/agora-jobs: cluster up in $(( ($(date +%s%N) - started) / 1000000 )) ms"
 
@@ -111,5 +121,38 @@ d=$(sbatch --parsable -w n1 -o "$dir/job-d.out" --wrap "$agora run vector-add --
 wait_jobs "$d"
 grep -Eq '"verified": ?true' "$dir/job-d.out" || fail "the job after the cancel did not verify: $(cat "$dir/job-d.out")"
 pass "scancel ended the job's Agora session; the next job on n1 verified"
+
+# 5. The epilog recorded each job's use in a file of the daemon's state.
+check_record() {
+  python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["sessions"] >= 1 and r["tasks_completed"] > 0, r
+assert r["shares"] == int(sys.argv[2]), r
+assert any(kind == "cpu" and seconds > 0 for kind, seconds in r["device_seconds"]), r
+assert r["sessions_ended_by_daemon"] == int(sys.argv[3]), r
+' "$@"
+}
+for job in "$a" "$b"; do
+  record="$dir/agora-n1/jobs/$job.json"
+  for _ in $(seq 1 100); do [ -s "$record" ] && break; sleep 0.1; done
+  [ -s "$record" ] || fail "no accounting record $record (epilog: see $dir/slurmd-n1.log)"
+  check_record "$record" 2 0 || fail "job record: $(cat "$record")"
+done
+pass "the epilog recorded each job's use: $(tr -d '\n ' <"$dir/agora-n1/jobs/$a.json" | cut -c1-160)"
+
+# 6. A process that escaped its job (its own session, so Slurm's kill of the job's process group
+# misses it) loses its Agora session when the job ends; the job's record counts it.
+e=$(sbatch --parsable -w n1 --gres=agora:1 -o "$dir/job-e.out" --wrap \
+  "setsid $agora run saxpy --size 1024 --iterations 1000000 >$dir/escaped.out 2>&1 </dev/null & sleep 2")
+wait_jobs "$e"
+for _ in $(seq 1 100); do
+  grep -q "ended this session" "$dir/escaped.out" 2>/dev/null && break
+  sleep 0.1
+done
+grep -q "ended this session" "$dir/escaped.out" || fail "the escaped process kept its session: $(cat "$dir/escaped.out" 2>/dev/null)"
+for _ in $(seq 1 50); do [ -s "$dir/agora-n1/jobs/$e.json" ] && break; sleep 0.1; done
+check_record "$dir/agora-n1/jobs/$e.json" 1 1 || fail "job record: $(cat "$dir/agora-n1/jobs/$e.json")"
+pass "the job's end ended the session of a process that escaped it: $(tail -1 "$dir/escaped.out")"
 
 echo "slurm/agora-jobs: all passed"

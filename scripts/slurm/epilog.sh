@@ -1,0 +1,21 @@
+#!/bin/sh
+# Slurm Epilog for Agora (slurm.conf: `Epilog=/opt/agora/scripts/slurm/epilog.sh`): slurmd runs it
+# as root on each node of a job when the job ends there (completed, failed or cancelled). It ends
+# the job on the node's Agora daemon (`agora slurm job-end`): every session of the job is ended
+# and reclaimed, even one whose process escaped the job and still runs. The job's use on this
+# node (sessions, tasks, device time per device kind, bytes moved, energy from the daemon's power
+# model) is written to the daemon's STATE_DIR/jobs/JOB.json, printed to the epilog's output, and
+# offered to the job's AdminComment (Slurm 22.05 refuses that update while the job completes,
+# which is when epilogs run: "Job has already finished"; the file is the record).
+#
+# Settings as for prolog.sh (AGORA, AGORA_SOCKET). It never fails: Slurm drains a node whose
+# epilog fails.
+agora=${AGORA:-agora}
+[ -n "${SLURM_JOB_ID:-}" ] || exit 0
+if summary=$("$agora" slurm job-end --job "$SLURM_JOB_ID" 2>&1); then
+  echo "agora epilog: job $SLURM_JOB_ID: $summary"
+  scontrol update JobId="$SLURM_JOB_ID" AdminComment="$summary" >/dev/null 2>&1 || true
+else
+  echo "agora epilog: job $SLURM_JOB_ID not ended on the Agora daemon: $summary" >&2
+fi
+exit 0
