@@ -3,7 +3,8 @@
 #   make test   the whole test suite: format, lints, unit and integration tests, short fuzz runs
 #               of every parser of untrusted bytes (scripts/fuzz.sh), the protocol crate's
 #               unsafe code under Miri (scripts/miri.sh), jobs on a real Slurm cluster on loopback
-#               sharing nodes through Agora (scripts/slurm/agora-jobs.sh), a --quick smoke run of every
+#               sharing nodes through Agora (scripts/slurm/agora-jobs.sh) and its --quick benchmark
+#               (scripts/slurm/bench.sh), a --quick smoke run of every
 #               benchmark, its JSON checked by scripts/bench-smoke.sh
 .PHONY: setup demo test bench c gpu-dist
 
@@ -23,6 +24,7 @@ test: setup
 	bash scripts/loom.sh
 	.venv/bin/python -m pytest -q crates/python/tests
 	bash scripts/slurm/agora-jobs.sh ./target/release/agora
+	bash scripts/slurm/bench.sh ./target/release/agora --quick --json | .venv/bin/python -c 'import json,sys; d=json.load(sys.stdin); assert all(k in d for k in ("hooks_add_ms", "exclusive_over_shared", "shared_makespan_ms", "exclusive_makespan_ms")), d; print("slurm bench --quick: ok", d["hooks_add_ms"], "ms of hooks,", d["exclusive_over_shared"], "exclusive/shared")'
 	bash scripts/bench-smoke.sh ./target/release/agora bench latency --quick --json
 	bash scripts/bench-smoke.sh ./target/release/agora bench overhead --quick --json
 	bash scripts/bench-smoke.sh ./target/release/agora bench hetero --quick --json
