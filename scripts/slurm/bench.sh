@@ -4,10 +4,10 @@
 #   bash scripts/slurm/bench.sh [AGORA] [--quick] [--json]
 #
 # 1. What Agora's Slurm hooks cost a job: a one-task job (`srun agora run vector-add --size 1024`)
-#    from `srun` to its end, on a cluster with the project's Prolog/Epilog/TaskProlog and on one
-#    without them (the task then finds the daemon through AGORA_SOCKET in srun's environment);
-#    median of N runs each, side by side in one run. The hooks' cost is the difference (aim: the
-#    issue's ≤ 20 ms for what a plugin adds).
+#    from `srun` to its end, on three clusters side by side: with the project's Prolog/Epilog/
+#    TaskProlog, with empty hooks (Slurm's own cost of running any hook), and with none (the task
+#    then finds the daemon through AGORA_SOCKET in srun's environment); median of N runs each.
+#    What Agora adds is with - empty (aim: the issue's ≤ 20 ms for what a plugin adds).
 # 2. Spatial sharing (Arax's anchor: 31 % faster): two jobs, each a Rodinia mix (gaussian,
 #    hotspot, nw, lavamd through Agora), on one node at once sharing its daemon, against the same
 #    two jobs given the node one after the other by Slurm (`--exclusive`); makespan of each, and
@@ -58,12 +58,17 @@ start_cluster() {
   for node in n1 n2; do
     for _ in $(seq 1 100); do [ -S "$dir/agora-$node.sock" ] && break; sleep 0.05; done
   done
-  if [ "$hooks" = hooks ]; then
+  if [ "$hooks" != none ]; then
     local scripts
     scripts=$(realpath scripts/slurm)
     for hook in prolog epilog task-prolog; do
-      printf '#!/bin/sh\nexport AGORA=%s AGORA_SOCKET=%s/agora-$SLURMD_NODENAME.sock SLURM_CONF=%s/slurm.conf\nexec %s/%s.sh\n' \
-        "$agora" "$dir" "$dir" "$scripts" "$hook" >"$dir/$hook.sh"
+      if [ "$hooks" = hooks ]; then
+        printf '#!/bin/sh\nexport AGORA=%s AGORA_SOCKET=%s/agora-$SLURMD_NODENAME.sock SLURM_CONF=%s/slurm.conf\nexec %s/%s.sh\n' \
+          "$agora" "$dir" "$dir" "$scripts" "$hook" >"$dir/$hook.sh"
+      else
+        # Empty hooks: what Slurm's own hook mechanism costs.
+        printf '#!/bin/sh\nexit 0\n' >"$dir/$hook.sh"
+      fi
       chmod 0755 "$dir/$hook.sh"
     done
     extra="TaskProlog=$dir/task-prolog.sh
@@ -94,13 +99,16 @@ srun_times() {
 }
 
 start_cluster with hooks
+start_cluster empty empty
 start_cluster without none
-log "slurm/bench: clusters up (with and without Agora's hooks)"
+log "slurm/bench: clusters up (Agora's hooks, empty hooks, no hooks)"
 with_times=($(srun_times "$root/with"))
+empty_times=($(srun_times "$root/empty"))
 without_times=($(srun_times "$root/without"))
 with_ms=$(median "${with_times[@]}")
+empty_ms=$(median "${empty_times[@]}")
 without_ms=$(median "${without_times[@]}")
-log "slurm/bench: srun to the end of a one-task job: with the hooks ${with_times[*]} ms (median $with_ms), without ${without_times[*]} ms (median $without_ms)"
+log "slurm/bench: srun to the end of a one-task job: Agora's hooks ${with_times[*]} ms (median $with_ms), empty hooks ${empty_times[*]} ms (median $empty_ms), none ${without_times[*]} ms (median $without_ms)"
 
 # Two jobs, each a Rodinia mix, sharing n1 through its daemon vs one after the other.
 if [ "$scale" = small ]; then
@@ -142,7 +150,7 @@ ratio=$(awk -v e="$exclusive_ms" -v s="$shared_ms" 'BEGIN {printf "%.3f", e / s}
 log "slurm/bench: two Rodinia-mix jobs on n1: sharing it ${shared_runs[*]} ms (median $shared_ms), one after the other ${exclusive_runs[*]} ms (median $exclusive_ms): exclusive / shared = $ratio"
 
 if [ "$json" = 1 ]; then
-  python3 - "$with_ms" "$without_ms" "$shared_ms" "$exclusive_ms" "$ratio" "$runs" "${with_times[*]}" "${without_times[*]}" "${shared_runs[*]}" "${exclusive_runs[*]}" <<'PY'
+  python3 - "$with_ms" "$without_ms" "$shared_ms" "$exclusive_ms" "$ratio" "$runs" "${with_times[*]}" "${without_times[*]}" "${shared_runs[*]}" "${exclusive_runs[*]}" "$empty_ms" "${empty_times[*]}" <<'PY'
 import json, os, sys
 a = sys.argv[1:]
 nums = lambda s: [float(x) for x in s.split()]
@@ -150,6 +158,9 @@ print(json.dumps({
     "srun_to_end_with_hooks_ms": float(a[0]),
     "srun_to_end_without_hooks_ms": float(a[1]),
     "hooks_add_ms": float(a[0]) - float(a[1]),
+    "srun_to_end_empty_hooks_ms": float(a[10]),
+    "agora_hooks_over_empty_ms": float(a[0]) - float(a[10]),
+    "empty_hooks_ms": nums(a[11]),
     "shared_makespan_ms": float(a[2]),
     "exclusive_makespan_ms": float(a[3]),
     "exclusive_over_shared": float(a[4]),
