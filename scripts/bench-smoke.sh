@@ -51,7 +51,9 @@ case "$bench" in
   rt) expr='d["simulated"] and d["admitted_misses"] == 0 and d["lanes"] == 4 and d["apedf_admitted_utilisation"] >= 2.5
   and all(k in d for k in ("gedf_miss_ratio_at_full", "fifo_miss_ratio_at_full", "release_jitter_p99_us", "points")) and len(d["points"]) >= 2
   and d["release_jitter_p99_us"] is not None and d["daemon"]["dags"][0]["admitted"] and d["daemon"]["dags"][0]["releases"] >= 100
-  and all(k in d["daemon"]["dags"][0] for k in ("misses", "misses_without_overrun", "overruns", "handoff_p99_us"))' ;;
+  and all(k in d["daemon"]["dags"][0] for k in ("misses", "misses_without_overrun", "overruns", "handoff_p99_us"))
+  and len(d["daemon_sweep"]) >= 2 and d["daemon_admitted_misses"] is not None
+  and all(p["dags_admitted"] >= 1 and p["releases"] > 0 for p in d["daemon_sweep"])' ;;
   *)
     echo "bench-smoke: no checks for bench '$bench': add them here" >&2
     exit 2

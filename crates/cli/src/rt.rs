@@ -256,7 +256,8 @@ pub struct BenchRtArgs {
 
 #[derive(Serialize)]
 struct BenchRtReport {
-    /// Every figure comes from the simulator (the daemon does not run DAGs yet).
+    /// The sweep's figures come from the simulator (`daemon`, `daemon_sweep` and
+    /// `release_jitter_p99_us` from a daemon).
     simulated: bool,
     lanes: usize,
     admitted_misses: u64,
@@ -268,8 +269,26 @@ struct BenchRtReport {
     release_jitter_p99_us: Option<f64>,
     /// The measured part: a 2-node DAG released every 2 ms by a daemon started for it.
     daemon: Option<crate::rt_daemon::DaemonRun>,
+    /// Synthetic sets run on that daemon's CPU lanes (APEDF, its only policy) at rising offered
+    /// utilisation: what it admitted and what missed.
+    daemon_sweep: Vec<DaemonSweepPoint>,
+    /// Misses on the daemon of releases in which no node overran its WCET, over the sweep.
+    daemon_admitted_misses: Option<u64>,
     first_fit_bound: f64,
     points: Vec<agora_realtime::sweep::SweepPoint>,
+}
+
+/// One utilisation point of the sweep on the daemon.
+#[derive(Serialize)]
+struct DaemonSweepPoint {
+    target_utilisation: f64,
+    admitted_utilisation: f64,
+    dags_admitted: usize,
+    dags_offered: usize,
+    releases: u64,
+    misses: u64,
+    misses_without_overrun: u64,
+    overruns: u64,
 }
 
 /// Runs `agora bench rt`.
@@ -289,15 +308,51 @@ pub fn bench_rt(args: BenchRtArgs) -> Result<()> {
             agora_realtime::NodeSpec::new("second", 200),
         ];
         spec.edges = vec![(0, 1)];
-        Some(crate::rt_daemon::run(
-            Some(process.socket.clone()),
-            &[spec],
-            daemon_seconds,
-            0.8,
-        )?)
+        let probe = crate::rt_daemon::run(Some(process.socket.clone()), &[spec], daemon_seconds, 0.8)?;
+        Some((probe, process))
     } else {
         None
     };
+    // Synthetic sets on the same daemon's lanes, offered utilisation 0.5 to its lane count.
+    let mut daemon_sweep = Vec::new();
+    if let Some((_, process)) = &daemon {
+        let lanes = agora::daemon_status(Some(process.socket.clone()))?
+            .devices
+            .iter()
+            .filter(|d| d.kind == agora::DeviceKind::Cpu)
+            .map(|d| d.lanes.len())
+            .max()
+            .unwrap_or(1);
+        let seconds = if args.quick { 0.3 } else { daemon_seconds.min(2.0) };
+        let mut target = 0.5;
+        while target <= lanes as f64 + 1e-9 {
+            let generated = agora_realtime::generate(
+                &agora_realtime::GeneratorConfig {
+                    dag_count: 4,
+                    total_utilisation: target,
+                    ..Default::default()
+                },
+                args.seed,
+            )?;
+            let specs: Vec<_> = generated.dags.iter().map(|d| d.spec().clone()).collect();
+            let run = crate::rt_daemon::run(Some(process.socket.clone()), &specs, seconds, 0.8)?;
+            let admitted: Vec<_> = run.dags.iter().filter(|d| d.admitted).collect();
+            daemon_sweep.push(DaemonSweepPoint {
+                target_utilisation: target,
+                admitted_utilisation: admitted.iter().map(|d| d.utilisation).sum(),
+                dags_admitted: admitted.len(),
+                dags_offered: run.dags.len(),
+                releases: admitted.iter().map(|d| d.releases).sum(),
+                misses: admitted.iter().map(|d| d.misses).sum(),
+                misses_without_overrun: admitted.iter().map(|d| d.misses_without_overrun).sum(),
+                overruns: admitted.iter().map(|d| d.overruns).sum(),
+            });
+            target += 0.5;
+        }
+    }
+    let daemon_admitted_misses =
+        (!daemon_sweep.is_empty()).then(|| daemon_sweep.iter().map(|p| p.misses_without_overrun).sum());
+    let daemon = daemon.map(|(probe, _)| probe);
     let out = BenchRtReport {
         simulated: true,
         lanes: report.summary.lanes,
@@ -307,6 +362,8 @@ pub fn bench_rt(args: BenchRtArgs) -> Result<()> {
         fifo_miss_ratio_at_full: report.summary.fifo_miss_ratio_at_full,
         release_jitter_p99_us: daemon.as_ref().map(|run| run.jitter_p99_us),
         daemon,
+        daemon_sweep,
+        daemon_admitted_misses,
         first_fit_bound: agora_realtime::first_fit_utilisation_bound(args.lanes, 1.0),
         points: report.points,
     };
@@ -360,6 +417,26 @@ pub fn bench_rt(args: BenchRtArgs) -> Result<()> {
     );
     if let Some(run) = &out.daemon {
         crate::rt_daemon::print("measured on a daemon (idle node, 2-node DAG every 2 ms)", run);
+    }
+    if !out.daemon_sweep.is_empty() {
+        println!("synthetic sets on the daemon's CPU lanes (APEDF-{}):", "FF");
+        println!(
+            "  {:>7} {:>9} {:>13} {:>9} {:>7} {:>11} {:>9}",
+            "offered", "admitted", "DAGs admitted", "releases", "misses", "no overrun", "overruns"
+        );
+        for p in &out.daemon_sweep {
+            println!(
+                "  {:>7.2} {:>9.2} {:>10}/{:<2} {:>9} {:>7} {:>11} {:>9}",
+                p.target_utilisation,
+                p.admitted_utilisation,
+                p.dags_admitted,
+                p.dags_offered,
+                p.releases,
+                p.misses,
+                p.misses_without_overrun,
+                p.overruns
+            );
+        }
     }
     Ok(())
 }
