@@ -419,7 +419,7 @@ pub fn bench_rt(args: BenchRtArgs) -> Result<()> {
         crate::rt_daemon::print("measured on a daemon (idle node, 2-node DAG every 2 ms)", run);
     }
     if !out.daemon_sweep.is_empty() {
-        println!("synthetic sets on the daemon's CPU lanes (APEDF-{}):", "FF");
+        println!("synthetic sets on the daemon's CPU lanes (APEDF, the daemon's [realtime] packing):");
         println!(
             "  {:>7} {:>9} {:>13} {:>9} {:>7} {:>11} {:>9}",
             "offered", "admitted", "DAGs admitted", "releases", "misses", "no overrun", "overruns"
