@@ -1209,14 +1209,16 @@ impl Inner {
         if self.resume.epoch.load(Ordering::Acquire) != seen_epoch {
             return Ok(());
         }
-        if self.resume.given_up.load(Ordering::Acquire) {
-            return Err(Error::Disconnected);
-        }
         let header = self.segment.view().header();
         if header.daemon_closed.load(Ordering::Acquire) == agora_protocol::segment::SESSION_ENDED {
-            // The daemon runs on and ended this session itself: it is not to be resumed.
+            // The daemon runs on and ended this session itself: it is not to be resumed, and
+            // every call says so (the first to notice may have been one whose error nobody
+            // reads, such as a release in a `Drop`).
             self.resume.given_up.store(true, Ordering::Release);
             return Err(Error::SessionEnded);
+        }
+        if self.resume.given_up.load(Ordering::Acquire) {
+            return Err(Error::Disconnected);
         }
         let give_up = |e: Error| {
             self.resume.given_up.store(true, Ordering::Release);
