@@ -36,32 +36,13 @@ trap cleanup EXIT
 fail() { echo "slurm/agora-jobs: FAILED: $*" >&2; failed=1; exit 1; }
 pass() { echo "slurm/agora-jobs: ok: $*"; }
 
-# One Agora daemon per node, each with its own socket and state.
-for node in n1 n2; do
-  AGORA_STATE_DIR="$dir/agora-$node" AGORA_LOG=warn "$agora" serve --socket "$dir/agora-$node.sock" --no-opencl \
-    >"$dir/agora-$node.log" 2>&1 &
-  pids+=($!)
-done
-for node in n1 n2; do
-  for _ in $(seq 1 100); do [ -S "$dir/agora-$node.sock" ] && break; sleep 0.05; done
-  [ -S "$dir/agora-$node.sock" ] || fail "the Agora daemon of $node did not start (see $dir/agora-$node.log)"
-done
-
-# The project's Prolog, Epilog and TaskProlog, each through a wrapper that names this node's
-# daemon (an administrator sets AGORA and AGORA_SOCKET once for the node instead).
-scripts=$(realpath scripts/slurm)
-for hook in prolog epilog task-prolog; do
-  cat >"$dir/$hook.sh" <<EOF
-#!/bin/sh
-export AGORA=$agora AGORA_SOCKET=$dir/agora-\$SLURMD_NODENAME.sock SLURM_CONF=$dir/slurm.conf
-exec $scripts/$hook.sh
-EOF
-  chmod 0755 "$dir/$hook.sh"
-done
+# One Agora daemon per node, each with its own socket and state, and the project's Prolog,
+# Epilog and TaskProlog through wrappers that name each node's daemon.
+. scripts/slurm/common.sh
+start_agora_daemons "$dir" || fail "an Agora daemon did not start"
+hooks=$(write_hooks "$dir")
 started=$(date +%s%N)
-SLURM_EXTRA_CONF="TaskProlog=$dir/task-prolog.sh
-Prolog=$dir/prolog.sh
-Epilog=$dir/epilog.sh" bash scripts/slurm/cluster.sh start "$dir" >/dev/null
+SLURM_EXTRA_CONF="$hooks" bash scripts/slurm/cluster.sh start "$dir" >/dev/null
 export SLURM_CONF="$dir/slurm.conf"
 echo "slurm/agora-jobs: cluster up in $(( ($(date +%s%N) - started) / 1000000 )) ms"
 

@@ -45,36 +45,19 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# A cluster in $root/$1, one Agora daemon per node; with hooks when $2 = hooks.
+. scripts/slurm/common.sh
+
+# A cluster in $root/$1, one Agora daemon per node; $2: Agora's hooks (hooks), empty hooks
+# (empty) or none.
 start_cluster() {
   local dir="$root/$1" hooks=$2 extra=""
   mkdir -p "$dir"
   chmod 0755 "$dir"
-  for node in n1 n2; do
-    AGORA_STATE_DIR="$dir/agora-$node" AGORA_LOG=warn "$agora" serve --socket "$dir/agora-$node.sock" --no-opencl \
-      >"$dir/agora-$node.log" 2>&1 &
-    pids+=($!)
-  done
-  for node in n1 n2; do
-    for _ in $(seq 1 100); do [ -S "$dir/agora-$node.sock" ] && break; sleep 0.05; done
-  done
-  if [ "$hooks" != none ]; then
-    local scripts
-    scripts=$(realpath scripts/slurm)
-    for hook in prolog epilog task-prolog; do
-      if [ "$hooks" = hooks ]; then
-        printf '#!/bin/sh\nexport AGORA=%s AGORA_SOCKET=%s/agora-$SLURMD_NODENAME.sock SLURM_CONF=%s/slurm.conf\nexec %s/%s.sh\n' \
-          "$agora" "$dir" "$dir" "$scripts" "$hook" >"$dir/$hook.sh"
-      else
-        # Empty hooks: what Slurm's own hook mechanism costs.
-        printf '#!/bin/sh\nexit 0\n' >"$dir/$hook.sh"
-      fi
-      chmod 0755 "$dir/$hook.sh"
-    done
-    extra="TaskProlog=$dir/task-prolog.sh
-Prolog=$dir/prolog.sh
-Epilog=$dir/epilog.sh"
-  fi
+  start_agora_daemons "$dir" || exit 1
+  case "$hooks" in
+    hooks) extra=$(write_hooks "$dir") ;;
+    empty) extra=$(write_hooks "$dir" empty) ;; # what Slurm's own hook mechanism costs
+  esac
   SLURM_EXTRA_CONF="$extra" bash scripts/slurm/cluster.sh start "$dir" >/dev/null
   clusters+=("$dir")
 }

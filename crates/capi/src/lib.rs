@@ -975,6 +975,46 @@ fn scalar_kind(ty: ScalarType) -> AgoraArgKind {
     }
 }
 
+/// A launch's arguments and range as `agora_launch` and `agora_dag_node` take them: checked
+/// (1 to 3 dimensions, no null pointer with a non-zero count) and converted against `kernel`'s
+/// signature; `Err` has the status, with the message set.
+///
+/// # Safety
+/// `args` points to `nargs` arguments (or is null with `nargs` 0), `range` to `dims` values.
+unsafe fn launch_inputs<'a>(
+    kernel: &agora::Kernel,
+    args: *const AgoraArg,
+    nargs: usize,
+    range: *const u64,
+    dims: usize,
+) -> Result<(Vec<Arg<'a>>, NdRange), AgoraStatus> {
+    if range.is_null() || !(1..=3).contains(&dims) || (args.is_null() && nargs > 0) {
+        return Err(fail(
+            AgoraStatus::InvalidArgument,
+            "range must have 1 to 3 dimensions; args must not be null",
+        ));
+    }
+    // SAFETY: `range` points to `dims` values, `args` to `nargs` arguments (contract; checked non-null).
+    let (range, raw_args): (&[u64], &'a [AgoraArg]) = unsafe {
+        (
+            std::slice::from_raw_parts(range, dims),
+            if nargs == 0 {
+                &[][..]
+            } else {
+                std::slice::from_raw_parts(args, nargs)
+            },
+        )
+    };
+    let converted = convert_args(kernel, raw_args).map_err(|message| fail(AgoraStatus::InvalidArgument, message))?;
+    let range = match range {
+        [x] => NdRange::d1(*x),
+        [x, y] => NdRange::d2(*x, *y),
+        [x, y, z] => NdRange::d3(*x, *y, *z),
+        _ => unreachable!("dims checked"),
+    };
+    Ok((converted, range))
+}
+
 /// Checks `args` against `kernel`'s signature (count, buffer or scalar, scalar kind, integer
 /// range) and converts them, so a mistake fails `agora_launch` itself with a message naming the
 /// argument instead of a task later. `AGORA_ARG_KIND_U64` takes `i`'s 64 bits as they are.
@@ -1069,32 +1109,10 @@ pub unsafe extern "C" fn agora_launch(
     begin();
     let queue = open_handle!(queue, "queue");
     let kernel = handle!(kernel, "kernel");
-    if range.is_null() || !(1..=3).contains(&dims) || (args.is_null() && nargs > 0) {
-        return fail(
-            AgoraStatus::InvalidArgument,
-            "range must have 1 to 3 dimensions; args must not be null",
-        );
-    }
-    // SAFETY: `range` points to `dims` values, `args` to `nargs` arguments (contract; checked non-null).
-    let (range, raw_args) = unsafe {
-        (
-            std::slice::from_raw_parts(range, dims),
-            if nargs == 0 {
-                &[][..]
-            } else {
-                std::slice::from_raw_parts(args, nargs)
-            },
-        )
-    };
-    let converted = match convert_args(&kernel.0, raw_args) {
-        Ok(c) => c,
-        Err(message) => return fail(AgoraStatus::InvalidArgument, message),
-    };
-    let range = match range {
-        [x] => NdRange::d1(*x),
-        [x, y] => NdRange::d2(*x, *y),
-        [x, y, z] => NdRange::d3(*x, *y, *z),
-        _ => unreachable!("dims checked"),
+    // SAFETY: the caller's contract covers `args`/`nargs` and `range`/`dims`.
+    let (converted, range) = match unsafe { launch_inputs(&kernel.0, args, nargs, range, dims) } {
+        Ok(inputs) => inputs,
+        Err(status) => return status,
     };
     match queue.queue.launch(&kernel.0, &converted, range) {
         Ok(t) => store_task(t, &queue.closed, task_out),
@@ -1604,32 +1622,10 @@ pub unsafe extern "C" fn agora_dag_node(
         Ok(name) => name,
         Err(status) => return status,
     };
-    if range.is_null() || !(1..=3).contains(&dims) || (args.is_null() && nargs > 0) {
-        return fail(
-            AgoraStatus::InvalidArgument,
-            "range must have 1 to 3 dimensions; args must not be null",
-        );
-    }
-    // SAFETY: `range` points to `dims` values, `args` to `nargs` arguments (contract; checked non-null).
-    let (range, raw_args) = unsafe {
-        (
-            std::slice::from_raw_parts(range, dims),
-            if nargs == 0 {
-                &[][..]
-            } else {
-                std::slice::from_raw_parts(args, nargs)
-            },
-        )
-    };
-    let converted = match convert_args(&kernel.0, raw_args) {
-        Ok(c) => c,
-        Err(message) => return fail(AgoraStatus::InvalidArgument, message),
-    };
-    let range = match range {
-        [x] => NdRange::d1(*x),
-        [x, y] => NdRange::d2(*x, *y),
-        [x, y, z] => NdRange::d3(*x, *y, *z),
-        _ => unreachable!("dims checked"),
+    // SAFETY: the caller's contract covers `args`/`nargs` and `range`/`dims`.
+    let (converted, range) = match unsafe { launch_inputs(&kernel.0, args, nargs, range, dims) } {
+        Ok(inputs) => inputs,
+        Err(status) => return status,
     };
     match builder.builder.node(&name, &kernel.0, &converted, range) {
         Ok(index) => {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use agora::{Arg, Error, Session};
 use agora_protocol::control::ControlError;
-use agora_test_support::{eventually, Daemon};
+use agora_test_support::{eventually, free_port, scrape_metrics as scrape, Daemon};
 
 const AGORA: &str = env!("CARGO_BIN_EXE_agora");
 const N: usize = 4096;
@@ -86,25 +86,6 @@ fn a_sporadic_dag_runs_its_nodes_in_order_once_per_release() {
     let refused = dag_refusal(dag.release());
     assert!(refused.contains("least time between releases"), "{refused}");
     dag.withdraw().unwrap();
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn scrape(port: u16) -> String {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("metrics endpoint answers");
-    stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
-        .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    response
 }
 
 #[test]

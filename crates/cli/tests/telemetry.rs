@@ -1,32 +1,11 @@
 //! Metrics and traces of a known workload, with a real daemon process.
 
-use std::io::{Read, Write};
 use std::process::Command;
 
 use agora::{Arg, DeviceKind, QueueOptions, Session, SessionOptions};
-use agora_test_support::Daemon;
+use agora_test_support::{free_port, scrape_metrics as scrape, Daemon};
 
 const AGORA: &str = env!("CARGO_BIN_EXE_agora");
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn scrape(port: u16) -> String {
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("metrics endpoint answers");
-    stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
-        .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
-    assert!(head.starts_with("HTTP/1.") && head.contains(" 200 "), "{head}");
-    body.to_string()
-}
 
 #[test]
 fn metrics_and_trace_count_a_known_workload() {

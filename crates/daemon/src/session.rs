@@ -360,6 +360,28 @@ pub(crate) struct QueueState {
     pub sequencer: crate::outcome::Sequencer,
 }
 
+impl QueueState {
+    /// A new queue, idle and unbound until its first task goes to a lane; its name is cut to 64
+    /// characters for status displays.
+    pub(crate) fn new(
+        name: &str,
+        class: QueueClass,
+        preferred: Option<agora_devices::DeviceKind>,
+        sla_ns: Option<f64>,
+    ) -> Arc<QueueState> {
+        Arc::new(QueueState {
+            name: Arc::from(name.chars().take(64).collect::<String>()),
+            class,
+            preferred,
+            sla_ns,
+            in_flight: Default::default(),
+            binding: AtomicBinding::unbound(),
+            moving: Default::default(),
+            sequencer: Default::default(),
+        })
+    }
+}
+
 /// One client session.
 #[derive(Debug)]
 pub(crate) struct Session {

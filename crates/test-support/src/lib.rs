@@ -384,3 +384,26 @@ impl Drop for EmbeddedDaemon {
         drop(self.handle.take());
     }
 }
+
+/// A TCP port on 127.0.0.1 free now (for a daemon's `--metrics`).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The body of `GET /metrics` from a daemon's metrics endpoint on `port` (a 200 reply).
+pub fn scrape_metrics(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("metrics endpoint answers");
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(head.starts_with("HTTP/1.") && head.contains(" 200 "), "{head}");
+    body.to_string()
+}

@@ -27,7 +27,7 @@ use agora_transport::wake::Doorbell;
 
 use super::validate::{self, Action};
 use crate::kernels::{KernelRegistry, KernelTable, SESSION_KERNEL_BIT};
-use crate::session::{AtomicBinding, Credentials, QueueState, Session};
+use crate::session::{Credentials, QueueState, Session};
 
 /// The buffers the harness's session allocates, in handle order.
 pub const BUFFER_LENS: &[u64] = &[
@@ -142,18 +142,7 @@ impl ValidateHarness {
         }
         let (stale_buffer, _) = session.alloc_buffer(128).expect("buffer");
         assert!(session.release_buffer(stale_buffer));
-        let queue_state = || {
-            Arc::new(QueueState {
-                name: Arc::from("q"),
-                class: QueueClass::Batch,
-                preferred: None,
-                sla_ns: None,
-                in_flight: Default::default(),
-                binding: AtomicBinding::unbound(),
-                moving: Default::default(),
-                sequencer: Default::default(),
-            })
-        };
+        let queue_state = || QueueState::new("q", QueueClass::Batch, None, None);
         let queue = session.queues.insert(queue_state()).expect("queue");
         let stale_queue = session.queues.insert(queue_state()).expect("queue");
         session.queues.remove(stale_queue).expect("queue");

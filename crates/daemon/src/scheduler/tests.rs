@@ -18,7 +18,7 @@ use super::{DeviceFacts, Scheduler, SchedulerConfig};
 use crate::policy::latency::LatencyPolicy;
 use crate::policy::{PerformanceModel, RoundRobin};
 use crate::revocation::Victim;
-use crate::session::{AtomicBinding, Binding, QueueState};
+use crate::session::{Binding, QueueState};
 use crate::telemetry::{Metrics, Telemetry};
 
 fn config() -> SchedulerConfig {
@@ -75,16 +75,7 @@ fn sim(name: &str, kernels: Option<&[&str]>) -> Arc<dyn Device> {
 }
 
 fn queue(class: QueueClass, preferred: Option<DeviceKind>) -> Arc<QueueState> {
-    Arc::new(QueueState {
-        name: Arc::from("q"),
-        class,
-        preferred,
-        sla_ns: None,
-        in_flight: Default::default(),
-        binding: AtomicBinding::unbound(),
-        moving: Default::default(),
-        sequencer: Default::default(),
-    })
+    QueueState::new("q", class, preferred, None)
 }
 
 /// A `noop` launch over `items` work items (no buffers).

@@ -27,6 +27,18 @@ pub(super) struct RunningJob {
     used: Usage,
 }
 
+impl RunningJob {
+    /// A job starting now, with nothing used yet.
+    fn new(spec: JobStart) -> Self {
+        RunningJob {
+            spec,
+            started: Instant::now(),
+            sessions: 0,
+            used: Usage::default(),
+        }
+    }
+}
+
 /// Use added up over sessions.
 #[derive(Debug, Default, Clone)]
 struct Usage {
@@ -72,15 +84,7 @@ impl Jobs {
                 };
                 match serde_json::from_str::<JobStart>(&text) {
                     Ok(spec) => {
-                        running.insert(
-                            spec.job,
-                            RunningJob {
-                                spec,
-                                started: Instant::now(),
-                                sessions: 0,
-                                used: Usage::default(),
-                            },
-                        );
+                        running.insert(spec.job, RunningJob::new(spec));
                     }
                     Err(e) => {
                         tracing::warn!(file = %entry.path().display(), error = %e, "ignoring an unreadable running-job file")
@@ -133,15 +137,7 @@ impl Server {
             shares = spec.shares,
             "Slurm job started"
         );
-        self.jobs.running.insert(
-            spec.job,
-            RunningJob {
-                spec,
-                started: Instant::now(),
-                sessions: 0,
-                used: Usage::default(),
-            },
-        );
+        self.jobs.running.insert(spec.job, RunningJob::new(spec));
         Some(Response::JobStarted)
     }
 

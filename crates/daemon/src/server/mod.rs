@@ -57,7 +57,7 @@ use crate::config::DaemonConfig;
 use crate::control::{send_whole, ControlJob, ControlPlane, Owed};
 use crate::limits::{Books, Limit, LogGate, TokenBucket};
 use crate::scheduler::Scheduler;
-use crate::session::{AtomicBinding, Credentials, QueueState, Session};
+use crate::session::{Credentials, QueueState, Session};
 use crate::telemetry::Telemetry;
 use crate::DaemonError;
 
@@ -1134,17 +1134,7 @@ fn create_queue(
             session.credentials.uid, session.credentials.gid, config.latency_uids, config.latency_gids
         )));
     }
-    let queue = Arc::new(QueueState {
-        name: Arc::from(name.chars().take(64).collect::<String>()),
-        class,
-        preferred,
-        sla_ns: sla_ms.map(|ms| ms * 1e6),
-        in_flight: Default::default(),
-        // Unbound until its first task goes to a lane.
-        binding: AtomicBinding::unbound(),
-        moving: Default::default(),
-        sequencer: Default::default(),
-    });
+    let queue = QueueState::new(&name, class, preferred, sla_ms.map(|ms| ms * 1e6));
     if let Some(handle) = resumed_handle {
         return match session.queues.insert_at(handle, queue) {
             Ok(()) => Response::Queue { handle },

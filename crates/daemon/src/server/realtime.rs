@@ -18,7 +18,7 @@ use agora_realtime::{DagLimits, DagSpec, NodeSpec};
 use super::{Conn, Server};
 use crate::config::{DaemonConfig, RealtimePacking};
 use crate::realtime::{DagNode, Declared, Realtime};
-use crate::session::{AtomicBinding, Binding, QueueState, Session};
+use crate::session::{Binding, QueueState, Session};
 
 /// Most edges in one DAG.
 const MAX_DAG_EDGES: usize = 4096;
@@ -321,16 +321,7 @@ impl Server {
 
 /// A queue of its own for one node (its jobs settle in order there), named after the DAG.
 fn new_node_queue(session: &mut Session, dag: &str, node: &str) -> Result<u64, String> {
-    let queue = Arc::new(QueueState {
-        name: Arc::from(format!("dag:{dag}/{node}").chars().take(64).collect::<String>()),
-        class: QueueClass::Batch,
-        preferred: None,
-        sla_ns: None,
-        in_flight: Default::default(),
-        binding: AtomicBinding::unbound(),
-        moving: Default::default(),
-        sequencer: Default::default(),
-    });
+    let queue = QueueState::new(&format!("dag:{dag}/{node}"), QueueClass::Batch, None, None);
     session
         .queues
         .insert(queue)
