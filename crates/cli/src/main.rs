@@ -110,6 +110,61 @@ enum Command {
     /// direct use).
     #[command(hide = true, name = "executor")]
     Executor(ExecutorArgs),
+    /// The process that runs one OpenCL platform for the daemon (started by it; not for direct
+    /// use).
+    #[command(hide = true, name = "device-host")]
+    DeviceHost(DeviceHostArgs),
+}
+
+/// `agora device-host`: what the daemon passes (see `agora_device_host`).
+#[derive(Args, Debug)]
+struct DeviceHostArgs {
+    /// Print the installed OpenCL platforms, one per line, and exit.
+    #[arg(long)]
+    list: bool,
+    /// The inherited socket to the daemon.
+    #[arg(long, required_unless_present = "list")]
+    fd: Option<i32>,
+    /// The OpenCL platform to serve.
+    #[arg(long, required_unless_present = "list")]
+    platform: Option<String>,
+    /// Lanes (command queues) per device.
+    #[arg(long, default_value_t = 2)]
+    lanes: usize,
+    /// Device memory limit in bytes (0: all the device reports).
+    #[arg(long, default_value_t = 0)]
+    memory_limit: u64,
+}
+
+/// Runs `agora device-host`; returns the exit code.
+fn device_host(args: DeviceHostArgs) -> i32 {
+    use std::os::fd::FromRawFd;
+    if args.list {
+        return agora_device_host::print_platforms();
+    }
+    let (Some(fd), Some(platform)) = (args.fd, args.platform) else {
+        eprintln!("agora device-host: --fd and --platform are required");
+        return 2;
+    };
+    if fd < 3 {
+        eprintln!("agora device-host: --fd must name an inherited socket (3 or above)");
+        return 2;
+    }
+    // SAFETY: the daemon started this process with its end of a socketpair at `fd` (checked to
+    // be beyond the standard streams); nothing else in this process owns that descriptor.
+    let socket = unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) };
+    let host = agora_device_host::HostArgs {
+        platform,
+        lanes: args.lanes.max(1),
+        memory_limit: args.memory_limit,
+    };
+    match agora_device_host::serve(socket, &host) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("agora device-host ({}): {e}", host.platform);
+            1
+        }
+    }
 }
 
 /// `agora executor`: what the daemon's supervisor passes (see `agora_executor::child`).
@@ -145,6 +200,10 @@ enum TraceCommand {
 fn main() {
     progress::quiet_on_closed_stdout();
     let cli = Cli::parse();
+    let cli = match cli.command {
+        Command::DeviceHost(args) => std::process::exit(device_host(args)),
+        _ => cli,
+    };
     if let Command::Executor(args) = cli.command {
         // Before anything else (no logging, no threads): the executor confines itself first.
         std::process::exit(agora_executor::child::main(agora_executor::child::Args {
@@ -184,7 +243,7 @@ fn main() {
         Command::Bench(command) => bench::run(command),
         Command::BenchClient(args) => bench::client(args),
         Command::InsituAnalytics(args) => bench::insitu::analytics(args),
-        Command::Executor(_) => unreachable!("handled before logging starts"),
+        Command::Executor(_) | Command::DeviceHost(_) => unreachable!("handled before logging starts"),
     };
     if let Err(e) = result {
         eprintln!("error: {}", progress::render_error(&e));
@@ -243,7 +302,7 @@ mod tests {
                 let name = format!("{} {}", c.get_name(), leaf.get_name());
                 // `executor` is started by the daemon with its descriptors, not a socket.
                 // `bench rt` simulates and starts a daemon of its own for its measured part.
-                let connects = !matches!(c.get_name(), "plot" | "sim" | "model" | "demo" | "executor")
+                let connects = !matches!(c.get_name(), "plot" | "sim" | "model" | "demo" | "executor" | "device-host")
                     && !matches!(leaf.get_name(), "hetero" | "sla" | "migrate" | "soak" | "rt")
                     // `bench kernels` measures first vs cached builds: a daemon of its own.
                     && name != "bench kernels";

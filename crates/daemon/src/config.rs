@@ -243,6 +243,17 @@ pub struct DaemonConfig {
     /// Power model of each OpenCL device.
     #[default(default_cpu_power())]
     pub opencl_power: PowerModel,
+    /// Whether each OpenCL platform runs in a device-host process of its own (the
+    /// `[programs] executor` binary's `device-host` subcommand), so a driver crash or hang ends
+    /// that process, not the daemon: its devices' tasks are replayed elsewhere and a new host
+    /// starts. Off (or without an executor binary, as in a daemon embedded in a test), OpenCL
+    /// runs in the daemon's own process.
+    #[default(true)]
+    pub opencl_device_host: bool,
+    /// A device host with jobs waiting that finishes none for this long is taken as hung,
+    /// killed and restarted (its tasks replayed elsewhere).
+    #[default(Duration::from_secs(60))]
+    pub opencl_hang_timeout: Duration,
     /// Whether to look for NVIDIA GPUs (through the CUDA driver, if installed).
     #[default(true)]
     pub cuda: bool,
@@ -699,6 +710,8 @@ section! {
         enabled: bool => opencl,
         lanes: usize => opencl_lanes,
         memory_limit: Bytes => opencl_memory_limit,
+        device_host: bool => opencl_device_host,
+        hang_timeout_ms: LimitMs => opencl_hang_timeout,
         idle_watts: f64 => opencl_power.idle_watts,
         active_watts: f64 => opencl_power.active_watts,
     }

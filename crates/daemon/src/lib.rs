@@ -298,7 +298,45 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
     };
     #[cfg(not(feature = "cuda"))]
     let gpus: Vec<std::convert::Infallible> = Vec::new();
-    if config.opencl {
+    let host_program = config.program_executor.clone().filter(|_| config.opencl_device_host);
+    if let (true, Some(program)) = (config.opencl, host_program) {
+        let served_by_cuda = |platform: &str| !gpus.is_empty() && platform == agora_devices::opencl::NVIDIA_PLATFORM;
+        let spec = agora_device_host::HostSpec {
+            program,
+            lanes: config.opencl_lanes,
+            memory_limit: config.opencl_memory_limit,
+            start_timeout: std::time::Duration::from_secs(60),
+            hang_timeout: config.opencl_hang_timeout,
+            priorities: priorities.clone(),
+        };
+        match agora_device_host::list_platforms(&spec.program) {
+            Err(problem) => tracing::warn!("{problem}; continuing without OpenCL"),
+            Ok(platforms) => {
+                let mut next_index = 0;
+                for platform in platforms {
+                    if served_by_cuda(&platform) {
+                        tracing::info!("OpenCL platform {platform} left out: its GPUs are served by the CUDA backend");
+                        continue;
+                    }
+                    match agora_device_host::start_platform(&spec, &platform, next_index) {
+                        Ok((found, problems)) => {
+                            for problem in problems {
+                                tracing::warn!("{problem}; continuing without it");
+                            }
+                            for device in found {
+                                next_index += 1;
+                                let lane_watts = config.opencl_power.lane_watts(device.info().lanes);
+                                device_ready(&mut devices, &mut facts, Arc::new(device), lane_watts, 8e9);
+                            }
+                        }
+                        Err(problem) => {
+                            tracing::warn!("OpenCL platform {platform}: its device host did not start: {problem}; continuing without it")
+                        }
+                    }
+                }
+            }
+        }
+    } else if config.opencl {
         let served_by_cuda = |platform: &str| !gpus.is_empty() && platform == agora_devices::opencl::NVIDIA_PLATFORM;
         let (found, problems) = agora_devices::opencl::discover_except(
             config.opencl_lanes,

@@ -118,6 +118,20 @@ impl SessionShared {
         if pinned.iter().any(|(i, _)| *i == index) {
             return;
         }
+        if device.maps_host_memory() {
+            // A device host maps the segment by its memfd; no page-locked memory is involved.
+            let view = self.segment.view();
+            let guard = match device.pin_host_memory(view.base(), self.segment.len(), self.segment.fd()) {
+                Some(Ok(guard)) => Some(Box::new(guard) as PinGuard),
+                Some(Err(why)) => {
+                    tracing::warn!(session = self.id, device = %device.info().name, "{why}");
+                    None
+                }
+                None => None,
+            };
+            pinned.push((index, guard));
+            return;
+        }
         if !device.wants_pinned_host_memory() {
             pinned.push((index, None));
             return;
@@ -141,7 +155,7 @@ impl SessionShared {
         };
         let view = self.segment.view();
         let started = std::time::Instant::now();
-        let guard = match device.pin_host_memory(view.base(), bytes) {
+        let guard = match device.pin_host_memory(view.base(), bytes, self.segment.fd()) {
             None => None,
             Some(Ok(guard)) => {
                 tracing::debug!(session = self.id, device = %device.info().name, bytes, took_us = started.elapsed().as_micros() as u64, "segment registered");

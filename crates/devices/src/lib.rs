@@ -497,7 +497,8 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     /// Whether the device still works. A backend that detects its device is gone (or, for
     /// `sim`, whose injected fault fired) returns false from then on and fails every job with
     /// [`TaskError::DeviceLost`], transfers included; the daemon then drains it and replays or
-    /// fails its lost tasks elsewhere. Never true again once false.
+    /// fails its lost tasks elsewhere. Never true again once false, unless [`Device::revive`]
+    /// said it came back.
     fn healthy(&self) -> bool {
         true
     }
@@ -506,12 +507,33 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     fn wants_pinned_host_memory(&self) -> bool {
         false
     }
-    /// Registers host memory `[base, base + len)` (a session's segment) with the device, so its
-    /// transfers from and to that memory need no staging copy; the returned guard unregisters it
-    /// when dropped, which the caller does before the memory is unmapped. `None`: the device has
-    /// no use for it (the default); an error says why it could not (transfers still work).
-    fn pin_host_memory(&self, _base: *mut u8, _len: usize) -> Option<Result<Box<dyn Any + Send + Sync>, String>> {
+    /// Whether the device must see host memory through its file descriptor: a device served by
+    /// a device-host process maps each session's segment there, and cannot touch host memory it
+    /// was not given ([`Device::pin_host_memory`] is then how it gets it, outside the pinned-memory
+    /// limit).
+    fn maps_host_memory(&self) -> bool {
+        false
+    }
+    /// Registers host memory `[base, base + len)` (a session's segment, whose memfd is `fd`) with
+    /// the device, so its transfers from and to that memory need no staging copy; the returned
+    /// guard unregisters it when dropped, which the caller does before the memory is unmapped.
+    /// `None`: the device has no use for it (the default); an error says why it could not
+    /// (transfers still work, through a staging copy).
+    fn pin_host_memory(
+        &self,
+        _base: *mut u8,
+        _len: usize,
+        _fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Option<Result<Box<dyn Any + Send + Sync>, String>> {
         None
+    }
+    /// Tries to bring back a device that failed ([`Device::healthy`] turned false), after the
+    /// daemon has forgotten every copy it held: a device served by a device-host process starts a
+    /// new host. Called by the dispatcher now and then while the device is failed; must not block
+    /// (start the work elsewhere and answer `false` until it is done). `true`: the device works
+    /// again, with no buffer of before; `false` (the default): not (yet).
+    fn revive(&self) -> bool {
+        false
     }
     /// A status snapshot.
     fn status(&self) -> DeviceReport;

@@ -45,6 +45,9 @@ struct LatencyRun {
     opencl_p50_ns: u64,
     /// The same kernel enqueued natively on that device and waited for, p50.
     opencl_native_p50_ns: u64,
+    /// The empty kernel through a daemon that runs OpenCL in its own process
+    /// (`--opencl-in-daemon`), p50: the device host's hop is `opencl_p50_ns` over this.
+    opencl_in_daemon_p50_ns: u64,
 }
 
 /// The in-process floor: the noop kernel called directly, timed the same way as a round trip.
@@ -103,7 +106,7 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
             (0, 0)
         };
         // The empty kernel on the OpenCL device: through Agora, then natively (issue #14 item 5).
-        let (opencl_p50_ns, opencl_native_p50_ns) = if socket.is_none() {
+        let (opencl_p50_ns, opencl_native_p50_ns, opencl_in_daemon_p50_ns) = if socket.is_none() {
             let daemon = DaemonProcess::start(None, &[])?;
             let has_opencl = agora::daemon_status(Some(daemon.socket.clone()))?
                 .devices
@@ -121,16 +124,21 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
                     .map(|t| (t * 1e9) as u64)
                     .collect();
                 times.sort_unstable();
-                (r.p50_ns, percentile(&times, 0.5))
+                // The same through a daemon without device hosts: the hop's cost.
+                let daemon = DaemonProcess::start(None, &["--opencl-in-daemon"])?;
+                let in_daemon = run_clients(&daemon.socket, ClientMode::OpenclLatency, count, 1)?.remove(0);
+                drop(daemon);
+                (r.p50_ns, percentile(&times, 0.5), in_daemon.p50_ns)
             } else {
-                (0, 0)
+                (0, 0, 0)
             }
         } else {
-            (0, 0)
+            (0, 0, 0)
         };
         let r = LatencyRun {
             opencl_p50_ns,
             opencl_native_p50_ns,
+            opencl_in_daemon_p50_ns,
             p50_ns: lat.p50_ns,
             p99_ns: lat.p99_ns,
             max_ns: lat.max_ns,
@@ -195,6 +203,18 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
     } else {
         0.0
     };
+    let cl_in_daemon = col(|r| r.opencl_in_daemon_p50_ns as f64);
+    // The device host's hop: through a device host over OpenCL in the daemon (0 without one).
+    let hop_ratio = if cl_in_daemon.median > 0.0 {
+        cl.median / cl_in_daemon.median
+    } else {
+        0.0
+    };
+    let in_daemon_ratio = if cl_native.median > 0.0 {
+        cl_in_daemon.median / cl_native.median
+    } else {
+        0.0
+    };
     let ratio = p50.median / (floor_p50.max(1) as f64);
 
     if args.json {
@@ -211,6 +231,9 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
             "opencl_empty_p50_ns": cl.median,
             "opencl_native_empty_p50_ns": cl_native.median,
             "opencl_empty_ratio": cl_ratio,
+            "opencl_in_daemon_empty_p50_ns": cl_in_daemon.median,
+            "opencl_in_daemon_empty_ratio": in_daemon_ratio,
+            "opencl_device_host_hop_ratio": hop_ratio,
             "floor_p50_ns": floor_p50,
             "floor_p99_ns": floor_p99,
             "p50_over_floor": ratio,
@@ -221,6 +244,7 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
                 "throughput_tasks_per_s": thr, "multi_client_throughput_tasks_per_s": multi,
                 "lane_p50_ns": lane50, "lane_p99_ns": lane99,
                 "opencl_empty_p50_ns": cl, "opencl_native_empty_p50_ns": cl_native,
+                "opencl_in_daemon_empty_p50_ns": cl_in_daemon,
             },
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -250,6 +274,9 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
             row("empty kernel on OpenCL via Agora, p50 (ns)", &cl, 1.0);
             row("the same enqueued natively, p50 (ns)", &cl_native, 1.0);
             println!("{:<40} {:>12.2}", "OpenCL empty kernel, Agora / native", cl_ratio);
+            row("the same, OpenCL in the daemon, p50 (ns)", &cl_in_daemon, 1.0);
+            println!("{:<40} {:>12.2}", "in the daemon / native", in_daemon_ratio);
+            println!("{:<40} {:>12.2}", "device host hop (host / in daemon)", hop_ratio);
         }
     }
     println!(

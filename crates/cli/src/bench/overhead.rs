@@ -37,6 +37,10 @@ pub struct OverheadArgs {
     /// Bytes for the transfer round trip (default 1G; 64M with --quick).
     #[arg(long, value_parser = crate::size::parse_bytes)]
     transfer_bytes: Option<u64>,
+    /// Start the daemon with OpenCL in its own process (`agora serve --opencl-in-daemon`), to
+    /// compare against the default device-host process per platform.
+    #[arg(long)]
+    opencl_in_daemon: bool,
     #[command(flatten)]
     pub socket: crate::SocketArg,
 }
@@ -136,7 +140,12 @@ pub fn overhead(socket: Option<PathBuf>, args: OverheadArgs) -> Result<()> {
     if !args.json {
         eprintln!("agora bench overhead: {reps} interleaved repetitions per row (native and Agora alternating), after one warm-up each");
     }
-    let daemon = DaemonProcess::start(socket.as_deref(), &[])?;
+    let daemon_args: &[&str] = if args.opencl_in_daemon {
+        &["--opencl-in-daemon"]
+    } else {
+        &[]
+    };
+    let daemon = DaemonProcess::start(socket.as_deref(), daemon_args)?;
     let mut rows = Vec::new();
     for program in &programs {
         let size = overhead_size(program, args.quick);

@@ -54,6 +54,12 @@ use crate::session::{QueueState, Session, SessionShared};
 /// backend that keeps losing the task must not make it loop forever).
 pub(crate) const MAX_REPLAYS: u8 = 2;
 
+/// How often the dispatcher asks a failed device whether it is back.
+const REVIVE_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// How long after a failure the dispatcher wakes just to ask (later, only when it runs anyway).
+const REVIVE_FOR: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// Counters for the status report.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct MigrationStats {
@@ -63,6 +69,8 @@ pub(crate) struct MigrationStats {
     pub replayed: u64,
     /// Lost tasks that could not be replayed (completed with an error).
     pub lost: u64,
+    /// Failed devices that came back (a device host restarted).
+    pub revivals: u64,
     /// Times a queue waited for device memory (a task whose buffers fit the device but not
     /// now; counted again for each new wait).
     pub memory_waits: u64,
@@ -142,6 +150,10 @@ impl Inbox {
 pub(crate) struct Migration {
     draining: Vec<bool>,
     failed: Vec<bool>,
+    /// Whether the operator drained the device (restored when a failed device comes back).
+    drained_by_operator: Vec<bool>,
+    /// For each failed device: when it failed and when the dispatcher last asked it to revive.
+    reviving: Vec<Option<(std::time::Instant, std::time::Instant)>>,
     /// A device failed, or a session resumed with lost buffers: tasks are checked for reading
     /// lost data ([`check_lost`]); until then that check costs nothing.
     pub(super) any_failed: bool,
@@ -158,6 +170,8 @@ impl Migration {
         Migration {
             draining: vec![false; devices.len()],
             failed: vec![false; devices.len()],
+            drained_by_operator: vec![false; devices.len()],
+            reviving: vec![None; devices.len()],
             any_failed: false,
             inbox: Arc::new(Inbox {
                 devices,
@@ -187,6 +201,15 @@ impl Migration {
 
     pub(crate) fn is_failed(&self, device: usize) -> bool {
         self.failed[device]
+    }
+
+    /// Whether a failed device may come back soon ([`agora_devices::Device::revive`]): the
+    /// dispatcher wakes now and then to ask it, for at most [`REVIVE_FOR`] after the failure.
+    pub(crate) fn awaiting_revival(&self) -> bool {
+        self.reviving
+            .iter()
+            .flatten()
+            .any(|(failed, _)| failed.elapsed() < REVIVE_FOR)
     }
 
     /// Whether some queue has held tasks (the dispatcher must come back soon to release them).
@@ -541,8 +564,31 @@ impl Scheduler {
     /// Dispatcher hook, once per loop: notices failed devices and takes lost tasks back.
     pub(crate) fn migration_tick(&mut self) {
         for device in 0..self.devices.len() {
-            if !self.migration.failed[device] && !self.devices[device].healthy() {
-                self.device_failed(device);
+            if !self.migration.failed[device] {
+                if !self.devices[device].healthy() {
+                    self.device_failed(device);
+                }
+                continue;
+            }
+            let Some((failed, asked)) = &mut self.migration.reviving[device] else {
+                continue;
+            };
+            if asked.elapsed() < REVIVE_EVERY {
+                continue;
+            }
+            *asked = std::time::Instant::now();
+            let down_for = failed.elapsed();
+            // Its copies were forgotten when it failed, so it comes back empty.
+            if self.devices[device].revive() {
+                self.migration.failed[device] = false;
+                self.migration.reviving[device] = None;
+                self.migration.draining[device] = self.migration.drained_by_operator[device];
+                self.migration.stats.revivals += 1;
+                tracing::warn!(
+                    device = %self.devices[device].info().name,
+                    down_ms = down_for.as_millis() as u64,
+                    "device is back (its device host restarted); new work may go to it again"
+                );
             }
         }
         // A plain load first: this runs once per dispatcher loop, and a swap would take the
@@ -618,7 +664,10 @@ impl Scheduler {
     /// A device failed: drain it for good and forget its memory.
     fn device_failed(&mut self, device: usize) {
         self.migration.failed[device] = true;
+        self.migration.drained_by_operator[device] = self.migration.draining[device];
         self.migration.draining[device] = true;
+        let now = std::time::Instant::now();
+        self.migration.reviving[device] = Some((now, now));
         self.migration.any_failed = true;
         let (copies, lost) = self.residency.forget_device(device);
         tracing::error!(
@@ -633,13 +682,14 @@ impl Scheduler {
     pub(crate) fn set_draining(&mut self, device: usize, drain: bool) -> Result<(), String> {
         if !drain && self.migration.failed[device] {
             return Err(format!(
-                "device {} failed; it stays drained until the daemon restarts",
+                "device {} failed; it stays drained until it comes back (an OpenCL device's host restarts by itself) or the daemon restarts",
                 self.devices[device].info().name
             ));
         }
         if self.migration.draining[device] != drain {
             tracing::info!(device = %self.devices[device].info().name, drain, "drain state changed");
         }
+        self.migration.drained_by_operator[device] = drain;
         self.migration.draining[device] = drain;
         Ok(())
     }

@@ -178,7 +178,10 @@ impl Scheduler {
             let direction = usize::from(matches!(t, Transfer::ToHost { .. }));
             self.bytes[direction].inc_by(bytes as u64);
         }
-        if !transfers.is_empty() {
+        // A device host must see the segment before anything of the session is on the device:
+        // a write-only launch moves no bytes there, but its output is read back (or evicted)
+        // into the segment later.
+        if !transfers.is_empty() || self.devices[device].maps_host_memory() {
             session.shared.pin_for(
                 device,
                 self.devices[device].as_ref(),

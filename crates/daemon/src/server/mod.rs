@@ -398,6 +398,8 @@ impl Server {
                 // Held tasks of moving queues are released once their in-flight tasks finish;
                 // lanes do not wake us for that, so look again soon.
                 || self.scheduler.migration.holding()
+                // A failed device may come back (its device host restarting): ask it now and then.
+                || self.scheduler.migration.awaiting_revival()
                 || self
                     .conns
                     .values()

@@ -653,6 +653,7 @@ impl Device for CudaDevice {
         &self,
         base: *mut u8,
         len: usize,
+        _fd: std::os::fd::BorrowedFd<'_>,
     ) -> Option<Result<Box<dyn std::any::Any + Send + Sync>, String>> {
         let shared = &self.shared;
         if let Err(e) = shared.bind() {

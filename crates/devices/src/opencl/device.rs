@@ -165,6 +165,23 @@ impl OpenClDevice {
     }
 }
 
+/// The names of the OpenCL platforms installed (loading the ICD loader): what a daemon that
+/// serves each platform from a device-host process of its own starts one host for.
+pub fn platform_names() -> Result<Vec<String>, String> {
+    static DISCOVERY: Mutex<()> = Mutex::new(());
+    let _one_at_a_time = DISCOVERY.lock().unwrap_or_else(|e| e.into_inner());
+    match std::panic::catch_unwind(opencl3::platform::get_platforms) {
+        Ok(Ok(platforms)) => Ok(platforms
+            .iter()
+            .map(|p| p.name().unwrap_or_else(|_| "unknown platform".into()))
+            .collect()),
+        Ok(Err(e)) => Err(format!(
+            "no OpenCL platform: {e} (install an ICD, e.g. pocl-opencl-icd)"
+        )),
+        Err(_) => Err("OpenCL is not available (no ICD loader libOpenCL.so.1 found)".into()),
+    }
+}
+
 /// Finds every OpenCL device. Returns the devices that work and one message per platform or
 /// device that does not (to be reported once by the caller).
 pub fn discover(lanes_per_device: usize, memory_limit: u64) -> (Vec<OpenClDevice>, Vec<String>) {

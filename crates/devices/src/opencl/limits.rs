@@ -73,7 +73,7 @@ impl Reported {
 }
 
 /// The work-group size of guarded kernels of `dims` dimensions (`declared` when given).
-pub(super) fn fixed_work_group(dims: usize, declared: Option<[usize; 3]>) -> [usize; 3] {
+pub fn fixed_work_group(dims: usize, declared: Option<[usize; 3]>) -> [usize; 3] {
     match (declared, dims) {
         (Some(l), _) => l,
         (None, 1) => [64, 1, 1],

@@ -60,7 +60,8 @@ mod tests;
 
 use agora_protocol::TaskError;
 
-pub use device::{discover, discover_except, discover_with, OpenClDevice};
+pub use device::{discover, discover_except, discover_with, platform_names, OpenClDevice};
+pub use limits::fixed_work_group;
 
 /// NVIDIA's OpenCL platform: the same GPUs the CUDA backend serves.
 pub const NVIDIA_PLATFORM: &str = "NVIDIA CUDA";

@@ -1,0 +1,200 @@
+//! Issue 22, item 3b, against a real `agora serve` process: each OpenCL platform runs in a
+//! device-host process of its own, so a driver that crashes takes that process down, not the
+//! daemon. Killing the host (SIGKILL: what a PoCL assertion or a segfault amounts to) while a
+//! tenant pipelines verified work on the OpenCL device must cost that tenant at most the data
+//! that lived only on the device (reported as such, never a wrong result), leave a neighbour on
+//! the CPU untouched, and bring the device back with a new host that takes new work.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use agora::{Arg, DeviceKind, Error, QueueOptions, Session, TaskError};
+use agora_test_support::{eventually, jobs_on, require_opencl, Daemon};
+
+const AGORA: &str = env!("CARGO_BIN_EXE_agora");
+
+/// The device host the daemon `daemon` started (its child running `agora device-host`).
+fn host_pid(daemon: u32) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+        let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // The fields after the command (which may hold spaces) start after its ')'.
+        let parent: u32 = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+        let command = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let command = String::from_utf8_lossy(&command);
+        (parent == daemon && command.contains("device-host") && !command.contains("--list")).then_some(pid)
+    })
+}
+
+fn queue(session: &Session, name: &str, kind: DeviceKind) -> agora::Queue {
+    session
+        .queue_with(QueueOptions {
+            name: name.into(),
+            preferred_device: Some(kind),
+            ..Default::default()
+        })
+        .unwrap()
+}
+
+/// Verified saxpy rounds on a queue preferring `kind` until `stop`: y = 2, y += 3 x (x = 1), read
+/// back, check 5 everywhere. Returns the failures (round, error) and counts rounds.
+fn rounds(
+    session: Session,
+    kind: DeviceKind,
+    stop: Arc<AtomicBool>,
+    done: Arc<AtomicU64>,
+    wrong: Arc<AtomicU64>,
+) -> std::thread::JoinHandle<Vec<(u64, Error)>> {
+    std::thread::spawn(move || {
+        let q = queue(&session, "work", kind);
+        let saxpy = session.kernel("saxpy").unwrap();
+        let n = 64 << 10;
+        let x = session.buffer_from(&vec![1.0f32; n]).unwrap();
+        let y = session.buffer_from(&vec![0.0f32; n]).unwrap();
+        let mut failures = Vec::new();
+        let mut round = 0;
+        while !stop.load(Ordering::Relaxed) {
+            round += 1;
+            let outcome = (|| -> Result<(), Error> {
+                y.write_slice(&vec![2.0f32; n])?;
+                q.sync_to(&y)?;
+                q.launch(&saxpy, &[Arg::F32(3.0), (&x).into(), (&y).into()], n)?;
+                q.sync_from(&y)?.wait()?;
+                q.finish()
+            })();
+            match outcome {
+                Ok(()) => {
+                    if y.as_slice::<f32>().iter().any(|v| *v != 5.0) {
+                        wrong.fetch_add(1, Ordering::Relaxed);
+                    }
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => failures.push((round, e)),
+            }
+        }
+        failures
+    })
+}
+
+#[test]
+fn a_crashed_device_host_costs_the_daemon_nothing_and_comes_back() {
+    let mut daemon = Daemon::start(AGORA, "device-host", &[]);
+    let tenant = daemon.session_named("tenant");
+    require_opencl(&tenant);
+    let first = host_pid(daemon.pid()).expect("the daemon runs OpenCL in a device host");
+    let neighbour = daemon.session_named("neighbour");
+    let watcher = daemon.session_named("watcher");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tenant_done, neighbour_done) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let wrong = Arc::new(AtomicU64::new(0));
+    let tenant_worker = rounds(
+        tenant,
+        DeviceKind::OpenCl,
+        stop.clone(),
+        tenant_done.clone(),
+        wrong.clone(),
+    );
+    let neighbour_worker = rounds(
+        neighbour,
+        DeviceKind::Cpu,
+        stop.clone(),
+        neighbour_done.clone(),
+        wrong.clone(),
+    );
+    assert!(
+        eventually(Duration::from_secs(20), || tenant_done.load(Ordering::Relaxed) >= 20),
+        "the tenant's OpenCL rounds do not run"
+    );
+    let opencl_jobs_before = jobs_on(&watcher, "opencl");
+    assert!(opencl_jobs_before > 0, "the tenant's rounds ran on OpenCL");
+
+    // What a driver assertion or segfault does to the host.
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(first as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    let at_kill = tenant_done.load(Ordering::Relaxed);
+
+    // A new host starts and the device is back.
+    let mut second = None;
+    assert!(
+        eventually(Duration::from_secs(30), || {
+            second = host_pid(daemon.pid()).filter(|pid| *pid != first);
+            second.is_some()
+                && watcher
+                    .status()
+                    .unwrap()
+                    .devices
+                    .iter()
+                    .any(|d| d.kind == "opencl" && !d.failed)
+        }),
+        "no new device host took over"
+    );
+    // The tenant goes on, and new work reaches the restarted device.
+    let opencl_jobs_at_revival = jobs_on(&watcher, "opencl");
+    assert!(
+        eventually(Duration::from_secs(30), || {
+            tenant_done.load(Ordering::Relaxed) >= at_kill + 20
+                && jobs_on(&watcher, "opencl") > opencl_jobs_at_revival + 20
+        }),
+        "the tenant did not go on after the crash, or not on the restarted device"
+    );
+    stop.store(true, Ordering::Relaxed);
+    let tenant_failures = tenant_worker.join().unwrap();
+    let neighbour_failures = neighbour_worker.join().unwrap();
+    daemon.assert_alive();
+
+    eprintln!(
+        "tenant rounds {} ({} failed: {:?}), neighbour rounds {}",
+        tenant_done.load(Ordering::Relaxed),
+        tenant_failures.len(),
+        tenant_failures.iter().map(|(_, e)| e.to_string()).collect::<Vec<_>>(),
+        neighbour_done.load(Ordering::Relaxed)
+    );
+    assert_eq!(
+        wrong.load(Ordering::Relaxed),
+        0,
+        "a round reported success with wrong data"
+    );
+    assert!(
+        neighbour_failures.is_empty(),
+        "the CPU neighbour saw the crash: {neighbour_failures:?}"
+    );
+    // The only honest losses: a result that lived on the device alone when it died.
+    for (round, error) in &tenant_failures {
+        assert!(
+            matches!(
+                error,
+                Error::Task(TaskError::DataLost { .. } | TaskError::DeviceLost | TaskError::DependencyFailed { .. })
+            ) || error.to_string().contains("lost"),
+            "round {round} failed with {error}"
+        );
+    }
+    assert!(
+        tenant_failures.len() <= 3,
+        "a crash cost more than the rounds in flight: {tenant_failures:?}"
+    );
+    assert_eq!(host_pid(daemon.pid()), second, "one host per platform, restarted once");
+}
+
+#[test]
+fn the_daemon_can_still_run_opencl_in_its_own_process() {
+    let daemon = Daemon::start(AGORA, "in-daemon", &["--opencl-in-daemon"]);
+    let session = daemon.session_named("tenant");
+    require_opencl(&session);
+    assert_eq!(host_pid(daemon.pid()), None, "no device host with --opencl-in-daemon");
+    let status = session.status().unwrap();
+    let opencl = status.devices.iter().find(|d| d.kind == "opencl").unwrap();
+    assert!(!opencl.description.contains("device host"), "{}", opencl.description);
+    let q = queue(&session, "q", DeviceKind::OpenCl);
+    let saxpy = session.kernel("saxpy").unwrap();
+    let x = session.buffer_from(&[1.0f32; 1024]).unwrap();
+    let y = session.buffer_from(&[2.0f32; 1024]).unwrap();
+    q.launch(&saxpy, &[Arg::F32(3.0), (&x).into(), (&y).into()], 1024)
+        .unwrap();
+    q.sync_from(&y).unwrap().wait().unwrap();
+    assert!(y.as_slice::<f32>().iter().all(|v| *v == 5.0));
+}

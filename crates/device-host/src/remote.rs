@@ -1,0 +1,1374 @@
+//! The daemon's side: [`RemoteDevice`], a [`Device`] whose work runs in a device-host process.
+//!
+//! Each OpenCL platform gets one host process ([`Platform`]) and each of its devices one
+//! `RemoteDevice`. The device's lanes stay in the daemon (so ordering, slicing, deadlines,
+//! priorities and revocable-job isolation are exactly those of every other device); a lane's
+//! executor only forwards each job to the host and finishes it when the host says it is done.
+//! Session segments reach the host by memfd when a session first moves data to the device
+//! ([`Device::pin_host_memory`]), so transfers copy nothing on the way.
+//!
+//! When the host dies (a driver assertion, a segfault, an OOM kill) or stops answering (a hang:
+//! no job finished for [`HostSpec::hang_timeout`] while jobs wait), every job it had fails with
+//! `DeviceLost` and [`Device::healthy`] turns false: the daemon replays those tasks from host
+//! copies elsewhere and forgets the device's copies, exactly as for a lost GPU. Then
+//! [`Device::revive`] starts a new host, which gets every live segment again; the device is back,
+//! empty. The daemon and the other devices never notice beyond that.
+//!
+//! Must not: trust the host's replies beyond their framing (lengths are checked before any copy
+//! into host memory); block the dispatcher (`revive` starts hosts on a thread of its own).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
+use std::time::{Duration, Instant};
+
+use agora_devices::lane::{Executor, JobEnd, Lane, Lanes};
+use agora_devices::priority::{LaneClass, LanePriorities};
+use agora_devices::{Device, DeviceBuffer, DeviceInfo, DeviceKind, DeviceReport, Job, LaunchLimits, Transfer, Work};
+use agora_kernels::{ArgValue, KernelDef, KernelRef};
+use agora_protocol::TaskError;
+use agora_transport::socket::{recv_with_fds, send, send_with_fds};
+
+use crate::wire::{ArgWire, DeviceWire, HostRef, KernelWire, Reply, Request, Submit, TransferWire, WorkWire, PROTOCOL};
+
+/// How the daemon starts device hosts.
+#[derive(Debug, Clone)]
+pub struct HostSpec {
+    /// The `agora` binary (its hidden `device-host` subcommand is the host).
+    pub program: PathBuf,
+    /// Lanes per device.
+    pub lanes: usize,
+    /// Device memory limit in bytes (0: the device's size).
+    pub memory_limit: u64,
+    /// Longest a host may take to start (PoCL compiles nothing at start, but loads LLVM).
+    pub start_timeout: Duration,
+    /// A host with jobs waiting that finishes none for this long is taken as hung and killed.
+    pub hang_timeout: Duration,
+    /// OS priority of the daemon-side lane threads.
+    pub priorities: LanePriorities,
+}
+
+/// Lists the OpenCL platforms by asking the host program (`device-host --list`), so the daemon
+/// never loads an OpenCL runtime itself.
+pub fn list_platforms(program: &std::path::Path) -> Result<Vec<String>, String> {
+    let output = Command::new(program)
+        .args(["device-host", "--list"])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("running {} device-host --list: {e}", program.display()))?;
+    if !output.status.success() {
+        return Err(String::from_utf8_lossy(&output.stderr).trim().to_string());
+    }
+    Ok(String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_string)
+        .collect())
+}
+
+/// Starts the host of `platform` and returns its devices, named `opencl{first_index}` on, and
+/// one line per device it could not start.
+pub fn start_platform(
+    spec: &HostSpec,
+    platform: &str,
+    first_index: usize,
+) -> Result<(Vec<RemoteDevice>, Vec<String>), String> {
+    let shared = Arc::new(Platform {
+        name: platform.to_string(),
+        spec: spec.clone(),
+        link: RwLock::new(Arc::new(Link::dead())),
+        restart: Mutex::new(Restart::default()),
+        segments: Mutex::new(BTreeMap::new()),
+        next_segment: AtomicU64::new(1),
+        broken: Mutex::new(HashSet::new()),
+        restarts: AtomicU64::new(0),
+        watched: Mutex::new(Vec::new()),
+        watch_wake: Condvar::new(),
+    });
+    let (link, wires, problems) = Link::start(&shared)?;
+    *shared.link.write().unwrap_or_else(|e| e.into_inner()) = link;
+    let weak = Arc::downgrade(&shared);
+    std::thread::Builder::new()
+        .name(format!("agora-host-watch{first_index}"))
+        .spawn(move || watch(weak))
+        .map_err(|e| format!("starting the device host's watch thread: {e}"))?;
+    let mut devices = Vec::new();
+    for (index, wire) in wires.into_iter().enumerate() {
+        let name = format!("opencl{}", first_index + index);
+        devices.push(RemoteDevice::new(shared.clone(), index as u16, name, wire)?);
+    }
+    Ok((devices, problems))
+}
+
+/// One platform's host, across its restarts.
+pub(crate) struct Platform {
+    name: String,
+    spec: HostSpec,
+    /// The host now (a dead one after a crash, until `revive`).
+    link: RwLock<Arc<Link>>,
+    restart: Mutex<Restart>,
+    /// Session segments the devices were given, by base address: re-sent to every new host.
+    segments: Mutex<BTreeMap<usize, SegmentEntry>>,
+    next_segment: AtomicU64,
+    /// Programs that failed to build for good there.
+    broken: Mutex<HashSet<String>>,
+    restarts: AtomicU64,
+    /// Revocable jobs whose flags the watch thread forwards: (job, flag, link).
+    watched: Mutex<Vec<Watched>>,
+    watch_wake: Condvar,
+}
+
+/// A revocable job the watch thread looks after: (job, its flag, its host).
+type Watched = (u64, Arc<AtomicBool>, Weak<Link>);
+
+/// A started host: its link, its devices and what it could not start.
+type Started = (Arc<Link>, Vec<DeviceWire>, Vec<String>);
+
+#[derive(Default)]
+struct Restart {
+    pending: Option<mpsc::Receiver<Result<Arc<Link>, String>>>,
+    last_try: Option<Instant>,
+}
+
+struct SegmentEntry {
+    id: u64,
+    len: usize,
+    fd: OwnedFd,
+    /// Devices of the platform that registered it.
+    users: usize,
+}
+
+impl Platform {
+    fn link(&self) -> Arc<Link> {
+        self.link.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Where `len` bytes at `ptr` are for the host: a segment range, or `None` outside them.
+    fn segment_of(&self, ptr: *const u8, len: usize) -> Option<HostRef> {
+        let address = ptr as usize;
+        let segments = self.segments.lock().unwrap_or_else(|e| e.into_inner());
+        let (base, entry) = segments.range(..=address).next_back()?;
+        let offset = address - base;
+        (offset.checked_add(len)? <= entry.len).then_some(HostRef {
+            segment: entry.id,
+            offset: offset as u64,
+        })
+    }
+
+    fn register(self: &Arc<Self>, base: *mut u8, len: usize, fd: BorrowedFd<'_>) -> Result<SegmentGuard, String> {
+        let mut segments = self.segments.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(entry) = segments.get_mut(&(base as usize)) {
+            entry.users += 1;
+        } else {
+            let fd = fd
+                .try_clone_to_owned()
+                .map_err(|e| format!("keeping the segment's descriptor for the device host: {e}"))?;
+            let id = self.next_segment.fetch_add(1, Ordering::Relaxed);
+            // Sent under the table's lock: a host starting now maps the table after this.
+            self.link().map_segment(id, len, fd.as_fd());
+            segments.insert(base as usize, SegmentEntry { id, len, fd, users: 1 });
+        }
+        Ok(SegmentGuard {
+            platform: self.clone(),
+            base: base as usize,
+        })
+    }
+
+    /// For a failed host: starts a new one (on a thread), and installs it once it is up.
+    fn revive(self: &Arc<Self>) -> bool {
+        if self.link().alive() {
+            return true;
+        }
+        let mut restart = self.restart.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(pending) = &restart.pending else {
+            // At most one attempt per second: a host that cannot start must not spin.
+            if restart.last_try.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+                return false;
+            }
+            restart.last_try = Some(Instant::now());
+            let (result, receiver) = mpsc::channel();
+            let platform = self.clone();
+            let started = std::thread::Builder::new()
+                .name("agora-host-start".into())
+                .spawn(move || {
+                    let _ = result.send(Link::start(&platform).map(|(link, _, _)| link));
+                });
+            if started.is_ok() {
+                restart.pending = Some(receiver);
+            }
+            return false;
+        };
+        match pending.try_recv() {
+            Ok(Ok(link)) => {
+                restart.pending = None;
+                {
+                    // The segments registered meanwhile went to the dead host: send them all.
+                    let segments = self.segments.lock().unwrap_or_else(|e| e.into_inner());
+                    for entry in segments.values() {
+                        link.map_segment(entry.id, entry.len, entry.fd.as_fd());
+                    }
+                    *self.link.write().unwrap_or_else(|e| e.into_inner()) = link;
+                }
+                let restarts = self.restarts.fetch_add(1, Ordering::Relaxed) + 1;
+                tracing::warn!(platform = %self.name, restarts, "device host restarted: its devices are back, empty");
+                true
+            }
+            Ok(Err(e)) => {
+                restart.pending = None;
+                tracing::warn!(platform = %self.name, "device host did not restart: {e}; trying again");
+                false
+            }
+            Err(mpsc::TryRecvError::Empty) => false,
+            Err(mpsc::TryRecvError::Disconnected) => {
+                restart.pending = None;
+                false
+            }
+        }
+    }
+}
+
+/// Keeps a segment registered with the platform's host; unregisters it when the last device's
+/// guard goes.
+struct SegmentGuard {
+    platform: Arc<Platform>,
+    base: usize,
+}
+
+impl Drop for SegmentGuard {
+    fn drop(&mut self) {
+        let mut segments = self.platform.segments.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(entry) = segments.get_mut(&self.base) else {
+            return;
+        };
+        entry.users -= 1;
+        if entry.users == 0 {
+            let id = entry.id;
+            segments.remove(&self.base);
+            self.platform.link().send_later(Request::UnmapSegment { segment: id });
+        }
+    }
+}
+
+/// A job the host runs now.
+struct PendingJob {
+    end: JobEnd,
+    /// Staging segments for its memory outside every session segment.
+    staging: Vec<Staging>,
+    lane: Arc<LaneCount>,
+    /// When it was sent.
+    sent: Instant,
+    /// Host work to run here once the host is done with the job's transfers (fills and copies
+    /// on memory outside every segment, such as an exported buffer's region).
+    after: Option<Work>,
+}
+
+/// A staging segment: a memfd the daemon makes for host memory outside every session segment
+/// (a revoked task's saved buffers, for one), mapped by the host for one job or read. A source
+/// is copied in when it is made; a destination is copied out when the host is done
+/// ([`Staging::deliver`]). Unmapped there when dropped.
+struct Staging {
+    id: u64,
+    map: memmap2::MmapRaw,
+    /// Where the bytes go, for a destination.
+    target: Option<*mut u8>,
+    link: Weak<Link>,
+}
+
+// SAFETY: `target` is a job's destination, kept valid until the job finishes by its JobEnd (the
+// daemon's completion holds the memory); only the thread that finishes the job writes it.
+unsafe impl Send for Staging {}
+
+impl Staging {
+    /// Stages `len` bytes at `ptr` for `link`'s host: a copy now for a source, later for a
+    /// destination.
+    fn new(
+        platform: &Platform,
+        link: &Arc<Link>,
+        ptr: *mut u8,
+        len: usize,
+        source: bool,
+    ) -> Result<(HostRef, Staging), TaskError> {
+        let staging_error = |what: &str, e: &dyn std::fmt::Display| {
+            tracing::error!(len, "staging host memory for the device host: {what}: {e}");
+            TaskError::KernelFault
+        };
+        let fd = rustix::fs::memfd_create("agora-staging", rustix::fs::MemfdFlags::CLOEXEC)
+            .map_err(|e| staging_error("memfd_create", &e))?;
+        rustix::fs::ftruncate(&fd, len.max(1) as u64).map_err(|e| staging_error("sizing", &e))?;
+        let file = std::fs::File::from(fd);
+        let map = memmap2::MmapOptions::new()
+            .len(len.max(1))
+            .map_raw(&file)
+            .map_err(|e| staging_error("mapping", &e))?;
+        if source {
+            // SAFETY: `ptr` is the job's source, valid for `len` bytes while it is queued; the map
+            // is at least `len` bytes long and fresh.
+            unsafe { std::ptr::copy_nonoverlapping(ptr, map.as_mut_ptr(), len) };
+        }
+        let id = platform.next_segment.fetch_add(1, Ordering::Relaxed);
+        link.map_segment(id, len.max(1), file.as_fd());
+        Ok((
+            HostRef { segment: id, offset: 0 },
+            Staging {
+                id,
+                map,
+                target: (!source).then_some(ptr),
+                link: Arc::downgrade(link),
+            },
+        ))
+    }
+
+    /// Copies a destination's bytes to where they belong (the host has written them).
+    fn deliver(&self, len: usize) {
+        if let Some(target) = self.target {
+            let len = len.min(self.map.len());
+            // SAFETY: the destination is valid for the job's `len` bytes until it finishes; the
+            // map holds at least `len` bytes (clamped).
+            unsafe { std::ptr::copy_nonoverlapping(self.map.as_ptr(), target, len) };
+        }
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if let Some(link) = self.link.upgrade() {
+            link.send_later(Request::UnmapSegment { segment: self.id });
+        }
+    }
+}
+
+/// Jobs of one daemon lane that the host has not finished (for work that must wait for them).
+#[derive(Default)]
+struct LaneCount {
+    count: Mutex<usize>,
+    idle: Condvar,
+}
+
+impl LaneCount {
+    fn add(&self) {
+        *self.count.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+    }
+    fn done(&self) {
+        let mut count = self.count.lock().unwrap_or_else(|e| e.into_inner());
+        *count = count.saturating_sub(1);
+        if *count == 0 {
+            self.idle.notify_all();
+        }
+    }
+    fn wait_idle(&self) {
+        let mut count = self.count.lock().unwrap_or_else(|e| e.into_inner());
+        while *count > 0 {
+            count = self.idle.wait(count).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// One host process and the socket to it.
+pub(crate) struct Link {
+    writer: Mutex<Option<UnixStream>>,
+    alive: AtomicBool,
+    child: Mutex<Option<Child>>,
+    jobs: Mutex<HashMap<u64, PendingJob>>,
+    requests: Mutex<HashMap<u64, mpsc::Sender<Reply>>>,
+    next_id: AtomicU64,
+    /// Kernels the host knows, by the address of their definition (held, so it is not reused).
+    kernels: Mutex<HashMap<usize, (u32, KernelRef)>>,
+    /// When a job last finished (or the first job was sent after none waited).
+    progress: Mutex<Instant>,
+    hang_timeout: Duration,
+    /// The daemon closed it on purpose.
+    closing: AtomicBool,
+    /// Messages that need no answer, sent by whoever sends next (or the watch thread, woken for
+    /// them): the reader thread drops buffers and staging segments as it finishes jobs, and must
+    /// never wait for the socket itself (a lane thread blocked on a full socket, while the host
+    /// waits for the reader to take its replies, would otherwise deadlock the three).
+    outbox: Mutex<Vec<Request>>,
+    platform: Weak<Platform>,
+}
+
+impl Link {
+    fn dead() -> Link {
+        Link {
+            writer: Mutex::new(None),
+            alive: AtomicBool::new(false),
+            child: Mutex::new(None),
+            jobs: Mutex::default(),
+            requests: Mutex::default(),
+            next_id: AtomicU64::new(1),
+            kernels: Mutex::default(),
+            progress: Mutex::new(Instant::now()),
+            hang_timeout: Duration::from_secs(60),
+            closing: AtomicBool::new(false),
+            outbox: Mutex::new(Vec::new()),
+            platform: Weak::new(),
+        }
+    }
+
+    fn alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
+    }
+
+    /// Starts a host for `platform` and waits until it is ready.
+    fn start(platform: &Arc<Platform>) -> Result<Started, String> {
+        let spec = &platform.spec;
+        let (ours, theirs) = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::STREAM,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )
+        .map_err(|e| format!("socketpair: {e}"))?;
+        let mut command = Command::new(&spec.program);
+        command
+            .args(["device-host", "--fd", "3", "--platform"])
+            .arg(&platform.name)
+            .args(["--lanes", &spec.lanes.to_string()])
+            .args(["--memory-limit", &spec.memory_limit.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        let socket = theirs.as_raw_fd();
+        // SAFETY: the closure runs in the forked child before exec and calls only
+        // async-signal-safe functions (fcntl, dup2, setsid, prctl) on a descriptor open in the
+        // child (`theirs` lives until spawn returns).
+        unsafe {
+            command.pre_exec(move || {
+                let socket = libc::fcntl(socket, libc::F_DUPFD_CLOEXEC, 10);
+                if socket < 0
+                    || libc::dup2(socket, 3) < 0
+                    // Its own session: a terminal's ^C goes to the daemon, which stops it in order.
+                    || libc::setsid() < 0
+                    || libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) < 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            })
+        };
+        // The spawner thread lives as long as the daemon: the parent-death signal follows the
+        // thread that forked, not the process.
+        let child = agora_executor::supervisor::spawn(command)
+            .map_err(|e| format!("starting {} device-host: {e}", spec.program.display()))?;
+        drop(theirs);
+        let stream = UnixStream::from(ours);
+        let pid = child.id();
+        let link = Arc::new(Link {
+            writer: Mutex::new(Some(
+                stream
+                    .try_clone()
+                    .map_err(|e| format!("cloning the host's socket: {e}"))?,
+            )),
+            alive: AtomicBool::new(true),
+            child: Mutex::new(Some(child)),
+            hang_timeout: spec.hang_timeout,
+            platform: Arc::downgrade(platform),
+            ..Link::dead()
+        });
+        let _ = stream.set_read_timeout(Some(spec.start_timeout));
+        let ready = recv_with_fds::<Reply>(&stream);
+        let _ = stream.set_read_timeout(None);
+        let (devices, problems) = match ready {
+            Ok((
+                Reply::Ready {
+                    protocol,
+                    devices,
+                    problems,
+                },
+                _,
+            )) if protocol == PROTOCOL => (devices, problems),
+            Ok((Reply::Ready { protocol, .. }, _)) => {
+                link.fail("its protocol differs");
+                return Err(format!(
+                    "the device host speaks protocol {protocol}, the daemon {PROTOCOL}: the agora binary changed under the daemon"
+                ));
+            }
+            Ok(_) => {
+                link.fail("it did not start with Ready");
+                return Err("the device host did not start with Ready".into());
+            }
+            Err(e) => {
+                link.fail("it did not start");
+                return Err(format!(
+                    "the device host (pid {pid}) did not start within {:?}: {e}",
+                    spec.start_timeout
+                ));
+            }
+        };
+        let reader = link.clone();
+        let platform = Arc::downgrade(platform);
+        std::thread::Builder::new()
+            .name(format!("agora-host{pid}"))
+            .spawn(move || reader.read(stream, platform))
+            .map_err(|e| format!("starting the device host's reader thread: {e}"))?;
+        tracing::info!(pid, devices = devices.len(), "device host ready");
+        Ok((link, devices, problems))
+    }
+
+    /// Queues a message that needs no answer (see `outbox`); never waits for the socket.
+    fn send_later(&self, request: Request) {
+        if !self.alive() {
+            return;
+        }
+        self.outbox.lock().unwrap_or_else(|e| e.into_inner()).push(request);
+        if let Some(platform) = self.platform.upgrade() {
+            platform.watch_wake.notify_one();
+        }
+    }
+
+    /// Sends what `send_later` queued.
+    fn flush(&self) {
+        if self.outbox.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+            return;
+        }
+        let _ = self.send_queued(&mut self.writer.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
+    fn send_queued(&self, writer: &mut Option<UnixStream>) -> Result<(), String> {
+        let queued = std::mem::take(&mut *self.outbox.lock().unwrap_or_else(|e| e.into_inner()));
+        let Some(stream) = writer.as_ref() else {
+            return Ok(());
+        };
+        for request in &queued {
+            send(stream, request).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    fn send(&self, request: &Request) -> Result<(), ()> {
+        let mut writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let queued = self.send_queued(&mut writer);
+        let Some(stream) = writer.as_ref() else {
+            return Err(());
+        };
+        if let Err(e) = queued.and_then(|()| send(stream, request).map_err(|e| e.to_string())) {
+            drop(writer);
+            self.fail(&format!("sending to it failed: {e}"));
+            return Err(());
+        }
+        Ok(())
+    }
+
+    fn map_segment(&self, segment: u64, len: usize, fd: BorrowedFd<'_>) {
+        let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(stream) = writer.as_ref() {
+            let request = Request::MapSegment {
+                segment,
+                len: len as u64,
+            };
+            if let Err(e) = send_with_fds(stream, &request, &[fd]) {
+                drop(writer);
+                self.fail(&format!("sending it a segment failed: {e}"));
+            }
+        }
+    }
+
+    /// A request answered by one reply.
+    fn call(&self, make: impl FnOnce(u64) -> Request) -> Result<Reply, TaskError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (reply, answer) = mpsc::channel();
+        {
+            let mut requests = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+            if !self.alive() {
+                return Err(TaskError::DeviceLost);
+            }
+            requests.insert(id, reply);
+        }
+        self.send(&make(id)).map_err(|()| TaskError::DeviceLost)?;
+        match answer.recv_timeout(self.hang_timeout) {
+            Ok(reply) => Ok(reply),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                self.fail(&format!("it did not answer within {:?}", self.hang_timeout));
+                Err(TaskError::DeviceLost)
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(TaskError::DeviceLost),
+        }
+    }
+
+    /// The host's id for `kernel`, defining it there first if need be.
+    fn kernel_id(&self, kernel: &KernelRef) -> Result<u32, TaskError> {
+        let key = &**kernel as *const KernelDef as usize;
+        let mut kernels = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((id, _)) = kernels.get(&key) {
+            return Ok(*id);
+        }
+        let imp = kernel.opencl.as_ref().ok_or(TaskError::KernelFault)?;
+        let id = kernels.len() as u32;
+        let def = KernelWire {
+            name: kernel.name.to_string(),
+            params: kernel.params.iter().map(|p| (p.name.to_string(), p.kind)).collect(),
+            chunkable: kernel.chunkable,
+            program: imp.program.to_string(),
+            source: imp.source.to_string(),
+            entry: imp.entry.to_string(),
+            local: imp.local,
+            binaries: imp
+                .binaries
+                .iter()
+                .map(|b| (b.device.to_string(), b.bytes.to_vec()))
+                .collect(),
+        };
+        // Sent under the kernels' lock: no other lane can name the id before the host knows it.
+        self.send(&Request::DefineKernel { kernel: id, def })
+            .map_err(|()| TaskError::DeviceLost)?;
+        kernels.insert(key, (id, kernel.clone()));
+        Ok(id)
+    }
+
+    /// Sends a job; on a dead host, hands the job's end back to be failed.
+    // The error is the job itself, handed back on a rare path: boxing it would cost every job.
+    #[allow(clippy::result_large_err)]
+    fn submit(&self, submit: Request, pending: PendingJob) -> Result<(), PendingJob> {
+        let Request::Submit(Submit { job, .. }) = &submit else {
+            return Err(pending);
+        };
+        let job = *job;
+        {
+            let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+            if !self.alive() {
+                return Err(pending);
+            }
+            if jobs.is_empty() {
+                *self.progress.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+            }
+            pending.lane.add();
+            jobs.insert(job, pending);
+        }
+        // On failure `fail` already finished it (it was in `jobs`).
+        let _ = self.send(&submit);
+        Ok(())
+    }
+
+    /// The reader thread: finishes jobs and answers calls until the host goes.
+    fn read(self: Arc<Self>, stream: UnixStream, platform: Weak<Platform>) {
+        let why = loop {
+            let reply = match recv_with_fds::<Reply>(&stream) {
+                Ok((reply, _)) => reply,
+                Err(e) => break format!("{e}"),
+            };
+            match reply {
+                Reply::Done {
+                    job,
+                    outcome,
+                    cold,
+                    started_after_ns,
+                    transfers_after_ns,
+                } => {
+                    let Some(mut pending) = self.jobs.lock().unwrap_or_else(|e| e.into_inner()).remove(&job) else {
+                        continue;
+                    };
+                    *self.progress.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+                    let mut result = outcome.result();
+                    if result.is_ok() {
+                        for staging in &pending.staging {
+                            staging.deliver(staging.map.len());
+                        }
+                        if let Some(work) = pending.after.take() {
+                            result = agora_devices::run_host_work(&work).unwrap_or(Err(TaskError::KernelFault));
+                        }
+                    }
+                    if cold {
+                        pending.end.mark_cold();
+                    }
+                    // The host's times, on the daemon's clock from when the job was sent: a job
+                    // that waited behind others there is not timed with their work (the
+                    // performance model would learn the queue, not the kernel).
+                    pending
+                        .end
+                        .started_no_earlier_than(pending.sent + Duration::from_nanos(started_after_ns));
+                    if let Some(ns) = transfers_after_ns {
+                        let _ = pending
+                            .end
+                            .transfers_marker()
+                            .set(pending.sent + Duration::from_nanos(ns));
+                    }
+                    pending.lane.done();
+                    let staging = std::mem::take(&mut pending.staging);
+                    pending.end.finish(result);
+                    drop(staging);
+                }
+                Reply::Allocated { request, .. } | Reply::ReadDone { request, .. } => {
+                    let waiter = self.requests.lock().unwrap_or_else(|e| e.into_inner()).remove(&request);
+                    if let Some(waiter) = waiter {
+                        let _ = waiter.send(reply);
+                    }
+                }
+                Reply::Broken { program, .. } => {
+                    if let Some(platform) = platform.upgrade() {
+                        tracing::warn!(platform = %platform.name, program, "program failed to build in the device host; its kernels go elsewhere");
+                        platform
+                            .broken
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(program);
+                    }
+                }
+                Reply::Ready { .. } => {}
+            }
+        };
+        self.fail(&format!("its socket closed ({why})"));
+    }
+
+    /// The daemon stops: the host sees its socket end and exits; nothing is reported as failed.
+    fn close(&self) {
+        self.closing.store(true, Ordering::Release);
+        if let Some(stream) = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = rustix::net::shutdown(&stream, rustix::net::Shutdown::Both);
+        }
+        if let Some(mut child) = self.child.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            // It exits on the socket's end; a host stuck in its driver is killed after a while.
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The host is gone or useless: kill it, fail everything it had.
+    fn fail(&self, why: &str) {
+        let jobs = {
+            let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+            let was_alive = self.alive.swap(false, Ordering::AcqRel);
+            if was_alive && !self.closing.load(Ordering::Acquire) {
+                let status = self
+                    .child
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take()
+                    .map(|mut child| {
+                        let _ = child.kill();
+                        child.wait()
+                    });
+                let status = match status {
+                    Some(Ok(status)) => describe_exit(status),
+                    _ => "unknown".into(),
+                };
+                tracing::error!(
+                    "device host failed: {why}; it ended with {status}. Its devices fail their jobs with DeviceLost (replayed elsewhere from host copies) until a new host starts"
+                );
+            }
+            std::mem::take(&mut *jobs)
+        };
+        *self.writer.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.requests.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        for (_, pending) in jobs {
+            pending.lane.done();
+            pending.end.finish(Err(TaskError::DeviceLost));
+        }
+    }
+
+    /// Kills a host that has jobs waiting and finished none for `hang_timeout`.
+    fn check_hang(&self) {
+        if !self.alive() || self.jobs.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+            return;
+        }
+        let since = self.progress.lock().unwrap_or_else(|e| e.into_inner()).elapsed();
+        if since > self.hang_timeout {
+            self.fail(&format!("it finished no job for {since:?} while jobs waited (hung)"));
+        }
+    }
+}
+
+fn describe_exit(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit code {code}"),
+        (None, Some(signal)) => format!("signal {signal}"),
+        _ => status.to_string(),
+    }
+}
+
+/// The platform's watch thread: forwards revocation flags to the host (polling every 100 µs
+/// while a revocable job runs there) and checks for hangs once a second.
+fn watch(platform: Weak<Platform>) {
+    let mut last_hang_check = Instant::now();
+    loop {
+        let Some(p) = platform.upgrade() else { return };
+        let mut watched = p.watched.lock().unwrap_or_else(|e| e.into_inner());
+        if watched.is_empty() {
+            watched = p
+                .watch_wake
+                .wait_timeout(watched, Duration::from_secs(1))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        let mut revoke = Vec::new();
+        watched.retain(|(job, flag, link)| {
+            let Some(link) = link.upgrade().filter(|l| l.alive()) else {
+                return false;
+            };
+            if !link.jobs.lock().unwrap_or_else(|e| e.into_inner()).contains_key(job) {
+                return false;
+            }
+            if flag.load(Ordering::Acquire) {
+                revoke.push((*job, link));
+                return false;
+            }
+            true
+        });
+        let busy = !watched.is_empty();
+        drop(watched);
+        for (job, link) in revoke {
+            let _ = link.send(&Request::Revoke { job });
+        }
+        p.link().flush();
+        if last_hang_check.elapsed() >= Duration::from_secs(1) {
+            last_hang_check = Instant::now();
+            p.link().check_hang();
+        }
+        drop(p);
+        if busy {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+}
+
+/// A buffer in a host's device memory.
+#[derive(Debug)]
+pub(crate) struct RemoteBuffer {
+    id: u64,
+    len: u64,
+    device: u16,
+    link: Weak<Link>,
+    memory_used: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link")
+            .field("alive", &self.alive())
+            .finish_non_exhaustive()
+    }
+}
+
+impl DeviceBuffer for RemoteBuffer {
+    fn len(&self) -> u64 {
+        self.len
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl Drop for RemoteBuffer {
+    fn drop(&mut self) {
+        self.memory_used.fetch_sub(self.len, Ordering::Relaxed);
+        if let Some(link) = self.link.upgrade() {
+            link.send_later(Request::Free {
+                device: self.device,
+                buffer: self.id,
+            });
+        }
+    }
+}
+
+/// An OpenCL device served by a device-host process.
+pub struct RemoteDevice {
+    platform: Arc<Platform>,
+    index: u16,
+    info: DeviceInfo,
+    polls_revocation: bool,
+    lanes: Lanes,
+    memory_used: Arc<AtomicU64>,
+    next_buffer: AtomicU64,
+}
+
+impl std::fmt::Debug for RemoteDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteDevice")
+            .field("name", &self.info.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RemoteDevice {
+    fn new(platform: Arc<Platform>, index: u16, name: String, wire: DeviceWire) -> Result<Self, String> {
+        let l = wire.limits;
+        let limits = LaunchLimits {
+            max_items: l[0],
+            max_extent: [l[1], l[2], l[3]],
+            max_items_per_enqueue: l[4],
+            max_groups_per_enqueue: l[5],
+            max_group: [l[6], l[7], l[8]],
+            max_group_items: l[9],
+            max_buffer_bytes: l[10],
+        };
+        let mut lanes = Vec::new();
+        let mut threads = Vec::new();
+        for lane in 0..wire.lanes {
+            let executor = RemoteExecutor {
+                platform: platform.clone(),
+                device: index,
+                lane,
+                count: Arc::default(),
+                next_job: Arc::new(AtomicU64::new(0)),
+            };
+            let (started, thread) = Lane::start(
+                format!("agora-{name}-lane{lane}"),
+                Box::new(executor),
+                LaneClass::new(&platform.spec.priorities),
+            )
+            .map_err(|e| e.to_string())?;
+            lanes.push(started);
+            threads.push(thread);
+        }
+        Ok(RemoteDevice {
+            info: DeviceInfo {
+                name,
+                kind: DeviceKind::OpenCl,
+                description: format!("{} (device host)", wire.description),
+                memory_bytes: wire.memory_bytes,
+                lanes: wire.lanes as usize,
+                threads_per_lane: 1,
+                shares_host_memory: false,
+                limits,
+            },
+            polls_revocation: wire.polls_revocation,
+            platform,
+            index,
+            lanes: Lanes::new(lanes, threads),
+            memory_used: Arc::default(),
+            next_buffer: AtomicU64::new(1),
+        })
+    }
+
+    /// The host process's pid now (None while it is down).
+    pub fn host_pid(&self) -> Option<u32> {
+        let link = self.platform.link();
+        let child = link.child.lock().unwrap_or_else(|e| e.into_inner());
+        child.as_ref().map(Child::id)
+    }
+
+    /// Times the platform's host was restarted.
+    pub fn host_restarts(&self) -> u64 {
+        self.platform.restarts.load(Ordering::Relaxed)
+    }
+
+    fn own<'a>(&self, buffer: &'a dyn DeviceBuffer, link: &Arc<Link>) -> Result<&'a RemoteBuffer, TaskError> {
+        own_buffer(buffer, link, self.index)
+    }
+}
+
+fn own_buffer<'a>(buffer: &'a dyn DeviceBuffer, link: &Arc<Link>, device: u16) -> Result<&'a RemoteBuffer, TaskError> {
+    let remote = buffer
+        .as_any()
+        .downcast_ref::<RemoteBuffer>()
+        .ok_or(TaskError::KernelFault)?;
+    if !std::ptr::eq(remote.link.as_ptr(), Arc::as_ptr(link)) {
+        // A buffer of a host that died: its bytes died with it.
+        return Err(TaskError::DeviceLost);
+    }
+    if remote.device != device {
+        return Err(TaskError::KernelFault);
+    }
+    Ok(remote)
+}
+
+impl Device for RemoteDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn implements(&self, kernel: &KernelDef) -> bool {
+        match &kernel.opencl {
+            // Tenant programs not allowed in the daemon stay off OpenCL devices here too: the
+            // host process holds every tenant's segment, so it contains crashes, not tenants.
+            Some(imp) => {
+                !agora_kernels::runs_only_fenced(&imp.program)
+                    && !self
+                        .platform
+                        .broken
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .contains(&*imp.program)
+            }
+            None => false,
+        }
+    }
+
+    fn submit(&self, lane: usize, job: Job) {
+        self.lanes.submit(lane, job);
+    }
+
+    fn lane_load(&self, lane: usize) -> usize {
+        self.lanes.load(lane)
+    }
+
+    fn run_inline(&self, _work: &Work) -> Result<(), TaskError> {
+        // Never called: this device does not share host memory.
+        Err(TaskError::KernelFault)
+    }
+
+    fn alloc(&self, tenant: u64, len: u64) -> Option<Result<Arc<dyn DeviceBuffer>, TaskError>> {
+        let link = self.platform.link();
+        let id = self.next_buffer.fetch_add(1, Ordering::Relaxed);
+        let reply = link.call(|request| Request::Alloc {
+            request,
+            device: self.index,
+            buffer: id,
+            tenant,
+            len,
+        });
+        Some(match reply {
+            Ok(Reply::Allocated { outcome, .. }) => outcome.result().map(|()| {
+                self.memory_used.fetch_add(len, Ordering::Relaxed);
+                Arc::new(RemoteBuffer {
+                    id,
+                    len,
+                    device: self.index,
+                    link: Arc::downgrade(&link),
+                    memory_used: self.memory_used.clone(),
+                }) as Arc<dyn DeviceBuffer>
+            }),
+            Ok(_) => Err(TaskError::KernelFault),
+            Err(e) => Err(e),
+        })
+    }
+
+    unsafe fn read(&self, from: &dyn DeviceBuffer, host: *mut u8, len: usize) -> Result<(), TaskError> {
+        let link = self.platform.link();
+        let buffer = self.own(from, &link)?;
+        let (target, staging) = match self.platform.segment_of(host, len) {
+            Some(segment) => (segment, None),
+            None => {
+                let (target, staging) = Staging::new(&self.platform, &link, host, len, false)?;
+                (target, Some(staging))
+            }
+        };
+        let reply = link.call(|request| Request::Read {
+            request,
+            device: self.index,
+            buffer: buffer.id,
+            host: target,
+            len: len as u64,
+        })?;
+        let Reply::ReadDone { outcome, .. } = reply else {
+            return Err(TaskError::KernelFault);
+        };
+        outcome.result()?;
+        if let Some(staging) = staging {
+            staging.deliver(len);
+        }
+        Ok(())
+    }
+
+    fn runs_row_slices(&self) -> bool {
+        true
+    }
+
+    fn check_launch(&self, kernel: &KernelDef, range: &[u64], buffer_lens: &[u64]) -> Result<u64, TaskError> {
+        let local = kernel.opencl.as_ref().map_or([1; 3], |imp| {
+            agora_devices::opencl::fixed_work_group(range.len().clamp(1, 3), imp.local)
+        });
+        self.info
+            .limits
+            .check(range, local.map(|l| l as u64), buffer_lens, kernel.chunkable)
+    }
+
+    fn row_alignment(&self, kernel: &KernelDef, dims: usize) -> u64 {
+        kernel.opencl.as_ref().map_or(1, |imp| {
+            agora_devices::opencl::fixed_work_group(dims.clamp(1, 3), imp.local)[0].max(1) as u64
+        })
+    }
+
+    fn polls_revocation(&self) -> bool {
+        self.polls_revocation
+    }
+
+    fn memory_used(&self) -> u64 {
+        self.memory_used.load(Ordering::Relaxed)
+    }
+
+    fn healthy(&self) -> bool {
+        self.platform.link().alive()
+    }
+
+    fn maps_host_memory(&self) -> bool {
+        true
+    }
+
+    fn pin_host_memory(
+        &self,
+        base: *mut u8,
+        len: usize,
+        fd: BorrowedFd<'_>,
+    ) -> Option<Result<Box<dyn std::any::Any + Send + Sync>, String>> {
+        Some(
+            self.platform
+                .register(base, len, fd)
+                .map(|guard| Box::new(guard) as Box<dyn std::any::Any + Send + Sync>),
+        )
+    }
+
+    fn revive(&self) -> bool {
+        // Jobs queued before the crash must all have failed first: none may reach the new host.
+        if (0..self.lanes.len()).any(|lane| self.lanes.load(lane) > 0) {
+            return false;
+        }
+        self.platform.revive()
+    }
+
+    fn status(&self) -> DeviceReport {
+        DeviceReport {
+            name: self.info.name.clone(),
+            kind: self.info.kind,
+            description: self.info.description.clone(),
+            memory_bytes: self.info.memory_bytes,
+            memory_used: self.memory_used(),
+            threads_per_lane: 1,
+            lanes: self.lanes.statuses(),
+            failed: !self.healthy(),
+        }
+    }
+
+    fn shutdown(&self) {
+        self.lanes.shutdown();
+        self.platform.link().close();
+    }
+}
+
+impl Drop for RemoteDevice {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// A daemon lane's executor: forwards each job to the host.
+struct RemoteExecutor {
+    platform: Arc<Platform>,
+    device: u16,
+    lane: u32,
+    count: Arc<LaneCount>,
+    next_job: Arc<AtomicU64>,
+}
+
+impl RemoteExecutor {
+    /// Host memory as the host names it; memory outside every segment goes through a staging
+    /// segment, after the lane's earlier jobs are done (they might still write it).
+    fn host_ref(
+        &self,
+        link: &Arc<Link>,
+        ptr: *mut u8,
+        len: usize,
+        source: bool,
+        drained: &mut bool,
+        staging: &mut Vec<Staging>,
+    ) -> Result<HostRef, TaskError> {
+        if let Some(segment) = self.platform.segment_of(ptr, len) {
+            return Ok(segment);
+        }
+        if !*drained {
+            self.count.wait_idle();
+            *drained = true;
+        }
+        let (host, staged) = Staging::new(&self.platform, link, ptr, len, source)?;
+        staging.push(staged);
+        Ok(host)
+    }
+
+    fn forward(&self, transfers: Vec<Transfer>, work: Work, end: JobEnd) -> Result<(), (JobEnd, TaskError)> {
+        let link = self.platform.link();
+        if !link.alive() {
+            return Err((end, TaskError::DeviceLost));
+        }
+        let mut drained = false;
+        let mut staging = Vec::new();
+        let mut wire_transfers = Vec::with_capacity(transfers.len());
+        // Reads from other devices' buffers happen here, first, with this lane idle: the host
+        // cannot reach them. A plan never has this job move those bytes before it reads them.
+        for transfer in &transfers {
+            if let Transfer::ToHost {
+                from,
+                device,
+                host,
+                len,
+            } = transfer
+            {
+                if own_buffer(from.as_ref(), &link, self.device).is_err() {
+                    if !drained {
+                        self.count.wait_idle();
+                        drained = true;
+                    }
+                    // SAFETY: `host` is the buffer's host copy, valid for `len` bytes until the
+                    // job finishes.
+                    if let Err(e) = unsafe { device.read(from.as_ref(), *host, *len) } {
+                        return Err((end, e));
+                    }
+                }
+            }
+        }
+        let result = (|| {
+            for transfer in &transfers {
+                match transfer {
+                    Transfer::ToDevice { host, len, to } => wire_transfers.push(TransferWire::ToDevice {
+                        host: self.host_ref(&link, *host as *mut u8, *len, true, &mut drained, &mut staging)?,
+                        len: *len as u64,
+                        buffer: own_buffer(to.as_ref(), &link, self.device)?.id,
+                    }),
+                    Transfer::ToHost { from, host, len, .. } => {
+                        let Ok(buffer) = own_buffer(from.as_ref(), &link, self.device) else {
+                            continue;
+                        };
+                        let target = self.host_ref(&link, *host, *len, false, &mut drained, &mut staging)?;
+                        wire_transfers.push(TransferWire::ToHost {
+                            buffer: buffer.id,
+                            host: target,
+                            len: *len as u64,
+                        });
+                    }
+                }
+            }
+            Ok::<_, TaskError>(())
+        })();
+        if let Err(e) = result {
+            return Err((end, e));
+        }
+        let work = match &work {
+            Work::Nothing => WorkWire::Nothing,
+            Work::Fill { ptr, len, value } => match self.platform.segment_of(*ptr, *len) {
+                Some(host) => WorkWire::Fill {
+                    host,
+                    len: *len as u64,
+                    value: *value,
+                },
+                None => return self.on_host(&work, wire_transfers, staging, end, &link),
+            },
+            Work::Copy { src, dst, len } => {
+                match (
+                    self.platform.segment_of(*src, *len),
+                    self.platform.segment_of(*dst, *len),
+                ) {
+                    (Some(src), Some(dst)) => WorkWire::Copy {
+                        src,
+                        dst,
+                        len: *len as u64,
+                    },
+                    _ => return self.on_host(&work, wire_transfers, staging, end, &link),
+                }
+            }
+            Work::Launch {
+                kernel,
+                range,
+                dims,
+                args,
+                arg_count,
+                device_args,
+                rows,
+            } => {
+                let id = match link.kernel_id(kernel) {
+                    Ok(id) => id,
+                    Err(e) => return Err((end, e)),
+                };
+                let mut wire_args = Vec::with_capacity(*arg_count);
+                for index in 0..*arg_count {
+                    wire_args.push(match (&args[index], &device_args[index]) {
+                        (_, Some(buffer)) => match own_buffer(buffer.as_ref(), &link, self.device) {
+                            Ok(b) => ArgWire::Buffer {
+                                buffer: b.id,
+                                len: b.len,
+                            },
+                            Err(e) => return Err((end, e)),
+                        },
+                        (ArgValue::Scalar(bits), None) => ArgWire::Scalar(*bits),
+                        _ => ArgWire::None,
+                    });
+                }
+                WorkWire::Launch {
+                    kernel: id,
+                    range: *range,
+                    dims: *dims as u8,
+                    args: wire_args,
+                    rows: rows.as_ref().map(|r| (r.start, r.end)),
+                }
+            }
+        };
+        self.send(wire_transfers, work, staging, end, &link)
+    }
+
+    /// Host work on memory outside every segment (an exported buffer's region): the host moves
+    /// the job's data (a job of transfers only), then the work runs here when it is done; later
+    /// jobs of the lane wait for it, as they wait for host work on any OpenCL lane.
+    fn on_host(
+        &self,
+        work: &Work,
+        transfers: Vec<TransferWire>,
+        staging: Vec<Staging>,
+        end: JobEnd,
+        link: &Arc<Link>,
+    ) -> Result<(), (JobEnd, TaskError)> {
+        self.count.wait_idle();
+        if transfers.is_empty() && staging.is_empty() {
+            let result = agora_devices::run_host_work(work).unwrap_or(Err(TaskError::KernelFault));
+            end.finish(result);
+            return Ok(());
+        }
+        self.send_after(transfers, WorkWire::Nothing, staging, end, link, Some(work.clone()))?;
+        self.count.wait_idle();
+        Ok(())
+    }
+
+    fn send(
+        &self,
+        transfers: Vec<TransferWire>,
+        work: WorkWire,
+        staging: Vec<Staging>,
+        end: JobEnd,
+        link: &Arc<Link>,
+    ) -> Result<(), (JobEnd, TaskError)> {
+        self.send_after(transfers, work, staging, end, link, None)
+    }
+
+    fn send_after(
+        &self,
+        transfers: Vec<TransferWire>,
+        work: WorkWire,
+        staging: Vec<Staging>,
+        end: JobEnd,
+        link: &Arc<Link>,
+        after: Option<Work>,
+    ) -> Result<(), (JobEnd, TaskError)> {
+        let job = (self.next_job.fetch_add(1, Ordering::Relaxed) << 24)
+            | (u64::from(self.device) << 12)
+            | u64::from(self.lane);
+        let revocable = end.revoke_flag().cloned();
+        let submit = Request::Submit(Submit {
+            job,
+            device: self.device,
+            lane: self.lane,
+            transfers,
+            work,
+            revocable: revocable.is_some(),
+        });
+        if let Some(flag) = revocable {
+            let mut watched = self.platform.watched.lock().unwrap_or_else(|e| e.into_inner());
+            watched.push((job, flag, Arc::downgrade(link)));
+            self.platform.watch_wake.notify_one();
+        }
+        let pending = PendingJob {
+            end,
+            staging,
+            lane: self.count.clone(),
+            sent: Instant::now(),
+            after,
+        };
+        link.submit(submit, pending)
+            .map_err(|pending| (pending.end, TaskError::DeviceLost))
+    }
+}
+
+impl Executor for RemoteExecutor {
+    fn run(&mut self, transfers: Vec<Transfer>, work: Work, end: JobEnd) {
+        if let Err((end, e)) = self.forward(transfers, work, end) {
+            end.finish(Err(e));
+        }
+    }
+}
