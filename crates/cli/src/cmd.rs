@@ -105,11 +105,11 @@ pub struct ServeArgs {
     /// Do not look for OpenCL devices.
     #[arg(long)]
     no_opencl: bool,
-    /// Run OpenCL in the daemon's own process instead of one device-host process per platform
-    /// (`[opencl] device_host = false`): one hop less per task, but a driver crash then ends the
-    /// daemon and every session.
+    /// Run each OpenCL platform in a device-host process of its own (`[opencl] device_host`):
+    /// a driver crash or hang then costs a replay of that device's tasks, not the daemon and
+    /// every session; each task pays a socket hop there and back.
     #[arg(long)]
-    opencl_in_daemon: bool,
+    opencl_device_host: bool,
     /// Lanes (streams) per GPU [default: 4].
     #[arg(long, value_name = "N")]
     cuda_lanes: Option<usize>,
@@ -275,7 +275,7 @@ impl ServeArgs {
             c.state_dir = Some(v.clone());
         }
         c.opencl &= !self.no_opencl;
-        c.opencl_device_host &= !self.opencl_in_daemon;
+        c.opencl_device_host |= self.opencl_device_host;
         c.cuda &= !self.no_cuda;
         if self.metrics.is_some() {
             c.metrics = self.metrics;
@@ -1514,7 +1514,7 @@ mod tests {
             let id = arg.get_id().as_str();
             if matches!(
                 id,
-                "print_config" | "no_opencl" | "opencl_in_daemon" | "no_cuda" | "config" | "help" | "version"
+                "print_config" | "no_opencl" | "opencl_device_host" | "no_cuda" | "config" | "help" | "version"
             ) {
                 continue;
             }

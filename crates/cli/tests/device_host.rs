@@ -79,7 +79,7 @@ fn rounds(
 
 #[test]
 fn a_crashed_device_host_costs_the_daemon_nothing_and_comes_back() {
-    let mut daemon = Daemon::start(AGORA, "device-host", &[]);
+    let mut daemon = Daemon::start(AGORA, "device-host", &["--opencl-device-host"]);
     let tenant = daemon.session_named("tenant");
     require_opencl(&tenant);
     let first = host_pid(daemon.pid()).expect("the daemon runs OpenCL in a device host");
@@ -181,11 +181,15 @@ fn a_crashed_device_host_costs_the_daemon_nothing_and_comes_back() {
 }
 
 #[test]
-fn the_daemon_can_still_run_opencl_in_its_own_process() {
-    let daemon = Daemon::start(AGORA, "in-daemon", &["--opencl-in-daemon"]);
+fn by_default_the_daemon_runs_opencl_in_its_own_process() {
+    let daemon = Daemon::start(AGORA, "in-daemon", &[]);
     let session = daemon.session_named("tenant");
     require_opencl(&session);
-    assert_eq!(host_pid(daemon.pid()), None, "no device host with --opencl-in-daemon");
+    assert_eq!(
+        host_pid(daemon.pid()),
+        None,
+        "no device host without --opencl-device-host"
+    );
     let status = session.status().unwrap();
     let opencl = status.devices.iter().find(|d| d.kind == "opencl").unwrap();
     assert!(!opencl.description.contains("device host"), "{}", opencl.description);

@@ -20,7 +20,7 @@ use agora_devices::priority::LanePriorities;
 use agora_devices::{Device, DeviceBuffer, Job, JobTimes, Revocation, Transfer, Work};
 use agora_kernels::{ArgValue, Cost, KernelDef, KernelRef, OpenClBinary, OpenClImpl, Param, SizeCheck};
 use agora_protocol::{TaskError, MAX_ARGS};
-use agora_transport::socket::{recv_with_fds, send};
+use agora_transport::socket::send;
 use agora_transport::TransportError;
 use memmap2::MmapRaw;
 
@@ -77,9 +77,15 @@ pub fn serve(socket: UnixStream, args: &HostArgs) -> Result<(), String> {
         revocations: Arc::default(),
         writer,
     };
+    let mut frames = crate::FrameReader::new();
     let outcome = loop {
-        match recv_with_fds::<Request>(&socket) {
-            Ok((request, fds)) => host.handle(request, fds),
+        match frames.next::<Request>(&socket) {
+            Ok(request) => {
+                let fd = matches!(request, Request::MapSegment { .. })
+                    .then(|| frames.take_fd())
+                    .flatten();
+                host.handle(request, fd)
+            }
             Err(TransportError::Closed) => break Ok(()),
             Err(e) => break Err(format!("reading from the daemon: {e}")),
         }
@@ -137,10 +143,10 @@ struct Host {
 }
 
 impl Host {
-    fn handle(&mut self, request: Request, fds: Vec<std::os::fd::OwnedFd>) {
+    fn handle(&mut self, request: Request, fd: Option<std::os::fd::OwnedFd>) {
         match request {
             Request::MapSegment { segment, len } => {
-                let Some(fd) = fds.into_iter().next() else {
+                let Some(fd) = fd else {
                     eprintln!("agora device-host: segment {segment} came without its descriptor");
                     return;
                 };

@@ -18,3 +18,140 @@ pub mod wire;
 
 pub use host::{list_platforms as print_platforms, serve, HostArgs};
 pub use remote::{list_platforms, start_platform, HostSpec, RemoteDevice};
+
+/// Reads frames from a socket in chunks: one system call brings every frame that has arrived,
+/// where reading frame by frame costs two per frame (header, body). Waits the way every wait on
+/// Agora's task path does: a cooperative spin of non-blocking reads for a learned budget
+/// ([`agora_wait::AdaptiveSpin`]), then a blocking read. A blocking wake-up costs tens of
+/// microseconds on the machines this runs on, and a job crosses the socket twice.
+///
+/// Descriptors (`SCM_RIGHTS`) arrive with the first byte of the frame they were sent with, so
+/// they are kept in arrival order and taken by the frames that carry one, in order.
+pub(crate) struct FrameReader {
+    /// Read bytes are `buffer[start..end]`; the rest is room (never cleared again: a spin polls
+    /// often, and zeroing the room each time cost more than the read).
+    buffer: Vec<u8>,
+    /// Start of the bytes not yet decoded.
+    start: usize,
+    /// End of the bytes read.
+    end: usize,
+    fds: std::collections::VecDeque<std::os::fd::OwnedFd>,
+    spin: agora_wait::AdaptiveSpin,
+}
+
+/// Bytes asked of one read.
+const READ_CHUNK: usize = 64 << 10;
+
+impl FrameReader {
+    pub(crate) fn new() -> Self {
+        FrameReader {
+            buffer: vec![0; READ_CHUNK],
+            start: 0,
+            end: 0,
+            fds: std::collections::VecDeque::new(),
+            spin: agora_wait::AdaptiveSpin::new(agora_wait::MIN_BUDGET, std::time::Duration::from_micros(250)),
+        }
+    }
+
+    /// The next descriptor that arrived (for a frame that carries one).
+    pub(crate) fn take_fd(&mut self) -> Option<std::os::fd::OwnedFd> {
+        self.fds.pop_front()
+    }
+
+    /// The next frame, waiting for it.
+    pub(crate) fn next<T: serde::de::DeserializeOwned>(
+        &mut self,
+        stream: &std::os::unix::net::UnixStream,
+    ) -> Result<T, agora_transport::TransportError> {
+        use agora_transport::TransportError;
+        loop {
+            let pending = &self.buffer[self.start..self.end];
+            if pending.len() >= 4 {
+                let len = u32::from_le_bytes(pending[..4].try_into().expect("4 bytes"));
+                if len > agora_protocol::control::MAX_FRAME {
+                    return Err(TransportError::Protocol(format!("frame of {len} bytes")));
+                }
+                let end = 4 + len as usize;
+                if pending.len() >= end {
+                    let message = agora_protocol::control::decode_body(&pending[4..end])
+                        .map_err(|e| TransportError::Protocol(format!("undecodable message: {e}")))?;
+                    self.start += end;
+                    return Ok(message);
+                }
+            }
+            // Keep the undecoded tail at the front, with room for a whole frame, then read more.
+            self.buffer.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+            let want = if self.end >= 4 {
+                4 + u32::from_le_bytes(self.buffer[..4].try_into().expect("4 bytes")) as usize
+            } else {
+                0
+            };
+            if self.buffer.len() < want.max(self.end + READ_CHUNK / 4) {
+                self.buffer.resize(want.max(self.end + READ_CHUNK), 0);
+            }
+            let mut closed = false;
+            let mut error = None;
+            let mut read = |reader: &mut Self, blocking: bool| -> bool {
+                match reader.read_some(stream, blocking) {
+                    Ok(0) => {
+                        closed = true;
+                        true
+                    }
+                    Ok(_) => true,
+                    Err(rustix::io::Errno::AGAIN) => false,
+                    Err(rustix::io::Errno::INTR) => false,
+                    Err(e) => {
+                        error = Some(e);
+                        true
+                    }
+                }
+            };
+            let mut spin = std::mem::replace(
+                &mut self.spin,
+                agora_wait::AdaptiveSpin::new(std::time::Duration::ZERO, std::time::Duration::ZERO),
+            );
+            let got = spin.spin(|| read(self, false));
+            if !got {
+                let started = std::time::Instant::now();
+                while !read(self, true) {}
+                spin.blocked_for(started.elapsed());
+            }
+            self.spin = spin;
+            if let Some(e) = error {
+                return Err(e.into());
+            }
+            if closed {
+                return Err(TransportError::Closed);
+            }
+        }
+    }
+
+    /// One read into the buffer; the bytes read (0: the peer closed).
+    fn read_some(&mut self, stream: &std::os::unix::net::UnixStream, blocking: bool) -> rustix::io::Result<usize> {
+        use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+        use std::mem::MaybeUninit;
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(8))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let flags = if blocking {
+            RecvFlags::CMSG_CLOEXEC
+        } else {
+            RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT
+        };
+        let result = rustix::net::recvmsg(
+            stream,
+            &mut [std::io::IoSliceMut::new(&mut self.buffer[self.end..])],
+            &mut control,
+            flags,
+        );
+        for message in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(received) = message {
+                self.fds.extend(received);
+            }
+        }
+        let got = result.as_ref().map_or(0, |r| r.bytes);
+        self.end += got;
+        result.map(|r| r.bytes)
+    }
+}

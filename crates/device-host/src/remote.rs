@@ -645,9 +645,10 @@ impl Link {
 
     /// The reader thread: finishes jobs and answers calls until the host goes.
     fn read(self: Arc<Self>, stream: UnixStream, platform: Weak<Platform>) {
+        let mut frames = crate::FrameReader::new();
         let why = loop {
-            let reply = match recv_with_fds::<Reply>(&stream) {
-                Ok((reply, _)) => reply,
+            let reply = match frames.next::<Reply>(&stream) {
+                Ok(reply) => reply,
                 Err(e) => break format!("{e}"),
             };
             match reply {

@@ -45,9 +45,9 @@ struct LatencyRun {
     opencl_p50_ns: u64,
     /// The same kernel enqueued natively on that device and waited for, p50.
     opencl_native_p50_ns: u64,
-    /// The empty kernel through a daemon that runs OpenCL in its own process
-    /// (`--opencl-in-daemon`), p50: the device host's hop is `opencl_p50_ns` over this.
-    opencl_in_daemon_p50_ns: u64,
+    /// The empty kernel through a daemon that runs OpenCL in a device-host process
+    /// (`--opencl-device-host`), p50: the hop's cost is this over `opencl_p50_ns`.
+    opencl_device_host_p50_ns: u64,
 }
 
 /// The in-process floor: the noop kernel called directly, timed the same way as a round trip.
@@ -106,7 +106,7 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
             (0, 0)
         };
         // The empty kernel on the OpenCL device: through Agora, then natively (issue #14 item 5).
-        let (opencl_p50_ns, opencl_native_p50_ns, opencl_in_daemon_p50_ns) = if socket.is_none() {
+        let (opencl_p50_ns, opencl_native_p50_ns, opencl_device_host_p50_ns) = if socket.is_none() {
             let daemon = DaemonProcess::start(None, &[])?;
             let has_opencl = agora::daemon_status(Some(daemon.socket.clone()))?
                 .devices
@@ -124,11 +124,11 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
                     .map(|t| (t * 1e9) as u64)
                     .collect();
                 times.sort_unstable();
-                // The same through a daemon without device hosts: the hop's cost.
-                let daemon = DaemonProcess::start(None, &["--opencl-in-daemon"])?;
-                let in_daemon = run_clients(&daemon.socket, ClientMode::OpenclLatency, count, 1)?.remove(0);
+                // The same through a device-host process: the hop's cost.
+                let daemon = DaemonProcess::start(None, &["--opencl-device-host"])?;
+                let hosted = run_clients(&daemon.socket, ClientMode::OpenclLatency, count, 1)?.remove(0);
                 drop(daemon);
-                (r.p50_ns, percentile(&times, 0.5), in_daemon.p50_ns)
+                (r.p50_ns, percentile(&times, 0.5), hosted.p50_ns)
             } else {
                 (0, 0, 0)
             }
@@ -138,7 +138,7 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
         let r = LatencyRun {
             opencl_p50_ns,
             opencl_native_p50_ns,
-            opencl_in_daemon_p50_ns,
+            opencl_device_host_p50_ns,
             p50_ns: lat.p50_ns,
             p99_ns: lat.p99_ns,
             max_ns: lat.max_ns,
@@ -203,15 +203,15 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
     } else {
         0.0
     };
-    let cl_in_daemon = col(|r| r.opencl_in_daemon_p50_ns as f64);
+    let cl_hosted = col(|r| r.opencl_device_host_p50_ns as f64);
     // The device host's hop: through a device host over OpenCL in the daemon (0 without one).
-    let hop_ratio = if cl_in_daemon.median > 0.0 {
-        cl.median / cl_in_daemon.median
+    let hop_ratio = if cl.median > 0.0 {
+        cl_hosted.median / cl.median
     } else {
         0.0
     };
-    let in_daemon_ratio = if cl_native.median > 0.0 {
-        cl_in_daemon.median / cl_native.median
+    let hosted_ratio = if cl_native.median > 0.0 {
+        cl_hosted.median / cl_native.median
     } else {
         0.0
     };
@@ -231,8 +231,8 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
             "opencl_empty_p50_ns": cl.median,
             "opencl_native_empty_p50_ns": cl_native.median,
             "opencl_empty_ratio": cl_ratio,
-            "opencl_in_daemon_empty_p50_ns": cl_in_daemon.median,
-            "opencl_in_daemon_empty_ratio": in_daemon_ratio,
+            "opencl_device_host_empty_p50_ns": cl_hosted.median,
+            "opencl_device_host_empty_ratio": hosted_ratio,
             "opencl_device_host_hop_ratio": hop_ratio,
             "floor_p50_ns": floor_p50,
             "floor_p99_ns": floor_p99,
@@ -244,7 +244,7 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
                 "throughput_tasks_per_s": thr, "multi_client_throughput_tasks_per_s": multi,
                 "lane_p50_ns": lane50, "lane_p99_ns": lane99,
                 "opencl_empty_p50_ns": cl, "opencl_native_empty_p50_ns": cl_native,
-                "opencl_in_daemon_empty_p50_ns": cl_in_daemon,
+                "opencl_device_host_empty_p50_ns": cl_hosted,
             },
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -274,8 +274,8 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
             row("empty kernel on OpenCL via Agora, p50 (ns)", &cl, 1.0);
             row("the same enqueued natively, p50 (ns)", &cl_native, 1.0);
             println!("{:<40} {:>12.2}", "OpenCL empty kernel, Agora / native", cl_ratio);
-            row("the same, OpenCL in the daemon, p50 (ns)", &cl_in_daemon, 1.0);
-            println!("{:<40} {:>12.2}", "in the daemon / native", in_daemon_ratio);
+            row("the same via a device host, p50 (ns)", &cl_hosted, 1.0);
+            println!("{:<40} {:>12.2}", "via a device host / native", hosted_ratio);
             println!("{:<40} {:>12.2}", "device host hop (host / in daemon)", hop_ratio);
         }
     }

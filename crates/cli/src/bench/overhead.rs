@@ -37,10 +37,10 @@ pub struct OverheadArgs {
     /// Bytes for the transfer round trip (default 1G; 64M with --quick).
     #[arg(long, value_parser = crate::size::parse_bytes)]
     transfer_bytes: Option<u64>,
-    /// Start the daemon with OpenCL in its own process (`agora serve --opencl-in-daemon`), to
-    /// compare against the default device-host process per platform.
+    /// Start the daemon with a device-host process per OpenCL platform (`agora serve
+    /// --opencl-device-host`), to compare against OpenCL in the daemon.
     #[arg(long)]
-    opencl_in_daemon: bool,
+    opencl_device_host: bool,
     #[command(flatten)]
     pub socket: crate::SocketArg,
 }
@@ -140,8 +140,8 @@ pub fn overhead(socket: Option<PathBuf>, args: OverheadArgs) -> Result<()> {
     if !args.json {
         eprintln!("agora bench overhead: {reps} interleaved repetitions per row (native and Agora alternating), after one warm-up each");
     }
-    let daemon_args: &[&str] = if args.opencl_in_daemon {
-        &["--opencl-in-daemon"]
+    let daemon_args: &[&str] = if args.opencl_device_host {
+        &["--opencl-device-host"]
     } else {
         &[]
     };
