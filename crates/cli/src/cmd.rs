@@ -685,6 +685,10 @@ pub struct SlurmJobStartArgs {
     /// The job's sessions may open latency-class queues.
     #[arg(long)]
     pub latency: bool,
+    /// Device memory each of the job's sessions may hold on one device, e.g. 2G [default: the
+    /// daemon's `[sessions] device_quota`, which also bounds this].
+    #[arg(long, value_parser = parse_size)]
+    pub device_quota: Option<u64>,
 }
 
 /// `agora slurm job-end`.
@@ -735,6 +739,7 @@ pub fn slurm(command: SlurmCommand) -> Result<()> {
                     shares: args.shares,
                     heap_quota: args.heap_quota,
                     latency: args.latency,
+                    device_quota: args.device_quota,
                 },
             )
             .with_context(|| format!("registering Slurm job {job} with the Agora daemon"))?;

@@ -166,3 +166,42 @@ fn running_jobs_outlive_a_daemon_restart() {
     let _ = process.kill();
     let _ = process.wait();
 }
+
+#[test]
+fn a_job_s_device_quota_bounds_its_sessions_and_not_its_neighbours() {
+    let dir = temp_dir("slurm-device-quota");
+    std::fs::write(dir.path().join("agora.toml"), "[slurm]\nrequire_job = true\n").unwrap();
+    let daemon = Daemon::start_in(AGORA, dir, &["--config", "{dir}/agora.toml"]);
+    let uid = rustix::process::getuid().as_raw().to_string();
+    for (job, quota) in [("81", Some("1M")), ("82", None)] {
+        let mut args = vec!["slurm", "job-start", "--job", job, "--uid", &uid, "--shares", "1"];
+        if let Some(quota) = quota {
+            args.extend(["--device-quota", quota]);
+        }
+        agora_ok(&daemon, &args);
+    }
+    // saxpy over 2^18 floats: a working set of 2 MiB on the OpenCL device.
+    let run = |job: &str| {
+        daemon
+            .command(&["run", "saxpy", "--size", "262144", "--device-kind", "opencl"])
+            .env("SLURM_JOB_ID", job)
+            .output()
+            .unwrap()
+    };
+    let limited = run("81");
+    let stderr = String::from_utf8_lossy(&limited.stderr);
+    assert!(
+        !limited.status.success(),
+        "a 2 MiB working set passed a 1 MiB job quota"
+    );
+    assert!(
+        stderr.contains("quota") && stderr.contains("1048576"),
+        "the error names the job's quota: {stderr}"
+    );
+    let free = run("82");
+    assert!(
+        free.status.success(),
+        "the other job has the daemon's quota (none): {}",
+        String::from_utf8_lossy(&free.stderr)
+    );
+}

@@ -90,6 +90,9 @@ pub(crate) struct SessionShared {
     /// Execution time of its tasks per device index (the first [`ACCOUNTED_DEVICES`]),
     /// nanoseconds, for its Slurm job's accounting.
     pub device_ns: [AtomicU64; ACCOUNTED_DEVICES],
+    /// The session's device-memory quota when its Slurm job sets one (bytes; 0: the daemon's
+    /// `[sessions] device_quota`).
+    pub device_quota: AtomicU64,
 }
 
 /// Devices whose time a session accounts (by index; later ones are not accounted).
@@ -489,6 +492,7 @@ impl Session {
                 }),
                 realtime: OnceLock::new(),
                 device_ns: Default::default(),
+                device_quota: AtomicU64::new(0),
             }),
             queues: HandleTable::new(max_queues),
             buffers: HandleTable::new(max_buffers),

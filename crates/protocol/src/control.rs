@@ -273,6 +273,11 @@ pub struct JobStart {
     pub heap_quota: Option<u64>,
     /// Whether its sessions may open latency-class queues (besides the daemon's own rule).
     pub latency: bool,
+    /// Device memory each of its sessions may hold on one device, bytes (`None`: the daemon's
+    /// `[sessions] device_quota`; never more than that when it is set). Missing from records
+    /// of jobs a daemon of before wrote: none.
+    #[serde(default)]
+    pub device_quota: Option<u64>,
 }
 
 /// What a job used on this node ([`Request::JobEnd`]), as its epilog records it.

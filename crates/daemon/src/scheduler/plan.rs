@@ -268,7 +268,10 @@ impl Scheduler {
                 }
             }
         }
-        let quota = self.config.device_quota;
+        let quota = match session.shared.device_quota.load(Ordering::Relaxed) {
+            0 => self.config.device_quota,
+            job => job,
+        };
         if working_set > info.memory_bytes {
             return Err(TaskError::DeviceTooSmall {
                 needed: working_set,

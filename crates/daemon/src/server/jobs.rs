@@ -6,7 +6,8 @@
 //! `SLURM_JOB_ID` in its process's environment, checked against the job's uid), the
 //! `[slurm] require_job` refusal, the accounting record (`STATE_DIR/jobs/JOB.json`) and the
 //! running jobs kept across a daemon restart (`STATE_DIR/jobs/running/JOB.json`).
-//! Must not: schedule anything differently for a job (shares are recorded, not enforced).
+//! Must not: schedule anything differently for a job (shares are recorded, and size a device
+//! quota only through the prolog's `--device-quota`; lane time is not weighed by them).
 
 use std::collections::HashMap;
 use std::path::PathBuf;

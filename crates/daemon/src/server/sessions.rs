@@ -117,6 +117,17 @@ impl Server {
         if let Ok(Some(job)) = self.session_job(&session.credentials) {
             session.job = Some(job.job);
             session.job_latency = job.latency;
+            if let Some(quota) = job.device_quota.filter(|q| *q > 0) {
+                // The daemon's quota, when it has one, still bounds the job's.
+                let quota = match self.config.device_quota {
+                    0 => quota,
+                    daemon => quota.min(daemon),
+                };
+                session
+                    .shared
+                    .device_quota
+                    .store(quota, std::sync::atomic::Ordering::Relaxed);
+            }
             let job = job.job;
             self.job_session_opened(job);
             tracing::info!(session = session.id, job, "session joins its Slurm job");
