@@ -202,3 +202,47 @@ fn by_default_the_daemon_runs_opencl_in_its_own_process() {
     q.sync_from(&y).unwrap().wait().unwrap();
     assert!(y.as_slice::<f32>().iter().all(|v| *v == 5.0));
 }
+
+#[test]
+fn a_hung_device_host_is_killed_and_replaced() {
+    let dir = agora_test_support::temp_dir("device-host-hang");
+    std::fs::write(dir.path().join("agora.toml"), "[opencl]\nhang_timeout_ms = 1000\n").unwrap();
+    let mut daemon = Daemon::start_in(AGORA, dir, &["--opencl-device-host", "--config", "{dir}/agora.toml"]);
+    let tenant = daemon.session_named("tenant");
+    require_opencl(&tenant);
+    let first = host_pid(daemon.pid()).expect("the daemon runs OpenCL in a device host");
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let wrong = Arc::new(AtomicU64::new(0));
+    let worker = rounds(tenant, DeviceKind::OpenCl, stop.clone(), done.clone(), wrong.clone());
+    assert!(eventually(Duration::from_secs(20), || done.load(Ordering::Relaxed) >= 10));
+
+    // What a driver stuck in the device does: the host stops answering, its process stays.
+    let pid = rustix::process::Pid::from_raw(first as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
+    let stopped_at = done.load(Ordering::Relaxed);
+    // Taken as hung after the configured second, killed and replaced; the tenant goes on.
+    assert!(
+        eventually(Duration::from_secs(30), || {
+            host_pid(daemon.pid()).is_some_and(|pid| pid != first) && done.load(Ordering::Relaxed) >= stopped_at + 10
+        }),
+        "the hung host was not replaced, or the tenant did not go on"
+    );
+    stop.store(true, Ordering::Relaxed);
+    let failures = worker.join().unwrap();
+    daemon.assert_alive();
+    assert_eq!(
+        wrong.load(Ordering::Relaxed),
+        0,
+        "a round reported success with wrong data"
+    );
+    assert!(
+        failures.len() <= 3,
+        "a hang cost more than the rounds in flight: {failures:?}"
+    );
+    assert!(
+        !std::path::Path::new(&format!("/proc/{first}")).exists()
+            || std::fs::read_to_string(format!("/proc/{first}/stat")).is_ok_and(|s| s.contains(") Z")),
+        "the hung host was killed"
+    );
+}
