@@ -14,7 +14,9 @@
 #   4. `scancel` of a running job ends its Agora session (the daemon reclaims it; checked with
 #      `agora status --json`), and the node's daemon serves the next job;
 #   5. the epilog records each job's use in the node daemon's STATE_DIR/jobs/JOB.json;
-#   6. a process that escaped its job (setsid) and still runs loses its session when the job ends.
+#   6. a process that escaped its job (setsid) and still runs loses its session when the job ends;
+#   7. with a node's daemon down, a job runs without Agora and says so, and a job that requires
+#      Agora (AGORA_REQUIRED=1) is not started.
 # Exits non-zero on any failure, keeping the cluster's directory for its logs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -135,5 +137,20 @@ grep -q "ended this session" "$dir/escaped.out" || fail "the escaped process kep
 for _ in $(seq 1 50); do [ -s "$dir/agora-n1/jobs/$e.json" ] && break; sleep 0.1; done
 check_record "$dir/agora-n1/jobs/$e.json" 1 1 || fail "job record: $(cat "$dir/agora-n1/jobs/$e.json")"
 pass "the job's end ended the session of a process that escaped it: $(tail -1 "$dir/escaped.out")"
+
+# 7. A node whose daemon is down: a job runs without Agora and its output says why; a job that
+# requires Agora (AGORA_REQUIRED=1) is not started, and says why.
+n2_pid=$(status n2 | field pid)
+kill "$n2_pid"
+for _ in $(seq 1 100); do kill -0 "$n2_pid" 2>/dev/null || break; sleep 0.05; done
+f=$(sbatch --parsable -w n2 -o "$dir/job-f.out" --wrap "echo ran")
+g=$(sbatch --parsable -w n2 -o "$dir/job-g.out" --export=ALL,AGORA_REQUIRED=1 --wrap "echo ran")
+wait_jobs "$f" "$g"
+grep -q "^ran" "$dir/job-f.out" && grep -q "no Agora daemon answers" "$dir/job-f.out" ||
+  fail "the job without a daemon: $(cat "$dir/job-f.out")"
+state_g=$(sacct -n -X -j "$g" -o State 2>/dev/null | tr -d ' ' || true)
+! grep -q "^ran" "$dir/job-g.out" 2>/dev/null ||
+  fail "a job requiring Agora ran without its daemon: $(cat "$dir/job-g.out")"
+pass "daemon down: a job ran without Agora and said so; one requiring Agora was not started (${state_g:-no sacct}; $(tr '\n' ' ' <"$dir/job-g.out" 2>/dev/null | cut -c1-120))"
 
 echo "slurm/agora-jobs: all passed"
