@@ -37,6 +37,7 @@ test: setup
 	bash scripts/bench-smoke.sh ./target/release/agora bench checkpoint --quick --json
 	bash scripts/bench-smoke.sh ./target/release/agora bench insitu --quick --json
 	bash scripts/bench-smoke.sh ./target/release/agora bench rt --quick --json
+	bash scripts/bench-smoke.sh ./target/release/agora bench stall --quick --json
 
 bench: setup
 	./target/release/agora bench latency

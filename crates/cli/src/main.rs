@@ -301,9 +301,10 @@ mod tests {
             for leaf in leaves {
                 let name = format!("{} {}", c.get_name(), leaf.get_name());
                 // `executor` is started by the daemon with its descriptors, not a socket.
-                // `bench rt` simulates and starts a daemon of its own for its measured part.
+                // `bench rt` simulates and starts a daemon of its own for its measured part;
+                // `bench stall` starts fresh daemons (its runs compare a quiet and an attacked one).
                 let connects = !matches!(c.get_name(), "plot" | "sim" | "model" | "demo" | "executor" | "device-host")
-                    && !matches!(leaf.get_name(), "hetero" | "sla" | "migrate" | "soak" | "rt")
+                    && !matches!(leaf.get_name(), "hetero" | "sla" | "migrate" | "soak" | "rt" | "stall")
                     // `bench kernels` measures first vs cached builds: a daemon of its own.
                     && name != "bench kernels";
                 // `model show` reads the model of the daemon on the socket, running or not.

@@ -21,6 +21,7 @@ pub mod migrate;
 pub mod overhead;
 pub mod sched;
 pub mod soak;
+pub mod stall;
 
 use anyhow::Result;
 use clap::Subcommand;
@@ -69,6 +70,9 @@ pub enum BenchCommand {
     /// EDF and APEDF first-fit / worst-fit, in the simulator (the daemon does not run DAGs yet):
     /// miss ratios, what APEDF admits, misses of admitted sets.
     Rt(crate::rt::BenchRtArgs),
+    /// An honest neighbour's round trips quiet and beside launches that look tiny but run long
+    /// (sgemm with k = 2^22, an nw block of 1024²): p99 ratio, the dispatcher's longest stretch.
+    Stall(stall::StallArgs),
     /// Minutes of mixed, verified work from several client processes, some killed (`kill -9`)
     /// and restarted at random: wrong results (must be 0), the daemon's RSS and descriptor
     /// slopes after warm-up, throughput per interval.
@@ -90,5 +94,6 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Checkpoint(args) => checkpoint::checkpoint(args.socket.path(), args),
         BenchCommand::Insitu(args) => insitu::insitu(args.socket.path(), args),
         BenchCommand::Rt(args) => crate::rt::bench_rt(args),
+        BenchCommand::Stall(args) => stall::stall(args),
     }
 }

@@ -1,0 +1,232 @@
+//! `agora bench stall`: an honest neighbour's round trips, quiet and beside an attacker whose
+//! launches the model would call tiny but that run long (issue #22 item 3c): `sgemm` with
+//! m = n = 1 and k = 2^22, and `nw.diagonal` over one 1024 × 1024 block, pipelined 16 at a time.
+//! Such launches once ran on the dispatcher and froze every tenant for seconds; the inline guard
+//! (a bound from the arguments, timed inline runs, overrunning shapes sent to lanes) keeps them
+//! on lanes now. Reported: the neighbour's p50 / p99 quiet and under attack, their ratio, and the
+//! dispatcher's longest stretch of work (`agora status`), the figures the issue asks for.
+//!
+//! The neighbour is an `agora bench-client latency` process (one `noop` at a time), the attacker
+//! a session of this process, so the two are separate tenants as in the issue.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use serde::Serialize;
+
+use super::client::{run_clients, ClientMode};
+use super::harness::{load_average_at_start, spread, DaemonProcess, Spread};
+
+/// `agora bench stall` options.
+#[derive(Args, Debug)]
+pub struct StallArgs {
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    /// A short version for smoke checks (5000 round trips, one run).
+    #[arg(long)]
+    quick: bool,
+    /// Neighbour round trips per phase (default 100000; 5000 with --quick).
+    #[arg(long)]
+    iterations: Option<u64>,
+    /// Runs, each with a fresh daemon (default 3; 1 with --quick).
+    #[arg(long)]
+    runs: Option<usize>,
+    /// The daemon's `--batch-priority` (default: the daemon's own, `batch`); `idle` puts batch
+    /// lanes below every other thread of the machine.
+    #[arg(long, value_name = "PRIORITY")]
+    batch_priority: Option<String>,
+}
+
+#[derive(Serialize, Debug)]
+struct StallRun {
+    quiet_p50_ns: u64,
+    quiet_p99_ns: u64,
+    attack_p50_ns: u64,
+    attack_p99_ns: u64,
+    /// The neighbour's p99 under attack over its quiet p99.
+    p99_ratio: f64,
+    /// The dispatcher's longest stretch of work since the daemon started, ms.
+    dispatcher_longest_ms: f64,
+    /// Attack launches completed (from the attack's start to its end).
+    attack_launches: u64,
+}
+
+/// Pipelines the attack on `socket` until `stop`; counts completed launches in `done`.
+fn attack(
+    socket: std::path::PathBuf,
+    stop: Arc<AtomicBool>,
+    done: Arc<AtomicU64>,
+    ready: Arc<AtomicBool>,
+) -> Result<()> {
+    use agora::{Arg, Session, SessionOptions};
+    let session = Session::connect_with(SessionOptions {
+        socket: Some(socket),
+        name: Some("attacker".into()),
+        ..Default::default()
+    })?;
+    // On the CPU: the device whose cores the dispatcher and the neighbour share (the issue's
+    // attack ran there, on the dispatcher itself).
+    let queue = session.queue_with(agora::QueueOptions {
+        name: "attack".into(),
+        preferred_device: Some(agora::DeviceKind::Cpu),
+        ..Default::default()
+    })?;
+    let sgemm = session.kernel("sgemm")?;
+    let diagonal = session.kernel("nw.diagonal")?;
+    let k = 1usize << 22;
+    let a = session.buffer_from(&vec![1.0f32; k])?;
+    let b = session.buffer_from(&vec![1.0f32; k])?;
+    let c = session.buffer_from(&[0.0f32; 1])?;
+    let n = 1024usize;
+    let score = session.buffer_from(&vec![0i32; (n + 1) * (n + 1)])?;
+    let reference = session.buffer_from(&vec![1i32; (n + 1) * (n + 1)])?;
+    ready.store(true, Ordering::Release);
+    while !stop.load(Ordering::Relaxed) {
+        let mut tasks = Vec::with_capacity(16);
+        for i in 0..16 {
+            tasks.push(if i % 2 == 0 {
+                queue.launch(
+                    &sgemm,
+                    &[
+                        Arg::I32(1),
+                        Arg::I32(1),
+                        Arg::I32(k as i32),
+                        Arg::F32(1.0),
+                        (&a).into(),
+                        (&b).into(),
+                        Arg::F32(0.0),
+                        (&c).into(),
+                    ],
+                    (1u64, 1u64),
+                )?
+            } else {
+                queue.launch(
+                    &diagonal,
+                    &[
+                        (&score).into(),
+                        (&reference).into(),
+                        Arg::I32(n as i32),
+                        Arg::I32(10),
+                        Arg::I32(0),
+                        Arg::I32(n as i32),
+                    ],
+                    1u64,
+                )?
+            });
+        }
+        for task in tasks {
+            task.wait()?;
+            done.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    Ok(())
+}
+
+pub fn stall(args: StallArgs) -> Result<()> {
+    let iterations = args.iterations.unwrap_or(if args.quick { 5_000 } else { 100_000 });
+    let runs = args.runs.unwrap_or(if args.quick { 1 } else { 3 }).max(1);
+    let load = load_average_at_start();
+    if !args.json {
+        eprintln!(
+            "agora bench stall: {runs} run(s) of {iterations} neighbour round trips, quiet then beside the attack"
+        );
+    }
+    let mut results = Vec::new();
+    for run in 0..runs {
+        let daemon_args: Vec<&str> = match &args.batch_priority {
+            Some(priority) => vec!["--batch-priority", priority],
+            None => Vec::new(),
+        };
+        let daemon = DaemonProcess::start(None, &daemon_args)?;
+        let quiet = run_clients(&daemon.socket, ClientMode::Latency, iterations, 1)?.remove(0);
+        let (stop, done, ready) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicU64::new(0)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let attacker = {
+            let (socket, stop, done, ready) = (daemon.socket.clone(), stop.clone(), done.clone(), ready.clone());
+            std::thread::spawn(move || attack(socket, stop, done, ready))
+        };
+        while !ready.load(Ordering::Acquire) && !attacker.is_finished() {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        // Let the attack reach its steady state (the model has seen the shapes).
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let attacked = run_clients(&daemon.socket, ClientMode::Latency, iterations, 1);
+        stop.store(true, Ordering::Relaxed);
+        attacker
+            .join()
+            .map_err(|_| anyhow::anyhow!("the attacker thread panicked"))?
+            .context("the attacker")?;
+        let launches = done.load(Ordering::Relaxed);
+        let attacked = attacked?.remove(0);
+        let status = agora::daemon_status(Some(daemon.socket.clone()))?;
+        let r = StallRun {
+            quiet_p50_ns: quiet.p50_ns,
+            quiet_p99_ns: quiet.p99_ns,
+            attack_p50_ns: attacked.p50_ns,
+            attack_p99_ns: attacked.p99_ns,
+            p99_ratio: attacked.p99_ns as f64 / quiet.p99_ns.max(1) as f64,
+            dispatcher_longest_ms: status.dispatcher_longest_iteration_ms,
+            attack_launches: launches,
+        };
+        if !args.json {
+            eprintln!(
+                "  run {}: quiet p50/p99 {} / {} ns; under attack {} / {} ns (p99 ×{:.1}); dispatcher's longest stretch {:.2} ms; {} attack launches",
+                run + 1,
+                r.quiet_p50_ns,
+                r.quiet_p99_ns,
+                r.attack_p50_ns,
+                r.attack_p99_ns,
+                r.p99_ratio,
+                r.dispatcher_longest_ms,
+                r.attack_launches
+            );
+        }
+        results.push(r);
+    }
+    let col = |f: fn(&StallRun) -> f64| spread(&results.iter().map(f).collect::<Vec<_>>());
+    let (quiet99, attack99, ratio, longest): (Spread, Spread, Spread, Spread) = (
+        col(|r| r.quiet_p99_ns as f64),
+        col(|r| r.attack_p99_ns as f64),
+        col(|r| r.p99_ratio),
+        col(|r| r.dispatcher_longest_ms),
+    );
+    if args.json {
+        let out = serde_json::json!({
+            "iterations": iterations,
+            "batch_priority": args.batch_priority.as_deref().unwrap_or("batch"),
+            "load_average_at_start": load,
+            "runs": results,
+            "quiet_p99_ns": quiet99.median,
+            "attack_p99_ns": attack99.median,
+            "p99_ratio": ratio.median,
+            "dispatcher_longest_ms": longest.median,
+            "spread": { "quiet_p99_ns": quiet99, "attack_p99_ns": attack99, "p99_ratio": ratio, "dispatcher_longest_ms": longest },
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!(
+        "\n{:<44} {:>10} {:>10} {:>10}",
+        "metric (over runs)", "min", "median", "max"
+    );
+    let micros = |s: &Spread| Spread {
+        min: s.min / 1e3,
+        median: s.median / 1e3,
+        max: s.max / 1e3,
+    };
+    for (name, s) in [
+        ("neighbour p99, quiet (µs)", micros(&quiet99)),
+        ("neighbour p99, under attack (µs)", micros(&attack99)),
+        ("p99 under attack / quiet (aim ≤ 2)", ratio),
+        ("dispatcher's longest stretch (ms; aim ≤ 1)", longest),
+    ] {
+        println!("{name:<44} {:>10.2} {:>10.2} {:>10.2}", s.min, s.median, s.max);
+    }
+    Ok(())
+}
