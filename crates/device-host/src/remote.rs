@@ -37,6 +37,9 @@ use agora_transport::socket::{recv_with_fds, send, send_with_fds};
 
 use crate::wire::{ArgWire, DeviceWire, HostRef, KernelWire, Reply, Request, Submit, TransferWire, WorkWire, PROTOCOL};
 
+/// Longest a synchronous request (an allocation, a read) waits for the host's answer.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How the daemon starts device hosts.
 #[derive(Debug, Clone)]
 pub struct HostSpec {
@@ -579,10 +582,14 @@ impl Link {
             requests.insert(id, reply);
         }
         self.send(&make(id)).map_err(|()| TaskError::DeviceLost)?;
-        match answer.recv_timeout(self.hang_timeout) {
+        // Calls come from the dispatcher (allocations, evictions' reads): a hung host must not
+        // hold every tenant for the whole hang timeout. An allocation or a read of a buffer
+        // answers in milliseconds; ten seconds is a host that stopped.
+        let limit = self.hang_timeout.min(CALL_TIMEOUT);
+        match answer.recv_timeout(limit) {
             Ok(reply) => Ok(reply),
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                self.fail(&format!("it did not answer within {:?}", self.hang_timeout));
+                self.fail(&format!("it did not answer a request within {limit:?}"));
                 Err(TaskError::DeviceLost)
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => Err(TaskError::DeviceLost),
