@@ -152,6 +152,20 @@ fn a_crashed_device_host_costs_the_daemon_nothing_and_comes_back() {
         }),
         "no new device host took over"
     );
+    // `agora status` names the new host and counts the restart.
+    let described = watcher
+        .status()
+        .unwrap()
+        .devices
+        .into_iter()
+        .find(|d| d.kind == "opencl")
+        .unwrap()
+        .description;
+    let second_pid = second.unwrap();
+    assert!(
+        described.contains(&format!("host pid {second_pid}")) && described.contains("restarted 1 time"),
+        "{described}"
+    );
     // The tenant goes on, and new work reaches the restarted device.
     let opencl_jobs_at_revival = jobs_on(&watcher, "opencl");
     assert!(

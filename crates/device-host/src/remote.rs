@@ -210,6 +210,8 @@ impl Platform {
         match pending.try_recv() {
             Ok(Ok(link)) => {
                 restart.pending = None;
+                // Counted before the new host is visible: whoever sees it sees the count too.
+                let restarts = self.restarts.fetch_add(1, Ordering::Relaxed) + 1;
                 {
                     // The segments registered meanwhile went to the dead host: send them all.
                     let segments = self.segments.lock().unwrap_or_else(|e| e.into_inner());
@@ -218,7 +220,6 @@ impl Platform {
                     }
                     *self.link.write().unwrap_or_else(|e| e.into_inner()) = link;
                 }
-                let restarts = self.restarts.fetch_add(1, Ordering::Relaxed) + 1;
                 tracing::warn!(platform = %self.name, restarts, "device host restarted: its devices are back, empty");
                 true
             }
@@ -1126,10 +1127,20 @@ impl Device for RemoteDevice {
     }
 
     fn status(&self) -> DeviceReport {
+        // What an operator looking at `agora status` wants of a host: which process it is now
+        // and how often it had to be replaced.
+        let host = match self.host_pid() {
+            Some(pid) => format!("host pid {pid}"),
+            None => "host down".to_string(),
+        };
         DeviceReport {
             name: self.info.name.clone(),
             kind: self.info.kind,
-            description: self.info.description.clone(),
+            description: format!(
+                "{}: {host}, restarted {} time(s)",
+                self.info.description,
+                self.host_restarts()
+            ),
             memory_bytes: self.info.memory_bytes,
             memory_used: self.memory_used(),
             threads_per_lane: 1,
