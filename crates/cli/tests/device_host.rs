@@ -273,3 +273,24 @@ fn a_hung_device_host_is_killed_and_replaced() {
         "the hung host was killed"
     );
 }
+
+#[test]
+fn a_device_host_that_cannot_start_leaves_the_daemon_serving_without_opencl() {
+    let dir = agora_test_support::temp_dir("device-host-missing");
+    std::fs::write(
+        dir.path().join("agora.toml"),
+        "[programs]\nexecutor = \"/nonexistent/agora\"\n",
+    )
+    .unwrap();
+    let mut daemon = Daemon::start_in(AGORA, dir, &["--opencl-device-host", "--config", "{dir}/agora.toml"]);
+    let session = daemon.session_named("tenant");
+    let status = session.status().unwrap();
+    assert!(
+        status.devices.iter().all(|d| d.kind != "opencl"),
+        "no OpenCL device without its host: {:?}",
+        status.devices.iter().map(|d| &d.name).collect::<Vec<_>>()
+    );
+    assert_eq!(host_pid(daemon.pid()), None);
+    agora_test_support::saxpy_ok(&session, 4096);
+    daemon.assert_alive();
+}

@@ -94,32 +94,28 @@ impl FrameReader {
             }
             let mut closed = false;
             let mut error = None;
-            let mut read = |reader: &mut Self, blocking: bool| -> bool {
-                match reader.read_some(stream, blocking) {
+            let FrameReader {
+                buffer, end, fds, spin, ..
+            } = self;
+            let mut read = |blocking: bool| -> bool {
+                match read_some(stream, buffer, end, fds, blocking) {
                     Ok(0) => {
                         closed = true;
                         true
                     }
                     Ok(_) => true,
-                    Err(rustix::io::Errno::AGAIN) => false,
-                    Err(rustix::io::Errno::INTR) => false,
+                    Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => false,
                     Err(e) => {
                         error = Some(e);
                         true
                     }
                 }
             };
-            let mut spin = std::mem::replace(
-                &mut self.spin,
-                agora_wait::AdaptiveSpin::new(std::time::Duration::ZERO, std::time::Duration::ZERO),
-            );
-            let got = spin.spin(|| read(self, false));
-            if !got {
+            if !spin.spin(|| read(false)) {
                 let started = std::time::Instant::now();
-                while !read(self, true) {}
+                while !read(true) {}
                 spin.blocked_for(started.elapsed());
             }
-            self.spin = spin;
             if let Some(e) = error {
                 return Err(e.into());
             }
@@ -128,31 +124,37 @@ impl FrameReader {
             }
         }
     }
+}
 
-    /// One read into the buffer; the bytes read (0: the peer closed).
-    fn read_some(&mut self, stream: &std::os::unix::net::UnixStream, blocking: bool) -> rustix::io::Result<usize> {
-        use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
-        use std::mem::MaybeUninit;
-        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(8))];
-        let mut control = RecvAncillaryBuffer::new(&mut space);
-        let flags = if blocking {
-            RecvFlags::CMSG_CLOEXEC
-        } else {
-            RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT
-        };
-        let result = rustix::net::recvmsg(
-            stream,
-            &mut [std::io::IoSliceMut::new(&mut self.buffer[self.end..])],
-            &mut control,
-            flags,
-        );
-        for message in control.drain() {
-            if let RecvAncillaryMessage::ScmRights(received) = message {
-                self.fds.extend(received);
-            }
+/// One read into `buffer[end..]` (descriptors into `fds`); the bytes read (0: the peer closed).
+fn read_some(
+    stream: &std::os::unix::net::UnixStream,
+    buffer: &mut [u8],
+    end: &mut usize,
+    fds: &mut std::collections::VecDeque<std::os::fd::OwnedFd>,
+    blocking: bool,
+) -> rustix::io::Result<usize> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    use std::mem::MaybeUninit;
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(8))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let flags = if blocking {
+        RecvFlags::CMSG_CLOEXEC
+    } else {
+        RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT
+    };
+    let result = rustix::net::recvmsg(
+        stream,
+        &mut [std::io::IoSliceMut::new(&mut buffer[*end..])],
+        &mut control,
+        flags,
+    );
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(received) = message {
+            fds.extend(received);
         }
-        let got = result.as_ref().map_or(0, |r| r.bytes);
-        self.end += got;
-        result.map(|r| r.bytes)
     }
+    let got = result.as_ref().map_or(0, |r| r.bytes);
+    *end += got;
+    result.map(|r| r.bytes)
 }

@@ -1310,7 +1310,7 @@ impl RemoteExecutor {
                 }
             }
         };
-        self.send(wire_transfers, work, staging, end, &link)
+        self.send(wire_transfers, work, staging, end, &link, None)
     }
 
     /// Host work on memory outside every segment (an exported buffer's region): the host moves
@@ -1330,23 +1330,13 @@ impl RemoteExecutor {
             end.finish(result);
             return Ok(());
         }
-        self.send_after(transfers, WorkWire::Nothing, staging, end, link, Some(work.clone()))?;
+        self.send(transfers, WorkWire::Nothing, staging, end, link, Some(work.clone()))?;
         self.count.wait_idle();
         Ok(())
     }
 
+    /// Sends a job to the host; `after`: host work to run here once the host is done with it.
     fn send(
-        &self,
-        transfers: Vec<TransferWire>,
-        work: WorkWire,
-        staging: Vec<Staging>,
-        end: JobEnd,
-        link: &Arc<Link>,
-    ) -> Result<(), (JobEnd, TaskError)> {
-        self.send_after(transfers, work, staging, end, link, None)
-    }
-
-    fn send_after(
         &self,
         transfers: Vec<TransferWire>,
         work: WorkWire,
