@@ -205,3 +205,75 @@ fn a_job_s_device_quota_bounds_its_sessions_and_not_its_neighbours() {
         String::from_utf8_lossy(&free.stderr)
     );
 }
+
+#[test]
+fn a_job_s_shares_weigh_its_lane_time_against_its_neighbour_s() {
+    // One CPU lane, so both jobs' tasks queue on it: job 91 has 3 shares, job 92 one.
+    let dir = temp_dir("slurm-shares");
+    std::fs::write(dir.path().join("agora.toml"), "[slurm]\nrequire_job = true\n").unwrap();
+    let daemon = Daemon::start_in(
+        AGORA,
+        dir,
+        &["--no-opencl", "--cpu-lanes", "1", "--config", "{dir}/agora.toml"],
+    );
+    let uid = rustix::process::getuid().as_raw().to_string();
+    for (job, shares) in [("91", "3"), ("92", "1")] {
+        agora_ok(
+            &daemon,
+            &["slurm", "job-start", "--job", job, "--uid", &uid, "--shares", shares],
+        );
+    }
+    // Each job pipelines saxpy launches of 2^18 floats (tens of microseconds each, too long to
+    // run inline) for longer than the test lasts: both stay backlogged on the lane.
+    let mut processes: Vec<Child> = [91, 92]
+        .into_iter()
+        .map(|job| {
+            daemon
+                .command(&[
+                    "run",
+                    "saxpy",
+                    "--size",
+                    "262144",
+                    "--iterations",
+                    "1000000",
+                    "--device-kind",
+                    "cpu",
+                ])
+                .env("SLURM_JOB_ID", job.to_string())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let completed = |job: u64| {
+        daemon
+            .status()
+            .jobs
+            .iter()
+            .find(|j| j.job == job)
+            .map_or(0, |j| j.tasks_completed)
+    };
+    assert!(
+        eventually(Duration::from_secs(20), || completed(91) > 200 && completed(92) > 50),
+        "both jobs run tasks: {} and {}",
+        completed(91),
+        completed(92)
+    );
+    let before = (completed(91), completed(92));
+    std::thread::sleep(Duration::from_secs(3));
+    let after = (completed(91), completed(92));
+    for process in &mut processes {
+        let _ = process.kill();
+        let _ = process.wait();
+    }
+    let (heavy, light) = (after.0 - before.0, after.1 - before.1);
+    assert!(light > 0, "the one-share job starved: {before:?} → {after:?}");
+    // Equal tasks: their counts are their lane time. A FIFO lane gives about 1:1 here.
+    let ratio = heavy as f64 / light as f64;
+    eprintln!("tasks in 3 s on one lane: 3 shares {heavy}, 1 share {light} (ratio {ratio:.2})");
+    assert!(
+        (2.2..=4.5).contains(&ratio),
+        "3 shares against 1 should get about 3 times the lane: {heavy} against {light} tasks ({ratio:.2})"
+    );
+}

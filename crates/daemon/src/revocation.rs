@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use agora_devices::{Device, DeviceBuffer, Job, JobTimes, Revocation, Transfer, Work};
+use agora_devices::{Device, DeviceBuffer, Job, JobTimes, Revocation, Share, Transfer, Work};
 use agora_protocol::TaskError;
 use prometheus_client::metrics::counter::Counter;
 
@@ -95,6 +95,8 @@ struct Replay {
     lane: usize,
     flag: Arc<AtomicBool>,
     session_cancelled: Arc<AtomicBool>,
+    /// Its session's share of lanes: a replay goes ahead of that tenant's later jobs.
+    share: Share,
     slot: VictimSlot,
     predicted_ns: f64,
     cost_ns: f64,
@@ -202,6 +204,7 @@ pub(crate) fn submit(
     transfers: Vec<Transfer>,
     work: Work,
     session_cancelled: Arc<AtomicBool>,
+    share: Share,
     slot: VictimSlot,
     predicted_ns: f64,
     cost_ns: f64,
@@ -214,6 +217,7 @@ pub(crate) fn submit(
         lane,
         flag: Arc::new(AtomicBool::new(false)),
         session_cancelled,
+        share,
         slot,
         predicted_ns,
         cost_ns,
@@ -256,6 +260,7 @@ fn start(replay: Arc<Replay>, transfers: Vec<Transfer>, is_replay: bool) {
         exclusive: false,
         deadline: None,
         slices: None,
+        share: replay.share,
         done: Box::new(move |result, times| ender.end(result, times)),
     };
     replay.device.submit(replay.lane, job);
@@ -417,6 +422,7 @@ mod tests {
                 exclusive: false,
                 deadline: None,
                 slices: None,
+                share: Share::default(),
                 done: Box::new(move |_, _| {
                     let _ = wait.recv_timeout(Duration::from_secs(10));
                 }),
@@ -477,6 +483,7 @@ mod tests {
             Vec::new(),
             work,
             Arc::new(AtomicBool::new(false)),
+            Share::default(),
             slot.clone(),
             1e6,
             1e3,
@@ -515,6 +522,7 @@ mod tests {
             lane: 0,
             flag: Arc::new(AtomicBool::new(false)),
             session_cancelled: Arc::new(AtomicBool::new(false)),
+            share: Share::default(),
             slot: Arc::new(Mutex::new(None)),
             predicted_ns: 1e6,
             cost_ns: 1e3,
@@ -570,6 +578,7 @@ mod tests {
             Vec::new(),
             work,
             cancelled.clone(),
+            Share::default(),
             slot.clone(),
             1e6,
             1e3,

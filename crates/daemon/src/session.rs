@@ -93,7 +93,15 @@ pub(crate) struct SessionShared {
     /// The session's device-memory quota when its Slurm job sets one (bytes; 0: the daemon's
     /// `[sessions] device_quota`).
     pub device_quota: AtomicU64,
+    /// Who its batch jobs are on a lane's weighted fair order ([`agora_devices::Share`]): the
+    /// session itself, weight 1, or its Slurm job (all the job's sessions as one tenant) with the
+    /// job's shares as weight.
+    pub share_tenant: AtomicU64,
+    pub share_weight: AtomicU32,
 }
+
+/// Tenants of Slurm jobs have this bit set beside the job id (sessions' ids never do).
+pub(crate) const JOB_TENANT: u64 = 1 << 63;
 
 /// Devices whose time a session accounts (by index; later ones are not accounted).
 pub(crate) const ACCOUNTED_DEVICES: usize = 16;
@@ -105,6 +113,16 @@ impl HostMemory for SessionShared {
 }
 
 impl SessionShared {
+    /// A lane job's share: this session's tenant and weight, charged `predicted_ns` (at least a
+    /// microsecond: transfers and fills are not predicted, and cost something).
+    pub fn lane_share(&self, predicted_ns: u64) -> agora_devices::Share {
+        agora_devices::Share {
+            tenant: self.share_tenant.load(Ordering::Relaxed),
+            weight: self.share_weight.load(Ordering::Relaxed).max(1),
+            cost_ns: predicted_ns.max(1_000),
+        }
+    }
+
     /// Registers the segment with `device` (index `index`) the first time one of the session's
     /// tasks moves data to or from it, for devices that want it (GPUs:
     /// [`Device::pin_host_memory`](agora_devices::Device::pin_host_memory)), within the per-user
@@ -493,6 +511,8 @@ impl Session {
                 realtime: OnceLock::new(),
                 device_ns: Default::default(),
                 device_quota: AtomicU64::new(0),
+                share_tenant: AtomicU64::new(id),
+                share_weight: AtomicU32::new(1),
             }),
             queues: HandleTable::new(max_queues),
             buffers: HandleTable::new(max_buffers),

@@ -392,6 +392,7 @@ impl Host {
                 exclusive: false,
                 deadline: None,
                 slices: None,
+                share: agora_devices::Share::default(),
                 done: Box::new(done),
             },
         ))

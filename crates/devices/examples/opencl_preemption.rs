@@ -31,6 +31,7 @@ fn job(transfers: Vec<Transfer>, work: Work, revoke: Option<Arc<AtomicBool>>, tx
         exclusive: false,
         deadline: None,
         slices: None,
+        share: agora_devices::Share::default(),
         done: Box::new(move |result, _| {
             let _ = tx.send((result, Instant::now()));
         }),

@@ -1,4 +1,4 @@
-//! A lane: a FIFO of jobs and the thread that starts them, one at a time, in order.
+//! A lane: a queue of jobs and the thread that starts them, one at a time.
 //!
 //! Shared by every backend; what running a job means is the backend's [`Executor`]. An executor
 //! may finish a job before it returns (the CPU) or later, from another thread, once the device
@@ -22,13 +22,17 @@
 //!
 //! Order: deadline-class jobs (nodes of admitted real-time DAGs, [`Job::deadline`]) start
 //! first, earliest absolute deadline first (EDF; equal deadlines in push order), then
-//! latency-class jobs in push order, then batch work in push order. None of them interrupts a
-//! job already started: a sliced batch launch yields at its next slice boundary.
+//! latency-class jobs in push order, then batch work: each tenant's in push order, tenants by
+//! weight ([`crate::Share`], module `fair`). None of them interrupts a job already started: a
+//! sliced batch launch yields at its next slice boundary, where another tenant's job may go
+//! first.
 //!
 //! OS priority: a lane's threads run batch jobs at the lane's batch priority and latency-class
 //! jobs at normal priority ([`crate::priority`]); the lane thread switches when it starts a job of
 //! the other class, and a latency job pushed onto a lane raises it at once (it may wait behind a
 //! batch slice, which then finishes at normal priority).
+
+mod fair;
 
 use std::any::Any;
 use std::collections::{BinaryHeap, VecDeque};
@@ -157,7 +161,8 @@ struct Queue {
     deadline_pushes: u64,
     /// Latency-class jobs, started before any of `jobs`.
     urgent: VecDeque<Queued>,
-    jobs: VecDeque<Queued>,
+    /// Batch jobs, each tenant's in order, tenants by weight.
+    jobs: fair::FairQueue<Queued>,
     sleeping: bool,
     stopping: bool,
 }
@@ -211,6 +216,19 @@ impl Queued {
             at: Instant::now(),
             cursor,
         }
+    }
+
+    /// What starting it (or its next slice) charges its tenant: the job's predicted time, a
+    /// slice's share of it.
+    fn charge_ns(&self) -> u64 {
+        let slices = self.cursor.as_ref().map_or(1, |c| c.count.max(1));
+        self.job.share.cost_ns / slices
+    }
+
+    /// Puts it back at the front of its tenant's batch jobs.
+    fn requeue_front(self, jobs: &mut fair::FairQueue<Queued>) {
+        let share = self.job.share;
+        jobs.push_front(share.tenant, share.weight, self);
     }
 
     /// Whether this is (a slice of) a chunked launch, started only under [`SLICE_DEPTH`].
@@ -307,6 +325,7 @@ impl Cursor {
             exclusive: false,
             deadline: None,
             slices: None,
+            share: launch.share,
             done: Box::new(move |result, times| group.slice_done(result, times)),
         };
         (job, last)
@@ -458,9 +477,10 @@ impl Lane {
             self.class.set(Class::Latency);
             q.urgent.push_back(queued);
         } else if queued.job.revoke.as_ref().is_some_and(|r| r.replay) {
-            q.jobs.push_front(queued);
+            queued.requeue_front(&mut q.jobs);
         } else {
-            q.jobs.push_back(queued);
+            let share = queued.job.share;
+            q.jobs.push_back(share.tenant, share.weight, queued);
         }
         self.pending.fetch_add(1, Ordering::Release);
         let notify = q.sleeping;
@@ -482,7 +502,7 @@ impl Lane {
             q.stopping = true;
             let mut all: VecDeque<Queued> = std::mem::take(&mut q.deadline).into_iter().map(|d| d.queued).collect();
             all.extend(std::mem::take(&mut q.urgent));
-            all.extend(std::mem::take(&mut q.jobs));
+            all.extend(q.jobs.drain());
             all
         };
         self.wake.notify_all();
@@ -523,12 +543,20 @@ impl Lane {
                         // Pairs with the fence in `JobEnd::finish` (see there).
                         fence(Ordering::SeqCst);
                         if q.stopping || self.in_flight.load(Ordering::SeqCst) < SLICE_DEPTH {
-                            job = q.jobs.pop_front().map(|f| Self::to_start(f, &mut q.jobs));
+                            job = q
+                                .jobs
+                                .pop_front(Queued::charge_ns)
+                                .map(|f| Self::to_start(f, &mut q.jobs));
                         } else {
                             held_back = true;
                         }
                     }
-                    _ => job = q.jobs.pop_front().map(|f| Self::to_start(f, &mut q.jobs)),
+                    _ => {
+                        job = q
+                            .jobs
+                            .pop_front(Queued::charge_ns)
+                            .map(|f| Self::to_start(f, &mut q.jobs))
+                    }
                 }
             }
             if let Some((job, left_queue)) = job {
@@ -556,8 +584,8 @@ impl Lane {
             }
             // Empty after a flood: give the queues' memory back (a peak of queued jobs must
             // not stay reserved for the life of the daemon).
-            if q.jobs.is_empty() && q.jobs.capacity() > SHRINK_ABOVE {
-                q.jobs.shrink_to(SHRINK_ABOVE);
+            if q.jobs.is_empty() {
+                q.jobs.shrink(SHRINK_ABOVE);
             }
             if q.urgent.is_empty() && q.urgent.capacity() > SHRINK_ABOVE {
                 q.urgent.shrink_to(SHRINK_ABOVE);
@@ -571,17 +599,18 @@ impl Lane {
         }
     }
 
-    /// The job to start for `queued`, just taken from the front of `jobs` (or of the urgent
-    /// queue): the job itself, or the next slice of a sliced launch, which goes back to the
-    /// front of `jobs` until its last slice is made. `true` with it when `queued` left the queue.
-    fn to_start(mut queued: Queued, jobs: &mut VecDeque<Queued>) -> ((Job, Instant), bool) {
+    /// The job to start for `queued`, just taken from `jobs` (or from the urgent queue): the
+    /// job itself, or the next slice of a sliced launch, which goes back to the front of its
+    /// tenant's batch jobs until its last slice is made. `true` with it when `queued` left the
+    /// queue.
+    fn to_start(mut queued: Queued, jobs: &mut fair::FairQueue<Queued>) -> ((Job, Instant), bool) {
         let Some(cursor) = queued.cursor.as_mut() else {
             return ((queued.job, queued.at), true);
         };
         let (slice, last) = cursor.take(&mut queued.job);
         let at = queued.at;
         if !last {
-            jobs.push_front(queued);
+            queued.requeue_front(jobs);
         }
         ((slice, at), last)
     }
@@ -787,6 +816,7 @@ mod tests {
             exclusive: false,
             deadline: None,
             slices: None,
+            share: crate::Share::default(),
             done: Box::new(move |r, _| {
                 r.unwrap();
                 done.send(()).unwrap();
@@ -938,6 +968,60 @@ mod tests {
         thread.join().unwrap();
     }
 
+    #[test]
+    fn batch_jobs_of_tenants_share_the_lane_by_weight_each_in_its_order() {
+        let priorities = LanePriorities::resolve(BatchPriority::Normal);
+        let (seen_tx, seen) = mpsc::channel();
+        let (release, hold) = mpsc::channel();
+        let executor = Recorder {
+            seen: seen_tx,
+            hold: Some(hold),
+        };
+        let (lane, thread) = Lane::start("fair-lane".into(), Box::new(executor), LaneClass::new(&priorities)).unwrap();
+        let (order_tx, order) = mpsc::channel();
+        let tagged = |tenant: u64, weight: u32, sequence: u32| {
+            let order_tx = order_tx.clone();
+            Job {
+                share: crate::Share {
+                    tenant,
+                    weight,
+                    cost_ns: 50_000,
+                },
+                done: Box::new(move |r: Result<(), TaskError>, _| {
+                    r.unwrap();
+                    order_tx.send((tenant, sequence)).unwrap();
+                }),
+                ..job(false, mpsc::channel().0)
+            }
+        };
+        // One job holds the lane while tenant 7 (weight 3) queues 12 and tenant 8 (weight 1)
+        // queues 12; pushed in this order, a FIFO would run all of 7's first.
+        lane.push(tagged(1, 1, 0));
+        seen.recv().unwrap();
+        for sequence in 0..12 {
+            lane.push(tagged(7, 3, sequence));
+        }
+        for sequence in 0..12 {
+            lane.push(tagged(8, 1, sequence));
+        }
+        for _ in 0..25 {
+            release.send(()).unwrap();
+        }
+        let ran: Vec<(u64, u32)> = (0..25).map(|_| order.recv().unwrap()).collect();
+        let first_twelve = &ran[1..13];
+        let heavy = first_twelve.iter().filter(|(tenant, _)| *tenant == 7).count();
+        assert!(
+            (8..=10).contains(&heavy),
+            "weight 3 against 1 gets about 9 of 12: {ran:?}"
+        );
+        for tenant in [7, 8] {
+            let sequence: Vec<u32> = ran.iter().filter(|(t, _)| *t == tenant).map(|(_, s)| *s).collect();
+            assert_eq!(sequence, (0..12).collect::<Vec<_>>(), "tenant {tenant} in push order");
+        }
+        lane.stop();
+        thread.join().unwrap();
+    }
+
     /// Records the rows of each launch it runs (`None`: a job that is not a slice); holds each
     /// until released when `hold` has a receiver.
     struct Rows {
@@ -999,6 +1083,7 @@ mod tests {
             exclusive: false,
             deadline: None,
             slices,
+            share: crate::Share::default(),
             done: Box::new(move |r, _| {
                 r.unwrap();
                 done.send(tag).unwrap();

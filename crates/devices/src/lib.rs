@@ -355,10 +355,46 @@ pub struct Job {
     /// Cuts a launch into row slices that the lane makes one at a time, as it starts them
     /// ([`Slices`]); `None`: the job runs whole.
     pub slices: Option<Slices>,
+    /// Whose lane time the job is and what it costs: a lane shares its batch work among tenants
+    /// by weight ([`Share`]).
+    pub share: Share,
     /// Called exactly once with the outcome and the job's times (on the lane's thread, or on a
     /// device runtime thread for asynchronous devices). For a sliced job: once, after its last
     /// slice, with the first error if any, the first slice's start and the last one's end.
     pub done: Box<dyn FnOnce(Result<(), TaskError>, JobTimes) + Send>,
+}
+
+/// Who a job belongs to for a lane's weighted fair order of batch work, and what it costs.
+///
+/// A lane keeps each tenant's batch jobs in push order and starts, among the tenants with jobs
+/// waiting, the one that has received the least lane time for its weight (start-time fair
+/// queueing over predicted device time): two backlogged tenants of weights 3 and 1 get the lane
+/// three quarters and one quarter of the time, whatever their job sizes and however many jobs
+/// each queues. A tenant that was idle comes back at the others' level, with no credit saved up.
+/// Deadline- and latency-class jobs go before batch work as before; they are not weighed.
+///
+/// The daemon makes each session a tenant of weight 1, and all the sessions of one Slurm job
+/// one tenant whose weight is the job's `agora` shares (issue #17).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Share {
+    /// The tenant (0: the daemon's own work and tests).
+    pub tenant: u64,
+    /// Its weight, at least 1.
+    pub weight: u32,
+    /// The job's predicted device time, nanoseconds: what it is charged (a sliced launch's
+    /// slices each a part of it).
+    pub cost_ns: u64,
+}
+
+impl Default for Share {
+    /// Tenant 0, weight 1, charged a microsecond.
+    fn default() -> Self {
+        Share {
+            tenant: 0,
+            weight: 1,
+            cost_ns: 1_000,
+        }
+    }
 }
 
 /// How a lane cuts a launch (`Work::Launch` with `rows: None`) into consecutive row slices.

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use agora_devices::{Device, Job, Slices, Transfer, Work};
+use agora_devices::{Device, Job, Share, Slices, Transfer, Work};
 use agora_protocol::control::QueueClass;
 use agora_protocol::{Completion, TaskError};
 
@@ -189,6 +189,7 @@ impl Scheduler {
                 transfers,
                 work,
                 session.shared.cancelled.clone(),
+                session.shared.lane_share(predicted),
                 self.books.victim_slot(device, lane).clone(),
                 predicted as f64,
                 cost_ns,
@@ -211,11 +212,22 @@ impl Scheduler {
                     exclusive,
                     deadline,
                     slices: None,
+                    share: session.shared.lane_share(predicted),
                     done,
                 },
             );
         } else {
-            submit_sliced(&*self.devices[device], lane, transfers, work, slices, cancelled, done);
+            let share = session.shared.lane_share(predicted);
+            submit_sliced(
+                &*self.devices[device],
+                lane,
+                transfers,
+                work,
+                slices,
+                cancelled,
+                share,
+                done,
+            );
         }
     }
 }
@@ -225,6 +237,7 @@ impl Scheduler {
 /// run; its transfers go with the first slice. Between slices the lane may start urgent
 /// (latency-class) jobs. Slice boundaries are multiples of the device's row alignment for the
 /// kernel (whole work-groups on OpenCL), so there may be fewer slices than asked for.
+#[allow(clippy::too_many_arguments)]
 fn submit_sliced(
     device: &dyn Device,
     lane: usize,
@@ -232,6 +245,7 @@ fn submit_sliced(
     work: Work,
     slices: u64,
     cancelled: Option<Arc<std::sync::atomic::AtomicBool>>,
+    share: Share,
     done: Done,
 ) {
     let Work::Launch { kernel, dims, .. } = &work else {
@@ -250,6 +264,7 @@ fn submit_sliced(
             exclusive: false,
             deadline: None,
             slices: Some(Slices { count: slices, align }),
+            share,
             done,
         },
     );

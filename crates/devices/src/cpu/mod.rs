@@ -457,6 +457,7 @@ mod tests {
             exclusive: false,
             deadline: None,
             slices: None,
+            share: crate::Share::default(),
             done: Box::new(move |r, _| tx.send(r).unwrap()),
         }
     }

@@ -484,6 +484,7 @@ mod tests {
                 exclusive: false,
                 deadline: None,
                 slices: None,
+                share: crate::Share::default(),
                 done: Box::new(move |r, _| tx.send(r).unwrap()),
             },
         );
@@ -570,6 +571,7 @@ mod tests {
                 exclusive: false,
                 deadline: None,
                 slices: None,
+                share: crate::Share::default(),
                 done: Box::new(move |r, _| tx.send(r).unwrap()),
             },
         );
