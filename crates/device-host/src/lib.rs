@@ -21,10 +21,10 @@ pub use host::{list_platforms as print_platforms, serve, HostArgs};
 pub use remote::{list_platforms, start_platform, HostSpec, RemoteDevice};
 
 /// Reads frames from a socket in chunks: one system call brings every frame that has arrived,
-/// where reading frame by frame costs two per frame (header, body). Waits the way every wait on
-/// Agora's task path does: a cooperative spin of non-blocking reads for a learned budget
-/// ([`agora_wait::AdaptiveSpin`]), then a blocking read. A blocking wake-up costs tens of
-/// microseconds on the machines this runs on, and a job crosses the socket twice.
+/// where reading frame by frame costs two per frame (header, body). On machines with cores to
+/// spare ([`SPIN_MIN_CORES`]) it waits the way every wait on Agora's task path does: a
+/// cooperative spin of non-blocking reads for a learned budget ([`agora_wait::AdaptiveSpin`]),
+/// then a blocking read. On smaller ones it blocks at once (see [`SPIN_MIN_CORES`]).
 ///
 /// Descriptors (`SCM_RIGHTS`) arrive with the first byte of the frame they were sent with, so
 /// they are kept in arrival order and taken by the frames that carry one, in order.
@@ -38,6 +38,24 @@ pub(crate) struct FrameReader {
     end: usize,
     fds: std::collections::VecDeque<std::os::fd::OwnedFd>,
     spin: agora_wait::AdaptiveSpin,
+    /// Whether to spin before blocking ([`SPIN_MIN_CORES`]).
+    spins: bool,
+}
+
+/// The fewest cores on which the readers of the device-host link spin before they block. A job
+/// through a device host keeps up to seven threads busy at once (client, dispatcher, daemon
+/// lane, the daemon's reader, the host's reader, the host's lane, the OpenCL runtime's worker),
+/// so a reader that spins takes a core one of them needs unless cores are plenty (`perf sched`
+/// showed woken threads waiting 50–100 µs for a core two spinners held). Measured on a 2-core
+/// VM, min / median / max of 3 runs: the empty OpenCL kernel through a host (`agora bench
+/// latency`) 304 / 306 / 315 µs with spinning readers, 182 / 218 / 223 µs blocking; gaussian's
+/// 2046 launches (`agora bench overhead --opencl-device-host`) 1.75× native → 1.10×.
+const SPIN_MIN_CORES: usize = 8;
+
+/// Whether this machine has cores enough for the readers to spin ([`SPIN_MIN_CORES`]).
+fn readers_spin() -> bool {
+    static SPINS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SPINS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()) >= SPIN_MIN_CORES)
 }
 
 /// Bytes asked of one read.
@@ -51,6 +69,7 @@ impl FrameReader {
             end: 0,
             fds: std::collections::VecDeque::new(),
             spin: agora_wait::AdaptiveSpin::new(agora_wait::MIN_BUDGET, std::time::Duration::from_micros(250)),
+            spins: readers_spin(),
         }
     }
 
@@ -95,7 +114,12 @@ impl FrameReader {
             let mut closed = false;
             let mut error = None;
             let FrameReader {
-                buffer, end, fds, spin, ..
+                buffer,
+                end,
+                fds,
+                spin,
+                spins,
+                ..
             } = self;
             let mut read = |blocking: bool| -> bool {
                 match read_some(stream, buffer, end, fds, blocking) {
@@ -111,7 +135,7 @@ impl FrameReader {
                     }
                 }
             };
-            if !spin.spin(|| read(false)) {
+            if !*spins || !spin.spin(|| read(false)) {
                 let started = std::time::Instant::now();
                 while !read(true) {}
                 spin.blocked_for(started.elapsed());
