@@ -59,6 +59,11 @@ pub fn serve(socket: UnixStream, args: &HostArgs) -> Result<(), String> {
     let writer = Arc::new(Writer(Mutex::new(
         socket.try_clone().map_err(|e| format!("cloning the socket: {e}"))?,
     )));
+    if !crate::readers_spin() {
+        // The lanes here are fed by the message loop, which blocks on the socket: a lane that
+        // spins for its next job catches it no sooner and holds a core the loop needs.
+        agora_devices::lane::set_idle_spin(false);
+    }
     let (found, problems) =
         agora_devices::opencl::discover_except(args.lanes, args.memory_limit, &LanePriorities::normal(), &|platform| {
             platform != args.platform

@@ -49,7 +49,8 @@ pub(crate) struct FrameReader {
 /// showed woken threads waiting 50–100 µs for a core two spinners held). Measured on a 2-core
 /// VM, min / median / max of 3 runs: the empty OpenCL kernel through a host (`agora bench
 /// latency`) 304 / 306 / 315 µs with spinning readers, 182 / 218 / 223 µs blocking; gaussian's
-/// 2046 launches (`agora bench overhead --opencl-device-host`) 1.75× native → 1.10×.
+/// 2046 launches (`agora bench overhead --opencl-device-host`) 1.75× native → 1.10×. Idle lanes
+/// on both sides of the link sleep at once by the same rule (`Lane::start_with`): then 46–78 µs.
 const SPIN_MIN_CORES: usize = 8;
 
 /// Whether this machine has cores enough for the readers to spin ([`SPIN_MIN_CORES`]).

@@ -921,10 +921,14 @@ impl RemoteDevice {
                 count: Arc::default(),
                 next_job: Arc::new(AtomicU64::new(0)),
             };
-            let (started, thread) = Lane::start(
+            // The lane only forwards jobs; while idle on a small machine it sleeps at once, so
+            // the host's threads and the link's readers have the cores ([`crate::readers_spin`];
+            // measured in docs/PERFORMANCE.md, "Device hosts: the hop").
+            let (started, thread) = Lane::start_with(
                 format!("agora-{name}-lane{lane}"),
                 Box::new(executor),
                 LaneClass::new(&platform.spec.priorities),
+                crate::readers_spin(),
             )
             .map_err(|e| e.to_string())?;
             lanes.push(started);

@@ -54,6 +54,15 @@ use crate::{Job, JobTimes, LaneReport, Slices, Transfer, Work};
 /// a client issuing one task at a time finds the lane still awake.
 const IDLE_SPIN_MAX: Duration = Duration::from_micros(250);
 
+/// Whether idle lane threads of this process spin before they sleep ([`set_idle_spin`]).
+static IDLE_SPIN: AtomicBool = AtomicBool::new(true);
+
+/// Makes the lanes that [`Lane::start`] starts from now on in this process sleep at once when
+/// idle instead of spinning for their next job (see [`Lane::start_with`]).
+pub fn set_idle_spin(spin: bool) {
+    IDLE_SPIN.store(spin, Ordering::Relaxed);
+}
+
 /// Most jobs in flight when a lane starts a slice of a chunked launch: one running and one queued
 /// behind it keep the device busy, and an urgent job waits for at most these two.
 pub const SLICE_DEPTH: usize = 2;
@@ -437,6 +446,19 @@ impl Lane {
         executor: Box<dyn Executor>,
         class: Arc<LaneClass>,
     ) -> std::io::Result<(Arc<Lane>, std::thread::JoinHandle<()>)> {
+        Self::start_with(name, executor, class, IDLE_SPIN.load(Ordering::Relaxed))
+    }
+
+    /// [`Lane::start`], saying whether the idle lane spins for its next job before it sleeps.
+    /// Lanes fed by a thread that itself blocks (over a device host's socket) should not: the
+    /// spin catches a job no sooner than that thread's wake-up, and on a small machine it holds
+    /// a core that thread needs (docs/PERFORMANCE.md, "Device hosts: the hop").
+    pub fn start_with(
+        name: String,
+        executor: Box<dyn Executor>,
+        class: Arc<LaneClass>,
+        idle_spin: bool,
+    ) -> std::io::Result<(Arc<Lane>, std::thread::JoinHandle<()>)> {
         let lane = Arc::new(Lane {
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
@@ -452,7 +474,7 @@ impl Lane {
         let runner = lane.clone();
         let handle = std::thread::Builder::new()
             .name(name)
-            .spawn(move || runner.run(executor))?;
+            .spawn(move || runner.run(executor, idle_spin))?;
         Ok((lane, handle))
     }
 
@@ -522,9 +544,12 @@ impl Lane {
         }
     }
 
-    fn next(&self, spin: &mut AdaptiveSpin) -> Option<(Job, Instant)> {
+    /// The next job to start, after an idle spin with `spin` (`None`: sleep at once).
+    fn next(&self, mut spin: Option<&mut AdaptiveSpin>) -> Option<(Job, Instant)> {
         if self.pending.load(Ordering::Acquire) == 0 {
-            spin.spin(|| self.pending.load(Ordering::Acquire) > 0);
+            if let Some(spin) = spin.as_deref_mut() {
+                spin.spin(|| self.pending.load(Ordering::Acquire) > 0);
+            }
         }
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         loop {
@@ -595,7 +620,9 @@ impl Lane {
             let slept = Instant::now();
             q = self.wake.wait(q).unwrap_or_else(|e| e.into_inner());
             q.sleeping = false;
-            spin.blocked_for(slept.elapsed());
+            if let Some(spin) = spin.as_deref_mut() {
+                spin.blocked_for(slept.elapsed());
+            }
         }
     }
 
@@ -628,10 +655,10 @@ impl Lane {
         }
     }
 
-    fn run(self: Arc<Self>, mut executor: Box<dyn Executor>) {
+    fn run(self: Arc<Self>, mut executor: Box<dyn Executor>, idle_spin: bool) {
         let _member = self.class.join();
         let mut spin = AdaptiveSpin::new(agora_wait::MIN_BUDGET, IDLE_SPIN_MAX);
-        while let Some((job, queued)) = self.next(&mut spin) {
+        while let Some((job, queued)) = self.next(idle_spin.then_some(&mut spin)) {
             let Job {
                 transfers,
                 work,
