@@ -105,11 +105,15 @@ pub struct ServeArgs {
     /// Do not look for OpenCL devices.
     #[arg(long)]
     no_opencl: bool,
-    /// Run each OpenCL platform in a device-host process of its own (`[opencl] device_host`):
-    /// a driver crash or hang then costs a replay of that device's tasks, not the daemon and
-    /// every session; each task pays a socket hop there and back.
-    #[arg(long)]
+    /// Run each OpenCL platform in a device-host process of its own (`[opencl] device_host`, the
+    /// default): a driver crash or hang then costs a replay of that device's tasks, not the
+    /// daemon and every session; each task pays a socket hop there and back.
+    #[arg(long, conflicts_with = "no_opencl_device_host")]
     opencl_device_host: bool,
+    /// Run OpenCL in the daemon's own process (`[opencl] device_host = false`): saves the hop
+    /// (tens of microseconds per task), but a driver crash ends the daemon.
+    #[arg(long)]
+    no_opencl_device_host: bool,
     /// Lanes (streams) per GPU [default: 4].
     #[arg(long, value_name = "N")]
     cuda_lanes: Option<usize>,
@@ -276,6 +280,7 @@ impl ServeArgs {
         }
         c.opencl &= !self.no_opencl;
         c.opencl_device_host |= self.opencl_device_host;
+        c.opencl_device_host &= !self.no_opencl_device_host;
         c.cuda &= !self.no_cuda;
         if self.metrics.is_some() {
             c.metrics = self.metrics;
@@ -1519,7 +1524,14 @@ mod tests {
             let id = arg.get_id().as_str();
             if matches!(
                 id,
-                "print_config" | "no_opencl" | "opencl_device_host" | "no_cuda" | "config" | "help" | "version"
+                "print_config"
+                    | "no_opencl"
+                    | "opencl_device_host"
+                    | "no_opencl_device_host"
+                    | "no_cuda"
+                    | "config"
+                    | "help"
+                    | "version"
             ) {
                 continue;
             }

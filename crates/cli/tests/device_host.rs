@@ -207,14 +207,24 @@ fn a_crashed_device_host_costs_the_daemon_nothing_and_comes_back() {
 }
 
 #[test]
-fn by_default_the_daemon_runs_opencl_in_its_own_process() {
-    let daemon = Daemon::start(AGORA, "in-daemon", &[]);
+fn by_default_opencl_runs_in_a_device_host_and_on_request_in_the_daemon() {
+    let hosted = Daemon::start(AGORA, "default-host", &[]);
+    let session = hosted.session_named("tenant");
+    require_opencl(&session);
+    assert!(host_pid(hosted.pid()).is_some(), "a device host by default");
+    let status = session.status().unwrap();
+    let opencl = status.devices.iter().find(|d| d.kind == "opencl").unwrap();
+    assert!(opencl.description.contains("device host"), "{}", opencl.description);
+    drop(session);
+    drop(hosted);
+
+    let daemon = Daemon::start(AGORA, "in-daemon", &["--no-opencl-device-host"]);
     let session = daemon.session_named("tenant");
     require_opencl(&session);
     assert_eq!(
         host_pid(daemon.pid()),
         None,
-        "no device host without --opencl-device-host"
+        "no device host with --no-opencl-device-host"
     );
     let status = session.status().unwrap();
     let opencl = status.devices.iter().find(|d| d.kind == "opencl").unwrap();

@@ -246,10 +246,11 @@ pub struct DaemonConfig {
     /// Whether each OpenCL platform runs in a device-host process of its own (the
     /// `[programs] executor` binary's `device-host` subcommand), so a driver crash or hang ends
     /// that process, not the daemon: its devices' tasks are replayed elsewhere and a new host
-    /// starts. Off by default: on the machines measured so far the socket hop costs an empty
-    /// kernel several times its in-daemon round trip (docs/PERFORMANCE.md). Off (or without an
-    /// executor binary, as in a daemon embedded in a test), OpenCL runs in the daemon's process.
-    #[default(false)]
+    /// starts. On by default: the hop costs an empty kernel about 20–40 µs more than in the
+    /// daemon on a 2-core VM, and programs nothing measurable (docs/PERFORMANCE.md). Off (or
+    /// without an executor binary, as in a daemon embedded in a test), OpenCL runs in the
+    /// daemon's process, and a driver that asserts or segfaults ends the daemon.
+    #[default(true)]
     pub opencl_device_host: bool,
     /// A device host with jobs waiting that finishes none for this long is taken as hung,
     /// killed and restarted (its tasks replayed elsewhere).

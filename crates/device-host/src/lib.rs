@@ -1,7 +1,8 @@
 //! Device hosts: each OpenCL platform runs in a child process of the daemon (issue #22 item 3b;
 //! the design of Chromium's GPU process, beside DESIGN.md's executors), so a driver that
 //! asserts, segfaults or hangs ends that process, not the daemon and every tenant's work with it.
-//! Opt-in (`[opencl] device_host`): the socket hop costs small tasks (docs/PERFORMANCE.md).
+//! On by default (`[opencl] device_host`); the socket hop costs a small task tens of
+//! microseconds (docs/PERFORMANCE.md, "Device hosts: the hop").
 //!
 //! * [`remote`] — the daemon's side: [`RemoteDevice`], a [`Device`](agora_devices::Device)
 //!   whose lanes forward their jobs to the host; failure detection, restart, segment sharing;

@@ -107,7 +107,7 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
         };
         // The empty kernel on the OpenCL device: through Agora, then natively (issue #14 item 5).
         let (opencl_p50_ns, opencl_native_p50_ns, opencl_device_host_p50_ns) = if socket.is_none() {
-            let daemon = DaemonProcess::start(None, &[])?;
+            let daemon = DaemonProcess::start(None, &["--no-opencl-device-host"])?;
             let has_opencl = agora::daemon_status(Some(daemon.socket.clone()))?
                 .devices
                 .iter()

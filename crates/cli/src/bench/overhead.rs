@@ -38,9 +38,13 @@ pub struct OverheadArgs {
     #[arg(long, value_parser = crate::size::parse_bytes)]
     transfer_bytes: Option<u64>,
     /// Start the daemon with a device-host process per OpenCL platform (`agora serve
-    /// --opencl-device-host`), to compare against OpenCL in the daemon.
-    #[arg(long)]
+    /// --opencl-device-host`; the daemon's default, unless its configuration says otherwise).
+    #[arg(long, conflicts_with = "no_opencl_device_host")]
     opencl_device_host: bool,
+    /// Start the daemon with OpenCL in its own process (`agora serve --no-opencl-device-host`),
+    /// to compare against a device host.
+    #[arg(long)]
+    no_opencl_device_host: bool,
     #[command(flatten)]
     pub socket: crate::SocketArg,
 }
@@ -142,6 +146,8 @@ pub fn overhead(socket: Option<PathBuf>, args: OverheadArgs) -> Result<()> {
     }
     let daemon_args: &[&str] = if args.opencl_device_host {
         &["--opencl-device-host"]
+    } else if args.no_opencl_device_host {
+        &["--no-opencl-device-host"]
     } else {
         &[]
     };
