@@ -86,6 +86,7 @@ pub fn start_platform(
         name: platform.to_string(),
         spec: spec.clone(),
         link: RwLock::new(Arc::new(Link::dead())),
+        up: AtomicBool::new(false),
         restart: Mutex::new(Restart::default()),
         segments: Mutex::new(BTreeMap::new()),
         next_segment: AtomicU64::new(1),
@@ -96,6 +97,7 @@ pub fn start_platform(
     });
     let (link, wires, problems) = Link::start(&shared)?;
     *shared.link.write().unwrap_or_else(|e| e.into_inner()) = link;
+    shared.up.store(true, Ordering::Release);
     let weak = Arc::downgrade(&shared);
     std::thread::Builder::new()
         .name(format!("agora-host-watch{first_index}"))
@@ -115,6 +117,9 @@ pub(crate) struct Platform {
     spec: HostSpec,
     /// The host now (a dead one after a crash, until `revive`).
     link: RwLock<Arc<Link>>,
+    /// Whether `link` is alive, without its lock: the dispatcher asks every loop
+    /// ([`Device::healthy`]).
+    up: AtomicBool,
     restart: Mutex<Restart>,
     /// Session segments the devices were given, by base address: re-sent to every new host.
     segments: Mutex<BTreeMap<usize, SegmentEntry>>,
@@ -219,6 +224,7 @@ impl Platform {
                         link.map_segment(entry.id, entry.len, entry.fd.as_fd());
                     }
                     *self.link.write().unwrap_or_else(|e| e.into_inner()) = link;
+                    self.up.store(true, Ordering::Release);
                 }
                 tracing::warn!(platform = %self.name, restarts, "device host restarted: its devices are back, empty");
                 true
@@ -747,6 +753,15 @@ impl Link {
         let jobs = {
             let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
             let was_alive = self.alive.swap(false, Ordering::AcqRel);
+            if was_alive {
+                if let Some(platform) = self.platform.upgrade() {
+                    // Only the platform's current host makes it down (a host that failed while
+                    // starting was never its link).
+                    if std::ptr::eq(Arc::as_ptr(&platform.link()), self) {
+                        platform.up.store(false, Ordering::Release);
+                    }
+                }
+            }
             if was_alive && !self.closing.load(Ordering::Acquire) {
                 let status = self
                     .child
@@ -1102,7 +1117,7 @@ impl Device for RemoteDevice {
     }
 
     fn healthy(&self) -> bool {
-        self.platform.link().alive()
+        self.platform.up.load(Ordering::Acquire)
     }
 
     fn maps_host_memory(&self) -> bool {
