@@ -38,6 +38,10 @@ pub struct StallArgs {
     /// lanes below every other thread of the machine.
     #[arg(long, value_name = "PRIORITY")]
     batch_priority: Option<String>,
+    /// The daemon's `--dispatcher-nice` (default 0, unchanged), e.g. -5 to run the dispatcher
+    /// above the clients and lanes (needs CAP_SYS_NICE or RLIMIT_NICE).
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    dispatcher_nice: Option<i32>,
 }
 
 #[derive(Serialize, Debug)]
@@ -136,10 +140,14 @@ pub fn stall(args: StallArgs) -> Result<()> {
     }
     let mut results = Vec::new();
     for run in 0..runs {
-        let daemon_args: Vec<&str> = match &args.batch_priority {
-            Some(priority) => vec!["--batch-priority", priority],
+        let mut daemon_args: Vec<String> = match &args.batch_priority {
+            Some(priority) => vec!["--batch-priority".into(), priority.clone()],
             None => Vec::new(),
         };
+        if let Some(nice) = args.dispatcher_nice {
+            daemon_args.extend(["--dispatcher-nice".into(), nice.to_string()]);
+        }
+        let daemon_args: Vec<&str> = daemon_args.iter().map(String::as_str).collect();
         let daemon = DaemonProcess::start(None, &daemon_args)?;
         let quiet = run_clients(&daemon.socket, ClientMode::Latency, iterations, 1)?.remove(0);
         let (stop, done, ready) = (
@@ -200,6 +208,7 @@ pub fn stall(args: StallArgs) -> Result<()> {
         let out = serde_json::json!({
             "iterations": iterations,
             "batch_priority": args.batch_priority.as_deref().unwrap_or("batch"),
+            "dispatcher_nice": args.dispatcher_nice.unwrap_or(0),
             "load_average_at_start": load,
             "runs": results,
             "quiet_p99_ns": quiet99.median,
