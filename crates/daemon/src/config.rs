@@ -246,7 +246,7 @@ pub struct DaemonConfig {
     /// Whether each OpenCL platform runs in a device-host process of its own (the
     /// `[programs] executor` binary's `device-host` subcommand), so a driver crash or hang ends
     /// that process, not the daemon: its devices' tasks are replayed elsewhere and a new host
-    /// starts. On by default: the hop costs an empty kernel about 20–40 µs more than in the
+    /// starts. On by default: the hop costs an empty kernel about 20–45 µs more than in the
     /// daemon on a 2-core VM, and programs nothing measurable (docs/PERFORMANCE.md). Off (or
     /// without an executor binary, as in a daemon embedded in a test), OpenCL runs in the
     /// daemon's process, and a driver that asserts or segfaults ends the daemon.

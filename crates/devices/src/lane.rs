@@ -832,6 +832,28 @@ mod tests {
         }
     }
 
+    /// A lane running [`Recorder`] that holds each job until released: what it saw, the sender
+    /// that releases held jobs, the lane, its thread.
+    #[allow(clippy::type_complexity)]
+    fn held_lane(
+        name: &str,
+        priorities: &LanePriorities,
+    ) -> (
+        mpsc::Receiver<i32>,
+        mpsc::Sender<()>,
+        Arc<Lane>,
+        std::thread::JoinHandle<()>,
+    ) {
+        let (seen_tx, seen) = mpsc::channel();
+        let (release, hold) = mpsc::channel();
+        let executor = Recorder {
+            seen: seen_tx,
+            hold: Some(hold),
+        };
+        let (lane, thread) = Lane::start(name.into(), Box::new(executor), LaneClass::new(priorities)).unwrap();
+        (seen, release, lane, thread)
+    }
+
     fn job(urgent: bool, done: mpsc::Sender<()>) -> Job {
         Job {
             transfers: Vec::new(),
@@ -911,13 +933,7 @@ mod tests {
     #[test]
     fn an_urgent_job_raises_a_lane_that_runs_batch_work() {
         let priorities = LanePriorities::resolve(BatchPriority::Idle);
-        let (seen_tx, seen) = mpsc::channel();
-        let (release, hold) = mpsc::channel();
-        let executor = Recorder {
-            seen: seen_tx,
-            hold: Some(hold),
-        };
-        let (lane, thread) = Lane::start("test-lane".into(), Box::new(executor), LaneClass::new(&priorities)).unwrap();
+        let (seen, release, lane, thread) = held_lane("test-lane", &priorities);
         let (done_tx, done) = mpsc::channel();
         lane.push(job(false, done_tx.clone()));
         let batch = seen.recv().unwrap();
@@ -944,13 +960,7 @@ mod tests {
     #[test]
     fn deadline_jobs_start_first_earliest_deadline_first_then_latency_then_batch() {
         let priorities = LanePriorities::resolve(BatchPriority::Normal);
-        let (seen_tx, seen) = mpsc::channel();
-        let (release, hold) = mpsc::channel();
-        let executor = Recorder {
-            seen: seen_tx,
-            hold: Some(hold),
-        };
-        let (lane, thread) = Lane::start("edf-lane".into(), Box::new(executor), LaneClass::new(&priorities)).unwrap();
+        let (seen, release, lane, thread) = held_lane("edf-lane", &priorities);
         let (order_tx, order) = mpsc::channel();
         let tagged = |tag: &'static str, urgent: bool, deadline: Option<Instant>| {
             let order_tx = order_tx.clone();
@@ -998,13 +1008,7 @@ mod tests {
     #[test]
     fn batch_jobs_of_tenants_share_the_lane_by_weight_each_in_its_order() {
         let priorities = LanePriorities::resolve(BatchPriority::Normal);
-        let (seen_tx, seen) = mpsc::channel();
-        let (release, hold) = mpsc::channel();
-        let executor = Recorder {
-            seen: seen_tx,
-            hold: Some(hold),
-        };
-        let (lane, thread) = Lane::start("fair-lane".into(), Box::new(executor), LaneClass::new(&priorities)).unwrap();
+        let (seen, release, lane, thread) = held_lane("fair-lane", &priorities);
         let (order_tx, order) = mpsc::channel();
         let tagged = |tenant: u64, weight: u32, sequence: u32| {
             let order_tx = order_tx.clone();
