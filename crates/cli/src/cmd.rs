@@ -434,16 +434,24 @@ pub fn status(args: StatusArgs) -> Result<()> {
     );
     for d in &report.devices {
         println!(
-            "device {} ({}) · {} lanes × {} threads{}{}",
+            "device {} ({}) · {} lanes × {} threads{}{}{}",
             d.name,
             d.kind,
             d.lanes.len(),
             d.threads_per_lane,
+            d.utilization_percent
+                .map(|p| format!(" · busy {p} % (the device's own figure, all its users)"))
+                .unwrap_or_default(),
             if d.memory_bytes > 0 {
                 format!(
-                    " · memory {} of {} MiB in use",
+                    " · memory {} of {} MiB in use{}",
                     d.memory_used >> 20,
-                    d.memory_bytes >> 20
+                    d.memory_bytes >> 20,
+                    if d.memory_cached > 0 {
+                        format!(", {} MiB kept for tenants' next buffers", d.memory_cached >> 20)
+                    } else {
+                        String::new()
+                    }
                 )
             } else {
                 String::new()

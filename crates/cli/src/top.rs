@@ -171,7 +171,10 @@ fn print_text(v: &View) {
             "host".into()
         } else {
             format!("{} / {} MiB", d.memory_used >> 20, d.memory_bytes >> 20)
-        };
+        } + &d
+            .utilization_percent
+            .map(|p| format!(" · device busy {p} %"))
+            .unwrap_or_default();
         let busy = d.lanes.iter().filter(|l| l.busy).count();
         println!(
             "{:<8} {:<6} lanes {busy}/{} busy · memory {memory}",
@@ -339,7 +342,7 @@ fn live(terminal: &mut ratatui::DefaultTerminal, socket: Option<PathBuf>, interv
                         "host".into()
                     } else {
                         format!("{} / {} MiB", d.memory_used >> 20, d.memory_bytes >> 20)
-                    };
+                    } + &d.utilization_percent.map(|p| format!(" · {p} %")).unwrap_or_default();
                     Row::new(vec![
                         d.name.clone(),
                         d.kind.to_string(),

@@ -2,7 +2,7 @@
 //! two tenants at once; launches beyond the GPU's grid limits (sliced, or run elsewhere when no
 //! slicing fits); a buffer larger than the memory the GPU may use; a tenant's own kernel that
 //! writes all over the GPU's address space, fenced into its partition while its neighbour's data
-//! stays exact.
+//! stays exact; a tenant's kept GPU memory given back under pressure and when it ends.
 //!
 //! These need an NVIDIA GPU and its driver, which CI and the development machines lack: they
 //! are `#[ignore]`d (listed as ignored, never passed) and run by `scripts/gpu-check.sh` with
@@ -132,6 +132,15 @@ fn two_tenants_share_the_gpu_and_both_get_exact_results() {
         gpu_jobs(&session) >= before + 250,
         "the tenants' launches did not run on the GPU"
     );
+    // The driver's own figure of how busy the GPU was (NVML comes with every NVIDIA driver).
+    let status = session.status().unwrap();
+    let gpu = status.devices.iter().find(|d| d.kind == "cuda").unwrap();
+    println!("GPU utilisation after the tenants ran: {:?} %", gpu.utilization_percent);
+    assert!(
+        gpu.utilization_percent.is_some_and(|p| p <= 100),
+        "no utilisation figure from NVML for {}",
+        gpu.name
+    );
     drop(session);
     daemon.stop().unwrap();
 }
@@ -233,6 +242,80 @@ fn a_buffer_larger_than_the_gpu_may_use_runs_elsewhere_or_fails_saying_so() {
     }
     agora_test_support::saxpy_ok(&session, 1 << 16);
     drop(session);
+    daemon.stop().unwrap();
+}
+
+/// The GPU memory the daemon keeps for tenants beyond their buffers, once no buffer is left
+/// (releases reach the daemon asynchronously: polled for up to 5 s).
+fn kept_when_idle(session: &Session) -> u64 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let status = session.status().unwrap();
+        let gpu = status.devices.iter().find(|d| d.kind == "cuda").unwrap();
+        if gpu.memory_used == 0 || std::time::Instant::now() > deadline {
+            assert_eq!(gpu.memory_used, 0, "a released buffer still holds GPU memory");
+            return gpu.memory_cached;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// One run of a program that allocates a 40 MiB buffer, fills it on the GPU, checks it and
+/// releases it.
+fn forty_mebibytes_on_the_gpu(session: &Session, value: f32) {
+    let queue = gpu_queue(session, "kept");
+    let fill = session.kernel("fill").unwrap();
+    let n = (40u64 << 20) / 4;
+    let y = session.buffer(n * 4).unwrap();
+    queue.launch(&fill, &[Arg::F32(value), (&y).into()], n).unwrap();
+    queue.sync_from(&y).unwrap();
+    queue.finish().unwrap();
+    assert!(y.as_slice::<f32>().iter().step_by(1024).all(|v| *v == value));
+    assert_eq!(
+        agora_test_support::last_device(session, "kept").as_deref(),
+        Some("cuda0"),
+        "the fill did not run on the GPU"
+    );
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-check.sh on a GPU machine"]
+fn a_tenant_s_kept_gpu_memory_goes_to_its_neighbour_under_pressure_and_with_its_end() {
+    // 64 MiB may be used: a 40 MiB buffer maps a 64 MiB partition, so two tenants' kept
+    // partitions cannot both stay.
+    let (daemon, observer) = gpu_daemon_with("gpu-kept", |c| c.cuda_memory_limit = 64 << 20);
+    let (one, two) = (daemon.session(), daemon.session());
+    forty_mebibytes_on_the_gpu(&one, 1.5);
+    assert_eq!(
+        kept_when_idle(&observer),
+        64 << 20,
+        "the first tenant's partition is kept for its next buffers"
+    );
+    forty_mebibytes_on_the_gpu(&one, 2.5);
+    assert_eq!(
+        kept_when_idle(&observer),
+        64 << 20,
+        "its second run reused what it kept"
+    );
+    forty_mebibytes_on_the_gpu(&two, 3.5);
+    assert_eq!(
+        kept_when_idle(&observer),
+        64 << 20,
+        "the neighbour's growth past the limit took back the first tenant's kept memory"
+    );
+    drop(two);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while kept_when_idle(&observer) > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        kept_when_idle(&observer),
+        0,
+        "an ended tenant's partition is given back"
+    );
+    forty_mebibytes_on_the_gpu(&one, 4.5);
+    agora_test_support::saxpy_ok(&one, 1 << 16);
+    drop((one, observer));
     daemon.stop().unwrap();
 }
 

@@ -242,6 +242,8 @@ fn responses() -> Vec<Response> {
             description: "host CPU".into(),
             memory_bytes: 0,
             memory_used: 0,
+            memory_cached: 0,
+            utilization_percent: None,
             threads_per_lane: 2,
             lanes: vec![LaneStatus {
                 busy: true,

@@ -1162,6 +1162,8 @@ impl Device for RemoteDevice {
             ),
             memory_bytes: self.info.memory_bytes,
             memory_used: self.memory_used(),
+            memory_cached: 0,
+            utilization_percent: None,
             threads_per_lane: 1,
             lanes: self.lanes.statuses(),
             failed: !self.healthy(),

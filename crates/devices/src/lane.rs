@@ -85,9 +85,16 @@ pub struct JobEnd {
     transfers_done: Arc<OnceLock<Instant>>,
     cold: bool,
     revoke: Option<Arc<AtomicBool>>,
+    urgent: bool,
 }
 
 impl JobEnd {
+    /// Whether the job is latency-class or has a deadline: work a device with hardware
+    /// priorities (a GPU's stream priorities) runs ahead of batch work.
+    pub fn urgent(&self) -> bool {
+        self.urgent
+    }
+
     /// The job's revocation flag ([`Job::revoke`]), for executors that poll it while the work
     /// runs.
     pub fn revoke_flag(&self) -> Option<&Arc<AtomicBool>> {
@@ -106,6 +113,7 @@ impl JobEnd {
             transfers_done,
             cold,
             revoke: _,
+            urgent: _,
         } = self;
         lane.completed.fetch_add(1, Ordering::Relaxed);
         let times = JobTimes {
@@ -667,6 +675,8 @@ impl Lane {
                 revoke,
                 done,
                 exclusive,
+                urgent,
+                deadline,
                 ..
             } = job;
             let revocable = revoke.is_some();
@@ -683,6 +693,7 @@ impl Lane {
                 transfers_done: Arc::new(OnceLock::new()),
                 cold: false,
                 revoke,
+                urgent: urgent || deadline.is_some(),
             };
             let set = |flag: Option<&Arc<AtomicBool>>| flag.is_some_and(|c| c.load(Ordering::Acquire));
             if set(cancelled.as_ref()) || set(end.revoke_flag()) {

@@ -116,6 +116,12 @@ pub struct DeviceReport {
     pub memory_bytes: u64,
     /// Device memory allocated for buffers now.
     pub memory_used: u64,
+    /// Device memory kept for tenants beyond their buffers: a GPU keeps each tenant's partition
+    /// mapped between its allocations, and gives it back under pressure and when the tenant ends.
+    pub memory_cached: u64,
+    /// Percent of the last sample period in which the device ran a kernel (anyone's), where the
+    /// device measures it (a GPU through NVML); `None` elsewhere.
+    pub utilization_percent: Option<u32>,
     /// Threads per lane.
     pub threads_per_lane: usize,
     /// Each lane's counters, by lane index.
@@ -563,6 +569,11 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     ) -> Option<Result<Box<dyn Any + Send + Sync>, String>> {
         None
     }
+    /// `tenant` (a session id given to [`Device::alloc`]) is gone and its buffers with it: a
+    /// device that keeps memory for a tenant between its allocations gives it back now. Called
+    /// off the dispatcher, after the session's buffers are dropped; buffers still held by work in
+    /// flight keep what they use. The default keeps nothing, so does nothing.
+    fn tenant_ended(&self, _tenant: u64) {}
     /// Tries to bring back a device that failed ([`Device::healthy`] turned false), after the
     /// daemon has forgotten every copy it held: a device served by a device-host process starts a
     /// new host. Called by the dispatcher now and then while the device is failed; must not block

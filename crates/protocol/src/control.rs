@@ -883,6 +883,14 @@ pub struct DeviceStatus {
     pub memory_bytes: u64,
     /// Device memory allocated for buffers now.
     pub memory_used: u64,
+    /// Device memory kept for tenants beyond their buffers (a GPU keeps each tenant's partition
+    /// mapped between its allocations; given back under pressure and when the tenant ends).
+    #[serde(default)]
+    pub memory_cached: u64,
+    /// Percent of the last sample period in which the device ran a kernel, anyone's (a GPU's
+    /// figure from NVML); absent where the device does not measure it.
+    #[serde(default)]
+    pub utilization_percent: Option<u32>,
     /// Threads per lane.
     pub threads_per_lane: u32,
     /// Lanes.

@@ -76,19 +76,26 @@ const MAX_RESUMED_KERNELS: usize = 4096;
 /// its buffers' device copies; after the last tenant the allocator's free memory is returned
 /// too (`malloc_trim`, up to tens of milliseconds after a heavy run). On the dispatcher each was
 /// a stall of every tenant's tasks.
+///
+/// Devices that keep memory for a tenant between its allocations (a GPU keeps its tenant's
+/// partition mapped) are told the tenant ended, after its buffers are dropped.
 struct Reclaimer {
     sessions: std::sync::mpsc::Sender<(Box<Session>, bool)>,
 }
 
 impl Reclaimer {
-    fn start() -> Result<Self, DaemonError> {
+    fn start(devices: Vec<Arc<dyn agora_devices::Device>>) -> Result<Self, DaemonError> {
         let (sessions, inbox) = std::sync::mpsc::channel::<(Box<Session>, bool)>();
         std::thread::Builder::new()
             .name("agora-reclaim".into())
             .spawn(move || {
                 // Ends when the server (the sender) is gone.
                 for (session, last_tenant) in inbox {
+                    let tenant = session.id;
                     drop(session);
+                    for device in &devices {
+                        device.tenant_ended(tenant);
+                    }
                     if last_tenant {
                         crate::memory::return_free_memory();
                     }
@@ -286,6 +293,7 @@ impl Server {
         let realtime = realtime::start_service(&config, &scheduler.devices, wake.clone(), telemetry.clone());
         let mut books = Books::new(config.limits.clone());
         books.attach_counters(|limit| telemetry.metrics.limit_refusals(limit));
+        let reclaimer = Reclaimer::start(scheduler.devices.clone())?;
         Ok(Server {
             books,
             buckets: HashMap::new(),
@@ -306,7 +314,7 @@ impl Server {
             scheduler,
             conns: HashMap::new(),
             closing: Vec::new(),
-            reclaimer: Reclaimer::start()?,
+            reclaimer,
             next_id: 1,
             started: Instant::now(),
             sessions_opened: 0,
@@ -1164,6 +1172,8 @@ fn device_status(report: agora_devices::DeviceReport) -> DeviceStatus {
         description: report.description,
         memory_bytes: report.memory_bytes,
         memory_used: report.memory_used,
+        memory_cached: report.memory_cached,
+        utilization_percent: report.utilization_percent,
         threads_per_lane: report.threads_per_lane as u32,
         lanes: report
             .lanes

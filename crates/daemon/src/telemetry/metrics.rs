@@ -67,6 +67,8 @@ pub(crate) struct Metrics {
     lane_queued: Family<LaneLabels, Gauge>,
     lane_completed: Family<LaneLabels, Gauge>,
     memory_used: Family<DeviceLabels, Gauge>,
+    memory_cached: Family<DeviceLabels, Gauge>,
+    utilization: Family<DeviceLabels, Gauge>,
     memory_total: Family<DeviceLabels, Gauge>,
     revoked: Counter,
     revoked_wasted_ns: Counter,
@@ -192,6 +194,18 @@ impl Metrics {
             "agora_device_memory_used_bytes",
             "Device memory allocated for buffers",
             memory_used.clone(),
+        );
+        let memory_cached = Family::<DeviceLabels, Gauge>::default();
+        registry.register(
+            "agora_device_memory_cached_bytes",
+            "Device memory kept for tenants beyond their buffers (a GPU's partitions; given back under pressure)",
+            memory_cached.clone(),
+        );
+        let utilization = Family::<DeviceLabels, Gauge>::default();
+        registry.register(
+            "agora_device_utilization_percent",
+            "Percent of the device's last sample period with a kernel running, anyone's (GPUs, from NVML; absent elsewhere)",
+            utilization.clone(),
         );
         let revoked = Counter::default();
         registry.register(
@@ -321,6 +335,8 @@ impl Metrics {
             lane_queued,
             lane_completed,
             memory_used,
+            memory_cached,
+            utilization,
             memory_total,
             revoked,
             revoked_wasted_ns,
@@ -404,6 +420,10 @@ impl Metrics {
                 device: status.name.clone(),
             };
             self.memory_used.get_or_create(&d).set(status.memory_used as i64);
+            self.memory_cached.get_or_create(&d).set(status.memory_cached as i64);
+            if let Some(percent) = status.utilization_percent {
+                self.utilization.get_or_create(&d).set(i64::from(percent));
+            }
             self.memory_total.get_or_create(&d).set(status.memory_bytes as i64);
             for (i, lane) in status.lanes.iter().enumerate() {
                 let l = LaneLabels {

@@ -299,6 +299,8 @@ impl Device for CpuDevice {
             description: self.info.description.clone(),
             memory_bytes: self.info.memory_bytes,
             memory_used: self.memory_used(),
+            memory_cached: 0,
+            utilization_percent: None,
             threads_per_lane: self.info.threads_per_lane,
             lanes: self.lanes.statuses(),
             failed: false,

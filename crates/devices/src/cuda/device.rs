@@ -20,6 +20,7 @@ use super::completion::Completions;
 use super::executor::{CudaExecutor, MappedFlag};
 use super::partition::{Partition, Partitions};
 use super::programs::{self, Programs};
+use super::utilization::Utilization;
 use crate::lane::{Lane, Lanes};
 use crate::priority::{LaneClass, LanePriorities};
 use crate::{Device, DeviceBuffer, DeviceInfo, DeviceKind, DeviceReport, Job, LaunchLimits, Work};
@@ -209,6 +210,23 @@ pub struct CudaDevice {
     /// Every lane has a mapped revocation flag that the completion thread keeps current, so a
     /// running kernel stops when its job is revoked.
     polls: bool,
+    /// How busy the GPU is, from NVML where it is readable.
+    utilization: Utilization,
+}
+
+/// The GPU's PCI bus id (`0000:17:00.0`), how NVML finds the same GPU whatever the CUDA
+/// ordinals are (`CUDA_VISIBLE_DEVICES` renumbers them, NVML does not).
+fn pci_bus_id(device: CUdevice) -> String {
+    let mut text = [0 as std::ffi::c_char; 32];
+    // SAFETY: a valid device and a buffer of the length passed.
+    let code = unsafe { sys::cuDeviceGetPCIBusId(text.as_mut_ptr(), text.len() as i32, device) };
+    if code != CUresult::CUDA_SUCCESS {
+        return String::new();
+    }
+    // SAFETY: the driver wrote a NUL-terminated string into the buffer (zeroed beyond it).
+    unsafe { std::ffi::CStr::from_ptr(text.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// One byte of page-locked host memory mapped into the GPU's address space, zeroed (`None` when
@@ -351,15 +369,43 @@ impl CudaDevice {
         // with it against 1.2 s with the copy (the same run and results, `scripts/gpu-diagnose.sh`).
         let mirrored = completer.is_some() && std::env::var("AGORA_CUDA_REVOCATION").is_ok_and(|v| v == "mapped");
         let mut polls = mirrored;
+        // Each lane has a batch stream at the lowest priority and an urgent one at the highest
+        // (see `CudaExecutor::streams`); on a GPU without priorities both are 0.
+        let (mut lowest, mut highest) = (0, 0);
+        // `AGORA_CUDA_STREAM_PRIORITIES=off`: both at the default priority, for comparison.
+        let wanted = !std::env::var("AGORA_CUDA_STREAM_PRIORITIES").is_ok_and(|v| v == "off");
+        // SAFETY: two out-pointers; the context is current.
+        if !wanted || unsafe { sys::cuCtxGetStreamPriorityRange(&mut lowest, &mut highest) } != CUresult::CUDA_SUCCESS {
+            (lowest, highest) = (0, 0);
+        }
+        let prioritized = |priority: i32| -> Result<CUstream, String> {
+            let mut stream = std::ptr::null_mut();
+            let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+            // SAFETY: an out-pointer; the context is current; destroyed when the lane stops.
+            match unsafe { sys::cuStreamCreateWithPriority(&mut stream, flags, priority) } {
+                CUresult::CUDA_SUCCESS => Ok(stream),
+                code => Err(format!("cuStreamCreateWithPriority: {code:?}")),
+            }
+        };
+        tracing::debug!(device = %name, lowest, highest, "stream priorities: batch at the lowest, urgent at the highest");
         for l in 0..lanes {
             let mapped_flag = if mirrored { mapped_flag() } else { None };
             polls &= mapped_flag.is_some();
-            let stream = new_stream()?;
+            let stream = prioritized(lowest)?;
+            let urgent_stream = prioritized(highest)?;
+            let mut switch = std::ptr::null_mut();
+            // SAFETY: an out-pointer; the context is current; destroyed when the lane stops.
+            match unsafe { sys::cuEventCreate(&mut switch, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) } {
+                CUresult::CUDA_SUCCESS => {}
+                code => return Err(format!("cuEventCreate: {code:?}")),
+            }
             // SAFETY: a one-byte allocation in the current context.
             let lane_flag = unsafe { driver::malloc_sync(1) }.map_err(|e| format!("cuMemAlloc: {e:?}"))?;
             let executor = CudaExecutor {
                 shared: shared.clone(),
                 stream,
+                streams: [stream, urgent_stream],
+                switch,
                 lane_flag,
                 functions: HashMap::new(),
                 bound: false,
@@ -396,6 +442,7 @@ impl CudaDevice {
             ordinal: device,
             completer,
             polls,
+            utilization: Utilization::new(pci_bus_id(device)),
         })
     }
 
@@ -560,8 +607,8 @@ impl Device for CudaDevice {
             Some(partitions) => match partitions.of(tenant) {
                 Ok(partition) => {
                     let asked = std::time::Instant::now();
-                    partition
-                    .alloc(len)
+                    partitions
+                    .alloc(&partition, len)
                     .map_err(|e| {
                         tracing::warn!(device = %shared.name, tenant, len, error = %e, "no room in the tenant's partition");
                         TaskError::DeviceOutOfMemory { index: 0, needed: len }
@@ -649,6 +696,16 @@ impl Device for CudaDevice {
         true
     }
 
+    fn tenant_ended(&self, tenant: u64) {
+        if let Some(partitions) = &self.shared.partitions {
+            // Unmapping needs the context; without it (the device failed) the memory goes with it.
+            if self.shared.bind().is_ok() {
+                self.shared.free_deferred();
+                partitions.end(tenant);
+            }
+        }
+    }
+
     fn pin_host_memory(
         &self,
         base: *mut u8,
@@ -690,6 +747,8 @@ impl Device for CudaDevice {
             description: self.info.description.clone(),
             memory_bytes: self.info.memory_bytes,
             memory_used: self.shared.memory_used.load(Ordering::Relaxed),
+            memory_cached: self.shared.partitions.as_ref().map_or(0, |p| p.cached_bytes()),
+            utilization_percent: self.utilization.percent(),
             threads_per_lane: 1,
             lanes: self.lanes.statuses(),
             failed: self.shared.failed.load(Ordering::Acquire),
@@ -714,6 +773,9 @@ impl Drop for CudaDevice {
         if self.shared.bind().is_ok() {
             self.shared.free_deferred();
             self.shared.scratch.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(partitions) = &self.shared.partitions {
+                partitions.end_all();
+            }
             self.shared.programs.unload_all();
             // SAFETY: the lanes have stopped; these handles are not used any more.
             unsafe {

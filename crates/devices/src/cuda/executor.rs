@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use agora_kernels::{ArgValue, OpenClImpl};
 use agora_protocol::{ParamKind, TaskError};
-use cudarc::driver::sys::{self, CUdeviceptr, CUfunction, CUresult, CUstream};
+use cudarc::driver::sys::{self, CUdeviceptr, CUevent, CUfunction, CUresult, CUstream};
 
 use super::buffer::as_cuda;
 use super::completion::{Completions, Mirror, Pending};
@@ -27,7 +27,16 @@ use crate::{Transfer, Work};
 /// A lane's executor: enqueues each job's commands on the lane's stream.
 pub(super) struct CudaExecutor {
     pub(super) shared: Arc<Shared>,
+    /// The stream of the job being started: one of `streams`.
     pub(super) stream: CUstream,
+    /// The lane's two streams: batch work at the device's lowest stream priority, urgent work
+    /// (latency-class, deadlines) at its highest, so the GPU's block scheduler starts an urgent
+    /// kernel's blocks before pending blocks of other lanes' batch kernels. They are one lane:
+    /// a job that changes stream first waits for the other stream's last command (`switch`), so
+    /// the lane's jobs still run, and complete, in the order it started them.
+    pub(super) streams: [CUstream; 2],
+    /// Recorded on the stream a lane leaves, waited for on the one it takes.
+    pub(super) switch: CUevent,
     /// This lane's device copy of a revocable launch's flag, written just before the kernel
     /// (where the lane has no mapped flag).
     pub(super) lane_flag: CUdeviceptr,
@@ -93,6 +102,22 @@ impl CudaExecutor {
             CUresult::CUDA_SUCCESS => Ok(()),
             code => Err(self.shared.error(code)),
         }
+    }
+
+    /// Makes `streams[urgent]` the lane's stream, ordered after everything the lane enqueued on
+    /// the other one.
+    fn take_stream(&mut self, urgent: bool) -> Result<(), TaskError> {
+        let next = self.streams[usize::from(urgent)];
+        if next == self.stream {
+            return Ok(());
+        }
+        // SAFETY: a live event and two live streams of the current context; the wait captures
+        // the event as recorded now, so reusing the event for the next switch is safe.
+        self.check(unsafe { sys::cuEventRecord(self.switch, self.stream) })?;
+        // SAFETY: as above.
+        self.check(unsafe { sys::cuStreamWaitEvent(next, self.switch, 0) })?;
+        self.stream = next;
+        Ok(())
     }
 
     /// Enqueues a job's commands on the lane's stream.
@@ -304,7 +329,9 @@ impl Executor for CudaExecutor {
         let marker = end.transfers_marker();
         self.mirror = None;
         let mut built = false;
-        let started = self.start(&transfers, &work, &marker, end.revoke_flag(), &mut built);
+        let started = self
+            .take_stream(end.urgent())
+            .and_then(|()| self.start(&transfers, &work, &marker, end.revoke_flag(), &mut built));
         if built {
             end.mark_cold();
         }
@@ -349,10 +376,14 @@ impl Executor for CudaExecutor {
     }
 
     fn stop(&mut self) {
-        // SAFETY: the lane stops: nothing more is enqueued on its stream.
+        // SAFETY: the lane stops: nothing more is enqueued on its streams (the current one last:
+        // it waits for the other), and nothing waits for the event any more.
         unsafe {
-            let _ = sys::cuStreamSynchronize(self.stream);
-            let _ = sys::cuStreamDestroy_v2(self.stream);
+            for stream in self.streams {
+                let _ = sys::cuStreamSynchronize(stream);
+                let _ = sys::cuStreamDestroy_v2(stream);
+            }
+            let _ = sys::cuEventDestroy_v2(self.switch);
             let _ = sys::cuMemFree_v2(self.lane_flag);
             if let Some(mapped) = self.mapped_flag.take() {
                 let _ = sys::cuMemFreeHost(mapped.host as *mut c_void);

@@ -3,8 +3,9 @@
 //! line saying why there is no GPU).
 //!
 //! Sharing: each GPU has one context (the primary context) shared by every tenant, and each lane
-//! is a stream in it, so tenants' kernels run side by side on the GPU (spatial sharing, as MPS
-//! gives, without an MPS server). A lane's thread only *enqueues*: transfers, then the kernel,
+//! is a stream in it (two: batch work at the GPU's lowest stream priority, urgent work at its
+//! highest, kept in the lane's order; see `executor`), so tenants' kernels run side by side on
+//! the GPU (spatial sharing, as MPS gives, without an MPS server). A lane's thread only *enqueues*: transfers, then the kernel,
 //! then an event; the device's completion thread polls the events and finishes each job when
 //! its event has happened (see `completion`), so no thread waits per command and a lane keeps
 //! its stream full.
@@ -42,7 +43,9 @@
 //! * `completion`: the completion thread that finishes jobs from polled events;
 //! * `programs`: OpenCL C as CUDA C, NVRTC, the PTX cache, modules and functions;
 //! * `buffer`: device memory of one buffer and registered host memory;
-//! * `fence`: rewriting tenant PTX so its global accesses stay in its partition (Guardian).
+//! * `fence`: rewriting tenant PTX so its global accesses stay in its partition (Guardian);
+//! * `partition`: each tenant's memory in an aligned range of its own, kept between its buffers;
+//! * `utilization`: how busy the GPU is, from NVML.
 
 mod buffer;
 mod completion;
@@ -53,5 +56,6 @@ mod partition;
 pub mod programs;
 #[cfg(test)]
 mod tests;
+mod utilization;
 
 pub use device::{block_shape, discover, launch_shape, CudaDevice, MAX_GRID_X, MAX_GRID_YZ, MAX_ITEMS_PER_ENQUEUE};

@@ -385,6 +385,8 @@ impl Device for OpenClDevice {
             description: self.info.description.clone(),
             memory_bytes: self.info.memory_bytes,
             memory_used: self.shared.memory_used.load(Ordering::Relaxed),
+            memory_cached: 0,
+            utilization_percent: None,
             threads_per_lane: 1,
             lanes: self.lanes.statuses(),
             failed: false,

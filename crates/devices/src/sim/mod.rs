@@ -421,6 +421,8 @@ impl Device for SimDevice {
             description: self.info.description.clone(),
             memory_bytes: self.info.memory_bytes,
             memory_used: self.used.load(Ordering::Relaxed),
+            memory_cached: 0,
+            utilization_percent: None,
             threads_per_lane: 1,
             lanes: self.lanes.statuses(),
             failed: !self.healthy(),
