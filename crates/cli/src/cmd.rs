@@ -71,6 +71,12 @@ pub struct ServeArgs {
     /// [default: 0, unchanged].
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     dispatcher_nice: Option<i32>,
+    /// Runs the dispatcher thread under SCHED_FIFO, so no lane or client thread preempts it (a
+    /// nice value cannot: see `agora bench stall`); it then keeps a core while it has work. Needs
+    /// CAP_SYS_NICE or RLIMIT_RTPRIO >= 1; without, the daemon says so and goes on
+    /// [default: off].
+    #[arg(long)]
+    dispatcher_realtime: bool,
     /// Most memory Agora uses on each OpenCL device, e.g. 512M [default: all it reports].
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     opencl_memory_limit: Option<u64>,
@@ -268,6 +274,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.dispatcher_nice {
             c.dispatcher_nice = v;
+        }
+        if self.dispatcher_realtime {
+            c.dispatcher_realtime = true;
         }
         if self.strict_coherence {
             c.strict_coherence = true;

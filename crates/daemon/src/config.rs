@@ -364,9 +364,19 @@ pub struct DaemonConfig {
     /// above the lanes and clients (e.g. -5), which needs `CAP_SYS_NICE` or a sufficient
     /// `RLIMIT_NICE`; without it the daemon logs one line and keeps the normal priority. Off by
     /// default: the dispatcher spins for work, and above normal priority it would take a core
-    /// from the clients on small machines. (`SCHED_FIFO` is not offered for the same reason.)
+    /// from the clients on small machines.
     #[default(0)]
     pub dispatcher_nice: i32,
+    /// Runs the dispatcher thread under `SCHED_FIFO` (priority 1), so no lane or client thread
+    /// preempts it. A nice value cannot do that: the kernel's scheduler (EEVDF) gives a waiting
+    /// thread of any weight a whole slice now and then, and on a machine whose cores are busy the
+    /// dispatcher then waits a scheduler tick (4 ms) with every tenant's tasks behind it
+    /// (`agora bench stall`, PERFORMANCE.md). Off by default: a real-time dispatcher keeps a core
+    /// whenever it has work or spins for it, which on small machines is a core the clients and
+    /// lanes lose (the kernel's real-time throttling still leaves them 5 %). Needs
+    /// `CAP_SYS_NICE` or `RLIMIT_RTPRIO` ≥ 1; without, the daemon logs one line and goes on.
+    #[default(false)]
+    pub dispatcher_realtime: bool,
     /// Test-only fault injection `(seed, per mille)`: tasks the rule picks fail with
     /// `KernelFault` without running (see `agora_protocol::testing`). Not in the configuration
     /// file; the default comes from `AGORA_INJECT_FAULTS=SEED:PER_MILLE`.
@@ -678,6 +688,7 @@ section! {
         strict_coherence: bool => strict_coherence,
         batch_priority: PriorityName => batch_priority,
         dispatcher_nice: i32 => dispatcher_nice,
+        dispatcher_realtime: bool => dispatcher_realtime,
     }
     subsections { perf: PerfSection, energy: EnergySection }
 }
@@ -1200,7 +1211,9 @@ impl DaemonConfig {
              #   running batch jobs (latency jobs run at normal). idle and nice:N need CAP_SYS_NICE or\n\
              #   RLIMIT_NICE >= 20 to come back to normal; without, the daemon says so and uses batch.\n\
              # scheduler.dispatcher_nice: added to the dispatcher thread's nice value (0: unchanged;\n\
-             #   negative raises it, which needs CAP_SYS_NICE or RLIMIT_NICE).\n\
+             #   negative raises it, which needs CAP_SYS_NICE or RLIMIT_NICE). dispatcher_realtime:\n\
+             #   SCHED_FIFO for the dispatcher (no lane or client preempts it; it keeps a core while\n\
+             #   it has work; needs CAP_SYS_NICE or RLIMIT_RTPRIO).\n\
              # scheduler.policy: rr | perf | energy. Add modeled devices with [[sim]] sections, e.g.\n\
              #   [[sim]]\n\
              #   name = \"sim0\"\n\
@@ -1412,6 +1425,10 @@ mod tests {
     fn batch_priorities_by_name() {
         assert_eq!(DaemonConfig::default().batch_priority, BatchPriority::Batch);
         assert_eq!(DaemonConfig::default().dispatcher_nice, 0);
+        assert!(!DaemonConfig::default().dispatcher_realtime);
+        let c = DaemonConfig::from_toml("[scheduler]\ndispatcher_realtime = true\n").unwrap();
+        assert!(c.dispatcher_realtime);
+        assert!(DaemonConfig::from_toml(&c.to_toml()).unwrap().dispatcher_realtime);
         for (text, priority) in [
             ("normal", BatchPriority::Normal),
             ("batch", BatchPriority::Batch),

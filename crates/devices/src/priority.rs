@@ -362,6 +362,21 @@ pub fn renice_current_thread(delta: i32) -> Result<i32, String> {
     Ok(target)
 }
 
+/// Runs the calling thread under `SCHED_FIFO` at priority 1 (the lowest real-time priority),
+/// so no thread of the normal classes (lanes, clients) preempts it; threads it starts later do
+/// not inherit it. Needs `CAP_SYS_NICE` or an `RLIMIT_RTPRIO` of at least 1; the error says which
+/// is missing. The kernel's real-time throttling (`sched_rt_runtime_us`, 95 % by default) still
+/// leaves the other threads a share of a core that such a thread keeps busy.
+pub fn make_current_thread_realtime() -> Result<(), String> {
+    set_fifo(gettid(), 1).map_err(|e| {
+        format!(
+            "{e}: a real-time thread needs CAP_SYS_NICE or RLIMIT_RTPRIO of at least 1 (here {}; \
+             `ulimit -r`, `LimitRTPRIO=` in systemd)",
+            rtprio_rlimit()
+        )
+    })
+}
+
 /// The scheduling policy of the calling thread (`SCHED_OTHER` 0, `SCHED_BATCH` 3, `SCHED_IDLE`
 /// 5, ...), and its nice value. For tests and diagnostics.
 pub fn current_thread_priority() -> Result<(i32, i32), String> {
@@ -432,6 +447,35 @@ mod sys {
         }
     }
 
+    pub(super) fn set_fifo(tid: i32, priority: i32) -> Result<(), String> {
+        let param = libc::sched_param {
+            sched_priority: priority,
+        };
+        // Threads the caller starts later do not inherit it (clone counts as fork here).
+        let policy = libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK;
+        // SAFETY: `param` is a valid sched_param for the duration of the call; on Linux the pid
+        // argument names one thread.
+        if unsafe { libc::sched_setscheduler(tid, policy, &param) } == 0 {
+            Ok(())
+        } else {
+            Err(last_error(&format!("sched_setscheduler(SCHED_FIFO, {priority})")))
+        }
+    }
+
+    pub(super) fn rtprio_rlimit() -> u64 {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: `limit` is a valid rlimit to write.
+        if unsafe { libc::getrlimit(libc::RLIMIT_RTPRIO, &mut limit) } == 0 {
+            #[allow(clippy::useless_conversion)] // rlim_t is narrower on some 32-bit targets
+            u64::from(limit.rlim_cur)
+        } else {
+            0
+        }
+    }
+
     pub(super) fn nice_rlimit() -> u64 {
         let mut limit = libc::rlimit {
             rlim_cur: 0,
@@ -471,9 +515,18 @@ mod sys {
     pub(super) fn nice_rlimit() -> u64 {
         0
     }
+    pub(super) fn set_fifo(_: i32, _: i32) -> Result<(), String> {
+        Err(UNSUPPORTED.into())
+    }
+    pub(super) fn rtprio_rlimit() -> u64 {
+        0
+    }
 }
 
-use sys::{gettid, nice_of, nice_rlimit, policy_of, set_nice, set_policy};
+use sys::{gettid, nice_of, nice_rlimit, policy_of, rtprio_rlimit, set_fifo, set_nice, set_policy};
+
+/// `SCHED_FIFO`'s number, for tests.
+pub const SCHED_FIFO: i32 = 1;
 
 /// The kernel's numbers for the policies, for tests.
 pub const SCHED_OTHER: i32 = sys::SCHED_OTHER;
@@ -485,6 +538,27 @@ pub const SCHED_IDLE: i32 = sys::SCHED_IDLE;
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    /// Either the thread becomes `SCHED_FIFO` (root, or a granted limit) or the refusal names what
+    /// is missing; a thread it starts afterwards is back to `SCHED_OTHER`.
+    #[test]
+    fn a_realtime_thread_or_a_refusal_that_says_why() {
+        std::thread::spawn(|| match make_current_thread_realtime() {
+            Ok(()) => {
+                assert_eq!(current_thread_priority().unwrap().0, SCHED_FIFO);
+                let child = std::thread::spawn(|| current_thread_priority().unwrap().0)
+                    .join()
+                    .unwrap();
+                assert_eq!(
+                    child, SCHED_OTHER,
+                    "a thread started by a real-time one must not inherit it"
+                );
+            }
+            Err(why) => assert!(why.contains("RLIMIT_RTPRIO") && why.contains("CAP_SYS_NICE"), "{why}"),
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn names_parse_back() {

@@ -42,6 +42,10 @@ pub struct StallArgs {
     /// above the clients and lanes (needs CAP_SYS_NICE or RLIMIT_NICE).
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     dispatcher_nice: Option<i32>,
+    /// The daemon's `--dispatcher-realtime`: the dispatcher under SCHED_FIFO (needs
+    /// CAP_SYS_NICE or RLIMIT_RTPRIO).
+    #[arg(long)]
+    dispatcher_realtime: bool,
 }
 
 #[derive(Serialize, Debug)]
@@ -147,6 +151,9 @@ pub fn stall(args: StallArgs) -> Result<()> {
         if let Some(nice) = args.dispatcher_nice {
             daemon_args.extend(["--dispatcher-nice".into(), nice.to_string()]);
         }
+        if args.dispatcher_realtime {
+            daemon_args.push("--dispatcher-realtime".into());
+        }
         let daemon_args: Vec<&str> = daemon_args.iter().map(String::as_str).collect();
         let daemon = DaemonProcess::start(None, &daemon_args)?;
         let quiet = run_clients(&daemon.socket, ClientMode::Latency, iterations, 1)?.remove(0);
@@ -209,6 +216,7 @@ pub fn stall(args: StallArgs) -> Result<()> {
             "iterations": iterations,
             "batch_priority": args.batch_priority.as_deref().unwrap_or("batch"),
             "dispatcher_nice": args.dispatcher_nice.unwrap_or(0),
+            "dispatcher_realtime": args.dispatcher_realtime,
             "load_average_at_start": load,
             "runs": results,
             "quiet_p99_ns": quiet99.median,

@@ -340,6 +340,14 @@ impl Server {
                 ),
             }
         }
+        if self.config.dispatcher_realtime {
+            match agora_devices::priority::make_current_thread_realtime() {
+                Ok(()) => tracing::info!("dispatcher thread runs under SCHED_FIFO"),
+                Err(why) => {
+                    tracing::warn!("dispatcher_realtime not applied ({why}); the dispatcher runs at normal priority")
+                }
+            }
+        }
         let mut last_poll = Instant::now();
         let mut broken: Vec<u64> = Vec::new();
         loop {
