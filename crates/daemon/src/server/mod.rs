@@ -84,7 +84,9 @@ struct Reclaimer {
 }
 
 impl Reclaimer {
-    fn start(devices: Vec<Arc<dyn agora_devices::Device>>) -> Result<Self, DaemonError> {
+    fn start(devices: &[Arc<dyn agora_devices::Device>]) -> Result<Self, DaemonError> {
+        // Weak: the devices go with the scheduler, on the thread that drops the server, as before.
+        let devices: Vec<std::sync::Weak<dyn agora_devices::Device>> = devices.iter().map(Arc::downgrade).collect();
         let (sessions, inbox) = std::sync::mpsc::channel::<(Box<Session>, bool)>();
         std::thread::Builder::new()
             .name("agora-reclaim".into())
@@ -93,7 +95,7 @@ impl Reclaimer {
                 for (session, last_tenant) in inbox {
                     let tenant = session.id;
                     drop(session);
-                    for device in &devices {
+                    for device in devices.iter().filter_map(std::sync::Weak::upgrade) {
                         device.tenant_ended(tenant);
                     }
                     if last_tenant {
@@ -293,7 +295,7 @@ impl Server {
         let realtime = realtime::start_service(&config, &scheduler.devices, wake.clone(), telemetry.clone());
         let mut books = Books::new(config.limits.clone());
         books.attach_counters(|limit| telemetry.metrics.limit_refusals(limit));
-        let reclaimer = Reclaimer::start(scheduler.devices.clone())?;
+        let reclaimer = Reclaimer::start(&scheduler.devices)?;
         Ok(Server {
             books,
             buckets: HashMap::new(),
