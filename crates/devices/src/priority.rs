@@ -398,19 +398,26 @@ mod sys {
         unsafe { libc::syscall(libc::SYS_gettid) as i32 }
     }
 
-    pub(super) fn set_policy(tid: i32, policy: i32) -> Result<(), String> {
-        let param = libc::sched_param { sched_priority: 0 };
+    fn set_scheduler(tid: i32, policy: i32, priority: i32, what: &str) -> Result<(), String> {
+        let param = libc::sched_param {
+            sched_priority: priority,
+        };
         // SAFETY: `param` is a valid sched_param for the duration of the call; on Linux the pid
         // argument names one thread.
         if unsafe { libc::sched_setscheduler(tid, policy, &param) } == 0 {
             Ok(())
         } else {
-            Err(last_error(match policy {
-                libc::SCHED_BATCH => "sched_setscheduler(SCHED_BATCH)",
-                libc::SCHED_IDLE => "sched_setscheduler(SCHED_IDLE)",
-                _ => "sched_setscheduler(SCHED_OTHER)",
-            }))
+            Err(last_error(what))
         }
+    }
+
+    pub(super) fn set_policy(tid: i32, policy: i32) -> Result<(), String> {
+        let what = match policy {
+            libc::SCHED_BATCH => "sched_setscheduler(SCHED_BATCH)",
+            libc::SCHED_IDLE => "sched_setscheduler(SCHED_IDLE)",
+            _ => "sched_setscheduler(SCHED_OTHER)",
+        };
+        set_scheduler(tid, policy, 0, what)
     }
 
     pub(super) fn policy_of(tid: i32) -> Result<i32, String> {
@@ -448,46 +455,37 @@ mod sys {
     }
 
     pub(super) fn set_fifo(tid: i32, priority: i32) -> Result<(), String> {
-        let param = libc::sched_param {
-            sched_priority: priority,
-        };
         // Threads the caller starts later do not inherit it (clone counts as fork here).
         let policy = libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK;
-        // SAFETY: `param` is a valid sched_param for the duration of the call; on Linux the pid
-        // argument names one thread.
-        if unsafe { libc::sched_setscheduler(tid, policy, &param) } == 0 {
-            Ok(())
+        set_scheduler(
+            tid,
+            policy,
+            priority,
+            &format!("sched_setscheduler(SCHED_FIFO, {priority})"),
+        )
+    }
+
+    /// The soft limit of `resource` (0 where it cannot be read).
+    fn soft_limit(resource: libc::__rlimit_resource_t) -> u64 {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: `limit` is a valid rlimit to write.
+        if unsafe { libc::getrlimit(resource, &mut limit) } == 0 {
+            #[allow(clippy::useless_conversion)] // rlim_t is narrower on some 32-bit targets
+            u64::from(limit.rlim_cur)
         } else {
-            Err(last_error(&format!("sched_setscheduler(SCHED_FIFO, {priority})")))
+            0
         }
     }
 
     pub(super) fn rtprio_rlimit() -> u64 {
-        let mut limit = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: `limit` is a valid rlimit to write.
-        if unsafe { libc::getrlimit(libc::RLIMIT_RTPRIO, &mut limit) } == 0 {
-            #[allow(clippy::useless_conversion)] // rlim_t is narrower on some 32-bit targets
-            u64::from(limit.rlim_cur)
-        } else {
-            0
-        }
+        soft_limit(libc::RLIMIT_RTPRIO)
     }
 
     pub(super) fn nice_rlimit() -> u64 {
-        let mut limit = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: `limit` is a valid rlimit to write.
-        if unsafe { libc::getrlimit(libc::RLIMIT_NICE, &mut limit) } == 0 {
-            #[allow(clippy::useless_conversion)] // rlim_t is narrower on some 32-bit targets
-            u64::from(limit.rlim_cur)
-        } else {
-            0
-        }
+        soft_limit(libc::RLIMIT_NICE)
     }
 }
 

@@ -57,10 +57,7 @@ impl RangeAllocator {
     /// The first free offset, aligned to `align` (a power of two), with `len` bytes after it.
     pub fn alloc(&mut self, len: u64, align: u64) -> Option<u64> {
         let len = len.max(1);
-        let (start, free_len, at) = self.free.iter().find_map(|(start, free_len)| {
-            let at = start.checked_add(align - 1)? & !(align - 1);
-            (at.checked_add(len)? <= start + free_len).then_some((*start, *free_len, at))
-        })?;
+        let (start, free_len, at) = self.first_fit(len, align)?;
         self.free.remove(&start);
         if at > start {
             self.free.insert(start, at - start);
@@ -69,6 +66,23 @@ impl RangeAllocator {
             self.free.insert(at + len, start + free_len - (at + len));
         }
         Some(at)
+    }
+
+    /// The first free range with `len` bytes from an offset aligned to `align`: (its start, its
+    /// length, that offset).
+    fn first_fit(&self, len: u64, align: u64) -> Option<(u64, u64, u64)> {
+        self.free.iter().find_map(|(start, free_len)| {
+            let at = start.checked_add(align - 1)? & !(align - 1);
+            (at.checked_add(len.max(1))? <= start + free_len).then_some((*start, *free_len, at))
+        })
+    }
+
+    /// Free bytes at the end of the range.
+    fn free_tail(&self) -> u64 {
+        self.free
+            .iter()
+            .next_back()
+            .map_or(0, |(s, l)| if s + l == self.end { *l } else { 0 })
     }
 
     /// Returns `[offset, offset + len)` (allocated by [`alloc`](Self::alloc) with this `len`).
@@ -209,22 +223,12 @@ impl Partition {
             return Ok((self.base + offset, None));
         }
         let end = mapped.ranges.end();
-        let end_free = mapped
-            .ranges
-            .free
-            .iter()
-            .next_back()
-            .map_or(0, |(s, l)| if s + l == end { *l } else { 0 });
-        let target = grown_size(end, end_free, len, self.granule)
-            .filter(|t| *t <= self.reserved)
-            .map(|t| if t > end { t } else { end * 2 })
-            .filter(|t| *t <= self.reserved)
-            .ok_or_else(|| {
-                format!(
-                    "the partition of tenant {} cannot grow to hold {len} more bytes",
-                    self.tenant
-                )
-            })?;
+        let target = self.grown_end(&mapped.ranges, len).ok_or_else(|| {
+            format!(
+                "the partition of tenant {} cannot grow to hold {len} more bytes",
+                self.tenant
+            )
+        })?;
         let size = target - end;
         let prop = allocation_properties(self.device);
         let mut handle: CUmemGenericAllocationHandle = 0;
@@ -303,28 +307,23 @@ impl Partition {
         self.fenced.store(true, std::sync::atomic::Ordering::Release);
     }
 
-    /// The bytes `alloc(len)` would newly map: 0 when a free range fits.
+    /// The mapped size after growing to hold `len` more bytes (doubling at least), or `None`
+    /// past the reservation.
+    fn grown_end(&self, ranges: &RangeAllocator, len: u64) -> Option<u64> {
+        let end = ranges.end();
+        grown_size(end, ranges.free_tail(), len, self.granule)
+            .map(|t| if t > end { t } else { end * 2 })
+            .filter(|t| *t <= self.reserved)
+    }
+
+    /// The bytes `alloc(len)` would newly map: 0 when a free range fits (or it cannot grow).
     fn growth_for(&self, len: u64) -> u64 {
         let mapped = self.mapped.lock().unwrap_or_else(|e| e.into_inner());
-        let ranges = &mapped.ranges;
-        let align = BUFFER_ALIGNMENT;
-        let fits = ranges.free.iter().any(|(start, free_len)| {
-            start
-                .checked_add(align - 1)
-                .map(|at| at & !(align - 1))
-                .and_then(|at| at.checked_add(len.max(1)))
-                .is_some_and(|stop| stop <= start + free_len)
-        });
-        if fits {
+        if mapped.ranges.first_fit(len, BUFFER_ALIGNMENT).is_some() {
             return 0;
         }
-        let end = ranges.end();
-        let end_free = ranges
-            .free
-            .iter()
-            .next_back()
-            .map_or(0, |(s, l)| if s + l == end { *l } else { 0 });
-        grown_size(end, end_free, len, self.granule).map_or(0, |target| target.max(end * 2).saturating_sub(end))
+        self.grown_end(&mapped.ranges, len)
+            .map_or(0, |target| target - mapped.ranges.end())
     }
 
     /// Bytes mapped but in no buffer.
