@@ -163,8 +163,9 @@ typedef struct AgoraKernel AgoraKernel;
 typedef struct AgoraKernelList AgoraKernelList;
 
 /**
- * A program built from the session's own code (`agora_program_opencl`, `agora_program_library`):
- * its kernels run in the session's sandboxed executor.
+ * A program built from the session's own code (`agora_program_opencl`, `agora_program_library`,
+ * `agora_program_cuda`, `agora_program_ptx`): its kernels run in the session's sandboxed
+ * executor, or fenced on an NVIDIA GPU.
  */
 typedef struct AgoraProgram AgoraProgram;
 
@@ -469,6 +470,44 @@ AgoraStatus agora_program_library(const AgoraSession *session,
                                   uintptr_t len,
                                   const char *manifest,
                                   AgoraProgram **out);
+
+/**
+ * Builds CUDA C `source` (UTF-8 text with `extern "C" __global__` kernels, compiled by the
+ * daemon with NVRTC) described by `manifest` (required: `[kernels.NAME]` tables with `params`,
+ * size rules, and `cuda = { entry = "..." }` when the function's name differs from `NAME`).
+ * Each kernel takes its declared parameters only, and its grid covers the launch range
+ * exactly: one thread per work item, `blockIdx.x * blockDim.x + threadIdx.x` is the row
+ * (dimension 0 is x). The program runs only on NVIDIA GPUs, fenced into the session's own
+ * memory; a daemon without one builds and checks it, and a launch then fails its task
+ * (`AGORA_STATUS_TASK`, no device). A build that fails returns `AGORA_STATUS_CONTROL` and
+ * `agora_last_error_message` carries NVRTC's log, or the line the fence pass refused
+ * (`printf`, `cp.async`, textures, ...) and why. Release the program with
+ * `agora_program_destroy`.
+ *
+ * # Safety
+ * Valid handles and pointers; `source` and `manifest` NUL-terminated.
+ */
+AgoraStatus agora_program_cuda(const AgoraSession *session,
+                               const char *source,
+                               const char *manifest,
+                               AgoraProgram **out);
+
+/**
+ * Builds PTX text `ptx` described by `manifest` (required, as for `agora_program_cuda`, with
+ * `cuda = { entry = "..." }` when an `.entry`'s name differs from its `[kernels.NAME]`), with
+ * the same conventions: declared parameters only, a grid covering the launch range exactly
+ * (one thread per work item). Runs only on NVIDIA GPUs, fenced into the session's own memory;
+ * without one a launch fails its task (`AGORA_STATUS_TASK`, no device). PTX the fence pass
+ * refuses fails the build with `AGORA_STATUS_CONTROL`, the message naming the line and why.
+ * Release the program with `agora_program_destroy`.
+ *
+ * # Safety
+ * Valid handles and pointers; `ptx` and `manifest` NUL-terminated.
+ */
+AgoraStatus agora_program_ptx(const AgoraSession *session,
+                              const char *ptx,
+                              const char *manifest,
+                              AgoraProgram **out);
 
 /**
  * Kernel `name` of `program`, to launch like any kernel; release it with

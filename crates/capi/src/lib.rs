@@ -157,8 +157,9 @@ pub struct AgoraTask {
 }
 /// The kernels the daemon offers (`agora_kernel_list`).
 pub struct AgoraKernelList(Vec<KernelEntry>);
-/// A program built from the session's own code (`agora_program_opencl`, `agora_program_library`):
-/// its kernels run in the session's sandboxed executor.
+/// A program built from the session's own code (`agora_program_opencl`, `agora_program_library`,
+/// `agora_program_cuda`, `agora_program_ptx`): its kernels run in the session's sandboxed
+/// executor, or fenced on an NVIDIA GPU.
 pub struct AgoraProgram {
     program: agora::Program,
     log: CString,
@@ -754,6 +755,88 @@ pub unsafe extern "C" fn agora_program_library(
     // SAFETY: `library` is readable for `len` bytes (caller's contract).
     let bytes = unsafe { std::slice::from_raw_parts(library, len) };
     store_program(session.session.program_library(bytes, &manifest), out)
+}
+
+/// Builds CUDA C `source` (UTF-8 text with `extern "C" __global__` kernels, compiled by the
+/// daemon with NVRTC) described by `manifest` (required: `[kernels.NAME]` tables with `params`,
+/// size rules, and `cuda = { entry = "..." }` when the function's name differs from `NAME`).
+/// Each kernel takes its declared parameters only, and its grid covers the launch range
+/// exactly: one thread per work item, `blockIdx.x * blockDim.x + threadIdx.x` is the row
+/// (dimension 0 is x). The program runs only on NVIDIA GPUs, fenced into the session's own
+/// memory; a daemon without one builds and checks it, and a launch then fails its task
+/// (`AGORA_STATUS_TASK`, no device). A build that fails returns `AGORA_STATUS_CONTROL` and
+/// `agora_last_error_message` carries NVRTC's log, or the line the fence pass refused
+/// (`printf`, `cp.async`, textures, ...) and why. Release the program with
+/// `agora_program_destroy`.
+///
+/// # Safety
+/// Valid handles and pointers; `source` and `manifest` NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn agora_program_cuda(
+    session: *const AgoraSession,
+    source: *const c_char,
+    manifest: *const c_char,
+    out: *mut *mut AgoraProgram,
+) -> AgoraStatus {
+    begin();
+    let session = handle!(session, "session");
+    // SAFETY: caller's contract.
+    let (source, manifest) = match unsafe { gpu_program_args(source, manifest, out) } {
+        Ok(args) => args,
+        Err(status) => return status,
+    };
+    store_program(session.session.program_cuda(&source, &manifest), out)
+}
+
+/// Builds PTX text `ptx` described by `manifest` (required, as for `agora_program_cuda`, with
+/// `cuda = { entry = "..." }` when an `.entry`'s name differs from its `[kernels.NAME]`), with
+/// the same conventions: declared parameters only, a grid covering the launch range exactly
+/// (one thread per work item). Runs only on NVIDIA GPUs, fenced into the session's own memory;
+/// without one a launch fails its task (`AGORA_STATUS_TASK`, no device). PTX the fence pass
+/// refuses fails the build with `AGORA_STATUS_CONTROL`, the message naming the line and why.
+/// Release the program with `agora_program_destroy`.
+///
+/// # Safety
+/// Valid handles and pointers; `ptx` and `manifest` NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn agora_program_ptx(
+    session: *const AgoraSession,
+    ptx: *const c_char,
+    manifest: *const c_char,
+    out: *mut *mut AgoraProgram,
+) -> AgoraStatus {
+    begin();
+    let session = handle!(session, "session");
+    // SAFETY: caller's contract.
+    let (ptx, manifest) = match unsafe { gpu_program_args(ptx, manifest, out) } {
+        Ok(args) => args,
+        Err(status) => return status,
+    };
+    store_program(session.session.program_ptx(&ptx, &manifest), out)
+}
+
+/// The code and manifest of a CUDA or PTX program, both required, with a non-null `out`.
+///
+/// # Safety
+/// `code` and `manifest` null or NUL-terminated.
+unsafe fn gpu_program_args(
+    code: *const c_char,
+    manifest: *const c_char,
+    out: *mut *mut AgoraProgram,
+) -> Result<(String, String), AgoraStatus> {
+    if out.is_null() {
+        return Err(fail(AgoraStatus::InvalidArgument, "out is null"));
+    }
+    // SAFETY: caller's contract, passed on.
+    let code = unsafe { required_str(code, "source") }?;
+    // SAFETY: as above.
+    match unsafe { opt_str(manifest) }? {
+        Some(manifest) => Ok((code, manifest)),
+        None => Err(fail(
+            AgoraStatus::InvalidArgument,
+            "manifest is null: a CUDA or PTX program needs one ([kernels.NAME] tables)",
+        )),
+    }
 }
 
 fn store_program(built: Result<agora::Program, agora::Error>, out: *mut *mut AgoraProgram) -> AgoraStatus {

@@ -59,6 +59,29 @@ int main(void) {
     OK(agora_launch(queue, twice, args, 2, &n, 1, NULL));
     OK(agora_queue_finish(queue));
 
+    /* CUDA C and PTX programs need their code and a manifest: refused here, before the daemon. */
+    static const char *CUDA = "extern \"C\" __global__ void twice(const float *x, float *y) {\n"
+                              "    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+                              "    y[i] = 2.0f * x[i];\n"
+                              "}\n";
+    static const char *MANIFEST = "[kernels.twice]\n"
+                                  "params = [\"x: f32 read\", \"y: f32 write\"]\n"
+                                  "sizes = { x = \"range0\", y = \"range0\" }\n";
+    AgoraProgram *gpu = NULL;
+    EXPECT(agora_program_cuda(session, CUDA, NULL, &gpu) == AGORA_STATUS_INVALID_ARGUMENT);
+    EXPECT(gpu == NULL && MESSAGE_HAS("manifest is null"));
+    EXPECT(agora_program_cuda(session, NULL, MANIFEST, &gpu) == AGORA_STATUS_INVALID_ARGUMENT);
+    EXPECT(gpu == NULL && MESSAGE_HAS("source is null"));
+    EXPECT(agora_program_cuda(session, CUDA, MANIFEST, NULL) == AGORA_STATUS_INVALID_ARGUMENT);
+    EXPECT(MESSAGE_HAS("out is null"));
+    EXPECT(agora_program_cuda(NULL, CUDA, MANIFEST, &gpu) == AGORA_STATUS_INVALID_ARGUMENT);
+    EXPECT(gpu == NULL && MESSAGE_HAS("session is null"));
+    EXPECT(agora_program_ptx(session, ".version 7.0\n", NULL, &gpu) == AGORA_STATUS_INVALID_ARGUMENT);
+    EXPECT(gpu == NULL && MESSAGE_HAS("manifest is null"));
+    EXPECT(agora_program_ptx(session, NULL, MANIFEST, &gpu) == AGORA_STATUS_INVALID_ARGUMENT);
+    EXPECT(gpu == NULL && MESSAGE_HAS("source is null"));
+    EXPECT(agora_program_ptx(session, ".version 7.0\n", MANIFEST, NULL) == AGORA_STATUS_INVALID_ARGUMENT);
+
     /* A build error: the compiler's log is in the message. */
     AgoraProgram *broken = NULL;
     EXPECT(agora_program_opencl(session, "__kernel void k(__global float *x) { x[0] = undeclared_thing; }",

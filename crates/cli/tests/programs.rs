@@ -529,3 +529,83 @@ fn tenant_opencl_programs_run_in_the_daemon_only_when_the_operator_allows_it() {
         );
     }
 }
+
+/// CUDA C and PTX programs on a daemon without a GPU (a GPU machine runs them in
+/// `crates/client/tests/gpu.rs`): the daemon checks everything it can without one when the program
+/// is built — NVRTC compiles the CUDA C, each entry must take exactly its declared parameters,
+/// and the code must pass the fence — and says that no device can run it; a launch then fails
+/// with `NoDevice`, and the session goes on.
+#[test]
+fn cuda_and_ptx_programs_are_checked_when_built_and_fail_with_no_device_without_a_gpu() {
+    use agora_test_support::{TENANT_CUDA, TENANT_PTX};
+    agora_test_support::use_project_nvrtc();
+    let daemon = start("programs-cuda", &[]);
+    let session = daemon.session();
+    let queue = session.queue("cuda").unwrap();
+
+    let (source, manifest) = TENANT_CUDA;
+    let program = session
+        .program_cuda(source, manifest)
+        .expect("the CUDA C program builds");
+    let saxpy = program.kernel("saxpy").unwrap();
+    assert_eq!(
+        saxpy.signature().to_string(),
+        "saxpy(a: f32, x: read f32 buffer, y: read-write f32 buffer)"
+    );
+    assert!(program.kernel("count").is_some());
+    assert!(
+        program.build_log().contains("no device of this daemon can run it"),
+        "{}",
+        program.build_log()
+    );
+    let (ptx, ptx_manifest) = TENANT_PTX;
+    let filled = session.program_ptx(ptx, ptx_manifest).expect("the PTX program builds");
+    let fill = filled.kernel("fill").unwrap();
+    assert_eq!(fill.signature().to_string(), "fill(y: write f32 buffer, v: f32)");
+
+    // Without a GPU a launch has no device; the session and its queue go on.
+    let y = session.buffer_from(&[0f32; 64]).unwrap();
+    let task = queue.launch(&fill, &[(&y).into(), Arg::F32(1.0)], 64u64).unwrap();
+    match task.wait() {
+        Err(Error::Task(TaskError::NoDevice(_))) => {}
+        other => panic!("a CUDA-only kernel without a GPU: {other:?}"),
+    }
+    let _ = queue.finish();
+    saxpy_checked(&session, &queue, &session.kernel("saxpy").unwrap(), 1000, 2.0).unwrap();
+
+    let build_error = |result: Result<agora::Program, Error>| match result {
+        Err(Error::Control(ControlError::ProgramBuild { log, .. })) => log,
+        other => panic!("expected a build error, got {other:?}"),
+    };
+    // NVRTC's log.
+    let log = build_error(session.program_cuda("extern \"C\" __global__ void saxpy(float a) { a = ; }", manifest));
+    assert!(log.contains("error"), "{log}");
+    // A mangled name: the entry the manifest names is not in the PTX.
+    let mangled = source.replace("extern \"C\" __global__ void saxpy", "__global__ void saxpy");
+    let log = build_error(session.program_cuda(&mangled, manifest));
+    assert!(
+        log.contains("no kernel entry saxpy") && log.contains("extern \"C\""),
+        "{log}"
+    );
+    // The manifest declares one parameter more than the kernel takes.
+    let wrong = manifest.replace("params = [\"a: f32\",", "params = [\"b: f32\", \"a: f32\",");
+    let log = build_error(session.program_cuda(source, &wrong));
+    assert!(log.contains("takes 3 parameters; the manifest declares 4"), "{log}");
+    // What the fence cannot confine is refused when built, not when launched.
+    let talk = source.replace("y[i] = a * x[i] + y[i];", "printf(\"%f\\n\", x[i]);");
+    assert_ne!(talk, source, "the test's edit applies");
+    let log = build_error(session.program_cuda(&talk, manifest));
+    assert!(log.contains("cannot be fenced"), "{log}");
+    let unfenceable = ptx.replace("st.global.f32 \t[%rd4], %f1;", "prefetch.global.L2 [%rd4];");
+    assert_ne!(unfenceable, ptx, "the test's edit applies");
+    let log = build_error(session.program_ptx(&unfenceable, ptx_manifest));
+    assert!(log.contains("cannot be fenced") && log.contains("prefetch"), "{log}");
+    // A manifest is required: the daemon cannot read parameters' access from PTX.
+    match session.program_ptx(ptx, "") {
+        Err(Error::Control(ControlError::BadRequest(m) | ControlError::ProgramBuild { log: m, .. })) => {
+            assert!(m.contains("kernel"), "{m}")
+        }
+        other => panic!("a PTX program without kernels in its manifest: {other:?}"),
+    }
+    daemon_alive(&daemon);
+}

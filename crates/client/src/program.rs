@@ -67,6 +67,36 @@ impl Session {
         self.build_program("c", library, Some(manifest), "c program")
     }
 
+    /// Builds CUDA C `source` (UTF-8 text, compiled by the daemon with NVRTC): each kernel is an
+    /// `extern "C" __global__` function, described by `manifest` (required: its
+    /// `[kernels.NAME]` tables give the parameters, size rules, and `cuda = { entry = "..." }`
+    /// when the function's name differs from `NAME`). A kernel takes its declared parameters
+    /// only (buffers as device pointers, scalars by value), and its grid covers the launch
+    /// range exactly: one thread per work item, `blockIdx.x * blockDim.x + threadIdx.x` being
+    /// the row (dimension 0 is x), block sizes chosen by the daemon.
+    ///
+    /// The program runs only on NVIDIA GPUs, fenced: every global memory access is masked into
+    /// this session's own memory. A daemon without such a GPU still builds and checks it, and a
+    /// launch then fails with [`crate::TaskError::NoDevice`]. Source that does not compile
+    /// fails with NVRTC's log ([`ControlError::ProgramBuild`]); code the fence pass refuses
+    /// (`printf`, `cp.async`, textures, ...) fails the build likewise, naming the line and why.
+    pub fn program_cuda(&self, source: &str, manifest: &str) -> Result<Program, Error> {
+        self.build_program("cuda", source.as_bytes(), Some(manifest), "cuda program")
+    }
+
+    /// Builds a PTX program: `ptx` is PTX text whose `.entry` functions are the kernels,
+    /// described by `manifest` (required, as for [`Session::program_cuda`], with
+    /// `cuda = { entry = "..." }` when an entry's name differs from its `[kernels.NAME]`).
+    /// Same conventions as [`Session::program_cuda`]: declared parameters only, a grid covering
+    /// the launch range exactly (one thread per work item, dimension 0 is x).
+    ///
+    /// Runs only on NVIDIA GPUs, fenced into this session's memory; a daemon without one builds
+    /// and checks it, and a launch fails with [`crate::TaskError::NoDevice`]. PTX the fence pass
+    /// refuses fails the build ([`ControlError::ProgramBuild`]) naming the line and why.
+    pub fn program_ptx(&self, ptx: &str, manifest: &str) -> Result<Program, Error> {
+        self.build_program("ptx", ptx.as_bytes(), Some(manifest), "ptx program")
+    }
+
     fn build_program(&self, language: &str, code: &[u8], manifest: Option<&str>, name: &str) -> Result<Program, Error> {
         if code.len() > MAX_PROGRAM_BYTES {
             return Err(Error::Control(ControlError::BadRequest(format!(

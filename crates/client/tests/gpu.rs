@@ -2,7 +2,8 @@
 //! two tenants at once; launches beyond the GPU's grid limits (sliced, or run elsewhere when no
 //! slicing fits); a buffer larger than the memory the GPU may use; a tenant's own kernel that
 //! writes all over the GPU's address space, fenced into its partition while its neighbour's data
-//! stays exact; a tenant's kept GPU memory given back under pressure and when it ends.
+//! stays exact; a tenant's kept GPU memory given back under pressure and when it ends; a
+//! package's CUDA C kernel (guarded, so it may be sliced) and a tenant's CUDA C and PTX programs.
 //!
 //! These need an NVIDIA GPU and its driver, which CI and the development machines lack: they
 //! are `#[ignore]`d (listed as ignored, never passed) and run by `scripts/gpu-check.sh` with
@@ -417,5 +418,125 @@ fn a_tenant_kernel_writing_out_of_bounds_is_fenced_and_its_neighbour_stays_exact
         status.devices
     );
     drop((attacker, neighbour, session));
+    daemon.stop().unwrap();
+}
+
+/// The example imaging package's CUDA C (`examples/packages/imaging/imaging.cu`), as a package of
+/// its own with no C library, so only a GPU implements its kernel.
+const IMAGING_CUDA: &str = include_str!("../../../examples/packages/imaging/imaging.cu");
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-check.sh on a GPU machine"]
+fn a_package_s_cuda_c_kernel_runs_on_the_gpu_and_exact_however_it_is_sliced() {
+    let dir = agora_test_support::temp_dir("gpu-cuda-package");
+    let package = dir.path().join("gpuimaging");
+    std::fs::create_dir_all(&package).unwrap();
+    std::fs::write(package.join("imaging.cu"), IMAGING_CUDA).unwrap();
+    std::fs::write(
+        package.join("package.toml"),
+        r#"[package]
+name = "gpuimaging"
+
+[kernels.scale]
+params = ["a: f32", "x: f32 read", "y: f32 write"]
+sizes = { x = "range0", y = "range0" }
+chunkable = true
+cost_ns_per_item = 0.5
+cuda = { file = "imaging.cu", entry = "imaging_scale_cuda" }
+"#,
+    )
+    .unwrap();
+    let (daemon, session) = gpu_daemon_with("gpu-cuda-package", |c| {
+        c.kernel_paths = vec![package.clone()];
+        // Slices of about 50 us: a 2^26-item launch is cut into several.
+        c.preempt_target = Duration::from_micros(50);
+    });
+    let scale = session.kernel("gpuimaging.scale").unwrap();
+    let queue = gpu_queue(&session, "package");
+    let n = 1usize << 26;
+    let x: Vec<f32> = (0..n).map(|i| (i % 1021) as f32).collect();
+    let bx = session.buffer_from(&x).unwrap();
+    let by = session.buffer_from(&vec![-1f32; n]).unwrap();
+    let before = gpu_jobs(&session);
+    let _ = queue.sync_to(&bx).unwrap();
+    for _ in 0..3 {
+        let _ = queue
+            .launch(&scale, &[Arg::F32(1.5), (&bx).into(), (&by).into()], n as u64)
+            .unwrap();
+    }
+    let _ = queue.sync_from(&by).unwrap();
+    queue.finish().unwrap();
+    let jobs = gpu_jobs(&session) - before;
+    println!("3 launches of the package's CUDA C kernel ran as {jobs} GPU jobs");
+    assert!(jobs >= 3, "the package's kernel did not run on the GPU");
+    let wrong = by
+        .as_slice::<f32>()
+        .iter()
+        .enumerate()
+        .filter(|(i, v)| **v != 1.5 * (i % 1021) as f32)
+        .count();
+    assert_eq!(wrong, 0, "{wrong} of {n} values wrong");
+    drop(session);
+    daemon.stop().unwrap();
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-check.sh on a GPU machine"]
+fn a_tenant_s_cuda_c_and_ptx_programs_run_fenced_on_the_gpu_and_exact() {
+    let (daemon, session) = gpu_daemon("gpu-cuda-programs");
+    let (source, manifest) = agora_test_support::TENANT_CUDA;
+    let program = session.program_cuda(source, manifest).unwrap();
+    assert!(
+        !program.build_log().contains("no device"),
+        "the daemon says no device runs it: {}",
+        program.build_log()
+    );
+    let (ptx, ptx_manifest) = agora_test_support::TENANT_PTX;
+    let filled = session.program_ptx(ptx, ptx_manifest).unwrap();
+    let (saxpy, count, fill) = (
+        program.kernel("saxpy").unwrap(),
+        program.kernel("count").unwrap(),
+        filled.kernel("fill").unwrap(),
+    );
+    let queue = gpu_queue(&session, "programs");
+    // A range that is no multiple of 256 (the plain convention's grid covers it exactly).
+    let n = (1usize << 20) + 3;
+    let x: Vec<f32> = (0..n).map(|i| (i % 977) as f32).collect();
+    let bx = session.buffer_from(&x).unwrap();
+    let by = session.buffer_from(&vec![0f32; n]).unwrap();
+    let hits = session.buffer_from(&[0i32]).unwrap();
+    let before = gpu_jobs(&session);
+    let _ = queue.sync_to(&bx).unwrap();
+    let _ = queue.launch(&fill, &[(&by).into(), Arg::F32(2.0)], n as u64).unwrap();
+    let _ = queue
+        .launch(&saxpy, &[Arg::F32(3.0), (&bx).into(), (&by).into()], n as u64)
+        .unwrap();
+    let _ = queue.sync_to(&hits).unwrap();
+    let _ = queue.launch(&count, &[(&hits).into()], 4099u64).unwrap();
+    let _ = queue.sync_from(&by).unwrap();
+    let _ = queue.sync_from(&hits).unwrap();
+    queue.finish().unwrap();
+    assert!(gpu_jobs(&session) >= before + 3, "the programs did not run on the GPU");
+    let wrong = by
+        .as_slice::<f32>()
+        .iter()
+        .enumerate()
+        .filter(|(i, v)| **v != 3.0 * (i % 977) as f32 + 2.0)
+        .count();
+    assert_eq!(wrong, 0, "{wrong} of {n} values wrong");
+    assert_eq!(hits.as_slice::<i32>()[0], 4099, "one atomic add per work item");
+    // PTX the fence accepts but the driver's JIT does not (an undeclared register): the build
+    // fails with the JIT's log, not the first launch.
+    let broken = ptx.replace("mov.u32 \t%r1, %ctaid.x;", "mov.u32 \t%r99, %ctaid.x;");
+    assert_ne!(broken, ptx, "the test's edit applies");
+    match session.program_ptx(&broken, ptx_manifest) {
+        Err(agora::Error::Control(agora_protocol::control::ControlError::ProgramBuild { log, .. })) => {
+            println!("the JIT's refusal: {log}");
+            assert!(log.contains("r99"), "the build error lacks the JIT's log: {log}");
+        }
+        other => panic!("PTX that does not JIT-compile built: {other:?}"),
+    }
+    agora_test_support::saxpy_ok(&session, 1 << 16);
+    drop(session);
     daemon.stop().unwrap();
 }

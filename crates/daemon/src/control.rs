@@ -420,6 +420,7 @@ mod tests {
             max_programs: 64,
             in_daemon: false,
             on_gpus: false,
+            devices: Vec::new(),
         };
         assert!(control
             .submit(&daemon_side, ControlJob::BuildProgram(Box::new(job)), &owed)

@@ -328,7 +328,7 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("imaging");
         std::fs::create_dir(&dir).unwrap();
-        for file in ["package.toml", "imaging.cl", "libimaging.so"] {
+        for file in ["package.toml", "imaging.cl", "imaging.cu", "libimaging.so"] {
             std::fs::copy(repository.join("examples/packages/imaging").join(file), dir.join(file)).unwrap();
         }
         root
@@ -347,7 +347,10 @@ mod tests {
         assert_eq!((packages[0].name.as_str(), packages[0].kernels), ("imaging", 2));
         let listed = kernels.iter().find(|k| k.id == blur).unwrap();
         assert_eq!(listed.package.as_deref(), Some("imaging"));
-        assert_eq!(listed.implementations, vec!["opencl".to_string(), "cpu".to_string()]);
+        assert_eq!(
+            listed.implementations,
+            vec!["opencl".to_string(), "cuda".to_string(), "cpu".to_string()]
+        );
 
         // Nothing changed: same ids, same generation.
         let generation = registry.generation();
@@ -382,7 +385,7 @@ mod tests {
         let report = registry.reload();
         assert_eq!(report.errors.len(), 1, "{report:?}");
         assert!(
-            report.errors[0].contains("package.toml:25: kernels.blur.sizes.src: `w * hh` names `hh`"),
+            report.errors[0].contains("package.toml:26: kernels.blur.sizes.src: `w * hh` names `hh`"),
             "{report:?}"
         );
         assert!(report.errors[0].contains("keeps its previous version"), "{report:?}");

@@ -135,9 +135,15 @@ pub(crate) fn check_request(language: &str, code: &[u8], manifest: Option<&str>)
         "c" if manifest.is_none() => Err(ControlError::BadRequest(
             "a C program needs a manifest ([kernels.NAME] tables with params and sizes) describing its kernels".into(),
         )),
-        "c" => Ok(()),
+        "cuda" | "ptx" if manifest.is_none() => Err(ControlError::BadRequest(format!(
+            "a {} program needs a manifest ([kernels.NAME] tables with params and sizes, and cuda = {{ entry = \"...\" }} \
+             where the function's name differs) describing its kernels",
+            if language == "cuda" { "CUDA C" } else { "PTX" }
+        ))),
+        "c" | "cuda" | "ptx" => Ok(()),
         other => Err(ControlError::BadRequest(format!(
-            "unknown program language '{}': use opencl (OpenCL C source) or c (a shared object)",
+            "unknown program language '{}': use opencl (OpenCL C source), c (a shared object), cuda (CUDA C source) \
+             or ptx (PTX text)",
             other.chars().take(32).collect::<String>()
         ))),
     }
@@ -258,6 +264,9 @@ pub(crate) struct BuildJob {
     pub(crate) in_daemon: bool,
     /// `[programs] on_gpus`: ... and on its GPUs, fenced.
     pub(crate) on_gpus: bool,
+    /// The daemon's devices, to tell a CUDA program's author when none can run it (weak: the
+    /// devices go with the scheduler).
+    pub(crate) devices: Vec<std::sync::Weak<dyn agora_devices::Device>>,
 }
 
 /// Runs a build (on a builder thread) and returns the reply.
@@ -295,6 +304,7 @@ fn build_inner(job: BuildJob) -> Result<Response, ControlError> {
         max_programs,
         in_daemon,
         on_gpus,
+        devices,
     } = job;
     check_request(&language, &code, manifest.as_deref())?;
     let specs = match manifest.as_deref() {
@@ -314,6 +324,52 @@ fn build_inner(job: BuildJob) -> Result<Response, ControlError> {
         name: name.clone(),
         log,
     };
+    if language == "cuda" || language == "ptx" {
+        if !on_gpus {
+            return Err(ControlError::BadRequest(
+                "this daemon runs no tenant code on its GPUs ([programs] on_gpus = false), and CUDA C and PTX \
+                 programs run only there; ask the operator, or write the program in OpenCL C"
+                    .into(),
+            ));
+        }
+        if programs.built() >= max_programs {
+            return Err(ControlError::TooMany {
+                what: "programs".into(),
+                limit: max_programs as u64,
+            });
+        }
+        let specs = specs.unwrap_or_default();
+        let (defs, log) = cuda_definitions(&language, code, &specs, &name).map_err(|e| match e {
+            CudaBuildError::Refused(message) => ControlError::BadRequest(message),
+            CudaBuildError::Build(log) => failed(log),
+        })?;
+        // Each GPU that runs it compiles (for its own architecture), fences and loads it now: what
+        // its driver rejects (e.g. PTX for a newer GPU) is the build's error, with the JIT's log.
+        let devices: Vec<_> = devices.iter().filter_map(std::sync::Weak::upgrade).collect();
+        for def in &defs {
+            for device in &devices {
+                if let Some(Err(why)) = device.prepare(def) {
+                    return Err(failed(format!("{}: {why}", device.info().name)));
+                }
+            }
+        }
+        let runnable = defs.iter().all(|def| devices.iter().any(|d| d.implements(def)));
+        drop(devices);
+        let log = if runnable {
+            log
+        } else {
+            format!(
+                "{log}{}note: no device of this daemon can run it now (CUDA C and PTX programs run only on NVIDIA \
+                 GPUs with virtual memory management, fenced); its launches fail with NoDevice until one is present\n",
+                if log.is_empty() || log.ends_with('\n') {
+                    ""
+                } else {
+                    "\n"
+                }
+            )
+        };
+        return Ok(install(&programs, defs, log, false));
+    }
     let cell = &programs.cell;
     if cell.closed.load(Ordering::Acquire) {
         return Err(ControlError::BadRequest("the session ended".into()));
@@ -384,20 +440,168 @@ fn build_inner(job: BuildJob) -> Result<Response, ControlError> {
             });
         }
     }
+    Ok(install(&programs, defs, built.log, built.from_binary))
+}
+
+/// Installs a built program's kernels for its session; the reply.
+fn install(programs: &SessionPrograms, defs: Vec<KernelDef>, log: String, cached: bool) -> Response {
     let signatures: Vec<KernelSignature> = defs.iter().map(|d| d.signature()).collect();
     let first = programs
         .kernels
         .install(defs.into_iter().map(|d| KernelRef::Shared(Arc::new(d))).collect());
     programs.built.fetch_add(1, Ordering::AcqRel);
-    Ok(Response::Program {
+    Response::Program {
         kernels: signatures
             .into_iter()
             .enumerate()
             .map(|(j, s)| (SESSION_KERNEL_BIT | (first + j as u32), s))
             .collect(),
-        log: built.log,
-        cached: built.from_binary,
-    })
+        log,
+        cached,
+    }
+}
+
+/// Why a CUDA C or PTX program was not built.
+enum CudaBuildError {
+    /// The request cannot be served here (no CUDA backend, no NVRTC, not UTF-8).
+    Refused(String),
+    /// The code did not compile, does not match its manifest, or cannot be fenced: the log.
+    Build(String),
+}
+
+/// The definitions of a tenant's CUDA C (`language` `cuda`) or PTX (`ptx`) program, checked here
+/// as far as no GPU is needed, and NVRTC's log.
+///
+/// A GPU runs such a program only fenced (`tenant-fenced/<hash>`), so it is refused now if the
+/// pass would refuse it: CUDA C is compiled by NVRTC (for `compute_80`, as a check; each GPU
+/// compiles it again for its own architecture), each kernel's entry must take exactly its
+/// declared parameters (tenant kernels get no revocation flag nor row offset: each launch runs
+/// whole, over its exact range), and the PTX is fenced and the result checked.
+#[cfg(feature = "cuda")]
+fn cuda_definitions(
+    language: &str,
+    code: Vec<u8>,
+    specs: &[agora_packages::KernelSpec],
+    name: &str,
+) -> Result<(Vec<KernelDef>, String), CudaBuildError> {
+    use agora_devices::cuda::{fence, programs as cuda};
+    use agora_kernels::{CudaCode, CudaImpl};
+    /// The architecture tenant CUDA C is checked for: the oldest with the features fencing relies on
+    /// (Ampere); PTX for it JIT-compiles on every later GPU.
+    const CHECK_ARCH: u32 = 80;
+    let text = String::from_utf8(code)
+        .map_err(|_| CudaBuildError::Refused(format!("{} must be UTF-8 text", language_name(language))))?;
+    if specs.is_empty() {
+        return Err(CudaBuildError::Refused(
+            "the manifest describes no kernel: add a [kernels.NAME] table per kernel".into(),
+        ));
+    }
+    let (ptx, log) = if language == "cuda" {
+        if !cuda::nvrtc_available() {
+            return Err(CudaBuildError::Refused(
+                "this daemon cannot compile CUDA C: NVRTC (libnvrtc.so) is not installed here; send PTX \
+                 (language ptx), or ask the operator to install NVRTC or set AGORA_NVRTC"
+                    .into(),
+            ));
+        }
+        let ptx = cuda::compile_ptx(name, &text, CHECK_ARCH).map_err(|e| CudaBuildError::Build(e.log))?;
+        (ptx, String::new())
+    } else {
+        (text.clone(), String::new())
+    };
+    for spec in specs {
+        let entry = spec.cuda_entry.as_deref().unwrap_or(&spec.name);
+        match fence::entry_parameter_count(&ptx, entry) {
+            Ok(Some(count)) if count == spec.params.len() => {}
+            Ok(Some(count)) => {
+                return Err(CudaBuildError::Build(format!(
+                    "kernel {}: entry {entry} takes {count} parameters; the manifest declares {}. A tenant's CUDA \
+                     kernel takes exactly its declared parameters (no range guards, revocation flag nor row offset)",
+                    spec.name,
+                    spec.params.len()
+                )))
+            }
+            Ok(None) => {
+                return Err(CudaBuildError::Build(format!(
+                    "kernel {}: the {} has no kernel entry {entry}{}",
+                    spec.name,
+                    language_name(language),
+                    if language == "cuda" {
+                        " (declare it extern \"C\" __global__, so its name is not mangled)"
+                    } else {
+                        " (.entry)"
+                    }
+                )))
+            }
+            Err(e) => return Err(CudaBuildError::Build(format!("the PTX: {e}"))),
+        }
+    }
+    fence::fence(&ptx)
+        .and_then(|fenced| fence::check_fenced(&fenced.ptx))
+        .map_err(|e| {
+            CudaBuildError::Build(format!(
+                "the program cannot be fenced into the tenant's GPU memory, so no GPU will run it: {e}"
+            ))
+        })?;
+    use sha2::Digest;
+    let hash: [u8; 32] = sha2::Sha256::digest(text.as_bytes()).into();
+    let program: String = hash[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let program = format!("{}{program}", agora_kernels::FENCED_TENANT_PROGRAM_PREFIX);
+    let code = if language == "cuda" {
+        CudaCode::Source(Cow::Owned(text))
+    } else {
+        CudaCode::Ptx(Cow::Owned(text))
+    };
+    let defs = specs
+        .iter()
+        .map(|spec| KernelDef {
+            name: Cow::Owned(spec.name.clone()),
+            doc: Cow::Owned(if spec.doc.is_empty() {
+                format!(
+                    "kernel {} of the session's {} program '{name}'",
+                    spec.name,
+                    language_name(language)
+                )
+            } else {
+                spec.doc.clone()
+            }),
+            params: Cow::Owned(spec.params.clone()),
+            cost: spec.cost,
+            // It runs whole: a plain kernel cannot start at a row on a GPU.
+            chunkable: false,
+            check: spec.check.clone(),
+            cpu: None,
+            opencl: None,
+            cuda: Some(CudaImpl {
+                program: Cow::Owned(program.clone()),
+                code: code.clone(),
+                entry: Cow::Owned(spec.cuda_entry.clone().unwrap_or_else(|| spec.name.clone())),
+                guarded: false,
+            }),
+        })
+        .collect();
+    Ok((defs, log))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_definitions(
+    language: &str,
+    _code: Vec<u8>,
+    _specs: &[agora_packages::KernelSpec],
+    _name: &str,
+) -> Result<(Vec<KernelDef>, String), CudaBuildError> {
+    Err(CudaBuildError::Refused(format!(
+        "this daemon was built without the CUDA backend, so it runs no {} programs",
+        language_name(language)
+    )))
+}
+
+fn language_name(language: &str) -> &'static str {
+    if language == "cuda" {
+        "CUDA C source"
+    } else {
+        "PTX"
+    }
 }
 
 /// The definitions of a built program's kernels: parameters from the compiler (OpenCL) or the
@@ -444,6 +648,7 @@ fn definitions(
             None => format!("kernel {} of the session's program '{name}'", kernel.name),
         };
         defs.push(KernelDef {
+            cuda: None,
             name: Cow::Owned(kernel_name),
             doc: Cow::Owned(doc),
             cost: spec.map_or(Cost::PerItemNs(2.0), |s| s.cost),

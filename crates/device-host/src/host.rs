@@ -410,6 +410,7 @@ fn kernel_def(def: KernelWire) -> KernelDef {
         Ok(())
     }
     KernelDef {
+        cuda: None,
         name: def.name.into(),
         doc: "".into(),
         params: def

@@ -480,6 +480,13 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     fn info(&self) -> &DeviceInfo;
     /// Whether the device has an implementation of `kernel`.
     fn implements(&self, kernel: &KernelDef) -> bool;
+    /// Readies `kernel` to run here now rather than at its first launch (a GPU compiles and
+    /// loads its code), so that a tenant program's author hears of code the device rejects when
+    /// the program is built: `None` when the device does not run it or has nothing to prepare,
+    /// else whether it is ready, or why not (e.g. the driver's JIT log).
+    fn prepare(&self, _kernel: &KernelDef) -> Option<Result<(), String>> {
+        None
+    }
     /// Appends `job` to `lane`'s queue.
     fn submit(&self, lane: usize, job: Job);
     /// Jobs queued or running on `lane` (a load estimate for policies).
@@ -501,6 +508,12 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     fn runs_row_slices(&self) -> bool {
         false
     }
+    /// Whether launches of `kernel` may be split into row slices here: the kernel is chunkable,
+    /// the device [runs row slices](Device::runs_row_slices), and the form in which the device
+    /// runs this kernel can start at a row (a GPU's plain kernels cannot).
+    fn slices(&self, kernel: &KernelDef) -> bool {
+        self.runs_row_slices() && kernel.chunkable
+    }
     /// Checks a launch of `kernel` over `range` (1 to 3 dimensions), whose buffer arguments are
     /// `buffer_lens` bytes long (by argument index, 0 for scalars), against this device's
     /// [`LaunchLimits`]; returns the fewest row slices (enqueues) it must be split into, or the
@@ -511,9 +524,7 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     /// rows; backends whose work-groups span more dimensions override it.
     fn check_launch(&self, kernel: &KernelDef, range: &[u64], buffer_lens: &[u64]) -> Result<u64, TaskError> {
         let group = [self.row_alignment(kernel, range.len()), 1, 1];
-        self.info()
-            .limits
-            .check(range, group, buffer_lens, self.runs_row_slices() && kernel.chunkable)
+        self.info().limits.check(range, group, buffer_lens, self.slices(kernel))
     }
     /// A multiple of rows that slice boundaries of `kernel` launched in `dims` dimensions should
     /// keep to (a work-group's extent in dimension 0 on OpenCL), so no slice runs idle work items

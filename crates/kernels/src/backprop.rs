@@ -60,6 +60,7 @@ fn layerforward_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `backprop.layerforward(x, w, partial, n_in, n_hid)`.
 pub const LAYERFORWARD: KernelDef = KernelDef {
+    cuda: None,
     name: Cow::Borrowed("backprop.layerforward"),
     doc: Cow::Borrowed(
         "partial[b*n_hid+j] = sum of x[i]*w[i*(n_hid+1)+j+1] over the 16 inputs i of block b (inputs 1..=n_in); \
@@ -106,6 +107,7 @@ fn squash_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `backprop.squash(partial, w, h, n_in, n_hid)`.
 pub const SQUASH: KernelDef = KernelDef {
+    cuda: None,
     name: Cow::Borrowed("backprop.squash"),
     doc: Cow::Borrowed(
         "h[j+1] = sigmoid(sum over blocks b of partial[b*n_hid+j] + w[j+1]) (h[0] untouched); range n_hid",
@@ -157,6 +159,7 @@ fn adjust_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `backprop.adjust_weights(delta, ly, w, oldw, n_in, n_hid, eta, momentum)`.
 pub const ADJUST_WEIGHTS: KernelDef = KernelDef {
+    cuda: None,
     name: Cow::Borrowed("backprop.adjust_weights"),
     doc: Cow::Borrowed(
         "for input i and hidden k=j+1: dw = eta*delta[k]*ly[i] + momentum*oldw[i][k]; w[i][k] += dw; \

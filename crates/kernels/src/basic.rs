@@ -21,6 +21,7 @@ fn noop_cpu(_: &KernelCall<'_>, _: Range<u64>) {}
 /// both cores of this machine, so 0.125 ns per item and core), so the estimate grows with it and a
 /// huge range is sliced like any long launch.
 pub const NOOP: KernelDef = KernelDef {
+    cuda: None,
     name: Cow::Borrowed("noop"),
     doc: Cow::Borrowed("does nothing; any range"),
     params: Cow::Borrowed(&[]),
@@ -49,6 +50,7 @@ fn saxpy_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `saxpy(a, x, y)`: y ← a·x + y over `n` items.
 pub const SAXPY: KernelDef = KernelDef {
+    cuda: None,
     name: Cow::Borrowed("saxpy"),
     doc: Cow::Borrowed("y[i] = a*x[i] + y[i] for i < n; range n"),
     params: Cow::Borrowed(&[scalar("a", F32), buffer("x", F32, Read), buffer("y", F32, ReadWrite)]),
@@ -79,6 +81,7 @@ fn vector_add_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `vector_add(a, b, c)`: c ← a + b.
 pub const VECTOR_ADD: KernelDef = KernelDef {
+    cuda: None,
     name: Cow::Borrowed("vector_add"),
     doc: Cow::Borrowed("c[i] = a[i] + b[i] for i < n; range n"),
     params: Cow::Borrowed(&[buffer("a", F32, Read), buffer("b", F32, Read), buffer("c", F32, Write)]),
@@ -102,6 +105,7 @@ fn fill_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `fill(value, y)`: y ← value.
 pub const FILL: KernelDef = KernelDef {
+    cuda: None,
     name: Cow::Borrowed("fill"),
     doc: Cow::Borrowed("y[i] = value for i < n; range n"),
     params: Cow::Borrowed(&[scalar("value", F32), buffer("y", F32, Write)]),

@@ -54,6 +54,7 @@ fn fan1_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `gaussian.fan1(m, a, size, t)`: multipliers of column `t`.
 pub const FAN1: KernelDef = KernelDef {
+    cuda: None,
     name: Cow::Borrowed("gaussian.fan1"),
     doc: Cow::Borrowed("m[(t+1+i)*size+t] = a[(t+1+i)*size+t] / a[t*size+t] for i < size-1-t; range size-1-t"),
     params: Cow::Borrowed(&[
@@ -105,6 +106,7 @@ fn fan2_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `gaussian.fan2(m, a, b, size, t)`: eliminate column `t` below the pivot.
 pub const FAN2: KernelDef = KernelDef {
+    cuda: None,
     name: Cow::Borrowed("gaussian.fan2"),
     doc: Cow::Borrowed(
         "a[(t+1+i)*size+t+j] -= m[(t+1+i)*size+t]*a[t*size+t+j], b[t+1+i] -= m[..]*b[t]; range (size-1-t, size-t)",

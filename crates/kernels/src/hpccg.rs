@@ -72,6 +72,7 @@ fn spmv_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `hpccg.spmv(row_ptr, cols, vals, x, y, ncols, nnz)`.
 pub const SPMV: KernelDef = KernelDef {
+    cuda: None,
     name: Cow::Borrowed("hpccg.spmv"),
     doc: Cow::Borrowed(
         "CSR y = A*x: y[r] = sum of vals[k]*x[cols[k]] for k in row_ptr[r]..row_ptr[r+1] (bounds clamped to \
@@ -123,6 +124,7 @@ fn dot_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `hpccg.dot(n, x, y, partial)`.
 pub const DOT: KernelDef = KernelDef {
+    cuda: None,
     name: Cow::Borrowed("hpccg.dot"),
     doc: Cow::Borrowed(
         "partial[b] = sum of x[i]*y[i] over i in b*1024..min(n, (b+1)*1024), in order (the host adds the \
@@ -161,6 +163,7 @@ fn waxpby_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `hpccg.waxpby(alpha, x, beta, y, w)`.
 pub const WAXPBY: KernelDef = KernelDef {
+    cuda: None,
     name: Cow::Borrowed("hpccg.waxpby"),
     doc: Cow::Borrowed("w[i] = alpha*x[i] + beta*y[i] (w must not be x or y); range n"),
     params: Cow::Borrowed(&[

@@ -49,6 +49,7 @@ fn boxes_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `lavamd.boxes(rv, qv, fv, boxes1d, par_per_box, alpha)`.
 pub const BOXES: KernelDef = KernelDef {
+    cuda: None,
     name: Cow::Borrowed("lavamd.boxes"),
     doc: Cow::Borrowed(
         "lavaMD: fv[p] = sum over particles j of p's box and its neighbour boxes of q_j*(vij, 2*vij*(r_p - r_j)), \

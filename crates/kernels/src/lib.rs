@@ -137,6 +137,51 @@ pub struct OpenClBinary {
     pub bytes: Arc<[u8]>,
 }
 
+/// A kernel's CUDA implementation: CUDA C (compiled by NVRTC for the GPU's architecture at first
+/// use) or PTX (loaded as it is, JIT-compiled by the driver).
+#[derive(Debug, Clone)]
+pub struct CudaImpl {
+    /// Program name, used with the code's hash as the cache key (e.g. `imaging/imaging.cu`, or
+    /// `tenant-fenced/<hash>` for a tenant's program, which a GPU runs only fenced).
+    pub program: Text,
+    /// The code.
+    pub code: CudaCode,
+    /// The entry point: an `extern "C" __global__` function (CUDA C) or a `.entry` (PTX).
+    pub entry: Text,
+    /// The calling convention: `true` when the entry takes, after its declared parameters,
+    /// `range0, range1, range2` (`unsigned long long`), the revocation flag (`const volatile
+    /// unsigned char *`) and the row offset (`unsigned long long`), like the library's guarded
+    /// OpenCL kernels, so a launch may be sliced and revoked; `false` when it takes its declared
+    /// parameters only and runs as one launch whose grid covers the range exactly.
+    pub guarded: bool,
+}
+
+/// The code of a [`CudaImpl`].
+#[derive(Debug, Clone)]
+pub enum CudaCode {
+    /// CUDA C source.
+    Source(Text),
+    /// PTX text.
+    Ptx(Text),
+}
+
+impl CudaCode {
+    /// The text.
+    pub fn text(&self) -> &str {
+        match self {
+            CudaCode::Source(t) | CudaCode::Ptx(t) => t,
+        }
+    }
+
+    /// `cuda` or `ptx`, for messages and listings.
+    pub fn language(&self) -> &'static str {
+        match self {
+            CudaCode::Source(_) => "cuda",
+            CudaCode::Ptx(_) => "ptx",
+        }
+    }
+}
+
 /// How the daemon names a tenant's own OpenCL program in [`OpenClImpl::program`]: untrusted code.
 /// `tenant/<hash>` may run on the daemon's OpenCL devices (`[programs] in_daemon`) and, fenced, on
 /// its GPUs; `tenant-fenced/<hash>` only fenced, on GPUs.
@@ -240,8 +285,11 @@ pub struct KernelDef {
     pub check: SizeCheck,
     /// CPU implementation.
     pub cpu: Option<CpuImpl>,
-    /// OpenCL implementation.
+    /// OpenCL implementation (on GPUs, also compiled as CUDA C under the backend's prelude).
     pub opencl: Option<OpenClImpl>,
+    /// CUDA implementation: CUDA C or PTX written for NVIDIA GPUs (a package's or a tenant
+    /// program's). A GPU prefers it to the OpenCL one.
+    pub cuda: Option<CudaImpl>,
 }
 
 /// A kernel as the daemon passes it along a task's path: the library's are static, loaded ones

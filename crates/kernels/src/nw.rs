@@ -73,6 +73,7 @@ fn diagonal_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `nw.diagonal(score, reference, n, penalty, diagonal, block)`.
 pub const DIAGONAL: KernelDef = KernelDef {
+    cuda: None,
     name: Cow::Borrowed("nw.diagonal"),
     doc: Cow::Borrowed(
         "Needleman-Wunsch: fills the blocks (bi, diagonal-bi) of block x block cells of the (n+1)^2 score \

@@ -62,6 +62,7 @@ fn sgemm_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `sgemm(m, n, k, alpha, a, b, beta, c)`.
 pub const SGEMM: KernelDef = KernelDef {
+    cuda: None,
     name: Cow::Borrowed("sgemm"),
     doc: Cow::Borrowed(
         "C = alpha*A*B + beta*C (C not read when beta = 0), row-major, A m x k, B k x n, C m x n; range (m, n); \

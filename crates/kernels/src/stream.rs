@@ -42,6 +42,7 @@ fn copy_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `stream.copy(a, c)`: c ← a.
 pub const COPY: KernelDef = KernelDef {
+    cuda: None,
     name: Cow::Borrowed("stream.copy"),
     doc: Cow::Borrowed("STREAM copy: c[i] = a[i]; range n"),
     params: Cow::Borrowed(&[buffer("a", F32, Read), buffer("c", F32, Write)]),
@@ -65,6 +66,7 @@ fn scale_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `stream.scale(scalar, c, b)`: b ← scalar·c.
 pub const SCALE: KernelDef = KernelDef {
+    cuda: None,
     name: Cow::Borrowed("stream.scale"),
     doc: Cow::Borrowed("STREAM scale: b[i] = scalar*c[i]; range n"),
     params: Cow::Borrowed(&[scalar("scalar", F32), buffer("c", F32, Read), buffer("b", F32, Write)]),
@@ -88,6 +90,7 @@ fn add_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `stream.add(a, b, c)`: c ← a + b.
 pub const ADD: KernelDef = KernelDef {
+    cuda: None,
     name: Cow::Borrowed("stream.add"),
     doc: Cow::Borrowed("STREAM add: c[i] = a[i] + b[i]; range n"),
     params: Cow::Borrowed(&[buffer("a", F32, Read), buffer("b", F32, Read), buffer("c", F32, Write)]),
@@ -112,6 +115,7 @@ fn triad_cpu(call: &KernelCall<'_>, rows: Range<u64>) {
 
 /// `stream.triad(scalar, b, c, a)`: a ← b + scalar·c.
 pub const TRIAD: KernelDef = KernelDef {
+    cuda: None,
     name: Cow::Borrowed("stream.triad"),
     doc: Cow::Borrowed("STREAM triad: a[i] = b[i] + scalar*c[i]; range n"),
     params: Cow::Borrowed(&[

@@ -2,9 +2,10 @@
 //! `agora kernels reload` (trusted code, like the built-in library).
 //!
 //! A package is a directory with a manifest, [`MANIFEST`], and the files it names: OpenCL C
-//! sources and a shared object with C-ABI CPU functions (`agora_kernel.h`). Loading one yields
-//! [`KernelDef`]s the scheduler treats like the library's: named `package.kernel`, checked
-//! against size rules before they run, placed only on devices that have an implementation.
+//! sources, CUDA C or PTX files and a shared object with C-ABI CPU functions
+//! (`agora_kernel.h`). Loading one yields [`KernelDef`]s the scheduler treats like the
+//! library's: named `package.kernel`, checked against size rules before they run, placed only on
+//! devices that have an implementation.
 //! The manifest format is documented in `docs/KERNELS.md` ("Package manifest");
 //! [`program_manifest`] reads the same `[kernels.NAME]` tables for tenant programs.
 //!
@@ -17,7 +18,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use agora_kernels::{Cost, CpuImpl, KernelDef, NativeCpuFn, OpenClImpl, Param, SizeCheck};
+use agora_kernels::{Cost, CpuImpl, CudaCode, CudaImpl, KernelDef, NativeCpuFn, OpenClImpl, Param, SizeCheck};
 use sha2::{Digest, Sha256};
 
 mod expr;
@@ -51,7 +52,7 @@ pub struct PackageKernel {
     /// A hash of everything that defines the kernel (its manifest entry, the sources and shared
     /// object it uses): equal fingerprints mean a reload changed nothing for it.
     pub fingerprint: [u8; 32],
-    /// Its implementations, for listings: `opencl`, `cpu`.
+    /// Its implementations, for listings: `opencl`, `cuda`, `cpu` (in this order).
     pub implementations: Vec<&'static str>,
 }
 
@@ -111,6 +112,9 @@ pub struct KernelSpec {
     pub opencl_entry: Option<String>,
     /// The OpenCL work-group size the kernel requires (`opencl = { local = [...] }`).
     pub opencl_local: Option<[usize; 3]>,
+    /// The CUDA entry point (`cuda = { entry = ... }`; the kernel's name when the table gives
+    /// none).
+    pub cuda_entry: Option<String>,
 }
 
 /// The package directories under `path`: `path` itself when it holds a [`MANIFEST`], else each
@@ -205,7 +209,7 @@ pub fn load(dir: &Path) -> Result<Package, PackageError> {
             Some((loaded, hash, path))
         }
     };
-    // OpenCL sources by file name: (text, hash).
+    // OpenCL, CUDA C and PTX sources by file name: (text, hash).
     let mut sources: HashMap<String, (Arc<str>, [u8; 32])> = HashMap::new();
     let mut kernels = Vec::new();
     for mut entry in manifest.kernels {
@@ -282,6 +286,42 @@ pub fn load(dir: &Path) -> Result<Package, PackageError> {
                 })
             }
         };
+        let cuda = match &entry.cuda {
+            None => None,
+            Some(cu) => {
+                let Some(file) = &cu.file else {
+                    return Err(PackageError::Other("a CUDA implementation without a file".into()));
+                };
+                let path = dir.join(&file.value);
+                if !sources.contains_key(&file.value) {
+                    let text = std::fs::read_to_string(&path).map_err(|e| {
+                        src.error(&file.span, &file.key, format!("cannot read {}: {e}", path.display()))
+                    })?;
+                    let hash: [u8; 32] = Sha256::digest(text.as_bytes()).into();
+                    sources.insert(file.value.clone(), (text.into(), hash));
+                }
+                let (source, hash) = &sources[&file.value];
+                let text = Cow::Owned(source.to_string());
+                let code = if file.value.ends_with(".ptx") {
+                    CudaCode::Ptx(text)
+                } else {
+                    CudaCode::Source(text)
+                };
+                let count = cuda_entry_parameters(&code, &cu.entry.value)
+                    .map_err(|m| src.error(&cu.entry.span, &cu.entry.key, format!("{} {m}", path.display())))?;
+                let guarded = convention(&cu.entry.value, count, entry.params.len())
+                    .map_err(|m| src.error(&cu.span, &cu.key, format!("{}: {m}", path.display())))?;
+                hasher.update(b"\0cuda\0");
+                hasher.update(hash);
+                implementations.push("cuda");
+                Some(CudaImpl {
+                    program: Cow::Owned(format!("{}/{}", package.name, file.value)),
+                    code,
+                    entry: Cow::Owned(cu.entry.value.clone()),
+                    guarded,
+                })
+            }
+        };
         let cpu = match &entry.cpu {
             None => None,
             Some(symbol) => {
@@ -325,6 +365,7 @@ pub fn load(dir: &Path) -> Result<Package, PackageError> {
             })
             .collect();
         let def = KernelDef {
+            cuda,
             name: Cow::Borrowed(intern(&name)),
             doc: Cow::Borrowed(intern(&entry.doc)),
             params: Cow::Owned(params),
@@ -349,9 +390,9 @@ pub fn load(dir: &Path) -> Result<Package, PackageError> {
 }
 
 /// Reads a tenant program's manifest: `[kernels.NAME]` tables in the package format, without a
-/// `[package]` table or file paths (`opencl` takes `entry` and `local`, `cpu` takes `symbol`),
-/// and where no implementation is required (the program's code says which it has). `origin`
-/// names the manifest in errors (e.g. the program's name).
+/// `[package]` table or file paths (`opencl` takes `entry` and `local`, `cuda` takes `entry`,
+/// `cpu` takes `symbol`), and where no implementation is required (the program's code says which
+/// it has). `origin` names the manifest in errors (e.g. the program's name).
 pub fn program_manifest(text: &str, origin: &str) -> Result<Vec<KernelSpec>, PackageError> {
     let manifest = manifest::parse(origin, text, Mode::Program)?;
     Ok(manifest.kernels.into_iter().map(spec).collect())
@@ -386,6 +427,7 @@ fn spec(k: manifest::KernelEntry) -> KernelSpec {
         cpu_symbol: k.cpu.map(|s| s.value),
         opencl_entry: k.opencl.as_ref().map(|c| c.entry.value.clone()),
         opencl_local: k.opencl.as_ref().and_then(|c| c.local),
+        cuda_entry: k.cuda.as_ref().map(|c| c.entry.value.clone()),
         name: k.name,
         doc: k.doc,
     }
@@ -445,7 +487,223 @@ fn declares_kernel(source: &str, entry: &str) -> bool {
     false
 }
 
-/// Identifiers, numbers and single punctuation characters of C `source`, comments removed.
+/// The parameters a CUDA kernel entry takes after its declared ones in the guarded convention:
+/// `range0, range1, range2`, the revocation flag and the row offset.
+const GUARD_PARAMETERS: usize = 5;
+
+/// Whether `entry` of `code` takes the guarded convention (declared + 5) or the plain one
+/// (declared only), read from its parameter list; an error says what was found and what each
+/// convention expects.
+///
+/// In CUDA C the entry must be declared `__global__ void ENTRY(` with C linkage (`extern "C"`
+/// among its specifiers, or inside an `extern "C" { ... }` block: a C++ name is mangled and the
+/// driver would not find it), outside comments; other specifiers (`__launch_bounds__(...)` and
+/// the like) may come before `void` or between `void` and the name. In PTX it is a `.entry ENTRY`, whose
+/// `.param` declarations are counted. `declared` is the number of parameters the manifest
+/// declares.
+pub fn cuda_convention(code: &CudaCode, entry: &str, declared: usize) -> Result<bool, String> {
+    let what = match code {
+        CudaCode::Source(_) => "the CUDA C source",
+        CudaCode::Ptx(_) => "the PTX",
+    };
+    let count = cuda_entry_parameters(code, entry).map_err(|m| format!("{what} {m}"))?;
+    convention(entry, count, declared)
+}
+
+/// The number of parameters `entry` of `code` takes; the error (which follows the code's name)
+/// says the entry is missing or not callable.
+fn cuda_entry_parameters(code: &CudaCode, entry: &str) -> Result<usize, String> {
+    match code {
+        CudaCode::Source(source) => cuda_c_parameters(source, entry),
+        CudaCode::Ptx(ptx) => ptx_parameters(ptx, entry),
+    }
+}
+
+/// Guarded (`true`) or plain (`false`) by the parameter count.
+fn convention(entry: &str, count: usize, declared: usize) -> Result<bool, String> {
+    if count == declared {
+        Ok(false)
+    } else if count == declared + GUARD_PARAMETERS {
+        Ok(true)
+    } else {
+        let s = |n: usize| if n == 1 { "" } else { "s" };
+        Err(format!(
+            "kernel entry {entry} takes {count} parameter{}; the manifest declares {declared}: a plain kernel takes exactly its {declared} declared parameter{}, a guarded one {declared} + {GUARD_PARAMETERS} = {} (range0, range1, range2, the revocation flag, the row offset)",
+            s(count),
+            s(declared),
+            declared + GUARD_PARAMETERS
+        ))
+    }
+}
+
+/// The parameter count of the first `__global__ void entry(` of CUDA C `source` with C linkage.
+fn cuda_c_parameters(source: &str, entry: &str) -> Result<usize, String> {
+    let tokens = tokens(source);
+    // Whether each token is inside an `extern "C" { ... }` block.
+    let mut in_extern_c = Vec::with_capacity(tokens.len());
+    let mut blocks: Vec<bool> = Vec::new();
+    for (i, t) in tokens.iter().enumerate() {
+        in_extern_c.push(blocks.iter().any(|b| *b));
+        match *t {
+            "{" => blocks.push(i >= 2 && tokens[i - 2] == "extern" && tokens[i - 1] == "\"C\""),
+            "}" => {
+                blocks.pop();
+            }
+            _ => {}
+        }
+    }
+    let mut mangled = false;
+    for (i, t) in tokens.iter().enumerate() {
+        if *t != entry || tokens.get(i + 1) != Some(&"(") {
+            continue;
+        }
+        // Back over `__launch_bounds__(...)`-like groups between `void` and the name.
+        let mut j = i;
+        while j >= 2 && tokens[j - 1] == ")" {
+            match group_start(&tokens, j - 1) {
+                Some(open) if open >= 1 && is_word(tokens[open - 1]) && tokens[open - 1] != "void" => j = open - 1,
+                _ => break,
+            }
+        }
+        if j == 0 || tokens[j - 1] != "void" {
+            continue;
+        }
+        // The declaration specifiers before `void`: words, string literals (`"C"`) and
+        // parenthesised groups after a word.
+        let mut k = j - 1;
+        while k > 0 {
+            let t = tokens[k - 1];
+            if is_word(t) || t.starts_with('"') {
+                k -= 1;
+            } else if t == ")" {
+                match group_start(&tokens, k - 1) {
+                    Some(open) => k = open,
+                    None => break,
+                }
+            } else {
+                break;
+            }
+        }
+        let specifiers = &tokens[k..j - 1];
+        if !specifiers.contains(&"__global__") {
+            continue;
+        }
+        let c_linkage = in_extern_c[i] || specifiers.windows(2).any(|w| w == ["extern", "\"C\""]);
+        if !c_linkage {
+            mangled = true;
+            continue;
+        }
+        return count_parameters(&tokens, i + 1, entry);
+    }
+    Err(if mangled {
+        format!(
+            "declares `__global__ void {entry}(` without `extern \"C\"`, so its name is mangled: declare it `extern \"C\" __global__ void {entry}(...)`"
+        )
+    } else {
+        format!("has no `extern \"C\" __global__ void {entry}(`: declare the kernel `extern \"C\" __global__ void {entry}(...)`")
+    })
+}
+
+/// Whether `token` is an identifier or a number (a word of [`tokens`]).
+fn is_word(token: &str) -> bool {
+    token.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// The index of the `(` that the `)` at `close` closes.
+fn group_start(tokens: &[&str], close: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    for k in (0..=close).rev() {
+        match tokens[k] {
+            ")" => depth += 1,
+            "(" => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(k);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The number of parameters in the C parameter list that opens at `tokens[open]` (`(`): its
+/// commas outside nested parentheses, brackets and braces, plus one; `()` and `(void)` have none.
+/// Commas inside template arguments (`Pair<int, int> p`) would be counted too: kernels with C
+/// linkage rarely take such parameters, and a wrong count is refused, never guessed around.
+fn count_parameters(tokens: &[&str], open: usize, entry: &str) -> Result<usize, String> {
+    let mut depth = 0usize;
+    let mut commas = 0;
+    for (k, t) in tokens.iter().enumerate().skip(open) {
+        match *t {
+            "(" | "[" | "{" => depth += 1,
+            ")" | "]" | "}" => {
+                depth -= 1;
+                if depth == 0 {
+                    let inner = &tokens[open + 1..k];
+                    return Ok(if inner.is_empty() || inner == ["void"] {
+                        0
+                    } else {
+                        commas + 1
+                    });
+                }
+            }
+            "," if depth == 1 => commas += 1,
+            _ => {}
+        }
+    }
+    Err(format!("declares `{entry}(` without closing its parameter list"))
+}
+
+/// The number of `.param`s of `.entry entry` in `ptx`.
+fn ptx_parameters(ptx: &str, entry: &str) -> Result<usize, String> {
+    const LISTED: usize = 8;
+    let tokens = tokens(ptx);
+    let mut names = Vec::new();
+    for i in 0..tokens.len() {
+        if tokens[i] != "." || tokens.get(i + 1) != Some(&"entry") {
+            continue;
+        }
+        let Some(name) = tokens.get(i + 2) else { continue };
+        if *name != entry {
+            names.push(*name);
+            continue;
+        }
+        // A PTX entry without parameters may omit the list.
+        if tokens.get(i + 3) != Some(&"(") {
+            return Ok(0);
+        }
+        let mut depth = 0usize;
+        let mut count = 0;
+        for (k, t) in tokens.iter().enumerate().skip(i + 3) {
+            match *t {
+                "(" => depth += 1,
+                ")" => {
+                    depth -= 1;
+                    if depth == 0 {
+                        return Ok(count);
+                    }
+                }
+                "." if depth == 1 && tokens.get(k + 1) == Some(&"param") => count += 1,
+                _ => {}
+            }
+        }
+        return Err(format!("declares `.entry {entry}(` without closing its parameter list"));
+    }
+    let found = if names.is_empty() {
+        "it has no .entry".to_string()
+    } else {
+        let mut list = names[..names.len().min(LISTED)].join(", ");
+        if names.len() > LISTED {
+            list.push_str(&format!(", and {} more", names.len() - LISTED));
+        }
+        format!("its entries: {list}")
+    };
+    Err(format!("has no `.entry {entry}` ({found})"))
+}
+
+/// Identifiers, numbers, string and character literals and single punctuation characters of C
+/// (or PTX) `source`, comments removed.
 fn tokens(source: &str) -> Vec<&str> {
     let bytes = source.as_bytes();
     let mut out = Vec::new();
@@ -463,6 +721,15 @@ fn tokens(source: &str) -> Vec<&str> {
             while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
                 i += 1;
             }
+            out.push(&source[start..i]);
+        } else if c == b'"' || c == b'\'' {
+            // A literal, to its closing quote (a backslash escapes the next byte) or the line's end.
+            let start = i;
+            i += 1;
+            while i < bytes.len() && bytes[i] != c && bytes[i] != b'\n' {
+                i += if bytes[i] == b'\\' { 2 } else { 1 };
+            }
+            i = (i + 1).min(bytes.len());
             out.push(&source[start..i]);
         } else {
             let len = source[i..].chars().next().map_or(1, char::len_utf8);

@@ -109,6 +109,19 @@ pub(crate) struct OpenClEntry {
     pub binaries: Vec<(String, Located<String>)>,
 }
 
+/// A `cuda = { ... }` table.
+#[derive(Debug, Clone)]
+pub(crate) struct CudaEntry {
+    /// The `.cu` (CUDA C) or `.ptx` file (packages only).
+    pub file: Option<Located<String>>,
+    /// The entry point (the kernel's name when not given).
+    pub entry: Located<String>,
+    /// Where the table is (the `cuda` key) and its dotted key, for errors about the kernel's
+    /// calling convention.
+    pub span: Range<usize>,
+    pub key: String,
+}
+
 /// One `[kernels.NAME]` table, checked.
 #[derive(Debug, Clone)]
 pub(crate) struct KernelEntry {
@@ -120,6 +133,7 @@ pub(crate) struct KernelEntry {
     pub cost_ns: f64,
     pub rules: Rules,
     pub opencl: Option<OpenClEntry>,
+    pub cuda: Option<CudaEntry>,
     /// The `cpu` table's symbol (the kernel's name when not given).
     pub cpu: Option<Located<String>>,
     /// Everything the entry says, in a fixed form (for fingerprints).
@@ -509,6 +523,7 @@ fn kernel(
         "chunkable",
         "cost_ns_per_item",
         "opencl",
+        "cuda",
         "cpu",
     ])?;
     let doc = match t.string("doc")? {
@@ -723,6 +738,42 @@ fn kernel(
             })
         }
     };
+    let cuda = match t.table("cuda")? {
+        None => None,
+        Some(cu) => {
+            let file = match mode {
+                Mode::Package => {
+                    cu.only(&["file", "entry"])?;
+                    let file = cu.required_string("file")?;
+                    if file.value.trim().is_empty() {
+                        return Err(src.error(&file.span, &file.key, "the file name is empty"));
+                    }
+                    Some(file)
+                }
+                Mode::Program => {
+                    cu.only(&["entry"])?;
+                    None
+                }
+            };
+            let entry = cu.string("entry")?.unwrap_or_else(|| Located {
+                value: name.clone(),
+                span: cu.span.clone(),
+                key: cu.key.clone(),
+            });
+            check_name(&src, &entry.span, &entry.key, &entry.value, "CUDA entry point")?;
+            canonical.push_str(&format!(
+                "cuda {:?} {:?}\n",
+                file.as_ref().map(|f| &f.value),
+                entry.value
+            ));
+            Some(CudaEntry {
+                file,
+                entry,
+                span: cu.span.clone(),
+                key: cu.key.clone(),
+            })
+        }
+    };
     let cpu = match t.table("cpu")? {
         None => None,
         Some(cpu) => {
@@ -744,11 +795,11 @@ fn kernel(
             Some(symbol)
         }
     };
-    if mode == Mode::Package && opencl.is_none() && cpu.is_none() {
+    if mode == Mode::Package && opencl.is_none() && cuda.is_none() && cpu.is_none() {
         return Err(src.error(
             &t.span,
             &t.key,
-            format!("kernel `{name}` has no implementation: give `opencl = {{ file = \"...\", entry = \"...\" }}`, `cpu = {{ symbol = \"...\" }}` or both"),
+            format!("kernel `{name}` has no implementation: give `opencl = {{ file = \"...\", entry = \"...\" }}`, `cuda = {{ file = \"...\", entry = \"...\" }}`, `cpu = {{ symbol = \"...\" }}`, or several"),
         ));
     }
     Ok(KernelEntry {
@@ -760,6 +811,7 @@ fn kernel(
         cost_ns,
         rules,
         opencl,
+        cuda,
         cpu,
         canonical,
     })

@@ -27,13 +27,17 @@ fn imaging() -> Package {
 }
 
 #[test]
-fn the_imaging_example_loads_with_both_implementations() {
+fn the_imaging_example_loads_with_its_three_implementations() {
     let package = imaging();
     assert_eq!(package.name, "imaging");
     let names: Vec<&str> = package.kernels.iter().map(|k| &*k.def.name).collect();
     assert_eq!(names, vec!["imaging.scale", "imaging.blur"]);
     for k in &package.kernels {
-        assert_eq!(k.implementations, vec!["opencl", "cpu"], "{}", k.def.name);
+        assert_eq!(k.implementations, vec!["opencl", "cuda", "cpu"], "{}", k.def.name);
+        let cuda = k.def.cuda.as_ref().unwrap();
+        assert!(cuda.guarded, "{}: imaging.cu takes the guarded convention", k.def.name);
+        assert_eq!(cuda.program, "imaging/imaging.cu");
+        assert_eq!(cuda.code.language(), "cuda");
         assert!(k.def.chunkable, "{}", k.def.name);
         assert!(k.def.doc.contains("range"), "{}: the doc names the range", k.def.name);
     }
@@ -131,7 +135,7 @@ fn the_documented_manifest_is_the_example_package() {
     let manifest = &doc[start..start + doc[start..].find("```").unwrap()];
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join(agora_packages::MANIFEST), manifest).unwrap();
-    for file in ["imaging.cl", "libimaging.so"] {
+    for file in ["imaging.cl", "imaging.cu", "libimaging.so"] {
         std::fs::copy(package.dir.join(file), dir.path().join(file)).unwrap();
     }
     let documented = load(dir.path()).unwrap_or_else(|e| panic!("{e}"));

@@ -90,15 +90,16 @@ pub enum Request {
     /// Build a tenant program for this session (`session.program(...)`): it runs in the
     /// session's sandboxed executor process, never in the daemon.
     BuildProgram {
-        /// `opencl` (OpenCL C source) or `c` (a shared object with C-ABI functions, see
-        /// `agora_kernel.h`, described by `manifest`).
+        /// `opencl` (OpenCL C source), `c` (a shared object with C-ABI functions, see
+        /// `agora_kernel.h`, described by `manifest`), `cuda` (CUDA C source with `extern "C"
+        /// __global__` kernels) or `ptx` (PTX text); the last two run only on NVIDIA GPUs, fenced.
         language: String,
-        /// The source text (OpenCL) or the shared object's bytes (C); at most
+        /// The source text (OpenCL, CUDA C, PTX) or the shared object's bytes (C); at most
         /// [`MAX_PROGRAM_BYTES`].
         code: Vec<u8>,
         /// A manifest in the kernel-package format (`[kernels.NAME]` tables): required for `c`,
-        /// optional for `opencl` (it adds size rules and chunkability to the signatures the
-        /// compiler reports).
+        /// `cuda` and `ptx`, optional for `opencl` (it adds size rules and chunkability to the
+        /// signatures the compiler reports).
         manifest: Option<String>,
         /// A name for messages and listings (e.g. the file it came from).
         name: String,

@@ -310,9 +310,15 @@ impl PySession {
     /// process and are launched like the built-in ones (`queue.launch(program.name, ...)`).
     ///
     /// `program(source)`: OpenCL C source (the signatures come from the compiler; a `manifest`
-    /// may add size rules). `program(library=..., manifest=...)`: a C shared object (bytes or a
-    /// path) exporting `agora_kernel.h` functions, described by a manifest. A build that fails
-    /// raises `ProgramBuildError` with the compiler's log.
+    /// may add size rules). `program(source, language="cuda", manifest=...)`: CUDA C source
+    /// with `extern "C" __global__` kernels; `program(source, language="ptx", manifest=...)`:
+    /// PTX text. Both need a manifest (`[kernels.NAME]` tables: params, sizes, and
+    /// `cuda = { entry = "..." }` when the function's name differs), run only on NVIDIA GPUs,
+    /// fenced into this session's memory, one thread per work item (a daemon without such a
+    /// GPU builds them, and a launch raises NoDeviceError). `program(library=...,
+    /// manifest=...)`: a C shared object (bytes or a path) exporting `agora_kernel.h`
+    /// functions, described by a manifest. A build that fails raises `ProgramBuildError` with
+    /// the compiler's log (or the fence's refusal: the line and why).
     #[pyo3(signature = (source=None, *, language="opencl", library=None, manifest=None))]
     fn program(
         &self,
@@ -325,17 +331,35 @@ impl PySession {
         let session = self.session()?;
         let program = match (source, library) {
             (Some(source), None) => {
-                if language != "opencl" {
-                    return Err(PyValueError::new_err(format!(
-                        "language '{language}': source programs are OpenCL C ('opencl'); pass a C shared object as library=..."
-                    )));
-                }
                 let source = source.to_string();
                 let manifest = manifest.map(str::to_string);
-                py.detach(|| match manifest {
-                    Some(m) => session.program_opencl_with_manifest(&source, &m),
-                    None => session.program_opencl(&source),
-                })
+                match language {
+                    "opencl" => py.detach(|| match manifest {
+                        Some(m) => session.program_opencl_with_manifest(&source, &m),
+                        None => session.program_opencl(&source),
+                    }),
+                    "cuda" | "ptx" => {
+                        let manifest = manifest.ok_or_else(|| {
+                            PyValueError::new_err(format!(
+                                "a '{language}' program needs a manifest ([kernels.NAME] tables: params, sizes, \
+                                 cuda = {{ entry = \"...\" }} when the function's name differs; see docs/write-your-own-kernel.md)"
+                            ))
+                        })?;
+                        py.detach(|| {
+                            if language == "cuda" {
+                                session.program_cuda(&source, &manifest)
+                            } else {
+                                session.program_ptx(&source, &manifest)
+                            }
+                        })
+                    }
+                    _ => {
+                        return Err(PyValueError::new_err(format!(
+                            "language '{language}': source programs are OpenCL C ('opencl'), CUDA C ('cuda') or PTX ('ptx'); \
+                             pass a C shared object as library=..."
+                        )))
+                    }
+                }
             }
             (None, Some(library)) => {
                 let bytes: Vec<u8> = if let Ok(b) = library.extract::<Vec<u8>>() {
@@ -359,7 +383,8 @@ impl PySession {
             }
             _ => {
                 return Err(PyValueError::new_err(
-                    "give either OpenCL source (program(source)) or a C library (program(library=..., manifest=...))",
+                    "give either source (program(source), OpenCL C; language=\"cuda\" or \"ptx\" with manifest=...) \
+                     or a C library (program(library=..., manifest=...))",
                 ))
             }
         }

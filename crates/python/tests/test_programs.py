@@ -120,3 +120,47 @@ def test_a_crashing_kernel_fails_its_task_and_the_session_goes_on(plain):
         queue.sync_from(y).wait()
         assert (y.numpy() == 1.0).all()
         queue.close()
+
+
+SCALE_CUDA = """
+extern "C" __global__ void scale(float *y, float factor) {
+    y[blockIdx.x * blockDim.x + threadIdx.x] *= factor;
+}
+"""
+
+
+@pytest.mark.parametrize("language", ["cuda", "ptx"])
+def test_cuda_and_ptx_programs_need_a_manifest(daemon, language):
+    # Refused by the client before anything reaches the daemon.
+    with agora.Session(socket=str(daemon.socket)) as session:
+        with pytest.raises(ValueError, match=f"'{language}' program needs a manifest"):
+            session.program(SCALE_CUDA, language=language)
+
+
+def test_an_unknown_program_language_is_refused(daemon):
+    with agora.Session(socket=str(daemon.socket)) as session:
+        with pytest.raises(ValueError, match=r"language 'fortran'.*'opencl'.*'cuda'.*'ptx'"):
+            session.program("program x; end", language="fortran", manifest="[kernels.x]\nparams = []\n")
+
+
+TENANT_DATA = REPO / "crates" / "test-support" / "data"
+
+
+def test_a_ptx_program_is_checked_when_built_and_without_a_gpu_fails_with_no_device(daemon):
+    # PTX needs no compiler in the daemon: it is checked (entries against the manifest, the
+    # fence) when built; without a GPU the build log says so and a launch has no device.
+    ptx = (TENANT_DATA / "tenant.ptx").read_text()
+    manifest = (TENANT_DATA / "tenant-ptx.toml").read_text()
+    with agora.Session(socket=str(daemon.socket)) as session:
+        program = session.program(ptx, language="ptx", manifest=manifest)
+        assert "no device of this daemon can run it" in program.log
+        y = session.buffer_from(np.zeros(64, dtype=np.float32))
+        queue = session.queue("ptx")
+        with pytest.raises(agora.NoDeviceError):
+            queue.launch(program.fill, y, 1.0, range=64).wait()
+        # A manifest that does not match the entry is the build's error, not a launch's.
+        wrong = manifest.replace('params = ["y: f32 write", "v: f32"]', 'params = ["y: f32 write"]')
+        assert wrong != manifest
+        with pytest.raises(agora.AgoraError, match="takes 2 parameters; the manifest declares 1"):
+            session.program(ptx, language="ptx", manifest=wrong)
+        queue.close()

@@ -314,6 +314,35 @@ pub struct EmbeddedDaemon {
     dir: TempDir,
 }
 
+/// A tenant's CUDA C program (`saxpy`, `count`) and its manifest, for `Session::program_cuda`.
+pub const TENANT_CUDA: (&str, &str) = (
+    include_str!("../data/tenant.cu"),
+    include_str!("../data/tenant-cuda.toml"),
+);
+/// A tenant's PTX program (`fill`, entry `fill_value`) and its manifest, for `Session::program_ptx`.
+pub const TENANT_PTX: (&str, &str) = (
+    include_str!("../data/tenant.ptx"),
+    include_str!("../data/tenant-ptx.toml"),
+);
+
+/// Points `AGORA_NVRTC` (inherited by daemons the test starts) at the NVRTC that
+/// `scripts/setup.sh` installs into the project's virtual environment, unless it is set already
+/// (the Makefile sets it). Panics, saying what to run, when it is missing.
+pub fn use_project_nvrtc() {
+    if std::env::var_os("AGORA_NVRTC").is_some_and(|v| !v.is_empty()) {
+        return;
+    }
+    let lib = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/lib");
+    let found = std::fs::read_dir(&lib).ok().and_then(|entries| {
+        entries
+            .flatten()
+            .map(|e| e.path().join("site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12"))
+            .find(|p| p.exists())
+    });
+    let nvrtc = found.unwrap_or_else(|| panic!("no NVRTC under {}: run `bash scripts/setup.sh`", lib.display()));
+    std::env::set_var("AGORA_NVRTC", nvrtc);
+}
+
 /// The repository's `examples/packages`, with their shared objects built
 /// (`scripts/build-packages.sh`, once per test process).
 pub fn example_packages() -> PathBuf {

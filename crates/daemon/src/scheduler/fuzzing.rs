@@ -157,6 +157,7 @@ impl ValidateHarness {
             .into_iter()
             .map(|s| {
                 KernelRef::Shared(Arc::new(KernelDef {
+                    cuda: None,
                     name: Cow::Owned(s.name),
                     doc: Cow::Owned(s.doc),
                     params: Cow::Owned(s.params),

@@ -340,7 +340,7 @@ impl Scheduler {
             || !kernel.chunkable
             || target <= 0.0
             || predicted_ns < 2.0 * target
-            || !self.devices[device].runs_row_slices()
+            || !self.devices[device].slices(kernel)
         {
             return 1;
         }

@@ -407,6 +407,9 @@ impl Device for WithSliceFloor {
     fn runs_row_slices(&self) -> bool {
         self.0.runs_row_slices()
     }
+    fn slices(&self, kernel: &agora_kernels::KernelDef) -> bool {
+        self.0.slices(kernel)
+    }
     fn min_items_per_slice(&self) -> u64 {
         self.1
     }

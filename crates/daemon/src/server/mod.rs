@@ -979,6 +979,7 @@ impl Server {
             max_programs: config.max_programs,
             in_daemon: config.programs_in_daemon,
             on_gpus: config.programs_on_gpus,
+            devices: self.scheduler.devices.iter().map(Arc::downgrade).collect(),
         };
         self.offload(id, ControlJob::BuildProgram(Box::new(job)))
     }

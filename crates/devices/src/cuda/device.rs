@@ -535,12 +535,12 @@ impl Device for CudaDevice {
     }
 
     fn implements(&self, kernel: &KernelDef) -> bool {
-        match &kernel.opencl {
+        match super::programs::KernelCode::of(kernel) {
             // A tenant's own program (`tenant/…`) is untrusted code: it runs here fenced into
             // its tenant's partition, so only on a GPU that has partitions (see `programs`).
-            Some(imp) => {
-                (!is_tenant_program(&imp.program) || self.shared.partitions.is_some())
-                    && !self.shared.programs.is_broken(&imp.program)
+            Some(code) => {
+                (!is_tenant_program(code.program()) || self.shared.partitions.is_some())
+                    && !self.shared.programs.is_broken(code.program())
             }
             None => false,
         }
@@ -548,6 +548,24 @@ impl Device for CudaDevice {
 
     fn submit(&self, lane: usize, job: Job) {
         self.lanes.submit(lane, job);
+    }
+
+    fn prepare(&self, kernel: &KernelDef) -> Option<Result<(), String>> {
+        if !self.implements(kernel) {
+            return None;
+        }
+        let code = super::programs::KernelCode::of(kernel)?;
+        let prepared = self
+            .shared
+            .bind()
+            .map_err(|e| format!("the GPU's context: {e}"))
+            .and_then(|()| {
+                self.shared
+                    .programs
+                    .function(&self.shared.name, self.shared.arch, code, kernel.params.len())
+                    .map(|_| ())
+            });
+        Some(prepared)
     }
 
     fn lane_load(&self, lane: usize) -> usize {
@@ -563,13 +581,21 @@ impl Device for CudaDevice {
     }
 
     fn check_launch(&self, kernel: &KernelDef, range: &[u64], buffer_lens: &[u64]) -> Result<u64, TaskError> {
-        let local = kernel.opencl.as_ref().and_then(|imp| imp.local);
+        let local = super::programs::KernelCode::of(kernel).and_then(|code| code.local());
         let block = block_shape(range.len(), local);
         let mut limits = self.info.limits;
         // Grid limits per dimension, in threads for this block shape.
         limits.max_extent[1] = MAX_GRID_YZ * block[1];
         limits.max_extent[2] = MAX_GRID_YZ * block[2];
-        limits.check(range, block, buffer_lens, kernel.chunkable)
+        limits.check(range, block, buffer_lens, self.slices(kernel))
+    }
+
+    fn slices(&self, kernel: &KernelDef) -> bool {
+        // A plain kernel (a tenant's, or a package's without the revocation flag and row offset)
+        // has no way to start at a row on CUDA, which has no global work offset: it runs whole.
+        kernel.chunkable
+            && super::programs::KernelCode::of(kernel)
+                .is_some_and(|code| code.convention() == super::programs::Convention::Guarded)
     }
 
     fn min_items_per_slice(&self) -> u64 {
@@ -579,7 +605,10 @@ impl Device for CudaDevice {
     }
 
     fn row_alignment(&self, kernel: &KernelDef, dims: usize) -> u64 {
-        block_shape(dims, kernel.opencl.as_ref().and_then(|imp| imp.local))[0]
+        block_shape(
+            dims,
+            super::programs::KernelCode::of(kernel).and_then(|code| code.local()),
+        )[0]
     }
 
     fn polls_revocation(&self) -> bool {

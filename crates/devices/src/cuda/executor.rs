@@ -13,14 +13,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use agora_kernels::{ArgValue, OpenClImpl};
+use agora_kernels::ArgValue;
 use agora_protocol::{ParamKind, TaskError};
 use cudarc::driver::sys::{self, CUdeviceptr, CUevent, CUfunction, CUresult, CUstream};
 
 use super::buffer::as_cuda;
 use super::completion::{Completions, Mirror, Pending};
 use super::device::{launch_shape, Shared, IN_CALLBACK, MAX_GRID_X, MAX_GRID_YZ};
-use super::programs::Convention;
+use super::programs::{Convention, KernelCode};
 use crate::lane::{Executor, JobEnd};
 use crate::{Transfer, Work};
 
@@ -77,23 +77,28 @@ struct Called {
 }
 
 impl CudaExecutor {
-    fn function(&mut self, imp: &OpenClImpl, built: &mut bool) -> Result<(CUfunction, Convention, bool), TaskError> {
-        if let Some(found) = self.functions.get(&*imp.program).and_then(|m| m.get(&*imp.entry)) {
+    fn function(
+        &mut self,
+        code: KernelCode<'_>,
+        declared: usize,
+        built: &mut bool,
+    ) -> Result<(CUfunction, Convention, bool), TaskError> {
+        if let Some(found) = self.functions.get(code.program()).and_then(|m| m.get(code.entry())) {
             return Ok(*found);
         }
         let found = self
             .shared
             .programs
-            .function(&self.shared.name, self.shared.arch, imp)
+            .function(&self.shared.name, self.shared.arch, code, declared)
             .map_err(|message| {
                 tracing::error!(device = %self.shared.name, "{message}");
                 TaskError::DeviceFailed(i64::from(CUresult::CUDA_ERROR_INVALID_PTX as u32))
             })?;
         *built |= found.built;
-        self.functions
-            .entry(imp.program.to_string())
-            .or_default()
-            .insert(imp.entry.to_string(), (found.function, found.convention, found.fenced));
+        self.functions.entry(code.program().to_string()).or_default().insert(
+            code.entry().to_string(),
+            (found.function, found.convention, found.fenced),
+        );
         Ok((found.function, found.convention, found.fenced))
     }
 
@@ -206,12 +211,12 @@ impl CudaExecutor {
         else {
             return Err(TaskError::KernelFault);
         };
-        let imp = kernel.opencl.as_ref().ok_or(TaskError::KernelFault)?;
+        let code = KernelCode::of(kernel).ok_or(TaskError::KernelFault)?;
         let std::ops::Range { start: first, end } = crate::rows_to_run(range[0], rows.as_ref());
         if end <= first {
             return Ok(()); // An empty slice: nothing to run.
         }
-        let (function, convention, fenced) = self.function(imp, built)?;
+        let (function, convention, fenced) = self.function(code, kernel.params.len(), built)?;
         // Argument values, then pointers to them (cuLaunchKernel copies each parameter's size
         // from its pointer: 4-byte scalars are the low bytes of their u64, little-endian).
         let params = kernel.params.len();
@@ -277,7 +282,7 @@ impl CudaExecutor {
             values[count + 1] = mask;
             count += 2;
         }
-        let (grid, block) = launch_shape(extent, *dims, imp.local, convention);
+        let (grid, block) = launch_shape(extent, *dims, code.local(), convention);
         if grid[0] > MAX_GRID_X || grid[1] > MAX_GRID_YZ || grid[2] > MAX_GRID_YZ {
             tracing::error!(device = %self.shared.name, kernel = %kernel.name, ?grid, "a launch beyond the grid limits reached the device; refused");
             return Err(TaskError::KernelFault);

@@ -925,6 +925,34 @@ pub fn fence(ptx: &str) -> Result<Fenced, FenceError> {
     })
 }
 
+/// How many parameters the kernel `entry` (a `.entry`, defined or declared) of `ptx` takes, or
+/// `None` when the module has no such entry. Reads the module's function headers only, so it
+/// accepts trusted modules the pass would refuse (a `printf`, 32-bit addresses): it is how a
+/// CUDA implementation's signature is checked against its kernel's declared parameters before
+/// the module is loaded.
+pub fn entry_parameter_count(ptx: &str, entry: &str) -> Result<Option<usize>, FenceError> {
+    let tokens = tokenize(ptx)?;
+    for statement in split_statements(ptx, &tokens)? {
+        if !statement.tokens.iter().any(|t| t.is_word(".entry")) {
+            continue;
+        }
+        let (true, name, at) = function_name(&statement)? else {
+            continue;
+        };
+        if name != entry {
+            continue;
+        }
+        let tokens = &statement.tokens;
+        let open = at + 1;
+        if !tokens.get(open).is_some_and(|t| t.is("(")) {
+            return Ok(Some(0));
+        }
+        let close = matching_paren(tokens, open).ok_or(malformed(statement.line, "unbalanced parentheses"))?;
+        return Ok(Some(tokens[open..close].iter().filter(|t| t.is_word(".param")).count()));
+    }
+    Ok(None)
+}
+
 /// The whitespace that starts the line `at` is on, if only whitespace precedes `at` (else a tab).
 fn line_indent(ptx: &str, at: usize) -> &str {
     let line_start = ptx[..at].rfind('\n').map_or(0, |n| n + 1);

@@ -16,12 +16,68 @@ use std::hash::Hasher;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use agora_kernels::OpenClImpl;
+use agora_kernels::{CudaCode, CudaImpl, KernelDef, OpenClImpl};
 use cudarc::driver::sys::{CUfunction, CUmodule};
 use cudarc::nvrtc::result as nvrtc;
 
 /// The OpenCL-to-CUDA prelude every program is compiled under.
 pub const PRELUDE: &str = include_str!("opencl.cuh");
+
+/// What a GPU runs for a kernel: its CUDA implementation (CUDA C or PTX, a package's or a
+/// tenant's) when it has one, else its OpenCL C under the prelude.
+#[derive(Debug, Clone, Copy)]
+pub enum KernelCode<'a> {
+    /// CUDA C or PTX written for the GPU.
+    Cuda(&'a CudaImpl),
+    /// OpenCL C, compiled as CUDA C under [`PRELUDE`].
+    OpenCl(&'a OpenClImpl),
+}
+
+impl<'a> KernelCode<'a> {
+    /// The code a GPU runs for `kernel`, if it has any.
+    pub fn of(kernel: &'a KernelDef) -> Option<Self> {
+        match (&kernel.cuda, &kernel.opencl) {
+            (Some(cuda), _) => Some(KernelCode::Cuda(cuda)),
+            (None, Some(opencl)) => Some(KernelCode::OpenCl(opencl)),
+            (None, None) => None,
+        }
+    }
+
+    /// The program's name.
+    pub fn program(&self) -> &'a str {
+        match self {
+            KernelCode::Cuda(c) => &c.program,
+            KernelCode::OpenCl(o) => &o.program,
+        }
+    }
+
+    /// The entry point.
+    pub fn entry(&self) -> &'a str {
+        match self {
+            KernelCode::Cuda(c) => &c.entry,
+            KernelCode::OpenCl(o) => &o.entry,
+        }
+    }
+
+    /// The block shape the kernel requires (OpenCL's `local`), if any.
+    pub fn local(&self) -> Option<[usize; 3]> {
+        match self {
+            KernelCode::Cuda(_) => None,
+            KernelCode::OpenCl(o) => o.local,
+        }
+    }
+
+    /// Its calling convention on a GPU (a tenant's code is always plain: it gets no revocation
+    /// flag nor row offset). Scans an OpenCL source, so not for every launch.
+    pub fn convention(&self) -> Convention {
+        match self {
+            _ if super::device::is_tenant_program(self.program()) => Convention::Plain,
+            KernelCode::Cuda(c) if c.guarded => Convention::Guarded,
+            KernelCode::Cuda(_) => Convention::Plain,
+            KernelCode::OpenCl(o) => convention(&o.source, &o.entry),
+        }
+    }
+}
 
 /// What marks a guarded, revocable kernel's last declared parameter (the library's convention,
 /// [`OpenClImpl`]); the backend appends the row offset after it.
@@ -283,6 +339,45 @@ pub fn ptx_for(program: &str, source: &str, arch: u32) -> Result<(String, bool),
     Ok((ptx, true))
 }
 
+/// Loads PTX as a module of the current context (the driver compiles it for the GPU); on failure,
+/// the driver's code and the JIT compiler's error log (what a PTX author needs to fix it).
+fn load_module(ptx: &CString) -> Result<CUmodule, String> {
+    use cudarc::driver::sys::{self, CUjit_option};
+    const LOG_BYTES: usize = 16 << 10;
+    let mut log = vec![0u8; LOG_BYTES];
+    let mut options = [
+        CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+        CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+    ];
+    // The driver reads a size option's value from the pointer's bits.
+    let mut values = [
+        log.as_mut_ptr().cast::<std::ffi::c_void>(),
+        LOG_BYTES as *mut std::ffi::c_void,
+    ];
+    let mut module: CUmodule = std::ptr::null_mut();
+    // SAFETY: NUL-terminated PTX; two options with their values (a buffer of LOG_BYTES bytes that
+    // outlives the call, and its size); the module is kept until the device goes.
+    let result = unsafe {
+        sys::cuModuleLoadDataEx(
+            &mut module,
+            ptx.as_ptr().cast(),
+            options.len() as u32,
+            options.as_mut_ptr(),
+            values.as_mut_ptr(),
+        )
+    };
+    if result == sys::CUresult::CUDA_SUCCESS {
+        return Ok(module);
+    }
+    let end = log.iter().position(|b| *b == 0).unwrap_or(log.len());
+    let log = String::from_utf8_lossy(&log[..end]);
+    Err(if log.trim().is_empty() {
+        format!("{result:?}")
+    } else {
+        format!("{result:?}: {}", log.trim())
+    })
+}
+
 /// A loaded module and its functions by entry point.
 struct Loaded {
     module: CUmodule,
@@ -325,64 +420,111 @@ impl Programs {
             .contains_key(program)
     }
 
-    /// Logs `message` and remembers `imp`'s program as broken (the device stops claiming it);
-    /// returns the message.
-    fn mark_broken(&self, device: &str, imp: &OpenClImpl, message: String) -> String {
+    /// Logs `message` and remembers `program` as broken (the device stops claiming it); returns
+    /// the message.
+    fn mark_broken(&self, device: &str, program: &str, message: String) -> String {
         tracing::error!(device, "{message}");
         self.broken
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(imp.program.to_string(), message.clone());
+            .insert(program.to_string(), message.clone());
         message
     }
 
-    /// The function of `imp` on the current context, compiled and loaded at first use.
+    /// The function of `code` (a kernel with `declared` parameters) on the current context,
+    /// compiled and loaded at first use.
     ///
-    /// A tenant's own program (`tenant/…`) is untrusted: it is compiled with the plain
-    /// convention (the daemon gives tenant kernels no revocation flag nor row offset), and its PTX
-    /// is fenced ([`fence`](super::fence)) and the result checked before it is loaded; a program
-    /// the pass refuses is never loaded here (it is marked broken, with the pass's reason, and
-    /// runs on the other devices).
-    pub fn function(&self, device: &str, arch: u32, imp: &OpenClImpl) -> Result<Found, String> {
-        let fenced = super::device::is_tenant_program(&imp.program);
-        let (source, convention) = if fenced {
-            (plain_cuda_source(&imp.source), Convention::Plain)
-        } else {
-            (cuda_source(&imp.source), convention(&imp.source, &imp.entry))
+    /// A tenant's own program (`tenant/…`, `tenant-fenced/…`) is untrusted: it is compiled with
+    /// the plain convention (the daemon gives tenant kernels no revocation flag nor row offset),
+    /// and its PTX is fenced ([`fence`](super::fence)) and the result checked before it is
+    /// loaded; a program the pass refuses is never loaded here (it is marked broken, with the
+    /// pass's reason, and runs on the other devices). A CUDA implementation's entry is checked
+    /// against the kernel's declared parameters and its convention before it is loaded.
+    pub fn function(&self, device: &str, arch: u32, code: KernelCode<'_>, declared: usize) -> Result<Found, String> {
+        let program = code.program();
+        let fenced = super::device::is_tenant_program(program);
+        // (CUDA C to compile, or PTX as it is), and the convention.
+        let (text, is_ptx, convention) = match code {
+            KernelCode::OpenCl(imp) if fenced => (plain_cuda_source(&imp.source), false, Convention::Plain),
+            KernelCode::OpenCl(imp) => (cuda_source(&imp.source), false, convention(&imp.source, &imp.entry)),
+            KernelCode::Cuda(imp) => {
+                let convention = if imp.guarded && !fenced {
+                    Convention::Guarded
+                } else {
+                    Convention::Plain
+                };
+                match &imp.code {
+                    CudaCode::Source(source) => (source.to_string(), false, convention),
+                    CudaCode::Ptx(ptx) => (ptx.to_string(), true, convention),
+                }
+            }
         };
-        let key = (imp.program.to_string(), source_hash(&source));
+        let key = (program.to_string(), source_hash(&text));
         let mut loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
         let mut built = false;
         if !loaded.contains_key(&key) {
-            let (ptx, compiled) = ptx_for(&imp.program, &source, arch).map_err(|e| {
-                self.mark_broken(
-                    device,
-                    imp,
-                    format!("CUDA program {} did not compile for sm_{arch}: {e}", imp.program),
-                )
-            })?;
-            built = compiled;
+            let ptx = if is_ptx {
+                text
+            } else {
+                let (ptx, compiled) = ptx_for(program, &text, arch).map_err(|e| {
+                    self.mark_broken(
+                        device,
+                        program,
+                        format!("CUDA program {program} did not compile for sm_{arch}: {e}"),
+                    )
+                })?;
+                built = compiled;
+                ptx
+            };
+            if let KernelCode::Cuda(imp) = code {
+                let wanted = declared + if convention == Convention::Guarded { 5 } else { 0 };
+                match super::fence::entry_parameter_count(&ptx, &imp.entry) {
+                    Ok(Some(found)) if found == wanted => {}
+                    Ok(Some(found)) => {
+                        return Err(self.mark_broken(
+                            device,
+                            program,
+                            format!(
+                                "CUDA program {program}: entry {} takes {found} parameters; its kernel declares \
+                                 {declared}{}",
+                                imp.entry,
+                                if convention == Convention::Guarded {
+                                    " and the guarded convention adds 5"
+                                } else {
+                                    ""
+                                }
+                            ),
+                        ))
+                    }
+                    Ok(None) => {
+                        return Err(self.mark_broken(
+                            device,
+                            program,
+                            format!(
+                                "CUDA program {program} has no entry {} (declare it extern \"C\" __global__)",
+                                imp.entry
+                            ),
+                        ))
+                    }
+                    Err(e) => return Err(self.mark_broken(device, program, format!("CUDA program {program}: {e}"))),
+                }
+            }
             let ptx = if fenced {
                 let rewritten =
                     super::fence::fence(&ptx).and_then(|f| super::fence::check_fenced(&f.ptx).map(|_| f.ptx));
                 rewritten.map_err(|e| {
                     self.mark_broken(
                         device,
-                        imp,
-                        format!(
-                            "tenant program {} cannot be fenced, so it does not run on this GPU: {e}",
-                            imp.program
-                        ),
+                        program,
+                        format!("tenant program {program} cannot be fenced, so it does not run on this GPU: {e}"),
                     )
                 })?
             } else {
                 ptx
             };
             let c_ptx = CString::new(ptx).map_err(|_| "PTX with a NUL byte".to_string())?;
-            // SAFETY: NUL-terminated PTX text; the module is kept until the device goes.
-            let module = unsafe { cudarc::driver::result::module::load_data(c_ptx.as_ptr().cast()) }.map_err(|e| {
-                self.mark_broken(device, imp, format!("CUDA program {} did not load: {e:?}", imp.program))
-            })?;
+            let module = load_module(&c_ptx)
+                .map_err(|e| self.mark_broken(device, program, format!("CUDA program {program} did not load: {e}")))?;
             loaded.insert(
                 key.clone(),
                 Loaded {
@@ -392,7 +534,8 @@ impl Programs {
             );
         }
         let entry = loaded.get_mut(&key).expect("inserted above");
-        if let Some(function) = entry.functions.get(&*imp.entry) {
+        let name = code.entry();
+        if let Some(function) = entry.functions.get(name) {
             return Ok(Found {
                 function: *function,
                 convention,
@@ -400,11 +543,11 @@ impl Programs {
                 fenced,
             });
         }
-        let name = CString::new(imp.entry.as_bytes()).map_err(|_| "an entry point with a NUL byte".to_string())?;
+        let c_name = CString::new(name.as_bytes()).map_err(|_| "an entry point with a NUL byte".to_string())?;
         // SAFETY: a live module of the current context and a NUL-terminated name.
-        let function = unsafe { cudarc::driver::result::module::get_function(entry.module, name) }
-            .map_err(|e| format!("kernel {} not found in CUDA program {}: {e:?}", imp.entry, imp.program))?;
-        entry.functions.insert(imp.entry.to_string(), function);
+        let function = unsafe { cudarc::driver::result::module::get_function(entry.module, c_name) }
+            .map_err(|e| format!("kernel {name} not found in CUDA program {program}: {e:?}"))?;
+        entry.functions.insert(name.to_string(), function);
         Ok(Found {
             function,
             convention,

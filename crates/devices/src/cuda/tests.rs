@@ -245,3 +245,119 @@ fn a_tenant_program_the_fence_cannot_cover_is_refused_saying_why() {
         "{e}"
     );
 }
+
+/// A tenant's CUDA C and PTX, as the clients' `program_cuda` / `program_ptx` send them (the
+/// integration tests use the same files).
+const TENANT_CUDA: &str = include_str!("../../../test-support/data/tenant.cu");
+const TENANT_PTX: &str = include_str!("../../../test-support/data/tenant.ptx");
+
+#[test]
+fn tenant_cuda_c_compiles_plain_and_its_entries_take_exactly_their_declared_parameters() {
+    use_project_nvrtc();
+    for arch in [80, 90] {
+        let ptx = programs::compile_ptx("tenant-fenced/cuda", TENANT_CUDA, arch).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(super::fence::entry_parameter_count(&ptx, "saxpy"), Ok(Some(3)));
+        assert_eq!(super::fence::entry_parameter_count(&ptx, "count"), Ok(Some(1)));
+        assert_eq!(super::fence::entry_parameter_count(&ptx, "missing"), Ok(None));
+        let fenced = super::fence::fence(&ptx).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(fenced.entries, ["saxpy", "count"]);
+        // After fencing, each entry takes the partition's base and mask too.
+        assert_eq!(super::fence::entry_parameter_count(&fenced.ptx, "saxpy"), Ok(Some(5)));
+        super::fence::check_fenced(&fenced.ptx).unwrap_or_else(|e| panic!("{e}"));
+        assemble(&fenced.ptx, arch).unwrap_or_else(|e| panic!("fenced tenant CUDA C for sm_{arch}: {e}"));
+    }
+    // Without extern "C" the name is mangled: the entry the manifest names is not there.
+    let mangled = programs::compile_ptx(
+        "tenant-fenced/mangled",
+        "__global__ void saxpy(float *y) { y[0] = 1.0f; }",
+        80,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(super::fence::entry_parameter_count(&mangled, "saxpy"), Ok(None));
+}
+
+#[test]
+fn the_example_package_s_cuda_c_is_guarded_and_assembles() {
+    use_project_nvrtc();
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/packages/imaging");
+    let source = std::fs::read_to_string(dir.join("imaging.cu")).expect("examples/packages/imaging/imaging.cu");
+    for arch in [80, 90] {
+        let ptx = programs::compile_ptx("imaging/imaging.cu", &source, arch).unwrap_or_else(|e| panic!("{e}"));
+        // scale(a, x, y) and blur(w, h, src, dst), each + range0..2, the flag and the row offset.
+        assert_eq!(
+            super::fence::entry_parameter_count(&ptx, "imaging_scale_cuda"),
+            Ok(Some(3 + 5))
+        );
+        assert_eq!(
+            super::fence::entry_parameter_count(&ptx, "imaging_blur_cuda"),
+            Ok(Some(4 + 5))
+        );
+        assemble(&ptx, arch).unwrap_or_else(|e| panic!("imaging.cu for sm_{arch}: {e}"));
+    }
+}
+
+#[test]
+fn a_gpu_runs_a_kernel_s_cuda_code_before_its_opencl_and_slices_only_guarded_kernels() {
+    use agora_kernels::{CudaCode, CudaImpl};
+    use std::borrow::Cow;
+    let mut kernel = agora_kernels::find("saxpy").unwrap().1.clone();
+    let code = programs::KernelCode::of(&kernel).unwrap();
+    assert!(matches!(code, programs::KernelCode::OpenCl(_)));
+    assert_eq!(
+        code.convention(),
+        Convention::Guarded,
+        "the library's kernels are guarded"
+    );
+    let cuda = |program: &str, guarded: bool| CudaImpl {
+        program: Cow::Owned(program.into()),
+        code: CudaCode::Source(Cow::Borrowed(TENANT_CUDA)),
+        entry: Cow::Borrowed("saxpy"),
+        guarded,
+    };
+    kernel.cuda = Some(cuda("pkg/k.cu", true));
+    let code = programs::KernelCode::of(&kernel).unwrap();
+    assert!(matches!(code, programs::KernelCode::Cuda(_)));
+    assert_eq!(
+        (code.program(), code.entry(), code.local()),
+        ("pkg/k.cu", "saxpy", None)
+    );
+    assert_eq!(code.convention(), Convention::Guarded);
+    kernel.cuda = Some(cuda("pkg/k.cu", false));
+    assert_eq!(
+        programs::KernelCode::of(&kernel).unwrap().convention(),
+        Convention::Plain
+    );
+    // A tenant's code is plain whatever it claims: it gets no flag nor row offset.
+    kernel.cuda = Some(cuda("tenant-fenced/0011", true));
+    assert_eq!(
+        programs::KernelCode::of(&kernel).unwrap().convention(),
+        Convention::Plain
+    );
+    // A tenant's chunkable OpenCL kernel compiled for a GPU is plain too.
+    kernel.cuda = None;
+    if let Some(opencl) = kernel.opencl.as_mut() {
+        opencl.program = Cow::Borrowed("tenant/0011");
+    }
+    assert_eq!(
+        programs::KernelCode::of(&kernel).unwrap().convention(),
+        Convention::Plain
+    );
+}
+
+#[test]
+fn tenant_ptx_is_fenced_checked_and_assembles() {
+    assert_eq!(
+        super::fence::entry_parameter_count(TENANT_PTX, "fill_value"),
+        Ok(Some(2))
+    );
+    let fenced = super::fence::fence(TENANT_PTX).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (fenced.entries.as_slice(), fenced.fenced_accesses),
+        (&["fill_value".to_string()][..], 1)
+    );
+    super::fence::check_fenced(&fenced.ptx).unwrap_or_else(|e| panic!("{e}"));
+    for arch in [80, 90] {
+        assemble(TENANT_PTX, arch).unwrap_or_else(|e| panic!("tenant PTX for sm_{arch}: {e}"));
+        assemble(&fenced.ptx, arch).unwrap_or_else(|e| panic!("fenced tenant PTX for sm_{arch}: {e}"));
+    }
+}

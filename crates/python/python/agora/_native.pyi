@@ -59,9 +59,14 @@ class Session:
         library: Optional[Union[bytes, str, PathLike[str]]] = None,
         manifest: Optional[str] = None,
     ) -> Program:
-        """Builds your own code (OpenCL C source, or a C shared object with a manifest) into a
-        program whose kernels run in this session's sandbox; ProgramBuildError carries the
-        compiler's log."""
+        """Builds your own code into a program whose kernels are launched like the built-in ones:
+        OpenCL C source (`language="opencl"`, manifest optional); CUDA C source with
+        `extern "C" __global__` kernels (`language="cuda"`) or PTX text (`language="ptx"`),
+        both with a manifest (required; ValueError without one), run only on NVIDIA GPUs,
+        fenced into this session's memory, one thread per work item (without such a GPU a
+        launch raises NoDeviceError); or a C shared object (`library=`, with a manifest) run in
+        this session's sandbox. An unknown language raises ValueError; ProgramBuildError
+        carries the compiler's log, or the line the fence refused and why."""
     def status(self) -> dict[str, Any]:
         """The daemon's status summary: counters, devices, lanes, and the busiest sessions
         (`live_sessions` counts them all) with their busiest queues (`queue_count` counts them all)."""
