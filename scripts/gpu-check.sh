@@ -2,7 +2,8 @@
 # The GPU checks, on a machine with an NVIDIA GPU and its driver, from prebuilt binaries (no Rust
 # toolchain, no network): the GPU test cases (every library kernel against its host reference,
 # two tenants at once, launches beyond the grid, a buffer beyond the GPU's limit, running kernels
-# revoked and replayed with every program verified), the Python
+# revoked and replayed with every program verified), the fencing test's kernel unfenced under
+# compute-sanitizer (scripts/gpu/stray.cu, built with the machine's nvcc), the Python
 # client on a GPU queue (scripts/gpu_check.py, from the abi3 wheel) and `agora bench gpu --json`.
 #
 # Build the binaries on a development machine with `make gpu-dist` (dist/gpu: agora, gpu-tests,
@@ -60,6 +61,26 @@ echo "== revocation of running GPU kernels (every program verified while latency
 # the copied flag the GPU does not poll revocation and no launch there is revocable.
 AGORA_CUDA_REVOCATION=mapped timeout "${AGORA_GPU_TEST_TIMEOUT:-900}" "$bin/preemption-tests" --ignored on_a_gpu --test-threads=1 --nocapture 2>&1 \
   | tee "$out/revocation.txt" || status=1
+
+echo "== the same out-of-bounds kernel unfenced, natively, under compute-sanitizer"
+# The contrast to the fencing test above: without the fence, the tool sees the tenant's writes
+# land outside its memory. Needs the CUDA toolkit's nvcc and compute-sanitizer.
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
+if [ -z "$sanitizer" ] || [ -z "$nvcc" ]; then
+  echo "gpu-check: nvcc or compute-sanitizer not found (the CUDA toolkit's): the contrast did not run"; status=1
+elif "$nvcc" -o "$out/stray" scripts/gpu/stray.cu > "$out/sanitizer.txt" 2>&1; then
+  "$out/stray" >> "$out/sanitizer.txt" 2>&1 || true
+  "$sanitizer" --tool memcheck --print-limit 4 "$out/stray" >> "$out/sanitizer.txt" 2>&1 || true
+  head -c 3000 "$out/sanitizer.txt"; echo
+  if grep -q "Invalid __global__" "$out/sanitizer.txt"; then
+    echo "compute-sanitizer caught the unfenced kernel's $(grep -c "Invalid __global__" "$out/sanitizer.txt") first stray accesses (print limit 4)"
+  else
+    echo "gpu-check: compute-sanitizer did not report the unfenced kernel's stray writes (see $out/sanitizer.txt)"; status=1
+  fi
+else
+  cat "$out/sanitizer.txt"; echo "gpu-check: nvcc did not build scripts/gpu/stray.cu"; status=1
+fi
 
 echo "== agora bench gpu $quick"
 # shellcheck disable=SC2086 # AGORA_GPU_BENCH_ARGS: extra options, e.g. "--repetitions 3"
