@@ -274,6 +274,17 @@ impl Checkpoints {
 
     /// What `app` has: its complete checkpoints and its last writes.
     pub(crate) fn report(&self, app: &AppKey) -> CheckpointReport {
+        // The writes first, the listing after: a write is counted done only after its manifest
+        // is in place, so every write this report calls done is in its listing (listing first
+        // missed a write that ended in between, reported done but not listed).
+        let (writes, writing) = {
+            let books = self.applications.lock().unwrap_or_else(|e| e.into_inner());
+            let entry = books.get(&(app.uid, app.name.clone()));
+            (
+                entry.map(|e| e.writes.iter().cloned().collect()).unwrap_or_default(),
+                entry.map_or(0, |e| e.writing),
+            )
+        };
         let checkpoints = self
             .store
             .as_ref()
@@ -288,13 +299,11 @@ impl Checkpoints {
                 created_unix_ms: c.created_unix_ms,
             })
             .collect();
-        let books = self.applications.lock().unwrap_or_else(|e| e.into_inner());
-        let entry = books.get(&(app.uid, app.name.clone()));
         CheckpointReport {
             application: app.name.clone(),
             checkpoints,
-            writes: entry.map(|e| e.writes.iter().cloned().collect()).unwrap_or_default(),
-            writing: entry.map_or(0, |e| e.writing),
+            writes,
+            writing,
         }
     }
 }

@@ -565,6 +565,10 @@ impl Device for CudaDevice {
                     .function(&self.shared.name, self.shared.arch, code, kernel.params.len())
                     .map(|_| ())
             });
+        if prepared.is_err() && is_tenant_program(code.program()) {
+            // The build that asked is refused, so the program is never installed.
+            self.shared.programs.forget_broken(code.program());
+        }
         Some(prepared)
     }
 

@@ -420,6 +420,12 @@ impl Programs {
             .contains_key(program)
     }
 
+    /// Forgets that `program` failed: a tenant's program whose build was refused is never
+    /// installed, so remembering it would only let a tenant grow this table build by build.
+    pub fn forget_broken(&self, program: &str) {
+        self.broken.lock().unwrap_or_else(|e| e.into_inner()).remove(program);
+    }
+
     /// Logs `message` and remembers `program` as broken (the device stops claiming it); returns
     /// the message.
     fn mark_broken(&self, device: &str, program: &str, message: String) -> String {
