@@ -3,7 +3,8 @@
 //! slicing fits); a buffer larger than the memory the GPU may use; a tenant's own kernel that
 //! writes all over the GPU's address space, fenced into its partition while its neighbour's data
 //! stays exact; a tenant's kept GPU memory given back under pressure and when it ends; a
-//! package's CUDA C kernel (guarded, so it may be sliced) and a tenant's CUDA C and PTX programs.
+//! package's CUDA C kernel (guarded, so it may be sliced) and a tenant's CUDA C and PTX programs; a
+//! tenant's endless kernel stopped at the per-launch limit while a neighbour goes on.
 //!
 //! These need an NVIDIA GPU and its driver, which CI and the development machines lack: they
 //! are `#[ignore]`d (listed as ignored, never passed) and run by `scripts/gpu-check.sh` with
@@ -537,6 +538,51 @@ fn a_tenant_s_cuda_c_and_ptx_programs_run_fenced_on_the_gpu_and_exact() {
         other => panic!("PTX that does not JIT-compile built: {other:?}"),
     }
     agora_test_support::saxpy_ok(&session, 1 << 16);
+    drop(session);
+    daemon.stop().unwrap();
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: run scripts/gpu-check.sh on a GPU machine"]
+fn a_tenant_kernel_that_loops_forever_is_stopped_at_the_limit_and_the_gpu_goes_on() {
+    let limit = Duration::from_millis(500);
+    let (daemon, session) = gpu_daemon_with("gpu-endless", |c| c.program_timeout = limit);
+    let endless = r#"extern "C" __global__ void endless(float *y) {
+    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    while (y[i] >= 0.0f) { y[i] += 1.0f; if (y[i] > 1.0e30f) y[i] = 0.0f; }
+}"#;
+    let manifest = "[kernels.endless]\nparams = [\"y: f32 readwrite\"]\nsizes = { y = \"range0\" }\n";
+    let program = session.program_cuda(endless, manifest).unwrap();
+    let queue = gpu_queue(&session, "endless");
+    let y = session.buffer_from(&vec![0f32; 1 << 16]).unwrap();
+    let _ = queue.sync_to(&y).unwrap();
+    // A neighbour keeps the GPU busy meanwhile, and must not notice.
+    let neighbour = daemon.session();
+    let busy = std::thread::spawn(move || tenant(neighbour, 1 << 20, 40, 0.5));
+    let started = std::time::Instant::now();
+    let task = queue
+        .launch(&program.kernel("endless").unwrap(), &[(&y).into()], 1u64 << 16)
+        .unwrap();
+    let outcome = task.wait();
+    let took = started.elapsed();
+    println!("the endless kernel ended after {took:?}: {outcome:?}");
+    match outcome {
+        Err(agora::Error::Task(agora::TaskError::KernelTimeout { limit_ms })) => {
+            assert_eq!(limit_ms, limit.as_millis() as u64)
+        }
+        other => panic!("an endless kernel did not time out: {other:?}"),
+    }
+    assert!(took < limit * 10, "stopped only after {took:?} (limit {limit:?})");
+    let _ = queue.finish();
+    busy.join().unwrap().unwrap();
+    // The GPU and the session go on.
+    agora_test_support::saxpy_ok(&session, 1 << 16);
+    let status = session.status().unwrap();
+    assert!(
+        status.devices.iter().any(|d| d.kind == "cuda" && !d.failed),
+        "the GPU failed: {:?}",
+        status.devices
+    );
     drop(session);
     daemon.stop().unwrap();
 }

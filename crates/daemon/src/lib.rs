@@ -288,7 +288,13 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
     // left out, so each GPU has one context in the daemon. Listed after the OpenCL devices.
     #[cfg(feature = "cuda")]
     let gpus = if config.cuda {
-        let (found, problems) = agora_devices::cuda::discover(config.cuda_lanes, config.cuda_memory_limit, &priorities);
+        let (found, problems) = agora_devices::cuda::discover(
+            config.cuda_lanes,
+            config.cuda_memory_limit,
+            &priorities,
+            // Tenants' own kernels get the same per-launch limit on a GPU as in their executor.
+            Some(config.program_timeout),
+        );
         for problem in problems {
             tracing::info!("{problem}");
         }

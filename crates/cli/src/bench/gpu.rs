@@ -153,10 +153,11 @@ impl Native {
         };
         let stream =
             driver::stream::create(driver::stream::StreamKind::NonBlocking).map_err(|e| anyhow::anyhow!("{e:?}"))?;
-        // SAFETY: one byte in the current context, zeroed.
+        // SAFETY: four bytes in the current context, zeroed (a revocation flag that is never
+        // set, and a fenced kernel's stop word that never names its launch).
         let zero_flag = unsafe {
-            let p = driver::malloc_sync(1).map_err(|e| anyhow::anyhow!("{e:?}"))?;
-            driver::memset_d8_sync(p, 0, 1).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+            let p = driver::malloc_sync(4).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+            driver::memset_d8_sync(p, 0, 4).map_err(|e| anyhow::anyhow!("{e:?}"))?;
             p
         };
         Ok(Some(Native {
@@ -234,8 +235,9 @@ impl Native {
         if self.fenced {
             // Base 0, mask all ones: every address maps to itself (these buffers are plain
             // allocations, in no partition), and the kernel runs exactly the instructions a
-            // fenced tenant kernel runs: what the fence costs.
-            all.extend([0, u64::MAX]);
+            // fenced tenant kernel runs: what the fence costs. Its stop word (zero) never names
+            // launch 1, so its loops poll and go on, as a tenant's within its limit.
+            all.extend([0, u64::MAX, self.zero_flag, 1]);
         }
         let (grid, block) = launch_shape(extent, dims, local, convention);
         let mut pointers: Vec<*mut c_void> = all.iter_mut().map(|v| v as *mut u64 as *mut c_void).collect();

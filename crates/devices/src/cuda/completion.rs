@@ -12,6 +12,10 @@
 //! one event (`cuEventSynchronize`): a long kernel of one tenant would then hold every other
 //! lane's completions until it ended.
 //!
+//! Per-launch limits: a tenant's fenced kernel is stopped once it ran `[programs] timeout_ms` from
+//! the head of its lane ([`Watchdog`]): this thread writes the launch's number into the lane's stop
+//! word, which the kernel's loops poll, and fails the job with `KernelTimeout` when it ended.
+//!
 //! Revocation: a revocable job's kernel polls its lane's revocation flag in mapped host memory;
 //! while such a job is in flight this thread copies the job's flag into it (so a running kernel
 //! stops at its next work-group, TReM-style), polling every [`MIRROR_POLL`] instead of blocking.
@@ -59,6 +63,41 @@ pub(super) struct Pending {
     pub(super) work: Work,
     /// A revocable launch whose kernel reads its lane's mapped flag: mirrored while it runs.
     pub(super) mirror: Option<Mirror>,
+    /// A tenant's fenced launch: stopped when it runs longer than the per-launch limit.
+    pub(super) watchdog: Option<Watchdog>,
+}
+
+/// The per-launch limit of a tenant's fenced kernel: once the launch has run `limit`, the
+/// completion thread writes its number into the lane's stop word (mapped host memory), which the
+/// kernel's threads poll at their loops' backward branches (see `fence`), and the job fails with
+/// `KernelTimeout` when the kernel has stopped. The GPU goes on with the other tenants' work.
+pub(super) struct Watchdog {
+    /// The lane's stop word, where the host writes it.
+    pub(super) stop: *mut u32,
+    /// This launch's number.
+    pub(super) launch: u32,
+    pub(super) limit: Duration,
+    /// When the launch was first seen at the head of its lane (running, or about to).
+    pub(super) running_since: Option<Instant>,
+    /// Whether its stop was asked for.
+    pub(super) fired: bool,
+}
+
+// SAFETY: `stop` is the lane's mapped word, alive while the device is; the host only writes it
+// with volatile stores, which the kernel only reads.
+unsafe impl Send for Watchdog {}
+
+impl Watchdog {
+    /// Starts the clock when the launch reaches the head of its lane, and stops the kernel once
+    /// it ran past the limit.
+    fn watch(&mut self, now: Instant) {
+        let since = *self.running_since.get_or_insert(now);
+        if !self.fired && now.duration_since(since) >= self.limit {
+            // SAFETY: see the type.
+            unsafe { std::ptr::write_volatile(self.stop, self.launch) };
+            self.fired = true;
+        }
+    }
 }
 
 /// A revocable job's flag, and the lane's mapped byte its kernel polls.
@@ -87,8 +126,12 @@ impl Pending {
     /// and replays it). The flag may have been set after the last block started, so the run may
     /// be complete: then the replay is needless, never wrong.
     fn outcome(&self, result: Result<(), TaskError>) -> Result<(), TaskError> {
-        match (&result, &self.mirror) {
-            (Ok(()), Some(mirror)) if mirror.flag.load(Ordering::Acquire) => Err(TaskError::Cancelled),
+        match (&result, &self.mirror, &self.watchdog) {
+            // Stopped at the limit: its writes are partial (the daemon poisons them).
+            (Ok(()), _, Some(watchdog)) if watchdog.fired => Err(TaskError::KernelTimeout {
+                limit_ms: watchdog.limit.as_millis() as u64,
+            }),
+            (Ok(()), Some(mirror), _) if mirror.flag.load(Ordering::Acquire) => Err(TaskError::Cancelled),
             _ => result,
         }
     }
@@ -210,6 +253,9 @@ impl Completions {
         let mut done = Vec::new();
         let now = Instant::now();
         for (lane, last) in lanes.iter_mut().zip(last_finished.iter_mut()) {
+            if let Some(watchdog) = lane.front_mut().and_then(|head| head.pending.watchdog.as_mut()) {
+                watchdog.watch(now);
+            }
             let mut first = true;
             while let Some(head) = lane.front() {
                 // SAFETY: a live event recorded on a stream of this context.
@@ -248,6 +294,8 @@ impl Completions {
     }
 
     /// Whether a revocable job whose kernel polls a mapped flag is in flight (copying its flag).
+    /// (Watchdogs need no faster polling: the thread looks every [`POLL`] while anything is in
+    /// flight, and a per-launch limit is counted in milliseconds.)
     fn mirroring(&self) -> bool {
         let lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
         Self::mirror_flags(&lanes);

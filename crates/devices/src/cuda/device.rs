@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use agora_kernels::KernelDef;
 use agora_protocol::TaskError;
@@ -75,6 +76,9 @@ pub(super) struct Shared {
     /// Each tenant's memory in a partition of its own (absent where the GPU has no virtual
     /// memory management: then tenants' own kernels never run on it).
     pub(super) partitions: Option<Partitions>,
+    /// How long a tenant's fenced kernel may run before it is stopped (`KernelTimeout`); `None`:
+    /// no limit.
+    pub(super) tenant_launch_limit: Option<Duration>,
     /// A partition no tenant's buffer lives in, for fenced launches without buffer arguments
     /// (their stray accesses land there), made at the first one.
     scratch: Mutex<Option<Arc<Partition>>>,
@@ -232,10 +236,21 @@ fn pci_bus_id(device: CUdevice) -> String {
 /// One byte of page-locked host memory mapped into the GPU's address space, zeroed (`None` when
 /// the driver refuses: the lane then copies flags in before kernels).
 fn mapped_flag() -> Option<MappedFlag> {
+    mapped_bytes(1)
+}
+
+/// Four bytes (a lane's stop word, see `fence`) of page-locked host memory mapped into the GPU's
+/// address space, zeroed; `None` when the driver refuses.
+pub(super) fn mapped_word() -> Option<MappedFlag> {
+    mapped_bytes(4)
+}
+
+/// `len` bytes of page-locked host memory mapped into the GPU's address space, zeroed.
+fn mapped_bytes(len: usize) -> Option<MappedFlag> {
     let mut host = std::ptr::null_mut();
     let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
-    // SAFETY: a one-byte page-locked allocation in the current context, freed by the lane.
-    if unsafe { sys::cuMemHostAlloc(&mut host, 1, flags) } != CUresult::CUDA_SUCCESS {
+    // SAFETY: a `len`-byte page-locked allocation in the current context, freed by the lane.
+    if unsafe { sys::cuMemHostAlloc(&mut host, len, flags) } != CUresult::CUDA_SUCCESS {
         return None;
     }
     let mut device = 0;
@@ -245,8 +260,8 @@ fn mapped_flag() -> Option<MappedFlag> {
         let _ = unsafe { sys::cuMemFreeHost(host) };
         return None;
     }
-    // SAFETY: one byte, ours.
-    unsafe { std::ptr::write_volatile(host as *mut u8, 0) };
+    // SAFETY: `len` bytes, ours.
+    unsafe { std::ptr::write_bytes(host as *mut u8, 0, len) };
     Some(MappedFlag {
         host: host as *mut u8,
         device,
@@ -273,6 +288,7 @@ impl CudaDevice {
         lanes: usize,
         memory_limit: u64,
         priorities: &LanePriorities,
+        tenant_launch_limit: Option<Duration>,
     ) -> Result<Self, String> {
         let device = driver::device::get(ordinal).map_err(|e| format!("cuDeviceGet: {e:?}"))?;
         let device_name = driver::device::get_name(device).map_err(|e| format!("cuDeviceGetName: {e:?}"))?;
@@ -341,6 +357,7 @@ impl CudaDevice {
             pinned_bytes: AtomicU64::new(0),
             zero_flag,
             failed: AtomicBool::new(false),
+            tenant_launch_limit,
             deferred_frees: Mutex::new(Vec::new()),
             partitions,
             scratch: Mutex::new(None),
@@ -413,6 +430,9 @@ impl CudaDevice {
                 completions: completer.as_ref().map(|(c, _)| c.clone()),
                 mapped_flag,
                 mirror: None,
+                stop_word: None,
+                launches: 0,
+                watchdog: None,
             };
             let (lane, thread) = Lane::start(
                 format!("agora-{name}-lane{l}"),
@@ -454,10 +474,13 @@ impl CudaDevice {
 
 /// Finds every NVIDIA GPU. Returns the devices that work and one message per problem (to be
 /// reported once by the caller): no driver, no device, a device that failed to start.
+/// `tenant_launch_limit`: how long a tenant's fenced kernel may run before it is stopped and its
+/// task fails with `KernelTimeout` (`None`: no limit).
 pub fn discover(
     lanes_per_device: usize,
     memory_limit: u64,
     priorities: &LanePriorities,
+    tenant_launch_limit: Option<Duration>,
 ) -> (Vec<CudaDevice>, Vec<String>) {
     let mut devices = Vec::new();
     let mut problems = Vec::new();
@@ -481,7 +504,14 @@ pub fn discover(
         problems.push("the CUDA driver sees no GPU".into());
     }
     for ordinal in 0..count {
-        match CudaDevice::new(devices.len(), ordinal, lanes_per_device, memory_limit, priorities) {
+        match CudaDevice::new(
+            devices.len(),
+            ordinal,
+            lanes_per_device,
+            memory_limit,
+            priorities,
+            tenant_launch_limit,
+        ) {
             Ok(d) => devices.push(d),
             Err(e) => problems.push(format!("CUDA device {ordinal} failed to start: {e}")),
         }

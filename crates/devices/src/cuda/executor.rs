@@ -18,7 +18,7 @@ use agora_protocol::{ParamKind, TaskError};
 use cudarc::driver::sys::{self, CUdeviceptr, CUevent, CUfunction, CUresult, CUstream};
 
 use super::buffer::as_cuda;
-use super::completion::{Completions, Mirror, Pending};
+use super::completion::{Completions, Mirror, Pending, Watchdog};
 use super::device::{launch_shape, Shared, IN_CALLBACK, MAX_GRID_X, MAX_GRID_YZ};
 use super::programs::{Convention, KernelCode};
 use crate::lane::{Executor, JobEnd};
@@ -47,6 +47,13 @@ pub(super) struct CudaExecutor {
     /// Set by `launch` for the job being started: the job's flag and where the completion thread
     /// mirrors it.
     pub(super) mirror: Option<Mirror>,
+    /// This lane's stop word for tenants' fenced kernels (a `u32` in mapped host memory; their
+    /// loops poll it), made at the first such launch; `None` until then.
+    pub(super) stop_word: Option<StopWord>,
+    /// The number of the lane's last fenced launch (never 0, so a zeroed word stops nothing).
+    pub(super) launches: u32,
+    /// Set by `launch` for a fenced job being started: its per-launch limit.
+    pub(super) watchdog: Option<Watchdog>,
     /// Functions by program and entry point (two levels: a lookup builds no key).
     /// By program and entry: the function, its convention, whether it is fenced.
     pub(super) functions: HashMap<String, HashMap<String, (CUfunction, Convention, bool)>>,
@@ -66,6 +73,15 @@ unsafe impl Send for CudaExecutor {}
 pub(super) struct MappedFlag {
     /// Where the host writes it.
     pub(super) host: *mut u8,
+    /// Where kernels read it.
+    pub(super) device: CUdeviceptr,
+}
+
+/// A lane's stop word: a `u32` the kernels read and the host writes while they run.
+pub(super) struct StopWord {
+    /// Where the host writes it (`None`: device memory the host never writes, where mapped host
+    /// memory was refused; then no launch can be stopped).
+    pub(super) host: Option<*mut u32>,
     /// Where kernels read it.
     pub(super) device: CUdeviceptr,
 }
@@ -100,6 +116,42 @@ impl CudaExecutor {
             (found.function, found.convention, found.fenced),
         );
         Ok((found.function, found.convention, found.fenced))
+    }
+
+    /// The stop word's device address and the number of the fenced launch being started, with
+    /// its watchdog set up for `run` (where the per-launch limit is on and the word is mapped).
+    fn next_fenced_launch(&mut self) -> Result<(u64, u32), TaskError> {
+        if self.stop_word.is_none() {
+            self.stop_word = Some(match super::device::mapped_word() {
+                Some(mapped) => StopWord {
+                    host: Some(mapped.host.cast::<u32>()),
+                    device: mapped.device,
+                },
+                None => {
+                    tracing::warn!(device = %self.shared.name, lane = self.lane, "no mapped host memory for the lane's stop word: tenants' kernels here run past the per-launch limit");
+                    // SAFETY: a 4-byte allocation in the current context, zeroed, freed by `stop`.
+                    let device = unsafe {
+                        let p = cudarc::driver::result::malloc_sync(4).map_err(|e| self.shared.error(e.0))?;
+                        cudarc::driver::result::memset_d8_sync(p, 0, 4).map_err(|e| self.shared.error(e.0))?;
+                        p
+                    };
+                    StopWord { host: None, device }
+                }
+            });
+        }
+        let word = self.stop_word.as_ref().expect("made above");
+        self.launches = self.launches.wrapping_add(1).max(1);
+        self.watchdog = match (word.host, self.shared.tenant_launch_limit) {
+            (Some(stop), Some(limit)) => Some(Watchdog {
+                stop,
+                launch: self.launches,
+                limit,
+                running_since: None,
+                fired: false,
+            }),
+            _ => None,
+        };
+        Ok((word.device, self.launches))
     }
 
     fn check(&self, result: CUresult) -> Result<(), TaskError> {
@@ -278,9 +330,12 @@ impl CudaExecutor {
                 .map(|(index, _)| as_cuda(device_args[index].as_deref().ok_or(TaskError::KernelFault)?))
                 .collect::<Result<Vec<_>, _>>()?;
             let (base, mask) = self.shared.fence_for(&buffers)?;
+            let (stop, launch) = self.next_fenced_launch()?;
             values[count] = base;
             values[count + 1] = mask;
-            count += 2;
+            values[count + 2] = stop;
+            values[count + 3] = u64::from(launch);
+            count += 4;
         }
         let (grid, block) = launch_shape(extent, *dims, code.local(), convention);
         if grid[0] > MAX_GRID_X || grid[1] > MAX_GRID_YZ || grid[2] > MAX_GRID_YZ {
@@ -333,6 +388,7 @@ impl Executor for CudaExecutor {
         self.shared.free_deferred();
         let marker = end.transfers_marker();
         self.mirror = None;
+        self.watchdog = None;
         let mut built = false;
         let started = self
             .take_stream(end.urgent())
@@ -354,6 +410,7 @@ impl Executor for CudaExecutor {
             transfers,
             work,
             mirror: self.mirror.take(),
+            watchdog: self.watchdog.take(),
         };
         if let Some(completions) = &self.completions {
             if let Err(failed) = completions.track(&self.shared, self.lane, self.stream, pending) {
@@ -392,6 +449,15 @@ impl Executor for CudaExecutor {
             let _ = sys::cuMemFree_v2(self.lane_flag);
             if let Some(mapped) = self.mapped_flag.take() {
                 let _ = sys::cuMemFreeHost(mapped.host as *mut c_void);
+            }
+            match self.stop_word.take() {
+                Some(StopWord { host: Some(host), .. }) => {
+                    let _ = sys::cuMemFreeHost(host as *mut c_void);
+                }
+                Some(StopWord { host: None, device }) => {
+                    let _ = sys::cuMemFree_v2(device);
+                }
+                None => {}
             }
         }
     }

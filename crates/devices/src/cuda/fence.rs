@@ -15,6 +15,14 @@
 //! `isspacep.global` says the address is global, so generic pointers to shared or local memory
 //! keep working.
 //!
+//! The rewrite also makes every kernel stoppable, so a tenant's endless loop ends at the
+//! per-launch limit instead of holding the GPU: each `.entry` takes two more parameters (the
+//! address of its lane's stop word and the launch's number), and before each backward branch (a
+//! loop's) and each indirect branch every thread counts, and every [`POLL_EVERY`]th time reads the
+//! stop word and exits when it holds its launch's number. The launcher writes that number when
+//! the launch has run too long. Device functions may not loop (they get no parameters); a kernel
+//! without loops ends on its own.
+//!
 //! Why masking rather than a bounds check that traps: a trap, like an illegal address, leaves the
 //! CUDA context unusable for every stream in it, so one tenant's stray pointer would take down the
 //! kernels of every tenant sharing the GPU; a masked address never faults (Guardian, §3). A stray
@@ -32,7 +40,8 @@
 //! * shared and local memory are not fenced: they are per block and per thread, and the hardware
 //!   checks them against the block's and thread's windows.
 //!
-//! What it refuses ([`FenceError::Unsupported`]): instructions that reach global memory without an
+//! What it refuses ([`FenceError::Unsupported`]): device functions that loop, instructions that
+//! reach global memory without an
 //! address the pass can mask (asynchronous and bulk copies, tensor maps, textures and surfaces,
 //! prefetch and cache control, multimem, `st.async`/`red.async`, `wmma`/`ldmatrix`/`mbarrier` on
 //! non-shared addresses), device functions (`.func`) that touch global or generic memory (they
@@ -65,10 +74,39 @@ const MASK_REG: &str = "%agora_fm";
 const ADDR_REG: &str = "%agora_fa";
 /// Predicate: is the generic address global?
 const PRED_REG: &str = "%agora_fp";
-/// Suffixes of the two parameters appended to each entry (prefixed by the entry's name, so they
+/// Register holding the address of the lane's stop word (a `u32` the launcher can set while the
+/// kernel runs).
+const STOP_REG: &str = "%agora_fs";
+/// Register holding this launch's number: the kernel stops when the stop word equals it.
+const LAUNCH_REG: &str = "%agora_fl";
+/// Register counting a thread's backward branches since its last look at the stop word.
+const COUNT_REG: &str = "%agora_fn";
+/// Register holding the stop word as read.
+const WORD_REG: &str = "%agora_ft";
+/// Predicate of the stop poll.
+const POLL_PRED: &str = "%agora_fq";
+/// Suffixes of the four parameters appended to each entry (prefixed by the entry's name, so they
 /// are unique in the module).
 const BASE_PARAM_SUFFIX: &str = "_agora_fence_base";
 const MASK_PARAM_SUFFIX: &str = "_agora_fence_mask";
+const STOP_PARAM_SUFFIX: &str = "_agora_fence_stop";
+const LAUNCH_PARAM_SUFFIX: &str = "_agora_fence_launch";
+
+/// A thread looks at the stop word once per this many backward branches: a loop iteration pays
+/// an add and a compare, and a stopped kernel ends within this many iterations of each thread.
+pub const POLL_EVERY: u32 = 1024;
+
+/// The stop poll, inserted right before each backward branch of a kernel (and each indirect
+/// branch): every [`POLL_EVERY`]th time, the thread reads the stop word and exits when it holds
+/// this launch's number. `(guard, opcode, operands)`, as [`normalized`] gives them.
+const POLL: [(&str, &str, &[&str]); 6] = [
+    ("", "add.u32", &[COUNT_REG, COUNT_REG, "1"]),
+    ("", "setp.ge.u32", &[POLL_PRED, COUNT_REG, "1024"]),
+    ("@%agora_fq", "mov.u32", &[COUNT_REG, "0"]),
+    ("@%agora_fq", "ld.volatile.global.u32", &[WORD_REG, "[%agora_fs]"]),
+    ("@%agora_fq", "setp.eq.u32", &[POLL_PRED, WORD_REG, LAUNCH_REG]),
+    ("@%agora_fq", "exit", &[]),
+];
 
 /// A fenced module.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -148,6 +186,9 @@ pub fn fence_arguments(base: u64, size: u64) -> Option<(u64, u64)> {
 
 /// Why-texts of refusals, shared by the rewrite and the check.
 mod why {
+    pub const FUNC_LOOP: &str = "a device function (.func) loops (a backward or indirect branch), and only \
+                                 kernels' loops can be stopped at the per-launch limit; inline it \
+                                 (__forceinline__) or move the loop into the kernel";
     pub const FUNC: &str = "a device function (.func) accesses global or generic memory, and only kernels \
                             receive the fence parameters; inline it (__forceinline__) so the access is fenced in \
                             the kernel";
@@ -851,7 +892,12 @@ pub fn fence(ptx: &str) -> Result<Fenced, FenceError> {
     let mut entries = Vec::new();
     let mut fenced_accesses = 0;
     for function in &module.functions {
-        for statement in &module.statements[function.body.clone()] {
+        let labels = labels_of(&module.statements, function);
+        for (at, statement) in module.statements[function.body.clone()]
+            .iter()
+            .enumerate()
+            .map(|(k, st)| (function.body.start + k, st))
+        {
             if statement.end != End::Semicolon {
                 continue;
             }
@@ -862,6 +908,16 @@ pub fn fence(ptx: &str) -> Result<Fenced, FenceError> {
                 continue;
             }
             let instruction = split_instruction(statement)?;
+            if loops_back(&instruction, &labels, at) {
+                if !function.is_entry {
+                    return Err(statement.unsupported(why::FUNC_LOOP));
+                }
+                // The stop poll, right before the branch (unguarded: it runs every iteration).
+                let indent = line_indent(ptx, statement.span.start);
+                let poll: String = POLL.iter().map(|p| format!("{}\n{indent}", poll_text(p))).collect();
+                edits.push((statement.span.start..statement.span.start, poll));
+                continue;
+            }
             let addresses: Vec<_> = instruction
                 .operands
                 .iter()
@@ -900,9 +956,14 @@ pub fn fence(ptx: &str) -> Result<Fenced, FenceError> {
             let header = &module.statements[function.header];
             edits.push(append_fence_params(header, function.name)?);
             let prologue = format!(
-                "\n\t.reg .b64 {BASE_REG}, {MASK_REG}, {ADDR_REG};\n\t.reg .pred {PRED_REG};\
+                "\n\t.reg .b64 {BASE_REG}, {MASK_REG}, {ADDR_REG}, {STOP_REG};\
+                 \n\t.reg .b32 {LAUNCH_REG}, {COUNT_REG}, {WORD_REG};\
+                 \n\t.reg .pred {PRED_REG}, {POLL_PRED};\
                  \n\tld.param.u64 {BASE_REG}, [{name}{BASE_PARAM_SUFFIX}];\
-                 \n\tld.param.u64 {MASK_REG}, [{name}{MASK_PARAM_SUFFIX}];",
+                 \n\tld.param.u64 {MASK_REG}, [{name}{MASK_PARAM_SUFFIX}];\
+                 \n\tld.param.u64 {STOP_REG}, [{name}{STOP_PARAM_SUFFIX}];\
+                 \n\tld.param.u32 {LAUNCH_REG}, [{name}{LAUNCH_PARAM_SUFFIX}];\
+                 \n\tmov.u32 {COUNT_REG}, 0;",
                 name = function.name
             );
             edits.push((header.span.end..header.span.end, prologue));
@@ -964,9 +1025,62 @@ fn line_indent(ptx: &str, at: usize) -> &str {
     }
 }
 
-/// The edit that appends the two fence parameters to an entry's parameter list.
+/// The four fence parameters of kernel `name`, as [`append_fence_params`] writes them and
+/// [`check_fenced`] expects them (tokens joined by spaces).
+fn fence_params(name: &str) -> [String; 4] {
+    [
+        format!(".param .u64 {name}{BASE_PARAM_SUFFIX}"),
+        format!(".param .u64 {name}{MASK_PARAM_SUFFIX}"),
+        format!(".param .u64 {name}{STOP_PARAM_SUFFIX}"),
+        format!(".param .u32 {name}{LAUNCH_PARAM_SUFFIX}"),
+    ]
+}
+
+/// The text of one statement of [`POLL`].
+fn poll_text((guard, opcode, operands): &(&str, &str, &[&str])) -> String {
+    let head = if guard.is_empty() {
+        opcode.to_string()
+    } else {
+        format!("{guard} {opcode}")
+    };
+    if operands.is_empty() {
+        format!("{head};")
+    } else {
+        format!("{head} {};", operands.join(", "))
+    }
+}
+
+/// The labels of `function`'s body, with the index of the statement that defines each.
+fn labels_of<'a>(statements: &[Statement<'a>], function: &Function<'a>) -> std::collections::HashMap<&'a str, usize> {
+    function
+        .body
+        .clone()
+        .filter(|&k| statements[k].end == End::Label)
+        .filter_map(|k| statements[k].tokens.first().map(|t| (t.text, k)))
+        .collect()
+}
+
+/// Whether `instruction` (the statement at index `at`) may jump backwards: a branch to a label
+/// defined at or before it, or an indirect branch (whose targets are not checked).
+fn loops_back(instruction: &Instruction<'_, '_>, labels: &std::collections::HashMap<&str, usize>, at: usize) -> bool {
+    match instruction.opcode.split('.').next().unwrap_or_default() {
+        "bra" => {
+            let target: String = instruction
+                .operands
+                .last()
+                .map(|op| op.iter().map(|t| t.text).collect())
+                .unwrap_or_default();
+            // A target that is no label of the body is left to ptxas, which refuses it.
+            labels.get(target.as_str()).is_some_and(|&k| k <= at)
+        }
+        "brx" => true,
+        _ => false,
+    }
+}
+
+/// The edit that appends the four fence parameters to an entry's parameter list.
 fn append_fence_params(header: &Statement<'_>, name: &str) -> Result<(Range<usize>, String), FenceError> {
-    let params = format!("\t.param .u64 {name}{BASE_PARAM_SUFFIX},\n\t.param .u64 {name}{MASK_PARAM_SUFFIX}");
+    let params = fence_params(name).map(|p| format!("\t{p}")).join(",\n");
     let (_, _, name_index) = function_name(header)?;
     let tokens = &header.tokens;
     let after_name = name_index + 1;
@@ -1031,7 +1145,7 @@ pub fn check_fenced(ptx: &str) -> Result<usize, FenceError> {
         let body = &module.statements[function.body.clone()];
         let prologue = if function.is_entry {
             verify_entry_start(header, body, function.name)?;
-            4
+            PROLOGUE
         } else {
             if header.tokens.iter().any(|t| is_reserved(t.text)) {
                 return Err(header.unsupported(why::RESERVED));
@@ -1040,6 +1154,29 @@ pub fn check_fenced(ptx: &str) -> Result<usize, FenceError> {
         };
         for k in prologue..body.len() {
             checked += verify_statement(body, k, prologue, function.is_entry)?;
+        }
+        // Every loop of a kernel passes the stop poll (a device function may not loop).
+        let labels = labels_of(&module.statements, function);
+        for (k, statement) in body.iter().enumerate() {
+            let Some(instruction) = (statement.end == End::Semicolon && !statement.is_directive())
+                .then(|| split_instruction(statement))
+                .transpose()?
+            else {
+                continue;
+            };
+            if !loops_back(&instruction, &labels, function.body.start + k) {
+                continue;
+            }
+            if !function.is_entry {
+                return Err(statement.unsupported(why::FUNC_LOOP));
+            }
+            let polled = k >= prologue + POLL.len()
+                && POLL.iter().enumerate().all(|(n, (guard, opcode, operands))| {
+                    statement_is(Some(&body[k - POLL.len() + n]), guard, opcode, operands)
+                });
+            if !polled {
+                return Err(statement.unfenced());
+            }
         }
     }
     for (statement, _) in module
@@ -1055,10 +1192,15 @@ pub fn check_fenced(ptx: &str) -> Result<usize, FenceError> {
     Ok(checked)
 }
 
-/// An entry's last two parameters are the fence's, and its body starts by loading them.
+/// Statements of the prologue the rewrite puts at the start of each kernel's body.
+const PROLOGUE: usize = 8;
+
+/// An entry's last four parameters are the fence's, and its body starts by loading them.
 fn verify_entry_start(header: &Statement<'_>, body: &[Statement<'_>], name: &str) -> Result<(), FenceError> {
     let base_param = format!("{name}{BASE_PARAM_SUFFIX}");
     let mask_param = format!("{name}{MASK_PARAM_SUFFIX}");
+    let stop_param = format!("{name}{STOP_PARAM_SUFFIX}");
+    let launch_param = format!("{name}{LAUNCH_PARAM_SUFFIX}");
     let tokens = &header.tokens;
     // The parameter list is the parenthesized group right after the name.
     let (_, _, name_at) = function_name(header)?;
@@ -1070,11 +1212,11 @@ fn verify_entry_start(header: &Statement<'_>, body: &[Statement<'_>], name: &str
         .split(|t| t.is(","))
         .map(|param| param.iter().map(|t| t.text).collect::<Vec<_>>().join(" "))
         .collect();
-    let expected = [format!(".param .u64 {base_param}"), format!(".param .u64 {mask_param}")];
-    if params.len() < 2 || params[params.len() - 2..] != expected {
+    let expected = fence_params(name);
+    if params.len() < expected.len() || params[params.len() - expected.len()..] != expected {
         return Err(header.unfenced());
     }
-    if params[..params.len() - 2].iter().any(|p| is_reserved(p))
+    if params[..params.len() - expected.len()].iter().any(|p| is_reserved(p))
         || tokens[close + 1..].iter().any(|t| is_reserved(t.text))
     {
         return Err(header.unsupported(why::RESERVED));
@@ -1090,10 +1232,19 @@ fn verify_entry_start(header: &Statement<'_>, body: &[Statement<'_>], name: &str
                     .eq(words.iter().copied())
         })
     };
-    let ok = decl(0, &[".reg", ".b64", BASE_REG, MASK_REG, ADDR_REG])
-        && decl(1, &[".reg", ".pred", PRED_REG])
-        && statement_is(body.get(2), "", "ld.param.u64", &[BASE_REG, &format!("[{base_param}]")])
-        && statement_is(body.get(3), "", "ld.param.u64", &[MASK_REG, &format!("[{mask_param}]")]);
+    let ok = decl(0, &[".reg", ".b64", BASE_REG, MASK_REG, ADDR_REG, STOP_REG])
+        && decl(1, &[".reg", ".b32", LAUNCH_REG, COUNT_REG, WORD_REG])
+        && decl(2, &[".reg", ".pred", PRED_REG, POLL_PRED])
+        && statement_is(body.get(3), "", "ld.param.u64", &[BASE_REG, &format!("[{base_param}]")])
+        && statement_is(body.get(4), "", "ld.param.u64", &[MASK_REG, &format!("[{mask_param}]")])
+        && statement_is(body.get(5), "", "ld.param.u64", &[STOP_REG, &format!("[{stop_param}]")])
+        && statement_is(
+            body.get(6),
+            "",
+            "ld.param.u32",
+            &[LAUNCH_REG, &format!("[{launch_param}]")],
+        )
+        && statement_is(body.get(7), "", "mov.u32", &[COUNT_REG, "0"]);
     if !ok {
         let at = body.first().unwrap_or(header);
         return Err(FenceError::Unfenced {
@@ -1122,6 +1273,15 @@ fn verify_statement(body: &[Statement<'_>], k: usize, prologue: usize, is_entry:
     if reserved {
         if !is_entry {
             return Err(statement.unsupported(why::RESERVED));
+        }
+        // The stop poll's registers appear in its statements only, exactly as written (so the
+        // stop word's address is the prologue's, and its one global load reads only that word).
+        let poll_registers = [STOP_REG, LAUNCH_REG, COUNT_REG, WORD_REG, POLL_PRED];
+        if statement.tokens.iter().any(|t| poll_registers.contains(&t.text)) {
+            let is_poll = POLL
+                .iter()
+                .any(|(guard, opcode, operands)| statement_is(Some(statement), guard, opcode, operands));
+            return if is_poll { Ok(0) } else { Err(statement.unfenced()) };
         }
         // The base and mask registers are read by the masking instructions only (so nothing else
         // can write them); other fence names may only be the two scratch registers.
@@ -1951,7 +2111,13 @@ $L__BB0_6:
                     "@%agora_fp ",
                     ".reg .b64 %agora_fb",
                 ])
-                .chain(&[".reg .pred %agora_fp"])
+                .chain(&[
+                    ".reg .pred %agora_fp",
+                    ".reg .b32 %agora_fl",
+                    "mov.u32 %agora_fn",
+                    "@%agora_fq ",
+                ])
+                .chain(&["add.u32 %agora_fn", "setp.ge.u32 %agora_fq"])
                 .any(|prefix| line.starts_with(prefix))
         };
         // An empty or missing parameter list gets the fence's: `()` and no list both become `(...)`.
@@ -2022,15 +2188,19 @@ $L__BB0_6:
         let out = fenced(TWO_ENTRIES).ptx;
         for name in ["first", "second"] {
             assert!(out.contains(&format!(
-                "\t.param .u64 {name}_agora_fence_base,\n\t.param .u64 {name}_agora_fence_mask\n)"
+                "\t.param .u64 {name}_agora_fence_base,\n\t.param .u64 {name}_agora_fence_mask,\n\
+                 \t.param .u64 {name}_agora_fence_stop,\n\t.param .u32 {name}_agora_fence_launch\n)"
             )));
+            assert!(out.contains(&format!("\tld.param.u32 %agora_fl, [{name}_agora_fence_launch];")));
             assert!(out.contains(&format!("\tld.param.u64 %agora_fm, [{name}_agora_fence_mask];")));
         }
         assert!(out.contains("\t.param .u64 second_param_1,\n\t.param .u64 second_agora_fence_base,"));
         let out = fenced(FUNC_WITHOUT_MEMORY).ptx;
         assert!(out.contains(".entry noparams(\n\t.param .u64 noparams_agora_fence_base,"));
-        assert!(out
-            .contains(".entry bare(\n\t.param .u64 bare_agora_fence_base,\n\t.param .u64 bare_agora_fence_mask\n)\n{"));
+        assert!(out.contains(
+            ".entry bare(\n\t.param .u64 bare_agora_fence_base,\n\t.param .u64 bare_agora_fence_mask,\n\
+             \t.param .u64 bare_agora_fence_stop,\n\t.param .u32 bare_agora_fence_launch\n)\n{"
+        ));
     }
 
     fn line_of(ptx: &str, needle: &str) -> usize {
@@ -2171,6 +2341,62 @@ $L__BB0_6:
             assert_ne!(ptx, saxpy, "{what}: the edit did not apply");
             assert!(check_fenced(&ptx).is_err(), "{what} passed the check");
         }
+    }
+
+    #[test]
+    fn every_backward_branch_of_a_kernel_polls_the_stop_word_first() {
+        assert_eq!(POLL[1].2[2], POLL_EVERY.to_string(), "the poll's period is POLL_EVERY");
+        let poll: String = POLL.iter().map(|p| format!("{}\n\t", poll_text(p))).collect();
+        // REDUCE_SHARED loops once (`@%p2 bra $L__BB0_1`); its forward branches get no poll.
+        let out = fenced(REDUCE_SHARED).ptx;
+        assert_eq!(out.matches("@%agora_fq exit;").count(), 1, "{out}");
+        assert!(out.contains(&format!("{poll}@%p2 bra \t$L__BB0_1;")), "{out}");
+        assert!(
+            !out.contains(&format!("{poll}@%p1 bra")),
+            "a forward branch was polled: {out}"
+        );
+        check_fenced(&out).unwrap();
+        // A loop without a poll, or with a poll that is not the pass's, fails the check.
+        let tampered: Vec<(&str, String)> = vec![
+            ("poll removed", out.replacen(&poll, "", 1)),
+            ("exit removed", out.replacen("\t@%agora_fq exit;\n", "", 1)),
+            (
+                "another launch's number",
+                out.replacen("%agora_ft, %agora_fl;", "%agora_ft, %agora_fn;", 1),
+            ),
+            (
+                "never polls",
+                out.replacen(
+                    "setp.ge.u32 %agora_fq, %agora_fn, 1024;",
+                    "setp.ge.u32 %agora_fq, %agora_fn, -1;",
+                    1,
+                ),
+            ),
+            ("stop address moved", inject(&out, "add.s64 %agora_fs, %agora_fs, 8;").0),
+            ("launch number overwritten", inject(&out, "mov.u32 %agora_fl, 7;").0),
+            (
+                "stop parameter removed",
+                out.replacen(",\n\t.param .u64 reduce_agora_fence_stop", "", 1),
+            ),
+        ];
+        for (what, ptx) in tampered {
+            assert_ne!(ptx, out, "{what}: the edit did not apply");
+            assert!(check_fenced(&ptx).is_err(), "{what} passed the check");
+        }
+    }
+
+    #[test]
+    fn a_device_function_that_loops_is_refused() {
+        // `.func` bodies get no fence parameters, so their loops could not be stopped.
+        let definition = FUNC_WITHOUT_MEMORY.rfind(".func").unwrap();
+        let open = definition + FUNC_WITHOUT_MEMORY[definition..].find('{').unwrap();
+        let with_loop = format!(
+            "{}\n$L_spin:\n\tbra.uni \t$L_spin;\n{}",
+            &FUNC_WITHOUT_MEMORY[..open + 1],
+            &FUNC_WITHOUT_MEMORY[open + 1..]
+        );
+        let e = fence(&with_loop).unwrap_err();
+        assert!(e.to_string().contains("loops"), "{e}");
     }
 
     #[test]

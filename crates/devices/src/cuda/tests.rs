@@ -121,7 +121,7 @@ fn a_program_that_does_not_compile_reports_nvrtc_s_log() {
 
 #[test]
 fn discovery_without_a_gpu_reports_why_and_finds_nothing_or_finds_working_gpus() {
-    let (devices, problems) = super::discover(2, 0, &crate::priority::LanePriorities::normal());
+    let (devices, problems) = super::discover(2, 0, &crate::priority::LanePriorities::normal(), None);
     if devices.is_empty() {
         assert!(!problems.is_empty(), "no GPU and no reason given");
         assert!(problems.iter().any(|p| p.contains("GPU")), "{problems:?}");
@@ -261,8 +261,8 @@ fn tenant_cuda_c_compiles_plain_and_its_entries_take_exactly_their_declared_para
         assert_eq!(super::fence::entry_parameter_count(&ptx, "missing"), Ok(None));
         let fenced = super::fence::fence(&ptx).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(fenced.entries, ["saxpy", "count"]);
-        // After fencing, each entry takes the partition's base and mask too.
-        assert_eq!(super::fence::entry_parameter_count(&fenced.ptx, "saxpy"), Ok(Some(5)));
+        // After fencing, each entry takes the fence's four parameters too (base, mask, stop word, launch).
+        assert_eq!(super::fence::entry_parameter_count(&fenced.ptx, "saxpy"), Ok(Some(7)));
         super::fence::check_fenced(&fenced.ptx).unwrap_or_else(|e| panic!("{e}"));
         assemble(&fenced.ptx, arch).unwrap_or_else(|e| panic!("fenced tenant CUDA C for sm_{arch}: {e}"));
     }
@@ -359,5 +359,28 @@ fn tenant_ptx_is_fenced_checked_and_assembles() {
     for arch in [80, 90] {
         assemble(TENANT_PTX, arch).unwrap_or_else(|e| panic!("tenant PTX for sm_{arch}: {e}"));
         assemble(&fenced.ptx, arch).unwrap_or_else(|e| panic!("fenced tenant PTX for sm_{arch}: {e}"));
+    }
+}
+
+#[test]
+fn an_endless_tenant_kernel_is_fenced_stoppable_and_assembles() {
+    use_project_nvrtc();
+    // Loops forever (a store per round, so it is not optimised away), as a hostile tenant's would.
+    let endless = r#"extern "C" __global__ void endless(float *y) {
+    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    while (y[i] >= 0.0f) { y[i] += 1.0f; if (y[i] > 1.0e30f) y[i] = 0.0f; }
+}"#;
+    for arch in [80, 90] {
+        let ptx = programs::compile_ptx("tenant-fenced/endless", endless, arch).unwrap_or_else(|e| panic!("{e}"));
+        let fenced = super::fence::fence(&ptx).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            fenced.ptx.contains("@%agora_fq exit;"),
+            "no stop poll in {}",
+            fenced.ptx
+        );
+        // y, then base, mask, the stop word's address and the launch's number.
+        assert_eq!(super::fence::entry_parameter_count(&fenced.ptx, "endless"), Ok(Some(5)));
+        super::fence::check_fenced(&fenced.ptx).unwrap_or_else(|e| panic!("{e}"));
+        assemble(&fenced.ptx, arch).unwrap_or_else(|e| panic!("fenced endless kernel for sm_{arch}: {e}"));
     }
 }
