@@ -126,8 +126,10 @@ pass "the epilog recorded each job's use: $(tr -d '\n ' <"$dir/agora-n1/jobs/$a.
 
 # 6. A process that escaped its job (its own session, so Slurm's kill of the job's process group
 # misses it) loses its Agora session when the job ends; the job's record counts it.
+# Its workload must outlive the job by far (1 M tasks of 1024 items once took 1.0 s here, less than the job's
+# 2 s, and it ended on its own, verified); `timeout` bounds it if the daemon failed to end it.
 e=$(sbatch --parsable -w n1 --gres=agora:1 -o "$dir/job-e.out" --wrap \
-  "setsid $agora run saxpy --size 1024 --iterations 1000000 >$dir/escaped.out 2>&1 </dev/null & sleep 2")
+  "setsid timeout 120 $agora run saxpy --size 1048576 --iterations 1000000 >$dir/escaped.out 2>&1 </dev/null & sleep 2")
 wait_jobs "$e"
 for _ in $(seq 1 100); do
   grep -q "ended this session" "$dir/escaped.out" 2>/dev/null && break
