@@ -40,10 +40,9 @@
 //! * shared and local memory are not fenced: they are per block and per thread, and the hardware
 //!   checks them against the block's and thread's windows.
 //!
-//! What it refuses ([`FenceError::Unsupported`]): device functions that loop, instructions that
-//! reach global memory without an
-//! address the pass can mask (asynchronous and bulk copies, tensor maps, textures and surfaces,
-//! prefetch and cache control, multimem, `st.async`/`red.async`, `wmma`/`ldmatrix`/`mbarrier` on
+//! What it refuses ([`FenceError::Unsupported`]): device functions that loop or recurse,
+//! instructions that reach global memory without an address the pass can mask (asynchronous and
+//! bulk copies, tensor maps, textures and surfaces, prefetch and cache control, multimem, `st.async`/`red.async`, `wmma`/`ldmatrix`/`mbarrier` on
 //! non-shared addresses), device functions (`.func`) that touch global or generic memory (they
 //! have no fence parameters: inline them), calls to functions whose body is not in the module
 //! (`printf`, `malloc`: the pass cannot see what they touch), generic accesses to a variable by
@@ -186,6 +185,8 @@ pub fn fence_arguments(base: u64, size: u64) -> Option<(u64, u64)> {
 
 /// Why-texts of refusals, shared by the rewrite and the check.
 mod why {
+    pub const RECURSION: &str = "device functions call themselves (directly or through others), and recursion \
+                                 cannot be stopped at the per-launch limit; write it as a loop in the kernel";
     pub const FUNC_LOOP: &str = "a device function (.func) loops (a backward or indirect branch), and only \
                                  kernels' loops can be stopped at the per-launch limit; inline it \
                                  (__forceinline__) or move the loop into the kernel";
@@ -887,6 +888,7 @@ pub fn fence(ptx: &str) -> Result<Fenced, FenceError> {
             return Err(statement.unsupported(why::RESERVED));
         }
     }
+    refuse_recursion(&module)?;
     // (byte range replaced, replacement); insertions are empty ranges.
     let mut edits: Vec<(Range<usize>, String)> = Vec::new();
     let mut entries = Vec::new();
@@ -1078,6 +1080,66 @@ fn loops_back(instruction: &Instruction<'_, '_>, labels: &std::collections::Hash
     }
 }
 
+/// The function a `call` instruction calls: its first operand that is a name, not a
+/// parenthesised parameter list.
+fn callee<'a>(instruction: &Instruction<'_, 'a>) -> Option<&'a str> {
+    if instruction.opcode.split('.').next() != Some("call") {
+        return None;
+    }
+    instruction.operands.iter().find_map(|op| match op {
+        [name] if name.kind == Kind::Word => Some(name.text),
+        _ => None,
+    })
+}
+
+/// Refuses a module whose functions call each other in a cycle (recursion: a loop no branch
+/// shows, so the stop poll would never run in it).
+fn refuse_recursion(module: &Module<'_>) -> Result<(), FenceError> {
+    let index: std::collections::HashMap<&str, usize> =
+        module.functions.iter().enumerate().map(|(i, f)| (f.name, i)).collect();
+    // Per function: the functions it calls, with the calling statement.
+    let mut calls: Vec<Vec<(usize, usize)>> = vec![Vec::new(); module.functions.len()];
+    for (i, function) in module.functions.iter().enumerate() {
+        for k in function.body.clone() {
+            let statement = &module.statements[k];
+            if statement.end != End::Semicolon || statement.is_directive() {
+                continue;
+            }
+            if let Some(target) = split_instruction(statement).ok().as_ref().and_then(callee) {
+                if let Some(&j) = index.get(target) {
+                    calls[i].push((j, k));
+                }
+            }
+        }
+    }
+    // Depth-first search for a back edge: 0 unvisited, 1 on the path, 2 done.
+    fn visit(i: usize, calls: &[Vec<(usize, usize)>], state: &mut [u8]) -> Option<usize> {
+        state[i] = 1;
+        for &(j, at) in &calls[i] {
+            match state[j] {
+                1 => return Some(at),
+                0 => {
+                    if let Some(at) = visit(j, calls, state) {
+                        return Some(at);
+                    }
+                }
+                _ => {}
+            }
+        }
+        state[i] = 2;
+        None
+    }
+    let mut state = vec![0u8; module.functions.len()];
+    for i in 0..module.functions.len() {
+        if state[i] == 0 {
+            if let Some(at) = visit(i, &calls, &mut state) {
+                return Err(module.statements[at].unsupported(why::RECURSION));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The edit that appends the four fence parameters to an entry's parameter list.
 fn append_fence_params(header: &Statement<'_>, name: &str) -> Result<(Range<usize>, String), FenceError> {
     let params = fence_params(name).map(|p| format!("\t{p}")).join(",\n");
@@ -1136,6 +1198,7 @@ fn is_mask_and(statement: Option<&Statement<'_>>, guard: &str) -> bool {
 /// of [`fence`]'s decisions: run it on PTX before loading it as fenced.
 pub fn check_fenced(ptx: &str) -> Result<usize, FenceError> {
     let module = parse_module(ptx)?;
+    refuse_recursion(&module)?;
     let mut in_function = vec![false; module.statements.len()];
     let mut checked = 0;
     for function in &module.functions {
@@ -2383,6 +2446,23 @@ $L__BB0_6:
             assert_ne!(ptx, out, "{what}: the edit did not apply");
             assert!(check_fenced(&ptx).is_err(), "{what} passed the check");
         }
+    }
+
+    #[test]
+    fn recursion_among_device_functions_is_refused() {
+        // `twice` calling itself: a loop no branch shows.
+        let definition = FUNC_WITHOUT_MEMORY.rfind(".func").unwrap();
+        let ret = definition + FUNC_WITHOUT_MEMORY[definition..].rfind("\tret;").unwrap();
+        let recursive = format!(
+            "{}\t{{\n\t.param .b32 p0;\n\tst.param.b32 [p0+0], %r1;\n\t.param .b32 r0;\n\tcall.uni (r0), twice, (p0);\n\t}}\n{}",
+            &FUNC_WITHOUT_MEMORY[..ret],
+            &FUNC_WITHOUT_MEMORY[ret..]
+        );
+        let e = fence(&recursive).unwrap_err();
+        assert!(e.to_string().contains("recursion"), "{e}");
+        assert!(check_fenced(&recursive).is_err());
+        // Calls without a cycle are fine (the fixture's kernel calls `twice`).
+        fence(FUNC_WITHOUT_MEMORY).unwrap();
     }
 
     #[test]
