@@ -126,6 +126,12 @@ impl Pending {
     /// and replays it). The flag may have been set after the last block started, so the run may
     /// be complete: then the replay is needless, never wrong.
     fn outcome(&self, result: Result<(), TaskError>) -> Result<(), TaskError> {
+        if let Some(watchdog) = self.watchdog.as_ref().filter(|w| w.fired) {
+            // The stopped kernel has ended: clear its number, so the lane's launch numbers can
+            // wrap around without a stale one ever stopping a later launch.
+            // SAFETY: see `Watchdog`; only this thread writes the word.
+            unsafe { std::ptr::write_volatile(watchdog.stop, 0) };
+        }
         match (&result, &self.mirror, &self.watchdog) {
             // Stopped at the limit: its writes are partial (the daemon poisons them).
             (Ok(()), _, Some(watchdog)) if watchdog.fired => Err(TaskError::KernelTimeout {
