@@ -176,6 +176,9 @@ pub(crate) struct SessionPrograms {
     /// Programs built so far (the dispatcher's quick check; the builder re-checks).
     built: AtomicUsize,
     session: u64,
+    /// Whether the daemon has an executor program (`[programs] executor`): OpenCL and C programs
+    /// run in one.
+    has_executor: bool,
 }
 
 impl SessionPrograms {
@@ -188,13 +191,10 @@ impl SessionPrograms {
         credentials: Credentials,
         kernels: Arc<ProgramKernels>,
     ) -> Result<Self, ControlError> {
-        let program = config.program_executor.clone().ok_or_else(|| {
-            ControlError::BadRequest(
-                "this daemon cannot run tenant programs: it has no executor program (it does not run inside \
-                 the agora binary); set [programs] executor or AGORA_EXECUTOR to the agora binary"
-                    .into(),
-            )
-        })?;
+        // CUDA C and PTX programs need no executor, so a daemon without one still builds them;
+        // OpenCL and C builds are refused (`build_inner`) with what to set.
+        let has_executor = config.program_executor.is_some();
+        let program = config.program_executor.clone().unwrap_or_default();
         let fd = segment
             .fd()
             .try_clone_to_owned()
@@ -222,6 +222,7 @@ impl SessionPrograms {
             }),
             built: AtomicUsize::new(0),
             session,
+            has_executor,
         })
     }
 
@@ -369,6 +370,13 @@ fn build_inner(job: BuildJob) -> Result<Response, ControlError> {
             )
         };
         return Ok(install(&programs, defs, log, false));
+    }
+    if !programs.has_executor {
+        return Err(ControlError::BadRequest(
+            "this daemon cannot run OpenCL or C tenant programs: it has no executor program (it does not run \
+             inside the agora binary); set [programs] executor or AGORA_EXECUTOR to the agora binary"
+                .into(),
+        ));
     }
     let cell = &programs.cell;
     if cell.closed.load(Ordering::Acquire) {
@@ -939,5 +947,51 @@ mod tests {
         matches_compiler(&compiled, &declared(Access::Read, Access::Write), "k").unwrap();
         assert!(matches_compiler(&compiled, &declared(Access::Write, Access::Write), "k").is_err());
         assert!(matches_compiler(&compiled[..2], &declared(Access::Read, Access::Write), "k").is_err());
+    }
+
+    /// A build job for a session of a daemon without an executor program and without devices.
+    fn job_without_executor(language: &str, code: &str, manifest: Option<&str>) -> BuildJob {
+        let geometry = agora_protocol::segment::Geometry::new(2, 2, 4096).unwrap();
+        let segment = agora_transport::shm::Segment::create("programs-test", geometry).unwrap();
+        let config = DaemonConfig {
+            program_executor: None,
+            ..Default::default()
+        };
+        let programs = SessionPrograms::new(&config, 1, &segment, Credentials::default(), Default::default()).unwrap();
+        BuildJob {
+            programs: Arc::new(programs),
+            cache: Arc::new(ProgramCache::new(std::path::Path::new("/nonexistent"), 0)),
+            language: language.into(),
+            code: code.as_bytes().to_vec(),
+            manifest: manifest.map(str::to_string),
+            name: "p".into(),
+            max_programs: 64,
+            in_daemon: false,
+            on_gpus: true,
+            devices: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn ptx_builds_without_an_executor_and_opencl_is_refused_saying_what_to_set() {
+        let (ptx, manifest) = (
+            include_str!("../../test-support/data/tenant.ptx"),
+            include_str!("../../test-support/data/tenant-ptx.toml"),
+        );
+        match build(job_without_executor("ptx", ptx, Some(manifest))) {
+            Response::Program { kernels, log, .. } => {
+                assert_eq!(kernels.len(), 1);
+                assert!(log.contains("no device of this daemon can run it"), "{log}");
+            }
+            other => panic!("a PTX program without an executor: {other:?}"),
+        }
+        match build(job_without_executor(
+            "opencl",
+            "__kernel void k(__global float *y) {}",
+            None,
+        )) {
+            Response::Error(ControlError::BadRequest(m)) => assert!(m.contains("AGORA_EXECUTOR"), "{m}"),
+            other => panic!("an OpenCL program without an executor: {other:?}"),
+        }
     }
 }
