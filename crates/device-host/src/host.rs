@@ -64,6 +64,13 @@ pub fn serve(socket: UnixStream, args: &HostArgs) -> Result<(), String> {
         // spins for its next job catches it no sooner and holds a core the loop needs.
         agora_devices::lane::set_idle_spin(false);
     }
+    // Every job comes from the message loop below, in the order the daemon's lanes chose: an idle
+    // lane's job starts on the loop's thread, one wake-up less per job (an enqueue; a job that
+    // must wait, and one behind another, still goes through the lane's thread).
+    // `AGORA_DEVICE_HOST_START_ON_CALLER=0` turns it off, for comparison.
+    agora_devices::lane::set_start_on_caller(
+        std::env::var_os("AGORA_DEVICE_HOST_START_ON_CALLER").is_none_or(|v| v != "0"),
+    );
     let (found, problems) =
         agora_devices::opencl::discover_except(args.lanes, args.memory_limit, &LanePriorities::normal(), &|platform| {
             platform != args.platform

@@ -63,6 +63,20 @@ pub fn set_idle_spin(spin: bool) {
     IDLE_SPIN.store(spin, Ordering::Relaxed);
 }
 
+/// Whether [`Lanes::submit`] in this process starts a job on the calling thread when its lane is
+/// idle ([`set_start_on_caller`]).
+static START_ON_CALLER: AtomicBool = AtomicBool::new(false);
+
+/// Makes [`Lanes::submit`] start a job on the calling thread, not the lane's, when the lane has
+/// nothing queued or being started and the job needs no waiting (not revocable, exclusive,
+/// sliced, urgent or with a deadline): one thread hand-off less per job. For a device host only,
+/// whose single message loop submits every job and whose daemon-side lanes already order them
+/// (docs/PERFORMANCE.md, "Device hosts: the hop"); a job whose start blocks (host work, a first
+/// program build) then holds that loop.
+pub fn set_start_on_caller(on: bool) {
+    START_ON_CALLER.store(on, Ordering::Relaxed);
+}
+
 /// Most jobs in flight when a lane starts a slice of a chunked launch: one running and one queued
 /// behind it keep the device busy, and an urgent job waits for at most these two.
 pub const SLICE_DEPTH: usize = 2;
@@ -182,6 +196,9 @@ struct Queue {
     jobs: fair::FairQueue<Queued>,
     sleeping: bool,
     stopping: bool,
+    /// The lane thread took a job and has not finished starting it (a caller must not start a
+    /// later one before it: [`Lane::start_here`]).
+    starting: bool,
 }
 
 /// A deadline job in the lane's heap: the earliest deadline (then the earliest push) on top.
@@ -437,6 +454,9 @@ pub struct Lane {
     epoch: Instant,
     /// The OS priority of the lane's threads.
     class: Arc<LaneClass>,
+    /// The lane's executor: the lane thread holds it while it starts a job, a caller of
+    /// [`Lane::start_here`] while it starts one on its own thread.
+    executor: Mutex<Box<dyn Executor>>,
 }
 
 impl std::fmt::Debug for Lane {
@@ -478,11 +498,12 @@ impl Lane {
             busy_since: AtomicU64::new(0),
             epoch: Instant::now(),
             class,
+            executor: Mutex::new(executor),
         });
         let runner = lane.clone();
         let handle = std::thread::Builder::new()
             .name(name)
-            .spawn(move || runner.run(executor, idle_spin))?;
+            .spawn(move || runner.run(idle_spin))?;
         Ok((lane, handle))
     }
 
@@ -610,6 +631,7 @@ impl Lane {
                     self.busy_since
                         .store(self.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 }
+                q.starting = true;
                 return Some(job);
             }
             if q.stopping && !held_back {
@@ -663,74 +685,114 @@ impl Lane {
         }
     }
 
-    fn run(self: Arc<Self>, mut executor: Box<dyn Executor>, idle_spin: bool) {
+    fn run(self: Arc<Self>, idle_spin: bool) {
         let _member = self.class.join();
         let mut spin = AdaptiveSpin::new(agora_wait::MIN_BUDGET, IDLE_SPIN_MAX);
         while let Some((job, queued)) = self.next(idle_spin.then_some(&mut spin)) {
-            let Job {
-                transfers,
-                work,
-                keepalive,
-                cancelled,
-                revoke,
-                done,
-                exclusive,
-                urgent,
-                deadline,
-                ..
-            } = job;
-            let revocable = revoke.is_some();
-            let (revoke, save) = match revoke {
-                Some(r) => (Some(r.flag), r.save),
-                None => (None, None),
-            };
-            let mut end = JobEnd {
-                lane: self.clone(),
-                done,
-                keepalive,
-                queued,
-                started: Instant::now(),
-                transfers_done: Arc::new(OnceLock::new()),
-                cold: false,
-                revoke,
-                urgent: urgent || deadline.is_some(),
-            };
-            let set = |flag: Option<&Arc<AtomicBool>>| flag.is_some_and(|c| c.load(Ordering::Acquire));
-            if set(cancelled.as_ref()) || set(end.revoke_flag()) {
-                end.finish(Err(TaskError::Cancelled));
-                continue;
+            {
+                let mut executor = self.executor.lock().unwrap_or_else(|e| e.into_inner());
+                self.start_job(executor.as_mut(), job, queued);
             }
-            if exclusive && save.is_none() {
-                // Runs alone: what the lane started before it finishes first.
-                self.wait_idle(1);
-            }
-            if let Some(save) = save {
-                // A revocable job runs alone: earlier jobs finish first, so what it saves is what
-                // it will read.
-                self.wait_idle(1);
-                if let Err(e) = save() {
-                    end.finish(Err(e));
-                    continue;
-                }
-                // The job's time starts after its save: the performance model learns the launch,
-                // not the save (counted in, a save longer than the launch made the next launch
-                // look long enough to be revocable again, and so on).
-                end.started = Instant::now();
-            }
-            executor.run(transfers, work, end);
-            if revocable || exclusive {
-                // ... and nothing starts after it until it finished: a replay must run before its
-                // queue's later jobs.
-                self.wait_idle(0);
-            }
+            // After the executor is let go, so a caller that sees `starting` clear finds it free.
+            self.queue.lock().unwrap_or_else(|e| e.into_inner()).starting = false;
         }
-        executor.stop();
+        self.executor.lock().unwrap_or_else(|e| e.into_inner()).stop();
         // Started jobs finish on the device's own threads; give them a moment before the
         // device (and the memory their completions refer to) goes away.
         let deadline = Instant::now() + Duration::from_secs(5);
         while self.in_flight.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    /// Starts `job` (counted in flight already) with `executor`, on the calling thread.
+    fn start_job(self: &Arc<Self>, executor: &mut dyn Executor, job: Job, queued: Instant) {
+        let Job {
+            transfers,
+            work,
+            keepalive,
+            cancelled,
+            revoke,
+            done,
+            exclusive,
+            urgent,
+            deadline,
+            ..
+        } = job;
+        let revocable = revoke.is_some();
+        let (revoke, save) = match revoke {
+            Some(r) => (Some(r.flag), r.save),
+            None => (None, None),
+        };
+        let mut end = JobEnd {
+            lane: self.clone(),
+            done,
+            keepalive,
+            queued,
+            started: Instant::now(),
+            transfers_done: Arc::new(OnceLock::new()),
+            cold: false,
+            revoke,
+            urgent: urgent || deadline.is_some(),
+        };
+        let set = |flag: Option<&Arc<AtomicBool>>| flag.is_some_and(|c| c.load(Ordering::Acquire));
+        if set(cancelled.as_ref()) || set(end.revoke_flag()) {
+            end.finish(Err(TaskError::Cancelled));
+            return;
+        }
+        if exclusive && save.is_none() {
+            // Runs alone: what the lane started before it finishes first.
+            self.wait_idle(1);
+        }
+        if let Some(save) = save {
+            // A revocable job runs alone: earlier jobs finish first, so what it saves is what
+            // it will read.
+            self.wait_idle(1);
+            if let Err(e) = save() {
+                end.finish(Err(e));
+                return;
+            }
+            // The job's time starts after its save: the performance model learns the launch,
+            // not the save (counted in, a save longer than the launch made the next launch
+            // look long enough to be revocable again, and so on).
+            end.started = Instant::now();
+        }
+        executor.run(transfers, work, end);
+        if revocable || exclusive {
+            // ... and nothing starts after it until it finished: a replay must run before its
+            // queue's later jobs.
+            self.wait_idle(0);
+        }
+    }
+
+    /// Starts `job` on the calling thread when nothing is queued or being started on this lane
+    /// and the job needs no waiting (see [`set_start_on_caller`]); else hands it back.
+    fn start_here(self: &Arc<Self>, job: Job) -> Option<Job> {
+        if job.revoke.is_some()
+            || job.exclusive
+            || job.urgent
+            || job.deadline.is_some()
+            || job.slices.is_some()
+            || job.cancelled.as_ref().is_some_and(|c| c.load(Ordering::Acquire))
+        {
+            return Some(job);
+        }
+        let q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        if q.stopping || q.starting || self.pending.load(Ordering::Acquire) > 0 {
+            return Some(job);
+        }
+        // Taken under the queue lock: the lane thread takes the executor only for a job it took
+        // from the queue with `starting` set, so none taken before this one can start after it.
+        let Ok(mut executor) = self.executor.try_lock() else {
+            return Some(job);
+        };
+        drop(q);
+        if self.in_flight.fetch_add(1, Ordering::AcqRel) == 0 {
+            self.busy_since
+                .store(self.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+        self.start_job(executor.as_mut(), job, Instant::now());
+        None
     }
 }
 
@@ -793,7 +855,14 @@ impl Lanes {
 
     /// Appends `job` to lane `lane`.
     pub fn submit(&self, lane: usize, job: Job) {
-        self.lanes[lane % self.lanes.len()].push(job);
+        let lane = &self.lanes[lane % self.lanes.len()];
+        if START_ON_CALLER.load(Ordering::Relaxed) {
+            if let Some(job) = lane.start_here(job) {
+                lane.push(job);
+            }
+        } else {
+            lane.push(job);
+        }
     }
 
     /// Jobs queued, started or running on lane `lane`.
@@ -882,6 +951,78 @@ mod tests {
                 done.send(()).unwrap();
             }),
         }
+    }
+
+    /// Records which thread started each job (by the job's tag, its fill value) and holds the
+    /// job tagged 1 until released.
+    struct Starts {
+        seen: mpsc::Sender<(u8, std::thread::ThreadId)>,
+        hold: mpsc::Receiver<()>,
+    }
+
+    impl Executor for Starts {
+        fn run(&mut self, _transfers: Vec<Transfer>, work: Work, end: JobEnd) {
+            let Work::Fill { value, .. } = work else { unreachable!() };
+            self.seen.send((value, std::thread::current().id())).unwrap();
+            if value == 1 {
+                self.hold.recv().unwrap();
+            }
+            end.finish(Ok(()));
+        }
+    }
+
+    #[test]
+    fn with_start_on_caller_an_idle_lane_starts_the_job_on_the_caller_and_order_holds() {
+        let (seen_tx, seen) = mpsc::channel();
+        let (release, hold) = mpsc::channel();
+        let (lane, thread) = Lane::start(
+            "caller-lane".into(),
+            Box::new(Starts { seen: seen_tx, hold }),
+            LaneClass::new(&LanePriorities::normal()),
+        )
+        .unwrap();
+        let (done_tx, done) = mpsc::channel();
+        let tagged = |tag: u8, revocable: bool| {
+            let mut j = job(false, done_tx.clone());
+            j.work = Work::Fill {
+                ptr: std::ptr::null_mut(),
+                len: 0,
+                value: tag,
+            };
+            if revocable {
+                j.revoke = Some(crate::Revocation {
+                    flag: Arc::default(),
+                    save: None,
+                    replay: false,
+                });
+            }
+            j
+        };
+        let here = std::thread::current().id();
+        // Idle: job 0 starts on this thread.
+        assert!(lane.start_here(tagged(0, false)).is_none());
+        assert_eq!(seen.recv().unwrap(), (0, here));
+        done.recv().unwrap();
+        // Job 1 goes to the lane thread and is held there (a revocable job is never started by
+        // the caller); while it is being started, job 2 is handed back and queued behind it.
+        let Some(first) = lane.start_here(tagged(1, true)) else {
+            panic!("a revocable job started on the caller")
+        };
+        lane.push(first);
+        let (one, on) = seen.recv().unwrap();
+        assert_eq!(one, 1);
+        assert_ne!(on, here, "job 1 runs on the lane's thread");
+        let Some(second) = lane.start_here(tagged(2, false)) else {
+            panic!("a job started on the caller while an earlier one was being started")
+        };
+        lane.push(second);
+        release.send(()).unwrap();
+        done.recv().unwrap();
+        let (two, _) = seen.recv().unwrap();
+        assert_eq!(two, 2, "job 2 after job 1");
+        done.recv().unwrap();
+        lane.stop();
+        thread.join().unwrap();
     }
 
     /// Runs batch, urgent, batch, batch, urgent jobs one at a time on a lane with `priorities`;
