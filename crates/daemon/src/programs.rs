@@ -973,7 +973,7 @@ mod tests {
     }
 
     #[test]
-    fn ptx_builds_without_an_executor_and_opencl_is_refused_saying_what_to_set() {
+    fn ptx_builds_without_an_executor_and_is_refused_with_gpus_off_and_opencl_is_refused_saying_what_to_set() {
         let (ptx, manifest) = (
             include_str!("../../test-support/data/tenant.ptx"),
             include_str!("../../test-support/data/tenant-ptx.toml"),
@@ -984,6 +984,13 @@ mod tests {
                 assert!(log.contains("no device of this daemon can run it"), "{log}");
             }
             other => panic!("a PTX program without an executor: {other:?}"),
+        }
+        // An operator who keeps tenant code off the GPUs refuses CUDA and PTX, saying so.
+        let mut off = job_without_executor("ptx", ptx, Some(manifest));
+        off.on_gpus = false;
+        match build(off) {
+            Response::Error(ControlError::BadRequest(m)) => assert!(m.contains("on_gpus = false"), "{m}"),
+            other => panic!("a PTX program with [programs] on_gpus = false: {other:?}"),
         }
         match build(job_without_executor(
             "opencl",

@@ -226,16 +226,8 @@ pub fn load(dir: &Path) -> Result<Package, PackageError> {
                 let Some(file) = &cl.file else {
                     return Err(PackageError::Other("an OpenCL implementation without a file".into()));
                 };
-                if !sources.contains_key(&file.value) {
-                    let path = dir.join(&file.value);
-                    let text = std::fs::read_to_string(&path).map_err(|e| {
-                        src.error(&file.span, &file.key, format!("cannot read {}: {e}", path.display()))
-                    })?;
-                    let hash: [u8; 32] = Sha256::digest(text.as_bytes()).into();
-                    sources.insert(file.value.clone(), (text.into(), hash));
-                }
-                let (source, hash) = &sources[&file.value];
-                if !declares_kernel(source, &cl.entry.value) {
+                let (source, hash) = package_source(&mut sources, dir, &src, file)?;
+                if !declares_kernel(&source, &cl.entry.value) {
                     return Err(src.error(
                         &cl.entry.span,
                         &cl.entry.key,
@@ -273,7 +265,7 @@ pub fn load(dir: &Path) -> Result<Package, PackageError> {
                 }
                 // The program's cache key changes with the source and with the binaries.
                 let program_hash: [u8; 32] = if binaries.is_empty() {
-                    *hash
+                    hash
                 } else {
                     program_hash.finalize().into()
                 };
@@ -293,14 +285,7 @@ pub fn load(dir: &Path) -> Result<Package, PackageError> {
                     return Err(PackageError::Other("a CUDA implementation without a file".into()));
                 };
                 let path = dir.join(&file.value);
-                if !sources.contains_key(&file.value) {
-                    let text = std::fs::read_to_string(&path).map_err(|e| {
-                        src.error(&file.span, &file.key, format!("cannot read {}: {e}", path.display()))
-                    })?;
-                    let hash: [u8; 32] = Sha256::digest(text.as_bytes()).into();
-                    sources.insert(file.value.clone(), (text.into(), hash));
-                }
-                let (source, hash) = &sources[&file.value];
+                let (source, hash) = package_source(&mut sources, dir, &src, file)?;
                 let text = Cow::Owned(source.to_string());
                 let code = if file.value.ends_with(".ptx") {
                     CudaCode::Ptx(text)
@@ -387,6 +372,26 @@ pub fn load(dir: &Path) -> Result<Package, PackageError> {
         dir: dir.to_path_buf(),
         kernels,
     })
+}
+
+/// The text and hash of the package's source `file` (OpenCL C, CUDA C or PTX), read once per
+/// load: kernels that name the same file share it.
+fn package_source(
+    sources: &mut HashMap<String, (Arc<str>, [u8; 32])>,
+    dir: &Path,
+    src: &Source<'_>,
+    file: &manifest::Located<String>,
+) -> Result<(Arc<str>, [u8; 32]), PackageError> {
+    if let Some((text, hash)) = sources.get(&file.value) {
+        return Ok((text.clone(), *hash));
+    }
+    let path = dir.join(&file.value);
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| src.error(&file.span, &file.key, format!("cannot read {}: {e}", path.display())))?;
+    let hash: [u8; 32] = Sha256::digest(text.as_bytes()).into();
+    let text: Arc<str> = text.into();
+    sources.insert(file.value.clone(), (text.clone(), hash));
+    Ok((text, hash))
 }
 
 /// Reads a tenant program's manifest: `[kernels.NAME]` tables in the package format, without a
