@@ -40,7 +40,8 @@
 //! * shared and local memory are not fenced: they are per block and per thread, and the hardware
 //!   checks them against the block's and thread's windows.
 //!
-//! What it refuses ([`FenceError::Unsupported`]): device functions that loop or recurse,
+//! What it refuses ([`FenceError::Unsupported`]): device functions that loop or recurse, calls
+//! through function pointers (their callee could recurse unseen),
 //! instructions that reach global memory without an address the pass can mask (asynchronous and
 //! bulk copies, tensor maps, textures and surfaces, prefetch and cache control, multimem, `st.async`/`red.async`, `wmma`/`ldmatrix`/`mbarrier` on
 //! non-shared addresses), device functions (`.func`) that touch global or generic memory (they
@@ -187,6 +188,9 @@ pub fn fence_arguments(base: u64, size: u64) -> Option<(u64, u64)> {
 mod why {
     pub const RECURSION: &str = "device functions call themselves (directly or through others), and recursion \
                                  cannot be stopped at the per-launch limit; write it as a loop in the kernel";
+    pub const INDIRECT_CALL: &str = "calls a function through a pointer, whose callee the pass cannot see (it \
+                                     could recurse, which cannot be stopped at the per-launch limit); call \
+                                     the function by name";
     pub const FUNC_LOOP: &str = "a device function (.func) loops (a backward or indirect branch), and only \
                                  kernels' loops can be stopped at the per-launch limit; inline it \
                                  (__forceinline__) or move the loop into the kernel";
@@ -1106,6 +1110,10 @@ fn refuse_recursion(module: &Module<'_>) -> Result<(), FenceError> {
                 continue;
             }
             if let Some(target) = split_instruction(statement).ok().as_ref().and_then(callee) {
+                if target.starts_with('%') {
+                    // A call through a function pointer: its callee, and so a cycle, is unknown.
+                    return Err(statement.unsupported(why::INDIRECT_CALL));
+                }
                 if let Some(&j) = index.get(target) {
                     calls[i].push((j, k));
                 }
@@ -2463,6 +2471,18 @@ $L__BB0_6:
         assert!(check_fenced(&recursive).is_err());
         // Calls without a cycle are fine (the fixture's kernel calls `twice`).
         fence(FUNC_WITHOUT_MEMORY).unwrap();
+    }
+
+    #[test]
+    fn calls_through_a_function_pointer_are_refused() {
+        // The fixture's call of `twice`, made through a register holding its address instead:
+        // what `(*f)(x)` compiles to, and a way to recurse that no call graph shows.
+        let direct = "call.uni (retval0), \n\ttwice, \n";
+        assert!(FUNC_WITHOUT_MEMORY.contains(direct), "the fixture's call changed");
+        let indirect = FUNC_WITHOUT_MEMORY.replacen(direct, "call.uni (retval0), \n\t%rd9, \n", 1);
+        let e = fence(&indirect).unwrap_err();
+        assert!(e.to_string().contains("through a pointer"), "{e}");
+        assert!(check_fenced(&indirect).is_err());
     }
 
     #[test]
