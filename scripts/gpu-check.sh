@@ -2,16 +2,18 @@
 # The GPU checks, on a machine with an NVIDIA GPU and its driver, from prebuilt binaries (no Rust
 # toolchain, no network): the GPU test cases (every library kernel against its host reference,
 # two tenants at once, launches beyond the grid, a buffer beyond the GPU's limit, running kernels
-# revoked and replayed with every program verified), the fencing test's kernel unfenced under
-# compute-sanitizer (scripts/gpu/stray.cu, built with the machine's nvcc), the Python
-# client on a GPU queue (scripts/gpu_check.py, from the abi3 wheel) and `agora bench gpu --json`.
+# revoked and replayed with every program verified, a kernel fault recovered from by the GPU's
+# device host), the fencing test's kernel unfenced under compute-sanitizer (scripts/gpu/stray.cu,
+# built with the machine's nvcc), the Python client on a GPU queue (scripts/gpu_check.py, from
+# the abi3 wheel) and `agora bench gpu --json`, with the GPU in a device host (the default) and
+# in the daemon (`--in-daemon`: the hop's cost).
 #
 # Build the binaries on a development machine with `make gpu-dist` (dist/gpu: agora, gpu-tests,
 # the Python wheel),
 # copy the repository (with dist/gpu and examples/packages) to the GPU machine, then run
 #   bash scripts/gpu-check.sh [--quick]
-# Results go to $OUT (default /tmp/agora-gpu-check): devices.txt, tests.txt, bench-gpu.json and
-# daemon logs. NVRTC is the CUDA toolkit's (libnvrtc.so on the loader's path, or AGORA_NVRTC).
+# Results go to $OUT (default /tmp/agora-gpu-check): devices.txt, tests.txt, bench-gpu.json,
+# bench-gpu-in-daemon.json and daemon logs. NVRTC is the CUDA toolkit's (libnvrtc.so on the loader's path, or AGORA_NVRTC).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=""
@@ -87,4 +89,12 @@ echo "== agora bench gpu $quick"
 timeout "${AGORA_GPU_BENCH_TIMEOUT:-1800}" "$bin/agora" bench gpu --json $quick ${AGORA_GPU_BENCH_ARGS:-} > "$out/bench-gpu.json" 2> "$out/bench-gpu.log" || status=1
 cat "$out/bench-gpu.log"
 head -c 6000 "$out/bench-gpu.json"; echo
+# The same with the GPU in the daemon's process: what the device host's hop costs
+# (AGORA_GPU_BENCH_IN_DAEMON=0 skips it).
+if [ "${AGORA_GPU_BENCH_IN_DAEMON:-1}" != 0 ]; then
+  echo "== agora bench gpu $quick --in-daemon"
+  # shellcheck disable=SC2086
+  timeout "${AGORA_GPU_BENCH_TIMEOUT:-1800}" "$bin/agora" bench gpu --json --in-daemon $quick ${AGORA_GPU_BENCH_ARGS:-} > "$out/bench-gpu-in-daemon.json" 2> "$out/bench-gpu-in-daemon.log" || status=1
+  head -c 6000 "$out/bench-gpu-in-daemon.json"; echo
+fi
 exit $status

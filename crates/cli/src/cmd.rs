@@ -120,6 +120,15 @@ pub struct ServeArgs {
     /// (tens of microseconds per task), but a driver crash ends the daemon.
     #[arg(long)]
     no_opencl_device_host: bool,
+    /// Run each GPU in a device-host process of its own (`[cuda] device_host`, the default): a
+    /// kernel fault that ends the GPU's context then costs a replay of that GPU's tasks and a
+    /// fresh context, not the GPU until the daemon restarts; each task pays a socket hop.
+    #[arg(long, conflicts_with = "no_cuda_device_host")]
+    cuda_device_host: bool,
+    /// Run GPUs in the daemon's own process (`[cuda] device_host = false`): saves the hop, but a
+    /// GPU whose context a kernel fault ended stays failed until the daemon restarts.
+    #[arg(long)]
+    no_cuda_device_host: bool,
     /// Lanes (streams) per GPU [default: 4].
     #[arg(long, value_name = "N")]
     cuda_lanes: Option<usize>,
@@ -291,6 +300,8 @@ impl ServeArgs {
         c.opencl_device_host |= self.opencl_device_host;
         c.opencl_device_host &= !self.no_opencl_device_host;
         c.cuda &= !self.no_cuda;
+        c.cuda_device_host |= self.cuda_device_host;
+        c.cuda_device_host &= !self.no_cuda_device_host;
         if self.metrics.is_some() {
             c.metrics = self.metrics;
         }
@@ -1545,6 +1556,8 @@ mod tests {
                     | "no_opencl"
                     | "opencl_device_host"
                     | "no_opencl_device_host"
+                    | "cuda_device_host"
+                    | "no_cuda_device_host"
                     | "no_cuda"
                     | "config"
                     | "help"

@@ -110,8 +110,8 @@ enum Command {
     /// direct use).
     #[command(hide = true, name = "executor")]
     Executor(ExecutorArgs),
-    /// The process that runs one OpenCL platform for the daemon (started by it; not for direct
-    /// use).
+    /// The process that runs one OpenCL platform, or one GPU, for the daemon (started by it; not
+    /// for direct use).
     #[command(hide = true, name = "device-host")]
     DeviceHost(DeviceHostArgs),
 }
@@ -122,12 +122,26 @@ struct DeviceHostArgs {
     /// Print the installed OpenCL platforms, one per line, and exit.
     #[arg(long)]
     list: bool,
+    /// Print the GPUs, one `cuda:N` per line (nothing, and why on standard error, where there
+    /// are none), and exit.
+    #[arg(long)]
+    list_gpus: bool,
     /// The inherited socket to the daemon.
-    #[arg(long, required_unless_present = "list")]
+    #[arg(long, required_unless_present_any = ["list", "list_gpus"])]
     fd: Option<i32>,
-    /// The OpenCL platform to serve.
-    #[arg(long, required_unless_present = "list")]
+    /// What to serve: an OpenCL platform's name, `cuda:N` (the GPU of driver ordinal N), or
+    /// `sim` (tests of the device-host mechanism).
+    #[arg(long, required_unless_present_any = ["list", "list_gpus"])]
     platform: Option<String>,
+    /// How long a tenant's fenced GPU kernel may run before it is stopped (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    tenant_launch_limit_ms: u64,
+    /// For `sim`: the device's name.
+    #[arg(long, default_value = "sim0")]
+    sim_name: String,
+    /// For `sim`: the device fails for good after this many jobs (an injected fault).
+    #[arg(long)]
+    sim_fail_after_jobs: Option<u64>,
     /// Lanes (command queues) per device.
     #[arg(long, default_value_t = 2)]
     lanes: usize,
@@ -141,6 +155,9 @@ fn device_host(args: DeviceHostArgs) -> i32 {
     use std::os::fd::FromRawFd;
     if args.list {
         return agora_device_host::print_platforms();
+    }
+    if args.list_gpus {
+        return agora_device_host::host::list_gpus();
     }
     let (Some(fd), Some(platform)) = (args.fd, args.platform) else {
         eprintln!("agora device-host: --fd and --platform are required");
@@ -157,6 +174,10 @@ fn device_host(args: DeviceHostArgs) -> i32 {
         platform,
         lanes: args.lanes.max(1),
         memory_limit: args.memory_limit,
+        tenant_launch_limit: (args.tenant_launch_limit_ms > 0)
+            .then(|| std::time::Duration::from_millis(args.tenant_launch_limit_ms)),
+        sim_name: args.sim_name,
+        sim_fail_after_jobs: args.sim_fail_after_jobs,
     };
     match agora_device_host::serve(socket, &host) {
         Ok(()) => 0,

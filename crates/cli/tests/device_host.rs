@@ -304,3 +304,108 @@ fn a_device_host_that_cannot_start_leaves_the_daemon_serving_without_opencl() {
     agora_test_support::saxpy_ok(&session, 4096);
     daemon.assert_alive();
 }
+
+/// Issue 24 item 5, the mechanism without a GPU: a device whose context a fault made unusable
+/// (a `sim` device in a host, with an injected fault, stands in for a GPU whose kernel hit an
+/// illegal address) ends its host by itself. Only the work in flight on it may fail, honestly;
+/// the daemon starts a fresh host, the device comes back and takes new work, and a neighbour on
+/// the CPU never notices. The sim fails for good after 120 jobs in each host, so a tenant that
+/// keeps going makes it fault again and again.
+#[test]
+fn a_device_that_faults_ends_its_host_and_comes_back_with_a_fresh_one() {
+    let dir = agora_test_support::temp_dir("device-host-fault");
+    std::fs::write(
+        dir.path().join("agora.toml"),
+        "[[sim]]\nname = \"sim0\"\nlanes = 2\nfail_after_jobs = 120\ndevice_host = true\n",
+    )
+    .unwrap();
+    let mut daemon = Daemon::start_in(AGORA, dir, &["--no-opencl", "--config", "{dir}/agora.toml"]);
+    let first = host_pid(daemon.pid()).expect("the sim runs in a device host");
+    let tenant = daemon.session_named("tenant");
+    let neighbour = daemon.session_named("neighbour");
+    let watcher = daemon.session_named("watcher");
+    let sim = |watcher: &Session| {
+        watcher
+            .status()
+            .unwrap()
+            .devices
+            .into_iter()
+            .find(|d| d.name == "sim0")
+            .expect("the sim is listed")
+    };
+    assert!(
+        sim(&watcher).description.contains("device host"),
+        "{}",
+        sim(&watcher).description
+    );
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tenant_done, neighbour_done) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let wrong = Arc::new(AtomicU64::new(0));
+    let tenant_worker = rounds(
+        tenant,
+        DeviceKind::Sim,
+        stop.clone(),
+        tenant_done.clone(),
+        wrong.clone(),
+    );
+    let neighbour_worker = rounds(
+        neighbour,
+        DeviceKind::Cpu,
+        stop.clone(),
+        neighbour_done.clone(),
+        wrong.clone(),
+    );
+    // Two faults at least: the host exits by itself (nobody here kills it) and is replaced each
+    // time, and the tenant's rounds go on on the sim after each.
+    let mut pids = vec![first];
+    assert!(
+        eventually(Duration::from_secs(90), || {
+            if let Some(pid) = host_pid(daemon.pid()).filter(|pid| !pids.contains(pid)) {
+                pids.push(pid);
+            }
+            pids.len() >= 3 && !sim(&watcher).failed
+        }),
+        "the faulting device's host was not replaced twice: hosts {pids:?}, rounds {}",
+        tenant_done.load(Ordering::Relaxed)
+    );
+    let described = sim(&watcher).description;
+    assert!(
+        described.contains("restarted") && !described.contains("restarted 0 time"),
+        "{described}"
+    );
+    let sim_jobs = jobs_on(&watcher, "sim");
+    let at_revival = tenant_done.load(Ordering::Relaxed);
+    assert!(
+        eventually(Duration::from_secs(30), || {
+            tenant_done.load(Ordering::Relaxed) >= at_revival + 10 && jobs_on(&watcher, "sim") > sim_jobs
+        }),
+        "the tenant did not go on on the restarted device"
+    );
+    stop.store(true, Ordering::Relaxed);
+    let tenant_failures = tenant_worker.join().unwrap();
+    let neighbour_failures = neighbour_worker.join().unwrap();
+    daemon.assert_alive();
+    let faults = (pids.len() - 1) as u64;
+    eprintln!(
+        "faults {faults}, tenant rounds {} ({} failed: {:?}), neighbour rounds {}",
+        tenant_done.load(Ordering::Relaxed),
+        tenant_failures.len(),
+        tenant_failures.iter().map(|(_, e)| e.to_string()).collect::<Vec<_>>(),
+        neighbour_done.load(Ordering::Relaxed)
+    );
+    assert_eq!(
+        wrong.load(Ordering::Relaxed),
+        0,
+        "a round reported success with wrong data"
+    );
+    assert!(
+        neighbour_failures.is_empty(),
+        "the CPU neighbour saw the fault: {neighbour_failures:?}"
+    );
+    assert_honest(&tenant_failures);
+    assert!(
+        tenant_failures.len() as u64 <= 3 * (faults + 1),
+        "{faults} faults cost more than the rounds in flight: {tenant_failures:?}"
+    );
+}

@@ -85,6 +85,12 @@ pub struct SimDeviceConfig {
     /// reports more free memory than it has; the daemon evicts idle buffers and retries.
     #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_bytes")]
     pub runtime_memory: Option<u64>,
+    /// Tests of the device-host mechanism: the device runs in a device-host process, as a GPU
+    /// does, so `fail_after_jobs` models a kernel fault that ends a GPU's context (the host
+    /// exits, the daemon replays and starts a new one). There only `lanes`, `memory` and
+    /// `fail_after_jobs` apply, and only the library's kernels run on it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub device_host: bool,
 }
 
 /// One kernel's modeled time on a sim device.
@@ -136,6 +142,7 @@ impl SimDeviceConfig {
             active_watts: default_sim_active(),
             fail_after_jobs: None,
             runtime_memory: None,
+            device_host: false,
         }
     }
 
@@ -259,6 +266,15 @@ pub struct DaemonConfig {
     /// Whether to look for NVIDIA GPUs (through the CUDA driver, if installed).
     #[default(true)]
     pub cuda: bool,
+    /// Whether each GPU runs in a device-host process of its own (the `[programs] executor`
+    /// binary's `device-host` subcommand), so a kernel fault, which leaves a CUDA context
+    /// unusable for every tenant in it, ends that process: the faulting task fails with
+    /// `KernelFault`, the GPU's other tasks are replayed from their host copies, and a new host
+    /// brings the GPU back with a fresh context. On by default; each task pays the socket hop
+    /// (docs/GPU.md). Off (or without an executor binary), GPUs run in the daemon, and a GPU
+    /// whose context faulted stays failed until the daemon restarts.
+    #[default(true)]
+    pub cuda_device_host: bool,
     /// Lanes (streams) per GPU.
     #[default(4)]
     pub cuda_lanes: usize,
@@ -734,6 +750,7 @@ section! {
     /// `[cuda]`
     CudaSection "cuda." {
         enabled: bool => cuda,
+        device_host: bool => cuda_device_host,
         lanes: usize => cuda_lanes,
         memory_limit: Bytes => cuda_memory_limit,
         pinned_limit_per_user: Bytes => cuda_pinned_limit_per_user,
@@ -1238,7 +1255,8 @@ impl DaemonConfig {
         out.push_str(
             "# [cuda]: NVIDIA GPUs (when a CUDA driver is installed). lanes: streams per GPU; memory_limit: most\n\
              #   device memory used per GPU (0: all); pinned_limit_per_user: most host memory one user's sessions\n\
-             #   may have page-locked for copies (0: half the host's; beyond it copies use the driver's staging).\n",
+             #   may have page-locked for copies (0: half the host's; beyond it copies use the driver's staging);\n\
+             #   device_host: each GPU in a process of its own, so a kernel fault costs a replay, not the GPU.\n",
         );
         out.push_str(
             "# [programs]: tenant programs (OpenCL C or C shared objects a session builds), run in one sandboxed\n\

@@ -285,9 +285,36 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
     }];
     let mut devices: Vec<Arc<dyn Device>> = vec![Arc::new(cpu)];
     // GPUs first: when the CUDA backend serves them, NVIDIA's OpenCL platform (the same GPUs) is
-    // left out, so each GPU has one context in the daemon. Listed after the OpenCL devices.
+    // left out, so each GPU has one context. Listed after the OpenCL devices. By default each
+    // GPU runs in a device host of its own (`[cuda] device_host`), so a kernel fault that ends
+    // its context costs a replay and a fresh context, not the GPU.
+    let host_spec =
+        |program: PathBuf, lanes: usize, memory_limit: u64, extra_args: Vec<String>| agora_device_host::HostSpec {
+            program,
+            lanes,
+            memory_limit,
+            start_timeout: std::time::Duration::from_secs(60),
+            hang_timeout: config.opencl_hang_timeout,
+            priorities: priorities.clone(),
+            extra_args,
+        };
     #[cfg(feature = "cuda")]
-    let gpus = if config.cuda {
+    let gpu_host_program = config
+        .program_executor
+        .clone()
+        .filter(|_| config.cuda && config.cuda_device_host);
+    #[cfg(feature = "cuda")]
+    let gpu_hosts: Vec<String> = match &gpu_host_program {
+        Some(program) => agora_device_host::list_gpus(program).unwrap_or_else(|problem| {
+            tracing::info!("{problem}");
+            Vec::new()
+        }),
+        None => Vec::new(),
+    };
+    #[cfg(not(feature = "cuda"))]
+    let gpu_hosts: Vec<String> = Vec::new();
+    #[cfg(feature = "cuda")]
+    let gpus = if config.cuda && gpu_host_program.is_none() {
         let (found, problems) = agora_devices::cuda::discover(
             config.cuda_lanes,
             config.cuda_memory_limit,
@@ -304,17 +331,11 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
     };
     #[cfg(not(feature = "cuda"))]
     let gpus: Vec<std::convert::Infallible> = Vec::new();
+    let cuda_serves_gpus = !gpus.is_empty() || !gpu_hosts.is_empty();
     let host_program = config.program_executor.clone().filter(|_| config.opencl_device_host);
     if let (true, Some(program)) = (config.opencl, host_program) {
-        let served_by_cuda = |platform: &str| !gpus.is_empty() && platform == agora_devices::opencl::NVIDIA_PLATFORM;
-        let spec = agora_device_host::HostSpec {
-            program,
-            lanes: config.opencl_lanes,
-            memory_limit: config.opencl_memory_limit,
-            start_timeout: std::time::Duration::from_secs(60),
-            hang_timeout: config.opencl_hang_timeout,
-            priorities: priorities.clone(),
-        };
+        let served_by_cuda = |platform: &str| cuda_serves_gpus && platform == agora_devices::opencl::NVIDIA_PLATFORM;
+        let spec = host_spec(program, config.opencl_lanes, config.opencl_memory_limit, Vec::new());
         match agora_device_host::list_platforms(&spec.program) {
             Err(problem) => tracing::warn!("{problem}; continuing without OpenCL"),
             Ok(platforms) => {
@@ -324,7 +345,8 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
                         tracing::info!("OpenCL platform {platform} left out: its GPUs are served by the CUDA backend");
                         continue;
                     }
-                    match agora_device_host::start_platform(&spec, &platform, next_index) {
+                    let first = next_index;
+                    match agora_device_host::start_platform(&spec, &platform, &|i| format!("opencl{}", first + i)) {
                         Ok((found, problems)) => {
                             for problem in problems {
                                 tracing::warn!("{problem}; continuing without it");
@@ -343,7 +365,7 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
             }
         }
     } else if config.opencl {
-        let served_by_cuda = |platform: &str| !gpus.is_empty() && platform == agora_devices::opencl::NVIDIA_PLATFORM;
+        let served_by_cuda = |platform: &str| cuda_serves_gpus && platform == agora_devices::opencl::NVIDIA_PLATFORM;
         let (found, problems) = agora_devices::opencl::discover_except(
             config.opencl_lanes,
             config.opencl_memory_limit,
@@ -363,7 +385,58 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
         let lane_watts = config.cuda_power.lane_watts(device.info().lanes);
         device_ready(&mut devices, &mut facts, Arc::new(device), lane_watts, 25e9);
     }
-    for sim in &config.sims {
+    #[cfg(feature = "cuda")]
+    if let Some(program) = gpu_host_program {
+        let limit = config.program_timeout.as_millis().to_string();
+        let spec = host_spec(
+            program,
+            config.cuda_lanes,
+            config.cuda_memory_limit,
+            vec!["--tenant-launch-limit-ms".into(), limit],
+        );
+        for (index, gpu) in gpu_hosts.iter().enumerate() {
+            match agora_device_host::start_platform(&spec, gpu, &|_| format!("cuda{index}")) {
+                Ok((found, problems)) => {
+                    for problem in problems {
+                        tracing::warn!("{problem}; continuing without it");
+                    }
+                    for device in found {
+                        let lane_watts = config.cuda_power.lane_watts(device.info().lanes);
+                        device_ready(&mut devices, &mut facts, Arc::new(device), lane_watts, 25e9);
+                    }
+                }
+                Err(problem) => {
+                    tracing::warn!("GPU {gpu}: its device host did not start: {problem}; continuing without it")
+                }
+            }
+        }
+    }
+    for sim in config.sims.iter().filter(|sim| sim.device_host) {
+        // Tests of the device-host mechanism (see `SimDeviceConfig::device_host`).
+        let Some(program) = config.program_executor.clone() else {
+            return Err(DaemonError::io(
+                format!("starting sim device {}", sim.name),
+                std::io::Error::other("device_host = true needs an executor binary ([programs] executor)"),
+            ));
+        };
+        let mut extra_args = vec!["--sim-name".to_string(), sim.name.clone()];
+        if let Some(after) = sim.fail_after_jobs {
+            extra_args.extend(["--sim-fail-after-jobs".to_string(), after.to_string()]);
+        }
+        let spec = host_spec(program, sim.lanes, sim.memory, extra_args);
+        let (found, _) =
+            agora_device_host::start_platform(&spec, agora_device_host::host::SIM_PLATFORM, &|_| sim.name.clone())
+                .map_err(|e| DaemonError::io(format!("starting sim device {}", sim.name), std::io::Error::other(e)))?;
+        for device in found {
+            tracing::info!(device = %device.info().name, "device ready (in a device host)");
+            facts.push(scheduler::DeviceFacts {
+                lane_watts: sim.power().lane_watts(sim.lanes),
+                bandwidth: sim.bandwidth as f64,
+            });
+            devices.push(Arc::new(device));
+        }
+    }
+    for sim in config.sims.iter().filter(|sim| !sim.device_host) {
         let spec = agora_devices::sim::SimSpec {
             priorities: priorities.clone(),
             ..sim_spec(sim)

@@ -124,9 +124,9 @@ impl SessionShared {
     }
 
     /// Registers the segment with `device` (index `index`) the first time one of the session's
-    /// tasks moves data to or from it, for devices that want it (GPUs:
-    /// [`Device::pin_host_memory`](agora_devices::Device::pin_host_memory)), within the per-user
-    /// limit of `books` (`uid` is the session's user). Tried once per device: a refusal (the
+    /// tasks moves data to or from it, for devices that map it (device hosts) or page-lock it
+    /// (GPUs, within the per-user limit of `books`; `uid` is the session's user:
+    /// [`Device::register_host_memory`](agora_devices::Device::register_host_memory)). Tried once per device: a refusal (the
     /// limit, or the driver's) is logged and copies go through the driver's staging instead.
     pub fn pin_for(
         &self,
@@ -139,52 +139,44 @@ impl SessionShared {
         if pinned.iter().any(|(i, _)| *i == index) {
             return;
         }
-        if device.maps_host_memory() {
-            // A device host maps the segment by its memfd; no page-locked memory is involved.
-            let view = self.segment.view();
-            let guard = match device.pin_host_memory(view.base(), self.segment.len(), self.segment.fd()) {
-                Some(Ok(guard)) => Some(Box::new(guard) as PinGuard),
-                Some(Err(why)) => {
-                    tracing::warn!(session = self.id, device = %device.info().name, "{why}");
-                    None
-                }
-                None => None,
-            };
-            pinned.push((index, guard));
-            return;
-        }
-        if !device.wants_pinned_host_memory() {
+        if !device.maps_host_memory() && !device.wants_pinned_host_memory() {
             pinned.push((index, None));
             return;
         }
+        // Page-locked memory counts against the user's limit; past it, copies go through the
+        // driver's staging buffer. A device in a device host still maps the segment (it cannot
+        // reach host memory otherwise), just without locking it.
         let bytes = self.segment.len();
-        let ticket = match books.take(uid, bytes as u64) {
-            Ok(ticket) => ticket,
-            Err(held) => {
-                tracing::warn!(
-                    session = self.id,
-                    uid,
-                    device = %device.info().name,
-                    bytes,
-                    held,
-                    limit = books.limit(),
-                    "registering this session's memory with the device would pass the user's page-locked memory limit ([cuda] pinned_limit_per_user): its copies go through the driver's staging buffer"
-                );
-                pinned.push((index, None));
-                return;
+        let ticket = if device.wants_pinned_host_memory() {
+            match books.take(uid, bytes as u64) {
+                Ok(ticket) => Some(ticket),
+                Err(held) => {
+                    tracing::warn!(
+                        session = self.id,
+                        uid,
+                        device = %device.info().name,
+                        bytes,
+                        held,
+                        limit = books.limit(),
+                        "registering this session's memory with the device would pass the user's page-locked memory limit ([cuda] pinned_limit_per_user): its copies go through the driver's staging buffer"
+                    );
+                    None
+                }
             }
+        } else {
+            None
         };
         let view = self.segment.view();
         let started = std::time::Instant::now();
-        let guard = match device.pin_host_memory(view.base(), bytes, self.segment.fd()) {
+        let guard = match device.register_host_memory(view.base(), bytes, self.segment.fd(), ticket.is_some()) {
             None => None,
             Some(Ok(guard)) => {
-                tracing::debug!(session = self.id, device = %device.info().name, bytes, took_us = started.elapsed().as_micros() as u64, "segment registered");
+                tracing::debug!(session = self.id, device = %device.info().name, bytes, page_locked = ticket.is_some(), took_us = started.elapsed().as_micros() as u64, "segment registered");
                 // The device's registration goes first, then the user's bytes come back.
                 Some(Box::new((guard, ticket)) as PinGuard)
             }
             Some(Err(why)) => {
-                tracing::warn!(session = self.id, "{why}");
+                tracing::warn!(session = self.id, device = %device.info().name, "{why}");
                 None
             }
         };

@@ -1,5 +1,6 @@
-//! The device host's side: the `agora device-host` process that owns one OpenCL platform's
-//! devices for the daemon.
+//! The device host's side: the `agora device-host` process that owns devices for the daemon:
+//! one OpenCL platform's, one GPU's (`--platform cuda:N`), or, in tests of this very mechanism,
+//! a `sim` device with an injected fault.
 //!
 //! It maps the segments the daemon sends (by memfd), keeps the buffers the daemon allocates by
 //! id, and turns each [`Submit`](crate::wire::Submit) into a job on the real device's lane, whose
@@ -7,34 +8,91 @@
 //! a private socketpair) but still checks every segment range before it touches memory, so a
 //! daemon bug cannot become a stray write here.
 //!
+//! A device that turns unhealthy (a GPU whose context a kernel fault made unusable for every
+//! stream in it) ends the process: the job that met the fault is answered with its error, then
+//! the host exits with [`FAULT_EXIT_CODE`], so the daemon fails the host's other jobs as lost
+//! (and replays them from their host copies) and starts a new host with a fresh context.
+//!
 //! Must not: schedule, reorder or retry anything (the daemon's lanes did); outlive the daemon
-//! (the parent-death signal and the socket's end both stop it).
+//! (the parent-death signal and the socket's end both stop it); answer anything after a fault.
 
+use std::any::Any;
 use std::collections::HashMap;
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use agora_devices::opencl::OpenClDevice;
 use agora_devices::priority::LanePriorities;
 use agora_devices::{Device, DeviceBuffer, Job, JobTimes, Revocation, Transfer, Work};
-use agora_kernels::{ArgValue, Cost, KernelDef, KernelRef, OpenClBinary, OpenClImpl, Param, SizeCheck};
-use agora_protocol::{TaskError, MAX_ARGS};
+use agora_kernels::{
+    ArgValue, Cost, CudaCode, CudaImpl, KernelDef, KernelRef, OpenClBinary, OpenClImpl, Param, SizeCheck,
+};
+use agora_protocol::{DeviceKind, TaskError, MAX_ARGS};
 use agora_transport::socket::send;
 use agora_transport::TransportError;
 use memmap2::MmapRaw;
 
 use crate::wire::{ArgWire, DeviceWire, HostRef, KernelWire, Reply, Request, Submit, TransferWire, WorkWire, PROTOCOL};
 
+/// The exit code of a host whose device faulted (its context is unusable): the daemon says so
+/// in its log and starts a new host.
+pub const FAULT_EXIT_CODE: i32 = 70;
+
+/// The `--platform` of a host that serves GPU `N`: `cuda:N`.
+pub const CUDA_PLATFORM_PREFIX: &str = "cuda:";
+
+/// The `--platform` of a host that serves a `sim` device (tests of the host's fault path).
+pub const SIM_PLATFORM: &str = "sim";
+
 /// What the daemon asks the host to serve.
 #[derive(Debug, Clone)]
 pub struct HostArgs {
-    /// The OpenCL platform's name (`CL_PLATFORM_NAME`).
+    /// An OpenCL platform's name (`CL_PLATFORM_NAME`), `cuda:N` for the GPU of driver ordinal
+    /// `N`, or `sim`.
     pub platform: String,
-    /// Lanes (command queues) per device.
+    /// Lanes (command queues, streams) per device.
     pub lanes: usize,
     /// Device memory limit in bytes (0: the device's own size).
     pub memory_limit: u64,
+    /// How long a tenant's fenced GPU kernel may run (`None`: no limit).
+    pub tenant_launch_limit: Option<Duration>,
+    /// For `sim`: its name.
+    pub sim_name: String,
+    /// For `sim`: it fails for good after this many jobs (its fault, injected).
+    pub sim_fail_after_jobs: Option<u64>,
+}
+
+impl Default for HostArgs {
+    fn default() -> Self {
+        HostArgs {
+            platform: String::new(),
+            lanes: 2,
+            memory_limit: 0,
+            tenant_launch_limit: None,
+            sim_name: "sim0".into(),
+            sim_fail_after_jobs: None,
+        }
+    }
+}
+
+/// Prints the GPUs, one `cuda:N` per line (`agora device-host --list-gpus`): the daemon starts
+/// one host for each without loading the CUDA driver itself. Where there are none, prints why
+/// on standard error and nothing on standard output.
+pub fn list_gpus() -> i32 {
+    #[cfg(feature = "cuda")]
+    match agora_devices::cuda::gpu_count() {
+        Ok(count) => {
+            for ordinal in 0..count {
+                println!("{CUDA_PLATFORM_PREFIX}{ordinal}");
+            }
+        }
+        Err(why) => eprintln!("{why}"),
+    }
+    #[cfg(not(feature = "cuda"))]
+    eprintln!("this agora was built without the cuda feature: no GPU devices");
+    0
 }
 
 /// Prints the installed OpenCL platforms, one name per line (`agora device-host --list`): the
@@ -71,16 +129,14 @@ pub fn serve(socket: UnixStream, args: &HostArgs) -> Result<(), String> {
     agora_devices::lane::set_start_on_caller(
         std::env::var_os("AGORA_DEVICE_HOST_START_ON_CALLER").is_none_or(|v| v != "0"),
     );
-    let (found, problems) =
-        agora_devices::opencl::discover_except(args.lanes, args.memory_limit, &LanePriorities::normal(), &|platform| {
-            platform != args.platform
-        });
-    let devices: Vec<Arc<OpenClDevice>> = found.into_iter().map(Arc::new).collect();
+    let (started, problems) = start_devices(args)?;
+    let (devices, wires): (Vec<_>, Vec<_>) = started.into_iter().unzip();
     writer.send(&Reply::Ready {
         protocol: PROTOCOL,
-        devices: devices.iter().map(|d| describe(d.as_ref())).collect(),
-        problems: problems.into_iter().filter(|p| !p.contains("left out")).collect(),
+        devices: wires,
+        problems,
     });
+    start_load_reports(&devices, &writer);
     let mut host = Host {
         devices,
         buffers: HashMap::new(),
@@ -96,7 +152,7 @@ pub fn serve(socket: UnixStream, args: &HostArgs) -> Result<(), String> {
                 let fd = matches!(request, Request::MapSegment { .. })
                     .then(|| frames.take_fd())
                     .flatten();
-                host.handle(request, fd)
+                host.handle(request, fd);
             }
             Err(TransportError::Closed) => break Ok(()),
             Err(e) => break Err(format!("reading from the daemon: {e}")),
@@ -108,14 +164,88 @@ pub fn serve(socket: UnixStream, args: &HostArgs) -> Result<(), String> {
     outcome
 }
 
-fn describe(device: &OpenClDevice) -> DeviceWire {
+/// Starts the devices `args` names, each with what the daemon needs to know of it.
+type Started = Vec<(Arc<dyn Device>, DeviceWire)>;
+
+fn start_devices(args: &HostArgs) -> Result<(Started, Vec<String>), String> {
+    if let Some(ordinal) = args.platform.strip_prefix(CUDA_PLATFORM_PREFIX) {
+        let ordinal: usize = ordinal
+            .parse()
+            .map_err(|_| format!("--platform {}: not a GPU ordinal", args.platform))?;
+        return Ok(start_gpu(ordinal, args));
+    }
+    if args.platform == SIM_PLATFORM {
+        let spec = agora_devices::sim::SimSpec {
+            name: args.sim_name.clone(),
+            lanes: args.lanes,
+            memory_bytes: if args.memory_limit == 0 {
+                1 << 30
+            } else {
+                args.memory_limit
+            },
+            fail_after_jobs: args.sim_fail_after_jobs,
+            ..Default::default()
+        };
+        let device = agora_devices::sim::SimDevice::new(spec).map_err(|e| format!("starting the sim device: {e}"))?;
+        let wire = describe(&device, false);
+        return Ok((vec![(Arc::new(device) as Arc<dyn Device>, wire)], Vec::new()));
+    }
+    let (found, problems) =
+        agora_devices::opencl::discover_except(args.lanes, args.memory_limit, &LanePriorities::normal(), &|platform| {
+            platform != args.platform
+        });
+    let started = found
+        .into_iter()
+        .map(|device| {
+            let wire = describe(&device, false);
+            (Arc::new(device) as Arc<dyn Device>, wire)
+        })
+        .collect();
+    Ok((
+        started,
+        problems.into_iter().filter(|p| !p.contains("left out")).collect(),
+    ))
+}
+
+#[cfg(feature = "cuda")]
+fn start_gpu(ordinal: usize, args: &HostArgs) -> (Started, Vec<String>) {
+    let (found, problems) = agora_devices::cuda::discover_one(
+        ordinal,
+        args.lanes,
+        args.memory_limit,
+        &LanePriorities::normal(),
+        args.tenant_launch_limit,
+    );
+    let started = found
+        .into_iter()
+        .map(|device| {
+            let wire = describe(&device, device.runs_tenant_programs());
+            (Arc::new(device) as Arc<dyn Device>, wire)
+        })
+        .collect();
+    (started, problems)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn start_gpu(_ordinal: usize, _args: &HostArgs) -> (Started, Vec<String>) {
+    (
+        Vec::new(),
+        vec!["this agora was built without the cuda feature: no GPU devices".into()],
+    )
+}
+
+fn describe(device: &dyn Device, runs_tenant_programs: bool) -> DeviceWire {
     let info = device.info();
     let l = info.limits;
     DeviceWire {
+        kind: info.kind,
         description: info.description.clone(),
         memory_bytes: info.memory_bytes,
         lanes: info.lanes as u32,
         polls_revocation: device.polls_revocation(),
+        runs_tenant_programs,
+        wants_page_locked: device.wants_pinned_host_memory(),
+        min_items_per_slice: device.min_items_per_slice(),
         limits: [
             l.max_items,
             l.max_extent[0],
@@ -132,6 +262,53 @@ fn describe(device: &OpenClDevice) -> DeviceWire {
     }
 }
 
+/// Set by the first answer after a fault (a job's, or a read's or allocation's): nothing is
+/// answered after it, and whoever set it ends the process once its answer went. So the job that
+/// met the fault is answered with its own error (a GPU: `KernelFault`, never replayed), not
+/// failed as lost with the others (which the daemon replays).
+static FAULTED: AtomicBool = AtomicBool::new(false);
+
+/// Ends the host after `device` faulted (see the module's doc). `_exit`: the driver's exit
+/// handlers may wait on a context that will never answer again.
+fn exit_after_fault(device: &dyn Device) -> ! {
+    FAULTED.store(true, Ordering::Release);
+    eprintln!(
+        "agora device-host: {} faulted and is unusable; exiting so that the daemon starts a fresh host",
+        device.info().description
+    );
+    // SAFETY: ends the process at once; nothing runs after it.
+    unsafe { libc::_exit(FAULT_EXIT_CODE) }
+}
+
+/// Sends each device's utilisation and cached memory when they change (checked every second),
+/// for `agora status` in the daemon.
+fn start_load_reports(devices: &[Arc<dyn Device>], writer: &Arc<Writer>) {
+    let devices: Vec<std::sync::Weak<dyn Device>> = devices.iter().map(Arc::downgrade).collect();
+    let writer = Arc::downgrade(writer);
+    let _ = std::thread::Builder::new()
+        .name("agora-host-load".into())
+        .spawn(move || {
+            let mut last = vec![(None, 0); devices.len()];
+            loop {
+                std::thread::sleep(Duration::from_secs(1));
+                let Some(writer) = writer.upgrade() else { return };
+                for (index, device) in devices.iter().enumerate() {
+                    let Some(device) = device.upgrade() else { return };
+                    let report = device.status();
+                    let now = (report.utilization_percent, report.memory_cached);
+                    if now != last[index] && !FAULTED.load(Ordering::Acquire) {
+                        last[index] = now;
+                        writer.send(&Reply::Load {
+                            device: index as u16,
+                            utilization_percent: now.0,
+                            memory_cached: now.1,
+                        });
+                    }
+                }
+            }
+        });
+}
+
 /// The socket's sending side, shared by the message loop and the devices' completion threads.
 struct Writer(Mutex<UnixStream>);
 
@@ -143,11 +320,18 @@ impl Writer {
     }
 }
 
+/// A mapped segment, page-locked for the devices that wanted it.
+struct Segment {
+    /// The devices' registrations: dropped (unregistered) before the memory is unmapped.
+    _locks: Vec<Box<dyn Any + Send + Sync>>,
+    map: MmapRaw,
+}
+
 struct Host {
-    devices: Vec<Arc<OpenClDevice>>,
+    devices: Vec<Arc<dyn Device>>,
     /// Buffers by (device, id).
     buffers: HashMap<(u16, u64), Arc<dyn DeviceBuffer>>,
-    segments: HashMap<u64, Arc<MmapRaw>>,
+    segments: HashMap<u64, Arc<Segment>>,
     kernels: HashMap<u32, KernelRef>,
     /// Flags of revocable jobs that have not finished, by job.
     revocations: Arc<Mutex<HashMap<u64, Arc<AtomicBool>>>>,
@@ -157,7 +341,11 @@ struct Host {
 impl Host {
     fn handle(&mut self, request: Request, fd: Option<std::os::fd::OwnedFd>) {
         match request {
-            Request::MapSegment { segment, len } => {
+            Request::MapSegment {
+                segment,
+                len,
+                page_lock,
+            } => {
                 let Some(fd) = fd else {
                     eprintln!("agora device-host: segment {segment} came without its descriptor");
                     return;
@@ -165,7 +353,19 @@ impl Host {
                 let file = std::fs::File::from(fd);
                 match memmap2::MmapOptions::new().len(len as usize).map_raw(&file) {
                     Ok(map) => {
-                        self.segments.insert(segment, Arc::new(map));
+                        let mut locks = Vec::new();
+                        for device in self
+                            .devices
+                            .iter()
+                            .filter(|d| page_lock && d.wants_pinned_host_memory())
+                        {
+                            match device.register_host_memory(map.as_mut_ptr(), map.len(), file.as_fd(), true) {
+                                Some(Ok(lock)) => locks.push(lock),
+                                Some(Err(why)) => eprintln!("agora device-host: {why}"),
+                                None => {}
+                            }
+                        }
+                        self.segments.insert(segment, Arc::new(Segment { _locks: locks, map }));
                     }
                     Err(e) => eprintln!("agora device-host: mapping segment {segment}: {e}"),
                 }
@@ -174,8 +374,7 @@ impl Host {
                 self.segments.remove(&segment);
             }
             Request::DefineKernel { kernel, def } => {
-                self.kernels
-                    .insert(kernel, KernelRef::Shared(Arc::new(kernel_def(def))));
+                self.kernels.insert(kernel, kernel_def(def));
             }
             Request::Alloc {
                 request,
@@ -192,10 +391,14 @@ impl Host {
                     Some(Some(Err(e))) => Err(e),
                     _ => Err(TaskError::KernelFault),
                 };
-                self.writer.send(&Reply::Allocated {
-                    request,
-                    outcome: outcome.into(),
-                });
+                self.answer(
+                    device,
+                    outcome.is_err(),
+                    Reply::Allocated {
+                        request,
+                        outcome: outcome.into(),
+                    },
+                );
             }
             Request::Free { device, buffer } => {
                 self.buffers.remove(&(device, buffer));
@@ -208,10 +411,14 @@ impl Host {
                 len,
             } => {
                 let outcome = self.read(device, buffer, host, len);
-                self.writer.send(&Reply::ReadDone {
-                    request,
-                    outcome: outcome.into(),
-                });
+                self.answer(
+                    device,
+                    outcome.is_err(),
+                    Reply::ReadDone {
+                        request,
+                        outcome: outcome.into(),
+                    },
+                );
             }
             Request::Submit(submit) => self.submit(submit),
             Request::Revoke { job } => {
@@ -219,6 +426,50 @@ impl Host {
                     flag.store(true, Ordering::Release);
                 }
             }
+            Request::Prepare { request, device, def } => {
+                let Some(device) = self.devices.get(device as usize) else {
+                    self.writer.send(&Reply::Prepared {
+                        request,
+                        outcome: Some(Err("the device host has no such device".into())),
+                    });
+                    return;
+                };
+                // A GPU compiles here (NVRTC, the driver's JIT): seconds, during which the other
+                // tenants' jobs must not wait behind the message loop.
+                let (device, kernel, writer) = (device.clone(), kernel_def(def), self.writer.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("agora-host-prepare".into())
+                    .spawn(move || {
+                        let outcome = device.prepare(&kernel);
+                        writer.send(&Reply::Prepared { request, outcome });
+                    });
+                if spawned.is_err() {
+                    self.writer.send(&Reply::Prepared {
+                        request,
+                        outcome: Some(Err(
+                            "the device host could not start a thread to prepare the kernel".into()
+                        )),
+                    });
+                }
+            }
+            Request::TenantEnded { tenant } => {
+                for device in &self.devices {
+                    device.tenant_ended(tenant);
+                }
+            }
+        }
+    }
+
+    /// Sends the answer to a synchronous request on `device`; one that `failed` on a device the
+    /// failure left unhealthy is the last answer (see [`exit_after_fault`]).
+    fn answer(&self, device: u16, failed: bool, reply: Reply) {
+        let faulted = failed && self.devices.get(device as usize).is_some_and(|d| !d.healthy());
+        if (faulted && FAULTED.swap(true, Ordering::AcqRel)) || (!faulted && FAULTED.load(Ordering::Acquire)) {
+            return;
+        }
+        self.writer.send(&reply);
+        if faulted {
+            exit_after_fault(self.devices[device as usize].as_ref());
         }
     }
 
@@ -234,15 +485,15 @@ impl Host {
 
     /// The address of `len` bytes at `host`: a range of a mapped segment, checked; `held` keeps
     /// the mapping until the job is done.
-    fn host_ptr(&self, host: HostRef, len: u64, held: &mut Vec<Arc<MmapRaw>>) -> Result<*mut u8, TaskError> {
-        let map = self.segments.get(&host.segment).ok_or(TaskError::KernelFault)?;
+    fn host_ptr(&self, host: HostRef, len: u64, held: &mut Vec<Arc<Segment>>) -> Result<*mut u8, TaskError> {
+        let segment = self.segments.get(&host.segment).ok_or(TaskError::KernelFault)?;
         let end = host.offset.checked_add(len).ok_or(TaskError::KernelFault)?;
-        if end > map.len() as u64 {
+        if end > segment.map.len() as u64 {
             return Err(TaskError::KernelFault);
         }
         // SAFETY: `offset + len` is within the mapping (checked above).
-        let ptr = unsafe { map.as_mut_ptr().add(host.offset as usize) };
-        held.push(map.clone());
+        let ptr = unsafe { segment.map.as_mut_ptr().add(host.offset as usize) };
+        held.push(segment.clone());
         Ok(ptr)
     }
 
@@ -264,7 +515,7 @@ impl Host {
         }
     }
 
-    fn job(&mut self, submit: Submit) -> Result<(usize, Arc<OpenClDevice>, Job), TaskError> {
+    fn job(&mut self, submit: Submit) -> Result<(usize, Arc<dyn Device>, Job), TaskError> {
         let Submit {
             job,
             device: index,
@@ -292,7 +543,7 @@ impl Host {
                 },
                 TransferWire::ToHost { buffer, host, len } => Transfer::ToHost {
                     from: self.buffer(index, buffer)?,
-                    device: device.clone() as Arc<dyn Device>,
+                    device: device.clone(),
                     host: self.host_ptr(host, len, &mut held)?,
                     len: len as usize,
                 },
@@ -370,6 +621,12 @@ impl Host {
             if revocable {
                 revocations.lock().unwrap_or_else(|e| e.into_inner()).remove(&job);
             }
+            // After a fault only the job that met it is answered (by whoever saw it first);
+            // the daemon fails the rest as lost when the host has gone.
+            let faulted = result.is_err() && !device_for_check.healthy();
+            if (faulted && FAULTED.swap(true, Ordering::AcqRel)) || (!faulted && FAULTED.load(Ordering::Acquire)) {
+                return;
+            }
             writer.send(&Reply::Done {
                 job,
                 outcome: result.into(),
@@ -379,14 +636,14 @@ impl Host {
                     .transfers_done
                     .map(|t| t.saturating_duration_since(times.queued).as_nanos() as u64),
             });
+            if faulted {
+                exit_after_fault(device_for_check.as_ref());
+            }
             // A program that failed to build for good: the daemon stops sending its kernels here.
             if let (Err(_), Some(kernel)) = (result, kernel_of_job) {
                 if !device_for_check.implements(&kernel) {
-                    if let Some(imp) = &kernel.opencl {
-                        writer.send(&Reply::Broken {
-                            device: index,
-                            program: imp.program.to_string(),
-                        });
+                    if let Some(program) = program_of(device_for_check.info().kind, &kernel) {
+                        writer.send(&Reply::Broken { device: index, program });
                     }
                 }
             }
@@ -411,13 +668,28 @@ impl Host {
     }
 }
 
-fn kernel_def(def: KernelWire) -> KernelDef {
+/// The program a device of `kind` runs for `kernel` (the one that is broken when it fails).
+fn program_of(kind: DeviceKind, kernel: &KernelDef) -> Option<String> {
+    match (kind, &kernel.cuda, &kernel.opencl) {
+        (DeviceKind::Cuda, Some(cuda), _) => Some(cuda.program.to_string()),
+        (_, _, Some(opencl)) => Some(opencl.program.to_string()),
+        _ => None,
+    }
+}
+
+fn kernel_def(def: KernelWire) -> KernelRef {
     fn any_shape(_: &agora_kernels::LaunchShape<'_>) -> Result<(), TaskError> {
         // The daemon checked the launch before it bound it to this device.
         Ok(())
     }
-    KernelDef {
-        cuda: None,
+    if def.library {
+        if let Some((_, library)) = agora_kernels::find(&def.name) {
+            if library.params.len() == def.params.len() {
+                return KernelRef::Static(library);
+            }
+        }
+    }
+    KernelRef::Shared(Arc::new(KernelDef {
         name: def.name.into(),
         doc: "".into(),
         params: def
@@ -433,12 +705,12 @@ fn kernel_def(def: KernelWire) -> KernelDef {
         chunkable: def.chunkable,
         check: SizeCheck::Builtin(any_shape),
         cpu: None,
-        opencl: Some(OpenClImpl {
-            program: def.program.into(),
-            source: def.source.into(),
-            entry: def.entry.into(),
-            local: def.local,
-            binaries: def
+        opencl: def.opencl.map(|imp| OpenClImpl {
+            program: imp.program.into(),
+            source: imp.source.into(),
+            entry: imp.entry.into(),
+            local: imp.local,
+            binaries: imp
                 .binaries
                 .into_iter()
                 .map(|(device, bytes)| OpenClBinary {
@@ -448,5 +720,15 @@ fn kernel_def(def: KernelWire) -> KernelDef {
                 .collect::<Vec<_>>()
                 .into(),
         }),
-    }
+        cuda: def.cuda.map(|imp| CudaImpl {
+            program: imp.program.into(),
+            code: if imp.ptx {
+                CudaCode::Ptx(imp.code.into())
+            } else {
+                CudaCode::Source(imp.code.into())
+            },
+            entry: imp.entry.into(),
+            guarded: imp.guarded,
+        }),
+    }))
 }

@@ -1,25 +1,27 @@
-//! Device hosts: each OpenCL platform runs in a child process of the daemon (issue #22 item 3b;
-//! the design of Chromium's GPU process, beside DESIGN.md's executors), so a driver that
-//! asserts, segfaults or hangs ends that process, not the daemon and every tenant's work with it.
-//! On by default (`[opencl] device_host`); the socket hop costs a small task tens of
-//! microseconds (docs/PERFORMANCE.md, "Device hosts: the hop").
+//! Device hosts: each OpenCL platform, and each GPU, runs in a child process of the daemon
+//! (issue #22 item 3b and #24 item 5; the design of Chromium's GPU process, beside DESIGN.md's
+//! executors), so a driver that asserts, segfaults or hangs, or a kernel fault that leaves a
+//! GPU's context unusable for everyone in it, ends that process, not the daemon and every
+//! tenant's work with it: the daemon replays the host's tasks and starts a new host. On by
+//! default (`[opencl] device_host`, `[cuda] device_host`); the socket hop costs a small task tens
+//! of microseconds (docs/PERFORMANCE.md, "Device hosts: the hop").
 //!
 //! * [`remote`] — the daemon's side: [`RemoteDevice`], a [`Device`](agora_devices::Device)
 //!   whose lanes forward their jobs to the host; failure detection, restart, segment sharing;
-//! * [`host`] — the host's side (`agora device-host`): the real OpenCL devices, serving the
-//!   daemon's requests;
+//! * [`host`] — the host's side (`agora device-host`): the real devices (an OpenCL platform's,
+//!   one GPU, or a test's `sim`), serving the daemon's requests;
 //! * [`wire`] — the messages between them.
 //!
 //! Must not: know about sessions, queues or scheduling (the daemon's lanes and scheduler stay
-//! the same for a device in a host); load OpenCL in the daemon (the platform list comes from the
-//! host program too).
+//! the same for a device in a host); load OpenCL or CUDA in the daemon (the platform and GPU
+//! lists come from the host program too).
 
 pub mod host;
 pub mod remote;
 pub mod wire;
 
 pub use host::{list_platforms as print_platforms, serve, HostArgs};
-pub use remote::{list_platforms, start_platform, HostSpec, RemoteDevice};
+pub use remote::{list_gpus, list_platforms, start_platform, HostSpec, RemoteDevice};
 
 /// Reads frames from a socket in chunks: one system call brings every frame that has arrived,
 /// where reading frame by frame costs two per frame (header, body). On machines with cores to

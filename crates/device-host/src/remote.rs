@@ -1,13 +1,16 @@
 //! The daemon's side: [`RemoteDevice`], a [`Device`] whose work runs in a device-host process.
 //!
-//! Each OpenCL platform gets one host process ([`Platform`]) and each of its devices one
-//! `RemoteDevice`. The device's lanes stay in the daemon (so ordering, slicing, deadlines,
+//! Each OpenCL platform, and each GPU, gets one host process ([`Platform`]) and each of its
+//! devices one `RemoteDevice`. The device's lanes stay in the daemon (so ordering, slicing, deadlines,
 //! priorities and revocable-job isolation are exactly those of every other device); a lane's
 //! executor only forwards each job to the host and finishes it when the host says it is done.
 //! Session segments reach the host by memfd when a session first moves data to the device
-//! ([`Device::pin_host_memory`]), so transfers copy nothing on the way.
+//! ([`Device::register_host_memory`]; a GPU's host also page-locks it), so transfers copy
+//! nothing on the way. Launch checks, slicing and row alignment are decided here, by the same
+//! functions the device kind uses in the daemon ([`agora_devices::cuda::check_launch`] for a GPU).
 //!
-//! When the host dies (a driver assertion, a segfault, an OOM kill) or stops answering (a hang:
+//! When the host dies (a driver assertion, a segfault, an OOM kill, or its own exit after a kernel
+//! fault ended a GPU's context: the job that met the fault was answered first) or stops answering (a hang:
 //! no job finished for [`HostSpec::hang_timeout`] while jobs wait), every job it had fails with
 //! `DeviceLost` and [`Device::healthy`] turns false: the daemon replays those tasks from host
 //! copies elsewhere and forgets the device's copies, exactly as for a lost GPU. Then
@@ -35,10 +38,17 @@ use agora_kernels::{ArgValue, KernelDef, KernelRef};
 use agora_protocol::TaskError;
 use agora_transport::socket::{recv_with_fds, send, send_with_fds};
 
-use crate::wire::{ArgWire, DeviceWire, HostRef, KernelWire, Reply, Request, Submit, TransferWire, WorkWire, PROTOCOL};
+use crate::wire::{
+    ArgWire, CudaWire, DeviceWire, HostRef, KernelWire, OpenClWire, Reply, Request, Submit, TransferWire, WorkWire,
+    PROTOCOL,
+};
 
 /// Longest a synchronous request (an allocation, a read) waits for the host's answer.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Longest a kernel's preparation (a GPU's NVRTC compile and JIT) waits for the host's answer: a
+/// large tenant program takes seconds; the build that asked waits, not the dispatcher.
+const PREPARE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// How the daemon starts device hosts.
 #[derive(Debug, Clone)]
@@ -55,6 +65,8 @@ pub struct HostSpec {
     pub hang_timeout: Duration,
     /// OS priority of the daemon-side lane threads.
     pub priorities: LanePriorities,
+    /// More arguments for `agora device-host` (a GPU's tenant launch limit, a sim's settings).
+    pub extra_args: Vec<String>,
 }
 
 /// Lists the OpenCL platforms by asking the host program (`device-host --list`), so the daemon
@@ -75,12 +87,32 @@ pub fn list_platforms(program: &std::path::Path) -> Result<Vec<String>, String> 
         .collect())
 }
 
-/// Starts the host of `platform` and returns its devices, named `opencl{first_index}` on, and
-/// one line per device it could not start.
+/// Lists the GPUs by asking the host program (`device-host --list-gpus`), so the daemon never
+/// loads the CUDA driver itself: their `--platform` names (`cuda:N`), or why there are none.
+pub fn list_gpus(program: &std::path::Path) -> Result<Vec<String>, String> {
+    let output = Command::new(program)
+        .args(["device-host", "--list-gpus"])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("running {} device-host --list-gpus: {e}", program.display()))?;
+    let gpus: Vec<String> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_string)
+        .collect();
+    if gpus.is_empty() || !output.status.success() {
+        let why = String::from_utf8_lossy(&output.stderr).trim().to_string();
+        return Err(if why.is_empty() { "no GPU found".into() } else { why });
+    }
+    Ok(gpus)
+}
+
+/// Starts the host of `platform` (an OpenCL platform's name, `cuda:N`, or `sim`) and returns its
+/// devices, the one of index `i` named `name(i)`, and one line per device it could not start.
 pub fn start_platform(
     spec: &HostSpec,
     platform: &str,
-    first_index: usize,
+    name: &dyn Fn(usize) -> String,
 ) -> Result<(Vec<RemoteDevice>, Vec<String>), String> {
     let shared = Arc::new(Platform {
         name: platform.to_string(),
@@ -94,19 +126,19 @@ pub fn start_platform(
         restarts: AtomicU64::new(0),
         watched: Mutex::new(Vec::new()),
         watch_wake: Condvar::new(),
+        loads: Mutex::new(HashMap::new()),
     });
     let (link, wires, problems) = Link::start(&shared)?;
     *shared.link.write().unwrap_or_else(|e| e.into_inner()) = link;
     shared.up.store(true, Ordering::Release);
     let weak = Arc::downgrade(&shared);
     std::thread::Builder::new()
-        .name(format!("agora-host-watch{first_index}"))
+        .name(format!("agora-host-watch-{}", name(0)))
         .spawn(move || watch(weak))
         .map_err(|e| format!("starting the device host's watch thread: {e}"))?;
     let mut devices = Vec::new();
     for (index, wire) in wires.into_iter().enumerate() {
-        let name = format!("opencl{}", first_index + index);
-        devices.push(RemoteDevice::new(shared.clone(), index as u16, name, wire)?);
+        devices.push(RemoteDevice::new(shared.clone(), index as u16, name(index), wire)?);
     }
     Ok((devices, problems))
 }
@@ -130,6 +162,9 @@ pub(crate) struct Platform {
     /// Revocable jobs whose flags the watch thread forwards: (job, flag, link).
     watched: Mutex<Vec<Watched>>,
     watch_wake: Condvar,
+    /// What the host last reported of each device's load ([`Reply::Load`]): utilisation, cached
+    /// bytes.
+    loads: Mutex<HashMap<u16, (Option<u32>, u64)>>,
 }
 
 /// A revocable job the watch thread looks after: (job, its flag, its host).
@@ -148,6 +183,8 @@ struct SegmentEntry {
     id: u64,
     len: usize,
     fd: OwnedFd,
+    /// Page-locked in the host (for a GPU's DMA).
+    page_lock: bool,
     /// Devices of the platform that registered it.
     users: usize,
 }
@@ -169,7 +206,13 @@ impl Platform {
         })
     }
 
-    fn register(self: &Arc<Self>, base: *mut u8, len: usize, fd: BorrowedFd<'_>) -> Result<SegmentGuard, String> {
+    fn register(
+        self: &Arc<Self>,
+        base: *mut u8,
+        len: usize,
+        fd: BorrowedFd<'_>,
+        page_lock: bool,
+    ) -> Result<SegmentGuard, String> {
         let mut segments = self.segments.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(entry) = segments.get_mut(&(base as usize)) {
             entry.users += 1;
@@ -179,8 +222,17 @@ impl Platform {
                 .map_err(|e| format!("keeping the segment's descriptor for the device host: {e}"))?;
             let id = self.next_segment.fetch_add(1, Ordering::Relaxed);
             // Sent under the table's lock: a host starting now maps the table after this.
-            self.link().map_segment(id, len, fd.as_fd());
-            segments.insert(base as usize, SegmentEntry { id, len, fd, users: 1 });
+            self.link().map_segment(id, len, fd.as_fd(), page_lock);
+            segments.insert(
+                base as usize,
+                SegmentEntry {
+                    id,
+                    len,
+                    fd,
+                    page_lock,
+                    users: 1,
+                },
+            );
         }
         Ok(SegmentGuard {
             platform: self.clone(),
@@ -221,7 +273,7 @@ impl Platform {
                     // The segments registered meanwhile went to the dead host: send them all.
                     let segments = self.segments.lock().unwrap_or_else(|e| e.into_inner());
                     for entry in segments.values() {
-                        link.map_segment(entry.id, entry.len, entry.fd.as_fd());
+                        link.map_segment(entry.id, entry.len, entry.fd.as_fd(), entry.page_lock);
                     }
                     *self.link.write().unwrap_or_else(|e| e.into_inner()) = link;
                     self.up.store(true, Ordering::Release);
@@ -322,7 +374,7 @@ impl Staging {
             unsafe { std::ptr::copy_nonoverlapping(ptr, map.as_mut_ptr(), len) };
         }
         let id = platform.next_segment.fetch_add(1, Ordering::Relaxed);
-        link.map_segment(id, len.max(1), file.as_fd());
+        link.map_segment(id, len.max(1), file.as_fd(), false);
         Ok((
             HostRef { segment: id, offset: 0 },
             Staging {
@@ -440,6 +492,7 @@ impl Link {
             .arg(&platform.name)
             .args(["--lanes", &spec.lanes.to_string()])
             .args(["--memory-limit", &spec.memory_limit.to_string()])
+            .args(&spec.extra_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null());
         let socket = theirs.as_raw_fd();
@@ -563,12 +616,13 @@ impl Link {
         Ok(())
     }
 
-    fn map_segment(&self, segment: u64, len: usize, fd: BorrowedFd<'_>) {
+    fn map_segment(&self, segment: u64, len: usize, fd: BorrowedFd<'_>, page_lock: bool) {
         let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(stream) = writer.as_ref() {
             let request = Request::MapSegment {
                 segment,
                 len: len as u64,
+                page_lock,
             };
             if let Err(e) = send_with_fds(stream, &request, &[fd]) {
                 drop(writer);
@@ -579,6 +633,14 @@ impl Link {
 
     /// A request answered by one reply.
     fn call(&self, make: impl FnOnce(u64) -> Request) -> Result<Reply, TaskError> {
+        // Calls come from the dispatcher (allocations, evictions' reads): a hung host must not
+        // hold every tenant for the whole hang timeout. An allocation or a read of a buffer
+        // answers in milliseconds; ten seconds is a host that stopped.
+        self.call_within(self.hang_timeout.min(CALL_TIMEOUT), make)
+    }
+
+    /// A request answered by one reply within `limit`, or the host is taken as hung.
+    fn call_within(&self, limit: Duration, make: impl FnOnce(u64) -> Request) -> Result<Reply, TaskError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (reply, answer) = mpsc::channel();
         {
@@ -589,10 +651,6 @@ impl Link {
             requests.insert(id, reply);
         }
         self.send(&make(id)).map_err(|()| TaskError::DeviceLost)?;
-        // Calls come from the dispatcher (allocations, evictions' reads): a hung host must not
-        // hold every tenant for the whole hang timeout. An allocation or a read of a buffer
-        // answers in milliseconds; ten seconds is a host that stopped.
-        let limit = self.hang_timeout.min(CALL_TIMEOUT);
         match answer.recv_timeout(limit) {
             Ok(reply) => Ok(reply),
             Err(mpsc::RecvTimeoutError::Timeout) => {
@@ -610,22 +668,8 @@ impl Link {
         if let Some((id, _)) = kernels.get(&key) {
             return Ok(*id);
         }
-        let imp = kernel.opencl.as_ref().ok_or(TaskError::KernelFault)?;
         let id = kernels.len() as u32;
-        let def = KernelWire {
-            name: kernel.name.to_string(),
-            params: kernel.params.iter().map(|p| (p.name.to_string(), p.kind)).collect(),
-            chunkable: kernel.chunkable,
-            program: imp.program.to_string(),
-            source: imp.source.to_string(),
-            entry: imp.entry.to_string(),
-            local: imp.local,
-            binaries: imp
-                .binaries
-                .iter()
-                .map(|b| (b.device.to_string(), b.bytes.to_vec()))
-                .collect(),
-        };
+        let def = kernel_wire(kernel);
         // Sent under the kernels' lock: no other lane can name the id before the host knows it.
         self.send(&Request::DefineKernel { kernel: id, def })
             .map_err(|()| TaskError::DeviceLost)?;
@@ -706,7 +750,9 @@ impl Link {
                     pending.end.finish(result);
                     drop(staging);
                 }
-                Reply::Allocated { request, .. } | Reply::ReadDone { request, .. } => {
+                Reply::Allocated { request, .. }
+                | Reply::ReadDone { request, .. }
+                | Reply::Prepared { request, .. } => {
                     let waiter = self.requests.lock().unwrap_or_else(|e| e.into_inner()).remove(&request);
                     if let Some(waiter) = waiter {
                         let _ = waiter.send(reply);
@@ -720,6 +766,19 @@ impl Link {
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
                             .insert(program);
+                    }
+                }
+                Reply::Load {
+                    device,
+                    utilization_percent,
+                    memory_cached,
+                } => {
+                    if let Some(platform) = platform.upgrade() {
+                        platform
+                            .loads
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(device, (utilization_percent, memory_cached));
                     }
                 }
                 Reply::Ready { .. } => {}
@@ -802,9 +861,43 @@ impl Link {
     }
 }
 
+/// `kernel` as the host gets it: the library's by name (the host is the same binary), any
+/// other whole.
+fn kernel_wire(kernel: &KernelDef) -> KernelWire {
+    let library = agora_kernels::find(&kernel.name).is_some_and(|(_, def)| std::ptr::eq(def, kernel));
+    KernelWire {
+        name: kernel.name.to_string(),
+        params: kernel.params.iter().map(|p| (p.name.to_string(), p.kind)).collect(),
+        chunkable: kernel.chunkable,
+        library,
+        opencl: kernel.opencl.as_ref().map(|imp| OpenClWire {
+            program: imp.program.to_string(),
+            source: imp.source.to_string(),
+            entry: imp.entry.to_string(),
+            local: imp.local,
+            binaries: imp
+                .binaries
+                .iter()
+                .map(|b| (b.device.to_string(), b.bytes.to_vec()))
+                .collect(),
+        }),
+        cuda: kernel.cuda.as_ref().map(|imp| CudaWire {
+            program: imp.program.to_string(),
+            ptx: matches!(imp.code, agora_kernels::CudaCode::Ptx(_)),
+            code: imp.code.text().to_string(),
+            entry: imp.entry.to_string(),
+            guarded: imp.guarded,
+        }),
+    }
+}
+
 fn describe_exit(status: std::process::ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
+        (Some(crate::host::FAULT_EXIT_CODE), _) => format!(
+            "exit code {}: a kernel fault made its device unusable (the task that met it failed)",
+            crate::host::FAULT_EXIT_CODE
+        ),
         (Some(code), _) => format!("exit code {code}"),
         (None, Some(signal)) => format!("signal {signal}"),
         _ => status.to_string(),
@@ -895,12 +988,15 @@ impl Drop for RemoteBuffer {
     }
 }
 
-/// An OpenCL device served by a device-host process.
+/// A device served by a device-host process: an OpenCL device, a GPU, or (in tests) a sim.
 pub struct RemoteDevice {
     platform: Arc<Platform>,
     index: u16,
     info: DeviceInfo,
     polls_revocation: bool,
+    runs_tenant_programs: bool,
+    wants_page_locked: bool,
+    min_items_per_slice: u64,
     lanes: Lanes,
     memory_used: Arc<AtomicU64>,
     next_buffer: AtomicU64,
@@ -952,7 +1048,7 @@ impl RemoteDevice {
         Ok(RemoteDevice {
             info: DeviceInfo {
                 name,
-                kind: DeviceKind::OpenCl,
+                kind: wire.kind,
                 description: format!("{} (device host)", wire.description),
                 memory_bytes: wire.memory_bytes,
                 lanes: wire.lanes as usize,
@@ -961,6 +1057,9 @@ impl RemoteDevice {
                 limits,
             },
             polls_revocation: wire.polls_revocation,
+            runs_tenant_programs: wire.runs_tenant_programs,
+            wants_page_locked: wire.wants_page_locked,
+            min_items_per_slice: wire.min_items_per_slice.max(1),
             platform,
             index,
             lanes: Lanes::new(lanes, threads),
@@ -983,6 +1082,14 @@ impl RemoteDevice {
 
     fn own<'a>(&self, buffer: &'a dyn DeviceBuffer, link: &Arc<Link>) -> Result<&'a RemoteBuffer, TaskError> {
         own_buffer(buffer, link, self.index)
+    }
+
+    fn broken(&self, program: &str) -> bool {
+        self.platform
+            .broken
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(program)
     }
 }
 
@@ -1007,19 +1114,51 @@ impl Device for RemoteDevice {
     }
 
     fn implements(&self, kernel: &KernelDef) -> bool {
-        match &kernel.opencl {
-            // Tenant programs not allowed in the daemon stay off OpenCL devices here too: the
-            // host process holds every tenant's segment, so it contains crashes, not tenants.
-            Some(imp) => {
-                !agora_kernels::runs_only_fenced(&imp.program)
-                    && !self
-                        .platform
-                        .broken
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .contains(&*imp.program)
+        match self.info.kind {
+            // As `CudaDevice::implements`: a tenant's program only where it runs fenced.
+            #[cfg(feature = "cuda")]
+            DeviceKind::Cuda => agora_devices::cuda::programs::KernelCode::of(kernel).is_some_and(|code| {
+                (!agora_kernels::is_tenant_program(code.program()) || self.runs_tenant_programs)
+                    && !self.broken(code.program())
+            }),
+            // A sim computes with the library's CPU code, which only the library's kernels
+            // bring to the host.
+            DeviceKind::Sim => {
+                matches!(kernel.cpu, Some(agora_kernels::CpuImpl::Builtin(_)))
+                    && agora_kernels::find(&kernel.name).is_some_and(|(_, def)| std::ptr::eq(def, kernel))
             }
-            None => false,
+            _ => match &kernel.opencl {
+                // Tenant programs not allowed in the daemon stay off OpenCL devices here too: the
+                // host process holds every tenant's segment, so it contains crashes, not tenants.
+                Some(imp) => !agora_kernels::runs_only_fenced(&imp.program) && !self.broken(&imp.program),
+                None => false,
+            },
+        }
+    }
+
+    fn prepare(&self, kernel: &KernelDef) -> Option<Result<(), String>> {
+        if self.info.kind != DeviceKind::Cuda || !self.implements(kernel) {
+            // OpenCL devices build at the first launch (their build log fails that task).
+            return None;
+        }
+        let reply = self
+            .platform
+            .link()
+            .call_within(PREPARE_TIMEOUT, |request| Request::Prepare {
+                request,
+                device: self.index,
+                def: kernel_wire(kernel),
+            });
+        match reply {
+            Ok(Reply::Prepared { outcome, .. }) => outcome,
+            Ok(_) => Some(Err("the device host answered something else".into())),
+            Err(e) => Some(Err(format!("the device host of {}: {e}", self.info.name))),
+        }
+    }
+
+    fn tenant_ended(&self, tenant: u64) {
+        if self.info.kind == DeviceKind::Cuda {
+            self.platform.link().send_later(Request::TenantEnded { tenant });
         }
     }
 
@@ -1093,7 +1232,31 @@ impl Device for RemoteDevice {
         true
     }
 
+    fn slices(&self, kernel: &KernelDef) -> bool {
+        match self.info.kind {
+            #[cfg(feature = "cuda")]
+            DeviceKind::Cuda => agora_devices::cuda::slices(kernel),
+            _ => kernel.chunkable,
+        }
+    }
+
+    fn min_items_per_slice(&self) -> u64 {
+        self.min_items_per_slice
+    }
+
+    fn wants_pinned_host_memory(&self) -> bool {
+        self.wants_page_locked
+    }
+
     fn check_launch(&self, kernel: &KernelDef, range: &[u64], buffer_lens: &[u64]) -> Result<u64, TaskError> {
+        match self.info.kind {
+            #[cfg(feature = "cuda")]
+            DeviceKind::Cuda => {
+                return agora_devices::cuda::check_launch(&self.info.limits, kernel, range, buffer_lens)
+            }
+            DeviceKind::Sim => return self.info.limits.check(range, [1; 3], buffer_lens, kernel.chunkable),
+            _ => {}
+        }
         let local = kernel.opencl.as_ref().map_or([1; 3], |imp| {
             agora_devices::opencl::fixed_work_group(range.len().clamp(1, 3), imp.local)
         });
@@ -1103,6 +1266,12 @@ impl Device for RemoteDevice {
     }
 
     fn row_alignment(&self, kernel: &KernelDef, dims: usize) -> u64 {
+        match self.info.kind {
+            #[cfg(feature = "cuda")]
+            DeviceKind::Cuda => return agora_devices::cuda::row_alignment(kernel, dims),
+            DeviceKind::Sim => return 1,
+            _ => {}
+        }
         kernel.opencl.as_ref().map_or(1, |imp| {
             agora_devices::opencl::fixed_work_group(dims.clamp(1, 3), imp.local)[0].max(1) as u64
         })
@@ -1124,15 +1293,16 @@ impl Device for RemoteDevice {
         true
     }
 
-    fn pin_host_memory(
+    fn register_host_memory(
         &self,
         base: *mut u8,
         len: usize,
         fd: BorrowedFd<'_>,
+        page_lock: bool,
     ) -> Option<Result<Box<dyn std::any::Any + Send + Sync>, String>> {
         Some(
             self.platform
-                .register(base, len, fd)
+                .register(base, len, fd, page_lock && self.wants_page_locked)
                 .map(|guard| Box::new(guard) as Box<dyn std::any::Any + Send + Sync>),
         )
     }
@@ -1152,6 +1322,14 @@ impl Device for RemoteDevice {
             Some(pid) => format!("host pid {pid}"),
             None => "host down".to_string(),
         };
+        let (utilization_percent, memory_cached) = self
+            .platform
+            .loads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&self.index)
+            .copied()
+            .unwrap_or((None, 0));
         DeviceReport {
             name: self.info.name.clone(),
             kind: self.info.kind,
@@ -1162,8 +1340,8 @@ impl Device for RemoteDevice {
             ),
             memory_bytes: self.info.memory_bytes,
             memory_used: self.memory_used(),
-            memory_cached: 0,
-            utilization_percent: None,
+            memory_cached,
+            utilization_percent,
             threads_per_lane: 1,
             lanes: self.lanes.statuses(),
             failed: !self.healthy(),

@@ -1,4 +1,5 @@
-//! The messages between the daemon and a device host, over a Unix stream socketpair with the
+//! The messages between the daemon and a device host (an OpenCL platform's, a GPU's, or a test's
+//! `sim` device), over a Unix stream socketpair with the
 //! control protocol's framing (a little-endian length, then postcard; `SCM_RIGHTS` for segment
 //! memfds). Frames are at most `agora_protocol::control::MAX_FRAME` bytes.
 //!
@@ -6,11 +7,11 @@
 //! segment itself. Buffers are named by ids the daemon assigns. Task errors travel as the
 //! completion record's fields ([`Outcome`]), the same encoding clients decode.
 
-use agora_protocol::{Completion, ParamKind, TaskError};
+use agora_protocol::{Completion, DeviceKind, ParamKind, TaskError};
 use serde::{Deserialize, Serialize};
 
 /// Bumped when a message changes: a daemon and a host of different versions refuse each other.
-pub const PROTOCOL: u32 = 1;
+pub const PROTOCOL: u32 = 2;
 
 /// Daemon → host.
 #[derive(Debug, Serialize, Deserialize)]
@@ -21,6 +22,9 @@ pub enum Request {
         segment: u64,
         /// Its length in bytes.
         len: u64,
+        /// Page-lock it for the host's devices that want it (a GPU's DMA), within the user's
+        /// limit the daemon keeps; staging segments are never page-locked.
+        page_lock: bool,
     },
     /// Unmap a segment: no job that names it is left.
     UnmapSegment {
@@ -73,6 +77,21 @@ pub enum Request {
     Revoke {
         /// The job.
         job: u64,
+    },
+    /// Ready a kernel now (`Device::prepare`: a GPU compiles, fences and loads a tenant's
+    /// program when it is built); answered with [`Reply::Prepared`].
+    Prepare {
+        /// Echoed in the reply.
+        request: u64,
+        /// Index of the device.
+        device: u16,
+        /// The kernel (a build's, not yet launched, so not defined on the link).
+        def: KernelWire,
+    },
+    /// A session ended (`Device::tenant_ended`): its devices give back what they kept for it.
+    TenantEnded {
+        /// The daemon's session id.
+        tenant: u64,
     },
 }
 
@@ -180,7 +199,7 @@ pub enum ArgWire {
     },
 }
 
-/// What the host needs of a kernel to launch it on OpenCL.
+/// What the host needs of a kernel to launch it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct KernelWire {
     /// Its name.
@@ -189,6 +208,18 @@ pub struct KernelWire {
     pub params: Vec<(String, ParamKind)>,
     /// Whether its rows may be split.
     pub chunkable: bool,
+    /// The library's kernel of this name (the host is the same `agora` binary, so it uses its
+    /// own definition, CPU implementation included, and the fields below only as a check).
+    pub library: bool,
+    /// Its OpenCL C.
+    pub opencl: Option<OpenClWire>,
+    /// Its CUDA C or PTX.
+    pub cuda: Option<CudaWire>,
+}
+
+/// A kernel's OpenCL implementation.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OpenClWire {
     /// OpenCL program name.
     pub program: String,
     /// OpenCL source.
@@ -199,6 +230,21 @@ pub struct KernelWire {
     pub local: Option<[usize; 3]>,
     /// Precompiled binaries by device name.
     pub binaries: Vec<(String, Vec<u8>)>,
+}
+
+/// A kernel's CUDA implementation (`agora_kernels::CudaImpl`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CudaWire {
+    /// Program name.
+    pub program: String,
+    /// Whether `code` is PTX (else CUDA C).
+    pub ptx: bool,
+    /// The code.
+    pub code: String,
+    /// Entry point.
+    pub entry: String,
+    /// Calling convention: guarded (sliceable, revocable) or plain.
+    pub guarded: bool,
 }
 
 /// Host → daemon.
@@ -240,6 +286,24 @@ pub enum Reply {
         /// From its arrival to the end of its transfers, ns (when it had any).
         transfers_after_ns: Option<u64>,
     },
+    /// Answer to [`Request::Prepare`]: `None` when the device has nothing to prepare, else
+    /// whether the kernel is ready or why not (a compiler's or the driver's log).
+    Prepared {
+        /// The request.
+        request: u64,
+        /// The outcome.
+        outcome: Option<Result<(), String>>,
+    },
+    /// What `agora status` shows of a device that only the host knows, sent every second while
+    /// it changes.
+    Load {
+        /// Index of the device.
+        device: u16,
+        /// How busy it is (NVML on a GPU), where the host can tell.
+        utilization_percent: Option<u32>,
+        /// Device memory kept for reuse (a GPU's tenant partitions).
+        memory_cached: u64,
+    },
     /// A program failed to build for good: the device no longer claims its kernels.
     Broken {
         /// Index of the device.
@@ -252,6 +316,8 @@ pub enum Reply {
 /// A device of the host.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DeviceWire {
+    /// What it is: `OpenCl`, `Cuda`, or `Sim` (tests of the host's fault path).
+    pub kind: DeviceKind,
     /// Its description (platform and device names).
     pub description: String,
     /// Device memory.
@@ -260,6 +326,12 @@ pub struct DeviceWire {
     pub lanes: u32,
     /// Whether running kernels see revocation flags.
     pub polls_revocation: bool,
+    /// Whether it runs tenants' own programs (a GPU with tenant partitions runs them fenced).
+    pub runs_tenant_programs: bool,
+    /// Whether it page-locks host memory for its copies (`Device::wants_pinned_host_memory`).
+    pub wants_page_locked: bool,
+    /// `Device::min_items_per_slice`.
+    pub min_items_per_slice: u64,
     /// `LaunchLimits`, field by field: items, extent ×3, items per enqueue, groups per enqueue,
     /// group ×3, group items, buffer bytes.
     pub limits: [u64; 11],
@@ -320,5 +392,66 @@ mod tests {
         ] {
             assert_eq!(Outcome::from(result).result(), result);
         }
+    }
+
+    fn round_trip<T: Serialize + serde::de::DeserializeOwned>(value: &T) -> T {
+        let frame = agora_protocol::control::encode_frame(value).unwrap();
+        agora_protocol::control::decode_body(&frame[4..]).unwrap()
+    }
+
+    #[test]
+    fn a_gpu_kernel_and_its_preparation_cross_the_link_whole() {
+        let def = KernelWire {
+            name: "tenant_scale".into(),
+            params: vec![
+                (
+                    "x".into(),
+                    ParamKind::Buffer {
+                        element: agora_protocol::ScalarType::F32,
+                        access: agora_protocol::Access::ReadWrite,
+                    },
+                ),
+                ("a".into(), ParamKind::Scalar(agora_protocol::ScalarType::F32)),
+            ],
+            chunkable: false,
+            library: false,
+            opencl: None,
+            cuda: Some(CudaWire {
+                program: "tenant-fenced/abc".into(),
+                ptx: true,
+                code: ".version 8.0\n.target sm_80\n".into(),
+                entry: "scale".into(),
+                guarded: false,
+            }),
+        };
+        let Request::Prepare {
+            request,
+            device,
+            def: back,
+        } = round_trip(&Request::Prepare {
+            request: 7,
+            device: 0,
+            def: def.clone(),
+        })
+        else {
+            panic!("not a Prepare");
+        };
+        assert_eq!((request, device), (7, 0));
+        let cuda = back.cuda.unwrap();
+        assert!(cuda.ptx && !cuda.guarded && back.opencl.is_none());
+        assert_eq!(
+            (cuda.program.as_str(), cuda.entry.as_str()),
+            ("tenant-fenced/abc", "scale")
+        );
+        assert_eq!(cuda.code, def.cuda.unwrap().code);
+        assert_eq!(back.params, def.params);
+        // A JIT log comes back as the build's error.
+        let Reply::Prepared { outcome, .. } = round_trip(&Reply::Prepared {
+            request: 7,
+            outcome: Some(Err("ptxas error: %r99 undefined".into())),
+        }) else {
+            panic!("not Prepared");
+        };
+        assert_eq!(outcome, Some(Err("ptxas error: %r99 undefined".into())));
     }
 }

@@ -555,28 +555,31 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     fn healthy(&self) -> bool {
         true
     }
-    /// Whether the device registers host memory for copies ([`Device::pin_host_memory`]); the
+    /// Whether the device page-locks host memory for copies ([`Device::register_host_memory`]); the
     /// daemon counts such memory against a per-user limit only for devices that do.
     fn wants_pinned_host_memory(&self) -> bool {
         false
     }
     /// Whether the device must see host memory through its file descriptor: a device served by
     /// a device-host process maps each session's segment there, and cannot touch host memory it
-    /// was not given ([`Device::pin_host_memory`] is then how it gets it, outside the pinned-memory
-    /// limit).
+    /// was not given ([`Device::register_host_memory`] is then how it gets it).
     fn maps_host_memory(&self) -> bool {
         false
     }
     /// Registers host memory `[base, base + len)` (a session's segment, whose memfd is `fd`) with
-    /// the device, so its transfers from and to that memory need no staging copy; the returned
-    /// guard unregisters it when dropped, which the caller does before the memory is unmapped.
-    /// `None`: the device has no use for it (the default); an error says why it could not
-    /// (transfers still work, through a staging copy).
-    fn pin_host_memory(
+    /// the device: a device that [maps host memory](Device::maps_host_memory) maps it through
+    /// `fd`; with `page_lock` (only asked of devices that [want it](Device::wants_pinned_host_memory),
+    /// within the user's limit) the memory is also page-locked for the device, so its transfers
+    /// from and to it are DMA without a staging copy. The returned guard undoes both when
+    /// dropped, which the caller does before the memory is unmapped. `None`: the device has
+    /// nothing to do (the default); an error says why it could not (transfers still work,
+    /// through a staging copy).
+    fn register_host_memory(
         &self,
         _base: *mut u8,
         _len: usize,
         _fd: std::os::fd::BorrowedFd<'_>,
+        _page_lock: bool,
     ) -> Option<Result<Box<dyn Any + Send + Sync>, String>> {
         None
     }

@@ -42,6 +42,10 @@ pub struct GpuArgs {
     /// Empty-kernel round trips per side (default 5000; 500 with --quick).
     #[arg(long)]
     launches: Option<u64>,
+    /// Run the GPU in the daemon's process (`--no-cuda-device-host`) instead of a device host
+    /// (the default), to measure what the host's hop costs.
+    #[arg(long)]
+    in_daemon: bool,
     #[command(flatten)]
     pub socket: crate::SocketArg,
 }
@@ -529,6 +533,7 @@ pub fn gpu(socket: Option<PathBuf>, args: GpuArgs) -> Result<()> {
     let Some(mut native) = native else {
         let out = serde_json::json!({
             "gpus": 0,
+            "device_host": !args.in_daemon,
             "pipeline": pipeline,
             "empty_kernel_p50_ns": null,
             "native_empty_kernel_p50_ns": null,
@@ -558,7 +563,11 @@ pub fn gpu(socket: Option<PathBuf>, args: GpuArgs) -> Result<()> {
     // Progress on stderr, in JSON mode too (stdout holds only the JSON).
     let say = |line: String| eprintln!("{line}");
     // No OpenCL: a GPU machine's OpenCL platform may be the same GPU, a second context on it.
-    let daemon = DaemonProcess::start(socket.as_deref(), &["--no-opencl"])?;
+    let daemon = if args.in_daemon {
+        DaemonProcess::start(socket.as_deref(), &["--no-opencl", "--no-cuda-device-host"])?
+    } else {
+        DaemonProcess::start(socket.as_deref(), &["--no-opencl"])?
+    };
 
     // The empty kernel: one client process through Agora vs the driver in this process.
     let launches = args.launches.unwrap_or(if args.quick { 500 } else { 5000 });
@@ -788,6 +797,7 @@ pub fn gpu(socket: Option<PathBuf>, args: GpuArgs) -> Result<()> {
     let verified = batch_ok && copies_ok && sharing_ok && rows.iter().all(|r| r.verified);
     let out = serde_json::json!({
         "gpus": 1,
+        "device_host": !args.in_daemon,
         "arch": native.arch,
         "repetitions": reps,
         "load_average_at_start": load,

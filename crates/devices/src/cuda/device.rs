@@ -470,6 +470,12 @@ impl CudaDevice {
     pub fn arch(&self) -> u32 {
         self.shared.arch
     }
+
+    /// Whether tenants' own programs run here (fenced into partitions, which need the GPU's
+    /// virtual memory management).
+    pub fn runs_tenant_programs(&self) -> bool {
+        self.shared.partitions.is_some()
+    }
 }
 
 /// Finds every NVIDIA GPU. Returns the devices that work and one message per problem (to be
@@ -482,31 +488,68 @@ pub fn discover(
     priorities: &LanePriorities,
     tenant_launch_limit: Option<Duration>,
 ) -> (Vec<CudaDevice>, Vec<String>) {
-    let mut devices = Vec::new();
-    let mut problems = Vec::new();
+    discover_ordinals(None, lanes_per_device, memory_limit, priorities, tenant_launch_limit)
+}
+
+/// Like [`discover`], for the GPU of driver ordinal `ordinal` only (a device-host process serves
+/// one GPU, so a fault that ends its context ends no other GPU's work).
+pub fn discover_one(
+    ordinal: usize,
+    lanes_per_device: usize,
+    memory_limit: u64,
+    priorities: &LanePriorities,
+    tenant_launch_limit: Option<Duration>,
+) -> (Vec<CudaDevice>, Vec<String>) {
+    discover_ordinals(
+        Some(ordinal),
+        lanes_per_device,
+        memory_limit,
+        priorities,
+        tenant_launch_limit,
+    )
+}
+
+/// How many GPUs the driver sees, without creating a context on any (for the daemon, which
+/// starts one device host per GPU), or why none can be used.
+pub fn gpu_count() -> Result<usize, String> {
     // SAFETY: only tries to open the library.
     if !unsafe { sys::is_culib_present() } {
-        problems.push("no CUDA driver (libcuda.so.1 not found): no GPU devices".into());
-        return (devices, problems);
+        return Err("no CUDA driver (libcuda.so.1 not found): no GPU devices".into());
     }
-    if let Err(e) = driver::init() {
-        problems.push(format!("the CUDA driver did not initialise ({e:?}): no GPU devices"));
-        return (devices, problems);
+    driver::init().map_err(|e| format!("the CUDA driver did not initialise ({e:?}): no GPU devices"))?;
+    let count = driver::device::get_count().map_err(|e| format!("cannot count CUDA devices: {e:?}"))?;
+    if count == 0 {
+        return Err("the CUDA driver sees no GPU".into());
     }
-    let count = match driver::device::get_count() {
-        Ok(n) => n,
-        Err(e) => {
-            problems.push(format!("cannot count CUDA devices: {e:?}"));
+    Ok(count as usize)
+}
+
+fn discover_ordinals(
+    only: Option<usize>,
+    lanes_per_device: usize,
+    memory_limit: u64,
+    priorities: &LanePriorities,
+    tenant_launch_limit: Option<Duration>,
+) -> (Vec<CudaDevice>, Vec<String>) {
+    let mut devices = Vec::new();
+    let mut problems = Vec::new();
+    let count = match gpu_count() {
+        Ok(count) => count,
+        Err(problem) => {
+            problems.push(problem);
             return (devices, problems);
         }
     };
-    if count == 0 {
-        problems.push("the CUDA driver sees no GPU".into());
+    if only.is_some_and(|ordinal| ordinal >= count) {
+        problems.push(format!(
+            "the CUDA driver sees {count} GPU(s), no GPU {}",
+            only.unwrap_or(0)
+        ));
     }
-    for ordinal in 0..count {
+    for ordinal in (0..count).filter(|o| only.is_none_or(|only| only == *o)) {
         match CudaDevice::new(
             devices.len(),
-            ordinal,
+            ordinal as i32,
             lanes_per_device,
             memory_limit,
             priorities,
@@ -557,6 +600,41 @@ pub fn block_shape(dims: usize, local: Option<[usize; 3]>) -> [u64; 3] {
         2 => [16, 16, 1],
         _ => [8, 8, 4],
     }
+}
+
+/// [`Device::check_launch`] for a GPU whose launch limits are `limits`: blocks of
+/// [`block_shape`], grid limits per dimension. A free function so that a GPU served by a
+/// device-host process is checked by the daemon exactly as one in the daemon.
+pub fn check_launch(
+    limits: &LaunchLimits,
+    kernel: &KernelDef,
+    range: &[u64],
+    buffer_lens: &[u64],
+) -> Result<u64, TaskError> {
+    let local = super::programs::KernelCode::of(kernel).and_then(|code| code.local());
+    let block = block_shape(range.len(), local);
+    let mut limits = *limits;
+    // Grid limits per dimension, in threads for this block shape.
+    limits.max_extent[1] = MAX_GRID_YZ * block[1];
+    limits.max_extent[2] = MAX_GRID_YZ * block[2];
+    limits.check(range, block, buffer_lens, slices(kernel))
+}
+
+/// [`Device::slices`] on a GPU: a plain kernel (a tenant's, or a package's without the
+/// revocation flag and row offset) has no way to start at a row on CUDA, which has no global
+/// work offset: it runs whole.
+pub fn slices(kernel: &KernelDef) -> bool {
+    kernel.chunkable
+        && super::programs::KernelCode::of(kernel)
+            .is_some_and(|code| code.convention() == super::programs::Convention::Guarded)
+}
+
+/// [`Device::row_alignment`] on a GPU: a block's extent in dimension 0.
+pub fn row_alignment(kernel: &KernelDef, dims: usize) -> u64 {
+    block_shape(
+        dims,
+        super::programs::KernelCode::of(kernel).and_then(|code| code.local()),
+    )[0]
 }
 
 impl Device for CudaDevice {
@@ -615,21 +693,11 @@ impl Device for CudaDevice {
     }
 
     fn check_launch(&self, kernel: &KernelDef, range: &[u64], buffer_lens: &[u64]) -> Result<u64, TaskError> {
-        let local = super::programs::KernelCode::of(kernel).and_then(|code| code.local());
-        let block = block_shape(range.len(), local);
-        let mut limits = self.info.limits;
-        // Grid limits per dimension, in threads for this block shape.
-        limits.max_extent[1] = MAX_GRID_YZ * block[1];
-        limits.max_extent[2] = MAX_GRID_YZ * block[2];
-        limits.check(range, block, buffer_lens, self.slices(kernel))
+        check_launch(&self.info.limits, kernel, range, buffer_lens)
     }
 
     fn slices(&self, kernel: &KernelDef) -> bool {
-        // A plain kernel (a tenant's, or a package's without the revocation flag and row offset)
-        // has no way to start at a row on CUDA, which has no global work offset: it runs whole.
-        kernel.chunkable
-            && super::programs::KernelCode::of(kernel)
-                .is_some_and(|code| code.convention() == super::programs::Convention::Guarded)
+        slices(kernel)
     }
 
     fn min_items_per_slice(&self) -> u64 {
@@ -639,10 +707,7 @@ impl Device for CudaDevice {
     }
 
     fn row_alignment(&self, kernel: &KernelDef, dims: usize) -> u64 {
-        block_shape(
-            dims,
-            super::programs::KernelCode::of(kernel).and_then(|code| code.local()),
-        )[0]
+        row_alignment(kernel, dims)
     }
 
     fn polls_revocation(&self) -> bool {
@@ -769,12 +834,17 @@ impl Device for CudaDevice {
         }
     }
 
-    fn pin_host_memory(
+    fn register_host_memory(
         &self,
         base: *mut u8,
         len: usize,
         _fd: std::os::fd::BorrowedFd<'_>,
+        page_lock: bool,
     ) -> Option<Result<Box<dyn std::any::Any + Send + Sync>, String>> {
+        if !page_lock {
+            // The daemon's own memory, seen as it is: nothing to map.
+            return None;
+        }
         let shared = &self.shared;
         if let Err(e) = shared.bind() {
             return Some(Err(format!("cannot use {}: {e}", shared.name)));

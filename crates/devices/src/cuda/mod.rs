@@ -11,7 +11,7 @@
 //! its stream full.
 //!
 //! Transfers: the daemon registers a session's segment with the driver (page-locked, through
-//! [`Device::pin_host_memory`](crate::Device::pin_host_memory)) the first time one of its tasks
+//! [`Device::register_host_memory`](crate::Device::register_host_memory)) the first time one of its tasks
 //! moves data to or from a GPU, so host↔device copies are DMA straight from and into the
 //! tenant's shared memory, with no staging copy. Fresh allocations are zeroed before use.
 //!
@@ -32,10 +32,12 @@
 //!
 //! Faults: an illegal address or a trap leaves a CUDA context unusable for every stream in it.
 //! The guilty job fails with `KernelFault`; the device then reports itself failed
-//! ([`Device::healthy`](crate::Device::healthy)), so the daemon drains it and replays or fails
-//! its other tasks elsewhere, and the daemon lives. Rebuilding the context in a device-host
-//! process, so the GPU stays in service, is not done yet; [`fence`] keeps a fenced tenant's
-//! stray accesses inside its own partition instead of faulting.
+//! ([`Device::healthy`](crate::Device::healthy)). By default each GPU runs in a device-host
+//! process of its own (`agora-device-host`), which then exits: the daemon replays the GPU's
+//! other tasks from their host copies and starts a new host, so the GPU comes back with a fresh
+//! context. A GPU in the daemon (`[cuda] device_host = false`) stays failed instead, and the
+//! daemon drains it. [`fence`] keeps a fenced tenant's stray accesses inside its own partition
+//! instead of faulting.
 //!
 //! One file per mechanism:
 //! * `device`: discovery, the shared state, the [`Device`](crate::Device) implementation;
@@ -58,4 +60,7 @@ pub mod programs;
 mod tests;
 mod utilization;
 
-pub use device::{block_shape, discover, launch_shape, CudaDevice, MAX_GRID_X, MAX_GRID_YZ, MAX_ITEMS_PER_ENQUEUE};
+pub use device::{
+    block_shape, check_launch, discover, discover_one, gpu_count, launch_shape, row_alignment, slices, CudaDevice,
+    MAX_GRID_X, MAX_GRID_YZ, MAX_ITEMS_PER_ENQUEUE,
+};
