@@ -523,6 +523,7 @@ impl Host {
             transfers,
             work,
             revocable,
+            urgent,
         } = submit;
         let device = self
             .devices
@@ -657,7 +658,9 @@ impl Host {
                 keepalive: None,
                 cancelled: None,
                 revoke,
-                urgent: false,
+                // The daemon's lane ordered it already; a GPU still puts it on its lane's
+                // high-priority stream, ahead of other lanes' batch blocks.
+                urgent,
                 exclusive: false,
                 deadline: None,
                 slices: None,

@@ -1031,6 +1031,7 @@ impl RemoteDevice {
                 lane,
                 count: Arc::default(),
                 next_job: Arc::new(AtomicU64::new(0)),
+                forwards_urgency: wire.kind == DeviceKind::Cuda,
             };
             // The lane only forwards jobs; while idle on a small machine it sleeps at once, so
             // the host's threads and the link's readers have the cores ([`crate::readers_spin`];
@@ -1042,6 +1043,7 @@ impl RemoteDevice {
                 crate::readers_spin(),
             )
             .map_err(|e| e.to_string())?;
+            started.set_starts_on_caller(daemon_starts_on_caller());
             lanes.push(started);
             threads.push(thread);
         }
@@ -1367,6 +1369,10 @@ struct RemoteExecutor {
     lane: u32,
     count: Arc<LaneCount>,
     next_job: Arc<AtomicU64>,
+    /// Whether the host is told which jobs are urgent: a GPU runs them on its lanes'
+    /// high-priority streams. Elsewhere the daemon's lane has done all that urgency does (and a
+    /// job marked urgent would go through the host lane's thread, a wake-up more).
+    forwards_urgency: bool,
 }
 
 impl RemoteExecutor {
@@ -1555,6 +1561,7 @@ impl RemoteExecutor {
             transfers,
             work,
             revocable: revocable.is_some(),
+            urgent: self.forwards_urgency && end.urgent(),
         });
         if let Some(flag) = revocable {
             let mut watched = self.platform.watched.lock().unwrap_or_else(|e| e.into_inner());
@@ -1579,4 +1586,40 @@ impl Executor for RemoteExecutor {
             end.finish(Err(e));
         }
     }
+
+    /// Whether forwarding the job waits for nothing: every byte it names is in a segment the
+    /// host maps (no staging after earlier jobs, no read from another device), and the host is
+    /// not so far behind that its socket could be full (a send would then block the caller,
+    /// the dispatcher).
+    fn starts_at_once(&self, transfers: &[Transfer], work: &Work) -> bool {
+        let link = self.platform.link();
+        // A dead host fails the job: on the lane's thread, not inside the caller's submit.
+        if !link.alive() || *self.count.count.lock().unwrap_or_else(|e| e.into_inner()) >= CALLER_START_MAX_IN_FLIGHT {
+            return false;
+        }
+        let mapped = |ptr: *const u8, len: usize| self.platform.segment_of(ptr, len).is_some();
+        transfers.iter().all(|transfer| match transfer {
+            Transfer::ToDevice { host, len, .. } => mapped(*host, *len),
+            Transfer::ToHost { from, host, len, .. } => {
+                own_buffer(from.as_ref(), &link, self.device).is_ok() && mapped(*host, *len)
+            }
+        }) && match work {
+            Work::Fill { ptr, len, .. } => mapped(*ptr, *len),
+            Work::Copy { src, dst, len } => mapped(*src, *len) && mapped(*dst, *len),
+            Work::Launch { .. } | Work::Nothing => true,
+        }
+    }
+}
+
+/// Most jobs the host has not finished for a lane whose next job the caller may still start
+/// itself ([`RemoteExecutor::starts_at_once`]): a socket holds hundreds of small frames, so
+/// below this a send never waits for the host to read.
+const CALLER_START_MAX_IN_FLIGHT: usize = 32;
+
+/// Whether the daemon's dispatcher sends an idle host lane's job itself rather than waking the
+/// lane's thread to send it (one wake-up less per small task; docs/PERFORMANCE.md, "Device
+/// hosts: the hop"). `AGORA_DEVICE_HOST_DAEMON_START_ON_CALLER=0` turns it off, for comparison
+/// (`AGORA_DEVICE_HOST_START_ON_CALLER=0` does the same on the host's side).
+fn daemon_starts_on_caller() -> bool {
+    std::env::var_os("AGORA_DEVICE_HOST_DAEMON_START_ON_CALLER").is_none_or(|v| v != "0")
 }

@@ -110,6 +110,9 @@ pub struct Submit {
     pub work: WorkWire,
     /// Whether the daemon may revoke it ([`Request::Revoke`]).
     pub revocable: bool,
+    /// Latency-class or deadline work, for a GPU, which runs it on its lane's high-priority
+    /// stream (other devices are told `false`: the daemon's lane ordered the job already).
+    pub urgent: bool,
 }
 
 /// Host memory as the host sees it: a range of a mapped segment (a session's, or a staging

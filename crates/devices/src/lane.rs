@@ -85,6 +85,12 @@ pub const SLICE_DEPTH: usize = 2;
 pub trait Executor: Send + 'static {
     /// Starts `transfers` then `work`; calls `end.finish` when they are done (now or later).
     fn run(&mut self, transfers: Vec<Transfer>, work: Work, end: JobEnd);
+    /// Whether [`Executor::run`] would start this job without waiting for anything (earlier
+    /// jobs, another device), so a caller may run it on its own thread ([`Lane::set_starts_on_caller`]).
+    /// The default: yes (a device host's executors, whose one message loop is the only caller).
+    fn starts_at_once(&self, _transfers: &[Transfer], _work: &Work) -> bool {
+        true
+    }
     /// Called once when the lane stops.
     fn stop(&mut self) {}
 }
@@ -457,6 +463,9 @@ pub struct Lane {
     /// The lane's executor: the lane thread holds it while it starts a job, a caller of
     /// [`Lane::start_here`] while it starts one on its own thread.
     executor: Mutex<Box<dyn Executor>>,
+    /// Whether [`Lanes::submit`] starts this lane's jobs on the caller when it is idle (see
+    /// [`Lane::set_starts_on_caller`]), besides the whole process's [`set_start_on_caller`].
+    starts_on_caller: AtomicBool,
 }
 
 impl std::fmt::Debug for Lane {
@@ -499,12 +508,22 @@ impl Lane {
             epoch: Instant::now(),
             class,
             executor: Mutex::new(executor),
+            starts_on_caller: AtomicBool::new(false),
         });
         let runner = lane.clone();
         let handle = std::thread::Builder::new()
             .name(name)
             .spawn(move || runner.run(idle_spin))?;
         Ok((lane, handle))
+    }
+
+    /// Makes [`Lanes::submit`] start this lane's jobs on the calling thread when the lane is idle
+    /// and its executor says the job starts at once ([`Executor::starts_at_once`]), as
+    /// [`set_start_on_caller`] does for every lane of a process: for a lane whose start is a
+    /// message to another process (a device host's daemon-side lanes), which the dispatcher sends
+    /// itself instead of waking the lane's thread to send it.
+    pub fn set_starts_on_caller(&self, on: bool) {
+        self.starts_on_caller.store(on, Ordering::Relaxed);
     }
 
     /// Appends a job.
@@ -786,6 +805,9 @@ impl Lane {
         let Ok(mut executor) = self.executor.try_lock() else {
             return Some(job);
         };
+        if !executor.starts_at_once(&job.transfers, &job.work) {
+            return Some(job);
+        }
         drop(q);
         if self.in_flight.fetch_add(1, Ordering::AcqRel) == 0 {
             self.busy_since
@@ -856,7 +878,7 @@ impl Lanes {
     /// Appends `job` to lane `lane`.
     pub fn submit(&self, lane: usize, job: Job) {
         let lane = &self.lanes[lane % self.lanes.len()];
-        if START_ON_CALLER.load(Ordering::Relaxed) {
+        if START_ON_CALLER.load(Ordering::Relaxed) || lane.starts_on_caller.load(Ordering::Relaxed) {
             if let Some(job) = lane.start_here(job) {
                 lane.push(job);
             }
@@ -1023,6 +1045,53 @@ mod tests {
         done.recv().unwrap();
         lane.stop();
         thread.join().unwrap();
+    }
+
+    /// Starts only fills of value 0 at once (as a device host's daemon-side executor starts only
+    /// jobs whose memory the host maps).
+    struct Picky(Starts);
+
+    impl Executor for Picky {
+        fn run(&mut self, transfers: Vec<Transfer>, work: Work, end: JobEnd) {
+            self.0.run(transfers, work, end)
+        }
+        fn starts_at_once(&self, _transfers: &[Transfer], work: &Work) -> bool {
+            matches!(work, Work::Fill { value: 0, .. })
+        }
+    }
+
+    #[test]
+    fn a_lane_set_to_start_on_its_caller_does_so_only_for_jobs_its_executor_starts_at_once() {
+        let (seen_tx, seen) = mpsc::channel();
+        let (_release, hold) = mpsc::channel();
+        let (lane, thread) = Lane::start(
+            "picky-lane".into(),
+            Box::new(Picky(Starts { seen: seen_tx, hold })),
+            LaneClass::new(&LanePriorities::normal()),
+        )
+        .unwrap();
+        lane.set_starts_on_caller(true);
+        let lanes = Lanes::new(vec![lane], vec![thread]);
+        let (done_tx, done) = mpsc::channel();
+        let fill = |value: u8| {
+            let mut j = job(false, done_tx.clone());
+            j.work = Work::Fill {
+                ptr: std::ptr::null_mut(),
+                len: 0,
+                value,
+            };
+            j
+        };
+        let here = std::thread::current().id();
+        lanes.submit(0, fill(0));
+        assert_eq!(seen.recv().unwrap(), (0, here), "started on the caller");
+        done.recv().unwrap();
+        lanes.submit(0, fill(2));
+        let (two, on) = seen.recv().unwrap();
+        assert_eq!(two, 2);
+        assert_ne!(on, here, "a job that would wait goes through the lane's thread");
+        done.recv().unwrap();
+        lanes.shutdown();
     }
 
     /// Runs batch, urgent, batch, batch, urgent jobs one at a time on a lane with `priorities`;
