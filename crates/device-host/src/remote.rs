@@ -276,6 +276,8 @@ impl Platform {
                         link.map_segment(entry.id, entry.len, entry.fd.as_fd(), entry.page_lock);
                     }
                     *self.link.write().unwrap_or_else(|e| e.into_inner()) = link;
+                    // The dead host's last reports; the new one reports its own.
+                    self.loads.lock().unwrap_or_else(|e| e.into_inner()).clear();
                     self.up.store(true, Ordering::Release);
                 }
                 tracing::warn!(platform = %self.name, restarts, "device host restarted: its devices are back, empty");
@@ -1622,4 +1624,142 @@ const CALLER_START_MAX_IN_FLIGHT: usize = 32;
 /// (`AGORA_DEVICE_HOST_START_ON_CALLER=0` does the same on the host's side).
 fn daemon_starts_on_caller() -> bool {
     std::env::var_os("AGORA_DEVICE_HOST_DAEMON_START_ON_CALLER").is_none_or(|v| v != "0")
+}
+
+#[cfg(test)]
+mod tests {
+    //! The daemon's side of a device in a host, without a host (a dead link): what it decides
+    //! itself from the host's description of the device.
+    use super::*;
+    use agora_kernels::{Cost, CudaCode, CudaImpl, Param, SizeCheck};
+
+    fn platform() -> Arc<Platform> {
+        Arc::new(Platform {
+            name: "test".into(),
+            spec: HostSpec {
+                program: "/nonexistent/agora".into(),
+                lanes: 1,
+                memory_limit: 0,
+                start_timeout: Duration::from_secs(1),
+                hang_timeout: Duration::from_secs(1),
+                priorities: LanePriorities::normal(),
+                extra_args: Vec::new(),
+            },
+            link: RwLock::new(Arc::new(Link::dead())),
+            up: AtomicBool::new(false),
+            restart: Mutex::new(Restart::default()),
+            segments: Mutex::new(BTreeMap::new()),
+            next_segment: AtomicU64::new(1),
+            broken: Mutex::new(HashSet::new()),
+            restarts: AtomicU64::new(0),
+            watched: Mutex::new(Vec::new()),
+            watch_wake: Condvar::new(),
+            loads: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// What an H100's host says of its GPU (`describe` of a `CudaDevice`).
+    fn gpu_wire(runs_tenant_programs: bool) -> DeviceWire {
+        DeviceWire {
+            kind: DeviceKind::Cuda,
+            description: "NVIDIA H100".into(),
+            memory_bytes: 80 << 30,
+            lanes: 1,
+            polls_revocation: false,
+            runs_tenant_programs,
+            wants_page_locked: true,
+            min_items_per_slice: 270_336,
+            limits: [
+                u64::MAX,
+                u64::MAX,
+                u64::MAX,
+                u64::MAX,
+                agora_devices::cuda::MAX_ITEMS_PER_ENQUEUE,
+                u64::MAX,
+                1024,
+                1024,
+                64,
+                1024,
+                u64::MAX,
+            ],
+        }
+    }
+
+    fn tenant_kernel() -> KernelDef {
+        fn any(_: &agora_kernels::LaunchShape<'_>) -> Result<(), TaskError> {
+            Ok(())
+        }
+        KernelDef {
+            name: "tenant.scale".into(),
+            doc: "".into(),
+            params: vec![Param {
+                name: "x".into(),
+                kind: agora_protocol::ParamKind::Scalar(agora_protocol::ScalarType::F32),
+            }]
+            .into(),
+            cost: Cost::PerItemNs(1.0),
+            chunkable: true,
+            check: SizeCheck::Builtin(any),
+            cpu: None,
+            opencl: None,
+            cuda: Some(CudaImpl {
+                program: "tenant-fenced/0123".into(),
+                code: CudaCode::Ptx(".version 8.0".into()),
+                entry: "scale".into(),
+                guarded: false,
+            }),
+        }
+    }
+
+    #[test]
+    fn a_gpu_in_a_host_is_judged_in_the_daemon_as_the_cuda_backend_judges_it() {
+        let gpu = RemoteDevice::new(platform(), 0, "cuda0".into(), gpu_wire(true)).unwrap();
+        assert_eq!(gpu.info().kind, DeviceKind::Cuda);
+        let tenant = tenant_kernel();
+        let (_, saxpy) = agora_kernels::find("saxpy").unwrap();
+        // Library kernels (their OpenCL C, compiled as CUDA C) and fenced tenant programs run.
+        assert!(gpu.implements(saxpy) && gpu.implements(&tenant));
+        let unfenced = RemoteDevice::new(platform(), 0, "cuda1".into(), gpu_wire(false)).unwrap();
+        assert!(
+            !unfenced.implements(&tenant),
+            "a GPU without partitions runs no tenant code"
+        );
+        // A plain (tenant) kernel is never sliced on a GPU, however chunkable its manifest says
+        // it is; the library's guarded kernels are.
+        assert!(!gpu.slices(&tenant) && gpu.slices(saxpy));
+        // Launch limits and alignment: the backend's own functions over the host's limits.
+        for range in [vec![1u64 << 20], vec![1 << 34], vec![1 << 16, 1 << 20]] {
+            let lens = vec![0u64; saxpy.params.len()];
+            assert_eq!(
+                gpu.check_launch(saxpy, &range, &lens),
+                agora_devices::cuda::check_launch(&gpu.info().limits, saxpy, &range, &lens),
+                "{range:?}"
+            );
+        }
+        assert_eq!(
+            gpu.row_alignment(saxpy, 1),
+            agora_devices::cuda::row_alignment(saxpy, 1)
+        );
+        assert!(
+            gpu.check_launch(saxpy, &[1 << 34], &[0, 0, 0]).unwrap() >= 4,
+            "beyond one enqueue: sliced"
+        );
+        assert_eq!(gpu.min_items_per_slice(), 270_336);
+        assert!(gpu.wants_pinned_host_memory() && gpu.maps_host_memory());
+        // With its host down, preparing a program answers at once (no wait for a reply).
+        let started = Instant::now();
+        assert!(matches!(gpu.prepare(&tenant), Some(Err(_))));
+        assert!(started.elapsed() < Duration::from_secs(1));
+    }
+
+    #[test]
+    fn an_opencl_device_in_a_host_takes_no_gpu_only_code() {
+        let mut wire = gpu_wire(true);
+        wire.kind = DeviceKind::OpenCl;
+        let device = RemoteDevice::new(platform(), 0, "opencl0".into(), wire).unwrap();
+        let (_, saxpy) = agora_kernels::find("saxpy").unwrap();
+        assert!(device.implements(saxpy));
+        assert!(!device.implements(&tenant_kernel()), "CUDA code has no OpenCL to run");
+        assert_eq!(device.prepare(saxpy), None, "OpenCL builds at the first launch");
+    }
 }
