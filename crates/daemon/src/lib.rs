@@ -305,10 +305,18 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
         .filter(|_| config.cuda && config.cuda_device_host);
     #[cfg(feature = "cuda")]
     let gpu_hosts: Vec<String> = match &gpu_host_program {
-        Some(program) => agora_device_host::list_gpus(program).unwrap_or_else(|problem| {
-            tracing::info!("{problem}");
-            Vec::new()
-        }),
+        Some(program) => match agora_device_host::list_gpus(program) {
+            Ok((gpus, why_none)) => {
+                if let Some(why) = why_none {
+                    tracing::info!("{why}");
+                }
+                gpus
+            }
+            Err(problem) => {
+                tracing::warn!("{problem}; continuing without GPUs");
+                Vec::new()
+            }
+        },
         None => Vec::new(),
     };
     #[cfg(not(feature = "cuda"))]

@@ -88,23 +88,31 @@ pub fn list_platforms(program: &std::path::Path) -> Result<Vec<String>, String> 
 }
 
 /// Lists the GPUs by asking the host program (`device-host --list-gpus`), so the daemon never
-/// loads the CUDA driver itself: their `--platform` names (`cuda:N`), or why there are none.
-pub fn list_gpus(program: &std::path::Path) -> Result<Vec<String>, String> {
+/// loads the CUDA driver itself: their `--platform` names (`cuda:N`), and when there are none,
+/// why (no driver, no device: normal on most machines). An error: the host program did not run.
+pub fn list_gpus(program: &std::path::Path) -> Result<(Vec<String>, Option<String>), String> {
     let output = Command::new(program)
         .args(["device-host", "--list-gpus"])
         .stdin(Stdio::null())
         .output()
         .map_err(|e| format!("running {} device-host --list-gpus: {e}", program.display()))?;
+    let why = String::from_utf8_lossy(&output.stderr).trim().to_string();
+    if !output.status.success() {
+        return Err(format!("{} device-host --list-gpus failed: {why}", program.display()));
+    }
     let gpus: Vec<String> = String::from_utf8_lossy(&output.stdout)
         .lines()
         .filter(|l| !l.trim().is_empty())
         .map(str::to_string)
         .collect();
-    if gpus.is_empty() || !output.status.success() {
-        let why = String::from_utf8_lossy(&output.stderr).trim().to_string();
-        return Err(if why.is_empty() { "no GPU found".into() } else { why });
-    }
-    Ok(gpus)
+    let why_none = gpus.is_empty().then(|| {
+        if why.is_empty() {
+            "no GPU found".to_string()
+        } else {
+            why
+        }
+    });
+    Ok((gpus, why_none))
 }
 
 /// Starts the host of `platform` (an OpenCL platform's name, `cuda:N`, or `sim`) and returns its
