@@ -163,7 +163,10 @@ fn a_crashed_device_host_costs_the_daemon_nothing_and_comes_back() {
         .description;
     let second_pid = second.unwrap();
     assert!(
-        described.contains(&format!("host pid {second_pid}")) && described.contains("restarted 1 time"),
+        described.contains(&format!("host pid {second_pid}"))
+            && described.contains("restarted 1 time")
+            && described.contains("last failure")
+            && described.contains("signal 9"),
         "{described}"
     );
     // The tenant goes on, and new work reaches the restarted device.
@@ -369,9 +372,12 @@ fn a_device_that_faults_ends_its_host_and_comes_back_with_a_fresh_one() {
         "the faulting device's host was not replaced twice: hosts {pids:?}, rounds {}",
         tenant_done.load(Ordering::Relaxed)
     );
+    // `agora status` says why: the host's own exit after the fault, not a crash.
     let described = sim(&watcher).description;
     assert!(
-        described.contains("restarted") && !described.contains("restarted 0 time"),
+        described.contains("restarted")
+            && !described.contains("restarted 0 time")
+            && described.contains("a kernel fault made its device unusable"),
         "{described}"
     );
     let sim_jobs = jobs_on(&watcher, "sim");

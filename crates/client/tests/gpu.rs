@@ -704,6 +704,11 @@ cuda = { file = "fault.cu", entry = "fault_when" }
     }
     let recovery = failed_at.elapsed();
     assert!(back, "the GPU did not come back: {}", gpu(&session).description);
+    let described = gpu(&session).description;
+    assert!(
+        described.contains("a kernel fault made its device unusable"),
+        "agora status says why the host was replaced: {described}"
+    );
     println!("the GPU was back in service {recovery:?} after the fault was reported");
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);

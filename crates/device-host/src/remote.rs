@@ -135,6 +135,7 @@ pub fn start_platform(
         watched: Mutex::new(Vec::new()),
         watch_wake: Condvar::new(),
         loads: Mutex::new(HashMap::new()),
+        last_failure: Mutex::new(None),
     });
     let (link, wires, problems) = Link::start(&shared)?;
     *shared.link.write().unwrap_or_else(|e| e.into_inner()) = link;
@@ -173,6 +174,9 @@ pub(crate) struct Platform {
     /// What the host last reported of each device's load ([`Reply::Load`]): utilisation, cached
     /// bytes.
     loads: Mutex<HashMap<u16, (Option<u32>, u64)>>,
+    /// When and why the last host failed, for `agora status` (an operator asking why a GPU's
+    /// tasks were replayed finds it there, not only in the log).
+    last_failure: Mutex<Option<(Instant, String)>>,
 }
 
 /// A revocable job the watch thread looks after: (job, its flag, its host).
@@ -848,6 +852,10 @@ impl Link {
                 tracing::error!(
                     "device host failed: {why}; it ended with {status}. Its devices fail their jobs with DeviceLost (replayed elsewhere from host copies) until a new host starts"
                 );
+                if let Some(platform) = self.platform.upgrade() {
+                    *platform.last_failure.lock().unwrap_or_else(|e| e.into_inner()) =
+                        Some((Instant::now(), format!("{why}; it ended with {status}")));
+                }
             }
             std::mem::take(&mut *jobs)
         };
@@ -1334,6 +1342,10 @@ impl Device for RemoteDevice {
             Some(pid) => format!("host pid {pid}"),
             None => "host down".to_string(),
         };
+        let failure = match &*self.platform.last_failure.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some((at, why)) => format!("; last failure {} s ago: {why}", at.elapsed().as_secs()),
+            None => String::new(),
+        };
         let (utilization_percent, memory_cached) = self
             .platform
             .loads
@@ -1346,7 +1358,7 @@ impl Device for RemoteDevice {
             name: self.info.name.clone(),
             kind: self.info.kind,
             description: format!(
-                "{}: {host}, restarted {} time(s)",
+                "{}: {host}, restarted {} time(s){failure}",
                 self.info.description,
                 self.host_restarts()
             ),
@@ -1663,6 +1675,7 @@ mod tests {
             watched: Mutex::new(Vec::new()),
             watch_wake: Condvar::new(),
             loads: Mutex::new(HashMap::new()),
+            last_failure: Mutex::new(None),
         })
     }
 
