@@ -280,6 +280,21 @@ fn exit_after_fault(device: &dyn Device) -> ! {
     unsafe { libc::_exit(FAULT_EXIT_CODE) }
 }
 
+/// Sends the answer to a request on `device` (a job's end, a read, an allocation) unless a fault
+/// was already answered; returns whether it went. An answer that `failed` on a device the failure
+/// left unhealthy is the fault's: the last one the host sends before it exits.
+fn send_answer(writer: &Writer, device: &dyn Device, failed: bool, reply: &Reply) -> bool {
+    let faulted = failed && !device.healthy();
+    if (faulted && FAULTED.swap(true, Ordering::AcqRel)) || (!faulted && FAULTED.load(Ordering::Acquire)) {
+        return false;
+    }
+    writer.send(reply);
+    if faulted {
+        exit_after_fault(device);
+    }
+    true
+}
+
 /// Sends each device's utilisation and cached memory when they change (checked every second),
 /// for `agora status` in the daemon.
 fn start_load_reports(devices: &[Arc<dyn Device>], writer: &Arc<Writer>) {
@@ -463,13 +478,13 @@ impl Host {
     /// Sends the answer to a synchronous request on `device`; one that `failed` on a device the
     /// failure left unhealthy is the last answer (see [`exit_after_fault`]).
     fn answer(&self, device: u16, failed: bool, reply: Reply) {
-        let faulted = failed && self.devices.get(device as usize).is_some_and(|d| !d.healthy());
-        if (faulted && FAULTED.swap(true, Ordering::AcqRel)) || (!faulted && FAULTED.load(Ordering::Acquire)) {
-            return;
-        }
-        self.writer.send(&reply);
-        if faulted {
-            exit_after_fault(self.devices[device as usize].as_ref());
+        match self.devices.get(device as usize) {
+            Some(device) => {
+                send_answer(&self.writer, device.as_ref(), failed, &reply);
+            }
+            // No such device (a daemon bug): answered all the same, so the call does not wait.
+            None if !FAULTED.load(Ordering::Acquire) => self.writer.send(&reply),
+            None => {}
         }
     }
 
@@ -624,11 +639,7 @@ impl Host {
             }
             // After a fault only the job that met it is answered (by whoever saw it first);
             // the daemon fails the rest as lost when the host has gone.
-            let faulted = result.is_err() && !device_for_check.healthy();
-            if (faulted && FAULTED.swap(true, Ordering::AcqRel)) || (!faulted && FAULTED.load(Ordering::Acquire)) {
-                return;
-            }
-            writer.send(&Reply::Done {
+            let done = Reply::Done {
                 job,
                 outcome: result.into(),
                 cold: times.cold,
@@ -636,9 +647,9 @@ impl Host {
                 transfers_after_ns: times
                     .transfers_done
                     .map(|t| t.saturating_duration_since(times.queued).as_nanos() as u64),
-            });
-            if faulted {
-                exit_after_fault(device_for_check.as_ref());
+            };
+            if !send_answer(&writer, device_for_check.as_ref(), result.is_err(), &done) {
+                return;
             }
             // A program that failed to build for good: the daemon stops sending its kernels here.
             if let (Err(_), Some(kernel)) = (result, kernel_of_job) {
