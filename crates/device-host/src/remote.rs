@@ -122,21 +122,7 @@ pub fn start_platform(
     platform: &str,
     name: &dyn Fn(usize) -> String,
 ) -> Result<(Vec<RemoteDevice>, Vec<String>), String> {
-    let shared = Arc::new(Platform {
-        name: platform.to_string(),
-        spec: spec.clone(),
-        link: RwLock::new(Arc::new(Link::dead())),
-        up: AtomicBool::new(false),
-        restart: Mutex::new(Restart::default()),
-        segments: Mutex::new(BTreeMap::new()),
-        next_segment: AtomicU64::new(1),
-        broken: Mutex::new(HashSet::new()),
-        restarts: AtomicU64::new(0),
-        watched: Mutex::new(Vec::new()),
-        watch_wake: Condvar::new(),
-        loads: Mutex::new(HashMap::new()),
-        last_failure: Mutex::new(None),
-    });
+    let shared = Arc::new(Platform::new(platform, spec.clone()));
     let (link, wires, problems) = Link::start(&shared)?;
     *shared.link.write().unwrap_or_else(|e| e.into_inner()) = link;
     shared.up.store(true, Ordering::Release);
@@ -202,6 +188,25 @@ struct SegmentEntry {
 }
 
 impl Platform {
+    /// A platform whose host is not started yet (its link is a dead one until `Link::start`).
+    fn new(name: &str, spec: HostSpec) -> Platform {
+        Platform {
+            name: name.to_string(),
+            spec,
+            link: RwLock::new(Arc::new(Link::dead())),
+            up: AtomicBool::new(false),
+            restart: Mutex::new(Restart::default()),
+            segments: Mutex::new(BTreeMap::new()),
+            next_segment: AtomicU64::new(1),
+            broken: Mutex::new(HashSet::new()),
+            restarts: AtomicU64::new(0),
+            watched: Mutex::new(Vec::new()),
+            watch_wake: Condvar::new(),
+            loads: Mutex::new(HashMap::new()),
+            last_failure: Mutex::new(None),
+        }
+    }
+
     fn link(&self) -> Arc<Link> {
         self.link.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
@@ -1654,9 +1659,10 @@ mod tests {
     use agora_kernels::{Cost, CudaCode, CudaImpl, Param, SizeCheck};
 
     fn platform() -> Arc<Platform> {
-        Arc::new(Platform {
-            name: "test".into(),
-            spec: HostSpec {
+        // Never started: its link stays the dead one.
+        Arc::new(Platform::new(
+            "test",
+            HostSpec {
                 program: "/nonexistent/agora".into(),
                 lanes: 1,
                 memory_limit: 0,
@@ -1665,18 +1671,7 @@ mod tests {
                 priorities: LanePriorities::normal(),
                 extra_args: Vec::new(),
             },
-            link: RwLock::new(Arc::new(Link::dead())),
-            up: AtomicBool::new(false),
-            restart: Mutex::new(Restart::default()),
-            segments: Mutex::new(BTreeMap::new()),
-            next_segment: AtomicU64::new(1),
-            broken: Mutex::new(HashSet::new()),
-            restarts: AtomicU64::new(0),
-            watched: Mutex::new(Vec::new()),
-            watch_wake: Condvar::new(),
-            loads: Mutex::new(HashMap::new()),
-            last_failure: Mutex::new(None),
-        })
+        ))
     }
 
     /// What an H100's host says of its GPU (`describe` of a `CudaDevice`).
