@@ -518,8 +518,8 @@ pub fn status(args: StatusArgs) -> Result<()> {
         );
     }
     println!(
-        "dispatcher's longest stretch of work since start: {:.3} ms",
-        report.dispatcher_longest_iteration_ms
+        "dispatcher's longest stretch of work since start: {:.3} ms ({} over 1 ms)",
+        report.dispatcher_longest_iteration_ms, report.dispatcher_stalls
     );
     if report.evictions > 0 || report.memory_waits > 0 || report.allocation_retries > 0 {
         println!(

@@ -142,9 +142,15 @@ fn launches_long_by_their_arguments_never_run_on_the_dispatcher() {
     assert_eq!(on("nw.diagonal", false), 8);
     // Exported (status, metrics): here a figure for the log, not a timed assertion (a loaded
     // machine deschedules the dispatcher for whole time slices).
+    let status = daemon.status();
     eprintln!(
-        "dispatcher's longest stretch of work: {:.3} ms",
-        daemon.status().dispatcher_longest_iteration_ms
+        "dispatcher's longest stretch of work: {:.3} ms ({} over 1 ms)",
+        status.dispatcher_longest_iteration_ms, status.dispatcher_stalls
+    );
+    assert_eq!(
+        status.dispatcher_stalls > 0,
+        status.dispatcher_longest_iteration_ms > 1.0,
+        "stalls are the stretches over 1 ms"
     );
     assert!(on("noop", false) >= 1, "an unseen shape is measured on a lane first");
     assert!(on("noop", true) >= 15, "then it runs inline: {executions:?}");

@@ -259,8 +259,8 @@ pub struct DaemonConfig {
     /// daemon's process, and a driver that asserts or segfaults ends the daemon.
     #[default(true)]
     pub opencl_device_host: bool,
-    /// A device host with jobs waiting that finishes none for this long is taken as hung,
-    /// killed and restarted (its tasks replayed elsewhere).
+    /// An OpenCL device host (or a `sim` in a host) with jobs waiting that finishes none for
+    /// this long is taken as hung, killed and restarted (its tasks replayed elsewhere).
     #[default(Duration::from_secs(60))]
     pub opencl_hang_timeout: Duration,
     /// Whether to look for NVIDIA GPUs (through the CUDA driver, if installed).
@@ -275,6 +275,12 @@ pub struct DaemonConfig {
     /// whose context faulted stays failed until the daemon restarts.
     #[default(true)]
     pub cuda_device_host: bool,
+    /// A GPU's device host with jobs waiting that finishes none for this long is taken as hung,
+    /// killed and restarted with a fresh context (its tasks replayed). A trusted package kernel
+    /// that runs longer in one launch needs a larger value; tenants' own kernels stop at
+    /// `[programs] timeout_ms` long before.
+    #[default(Duration::from_secs(60))]
+    pub cuda_hang_timeout: Duration,
     /// Lanes (streams) per GPU.
     #[default(4)]
     pub cuda_lanes: usize,
@@ -751,6 +757,7 @@ section! {
     CudaSection "cuda." {
         enabled: bool => cuda,
         device_host: bool => cuda_device_host,
+        hang_timeout_ms: LimitMs => cuda_hang_timeout,
         lanes: usize => cuda_lanes,
         memory_limit: Bytes => cuda_memory_limit,
         pinned_limit_per_user: Bytes => cuda_pinned_limit_per_user,
@@ -1414,12 +1421,15 @@ mod tests {
     fn a_file_sets_only_what_it_names() {
         let c = DaemonConfig::from_toml(
             "[scheduler]\npolicy = \"energy\"\n[sessions]\nquota = \"512M\"\n[opencl]\nmemory_limit = 1048576\n\
-             [[sim]]\nname = \"s\"\nmemory = \"64M\"\n",
+             [cuda]\nhang_timeout_ms = 300000\n[[sim]]\nname = \"s\"\nmemory = \"64M\"\n",
         )
         .unwrap();
         assert_eq!(c.policy, PolicyKind::Energy);
         assert_eq!(c.session_quota, 512 << 20);
         assert_eq!(c.opencl_memory_limit, 1 << 20);
+        // A GPU host's hang limit is its own: a long trusted kernel need not slow OpenCL's.
+        assert_eq!(c.cuda_hang_timeout, Duration::from_secs(300));
+        assert_eq!(c.opencl_hang_timeout, DaemonConfig::default().opencl_hang_timeout);
         assert_eq!(c.sims[0].memory, 64 << 20);
         assert_eq!(c.sims[0].lanes, 2);
         assert_eq!(c.ring_capacity, DaemonConfig::default().ring_capacity);

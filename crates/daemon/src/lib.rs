@@ -288,16 +288,19 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
     // left out, so each GPU has one context. Listed after the OpenCL devices. By default each
     // GPU runs in a device host of its own (`[cuda] device_host`), so a kernel fault that ends
     // its context costs a replay and a fresh context, not the GPU.
-    let host_spec =
-        |program: PathBuf, lanes: usize, memory_limit: u64, extra_args: Vec<String>| agora_device_host::HostSpec {
-            program,
-            lanes,
-            memory_limit,
-            start_timeout: std::time::Duration::from_secs(60),
-            hang_timeout: config.opencl_hang_timeout,
-            priorities: priorities.clone(),
-            extra_args,
-        };
+    let host_spec = |program: PathBuf,
+                     lanes: usize,
+                     memory_limit: u64,
+                     hang_timeout: std::time::Duration,
+                     extra_args: Vec<String>| agora_device_host::HostSpec {
+        program,
+        lanes,
+        memory_limit,
+        start_timeout: std::time::Duration::from_secs(60),
+        hang_timeout,
+        priorities: priorities.clone(),
+        extra_args,
+    };
     #[cfg(feature = "cuda")]
     let gpu_host_program = config
         .program_executor
@@ -343,7 +346,13 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
     let host_program = config.program_executor.clone().filter(|_| config.opencl_device_host);
     if let (true, Some(program)) = (config.opencl, host_program) {
         let served_by_cuda = |platform: &str| cuda_serves_gpus && platform == agora_devices::opencl::NVIDIA_PLATFORM;
-        let spec = host_spec(program, config.opencl_lanes, config.opencl_memory_limit, Vec::new());
+        let spec = host_spec(
+            program,
+            config.opencl_lanes,
+            config.opencl_memory_limit,
+            config.opencl_hang_timeout,
+            Vec::new(),
+        );
         match agora_device_host::list_platforms(&spec.program) {
             Err(problem) => tracing::warn!("{problem}; continuing without OpenCL"),
             Ok(platforms) => {
@@ -400,6 +409,7 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
             program,
             config.cuda_lanes,
             config.cuda_memory_limit,
+            config.cuda_hang_timeout,
             vec!["--tenant-launch-limit-ms".into(), limit],
         );
         for (index, gpu) in gpu_hosts.iter().enumerate() {
@@ -431,7 +441,7 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
         if let Some(after) = sim.fail_after_jobs {
             extra_args.extend(["--sim-fail-after-jobs".to_string(), after.to_string()]);
         }
-        let spec = host_spec(program, sim.lanes, sim.memory, extra_args);
+        let spec = host_spec(program, sim.lanes, sim.memory, config.opencl_hang_timeout, extra_args);
         let (found, _) =
             agora_device_host::start_platform(&spec, agora_device_host::host::SIM_PLATFORM, &|_| sim.name.clone())
                 .map_err(|e| DaemonError::io(format!("starting sim device {}", sim.name), std::io::Error::other(e)))?;
@@ -502,7 +512,10 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
         facts,
         policy::build(config.policy, &config),
         model,
-        scheduler::SchedulerConfig::from_daemon(&config, checkpoints),
+        scheduler::SchedulerConfig {
+            batch_lanes_idle: priorities.batch() == agora_devices::priority::BatchPriority::Idle,
+            ..scheduler::SchedulerConfig::from_daemon(&config, checkpoints)
+        },
         telemetry.clone(),
         kernels.clone(),
     );

@@ -1007,6 +1007,10 @@ pub struct StatusReport {
     /// The dispatcher's longest stretch of work since start, milliseconds: how long a new task
     /// could have waited for it (issue 22: at most about a millisecond, whatever tenants do).
     pub dispatcher_longest_iteration_ms: f64,
+    /// Stretches of the dispatcher's work over 1 ms since start. Two readings' difference
+    /// counts the stalls of the time between them, which the longest (since start) cannot.
+    #[serde(default)]
+    pub dispatcher_stalls: u64,
     /// Device allocations a runtime refused although the books said they fit, retried after
     /// evicting idle buffers, since start.
     pub allocation_retries: u64,

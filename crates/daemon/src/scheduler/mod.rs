@@ -37,7 +37,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use agora_devices::Device;
+use agora_devices::{Device, DeviceKind};
 use agora_protocol::descriptor::Decoded;
 use agora_protocol::ring::RingError;
 use agora_protocol::{Completion, Op, TaskError, MAX_ARGS};
@@ -165,6 +165,9 @@ pub(crate) struct SchedulerConfig {
     pub pinned_limit_per_user: u64,
     /// The checkpoint service that takes `Checkpoint` tasks (`None`: they are refused).
     pub checkpoints: Option<Arc<crate::checkpoint::Checkpoints>>,
+    /// Lanes run batch work at `SCHED_IDLE` (the resolved `batch_priority`): then their long
+    /// work holds no core against a client or the dispatcher, which preempt it at once.
+    pub batch_lanes_idle: bool,
 }
 
 impl SchedulerConfig {
@@ -184,6 +187,8 @@ impl SchedulerConfig {
             faults: FaultInjection::new(config.inject_faults),
             pinned_limit_per_user: config.cuda_pinned_limit_per_user,
             checkpoints: Some(checkpoints),
+            // Set by the daemon from the priority lanes really got (`LanePriorities::resolve`).
+            batch_lanes_idle: false,
         }
     }
 }
@@ -269,6 +274,29 @@ impl Scheduler {
             .iter()
             .flatten()
             .any(|pending| pending.load(Ordering::Relaxed) >= LONG_WORK_NS)
+    }
+
+    /// Host cores our own long work holds: the threads of every CPU lane with long work (at least
+    /// [`LONG_WORK_NS`] predicted) queued or running. Other devices' kernels run on the device
+    /// (an OpenCL platform on the CPU, such as PoCL, has threads of its own, not counted here).
+    /// None while batch lanes run at `SCHED_IDLE`: any normal thread takes their core at once
+    /// (long latency-class work, which runs at normal priority, is rare enough to leave out).
+    pub(crate) fn cores_held_by_long_work(&self) -> usize {
+        if self.config.batch_lanes_idle {
+            return 0;
+        }
+        self.devices
+            .iter()
+            .zip(&self.lane_pending)
+            .filter(|(device, _)| device.info().kind == DeviceKind::Cpu)
+            .map(|(device, lanes)| {
+                let busy = lanes
+                    .iter()
+                    .filter(|pending| pending.load(Ordering::Relaxed) >= LONG_WORK_NS)
+                    .count();
+                busy * device.info().threads_per_lane.max(1)
+            })
+            .sum()
     }
 
     /// Whether some lane has a job queued or running.

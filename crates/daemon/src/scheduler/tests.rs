@@ -33,6 +33,7 @@ fn config() -> SchedulerConfig {
         faults: None,
         pinned_limit_per_user: 0,
         checkpoints: None,
+        batch_lanes_idle: false,
     }
 }
 
@@ -450,4 +451,35 @@ fn no_slice_is_smaller_than_the_device_fills_at_once() {
         s.slices_for(0, &work([100 * floor, 1, 1], 1), QueueClass::Batch, 5e6),
         5
     );
+}
+
+/// The dispatcher spins only while a core is left for clients: it counts the host cores our
+/// own long work holds, which only CPU lanes (with all their threads) do.
+#[test]
+fn only_cpu_lanes_with_long_work_hold_host_cores() {
+    let s = scheduler(
+        vec![Arc::new(CpuDevice::new(2, 3).unwrap()), sim("gpu", None)],
+        config(),
+    );
+    assert_eq!(s.cores_held_by_long_work(), 0, "idle lanes hold nothing");
+    // Short work on a CPU lane and long work on the sim's lanes: still no core held.
+    s.lane_pending[0][0].store(super::LONG_WORK_NS - 1, Ordering::Relaxed);
+    s.lane_pending[1][0].store(100 * super::LONG_WORK_NS, Ordering::Relaxed);
+    s.lane_pending[1][1].store(100 * super::LONG_WORK_NS, Ordering::Relaxed);
+    assert_eq!(s.cores_held_by_long_work(), 0);
+    // Long work on one CPU lane holds its three threads' cores; on both, six.
+    s.lane_pending[0][0].store(super::LONG_WORK_NS, Ordering::Relaxed);
+    assert_eq!(s.cores_held_by_long_work(), 3);
+    s.lane_pending[0][1].store(super::LONG_WORK_NS, Ordering::Relaxed);
+    assert_eq!(s.cores_held_by_long_work(), 6);
+    // Batch lanes at SCHED_IDLE hold no core against anyone.
+    let idle = scheduler(
+        vec![Arc::new(CpuDevice::new(2, 3).unwrap())],
+        SchedulerConfig {
+            batch_lanes_idle: true,
+            ..config()
+        },
+    );
+    idle.lane_pending[0][0].store(super::LONG_WORK_NS, Ordering::Relaxed);
+    assert_eq!(idle.cores_held_by_long_work(), 0);
 }

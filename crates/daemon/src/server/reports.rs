@@ -145,6 +145,7 @@ impl Server {
             evictions: self.scheduler.residency.evictions,
             memory_waits: self.scheduler.migration.stats.memory_waits,
             dispatcher_longest_iteration_ms: self.longest_iteration_ns as f64 / 1e6,
+            dispatcher_stalls: self.stalls,
             allocation_retries: self.scheduler.allocation_retries,
             latency_policy: self.scheduler.config().latency_policy.name().to_string(),
             revocations: self.scheduler.revocations().0,

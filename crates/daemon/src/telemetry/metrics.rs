@@ -12,6 +12,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+/// A stretch of the dispatcher's work longer than this counts as a stall (issue 22 item 3c's
+/// aim: at most about a millisecond, whatever tenants do).
+pub(crate) const STALL_NS: u64 = 1_000_000;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TaskLabels {
     kernel: String,
@@ -78,6 +82,9 @@ pub(crate) struct Metrics {
     /// The dispatcher's longest stretch of work without looking at the rings again (a loop
     /// iteration's dispatching, or its handling of socket events), seconds.
     pub longest_iteration: Gauge<f64, AtomicU64>,
+    /// Stretches of the dispatcher's work over [`STALL_NS`], counted: unlike the longest, a
+    /// difference of two readings measures one phase of a run (issue 22's aim: none).
+    pub stalls: Counter,
     /// Launches sent to a lane because their shape class was unseen or ran long inline.
     pub inline_refused: Counter,
     /// Times a task waited for device memory instead of failing.
@@ -243,6 +250,12 @@ impl Metrics {
             "The dispatcher thread's longest stretch of work since start (dispatching what the rings held, or handling socket events): how long a new task could wait for it",
             longest_iteration.clone(),
         );
+        let stalls = Counter::default();
+        registry.register(
+            "agora_dispatcher_stalls_over_1ms",
+            "Stretches of the dispatcher thread's work that took over 1 ms (every tenant's new task waited meanwhile)",
+            stalls.clone(),
+        );
         let inline_refused = Counter::default();
         registry.register(
             "agora_inline_refused",
@@ -323,6 +336,7 @@ impl Metrics {
             allocation_retries,
             longest_inline,
             longest_iteration,
+            stalls,
             inline_refused,
             tasks,
             queue_wait,

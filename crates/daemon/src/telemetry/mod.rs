@@ -12,7 +12,7 @@ mod metrics;
 pub mod rapl;
 mod trace;
 
-pub(crate) use metrics::{serve as serve_metrics, DagMetrics, Metrics, TaskCounters};
+pub(crate) use metrics::{serve as serve_metrics, DagMetrics, Metrics, TaskCounters, STALL_NS};
 pub(crate) use trace::{Span, TraceRecorder};
 
 /// Everything telemetry, shared by the dispatcher, lane callbacks and the metrics thread.
