@@ -416,7 +416,8 @@ impl Server {
             // submission needs this very core: spinning would keep it from the client for the
             // whole budget (measured, `agora bench stall`: a neighbour's p99 of ~220 µs, the
             // 200 µs budget, against 13–27 µs blocking at once). Block; its doorbell wakes us.
-            let spin_pays = self.scheduler.cores_held_by_long_work() + 1 < self.host_cores;
+            // A DAG release about to come still asks for the spin (its hand-off is timed).
+            let spin_pays = self.scheduler.cores_held_by_long_work() + 1 < self.host_cores || node_jobs();
             if spin_pays
                 && self
                     .spin
