@@ -96,6 +96,72 @@ fn rounds(
     })
 }
 
+/// A tenant's verified rounds on a device in a host beside a neighbour's on the CPU, both until
+/// [`Workers::finish`].
+struct Workers {
+    stop: Arc<AtomicBool>,
+    tenant_done: Arc<AtomicU64>,
+    neighbour_done: Arc<AtomicU64>,
+    wrong: Arc<AtomicU64>,
+    tenant: std::thread::JoinHandle<Vec<(u64, Error)>>,
+    neighbour: std::thread::JoinHandle<Vec<(u64, Error)>>,
+}
+
+impl Workers {
+    fn start(tenant: Session, kind: DeviceKind, neighbour: Session) -> Workers {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tenant_done, neighbour_done) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let wrong = Arc::new(AtomicU64::new(0));
+        Workers {
+            tenant: rounds(tenant, kind, stop.clone(), tenant_done.clone(), wrong.clone()),
+            neighbour: rounds(
+                neighbour,
+                DeviceKind::Cpu,
+                stop.clone(),
+                neighbour_done.clone(),
+                wrong.clone(),
+            ),
+            stop,
+            tenant_done,
+            neighbour_done,
+            wrong,
+        }
+    }
+
+    /// The tenant's rounds that succeeded so far.
+    fn tenant_done(&self) -> u64 {
+        self.tenant_done.load(Ordering::Relaxed)
+    }
+
+    /// Stops both and checks what every failure of the device (`what`) must leave true: no round
+    /// reported success with wrong data, the neighbour saw nothing, and each of the tenant's
+    /// failures is an honest loss. Returns the tenant's failures.
+    fn finish(self, daemon: &mut Daemon, what: &str) -> Vec<(u64, Error)> {
+        self.stop.store(true, Ordering::Relaxed);
+        let tenant_failures = self.tenant.join().unwrap();
+        let neighbour_failures = self.neighbour.join().unwrap();
+        daemon.assert_alive();
+        eprintln!(
+            "{what}: tenant rounds {} ({} failed: {:?}), neighbour rounds {}",
+            self.tenant_done.load(Ordering::Relaxed),
+            tenant_failures.len(),
+            tenant_failures.iter().map(|(_, e)| e.to_string()).collect::<Vec<_>>(),
+            self.neighbour_done.load(Ordering::Relaxed)
+        );
+        assert_eq!(
+            self.wrong.load(Ordering::Relaxed),
+            0,
+            "a round reported success with wrong data"
+        );
+        assert!(
+            neighbour_failures.is_empty(),
+            "the CPU neighbour saw the {what}: {neighbour_failures:?}"
+        );
+        assert_honest(&tenant_failures);
+        tenant_failures
+    }
+}
+
 #[test]
 fn a_crashed_device_host_costs_the_daemon_nothing_and_comes_back() {
     let mut daemon = Daemon::start(AGORA, "device-host", &["--opencl-device-host"]);
@@ -105,25 +171,9 @@ fn a_crashed_device_host_costs_the_daemon_nothing_and_comes_back() {
     let neighbour = daemon.session_named("neighbour");
     let watcher = daemon.session_named("watcher");
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let (tenant_done, neighbour_done) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let wrong = Arc::new(AtomicU64::new(0));
-    let tenant_worker = rounds(
-        tenant,
-        DeviceKind::OpenCl,
-        stop.clone(),
-        tenant_done.clone(),
-        wrong.clone(),
-    );
-    let neighbour_worker = rounds(
-        neighbour,
-        DeviceKind::Cpu,
-        stop.clone(),
-        neighbour_done.clone(),
-        wrong.clone(),
-    );
+    let workers = Workers::start(tenant, DeviceKind::OpenCl, neighbour);
     assert!(
-        eventually(Duration::from_secs(20), || tenant_done.load(Ordering::Relaxed) >= 20),
+        eventually(Duration::from_secs(20), || workers.tenant_done() >= 20),
         "the tenant's OpenCL rounds do not run"
     );
     let opencl_jobs_before = jobs_on(&watcher, "opencl");
@@ -135,7 +185,7 @@ fn a_crashed_device_host_costs_the_daemon_nothing_and_comes_back() {
         rustix::process::Signal::KILL,
     )
     .unwrap();
-    let at_kill = tenant_done.load(Ordering::Relaxed);
+    let at_kill = workers.tenant_done();
 
     // A new host starts and the device is back.
     let mut second = None;
@@ -173,35 +223,13 @@ fn a_crashed_device_host_costs_the_daemon_nothing_and_comes_back() {
     let opencl_jobs_at_revival = jobs_on(&watcher, "opencl");
     assert!(
         eventually(Duration::from_secs(30), || {
-            tenant_done.load(Ordering::Relaxed) >= at_kill + 20
-                && jobs_on(&watcher, "opencl") > opencl_jobs_at_revival + 20
+            workers.tenant_done() >= at_kill + 20 && jobs_on(&watcher, "opencl") > opencl_jobs_at_revival + 20
         }),
         "the tenant did not go on after the crash, or not on the restarted device"
     );
-    stop.store(true, Ordering::Relaxed);
-    let tenant_failures = tenant_worker.join().unwrap();
-    let neighbour_failures = neighbour_worker.join().unwrap();
-    daemon.assert_alive();
-
-    eprintln!(
-        "tenant rounds {} ({} failed: {:?}), neighbour rounds {}",
-        tenant_done.load(Ordering::Relaxed),
-        tenant_failures.len(),
-        tenant_failures.iter().map(|(_, e)| e.to_string()).collect::<Vec<_>>(),
-        neighbour_done.load(Ordering::Relaxed)
-    );
-    assert_eq!(
-        wrong.load(Ordering::Relaxed),
-        0,
-        "a round reported success with wrong data"
-    );
-    assert!(
-        neighbour_failures.is_empty(),
-        "the CPU neighbour saw the crash: {neighbour_failures:?}"
-    );
     // The only honest losses: a result that lived on the device alone when it died (reported
     // by the task that reads it, or by the queue's finish).
-    assert_honest(&tenant_failures);
+    let tenant_failures = workers.finish(&mut daemon, "crash");
     assert!(
         tenant_failures.len() <= 3,
         "a crash cost more than the rounds in flight: {tenant_failures:?}"
@@ -342,23 +370,7 @@ fn a_device_that_faults_ends_its_host_and_comes_back_with_a_fresh_one() {
         sim(&watcher).description
     );
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let (tenant_done, neighbour_done) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let wrong = Arc::new(AtomicU64::new(0));
-    let tenant_worker = rounds(
-        tenant,
-        DeviceKind::Sim,
-        stop.clone(),
-        tenant_done.clone(),
-        wrong.clone(),
-    );
-    let neighbour_worker = rounds(
-        neighbour,
-        DeviceKind::Cpu,
-        stop.clone(),
-        neighbour_done.clone(),
-        wrong.clone(),
-    );
+    let workers = Workers::start(tenant, DeviceKind::Sim, neighbour);
     // Two faults at least: the host exits by itself (nobody here kills it) and is replaced each
     // time, and the tenant's rounds go on on the sim after each.
     let mut pids = vec![first];
@@ -370,7 +382,7 @@ fn a_device_that_faults_ends_its_host_and_comes_back_with_a_fresh_one() {
             pids.len() >= 3 && !sim(&watcher).failed
         }),
         "the faulting device's host was not replaced twice: hosts {pids:?}, rounds {}",
-        tenant_done.load(Ordering::Relaxed)
+        workers.tenant_done()
     );
     // `agora status` says why: the host's own exit after the fault, not a crash.
     let described = sim(&watcher).description;
@@ -381,35 +393,15 @@ fn a_device_that_faults_ends_its_host_and_comes_back_with_a_fresh_one() {
         "{described}"
     );
     let sim_jobs = jobs_on(&watcher, "sim");
-    let at_revival = tenant_done.load(Ordering::Relaxed);
+    let at_revival = workers.tenant_done();
     assert!(
         eventually(Duration::from_secs(30), || {
-            tenant_done.load(Ordering::Relaxed) >= at_revival + 10 && jobs_on(&watcher, "sim") > sim_jobs
+            workers.tenant_done() >= at_revival + 10 && jobs_on(&watcher, "sim") > sim_jobs
         }),
         "the tenant did not go on on the restarted device"
     );
-    stop.store(true, Ordering::Relaxed);
-    let tenant_failures = tenant_worker.join().unwrap();
-    let neighbour_failures = neighbour_worker.join().unwrap();
-    daemon.assert_alive();
     let faults = (pids.len() - 1) as u64;
-    eprintln!(
-        "faults {faults}, tenant rounds {} ({} failed: {:?}), neighbour rounds {}",
-        tenant_done.load(Ordering::Relaxed),
-        tenant_failures.len(),
-        tenant_failures.iter().map(|(_, e)| e.to_string()).collect::<Vec<_>>(),
-        neighbour_done.load(Ordering::Relaxed)
-    );
-    assert_eq!(
-        wrong.load(Ordering::Relaxed),
-        0,
-        "a round reported success with wrong data"
-    );
-    assert!(
-        neighbour_failures.is_empty(),
-        "the CPU neighbour saw the fault: {neighbour_failures:?}"
-    );
-    assert_honest(&tenant_failures);
+    let tenant_failures = workers.finish(&mut daemon, &format!("{faults} faults"));
     assert!(
         tenant_failures.len() as u64 <= 3 * (faults + 1),
         "{faults} faults cost more than the rounds in flight: {tenant_failures:?}"
