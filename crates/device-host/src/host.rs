@@ -40,6 +40,33 @@ use crate::wire::{ArgWire, DeviceWire, HostRef, KernelWire, Reply, Request, Subm
 /// in its log and starts a new host.
 pub const FAULT_EXIT_CODE: i32 = 70;
 
+/// Places of [`TaskError::Internal`] for a request the host cannot follow because the daemon
+/// named a device, lane, buffer, segment range or kernel it does not have. Each is a bug of the
+/// daemon's side of the link, never of the task or its kernel: a `KernelFault` would send the
+/// user looking for a bug in their kernel (and a GPU's is never replayed).
+pub const LINK_NO_DEVICE: u16 = 40;
+/// See [`LINK_NO_DEVICE`]: a lane the device does not have.
+pub const LINK_NO_LANE: u16 = 41;
+/// See [`LINK_NO_DEVICE`]: a buffer never allocated here (or freed).
+pub const LINK_NO_BUFFER: u16 = 42;
+/// See [`LINK_NO_DEVICE`]: a host range outside every mapped segment.
+pub const LINK_OUTSIDE_SEGMENT: u16 = 43;
+/// See [`LINK_NO_DEVICE`]: a kernel never defined on the link, or a launch of impossible shape.
+pub const LINK_NO_KERNEL: u16 = 44;
+/// On the daemon's side: the host answered a request with a reply of another kind.
+pub const LINK_WRONG_REPLY: u16 = 45;
+/// On the daemon's side: a device was handed a buffer of another device.
+pub const LINK_FOREIGN_BUFFER: u16 = 46;
+
+/// The error for a request naming what the host lacks ([`LINK_NO_DEVICE`] and the rest), with a
+/// line for the daemon's log (the host's standard error goes there).
+fn link_bug(place: u16, what: &str) -> TaskError {
+    eprintln!(
+        "agora device-host: internal error {place}: {what}: a bug of the daemon's side of the link; please report it with this line"
+    );
+    TaskError::Internal(place)
+}
+
 /// The `--platform` of a host that serves GPU `N`: `cuda:N`.
 pub const CUDA_PLATFORM_PREFIX: &str = "cuda:";
 
@@ -404,7 +431,14 @@ impl Host {
                         Ok(())
                     }
                     Some(Some(Err(e))) => Err(e),
-                    _ => Err(TaskError::KernelFault),
+                    Some(None) => Err(link_bug(
+                        LINK_NO_DEVICE,
+                        "an allocation on a device without memory of its own",
+                    )),
+                    None => Err(link_bug(
+                        LINK_NO_DEVICE,
+                        "an allocation on a device the host does not have",
+                    )),
                 };
                 self.answer(
                     device,
@@ -489,8 +523,14 @@ impl Host {
     }
 
     fn read(&self, device: u16, buffer: u64, host: HostRef, len: u64) -> Result<(), TaskError> {
-        let d = self.devices.get(device as usize).ok_or(TaskError::KernelFault)?;
-        let b = self.buffers.get(&(device, buffer)).ok_or(TaskError::KernelFault)?;
+        let d = self
+            .devices
+            .get(device as usize)
+            .ok_or_else(|| link_bug(LINK_NO_DEVICE, "a read from a device the host does not have"))?;
+        let b = self
+            .buffers
+            .get(&(device, buffer))
+            .ok_or_else(|| link_bug(LINK_NO_BUFFER, "a read of a buffer the host does not have"))?;
         let mut held = Vec::new();
         let ptr = self.host_ptr(host, len, &mut held)?;
         // SAFETY: `ptr` is valid for `len` bytes: a range checked inside a mapped segment, held
@@ -501,10 +541,14 @@ impl Host {
     /// The address of `len` bytes at `host`: a range of a mapped segment, checked; `held` keeps
     /// the mapping until the job is done.
     fn host_ptr(&self, host: HostRef, len: u64, held: &mut Vec<Arc<Segment>>) -> Result<*mut u8, TaskError> {
-        let segment = self.segments.get(&host.segment).ok_or(TaskError::KernelFault)?;
-        let end = host.offset.checked_add(len).ok_or(TaskError::KernelFault)?;
+        let outside = || link_bug(LINK_OUTSIDE_SEGMENT, "a host range outside its segment");
+        let segment = self
+            .segments
+            .get(&host.segment)
+            .ok_or_else(|| link_bug(LINK_OUTSIDE_SEGMENT, "a segment the host has not mapped"))?;
+        let end = host.offset.checked_add(len).ok_or_else(outside)?;
         if end > segment.map.len() as u64 {
-            return Err(TaskError::KernelFault);
+            return Err(outside());
         }
         // SAFETY: `offset + len` is within the mapping (checked above).
         let ptr = unsafe { segment.map.as_mut_ptr().add(host.offset as usize) };
@@ -513,7 +557,10 @@ impl Host {
     }
 
     fn buffer(&self, device: u16, id: u64) -> Result<Arc<dyn DeviceBuffer>, TaskError> {
-        self.buffers.get(&(device, id)).cloned().ok_or(TaskError::KernelFault)
+        self.buffers
+            .get(&(device, id))
+            .cloned()
+            .ok_or_else(|| link_bug(LINK_NO_BUFFER, "a job naming a buffer the host does not have"))
     }
 
     fn submit(&mut self, submit: Submit) {
@@ -544,9 +591,9 @@ impl Host {
             .devices
             .get(index as usize)
             .cloned()
-            .ok_or(TaskError::KernelFault)?;
+            .ok_or_else(|| link_bug(LINK_NO_DEVICE, "a job for a device the host does not have"))?;
         if lane as usize >= device.info().lanes {
-            return Err(TaskError::KernelFault);
+            return Err(link_bug(LINK_NO_LANE, "a job for a lane the device does not have"));
         }
         let mut held = Vec::new();
         let mut moves = Vec::with_capacity(transfers.len());
@@ -585,9 +632,16 @@ impl Host {
                 args: wire_args,
                 rows,
             } => {
-                let kernel = self.kernels.get(&kernel).cloned().ok_or(TaskError::KernelFault)?;
+                let kernel = self
+                    .kernels
+                    .get(&kernel)
+                    .cloned()
+                    .ok_or_else(|| link_bug(LINK_NO_KERNEL, "a launch of a kernel never defined on the link"))?;
                 if wire_args.len() > MAX_ARGS || !(1..=3).contains(&dims) {
-                    return Err(TaskError::KernelFault);
+                    return Err(link_bug(
+                        LINK_NO_KERNEL,
+                        "a launch with too many arguments or dimensions",
+                    ));
                 }
                 let mut args = [ArgValue::None; MAX_ARGS];
                 let mut device_args: [Option<Arc<dyn DeviceBuffer>>; MAX_ARGS] = std::array::from_fn(|_| None);
@@ -745,4 +799,131 @@ fn kernel_def(def: KernelWire) -> KernelRef {
             guarded: imp.guarded,
         }),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    //! The host's message loop in this process, over a socketpair, with a `sim` device.
+    use super::*;
+    use crate::FrameReader;
+
+    /// The next reply that is not a load report (those come each second, whenever they like).
+    fn reply(frames: &mut FrameReader, daemon: &UnixStream) -> Reply {
+        loop {
+            match frames.next::<Reply>(daemon).expect("a reply") {
+                Reply::Load { .. } => {}
+                reply => return reply,
+            }
+        }
+    }
+
+    fn internal(outcome: crate::wire::Outcome) -> Option<u16> {
+        match outcome.result() {
+            Err(TaskError::Internal(place)) => Some(place),
+            _ => None,
+        }
+    }
+
+    /// A request naming what the host lacks is a bug of the daemon's side: it is answered at
+    /// once (the daemon's call would otherwise wait out its timeout) with `Internal` and the
+    /// place, never with `KernelFault`, which would blame the task's kernel.
+    #[test]
+    fn requests_naming_what_the_host_lacks_are_answered_at_once_as_internal_errors() {
+        let (daemon, host_end) = UnixStream::pair().unwrap();
+        let host = std::thread::spawn(move || {
+            let args = HostArgs {
+                platform: SIM_PLATFORM.into(),
+                ..Default::default()
+            };
+            serve(host_end, &args)
+        });
+        let mut frames = FrameReader::new();
+        let Reply::Ready { devices, .. } = reply(&mut frames, &daemon) else {
+            panic!("the host did not start with Ready");
+        };
+        assert_eq!(devices.len(), 1, "one sim device");
+        let request = |r: &Request| send(&daemon, r).unwrap();
+
+        request(&Request::Alloc {
+            request: 1,
+            device: 7,
+            buffer: 1,
+            tenant: 1,
+            len: 64,
+        });
+        match reply(&mut frames, &daemon) {
+            Reply::Allocated { request: 1, outcome } => assert_eq!(internal(outcome), Some(LINK_NO_DEVICE)),
+            other => panic!("{other:?}"),
+        }
+        request(&Request::Read {
+            request: 2,
+            device: 0,
+            buffer: 99,
+            host: HostRef { segment: 1, offset: 0 },
+            len: 64,
+        });
+        match reply(&mut frames, &daemon) {
+            Reply::ReadDone { request: 2, outcome } => assert_eq!(internal(outcome), Some(LINK_NO_BUFFER)),
+            other => panic!("{other:?}"),
+        }
+        let submit = |job: u64, device: u16, lane: u32, work: WorkWire| {
+            Request::Submit(Submit {
+                job,
+                device,
+                lane,
+                transfers: Vec::new(),
+                work,
+                revocable: false,
+                urgent: false,
+            })
+        };
+        let fill = WorkWire::Fill {
+            host: HostRef { segment: 5, offset: 0 },
+            len: 16,
+            value: 0,
+        };
+        let launch = WorkWire::Launch {
+            kernel: 3,
+            range: [1, 1, 1],
+            dims: 1,
+            args: Vec::new(),
+            rows: None,
+        };
+        for (job, request_, place) in [
+            (10, submit(10, 9, 0, WorkWire::Nothing), LINK_NO_DEVICE),
+            (11, submit(11, 0, 99, WorkWire::Nothing), LINK_NO_LANE),
+            (12, submit(12, 0, 0, fill), LINK_OUTSIDE_SEGMENT),
+            (13, submit(13, 0, 0, launch), LINK_NO_KERNEL),
+        ] {
+            request(&request_);
+            match reply(&mut frames, &daemon) {
+                Reply::Done { job: done, outcome, .. } => {
+                    assert_eq!((done, internal(outcome)), (job, Some(place)))
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // Preparing a kernel for a device the host lacks says so.
+        let (_, saxpy) = agora_kernels::find("saxpy").unwrap();
+        request(&Request::Prepare {
+            request: 20,
+            device: 4,
+            def: crate::remote::kernel_wire(saxpy),
+        });
+        match reply(&mut frames, &daemon) {
+            Reply::Prepared {
+                request: 20,
+                outcome: Some(Err(why)),
+            } => assert!(why.contains("no such device"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        // The host still serves: a job on its device runs. Then the daemon's end closes it.
+        request(&submit(30, 0, 0, WorkWire::Nothing));
+        match reply(&mut frames, &daemon) {
+            Reply::Done { job: 30, outcome, .. } => assert_eq!(outcome.result(), Ok(())),
+            other => panic!("{other:?}"),
+        }
+        drop(daemon);
+        assert_eq!(host.join().unwrap(), Ok(()));
+    }
 }

@@ -38,6 +38,7 @@ use agora_kernels::{ArgValue, KernelDef, KernelRef};
 use agora_protocol::TaskError;
 use agora_transport::socket::{recv_with_fds, send, send_with_fds};
 
+use crate::host::{LINK_FOREIGN_BUFFER, LINK_WRONG_REPLY};
 use crate::wire::{
     ArgWire, CudaWire, DeviceWire, HostRef, KernelWire, OpenClWire, Reply, Request, Submit, TransferWire, WorkWire,
     PROTOCOL,
@@ -886,7 +887,7 @@ impl Link {
 
 /// `kernel` as the host gets it: the library's by name (the host is the same binary), any
 /// other whole.
-fn kernel_wire(kernel: &KernelDef) -> KernelWire {
+pub(crate) fn kernel_wire(kernel: &KernelDef) -> KernelWire {
     let library = agora_kernels::find(&kernel.name).is_some_and(|(_, def)| std::ptr::eq(def, kernel));
     KernelWire {
         name: kernel.name.to_string(),
@@ -1118,17 +1119,28 @@ impl RemoteDevice {
     }
 }
 
+/// The error for a request the link cannot follow (a bug of this side or the host's), logged
+/// for the report: never `KernelFault`, which would blame the task's kernel.
+fn link_bug(place: u16, what: &str) -> TaskError {
+    tracing::error!(
+        place,
+        what,
+        "internal error on the device-host link: a bug of the daemon; please report it with this line"
+    );
+    TaskError::Internal(place)
+}
+
 fn own_buffer<'a>(buffer: &'a dyn DeviceBuffer, link: &Arc<Link>, device: u16) -> Result<&'a RemoteBuffer, TaskError> {
     let remote = buffer
         .as_any()
         .downcast_ref::<RemoteBuffer>()
-        .ok_or(TaskError::KernelFault)?;
+        .ok_or_else(|| link_bug(LINK_FOREIGN_BUFFER, "a buffer of another kind of device"))?;
     if !std::ptr::eq(remote.link.as_ptr(), Arc::as_ptr(link)) {
         // A buffer of a host that died: its bytes died with it.
         return Err(TaskError::DeviceLost);
     }
     if remote.device != device {
-        return Err(TaskError::KernelFault);
+        return Err(link_bug(LINK_FOREIGN_BUFFER, "a buffer of another device of the host"));
     }
     Ok(remote)
 }
@@ -1221,7 +1233,7 @@ impl Device for RemoteDevice {
                     memory_used: self.memory_used.clone(),
                 }) as Arc<dyn DeviceBuffer>
             }),
-            Ok(_) => Err(TaskError::KernelFault),
+            Ok(_) => Err(link_bug(LINK_WRONG_REPLY, "an allocation answered with another reply")),
             Err(e) => Err(e),
         })
     }
@@ -1244,7 +1256,7 @@ impl Device for RemoteDevice {
             len: len as u64,
         })?;
         let Reply::ReadDone { outcome, .. } = reply else {
-            return Err(TaskError::KernelFault);
+            return Err(link_bug(LINK_WRONG_REPLY, "a read answered with another reply"));
         };
         outcome.result()?;
         if let Some(staging) = staging {
