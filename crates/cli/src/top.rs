@@ -29,7 +29,9 @@ pub struct TopArgs {
     /// kind, description, memory_used, memory_bytes, lanes: [{busy, queued, completed, busy_ns}]}],
     /// tenants: [{id, pid, uid, name, classes, queue_count, queues: [{name, class, in_flight,
     /// bound_to}] (the busiest), in_flight, tasks_per_s, bytes_moved, bytes_per_s}],
-    /// live_sessions, evictions, memory_waits, allocation_retries}. `tenants` lists the busiest sessions; `live_sessions` counts them all.
+    /// live_sessions, evictions, memory_waits, allocation_retries, dispatcher_longest_ms,
+    /// dispatcher_stalls, recent_stalls}. `tenants` lists the busiest sessions; `live_sessions`
+    /// counts them all.
     #[arg(long, requires = "once")]
     json: bool,
     /// Seconds between refreshes.
@@ -73,6 +75,12 @@ struct View {
     evictions: u64,
     memory_waits: u64,
     allocation_retries: u64,
+    /// The dispatcher's longest stretch of work since start, ms.
+    dispatcher_longest_ms: f64,
+    /// Its stretches over 1 ms since start (every tenant's new task waited meanwhile), and since
+    /// the previous sample.
+    dispatcher_stalls: u64,
+    recent_stalls: u64,
     /// Real-time DAGs admitted now.
     dags: Vec<agora_protocol::control::DagStatus>,
 }
@@ -130,19 +138,29 @@ fn view(previous: Option<(&StatusReport, Instant)>, now: &StatusReport, at: Inst
         evictions: now.evictions,
         memory_waits: now.memory_waits,
         allocation_retries: now.allocation_retries,
+        dispatcher_longest_ms: now.dispatcher_longest_iteration_ms,
+        dispatcher_stalls: now.dispatcher_stalls,
+        recent_stalls: previous.map_or(0, |(p, _)| now.dispatcher_stalls.saturating_sub(p.dispatcher_stalls)),
         dags: now.dags.clone(),
     }
 }
 
-/// The memory-pressure part of the header ("" while there was none).
+/// The memory-pressure and dispatcher-stall parts of the header ("" while there were none).
 fn pressure(v: &View) -> String {
-    if v.evictions + v.memory_waits + v.allocation_retries == 0 {
-        return String::new();
+    let mut text = String::new();
+    if v.evictions + v.memory_waits + v.allocation_retries > 0 {
+        text += &format!(
+            " · memory pressure: {} evicted, {} waited, {} retried",
+            v.evictions, v.memory_waits, v.allocation_retries
+        );
     }
-    format!(
-        " · memory pressure: {} evicted, {} waited, {} retried",
-        v.evictions, v.memory_waits, v.allocation_retries
-    )
+    if v.dispatcher_stalls > 0 {
+        text += &format!(
+            " · dispatcher stalls over 1 ms: {} ({} since the last refresh; longest {:.1} ms)",
+            v.dispatcher_stalls, v.recent_stalls, v.dispatcher_longest_ms
+        );
+    }
+    text
 }
 
 fn human_bytes(b: f64) -> String {

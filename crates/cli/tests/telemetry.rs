@@ -207,6 +207,16 @@ fn top_once_json_shows_two_live_tenants() {
     assert_eq!(find("tenant-b")["queues"].as_array().unwrap().len(), 2);
     assert_eq!(find("tenant-b")["pid"], std::process::id());
     assert_eq!(view["policy"], "rr");
+    // The dispatcher's stalls are there for an operator to see (how many is the machine's
+    // business, not this test's).
+    assert!(
+        view["dispatcher_stalls"].is_u64() && view["recent_stalls"].is_u64(),
+        "{view}"
+    );
+    assert!(
+        view["dispatcher_longest_ms"].as_f64().is_some_and(|ms| ms > 0.0),
+        "{view}"
+    );
     // Without --once and without a terminal: a clear refusal, not a garbled screen.
     let out = Command::new(AGORA)
         .args(["top", "--socket"])
