@@ -279,6 +279,10 @@ impl ClExecutor {
             return Err(TaskError::KernelFault);
         };
         let imp = kernel.opencl.as_ref().ok_or(TaskError::KernelFault)?;
+        // A kernel that requires a work-group of several dimensions (sgemm's 16 × 16 tiles) is
+        // enqueued in as many, whatever the launch says: a range (m) is the range (m, 1), but
+        // OpenCL refuses a 1-D enqueue of such a kernel (CL_INVALID_WORK_GROUP_SIZE).
+        let dims = &(*dims).max(limits::required_dims(imp.local));
         // A row slice runs rows `first..end` of dimension 0, as one command whose global work
         // offset is `first`.
         let std::ops::Range { start: first, end } = crate::rows_to_run(range[0], rows.as_ref());

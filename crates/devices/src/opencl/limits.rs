@@ -82,6 +82,16 @@ pub fn fixed_work_group(dims: usize, declared: Option<[usize; 3]>) -> [usize; 3]
     }
 }
 
+/// The fewest dimensions a kernel whose work-group size is `declared` can be enqueued in: as
+/// many as its required size has extents beyond 1.
+pub fn required_dims(declared: Option<[usize; 3]>) -> usize {
+    match declared {
+        Some([_, _, z]) if z > 1 => 3,
+        Some([_, y, _]) if y > 1 => 2,
+        _ => 1,
+    }
+}
+
 /// The work-group size for a launch of `global` (1 to 3 dimensions).
 ///
 /// Guarded kernels get a fixed size (or the declared one), so the OpenCL compiler specialises

@@ -277,6 +277,41 @@ fn row_alignment_is_the_work_group_extent() {
     dev.shutdown();
 }
 
+/// sgemm's range is (m, n), so with n = 1 a client may say just (m): the kernel still needs its
+/// 16 × 16 work-groups, which OpenCL refuses in a 1-D enqueue (CL_INVALID_WORK_GROUP_SIZE, once
+/// the error a Python client got for `range=m`).
+#[test]
+fn a_tiled_kernel_launched_with_fewer_dimensions_than_its_work_group_runs_and_is_exact() {
+    let dev = device();
+    let (m, k) = (37usize, 8usize);
+    let bytes = |v: Vec<f32>| -> Vec<u8> { v.iter().flat_map(|x| x.to_ne_bytes()).collect() };
+    let (a_host, b_host, c_host) = (bytes(vec![1.0; m * k]), bytes(vec![2.0; k]), bytes(vec![-1.0; m]));
+    let (a, to_a) = upload(&dev, &a_host);
+    let (b, to_b) = upload(&dev, &b_host);
+    let (c, to_c) = upload(&dev, &c_host);
+    let kernel = agora_kernels::find("sgemm").unwrap().1;
+    let raw = [
+        agora_protocol::RawArg::i32(m as i32),
+        agora_protocol::RawArg::i32(1),
+        agora_protocol::RawArg::i32(k as i32),
+        agora_protocol::RawArg::f32(1.0),
+        agora_protocol::RawArg::buffer(0),
+        agora_protocol::RawArg::buffer(1),
+        agora_protocol::RawArg::f32(0.0),
+        agora_protocol::RawArg::buffer(2),
+    ];
+    let work = launch(kernel, &[m as u64], &raw, &[a, b, c.clone()], None);
+    let (tx, rx) = mpsc::channel();
+    dev.submit(0, job(vec![to_a, to_b, to_c], work, None, &tx));
+    assert_eq!(rx.recv().unwrap().0, Ok(()));
+    let out = download(&dev, c.as_ref(), c_host.len());
+    let values: Vec<f32> = out
+        .chunks(4)
+        .map(|b| f32::from_ne_bytes(b.try_into().unwrap()))
+        .collect();
+    assert_eq!(values, vec![2.0 * k as f32; m], "every C[i] = Σ 1 · 2 over k");
+}
+
 /// A square all-ones sgemm of order `n`: C = A·A, every element `n`. C starts at -1.
 struct Sgemm {
     n: usize,
