@@ -167,6 +167,7 @@ fn device_host(args: DeviceHostArgs) -> i32 {
         eprintln!("agora device-host: --fd must name an inherited socket (3 or above)");
         return 2;
     }
+    log_to_the_daemons_log(&platform);
     // SAFETY: the daemon started this process with its end of a socketpair at `fd` (checked to
     // be beyond the standard streams); nothing else in this process owns that descriptor.
     let socket = unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) };
@@ -186,6 +187,35 @@ fn device_host(args: DeviceHostArgs) -> i32 {
             1
         }
     }
+}
+
+/// A device host's log: its standard error is the daemon's, so the backends' own lines (an
+/// OpenCL launch refused and why, a program's build log, a GPU fault) land in the daemon's log,
+/// where a task's error message sends the operator ("the daemon logged the details"). Each line
+/// starts with `device-host[PLATFORM]`. The level follows `AGORA_LOG` (inherited), else `warn`.
+fn log_to_the_daemons_log(platform: &str) {
+    use std::io::Write;
+    /// Writes each formatted event (one `write` per event) to standard error after the prefix.
+    struct Prefixed(std::sync::Arc<str>);
+    impl Write for Prefixed {
+        fn write(&mut self, line: &[u8]) -> std::io::Result<usize> {
+            let mut stderr = std::io::stderr().lock();
+            stderr.write_all(self.0.as_bytes())?;
+            stderr.write_all(line)?;
+            Ok(line.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            std::io::stderr().flush()
+        }
+    }
+    let prefix: std::sync::Arc<str> = format!("device-host[{platform}] ").into();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("AGORA_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(false)
+        .with_writer(move || Prefixed(prefix.clone()))
+        .init();
 }
 
 /// `agora executor`: what the daemon's supervisor passes (see `agora_executor::child`).

@@ -407,3 +407,54 @@ fn a_device_that_faults_ends_its_host_and_comes_back_with_a_fresh_one() {
         "{faults} faults cost more than the rounds in flight: {tenant_failures:?}"
     );
 }
+
+/// What a device host's backend logs reaches the daemon's log, marked with the host's platform:
+/// a task's error says "the daemon logged the details", and for a device in a host those details
+/// are the host's (here, the compiler's log of a package program that does not build).
+#[test]
+fn a_device_host_s_own_log_lines_reach_the_daemon_s_log() {
+    let dir = agora_test_support::temp_dir("device-host-log");
+    let package = dir.path().join("packages/broken");
+    std::fs::create_dir_all(&package).unwrap();
+    std::fs::write(
+        package.join("package.toml"),
+        "[package]\nname = \"broken\"\nversion = \"1.0\"\n\n[kernels.scale]\ndoc = \"does not compile\"\n\
+         params = [\"a: f32\", \"x: f32 read\", \"y: f32 write\"]\nsizes = { x = \"range0\", y = \"range0\" }\n\
+         cost_ns_per_item = 0.5\nopencl = { file = \"broken.cl\", entry = \"broken_scale\" }\n",
+    )
+    .unwrap();
+    std::fs::write(
+        package.join("broken.cl"),
+        "__kernel void broken_scale(const float a, __global const float *x, __global float *y) {\n\
+         \x20   y[get_global_id(0)] = a * x[get_global_id(0)] + an_undeclared_name;\n}\n",
+    )
+    .unwrap();
+    let log = dir.path().join("daemon.log");
+    let file = std::fs::File::create(&log).unwrap();
+    let daemon = Daemon::start_in_with(
+        AGORA,
+        dir,
+        &["--opencl-device-host", "--kernels", "{dir}/packages"],
+        |c| {
+            c.stderr(std::process::Stdio::from(file));
+        },
+    );
+    let session = daemon.session_named("tenant");
+    require_opencl(&session);
+    let q = queue(&session, "broken", DeviceKind::OpenCl);
+    let kernel = session.kernel("broken.scale").unwrap();
+    let x = session.buffer_from(&[1.0f32; 64]).unwrap();
+    let y = session.buffer_from(&[0.0f32; 64]).unwrap();
+    q.launch(&kernel, &[Arg::F32(2.0), (&x).into(), (&y).into()], 64usize)
+        .unwrap();
+    let error = q.finish().expect_err("a program that does not compile cannot run");
+    assert!(error.to_string().contains("the daemon logged the details"), "{error}");
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        eventually(Duration::from_secs(10), || read_log().lines().any(|line| line
+            .starts_with("device-host[")
+            && line.contains("an_undeclared_name"))),
+        "the host's build log is not in the daemon's log:\n{}",
+        read_log()
+    );
+}
