@@ -49,6 +49,10 @@ pub struct StallArgs {
     /// CAP_SYS_NICE or RLIMIT_RTPRIO).
     #[arg(long)]
     dispatcher_realtime: bool,
+    /// Where the attack runs: `cpu` (the daemon's CPU lanes, the default) or `opencl` (PoCL's
+    /// threads on the same cores, through its device host).
+    #[arg(long, value_name = "KIND", default_value = "cpu", value_parser = ["cpu", "opencl"])]
+    attack_device: String,
 }
 
 #[derive(Serialize, Debug)]
@@ -74,6 +78,7 @@ struct StallRun {
 
 /// Pipelines the attack on `socket` until `stop`; counts completed launches in `done`.
 fn attack(
+    device: agora::DeviceKind,
     socket: std::path::PathBuf,
     stop: Arc<AtomicBool>,
     done: Arc<AtomicU64>,
@@ -85,11 +90,11 @@ fn attack(
         name: Some("attacker".into()),
         ..Default::default()
     })?;
-    // On the CPU: the device whose cores the dispatcher and the neighbour share (the issue's
-    // attack ran there, on the dispatcher itself).
+    // By default on the CPU: the device whose cores the dispatcher and the neighbour share (the
+    // issue's attack ran there, on the dispatcher itself).
     let queue = session.queue_with(agora::QueueOptions {
         name: "attack".into(),
-        preferred_device: Some(agora::DeviceKind::Cpu),
+        preferred_device: Some(device),
         ..Default::default()
     })?;
     let sgemm = session.kernel("sgemm")?;
@@ -172,9 +177,13 @@ pub fn stall(args: StallArgs) -> Result<()> {
             Arc::new(AtomicU64::new(0)),
             Arc::new(AtomicBool::new(false)),
         );
+        let device = match args.attack_device.as_str() {
+            "opencl" => agora::DeviceKind::OpenCl,
+            _ => agora::DeviceKind::Cpu,
+        };
         let attacker = {
             let (socket, stop, done, ready) = (daemon.socket.clone(), stop.clone(), done.clone(), ready.clone());
-            std::thread::spawn(move || attack(socket, stop, done, ready))
+            std::thread::spawn(move || attack(device, socket, stop, done, ready))
         };
         while !ready.load(Ordering::Acquire) && !attacker.is_finished() {
             std::thread::sleep(std::time::Duration::from_millis(10));
@@ -237,6 +246,7 @@ pub fn stall(args: StallArgs) -> Result<()> {
             "batch_priority": args.batch_priority.as_deref().unwrap_or("batch"),
             "dispatcher_nice": args.dispatcher_nice.unwrap_or(0),
             "dispatcher_realtime": args.dispatcher_realtime,
+            "attack_device": args.attack_device,
             "load_average_at_start": load,
             "runs": results,
             "quiet_p99_ns": quiet99.median,
