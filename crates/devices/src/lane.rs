@@ -71,8 +71,9 @@ static START_ON_CALLER: AtomicBool = AtomicBool::new(false);
 /// nothing queued or being started and the job needs no waiting (not revocable, exclusive,
 /// sliced, urgent or with a deadline): one thread hand-off less per job. For a device host only,
 /// whose single message loop submits every job and whose daemon-side lanes already order them
-/// (docs/PERFORMANCE.md, "Device hosts: the hop"); a job whose start blocks (host work, a first
-/// program build) then holds that loop.
+/// (docs/PERFORMANCE.md, "Device hosts: the hop"). A job whose start would block (host work, a
+/// first program build) must not hold that loop: the executors say so
+/// ([`Executor::starts_at_once`]) and such a job goes through the lane's thread.
 pub fn set_start_on_caller(on: bool) {
     START_ON_CALLER.store(on, Ordering::Relaxed);
 }
@@ -87,7 +88,8 @@ pub trait Executor: Send + 'static {
     fn run(&mut self, transfers: Vec<Transfer>, work: Work, end: JobEnd);
     /// Whether [`Executor::run`] would start this job without waiting for anything (earlier
     /// jobs, another device), so a caller may run it on its own thread ([`Lane::set_starts_on_caller`]).
-    /// The default: yes (a device host's executors, whose one message loop is the only caller).
+    /// The default: yes (the CPU and sim executors; OpenCL and CUDA say no for a first launch, host
+    /// work or a read from another device, which would hold a device host's message loop).
     fn starts_at_once(&self, _transfers: &[Transfer], _work: &Work) -> bool {
         true
     }

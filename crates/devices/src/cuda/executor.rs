@@ -373,6 +373,29 @@ impl CudaExecutor {
 }
 
 impl Executor for CudaExecutor {
+    /// Only a job that enqueues and returns (see the OpenCL executor's): not before the lane's
+    /// first bind, not host work (it synchronises the stream), not a read from another device,
+    /// not the first launch of a function on this lane (a module load, perhaps an NVRTC build).
+    fn starts_at_once(&self, transfers: &[Transfer], work: &Work) -> bool {
+        let from_elsewhere = transfers.iter().any(|t| match t {
+            Transfer::ToHost { from, .. } => {
+                !matches!(as_cuda(from.as_ref()), Ok(own) if Arc::ptr_eq(&own.shared, &self.shared))
+            }
+            Transfer::ToDevice { .. } => false,
+        });
+        self.bound
+            && !from_elsewhere
+            && match work {
+                Work::Fill { .. } | Work::Copy { .. } => false,
+                Work::Launch { kernel, .. } => KernelCode::of(kernel).is_some_and(|code| {
+                    self.functions
+                        .get(code.program())
+                        .is_some_and(|entries| entries.contains_key(code.entry()))
+                }),
+                Work::Nothing => true,
+            }
+    }
+
     fn run(&mut self, transfers: Vec<Transfer>, work: Work, mut end: JobEnd) {
         if self.shared.failed.load(Ordering::Acquire) {
             end.finish(Err(TaskError::DeviceLost));

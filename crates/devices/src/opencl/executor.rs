@@ -49,7 +49,7 @@ pub(super) struct ClExecutor {
 unsafe impl Send for ClExecutor {}
 
 impl ClExecutor {
-    fn kernel(&mut self, imp: &OpenClImpl, params: usize) -> Result<&(Kernel, Convention), TaskError> {
+    pub(super) fn kernel(&mut self, imp: &OpenClImpl, params: usize) -> Result<&(Kernel, Convention), TaskError> {
         let known = self
             .kernels
             .get(&*imp.program)
@@ -398,6 +398,30 @@ impl ClExecutor {
 }
 
 impl Executor for ClExecutor {
+    /// Only a job that enqueues and returns: not host work (it waits for the queue to drain),
+    /// not a read from another device, not the first launch of a kernel on this lane (it creates the kernel object, perhaps
+    /// after a program build of up to a second). Either, started on a device host's message
+    /// loop, held every request behind it, among them the daemon dispatcher's synchronous
+    /// allocations (measured: a 35–47 ms dispatcher stall in `agora bench stall
+    /// --attack-device opencl`).
+    fn starts_at_once(&self, transfers: &[Transfer], work: &Work) -> bool {
+        // A read from another device's buffer is synchronous (see `start`).
+        let from_elsewhere = transfers.iter().any(|t| match t {
+            Transfer::ToHost { from, .. } => !as_cl(from.as_ref()).is_ok_and(|b| Arc::ptr_eq(&b.shared, &self.shared)),
+            Transfer::ToDevice { .. } => false,
+        });
+        !from_elsewhere
+            && match work {
+                Work::Fill { .. } | Work::Copy { .. } => false,
+                Work::Launch { kernel, .. } => kernel.opencl.as_ref().is_some_and(|imp| {
+                    self.kernels
+                        .get(&*imp.program)
+                        .is_some_and(|entries| entries.contains_key(&*imp.entry))
+                }),
+                Work::Nothing => true,
+            }
+    }
+
     fn run(&mut self, transfers: Vec<Transfer>, work: Work, mut end: JobEnd) {
         let marker = end.transfers_marker();
         self.built = false;

@@ -623,3 +623,58 @@ fn a_platform_left_out_creates_no_device_and_says_why() {
         "{problems:?}"
     );
 }
+
+/// A device host starts an idle lane's job on its message loop (`lane::set_start_on_caller`),
+/// so only a job that merely enqueues may start there: a first launch of a kernel on the lane
+/// (a kernel object, perhaps a program build) or host work (a queue drain) would hold every
+/// request behind it, the daemon dispatcher's synchronous allocations among them.
+#[test]
+fn only_a_job_that_merely_enqueues_may_start_on_its_caller() {
+    use crate::lane::Executor;
+    let dev = device();
+    let shared = dev.shared.clone();
+    let queue = opencl3::command_queue::CommandQueue::create_default(&shared.context, 0).unwrap();
+    // SAFETY: a plain one-byte device allocation with no host pointer.
+    let lane_flag = unsafe {
+        opencl3::memory::Buffer::<u8>::create(
+            &shared.context,
+            opencl3::memory::CL_MEM_READ_WRITE,
+            1,
+            std::ptr::null_mut(),
+        )
+    }
+    .unwrap();
+    let mut executor = super::executor::ClExecutor {
+        shared,
+        queue,
+        lane_flag,
+        kernels: std::collections::HashMap::new(),
+        built: false,
+        lane_finished: Arc::default(),
+    };
+    let saxpy = agora_kernels::find("saxpy").unwrap().1;
+    let x = dev.alloc(1, 64).unwrap().unwrap();
+    let y = dev.alloc(1, 64).unwrap().unwrap();
+    let raw = [
+        agora_protocol::RawArg::f32(2.0),
+        agora_protocol::RawArg::buffer(0),
+        agora_protocol::RawArg::buffer(1),
+    ];
+    let work = launch(saxpy, &[16], &raw, &[x, y], None);
+    assert!(executor.starts_at_once(&[], &Work::Nothing));
+    assert!(
+        !executor.starts_at_once(&[], &work),
+        "its first launch on the lane builds"
+    );
+    executor
+        .kernel(saxpy.opencl.as_ref().unwrap(), saxpy.params.len())
+        .unwrap();
+    assert!(executor.starts_at_once(&[], &work), "then it only enqueues");
+    let mut host = [0u8; 16];
+    let fill = Work::Fill {
+        ptr: host.as_mut_ptr(),
+        len: host.len(),
+        value: 1,
+    };
+    assert!(!executor.starts_at_once(&[], &fill), "host work drains the queue first");
+}
