@@ -286,6 +286,7 @@ fn describe(device: &dyn Device, runs_tenant_programs: bool) -> DeviceWire {
             l.max_group_items,
             l.max_buffer_bytes,
         ],
+        host_cores_per_lane: info.host_cores_per_lane as u32,
     }
 }
 

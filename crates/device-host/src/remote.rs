@@ -1081,6 +1081,7 @@ impl RemoteDevice {
                 threads_per_lane: 1,
                 shares_host_memory: false,
                 limits,
+                host_cores_per_lane: wire.host_cores_per_lane as usize,
             },
             polls_revocation: wire.polls_revocation,
             runs_tenant_programs: wire.runs_tenant_programs,
@@ -1710,6 +1711,7 @@ mod tests {
                 1024,
                 u64::MAX,
             ],
+            host_cores_per_lane: 0,
         }
     }
 

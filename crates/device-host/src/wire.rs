@@ -11,7 +11,7 @@ use agora_protocol::{Completion, DeviceKind, ParamKind, TaskError};
 use serde::{Deserialize, Serialize};
 
 /// Bumped when a message changes: a daemon and a host of different versions refuse each other.
-pub const PROTOCOL: u32 = 2;
+pub const PROTOCOL: u32 = 3;
 
 /// Daemon → host.
 #[derive(Debug, Serialize, Deserialize)]
@@ -338,6 +338,8 @@ pub struct DeviceWire {
     /// `LaunchLimits`, field by field: items, extent ×3, items per enqueue, groups per enqueue,
     /// group ×3, group items, buffer bytes.
     pub limits: [u64; 11],
+    /// `DeviceInfo::host_cores_per_lane`.
+    pub host_cores_per_lane: u32,
 }
 
 /// A task outcome: the completion record's fields.

@@ -100,6 +100,11 @@ pub struct DeviceInfo {
     pub shares_host_memory: bool,
     /// What one launch may ask of it.
     pub limits: LaunchLimits,
+    /// Host cores one of its lanes keeps busy while it runs a kernel: a CPU lane's threads, an
+    /// OpenCL device on the CPU (PoCL) its compute units (a kernel fans out over all of them); 0
+    /// for a device with processors of its own (a GPU; a sim, whose time is modelled). The
+    /// dispatcher does not spin while such work holds every core but its own.
+    pub host_cores_per_lane: usize,
 }
 
 /// What a device says about itself now: its [`Device::status`]. The daemon adds what only it

@@ -276,25 +276,23 @@ impl Scheduler {
             .any(|pending| pending.load(Ordering::Relaxed) >= LONG_WORK_NS)
     }
 
-    /// Host cores our own long work holds: the threads of every CPU lane with long work (at least
-    /// [`LONG_WORK_NS`] predicted) queued or running. Other devices' kernels run on the device
-    /// (an OpenCL platform on the CPU, such as PoCL, has threads of its own, not counted here).
-    /// None while batch lanes run at `SCHED_IDLE`: any normal thread takes their core at once
-    /// (long latency-class work, which runs at normal priority, is rare enough to leave out).
+    /// Host cores our own long work holds: for every lane with long work (at least
+    /// [`LONG_WORK_NS`] predicted) queued or running, the cores its device's kernels run on
+    /// (`DeviceInfo::host_cores_per_lane`: a CPU lane's threads, PoCL's compute units, none for
+    /// a GPU). CPU lanes count none while batch lanes run at `SCHED_IDLE`: any normal thread
+    /// takes their core at once (long latency-class work, which runs at normal priority, is rare
+    /// enough to leave out). An OpenCL runtime's threads are its own, at normal priority.
     pub(crate) fn cores_held_by_long_work(&self) -> usize {
-        if self.config.batch_lanes_idle {
-            return 0;
-        }
         self.devices
             .iter()
             .zip(&self.lane_pending)
-            .filter(|(device, _)| device.info().kind == DeviceKind::Cpu)
+            .filter(|(device, _)| !(self.config.batch_lanes_idle && device.info().kind == DeviceKind::Cpu))
             .map(|(device, lanes)| {
                 let busy = lanes
                     .iter()
                     .filter(|pending| pending.load(Ordering::Relaxed) >= LONG_WORK_NS)
                     .count();
-                busy * device.info().threads_per_lane.max(1)
+                busy * device.info().host_cores_per_lane
             })
             .sum()
     }

@@ -208,6 +208,7 @@ impl CpuDevice {
                 // Kernels run over any row range on host memory: the wire protocol's bound on a
                 // range is the only one.
                 limits: crate::LaunchLimits::NONE,
+                host_cores_per_lane: threads_per_lane,
             },
             lanes: Lanes::new(lane_list, handles),
             private_bytes: Arc::new(AtomicU64::new(0)),

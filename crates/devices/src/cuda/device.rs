@@ -456,6 +456,7 @@ impl CudaDevice {
                 memory_bytes,
                 shares_host_memory: false,
                 limits,
+                host_cores_per_lane: 0,
             },
             shared,
             lanes: Lanes::new(lane_list, threads),

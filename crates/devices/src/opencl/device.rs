@@ -158,6 +158,8 @@ impl OpenClDevice {
                 threads_per_lane: 1,
                 shares_host_memory: false,
                 limits,
+                // PoCL's pthread device runs a kernel's work-groups on every core.
+                host_cores_per_lane: if host_flags { compute_units as usize } else { 0 },
             },
             shared,
             lanes: Lanes::new(lane_list, threads),

@@ -678,3 +678,17 @@ fn only_a_job_that_merely_enqueues_may_start_on_its_caller() {
     };
     assert!(!executor.starts_at_once(&[], &fill), "host work drains the queue first");
 }
+
+/// PoCL runs a kernel's work-groups on the host's cores: a busy lane of it holds them, as a CPU
+/// lane holds its threads' (the dispatcher then does not spin for the core a client needs).
+#[test]
+fn an_opencl_device_on_the_cpu_says_its_lanes_hold_host_cores() {
+    let dev = device();
+    let cpu = dev.shared.host_flags.load(Ordering::Relaxed);
+    assert!(cpu, "PoCL's device is the CPU: {}", dev.info().description);
+    assert!(dev.info().host_cores_per_lane >= 1, "{:?}", dev.info());
+    assert!(dev
+        .info()
+        .description
+        .contains(&format!("({} compute units)", dev.info().host_cores_per_lane)));
+}

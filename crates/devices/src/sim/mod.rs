@@ -329,6 +329,7 @@ impl SimDevice {
                 memory_bytes: spec.memory_bytes,
                 shares_host_memory: false,
                 limits: spec.limits,
+                host_cores_per_lane: 0,
             },
             spec,
             lanes: Lanes::new(lane_list, handles),
