@@ -59,10 +59,12 @@ pub const LINK_WRONG_REPLY: u16 = 45;
 pub const LINK_FOREIGN_BUFFER: u16 = 46;
 
 /// The error for a request naming what the host lacks ([`LINK_NO_DEVICE`] and the rest), with a
-/// line for the daemon's log (the host's standard error goes there).
+/// line for the daemon's log (the host logs to its standard error, the daemon's).
 fn link_bug(place: u16, what: &str) -> TaskError {
-    eprintln!(
-        "agora device-host: internal error {place}: {what}: a bug of the daemon's side of the link; please report it with this line"
+    tracing::error!(
+        place,
+        what,
+        "internal error: a request the device host cannot follow, a bug of the daemon's side of the link; please report it with this line"
     );
     TaskError::Internal(place)
 }

@@ -376,18 +376,14 @@ impl Staging {
         len: usize,
         source: bool,
     ) -> Result<(HostRef, Staging), TaskError> {
-        let staging_error = |what: &str, e: &dyn std::fmt::Display| {
-            tracing::error!(len, "staging host memory for the device host: {what}: {e}");
-            TaskError::KernelFault
-        };
         let fd = rustix::fs::memfd_create("agora-staging", rustix::fs::MemfdFlags::CLOEXEC)
-            .map_err(|e| staging_error("memfd_create", &e))?;
-        rustix::fs::ftruncate(&fd, len.max(1) as u64).map_err(|e| staging_error("sizing", &e))?;
+            .map_err(|e| staging_error(len, "memfd_create", e.raw_os_error()))?;
+        rustix::fs::ftruncate(&fd, len.max(1) as u64).map_err(|e| staging_error(len, "sizing", e.raw_os_error()))?;
         let file = std::fs::File::from(fd);
         let map = memmap2::MmapOptions::new()
             .len(len.max(1))
             .map_raw(&file)
-            .map_err(|e| staging_error("mapping", &e))?;
+            .map_err(|e| staging_error(len, "mapping", e.raw_os_error().unwrap_or(libc::ENOMEM)))?;
         if source {
             // SAFETY: `ptr` is the job's source, valid for `len` bytes while it is queued; the map
             // is at least `len` bytes long and fresh.
@@ -1131,6 +1127,26 @@ fn link_bug(place: u16, what: &str) -> TaskError {
     TaskError::Internal(place)
 }
 
+/// The error for a staging segment the daemon could not make (`errno` from `what`): the daemon
+/// out of descriptors or memory, a transient `ResourceExhausted` for the task to try again, never
+/// `KernelFault`, which would blame its kernel.
+fn staging_error(len: usize, what: &str, errno: i32) -> TaskError {
+    let resource = match errno {
+        libc::EMFILE | libc::ENFILE => agora_protocol::Resource::FileDescriptors,
+        _ => agora_protocol::Resource::Memory,
+    };
+    tracing::warn!(
+        len,
+        errno,
+        "staging host memory for the device host: {what} failed: {}; transient, try the task again",
+        std::io::Error::from_raw_os_error(errno)
+    );
+    TaskError::ResourceExhausted {
+        resource: resource.code(),
+        retry_ms: 0,
+    }
+}
+
 fn own_buffer<'a>(buffer: &'a dyn DeviceBuffer, link: &Arc<Link>, device: u16) -> Result<&'a RemoteBuffer, TaskError> {
     let remote = buffer
         .as_any()
@@ -1780,6 +1796,20 @@ mod tests {
         let started = Instant::now();
         assert!(matches!(gpu.prepare(&tenant), Some(Err(_))));
         assert!(started.elapsed() < Duration::from_secs(1));
+    }
+
+    /// A staging segment the daemon cannot make is its own transient shortage, never the
+    /// kernel's fault: the task may be tried again.
+    #[test]
+    fn a_staging_segment_that_cannot_be_made_is_a_transient_resource_error() {
+        use agora_protocol::Resource;
+        let resource = |errno| match staging_error(4096, "memfd_create", errno) {
+            TaskError::ResourceExhausted { resource, .. } => Resource::from_code(resource),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(resource(libc::EMFILE), Resource::FileDescriptors);
+        assert_eq!(resource(libc::ENFILE), Resource::FileDescriptors);
+        assert_eq!(resource(libc::ENOMEM), Resource::Memory);
     }
 
     #[test]

@@ -5,9 +5,9 @@
 //! connection's socket, a session's doorbell, or the stop signal. While work arrives it polls the
 //! rings without system calls (checking epoll every millisecond for control traffic); after an
 //! adaptive spin with nothing to do it announces that it sleeps in every segment and blocks in
-//! `epoll_wait`, so an idle daemon uses no CPU. It skips the spin while our own CPU lanes' long
-//! work holds every other core: spinning then keeps the last core from the very client whose
-//! next submission it waits for.
+//! `epoll_wait`, so an idle daemon uses no CPU. It skips the spin while our own long work (CPU
+//! lanes, an OpenCL runtime on the CPU) holds every other core: spinning then keeps the last
+//! core from the very client whose next submission it waits for.
 //!
 //! Threat model: every client is hostile. Control frames are reassembled without blocking (half a
 //! frame cannot stall the loop), an oversize or undecodable frame closes that connection, a client
@@ -205,8 +205,8 @@ pub(crate) struct Server {
     retired_completed: u64,
     retired_failed: u64,
     spin: AdaptiveSpin,
-    /// Cores this process may run on (its affinity and cgroup): while our CPU lanes' long work
-    /// holds all but one, the dispatcher does not spin ([`Server::run`]). `usize::MAX` when
+    /// Cores this process may run on (its affinity and cgroup): while our own long work holds
+    /// all but one, the dispatcher does not spin ([`Server::run`]). `usize::MAX` when
     /// `AGORA_DISPATCHER_SPIN_BESIDE_LONG_WORK=1` asks it to spin regardless (for comparison).
     host_cores: usize,
     telemetry: Arc<Telemetry>,
@@ -412,10 +412,11 @@ impl Server {
             };
             let realtime = self.realtime.as_ref().map(|(service, _)| service.clone());
             let node_jobs = || realtime.as_ref().is_some_and(|service| service.wants_dispatcher());
-            // While our CPU lanes' long work holds every core but this one, a client's next
-            // submission needs this very core: spinning would keep it from the client for the
-            // whole budget (measured, `agora bench stall`: a neighbour's p99 of ~220 µs, the
-            // 200 µs budget, against 13–27 µs blocking at once). Block; its doorbell wakes us.
+            // While our own long work (CPU lanes, PoCL's threads) holds every core but this one, a
+            // client's next submission needs this very core: spinning would keep it from the
+            // client for the whole budget (measured, `agora bench stall`: a neighbour's p99 of
+            // ~215 µs, the 200 µs budget, against ~12.5 µs blocking at once). Block; its doorbell
+            // wakes us.
             // A DAG release about to come still asks for the spin (its hand-off is timed).
             let spin_pays = self.scheduler.cores_held_by_long_work() + 1 < self.host_cores || node_jobs();
             if spin_pays
