@@ -63,6 +63,16 @@ impl ClBuffer {
         }
     }
 
+    /// Whether no command has used the buffer yet: its first command makes the runtime allocate
+    /// its memory (PoCL does so in the thread that enqueues) and enqueues its zeroing.
+    pub(super) fn unused(&self) -> bool {
+        !self.zeroed.load(Ordering::Acquire)
+            && matches!(
+                *self.zeroing.lock().unwrap_or_else(|e| e.into_inner()),
+                Zeroing::Pending
+            )
+    }
+
     /// Makes commands enqueued on `queue` from now on see this buffer zeroed (or written since):
     /// enqueues its zeroing on `queue` if no queue has yet, else adds the zeroing's event to
     /// `waits` when it ran on another queue and may not be complete (the caller makes its

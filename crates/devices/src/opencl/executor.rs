@@ -399,7 +399,8 @@ impl ClExecutor {
 
 impl Executor for ClExecutor {
     /// Only a job that enqueues and returns: not host work (it waits for the queue to drain),
-    /// not a read from another device, not the first launch of a kernel on this lane (it creates the kernel object, perhaps
+    /// not a read from another device, not the first use of a buffer (its allocation), not the
+    /// first launch of a kernel on this lane (it creates the kernel object, perhaps
     /// after a program build of up to a second). Either, started on a device host's message
     /// loop, held every request behind it, among them the daemon dispatcher's synchronous
     /// allocations (measured: a 35–47 ms dispatcher stall in `agora bench stall
@@ -410,7 +411,15 @@ impl Executor for ClExecutor {
             Transfer::ToHost { from, .. } => !as_cl(from.as_ref()).is_ok_and(|b| Arc::ptr_eq(&b.shared, &self.shared)),
             Transfer::ToDevice { .. } => false,
         });
+        // A buffer's first command allocates its memory in the enqueuing thread (PoCL): for a
+        // large buffer, milliseconds of page faults.
+        let unused = |buffer: &Arc<dyn crate::DeviceBuffer>| as_cl(buffer.as_ref()).is_ok_and(|b| b.unused());
+        let first_use = transfers.iter().any(|t| match t {
+            Transfer::ToDevice { to, .. } => unused(to),
+            Transfer::ToHost { .. } => false,
+        }) || matches!(work, Work::Launch { device_args, .. } if device_args.iter().flatten().any(unused));
         !from_elsewhere
+            && !first_use
             && match work {
                 Work::Fill { .. } | Work::Copy { .. } => false,
                 Work::Launch { kernel, .. } => kernel.opencl.as_ref().is_some_and(|imp| {

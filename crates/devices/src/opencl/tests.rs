@@ -626,8 +626,9 @@ fn a_platform_left_out_creates_no_device_and_says_why() {
 
 /// A device host starts an idle lane's job on its message loop (`lane::set_start_on_caller`),
 /// so only a job that merely enqueues may start there: a first launch of a kernel on the lane
-/// (a kernel object, perhaps a program build) or host work (a queue drain) would hold every
-/// request behind it, the daemon dispatcher's synchronous allocations among them.
+/// (a kernel object, perhaps a program build), a buffer's first use (its allocation) or host
+/// work (a queue drain) would hold every request behind it, the daemon dispatcher's synchronous
+/// allocations among them.
 #[test]
 fn only_a_job_that_merely_enqueues_may_start_on_its_caller() {
     use crate::lane::Executor;
@@ -660,8 +661,16 @@ fn only_a_job_that_merely_enqueues_may_start_on_its_caller() {
         agora_protocol::RawArg::buffer(0),
         agora_protocol::RawArg::buffer(1),
     ];
-    let work = launch(saxpy, &[16], &raw, &[x, y], None);
+    let work = launch(saxpy, &[16], &raw, &[x.clone(), y.clone()], None);
     assert!(executor.starts_at_once(&[], &Work::Nothing));
+    assert!(
+        !executor.starts_at_once(&[], &work),
+        "its buffers' first use allocates them (PoCL, in the enqueuing thread)"
+    );
+    for buffer in [&x, &y] {
+        let buffer = super::buffer::as_cl(buffer.as_ref()).unwrap();
+        buffer.zeroed_before(executor.queue.get(), &mut Vec::new()).unwrap();
+    }
     assert!(
         !executor.starts_at_once(&[], &work),
         "its first launch on the lane builds"
@@ -670,6 +679,17 @@ fn only_a_job_that_merely_enqueues_may_start_on_its_caller() {
         .kernel(saxpy.opencl.as_ref().unwrap(), saxpy.params.len())
         .unwrap();
     assert!(executor.starts_at_once(&[], &work), "then it only enqueues");
+    let fresh = dev.alloc(1, 64).unwrap().unwrap();
+    let upload = [0u8; 64];
+    let to_fresh = Transfer::ToDevice {
+        host: upload.as_ptr(),
+        len: upload.len(),
+        to: fresh,
+    };
+    assert!(
+        !executor.starts_at_once(&[to_fresh], &work),
+        "a transfer into a buffer never used allocates it"
+    );
     let mut host = [0u8; 16];
     let fill = Work::Fill {
         ptr: host.as_mut_ptr(),
