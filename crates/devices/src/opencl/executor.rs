@@ -400,11 +400,10 @@ impl ClExecutor {
 impl Executor for ClExecutor {
     /// Only a job that enqueues and returns: not host work (it waits for the queue to drain),
     /// not a read from another device, not the first use of a buffer (its allocation), not the
-    /// first launch of a kernel on this lane (it creates the kernel object, perhaps
-    /// after a program build of up to a second). Either, started on a device host's message
-    /// loop, held every request behind it, among them the daemon dispatcher's synchronous
-    /// allocations (measured: a 35–47 ms dispatcher stall in `agora bench stall
-    /// --attack-device opencl`).
+    /// first launch of a kernel on this lane (it creates the kernel object, perhaps after a
+    /// program build of up to a second). Any of these, started on a device host's message loop,
+    /// held every request behind it, among them the daemon dispatcher's synchronous allocations
+    /// (measured: a 35–47 ms dispatcher stall in `agora bench stall --attack-device opencl`).
     fn starts_at_once(&self, transfers: &[Transfer], work: &Work) -> bool {
         // A read from another device's buffer is synchronous (see `start`).
         let from_elsewhere = transfers.iter().any(|t| match t {
