@@ -277,6 +277,22 @@ fn row_alignment_is_the_work_group_extent() {
     dev.shutdown();
 }
 
+/// sgemm's arguments for C = 1·A·B (beta 0) of sizes (m, n, k), with A, B and C the buffers
+/// of indices (a, b, c).
+fn sgemm_args((m, n, k): (usize, usize, usize), (a, b, c): (u64, u64, u64)) -> [agora_protocol::RawArg; 8] {
+    use agora_protocol::RawArg;
+    [
+        RawArg::i32(m as i32),
+        RawArg::i32(n as i32),
+        RawArg::i32(k as i32),
+        RawArg::f32(1.0),
+        RawArg::buffer(a),
+        RawArg::buffer(b),
+        RawArg::f32(0.0),
+        RawArg::buffer(c),
+    ]
+}
+
 /// sgemm's range is (m, n), so with n = 1 a client may say just (m): the kernel still needs its
 /// 16 × 16 work-groups, which OpenCL refuses in a 1-D enqueue (CL_INVALID_WORK_GROUP_SIZE, once
 /// the error a Python client got for `range=m`).
@@ -290,16 +306,7 @@ fn a_tiled_kernel_launched_with_fewer_dimensions_than_its_work_group_runs_and_is
     let (b, to_b) = upload(&dev, &b_host);
     let (c, to_c) = upload(&dev, &c_host);
     let kernel = agora_kernels::find("sgemm").unwrap().1;
-    let raw = [
-        agora_protocol::RawArg::i32(m as i32),
-        agora_protocol::RawArg::i32(1),
-        agora_protocol::RawArg::i32(k as i32),
-        agora_protocol::RawArg::f32(1.0),
-        agora_protocol::RawArg::buffer(0),
-        agora_protocol::RawArg::buffer(1),
-        agora_protocol::RawArg::f32(0.0),
-        agora_protocol::RawArg::buffer(2),
-    ];
+    let raw = sgemm_args((m, 1, k), (0, 1, 2));
     let work = launch(kernel, &[m as u64], &raw, &[a, b, c.clone()], None);
     let (tx, rx) = mpsc::channel();
     dev.submit(0, job(vec![to_a, to_b, to_c], work, None, &tx));
@@ -329,16 +336,7 @@ impl Sgemm {
         let (c, to_c) = upload(dev, &unset);
         let kernel = agora_kernels::find("sgemm").unwrap().1;
         let nn = n as u32 as u64;
-        let raw = [
-            agora_protocol::RawArg::i32(n as i32),
-            agora_protocol::RawArg::i32(n as i32),
-            agora_protocol::RawArg::i32(n as i32),
-            agora_protocol::RawArg::f32(1.0),
-            agora_protocol::RawArg::buffer(0),
-            agora_protocol::RawArg::buffer(0),
-            agora_protocol::RawArg::f32(0.0),
-            agora_protocol::RawArg::buffer(1),
-        ];
+        let raw = sgemm_args((n, n, n), (0, 0, 1));
         let buffers = vec![a, c.clone()];
         let work = Box::new(move || launch(kernel, &[nn, nn], &raw, &buffers, None));
         Sgemm {
