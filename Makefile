@@ -38,6 +38,7 @@ test: setup
 	bash scripts/bench-smoke.sh ./target/release/agora bench insitu --quick --json
 	bash scripts/bench-smoke.sh ./target/release/agora bench rt --quick --json
 	bash scripts/bench-smoke.sh ./target/release/agora bench stall --quick --json
+	bash scripts/bench-smoke.sh ./target/release/agora bench stall --quick --json --attack departures
 
 bench: setup
 	./target/release/agora bench latency

@@ -34,6 +34,7 @@ use agora_transport::socket::send;
 use agora_transport::TransportError;
 use memmap2::MmapRaw;
 
+use crate::disposal::{Disposal, MIN_BUFFER_BYTES};
 use crate::wire::{ArgWire, DeviceWire, HostRef, KernelWire, Reply, Request, Submit, TransferWire, WorkWire, PROTOCOL};
 
 /// The exit code of a host whose device faulted (its context is unusable): the daemon says so
@@ -173,6 +174,7 @@ pub fn serve(socket: UnixStream, args: &HostArgs) -> Result<(), String> {
         kernels: HashMap::new(),
         revocations: Arc::default(),
         writer,
+        disposal: Disposal::start(),
     };
     let mut frames = crate::FrameReader::new();
     let outcome = loop {
@@ -187,6 +189,7 @@ pub fn serve(socket: UnixStream, args: &HostArgs) -> Result<(), String> {
             Err(e) => break Err(format!("reading from the daemon: {e}")),
         }
     };
+    host.disposal.flush();
     for device in &host.devices {
         device.shutdown();
     }
@@ -381,6 +384,8 @@ struct Host {
     /// Flags of revocable jobs that have not finished, by job.
     revocations: Arc<Mutex<HashMap<u64, Arc<AtomicBool>>>>,
     writer: Arc<Writer>,
+    /// Where segments and big buffers are let go of, off this loop ([`crate::disposal`]).
+    disposal: Disposal,
 }
 
 impl Host {
@@ -416,7 +421,9 @@ impl Host {
                 }
             }
             Request::UnmapSegment { segment } => {
-                self.segments.remove(&segment);
+                if let Some(segment) = self.segments.remove(&segment) {
+                    self.disposal.dispose(Box::new(segment));
+                }
             }
             Request::DefineKernel { kernel, def } => {
                 self.kernels.insert(kernel, kernel_def(def));
@@ -428,21 +435,7 @@ impl Host {
                 tenant,
                 len,
             } => {
-                let outcome = match self.devices.get(device as usize).map(|d| d.alloc(tenant, len)) {
-                    Some(Some(Ok(allocated))) => {
-                        self.buffers.insert((device, buffer), allocated);
-                        Ok(())
-                    }
-                    Some(Some(Err(e))) => Err(e),
-                    Some(None) => Err(link_bug(
-                        LINK_NO_DEVICE,
-                        "an allocation on a device without memory of its own",
-                    )),
-                    None => Err(link_bug(
-                        LINK_NO_DEVICE,
-                        "an allocation on a device the host does not have",
-                    )),
-                };
+                let outcome = self.alloc(device, buffer, tenant, len);
                 self.answer(
                     device,
                     outcome.is_err(),
@@ -453,7 +446,13 @@ impl Host {
                 );
             }
             Request::Free { device, buffer } => {
-                self.buffers.remove(&(device, buffer));
+                if let Some(freed) = self.buffers.remove(&(device, buffer)) {
+                    // The last holder of a big one lets go of it elsewhere; a job still holding
+                    // it drops it on its own thread when done.
+                    if freed.len() >= MIN_BUFFER_BYTES && Arc::strong_count(&freed) == 1 {
+                        self.disposal.dispose(Box::new(freed));
+                    }
+                }
             }
             Request::Read {
                 request,
@@ -522,6 +521,32 @@ impl Host {
             // No such device (a daemon bug): answered all the same, so the call does not wait.
             None if !FAULTED.load(Ordering::Acquire) => self.writer.send(&reply),
             None => {}
+        }
+    }
+
+    /// Allocates buffer `buffer` of `len` bytes on `device`. A device that refuses for want of
+    /// memory while buffers or segments are still being let go of ([`Disposal`]) is asked once
+    /// more when they are.
+    fn alloc(&mut self, device: u16, buffer: u64, tenant: u64, len: u64) -> Result<(), TaskError> {
+        let target = self
+            .devices
+            .get(device as usize)
+            .ok_or_else(|| link_bug(LINK_NO_DEVICE, "an allocation on a device the host does not have"))?;
+        let mut allocated = target.alloc(tenant, len);
+        if matches!(allocated, Some(Err(TaskError::DeviceOutOfMemory { .. }))) && self.disposal.pending() {
+            self.disposal.flush();
+            allocated = target.alloc(tenant, len);
+        }
+        match allocated {
+            Some(Ok(allocated)) => {
+                self.buffers.insert((device, buffer), allocated);
+                Ok(())
+            }
+            Some(Err(e)) => Err(e),
+            None => Err(link_bug(
+                LINK_NO_DEVICE,
+                "an allocation on a device without memory of its own",
+            )),
         }
     }
 

@@ -10,12 +10,14 @@
 //!   whose lanes forward their jobs to the host; failure detection, restart, segment sharing;
 //! * [`host`] — the host's side (`agora device-host`): the real devices (an OpenCL platform's,
 //!   one GPU, or a test's `sim`), serving the daemon's requests;
-//! * [`wire`] — the messages between them.
+//! * [`wire`] — the messages between them;
+//! * `disposal` — the host's thread that lets go of segments and big buffers off its loop.
 //!
 //! Must not: know about sessions, queues or scheduling (the daemon's lanes and scheduler stay
 //! the same for a device in a host); load OpenCL or CUDA in the daemon (the platform and GPU
 //! lists come from the host program too).
 
+mod disposal;
 pub mod host;
 pub mod remote;
 pub mod wire;

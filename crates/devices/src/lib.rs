@@ -80,6 +80,20 @@ pub enum Transfer {
 // `Work`: the job's completion callback holds the session and the buffers).
 unsafe impl Send for Transfer {}
 
+impl Transfer {
+    /// Bytes it moves.
+    pub fn len(&self) -> usize {
+        match self {
+            Transfer::ToDevice { len, .. } | Transfer::ToHost { len, .. } => *len,
+        }
+    }
+
+    /// Whether it moves nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// Static facts about a device.
 #[derive(Debug, Clone)]
 pub struct DeviceInfo {

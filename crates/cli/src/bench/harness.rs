@@ -30,7 +30,13 @@ impl DaemonProcess {
         let dir = std::env::temp_dir().join(format!("agora-bench-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         let socket = dir.join("agora.sock");
-        let child = Command::new(std::env::current_exe()?)
+        // `AGORA_BENCH_DAEMON`: another build's `agora` serves instead (an A/B of a change with
+        // this build's benchmark and clients: `agora bench stall` against the daemon before it).
+        let program = match std::env::var_os("AGORA_BENCH_DAEMON") {
+            Some(other) => std::path::PathBuf::from(other),
+            None => std::env::current_exe()?,
+        };
+        let child = Command::new(&program)
             .arg("serve")
             .arg("--socket")
             .arg(&socket)
@@ -45,7 +51,7 @@ impl DaemonProcess {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .spawn()
-            .context("starting the daemon")?;
+            .with_context(|| format!("starting the daemon ({})", program.display()))?;
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::os::unix::net::UnixStream::connect(&socket).is_err() {
             if Instant::now() > deadline {

@@ -11,11 +11,19 @@
 //!
 //! The neighbour is an `agora bench-client latency` process (one `noop` at a time), the attacker
 //! a session of this process, so the two are separate tenants as in the issue.
+//!
+//! `--attack departures` is the pressure of issue #22 item 2 instead: tenants that come one after
+//! another, each pushing three buffers of `--departure-mib` MiB to the OpenCL device and leaving.
+//! The neighbour then runs empty OpenCL kernels (`bench-client opencl-latency`), so it shares the
+//! device, its lanes and its device host with them. A leaving tenant's segment and buffers once
+//! were let go of on the host's message loop (the dispatcher's next allocation waited 0.1–0.5 s),
+//! and its transfers were booked as no work at all (a neighbour's task could queue behind
+//! 1.5 GiB of them).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
 
@@ -49,10 +57,20 @@ pub struct StallArgs {
     /// CAP_SYS_NICE or RLIMIT_RTPRIO).
     #[arg(long)]
     dispatcher_realtime: bool,
-    /// Where the attack runs: `cpu` (the daemon's CPU lanes, the default) or `opencl` (PoCL's
-    /// threads on the same cores, through its device host).
+    /// Where the tiny-launches attack runs: `cpu` (the daemon's CPU lanes, the default) or
+    /// `opencl` (PoCL's threads on the same cores, through its device host). The departures
+    /// attack always runs on OpenCL.
     #[arg(long, value_name = "KIND", default_value = "cpu", value_parser = ["cpu", "opencl"])]
     attack_device: String,
+    /// The attack: `tiny-launches` (launches the model calls tiny that run long, pipelined 16 at
+    /// a time: item 3c) or `departures` (tenants that push three big buffers to the OpenCL
+    /// device and leave, one after another: item 2; the neighbour runs on OpenCL too).
+    #[arg(long, value_name = "KIND", default_value = "tiny-launches", value_parser = ["tiny-launches", "departures"])]
+    attack: String,
+    /// Departures attack: MiB of each of a departing tenant's three buffers (default 512; 64 with
+    /// --quick).
+    #[arg(long, value_name = "MIB")]
+    departure_mib: Option<u64>,
 }
 
 #[derive(Serialize, Debug)]
@@ -69,11 +87,55 @@ struct StallRun {
     /// (the aim: none); unlike the longest, this leaves out the daemon's start and the quiet
     /// phase.
     attack_stalls: u64,
-    /// Attack launches completed (from the attack's start to its end).
+    /// The neighbour's longest round trip under attack.
+    attack_max_ns: u64,
+    /// Attack launches completed (from the attack's start to its end); with `--attack
+    /// departures`, tenants that came, pushed their buffers and left.
     attack_launches: u64,
     /// Their rate over the attack (its set-up left out): what the neighbour's latency costs the
     /// batch work beside it.
     attack_launches_per_s: f64,
+}
+
+/// Tenants that come one after another until `stop`, each pushing three buffers of `bytes` to
+/// the OpenCL device and leaving; counts departures in `done`.
+fn departures(
+    socket: std::path::PathBuf,
+    bytes: u64,
+    stop: Arc<AtomicBool>,
+    done: Arc<AtomicU64>,
+    ready: Arc<AtomicBool>,
+) -> Result<()> {
+    use agora::{Session, SessionOptions};
+    while !stop.load(Ordering::Relaxed) {
+        let session = Session::connect_with(SessionOptions {
+            socket: Some(socket.clone()),
+            name: Some("departing".into()),
+            heap_bytes: Some(3 * bytes + (16 << 20)),
+            ..Default::default()
+        })?;
+        let queue = session.queue_with(agora::QueueOptions {
+            name: "push".into(),
+            preferred_device: Some(agora::DeviceKind::OpenCl),
+            ..Default::default()
+        })?;
+        let mut buffers = Vec::new();
+        for _ in 0..3 {
+            let mut buffer = session.buffer(bytes)?;
+            // Pages the tenant wrote: its segment is memory to give back when it leaves.
+            buffer.as_mut_slice::<f32>().fill(1.0);
+            buffers.push(buffer);
+        }
+        for buffer in &buffers {
+            queue.sync_to(buffer)?;
+        }
+        queue.finish()?;
+        ready.store(true, Ordering::Release);
+        drop(buffers);
+        drop(session);
+        done.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(())
 }
 
 /// Pipelines the attack on `socket` until `stop`; counts completed launches in `done`.
@@ -149,12 +211,23 @@ fn attack(
 }
 
 pub fn stall(args: StallArgs) -> Result<()> {
+    let departing = args.attack == "departures";
+    let departure_bytes = args.departure_mib.unwrap_or(if args.quick { 64 } else { 512 }) << 20;
+    // The neighbour shares the attacked device: the CPU's dispatcher and cores for tiny launches
+    // (its `noop`s run inline), the OpenCL device's lanes and host for departures.
+    let neighbour = if departing {
+        ClientMode::OpenclLatency
+    } else {
+        ClientMode::Latency
+    };
+    let on_opencl = departing || args.attack_device == "opencl";
     let iterations = args.iterations.unwrap_or(if args.quick { 5_000 } else { 100_000 });
     let runs = args.runs.unwrap_or(if args.quick { 1 } else { 3 }).max(1);
     let load = load_average_at_start();
     if !args.json {
         eprintln!(
-            "agora bench stall: {runs} run(s) of {iterations} neighbour round trips, quiet then beside the attack"
+            "agora bench stall: {runs} run(s) of {iterations} neighbour round trips, quiet then beside the {} attack",
+            args.attack
         );
     }
     let mut results = Vec::new();
@@ -171,7 +244,19 @@ pub fn stall(args: StallArgs) -> Result<()> {
         }
         let daemon_args: Vec<&str> = daemon_args.iter().map(String::as_str).collect();
         let daemon = DaemonProcess::start(None, &daemon_args)?;
-        let quiet = run_clients(&daemon.socket, ClientMode::Latency, iterations, 1)?.remove(0);
+        if on_opencl
+            && !agora::daemon_status(Some(daemon.socket.clone()))?
+                .devices
+                .iter()
+                .any(|d| d.kind == agora::DeviceKind::OpenCl)
+        {
+            // A queue only prefers a kind: without the device, the attack would run on the CPU
+            // and the figures would say nothing of OpenCL.
+            bail!(
+                "this attack runs on OpenCL, but the daemon has no OpenCL device (`agora devices` lists what it finds; `bash scripts/setup.sh` installs PoCL)"
+            );
+        }
+        let quiet = run_clients(&daemon.socket, neighbour, iterations, 1)?.remove(0);
         let (stop, done, ready) = (
             Arc::new(AtomicBool::new(false)),
             Arc::new(AtomicU64::new(0)),
@@ -183,7 +268,13 @@ pub fn stall(args: StallArgs) -> Result<()> {
         };
         let attacker = {
             let (socket, stop, done, ready) = (daemon.socket.clone(), stop.clone(), done.clone(), ready.clone());
-            std::thread::spawn(move || attack(device, socket, stop, done, ready))
+            std::thread::spawn(move || {
+                if departing {
+                    departures(socket, departure_bytes, stop, done, ready)
+                } else {
+                    attack(device, socket, stop, done, ready)
+                }
+            })
         };
         while !ready.load(Ordering::Acquire) && !attacker.is_finished() {
             std::thread::sleep(std::time::Duration::from_millis(10));
@@ -192,7 +283,7 @@ pub fn stall(args: StallArgs) -> Result<()> {
         // Let the attack reach its steady state (the model has seen the shapes).
         std::thread::sleep(std::time::Duration::from_millis(500));
         let stalls_before = agora::daemon_status(Some(daemon.socket.clone()))?.dispatcher_stalls;
-        let attacked = run_clients(&daemon.socket, ClientMode::Latency, iterations, 1);
+        let attacked = run_clients(&daemon.socket, neighbour, iterations, 1);
         let stalls_after = agora::daemon_status(Some(daemon.socket.clone()))?.dispatcher_stalls;
         stop.store(true, Ordering::Relaxed);
         attacker
@@ -211,21 +302,24 @@ pub fn stall(args: StallArgs) -> Result<()> {
             p99_ratio: attacked.p99_ns as f64 / quiet.p99_ns.max(1) as f64,
             dispatcher_longest_ms: status.dispatcher_longest_iteration_ms,
             attack_stalls: stalls_after.saturating_sub(stalls_before),
+            attack_max_ns: attacked.max_ns,
             attack_launches: launches,
             attack_launches_per_s: launches as f64 / attack_seconds,
         };
         if !args.json {
             eprintln!(
-                "  run {}: quiet p50/p99 {} / {} ns; under attack {} / {} ns (p99 ×{:.1}); dispatcher's longest stretch {:.2} ms, {} over 1 ms under attack; {} attack launches ({:.0}/s)",
+                "  run {}: quiet p50/p99 {} / {} ns; under attack {} / {} ns (p99 ×{:.1}, longest {:.2} ms); dispatcher's longest stretch {:.2} ms, {} over 1 ms under attack; {} attack {} ({:.1}/s)",
                 run + 1,
                 r.quiet_p50_ns,
                 r.quiet_p99_ns,
                 r.attack_p50_ns,
                 r.attack_p99_ns,
                 r.p99_ratio,
+                r.attack_max_ns as f64 / 1e6,
                 r.dispatcher_longest_ms,
                 r.attack_stalls,
                 r.attack_launches,
+                if departing { "departures" } else { "launches" },
                 r.attack_launches_per_s
             );
         }
@@ -240,13 +334,16 @@ pub fn stall(args: StallArgs) -> Result<()> {
         col(|r| r.attack_stalls as f64),
         col(|r| r.attack_launches_per_s),
     );
+    let attack_max = col(|r| r.attack_max_ns as f64);
     if args.json {
         let out = serde_json::json!({
             "iterations": iterations,
             "batch_priority": args.batch_priority.as_deref().unwrap_or("batch"),
             "dispatcher_nice": args.dispatcher_nice.unwrap_or(0),
             "dispatcher_realtime": args.dispatcher_realtime,
-            "attack_device": args.attack_device,
+            "attack": args.attack,
+            "attack_device": if departing { "opencl" } else { args.attack_device.as_str() },
+            "departure_bytes": if departing { Some(departure_bytes) } else { None },
             "load_average_at_start": load,
             "runs": results,
             "quiet_p99_ns": quiet99.median,
@@ -255,7 +352,8 @@ pub fn stall(args: StallArgs) -> Result<()> {
             "dispatcher_longest_ms": longest.median,
             "attack_stalls": stalls.median,
             "attack_launches_per_s": rate.median,
-            "spread": { "quiet_p99_ns": quiet99, "attack_p99_ns": attack99, "p99_ratio": ratio, "dispatcher_longest_ms": longest, "attack_stalls": stalls, "attack_launches_per_s": rate },
+            "attack_max_ns": attack_max.median,
+            "spread": { "quiet_p99_ns": quiet99, "attack_p99_ns": attack99, "p99_ratio": ratio, "dispatcher_longest_ms": longest, "attack_stalls": stalls, "attack_launches_per_s": rate, "attack_max_ns": attack_max },
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
@@ -274,8 +372,16 @@ pub fn stall(args: StallArgs) -> Result<()> {
         ("neighbour p99, under attack (µs)", micros(&attack99)),
         ("p99 under attack / quiet (aim ≤ 2)", ratio),
         ("dispatcher's longest stretch (ms; aim ≤ 1)", longest),
+        ("neighbour's longest, under attack (µs)", micros(&attack_max)),
         ("stretches over 1 ms under attack (aim 0)", stalls),
-        ("attack launches per second", rate),
+        (
+            if departing {
+                "departures per second"
+            } else {
+                "attack launches per second"
+            },
+            rate,
+        ),
     ] {
         println!("{name:<44} {:>10.2} {:>10.2} {:>10.2}", s.min, s.median, s.max);
     }

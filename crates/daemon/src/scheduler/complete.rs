@@ -45,7 +45,7 @@ pub(super) struct LaneCompletion {
     pub items: u64,
     pub device_name: Arc<str>,
     pub model: Arc<Mutex<PerformanceModel>>,
-    /// Its predicted nanoseconds, booked on its lane's pending work.
+    /// Its predicted nanoseconds (kernel and transfers), booked on its lane's pending work.
     pub predicted: u64,
     /// Its predicted nanoseconds as counted in the session's outstanding lane work (0 for
     /// latency-class tasks), for back-pressure.

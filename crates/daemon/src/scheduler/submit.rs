@@ -115,20 +115,26 @@ impl Scheduler {
         // At most 2^50 ns (13 days): a huge range extrapolated from small ones must not make the
         // lanes' sums of predictions wrap.
         .min(MAX_PREDICTED_NS) as u64;
+        // What the lane is booked for: the kernel and the job's transfers. No transfer is free
+        // either: a queue's 512 MiB `sync_to` booked as nothing let every policy put a neighbour's
+        // small task behind it (1.4 s behind three of them on PoCL).
+        let transfer_bytes: usize = transfers.iter().map(Transfer::len).sum();
+        let transfer_ns = transfer_bytes as f64 / self.facts[device].bandwidth.max(1.0) * 1e9;
+        let booked = (predicted as f64 + transfer_ns).min(MAX_PREDICTED_NS) as u64;
         let lane_pending = self.lane_pending[device][lane].clone();
-        lane_pending.fetch_add(predicted, Ordering::Relaxed);
+        lane_pending.fetch_add(booked, Ordering::Relaxed);
         let urgent = queue.class == QueueClass::Latency;
         // A DAG node job: ordered by its deadline on the lane, never sliced or revoked.
         let deadline = self.deadline_job.map(|(_, deadline)| deadline);
         // The session's outstanding lane work, for back-pressure (its batch work by prediction).
         let session_ns = if queue.class == QueueClass::Batch && deadline.is_none() {
-            predicted
+            booked
         } else {
             0
         };
         session.shared.lane_work_started(session_ns);
         // Latency work's own accounting: its queued time per lane, TReM's `q` and `l`.
-        let latency = urgent.then(|| self.books.charge(device, lane, predicted));
+        let latency = urgent.then(|| self.books.charge(device, lane, booked));
         let slices = match deadline {
             Some(_) => placement.required_slices,
             None => self
@@ -155,7 +161,7 @@ impl Scheduler {
             items,
             device_name,
             model: self.model.clone(),
-            predicted,
+            predicted: booked,
             session_ns,
             lane_pending,
             latency,
@@ -189,7 +195,7 @@ impl Scheduler {
                 transfers,
                 work,
                 session.shared.cancelled.clone(),
-                session.shared.lane_share(predicted),
+                session.shared.lane_share(booked),
                 self.books.victim_slot(device, lane).clone(),
                 predicted as f64,
                 cost_ns,
@@ -212,12 +218,12 @@ impl Scheduler {
                     exclusive,
                     deadline,
                     slices: None,
-                    share: session.shared.lane_share(predicted),
+                    share: session.shared.lane_share(booked),
                     done,
                 },
             );
         } else {
-            let share = session.shared.lane_share(predicted);
+            let share = session.shared.lane_share(booked);
             submit_sliced(
                 &*self.devices[device],
                 lane,

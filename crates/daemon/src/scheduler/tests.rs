@@ -162,6 +162,33 @@ fn an_idle_queue_returns_to_its_previous_lane_while_it_is_idle() {
     }
 }
 
+/// The client sees its task's completion a moment before the lane counts the job done, so an
+/// idle queue often finds its own lane at load 1: a tie with a lane that holds another tenant's
+/// long work must not go to the rotation.
+#[test]
+fn an_idle_queue_stays_on_its_lane_rather_than_join_a_neighbour_with_as_many_jobs_and_more_work() {
+    let device = Tweaked {
+        inner: sim("sim0", None),
+        slice_floor: None,
+        loads: Some(vec![1, 1]),
+    };
+    let mut s = scheduler(vec![cpu(), Arc::new(device)], config());
+    let q = queue(QueueClass::Batch, Some(DeviceKind::Sim));
+    // Lane 0: the queue's own last job, about done. Lane 1: a neighbour's long transfer.
+    q.binding.store(Binding::new(1, 0));
+    s.lane_pending[1][0].store(1_000, Ordering::Relaxed);
+    s.lane_pending[1][1].store(50_000_000, Ordering::Relaxed);
+    for _ in 0..4 {
+        assert_eq!(s.place(&noop(&q, 1 << 30)).unwrap().binding, Binding::new(1, 0));
+    }
+    // The queue's lane holds more predicted work than the other: the rotation decides again.
+    s.lane_pending[1][0].store(100_000_000, Ordering::Relaxed);
+    let lanes: std::collections::HashSet<usize> = (0..4)
+        .map(|_| s.place(&noop(&q, 1 << 30)).unwrap().binding.lane())
+        .collect();
+    assert_eq!(lanes, [0, 1].into());
+}
+
 #[test]
 fn devices_that_lack_the_kernel_or_are_draining_get_no_work() {
     let mut s = scheduler(
@@ -337,6 +364,48 @@ fn session() -> crate::session::Session {
     )
 }
 
+/// No transfer is free: a job's transfers are booked on its lane's predicted work (so policies,
+/// and tasks that would queue behind it, see it), and given back when it is done.
+#[test]
+fn a_transfer_books_its_predicted_time_on_its_lane_until_it_is_done() {
+    // A link of 1 MB/s: the sim takes 64 ms over 64 KiB; the scheduler predicts 10 GB/s.
+    let slow = SimDevice::new(SimSpec {
+        name: "slow-link".into(),
+        bandwidth: 1e6,
+        ..Default::default()
+    })
+    .unwrap();
+    let mut s = scheduler(vec![cpu(), Arc::new(slow)], config());
+    let mut session = session();
+    let len = 64 << 10;
+    let (handle, _) = session.alloc_buffer(len).unwrap();
+    let record = session.buffers.get(handle).unwrap().clone();
+    let q = queue(QueueClass::Batch, Some(DeviceKind::Sim));
+    let mut buffers: [Option<(Arc<crate::memory::BufferRecord>, agora_protocol::Access, bool)>; MAX_ARGS] =
+        Default::default();
+    buffers[0] = Some((record, agora_protocol::Access::Read, false));
+    let ready = Ready {
+        queue: q.clone(),
+        action: Action::SyncTo,
+        estimated_ns: 0.0,
+        items: 0,
+        touched_bytes: len,
+        slots: 1,
+        buffers,
+    };
+    let roles = super::data_roles(&ready);
+    s.place_and_submit(&session, 1, ready, roles).unwrap();
+    let booked = |s: &Scheduler| -> u64 { s.lane_pending[1].iter().map(|p| p.load(Ordering::Relaxed)).sum() };
+    // 65 536 bytes at 10 GB/s.
+    assert_eq!(booked(&s), 6_553, "booked while the transfer runs");
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    while q.in_flight.load(Ordering::Acquire) > 0 {
+        assert!(Instant::now() < deadline, "the sync_to never completed");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(booked(&s), 0, "given back when done");
+}
+
 #[test]
 fn held_tasks_are_released_in_order_once_their_queue_has_nothing_in_flight() {
     let mut s = scheduler(vec![cpu(), sim("a", None)], config());
@@ -377,48 +446,56 @@ fn held_tasks_are_released_in_order_once_their_queue_has_nothing_in_flight() {
     assert_eq!(done, [21, 22, 23], "in the order they were held");
 }
 
-/// A device like the CPU whose slices must each fill `floor` work items (as a GPU's resident
-/// threads): the CPU device with `Device::min_items_per_slice` overridden.
+/// A device with some answers of another overridden: `slice_floor`, work items each slice must
+/// fill (as a GPU's resident threads, `Device::min_items_per_slice`); `loads`, the lanes' job
+/// counts (`Device::lane_load`), as if jobs were queued there.
 #[derive(Debug)]
-struct WithSliceFloor(Arc<dyn Device>, u64);
+struct Tweaked {
+    inner: Arc<dyn Device>,
+    slice_floor: Option<u64>,
+    loads: Option<Vec<usize>>,
+}
 
-impl Device for WithSliceFloor {
+impl Device for Tweaked {
     fn info(&self) -> &agora_devices::DeviceInfo {
-        self.0.info()
+        self.inner.info()
     }
     fn implements(&self, kernel: &agora_kernels::KernelDef) -> bool {
-        self.0.implements(kernel)
+        self.inner.implements(kernel)
     }
     fn submit(&self, lane: usize, job: agora_devices::Job) {
-        self.0.submit(lane, job)
+        self.inner.submit(lane, job)
     }
     fn lane_load(&self, lane: usize) -> usize {
-        self.0.lane_load(lane)
+        match &self.loads {
+            Some(loads) => loads[lane],
+            None => self.inner.lane_load(lane),
+        }
     }
     fn run_inline(&self, work: &Work) -> Result<(), TaskError> {
-        self.0.run_inline(work)
+        self.inner.run_inline(work)
     }
     fn alloc(&self, tenant: u64, len: u64) -> Option<Result<Arc<dyn agora_devices::DeviceBuffer>, TaskError>> {
-        self.0.alloc(tenant, len)
+        self.inner.alloc(tenant, len)
     }
     unsafe fn read(&self, from: &dyn agora_devices::DeviceBuffer, host: *mut u8, len: usize) -> Result<(), TaskError> {
         // SAFETY: the caller's contract, passed on.
-        unsafe { self.0.read(from, host, len) }
+        unsafe { self.inner.read(from, host, len) }
     }
     fn runs_row_slices(&self) -> bool {
-        self.0.runs_row_slices()
+        self.inner.runs_row_slices()
     }
     fn slices(&self, kernel: &agora_kernels::KernelDef) -> bool {
-        self.0.slices(kernel)
+        self.inner.slices(kernel)
     }
     fn min_items_per_slice(&self) -> u64 {
-        self.1
+        self.slice_floor.unwrap_or_else(|| self.inner.min_items_per_slice())
     }
     fn status(&self) -> agora_devices::DeviceReport {
-        self.0.status()
+        self.inner.status()
     }
     fn shutdown(&self) {
-        self.0.shutdown()
+        self.inner.shutdown()
     }
 }
 
@@ -426,7 +503,12 @@ impl Device for WithSliceFloor {
 fn no_slice_is_smaller_than_the_device_fills_at_once() {
     // 270 336 threads: an H200's 132 multiprocessors × 2048.
     let floor = 132 * 2048;
-    let s = scheduler(vec![Arc::new(WithSliceFloor(cpu(), floor))], config());
+    let device = Tweaked {
+        inner: cpu(),
+        slice_floor: Some(floor),
+        loads: None,
+    };
+    let s = scheduler(vec![Arc::new(device)], config());
     let work = |range: [u64; 3], dims: usize| Work::Launch {
         kernel: agora_kernels::find("noop").unwrap().1.into(),
         range,

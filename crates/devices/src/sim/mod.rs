@@ -191,12 +191,7 @@ fn sim_buffer(buffer: &dyn DeviceBuffer) -> Result<&SimBuffer, TaskError> {
 impl SimExecutor {
     /// Modeled nanoseconds of a job's transfers over the device's link.
     fn transfer_ns(&self, transfers: &[Transfer]) -> f64 {
-        let bytes: usize = transfers
-            .iter()
-            .map(|t| match t {
-                Transfer::ToDevice { len, .. } | Transfer::ToHost { len, .. } => *len,
-            })
-            .sum();
+        let bytes: usize = transfers.iter().map(Transfer::len).sum();
         bytes as f64 / self.spec.bandwidth.max(1.0) * 1e9
     }
 
