@@ -852,6 +852,57 @@ mod tests {
         }
     }
 
+    /// Memory handed to the disposal thread is not free yet: an allocation the device refuses
+    /// meanwhile waits for the disposals and is tried again, so it succeeds where freeing on the
+    /// loop would have let it.
+    #[test]
+    fn an_allocation_refused_while_memory_is_being_given_back_waits_for_it() {
+        let device = agora_devices::sim::SimDevice::new(agora_devices::sim::SimSpec {
+            name: "small".into(),
+            memory_bytes: 8 << 20,
+            ..Default::default()
+        })
+        .unwrap();
+        let (_daemon, host_end) = UnixStream::pair().unwrap();
+        let mut host = Host {
+            devices: vec![Arc::new(device) as Arc<dyn Device>],
+            buffers: HashMap::new(),
+            segments: HashMap::new(),
+            kernels: HashMap::new(),
+            revocations: Arc::default(),
+            writer: Arc::new(Writer(Mutex::new(host_end))),
+            disposal: Disposal::start(),
+        };
+        host.alloc(0, 1, 1, 8 << 20).expect("the whole device, once");
+        assert!(
+            matches!(host.alloc(0, 9, 1, 1 << 20), Err(TaskError::DeviceOutOfMemory { .. })),
+            "full"
+        );
+        // Buffer 1 freed, its release slow (as PoCL's or the kernel's for a GiB): the disposal
+        // thread holds it until the gate opens, 100 ms from now.
+        struct SlowRelease {
+            opens: std::sync::mpsc::Receiver<()>,
+            _buffer: Arc<dyn DeviceBuffer>,
+        }
+        impl Drop for SlowRelease {
+            fn drop(&mut self) {
+                let _ = self.opens.recv_timeout(Duration::from_secs(10));
+            }
+        }
+        let (open, opens) = std::sync::mpsc::channel();
+        let buffer = host.buffers.remove(&(0, 1)).unwrap();
+        host.disposal.dispose(Box::new(SlowRelease { opens, _buffer: buffer }));
+        let opener = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            let _ = open.send(());
+        });
+        host.alloc(0, 2, 1, 8 << 20)
+            .expect("allowed once the freed buffer is really released");
+        assert!(host.buffers.contains_key(&(0, 2)));
+        assert!(!host.disposal.pending());
+        opener.join().unwrap();
+    }
+
     /// A request naming what the host lacks is a bug of the daemon's side: it is answered at
     /// once (the daemon's call would otherwise wait out its timeout) with `Internal` and the
     /// place, never with `KernelFault`, which would blame the task's kernel.
