@@ -458,3 +458,58 @@ fn a_device_host_s_own_log_lines_reach_the_daemon_s_log() {
         read_log()
     );
 }
+
+/// A job on a device in a host that reads a buffer whose only current copy is on another device
+/// (here an in-daemon `sim`) reads it from that device first: an ordinary case, computed right,
+/// and no "bug of the daemon" line in the log (the check of whose buffer it was logged one).
+#[test]
+fn a_read_from_another_device_by_a_job_in_a_host_is_right_and_no_link_bug() {
+    let dir = agora_test_support::temp_dir("device-host-foreign-read");
+    std::fs::write(dir.path().join("agora.toml"), "[[sim]]\nname = \"sim0\"\nlanes = 1\n").unwrap();
+    let log = dir.path().join("daemon.log");
+    let file = std::fs::File::create(&log).unwrap();
+    let daemon = Daemon::start_in_with(
+        AGORA,
+        dir,
+        &["--opencl-device-host", "--config", "{dir}/agora.toml"],
+        |c| {
+            c.stderr(std::process::Stdio::from(file));
+        },
+    );
+    let session = daemon.session_named("tenant");
+    require_opencl(&session);
+    let on_sim = queue(&session, "sim", DeviceKind::Sim);
+    let on_opencl = queue(&session, "opencl", DeviceKind::OpenCl);
+    let fill = session.kernel("fill").unwrap();
+    let saxpy = session.kernel("saxpy").unwrap();
+    let n = 4096;
+    let x = session.buffer_from(&vec![0.0f32; n]).unwrap();
+    let y = session.buffer_from(&vec![2.0f32; n]).unwrap();
+    for round in 1..=3 {
+        // x = round on the sim only (never read back), then y += 3 x on OpenCL.
+        on_sim.launch(&fill, &[Arg::F32(round as f32), (&x).into()], n).unwrap();
+        on_sim.finish().unwrap();
+        y.write_slice(&vec![2.0f32; n]).unwrap();
+        on_opencl.sync_to(&y).unwrap();
+        on_opencl
+            .launch(&saxpy, &[Arg::F32(3.0), (&x).into(), (&y).into()], n)
+            .unwrap();
+        on_opencl.sync_from(&y).unwrap().wait().unwrap();
+        on_opencl.finish().unwrap();
+        let expected = 2.0 + 3.0 * round as f32;
+        assert!(
+            y.as_slice::<f32>().iter().all(|v| *v == expected),
+            "round {round}: y = {:?}, not {expected}",
+            &y.as_slice::<f32>()[..4]
+        );
+    }
+    assert!(
+        jobs_on(&session, "sim") >= 3 && jobs_on(&session, "opencl") >= 3,
+        "the fills ran on the sim, the saxpys on OpenCL"
+    );
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        !text.contains("internal error on the device-host link"),
+        "a read from another device was logged as a link bug:\n{text}"
+    );
+}

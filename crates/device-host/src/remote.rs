@@ -1147,6 +1147,16 @@ fn staging_error(len: usize, what: &str, errno: i32) -> TaskError {
     }
 }
 
+/// Whether `buffer` is a buffer of `device` on this `link`. A check, not a claim: a job's
+/// transfer out of another device's buffer is a read from that device, not a bug, so nothing is
+/// logged (`own_buffer` on such a buffer logged one as a link bug of the daemon).
+fn is_own(buffer: &dyn DeviceBuffer, link: &Arc<Link>, device: u16) -> bool {
+    buffer
+        .as_any()
+        .downcast_ref::<RemoteBuffer>()
+        .is_some_and(|remote| std::ptr::eq(remote.link.as_ptr(), Arc::as_ptr(link)) && remote.device == device)
+}
+
 fn own_buffer<'a>(buffer: &'a dyn DeviceBuffer, link: &Arc<Link>, device: u16) -> Result<&'a RemoteBuffer, TaskError> {
     let remote = buffer
         .as_any()
@@ -1473,7 +1483,7 @@ impl RemoteExecutor {
                 len,
             } = transfer
             {
-                if own_buffer(from.as_ref(), &link, self.device).is_err() {
+                if !is_own(from.as_ref(), &link, self.device) {
                     if !drained {
                         self.count.wait_idle();
                         drained = true;
@@ -1495,9 +1505,11 @@ impl RemoteExecutor {
                         buffer: own_buffer(to.as_ref(), &link, self.device)?.id,
                     }),
                     Transfer::ToHost { from, host, len, .. } => {
-                        let Ok(buffer) = own_buffer(from.as_ref(), &link, self.device) else {
+                        // Another device's buffer was read above.
+                        if !is_own(from.as_ref(), &link, self.device) {
                             continue;
-                        };
+                        }
+                        let buffer = own_buffer(from.as_ref(), &link, self.device)?;
                         let target = self.host_ref(&link, *host, *len, false, &mut drained, &mut staging)?;
                         wire_transfers.push(TransferWire::ToHost {
                             buffer: buffer.id,
@@ -1657,7 +1669,7 @@ impl Executor for RemoteExecutor {
         transfers.iter().all(|transfer| match transfer {
             Transfer::ToDevice { host, len, .. } => mapped(*host, *len),
             Transfer::ToHost { from, host, len, .. } => {
-                own_buffer(from.as_ref(), &link, self.device).is_ok() && mapped(*host, *len)
+                is_own(from.as_ref(), &link, self.device) && mapped(*host, *len)
             }
         }) && match work {
             Work::Fill { ptr, len, .. } => mapped(*ptr, *len),
