@@ -411,6 +411,17 @@ fn a_device_that_faults_ends_its_host_and_comes_back_with_a_fresh_one() {
 /// What a device host's backend logs reaches the daemon's log, marked with the host's platform:
 /// a task's error says "the daemon logged the details", and for a device in a host those details
 /// are the host's (here, the compiler's log of a package program that does not build).
+/// A daemon in `dir` with `args`, its standard error (its log, and its device hosts') written to
+/// `dir/daemon.log`, whose path comes with it.
+fn logging_daemon(dir: agora_test_support::TempDir, args: &[&str]) -> (Daemon, std::path::PathBuf) {
+    let log = dir.path().join("daemon.log");
+    let file = std::fs::File::create(&log).unwrap();
+    let daemon = Daemon::start_in_with(AGORA, dir, args, |c| {
+        c.stderr(std::process::Stdio::from(file));
+    });
+    (daemon, log)
+}
+
 #[test]
 fn a_device_host_s_own_log_lines_reach_the_daemon_s_log() {
     let dir = agora_test_support::temp_dir("device-host-log");
@@ -429,16 +440,7 @@ fn a_device_host_s_own_log_lines_reach_the_daemon_s_log() {
          \x20   y[get_global_id(0)] = a * x[get_global_id(0)] + an_undeclared_name;\n}\n",
     )
     .unwrap();
-    let log = dir.path().join("daemon.log");
-    let file = std::fs::File::create(&log).unwrap();
-    let daemon = Daemon::start_in_with(
-        AGORA,
-        dir,
-        &["--opencl-device-host", "--kernels", "{dir}/packages"],
-        |c| {
-            c.stderr(std::process::Stdio::from(file));
-        },
-    );
+    let (daemon, log) = logging_daemon(dir, &["--opencl-device-host", "--kernels", "{dir}/packages"]);
     let session = daemon.session_named("tenant");
     require_opencl(&session);
     let q = queue(&session, "broken", DeviceKind::OpenCl);
@@ -466,16 +468,7 @@ fn a_device_host_s_own_log_lines_reach_the_daemon_s_log() {
 fn a_read_from_another_device_by_a_job_in_a_host_is_right_and_no_link_bug() {
     let dir = agora_test_support::temp_dir("device-host-foreign-read");
     std::fs::write(dir.path().join("agora.toml"), "[[sim]]\nname = \"sim0\"\nlanes = 1\n").unwrap();
-    let log = dir.path().join("daemon.log");
-    let file = std::fs::File::create(&log).unwrap();
-    let daemon = Daemon::start_in_with(
-        AGORA,
-        dir,
-        &["--opencl-device-host", "--config", "{dir}/agora.toml"],
-        |c| {
-            c.stderr(std::process::Stdio::from(file));
-        },
-    );
+    let (daemon, log) = logging_daemon(dir, &["--opencl-device-host", "--config", "{dir}/agora.toml"]);
     let session = daemon.session_named("tenant");
     require_opencl(&session);
     let on_sim = queue(&session, "sim", DeviceKind::Sim);
