@@ -212,6 +212,14 @@ fn attack(
 
 pub fn stall(args: StallArgs) -> Result<()> {
     let departing = args.attack == "departures";
+    if args.departure_mib.is_some() && !departing {
+        bail!("--departure-mib sizes the departures attack: add --attack departures");
+    }
+    if departing && args.attack_device != "cpu" {
+        bail!(
+            "--attack-device chooses where the tiny-launches attack runs; the departures attack always runs on OpenCL"
+        );
+    }
     let departure_bytes = args.departure_mib.unwrap_or(if args.quick { 64 } else { 512 }) << 20;
     // The neighbour shares the attacked device: the CPU's dispatcher and cores for tiny launches
     // (its `noop`s run inline), the OpenCL device's lanes and host for departures.

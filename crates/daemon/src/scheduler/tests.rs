@@ -368,10 +368,11 @@ fn session() -> crate::session::Session {
 /// and tasks that would queue behind it, see it), and given back when it is done.
 #[test]
 fn a_transfer_books_its_predicted_time_on_its_lane_until_it_is_done() {
-    // A link of 1 MB/s: the sim takes 64 ms over 64 KiB; the scheduler predicts 10 GB/s.
+    // A link of 50 kB/s: the sim takes 1.3 s over 64 KiB (time enough to look at the books
+    // however slow the machine is); the scheduler predicts 10 GB/s.
     let slow = SimDevice::new(SimSpec {
         name: "slow-link".into(),
-        bandwidth: 1e6,
+        bandwidth: 5e4,
         ..Default::default()
     })
     .unwrap();
