@@ -12,14 +12,33 @@
 //! tries once more (`Host::alloc`), so freeing later never fails anything that freeing at once
 //! would have let through.
 //!
+//! A big buffer freed while a job still holds it ([`Disposal::dispose_when_last`]) is watched
+//! until the job lets go, then dropped here too: otherwise the job's own thread (a lane's, or a
+//! completion's) did the free and the lane's next job, perhaps another tenant's, waited for it.
+//! Such buffers are not waited for by [`Disposal::flush`]: their memory was not free before
+//! either, until the job ended.
+//!
 //! Must not: take anything whose release must be visible before the next request is handled
 //! (a segment id can be mapped again at once: the new mapping is a new object).
 
-use std::sync::mpsc::{channel, Sender};
+use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 /// What the disposal thread drops: anything that may be dropped on another thread.
 type Item = Box<dyn Send>;
+
+/// A shared item held elsewhere too: called now and then, it drops its item and returns true
+/// once it is the last holder.
+type Watched = Box<dyn FnMut() -> bool + Send>;
+
+/// How often the disposal thread looks at the items it watches.
+const WATCH_EVERY: Duration = Duration::from_millis(5);
+
+enum Message {
+    Drop(Item),
+    WhenLast(Watched),
+}
 
 /// Smallest device buffer worth a hand-over: below it the drop is quicker than the wake-up of
 /// the disposal thread (on 2 cores a wake-up also costs the loop its core for a while).
@@ -35,26 +54,41 @@ struct Pending {
 /// Hands items to a thread that drops them ([`Disposal::dispose`]).
 pub(crate) struct Disposal {
     /// None when the thread could not start: items are then dropped at once, as before.
-    sender: Option<Mutex<Sender<Item>>>,
+    sender: Option<Mutex<Sender<Message>>>,
     pending: Arc<Pending>,
 }
 
 impl Disposal {
     /// Starts the disposal thread.
     pub(crate) fn start() -> Self {
-        let (sender, receiver) = channel::<Item>();
+        let (sender, receiver) = channel::<Message>();
         let pending = Arc::new(Pending::default());
         let on_thread = pending.clone();
         let started = std::thread::Builder::new()
             .name("agora-host-dispose".into())
             .spawn(move || {
-                for item in receiver {
-                    drop(item);
-                    let mut count = on_thread.count.lock().unwrap_or_else(|e| e.into_inner());
-                    *count -= 1;
-                    if *count == 0 {
-                        on_thread.none_left.notify_all();
+                let mut watched: Vec<Watched> = Vec::new();
+                loop {
+                    let message = if watched.is_empty() {
+                        receiver.recv().map_err(|_| RecvTimeoutError::Disconnected)
+                    } else {
+                        receiver.recv_timeout(WATCH_EVERY)
+                    };
+                    match message {
+                        Ok(Message::Drop(item)) => {
+                            drop(item);
+                            let mut count = on_thread.count.lock().unwrap_or_else(|e| e.into_inner());
+                            *count -= 1;
+                            if *count == 0 {
+                                on_thread.none_left.notify_all();
+                            }
+                        }
+                        Ok(Message::WhenLast(item)) => watched.push(item),
+                        Err(RecvTimeoutError::Timeout) => {}
+                        // The host is ending: what is still watched goes with this thread.
+                        Err(RecvTimeoutError::Disconnected) => return,
                     }
+                    watched.retain_mut(|dropped_if_last| !dropped_if_last());
                 }
             });
         if let Err(e) = &started {
@@ -73,12 +107,41 @@ impl Disposal {
             return;
         };
         *self.pending.count.lock().unwrap_or_else(|e| e.into_inner()) += 1;
-        let sent = sender.lock().unwrap_or_else(|e| e.into_inner()).send(item);
+        let sent = sender
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(Message::Drop(item));
         if let Err(unsent) = sent {
             // The thread is gone (it panicked dropping something): drop here.
             drop(unsent.0);
             self.done_one();
         }
+    }
+
+    /// Drops `item` on the disposal thread once every other holder has let go of it (a job
+    /// that still runs with it): at once when none is left already.
+    pub(crate) fn dispose_when_last<T: ?Sized + Send + Sync + 'static>(&self, item: Arc<T>) {
+        if Arc::strong_count(&item) == 1 {
+            self.dispose(Box::new(item));
+            return;
+        }
+        let Some(sender) = &self.sender else {
+            drop(item);
+            return;
+        };
+        let mut held = Some(item);
+        let watched: Watched = Box::new(move || {
+            // Nothing can clone it any more (the host forgot it), so a count of one stays one.
+            if held.as_ref().is_some_and(|item| Arc::strong_count(item) == 1) {
+                held = None;
+            }
+            held.is_none()
+        });
+        // A thread that is gone drops it here, with the message.
+        let _ = sender
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(Message::WhenLast(watched));
     }
 
     fn done_one(&self) {
@@ -155,6 +218,40 @@ mod tests {
         disposal.flush();
         assert_eq!(dropped.load(Ordering::SeqCst), 3);
         assert!(!disposal.pending());
+    }
+
+    /// Records the name of the thread that drops it.
+    struct NotesItsDropper(Arc<Mutex<Option<String>>>);
+
+    impl Drop for NotesItsDropper {
+        fn drop(&mut self) {
+            *self.0.lock().unwrap() = std::thread::current().name().map(str::to_string);
+        }
+    }
+
+    #[test]
+    fn an_item_a_job_still_holds_is_dropped_here_once_the_job_lets_go() {
+        let disposal = Disposal::start();
+        let dropper = Arc::new(Mutex::new(None));
+        let item = Arc::new(NotesItsDropper(dropper.clone()));
+        let job = item.clone();
+        disposal.dispose_when_last(item);
+        // Not waited for by a flush: its memory is the job's until the job ends.
+        disposal.flush();
+        assert!(dropper.lock().unwrap().is_none(), "dropped while the job held it");
+        // The job ends on a thread of its own and lets go: not the last holder, it frees nothing.
+        std::thread::Builder::new()
+            .name("lane".into())
+            .spawn(move || drop(job))
+            .unwrap()
+            .join()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while dropper.lock().unwrap().is_none() {
+            assert!(std::time::Instant::now() < deadline, "never dropped");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(dropper.lock().unwrap().as_deref(), Some("agora-host-dispose"));
     }
 
     #[test]

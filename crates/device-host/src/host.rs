@@ -447,10 +447,11 @@ impl Host {
             }
             Request::Free { device, buffer } => {
                 if let Some(freed) = self.buffers.remove(&(device, buffer)) {
-                    // The last holder of a big one lets go of it elsewhere; a job still holding
-                    // it drops it on its own thread when done.
-                    if freed.len() >= MIN_BUFFER_BYTES && Arc::strong_count(&freed) == 1 {
-                        self.disposal.dispose(Box::new(freed));
+                    // A big one is let go of elsewhere, also when a job still holds it (its Done
+                    // can reach the daemon, and this Free come back, before the job's thread
+                    // drops its reference).
+                    if freed.len() >= MIN_BUFFER_BYTES {
+                        self.disposal.dispose_when_last(freed);
                     }
                 }
             }
