@@ -51,6 +51,17 @@ struct Pending {
     none_left: Condvar,
 }
 
+impl Pending {
+    /// One item handed over is dropped.
+    fn done_one(&self) {
+        let mut count = self.count.lock().unwrap_or_else(|e| e.into_inner());
+        *count -= 1;
+        if *count == 0 {
+            self.none_left.notify_all();
+        }
+    }
+}
+
 /// Hands items to a thread that drops them ([`Disposal::dispose`]).
 pub(crate) struct Disposal {
     /// None when the thread could not start: items are then dropped at once, as before.
@@ -77,11 +88,7 @@ impl Disposal {
                     match message {
                         Ok(Message::Drop(item)) => {
                             drop(item);
-                            let mut count = on_thread.count.lock().unwrap_or_else(|e| e.into_inner());
-                            *count -= 1;
-                            if *count == 0 {
-                                on_thread.none_left.notify_all();
-                            }
+                            on_thread.done_one();
                         }
                         Ok(Message::WhenLast(item)) => watched.push(item),
                         Err(RecvTimeoutError::Timeout) => {}
@@ -114,7 +121,7 @@ impl Disposal {
         if let Err(unsent) = sent {
             // The thread is gone (it panicked dropping something): drop here.
             drop(unsent.0);
-            self.done_one();
+            self.pending.done_one();
         }
     }
 
@@ -142,14 +149,6 @@ impl Disposal {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .send(Message::WhenLast(watched));
-    }
-
-    fn done_one(&self) {
-        let mut count = self.pending.count.lock().unwrap_or_else(|e| e.into_inner());
-        *count -= 1;
-        if *count == 0 {
-            self.pending.none_left.notify_all();
-        }
     }
 
     /// Whether anything handed over is not yet dropped.
