@@ -60,10 +60,11 @@ pub struct ServeArgs {
     #[arg(long, value_name = "MS")]
     latency_sla_ms: Option<f64>,
     /// OS priority of lane threads while they run batch-class jobs (latency-class jobs always run
-    /// at normal priority): idle (SCHED_IDLE: batch work yields the core to any other work),
-    /// batch (SCHED_BATCH), normal (no difference) or nice:N. idle and nice:N need CAP_SYS_NICE
-    /// or RLIMIT_NICE >= 20 to bring a lane back to normal priority; without, the daemon says so
-    /// and uses batch [default: batch].
+    /// at normal priority): auto (batch, and idle while latency-class work is live: a
+    /// latency-class task in the last second), idle (SCHED_IDLE: batch work yields the core to
+    /// any other work), batch (SCHED_BATCH), normal (no difference) or nice:N. auto, idle and
+    /// nice:N need CAP_SYS_NICE or RLIMIT_NICE >= 20 to bring a lane back to normal priority;
+    /// without, the daemon says so and uses batch [default: auto].
     #[arg(long, value_name = "PRIORITY", value_parser = agora_daemon::BatchPriority::parse)]
     batch_priority: Option<agora_daemon::BatchPriority>,
     /// Added to the dispatcher thread's nice value, e.g. -5 to run it above lanes and clients
@@ -521,6 +522,20 @@ pub fn status(args: StatusArgs) -> Result<()> {
         "dispatcher's longest stretch of work since start: {:.3} ms ({} over 1 ms)",
         report.dispatcher_longest_iteration_ms, report.dispatcher_stalls
     );
+    if report.batch_priority == "auto" {
+        println!(
+            "batch lanes: {} now ({}; {} switches since start)",
+            report.batch_priority_now,
+            if report.batch_priority_now == "idle" {
+                "latency-class work is live"
+            } else {
+                "no latency-class work in the last second"
+            },
+            report.batch_priority_switches
+        );
+    } else if !report.batch_priority.is_empty() {
+        println!("batch lanes: {}", report.batch_priority);
+    }
     if report.evictions > 0 || report.memory_waits > 0 || report.allocation_retries > 0 {
         println!(
             "device memory pressure since start: {} buffers evicted, {} tasks waited for room, {} allocations retried after eviction",

@@ -366,21 +366,23 @@ pub struct DaemonConfig {
     /// `batch`: `SCHED_BATCH` (a waking batch thread does not preempt others; no privilege
     /// needed); `idle`: `SCHED_IDLE` (batch work runs only when no normal thread wants the
     /// core, so latency work — the dispatcher, clients, lanes with latency jobs — runs at once);
-    /// `nice:N`: nice value + N.
+    /// `nice:N`: nice value + N; `auto`: `batch` while no latency-class work is live, `idle`
+    /// while some is (a latency-class task in the last second).
     ///
-    /// Default `batch`. `idle` is the only setting under which a waking latency thread always
+    /// Default `auto`. `idle` is the only setting under which a waking latency thread always
     /// preempts batch work at once, but it starves batch lanes whenever normal threads spin —
     /// and Agora's clients and dispatcher spin briefly by design: with `idle`, the pipelined
     /// throughput of `agora bench latency` (lane jobs of one batch queue) fell from about 1.6 to
-    /// 0.2–0.7 M tasks/s on the 2-core VM. `agora bench sla` (scripts/measure-prio.sh, 3
-    /// interleaved runs each) could not tell the three apart: chunked preemption p99 medians of
-    /// 2.4 ms `normal`, 2.2 ms `idle`, 3.6 ms `batch` on a quiet VM (9.3, 5.7, 5.0 ms with other
-    /// work running), batch throughput within 3 % (see docs/PERFORMANCE.md). `batch` never
-    /// starves and never needs privileges. Returning a thread from `idle` or `nice:N` to normal needs
-    /// `CAP_SYS_NICE` or `RLIMIT_NICE` ≥ 20 (sched(7)); the daemon tries the round trip at start
-    /// and, where it fails, says so in one line and uses `batch`, which every user may use. On a
-    /// node shared with other busy programs, `idle` batch work waits for them: use `batch` there.
-    #[default(BatchPriority::Batch)]
+    /// 0.2–0.7 M tasks/s on the 2-core VM. `auto` pays that only while a latency tenant is at
+    /// work, which is when the trade is wanted: `agora bench stall` measured a latency-class
+    /// neighbour's p99 beside CPU-bound batch launches at ~1× its quiet p99 under `idle` against
+    /// 3–10× under `batch` (see docs/PERFORMANCE.md). `batch` never starves and never needs
+    /// privileges. Returning a thread from `idle` or `nice:N` to normal needs `CAP_SYS_NICE` or
+    /// `RLIMIT_NICE` ≥ 20 (sched(7)); the daemon tries the round trip at start and, where it
+    /// fails, says so in one line and uses `batch`, which every user may use (so `auto` is
+    /// `batch` for an unprivileged daemon). On a node shared with other busy programs, `idle`
+    /// batch work waits for them: use `batch` there.
+    #[default(BatchPriority::Auto)]
     pub batch_priority: BatchPriority,
     /// Nice value added to the dispatcher thread's (0: unchanged). Negative values raise it
     /// above the lanes and clients (e.g. -5), which needs `CAP_SYS_NICE` or a sufficient
@@ -1231,9 +1233,10 @@ impl DaemonConfig {
              #   response-time target of latency queues that set none. revoke_min_us: shorter batch\n\
              #   launches are never revocable. revoke_max_save_share (0.05): nor are launches whose\n\
              #   read-write buffers take longer than this share of the launch to save.\n\
-             # scheduler.batch_priority: idle | batch | normal | nice:N, the OS priority of lane threads\n\
-             #   running batch jobs (latency jobs run at normal). idle and nice:N need CAP_SYS_NICE or\n\
-             #   RLIMIT_NICE >= 20 to come back to normal; without, the daemon says so and uses batch.\n\
+             # scheduler.batch_priority: auto | idle | batch | normal | nice:N, the OS priority of lane\n\
+             #   threads running batch jobs (latency jobs run at normal). auto: batch, and idle while\n\
+             #   latency-class work is live. auto, idle and nice:N need CAP_SYS_NICE or RLIMIT_NICE >= 20\n\
+             #   to come back to normal; without, the daemon says so and uses batch.\n\
              # scheduler.dispatcher_nice: added to the dispatcher thread's nice value (0: unchanged;\n\
              #   negative raises it, which needs CAP_SYS_NICE or RLIMIT_NICE). dispatcher_realtime:\n\
              #   SCHED_FIFO for the dispatcher (no lane or client preempts it; it keeps a core while\n\
@@ -1451,7 +1454,7 @@ mod tests {
 
     #[test]
     fn batch_priorities_by_name() {
-        assert_eq!(DaemonConfig::default().batch_priority, BatchPriority::Batch);
+        assert_eq!(DaemonConfig::default().batch_priority, BatchPriority::Auto);
         assert_eq!(DaemonConfig::default().dispatcher_nice, 0);
         assert!(!DaemonConfig::default().dispatcher_realtime);
         let c = DaemonConfig::from_toml("[scheduler]\ndispatcher_realtime = true\n").unwrap();
@@ -1462,6 +1465,7 @@ mod tests {
             ("batch", BatchPriority::Batch),
             ("idle", BatchPriority::Idle),
             ("nice:10", BatchPriority::Nice(10)),
+            ("auto", BatchPriority::Auto),
         ] {
             let c = DaemonConfig::from_toml(&format!("[scheduler]\nbatch_priority = \"{text}\"\n")).unwrap();
             assert_eq!(c.batch_priority, priority);

@@ -513,7 +513,7 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
         policy::build(config.policy, &config),
         model,
         scheduler::SchedulerConfig {
-            batch_lanes_idle: priorities.batch() == agora_devices::priority::BatchPriority::Idle,
+            lane_priorities: priorities.clone(),
             ..scheduler::SchedulerConfig::from_daemon(&config, checkpoints)
         },
         telemetry.clone(),

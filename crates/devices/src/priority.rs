@@ -11,6 +11,17 @@
 //! lane at once (the batch slice it waits behind then finishes at normal priority, instead of
 //! starving at idle priority behind the very threads waiting for it).
 //!
+//! # `auto`: idle beside latency work
+//!
+//! `auto` (the daemon's default) runs batch work at `batch` while no latency-class work is live,
+//! and at `idle` while some is ([`LanePriorities::set_latency_live`], called by the daemon's
+//! scheduler when a latency-class queue submits and when it has been quiet for a while). A
+//! latency tenant then gets the cores whenever it wants them, and batch work keeps `batch`'s
+//! throughput when there is nobody to yield to (an `idle` lane starves behind any thread that
+//! spins, the batch tenant's own client included). A switch costs one system call per thread of
+//! each lane running batch work at that moment, none for the others: they pick up the setting at
+//! their next batch job.
+//!
 //! # Privileges (Linux, sched(7), setpriority(2))
 //!
 //! Any thread may lower its own priority (to `SCHED_BATCH`, to `SCHED_IDLE`, to a higher nice
@@ -21,6 +32,7 @@
 //!   least `20 - nice` (20 for a daemon at nice 0; `ulimit -e`, `LimitNICE=` in systemd,
 //!   `nice` in limits.conf).
 //! * `nice:N` (nice + N → nice) needs the same.
+//! * `auto` needs what `idle` needs; without it, it is `batch`.
 //!
 //! [`LanePriorities::resolve`] tries the round trip on a scratch thread before any lane starts;
 //! where it fails it falls back to the strongest setting that works (`idle` and `nice:N` to
@@ -45,20 +57,24 @@ pub enum BatchPriority {
     /// `SCHED_OTHER` at the daemon's nice value plus N (1 to 19). Needs privilege for the way
     /// back.
     Nice(u8),
+    /// `Batch` while no latency-class work is live, `Idle` while some is (see the module
+    /// documentation). Needs privilege for the way back, as `Idle`.
+    Auto,
 }
 
 impl BatchPriority {
-    /// Parses `normal`, `batch`, `idle` or `nice:N` (N from 1 to 19).
+    /// Parses `auto`, `normal`, `batch`, `idle` or `nice:N` (N from 1 to 19).
     pub fn parse(text: &str) -> Result<Self, String> {
         let t = text.trim();
         match t {
             "normal" => Ok(BatchPriority::Normal),
             "batch" => Ok(BatchPriority::Batch),
             "idle" => Ok(BatchPriority::Idle),
+            "auto" => Ok(BatchPriority::Auto),
             _ => match t.strip_prefix("nice:").map(|n| n.trim().parse::<u8>()) {
                 Some(Ok(n)) if (1..=19).contains(&n) => Ok(BatchPriority::Nice(n)),
                 _ => Err(format!(
-                    "unknown batch priority '{text}': choose normal, batch, idle or nice:N (N from 1 to 19)"
+                    "unknown batch priority '{text}': choose auto, normal, batch, idle or nice:N (N from 1 to 19)"
                 )),
             },
         }
@@ -71,13 +87,14 @@ impl BatchPriority {
             BatchPriority::Batch => "batch".into(),
             BatchPriority::Idle => "idle".into(),
             BatchPriority::Nice(n) => format!("nice:{n}"),
+            BatchPriority::Auto => "auto".into(),
         }
     }
 
     /// The next weaker setting that needs less privilege.
     fn weaker(self) -> BatchPriority {
         match self {
-            BatchPriority::Idle | BatchPriority::Nice(_) => BatchPriority::Batch,
+            BatchPriority::Idle | BatchPriority::Nice(_) | BatchPriority::Auto => BatchPriority::Batch,
             BatchPriority::Batch | BatchPriority::Normal => BatchPriority::Normal,
         }
     }
@@ -90,12 +107,33 @@ impl std::fmt::Display for BatchPriority {
 }
 
 /// Lane priorities that work in this process: a [`BatchPriority`] whose round trip (to the
-/// batch priority and back to normal) was tried, or the one it fell back to.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// batch priority and back to normal) was tried, or the one it fell back to. Clones share the
+/// `auto` setting's state: one [`LanePriorities::set_latency_live`] switches every lane made
+/// from any of them.
+#[derive(Debug, Clone, Default)]
 pub struct LanePriorities {
     requested: BatchPriority,
     batch: BatchPriority,
     fallback: Option<String>,
+    regime: Arc<Regime>,
+}
+
+impl PartialEq for LanePriorities {
+    fn eq(&self, other: &Self) -> bool {
+        (self.requested, self.batch, &self.fallback) == (other.requested, other.batch, &other.fallback)
+    }
+}
+
+impl Eq for LanePriorities {}
+
+/// The `auto` setting's state: whether batch work runs at `idle` now, and the lanes to switch.
+#[derive(Debug, Default)]
+struct Regime {
+    /// Latency-class work is live: `auto` lanes run batch work at `idle`.
+    idle: AtomicBool,
+    /// The lanes made with `auto` (held weakly: a lane that ends leaves by itself). Switches are
+    /// made under this lock, so two cannot interleave.
+    lanes: Mutex<Vec<std::sync::Weak<LaneClass>>>,
 }
 
 impl LanePriorities {
@@ -111,15 +149,28 @@ impl LanePriorities {
         Self::resolve_with(requested, probe)
     }
 
+    /// `batch` taken as working without trying it: for tests of code that reads the setting
+    /// (a lane made from it would fail to switch and say so once).
+    #[doc(hidden)]
+    pub fn assumed(batch: BatchPriority) -> Self {
+        Self::resolve_with(batch, |_| Ok(()))
+    }
+
     /// [`LanePriorities::resolve`] with the round trip tried by `probe`.
     fn resolve_with(requested: BatchPriority, probe: impl Fn(BatchPriority) -> Result<(), String>) -> Self {
         let mut batch = requested;
         let mut reasons = Vec::new();
         while batch != BatchPriority::Normal {
-            match probe(batch) {
+            // `auto` goes where `idle` goes: that is the round trip it must make.
+            let tried = if batch == BatchPriority::Auto {
+                BatchPriority::Idle
+            } else {
+                batch
+            };
+            match probe(tried) {
                 Ok(()) => break,
                 Err(why) => {
-                    reasons.push(format!("{batch}: {why}"));
+                    reasons.push(format!("{tried}: {why}"));
                     batch = batch.weaker();
                 }
             }
@@ -128,6 +179,7 @@ impl LanePriorities {
             requested,
             batch,
             fallback: (!reasons.is_empty()).then(|| reasons.join("; ")),
+            regime: Arc::default(),
         }
     }
 
@@ -144,6 +196,43 @@ impl LanePriorities {
     /// Why the setting asked for could not be used (one line), if it could not.
     pub fn fallback(&self) -> Option<&str> {
         self.fallback.as_deref()
+    }
+
+    /// What batch work runs at now: the setting, or for `auto` `idle` or `batch` as latency
+    /// work is live or not.
+    pub fn batch_now(&self) -> BatchPriority {
+        effective(self.batch, &self.regime)
+    }
+
+    /// For `auto`: whether latency-class work is live. On a change, every `auto` lane running
+    /// batch work now moves to the new priority (a system call per thread); the others take it
+    /// at their next batch job. Returns whether anything changed (always `false` for the other
+    /// settings, which never change).
+    pub fn set_latency_live(&self, live: bool) -> bool {
+        if self.batch != BatchPriority::Auto {
+            return false;
+        }
+        let mut lanes = self.regime.lanes.lock().unwrap_or_else(|e| e.into_inner());
+        if self.regime.idle.swap(live, Ordering::SeqCst) == live {
+            return false;
+        }
+        lanes.retain(|lane| match lane.upgrade() {
+            Some(lane) => {
+                lane.reapply();
+                true
+            }
+            None => false,
+        });
+        true
+    }
+}
+
+/// What `batch` means now under `regime` (only `auto` depends on it).
+fn effective(batch: BatchPriority, regime: &Regime) -> BatchPriority {
+    match batch {
+        BatchPriority::Auto if regime.idle.load(Ordering::SeqCst) => BatchPriority::Idle,
+        BatchPriority::Auto => BatchPriority::Batch,
+        other => other,
     }
 }
 
@@ -173,6 +262,8 @@ struct Members {
 #[derive(Debug)]
 pub struct LaneClass {
     batch: BatchPriority,
+    /// The `auto` setting's state, shared with the [`LanePriorities`] the lane was made from.
+    regime: Arc<Regime>,
     /// Mirrors `members.class`, for the check without the lock (written under it).
     class: AtomicU8,
     members: Mutex<Members>,
@@ -183,7 +274,15 @@ pub struct LaneClass {
 impl LaneClass {
     /// The class switch of a lane whose batch work runs as `priorities` say.
     pub fn new(priorities: &LanePriorities) -> Arc<LaneClass> {
-        Arc::new(Self::with_batch(priorities.batch()))
+        let mut lane = Self::with_batch(priorities.batch());
+        lane.regime = priorities.regime.clone();
+        let lane = Arc::new(lane);
+        if lane.batch == BatchPriority::Auto {
+            let mut lanes = priorities.regime.lanes.lock().unwrap_or_else(|e| e.into_inner());
+            lanes.retain(|l| l.strong_count() > 0);
+            lanes.push(Arc::downgrade(&lane));
+        }
+        lane
     }
 
     /// A lane that never switches (every job at normal priority).
@@ -195,6 +294,7 @@ impl LaneClass {
     fn with_batch(batch: BatchPriority) -> LaneClass {
         LaneClass {
             batch,
+            regime: Arc::default(),
             class: AtomicU8::new(Class::Latency as u8),
             members: Mutex::new(Members {
                 threads: Vec::new(),
@@ -204,9 +304,9 @@ impl LaneClass {
         }
     }
 
-    /// The lane's batch priority.
+    /// The lane's batch priority now (for `auto`, `idle` or `batch`).
     pub fn batch_priority(&self) -> BatchPriority {
-        self.batch
+        effective(self.batch, &self.regime)
     }
 
     /// Makes the calling thread one of the lane's: it follows the lane's class (now, and at each
@@ -221,7 +321,7 @@ impl LaneClass {
         };
         let mut members = self.members.lock().unwrap_or_else(|e| e.into_inner());
         if members.class == Class::Batch {
-            if let Err(e) = apply(self.batch, member, Class::Batch) {
+            if let Err(e) = apply(self.batch_priority(), member, Class::Batch) {
                 self.report(&e);
             }
         }
@@ -259,19 +359,36 @@ impl LaneClass {
         }
         members.class = class;
         self.class.store(class as u8, Ordering::Release);
+        // Read under the lock: a switch of `auto` (which takes it after changing the setting)
+        // either sees this class or this read sees the new setting.
+        let batch = self.batch_priority();
         let mut result = Ok(());
         for member in &members.threads {
-            if let Err(e) = apply(self.batch, *member, class) {
+            if let Err(e) = apply(batch, *member, class) {
                 result = Err(e);
             }
         }
         result
     }
 
+    /// `auto` switched: a lane running batch work moves its threads to the new priority.
+    fn reapply(&self) {
+        let members = self.members.lock().unwrap_or_else(|e| e.into_inner());
+        if members.class != Class::Batch {
+            return;
+        }
+        let batch = self.batch_priority();
+        for member in &members.threads {
+            if let Err(e) = apply(batch, *member, Class::Batch) {
+                self.report(&e);
+            }
+        }
+    }
+
     fn report(&self, error: &str) {
         if !self.reported.swap(true, Ordering::Relaxed) {
             tracing::warn!(
-                batch_priority = %self.batch,
+                batch_priority = %self.batch_priority(),
                 "cannot change a lane thread's OS priority: {error} (reported once per lane)"
             );
         }
@@ -329,9 +446,11 @@ fn probe(batch: BatchPriority) -> Result<(), String> {
         .unwrap_or_else(|_| Err("the thread trying it panicked".into()))
 }
 
-/// Puts thread `member` in `class` under `batch`.
+/// Puts thread `member` in `class` under `batch` (as it is now: never `Auto`).
 fn apply(batch: BatchPriority, member: Member, class: Class) -> Result<(), String> {
     match (batch, class) {
+        // Never passed (callers apply what `auto` means now); `batch` is its safe meaning.
+        (BatchPriority::Auto, class) => apply(BatchPriority::Batch, member, class),
         (BatchPriority::Normal, _) => Ok(()),
         (BatchPriority::Batch, Class::Batch) => set_policy(member.tid, sys::SCHED_BATCH),
         (BatchPriority::Idle, Class::Batch) => set_policy(member.tid, sys::SCHED_IDLE),
@@ -565,6 +684,7 @@ pub(crate) mod tests {
             BatchPriority::Batch,
             BatchPriority::Idle,
             BatchPriority::Nice(7),
+            BatchPriority::Auto,
         ] {
             assert_eq!(BatchPriority::parse(&p.name()), Ok(p));
         }
@@ -572,7 +692,7 @@ pub(crate) mod tests {
         assert!(BatchPriority::parse("nice:20").is_err());
         assert!(BatchPriority::parse("fifo")
             .unwrap_err()
-            .contains("normal, batch, idle"));
+            .contains("auto, normal, batch, idle"));
     }
 
     #[test]
@@ -657,6 +777,73 @@ pub(crate) mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    #[test]
+    fn auto_goes_where_idle_goes_and_falls_back_to_batch() {
+        let unprivileged = |p: BatchPriority| match p {
+            BatchPriority::Batch => Ok(()),
+            _ => Err("EPERM".to_string()),
+        };
+        let auto = LanePriorities::resolve_with(BatchPriority::Auto, unprivileged);
+        assert_eq!(auto.batch(), BatchPriority::Batch);
+        assert!(auto.fallback().unwrap().contains("idle: EPERM"), "{auto:?}");
+        assert!(!auto.set_latency_live(true), "batch never switches");
+        assert_eq!(auto.batch_now(), BatchPriority::Batch);
+        let ok = LanePriorities::resolve_with(BatchPriority::Auto, |p| {
+            assert_eq!(p, BatchPriority::Idle, "auto must prove the way back from idle");
+            Ok(())
+        });
+        assert_eq!((ok.batch(), ok.fallback()), (BatchPriority::Auto, None));
+        assert_eq!(ok.batch_now(), BatchPriority::Batch, "no latency work yet");
+    }
+
+    /// `auto`: a lane's threads run batch work at `SCHED_BATCH`, move to `SCHED_IDLE` when
+    /// latency work becomes live (switched from another thread, as the dispatcher does) and back
+    /// when it is over; latency work runs at `SCHED_OTHER` throughout, and a lane made from a
+    /// clone of the priorities switches too.
+    #[test]
+    fn auto_moves_batch_work_to_idle_while_latency_work_is_live() {
+        let p = LanePriorities::resolve(BatchPriority::Auto);
+        if p.batch() != BatchPriority::Auto {
+            // Unprivileged: `auto` is `batch` (the fallback is tested above).
+            assert_eq!(p.batch(), BatchPriority::Batch, "{p:?}");
+            return;
+        }
+        let lane = LaneClass::new(&p.clone());
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let member = {
+            let lane = lane.clone();
+            std::thread::spawn(move || {
+                let _membership = lane.join();
+                tid_tx.send(gettid()).unwrap();
+                // Held until the test is done looking.
+                let _ = go_rx.recv();
+            })
+        };
+        let tid = tid_rx.recv().unwrap();
+        let policy = || policy_of(tid).unwrap();
+        lane.set(Class::Batch);
+        assert_eq!(policy(), SCHED_BATCH, "no latency work: batch");
+        assert!(p.set_latency_live(true));
+        assert!(!p.set_latency_live(true), "no change, nothing done");
+        assert_eq!(policy(), SCHED_IDLE, "latency work live: the running batch lane yields");
+        assert_eq!(p.batch_now(), BatchPriority::Idle);
+        lane.set(Class::Latency);
+        assert_eq!(policy(), SCHED_OTHER);
+        assert!(p.set_latency_live(false));
+        assert_eq!(policy(), SCHED_OTHER, "a lane running latency work is left alone");
+        lane.set(Class::Batch);
+        assert_eq!(policy(), SCHED_BATCH);
+        assert!(p.set_latency_live(true));
+        assert_eq!(policy(), SCHED_IDLE);
+        assert!(p.set_latency_live(false));
+        assert_eq!(policy(), SCHED_BATCH, "and back once latency work is over");
+        drop(go_tx);
+        member.join().unwrap();
+        drop(lane);
+        assert!(p.set_latency_live(true), "a switch with no lane left is fine");
     }
 
     #[test]

@@ -1011,6 +1011,16 @@ pub struct StatusReport {
     /// counts the stalls of the time between them, which the longest (since start) cannot.
     #[serde(default)]
     pub dispatcher_stalls: u64,
+    /// The OS priority lanes run batch work at, as configured after any fallback (`auto`,
+    /// `batch`, `idle`, `normal`, `nice:N`).
+    #[serde(default)]
+    pub batch_priority: String,
+    /// What it is now: for `auto`, `idle` while latency-class work is live, else `batch`.
+    #[serde(default)]
+    pub batch_priority_now: String,
+    /// Switches of `auto` batch lanes between `batch` and `idle` since start.
+    #[serde(default)]
+    pub batch_priority_switches: u64,
     /// Device allocations a runtime refused although the books said they fit, retried after
     /// evicting idle buffers, since start.
     pub allocation_retries: u64,

@@ -60,7 +60,7 @@ pub struct ClientArgs {
     /// Preferred device kind (cpu, opencl, cuda, sim).
     #[arg(long)]
     device_kind: Option<String>,
-    /// Soak and latency modes: a latency-class queue (else batch).
+    /// Soak and the latency modes: a latency-class queue (else batch).
     #[arg(long)]
     latency_class: bool,
     #[command(flatten)]
@@ -321,10 +321,15 @@ pub fn client(args: ClientArgs) -> Result<()> {
         control_timeout: None,
         reconnect_timeout: None,
     })?;
+    let class = if args.latency_class {
+        agora::QueueClass::Latency
+    } else {
+        agora::QueueClass::Batch
+    };
     let queue = match args.mode {
         ClientMode::OpenclLatency => session.queue_with(agora::QueueOptions {
             name: "bench opencl".into(),
-            class: agora::QueueClass::Batch,
+            class,
             preferred_device: Some(agora::DeviceKind::OpenCl),
             sla: None,
         })?,
@@ -333,12 +338,14 @@ pub fn client(args: ClientArgs) -> Result<()> {
         _ => match device_kind(args.device_kind.as_deref()) {
             Some(kind) => session.queue_with(agora::QueueOptions {
                 name: "bench".into(),
-                class: if args.latency_class {
-                    agora::QueueClass::Latency
-                } else {
-                    agora::QueueClass::Batch
-                },
+                class,
                 preferred_device: Some(kind),
+                sla: None,
+            })?,
+            None if args.latency_class => session.queue_with(agora::QueueOptions {
+                name: "bench".into(),
+                class,
+                preferred_device: None,
                 sla: None,
             })?,
             None => session.queue("bench")?,

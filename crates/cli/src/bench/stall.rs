@@ -9,8 +9,9 @@
 //! of `dispatcher_stalls`, so the daemon's start and the quiet phase are left out), the figures
 //! the issue asks for.
 //!
-//! The neighbour is an `agora bench-client latency` process (one `noop` at a time), the attacker
-//! a session of this process, so the two are separate tenants as in the issue.
+//! The neighbour is an `agora bench-client latency` process (one `noop` at a time, on a
+//! latency-class queue unless `--neighbour-class batch`), the attacker a session of this process,
+//! so the two are separate tenants as in the issue.
 //!
 //! `--attack departures` is the pressure of issue #22 item 2 instead: tenants that come one after
 //! another, each pushing three buffers of `--departure-mib` MiB to the OpenCL device and leaving.
@@ -27,7 +28,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
 
-use super::client::{run_clients, ClientMode};
+use super::client::{run_clients_with, ClientMode};
 use super::harness::{load_average_at_start, spread, DaemonProcess, Spread};
 
 /// `agora bench stall` options.
@@ -45,8 +46,9 @@ pub struct StallArgs {
     /// Runs, each with a fresh daemon (default 3; 1 with --quick).
     #[arg(long)]
     runs: Option<usize>,
-    /// The daemon's `--batch-priority` (default: the daemon's own, `batch`); `idle` puts batch
-    /// lanes below every other thread of the machine.
+    /// The daemon's `--batch-priority` (default: the daemon's own, `auto`: `batch`, and `idle`
+    /// while latency-class work is live); `idle` puts batch lanes below every other thread of
+    /// the machine.
     #[arg(long, value_name = "PRIORITY")]
     batch_priority: Option<String>,
     /// The daemon's `--dispatcher-nice` (default 0, unchanged), e.g. -5 to run the dispatcher
@@ -67,6 +69,10 @@ pub struct StallArgs {
     /// device and leave, one after another: item 2; the neighbour runs on OpenCL too).
     #[arg(long, value_name = "KIND", default_value = "tiny-launches", value_parser = ["tiny-launches", "departures"])]
     attack: String,
+    /// The neighbour's queue class: `latency` (a tenant that says its round trips matter, the
+    /// default) or `batch` (one that does not).
+    #[arg(long, value_name = "CLASS", default_value = "latency", value_parser = ["latency", "batch"])]
+    neighbour_class: String,
     /// Departures attack: MiB of each of a departing tenant's three buffers (default 512; 64 with
     /// --quick).
     #[arg(long, value_name = "MIB")]
@@ -89,6 +95,9 @@ struct StallRun {
     attack_stalls: u64,
     /// The neighbour's longest round trip under attack.
     attack_max_ns: u64,
+    /// What lanes ran batch work at while the neighbour ran beside the attack (`agora status`
+    /// at its end: for `auto`, `idle` while latency-class work is live).
+    batch_priority_under_attack: String,
     /// Attack launches completed (from the attack's start to its end); with `--attack
     /// departures`, tenants that came, pushed their buffers and left.
     attack_launches: u64,
@@ -239,6 +248,8 @@ pub fn stall(args: StallArgs) -> Result<()> {
         );
     }
     let mut results = Vec::new();
+    // As the daemon reports it (after any fallback for want of privilege).
+    let mut batch_priority = String::new();
     for run in 0..runs {
         let mut daemon_args: Vec<String> = match &args.batch_priority {
             Some(priority) => vec!["--batch-priority".into(), priority.clone()],
@@ -264,7 +275,12 @@ pub fn stall(args: StallArgs) -> Result<()> {
                 "this attack runs on OpenCL, but the daemon has no OpenCL device (`agora devices` lists what it finds; `bash scripts/setup.sh` installs PoCL)"
             );
         }
-        let quiet = run_clients(&daemon.socket, neighbour, iterations, 1)?.remove(0);
+        let neighbour_options: &[&str] = if args.neighbour_class == "latency" {
+            &["--latency-class"]
+        } else {
+            &[]
+        };
+        let quiet = run_clients_with(&daemon.socket, neighbour, iterations, 1, neighbour_options)?.remove(0);
         let (stop, done, ready) = (
             Arc::new(AtomicBool::new(false)),
             Arc::new(AtomicU64::new(0)),
@@ -291,8 +307,10 @@ pub fn stall(args: StallArgs) -> Result<()> {
         // Let the attack reach its steady state (the model has seen the shapes).
         std::thread::sleep(std::time::Duration::from_millis(500));
         let stalls_before = agora::daemon_status(Some(daemon.socket.clone()))?.dispatcher_stalls;
-        let attacked = run_clients(&daemon.socket, neighbour, iterations, 1);
-        let stalls_after = agora::daemon_status(Some(daemon.socket.clone()))?.dispatcher_stalls;
+        let attacked = run_clients_with(&daemon.socket, neighbour, iterations, 1, neighbour_options);
+        let after = agora::daemon_status(Some(daemon.socket.clone()))?;
+        let stalls_after = after.dispatcher_stalls;
+        batch_priority = after.batch_priority.clone();
         stop.store(true, Ordering::Relaxed);
         attacker
             .join()
@@ -311,12 +329,13 @@ pub fn stall(args: StallArgs) -> Result<()> {
             dispatcher_longest_ms: status.dispatcher_longest_iteration_ms,
             attack_stalls: stalls_after.saturating_sub(stalls_before),
             attack_max_ns: attacked.max_ns,
+            batch_priority_under_attack: after.batch_priority_now.clone(),
             attack_launches: launches,
             attack_launches_per_s: launches as f64 / attack_seconds,
         };
         if !args.json {
             eprintln!(
-                "  run {}: quiet p50/p99 {} / {} ns; under attack {} / {} ns (p99 ×{:.1}, longest {:.2} ms); dispatcher's longest stretch {:.2} ms, {} over 1 ms under attack; {} attack {} ({:.1}/s)",
+                "  run {}: quiet p50/p99 {} / {} ns; under attack {} / {} ns (p99 ×{:.1}, longest {:.2} ms; batch lanes at {}); dispatcher's longest stretch {:.2} ms, {} over 1 ms under attack; {} attack {} ({:.1}/s)",
                 run + 1,
                 r.quiet_p50_ns,
                 r.quiet_p99_ns,
@@ -324,6 +343,7 @@ pub fn stall(args: StallArgs) -> Result<()> {
                 r.attack_p99_ns,
                 r.p99_ratio,
                 r.attack_max_ns as f64 / 1e6,
+                r.batch_priority_under_attack,
                 r.dispatcher_longest_ms,
                 r.attack_stalls,
                 r.attack_launches,
@@ -346,7 +366,8 @@ pub fn stall(args: StallArgs) -> Result<()> {
     if args.json {
         let out = serde_json::json!({
             "iterations": iterations,
-            "batch_priority": args.batch_priority.as_deref().unwrap_or("batch"),
+            "batch_priority": batch_priority,
+            "neighbour_class": args.neighbour_class,
             "dispatcher_nice": args.dispatcher_nice.unwrap_or(0),
             "dispatcher_realtime": args.dispatcher_realtime,
             "attack": args.attack,

@@ -37,6 +37,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use agora_devices::priority::{BatchPriority, LanePriorities};
 use agora_devices::{Device, DeviceKind};
 use agora_protocol::descriptor::Decoded;
 use agora_protocol::ring::RingError;
@@ -57,6 +58,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
+use std::time::Instant;
 
 mod books;
 // The validate stage driven without a server, for the fuzzer (`agora_daemon::fuzzing`).
@@ -86,6 +88,12 @@ const BATCH: u32 = 256;
 
 /// Most slices one chunked launch is split into.
 const MAX_SLICES: u64 = 4096;
+
+/// How long after its last task latency-class work still counts as live (`auto` batch lanes at
+/// `idle`): long enough that a tenant sending requests a few times a second keeps the cores
+/// between them (its client's own work competes with the lanes too), short enough that batch
+/// work gets its priority back soon after the latency tenant stops.
+const LATENCY_LIVE_HOLD: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Longest predicted time of one job, nanoseconds (2^50, 13 days).
 const MAX_PREDICTED_NS: f64 = (1u64 << 50) as f64;
@@ -132,6 +140,13 @@ pub(crate) struct Scheduler {
     pub kernels: Arc<KernelRegistry>,
     /// The snapshot launches are validated against, and the registry generation it is from.
     kernel_table: (Arc<KernelTable>, u64),
+    /// Under `batch_priority = "auto"`: until when latency-class work counts as live (batch lanes
+    /// at `idle`), [`LATENCY_LIVE_HOLD`] after the last latency-class task; `None` while it is not.
+    latency_live_until: Option<Instant>,
+    /// The dispatcher's clock, read once per iteration of its loop ([`Scheduler::tick`]).
+    now: Instant,
+    /// Switches of `auto` batch lanes between `batch` and `idle` since start.
+    pub batch_priority_switches: u64,
     /// Set while a DAG node job goes through the stages ([`Scheduler::dispatch_node_job`]): the
     /// lane APEDF chose and the job's absolute deadline.
     deadline_job: Option<(crate::session::Binding, std::time::Instant)>,
@@ -165,9 +180,10 @@ pub(crate) struct SchedulerConfig {
     pub pinned_limit_per_user: u64,
     /// The checkpoint service that takes `Checkpoint` tasks (`None`: they are refused).
     pub checkpoints: Option<Arc<crate::checkpoint::Checkpoints>>,
-    /// Lanes run batch work at `SCHED_IDLE` (the resolved `batch_priority`): then their long
-    /// work holds no core against a client or the dispatcher, which preempt it at once.
-    pub batch_lanes_idle: bool,
+    /// The OS priority lanes run batch work at (the resolved `batch_priority`). While it is
+    /// `idle` their long work holds no core against a client or the dispatcher, which preempt it
+    /// at once; under `auto` the scheduler switches it as latency-class work comes and goes.
+    pub lane_priorities: LanePriorities,
 }
 
 impl SchedulerConfig {
@@ -187,8 +203,8 @@ impl SchedulerConfig {
             faults: FaultInjection::new(config.inject_faults),
             pinned_limit_per_user: config.cuda_pinned_limit_per_user,
             checkpoints: Some(checkpoints),
-            // Set by the daemon from the priority lanes really got (`LanePriorities::resolve`).
-            batch_lanes_idle: false,
+            // Set by the daemon to the priorities lanes really got (`LanePriorities::resolve`).
+            lane_priorities: LanePriorities::normal(),
         }
     }
 }
@@ -262,7 +278,48 @@ impl Scheduler {
             migration,
             kernel_table: (kernels.snapshot(), kernels.generation()),
             kernels,
+            latency_live_until: None,
+            now: Instant::now(),
+            batch_priority_switches: 0,
             deadline_job: None,
+        }
+    }
+
+    /// Once per iteration of the dispatcher's loop, with the time it began: under `auto`, batch
+    /// lanes go back to `batch` once latency-class work has been quiet for [`LATENCY_LIVE_HOLD`].
+    #[inline]
+    pub(crate) fn tick(&mut self, now: Instant) {
+        self.now = now;
+        if self.latency_live_until.is_some_and(|until| now >= until) {
+            self.latency_live_until = None;
+            self.switch_batch_priority(false);
+        }
+    }
+
+    /// When the dispatcher must look at the clock again for [`Scheduler::tick`] (while latency
+    /// work counts as live), if ever.
+    pub(crate) fn next_tick(&self) -> Option<Instant> {
+        self.latency_live_until
+    }
+
+    /// A latency-class task arrived: under `auto`, batch lanes run at `idle` from now until
+    /// latency work has been quiet for [`LATENCY_LIVE_HOLD`].
+    #[inline]
+    fn latency_seen(&mut self) {
+        if self.config.lane_priorities.batch() != BatchPriority::Auto {
+            return;
+        }
+        if self.latency_live_until.is_none() {
+            self.switch_batch_priority(true);
+        }
+        self.latency_live_until = Some(self.now + LATENCY_LIVE_HOLD);
+    }
+
+    fn switch_batch_priority(&mut self, latency_live: bool) {
+        if self.config.lane_priorities.set_latency_live(latency_live) {
+            self.batch_priority_switches += 1;
+            self.telemetry.metrics.batch_lanes_idle.set(i64::from(latency_live));
+            tracing::debug!(latency_live, "batch lanes switched (batch_priority auto)");
         }
     }
 
@@ -283,10 +340,11 @@ impl Scheduler {
     /// takes their core at once (long latency-class work, which runs at normal priority, is rare
     /// enough to leave out). An OpenCL runtime's threads are its own, at normal priority.
     pub(crate) fn cores_held_by_long_work(&self) -> usize {
+        let batch_lanes_idle = self.config.lane_priorities.batch_now() == BatchPriority::Idle;
         self.devices
             .iter()
             .zip(&self.lane_pending)
-            .filter(|(device, _)| !(self.config.batch_lanes_idle && device.info().kind == DeviceKind::Cpu))
+            .filter(|(device, _)| !(batch_lanes_idle && device.info().kind == DeviceKind::Cpu))
             .map(|(device, lanes)| {
                 let busy = lanes
                     .iter()
@@ -578,6 +636,9 @@ impl Scheduler {
         ready: Ready,
         roles: [Role; MAX_ARGS],
     ) -> Result<(), TaskError> {
+        if ready.queue.class == QueueClass::Latency {
+            self.latency_seen();
+        }
         // A queue being moved holds its tasks, in order, until its in-flight ones are done.
         match self.must_hold(session.id, &ready) {
             Ok(true) => {

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use agora_devices::cpu::CpuDevice;
+use agora_devices::priority::{BatchPriority, LanePriorities};
 use agora_devices::sim::{SimDevice, SimSpec};
 use agora_devices::{Device, DeviceKind, Work};
 use agora_kernels::ArgValue;
@@ -33,7 +34,7 @@ fn config() -> SchedulerConfig {
         faults: None,
         pinned_limit_per_user: 0,
         checkpoints: None,
-        batch_lanes_idle: false,
+        lane_priorities: LanePriorities::normal(),
     }
 }
 
@@ -559,10 +560,69 @@ fn only_cpu_lanes_with_long_work_hold_host_cores() {
     let idle = scheduler(
         vec![Arc::new(CpuDevice::new(2, 3).unwrap())],
         SchedulerConfig {
-            batch_lanes_idle: true,
+            lane_priorities: LanePriorities::assumed(BatchPriority::Idle),
             ..config()
         },
     );
     idle.lane_pending[0][0].store(super::LONG_WORK_NS, Ordering::Relaxed);
     assert_eq!(idle.cores_held_by_long_work(), 0);
+}
+
+/// `batch_priority = "auto"`: a latency-class task puts batch lanes at `idle` (then their long
+/// work holds no core, so the dispatcher may spin for the latency tenant); they stay there while
+/// latency tasks keep coming and go back to `batch` once none came for a second. Batch tasks
+/// change nothing.
+#[test]
+fn a_latency_task_puts_auto_batch_lanes_at_idle_until_latency_work_has_been_quiet_a_second() {
+    let priorities = LanePriorities::assumed(BatchPriority::Auto);
+    let mut s = scheduler(
+        vec![Arc::new(CpuDevice::new(2, 1).unwrap())],
+        SchedulerConfig {
+            lane_priorities: priorities.clone(),
+            ..config()
+        },
+    );
+    s.lane_pending[0][0].store(super::LONG_WORK_NS, Ordering::Relaxed);
+    let session = session();
+    let submit = |s: &mut Scheduler, class: QueueClass, task: u64| {
+        let ready = noop(&queue(class, None), 1);
+        let roles = super::data_roles(&ready);
+        s.place_and_submit(&session, task, ready, roles).unwrap();
+    };
+    let start = Instant::now();
+    let second = std::time::Duration::from_secs(1);
+    s.tick(start);
+    submit(&mut s, QueueClass::Batch, 1);
+    assert_eq!(priorities.batch_now(), BatchPriority::Batch, "batch work alone");
+    assert_eq!(s.cores_held_by_long_work(), 1);
+    assert_eq!(s.next_tick(), None);
+    submit(&mut s, QueueClass::Latency, 2);
+    assert_eq!(priorities.batch_now(), BatchPriority::Idle, "latency work is live");
+    assert_eq!(s.cores_held_by_long_work(), 0, "idle lanes hold no core");
+    assert_eq!(s.next_tick(), Some(start + second));
+    // Another latency task 0.8 s later holds it 1 s from then.
+    s.tick(start + second * 8 / 10);
+    submit(&mut s, QueueClass::Latency, 3);
+    s.tick(start + second * 17 / 10);
+    assert_eq!(priorities.batch_now(), BatchPriority::Idle);
+    submit(&mut s, QueueClass::Batch, 4);
+    s.tick(start + second * 18 / 10);
+    assert_eq!(priorities.batch_now(), BatchPriority::Batch, "quiet for a second");
+    assert_eq!(s.next_tick(), None);
+    assert_eq!(s.batch_priority_switches, 2);
+    // Under any other setting nothing switches.
+    let batch = LanePriorities::assumed(BatchPriority::Batch);
+    let mut s = scheduler(
+        vec![Arc::new(CpuDevice::new(1, 1).unwrap())],
+        SchedulerConfig {
+            lane_priorities: batch.clone(),
+            ..config()
+        },
+    );
+    s.tick(Instant::now());
+    submit(&mut s, QueueClass::Latency, 5);
+    assert_eq!(
+        (batch.batch_now(), s.next_tick(), s.batch_priority_switches),
+        (BatchPriority::Batch, None, 0)
+    );
 }

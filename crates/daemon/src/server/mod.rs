@@ -369,6 +369,7 @@ impl Server {
         loop {
             let mut worked = 0u32;
             let began = Instant::now();
+            self.scheduler.tick(began);
             // Failed devices and tasks they lost, before any session's new tasks.
             self.scheduler.migration_tick();
             // Released DAG nodes next: they have deadlines.
@@ -449,7 +450,8 @@ impl Server {
             } else {
                 housekeeping.then(|| Duration::from_millis(20))
             };
-            // Hello deadlines and a paused listener wake the loop too.
+            // Hello deadlines, a paused listener and the end of live latency work (batch lanes
+            // back from `idle`) wake the loop too.
             let timeout = match (timeout, self.next_timer()) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
@@ -546,7 +548,7 @@ impl Server {
     fn next_timer(&self) -> Option<Duration> {
         let now = Instant::now();
         let hello = self.hello_deadlines.front().map(|(at, _)| *at);
-        [hello, self.listener_paused_until]
+        [hello, self.listener_paused_until, self.scheduler.next_tick()]
             .into_iter()
             .flatten()
             .min()

@@ -85,6 +85,9 @@ pub(crate) struct Metrics {
     /// Stretches of the dispatcher's work over [`STALL_NS`], counted: unlike the longest, a
     /// difference of two readings measures one phase of a run (issue 22's aim: none).
     pub stalls: Counter,
+    /// 1 while lanes run batch work at `SCHED_IDLE` because latency-class work is live
+    /// (`batch_priority = "auto"`), else 0.
+    pub batch_lanes_idle: Gauge,
     /// Launches sent to a lane because their shape class was unseen or ran long inline.
     pub inline_refused: Counter,
     /// Times a task waited for device memory instead of failing.
@@ -256,6 +259,12 @@ impl Metrics {
             "Stretches of the dispatcher thread's work that took over 1 ms (every tenant's new task waited meanwhile)",
             stalls.clone(),
         );
+        let batch_lanes_idle = Gauge::default();
+        registry.register(
+            "agora_batch_lanes_idle",
+            "1 while lanes run batch work at SCHED_IDLE because latency-class work is live (batch_priority auto), else 0",
+            batch_lanes_idle.clone(),
+        );
         let inline_refused = Counter::default();
         registry.register(
             "agora_inline_refused",
@@ -337,6 +346,7 @@ impl Metrics {
             longest_inline,
             longest_iteration,
             stalls,
+            batch_lanes_idle,
             inline_refused,
             tasks,
             queue_wait,
