@@ -70,3 +70,55 @@ fn bounded_waits_give_up_while_running_then_report_the_outcome() {
     drop((task, bad, queue, a, c, small, session));
     daemon.stop().unwrap();
 }
+
+/// A latency tenant's waits never yield their core (a yield can lose it to batch work for a
+/// time slice), except right after its thread woke a sleeping dispatcher: that dispatcher needs
+/// a core to run on, perhaps the very one the wait would spin on. A batch tenant's waits yield
+/// cooperatively whatever happened.
+#[test]
+fn a_latency_wait_yields_only_after_its_thread_woke_the_dispatcher() {
+    let (daemon, batch) = common::daemon("wait-yielding");
+    let latency = daemon.session();
+    let q = latency
+        .queue_with(QueueOptions {
+            name: "requests".into(),
+            class: agora::QueueClass::Latency,
+            ..Default::default()
+        })
+        .unwrap();
+    let noop = latency.kernel("noop").unwrap();
+    let dispatcher_asleep = || {
+        agora::testing::segment_view(&latency)
+            .header()
+            .daemon_sleeping
+            .load(std::sync::atomic::Ordering::SeqCst)
+            != 0
+    };
+    let (mut woke, mut found_awake) = (0, 0);
+    for _ in 0..2000 {
+        if woke > 0 && found_awake > 0 {
+            break;
+        }
+        // Now and then let the dispatcher's spin run out, so the next launch finds it asleep.
+        if woke == 0 {
+            let _ = agora_test_support::eventually(Duration::from_secs(5), dispatcher_asleep);
+        }
+        let task = q.launch(&noop, &[], 1u64).unwrap();
+        let yielding = agora::testing::wait_yielding(&latency);
+        task.wait().unwrap();
+        match yielding {
+            "rarely" => woke += 1,
+            "never" => found_awake += 1,
+            other => panic!("a latency tenant's wait yields {other}"),
+        }
+    }
+    assert!(woke > 0, "no launch found the dispatcher asleep");
+    assert!(
+        found_awake > 0,
+        "no launch found the dispatcher awake (back to back, it spins)"
+    );
+    let bq = batch.queue("batch").unwrap();
+    let batch_noop = batch.kernel("noop").unwrap();
+    bq.launch(&batch_noop, &[], 1u64).unwrap().wait().unwrap();
+    assert_eq!(agora::testing::wait_yielding(&batch), "cooperative");
+}
