@@ -69,7 +69,7 @@ static START_ON_CALLER: AtomicBool = AtomicBool::new(false);
 
 /// Makes [`Lanes::submit`] start a job on the calling thread, not the lane's, when the lane has
 /// nothing queued or being started and the job needs no waiting (not revocable, exclusive,
-/// sliced, urgent or with a deadline): one thread hand-off less per job. For a device host only,
+/// sliced or with a deadline; an urgent job may): one thread hand-off less per job. For a device host only,
 /// whose single message loop submits every job and whose daemon-side lanes already order them
 /// (docs/PERFORMANCE.md, "Device hosts: the hop"). A job whose start would block (host work, a
 /// first program build) must not hold that loop: the executors say so
@@ -789,9 +789,10 @@ impl Lane {
     /// Starts `job` on the calling thread when nothing is queued or being started on this lane
     /// and the job needs no waiting (see [`set_start_on_caller`]); else hands it back.
     fn start_here(self: &Arc<Self>, job: Job) -> Option<Job> {
+        // An urgent job may: on an idle lane there is nothing for it to overtake, and the OS
+        // priority its class asks for is the caller's already (the lane's threads do not run it).
         if job.revoke.is_some()
             || job.exclusive
-            || job.urgent
             || job.deadline.is_some()
             || job.slices.is_some()
             || job.cancelled.as_ref().is_some_and(|c| c.load(Ordering::Acquire))
@@ -1026,6 +1027,15 @@ mod tests {
         // Idle: job 0 starts on this thread.
         assert!(lane.start_here(tagged(0, false)).is_none());
         assert_eq!(seen.recv().unwrap(), (0, here));
+        done.recv().unwrap();
+        // So does an urgent (latency-class) job: nothing to overtake on an idle lane.
+        let mut urgent = tagged(3, false);
+        urgent.urgent = true;
+        assert!(
+            lane.start_here(urgent).is_none(),
+            "an urgent job on an idle lane waited"
+        );
+        assert_eq!(seen.recv().unwrap(), (3, here));
         done.recv().unwrap();
         // Job 1 goes to the lane thread and is held there (a revocable job is never started by
         // the caller); while it is being started, job 2 is handed back and queued behind it.
