@@ -72,10 +72,10 @@ pub struct ServeArgs {
     /// [default: 0, unchanged].
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     dispatcher_nice: Option<i32>,
-    /// Runs the dispatcher thread under SCHED_FIFO, so no lane or client thread preempts it (a
-    /// nice value cannot: see `agora bench stall`); it then keeps a core while it has work. Needs
-    /// CAP_SYS_NICE or RLIMIT_RTPRIO >= 1; without, the daemon says so and goes on
-    /// [default: off].
+    /// Runs the dispatcher thread, and each device host's message loop, under SCHED_FIFO, so no
+    /// lane or client thread preempts them (a nice value cannot: see `agora bench stall`); the
+    /// dispatcher then keeps a core while it has work. Needs CAP_SYS_NICE or RLIMIT_RTPRIO >= 1;
+    /// without, the daemon says so and goes on [default: off].
     #[arg(long)]
     dispatcher_realtime: bool,
     /// Most memory Agora uses on each OpenCL device, e.g. 512M [default: all it reports].

@@ -148,6 +148,9 @@ struct DeviceHostArgs {
     /// Device memory limit in bytes (0: all the device reports).
     #[arg(long, default_value_t = 0)]
     memory_limit: u64,
+    /// Run the message loop under SCHED_FIFO (the daemon passes it with --dispatcher-realtime).
+    #[arg(long)]
+    loop_realtime: bool,
 }
 
 /// Runs `agora device-host`; returns the exit code.
@@ -179,6 +182,7 @@ fn device_host(args: DeviceHostArgs) -> i32 {
             .then(|| std::time::Duration::from_millis(args.tenant_launch_limit_ms)),
         sim_name: args.sim_name,
         sim_fail_after_jobs: args.sim_fail_after_jobs,
+        loop_realtime: args.loop_realtime,
     };
     match agora_device_host::serve(socket, &host) {
         Ok(()) => 0,

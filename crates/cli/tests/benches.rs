@@ -31,3 +31,35 @@ fn bench_overhead_quick_verifies_every_program_and_reports_its_fields() {
     );
     assert!(report["geomean_ratio"].as_f64().is_some_and(|r| r > 0.0));
 }
+
+/// `agora bench stall` refuses an attack on OpenCL against a daemon that has no OpenCL device
+/// (a queue only prefers a kind: the attack would run on the CPU and the figures would say
+/// nothing of OpenCL), with a message that says what to do. The daemon the bench starts is made
+/// one without OpenCL by `AGORA_BENCH_DAEMON`, a wrapper that adds `--no-opencl`.
+#[test]
+fn bench_stall_refuses_an_opencl_attack_without_an_opencl_device() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = agora_test_support::temp_dir("bench-stall-no-opencl");
+    let wrapper = dir.path().join("agora-without-opencl");
+    std::fs::write(&wrapper, format!("#!/bin/sh\nexec '{AGORA}' \"$@\" --no-opencl\n")).unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for attack in [
+        &["--attack", "departures"][..],
+        &["--attack", "tiny-launches", "--attack-device", "opencl"][..],
+    ] {
+        let out = Command::new(AGORA)
+            .args(["bench", "stall", "--quick", "--json"])
+            .args(attack)
+            .env("AGORA_STATE_DIR", dir.path().join("state"))
+            .env("AGORA_LOG", "warn")
+            .env("AGORA_BENCH_DAEMON", &wrapper)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{attack:?} ran without OpenCL: {stderr}");
+        assert!(
+            stderr.contains("the daemon has no OpenCL device") && stderr.contains("scripts/setup.sh"),
+            "{attack:?}: {stderr}"
+        );
+    }
+}

@@ -156,8 +156,22 @@ fn launches_long_by_their_arguments_never_run_on_the_dispatcher() {
     assert!(on("noop", true) >= 15, "then it runs inline: {executions:?}");
 }
 
-/// The OS scheduling policy of each of the daemon's CPU lane threads (`agora-cpu-lane…`), from
-/// `/proc` (field 41 of a thread's `stat`).
+/// Field `n` (from 1, as proc(5) counts) of a `/proc/.../stat` file, if it can be read.
+fn stat_field(path: &std::path::Path, n: usize) -> Option<String> {
+    let stat = std::fs::read_to_string(path).ok()?;
+    // Fields after the command's closing parenthesis start at field 3 (the state).
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 2..].split(' ').collect();
+    fields.get(n - 3).map(|f| f.to_string())
+}
+
+/// The OS scheduling policy of thread `tid` of process `pid` (field 41 of its `stat`).
+fn thread_policy(pid: u32, tid: u32) -> Option<i32> {
+    stat_field(std::path::Path::new(&format!("/proc/{pid}/task/{tid}/stat")), 41)?
+        .parse()
+        .ok()
+}
+
+/// The OS scheduling policy of each of the daemon's CPU lane threads (`agora-cpu-lane…`).
 fn cpu_lane_policies(pid: u32) -> Vec<i32> {
     let mut policies = Vec::new();
     for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
@@ -165,12 +179,10 @@ fn cpu_lane_policies(pid: u32) -> Vec<i32> {
         if !comm.starts_with("agora-cpu-lane") {
             continue;
         }
-        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
-            continue; // The thread ended meanwhile.
-        };
-        // Fields after the command's closing parenthesis start at field 3 (the state).
-        let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
-        policies.push(fields[41 - 3].parse().unwrap());
+        // A thread that ended meanwhile is left out.
+        if let Some(policy) = stat_field(&task.path().join("stat"), 41).and_then(|p| p.parse().ok()) {
+            policies.push(policy);
+        }
     }
     policies
 }
@@ -253,20 +265,26 @@ fn batch_lanes_yield_while_a_latency_tenant_is_live_and_get_their_priority_back_
         })
         .unwrap();
     let noop = latency.kernel("noop").unwrap();
-    q.launch(&noop, &[], 1u64).unwrap().wait().unwrap();
-    let quiet_since = std::time::Instant::now();
+    // A request before each look keeps latency work live however slowly a loaded machine looks.
+    let request = || q.launch(&noop, &[], 1u64).unwrap().wait().unwrap();
+    request();
     if privileged {
         assert!(
-            agora_test_support::eventually(within, || policies_are(SCHED_IDLE, SCHED_BATCH)),
+            agora_test_support::eventually(within, || {
+                request();
+                policies_are(SCHED_IDLE, SCHED_BATCH)
+            }),
             "latency work live: batch work runs at SCHED_IDLE: {:?}",
             cpu_lane_policies(pid)
         );
+        request();
         let status = daemon.status();
         assert_eq!(
             (status.batch_priority_now.as_str(), status.batch_priority_switches),
             ("idle", 1)
         );
     }
+    let quiet_since = std::time::Instant::now();
     // Latency work goes quiet: back within a second or so, with the batch work still running.
     assert!(
         agora_test_support::eventually(within, || policies_are(SCHED_BATCH, SCHED_IDLE)),
@@ -284,4 +302,51 @@ fn batch_lanes_yield_while_a_latency_tenant_is_live_and_get_their_priority_back_
     assert_eq!(status.batch_priority_switches, if privileged { 2 } else { 0 });
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     batch.join().unwrap();
+}
+
+/// `--dispatcher-realtime`: the dispatcher (the daemon's main thread) runs under `SCHED_FIFO`,
+/// and so does each device host's message loop (its main thread), which answers the
+/// dispatcher's synchronous requests; the threads either starts (lanes, PoCL's workers) do not.
+/// Without the privilege both stay at normal priority.
+#[test]
+fn a_realtime_dispatcher_has_realtime_device_host_loops() {
+    const SCHED_OTHER: i32 = 0;
+    const SCHED_FIFO: i32 = 1;
+    let privileged = std::thread::spawn(|| agora_devices::priority::make_current_thread_realtime().is_ok())
+        .join()
+        .unwrap();
+    let expected = if privileged { SCHED_FIFO } else { SCHED_OTHER };
+    let daemon = Daemon::start(AGORA, "dispatcher-realtime", &["--dispatcher-realtime"]);
+    let session = daemon.session();
+    agora_test_support::require_opencl(&session);
+    let pid = daemon.pid();
+    assert_eq!(thread_policy(pid, pid), Some(expected), "the dispatcher");
+    let hosts: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&child| {
+            stat_field(std::path::Path::new(&format!("/proc/{child}/stat")), 4) == Some(pid.to_string())
+                && std::fs::read(format!("/proc/{child}/cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains("device-host"))
+        })
+        .collect();
+    assert!(!hosts.is_empty(), "no device host among the daemon's children");
+    for host in hosts {
+        assert_eq!(
+            thread_policy(host, host),
+            Some(expected),
+            "device host {host}'s message loop"
+        );
+        for task in std::fs::read_dir(format!("/proc/{host}/task")).unwrap().flatten() {
+            let tid: u32 = task.file_name().to_str().unwrap().parse().unwrap();
+            if tid != host {
+                assert_ne!(
+                    thread_policy(host, tid),
+                    Some(SCHED_FIFO),
+                    "thread {tid} of host {host} inherited it"
+                );
+            }
+        }
+    }
 }

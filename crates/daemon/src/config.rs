@@ -397,8 +397,10 @@ pub struct DaemonConfig {
     /// dispatcher then waits a scheduler tick (4 ms) with every tenant's tasks behind it
     /// (`agora bench stall`, PERFORMANCE.md). Off by default: a real-time dispatcher keeps a core
     /// whenever it has work or spins for it, which on small machines is a core the clients and
-    /// lanes lose (the kernel's real-time throttling still leaves them 5 %). Needs
-    /// `CAP_SYS_NICE` or `RLIMIT_RTPRIO` ≥ 1; without, the daemon logs one line and goes on.
+    /// lanes lose (the kernel's real-time throttling still leaves them 5 %). Each device host's
+    /// message loop runs under `SCHED_FIFO` too: it answers the dispatcher's synchronous requests
+    /// (an allocation), which would otherwise wait for it to get a core. Needs `CAP_SYS_NICE` or
+    /// `RLIMIT_RTPRIO` ≥ 1; without, the daemon logs one line and goes on.
     #[default(false)]
     pub dispatcher_realtime: bool,
     /// Test-only fault injection `(seed, per mille)`: tasks the rule picks fail with
@@ -1239,8 +1241,9 @@ impl DaemonConfig {
              #   to come back to normal; without, the daemon says so and uses batch.\n\
              # scheduler.dispatcher_nice: added to the dispatcher thread's nice value (0: unchanged;\n\
              #   negative raises it, which needs CAP_SYS_NICE or RLIMIT_NICE). dispatcher_realtime:\n\
-             #   SCHED_FIFO for the dispatcher (no lane or client preempts it; it keeps a core while\n\
-             #   it has work; needs CAP_SYS_NICE or RLIMIT_RTPRIO).\n\
+             #   SCHED_FIFO for the dispatcher and the device hosts' message loops (no lane or client\n\
+             #   preempts them; the dispatcher keeps a core while it has work; needs CAP_SYS_NICE or\n\
+             #   RLIMIT_RTPRIO).\n\
              # scheduler.policy: rr | perf | energy. Add modeled devices with [[sim]] sections, e.g.\n\
              #   [[sim]]\n\
              #   name = \"sim0\"\n\

@@ -292,14 +292,22 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
                      lanes: usize,
                      memory_limit: u64,
                      hang_timeout: std::time::Duration,
-                     extra_args: Vec<String>| agora_device_host::HostSpec {
-        program,
-        lanes,
-        memory_limit,
-        start_timeout: std::time::Duration::from_secs(60),
-        hang_timeout,
-        priorities: priorities.clone(),
-        extra_args,
+                     mut extra_args: Vec<String>| {
+        if config.dispatcher_realtime {
+            // The host's message loop answers the dispatcher's synchronous requests (an
+            // allocation): a real-time dispatcher waiting for a loop that waits for a core
+            // would lose what it was made real-time for.
+            extra_args.push("--loop-realtime".into());
+        }
+        agora_device_host::HostSpec {
+            program,
+            lanes,
+            memory_limit,
+            start_timeout: std::time::Duration::from_secs(60),
+            hang_timeout,
+            priorities: priorities.clone(),
+            extra_args,
+        }
     };
     #[cfg(feature = "cuda")]
     let gpu_host_program = config

@@ -92,6 +92,10 @@ pub struct HostArgs {
     pub sim_name: String,
     /// For `sim`: it fails for good after this many jobs (its fault, injected).
     pub sim_fail_after_jobs: Option<u64>,
+    /// Run the message loop under `SCHED_FIFO` (the daemon's `dispatcher_realtime`): the loop
+    /// answers the dispatcher's synchronous requests (an allocation), which must not wait for a
+    /// core behind tenants' threads.
+    pub loop_realtime: bool,
 }
 
 impl Default for HostArgs {
@@ -103,6 +107,7 @@ impl Default for HostArgs {
             tenant_launch_limit: None,
             sim_name: "sim0".into(),
             sim_fail_after_jobs: None,
+            loop_realtime: false,
         }
     }
 }
@@ -147,6 +152,13 @@ pub fn serve(socket: UnixStream, args: &HostArgs) -> Result<(), String> {
     let writer = Arc::new(Writer(Mutex::new(
         socket.try_clone().map_err(|e| format!("cloning the socket: {e}"))?,
     )));
+    if args.loop_realtime {
+        // Before any thread starts: threads this one starts do not inherit it.
+        match agora_devices::priority::make_current_thread_realtime() {
+            Ok(()) => tracing::info!("the message loop runs under SCHED_FIFO"),
+            Err(why) => tracing::warn!("loop_realtime not applied ({why}); the message loop runs at normal priority"),
+        }
+    }
     if !crate::readers_spin() {
         // The lanes here are fed by the message loop, which blocks on the socket: a lane that
         // spins for its next job catches it no sooner and holds a core the loop needs.
