@@ -527,9 +527,9 @@ pub fn status(args: StatusArgs) -> Result<()> {
             "batch lanes: {} now ({}; {} switches since start)",
             report.batch_priority_now,
             if report.batch_priority_now == "idle" {
-                "latency-class work is live"
+                "auto: latency-class work is live"
             } else {
-                "no latency-class work in the last second"
+                "auto: idle only while latency-class work is live, none in the last second"
             },
             report.batch_priority_switches
         );

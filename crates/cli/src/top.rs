@@ -30,8 +30,9 @@ pub struct TopArgs {
     /// tenants: [{id, pid, uid, name, classes, queue_count, queues: [{name, class, in_flight,
     /// bound_to}] (the busiest), in_flight, tasks_per_s, bytes_moved, bytes_per_s}],
     /// live_sessions, evictions, memory_waits, allocation_retries, dispatcher_longest_ms,
-    /// dispatcher_stalls, recent_stalls}. `tenants` lists the busiest sessions; `live_sessions`
-    /// counts them all.
+    /// dispatcher_stalls, recent_stalls, batch_lanes}. `tenants` lists the busiest sessions;
+    /// `live_sessions` counts them all; `batch_lanes` is the OS priority batch work runs at now
+    /// (under `auto`, `idle` while latency-class work is live).
     #[arg(long, requires = "once")]
     json: bool,
     /// Seconds between refreshes.
@@ -81,6 +82,11 @@ struct View {
     /// the previous sample.
     dispatcher_stalls: u64,
     recent_stalls: u64,
+    /// The OS priority lanes run batch work at now (`batch`, `idle`, ...).
+    batch_lanes: String,
+    /// Whether that is `auto`'s choice (batch lanes `idle` only while latency work is live).
+    #[serde(skip)]
+    batch_lanes_auto: bool,
     /// Real-time DAGs admitted now.
     dags: Vec<agora_protocol::control::DagStatus>,
 }
@@ -141,6 +147,8 @@ fn view(previous: Option<(&StatusReport, Instant)>, now: &StatusReport, at: Inst
         dispatcher_longest_ms: now.dispatcher_longest_iteration_ms,
         dispatcher_stalls: now.dispatcher_stalls,
         recent_stalls: previous.map_or(0, |(p, _)| now.dispatcher_stalls.saturating_sub(p.dispatcher_stalls)),
+        batch_lanes: now.batch_priority_now.clone(),
+        batch_lanes_auto: now.batch_priority == "auto",
         dags: now.dags.clone(),
     }
 }
@@ -159,6 +167,9 @@ fn pressure(v: &View) -> String {
             " · dispatcher stalls over 1 ms: {} ({} since the last refresh; longest {:.1} ms)",
             v.dispatcher_stalls, v.recent_stalls, v.dispatcher_longest_ms
         );
+    }
+    if v.batch_lanes_auto && v.batch_lanes == "idle" {
+        text += " · batch lanes idle: latency work is live";
     }
     text
 }

@@ -217,6 +217,9 @@ fn top_once_json_shows_two_live_tenants() {
         view["dispatcher_longest_ms"].as_f64().is_some_and(|ms| ms > 0.0),
         "{view}"
     );
+    // What batch lanes run at now (the default `auto`: `idle` while latency work is live, else
+    // `batch`, which is also what an unprivileged daemon gets).
+    assert!(matches!(view["batch_lanes"].as_str(), Some("idle" | "batch")), "{view}");
     // Without --once and without a terminal: a clear refusal, not a garbled screen.
     let out = Command::new(AGORA)
         .args(["top", "--socket"])
