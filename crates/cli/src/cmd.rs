@@ -524,7 +524,7 @@ pub fn status(args: StatusArgs) -> Result<()> {
     );
     if report.batch_priority == "auto" {
         println!(
-            "batch lanes: {} now ({}; {} switches since start)",
+            "batch lanes: {} now ({}; switches since start: {})",
             report.batch_priority_now,
             if report.batch_priority_now == "idle" {
                 "auto: latency-class work is live"
