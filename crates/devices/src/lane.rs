@@ -69,10 +69,10 @@ static START_ON_CALLER: AtomicBool = AtomicBool::new(false);
 
 /// Makes [`Lanes::submit`] start a job on the calling thread, not the lane's, when the lane has
 /// nothing queued or being started and the job needs no waiting (not revocable, exclusive,
-/// sliced or with a deadline; an urgent job may): one thread hand-off less per job. For a device host only,
-/// whose single message loop submits every job and whose daemon-side lanes already order them
-/// (docs/PERFORMANCE.md, "Device hosts: the hop"). A job whose start would block (host work, a
-/// first program build) must not hold that loop: the executors say so
+/// sliced or with a deadline; an urgent job may): one thread hand-off less per job. For a device
+/// host only, whose single message loop submits every job and whose daemon-side lanes already
+/// order them (docs/PERFORMANCE.md, "Device hosts: the hop"). A job whose start would block (host
+/// work, a first program build) must not hold that loop: the executors say so
 /// ([`Executor::starts_at_once`]) and such a job goes through the lane's thread.
 pub fn set_start_on_caller(on: bool) {
     START_ON_CALLER.store(on, Ordering::Relaxed);
