@@ -846,6 +846,61 @@ pub(crate) mod tests {
         assert!(p.set_latency_live(true), "a switch with no lane left is fine");
     }
 
+    /// A lane switching class on its own thread while `auto` switches from another never ends
+    /// in a state that contradicts both: once both stop, the member's policy is what the last
+    /// class and the last setting say (a switch takes the lane's lock after changing the
+    /// setting; a class change reads the setting under that lock).
+    #[test]
+    fn auto_switches_racing_class_changes_end_where_both_say() {
+        let p = LanePriorities::resolve(BatchPriority::Auto);
+        if p.batch() != BatchPriority::Auto {
+            assert_eq!(p.batch(), BatchPriority::Batch, "{p:?}");
+            return;
+        }
+        let lane = LaneClass::new(&p);
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let member = {
+            let lane = lane.clone();
+            std::thread::spawn(move || {
+                let _membership = lane.join();
+                tid_tx.send(gettid()).unwrap();
+                let _ = go_rx.recv();
+            })
+        };
+        let tid = tid_rx.recv().unwrap();
+        for round in 0..200u32 {
+            let switcher = {
+                let p = p.clone();
+                std::thread::spawn(move || {
+                    for i in 0..20u32 {
+                        p.set_latency_live((i + round) % 2 == 0);
+                    }
+                    p.set_latency_live(round % 3 == 0);
+                })
+            };
+            for i in 0..20u32 {
+                lane.set(if (i + round) % 2 == 0 {
+                    Class::Batch
+                } else {
+                    Class::Latency
+                });
+            }
+            let class = if round % 5 == 0 { Class::Latency } else { Class::Batch };
+            lane.set(class);
+            switcher.join().unwrap();
+            let expected = match (class, round % 3 == 0) {
+                (Class::Latency, _) => SCHED_OTHER,
+                (Class::Batch, true) => SCHED_IDLE,
+                (Class::Batch, false) => SCHED_BATCH,
+            };
+            assert_eq!(policy_of(tid).unwrap(), expected, "round {round}: {class:?}");
+        }
+        p.set_latency_live(false);
+        drop(go_tx);
+        member.join().unwrap();
+    }
+
     #[test]
     fn nice_raises_the_nice_value_for_batch_work_and_restores_it() {
         std::thread::spawn(|| {
