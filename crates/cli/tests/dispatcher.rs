@@ -19,6 +19,31 @@ fn start(tag: &str) -> Daemon {
     )
 }
 
+/// `sgemm` with m = n = 1 and inner extent `k` (c = a · b over `k` floats): one work item the
+/// library's estimate calls tiny, `k` multiply-adds of real work.
+fn thin_sgemm(
+    q: &agora::Queue,
+    sgemm: &agora::Kernel,
+    (a, b, c): (&agora::Buffer, &agora::Buffer, &agora::Buffer),
+    k: usize,
+) -> agora::Task {
+    q.launch(
+        sgemm,
+        &[
+            Arg::I32(1),
+            Arg::I32(1),
+            Arg::I32(k as i32),
+            Arg::F32(1.0),
+            a.into(),
+            b.into(),
+            Arg::F32(0.0),
+            c.into(),
+        ],
+        (1u64, 1u64),
+    )
+    .unwrap()
+}
+
 /// (kernel name, trace row) of every executed span.
 fn executions(daemon: &Daemon) -> Vec<(String, u64)> {
     let saved = daemon.agora(&["trace", "save"]);
@@ -83,23 +108,7 @@ fn launches_long_by_their_arguments_never_run_on_the_dispatcher() {
         .wait()
         .unwrap();
         // Each waited for, so its queue is idle when the next arrives: the inline case.
-        q.launch(
-            &sgemm,
-            &[
-                Arg::I32(1),
-                Arg::I32(1),
-                Arg::I32(k as i32),
-                Arg::F32(1.0),
-                (&a).into(),
-                (&b).into(),
-                Arg::F32(0.0),
-                (&c).into(),
-            ],
-            (1u64, 1u64),
-        )
-        .unwrap()
-        .wait()
-        .unwrap();
+        thin_sgemm(&q, &sgemm, (&a, &b, &c), k).wait().unwrap();
         q.launch(
             &spmv,
             &[
@@ -224,21 +233,7 @@ fn batch_lanes_yield_while_a_latency_tenant_is_live_and_get_their_priority_back_
             let c = session.buffer_from(&[0.0f32]).unwrap();
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 for _ in 0..8 {
-                    q.launch(
-                        &sgemm,
-                        &[
-                            Arg::I32(1),
-                            Arg::I32(1),
-                            Arg::I32(k as i32),
-                            Arg::F32(1.0),
-                            (&a).into(),
-                            (&b).into(),
-                            Arg::F32(0.0),
-                            (&c).into(),
-                        ],
-                        (1u64, 1u64),
-                    )
-                    .unwrap();
+                    thin_sgemm(&q, &sgemm, (&a, &b, &c), k);
                 }
                 q.finish().unwrap();
             }

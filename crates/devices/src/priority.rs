@@ -798,6 +798,37 @@ pub(crate) mod tests {
         assert_eq!(ok.batch_now(), BatchPriority::Batch, "no latency work yet");
     }
 
+    /// A thread that joins a lane and stays a member, idle, until [`HeldMember::leave`]: the
+    /// test changes its policy from other threads and reads it by its id.
+    struct HeldMember {
+        tid: i32,
+        go: std::sync::mpsc::Sender<()>,
+        thread: std::thread::JoinHandle<()>,
+    }
+
+    impl HeldMember {
+        fn join(lane: &Arc<LaneClass>) -> HeldMember {
+            let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+            let (go, go_rx) = std::sync::mpsc::channel::<()>();
+            let lane = lane.clone();
+            let thread = std::thread::spawn(move || {
+                let _membership = lane.join();
+                tid_tx.send(gettid()).unwrap();
+                let _ = go_rx.recv();
+            });
+            HeldMember {
+                tid: tid_rx.recv().unwrap(),
+                go,
+                thread,
+            }
+        }
+
+        fn leave(self) {
+            drop(self.go);
+            self.thread.join().unwrap();
+        }
+    }
+
     /// `auto`: a lane's threads run batch work at `SCHED_BATCH`, move to `SCHED_IDLE` when
     /// latency work becomes live (switched from another thread, as the dispatcher does) and back
     /// when it is over; latency work runs at `SCHED_OTHER` throughout, and a lane made from a
@@ -811,18 +842,8 @@ pub(crate) mod tests {
             return;
         }
         let lane = LaneClass::new(&p.clone());
-        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
-        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-        let member = {
-            let lane = lane.clone();
-            std::thread::spawn(move || {
-                let _membership = lane.join();
-                tid_tx.send(gettid()).unwrap();
-                // Held until the test is done looking.
-                let _ = go_rx.recv();
-            })
-        };
-        let tid = tid_rx.recv().unwrap();
+        let member = HeldMember::join(&lane);
+        let tid = member.tid;
         let policy = || policy_of(tid).unwrap();
         lane.set(Class::Batch);
         assert_eq!(policy(), SCHED_BATCH, "no latency work: batch");
@@ -840,8 +861,7 @@ pub(crate) mod tests {
         assert_eq!(policy(), SCHED_IDLE);
         assert!(p.set_latency_live(false));
         assert_eq!(policy(), SCHED_BATCH, "and back once latency work is over");
-        drop(go_tx);
-        member.join().unwrap();
+        member.leave();
         drop(lane);
         assert!(p.set_latency_live(true), "a switch with no lane left is fine");
     }
@@ -858,17 +878,8 @@ pub(crate) mod tests {
             return;
         }
         let lane = LaneClass::new(&p);
-        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
-        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-        let member = {
-            let lane = lane.clone();
-            std::thread::spawn(move || {
-                let _membership = lane.join();
-                tid_tx.send(gettid()).unwrap();
-                let _ = go_rx.recv();
-            })
-        };
-        let tid = tid_rx.recv().unwrap();
+        let member = HeldMember::join(&lane);
+        let tid = member.tid;
         for round in 0..200u32 {
             let switcher = {
                 let p = p.clone();
@@ -897,8 +908,7 @@ pub(crate) mod tests {
             assert_eq!(policy_of(tid).unwrap(), expected, "round {round}: {class:?}");
         }
         p.set_latency_live(false);
-        drop(go_tx);
-        member.join().unwrap();
+        member.leave();
     }
 
     #[test]
