@@ -408,6 +408,75 @@ fn a_device_that_faults_ends_its_host_and_comes_back_with_a_fresh_one() {
     );
 }
 
+/// Issue 22, 3c: a device host that answers allocations slowly (here a sim in a host that
+/// answers each one 400 ms late; in life a host busy with another tenant's big transfers or
+/// departure) delays only the task that allocates: the dispatcher asks and goes on, so a
+/// neighbour's round trips on the CPU stay short meanwhile, and the tenant's results are exact.
+/// Before, the dispatcher waited for every answer and the neighbour waited with it.
+#[test]
+fn a_slow_allocation_in_a_device_host_delays_only_the_task_that_asked() {
+    let delay = Duration::from_millis(400);
+    let dir = agora_test_support::temp_dir("device-host-slow-alloc");
+    std::fs::write(
+        dir.path().join("agora.toml"),
+        format!(
+            "[[sim]]\nname = \"sim0\"\nlanes = 1\nalloc_delay_ms = {}\ndevice_host = true\n",
+            delay.as_millis()
+        ),
+    )
+    .unwrap();
+    let mut daemon = Daemon::start_in(AGORA, dir, &["--no-opencl", "--config", "{dir}/agora.toml"]);
+    let tenant = daemon.session_named("tenant");
+    let neighbour = daemon.session_named("neighbour");
+    let stop = Arc::new(AtomicBool::new(false));
+    let watch = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let q = queue(&neighbour, "round-trips", DeviceKind::Cpu);
+            let noop = neighbour.kernel("noop").unwrap();
+            let (mut longest, mut count) = (Duration::ZERO, 0u32);
+            while !stop.load(Ordering::Relaxed) {
+                let began = std::time::Instant::now();
+                q.launch(&noop, &[], 1u64).unwrap().wait().unwrap();
+                longest = longest.max(began.elapsed());
+                count += 1;
+            }
+            (longest, count)
+        })
+    };
+    let q = queue(&tenant, "fresh-buffers", DeviceKind::Sim);
+    let saxpy = tenant.kernel("saxpy").unwrap();
+    let n = 4096;
+    let x = tenant.buffer_from(&vec![1.0f32; n]).unwrap();
+    let rounds = 4;
+    let began = std::time::Instant::now();
+    for round in 0..rounds {
+        // A fresh buffer each round: one allocation in the host each.
+        let y = tenant.buffer_from(&vec![round as f32; n]).unwrap();
+        q.sync_to(&y).unwrap();
+        q.launch(&saxpy, &[Arg::F32(3.0), (&x).into(), (&y).into()], n).unwrap();
+        q.sync_from(&y).unwrap().wait().unwrap();
+        q.finish().unwrap();
+        assert!(
+            y.as_slice::<f32>().iter().all(|v| *v == round as f32 + 3.0),
+            "round {round}: wrong results"
+        );
+    }
+    let took = began.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let (longest, count) = watch.join().unwrap();
+    daemon.assert_alive();
+    eprintln!("{rounds} rounds in {took:?}; neighbour: {count} round trips, longest {longest:?}");
+    // The allocations were slow (x's and each y's): the rounds waited for them...
+    assert!(took >= delay * rounds, "the allocations were not slow: {took:?}");
+    // ... and the neighbour did not: its longest round trip is far below one allocation's wait.
+    assert!(count >= 10, "the neighbour ran only {count} round trips");
+    assert!(
+        longest < delay / 2,
+        "a neighbour's round trip took {longest:?} while a device host answered an allocation {delay:?} late"
+    );
+}
+
 /// What a device host's backend logs reaches the daemon's log, marked with the host's platform:
 /// a task's error says "the daemon logged the details", and for a device in a host those details
 /// are the host's (here, the compiler's log of a package program that does not build).

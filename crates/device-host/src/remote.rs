@@ -447,13 +447,38 @@ impl LaneCount {
     }
 }
 
+/// Who waits for the reply to a request.
+enum Waiter {
+    /// A thread blocked in [`Link::call_within`].
+    Thread(mpsc::Sender<Reply>),
+    /// A request sent with [`Link::call_later`] at `since`: `done` takes the reply, or the
+    /// error that ended the host first.
+    Later {
+        since: Instant,
+        done: Box<dyn FnOnce(Result<Reply, TaskError>) + Send>,
+    },
+}
+
+impl Waiter {
+    fn answer(self, reply: Result<Reply, TaskError>) {
+        match (self, reply) {
+            (Waiter::Thread(thread), Ok(reply)) => {
+                let _ = thread.send(reply);
+            }
+            // Dropping the sender wakes the thread with `Disconnected`: `DeviceLost`.
+            (Waiter::Thread(_), Err(_)) => {}
+            (Waiter::Later { done, .. }, reply) => done(reply),
+        }
+    }
+}
+
 /// One host process and the socket to it.
 pub(crate) struct Link {
     writer: Mutex<Option<UnixStream>>,
     alive: AtomicBool,
     child: Mutex<Option<Child>>,
     jobs: Mutex<HashMap<u64, PendingJob>>,
-    requests: Mutex<HashMap<u64, mpsc::Sender<Reply>>>,
+    requests: Mutex<HashMap<u64, Waiter>>,
     next_id: AtomicU64,
     /// Kernels the host knows, by the address of their definition (held, so it is not reused).
     kernels: Mutex<HashMap<usize, (u32, KernelRef)>>,
@@ -664,7 +689,7 @@ impl Link {
             if !self.alive() {
                 return Err(TaskError::DeviceLost);
             }
-            requests.insert(id, reply);
+            requests.insert(id, Waiter::Thread(reply));
         }
         self.send(&make(id)).map_err(|()| TaskError::DeviceLost)?;
         match answer.recv_timeout(limit) {
@@ -675,6 +700,31 @@ impl Link {
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => Err(TaskError::DeviceLost),
         }
+    }
+
+    /// A request whose reply `done` receives later, on the reader thread (or the error that ended
+    /// the host first, on whichever thread noticed). The caller does not wait: the dispatcher
+    /// uses it for allocations, so a host busy with other tenants' work cannot stall it. A host
+    /// that leaves it unanswered for [`CALL_TIMEOUT`] is taken as hung ([`Link::check_hang`]).
+    fn call_later(&self, make: impl FnOnce(u64) -> Request, done: Box<dyn FnOnce(Result<Reply, TaskError>) + Send>) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut requests = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+            if !self.alive() {
+                drop(requests);
+                done(Err(TaskError::DeviceLost));
+                return;
+            }
+            requests.insert(
+                id,
+                Waiter::Later {
+                    since: Instant::now(),
+                    done,
+                },
+            );
+        }
+        // On failure `fail` answered it (it was in `requests`).
+        let _ = self.send(&make(id));
     }
 
     /// The host's id for `kernel`, defining it there first if need be.
@@ -771,7 +821,7 @@ impl Link {
                 | Reply::Prepared { request, .. } => {
                     let waiter = self.requests.lock().unwrap_or_else(|e| e.into_inner()).remove(&request);
                     if let Some(waiter) = waiter {
-                        let _ = waiter.send(reply);
+                        waiter.answer(Ok(reply));
                     }
                 }
                 Reply::Broken { program, .. } => {
@@ -862,16 +912,40 @@ impl Link {
             std::mem::take(&mut *jobs)
         };
         *self.writer.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        self.requests.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        let waiters = std::mem::take(&mut *self.requests.lock().unwrap_or_else(|e| e.into_inner()));
+        for (_, waiter) in waiters {
+            waiter.answer(Err(TaskError::DeviceLost));
+        }
         for (_, pending) in jobs {
             pending.lane.done();
             pending.end.finish(Err(TaskError::DeviceLost));
         }
     }
 
-    /// Kills a host that has jobs waiting and finished none for `hang_timeout`.
+    /// Kills a host that has jobs waiting and finished none for `hang_timeout`, or left a
+    /// request sent with [`Link::call_later`] unanswered for as long as a blocking call waits.
     fn check_hang(&self) {
-        if !self.alive() || self.jobs.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+        if !self.alive() {
+            return;
+        }
+        let limit = self.hang_timeout.min(CALL_TIMEOUT);
+        let oldest_late = self
+            .requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter_map(|w| match w {
+                Waiter::Later { since, .. } => Some(since.elapsed()),
+                Waiter::Thread(_) => None,
+            })
+            .max();
+        if let Some(waited) = oldest_late.filter(|w| *w > limit) {
+            self.fail(&format!(
+                "it did not answer a request within {limit:?} (waited {waited:?})"
+            ));
+            return;
+        }
+        if self.jobs.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
             return;
         }
         let since = self.progress.lock().unwrap_or_else(|e| e.into_inner()).elapsed();
@@ -965,6 +1039,36 @@ fn watch(platform: Weak<Platform>) {
         drop(p);
         if busy {
             std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+}
+
+/// The buffer an allocation's `reply` made, its `len` bytes already counted in `memory_used`
+/// (given back when it was refused).
+fn allocated(
+    reply: Result<Reply, TaskError>,
+    id: u64,
+    len: u64,
+    device: u16,
+    link: &Arc<Link>,
+    memory_used: &Arc<AtomicU64>,
+) -> Result<Arc<dyn DeviceBuffer>, TaskError> {
+    let result = match reply {
+        Ok(Reply::Allocated { outcome, .. }) => outcome.result(),
+        Ok(_) => Err(link_bug(LINK_WRONG_REPLY, "an allocation answered with another reply")),
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(()) => Ok(Arc::new(RemoteBuffer {
+            id,
+            len,
+            device,
+            link: Arc::downgrade(link),
+            memory_used: memory_used.clone(),
+        })),
+        Err(e) => {
+            memory_used.fetch_sub(len, Ordering::Relaxed);
+            Err(e)
         }
     }
 }
@@ -1249,20 +1353,39 @@ impl Device for RemoteDevice {
             tenant,
             len,
         });
-        Some(match reply {
-            Ok(Reply::Allocated { outcome, .. }) => outcome.result().map(|()| {
-                self.memory_used.fetch_add(len, Ordering::Relaxed);
-                Arc::new(RemoteBuffer {
-                    id,
-                    len,
-                    device: self.index,
-                    link: Arc::downgrade(&link),
-                    memory_used: self.memory_used.clone(),
-                }) as Arc<dyn DeviceBuffer>
+        // Counted before the answer, as `alloc_later` does; given back below if refused.
+        self.memory_used.fetch_add(len, Ordering::Relaxed);
+        Some(allocated(reply, id, len, self.index, &link, &self.memory_used))
+    }
+
+    fn allocates_far(&self) -> bool {
+        true
+    }
+
+    fn alloc_later(&self, tenant: u64, len: u64, done: agora_devices::AllocationDone) {
+        let link = self.platform.link();
+        let id = self.next_buffer.fetch_add(1, Ordering::Relaxed);
+        self.memory_used.fetch_add(len, Ordering::Relaxed);
+        let (device, memory_used, weak) = (self.index, self.memory_used.clone(), Arc::downgrade(&link));
+        link.call_later(
+            |request| Request::Alloc {
+                request,
+                device: self.index,
+                buffer: id,
+                tenant,
+                len,
+            },
+            Box::new(move |reply| {
+                let result = match weak.upgrade() {
+                    Some(link) => allocated(reply, id, len, device, &link, &memory_used),
+                    None => {
+                        memory_used.fetch_sub(len, Ordering::Relaxed);
+                        Err(TaskError::DeviceLost)
+                    }
+                };
+                done(result)
             }),
-            Ok(_) => Err(link_bug(LINK_WRONG_REPLY, "an allocation answered with another reply")),
-            Err(e) => Err(e),
-        })
+        );
     }
 
     unsafe fn read(&self, from: &dyn DeviceBuffer, host: *mut u8, len: usize) -> Result<(), TaskError> {

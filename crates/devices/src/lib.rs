@@ -493,6 +493,9 @@ impl std::fmt::Debug for Job {
     }
 }
 
+/// Receives the outcome of an allocation started with [`Device::alloc_later`].
+pub type AllocationDone = Box<dyn FnOnce(Result<Arc<dyn DeviceBuffer>, TaskError>) + Send>;
+
 /// A device: lanes that run jobs in order.
 pub trait Device: Send + Sync + std::fmt::Debug {
     /// Static facts.
@@ -518,6 +521,20 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     /// partition of its own). Devices that share host memory have no memory of their own and
     /// return `None`.
     fn alloc(&self, tenant: u64, len: u64) -> Option<Result<Arc<dyn DeviceBuffer>, TaskError>>;
+    /// Whether [`Device::alloc`] waits for another process to answer (a device in a device host:
+    /// a round trip that takes milliseconds when that process is busy). The dispatcher then
+    /// allocates with [`Device::alloc_later`] and lets the task wait for the answer, not itself.
+    fn allocates_far(&self) -> bool {
+        false
+    }
+    /// Starts the allocation [`Device::alloc`] makes without waiting for it: `done` receives its
+    /// outcome exactly once, later and perhaps on another thread (`DeviceLost` when the device
+    /// goes first). The bytes count in [`Device::memory_used`] from this call on, so the
+    /// memory books stay right while the answer travels. The default allocates now, on the
+    /// calling thread.
+    fn alloc_later(&self, tenant: u64, len: u64, done: AllocationDone) {
+        done(self.alloc(tenant, len).unwrap_or(Err(TaskError::KernelFault)));
+    }
     /// Copies `len` bytes of `from` (a buffer of this device) into `host`, synchronously.
     ///
     /// # Safety

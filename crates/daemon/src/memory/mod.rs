@@ -462,6 +462,23 @@ impl Placement {
         }
     }
 
+    /// Takes `buffer`, allocated on `device` ahead of the task that needs it (an allocation a
+    /// device host answered later), as this buffer's copy there: not valid yet (the task's
+    /// planning copies the contents in). `false`, and `buffer` is dropped, when the buffer got a
+    /// copy there meanwhile. The caller counted its bytes in the session's usage and, on
+    /// `false`, takes them back.
+    pub(crate) fn adopt(&mut self, device: usize, buffer: Arc<dyn DeviceBuffer>) -> bool {
+        if self.is_on(device) {
+            return false;
+        }
+        self.copies.push(DeviceCopy {
+            device,
+            buffer,
+            valid: false,
+        });
+        true
+    }
+
     /// Whether `device` has an allocation for this buffer.
     pub(crate) fn is_on(&self, device: usize) -> bool {
         self.copies.iter().any(|c| c.device == device)

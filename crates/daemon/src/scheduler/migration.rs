@@ -46,6 +46,7 @@ use std::sync::{Arc, Mutex};
 use agora_protocol::{Access, Completion, TaskError};
 use agora_transport::wake::Doorbell;
 
+use super::allocation::AllocationWait;
 use super::plan::NamedBuffers;
 use super::{Action, Ready, Scheduler};
 use crate::session::{QueueState, Session, SessionShared};
@@ -82,10 +83,12 @@ struct Held {
     ready: Ready,
     /// For a task a failed device lost: its replay record.
     replay: Option<Replay>,
+    /// It waited for allocations asked ahead (it will not again).
+    allocated: bool,
 }
 
 #[derive(Clone, Copy)]
-struct Replay {
+pub(super) struct Replay {
     /// The device the lost job was planned on.
     device: usize,
     /// Buffer slots whose host copy was current when the task was first planned.
@@ -107,6 +110,28 @@ struct HeldQueue {
     tasks: VecDeque<Held>,
     /// How many leading entries of `tasks` are lost tasks.
     replays: usize,
+    /// Held for its first task's allocations (`allocation`): released once they are answered,
+    /// whatever the queue still has in flight, instead of once that is nothing.
+    allocating: Option<Arc<AllocationWait>>,
+}
+
+impl HeldQueue {
+    fn releasable(&self) -> bool {
+        let drained = self.queue.in_flight.load(Ordering::Acquire) == 0;
+        match &self.allocating {
+            // Lost tasks that joined it wait for the rest of their queue to come back first.
+            Some(wait) => wait.answered() && (self.replays == 0 || drained),
+            None => drained,
+        }
+    }
+}
+
+/// Why a queue's tasks are held (counted differently).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum HoldReason {
+    Moving,
+    Room,
+    Allocating,
 }
 
 /// A task a failed device lost, sent back by its done callback.
@@ -161,7 +186,10 @@ pub(crate) struct Migration {
     /// Held queues by session id.
     held: HashMap<u64, Vec<HeldQueue>>,
     /// Replay count of the task being dispatched again (read by [`Ticket::new`]).
-    replaying: Option<Replay>,
+    pub(super) replaying: Option<Replay>,
+    /// The task being dispatched again already waited for allocations asked ahead: it does not
+    /// wait again (`allocation`).
+    pub(super) allocated_late: bool,
     pub stats: MigrationStats,
 }
 
@@ -181,6 +209,7 @@ impl Migration {
             }),
             held: HashMap::new(),
             replaying: None,
+            allocated_late: false,
             stats: MigrationStats::default(),
         }
     }
@@ -245,27 +274,30 @@ impl Migration {
     }
 
     fn list_or_new(&mut self, session: u64, queue: &Arc<QueueState>) -> &mut HeldQueue {
-        self.held_list(session, queue, true)
+        self.held_list(session, queue, HoldReason::Moving)
     }
 
-    /// The held list of `queue`, new if it had none (`moving`: counted as a migration, not as
-    /// a wait for memory).
-    fn held_list(&mut self, session: u64, queue: &Arc<QueueState>, moving: bool) -> &mut HeldQueue {
+    /// The held list of `queue`, new if it had none (counted by `reason`: a migration, a wait
+    /// for memory, or neither).
+    fn held_list(&mut self, session: u64, queue: &Arc<QueueState>, reason: HoldReason) -> &mut HeldQueue {
         let lists = self.held.entry(session).or_default();
         match lists.iter().position(|h| Arc::ptr_eq(&h.queue, queue)) {
             Some(i) => &mut lists[i],
             None => {
-                if moving {
-                    self.stats.migrations += 1;
-                    queue.binding.first_move_from(queue.binding.load());
-                } else {
-                    self.stats.memory_waits += 1;
+                match reason {
+                    HoldReason::Moving => {
+                        self.stats.migrations += 1;
+                        queue.binding.first_move_from(queue.binding.load());
+                    }
+                    HoldReason::Room => self.stats.memory_waits += 1,
+                    HoldReason::Allocating => {}
                 }
                 queue.moving.store(true, Ordering::Release);
                 lists.push(HeldQueue {
                     queue: queue.clone(),
                     tasks: VecDeque::new(),
                     replays: 0,
+                    allocating: None,
                 });
                 lists.last_mut().expect("just pushed")
             }
@@ -422,6 +454,11 @@ impl Ticket {
 pub(super) struct DrainWaker(Arc<Inbox>);
 
 impl DrainWaker {
+    /// Wakes the dispatcher if it sleeps (held tasks may be released).
+    pub(super) fn wake_dispatcher(&self) {
+        self.0.wake();
+    }
+
     /// `drained`: the queue's in-flight count dropped to zero.
     pub(super) fn queue_drained(&self, queue: &QueueState, drained: bool) {
         if drained && queue.moving.load(Ordering::Acquire) {
@@ -513,12 +550,34 @@ impl Scheduler {
     pub(super) fn wait_for_room(&mut self, session: &Session, task_id: u64, ready: Ready) {
         let queue = ready.queue.clone();
         self.telemetry.metrics.memory_waits.inc();
-        let list = self.migration.held_list(session.id, &queue, false);
+        let list = self.migration.held_list(session.id, &queue, HoldReason::Room);
         // The list is new: `must_hold` would have held the task behind an existing one.
         list.tasks.push_back(Held {
             task_id,
             ready,
             replay: None,
+            allocated: false,
+        });
+    }
+
+    /// Holds `ready` at the head of its queue's held tasks until `wait`'s allocations are
+    /// answered (`allocation`); its queue's later tasks wait behind it.
+    pub(super) fn wait_for_allocations(
+        &mut self,
+        session: &Session,
+        task_id: u64,
+        ready: Ready,
+        wait: Arc<AllocationWait>,
+    ) {
+        let queue = ready.queue.clone();
+        let list = self.migration.held_list(session.id, &queue, HoldReason::Allocating);
+        // The list is new: `must_hold` would have held the task behind an existing one.
+        list.allocating = Some(wait);
+        list.tasks.push_back(Held {
+            task_id,
+            ready,
+            replay: None,
+            allocated: true,
         });
     }
 
@@ -529,6 +588,7 @@ impl Scheduler {
             task_id,
             ready,
             replay: None,
+            allocated: false,
         });
     }
 
@@ -655,6 +715,7 @@ impl Scheduler {
                     task_id: lost.task_id,
                     ready,
                     replay: Some(replay),
+                    allocated: false,
                 },
             );
             list.replays += 1;
@@ -712,15 +773,20 @@ impl Scheduler {
             return;
         };
         let mut free = Vec::new();
+        let mut adopting = Vec::new();
         lists.retain_mut(|list| {
-            if list.queue.in_flight.load(Ordering::Acquire) == 0 {
+            if list.releasable() {
                 list.queue.moving.store(false, Ordering::Release);
                 free.push(std::mem::take(&mut list.tasks));
+                adopting.extend(list.allocating.take());
                 false
             } else {
                 true
             }
         });
+        for wait in adopting {
+            wait.adopt(&mut self.residency);
+        }
         if lists.is_empty() {
             self.migration.held.remove(&session.id);
         }
@@ -751,8 +817,10 @@ impl Scheduler {
                     self.migration.replaying = Some(replay);
                 }
                 let replayed = held.replay.is_some();
+                self.migration.allocated_late = held.allocated;
                 let outcome = self.dispatch(session, held.task_id, held.ready);
                 self.migration.replaying = None;
+                self.migration.allocated_late = false;
                 match outcome {
                     Ok(()) => self.migration.stats.replayed += u64::from(replayed),
                     Err(error) => {

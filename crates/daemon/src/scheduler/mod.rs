@@ -14,7 +14,9 @@
 //!    kernel and take the launch within their limits (late binding; the queue's preferred kind
 //!    first), or latency placement; and the revocation choice for latency work.
 //! 5. `plan` — what it needs there (`Planned`): room in device memory, the transfers, the
-//!    one-writer rule, the work; slicing (chunked launch) and revocability.
+//!    one-writer rule, the work; slicing (chunked launch) and revocability. On a device in a
+//!    device host, buffers not there yet are allocated first without the dispatcher waiting
+//!    (`allocation`): the task waits in its queue's held tasks and comes back through `dispatch`.
 //! 6. `submit` — run inline, or hand the job to the lane (one job, row slices, or revocable).
 //! 7. `complete` — when a lane job ends: metrics, model, trace, then in queue order the
 //!    outcome and the completion posted to the client (`LaneCompletion::finish`).
@@ -60,6 +62,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
 use std::time::Instant;
 
+mod allocation;
 mod books;
 // The validate stage driven without a server, for the fuzzer (`agora_daemon::fuzzing`).
 mod complete;
@@ -657,7 +660,14 @@ impl Scheduler {
             Ok(plan::Room::Now) => {}
             // Rare (only tasks that move data to a device): kept to wait with, should the
             // device runtime refuse the allocation after all.
-            Ok(plan::Room::NowAllocating) => waits_if_refused = Some(ready.clone()),
+            Ok(plan::Room::NowAllocating) => {
+                // On a device host: asked ahead, the task (not the dispatcher) waits for them.
+                if let Some(wait) = self.allocate_later(session, &ready, &placement) {
+                    self.wait_for_allocations(session, task_id, ready, wait);
+                    return Ok(());
+                }
+                waits_if_refused = Some(ready.clone())
+            }
             Ok(plan::Room::Later) => {
                 // Memory pressure: it waits (with its queue's later tasks) until earlier tasks
                 // finish and their buffers can be evicted; only a task that can never fit fails.

@@ -626,3 +626,176 @@ fn a_latency_task_puts_auto_batch_lanes_at_idle_until_latency_work_has_been_quie
         (BatchPriority::Batch, None, 0)
     );
 }
+
+/// A sim device whose allocations are answered by the test, as a device host answers them:
+/// `alloc_later` only records the request; `alloc` (the synchronous way) is counted.
+struct FarAllocator {
+    inner: Arc<dyn Device>,
+    asked: Mutex<Vec<(u64, agora_devices::AllocationDone)>>,
+    synchronous: std::sync::atomic::AtomicUsize,
+}
+
+impl std::fmt::Debug for FarAllocator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FarAllocator")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FarAllocator {
+    /// Answers every allocation asked so far with `refuse` or the sim's own allocation.
+    fn answer_all(&self, refuse: bool) -> usize {
+        let asked = std::mem::take(&mut *self.asked.lock().unwrap());
+        let count = asked.len();
+        for (len, done) in asked {
+            done(if refuse {
+                Err(TaskError::DeviceOutOfMemory { index: 0, needed: len })
+            } else {
+                self.inner.alloc(7, len).unwrap()
+            });
+        }
+        count
+    }
+}
+
+impl Device for FarAllocator {
+    fn info(&self) -> &agora_devices::DeviceInfo {
+        self.inner.info()
+    }
+    fn implements(&self, kernel: &agora_kernels::KernelDef) -> bool {
+        self.inner.implements(kernel)
+    }
+    fn submit(&self, lane: usize, job: agora_devices::Job) {
+        self.inner.submit(lane, job)
+    }
+    fn lane_load(&self, lane: usize) -> usize {
+        self.inner.lane_load(lane)
+    }
+    fn run_inline(&self, work: &Work) -> Result<(), TaskError> {
+        self.inner.run_inline(work)
+    }
+    fn alloc(&self, tenant: u64, len: u64) -> Option<Result<Arc<dyn agora_devices::DeviceBuffer>, TaskError>> {
+        self.synchronous.fetch_add(1, Ordering::Relaxed);
+        self.inner.alloc(tenant, len)
+    }
+    fn allocates_far(&self) -> bool {
+        true
+    }
+    fn alloc_later(&self, _tenant: u64, len: u64, done: agora_devices::AllocationDone) {
+        self.asked.lock().unwrap().push((len, done));
+    }
+    unsafe fn read(&self, from: &dyn agora_devices::DeviceBuffer, host: *mut u8, len: usize) -> Result<(), TaskError> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.inner.read(from, host, len) }
+    }
+    fn memory_used(&self) -> u64 {
+        self.inner.memory_used()
+    }
+    fn status(&self) -> agora_devices::DeviceReport {
+        self.inner.status()
+    }
+    fn shutdown(&self) {
+        self.inner.shutdown()
+    }
+}
+
+/// A `sync_to` of a fresh buffer of `len` bytes, on `q`.
+fn sync_to(
+    session: &mut crate::session::Session,
+    q: &Arc<QueueState>,
+    len: u64,
+) -> (Ready, Arc<crate::memory::BufferRecord>) {
+    let (handle, _) = session.alloc_buffer(len).unwrap();
+    let record = session.buffers.get(handle).unwrap().clone();
+    let mut buffers: [Option<(Arc<crate::memory::BufferRecord>, agora_protocol::Access, bool)>; MAX_ARGS] =
+        Default::default();
+    buffers[0] = Some((record.clone(), agora_protocol::Access::Read, false));
+    let ready = Ready {
+        queue: q.clone(),
+        action: Action::SyncTo,
+        estimated_ns: 0.0,
+        items: 0,
+        touched_bytes: len,
+        slots: 1,
+        buffers,
+    };
+    (ready, record)
+}
+
+/// Issue 22, 3c: on a device whose allocations another process answers, the dispatcher asks and
+/// goes on; the task (and its queue's later tasks, in order) waits for the answer. A refused
+/// answer leaves the task to allocate the usual way (synchronously, where a refusal evicts and
+/// retries or waits for room); it waits for allocations asked ahead only once.
+#[test]
+fn a_far_allocation_is_awaited_by_its_task_not_by_the_dispatcher() {
+    let far = Arc::new(FarAllocator {
+        inner: sim("far", None),
+        asked: Mutex::new(Vec::new()),
+        synchronous: Default::default(),
+    });
+    let mut s = scheduler(vec![cpu(), far.clone()], config());
+    let mut session = session();
+    let q = queue(QueueClass::Batch, Some(DeviceKind::Sim));
+    let view = *session.shared.segment.view();
+    let mut completions = agora_protocol::ring::CompletionConsumer::new(view);
+    let len = 4096;
+    let (first, record) = sync_to(&mut session, &q, len);
+    let roles = super::data_roles(&first);
+    s.place_and_submit(&session, 1, first, roles).unwrap();
+    let (second, second_record) = sync_to(&mut session, &q, len);
+    let roles = super::data_roles(&second);
+    s.place_and_submit(&session, 2, second, roles).unwrap();
+    assert_eq!(
+        far.synchronous.load(Ordering::Relaxed),
+        0,
+        "the dispatcher did not wait for an allocation"
+    );
+    assert!(s.migration.holding(), "the task waits in its queue");
+    assert_eq!(
+        session.shared.device_usage.bytes[1].load(Ordering::Relaxed),
+        len,
+        "the bytes asked count as the session's"
+    );
+    s.release_held(&session);
+    assert!(completions.take().is_none(), "nothing ran before the answer");
+    assert!(!record.placement().is_on(1));
+    // Answered: the first task is dispatched with its buffer there; the second, behind it, asks
+    // for its own.
+    assert_eq!(far.answer_all(false), 1);
+    s.release_held(&session);
+    assert!(
+        record.placement().is_on(1),
+        "the allocation is the buffer's copy on the device"
+    );
+    assert_eq!(far.synchronous.load(Ordering::Relaxed), 0);
+    assert!(s.migration.holding(), "the second task waits for its own allocation");
+    // Refused: the second task allocates synchronously (the sim takes it) and runs.
+    assert_eq!(far.answer_all(true), 1);
+    s.release_held(&session);
+    assert!(!s.migration.holding());
+    assert_eq!(
+        far.synchronous.load(Ordering::Relaxed),
+        1,
+        "after a refusal the task allocates as it plans"
+    );
+    assert!(second_record.placement().is_on(1));
+    assert_eq!(
+        session.shared.device_usage.bytes[1].load(Ordering::Relaxed),
+        2 * len,
+        "the refused bytes stopped counting; each buffer's copy counts once"
+    );
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    let mut done = Vec::new();
+    while done.len() < 2 {
+        assert!(Instant::now() < deadline, "both tasks completed: {done:?}");
+        match completions.take() {
+            Some(c) => {
+                assert!(c.result().is_ok(), "task {}: {:?}", c.task_id, c.result());
+                done.push(c.task_id);
+            }
+            None => std::thread::yield_now(),
+        }
+    }
+    assert_eq!(done, [1, 2], "in issue order");
+}

@@ -96,6 +96,8 @@ pub(crate) struct Metrics {
     pub evictions: Counter,
     /// Device allocations a runtime refused though they fit the books, retried after eviction.
     pub allocation_retries: Counter,
+    /// Tasks that waited for a device host to answer their allocations (the dispatcher did not).
+    pub allocations_awaited: Counter,
     /// Buffers released with their newest contents on a device, never read back to the host.
     pub unread_releases: Counter,
     /// Requests and connections refused by each limit (`crate::limits`).
@@ -289,6 +291,12 @@ impl Metrics {
             "Device allocations a runtime refused although they fit the daemon's books, retried after evicting idle buffers",
             allocation_retries.clone(),
         );
+        let allocations_awaited = Counter::default();
+        registry.register(
+            "agora_allocations_awaited",
+            "Tasks that waited in their queue for a device host to answer their device allocations, asked without stalling the dispatcher",
+            allocations_awaited.clone(),
+        );
         let limit_refusals = Family::<LimitLabels, Counter>::default();
         registry.register(
             "agora_limit_refusals",
@@ -343,6 +351,7 @@ impl Metrics {
             memory_waits,
             evictions,
             allocation_retries,
+            allocations_awaited,
             longest_inline,
             longest_iteration,
             stalls,
