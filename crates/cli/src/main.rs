@@ -142,9 +142,10 @@ struct DeviceHostArgs {
     /// For `sim`: the device fails for good after this many jobs (an injected fault).
     #[arg(long)]
     sim_fail_after_jobs: Option<u64>,
-    /// For `sim`: each allocation is answered this many milliseconds late (an injected slowness).
+    /// For `sim`: each allocation and read is answered this many milliseconds late (an injected
+    /// slowness).
     #[arg(long)]
-    sim_alloc_delay_ms: Option<u64>,
+    sim_answer_delay_ms: Option<u64>,
     /// Lanes (command queues) per device.
     #[arg(long, default_value_t = 2)]
     lanes: usize,
@@ -185,7 +186,7 @@ fn device_host(args: DeviceHostArgs) -> i32 {
             .then(|| std::time::Duration::from_millis(args.tenant_launch_limit_ms)),
         sim_name: args.sim_name,
         sim_fail_after_jobs: args.sim_fail_after_jobs,
-        sim_alloc_delay: args.sim_alloc_delay_ms.map(std::time::Duration::from_millis),
+        sim_answer_delay: args.sim_answer_delay_ms.map(std::time::Duration::from_millis),
         loop_realtime: args.loop_realtime,
     };
     match agora_device_host::serve(socket, &host) {

@@ -420,7 +420,7 @@ fn a_slow_allocation_in_a_device_host_delays_only_the_task_that_asked() {
     std::fs::write(
         dir.path().join("agora.toml"),
         format!(
-            "[[sim]]\nname = \"sim0\"\nlanes = 1\nalloc_delay_ms = {}\ndevice_host = true\n",
+            "[[sim]]\nname = \"sim0\"\nlanes = 1\nanswer_delay_ms = {}\ndevice_host = true\n",
             delay.as_millis()
         ),
     )
@@ -474,6 +474,79 @@ fn a_slow_allocation_in_a_device_host_delays_only_the_task_that_asked() {
     assert!(
         longest < delay / 2,
         "a neighbour's round trip took {longest:?} while a device host answered an allocation {delay:?} late"
+    );
+}
+
+/// Issue 22, 3c: evicting a buffer whose only valid copy is on a device in a device host writes
+/// it home without the dispatcher waiting for the host (here a sim in a host of 4 MiB that
+/// answers each allocation and read 150 ms late): the tasks that need the room, or name the
+/// buffer, wait for it; a neighbour's round trips on the CPU stay short; every result is exact.
+#[test]
+fn evictions_from_a_device_host_write_buffers_home_without_stalling_anyone_and_lose_nothing() {
+    let delay = Duration::from_millis(150);
+    let dir = agora_test_support::temp_dir("device-host-write-back");
+    std::fs::write(
+        dir.path().join("agora.toml"),
+        format!(
+            "[[sim]]\nname = \"sim0\"\nlanes = 1\nmemory = \"4M\"\nanswer_delay_ms = {}\ndevice_host = true\n",
+            delay.as_millis()
+        ),
+    )
+    .unwrap();
+    let mut daemon = Daemon::start_in(AGORA, dir, &["--no-opencl", "--config", "{dir}/agora.toml"]);
+    let tenant = daemon.session_named("tenant");
+    let neighbour = daemon.session_named("neighbour");
+    let stop = Arc::new(AtomicBool::new(false));
+    let watch = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let q = queue(&neighbour, "round-trips", DeviceKind::Cpu);
+            let noop = neighbour.kernel("noop").unwrap();
+            let (mut longest, mut count) = (Duration::ZERO, 0u32);
+            while !stop.load(Ordering::Relaxed) {
+                let began = std::time::Instant::now();
+                q.launch(&noop, &[], 1u64).unwrap().wait().unwrap();
+                longest = longest.max(began.elapsed());
+                count += 1;
+            }
+            (longest, count)
+        })
+    };
+    let q = queue(&tenant, "over-the-device", DeviceKind::Sim);
+    let saxpy = tenant.kernel("saxpy").unwrap();
+    // 1 MiB each: x and three results fit the device; the rest evict earlier results, whose
+    // only valid copy is there (computed on the device, never read back).
+    let n = 1 << 18;
+    let x = tenant.buffer_from(&vec![1.0f32; n]).unwrap();
+    let ys: Vec<_> = (0..8)
+        .map(|i| tenant.buffer_from(&vec![i as f32; n]).unwrap())
+        .collect();
+    for y in &ys {
+        q.sync_to(y).unwrap();
+        q.launch(&saxpy, &[Arg::F32(3.0), (&x).into(), y.into()], n).unwrap();
+    }
+    q.finish().unwrap();
+    // Read back in another order than written: some come from the device, some were evicted.
+    for (i, y) in ys.iter().enumerate().rev() {
+        q.sync_from(y).unwrap().wait().unwrap();
+        assert!(
+            y.as_slice::<f32>().iter().all(|v| *v == i as f32 + 3.0),
+            "buffer {i}: wrong results after eviction"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (longest, count) = watch.join().unwrap();
+    let evictions = tenant.status().unwrap().evictions;
+    daemon.assert_alive();
+    eprintln!("{evictions} evictions; neighbour: {count} round trips, longest {longest:?}");
+    assert!(
+        evictions >= 4,
+        "only {evictions} evictions: the device did not run out of memory"
+    );
+    assert!(count >= 10, "the neighbour ran only {count} round trips");
+    assert!(
+        longest < delay / 2,
+        "a neighbour's round trip took {longest:?} while a device host answered {delay:?} late"
     );
 }
 

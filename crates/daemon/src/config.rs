@@ -85,15 +85,17 @@ pub struct SimDeviceConfig {
     /// reports more free memory than it has; the daemon evicts idle buffers and retries.
     #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_bytes")]
     pub runtime_memory: Option<u64>,
-    /// Fault injection (tests): each allocation on the device is answered this many
-    /// milliseconds late, as by a device host busy with other tenants' work. In the daemon the
-    /// dispatcher waits for it; in a device host (`device_host`) only the task that allocates.
+    /// Fault injection (tests): each allocation on the device, and each read of a buffer into
+    /// host memory (a job's copy home, an eviction's write-back), is answered this many
+    /// milliseconds late, as by a device
+    /// host busy with other tenants' work. In the daemon the dispatcher waits for it; in a
+    /// device host (`device_host`) only the tasks that need the answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub alloc_delay_ms: Option<u64>,
+    pub answer_delay_ms: Option<u64>,
     /// Tests of the device-host mechanism: the device runs in a device-host process, as a GPU
     /// does, so `fail_after_jobs` models a kernel fault that ends a GPU's context (the host
     /// exits, the daemon replays and starts a new one). There only `lanes`, `memory`,
-    /// `fail_after_jobs` and `alloc_delay_ms` apply, and only the library's kernels run on it.
+    /// `fail_after_jobs` and `answer_delay_ms` apply, and only the library's kernels run on it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub device_host: bool,
 }
@@ -147,7 +149,7 @@ impl SimDeviceConfig {
             active_watts: default_sim_active(),
             fail_after_jobs: None,
             runtime_memory: None,
-            alloc_delay_ms: None,
+            answer_delay_ms: None,
             device_host: false,
         }
     }

@@ -449,8 +449,8 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
         if let Some(after) = sim.fail_after_jobs {
             extra_args.extend(["--sim-fail-after-jobs".to_string(), after.to_string()]);
         }
-        if let Some(delay) = sim.alloc_delay_ms {
-            extra_args.extend(["--sim-alloc-delay-ms".to_string(), delay.to_string()]);
+        if let Some(delay) = sim.answer_delay_ms {
+            extra_args.extend(["--sim-answer-delay-ms".to_string(), delay.to_string()]);
         }
         let spec = host_spec(program, sim.lanes, sim.memory, config.opencl_hang_timeout, extra_args);
         let (found, _) =
@@ -658,7 +658,7 @@ fn sim_spec(sim: &SimDeviceConfig) -> agora_devices::sim::SimSpec {
         bandwidth: sim.bandwidth as f64,
         fail_after_jobs: sim.fail_after_jobs,
         runtime_memory_bytes: sim.runtime_memory,
-        alloc_delay: sim.alloc_delay_ms.map(std::time::Duration::from_millis),
+        answer_delay: sim.answer_delay_ms.map(std::time::Duration::from_millis),
         ..Default::default()
     }
 }

@@ -92,8 +92,8 @@ pub struct HostArgs {
     pub sim_name: String,
     /// For `sim`: it fails for good after this many jobs (its fault, injected).
     pub sim_fail_after_jobs: Option<u64>,
-    /// For `sim`: each allocation is answered this late (an injected slowness).
-    pub sim_alloc_delay: Option<Duration>,
+    /// For `sim`: each allocation and read is answered this late (an injected slowness).
+    pub sim_answer_delay: Option<Duration>,
     /// Run the message loop under `SCHED_FIFO` (the daemon's `dispatcher_realtime`): the loop
     /// answers the dispatcher's synchronous requests (an allocation), which must not wait for a
     /// core behind tenants' threads.
@@ -109,7 +109,7 @@ impl Default for HostArgs {
             tenant_launch_limit: None,
             sim_name: "sim0".into(),
             sim_fail_after_jobs: None,
-            sim_alloc_delay: None,
+            sim_answer_delay: None,
             loop_realtime: false,
         }
     }
@@ -231,7 +231,7 @@ fn start_devices(args: &HostArgs) -> Result<(Started, Vec<String>), String> {
                 args.memory_limit
             },
             fail_after_jobs: args.sim_fail_after_jobs,
-            alloc_delay: args.sim_alloc_delay,
+            answer_delay: args.sim_answer_delay,
             ..Default::default()
         };
         let device = agora_devices::sim::SimDevice::new(spec).map_err(|e| format!("starting the sim device: {e}"))?;

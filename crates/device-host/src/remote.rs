@@ -1415,6 +1415,42 @@ impl Device for RemoteDevice {
         Ok(())
     }
 
+    unsafe fn read_later(
+        &self,
+        from: &dyn DeviceBuffer,
+        host: *mut u8,
+        len: usize,
+        done: agora_devices::ReadDone,
+    ) -> bool {
+        let link = self.platform.link();
+        let Ok(buffer) = self.own(from, &link) else {
+            return false;
+        };
+        // Host memory outside the segments would need a staging copy after the answer: the
+        // caller reads it synchronously instead (rare: an exported buffer's region).
+        let Some(target) = self.platform.segment_of(host, len) else {
+            return false;
+        };
+        let buffer = buffer.id;
+        link.call_later(
+            |request| Request::Read {
+                request,
+                device: self.index,
+                buffer,
+                host: target,
+                len: len as u64,
+            },
+            Box::new(move |reply| {
+                done(match reply {
+                    Ok(Reply::ReadDone { outcome, .. }) => outcome.result(),
+                    Ok(_) => Err(link_bug(LINK_WRONG_REPLY, "a read answered with another reply")),
+                    Err(e) => Err(e),
+                })
+            }),
+        );
+        true
+    }
+
     fn runs_row_slices(&self) -> bool {
         true
     }

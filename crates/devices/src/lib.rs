@@ -496,6 +496,9 @@ impl std::fmt::Debug for Job {
 /// Receives the outcome of an allocation started with [`Device::alloc_later`].
 pub type AllocationDone = Box<dyn FnOnce(Result<Arc<dyn DeviceBuffer>, TaskError>) + Send>;
 
+/// Receives the outcome of a copy started with [`Device::read_later`].
+pub type ReadDone = Box<dyn FnOnce(Result<(), TaskError>) + Send>;
+
 /// A device: lanes that run jobs in order.
 pub trait Device: Send + Sync + std::fmt::Debug {
     /// Static facts.
@@ -540,6 +543,18 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     /// # Safety
     /// `host` must be valid for `len` bytes of writes.
     unsafe fn read(&self, from: &dyn DeviceBuffer, host: *mut u8, len: usize) -> Result<(), TaskError>;
+    /// Starts the copy [`Device::read`] makes without waiting for it (an eviction's write-back
+    /// from a device in a device host): `done` receives its outcome exactly once, later and
+    /// perhaps on another thread. Returns `false`, and never calls `done`, where the device
+    /// cannot (the default; a device host when `host` lies outside every segment it maps): the
+    /// caller reads synchronously.
+    ///
+    /// # Safety
+    /// `host` must stay valid for `len` bytes of writes until `done` is called, nothing else may
+    /// read or write them meanwhile, and `from` must stay allocated until then.
+    unsafe fn read_later(&self, _from: &dyn DeviceBuffer, _host: *mut u8, _len: usize, _done: ReadDone) -> bool {
+        false
+    }
     /// Whether launches may be split into row slices (`Work::Launch::rows`) on this device.
     fn runs_row_slices(&self) -> bool {
         false

@@ -16,7 +16,10 @@
 //! Under device-memory pressure ([`Residency::make_room`]) buffers that no planned-but-unfinished
 //! task names are evicted from the device, least recently used first: a copy that is the only
 //! valid one is first read back into the host segment (synchronously: nothing else uses it), then
-//! the device allocation is dropped. So the buffers of all sessions together may exceed a device's
+//! the device allocation is dropped. On a device in a device host that read is only started
+//! ([`WriteBack`]): the dispatcher does not wait for the host; the buffer is marked until the
+//! answer, the task that needed the room and any task that names the buffer wait for it, and the
+//! dispatcher finishes the eviction when it comes ([`Residency::finish_write_backs`]). So the buffers of all sessions together may exceed a device's
 //! memory. The same mechanism enforces per-session device quotas, evicting only that session's
 //! buffers. A task whose own buffers do not fit fails with `DeviceOutOfMemory`.
 //!
@@ -36,7 +39,7 @@
 mod heap;
 pub(crate) mod pinned;
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use agora_devices::{Device, DeviceBuffer, Transfer};
@@ -148,6 +151,9 @@ pub(crate) struct BufferRecord {
     /// Tasks planned and not yet finished that name this buffer: while non-zero it is never
     /// evicted.
     pub in_use: AtomicU32,
+    /// Its only valid copy is being written home by an eviction that did not wait
+    /// ([`WriteBack`]): tasks that name it wait until that is done.
+    pub writing_back: AtomicBool,
     /// When a task last named it (the residency clock), for least-recently-used eviction.
     pub last_used: AtomicU64,
     /// The owning session's device-memory usage.
@@ -162,6 +168,39 @@ pub(crate) struct BufferRecord {
     /// heap (`offset` is then 0). Held here, so it stays mapped while any session or job holds
     /// the record, whichever session allocated it.
     pub region: Option<Arc<agora_transport::shm::Region>>,
+}
+
+/// What keeps a buffer's host copy mapped while a copy into it is in flight.
+#[derive(Debug)]
+enum HostHold {
+    Owner(#[allow(dead_code)] Arc<dyn HostMemory>),
+    Region(#[allow(dead_code)] Arc<agora_transport::shm::Region>),
+}
+
+/// An eviction from a device whose reads another process answers (a device in a device host):
+/// the buffer's only valid copy is being copied home without the dispatcher waiting. The
+/// dispatcher finishes it ([`Residency::finish_write_backs`]) once the answer came: the host copy
+/// becomes the valid one and the device copy is dropped. Meanwhile the buffer is marked
+/// (`writing_back`), never chosen again, and tasks that name it wait.
+#[derive(Debug)]
+struct WriteBack {
+    record: Arc<BufferRecord>,
+    device: usize,
+    /// The task whose output the copy held when the write-back started.
+    writer: u64,
+    /// Keeps the host copy mapped until the answer.
+    _host: HostHold,
+    answer: Mutex<Option<Result<(), TaskError>>>,
+}
+
+/// Wakes the dispatcher (when a write-back is answered).
+#[derive(Clone)]
+pub(crate) struct Waker(pub Arc<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for Waker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Waker")
+    }
 }
 
 /// Host memory that buffers live in (a session's heap in its segment).
@@ -189,6 +228,7 @@ impl BufferRecord {
                 writer: 0,
             }),
             in_use: AtomicU32::new(0),
+            writing_back: AtomicBool::new(false),
             last_used: AtomicU64::new(0),
             usage,
             owner,
@@ -225,6 +265,18 @@ impl BufferRecord {
         let owner = self.owner.upgrade()?;
         let ptr = owner.host_range(self.offset + offset, len)?;
         Some(f(ptr))
+    }
+
+    /// The address of the whole host copy, with what keeps it mapped for as long as the hold
+    /// lives (for a copy into it that outlives this call); `None` when the memory is gone.
+    fn hold_host(&self) -> Option<(HostHold, *mut u8)> {
+        if let Some(region) = &self.region {
+            let ptr = region.range(0, self.len)?;
+            return Some((HostHold::Region(region.clone()), ptr));
+        }
+        let owner = self.owner.upgrade()?;
+        let ptr = owner.host_range(self.offset, self.len)?;
+        Some((HostHold::Owner(owner), ptr))
     }
 
     pub(crate) fn placement(&self) -> std::sync::MutexGuard<'_, Placement> {
@@ -542,6 +594,10 @@ pub(crate) struct Residency {
     clock: u64,
     /// Buffers evicted since start (for status and tests).
     pub evictions: u64,
+    /// Evictions whose write-back is in flight.
+    write_backs: Vec<Arc<WriteBack>>,
+    /// Wakes the dispatcher when a write-back is answered (none: it notices at its next loop).
+    waker: Option<Waker>,
 }
 
 impl Residency {
@@ -567,7 +623,7 @@ impl Residency {
         self.buffers.retain(|w| w.strong_count() > 0);
         let (mut count, mut bytes) = (0, 0);
         for record in self.buffers.iter().filter_map(Weak::upgrade) {
-            if record.in_use.load(Ordering::Acquire) != 0 {
+            if record.in_use.load(Ordering::Acquire) != 0 || record.writing_back.load(Ordering::Acquire) {
                 continue;
             }
             // The host copy stays mapped while the copy is read back.
@@ -635,8 +691,20 @@ impl Residency {
         let (victims, share) = self.idle_on(devices, device, session);
         let asker_over_share = session.bytes[device].load(Ordering::Relaxed) > share;
         for victim in victims {
-            let device_full = devices[device].memory_used() + needed > capacity;
+            // Bytes of write-backs in flight are as good as free here: once they are answered
+            // the task that waits for them finds the room.
+            let (freeing, freeing_own) = self.freeing(device, session);
+            let device_full = devices[device].memory_used().saturating_sub(freeing) + needed > capacity;
             let own = Arc::ptr_eq(&victim.usage, session);
+            let quota_full = quota > 0
+                && session.bytes[device]
+                    .load(Ordering::Relaxed)
+                    .saturating_sub(freeing_own)
+                    + needed
+                    > quota;
+            if !device_full && !quota_full {
+                break;
+            }
             // Over the quota but not the device: only this session's buffers may go.
             if !device_full && !own {
                 continue;
@@ -653,6 +721,107 @@ impl Residency {
         fits(session)
     }
 
+    /// Bytes that write-backs in flight will free on `device`: all of them, and `session`'s.
+    fn freeing(&self, device: usize, session: &Arc<DeviceUsage>) -> (u64, u64) {
+        self.write_backs
+            .iter()
+            .filter(|w| w.device == device)
+            .fold((0, 0), |(all, own), w| {
+                let len = w.record.len;
+                (
+                    all + len,
+                    own + if Arc::ptr_eq(&w.record.usage, session) { len } else { 0 },
+                )
+            })
+    }
+
+    /// When `needed` bytes do not fit `device` (and `session`'s `quota`) now but will once the
+    /// write-backs in flight there are answered: the buffers they write back, for the task to
+    /// wait on. `None`: they will not fit even then (the task waits for room another way).
+    pub(crate) fn room_after_write_backs(
+        &self,
+        devices: &[Arc<dyn Device>],
+        device: usize,
+        needed: u64,
+        session: &Arc<DeviceUsage>,
+        quota: u64,
+    ) -> Option<Vec<Arc<BufferRecord>>> {
+        let (freeing, freeing_own) = self.freeing(device, session);
+        if freeing == 0 {
+            return None;
+        }
+        let capacity = devices[device].info().memory_bytes;
+        let fits = devices[device].memory_used().saturating_sub(freeing) + needed <= capacity
+            && (quota == 0
+                || session.bytes[device]
+                    .load(Ordering::Relaxed)
+                    .saturating_sub(freeing_own)
+                    + needed
+                    <= quota);
+        fits.then(|| {
+            self.write_backs
+                .iter()
+                .filter(|w| w.device == device)
+                .map(|w| w.record.clone())
+                .collect()
+        })
+    }
+
+    /// Whether write-backs are in flight (the dispatcher must finish them).
+    pub(crate) fn writing_back(&self) -> bool {
+        !self.write_backs.is_empty()
+    }
+
+    /// The dispatcher's doorbell, rung when a write-back is answered.
+    pub(crate) fn set_waker(&mut self, waker: Waker) {
+        self.waker = Some(waker);
+    }
+
+    /// Finishes the write-backs that were answered: each buffer's host copy becomes the valid
+    /// one and its device copy is dropped (an eviction). One that failed keeps its copy.
+    /// Returns how many finished.
+    pub(crate) fn finish_write_backs(&mut self, devices: &[Arc<dyn Device>]) -> usize {
+        if self.write_backs.is_empty() {
+            return 0;
+        }
+        let mut finished = 0;
+        let mut evicted = 0;
+        self.write_backs.retain(|w| {
+            let Some(answer) = w.answer.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+                return true;
+            };
+            finished += 1;
+            let record = &w.record;
+            {
+                let mut placement = record.placement();
+                match answer {
+                    Ok(()) => {
+                        // Nothing named the buffer meanwhile (such tasks wait), so its copy there
+                        // is still the only valid one unless the device failed and forgot it.
+                        let position = placement.copies.iter().position(|c| c.device == w.device);
+                        match position {
+                            Some(p) if placement.copies[p].valid && !placement.host_valid && placement.writer == w.writer => {
+                                placement.host_valid = true;
+                                placement.copies.remove(p);
+                                record.usage.bytes[w.device].fetch_sub(record.len, Ordering::Relaxed);
+                                evicted += 1;
+                                tracing::debug!(device = %devices[w.device].info().name, bytes = record.len, "evicted a buffer to host memory (written back without waiting)");
+                            }
+                            _ => tracing::debug!("a buffer written back changed meanwhile; nothing to drop"),
+                        }
+                    }
+                    Err(error) => {
+                        tracing::warn!(device = %devices[w.device].info().name, %error, "could not evict a buffer; keeping it");
+                    }
+                }
+            }
+            record.writing_back.store(false, Ordering::Release);
+            false
+        });
+        self.evictions += evicted;
+        finished
+    }
+
     /// Evicts idle buffers from `device` (over-share tenants' first, least recently used first)
     /// until at least `bytes` were freed or none is left: for a device runtime that refused an
     /// allocation the books said would fit (its real free memory is lower: fragmentation, other
@@ -665,7 +834,8 @@ impl Residency {
             if devices[device].memory_used() <= target {
                 break;
             }
-            self.evict(devices, device, &victim);
+            // Now: the allocation is retried right after.
+            self.evict_now(devices, device, &victim);
         }
         before.saturating_sub(devices[device].memory_used())
     }
@@ -689,7 +859,11 @@ impl Residency {
         );
         let mut victims: Vec<Arc<BufferRecord>> = live
             .into_iter()
-            .filter(|r| r.in_use.load(Ordering::Acquire) == 0 && r.placement().is_on(device))
+            .filter(|r| {
+                r.in_use.load(Ordering::Acquire) == 0
+                    && !r.writing_back.load(Ordering::Acquire)
+                    && r.placement().is_on(device)
+            })
             .collect();
         // Over their share first (false sorts first), then least recently used.
         victims.sort_by_key(|r| {
@@ -701,8 +875,77 @@ impl Residency {
         (victims, share)
     }
 
-    /// Evicts `victim`'s copy on `device` (reading it home first if it is the only valid one).
-    fn evict(&mut self, devices: &[Arc<dyn Device>], device: usize, victim: &BufferRecord) {
+    /// Starts writing `victim`'s copy on `device` home without waiting, where that copy is the
+    /// only valid one and the device reads far (a device host). Returns whether it started.
+    fn start_write_back(&mut self, devices: &[Arc<dyn Device>], device: usize, victim: &Arc<BufferRecord>) -> bool {
+        if !devices[device].allocates_far() {
+            return false;
+        }
+        let placement = victim.placement();
+        let only_valid = !placement.host_valid
+            && placement.copies.iter().filter(|c| c.valid).count() == 1
+            && placement.copies.iter().any(|c| c.device == device && c.valid);
+        if !only_valid {
+            return false;
+        }
+        let Some(buffer) = placement
+            .copies
+            .iter()
+            .find(|c| c.device == device)
+            .map(|c| c.buffer.clone())
+        else {
+            return false;
+        };
+        let Some((hold, host)) = victim.hold_host() else {
+            return false;
+        };
+        let write_back = Arc::new(WriteBack {
+            record: victim.clone(),
+            device,
+            writer: placement.writer,
+            _host: hold,
+            answer: Mutex::new(None),
+        });
+        drop(placement);
+        victim.writing_back.store(true, Ordering::Release);
+        let answered = write_back.clone();
+        let waker = self.waker.clone();
+        // The record in `write_back` holds the device copy (its placement drops it only when the
+        // write-back is finished) and `hold` keeps the host copy mapped.
+        // SAFETY: `host` is the buffer's whole host copy, `victim.len` bytes, kept mapped by
+        // `hold` until the answer; no task uses the buffer (it was idle) and tasks that name it
+        // wait while `writing_back` is set, so nothing else reads or writes those bytes.
+        let started = unsafe {
+            devices[device].read_later(
+                buffer.as_ref(),
+                host,
+                victim.len as usize,
+                Box::new(move |result| {
+                    *answered.answer.lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
+                    if let Some(waker) = waker {
+                        (waker.0)();
+                    }
+                }),
+            )
+        };
+        if started {
+            self.write_backs.push(write_back);
+        } else {
+            victim.writing_back.store(false, Ordering::Release);
+        }
+        started
+    }
+
+    /// Evicts `victim`'s copy on `device` (reading it home first if it is the only valid one;
+    /// on a device in a device host that read is only started, see [`WriteBack`]).
+    fn evict(&mut self, devices: &[Arc<dyn Device>], device: usize, victim: &Arc<BufferRecord>) {
+        if !self.start_write_back(devices, device, victim) {
+            self.evict_now(devices, device, victim);
+        }
+    }
+
+    /// Evicts `victim`'s copy on `device` now, reading it home first if it is the only valid one.
+    fn evict_now(&mut self, devices: &[Arc<dyn Device>], device: usize, victim: &BufferRecord) {
         // The host copy stays mapped while the copy is read back.
         let evicted = victim.with_host(0, victim.len, |host| {
             victim
@@ -809,13 +1052,18 @@ mod tests {
     type Setup = (Vec<Arc<dyn Device>>, Arc<TestHeap>, Residency, [Arc<BufferRecord>; 3]);
 
     fn setup() -> Setup {
-        let devices: Vec<Arc<dyn Device>> = vec![Arc::new(
+        setup_on(Arc::new(
             SimDevice::new(SimSpec {
                 memory_bytes: 3 * MIB,
                 ..Default::default()
             })
             .unwrap(),
-        )];
+        ))
+    }
+
+    /// [`setup`] on `device` (a 3 MiB one).
+    fn setup_on(device: Arc<dyn Device>) -> Setup {
+        let devices: Vec<Arc<dyn Device>> = vec![device];
         let heap = Arc::new(TestHeap(Mutex::new(vec![0u8; 3 * MIB as usize])));
         let owner: Weak<dyn HostMemory> = Arc::downgrade(&(heap.clone() as Arc<dyn HostMemory>));
         let usage = Arc::new(DeviceUsage::default());
@@ -995,5 +1243,130 @@ mod tests {
         assert!(!a.placement().is_on(0));
         assert!(a.placement().host_valid, "read back before the device copy was dropped");
         drop(heap);
+    }
+
+    /// A 3 MiB sim device that reads far, as a device in a device host does: `read_later`
+    /// copies at once and keeps the answer for the test to give.
+    struct FarReader {
+        inner: SimDevice,
+        answers: Mutex<Vec<agora_devices::ReadDone>>,
+    }
+
+    impl std::fmt::Debug for FarReader {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("FarReader")
+        }
+    }
+
+    impl Device for FarReader {
+        fn info(&self) -> &agora_devices::DeviceInfo {
+            self.inner.info()
+        }
+        fn implements(&self, kernel: &agora_kernels::KernelDef) -> bool {
+            self.inner.implements(kernel)
+        }
+        fn submit(&self, lane: usize, job: agora_devices::Job) {
+            self.inner.submit(lane, job)
+        }
+        fn lane_load(&self, lane: usize) -> usize {
+            self.inner.lane_load(lane)
+        }
+        fn run_inline(&self, work: &agora_devices::Work) -> Result<(), TaskError> {
+            self.inner.run_inline(work)
+        }
+        fn alloc(&self, tenant: u64, len: u64) -> Option<Result<Arc<dyn DeviceBuffer>, TaskError>> {
+            self.inner.alloc(tenant, len)
+        }
+        fn allocates_far(&self) -> bool {
+            true
+        }
+        unsafe fn read(&self, from: &dyn DeviceBuffer, host: *mut u8, len: usize) -> Result<(), TaskError> {
+            // SAFETY: the caller's contract, passed on.
+            unsafe { self.inner.read(from, host, len) }
+        }
+        unsafe fn read_later(
+            &self,
+            from: &dyn DeviceBuffer,
+            host: *mut u8,
+            len: usize,
+            done: agora_devices::ReadDone,
+        ) -> bool {
+            // SAFETY: the caller's contract (valid until `done`, which comes later), passed on.
+            unsafe { self.inner.read(from, host, len) }.unwrap();
+            self.answers.lock().unwrap().push(done);
+            true
+        }
+        fn memory_used(&self) -> u64 {
+            self.inner.memory_used()
+        }
+        fn status(&self) -> agora_devices::DeviceReport {
+            self.inner.status()
+        }
+        fn shutdown(&self) {
+            self.inner.shutdown()
+        }
+    }
+
+    /// Issue 22, 3c: on a device in a device host an eviction's write-back is started, not
+    /// waited for: the room comes when it is answered and finished, the buffer is never chosen
+    /// twice meanwhile, and a failed write-back keeps the copy.
+    #[test]
+    fn a_far_eviction_writes_back_without_waiting_and_frees_the_room_once_answered() {
+        let far = Arc::new(FarReader {
+            inner: SimDevice::new(SimSpec {
+                memory_bytes: 3 * MIB,
+                ..Default::default()
+            })
+            .unwrap(),
+            answers: Mutex::new(Vec::new()),
+        });
+        let (devices, _heap, mut residency, [a, b, c]) = setup_on(far.clone());
+        let answer = |result: Result<(), TaskError>| {
+            for done in std::mem::take(&mut *far.answers.lock().unwrap()) {
+                done(result);
+            }
+        };
+        let usage = a.usage.clone();
+        // 1 MiB more: a (least recently used, only valid on the device) is written back.
+        assert!(
+            !residency.make_room(&devices, 0, MIB, &usage, 0),
+            "not free before the answer"
+        );
+        assert!(a.writing_back.load(Ordering::Acquire) && a.placement().is_on(0));
+        assert!(residency.writing_back());
+        let waits_for = residency.room_after_write_backs(&devices, 0, MIB, &usage, 0).unwrap();
+        assert!(waits_for.len() == 1 && Arc::ptr_eq(&waits_for[0], &a));
+        assert!(residency
+            .room_after_write_backs(&devices, 0, 2 * MIB, &usage, 0)
+            .is_none());
+        // Asked again before the answer: nothing more is evicted (a's bytes count as freed).
+        assert!(!residency.make_room(&devices, 0, MIB, &usage, 0));
+        assert_eq!(far.answers.lock().unwrap().len(), 1, "one write-back, not two");
+        assert_eq!(residency.finish_write_backs(&devices), 0, "nothing answered yet");
+        answer(Ok(()));
+        assert_eq!(residency.finish_write_backs(&devices), 1);
+        assert!(!a.writing_back.load(Ordering::Acquire) && !residency.writing_back());
+        assert!(
+            !a.placement().is_on(0) && a.placement().host_valid,
+            "evicted, its host copy current"
+        );
+        assert_eq!(residency.evictions, 1);
+        assert_eq!(usage.bytes[0].load(Ordering::Relaxed), 2 * MIB);
+        assert!(
+            residency.make_room(&devices, 0, MIB, &usage, 0),
+            "the room is there now"
+        );
+        // A write-back that fails keeps the copy, the only valid one.
+        residency.touch(&c);
+        assert!(!residency.make_room(&devices, 0, 2 * MIB, &usage, 0));
+        assert!(b.writing_back.load(Ordering::Acquire));
+        answer(Err(TaskError::DeviceLost));
+        assert_eq!(residency.finish_write_backs(&devices), 1);
+        assert!(!b.writing_back.load(Ordering::Acquire));
+        assert!(
+            b.placement().is_on(0) && !b.placement().host_valid,
+            "kept where it was valid"
+        );
+        assert_eq!(residency.evictions, 1);
     }
 }

@@ -106,7 +106,47 @@ impl Drop for AllocationWait {
     }
 }
 
+/// The buffers `ready` names that are being written home by an eviction that did not wait.
+pub(super) fn written_back(ready: &Ready) -> Option<Vec<Arc<BufferRecord>>> {
+    let records: Vec<Arc<BufferRecord>> = ready.buffers[..ready.slots]
+        .iter()
+        .flatten()
+        .filter(|(record, _, _)| record.writing_back.load(Ordering::Acquire))
+        .map(|(record, _, _)| record.clone())
+        .collect();
+    (!records.is_empty()).then_some(records)
+}
+
+/// Longest the dispatcher waits itself for a write-back, for a task that cannot wait in its
+/// queue; past it the device host is taken as hung anyway (its requests answered `DeviceLost`).
+const WRITE_BACK_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
+
 impl Scheduler {
+    /// Whether the task being dispatched may wait in its queue's held tasks for an answer: not
+    /// a DAG node (its lane was chosen by its release) nor a replay (its replay record would be
+    /// lost), which go on at once.
+    pub(super) fn may_wait_for_answers(&self) -> bool {
+        self.deadline_job.is_none() && self.migration.replaying.is_none()
+    }
+
+    /// For a task that cannot wait in its queue: waits here until the write-backs of `records`
+    /// are finished.
+    pub(super) fn finish_write_backs_here(&mut self, records: &[Arc<BufferRecord>]) {
+        let began = std::time::Instant::now();
+        loop {
+            let before = self.residency.evictions;
+            self.residency.finish_write_backs(&self.devices);
+            self.telemetry
+                .metrics
+                .evictions
+                .inc_by(self.residency.evictions - before);
+            if records.iter().all(|r| !r.writing_back.load(Ordering::Acquire)) || began.elapsed() > WRITE_BACK_WAIT {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(20));
+        }
+    }
+
     /// Place-stage hook for a task whose buffers fit its device by the books but are not all
     /// there yet: when the device allocates far, asks for the missing ones without waiting and
     /// returns the wait the task must go through; `None` when the task allocates as it plans.
@@ -117,11 +157,7 @@ impl Scheduler {
         placement: &Placement,
     ) -> Option<Arc<AllocationWait>> {
         let device = placement.binding.device();
-        if !self.devices[device].allocates_far()
-            || self.deadline_job.is_some()
-            || self.migration.replaying.is_some()
-            || self.migration.allocated_late
-        {
+        if !self.devices[device].allocates_far() || !self.may_wait_for_answers() || self.migration.allocated_late {
             return None;
         }
         let buffers = &ready.buffers[..ready.slots];

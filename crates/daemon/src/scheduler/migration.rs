@@ -110,19 +110,30 @@ struct HeldQueue {
     tasks: VecDeque<Held>,
     /// How many leading entries of `tasks` are lost tasks.
     replays: usize,
-    /// Held for its first task's allocations (`allocation`): released once they are answered,
-    /// whatever the queue still has in flight, instead of once that is nothing.
-    allocating: Option<Arc<AllocationWait>>,
+    /// Held for an answer its first task needs, not for its queue's tasks in flight: released
+    /// once it came, whatever the queue still has in flight, instead of once that is nothing.
+    waiting_for: Option<Answers>,
+}
+
+/// What a held queue's first task waits for, when not for its queue's tasks in flight.
+enum Answers {
+    /// Its allocations on a device in a device host (`allocation`).
+    Allocations(Arc<AllocationWait>),
+    /// The write-backs of these buffers (evictions that did not wait; `memory::WriteBack`): it
+    /// names them, or needs the room they free.
+    WriteBacks(Vec<Arc<crate::memory::BufferRecord>>),
 }
 
 impl HeldQueue {
     fn releasable(&self) -> bool {
         let drained = self.queue.in_flight.load(Ordering::Acquire) == 0;
-        match &self.allocating {
-            // Lost tasks that joined it wait for the rest of their queue to come back first.
-            Some(wait) => wait.answered() && (self.replays == 0 || drained),
-            None => drained,
-        }
+        let answered = match &self.waiting_for {
+            None => return drained,
+            Some(Answers::Allocations(wait)) => wait.answered(),
+            Some(Answers::WriteBacks(records)) => records.iter().all(|r| !r.writing_back.load(Ordering::Acquire)),
+        };
+        // Lost tasks that joined it wait for the rest of their queue to come back first.
+        answered && (self.replays == 0 || drained)
     }
 }
 
@@ -131,7 +142,8 @@ impl HeldQueue {
 enum HoldReason {
     Moving,
     Room,
-    Allocating,
+    /// An answer its first task waits for (allocations, write-backs): counted as neither.
+    Answer,
 }
 
 /// A task a failed device lost, sent back by its done callback.
@@ -290,14 +302,14 @@ impl Migration {
                         queue.binding.first_move_from(queue.binding.load());
                     }
                     HoldReason::Room => self.stats.memory_waits += 1,
-                    HoldReason::Allocating => {}
+                    HoldReason::Answer => {}
                 }
                 queue.moving.store(true, Ordering::Release);
                 lists.push(HeldQueue {
                     queue: queue.clone(),
                     tasks: VecDeque::new(),
                     replays: 0,
-                    allocating: None,
+                    waiting_for: None,
                 });
                 lists.last_mut().expect("just pushed")
             }
@@ -570,14 +582,36 @@ impl Scheduler {
         wait: Arc<AllocationWait>,
     ) {
         let queue = ready.queue.clone();
-        let list = self.migration.held_list(session.id, &queue, HoldReason::Allocating);
+        let list = self.migration.held_list(session.id, &queue, HoldReason::Answer);
         // The list is new: `must_hold` would have held the task behind an existing one.
-        list.allocating = Some(wait);
+        list.waiting_for = Some(Answers::Allocations(wait));
         list.tasks.push_back(Held {
             task_id,
             ready,
             replay: None,
             allocated: true,
+        });
+    }
+
+    /// Holds `ready` at the head of its queue's held tasks until the write-backs of `records`
+    /// are finished (it names them, or needs the room they free); its queue's later tasks wait
+    /// behind it.
+    pub(super) fn wait_for_write_backs(
+        &mut self,
+        session: &Session,
+        task_id: u64,
+        ready: Ready,
+        records: Vec<Arc<crate::memory::BufferRecord>>,
+    ) {
+        let queue = ready.queue.clone();
+        let list = self.migration.held_list(session.id, &queue, HoldReason::Answer);
+        // The list is new: `must_hold` would have held the task behind an existing one.
+        list.waiting_for = Some(Answers::WriteBacks(records));
+        list.tasks.push_back(Held {
+            task_id,
+            ready,
+            replay: None,
+            allocated: false,
         });
     }
 
@@ -621,8 +655,17 @@ impl Scheduler {
         self.migration.usable(device) && self.devices[device].healthy()
     }
 
-    /// Dispatcher hook, once per loop: notices failed devices and takes lost tasks back.
+    /// Dispatcher hook, once per loop: finishes evictions whose write-back was answered,
+    /// notices failed devices and takes lost tasks back.
     pub(crate) fn migration_tick(&mut self) {
+        if self.residency.writing_back() {
+            let before = self.residency.evictions;
+            self.residency.finish_write_backs(&self.devices);
+            self.telemetry
+                .metrics
+                .evictions
+                .inc_by(self.residency.evictions - before);
+        }
         for device in 0..self.devices.len() {
             if !self.migration.failed[device] {
                 if !self.devices[device].healthy() {
@@ -778,7 +821,9 @@ impl Scheduler {
             if list.releasable() {
                 list.queue.moving.store(false, Ordering::Release);
                 free.push(std::mem::take(&mut list.tasks));
-                adopting.extend(list.allocating.take());
+                if let Some(Answers::Allocations(wait)) = list.waiting_for.take() {
+                    adopting.push(wait);
+                }
                 false
             } else {
                 true

@@ -255,6 +255,9 @@ impl Scheduler {
         }
         let bytes = telemetry.metrics.byte_counters();
         let migration = Migration::new(devices.clone());
+        let mut residency = Residency::default();
+        let waker = migration.drain_waker();
+        residency.set_waker(crate::memory::Waker(Arc::new(move || waker.wake_dispatcher())));
         let device_names = devices.iter().map(|d| Arc::from(d.info().name.as_str())).collect();
         let pinned = crate::memory::pinned::PinnedBooks::new(config.pinned_limit_per_user);
         Scheduler {
@@ -272,7 +275,7 @@ impl Scheduler {
             model,
             facts,
             lane_pending,
-            residency: Residency::default(),
+            residency,
             pinned,
             allocation_retries: 0,
             books,
@@ -392,6 +395,12 @@ impl Scheduler {
     /// Watts one busy lane of device `device` draws, by the power model.
     pub(crate) fn lane_watts(&self, device: usize) -> f64 {
         self.facts.get(device).map_or(0.0, |f| f.lane_watts)
+    }
+
+    /// Whether held tasks or evictions' write-backs wait (the dispatcher must come back soon:
+    /// not everything that ends them wakes it).
+    pub(crate) fn holding(&self) -> bool {
+        self.migration.holding() || self.residency.writing_back()
     }
 
     /// Its settings.
@@ -651,6 +660,16 @@ impl Scheduler {
             Ok(false) => {}
             Err(error) => return self.fail_ready(session, task_id, ready, roles, error),
         }
+        // A buffer it names is being written home by an eviction that did not wait.
+        if self.residency.writing_back() {
+            if let Some(records) = allocation::written_back(&ready) {
+                if self.may_wait_for_answers() {
+                    self.wait_for_write_backs(session, task_id, ready, records);
+                    return Ok(());
+                }
+                self.finish_write_backs_here(&records);
+            }
+        }
         let placement = match self.place(&ready) {
             Ok(placement) => placement,
             Err(error) => return self.fail_ready(session, task_id, ready, roles, error),
@@ -667,6 +686,16 @@ impl Scheduler {
                     return Ok(());
                 }
                 waits_if_refused = Some(ready.clone())
+            }
+            // Evictions to make its room are writing buffers home (a device in a device host):
+            // it waits for them, not the dispatcher.
+            Ok(plan::Room::AfterWriteBacks(records)) => {
+                if self.may_wait_for_answers() {
+                    self.wait_for_write_backs(session, task_id, ready, records);
+                } else {
+                    self.wait_for_room(session, task_id, ready);
+                }
+                return Ok(());
             }
             Ok(plan::Room::Later) => {
                 // Memory pressure: it waits (with its queue's later tasks) until earlier tasks

@@ -27,13 +27,16 @@ use crate::policy::latency::LatencyPolicy;
 use crate::session::{QueueState, Session};
 
 /// Whether a task's buffers fit on its device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub(super) enum Room {
     /// Now, nothing to allocate.
     Now,
     /// Now by the books, allocating on the device: should its runtime refuse even after
     /// eviction, the task waits as for `Later`.
     NowAllocating,
+    /// Once the write-backs of these buffers (evictions from a device in a device host, in
+    /// flight) are finished: it waits for them.
+    AfterWriteBacks(Vec<Arc<BufferRecord>>),
     /// Once earlier tasks free theirs: it waits.
     Later,
 }
@@ -298,7 +301,18 @@ impl Scheduler {
             .metrics
             .evictions
             .inc_by(self.residency.evictions - evicted_before);
-        Ok(if fits { Room::NowAllocating } else { Room::Later })
+        if fits {
+            return Ok(Room::NowAllocating);
+        }
+        Ok(
+            match self
+                .residency
+                .room_after_write_backs(&self.devices, device, missing, usage, quota)
+            {
+                Some(records) => Room::AfterWriteBacks(records),
+                None => Room::Later,
+            },
+        )
     }
     /// Whether a launch runs revocable: a batch launch that was not sliced, on a device that
     /// polls revocation, under a latency policy, predicted long enough that a latency task could

@@ -437,15 +437,16 @@ impl Server {
             }
             let housekeeping = !self.closing.is_empty()
                 // Held tasks of moving queues are released once their in-flight tasks finish;
-                // lanes do not wake us for that, so look again soon.
-                || self.scheduler.migration.holding()
+                // lanes do not wake us for that, so look again soon. Evictions writing buffers
+                // home are finished here too.
+                || self.scheduler.holding()
                 // A failed device may come back (its device host restarting): ask it now and then.
                 || self.scheduler.migration.awaiting_revival()
                 || self
                     .conns
                     .values()
                     .any(|c| matches!(c, Conn::Session(s) if !s.zombies.is_empty()));
-            let timeout = if self.scheduler.migration.holding() {
+            let timeout = if self.scheduler.holding() {
                 Some(Duration::from_millis(1))
             } else {
                 housekeeping.then(|| Duration::from_millis(20))
@@ -900,7 +901,7 @@ impl Server {
                     let Some(record) = session.buffers.get(*handle) else {
                         continue;
                     };
-                    if record.in_use.load(Ordering::Acquire) != 0 {
+                    if record.in_use.load(Ordering::Acquire) != 0 || record.writing_back.load(Ordering::Acquire) {
                         return refuse(format!(
                             "protected id {protected} is in use by a task; recover before issuing tasks that use the protected buffers"
                         ));

@@ -67,9 +67,10 @@ pub struct SimSpec {
     /// daemon's books): allocations past it are refused, like a driver whose free memory is
     /// less than it reports (fragmentation, other processes).
     pub runtime_memory_bytes: Option<u64>,
-    /// Fault injection: each allocation is answered this late (a device whose allocations are
-    /// slow, as a device host busy with other tenants' transfers answers them).
-    pub alloc_delay: Option<std::time::Duration>,
+    /// Fault injection: each allocation and each read of a buffer into host memory (a job's
+    /// copy home, an eviction's write-back) is answered this late (a device whose answers are slow, as a
+    /// device host busy with other tenants' transfers gives them).
+    pub answer_delay: Option<std::time::Duration>,
     /// What one launch may ask of it (default: no limit), to model a device with launch limits.
     pub limits: crate::LaunchLimits,
     /// OS priority of its lane threads for batch jobs (default: normal, as latency jobs).
@@ -89,7 +90,7 @@ impl Default for SimSpec {
             bandwidth: 10e9,
             fail_after_jobs: None,
             runtime_memory_bytes: None,
-            alloc_delay: None,
+            answer_delay: None,
             limits: crate::LaunchLimits::NONE,
             priorities: crate::priority::LanePriorities::normal(),
         }
@@ -380,7 +381,7 @@ impl Device for SimDevice {
     }
 
     fn alloc(&self, _tenant: u64, len: u64) -> Option<Result<Arc<dyn DeviceBuffer>, TaskError>> {
-        if let Some(delay) = self.spec.alloc_delay {
+        if let Some(delay) = self.spec.answer_delay {
             std::thread::sleep(delay);
         }
         if !self.healthy() {
@@ -406,6 +407,9 @@ impl Device for SimDevice {
     }
 
     unsafe fn read(&self, from: &dyn DeviceBuffer, host: *mut u8, len: usize) -> Result<(), TaskError> {
+        if let Some(delay) = self.spec.answer_delay {
+            std::thread::sleep(delay);
+        }
         if !self.healthy() {
             // Its memory is gone with it.
             return Err(TaskError::DeviceLost);
