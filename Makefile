@@ -39,6 +39,7 @@ test: setup
 	bash scripts/bench-smoke.sh ./target/release/agora bench rt --quick --json
 	bash scripts/bench-smoke.sh ./target/release/agora bench stall --quick --json
 	bash scripts/bench-smoke.sh ./target/release/agora bench stall --quick --json --attack departures
+	bash scripts/bench-smoke.sh ./target/release/agora bench stall --quick --json --attack evictions
 
 bench: setup
 	./target/release/agora bench latency

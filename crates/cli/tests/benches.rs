@@ -45,6 +45,7 @@ fn bench_stall_refuses_an_opencl_attack_without_an_opencl_device() {
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
     for attack in [
         &["--attack", "departures"][..],
+        &["--attack", "evictions"][..],
         &["--attack", "tiny-launches", "--attack-device", "opencl"][..],
     ] {
         let out = Command::new(AGORA)
@@ -61,5 +62,27 @@ fn bench_stall_refuses_an_opencl_attack_without_an_opencl_device() {
             stderr.contains("the daemon has no OpenCL device") && stderr.contains("scripts/setup.sh"),
             "{attack:?}: {stderr}"
         );
+    }
+}
+
+/// `agora bench stall`'s sizes and places belong to one attack each: given to another, the bench
+/// says which attack they size instead of ignoring them.
+#[test]
+fn bench_stall_refuses_options_of_another_attack() {
+    for (args, says) in [
+        (&["--departure-mib", "8"][..], "add --attack departures"),
+        (&["--eviction-mib", "8"][..], "add --attack evictions"),
+        (
+            &["--attack", "evictions", "--attack-device", "opencl"][..],
+            "the evictions attack always runs on OpenCL",
+        ),
+    ] {
+        let out = Command::new(AGORA)
+            .args(["bench", "stall", "--quick", "--json"])
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(says), "{args:?}: {stderr}");
     }
 }

@@ -20,6 +20,13 @@
 //! were let go of on the host's message loop (the dispatcher's next allocation waited 0.1–0.5 s),
 //! and its transfers were booked as no work at all (a neighbour's task could queue behind
 //! 1.5 GiB of them).
+//!
+//! `--attack evictions` is memory pressure on the device: the daemon's OpenCL memory is limited
+//! to 8 buffers of `--eviction-mib` MiB and a tenant updates 16 such buffers in turn on it
+//! (`saxpy`, results left on the device), so every launch evicts a buffer whose only valid copy
+//! is there: written home, which the dispatcher once waited for. The neighbour runs empty OpenCL
+//! kernels, as for departures. The tenant's buffers are read back and checked at the end: no
+//! eviction may lose an update.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -67,7 +74,9 @@ pub struct StallArgs {
     /// The attack: `tiny-launches` (launches the model calls tiny that run long, pipelined 16 at
     /// a time: item 3c) or `departures` (tenants that push three big buffers to the OpenCL
     /// device and leave, one after another: item 2; the neighbour runs on OpenCL too).
-    #[arg(long, value_name = "KIND", default_value = "tiny-launches", value_parser = ["tiny-launches", "departures"])]
+    /// `evictions`: a tenant that updates twice as much data as the OpenCL device may hold, in
+    /// turn, so each launch evicts a result whose only copy is on the device (item 2's pressure).
+    #[arg(long, value_name = "KIND", default_value = "tiny-launches", value_parser = ["tiny-launches", "departures", "evictions"])]
     attack: String,
     /// The neighbour's queue class: `latency` (a tenant that says its round trips matter, the
     /// default) or `batch` (one that does not).
@@ -77,7 +86,15 @@ pub struct StallArgs {
     /// --quick).
     #[arg(long, value_name = "MIB")]
     departure_mib: Option<u64>,
+    /// Evictions attack: MiB of each of the tenant's 16 buffers; the daemon's OpenCL memory is
+    /// limited to 8 of them (default 32; 8 with --quick).
+    #[arg(long, value_name = "MIB")]
+    eviction_mib: Option<u64>,
 }
+
+/// Buffers the evictions attack updates in turn, and how many of them the device may hold.
+const EVICTION_BUFFERS: usize = 16;
+const EVICTION_ROOM: u64 = 8;
 
 #[derive(Serialize, Debug)]
 struct StallRun {
@@ -104,6 +121,8 @@ struct StallRun {
     /// Their rate over the attack (its set-up left out): what the neighbour's latency costs the
     /// batch work beside it.
     attack_launches_per_s: f64,
+    /// Buffers the daemon evicted from device memory (since it started).
+    evictions: u64,
 }
 
 /// Tenants that come one after another until `stop`, each pushing three buffers of `bytes` to
@@ -143,6 +162,61 @@ fn departures(
         drop(buffers);
         drop(session);
         done.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+/// Updates [`EVICTION_BUFFERS`] buffers of `bytes` in turn on the OpenCL device until `stop`
+/// (`y += x`, results left there), so each launch evicts another result; counts launches in
+/// `done`. At the end reads every buffer back and checks that no update was lost.
+fn evictions(
+    socket: std::path::PathBuf,
+    bytes: u64,
+    stop: Arc<AtomicBool>,
+    done: Arc<AtomicU64>,
+    ready: Arc<AtomicBool>,
+) -> Result<()> {
+    use agora::{Arg, Session, SessionOptions};
+    let n = (bytes / 4) as usize;
+    let session = Session::connect_with(SessionOptions {
+        socket: Some(socket),
+        name: Some("evicting".into()),
+        heap_bytes: Some((EVICTION_BUFFERS as u64 + 1) * bytes + (16 << 20)),
+        ..Default::default()
+    })?;
+    let queue = session.queue_with(agora::QueueOptions {
+        name: "update".into(),
+        preferred_device: Some(agora::DeviceKind::OpenCl),
+        ..Default::default()
+    })?;
+    let saxpy = session.kernel("saxpy")?;
+    let x = session.buffer_from(&vec![1.0f32; n])?;
+    let ys = (0..EVICTION_BUFFERS)
+        .map(|i| session.buffer_from(&vec![i as f32; n]))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut updates = [0u32; EVICTION_BUFFERS];
+    ready.store(true, Ordering::Release);
+    'attack: while !stop.load(Ordering::Relaxed) {
+        for (i, y) in ys.iter().enumerate() {
+            if stop.load(Ordering::Relaxed) {
+                break 'attack;
+            }
+            queue
+                .launch(&saxpy, &[Arg::F32(1.0), (&x).into(), y.into()], n)?
+                .wait()?;
+            updates[i] += 1;
+            done.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    for (i, y) in ys.iter().enumerate() {
+        queue.sync_from(y)?.wait()?;
+        let expected = i as f32 + updates[i] as f32;
+        if let Some(wrong) = y.as_slice::<f32>().iter().find(|v| **v != expected) {
+            bail!(
+                "buffer {i} holds {wrong} after {} updates, not {expected}: an eviction lost data",
+                updates[i]
+            );
+        }
     }
     Ok(())
 }
@@ -221,23 +295,29 @@ fn attack(
 
 pub fn stall(args: StallArgs) -> Result<()> {
     let departing = args.attack == "departures";
+    let evicting = args.attack == "evictions";
     if args.departure_mib.is_some() && !departing {
         bail!("--departure-mib sizes the departures attack: add --attack departures");
     }
-    if departing && args.attack_device != "cpu" {
+    if args.eviction_mib.is_some() && !evicting {
+        bail!("--eviction-mib sizes the evictions attack: add --attack evictions");
+    }
+    if (departing || evicting) && args.attack_device != "cpu" {
         bail!(
-            "--attack-device chooses where the tiny-launches attack runs; the departures attack always runs on OpenCL"
+            "--attack-device chooses where the tiny-launches attack runs; the {} attack always runs on OpenCL",
+            args.attack
         );
     }
     let departure_bytes = args.departure_mib.unwrap_or(if args.quick { 64 } else { 512 }) << 20;
+    let eviction_bytes = args.eviction_mib.unwrap_or(if args.quick { 8 } else { 32 }).max(1) << 20;
     // The neighbour shares the attacked device: the CPU's dispatcher and cores for tiny launches
-    // (its `noop`s run inline), the OpenCL device's lanes and host for departures.
-    let neighbour = if departing {
+    // (its `noop`s run inline), the OpenCL device's lanes and host for departures and evictions.
+    let neighbour = if departing || evicting {
         ClientMode::OpenclLatency
     } else {
         ClientMode::Latency
     };
-    let on_opencl = departing || args.attack_device == "opencl";
+    let on_opencl = departing || evicting || args.attack_device == "opencl";
     let iterations = args.iterations.unwrap_or(if args.quick { 5_000 } else { 100_000 });
     let runs = args.runs.unwrap_or(if args.quick { 1 } else { 3 }).max(1);
     let load = load_average_at_start();
@@ -260,6 +340,11 @@ pub fn stall(args: StallArgs) -> Result<()> {
         }
         if args.dispatcher_realtime {
             daemon_args.push("--dispatcher-realtime".into());
+        }
+        if evicting {
+            // Room for half of the tenant's buffers (and the neighbour's few bytes).
+            let limit = EVICTION_ROOM * eviction_bytes + (1 << 20);
+            daemon_args.extend(["--opencl-memory-limit".into(), limit.to_string()]);
         }
         let daemon_args: Vec<&str> = daemon_args.iter().map(String::as_str).collect();
         let daemon = DaemonProcess::start(None, &daemon_args)?;
@@ -295,6 +380,8 @@ pub fn stall(args: StallArgs) -> Result<()> {
             std::thread::spawn(move || {
                 if departing {
                     departures(socket, departure_bytes, stop, done, ready)
+                } else if evicting {
+                    evictions(socket, eviction_bytes, stop, done, ready)
                 } else {
                     attack(device, socket, stop, done, ready)
                 }
@@ -320,6 +407,9 @@ pub fn stall(args: StallArgs) -> Result<()> {
         let attack_seconds = attack_began.elapsed().as_secs_f64();
         let attacked = attacked?.remove(0);
         let status = agora::daemon_status(Some(daemon.socket.clone()))?;
+        if evicting && status.evictions == 0 {
+            bail!("the evictions attack evicted nothing: the daemon did not limit its OpenCL memory");
+        }
         let r = StallRun {
             quiet_p50_ns: quiet.p50_ns,
             quiet_p99_ns: quiet.p99_ns,
@@ -332,6 +422,7 @@ pub fn stall(args: StallArgs) -> Result<()> {
             batch_priority_under_attack: after.batch_priority_now.clone(),
             attack_launches: launches,
             attack_launches_per_s: launches as f64 / attack_seconds,
+            evictions: status.evictions,
         };
         if !args.json {
             eprintln!(
@@ -371,8 +462,9 @@ pub fn stall(args: StallArgs) -> Result<()> {
             "dispatcher_nice": args.dispatcher_nice.unwrap_or(0),
             "dispatcher_realtime": args.dispatcher_realtime,
             "attack": args.attack,
-            "attack_device": if departing { "opencl" } else { args.attack_device.as_str() },
+            "attack_device": if departing || evicting { "opencl" } else { args.attack_device.as_str() },
             "departure_bytes": if departing { Some(departure_bytes) } else { None },
+            "eviction_bytes": if evicting { Some(eviction_bytes) } else { None },
             "load_average_at_start": load,
             "runs": results,
             "quiet_p99_ns": quiet99.median,
