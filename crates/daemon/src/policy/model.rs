@@ -19,6 +19,14 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+/// The model's name for a job's copies between host memory and a device: measured like a
+/// kernel whose work items are the bytes copied (every job with copies, each direction and
+/// buffer together), so each device's link is learned as a time per size bucket (StarPU
+/// calibrates its bus and persists it the same way). The scheduler books a job's copies by the
+/// bucket of their size once measured (never by the regression: small copies are mostly fixed
+/// cost). Parentheses keep it apart from every kernel name.
+pub const TRANSFERS: &str = "(transfers)";
+
 /// File name of the persisted model inside the state directory.
 pub const MODEL_FILE: &str = "perf-model.json";
 

@@ -41,6 +41,8 @@ pub(super) struct LaneCompletion {
     /// Test-only: its work was skipped; it fails with `KernelFault`.
     pub injected: bool,
     pub kernel: Option<KernelRef>,
+    /// Bytes its transfers copy (between host memory and the device, both ways).
+    pub transfer_bytes: u64,
     pub name: &'static str,
     pub items: u64,
     pub device_name: Arc<str>,
@@ -97,6 +99,18 @@ impl LaneCompletion {
         if crate::realtime::is_dag_task(self.task_id) {
             if let Some(realtime) = self.shared.realtime.get() {
                 realtime.executed(self.task_id, execution);
+            }
+        }
+        if let (Some(done), Ok(()), false) = (times.transfers_done, &result, times.cold) {
+            if self.transfer_bytes > 0 {
+                // The device's link, learned as a kernel over bytes (`TRANSFERS`).
+                let took = done.saturating_duration_since(times.started).as_nanos() as f64;
+                self.model.lock().unwrap_or_else(|e| e.into_inner()).record(
+                    crate::policy::model::TRANSFERS,
+                    &self.device_name,
+                    self.transfer_bytes,
+                    took,
+                );
             }
         }
         if let Some(k) = self.kernel {

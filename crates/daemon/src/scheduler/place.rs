@@ -19,8 +19,9 @@ use agora_protocol::{DeviceKind, LaunchLimit, TaskError, MAX_ARGS};
 use super::inline::{InlineGuard, ShapeClass};
 use super::{Action, Ready, Scheduler, MAX_SLICES};
 use crate::policy::latency::{self, LatencyPolicy, RevokeContext};
-use crate::policy::model::Estimate;
+use crate::policy::model::{Estimate, TRANSFERS};
 use crate::policy::Candidate;
+use crate::policy::PerformanceModel;
 use crate::session::Binding;
 
 /// Where a task runs: the output of the place stage.
@@ -39,6 +40,21 @@ pub(super) struct Placement {
     /// The shape class of a launch that was a candidate to run inline (its lane run is
     /// measured for the inline guard).
     pub shape: Option<ShapeClass>,
+}
+
+/// Predicted nanoseconds for copying `bytes` between host memory and the device named `device`:
+/// what the model measured of its link for transfers of that size ([`TRANSFERS`], the size's
+/// bucket), else `bandwidth` (bytes per second, the configured figure). Never extrapolated from
+/// other sizes: small copies are mostly fixed cost, and scaling them up would book a big one
+/// many times too long.
+pub(super) fn transfer_ns(model: &PerformanceModel, device: &str, bandwidth: f64, bytes: u64) -> f64 {
+    if bytes == 0 {
+        return 0.0;
+    }
+    match model.estimate(TRANSFERS, device, bytes) {
+        Estimate::Measured(ns) => ns,
+        _ => bytes as f64 / bandwidth.max(1.0) * 1e9,
+    }
 }
 
 impl Scheduler {
@@ -306,7 +322,7 @@ impl Scheduler {
                             .missing_bytes(c.device, info.shares_host_memory, record.len)
                     })
                     .sum();
-                let transfer_ns = missing as f64 / self.facts[c.device].bandwidth.max(1.0) * 1e9;
+                let transfer_ns = transfer_ns(&model, &info.name, self.facts[c.device].bandwidth, missing);
                 let exec_ns = match kernel {
                     None => Some(0.0),
                     Some(k) => match model.estimate(k.label(), &info.name, ready.items) {

@@ -102,24 +102,30 @@ impl Scheduler {
         session.shared.in_flight.fetch_add(1, Ordering::Relaxed);
         // Predicted time of this job on its lane, for the policies' queue-wait estimates.
         let device_name = self.device_names[device].clone();
-        let predicted = match &kernel {
-            Some(k) => {
-                let model = self.model.lock().unwrap_or_else(|e| e.into_inner());
-                model
+        let transfer_bytes = transfers.iter().map(Transfer::len).sum::<usize>() as u64;
+        let (predicted, transfer_ns) = {
+            let model =
+                (kernel.is_some() || transfer_bytes > 0).then(|| self.model.lock().unwrap_or_else(|e| e.into_inner()));
+            let predicted = match (&kernel, &model) {
+                (Some(k), Some(model)) => model
                     .estimate(k.label(), &device_name, items)
                     .ns()
-                    .unwrap_or(estimated_ns)
-            }
-            None => 0.0,
-        }
-        // At most 2^50 ns (13 days): a huge range extrapolated from small ones must not make the
-        // lanes' sums of predictions wrap.
-        .min(MAX_PREDICTED_NS) as u64;
-        // What the lane is booked for: the kernel and the job's transfers. No transfer is free
-        // either: a queue's 512 MiB `sync_to` booked as nothing let every policy put a neighbour's
-        // small task behind it (1.4 s behind three of them on PoCL).
-        let transfer_bytes: usize = transfers.iter().map(Transfer::len).sum();
-        let transfer_ns = transfer_bytes as f64 / self.facts[device].bandwidth.max(1.0) * 1e9;
+                    .unwrap_or(estimated_ns),
+                _ => 0.0,
+            };
+            // What the lane is booked for: the kernel and the job's transfers. No transfer is
+            // free either: a queue's 512 MiB `sync_to` booked as nothing let every policy put a
+            // neighbour's small task behind it (1.4 s behind three of them on PoCL).
+            let transfer_ns = match &model {
+                Some(model) => {
+                    super::place::transfer_ns(model, &device_name, self.facts[device].bandwidth, transfer_bytes)
+                }
+                _ => 0.0,
+            };
+            // At most 2^50 ns (13 days): a huge range extrapolated from small ones must not
+            // make the lanes' sums of predictions wrap.
+            (predicted.min(MAX_PREDICTED_NS) as u64, transfer_ns)
+        };
         let booked = (predicted as f64 + transfer_ns).min(MAX_PREDICTED_NS) as u64;
         let lane_pending = self.lane_pending[device][lane].clone();
         lane_pending.fetch_add(booked, Ordering::Relaxed);
@@ -157,6 +163,7 @@ impl Scheduler {
             ticket,
             injected,
             kernel,
+            transfer_bytes,
             name,
             items,
             device_name,

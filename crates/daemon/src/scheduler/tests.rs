@@ -408,6 +408,52 @@ fn a_transfer_books_its_predicted_time_on_its_lane_until_it_is_done() {
     assert_eq!(booked(&s), 0, "given back when done");
 }
 
+/// A device's link is learned like a kernel over bytes (`policy::model::TRANSFERS`): once a
+/// transfer of some size was measured there, the next one of that size is booked at the measured
+/// time, not at the configured bandwidth (10 GB/s here, for a sim that moves 1 MB/s).
+#[test]
+fn a_transfer_is_booked_at_what_the_device_s_link_was_measured_to_take() {
+    let slow = SimDevice::new(SimSpec {
+        name: "slow-link".into(),
+        bandwidth: 1e6,
+        ..Default::default()
+    })
+    .unwrap();
+    let mut s = scheduler(vec![cpu(), Arc::new(slow)], config());
+    let mut session = session();
+    let q = queue(QueueClass::Batch, Some(DeviceKind::Sim));
+    let booked = |s: &Scheduler| -> u64 { s.lane_pending[1].iter().map(|p| p.load(Ordering::Relaxed)).sum() };
+    let len = 16 << 10;
+    let mut bookings = Vec::new();
+    for task in [1, 2] {
+        let (ready, _record) = sync_to(&mut session, &q, len);
+        let roles = super::data_roles(&ready);
+        s.place_and_submit(&session, task, ready, roles).unwrap();
+        bookings.push(booked(&s));
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while q.in_flight.load(Ordering::Acquire) > 0 {
+            assert!(Instant::now() < deadline, "the sync_to never completed");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+    // 16 384 bytes at the configured 10 GB/s, then at the 1 MB/s measured (16 ms).
+    assert_eq!(bookings[0], 1_638, "nothing measured yet: the configured bandwidth");
+    let measured = s
+        .model
+        .lock()
+        .unwrap()
+        .estimate(crate::policy::model::TRANSFERS, "slow-link", len)
+        .ns()
+        .expect("the first transfer was measured");
+    assert!(measured > 10e6, "the sim took 16 ms, the model says {measured} ns");
+    assert!(
+        // (The model has folded in the second transfer since: within a tenth.)
+        (bookings[1] as f64 - measured).abs() < 0.1 * measured && bookings[1] > 1_000 * bookings[0],
+        "booked {} ns, measured {measured} ns",
+        bookings[1]
+    );
+}
+
 #[test]
 fn held_tasks_are_released_in_order_once_their_queue_has_nothing_in_flight() {
     let mut s = scheduler(vec![cpu(), sim("a", None)], config());
