@@ -127,7 +127,13 @@ impl ClExecutor {
                         )
                     }
                     .map_err(cl_error)?;
-                    drop(Event::new(event));
+                    // The in-order queue completes it before any later command: the job's last
+                    // copy marks when its copies are done (a write kept no event here once, so
+                    // a job that only wrote to the device counted its copies as done when
+                    // enqueued, and its kernel's time included them).
+                    if let Some(previous) = last_transfer.replace(event) {
+                        drop(Event::new(previous));
+                    }
                 }
                 Transfer::ToHost {
                     from,

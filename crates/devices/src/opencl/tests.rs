@@ -607,6 +607,36 @@ fn fresh_allocations_read_as_zeros_never_as_freed_contents() {
     }
 }
 
+/// A job's copies are done when its last copy completes, whichever way it goes: the daemon times
+/// the device's link and its kernels by that moment (`JobTimes::transfers_done`). A job that only
+/// wrote to the device once marked them done when they were enqueued, so the 64 MiB copy below
+/// counted as no time and the rest of the job as all of it.
+#[test]
+fn a_job_that_only_writes_to_the_device_marks_its_copies_done_when_they_complete() {
+    let dev = device();
+    let len = 64 << 20;
+    let data = vec![7u8; len];
+    let (_buffer, transfer) = upload(&dev, &data);
+    let (tx, rx) = mpsc::channel();
+    let mut job = job(vec![transfer], Work::Nothing, None, &mpsc::channel().0);
+    job.done = Box::new(move |result, times| {
+        let _ = tx.send((result, times));
+    });
+    dev.submit(0, job);
+    let (result, times) = rx.recv().unwrap();
+    assert_eq!(result, Ok(()));
+    let done = times
+        .transfers_done
+        .expect("a job with copies marks when they are done");
+    let copying = done.saturating_duration_since(times.started);
+    let whole = times.finished.saturating_duration_since(times.started);
+    // Nothing but the copy runs in this job: it is most of the job's time.
+    assert!(
+        copying * 2 >= whole,
+        "copies done {copying:?} after the start, the job {whole:?}"
+    );
+}
+
 #[test]
 fn a_platform_left_out_creates_no_device_and_says_why() {
     let priorities = crate::priority::LanePriorities::normal();
