@@ -253,9 +253,23 @@ impl Migration {
             .any(|(failed, _)| failed.elapsed() < REVIVE_FOR)
     }
 
-    /// Whether some queue has held tasks (the dispatcher must come back soon to release them).
+    /// Whether some queue has held tasks.
+    #[cfg(test)]
     pub(crate) fn holding(&self) -> bool {
         !self.held.is_empty() || self.inbox.pending.load(Ordering::Acquire)
+    }
+
+    /// Whether the dispatcher must look again soon without being woken: some held tasks wait for
+    /// their queue's tasks in flight (nothing wakes it when those finish), or lost tasks came
+    /// back. Tasks that wait only for answers (allocations, write-backs) need no look: the
+    /// answer rings the dispatcher's doorbell.
+    pub(crate) fn needs_polling(&self) -> bool {
+        self.inbox.pending.load(Ordering::Acquire)
+            || self
+                .held
+                .values()
+                .flatten()
+                .any(|list| list.waiting_for.is_none() || list.replays > 0)
     }
 
     /// Forgets a closed session's held tasks (its client is gone; nothing will read them).

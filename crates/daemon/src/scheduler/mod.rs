@@ -397,10 +397,11 @@ impl Scheduler {
         self.facts.get(device).map_or(0.0, |f| f.lane_watts)
     }
 
-    /// Whether held tasks or evictions' write-backs wait (the dispatcher must come back soon:
-    /// not everything that ends them wakes it).
+    /// Whether held tasks wait for something that does not wake the dispatcher when it comes
+    /// (their queue's tasks in flight), so it must come back soon. Allocations' and evictions'
+    /// answers ring its doorbell.
     pub(crate) fn holding(&self) -> bool {
-        self.migration.holding() || self.residency.writing_back()
+        self.migration.needs_polling()
     }
 
     /// Its settings.

@@ -437,8 +437,8 @@ impl Server {
             }
             let housekeeping = !self.closing.is_empty()
                 // Held tasks of moving queues are released once their in-flight tasks finish;
-                // lanes do not wake us for that, so look again soon. Evictions writing buffers
-                // home are finished here too.
+                // lanes do not wake us for that, so look again soon (tasks waiting for a device
+                // host's answers are woken by them).
                 || self.scheduler.holding()
                 // A failed device may come back (its device host restarting): ask it now and then.
                 || self.scheduler.migration.awaiting_revival()
