@@ -14,14 +14,15 @@
 //! buffer's memory.
 //!
 //! Under device-memory pressure ([`Residency::make_room`]) buffers that no planned-but-unfinished
-//! task names are evicted from the device, least recently used first: a copy that is the only
-//! valid one is first read back into the host segment (synchronously: nothing else uses it), then
-//! the device allocation is dropped. On a device in a device host that read is only started
+//! task names are evicted from the device, least recently used first: a copy that is the only valid
+//! one is first read back into the host segment (synchronously: nothing else uses it), then the
+//! device allocation is dropped. On a device in a device host that read is only started
 //! ([`WriteBack`]): the dispatcher does not wait for the host; the buffer is marked until the
 //! answer, the task that needed the room and any task that names the buffer wait for it, and the
-//! dispatcher finishes the eviction when it comes ([`Residency::finish_write_backs`]). So the buffers of all sessions together may exceed a device's
-//! memory. The same mechanism enforces per-session device quotas, evicting only that session's
-//! buffers. A task whose own buffers do not fit fails with `DeviceOutOfMemory`.
+//! dispatcher finishes the eviction when it comes ([`Residency::finish_write_backs`]). So the
+//! buffers of all sessions together may exceed a device's memory. The same mechanism enforces
+//! per-session device quotas, evicting only that session's buffers. A task whose own buffers do not
+//! fit fails with `DeviceOutOfMemory`.
 //!
 //! When a device fails ([`Residency::forget_device`]) its copies are dropped; a buffer whose only
 //! valid copy was there falls back to its (older) host copy and is marked **lost**: the scheduler
