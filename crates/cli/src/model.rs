@@ -18,7 +18,8 @@ use crate::SocketArg;
 #[derive(Subcommand, Debug)]
 pub enum ModelCommand {
     /// Print the performance table: per kernel, device and size bucket, the running average of
-    /// the execution time, and the fitted scaling exponent per kernel and device.
+    /// the execution time, and the fitted scaling exponent per kernel and device. Rows of
+    /// `(transfers)` are each device's link: a job's copies, with the bytes as the size.
     Show(ShowArgs),
 }
 
