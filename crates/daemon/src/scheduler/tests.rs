@@ -845,3 +845,36 @@ fn a_far_allocation_is_awaited_by_its_task_not_by_the_dispatcher() {
     }
     assert_eq!(done, [1, 2], "in issue order");
 }
+
+/// Only tasks that plan copies on the device (launches, `sync_to`) have allocations asked ahead:
+/// a `sync_from` of a buffer the device does not hold works on the host copy, and an allocation
+/// for it would sit unused.
+#[test]
+fn a_task_that_makes_no_device_copy_has_nothing_allocated_ahead() {
+    let far = Arc::new(FarAllocator {
+        inner: sim("far", None),
+        asked: Mutex::new(Vec::new()),
+        synchronous: Default::default(),
+    });
+    let mut s = scheduler(vec![cpu(), far.clone()], config());
+    let mut session = session();
+    let q = queue(QueueClass::Batch, Some(DeviceKind::Sim));
+    // Busy on the far device (device 1): the task follows its queue there.
+    q.binding.store(Binding::new(1, 0));
+    q.in_flight.fetch_add(1, Ordering::AcqRel);
+    let (mut ready, record) = sync_to(&mut session, &q, 4096);
+    ready.action = Action::SyncFrom;
+    let roles = super::data_roles(&ready);
+    assert_eq!(s.place(&ready).unwrap().binding, Binding::new(1, 0));
+    s.place_and_submit(&session, 1, ready, roles).unwrap();
+    q.in_flight.fetch_sub(1, Ordering::AcqRel);
+    assert!(far.asked.lock().unwrap().is_empty(), "nothing asked ahead");
+    assert!(!s.migration.holding(), "nothing to wait for");
+    assert_eq!(
+        far.synchronous.load(Ordering::Relaxed),
+        0,
+        "nor allocated as it planned"
+    );
+    assert!(!record.placement().is_on(1));
+    assert_eq!(session.shared.device_usage.bytes[1].load(Ordering::Relaxed), 0);
+}
