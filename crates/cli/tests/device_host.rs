@@ -408,6 +408,23 @@ fn a_device_that_faults_ends_its_host_and_comes_back_with_a_fresh_one() {
     );
 }
 
+/// A neighbour's `noop` round trips on the CPU, one at a time, until `stop`: its longest and
+/// how many.
+fn round_trips(neighbour: Session, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(Duration, u32)> {
+    std::thread::spawn(move || {
+        let q = queue(&neighbour, "round-trips", DeviceKind::Cpu);
+        let noop = neighbour.kernel("noop").unwrap();
+        let (mut longest, mut count) = (Duration::ZERO, 0u32);
+        while !stop.load(Ordering::Relaxed) {
+            let began = std::time::Instant::now();
+            q.launch(&noop, &[], 1u64).unwrap().wait().unwrap();
+            longest = longest.max(began.elapsed());
+            count += 1;
+        }
+        (longest, count)
+    })
+}
+
 /// Issue 22, 3c: a device host that answers allocations slowly (here a sim in a host that
 /// answers each one 400 ms late; in life a host busy with another tenant's big transfers or
 /// departure) delays only the task that allocates: the dispatcher asks and goes on, so a
@@ -429,21 +446,7 @@ fn a_slow_allocation_in_a_device_host_delays_only_the_task_that_asked() {
     let tenant = daemon.session_named("tenant");
     let neighbour = daemon.session_named("neighbour");
     let stop = Arc::new(AtomicBool::new(false));
-    let watch = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let q = queue(&neighbour, "round-trips", DeviceKind::Cpu);
-            let noop = neighbour.kernel("noop").unwrap();
-            let (mut longest, mut count) = (Duration::ZERO, 0u32);
-            while !stop.load(Ordering::Relaxed) {
-                let began = std::time::Instant::now();
-                q.launch(&noop, &[], 1u64).unwrap().wait().unwrap();
-                longest = longest.max(began.elapsed());
-                count += 1;
-            }
-            (longest, count)
-        })
-    };
+    let watch = round_trips(neighbour, stop.clone());
     let q = queue(&tenant, "fresh-buffers", DeviceKind::Sim);
     let saxpy = tenant.kernel("saxpy").unwrap();
     let n = 4096;
@@ -497,21 +500,7 @@ fn evictions_from_a_device_host_write_buffers_home_without_stalling_anyone_and_l
     let tenant = daemon.session_named("tenant");
     let neighbour = daemon.session_named("neighbour");
     let stop = Arc::new(AtomicBool::new(false));
-    let watch = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let q = queue(&neighbour, "round-trips", DeviceKind::Cpu);
-            let noop = neighbour.kernel("noop").unwrap();
-            let (mut longest, mut count) = (Duration::ZERO, 0u32);
-            while !stop.load(Ordering::Relaxed) {
-                let began = std::time::Instant::now();
-                q.launch(&noop, &[], 1u64).unwrap().wait().unwrap();
-                longest = longest.max(began.elapsed());
-                count += 1;
-            }
-            (longest, count)
-        })
-    };
+    let watch = round_trips(neighbour, stop.clone());
     let q = queue(&tenant, "over-the-device", DeviceKind::Sim);
     let saxpy = tenant.kernel("saxpy").unwrap();
     // 1 MiB each: x and three results fit the device; the rest evict earlier results, whose

@@ -125,6 +125,29 @@ struct StallRun {
     evictions: u64,
 }
 
+/// A tenant of the daemon on `socket` named `name` (with a heap of `heap_bytes`, else the
+/// default) and its queue `queue` preferring `device`.
+fn tenant(
+    socket: std::path::PathBuf,
+    name: &str,
+    heap_bytes: Option<u64>,
+    queue: &str,
+    device: agora::DeviceKind,
+) -> Result<(agora::Session, agora::Queue)> {
+    let session = agora::Session::connect_with(agora::SessionOptions {
+        socket: Some(socket),
+        name: Some(name.into()),
+        heap_bytes,
+        ..Default::default()
+    })?;
+    let queue = session.queue_with(agora::QueueOptions {
+        name: queue.into(),
+        preferred_device: Some(device),
+        ..Default::default()
+    })?;
+    Ok((session, queue))
+}
+
 /// Tenants that come one after another until `stop`, each pushing three buffers of `bytes` to
 /// the OpenCL device and leaving; counts departures in `done`.
 fn departures(
@@ -134,19 +157,14 @@ fn departures(
     done: Arc<AtomicU64>,
     ready: Arc<AtomicBool>,
 ) -> Result<()> {
-    use agora::{Session, SessionOptions};
     while !stop.load(Ordering::Relaxed) {
-        let session = Session::connect_with(SessionOptions {
-            socket: Some(socket.clone()),
-            name: Some("departing".into()),
-            heap_bytes: Some(3 * bytes + (16 << 20)),
-            ..Default::default()
-        })?;
-        let queue = session.queue_with(agora::QueueOptions {
-            name: "push".into(),
-            preferred_device: Some(agora::DeviceKind::OpenCl),
-            ..Default::default()
-        })?;
+        let (session, queue) = tenant(
+            socket.clone(),
+            "departing",
+            Some(3 * bytes + (16 << 20)),
+            "push",
+            agora::DeviceKind::OpenCl,
+        )?;
         let mut buffers = Vec::new();
         for _ in 0..3 {
             let mut buffer = session.buffer(bytes)?;
@@ -176,19 +194,15 @@ fn evictions(
     done: Arc<AtomicU64>,
     ready: Arc<AtomicBool>,
 ) -> Result<()> {
-    use agora::{Arg, Session, SessionOptions};
+    use agora::Arg;
     let n = (bytes / 4) as usize;
-    let session = Session::connect_with(SessionOptions {
-        socket: Some(socket),
-        name: Some("evicting".into()),
-        heap_bytes: Some((EVICTION_BUFFERS as u64 + 1) * bytes + (16 << 20)),
-        ..Default::default()
-    })?;
-    let queue = session.queue_with(agora::QueueOptions {
-        name: "update".into(),
-        preferred_device: Some(agora::DeviceKind::OpenCl),
-        ..Default::default()
-    })?;
+    let (session, queue) = tenant(
+        socket,
+        "evicting",
+        Some((EVICTION_BUFFERS as u64 + 1) * bytes + (16 << 20)),
+        "update",
+        agora::DeviceKind::OpenCl,
+    )?;
     let saxpy = session.kernel("saxpy")?;
     let x = session.buffer_from(&vec![1.0f32; n])?;
     let ys = (0..EVICTION_BUFFERS)
@@ -229,19 +243,10 @@ fn attack(
     done: Arc<AtomicU64>,
     ready: Arc<AtomicBool>,
 ) -> Result<()> {
-    use agora::{Arg, Session, SessionOptions};
-    let session = Session::connect_with(SessionOptions {
-        socket: Some(socket),
-        name: Some("attacker".into()),
-        ..Default::default()
-    })?;
+    use agora::Arg;
     // By default on the CPU: the device whose cores the dispatcher and the neighbour share (the
     // issue's attack ran there, on the dispatcher itself).
-    let queue = session.queue_with(agora::QueueOptions {
-        name: "attack".into(),
-        preferred_device: Some(device),
-        ..Default::default()
-    })?;
+    let (session, queue) = tenant(socket, "attacker", None, "attack", device)?;
     let sgemm = session.kernel("sgemm")?;
     let diagonal = session.kernel("nw.diagonal")?;
     let k = 1usize << 22;

@@ -1002,7 +1002,7 @@ pub(crate) fn return_free_memory() {
     }
 }
 
-/// Buffers for unit tests of the modules that judge them (no session, no device memory).
+/// Buffers and devices for unit tests of the modules that use them (no session, no device host).
 #[cfg(test)]
 pub(crate) mod tests_support {
     use super::*;
@@ -1026,6 +1026,116 @@ pub(crate) mod tests_support {
             owner,
             Arc::default(),
         ))
+    }
+
+    /// A device whose allocations and reads are answered by the test, as a device in a device
+    /// host answers them late (`Device::allocates_far`): `alloc_later` records the request
+    /// (`answer_allocations` answers it); `read_later` copies at once and records the answer
+    /// (`answer_reads` gives it); synchronous allocations are counted. The rest is `inner`'s.
+    pub(crate) struct FarDevice {
+        pub inner: Arc<dyn Device>,
+        pub allocations: Mutex<Vec<(u64, agora_devices::AllocationDone)>>,
+        pub reads: Mutex<Vec<agora_devices::ReadDone>>,
+        pub synchronous_allocations: std::sync::atomic::AtomicUsize,
+    }
+
+    impl std::fmt::Debug for FarDevice {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("FarDevice")
+                .field("inner", &self.inner)
+                .finish_non_exhaustive()
+        }
+    }
+
+    impl FarDevice {
+        pub(crate) fn new(inner: Arc<dyn Device>) -> Self {
+            FarDevice {
+                inner,
+                allocations: Mutex::default(),
+                reads: Mutex::default(),
+                synchronous_allocations: Default::default(),
+            }
+        }
+
+        /// Answers every allocation asked so far: refused, or the inner device's own. Returns
+        /// how many.
+        pub(crate) fn answer_allocations(&self, refuse: bool) -> usize {
+            let asked = std::mem::take(&mut *self.allocations.lock().unwrap_or_else(|e| e.into_inner()));
+            let count = asked.len();
+            for (len, done) in asked {
+                done(if refuse {
+                    Err(TaskError::DeviceOutOfMemory { index: 0, needed: len })
+                } else {
+                    self.inner.alloc(7, len).unwrap_or(Err(TaskError::KernelFault))
+                });
+            }
+            count
+        }
+
+        /// Answers every read started so far with `result`.
+        pub(crate) fn answer_reads(&self, result: Result<(), TaskError>) {
+            for done in std::mem::take(&mut *self.reads.lock().unwrap_or_else(|e| e.into_inner())) {
+                done(result);
+            }
+        }
+    }
+
+    impl Device for FarDevice {
+        fn info(&self) -> &agora_devices::DeviceInfo {
+            self.inner.info()
+        }
+        fn implements(&self, kernel: &agora_kernels::KernelDef) -> bool {
+            self.inner.implements(kernel)
+        }
+        fn submit(&self, lane: usize, job: agora_devices::Job) {
+            self.inner.submit(lane, job)
+        }
+        fn lane_load(&self, lane: usize) -> usize {
+            self.inner.lane_load(lane)
+        }
+        fn run_inline(&self, work: &agora_devices::Work) -> Result<(), TaskError> {
+            self.inner.run_inline(work)
+        }
+        fn alloc(&self, tenant: u64, len: u64) -> Option<Result<Arc<dyn DeviceBuffer>, TaskError>> {
+            self.synchronous_allocations.fetch_add(1, Ordering::Relaxed);
+            self.inner.alloc(tenant, len)
+        }
+        fn allocates_far(&self) -> bool {
+            true
+        }
+        fn alloc_later(&self, _tenant: u64, len: u64, done: agora_devices::AllocationDone) {
+            self.allocations
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((len, done));
+        }
+        unsafe fn read(&self, from: &dyn DeviceBuffer, host: *mut u8, len: usize) -> Result<(), TaskError> {
+            // SAFETY: the caller's contract, passed on.
+            unsafe { self.inner.read(from, host, len) }
+        }
+        unsafe fn read_later(
+            &self,
+            from: &dyn DeviceBuffer,
+            host: *mut u8,
+            len: usize,
+            done: agora_devices::ReadDone,
+        ) -> bool {
+            // SAFETY: the caller's contract (valid until `done`, which comes later), passed on.
+            if unsafe { self.inner.read(from, host, len) }.is_err() {
+                return false;
+            }
+            self.reads.lock().unwrap_or_else(|e| e.into_inner()).push(done);
+            true
+        }
+        fn memory_used(&self) -> u64 {
+            self.inner.memory_used()
+        }
+        fn status(&self) -> agora_devices::DeviceReport {
+            self.inner.status()
+        }
+        fn shutdown(&self) {
+            self.inner.shutdown()
+        }
     }
 }
 
@@ -1246,87 +1356,20 @@ mod tests {
         drop(heap);
     }
 
-    /// A 3 MiB sim device that reads far, as a device in a device host does: `read_later`
-    /// copies at once and keeps the answer for the test to give.
-    struct FarReader {
-        inner: SimDevice,
-        answers: Mutex<Vec<agora_devices::ReadDone>>,
-    }
-
-    impl std::fmt::Debug for FarReader {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("FarReader")
-        }
-    }
-
-    impl Device for FarReader {
-        fn info(&self) -> &agora_devices::DeviceInfo {
-            self.inner.info()
-        }
-        fn implements(&self, kernel: &agora_kernels::KernelDef) -> bool {
-            self.inner.implements(kernel)
-        }
-        fn submit(&self, lane: usize, job: agora_devices::Job) {
-            self.inner.submit(lane, job)
-        }
-        fn lane_load(&self, lane: usize) -> usize {
-            self.inner.lane_load(lane)
-        }
-        fn run_inline(&self, work: &agora_devices::Work) -> Result<(), TaskError> {
-            self.inner.run_inline(work)
-        }
-        fn alloc(&self, tenant: u64, len: u64) -> Option<Result<Arc<dyn DeviceBuffer>, TaskError>> {
-            self.inner.alloc(tenant, len)
-        }
-        fn allocates_far(&self) -> bool {
-            true
-        }
-        unsafe fn read(&self, from: &dyn DeviceBuffer, host: *mut u8, len: usize) -> Result<(), TaskError> {
-            // SAFETY: the caller's contract, passed on.
-            unsafe { self.inner.read(from, host, len) }
-        }
-        unsafe fn read_later(
-            &self,
-            from: &dyn DeviceBuffer,
-            host: *mut u8,
-            len: usize,
-            done: agora_devices::ReadDone,
-        ) -> bool {
-            // SAFETY: the caller's contract (valid until `done`, which comes later), passed on.
-            unsafe { self.inner.read(from, host, len) }.unwrap();
-            self.answers.lock().unwrap().push(done);
-            true
-        }
-        fn memory_used(&self) -> u64 {
-            self.inner.memory_used()
-        }
-        fn status(&self) -> agora_devices::DeviceReport {
-            self.inner.status()
-        }
-        fn shutdown(&self) {
-            self.inner.shutdown()
-        }
-    }
-
     /// Issue 22, 3c: on a device in a device host an eviction's write-back is started, not
     /// waited for: the room comes when it is answered and finished, the buffer is never chosen
     /// twice meanwhile, and a failed write-back keeps the copy.
     #[test]
     fn a_far_eviction_writes_back_without_waiting_and_frees_the_room_once_answered() {
-        let far = Arc::new(FarReader {
-            inner: SimDevice::new(SimSpec {
+        let far = Arc::new(tests_support::FarDevice::new(Arc::new(
+            SimDevice::new(SimSpec {
                 memory_bytes: 3 * MIB,
                 ..Default::default()
             })
             .unwrap(),
-            answers: Mutex::new(Vec::new()),
-        });
+        )));
         let (devices, _heap, mut residency, [a, b, c]) = setup_on(far.clone());
-        let answer = |result: Result<(), TaskError>| {
-            for done in std::mem::take(&mut *far.answers.lock().unwrap()) {
-                done(result);
-            }
-        };
+        let answer = |result: Result<(), TaskError>| far.answer_reads(result);
         let usage = a.usage.clone();
         // 1 MiB more: a (least recently used, only valid on the device) is written back.
         assert!(
@@ -1342,7 +1385,7 @@ mod tests {
             .is_none());
         // Asked again before the answer: nothing more is evicted (a's bytes count as freed).
         assert!(!residency.make_room(&devices, 0, MIB, &usage, 0));
-        assert_eq!(far.answers.lock().unwrap().len(), 1, "one write-back, not two");
+        assert_eq!(far.reads.lock().unwrap().len(), 1, "one write-back, not two");
         assert_eq!(residency.finish_write_backs(&devices), 0, "nothing answered yet");
         answer(Ok(()));
         assert_eq!(residency.finish_write_backs(&devices), 1);

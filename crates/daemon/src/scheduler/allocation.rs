@@ -134,17 +134,22 @@ impl Scheduler {
     pub(super) fn finish_write_backs_here(&mut self, records: &[Arc<BufferRecord>]) {
         let began = std::time::Instant::now();
         loop {
-            let before = self.residency.evictions;
-            self.residency.finish_write_backs(&self.devices);
-            self.telemetry
-                .metrics
-                .evictions
-                .inc_by(self.residency.evictions - before);
+            self.finish_write_backs();
             if records.iter().all(|r| !r.writing_back.load(Ordering::Acquire)) || began.elapsed() > WRITE_BACK_WAIT {
                 return;
             }
             std::thread::sleep(std::time::Duration::from_micros(20));
         }
+    }
+
+    /// Finishes the evictions whose write-back was answered, counting them in the metrics.
+    pub(super) fn finish_write_backs(&mut self) {
+        let before = self.residency.evictions;
+        self.residency.finish_write_backs(&self.devices);
+        self.telemetry
+            .metrics
+            .evictions
+            .inc_by(self.residency.evictions - before);
     }
 
     /// Place-stage hook for a task whose buffers fit its device by the books but are not all

@@ -116,7 +116,7 @@ struct HeldQueue {
 }
 
 /// What a held queue's first task waits for, when not for its queue's tasks in flight.
-enum Answers {
+pub(super) enum Answers {
     /// Its allocations on a device in a device host (`allocation`).
     Allocations(Arc<AllocationWait>),
     /// The write-backs of these buffers (evictions that did not wait; `memory::WriteBack`): it
@@ -586,46 +586,20 @@ impl Scheduler {
         });
     }
 
-    /// Holds `ready` at the head of its queue's held tasks until `wait`'s allocations are
-    /// answered (`allocation`); its queue's later tasks wait behind it.
-    pub(super) fn wait_for_allocations(
-        &mut self,
-        session: &Session,
-        task_id: u64,
-        ready: Ready,
-        wait: Arc<AllocationWait>,
-    ) {
+    /// Holds `ready` at the head of its queue's held tasks until `answers` came (its
+    /// allocations, asked ahead: `allocation`; or write-backs of buffers it names or whose room
+    /// it needs); its queue's later tasks wait behind it.
+    pub(super) fn wait_for_answers(&mut self, session: &Session, task_id: u64, ready: Ready, answers: Answers) {
         let queue = ready.queue.clone();
+        let allocated = matches!(answers, Answers::Allocations(_));
         let list = self.migration.held_list(session.id, &queue, HoldReason::Answer);
         // The list is new: `must_hold` would have held the task behind an existing one.
-        list.waiting_for = Some(Answers::Allocations(wait));
+        list.waiting_for = Some(answers);
         list.tasks.push_back(Held {
             task_id,
             ready,
             replay: None,
-            allocated: true,
-        });
-    }
-
-    /// Holds `ready` at the head of its queue's held tasks until the write-backs of `records`
-    /// are finished (it names them, or needs the room they free); its queue's later tasks wait
-    /// behind it.
-    pub(super) fn wait_for_write_backs(
-        &mut self,
-        session: &Session,
-        task_id: u64,
-        ready: Ready,
-        records: Vec<Arc<crate::memory::BufferRecord>>,
-    ) {
-        let queue = ready.queue.clone();
-        let list = self.migration.held_list(session.id, &queue, HoldReason::Answer);
-        // The list is new: `must_hold` would have held the task behind an existing one.
-        list.waiting_for = Some(Answers::WriteBacks(records));
-        list.tasks.push_back(Held {
-            task_id,
-            ready,
-            replay: None,
-            allocated: false,
+            allocated,
         });
     }
 
@@ -673,12 +647,7 @@ impl Scheduler {
     /// notices failed devices and takes lost tasks back.
     pub(crate) fn migration_tick(&mut self) {
         if self.residency.writing_back() {
-            let before = self.residency.evictions;
-            self.residency.finish_write_backs(&self.devices);
-            self.telemetry
-                .metrics
-                .evictions
-                .inc_by(self.residency.evictions - before);
+            self.finish_write_backs();
         }
         for device in 0..self.devices.len() {
             if !self.migration.failed[device] {

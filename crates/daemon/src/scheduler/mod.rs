@@ -55,6 +55,7 @@ use crate::session::{QueueState, Session, SessionShared};
 use crate::telemetry::{TaskCounters, Telemetry};
 use agora_protocol::control::QueueClass;
 use books::LatencyBooks;
+use migration::Answers;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
 use std::collections::HashMap;
@@ -665,7 +666,7 @@ impl Scheduler {
         if self.residency.writing_back() {
             if let Some(records) = allocation::written_back(&ready) {
                 if self.may_wait_for_answers() {
-                    self.wait_for_write_backs(session, task_id, ready, records);
+                    self.wait_for_answers(session, task_id, ready, Answers::WriteBacks(records));
                     return Ok(());
                 }
                 self.finish_write_backs_here(&records);
@@ -683,7 +684,7 @@ impl Scheduler {
             Ok(plan::Room::NowAllocating) => {
                 // On a device host: asked ahead, the task (not the dispatcher) waits for them.
                 if let Some(wait) = self.allocate_later(session, &ready, &placement) {
-                    self.wait_for_allocations(session, task_id, ready, wait);
+                    self.wait_for_answers(session, task_id, ready, Answers::Allocations(wait));
                     return Ok(());
                 }
                 waits_if_refused = Some(ready.clone())
@@ -692,7 +693,7 @@ impl Scheduler {
             // it waits for them, not the dispatcher.
             Ok(plan::Room::AfterWriteBacks(records)) => {
                 if self.may_wait_for_answers() {
-                    self.wait_for_write_backs(session, task_id, ready, records);
+                    self.wait_for_answers(session, task_id, ready, Answers::WriteBacks(records));
                 } else {
                     self.wait_for_room(session, task_id, ready);
                 }

@@ -16,6 +16,7 @@ use agora_protocol::{TaskError, MAX_ARGS};
 
 use super::validate::{Action, Ready};
 use super::{DeviceFacts, Scheduler, SchedulerConfig};
+use crate::memory::tests_support::FarDevice;
 use crate::policy::latency::LatencyPolicy;
 use crate::policy::{PerformanceModel, RoundRobin};
 use crate::revocation::Victim;
@@ -673,79 +674,6 @@ fn a_latency_task_puts_auto_batch_lanes_at_idle_until_latency_work_has_been_quie
     );
 }
 
-/// A sim device whose allocations are answered by the test, as a device host answers them:
-/// `alloc_later` only records the request; `alloc` (the synchronous way) is counted.
-struct FarAllocator {
-    inner: Arc<dyn Device>,
-    asked: Mutex<Vec<(u64, agora_devices::AllocationDone)>>,
-    synchronous: std::sync::atomic::AtomicUsize,
-}
-
-impl std::fmt::Debug for FarAllocator {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FarAllocator")
-            .field("inner", &self.inner)
-            .finish_non_exhaustive()
-    }
-}
-
-impl FarAllocator {
-    /// Answers every allocation asked so far with `refuse` or the sim's own allocation.
-    fn answer_all(&self, refuse: bool) -> usize {
-        let asked = std::mem::take(&mut *self.asked.lock().unwrap());
-        let count = asked.len();
-        for (len, done) in asked {
-            done(if refuse {
-                Err(TaskError::DeviceOutOfMemory { index: 0, needed: len })
-            } else {
-                self.inner.alloc(7, len).unwrap()
-            });
-        }
-        count
-    }
-}
-
-impl Device for FarAllocator {
-    fn info(&self) -> &agora_devices::DeviceInfo {
-        self.inner.info()
-    }
-    fn implements(&self, kernel: &agora_kernels::KernelDef) -> bool {
-        self.inner.implements(kernel)
-    }
-    fn submit(&self, lane: usize, job: agora_devices::Job) {
-        self.inner.submit(lane, job)
-    }
-    fn lane_load(&self, lane: usize) -> usize {
-        self.inner.lane_load(lane)
-    }
-    fn run_inline(&self, work: &Work) -> Result<(), TaskError> {
-        self.inner.run_inline(work)
-    }
-    fn alloc(&self, tenant: u64, len: u64) -> Option<Result<Arc<dyn agora_devices::DeviceBuffer>, TaskError>> {
-        self.synchronous.fetch_add(1, Ordering::Relaxed);
-        self.inner.alloc(tenant, len)
-    }
-    fn allocates_far(&self) -> bool {
-        true
-    }
-    fn alloc_later(&self, _tenant: u64, len: u64, done: agora_devices::AllocationDone) {
-        self.asked.lock().unwrap().push((len, done));
-    }
-    unsafe fn read(&self, from: &dyn agora_devices::DeviceBuffer, host: *mut u8, len: usize) -> Result<(), TaskError> {
-        // SAFETY: the caller's contract, passed on.
-        unsafe { self.inner.read(from, host, len) }
-    }
-    fn memory_used(&self) -> u64 {
-        self.inner.memory_used()
-    }
-    fn status(&self) -> agora_devices::DeviceReport {
-        self.inner.status()
-    }
-    fn shutdown(&self) {
-        self.inner.shutdown()
-    }
-}
-
 /// A `sync_to` of a fresh buffer of `len` bytes, on `q`.
 fn sync_to(
     session: &mut crate::session::Session,
@@ -775,11 +703,7 @@ fn sync_to(
 /// retries or waits for room); it waits for allocations asked ahead only once.
 #[test]
 fn a_far_allocation_is_awaited_by_its_task_not_by_the_dispatcher() {
-    let far = Arc::new(FarAllocator {
-        inner: sim("far", None),
-        asked: Mutex::new(Vec::new()),
-        synchronous: Default::default(),
-    });
+    let far = Arc::new(FarDevice::new(sim("far", None)));
     let mut s = scheduler(vec![cpu(), far.clone()], config());
     let mut session = session();
     let q = queue(QueueClass::Batch, Some(DeviceKind::Sim));
@@ -793,7 +717,7 @@ fn a_far_allocation_is_awaited_by_its_task_not_by_the_dispatcher() {
     let roles = super::data_roles(&second);
     s.place_and_submit(&session, 2, second, roles).unwrap();
     assert_eq!(
-        far.synchronous.load(Ordering::Relaxed),
+        far.synchronous_allocations.load(Ordering::Relaxed),
         0,
         "the dispatcher did not wait for an allocation"
     );
@@ -808,20 +732,20 @@ fn a_far_allocation_is_awaited_by_its_task_not_by_the_dispatcher() {
     assert!(!record.placement().is_on(1));
     // Answered: the first task is dispatched with its buffer there; the second, behind it, asks
     // for its own.
-    assert_eq!(far.answer_all(false), 1);
+    assert_eq!(far.answer_allocations(false), 1);
     s.release_held(&session);
     assert!(
         record.placement().is_on(1),
         "the allocation is the buffer's copy on the device"
     );
-    assert_eq!(far.synchronous.load(Ordering::Relaxed), 0);
+    assert_eq!(far.synchronous_allocations.load(Ordering::Relaxed), 0);
     assert!(s.migration.holding(), "the second task waits for its own allocation");
     // Refused: the second task allocates synchronously (the sim takes it) and runs.
-    assert_eq!(far.answer_all(true), 1);
+    assert_eq!(far.answer_allocations(true), 1);
     s.release_held(&session);
     assert!(!s.migration.holding());
     assert_eq!(
-        far.synchronous.load(Ordering::Relaxed),
+        far.synchronous_allocations.load(Ordering::Relaxed),
         1,
         "after a refusal the task allocates as it plans"
     );
@@ -851,11 +775,7 @@ fn a_far_allocation_is_awaited_by_its_task_not_by_the_dispatcher() {
 /// for it would sit unused.
 #[test]
 fn a_task_that_makes_no_device_copy_has_nothing_allocated_ahead() {
-    let far = Arc::new(FarAllocator {
-        inner: sim("far", None),
-        asked: Mutex::new(Vec::new()),
-        synchronous: Default::default(),
-    });
+    let far = Arc::new(FarDevice::new(sim("far", None)));
     let mut s = scheduler(vec![cpu(), far.clone()], config());
     let mut session = session();
     let q = queue(QueueClass::Batch, Some(DeviceKind::Sim));
@@ -868,10 +788,10 @@ fn a_task_that_makes_no_device_copy_has_nothing_allocated_ahead() {
     assert_eq!(s.place(&ready).unwrap().binding, Binding::new(1, 0));
     s.place_and_submit(&session, 1, ready, roles).unwrap();
     q.in_flight.fetch_sub(1, Ordering::AcqRel);
-    assert!(far.asked.lock().unwrap().is_empty(), "nothing asked ahead");
+    assert!(far.allocations.lock().unwrap().is_empty(), "nothing asked ahead");
     assert!(!s.migration.holding(), "nothing to wait for");
     assert_eq!(
-        far.synchronous.load(Ordering::Relaxed),
+        far.synchronous_allocations.load(Ordering::Relaxed),
         0,
         "nor allocated as it planned"
     );
