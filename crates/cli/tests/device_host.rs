@@ -480,6 +480,69 @@ fn a_slow_allocation_in_a_device_host_delays_only_the_task_that_asked() {
     );
 }
 
+/// A device host that dies while a task waits for its allocation's answer (asked without the
+/// dispatcher waiting): the answer never comes, the wait ends with the host's failure, and the
+/// task completes, either exact or with an honest loss (`assert_honest`), instead of waiting
+/// forever; the daemon lives and a CPU neighbour sees nothing.
+#[test]
+fn a_device_host_that_dies_while_an_allocation_is_asked_fails_no_task_silently() {
+    let delay = Duration::from_millis(1500);
+    let dir = agora_test_support::temp_dir("device-host-dies-allocating");
+    std::fs::write(
+        dir.path().join("agora.toml"),
+        format!(
+            "[[sim]]\nname = \"sim0\"\nlanes = 1\nanswer_delay_ms = {}\ndevice_host = true\n",
+            delay.as_millis()
+        ),
+    )
+    .unwrap();
+    let mut daemon = Daemon::start_in(AGORA, dir, &["--no-opencl", "--config", "{dir}/agora.toml"]);
+    let host = host_pid(daemon.pid()).expect("the sim runs in a device host");
+    let tenant = daemon.session_named("tenant");
+    let neighbour = daemon.session_named("neighbour");
+    let stop = Arc::new(AtomicBool::new(false));
+    let watch = round_trips(neighbour, stop.clone());
+    let (finished, round) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let q = queue(&tenant, "allocating", DeviceKind::Sim);
+        let saxpy = tenant.kernel("saxpy").unwrap();
+        let n = 4096;
+        let x = tenant.buffer_from(&vec![1.0f32; n]).unwrap();
+        let y = tenant.buffer_from(&vec![2.0f32; n]).unwrap();
+        let outcome = (|| -> Result<(), Error> {
+            q.sync_to(&y)?;
+            q.launch(&saxpy, &[Arg::F32(3.0), (&x).into(), (&y).into()], n)?;
+            q.sync_from(&y)?.wait()?;
+            q.finish()
+        })();
+        let exact = outcome.is_ok() && y.as_slice::<f32>().iter().all(|v| *v == 5.0);
+        let _ = finished.send((outcome, exact));
+    });
+    // The first allocation is asked and unanswered for 1.5 s: the host dies meanwhile.
+    std::thread::sleep(Duration::from_millis(500));
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(host as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    let began = std::time::Instant::now();
+    let (outcome, exact) = round
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the round did not end within 30 s of its device host's death");
+    let took = began.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let (longest, count) = watch.join().unwrap();
+    daemon.assert_alive();
+    eprintln!(
+        "after the kill: {outcome:?} (exact {exact}) in {took:?}; neighbour {count} round trips, longest {longest:?}"
+    );
+    match outcome {
+        Ok(()) => assert!(exact, "the round reported success with wrong results"),
+        Err(e) => assert_honest(&[(1, e)]),
+    }
+    assert!(longest < delay / 2, "the neighbour waited {longest:?}");
+}
+
 /// Issue 22, 3c: evicting a buffer whose only valid copy is on a device in a device host writes
 /// it home without the dispatcher waiting for the host (here a sim in a host of 4 MiB that
 /// answers each allocation and read 150 ms late): the tasks that need the room, or name the
