@@ -91,8 +91,8 @@ fn a_failed_task_and_what_it_should_have_written_report_the_failure_every_time()
         "{message}"
     );
 
-    // A whole rewrite from the host clears the poison (on the CPU: the buffer never fits the
-    // OpenCL quota).
+    // A whole rewrite from the host clears the poison (on the CPU: the launch below, over the
+    // buffer, never fits the OpenCL quota).
     let cpu = queue(&session, DeviceKind::Cpu);
     assert!(dependency(&cpu.sync_from(&big_y).unwrap().wait()).is_some());
     cpu.sync_to(&big_y).unwrap();
@@ -112,6 +112,40 @@ fn a_failed_task_and_what_it_should_have_written_report_the_failure_every_time()
         Err(Error::Tasks(f)) => assert_eq!(f.count, 2, "{f}"),
         other => panic!("the two refused downloads: {other:?}"),
     }
+}
+
+/// A `sync_to` only pushes a buffer ahead to where its queue's tasks run: one that can never be
+/// there (larger than the session's device quota) succeeds and leaves the host copy current; the
+/// launch that needs it on that device is the task that fails, naming the quota.
+#[test]
+fn a_sync_to_of_a_buffer_that_never_fits_the_device_keeps_it_on_the_host() {
+    let (_daemon, session) = common::daemon_with("outcome-sync-to-over-quota", |c| c.device_quota = 16 << 20);
+    common::require_opencl(&session);
+    let opencl = queue(&session, DeviceKind::OpenCl);
+    let big = 8 << 20; // 32 MiB of f32, twice the quota
+    let x = session.buffer_from(&vec![1.0f32; big]).unwrap();
+    let y = session.buffer_from(&vec![0.0f32; big]).unwrap();
+    y.write_slice(&vec![7.0f32; big]).unwrap();
+    opencl.sync_to(&y).unwrap().wait().unwrap();
+    opencl.sync_from(&y).unwrap().wait().unwrap();
+    assert!(y.as_slice::<f32>().iter().all(|v| *v == 7.0));
+    let saxpy = session.kernel("saxpy").unwrap();
+    let launch = opencl
+        .launch(&saxpy, &[Arg::F32(1.0), (&x).into(), (&y).into()], big)
+        .unwrap();
+    match launch.wait() {
+        Err(Error::Task(TaskError::DeviceQuota { needed, quota, .. })) => {
+            assert_eq!((needed, quota), (64 << 20, 16 << 20))
+        }
+        other => panic!("the launch over 64 MiB must fail on the 16 MiB quota: {other:?}"),
+    }
+    // The host copy still holds what the sync_to made current.
+    let cpu = queue(&session, DeviceKind::Cpu);
+    assert!(
+        dependency(&cpu.sync_from(&y).unwrap().wait()).is_some(),
+        "the failed launch poisons y"
+    );
+    assert!(y.as_slice::<f32>().iter().all(|v| *v == 7.0));
 }
 
 /// Buffers of the property test: f32 elements each.

@@ -271,23 +271,16 @@ impl Scheduler {
                 }
             }
         }
-        let quota = match session.shared.device_quota.load(Ordering::Relaxed) {
-            0 => self.config.device_quota,
-            job => job,
-        };
-        if working_set > info.memory_bytes {
-            return Err(TaskError::DeviceTooSmall {
-                needed: working_set,
-                capacity: info.memory_bytes,
-            });
+        if let Some(never) = self.never_fits(session, device, working_set) {
+            // A sync_to only pushes its buffer ahead of the tasks that will need it there: one
+            // that can never be on the device leaves it in the host copy, now the current one
+            // (`plan`), and the task that needs it there fails with this error instead.
+            if matches!(ready.action, Action::SyncTo) {
+                return Ok(Room::Now);
+            }
+            return Err(never);
         }
-        if quota > 0 && working_set > quota {
-            return Err(TaskError::DeviceQuota {
-                needed: working_set,
-                quota,
-                device_mib: u32::try_from(info.memory_bytes >> 20).unwrap_or(u32::MAX),
-            });
-        }
+        let quota = self.device_quota(session);
         if missing == 0 {
             return Ok(Room::Now);
         }
@@ -314,6 +307,35 @@ impl Scheduler {
             },
         )
     }
+    /// The session's device quota (bytes per device; 0: none): its job's, else the daemon's.
+    fn device_quota(&self, session: &Session) -> u64 {
+        match session.shared.device_quota.load(Ordering::Relaxed) {
+            0 => self.config.device_quota,
+            job => job,
+        }
+    }
+
+    /// Why a working set of `bytes` can never be on `device` for `session` (larger than the
+    /// device, or than the session's quota), or `None` when it can.
+    pub(super) fn never_fits(&self, session: &Session, device: usize, bytes: u64) -> Option<TaskError> {
+        let info = self.devices[device].info();
+        let quota = self.device_quota(session);
+        if bytes > info.memory_bytes {
+            Some(TaskError::DeviceTooSmall {
+                needed: bytes,
+                capacity: info.memory_bytes,
+            })
+        } else if quota > 0 && bytes > quota {
+            Some(TaskError::DeviceQuota {
+                needed: bytes,
+                quota,
+                device_mib: u32::try_from(info.memory_bytes >> 20).unwrap_or(u32::MAX),
+            })
+        } else {
+            None
+        }
+    }
+
     /// Whether a launch runs revocable: a batch launch that was not sliced, on a device that
     /// polls revocation, under a latency policy, predicted long enough that a latency task could
     /// not simply wait for it (`revoke_min`, and twice the preemption target), and whose
@@ -477,9 +499,10 @@ impl Scheduler {
                 let (record, _, _) = buffers[0]
                     .as_ref()
                     .ok_or_else(|| crate::internal_error(3, "a transfer task without its buffer"))?;
+                let never_fits = self.never_fits(session, device, record.len).is_some();
                 let mut placement = record.placement();
                 placement.host_written();
-                if !devices[device].info().shares_host_memory {
+                if !devices[device].info().shares_host_memory && !never_fits {
                     // Eager: the queue runs on a device with its own memory; copy in now.
                     placement.prepare(
                         devices,
