@@ -412,12 +412,27 @@ void agora_buffer_destroy(AgoraBuffer *buffer);
  * after the `agora_sync_from` task completed. Null for a null handle, and once the session was
  * closed (the message says why); a pointer obtained before stays valid until the buffer is
  * destroyed. For a buffer attached read-only (`agora_attach`) the memory is mapped read-only:
- * only read through the pointer.
+ * only read through the pointer. To write over a kernel's results that you never read back,
+ * call `agora_buffer_claim_host` first.
  *
  * # Safety
  * Null or a live buffer handle.
  */
 void *agora_buffer_data(AgoraBuffer *buffer);
+
+/**
+ * Claims the buffer's host copy before writing it through `agora_buffer_data` when a kernel's
+ * results on a device were never read back (a launch wrote it after its last `agora_sync_from`;
+ * otherwise it returns at once): those results are discarded, the host copy becomes the
+ * buffer's current contents, and no eviction writes a device's older copy over what you write.
+ * Without it, the daemon may write such results into the host copy at any moment to make room
+ * on their device. Waits while a task the daemon started uses the buffer (at most the control
+ * timeout: `AGORA_STATUS_TIMEOUT`).
+ *
+ * # Safety
+ * Null or a live buffer handle.
+ */
+AgoraStatus agora_buffer_claim_host(const AgoraBuffer *buffer);
 
 /**
  * The buffer's length in bytes (0 for a null handle, and once the session was closed).

@@ -610,7 +610,8 @@ pub unsafe extern "C" fn agora_buffer_destroy(buffer: *mut AgoraBuffer) {
 /// after the `agora_sync_from` task completed. Null for a null handle, and once the session was
 /// closed (the message says why); a pointer obtained before stays valid until the buffer is
 /// destroyed. For a buffer attached read-only (`agora_attach`) the memory is mapped read-only:
-/// only read through the pointer.
+/// only read through the pointer. To write over a kernel's results that you never read back,
+/// call `agora_buffer_claim_host` first.
 ///
 /// # Safety
 /// Null or a live buffer handle.
@@ -624,13 +625,33 @@ pub unsafe extern "C" fn agora_buffer_data(buffer: *mut AgoraBuffer) -> *mut c_v
             std::ptr::null_mut()
         }
         // A buffer attached read-only is mapped read-only: the caller must only read through
-        // the pointer (documented at `agora_attach`).
-        Some(b) if !b.buffer.is_writable() => b.buffer.as_slice::<u8>().as_ptr() as *mut c_void,
-        Some(b) => b.buffer.as_mut_slice::<u8>().as_mut_ptr() as *mut c_void,
+        // the pointer (documented at `agora_attach`). No claim (`agora_buffer_claim_host`):
+        // the pointer is as often read through, after a sync_from, as written.
+        Some(b) => b.buffer.host_ptr() as *mut c_void,
         None => {
             fail(AgoraStatus::InvalidArgument, "buffer is null");
             std::ptr::null_mut()
         }
+    }
+}
+
+/// Claims the buffer's host copy before writing it through `agora_buffer_data` when a kernel's
+/// results on a device were never read back (a launch wrote it after its last `agora_sync_from`;
+/// otherwise it returns at once): those results are discarded, the host copy becomes the
+/// buffer's current contents, and no eviction writes a device's older copy over what you write.
+/// Without it, the daemon may write such results into the host copy at any moment to make room
+/// on their device. Waits while a task the daemon started uses the buffer (at most the control
+/// timeout: `AGORA_STATUS_TIMEOUT`).
+///
+/// # Safety
+/// Null or a live buffer handle.
+#[no_mangle]
+pub unsafe extern "C" fn agora_buffer_claim_host(buffer: *const AgoraBuffer) -> AgoraStatus {
+    begin();
+    let buffer = open_handle!(buffer, "buffer");
+    match buffer.buffer.claim_host() {
+        Ok(()) => AgoraStatus::Ok,
+        Err(e) => from_error(e),
     }
 }
 

@@ -85,6 +85,22 @@ int main(void) {
     EXPECT(done);
     EXPECT(hy[3] == 7.0f && hy[15] == 31.0f);
 
+    /* Writing over a kernel's results never read back: claim the host copy first, so no
+       eviction writes them over the new data. */
+    OK(agora_launch(latency, saxpy, args, 3, &n, 1, NULL));
+    done = false;
+    while (!done && agora_queue_finish_timeout(latency, 10, &done) == AGORA_STATUS_OK) continue;
+    OK(agora_buffer_claim_host(y));
+    for (int i = 0; i < 16; i++) hy[i] = 1.0f;
+    OK(agora_sync_to(latency, y, NULL));
+    OK(agora_launch(latency, saxpy, args, 3, &n, 1, NULL));
+    OK(agora_sync_from(latency, y, NULL));
+    done = false;
+    while (!done && agora_queue_finish_timeout(latency, 10, &done) == AGORA_STATUS_OK) continue;
+    EXPECT(hy[3] == 7.0f && hy[15] == 31.0f);
+    OK(agora_buffer_claim_host(y)); /* nothing to claim: returns at once */
+    EXPECT(agora_buffer_claim_host(NULL) == AGORA_STATUS_INVALID_ARGUMENT);
+
     /* Arguments are checked against the signature at launch, not at finish. */
     AgoraArg wrong_kind[3] = {{AGORA_ARG_KIND_I32, NULL, 2}, {AGORA_ARG_KIND_BUFFER, x}, {AGORA_ARG_KIND_BUFFER, y}};
     task = NULL;

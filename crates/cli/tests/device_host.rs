@@ -668,6 +668,59 @@ fn evictions_from_a_device_host_write_buffers_home_without_stalling_anyone_and_l
     );
 }
 
+/// A client that overwrites the host copies of buffers whose newest contents are on a device
+/// (results it never read back) and then `sync_to`s them keeps its writes, even though the
+/// device is full and evicts those very buffers meanwhile: writing the host copy through the
+/// client's `write` claims it first, so no eviction writes the device's older results over it
+/// (here a 4 MiB sim in a host answering 150 ms late, so each eviction's write-back is long).
+#[test]
+fn host_writes_over_device_results_survive_the_evictions_of_those_buffers() {
+    let dir = agora_test_support::temp_dir("device-host-host-writes");
+    std::fs::write(
+        dir.path().join("agora.toml"),
+        "[[sim]]\nname = \"sim0\"\nlanes = 1\nmemory = \"4M\"\nanswer_delay_ms = 150\ndevice_host = true\n",
+    )
+    .unwrap();
+    let daemon = Daemon::start_in(AGORA, dir, &["--no-opencl", "--config", "{dir}/agora.toml"]);
+    let tenant = daemon.session_named("tenant");
+    let q = queue(&tenant, "over-the-device", DeviceKind::Sim);
+    let saxpy = tenant.kernel("saxpy").unwrap();
+    let n = 1 << 18; // 1 MiB of f32: x and three of the eight results fit the device
+    let x = tenant.buffer_from(&vec![1.0f32; n]).unwrap();
+    let ys: Vec<_> = (0..8)
+        .map(|i| tenant.buffer_from(&vec![i as f32; n]).unwrap())
+        .collect();
+    // Round one: results on the device, never read back.
+    for y in &ys {
+        q.sync_to(y).unwrap();
+        q.launch(&saxpy, &[Arg::F32(3.0), (&x).into(), y.into()], n).unwrap();
+    }
+    q.finish().unwrap();
+    // Round two: every host copy overwritten first, then pushed and computed on in turn; each
+    // push needs room, so results of round one still on the device are evicted meanwhile.
+    for (i, y) in ys.iter().enumerate() {
+        y.write_slice(&vec![100.0 + i as f32; n]).unwrap();
+    }
+    for y in &ys {
+        q.sync_to(y).unwrap();
+        q.launch(&saxpy, &[Arg::F32(3.0), (&x).into(), y.into()], n).unwrap();
+    }
+    q.finish().unwrap();
+    let evictions = tenant.status().unwrap().evictions;
+    for (i, y) in ys.iter().enumerate() {
+        q.sync_from(y).unwrap().wait().unwrap();
+        let got = y.as_slice::<f32>()[0];
+        assert!(
+            y.as_slice::<f32>().iter().all(|v| *v == 103.0 + i as f32),
+            "buffer {i}: {got} where the host write made 100 + {i} + 3 ({evictions} evictions)"
+        );
+    }
+    assert!(
+        evictions >= 4,
+        "only {evictions} evictions: the device did not run out of memory"
+    );
+}
+
 /// What a device host's backend logs reaches the daemon's log, marked with the host's platform:
 /// a task's error says "the daemon logged the details", and for a device in a host those details
 /// are the host's (here, the compiler's log of a package program that does not build).

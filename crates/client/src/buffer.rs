@@ -17,6 +17,15 @@ use crate::Error;
 /// (or `queue.finish()`) has completed; touching it in between gives unspecified values (never
 /// memory unsafety for other tenants — each session has its own segment).
 ///
+/// # Writing over results you did not read
+/// While a kernel's results are on a device and were never read back
+/// ([`Buffer::needs_sync_from`]), the daemon may write them into the host copy at any moment,
+/// to make room on that device (an eviction). [`Buffer::write`], [`Buffer::write_slice`] and
+/// [`Buffer::as_mut_slice`] first claim the host copy ([`Buffer::claim_host`]): those results
+/// are discarded and nothing the daemon does afterwards overwrites what you write. Writing
+/// through another view of the memory (a pointer kept from an earlier `as_mut_slice`, another
+/// process mapping an exported buffer), call `claim_host` yourself first.
+///
 /// Dropping a `Buffer` releases it; the daemon reclaims the memory once no issued task uses it.
 ///
 /// # Coherence
@@ -148,7 +157,43 @@ impl Buffer {
         unsafe { std::ptr::write_bytes(self.ptr, 0, self.len as usize) };
     }
 
-    /// Copies `data` into the host copy at byte `offset`.
+    /// Makes the host copy this process's to write when a kernel's results on a device were
+    /// never read back ([`Buffer::needs_sync_from`]; otherwise there is nothing to do): those
+    /// results are discarded, the host copy becomes the buffer's current contents (as after a
+    /// `sync_to`), and no eviction writes a device's copy over it afterwards. Waits while a
+    /// task the daemon has started names the buffer, or an eviction is writing it home (at
+    /// most the session's control timeout, then [`Error::Timeout`]). One round trip to the
+    /// daemon; [`Buffer::write`] and [`Buffer::as_mut_slice`] call it.
+    pub fn claim_host(&self) -> Result<(), Error> {
+        if !self.whereabouts.unread() {
+            return Ok(());
+        }
+        self.check_writable()?;
+        let request = agora_protocol::control::Request::ClaimHost { buffer: self.handle };
+        let began = std::time::Instant::now();
+        let mut pause = std::time::Duration::from_micros(100);
+        loop {
+            match self.session.request(&request)? {
+                agora_protocol::control::Response::HostClaim { granted: true } => break,
+                agora_protocol::control::Response::HostClaim { granted: false } => {
+                    if began.elapsed() >= self.session.control_timeout {
+                        return Err(Error::Timeout {
+                            request: "host copy claim (a task uses the buffer)".into(),
+                            after: self.session.control_timeout,
+                        });
+                    }
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_millis(5));
+                }
+                other => return Err(crate::session::unexpected(other)),
+            }
+        }
+        self.whereabouts.host_written();
+        Ok(())
+    }
+
+    /// Copies `data` into the host copy at byte `offset`, after claiming it
+    /// ([`Buffer::claim_host`]) when a kernel's results on a device were never read back.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), Error> {
         self.check_writable()?;
         let end = offset.saturating_add(data.len() as u64);
@@ -159,6 +204,7 @@ impl Buffer {
                 capacity: self.len,
             });
         }
+        self.claim_host()?;
         // SAFETY: bounds checked above against this buffer's range of the live mapping.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(offset as usize), data.len()) };
         Ok(())
@@ -180,6 +226,14 @@ impl Buffer {
         self.as_slice::<T>().to_vec()
     }
 
+    /// The host copy's address, for foreign-function bindings (the C client's
+    /// `agora_buffer_data`): unlike [`Buffer::as_mut_slice`] it claims nothing, since the caller
+    /// may as well only read through it. Valid while the buffer lives.
+    #[doc(hidden)]
+    pub fn host_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
     /// The host copy viewed as elements of `T`, in place (zero-copy).
     pub fn as_slice<T: bytemuck::Pod>(&self) -> &[T] {
         let n = self.len as usize / std::mem::size_of::<T>();
@@ -188,7 +242,10 @@ impl Buffer {
         unsafe { std::slice::from_raw_parts(self.ptr as *const T, n) }
     }
 
-    /// The host copy viewed as elements of `T`, mutably, in place (zero-copy).
+    /// The host copy viewed as elements of `T`, mutably, in place (zero-copy), claimed first
+    /// ([`Buffer::claim_host`]) when a kernel's results on a device were never read back. Should
+    /// the claim fail (the daemon is gone, or a task kept the buffer past the control timeout),
+    /// the view is returned all the same: call `claim_host` first to handle its error.
     ///
     /// # Panics
     /// On a buffer attached read-only ([`Buffer::is_writable`] is false): its memory is mapped
@@ -199,6 +256,8 @@ impl Buffer {
             "buffer {:#x} is attached read-only: its host copy cannot be written",
             self.handle
         );
+        // A failed claim (see the doc) leaves the view as before claims existed.
+        let _ = self.claim_host();
         let n = self.len as usize / std::mem::size_of::<T>();
         // SAFETY: as for `as_slice`; `&mut self` makes this the only view from this process.
         unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut T, n) }

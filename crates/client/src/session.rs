@@ -144,7 +144,7 @@ struct Control {
 
 pub(crate) struct Inner {
     control: Mutex<Control>,
-    control_timeout: Duration,
+    pub(crate) control_timeout: Duration,
     /// A second handle on the control connection, to notice the daemon hanging up while
     /// waiting (replaced by a resume).
     liveness: Mutex<UnixStream>,
@@ -765,6 +765,7 @@ fn request_name(request: &Request) -> &'static str {
         Request::DropDag { .. } => "DAG withdrawal",
         Request::JobStart(_) => "job start",
         Request::JobEnd { .. } => "job end",
+        Request::ClaimHost { .. } => "host copy claim",
     }
 }
 

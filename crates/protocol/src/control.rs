@@ -259,6 +259,16 @@ pub enum Request {
         /// The job id.
         job: u64,
     },
+    /// The client is about to write a buffer's host copy while a device may hold newer contents
+    /// (results of a launch it never read back): from the reply with `granted: true` on, the host
+    /// copy is the buffer's current contents and the device's are discarded, so no eviction
+    /// writes them home over what the client writes (as `sync_to` does, without waiting in a
+    /// queue). Not granted while a task planned and unfinished names the buffer or an eviction is
+    /// writing the device's contents into the host copy: the client asks again.
+    ClaimHost {
+        /// The buffer's handle.
+        buffer: u64,
+    },
 }
 
 /// A Slurm job on this node ([`Request::JobStart`]).
@@ -625,6 +635,12 @@ pub enum Response {
     JobStarted,
     /// Reply to [`Request::JobEnd`].
     JobEnded(Box<JobAccount>),
+    /// Reply to [`Request::ClaimHost`].
+    HostClaim {
+        /// Whether the host copy is now the client's to write; `false`: a task that uses the
+        /// buffer, or an eviction's write-back into its host copy, is not finished yet.
+        granted: bool,
+    },
 }
 
 /// What a recovery restored.

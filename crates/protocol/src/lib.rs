@@ -47,4 +47,5 @@ pub use signature::{Access, KernelSignature, ParamKind, ParamSpec, ScalarType};
 /// `Response::Resumed`, `ControlError::SegmentInUse`, `TaskError::DaemonRestarted` (code 30),
 /// `segment::SESSION_ENDED` in `Header::daemon_closed`; `StatusReport::memory_waits` /
 /// `allocation_retries` / `dispatcher_longest_iteration_ms` (issue 22).
-pub const PROTOCOL_VERSION: u32 = 8;
+/// 9: `Request::ClaimHost` / `Response::HostClaim` (a host write over unread device results).
+pub const PROTOCOL_VERSION: u32 = 9;

@@ -125,7 +125,7 @@ impl PyBuffer {
     }
 
     /// Copies `array`'s bytes into the host copy at byte `offset` (a copy; `numpy()` is the
-    /// zero-copy way).
+    /// zero-copy way). Claims the host copy first (see `claim_host`).
     #[pyo3(signature = (array, offset=0))]
     fn write(&self, py: Python<'_>, array: &Bound<'_, PyAny>, offset: u64) -> PyResult<()> {
         let numpy = py.import("numpy")?;
@@ -133,7 +133,18 @@ impl PyBuffer {
             .call_method1("ascontiguousarray", (array,))?
             .call_method0("tobytes")?
             .extract()?;
-        self.with(|b| b.write(offset, &bytes))?.or_raise()
+        // The claim may wait for the daemon.
+        py.detach(|| self.with(|b| b.write(offset, &bytes)))?.or_raise()
+    }
+
+    /// Before writing the host copy through a NumPy view over a kernel's results that were
+    /// never read back (a launch wrote the buffer after its last `sync_from`): discards those
+    /// results and makes the host copy the buffer's current contents, so no eviction (the
+    /// daemon making room on their device) writes them over what you write. Returns at once
+    /// when there is nothing to claim; waits while a task the daemon started uses the buffer
+    /// (at most the control timeout: TimeoutError). `write()` claims by itself.
+    fn claim_host(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.with(|b| b.claim_host()))?.or_raise()
     }
 
     /// Whether this process may write the host copy (False only for a buffer attached

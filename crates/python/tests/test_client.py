@@ -503,3 +503,38 @@ def test_releasing_results_never_read_back_warns(session):
     with pytest.warns(ResourceWarning, match="sync_from"):
         del lost
         gc.collect()
+
+
+def test_writes_over_unread_results_survive_evictions_once_claimed(fresh_daemon, tmp_path):
+    # A 4 MiB device in a device host whose write-backs take 150 ms: results never read back are
+    # evicted while the client writes new data over them. Through a NumPy view after
+    # claim_host(), or through write(), the client's data is what the next round computes on.
+    config = tmp_path / "sim.toml"
+    config.write_text(
+        '[[sim]]\nname = "sim0"\nlanes = 1\nmemory = "4M"\nanswer_delay_ms = 150\ndevice_host = true\n'
+    )
+    daemon = fresh_daemon("--no-opencl", "--config", str(config))
+    with agora.Session(socket=str(daemon.socket)) as session:
+        queue = session.queue("over-the-device", device="sim")
+        n = 1 << 18  # 1 MiB of float32: x and three results fit the device
+        x = session.buffer_from(np.ones(n, np.float32))
+        ys = [session.buffer_from(np.full(n, i, np.float32)) for i in range(8)]
+        for y in ys:
+            queue.sync_to(y)
+            queue.launch("saxpy", 3.0, x, y, range=n)
+        queue.finish()
+        for i, y in enumerate(ys):
+            if i % 2:
+                y.write(np.full(n, 100 + i, np.float32))
+            else:
+                y.claim_host()
+                y.numpy(np.float32)[:] = 100 + i
+        for y in ys:
+            queue.sync_to(y)
+            queue.launch("saxpy", 3.0, x, y, range=n)
+        queue.finish()
+        for i, y in enumerate(ys):
+            queue.sync_from(y).wait()
+            assert (y.numpy(np.float32) == 103 + i).all(), (i, y.numpy(np.float32)[0])
+        evictions = session.status()["evictions"]
+        assert evictions >= 4, f"only {evictions} evictions: the device did not run out of memory"

@@ -19,7 +19,9 @@
 //! device allocation is dropped. On a device in a device host that read is only started
 //! ([`WriteBack`]): the dispatcher does not wait for the host; the buffer is marked until the
 //! answer, the task that needed the room and any task that names the buffer wait for it, and the
-//! dispatcher finishes the eviction when it comes ([`Residency::finish_write_backs`]). So the
+//! dispatcher finishes the eviction when it comes ([`Residency::finish_write_backs`]). A client
+//! about to write a host copy over results it never read claims it first
+//! ([`BufferRecord::claim_host`]), so no eviction writes those results over its data. So the
 //! buffers of all sessions together may exceed a device's memory. The same mechanism enforces
 //! per-session device quotas, evicting only that session's buffers. A task whose own buffers do not
 //! fit fails with `DeviceOutOfMemory`.
@@ -252,6 +254,19 @@ impl BufferRecord {
         record
     }
 
+    /// The client is about to write the host copy (`Request::ClaimHost`): unless a task planned
+    /// and unfinished names the buffer, or an eviction is writing a device's copy into the host
+    /// copy (`false`: the client asks again), the host copy becomes the current contents
+    /// ([`Placement::host_claimed`]), so no eviction writes older results over the client's.
+    /// Called on the dispatcher, which alone starts evictions and plans tasks.
+    pub(crate) fn claim_host(&self) -> bool {
+        if self.in_use.load(Ordering::Acquire) != 0 || self.writing_back.load(Ordering::Acquire) {
+            return false;
+        }
+        self.placement().host_claimed();
+        true
+    }
+
     /// Runs `f` with the address of `[offset, offset+len)` of the host copy, the memory kept
     /// mapped meanwhile; `None` when the owner's memory is gone or the range lies outside it.
     pub(crate) fn with_host<R>(&self, offset: u64, len: u64, f: impl FnOnce(*mut u8) -> R) -> Option<R> {
@@ -321,6 +336,17 @@ impl Placement {
     pub(crate) fn host_written(&mut self) {
         self.host_valid = true;
         self.lost = false;
+        for c in &mut self.copies {
+            c.valid = false;
+        }
+    }
+
+    /// The client claimed the host copy to write it (`Request::ClaimHost`): it is the current
+    /// copy from now on and the device copies are stale, so an eviction drops them without
+    /// writing them home. Unlike [`Placement::host_written`] (a `sync_to`, whose data the client
+    /// wrote whole) a loss stays marked: the claim says nothing about what the client writes.
+    pub(crate) fn host_claimed(&mut self) {
+        self.host_valid = true;
         for c in &mut self.copies {
             c.valid = false;
         }
@@ -1412,5 +1438,39 @@ mod tests {
             "kept where it was valid"
         );
         assert_eq!(residency.evictions, 1);
+    }
+
+    /// A client about to write a host copy over results on a device claims it: refused while a
+    /// task uses the buffer or an eviction is writing it home; once granted, the device copy is
+    /// stale and its eviction writes nothing home (nothing lands over the client's writes).
+    #[test]
+    fn a_claimed_host_copy_is_never_written_over_by_an_eviction() {
+        let far = Arc::new(tests_support::FarDevice::new(Arc::new(
+            SimDevice::new(SimSpec {
+                memory_bytes: 3 * MIB,
+                ..Default::default()
+            })
+            .unwrap(),
+        )));
+        let (devices, _heap, mut residency, [a, b, _c]) = setup_on(far.clone());
+        let usage = a.usage.clone();
+        a.in_use.fetch_add(1, Ordering::AcqRel);
+        assert!(!a.claim_host(), "a task uses it");
+        a.in_use.fetch_sub(1, Ordering::AcqRel);
+        // a (least recently used, only valid on the device) is being written home.
+        assert!(!residency.make_room(&devices, 0, MIB, &usage, 0));
+        assert!(!a.claim_host(), "its write-back is in flight");
+        far.answer_reads(Ok(()));
+        assert_eq!(residency.finish_write_backs(&devices), 1);
+        assert!(a.claim_host());
+        // b's only valid copy is on the device; claimed, it is evicted without a write-back.
+        assert!(!b.placement().host_valid);
+        assert!(b.claim_host());
+        assert!(b.placement().host_valid && b.placement().owner().is_none());
+        assert!(b.placement().is_on(0), "its (stale) allocation stays until evicted");
+        let reads = far.reads.lock().unwrap().len();
+        assert!(residency.make_room(&devices, 0, 2 * MIB, &usage, 0));
+        assert_eq!(far.reads.lock().unwrap().len(), reads, "nothing written home");
+        assert!(b.placement().host_valid && !b.placement().is_on(0), "evicted");
     }
 }

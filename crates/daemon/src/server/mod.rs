@@ -859,6 +859,23 @@ impl Server {
                     interval_ms: config.checkpoint_interval.as_millis().try_into().unwrap_or(u64::MAX),
                 }
             }),
+            // Answered here, on the dispatcher, so no eviction can start between the check and
+            // the claim.
+            Request::ClaimHost { buffer } => self.in_session(id, |_, session| {
+                let Some(record) = session.buffers.get(buffer) else {
+                    return Response::Error(ControlError::BadRequest(format!(
+                        "no buffer with handle {buffer:#x} in this session"
+                    )));
+                };
+                if session.shared_memory.is_read_only_attachment(buffer) {
+                    return Response::Error(ControlError::BadRequest(format!(
+                        "buffer {buffer:#x} is attached read-only: its host copy cannot be written"
+                    )));
+                }
+                Response::HostClaim {
+                    granted: record.claim_host(),
+                }
+            }),
             Request::Recover => self.recover(id),
             Request::Checkpoints => {
                 let Some(service) = self.scheduler.checkpoints().cloned() else {

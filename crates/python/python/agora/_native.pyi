@@ -196,7 +196,10 @@ class Buffer:
         """A zero-copy NumPy view of the host copy; it keeps the buffer alive. `dtype` defaults to
         the dtype the buffer was made from, also when only `shape` is given."""
     def write(self, array: npt.ArrayLike, offset: int = 0) -> None:
-        """Copies `array`'s bytes into the host copy at byte `offset`."""
+        """Copies `array`'s bytes into the host copy at byte `offset` (claiming it first)."""
+    def claim_host(self) -> None:
+        """Before writing through a NumPy view over a kernel's results never read back: discards
+        them, so no eviction writes them over what you write (`write()` claims by itself)."""
     def release(self) -> None:
         """Releases the buffer now; BufferInUseError while views exist."""
     def __buffer__(self, flags: int) -> memoryview: ...
