@@ -148,6 +148,45 @@ fn a_sync_to_of_a_buffer_that_never_fits_the_device_keeps_it_on_the_host() {
     assert!(y.as_slice::<f32>().iter().all(|v| *v == 7.0));
 }
 
+/// Host-side work (memset, copy, sync_from) issued on a queue that is busy on OpenCL stays on
+/// the queue's lane for order but never needs device memory: over buffers larger than the
+/// session's device quota it runs, where it used to fail with `DeviceQuota`.
+#[test]
+fn host_side_work_on_a_busy_device_queue_needs_no_device_memory() {
+    let (_daemon, session) = common::daemon_with("outcome-host-work-over-quota", |c| c.device_quota = 16 << 20);
+    common::require_opencl(&session);
+    let opencl = queue(&session, DeviceKind::OpenCl);
+    let saxpy = session.kernel("saxpy").unwrap();
+    let small = 1 << 20;
+    let x = session.buffer_from(&vec![1.0f32; small]).unwrap();
+    let y = session.buffer_from(&vec![0.0f32; small]).unwrap();
+    let big = 8 << 20; // 32 MiB of f32, twice the quota
+    let a = session.buffer_from(&vec![1.0f32; big]).unwrap();
+    let b = session.buffer_from(&vec![2.0f32; big]).unwrap();
+    let busy = |opencl: &agora::Queue| {
+        for _ in 0..4 {
+            opencl
+                .launch(&saxpy, &[Arg::F32(1.0), (&x).into(), (&y).into()], small)
+                .unwrap();
+        }
+    };
+    busy(&opencl);
+    let memset = opencl.memset(&a, 0).unwrap();
+    busy(&opencl);
+    let copy = opencl.copy(&a, 0, &b, 0, (big * 4) as u64).unwrap();
+    busy(&opencl);
+    let sync_from = opencl.sync_from(&b).unwrap();
+    for (name, task) in [("memset", memset), ("copy", copy), ("sync_from", sync_from)] {
+        task.wait()
+            .unwrap_or_else(|e| panic!("{name} over a buffer beyond the device quota failed: {e}"));
+    }
+    opencl.finish().unwrap();
+    assert!(
+        b.as_slice::<f32>().iter().all(|v| *v == 0.0),
+        "the copy of the memset buffer"
+    );
+}
+
 /// Buffers of the property test: f32 elements each.
 const ELEMENTS: usize = 256;
 const BUFFERS: usize = 6;

@@ -27,7 +27,7 @@ use agora_protocol::TaskError;
 
 use super::migration::DrainWaker;
 use super::place::Placement;
-use super::validate::{Action, Ready};
+use super::validate::Ready;
 use super::Scheduler;
 use crate::memory::{BufferRecord, DeviceUsage, Residency};
 use crate::session::Session;
@@ -165,9 +165,8 @@ impl Scheduler {
         if !self.devices[device].allocates_far() || !self.may_wait_for_answers() || self.migration.allocated_late {
             return None;
         }
-        // Only these plan copies on the device (`Placement::prepare`); the others work on the
-        // host copy, and an allocation for them would sit unused.
-        if !matches!(ready.action, Action::Launch { .. } | Action::SyncTo) {
+        // The others work on the host copy: an allocation for them would sit unused.
+        if !ready.action.makes_device_copies() {
             return None;
         }
         let buffers = &ready.buffers[..ready.slots];

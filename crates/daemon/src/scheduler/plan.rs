@@ -245,11 +245,14 @@ impl Scheduler {
     /// Whether `ready`'s buffers fit on the device `placement` chose: now (after evicting idle
     /// buffers, the session's own first when it is over its device quota), later (its queue
     /// waits for room: earlier tasks must finish and free theirs), or never (its buffers
-    /// together exceed the device or the session's quota).
+    /// together exceed the device or the session's quota). Only tasks that make device copies
+    /// ask: host-side work bound to a device's lane, and a `sync_to` that can never be there,
+    /// fit now.
     pub(super) fn room(&mut self, session: &Session, ready: &Ready, placement: &Placement) -> Result<Room, TaskError> {
         let device = placement.binding.device();
         let info = self.devices[device].info();
-        if info.shares_host_memory {
+        // Host-side work bound to a device lane needs no room there, nor can it be too big.
+        if info.shares_host_memory || !ready.action.makes_device_copies() {
             return Ok(Room::Now);
         }
         let (mut working_set, mut missing) = (0u64, 0u64);

@@ -70,6 +70,16 @@ pub(super) enum Action {
     },
 }
 
+impl Action {
+    /// Whether the task makes copies of its buffers on a device with memory of its own
+    /// (`Placement::prepare` in `plan`): launches and `sync_to` do; `sync_from`, memset, copy and
+    /// checkpoints work on the host copies wherever they are bound (a busy queue's host-side
+    /// work keeps the queue's lane, for order), so they need no device memory.
+    pub(super) fn makes_device_copies(&self) -> bool {
+        matches!(self, Action::Launch { .. } | Action::SyncTo)
+    }
+}
+
 /// A task whose arguments are resolved and checked. Clone: kept, for a task that allocates
 /// device memory, until its device runtime took the allocation (a refusal makes it wait).
 #[derive(Clone)]
