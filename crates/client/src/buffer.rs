@@ -23,8 +23,10 @@ use crate::Error;
 /// to make room on that device (an eviction). [`Buffer::write`], [`Buffer::write_slice`] and
 /// [`Buffer::as_mut_slice`] first claim the host copy ([`Buffer::claim_host`]): those results
 /// are discarded and nothing the daemon does afterwards overwrites what you write. Writing
-/// through another view of the memory (a pointer kept from an earlier `as_mut_slice`, another
-/// process mapping an exported buffer), call `claim_host` yourself first.
+/// through another view of the memory (a pointer kept from an earlier `as_mut_slice`), call
+/// `claim_host` yourself first. On a shared buffer (exported or attached), results that another
+/// session's launches left on a device are not tracked here: that session brings them home
+/// (`sync_from`) before you write.
 ///
 /// Dropping a `Buffer` releases it; the daemon reclaims the memory once no issued task uses it.
 ///
