@@ -167,31 +167,45 @@ impl Buffer {
     /// most the session's control timeout, then [`Error::Timeout`]). One round trip to the
     /// daemon; [`Buffer::write`] and [`Buffer::as_mut_slice`] call it.
     pub fn claim_host(&self) -> Result<(), Error> {
+        let began = std::time::Instant::now();
+        let mut pause = std::time::Duration::from_micros(100);
+        while !self.try_claim_host()? {
+            if began.elapsed() >= self.session.control_timeout {
+                return Err(Error::Timeout {
+                    request: "host copy claim (a task uses the buffer)".into(),
+                    after: self.session.control_timeout,
+                });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(std::time::Duration::from_millis(5));
+        }
+        Ok(())
+    }
+
+    /// One attempt of [`Buffer::claim_host`]: `Ok(false)` while a task the daemon started uses
+    /// the buffer or an eviction is writing it home (for bindings that wait their own way,
+    /// checking for signals between attempts).
+    #[doc(hidden)]
+    pub fn try_claim_host(&self) -> Result<bool, Error> {
         if !self.whereabouts.unread() {
-            return Ok(());
+            return Ok(true);
         }
         self.check_writable()?;
         let request = agora_protocol::control::Request::ClaimHost { buffer: self.handle };
-        let began = std::time::Instant::now();
-        let mut pause = std::time::Duration::from_micros(100);
-        loop {
-            match self.session.request(&request)? {
-                agora_protocol::control::Response::HostClaim { granted: true } => break,
-                agora_protocol::control::Response::HostClaim { granted: false } => {
-                    if began.elapsed() >= self.session.control_timeout {
-                        return Err(Error::Timeout {
-                            request: "host copy claim (a task uses the buffer)".into(),
-                            after: self.session.control_timeout,
-                        });
-                    }
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(std::time::Duration::from_millis(5));
-                }
-                other => return Err(crate::session::unexpected(other)),
+        match self.session.request(&request)? {
+            agora_protocol::control::Response::HostClaim { granted: true } => {
+                self.whereabouts.host_written();
+                Ok(true)
             }
+            agora_protocol::control::Response::HostClaim { granted: false } => Ok(false),
+            other => Err(crate::session::unexpected(other)),
         }
-        self.whereabouts.host_written();
-        Ok(())
+    }
+
+    /// The session's control timeout (how long [`Buffer::claim_host`] waits).
+    #[doc(hidden)]
+    pub fn control_timeout(&self) -> std::time::Duration {
+        self.session.control_timeout
     }
 
     /// Copies `data` into the host copy at byte `offset`, after claiming it

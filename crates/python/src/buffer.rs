@@ -57,6 +57,27 @@ impl PyBuffer {
         PyErr::warn(py, &category, &message, 1)
     }
 
+    /// `claim_host`: attempts without the GIL, checking for signals between them (a claim waits
+    /// while a task uses the buffer, at most the session's control timeout).
+    fn claim(&self, py: Python<'_>) -> PyResult<()> {
+        let began = std::time::Instant::now();
+        let mut pause = std::time::Duration::from_micros(100);
+        while !py.detach(|| self.with(|b| b.try_claim_host()))?.or_raise()? {
+            let limit = self.with(|b| b.control_timeout())?;
+            if began.elapsed() >= limit {
+                return Err(agora::Error::Timeout {
+                    request: "host copy claim (a task uses the buffer)".into(),
+                    after: limit,
+                })
+                .or_raise();
+            }
+            py.detach(|| std::thread::sleep(pause));
+            py.check_signals()?;
+            pause = (pause * 2).min(std::time::Duration::from_millis(5));
+        }
+        Ok(())
+    }
+
     /// Runs `f` on the client buffer, unless this buffer was released or its session closed.
     pub(crate) fn with<T>(&self, f: impl FnOnce(&mut agora::Buffer) -> T) -> PyResult<T> {
         self.liveness.check("buffer")?;
@@ -133,8 +154,8 @@ impl PyBuffer {
             .call_method1("ascontiguousarray", (array,))?
             .call_method0("tobytes")?
             .extract()?;
-        // The claim may wait for the daemon.
-        py.detach(|| self.with(|b| b.write(offset, &bytes)))?.or_raise()
+        self.claim(py)?;
+        self.with(|b| b.write(offset, &bytes))?.or_raise()
     }
 
     /// Before writing the host copy through a NumPy view over a kernel's results that were
@@ -144,7 +165,7 @@ impl PyBuffer {
     /// when there is nothing to claim; waits while a task the daemon started uses the buffer
     /// (at most the control timeout: TimeoutError). `write()` claims by itself.
     fn claim_host(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| self.with(|b| b.claim_host()))?.or_raise()
+        self.claim(py)
     }
 
     /// Whether this process may write the host copy (False only for a buffer attached
