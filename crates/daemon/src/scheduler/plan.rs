@@ -310,6 +310,7 @@ impl Scheduler {
             },
         )
     }
+
     /// The session's device quota (bytes per device; 0: none): its job's, else the daemon's.
     fn device_quota(&self, session: &Session) -> u64 {
         match session.shared.device_quota.load(Ordering::Relaxed) {
