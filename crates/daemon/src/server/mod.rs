@@ -3,9 +3,9 @@
 //!
 //! Everything that can wake it is one of the [`Token`]s registered with epoll: the listener, a
 //! connection's socket, a session's doorbell, or the stop signal. While work arrives it polls the
-//! rings without system calls (checking epoll every millisecond for control traffic); after an
-//! adaptive spin with nothing to do it announces that it sleeps in every segment and blocks in
-//! `epoll_wait`, so an idle daemon uses no CPU. It skips the spin while our own long work (CPU
+//! rings without system calls (checking epoll every millisecond for control traffic, and every
+//! 20 µs while it spins for more); after an adaptive spin with nothing to do it announces that it
+//! sleeps in every segment and blocks in `epoll_wait`, so an idle daemon uses no CPU. It skips the spin while our own long work (CPU
 //! lanes, an OpenCL runtime on the CPU) holds every other core: spinning then keeps the last
 //! core from the very client whose next submission it waits for.
 //!
@@ -241,6 +241,9 @@ pub(crate) struct Server {
     jobs: jobs::Jobs,
 }
 
+/// How often a spinning dispatcher looks for control traffic (one `epoll_wait` with no timeout).
+const CONTROL_PEEK: Duration = Duration::from_micros(20);
+
 /// How long the listener stays out of the epoll set after `accept` failed for want of
 /// descriptors (it is level-triggered: left in, it would wake the loop at once, forever).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -420,11 +423,39 @@ impl Server {
             // wakes us.
             // A DAG release about to come still asks for the spin (its hand-off is timed).
             let spin_pays = self.scheduler.cores_held_by_long_work() + 1 < self.host_cores || node_jobs();
-            if spin_pays
-                && self
-                    .spin
-                    .spin_with(|| Self::any_pending(conns) || node_jobs(), yielding)
-            {
+            // A control request (a buffer, a queue, a host-copy claim) would otherwise wait for
+            // the whole spin (up to its budget, ~100 µs measured): peek at epoll now and then, a
+            // system call every `CONTROL_PEEK` at most (level-triggered: nothing is consumed).
+            let epoll_set = &self.epoll;
+            let mut control_ready = false;
+            let mut polls = 0u32;
+            let mut last_peek = None;
+            let mut ready = || {
+                if Self::any_pending(conns) || node_jobs() {
+                    return true;
+                }
+                polls = polls.wrapping_add(1);
+                // Time is read every few polls only: most spins end within a microsecond.
+                if polls.is_multiple_of(8) {
+                    let now = Instant::now();
+                    let since = *last_peek.get_or_insert(now);
+                    if now.duration_since(since) >= CONTROL_PEEK {
+                        last_peek = Some(now);
+                        let zero = rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 };
+                        let mut slot = [std::mem::MaybeUninit::<epoll::Event>::uninit()];
+                        control_ready = epoll::wait(epoll_set, &mut slot[..], Some(&zero))
+                            .is_ok_and(|(events, _)| !events.is_empty());
+                    }
+                }
+                control_ready
+            };
+            if spin_pays && self.spin.spin_with(&mut ready, yielding) {
+                if control_ready {
+                    last_poll = Instant::now();
+                    if self.poll_events(Some(Duration::ZERO))? {
+                        return self.shutdown();
+                    }
+                }
                 continue;
             }
             // Going to sleep: announce it, then look once more (pairs with the client's fence
