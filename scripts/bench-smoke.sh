@@ -24,7 +24,7 @@ export AGORA_PTXAS=${AGORA_PTXAS:-${nvidia:+$PWD/$nvidia/cuda_nvcc/bin/ptxas}}
 # The checks, by benchmark: a Python expression over `d` (the parsed JSON) that must hold.
 case "$bench" in
   stall) expr='all(k in d for k in ("quiet_p99_ns", "attack_p99_ns", "p99_ratio", "dispatcher_longest_ms", "attack_stalls", "attack_max_ns", "attack", "runs", "neighbour_class")) and d["batch_priority"] in ("auto", "batch") and d["quiet_p99_ns"] > 0 and all(r["attack_launches"] > 0 and r["attack_stalls"] >= 0 and r["batch_priority_under_attack"] in ("idle", "batch") for r in d["runs"])' ;;
-  latency) expr='all(k in d for k in ("p50_ns", "p99_ns", "throughput_tasks_per_s", "lane_p50_ns", "floor_p50_ns", "opencl_empty_p50_ns", "opencl_native_empty_p50_ns", "opencl_empty_ratio", "opencl_device_host_hop_ratio")) and d["opencl_empty_ratio"] > 0 and d["opencl_device_host_hop_ratio"] > 0' ;;
+  latency) expr='all(k in d for k in ("p50_ns", "p99_ns", "throughput_tasks_per_s", "lane_p50_ns", "control_p50_ns", "control_p99_ns", "floor_p50_ns", "opencl_empty_p50_ns", "opencl_native_empty_p50_ns", "opencl_empty_ratio", "opencl_device_host_hop_ratio")) and d["opencl_empty_ratio"] > 0 and d["opencl_device_host_hop_ratio"] > 0 and d["control_p50_ns"] > 0' ;;
   overhead) expr='d["verified"] and all(p["verified"] for p in d["programs"]) and "geomean_ratio" in d and "transfer_ratio" in d
   and d["repetitions"] >= 1 and "load_average_at_start" in d
   and all(k in d for k in ("geomean_ratio_min", "geomean_ratio_median", "geomean_ratio_max", "transfer_ratio_min", "transfer_ratio_median", "transfer_ratio_max"))

@@ -22,6 +22,9 @@ pub enum ClientMode {
     Throughput,
     /// As `latency`, on a queue that prefers the OpenCL device (the empty-kernel round trip).
     OpenclLatency,
+    /// A control call right after a task: launch a noop, wait, then time one control round
+    /// trip (a 64-byte buffer's allocation; released through the ring), `--iterations` times.
+    Control,
     /// Open a session, run one task, then sit idle for `--iterations` milliseconds.
     Idle,
     /// Run workload `--app` at `--size` `--iterations` times after a warm-up; print each time.
@@ -379,6 +382,23 @@ pub fn client(args: ClientArgs) -> Result<()> {
                 let t = Instant::now();
                 queue.launch(&noop, &[], 1u64)?.wait()?;
                 samples.push(t.elapsed().as_nanos() as u64);
+            }
+            result.end_ns = monotonic_ns();
+            samples.sort_unstable();
+            result.p50_ns = percentile(&samples, 0.50);
+            result.p99_ns = percentile(&samples, 0.99);
+            result.max_ns = *samples.last().unwrap_or(&0);
+            result.mean_ns = samples.iter().sum::<u64>() as f64 / samples.len().max(1) as f64;
+        }
+        ClientMode::Control => {
+            let mut samples = Vec::with_capacity(args.iterations as usize);
+            result.start_ns = monotonic_ns();
+            for _ in 0..args.iterations {
+                queue.launch(&noop, &[], 1u64)?.wait()?;
+                let t = Instant::now();
+                let buffer = session.buffer(64)?;
+                samples.push(t.elapsed().as_nanos() as u64);
+                drop(buffer);
             }
             result.end_ns = monotonic_ns();
             samples.sort_unstable();

@@ -41,6 +41,9 @@ struct LatencyRun {
     multi_client_throughput_tasks_per_s: f64,
     lane_p50_ns: u64,
     lane_p99_ns: u64,
+    /// A control round trip (a buffer's allocation) right after a task, p50 and p99.
+    control_p50_ns: u64,
+    control_p99_ns: u64,
     /// The empty (`noop`) kernel on the OpenCL device through Agora, p50 (0 without one).
     opencl_p50_ns: u64,
     /// The same kernel enqueued natively on that device and waited for, p50.
@@ -84,6 +87,7 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
         let lat = run_clients(&daemon.socket, ClientMode::Latency, iterations, 1)?.remove(0);
         let single = run_clients(&daemon.socket, ClientMode::Throughput, pipelined, 1)?.remove(0);
         let multi = run_clients(&daemon.socket, ClientMode::Throughput, per_client, 4)?;
+        let control = run_clients(&daemon.socket, ClientMode::Control, (iterations / 10).max(200), 1)?.remove(0);
         drop(daemon);
         let start = multi.iter().map(|r| r.start_ns).min().unwrap_or(0);
         let end = multi.iter().map(|r| r.end_ns).max().unwrap_or(0);
@@ -147,6 +151,8 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
             multi_client_throughput_tasks_per_s: multi_tasks as f64 / ((end - start) as f64 / 1e9),
             lane_p50_ns,
             lane_p99_ns,
+            control_p50_ns: control.p50_ns,
+            control_p99_ns: control.p99_ns,
         };
         if !args.json {
             eprintln!(
@@ -195,6 +201,8 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
     let multi = col(|r| r.multi_client_throughput_tasks_per_s);
     let lane50 = col(|r| r.lane_p50_ns as f64);
     let lane99 = col(|r| r.lane_p99_ns as f64);
+    let control50 = col(|r| r.control_p50_ns as f64);
+    let control99 = col(|r| r.control_p99_ns as f64);
     let cl = col(|r| r.opencl_p50_ns as f64);
     let cl_native = col(|r| r.opencl_native_p50_ns as f64);
     // Ratio of medians; 0 without an OpenCL device.
@@ -228,6 +236,8 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
             "multi_client_throughput_tasks_per_s": multi.median,
             "lane_p50_ns": lane50.median,
             "lane_p99_ns": lane99.median,
+            "control_p50_ns": control50.median,
+            "control_p99_ns": control99.median,
             "opencl_empty_p50_ns": cl.median,
             "opencl_native_empty_p50_ns": cl_native.median,
             "opencl_empty_ratio": cl_ratio,
@@ -243,6 +253,7 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
                 "p50_ns": p50, "p99_ns": p99, "max_ns": max,
                 "throughput_tasks_per_s": thr, "multi_client_throughput_tasks_per_s": multi,
                 "lane_p50_ns": lane50, "lane_p99_ns": lane99,
+                "control_p50_ns": control50, "control_p99_ns": control99,
                 "opencl_empty_p50_ns": cl, "opencl_native_empty_p50_ns": cl_native,
                 "opencl_device_host_empty_p50_ns": cl_hosted,
             },
@@ -267,6 +278,8 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
     row("round trip max (ns)", &max, 1.0);
     row("pipelined, 1 client (k tasks/s)", &thr, 1e3);
     row("pipelined, 4 clients (k tasks/s)", &multi, 1e3);
+    row("control call after a task, p50 (ns)", &control50, 1.0);
+    row("control call after a task, p99 (ns)", &control99, 1.0);
     if socket.is_none() {
         row("round trip via a lane, p50 (ns)", &lane50, 1.0);
         row("round trip via a lane, p99 (ns)", &lane99, 1.0);
