@@ -4,10 +4,10 @@
 //! (`cargo test --test hostile -- --nocapture`), never asserted.
 //!
 //! Here: garbage in every ring slot and every header word of a segment; lies in the ring
-//! indices (a tail far ahead, tails and heads going backwards, a head past the tail); forged and
-//! stale handles, the neighbour's own included; a client that stops consuming completions
-//! (SIGSTOP with tasks in flight); `ftruncate` of the segment memfd; `kill -9` mid-flight,
-//! repeatedly. Elsewhere already (not repeated here): random garbage descriptors
+//! indices (a tail far ahead, tails and heads going backwards, a head past the tail); forged
+//! and stale handles, the neighbour's own included (in tasks and in host-copy claims); a client
+//! that stops consuming completions (SIGSTOP with tasks in flight); `ftruncate` of the segment
+//! memfd; `kill -9` mid-flight, repeatedly. Elsewhere already (not repeated here): random garbage descriptors
 //! (`robustness.rs`: `garbage_descriptors_fail_only_their_tasks`), one corrupt submission tail
 //! (`a_corrupt_ring_ends_only_that_session`), forged handles of the session's own
 //! (`mistakes_are_typed_errors_naming_the_problem`), one client killed with tasks in flight and
@@ -381,6 +381,20 @@ fn forged_and_stale_handles_of_other_sessions() {
         assert!(
             matches!(e, Err(Error::Task(TaskError::UnknownQueue(_)))),
             "the victim's queue: {e:?}"
+        );
+    }
+    // Host-copy claims (which discard device copies) of the victim's handle and of stale ones
+    // are refused by name: the attacker's table has no such buffer.
+    use agora::testing::{control_raw, ControlError, Request, Response};
+    for (what, buffer) in [
+        ("the victim's buffer", secret_handle),
+        ("the victim's released buffer", released_handle),
+        ("an own stale handle", own_stale),
+    ] {
+        let reply = control_raw(&evil, &Request::ClaimHost { buffer });
+        assert!(
+            matches!(&reply, Ok(Response::Error(ControlError::BadRequest(m))) if m.contains("no buffer with handle")),
+            "a claim of {what}: {reply:?}"
         );
     }
     // Nothing reached the victim: its buffer holds its values, its tasks run.

@@ -78,5 +78,6 @@ pub struct RustGuide;
 #[doc(hidden)]
 pub mod testing {
     pub use crate::session::testing::*;
+    pub use agora_protocol::control::{ControlError, Request, Response};
     pub use agora_protocol::{descriptor, ArgTag, Op, RawArg, TaskDescriptor};
 }

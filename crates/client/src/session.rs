@@ -1428,6 +1428,11 @@ pub mod testing {
         session.inner.doorbell.read().unwrap_or_else(|e| e.into_inner()).ring();
     }
 
+    /// Sends a control request as given and returns the daemon's reply.
+    pub fn control_raw(session: &Session, request: &Request) -> Result<Response, Error> {
+        session.inner.request(request)
+    }
+
     /// Raw handle of a buffer or queue.
     pub fn buffer_handle(buffer: &crate::Buffer) -> u64 {
         buffer.handle()
