@@ -6,8 +6,8 @@
 //! Here: garbage in every ring slot and every header word of a segment; lies in the ring indices
 //! (a tail far ahead, tails and heads going backwards, a head past the tail); forged and stale
 //! handles, the neighbour's own included (in tasks and in host-copy claims); a client that stops
-//! consuming completions (SIGSTOP with tasks in flight); `ftruncate` of the segment memfd; `kill
-//! -9` mid-flight, repeatedly. Elsewhere already (not repeated here): random garbage descriptors
+//! consuming completions (SIGSTOP with tasks in flight); `ftruncate` of the segment memfd;
+//! `kill -9` mid-flight, repeatedly. Elsewhere already (not repeated here): random garbage descriptors
 //! (`robustness.rs`: `garbage_descriptors_fail_only_their_tasks`), one corrupt submission tail
 //! (`a_corrupt_ring_ends_only_that_session`), forged handles of the session's own
 //! (`mistakes_are_typed_errors_naming_the_problem`), one client killed with tasks in flight and
