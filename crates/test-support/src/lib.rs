@@ -280,6 +280,13 @@ fn spawn_listening(agora: &Path, socket: &Path, dir: &Path, args: &[String], env
         .env("AGORA_LOG", "warn")
         .env("AGORA_STATE_DIR", dir.join("state"))
         .stdout(Stdio::null());
+    // The project's NVRTC, given to the daemon rather than set in this process's environment:
+    // `set_var` beside another test thread's spawn can fail that spawn (EFAULT).
+    if std::env::var_os("AGORA_NVRTC").is_none_or(|v| v.is_empty()) {
+        if let Some(nvrtc) = project_nvrtc() {
+            command.env("AGORA_NVRTC", nvrtc);
+        }
+    }
     env(&mut command);
     let mut child = command.spawn().expect("agora serve starts");
     let deadline = Instant::now() + START_TIMEOUT;
@@ -325,22 +332,31 @@ pub const TENANT_PTX: (&str, &str) = (
     include_str!("../data/tenant-ptx.toml"),
 );
 
-/// Points `AGORA_NVRTC` (inherited by daemons the test starts) at the NVRTC that
-/// `scripts/setup.sh` installs into the project's virtual environment, unless it is set already
-/// (the Makefile sets it). Panics, saying what to run, when it is missing.
-pub fn use_project_nvrtc() {
-    if std::env::var_os("AGORA_NVRTC").is_some_and(|v| !v.is_empty()) {
-        return;
-    }
+/// The NVRTC that `scripts/setup.sh` installs into the project's virtual environment, if it is
+/// there.
+pub fn project_nvrtc() -> Option<PathBuf> {
     let lib = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/lib");
-    let found = std::fs::read_dir(&lib).ok().and_then(|entries| {
+    std::fs::read_dir(&lib).ok().and_then(|entries| {
         entries
             .flatten()
             .map(|e| e.path().join("site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12"))
             .find(|p| p.exists())
-    });
-    let nvrtc = found.unwrap_or_else(|| panic!("no NVRTC under {}: run `bash scripts/setup.sh`", lib.display()));
-    std::env::set_var("AGORA_NVRTC", nvrtc);
+    })
+}
+
+/// Checks that the daemons the test starts get an NVRTC: `AGORA_NVRTC` if set, else the one
+/// `scripts/setup.sh` installs into the project's virtual environment (which the daemons are
+/// given, see `spawn_listening`). Panics, saying what to run, when there is none. Never sets the
+/// environment: `set_var` beside another test thread's spawn can fail that spawn.
+pub fn use_project_nvrtc() {
+    if std::env::var_os("AGORA_NVRTC").is_some_and(|v| !v.is_empty()) {
+        return;
+    }
+    assert!(
+        project_nvrtc().is_some(),
+        "no NVRTC under {}/../../.venv/lib: run `bash scripts/setup.sh`",
+        env!("CARGO_MANIFEST_DIR")
+    );
 }
 
 /// The repository's `examples/packages`, with their shared objects built

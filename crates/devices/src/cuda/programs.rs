@@ -211,12 +211,27 @@ fn source_hash(text: &str) -> u64 {
     h.finish()
 }
 
+/// The NVRTC library a test names ([`use_nvrtc_at`]), before `AGORA_NVRTC`.
+static NVRTC_AT: OnceLock<std::path::PathBuf> = OnceLock::new();
+
+/// Names the NVRTC library to load, as `AGORA_NVRTC` does, without touching the environment
+/// (tests: `set_var` beside another thread's process spawn can fail that spawn). Takes effect
+/// only before NVRTC was first looked for.
+#[doc(hidden)]
+pub fn use_nvrtc_at(path: std::path::PathBuf) {
+    let _ = NVRTC_AT.set(path);
+}
+
 /// Loads the NVRTC named by `AGORA_NVRTC`, once, so cudarc finds it by soname. Returns whether
 /// NVRTC can be loaded at all.
 pub fn nvrtc_available() -> bool {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
     *AVAILABLE.get_or_init(|| {
-        if let Some(path) = std::env::var_os("AGORA_NVRTC").filter(|p| !p.is_empty()) {
+        let named = NVRTC_AT
+            .get()
+            .map(|p| p.as_os_str().to_owned())
+            .or_else(|| std::env::var_os("AGORA_NVRTC"));
+        if let Some(path) = named.filter(|p| !p.is_empty()) {
             if let Ok(c) = CString::new(path.as_encoded_bytes()) {
                 // SAFETY: dlopen of a library file; the handle is kept for the process's life.
                 let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };

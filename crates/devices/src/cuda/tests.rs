@@ -21,7 +21,8 @@ fn nvidia_dir() -> PathBuf {
     python.path().join("site-packages/nvidia")
 }
 
-/// Points `AGORA_NVRTC` at the environment's NVRTC, unless it is set already.
+/// Points NVRTC's loader at the environment's NVRTC, unless `AGORA_NVRTC` is set (never by
+/// `set_var`: beside another test's ptxas spawn it can fail that spawn with EFAULT).
 pub(crate) fn use_project_nvrtc() {
     // Set but empty counts as unset (a Makefile variable that found nothing).
     if std::env::var_os("AGORA_NVRTC").is_none_or(|v| v.is_empty()) {
@@ -31,7 +32,7 @@ pub(crate) fn use_project_nvrtc() {
             "{} is missing: run `bash scripts/setup.sh` (it installs NVRTC from PyPI)",
             lib.display()
         );
-        std::env::set_var("AGORA_NVRTC", lib);
+        programs::use_nvrtc_at(lib);
     }
     assert!(programs::nvrtc_available(), "NVRTC does not load");
 }
