@@ -480,6 +480,36 @@ fn a_slow_allocation_in_a_device_host_delays_only_the_task_that_asked() {
     );
 }
 
+/// One verified round (y = 2, y += 3 x, read back) on a queue preferring the sim, in a thread
+/// of its own: its outcome and whether y came back exact arrive on the returned channel.
+fn allocating_round(tenant: Session) -> std::sync::mpsc::Receiver<(Result<(), Error>, bool)> {
+    let (finished, round) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let q = queue(&tenant, "allocating", DeviceKind::Sim);
+        let saxpy = tenant.kernel("saxpy").unwrap();
+        let n = 4096;
+        let x = tenant.buffer_from(&vec![1.0f32; n]).unwrap();
+        let y = tenant.buffer_from(&vec![2.0f32; n]).unwrap();
+        let outcome = (|| -> Result<(), Error> {
+            q.sync_to(&y)?;
+            q.launch(&saxpy, &[Arg::F32(3.0), (&x).into(), (&y).into()], n)?;
+            q.sync_from(&y)?.wait()?;
+            q.finish()
+        })();
+        let exact = outcome.is_ok() && y.as_slice::<f32>().iter().all(|v| *v == 5.0);
+        let _ = finished.send((outcome, exact));
+    });
+    round
+}
+
+/// A round's outcome is exact, or an honest loss ([`assert_honest`]).
+fn assert_round_honest(outcome: Result<(), Error>, exact: bool) {
+    match outcome {
+        Ok(()) => assert!(exact, "the round reported success with wrong results"),
+        Err(e) => assert_honest(&[(1, e)]),
+    }
+}
+
 /// A device host that dies while a task waits for its allocation's answer (asked without the
 /// dispatcher waiting): the answer never comes, the wait ends with the host's failure, and the
 /// task completes, either exact or with an honest loss (`assert_honest`), instead of waiting
@@ -502,22 +532,7 @@ fn a_device_host_that_dies_while_an_allocation_is_asked_fails_no_task_silently()
     let neighbour = daemon.session_named("neighbour");
     let stop = Arc::new(AtomicBool::new(false));
     let watch = round_trips(neighbour, stop.clone());
-    let (finished, round) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let q = queue(&tenant, "allocating", DeviceKind::Sim);
-        let saxpy = tenant.kernel("saxpy").unwrap();
-        let n = 4096;
-        let x = tenant.buffer_from(&vec![1.0f32; n]).unwrap();
-        let y = tenant.buffer_from(&vec![2.0f32; n]).unwrap();
-        let outcome = (|| -> Result<(), Error> {
-            q.sync_to(&y)?;
-            q.launch(&saxpy, &[Arg::F32(3.0), (&x).into(), (&y).into()], n)?;
-            q.sync_from(&y)?.wait()?;
-            q.finish()
-        })();
-        let exact = outcome.is_ok() && y.as_slice::<f32>().iter().all(|v| *v == 5.0);
-        let _ = finished.send((outcome, exact));
-    });
+    let round = allocating_round(tenant);
     // The first allocation is asked and unanswered for 1.5 s: the host dies meanwhile.
     std::thread::sleep(Duration::from_millis(500));
     rustix::process::kill_process(
@@ -536,10 +551,7 @@ fn a_device_host_that_dies_while_an_allocation_is_asked_fails_no_task_silently()
     eprintln!(
         "after the kill: {outcome:?} (exact {exact}) in {took:?}; neighbour {count} round trips, longest {longest:?}"
     );
-    match outcome {
-        Ok(()) => assert!(exact, "the round reported success with wrong results"),
-        Err(e) => assert_honest(&[(1, e)]),
-    }
+    assert_round_honest(outcome, exact);
     assert!(longest < delay / 2, "the neighbour waited {longest:?}");
 }
 
@@ -562,22 +574,7 @@ fn a_device_host_that_never_answers_an_allocation_is_replaced_and_the_task_ends(
     let neighbour = daemon.session_named("neighbour");
     let stop = Arc::new(AtomicBool::new(false));
     let watch = round_trips(neighbour, stop.clone());
-    let (finished, round) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let q = queue(&tenant, "allocating", DeviceKind::Sim);
-        let saxpy = tenant.kernel("saxpy").unwrap();
-        let n = 4096;
-        let x = tenant.buffer_from(&vec![1.0f32; n]).unwrap();
-        let y = tenant.buffer_from(&vec![2.0f32; n]).unwrap();
-        let outcome = (|| -> Result<(), Error> {
-            q.sync_to(&y)?;
-            q.launch(&saxpy, &[Arg::F32(3.0), (&x).into(), (&y).into()], n)?;
-            q.sync_from(&y)?.wait()?;
-            q.finish()
-        })();
-        let exact = outcome.is_ok() && y.as_slice::<f32>().iter().all(|v| *v == 5.0);
-        let _ = finished.send((outcome, exact));
-    });
+    let round = allocating_round(tenant);
     let began = std::time::Instant::now();
     let (outcome, exact) = round
         .recv_timeout(Duration::from_secs(30))
@@ -587,10 +584,7 @@ fn a_device_host_that_never_answers_an_allocation_is_replaced_and_the_task_ends(
     let (longest, count) = watch.join().unwrap();
     daemon.assert_alive();
     eprintln!("{outcome:?} (exact {exact}) in {took:?}; neighbour {count} round trips, longest {longest:?}");
-    match outcome {
-        Ok(()) => assert!(exact, "the round reported success with wrong results"),
-        Err(e) => assert_honest(&[(1, e)]),
-    }
+    assert_round_honest(outcome, exact);
     assert!(took < Duration::from_secs(10), "the round took {took:?}");
     assert!(
         eventually(Duration::from_secs(10), || host_pid(daemon.pid())
@@ -718,6 +712,65 @@ fn host_writes_over_device_results_survive_the_evictions_of_those_buffers() {
     assert!(
         evictions >= 4,
         "only {evictions} evictions: the device did not run out of memory"
+    );
+}
+
+/// A claim of a host copy waits while a task that writes the buffer runs, and gives up with
+/// `Timeout` after the session's control timeout (here 300 ms against a 3 s launch on a sim; in
+/// the daemon, as a sim in a host ignores `launch_ns`), leaving the session usable: once the
+/// launch is done the claim is granted. Beside the claim's test above.
+#[test]
+fn a_claim_while_a_task_uses_the_buffer_times_out_and_the_session_goes_on() {
+    let dir = agora_test_support::temp_dir("device-host-claim-timeout");
+    std::fs::write(
+        dir.path().join("agora.toml"),
+        "[[sim]]\nname = \"sim0\"\nlanes = 1\nlaunch_ns = 3000000000\n",
+    )
+    .unwrap();
+    let daemon = Daemon::start_in(
+        AGORA,
+        dir,
+        &[
+            "--no-opencl",
+            "--preempt-target-us",
+            "0",
+            "--config",
+            "{dir}/agora.toml",
+        ],
+    );
+    let tenant = Session::connect_with(agora::SessionOptions {
+        socket: Some(daemon.socket().to_path_buf()),
+        control_timeout: Some(Duration::from_millis(300)),
+        ..Default::default()
+    })
+    .unwrap();
+    let q = queue(&tenant, "slow", DeviceKind::Sim);
+    let vector_add = tenant.kernel("vector_add").unwrap();
+    let n = 1024;
+    let x = tenant.buffer_from(&vec![1.0f32; n]).unwrap();
+    let y = tenant.buffer_from(&vec![2.0f32; n]).unwrap();
+    q.sync_to(&y).unwrap();
+    let launch = q
+        .launch(&vector_add, &[(&x).into(), (&x).into(), (&y).into()], n)
+        .unwrap();
+    assert!(y.needs_sync_from());
+    let began = std::time::Instant::now();
+    // Until the launch is planned the claim may be granted at once (the contract: no writes
+    // while an issued task uses the buffer); wait until it runs on the sim.
+    std::thread::sleep(Duration::from_millis(200));
+    match y.claim_host() {
+        Err(Error::Timeout { request, .. }) => assert!(request.contains("host copy claim"), "{request}"),
+        other => panic!("a claim while the launch runs must time out: {other:?}"),
+    }
+    assert!(began.elapsed() < Duration::from_secs(2), "took {:?}", began.elapsed());
+    launch.wait().unwrap();
+    y.claim_host().expect("granted once the launch is done");
+    assert!(!y.needs_sync_from());
+    y.write_slice(&vec![7.0f32; n]).unwrap();
+    q.sync_from(&y).unwrap().wait().unwrap();
+    assert!(
+        y.as_slice::<f32>().iter().all(|v| *v == 7.0),
+        "the claimed host copy is current"
     );
 }
 

@@ -384,11 +384,7 @@ pub fn client(args: ClientArgs) -> Result<()> {
                 samples.push(t.elapsed().as_nanos() as u64);
             }
             result.end_ns = monotonic_ns();
-            samples.sort_unstable();
-            result.p50_ns = percentile(&samples, 0.50);
-            result.p99_ns = percentile(&samples, 0.99);
-            result.max_ns = *samples.last().unwrap_or(&0);
-            result.mean_ns = samples.iter().sum::<u64>() as f64 / samples.len().max(1) as f64;
+            result.describe(samples);
         }
         ClientMode::Control => {
             let mut samples = Vec::with_capacity(args.iterations as usize);
@@ -401,11 +397,7 @@ pub fn client(args: ClientArgs) -> Result<()> {
                 drop(buffer);
             }
             result.end_ns = monotonic_ns();
-            samples.sort_unstable();
-            result.p50_ns = percentile(&samples, 0.50);
-            result.p99_ns = percentile(&samples, 0.99);
-            result.max_ns = *samples.last().unwrap_or(&0);
-            result.mean_ns = samples.iter().sum::<u64>() as f64 / samples.len().max(1) as f64;
+            result.describe(samples);
         }
         ClientMode::Throughput => {
             result.start_ns = monotonic_ns();
@@ -422,6 +414,17 @@ pub fn client(args: ClientArgs) -> Result<()> {
     }
     println!("{}", serde_json::to_string(&result)?);
     Ok(())
+}
+
+impl ClientResult {
+    /// Fills the distribution fields from one time per iteration, in nanoseconds.
+    fn describe(&mut self, mut samples: Vec<u64>) {
+        samples.sort_unstable();
+        self.p50_ns = percentile(&samples, 0.50);
+        self.p99_ns = percentile(&samples, 0.99);
+        self.max_ns = *samples.last().unwrap_or(&0);
+        self.mean_ns = samples.iter().sum::<u64>() as f64 / samples.len().max(1) as f64;
+    }
 }
 
 /// Starts `count` client processes; with `wait_go` they start measuring together.

@@ -1382,18 +1382,23 @@ mod tests {
         drop(heap);
     }
 
+    /// A sim of `memory_bytes` behind a device host whose answers the test gives.
+    fn far_sim(memory_bytes: u64) -> Arc<tests_support::FarDevice> {
+        Arc::new(tests_support::FarDevice::new(Arc::new(
+            SimDevice::new(SimSpec {
+                memory_bytes,
+                ..Default::default()
+            })
+            .unwrap(),
+        )))
+    }
+
     /// Issue 22, 3c: on a device in a device host an eviction's write-back is started, not
     /// waited for: the room comes when it is answered and finished, the buffer is never chosen
     /// twice meanwhile, and a failed write-back keeps the copy.
     #[test]
     fn a_far_eviction_writes_back_without_waiting_and_frees_the_room_once_answered() {
-        let far = Arc::new(tests_support::FarDevice::new(Arc::new(
-            SimDevice::new(SimSpec {
-                memory_bytes: 3 * MIB,
-                ..Default::default()
-            })
-            .unwrap(),
-        )));
+        let far = far_sim(3 * MIB);
         let (devices, _heap, mut residency, [a, b, c]) = setup_on(far.clone());
         let answer = |result: Result<(), TaskError>| far.answer_reads(result);
         let usage = a.usage.clone();
@@ -1445,13 +1450,7 @@ mod tests {
     /// stale and its eviction writes nothing home (nothing lands over the client's writes).
     #[test]
     fn a_claimed_host_copy_is_never_written_over_by_an_eviction() {
-        let far = Arc::new(tests_support::FarDevice::new(Arc::new(
-            SimDevice::new(SimSpec {
-                memory_bytes: 3 * MIB,
-                ..Default::default()
-            })
-            .unwrap(),
-        )));
+        let far = far_sim(3 * MIB);
         let (devices, _heap, mut residency, [a, b, _c]) = setup_on(far.clone());
         let usage = a.usage.clone();
         a.in_use.fetch_add(1, Ordering::AcqRel);
