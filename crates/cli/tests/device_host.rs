@@ -715,6 +715,97 @@ fn host_writes_over_device_results_survive_the_evictions_of_those_buffers() {
     );
 }
 
+/// The same over shared buffers: one session leaves results on the device in buffers it
+/// exported, another attaches them writable, overwrites them and computes on them. The writer
+/// cannot know of the exporter's unread results, so its `write` of a shared buffer always asks
+/// the daemon for the host copy; without that, evictions wrote the exporter's older results over
+/// the attacher's data.
+#[test]
+fn writes_to_an_attached_buffer_survive_the_evictions_of_the_exporters_results() {
+    let dir = agora_test_support::temp_dir("device-host-shared-writes");
+    std::fs::write(
+        dir.path().join("agora.toml"),
+        "[[sim]]\nname = \"sim0\"\nlanes = 1\nmemory = \"4M\"\nanswer_delay_ms = 150\ndevice_host = true\n",
+    )
+    .unwrap();
+    let daemon = Daemon::start_in(AGORA, dir, &["--no-opencl", "--config", "{dir}/agora.toml"]);
+    let exporter = daemon.session_named("exporter");
+    let attacher = daemon.session_named("attacher");
+    let n = 1 << 18; // 1 MiB of f32, as above
+    let ys: Vec<_> = (0..8)
+        .map(|i| {
+            let y = exporter.shared_buffer(4 * n as u64).unwrap();
+            y.write_slice(&vec![i as f32; n]).unwrap();
+            exporter
+                .export(&y, &format!("shared-y{i}"), &agora::ExportReaders::default(), true)
+                .unwrap();
+            y
+        })
+        .collect();
+    // The exporter's results stay on the device, never read back.
+    let q = queue(&exporter, "exporter", DeviceKind::Sim);
+    let saxpy = exporter.kernel("saxpy").unwrap();
+    let x = exporter.buffer_from(&vec![1.0f32; n]).unwrap();
+    for y in &ys {
+        q.sync_to(y).unwrap();
+        q.launch(&saxpy, &[Arg::F32(3.0), (&x).into(), y.into()], n).unwrap();
+    }
+    q.finish().unwrap();
+    // The attacher overwrites every one, then pushes and computes on each in turn (evicting
+    // the exporter's results meanwhile).
+    let attached: Vec<_> = (0..8)
+        .map(|i| attacher.attach(&format!("shared-y{i}"), true).unwrap())
+        .collect();
+    for (i, y) in attached.iter().enumerate() {
+        assert!(!y.needs_sync_from(), "the attacher issued nothing on it");
+        y.write_slice(&vec![100.0 + i as f32; n]).unwrap();
+    }
+    let q = queue(&attacher, "attacher", DeviceKind::Sim);
+    let saxpy = attacher.kernel("saxpy").unwrap();
+    let x = attacher.buffer_from(&vec![1.0f32; n]).unwrap();
+    for y in &attached {
+        q.sync_to(y).unwrap();
+        q.launch(&saxpy, &[Arg::F32(3.0), (&x).into(), y.into()], n).unwrap();
+    }
+    // Seconds are plenty (about 2 s here); charged to the wrong session, it waited forever.
+    assert!(
+        q.finish_timeout(Duration::from_secs(60)).unwrap(),
+        "the attacher's tasks still wait after 60 s (device memory charged to the wrong session?)"
+    );
+    let evictions = attacher.status().unwrap().evictions;
+    for (i, y) in attached.iter().enumerate() {
+        q.sync_from(y).unwrap().wait().unwrap();
+        let got = y.as_slice::<f32>()[0];
+        assert!(
+            y.as_slice::<f32>().iter().all(|v| *v == 103.0 + i as f32),
+            "buffer {i}: {got} where the attacher's write made 100 + {i} + 3 ({evictions} evictions)"
+        );
+    }
+    assert!(
+        evictions >= 4,
+        "only {evictions} evictions: the device did not run out of memory"
+    );
+    // The attached buffers' device memory is the exporter's, however it was allocated (the
+    // attacher's launches allocate them late, in the device host): charged to the attacher it
+    // was never given back, and its next task waited for room forever.
+    let status = attacher.status().unwrap();
+    let sim = status.devices.iter().position(|d| d.name == "sim0").unwrap();
+    let charged = |name: &str| {
+        let session = status.sessions.iter().find(|s| s.name == name).unwrap();
+        session.device_memory.get(sim).copied().unwrap_or(0)
+    };
+    assert!(
+        charged("attacher") <= 4 * n as u64,
+        "the attacher is charged {} bytes on the device, more than its own x",
+        charged("attacher")
+    );
+    assert_eq!(
+        charged("attacher") + charged("exporter"),
+        status.devices[sim].memory_used,
+        "the sessions' device memory adds up to the device's"
+    );
+}
+
 /// A claim of a host copy waits while a task that writes the buffer runs, and gives up with
 /// `Timeout` after the session's control timeout (here 300 ms against a 3 s launch on a sim; in
 /// the daemon, as a sim in a host ignores `launch_ns`), leaving the session usable: once the

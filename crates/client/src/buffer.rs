@@ -24,9 +24,10 @@ use crate::Error;
 /// [`Buffer::as_mut_slice`] first claim the host copy ([`Buffer::claim_host`]): those results
 /// are discarded and nothing the daemon does afterwards overwrites what you write. Writing
 /// through another view of the memory (a pointer kept from an earlier `as_mut_slice`), call
-/// `claim_host` yourself first. On a shared buffer (exported or attached), results that another
-/// session's launches left on a device are not tracked here: that session brings them home
-/// (`sync_from`) before you write.
+/// `claim_host` yourself first. On a shared buffer (exported or attached) another session's
+/// launches may have left results on a device that this process cannot know of, so every
+/// claim of a shared buffer asks the daemon (one round trip per write; granted at once when the
+/// host copy is already current).
 ///
 /// Dropping a `Buffer` releases it; the daemon reclaims the memory once no issued task uses it.
 ///
@@ -160,7 +161,8 @@ impl Buffer {
     }
 
     /// Makes the host copy this process's to write when a kernel's results on a device were
-    /// never read back ([`Buffer::needs_sync_from`]; otherwise there is nothing to do): those
+    /// never read back ([`Buffer::needs_sync_from`], or on a shared buffer, whose other
+    /// sessions' launches are not tracked here; otherwise there is nothing to do): those
     /// results are discarded, the host copy becomes the buffer's current contents (as after a
     /// `sync_to`), and no eviction writes a device's copy over it afterwards. Waits while a
     /// task the daemon has started names the buffer, or an eviction is writing it home (at
@@ -187,7 +189,7 @@ impl Buffer {
     /// checking for signals between attempts).
     #[doc(hidden)]
     pub fn try_claim_host(&self) -> Result<bool, Error> {
-        if !self.whereabouts.unread() {
+        if !self.whereabouts.unread() && !self.is_shared() {
             return Ok(true);
         }
         self.check_writable()?;

@@ -254,16 +254,26 @@ impl BufferRecord {
         record
     }
 
-    /// The client is about to write the host copy (`Request::ClaimHost`): unless a task planned
-    /// and unfinished names the buffer, or an eviction is writing a device's copy into the host
-    /// copy (`false`: the client asks again), the host copy becomes the current contents
-    /// ([`Placement::host_claimed`]), so no eviction writes older results over the client's.
-    /// Called on the dispatcher, which alone starts evictions and plans tasks.
+    /// The client is about to write the host copy (`Request::ClaimHost`). Granted at once, with
+    /// nothing changed, when the host copy is already current: no device holds newer results,
+    /// so no eviction has anything to write over it (a shared buffer's writers ask on every
+    /// write, beside readers whose tasks may use it all the time). Otherwise, unless a task
+    /// planned and unfinished names the buffer, or an eviction is writing a device's copy into
+    /// the host copy (`false`: the client asks again), the host copy becomes the current
+    /// contents ([`Placement::host_claimed`]), so no eviction writes older results over the
+    /// client's. Called on the dispatcher, which alone starts evictions and plans tasks.
     pub(crate) fn claim_host(&self) -> bool {
-        if self.in_use.load(Ordering::Acquire) != 0 || self.writing_back.load(Ordering::Acquire) {
+        if self.writing_back.load(Ordering::Acquire) {
             return false;
         }
-        self.placement().host_claimed();
+        let mut placement = self.placement();
+        if placement.host_valid {
+            return true;
+        }
+        if self.in_use.load(Ordering::Acquire) != 0 {
+            return false;
+        }
+        placement.host_claimed();
         true
     }
 
@@ -1462,6 +1472,11 @@ mod tests {
         far.answer_reads(Ok(()));
         assert_eq!(residency.finish_write_backs(&devices), 1);
         assert!(a.claim_host());
+        // Home, a's host copy is current: a claim beside a task that reads it (a shared buffer's
+        // reader) is granted at once, as nothing newer is anywhere to discard.
+        a.in_use.fetch_add(1, Ordering::AcqRel);
+        assert!(a.claim_host(), "the host copy is current");
+        a.in_use.fetch_sub(1, Ordering::AcqRel);
         // b's only valid copy is on the device; claimed, it is evicted without a write-back.
         assert!(!b.placement().host_valid);
         assert!(b.claim_host());

@@ -14,7 +14,8 @@
 //! room). So does a task that already waited once, a replayed task and a DAG node (their
 //! dispatch carries state a wait would lose): at most one wait per task.
 //!
-//! Owns: the answers in flight ([`AllocationWait`]) and the session's usage they count.
+//! Owns: the answers in flight ([`AllocationWait`]) and the device usage they count (each
+//! buffer's own: an attached buffer's bytes are its exporter's, as when allocated synchronously).
 //! Must not: plan transfers or touch a copy's validity; install an allocation into a buffer that
 //! got a copy on that device meanwhile (another queue's task allocated it first: the new one is
 //! dropped, freeing it in the host).
@@ -29,16 +30,13 @@ use super::migration::DrainWaker;
 use super::place::Placement;
 use super::validate::Ready;
 use super::Scheduler;
-use crate::memory::{BufferRecord, DeviceUsage, Residency};
-use crate::session::Session;
+use crate::memory::{BufferRecord, Residency};
 
 type Answer = Option<Result<Arc<dyn DeviceBuffer>, TaskError>>;
 
 /// One task's allocations on one device, asked and not all answered or not yet adopted.
 pub(super) struct AllocationWait {
     device: usize,
-    /// The session's device usage, which counts the bytes from the moment they are asked.
-    usage: Arc<DeviceUsage>,
     /// Each buffer, its answer once it came, and whether it was adopted.
     answers: Mutex<Vec<(Arc<BufferRecord>, Answer, bool)>>,
     /// Answers still to come.
@@ -95,12 +93,12 @@ impl AllocationWait {
 
 impl Drop for AllocationWait {
     /// Bytes not adopted (refused, lost, adopted by another copy first, or the session went)
-    /// stop counting as the session's.
+    /// stop counting as their buffer's owner's.
     fn drop(&mut self) {
         let answers = self.answers.get_mut().unwrap_or_else(|e| e.into_inner());
         for (record, _, adopted) in answers.iter() {
             if !*adopted {
-                self.usage.bytes[self.device].fetch_sub(record.len, Ordering::Relaxed);
+                record.usage.bytes[self.device].fetch_sub(record.len, Ordering::Relaxed);
             }
         }
     }
@@ -155,12 +153,7 @@ impl Scheduler {
     /// Place-stage hook for a task whose buffers fit its device by the books but are not all
     /// there yet: when the device allocates far, asks for the missing ones without waiting and
     /// returns the wait the task must go through; `None` when the task allocates as it plans.
-    pub(super) fn allocate_later(
-        &mut self,
-        session: &Session,
-        ready: &Ready,
-        placement: &Placement,
-    ) -> Option<Arc<AllocationWait>> {
+    pub(super) fn allocate_later(&mut self, ready: &Ready, placement: &Placement) -> Option<Arc<AllocationWait>> {
         let device = placement.binding.device();
         if !self.devices[device].allocates_far() || !self.may_wait_for_answers() || self.migration.allocated_late {
             return None;
@@ -179,13 +172,13 @@ impl Scheduler {
         if missing.is_empty() {
             return None;
         }
-        let usage = session.shared.device_usage.clone();
+        // Counted from the moment they are asked, each against the usage its copy is given back
+        // to (`BufferRecord::usage`: an attached buffer's is its exporter's, not this session's).
         for record in &missing {
-            usage.bytes[device].fetch_add(record.len, Ordering::Relaxed);
+            record.usage.bytes[device].fetch_add(record.len, Ordering::Relaxed);
         }
         let wait = Arc::new(AllocationWait {
             device,
-            usage: usage.clone(),
             remaining: AtomicUsize::new(missing.len()),
             answers: Mutex::new(missing.iter().map(|r| (r.clone(), None, false)).collect()),
             waker: self.migration.drain_waker(),
@@ -193,7 +186,7 @@ impl Scheduler {
         for (slot, record) in missing.iter().enumerate() {
             let answered = wait.clone();
             self.devices[device].alloc_later(
-                usage.tenant,
+                record.usage.tenant,
                 record.len,
                 Box::new(move |result| answered.answer(slot, result)),
             );

@@ -683,7 +683,7 @@ impl Scheduler {
             // device runtime refuse the allocation after all.
             Ok(plan::Room::NowAllocating) => {
                 // On a device host: asked ahead, the task (not the dispatcher) waits for them.
-                if let Some(wait) = self.allocate_later(session, &ready, &placement) {
+                if let Some(wait) = self.allocate_later(&ready, &placement) {
                     self.wait_for_answers(session, task_id, ready, Answers::Allocations(wait));
                     return Ok(());
                 }
