@@ -16,12 +16,12 @@
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use agora::{Error, Session, SessionOptions};
 use agora_protocol::control::{decode_body, encode_frame, ControlError, Request, Response};
-use agora_test_support::{eventually, saxpy_ok, temp_dir, Daemon};
+use agora_test_support::{cpu_seconds, eventually, saxpy_ok, temp_dir, Daemon};
 
 const AGORA: &str = env!("CARGO_BIN_EXE_agora");
 
@@ -58,22 +58,6 @@ fn limit_of(result: Result<impl std::fmt::Debug, Error>) -> (String, u64, u64, S
         })) => (limit, value, max, setting),
         other => panic!("expected a LimitReached refusal, got {other:?}"),
     }
-}
-
-/// CPU time (user + system) of process `pid`, in seconds.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // Fields after the command name (which may hold spaces) in parentheses.
-    let after = &stat[stat.rfind(')').unwrap() + 2..];
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name and state.
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    let hz: f64 = String::from_utf8(Command::new("getconf").arg("CLK_TCK").output().unwrap().stdout)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    ticks as f64 / hz
 }
 
 fn open_fds(pid: u32) -> u64 {

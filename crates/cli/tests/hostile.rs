@@ -27,6 +27,15 @@ use agora_test_support::Daemon;
 
 const AGORA: &str = env!("CARGO_BIN_EXE_agora");
 
+/// Tests of this file run beside each other (a read hold) but for one that times a neighbour's
+/// pace against its own quiet figure (a write hold): on two cores the others' clients and
+/// daemons would take the cores it measures.
+static ALONE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn beside_others() -> std::sync::RwLockReadGuard<'static, ()> {
+    ALONE.read().unwrap_or_else(|e| e.into_inner())
+}
+
 fn start(tag: &str) -> Daemon {
     Daemon::start(AGORA, &format!("hostile-{tag}"), &["--no-opencl"])
 }
@@ -94,8 +103,9 @@ impl Neighbour {
         Neighbour { stop, thread }
     }
 
-    /// Stops it, reports its p99 before and during `attack`, checks it kept working.
-    fn finish(self, attack: &str) {
+    /// Stops it, reports its p99 before and during `attack`, checks it kept working; returns
+    /// its round trips before and during.
+    fn finish(self, attack: &str) -> (usize, usize) {
         self.stop.store(true, Ordering::Relaxed);
         let (mut before, mut during) = self.thread.join().expect("the neighbour's results stayed right");
         let p99 = |v: &mut Vec<u64>| {
@@ -115,6 +125,7 @@ impl Neighbour {
             !during.is_empty(),
             "{attack}: the neighbour completed nothing during the attack"
         );
+        (before.len(), during.len())
     }
 }
 
@@ -174,6 +185,7 @@ fn scribble(base: *mut u8, len: usize, state: &mut u64) {
 /// never notices.
 #[test]
 fn garbage_in_every_ring_slot_and_header_word() {
+    let _beside = beside_others();
     let mut daemon = start("garbage");
     let neighbour = Neighbour::start(&daemon);
     let [sub_tail, sub_head, comp_tail, comp_head] = index_offsets();
@@ -217,6 +229,74 @@ fn garbage_in_every_ring_slot_and_header_word() {
     daemon.assert_alive();
 }
 
+/// The control count (`SegmentHeader::control_sent`, which a client bumps after writing a
+/// control request so a spinning dispatcher looks at its socket at once) changed as fast as a
+/// thread can, with no request behind it: the dispatcher peeks and finds nothing, its spin ends
+/// by its budget and it blocks as ever (it does not loop on the count), the neighbour keeps its
+/// pace, an idle daemon stays asleep and the liar's own control calls are still answered.
+#[test]
+fn a_control_count_that_changes_without_requests_neither_starves_a_neighbour_nor_keeps_a_core_busy() {
+    let _alone = ALONE.write().unwrap_or_else(|e| e.into_inner());
+    let mut daemon = start("control-count");
+    let neighbour = Neighbour::start(&daemon);
+    let liar = daemon.session_named("liar");
+    works(&liar);
+    let view = agora::testing::segment_view(&liar);
+    let offset = std::mem::offset_of!(agora_protocol::segment::SegmentHeader, control_sent);
+    /// Stops and joins the thread that bumps the count, before the liar's mapping goes (it is
+    /// declared after the liar, so dropped first, on a failed assertion too).
+    struct Bumper(Arc<AtomicBool>, Option<JoinHandle<()>>);
+    impl Drop for Bumper {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+            if let Some(thread) = self.1.take() {
+                let _ = thread.join();
+            }
+        }
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let bumper = {
+        let (stop, base) = (stop.clone(), view.base() as usize);
+        Bumper(
+            stop.clone(),
+            Some(std::thread::spawn(move || {
+                // SAFETY: the header word lies in the liar's mapping, which outlives this thread
+                // (`Bumper` joins it first).
+                let count = unsafe { &*((base + offset) as *const AtomicU32) };
+                while !stop.load(Ordering::Relaxed) {
+                    count.fetch_add(1, Ordering::Release);
+                }
+            })),
+        )
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let (before, during) = neighbour.finish("a control count that changes without requests");
+    // Rates: 300 ms alone, 500 ms beside the liar. Measured on 2 cores: about a third of its
+    // quiet rate (the liar's thread takes a core); a dispatcher that ended its spin on every
+    // change of the count, instead of peeking, left it 2 % (624 round trips against 12 524).
+    let (quiet, attacked) = (before as f64 / 0.3, during as f64 / 0.5);
+    assert!(
+        attacked >= quiet / 10.0,
+        "the neighbour's round trips fell from {quiet:.0}/s to {attacked:.0}/s while a control count changed"
+    );
+    // The neighbour gone, nothing asks the dispatcher for work: it must be asleep whatever the
+    // count does (a dispatcher that spun on it would use a whole core).
+    std::thread::sleep(Duration::from_millis(200));
+    let before = agora_test_support::cpu_seconds(daemon.pid());
+    let began = Instant::now();
+    std::thread::sleep(Duration::from_secs(1));
+    let share = (agora_test_support::cpu_seconds(daemon.pid()) - before) / began.elapsed().as_secs_f64();
+    assert!(
+        share < 0.3,
+        "the daemon used {:.0} % of a core while only a control count changed",
+        share * 100.0
+    );
+    let _ = liar.buffer(64).expect("the liar's control calls are still answered");
+    drop(bumper);
+    works(&liar);
+    daemon.assert_alive();
+}
+
 /// A write into a segment's header.
 type Lie = Box<dyn Fn(&agora_protocol::segment::SegmentView)>;
 
@@ -225,6 +305,7 @@ type Lie = Box<dyn Fn(&agora_protocol::segment::SegmentView)>;
 /// then far behind it, the daemon's own words (submission head, completion tail) overwritten.
 #[test]
 fn lies_in_ring_indices() {
+    let _beside = beside_others();
     let mut daemon = start("indices");
     let neighbour = Neighbour::start(&daemon);
     let offsets = index_offsets();
@@ -301,6 +382,7 @@ fn lies_in_ring_indices() {
 /// the victim's data is untouched.
 #[test]
 fn forged_and_stale_handles_of_other_sessions() {
+    let _beside = beside_others();
     let mut daemon = start("handles");
     let neighbour = Neighbour::start(&daemon);
     let victim = daemon.session_named("victim");
@@ -414,6 +496,7 @@ fn forged_and_stale_handles_of_other_sessions() {
 /// every completion (its `finish` returns) and exits cleanly.
 #[test]
 fn a_client_that_stops_consuming_completions() {
+    let _beside = beside_others();
     let mut daemon = start("stopped");
     let neighbour = Neighbour::start(&daemon);
     let mut sleeper = daemon
@@ -470,6 +553,7 @@ fn a_client_that_stops_consuming_completions() {
 /// and the session, its neighbour and the daemon carry on.
 #[test]
 fn ftruncate_of_the_segment_memfd_is_refused() {
+    let _beside = beside_others();
     let mut daemon = start("ftruncate");
     let neighbour = Neighbour::start(&daemon);
     let evil = daemon.session_named("evil");
@@ -493,6 +577,7 @@ fn ftruncate_of_the_segment_memfd_is_refused() {
 /// results stay right.
 #[test]
 fn kill_9_mid_flight_again_and_again() {
+    let _beside = beside_others();
     let mut daemon = start("kill");
     let neighbour = Neighbour::start(&daemon);
     for _ in 0..5 {

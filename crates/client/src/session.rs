@@ -620,7 +620,7 @@ impl Observer {
     }
 
     fn request(&mut self, request: &Request) -> Result<Response, Error> {
-        call(&mut self.control, request, DEFAULT_CONTROL_TIMEOUT).map_err(|(e, _)| e)
+        call(&mut self.control, request, DEFAULT_CONTROL_TIMEOUT, None).map_err(|(e, _)| e)
     }
 }
 
@@ -793,7 +793,15 @@ fn refusal_waiting(stream: &UnixStream) -> Option<ControlError> {
 
 /// Sends `request` and reads its reply, within `timeout`. On failure, also says whether the
 /// connection is lost for good (`true`: later calls cannot work).
-fn call(control: &mut Control, request: &Request, timeout: Duration) -> Result<Response, (Error, bool)> {
+/// One request and its reply on `control`. `sent`: the session segment's
+/// `SegmentHeader::control_sent`, bumped once the request is written, so a dispatcher spinning
+/// on the rings reads the socket at once (`None` for observers, which have no segment).
+fn call(
+    control: &mut Control,
+    request: &Request,
+    timeout: Duration,
+    sent: Option<&agora_protocol::sync::AtomicU32>,
+) -> Result<Response, (Error, bool)> {
     let deadline = Instant::now() + timeout;
     let timed_out = || Error::Timeout {
         request: request_name(request).to_string(),
@@ -830,6 +838,10 @@ fn call(control: &mut Control, request: &Request, timeout: Duration) -> Result<R
                 None => lost(other),
             },
         });
+    }
+    if let Some(sent) = sent {
+        // After the write: a dispatcher that sees the count change finds the bytes there.
+        sent.fetch_add(1, Ordering::Release);
     }
     control.fds.clear();
     match recv_before_with_fds::<Response>(&control.stream, &mut control.pending, &mut control.fds, deadline) {
@@ -898,7 +910,8 @@ impl Inner {
             }
         };
         let left = deadline.saturating_duration_since(Instant::now());
-        let response = call(&mut control, request, left).map_err(|(e, gone)| {
+        let sent = &self.segment.view().header().control_sent;
+        let response = call(&mut control, request, left, Some(sent)).map_err(|(e, gone)| {
             if gone {
                 self.disconnected.store(true, Ordering::Relaxed);
             }
@@ -1303,12 +1316,12 @@ impl Inner {
         self.resume.kernels_resumed(&kernel_ids, &resumed.kernels);
         let timeout = self.control_timeout;
         self.resume
-            .rebuild_programs(|request| call(&mut control, request, timeout).ok());
+            .rebuild_programs(|request| call(&mut control, request, timeout, None).ok());
         // A buffer the new daemon refuses to protect is left out of later checkpoints (a
         // checkpoint with none protected fails, saying so).
         let _refused = self
             .resume
-            .protect_again(|request| call(&mut control, request, timeout).ok());
+            .protect_again(|request| call(&mut control, request, timeout, None).ok());
         drop(producer);
         drop(control);
         self.disconnected.store(false, Ordering::Release);

@@ -450,6 +450,9 @@ pub(crate) struct Session {
     pub job: Option<u64>,
     /// Its job lets it open latency-class queues.
     pub job_latency: bool,
+    /// The segment's `control_sent` as the dispatcher last saw it: a change while it spins
+    /// makes it look at the control sockets at once (`Server::control_sent`).
+    pub control_seen: std::cell::Cell<u32>,
 }
 
 impl Session {
@@ -521,6 +524,7 @@ impl Session {
             shared_memory: crate::exports::SessionSharing::new(view.geometry().heap_len),
             job: None,
             job_latency: false,
+            control_seen: std::cell::Cell::new(view.header().control_sent.load(Ordering::Relaxed)),
         }
     }
 

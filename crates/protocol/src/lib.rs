@@ -48,4 +48,6 @@ pub use signature::{Access, KernelSignature, ParamKind, ParamSpec, ScalarType};
 /// `segment::SESSION_ENDED` in `Header::daemon_closed`; `StatusReport::memory_waits` /
 /// `allocation_retries` / `dispatcher_longest_iteration_ms` (issue 22).
 /// 9: `Request::ClaimHost` / `Response::HostClaim` (a host write over unread device results).
+/// Later, without a new version: `SegmentHeader::control_sent` (a hint in the header page's
+/// spare room; an older client never bumps it, an older daemon never reads it).
 pub const PROTOCOL_VERSION: u32 = 9;

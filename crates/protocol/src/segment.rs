@@ -8,8 +8,9 @@
 //! ```
 //!
 //! The daemon creates the segment and writes the geometry once. After that the only header words
-//! the daemon reads are the ring indices and wake flags the client owns, and it treats each of
-//! those as a hostile value (see [`crate::ring`]). Geometry is never read back by the daemon: it
+//! the daemon reads are the ring indices, wake flags and control count the client owns, and it
+//! treats each of those as a hostile value (see [`crate::ring`]; the control count only makes
+//! it look at the client's socket sooner). Geometry is never read back by the daemon: it
 //! keeps its own copy.
 
 use crossbeam_utils::CachePadded;
@@ -75,6 +76,11 @@ pub struct SegmentHeader {
     /// wakes waiters only when it posts a completion for that id or a later one, so a client
     /// waiting for the last of many tasks is not woken for each of them.
     pub client_wait_for: CachePadded<AtomicU64>,
+    /// Control requests the client has sent on its socket (a free-running counter, bumped after
+    /// each request is written): a dispatcher spinning on the rings sees a change at once and
+    /// reads the control socket, where otherwise only its periodic `epoll` peek would find the
+    /// request. A hint only: the daemon reads the socket, never trusts the count.
+    pub control_sent: CachePadded<AtomicU32>,
 }
 
 #[cfg(loom)]
@@ -104,6 +110,7 @@ impl SegmentHeader {
             client_waiters: CachePadded::new(AtomicU32::new(0)),
             daemon_closed: CachePadded::new(AtomicU32::new(0)),
             client_wait_for: CachePadded::new(AtomicU64::new(u64::MAX)),
+            control_sent: CachePadded::new(AtomicU32::new(0)),
         }
     }
 }

@@ -424,8 +424,11 @@ impl Server {
             // A DAG release about to come still asks for the spin (its hand-off is timed).
             let spin_pays = self.scheduler.cores_held_by_long_work() + 1 < self.host_cores || node_jobs();
             // A control request (a buffer, a queue, a host-copy claim) would otherwise wait for
-            // the whole spin (up to its budget, ~100 µs measured): peek at epoll now and then, a
-            // system call every `CONTROL_PEEK` at most (level-triggered: nothing is consumed).
+            // the whole spin (up to its budget, ~100 µs measured): peek at epoll at once when a
+            // session's segment says it sent one (`control_sent`), and now and then in any case,
+            // a system call every `CONTROL_PEEK` at most (level-triggered: nothing is consumed).
+            // The count is only a hint: a client that bumps it without sending buys a peek that
+            // finds nothing, and the spin ends by its budget as ever.
             let epoll_set = &self.epoll;
             let mut control_ready = false;
             let mut polls = 0u32;
@@ -435,11 +438,12 @@ impl Server {
                     return true;
                 }
                 polls = polls.wrapping_add(1);
+                let sent = Self::control_sent(conns);
                 // Time is read every few polls only: most spins end within a microsecond.
-                if polls.is_multiple_of(8) {
+                if sent || polls.is_multiple_of(8) {
                     let now = Instant::now();
                     let since = *last_peek.get_or_insert(now);
-                    if now.duration_since(since) >= CONTROL_PEEK {
+                    if sent || now.duration_since(since) >= CONTROL_PEEK {
                         last_peek = Some(now);
                         let zero = rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 };
                         let mut slot = [std::mem::MaybeUninit::<epoll::Event>::uninit()];
@@ -509,6 +513,22 @@ impl Server {
                 .map_or(true, |n| n > 0 && s.admission_room() > 0 && s.lane_admits_head()),
             _ => false,
         })
+    }
+
+    /// Whether a session's client sent a control request since the dispatcher last looked
+    /// (its segment's `control_sent` changed); notes what it saw.
+    fn control_sent(conns: &HashMap<u64, Conn>) -> bool {
+        let mut sent = false;
+        for conn in conns.values() {
+            if let Conn::Session(s) = conn {
+                let now = s.shared.segment.view().header().control_sent.load(Ordering::Acquire);
+                if now != s.control_seen.get() {
+                    s.control_seen.set(now);
+                    sent = true;
+                }
+            }
+        }
+        sent
     }
 
     fn set_sleeping(&self, value: u32) {
