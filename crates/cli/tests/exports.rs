@@ -343,3 +343,33 @@ fn an_attacher_reads_device_results_through_the_shared_placement() {
     assert!(own.read_vec::<f32>().iter().all(|&v| v == 5.0));
     daemon.assert_alive();
 }
+
+/// A shared buffer's memory outlives its daemon (the region stays mapped), and writing it asks
+/// the daemon for the host copy in case another session's results are on a device. With the
+/// daemon killed (a session that does not resume) or restarted (a resumed session: the new
+/// daemon does not know shared buffers) there is nothing left to claim from: the write lands,
+/// at once, as it did before claims existed.
+#[test]
+fn a_shared_buffer_is_still_written_after_its_daemon_died_or_restarted() {
+    let mut daemon = Daemon::start(AGORA, "exports-daemon-gone", &["--no-opencl"]);
+    let resumed = daemon.session_named("resumed");
+    let alone = daemon.session_without_resume("alone");
+    let a = resumed.shared_buffer(64).unwrap();
+    let b = alone.shared_buffer(64).unwrap();
+    a.write_slice(&[1u32; 16]).unwrap();
+    b.write_slice(&[2u32; 16]).unwrap();
+    daemon.restart();
+    let began = std::time::Instant::now();
+    b.write_slice(&[9u32; 16])
+        .expect("a write to a shared buffer of a session whose daemon died");
+    assert!(
+        began.elapsed() < Duration::from_secs(2),
+        "the write waited {:?}",
+        began.elapsed()
+    );
+    assert_eq!(b.read_vec::<u32>(), vec![9u32; 16]);
+    a.write_slice(&[7u32; 16])
+        .expect("a write to a shared buffer the restarted daemon does not know");
+    assert_eq!(a.read_vec::<u32>(), vec![7u32; 16]);
+    agora_test_support::saxpy_ok(&resumed, 64);
+}

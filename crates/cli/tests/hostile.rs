@@ -479,6 +479,30 @@ fn forged_and_stale_handles_of_other_sessions() {
             "a claim of {what}: {reply:?}"
         );
     }
+    // A buffer attached read-only cannot be claimed either: the client refuses with ReadOnly,
+    // and a raw claim is refused by the daemon (a claim makes the host copy current and drops
+    // the exporter's device copies).
+    let shared = victim.shared_buffer(64).unwrap();
+    shared.write_slice(&[42.0f32; 16]).unwrap();
+    victim
+        .export(&shared, "hostile/read-only", &agora::ExportReaders::default(), false)
+        .unwrap();
+    let attached = evil.attach("hostile/read-only", false).unwrap();
+    assert!(
+        matches!(attached.claim_host(), Err(Error::ReadOnly)),
+        "the client claims a read-only attachment"
+    );
+    let reply = control_raw(
+        &evil,
+        &Request::ClaimHost {
+            buffer: agora::testing::buffer_handle(&attached),
+        },
+    );
+    assert!(
+        matches!(&reply, Ok(Response::Error(ControlError::BadRequest(m))) if m.contains("attached read-only")),
+        "a raw claim of a read-only attachment: {reply:?}"
+    );
+    assert!(attached.as_slice::<f32>().iter().all(|v| *v == 42.0));
     // Nothing reached the victim: its buffer holds its values, its tasks run.
     victim_queue.sync_from(&secret).unwrap();
     victim_queue.finish().unwrap();

@@ -1220,6 +1220,13 @@ impl Inner {
 
     /// `Ok` while the daemon is there (or the session resumed on a new one); `Disconnected`
     /// when it is gone for good.
+    /// Whether the daemon is known to be gone (a call found the socket closed) or said it
+    /// shut down or ended this session: a call now would first try to resume the session.
+    pub(crate) fn daemon_gone(&self) -> bool {
+        self.disconnected.load(Ordering::Acquire)
+            || self.segment.view().header().daemon_closed.load(Ordering::Acquire) != 0
+    }
+
     fn recover_if_gone(&self) -> Result<(), Error> {
         let epoch = self.resume.epoch.load(Ordering::Acquire);
         if !self.disconnected.load(Ordering::Acquire) {
