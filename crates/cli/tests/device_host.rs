@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agora::{Arg, DeviceKind, Error, QueueOptions, Session, TaskError};
-use agora_test_support::{eventually, jobs_on, require_opencl, Daemon};
+use agora_test_support::{assert_device_memory_adds_up, eventually, jobs_on, require_opencl, Daemon};
 
 const AGORA: &str = env!("CARGO_BIN_EXE_agora");
 
@@ -660,6 +660,7 @@ fn evictions_from_a_device_host_write_buffers_home_without_stalling_anyone_and_l
         longest < delay / 2,
         "a neighbour's round trip took {longest:?} while a device host answered {delay:?} late"
     );
+    assert_device_memory_adds_up(&tenant);
 }
 
 /// A client that overwrites the host copies of buffers whose newest contents are on a device
@@ -713,6 +714,7 @@ fn host_writes_over_device_results_survive_the_evictions_of_those_buffers() {
         evictions >= 4,
         "only {evictions} evictions: the device did not run out of memory"
     );
+    assert_device_memory_adds_up(&tenant);
 }
 
 /// The same over shared buffers: one session leaves results on the device in buffers it
@@ -790,20 +792,13 @@ fn writes_to_an_attached_buffer_survive_the_evictions_of_the_exporters_results()
     // was never given back, and its next task waited for room forever.
     let status = attacher.status().unwrap();
     let sim = status.devices.iter().position(|d| d.name == "sim0").unwrap();
-    let charged = |name: &str| {
-        let session = status.sessions.iter().find(|s| s.name == name).unwrap();
-        session.device_memory.get(sim).copied().unwrap_or(0)
-    };
+    let session = status.sessions.iter().find(|s| s.name == "attacher").unwrap();
+    let charged = session.device_memory.get(sim).copied().unwrap_or(0);
     assert!(
-        charged("attacher") <= 4 * n as u64,
-        "the attacher is charged {} bytes on the device, more than its own x",
-        charged("attacher")
+        charged <= 4 * n as u64,
+        "the attacher is charged {charged} bytes on the device, more than its own x"
     );
-    assert_eq!(
-        charged("attacher") + charged("exporter"),
-        status.devices[sim].memory_used,
-        "the sessions' device memory adds up to the device's"
-    );
+    assert_device_memory_adds_up(&attacher);
 }
 
 /// A claim of a host copy waits while a task that writes the buffer runs, and gives up with

@@ -99,6 +99,35 @@ pub fn jobs_on(session: &Session, kind: &str) -> u64 {
         .sum()
 }
 
+/// Checks the daemon's books of device memory, once the sessions' tasks are finished: on every
+/// device with memory of its own, the live sessions' device memory adds up to what the device
+/// has allocated for buffers. A byte charged to the wrong session, or never given back, shows
+/// here (an attached buffer allocated late in a device host was charged to the attacher, which
+/// then waited for room forever). Needs every live session in the status (small tests).
+pub fn assert_device_memory_adds_up(session: &Session) {
+    let status = session.status().unwrap();
+    assert_eq!(
+        status.sessions.len() as u64,
+        status.live_sessions,
+        "the status lists only some sessions"
+    );
+    for (index, device) in status.devices.iter().enumerate() {
+        if device.memory_bytes == 0 {
+            continue;
+        }
+        let charged: u64 = status
+            .sessions
+            .iter()
+            .map(|s| s.device_memory.get(index).copied().unwrap_or(0))
+            .sum();
+        assert_eq!(
+            charged, device.memory_used,
+            "device {}: the sessions are charged {charged} bytes, the device holds {} (closing sessions: {})",
+            device.name, device.memory_used, status.closing_sessions
+        );
+    }
+}
+
 /// Fails (never skips) when the daemon has no OpenCL device.
 pub fn require_opencl(session: &Session) {
     let status = session.status().unwrap();
