@@ -1,7 +1,8 @@
 //! Issue 22, item 2, across tenants, against a real `agora serve` process: a tenant that asks
 //! for more OpenCL memory than the device has (pipelined fills of 8 MiB buffers into a 48 MiB
 //! device) must not make a neighbour within its fair share fail or stall. Before: the
-//! neighbour's 64 KiB task failed with `DeviceOutOfMemory` within 3 s.
+//! neighbour's 64 KiB task failed with `DeviceOutOfMemory` within 3 s. And the count of tasks that
+//! waited for room counts tasks.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -132,4 +133,66 @@ fn a_tenant_over_its_share_of_device_memory_never_fails_a_neighbour() {
         hog_failures.first()
     );
     assert!(neighbour_rounds.load(Ordering::Relaxed) > 0);
+}
+
+/// A task that waits for room is counted once in `memory_waits` (`agora status`'s "tasks waited
+/// for room", `agora_memory_waits`), however often it is placed again before the room comes:
+/// here one task waits about a second behind a launch that holds 3 of a sim's 4 MiB, and the
+/// daemon places it again every millisecond or so (it counted about a thousand before).
+#[test]
+fn a_task_that_waits_for_room_is_counted_once() {
+    let dir = agora_test_support::temp_dir("pressure-waits-counted");
+    std::fs::write(
+        dir.path().join("agora.toml"),
+        "[[sim]]\nname = \"sim0\"\nlanes = 2\nmemory = \"4M\"\nlaunch_ns = 1000000000\n",
+    )
+    .unwrap();
+    // One job per launch (no slicing): the sim's launch then takes its launch_ns once.
+    let daemon = Daemon::start_in(
+        AGORA,
+        dir,
+        &[
+            "--no-opencl",
+            "--preempt-target-us",
+            "0",
+            "--config",
+            "{dir}/agora.toml",
+        ],
+    );
+    let sim_queue = |session: &Session, name: &str| {
+        session
+            .queue_with(QueueOptions {
+                name: name.into(),
+                preferred_device: Some(DeviceKind::Sim),
+                ..Default::default()
+            })
+            .unwrap()
+    };
+    let n = 1 << 18; // 1 MiB of f32
+    let holder = daemon.session_named("holder");
+    let waiter = daemon.session_named("waiter");
+    let held: Vec<_> = (0..3).map(|_| holder.buffer_from(&vec![1.0f32; n]).unwrap()).collect();
+    let q = sim_queue(&holder, "holder");
+    let vector_add = holder.kernel("vector_add").unwrap();
+    q.launch(
+        &vector_add,
+        &[(&held[0]).into(), (&held[1]).into(), (&held[2]).into()],
+        n,
+    )
+    .unwrap();
+    // Let the long launch start (its 3 MiB in use), then ask for 2 MiB more.
+    std::thread::sleep(Duration::from_millis(200));
+    let before = waiter.status().unwrap().memory_waits;
+    let x = waiter.buffer_from(&vec![1.0f32; n]).unwrap();
+    let y = waiter.buffer_from(&vec![2.0f32; n]).unwrap();
+    let w = sim_queue(&waiter, "waiter");
+    let vector_add = waiter.kernel("vector_add").unwrap();
+    w.launch(&vector_add, &[(&x).into(), (&x).into(), (&y).into()], n)
+        .unwrap();
+    w.sync_from(&y).unwrap();
+    w.finish().unwrap();
+    q.finish().unwrap();
+    assert!(y.as_slice::<f32>().iter().all(|v| *v == 2.0), "the waiter's result");
+    let waits = waiter.status().unwrap().memory_waits - before;
+    assert_eq!(waits, 1, "one task waited for room, counted {waits} times");
 }

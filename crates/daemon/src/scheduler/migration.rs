@@ -72,8 +72,8 @@ pub(crate) struct MigrationStats {
     pub lost: u64,
     /// Failed devices that came back (a device host restarted).
     pub revivals: u64,
-    /// Times a queue waited for device memory (a task whose buffers fit the device but not
-    /// now; counted again for each new wait).
+    /// Tasks that waited for device memory (their buffers fit the device but not then), each
+    /// counted once however often it was placed again before the room came.
     pub memory_waits: u64,
 }
 
@@ -85,6 +85,8 @@ struct Held {
     replay: Option<Replay>,
     /// It waited for allocations asked ahead (it will not again).
     allocated: bool,
+    /// It waited for room already (counted in `memory_waits` once).
+    waited_for_room: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -140,7 +142,10 @@ impl HeldQueue {
 /// Why a queue's tasks are held (counted differently).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum HoldReason {
+    /// A migration, counted when its hold begins.
     Moving,
+    /// Room on its device: counted per task by [`Scheduler::wait_for_room`], which a task held
+    /// again and again while the room does not come passes through each time.
     Room,
     /// An answer its first task waits for (allocations, write-backs): counted as neither.
     Answer,
@@ -202,6 +207,8 @@ pub(crate) struct Migration {
     /// The task being dispatched again already waited for allocations asked ahead: it does not
     /// wait again (`allocation`).
     pub(super) allocated_late: bool,
+    /// The task being dispatched again already waited for room (it is not counted again).
+    pub(super) room_waited: bool,
     pub stats: MigrationStats,
 }
 
@@ -222,6 +229,7 @@ impl Migration {
             held: HashMap::new(),
             replaying: None,
             allocated_late: false,
+            room_waited: false,
             stats: MigrationStats::default(),
         }
     }
@@ -315,8 +323,7 @@ impl Migration {
                         self.stats.migrations += 1;
                         queue.binding.first_move_from(queue.binding.load());
                     }
-                    HoldReason::Room => self.stats.memory_waits += 1,
-                    HoldReason::Answer => {}
+                    HoldReason::Room | HoldReason::Answer => {}
                 }
                 queue.moving.store(true, Ordering::Release);
                 lists.push(HeldQueue {
@@ -575,7 +582,10 @@ impl Scheduler {
     /// moving queue's tasks, it is placed again then.
     pub(super) fn wait_for_room(&mut self, session: &Session, task_id: u64, ready: Ready) {
         let queue = ready.queue.clone();
-        self.telemetry.metrics.memory_waits.inc();
+        if !self.migration.room_waited {
+            self.telemetry.metrics.memory_waits.inc();
+            self.migration.stats.memory_waits += 1;
+        }
         let list = self.migration.held_list(session.id, &queue, HoldReason::Room);
         // The list is new: `must_hold` would have held the task behind an existing one.
         list.tasks.push_back(Held {
@@ -583,6 +593,7 @@ impl Scheduler {
             ready,
             replay: None,
             allocated: false,
+            waited_for_room: true,
         });
     }
 
@@ -592,6 +603,7 @@ impl Scheduler {
     pub(super) fn wait_for_answers(&mut self, session: &Session, task_id: u64, ready: Ready, answers: Answers) {
         let queue = ready.queue.clone();
         let allocated = matches!(answers, Answers::Allocations(_));
+        let waited_for_room = self.migration.room_waited;
         let list = self.migration.held_list(session.id, &queue, HoldReason::Answer);
         // The list is new: `must_hold` would have held the task behind an existing one.
         list.waiting_for = Some(answers);
@@ -600,17 +612,20 @@ impl Scheduler {
             ready,
             replay: None,
             allocated,
+            waited_for_room,
         });
     }
 
     /// Appends `ready` to its queue's held tasks (after [`Scheduler::must_hold`] said so).
     pub(super) fn hold(&mut self, session: &Session, task_id: u64, ready: Ready) {
         let queue = ready.queue.clone();
+        let waited_for_room = self.migration.room_waited;
         self.migration.list_or_new(session.id, &queue).tasks.push_back(Held {
             task_id,
             ready,
             replay: None,
             allocated: false,
+            waited_for_room,
         });
     }
 
@@ -742,6 +757,7 @@ impl Scheduler {
                     ready,
                     replay: Some(replay),
                     allocated: false,
+                    waited_for_room: false,
                 },
             );
             list.replays += 1;
@@ -846,9 +862,11 @@ impl Scheduler {
                 }
                 let replayed = held.replay.is_some();
                 self.migration.allocated_late = held.allocated;
+                self.migration.room_waited = held.waited_for_room;
                 let outcome = self.dispatch(session, held.task_id, held.ready);
                 self.migration.replaying = None;
                 self.migration.allocated_late = false;
+                self.migration.room_waited = false;
                 match outcome {
                     Ok(()) => self.migration.stats.replayed += u64::from(replayed),
                     Err(error) => {

@@ -276,7 +276,7 @@ impl Metrics {
         let memory_waits = Counter::default();
         registry.register(
             "agora_memory_waits",
-            "Times a task whose buffers fit its device, but not now, waited for earlier tasks to free memory",
+            "Tasks whose buffers fit their device, but not then, that waited for earlier tasks to free memory (each counted once)",
             memory_waits.clone(),
         );
         let evictions = Counter::default();
