@@ -280,7 +280,8 @@ fn a_control_count_that_changes_without_requests_neither_starves_a_neighbour_nor
         "the neighbour's round trips fell from {quiet:.0}/s to {attacked:.0}/s while a control count changed"
     );
     // The neighbour gone, nothing asks the dispatcher for work: it must be asleep whatever the
-    // count does (a dispatcher that spun on it would use a whole core).
+    // count does (the count is read only while the dispatcher spins after work; it never wakes
+    // it, and must never keep it spinning).
     std::thread::sleep(Duration::from_millis(200));
     let before = agora_test_support::cpu_seconds(daemon.pid());
     let began = Instant::now();

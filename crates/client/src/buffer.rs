@@ -214,7 +214,12 @@ impl Buffer {
                 Ok(true)
             }
             agora_protocol::control::Response::HostClaim { granted: false } => Ok(false),
-            agora_protocol::control::Response::Error(_) if speculative => Ok(true),
+            // Only "no such buffer" (a restarted daemon): a refusal by a limit still says so.
+            agora_protocol::control::Response::Error(agora_protocol::control::ControlError::BadRequest(_))
+                if speculative =>
+            {
+                Ok(true)
+            }
             other => Err(crate::session::unexpected(other)),
         }
     }

@@ -792,10 +792,10 @@ fn refusal_waiting(stream: &UnixStream) -> Option<ControlError> {
 }
 
 /// Sends `request` and reads its reply, within `timeout`. On failure, also says whether the
-/// connection is lost for good (`true`: later calls cannot work).
-/// One request and its reply on `control`. `sent`: the session segment's
-/// `SegmentHeader::control_sent`, bumped once the request is written, so a dispatcher spinning
-/// on the rings reads the socket at once (`None` for observers, which have no segment).
+/// connection is lost for good (`true`: later calls cannot work). `sent`: the session
+/// segment's `SegmentHeader::control_sent`, bumped once the request is written, so a dispatcher
+/// spinning on the rings reads the socket at once (`None` for observers, which have no segment,
+/// and for the calls of a resume).
 fn call(
     control: &mut Control,
     request: &Request,
@@ -1218,8 +1218,6 @@ impl Inner {
         Ok(())
     }
 
-    /// `Ok` while the daemon is there (or the session resumed on a new one); `Disconnected`
-    /// when it is gone for good.
     /// Whether the daemon is known to be gone (a call found the socket closed) or said it
     /// shut down or ended this session: a call now would first try to resume the session.
     pub(crate) fn daemon_gone(&self) -> bool {
@@ -1227,6 +1225,8 @@ impl Inner {
             || self.segment.view().header().daemon_closed.load(Ordering::Acquire) != 0
     }
 
+    /// `Ok` while the daemon is there (or the session resumed on a new one); `Disconnected`
+    /// when it is gone for good.
     fn recover_if_gone(&self) -> Result<(), Error> {
         let epoch = self.resume.epoch.load(Ordering::Acquire);
         if !self.disconnected.load(Ordering::Acquire) {
