@@ -611,7 +611,8 @@ pub unsafe extern "C" fn agora_buffer_destroy(buffer: *mut AgoraBuffer) {
 /// closed (the message says why); a pointer obtained before stays valid until the buffer is
 /// destroyed. For a buffer attached read-only (`agora_attach`) the memory is mapped read-only:
 /// only read through the pointer. To write over a kernel's results that you never read back,
-/// call `agora_buffer_claim_host` first.
+/// call `agora_buffer_claim_host` first (and before every write of an exported or attached
+/// buffer, whose other sessions' results this process cannot know of).
 ///
 /// # Safety
 /// Null or a live buffer handle.
@@ -636,8 +637,10 @@ pub unsafe extern "C" fn agora_buffer_data(buffer: *mut AgoraBuffer) -> *mut c_v
 }
 
 /// Claims the buffer's host copy before writing it through `agora_buffer_data` when a kernel's
-/// results on a device were never read back (a launch wrote it after its last `agora_sync_from`;
-/// otherwise it returns at once): those results are discarded, the host copy becomes the
+/// results on a device were never read back (a launch wrote it after its last `agora_sync_from`),
+/// and before every write of an exported or attached buffer (another session's results may be
+/// on a device; one round trip, granted at once when the host copy is current; otherwise it
+/// returns at once): those results are discarded, the host copy becomes the
 /// buffer's current contents, and no eviction writes a device's older copy over what you write.
 /// Without it, the daemon may write such results into the host copy at any moment to make room
 /// on their device. Waits while a task the daemon started uses the buffer (at most the control

@@ -233,16 +233,32 @@ impl Buffer {
     /// Copies `data` into the host copy at byte `offset`, after claiming it
     /// ([`Buffer::claim_host`]) when a kernel's results on a device were never read back.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), Error> {
+        // Refused before the claim, which would discard results for nothing.
+        self.check_write(offset, data.len() as u64)?;
+        self.claim_host()?;
+        self.write_claimed(offset, data)
+    }
+
+    /// Whether `len` bytes at `offset` may be written: the buffer is writable and the range
+    /// lies in it (for bindings, to refuse before they claim).
+    #[doc(hidden)]
+    pub fn check_write(&self, offset: u64, len: u64) -> Result<(), Error> {
         self.check_writable()?;
-        let end = offset.saturating_add(data.len() as u64);
-        if end > self.len {
+        if offset.saturating_add(len) > self.len {
             return Err(Error::OutOfBounds {
                 offset,
-                len: data.len() as u64,
+                len,
                 capacity: self.len,
             });
         }
-        self.claim_host()?;
+        Ok(())
+    }
+
+    /// [`Buffer::write`] for a caller that claimed the host copy itself (a binding that waits
+    /// for the claim its own way): copies without asking the daemon again.
+    #[doc(hidden)]
+    pub fn write_claimed(&self, offset: u64, data: &[u8]) -> Result<(), Error> {
+        self.check_write(offset, data.len() as u64)?;
         // SAFETY: bounds checked above against this buffer's range of the live mapping.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(offset as usize), data.len()) };
         Ok(())

@@ -154,16 +154,21 @@ impl PyBuffer {
             .call_method1("ascontiguousarray", (array,))?
             .call_method0("tobytes")?
             .extract()?;
+        // Refused before the claim, which would discard results for nothing.
+        self.with(|b| b.check_write(offset, bytes.len() as u64))?.or_raise()?;
         self.claim(py)?;
-        self.with(|b| b.write(offset, &bytes))?.or_raise()
+        // Claimed above, waiting the Python way: `write_claimed` does not ask again.
+        self.with(|b| b.write_claimed(offset, &bytes))?.or_raise()
     }
 
     /// Before writing the host copy through a NumPy view over a kernel's results that were
     /// never read back (a launch wrote the buffer after its last `sync_from`): discards those
     /// results and makes the host copy the buffer's current contents, so no eviction (the
     /// daemon making room on their device) writes them over what you write. Returns at once
-    /// when there is nothing to claim; waits while a task the daemon started uses the buffer
-    /// (at most the control timeout: TimeoutError). `write()` claims by itself.
+    /// when there is nothing to claim; on an exported or attached buffer it always asks the
+    /// daemon (another session's results may be on a device; granted at once when the host
+    /// copy is current). Waits while a task the daemon started uses the buffer (at most the
+    /// control timeout: TimeoutError). `write()` claims by itself.
     fn claim_host(&self, py: Python<'_>) -> PyResult<()> {
         self.claim(py)
     }
