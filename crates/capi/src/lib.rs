@@ -639,9 +639,9 @@ pub unsafe extern "C" fn agora_buffer_data(buffer: *mut AgoraBuffer) -> *mut c_v
 /// Claims the buffer's host copy before writing it through `agora_buffer_data` when a kernel's
 /// results on a device were never read back (a launch wrote it after its last `agora_sync_from`),
 /// and before every write of an exported or attached buffer (another session's results may be
-/// on a device; one round trip, granted at once when the host copy is current; otherwise it
-/// returns at once): those results are discarded, the host copy becomes the
-/// buffer's current contents, and no eviction writes a device's older copy over what you write.
+/// on a device: one round trip, granted at once when the host copy is current). Otherwise it
+/// returns at once. The unread results are discarded, the host copy becomes the buffer's
+/// current contents, and no eviction writes a device's older copy over what you write.
 /// Without it, the daemon may write such results into the host copy at any moment to make room
 /// on their device. Waits while a task the daemon started uses the buffer (at most the control
 /// timeout: `AGORA_STATUS_TIMEOUT`).
