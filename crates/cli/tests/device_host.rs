@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use agora::{Arg, DeviceKind, Error, QueueOptions, Session, TaskError};
-use agora_test_support::{assert_device_memory_adds_up, eventually, jobs_on, require_opencl, Daemon};
+use agora::{Arg, DeviceKind, Error, Session, TaskError};
+use agora_test_support::{assert_device_memory_adds_up, eventually, jobs_on, queue_preferring, require_opencl, Daemon};
 
 const AGORA: &str = env!("CARGO_BIN_EXE_agora");
 
@@ -46,16 +46,6 @@ fn assert_honest(failures: &[(u64, Error)]) {
     }
 }
 
-fn queue(session: &Session, name: &str, kind: DeviceKind) -> agora::Queue {
-    session
-        .queue_with(QueueOptions {
-            name: name.into(),
-            preferred_device: Some(kind),
-            ..Default::default()
-        })
-        .unwrap()
-}
-
 /// Verified saxpy rounds on a queue preferring `kind` until `stop`: y = 2, y += 3 x (x = 1), read
 /// back, check 5 everywhere. Returns the failures (round, error) and counts rounds.
 fn rounds(
@@ -66,7 +56,7 @@ fn rounds(
     wrong: Arc<AtomicU64>,
 ) -> std::thread::JoinHandle<Vec<(u64, Error)>> {
     std::thread::spawn(move || {
-        let q = queue(&session, "work", kind);
+        let q = queue_preferring(&session, "work", kind);
         let saxpy = session.kernel("saxpy").unwrap();
         let n = 64 << 10;
         let x = session.buffer_from(&vec![1.0f32; n]).unwrap();
@@ -260,7 +250,7 @@ fn by_default_opencl_runs_in_a_device_host_and_on_request_in_the_daemon() {
     let status = session.status().unwrap();
     let opencl = status.devices.iter().find(|d| d.kind == "opencl").unwrap();
     assert!(!opencl.description.contains("device host"), "{}", opencl.description);
-    let q = queue(&session, "q", DeviceKind::OpenCl);
+    let q = queue_preferring(&session, "q", DeviceKind::OpenCl);
     let saxpy = session.kernel("saxpy").unwrap();
     let x = session.buffer_from(&[1.0f32; 1024]).unwrap();
     let y = session.buffer_from(&[2.0f32; 1024]).unwrap();
@@ -412,7 +402,7 @@ fn a_device_that_faults_ends_its_host_and_comes_back_with_a_fresh_one() {
 /// how many.
 fn round_trips(neighbour: Session, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(Duration, u32)> {
     std::thread::spawn(move || {
-        let q = queue(&neighbour, "round-trips", DeviceKind::Cpu);
+        let q = queue_preferring(&neighbour, "round-trips", DeviceKind::Cpu);
         let noop = neighbour.kernel("noop").unwrap();
         let (mut longest, mut count) = (Duration::ZERO, 0u32);
         while !stop.load(Ordering::Relaxed) {
@@ -447,7 +437,7 @@ fn a_slow_allocation_in_a_device_host_delays_only_the_task_that_asked() {
     let neighbour = daemon.session_named("neighbour");
     let stop = Arc::new(AtomicBool::new(false));
     let watch = round_trips(neighbour, stop.clone());
-    let q = queue(&tenant, "fresh-buffers", DeviceKind::Sim);
+    let q = queue_preferring(&tenant, "fresh-buffers", DeviceKind::Sim);
     let saxpy = tenant.kernel("saxpy").unwrap();
     let n = 4096;
     let x = tenant.buffer_from(&vec![1.0f32; n]).unwrap();
@@ -485,7 +475,7 @@ fn a_slow_allocation_in_a_device_host_delays_only_the_task_that_asked() {
 fn allocating_round(tenant: Session) -> std::sync::mpsc::Receiver<(Result<(), Error>, bool)> {
     let (finished, round) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let q = queue(&tenant, "allocating", DeviceKind::Sim);
+        let q = queue_preferring(&tenant, "allocating", DeviceKind::Sim);
         let saxpy = tenant.kernel("saxpy").unwrap();
         let n = 4096;
         let x = tenant.buffer_from(&vec![1.0f32; n]).unwrap();
@@ -616,7 +606,7 @@ fn evictions_from_a_device_host_write_buffers_home_without_stalling_anyone_and_l
     let neighbour = daemon.session_named("neighbour");
     let stop = Arc::new(AtomicBool::new(false));
     let watch = round_trips(neighbour, stop.clone());
-    let q = queue(&tenant, "over-the-device", DeviceKind::Sim);
+    let q = queue_preferring(&tenant, "over-the-device", DeviceKind::Sim);
     let saxpy = tenant.kernel("saxpy").unwrap();
     // 1 MiB each: x and three results fit the device; the rest evict earlier results, whose
     // only valid copy is there (computed on the device, never read back).
@@ -670,15 +660,14 @@ fn evictions_from_a_device_host_write_buffers_home_without_stalling_anyone_and_l
 /// (here a 4 MiB sim in a host answering 150 ms late, so each eviction's write-back is long).
 #[test]
 fn host_writes_over_device_results_survive_the_evictions_of_those_buffers() {
-    let dir = agora_test_support::temp_dir("device-host-host-writes");
-    std::fs::write(
-        dir.path().join("agora.toml"),
+    let daemon = Daemon::start_with_config(
+        AGORA,
+        "device-host-host-writes",
         "[[sim]]\nname = \"sim0\"\nlanes = 1\nmemory = \"4M\"\nanswer_delay_ms = 150\ndevice_host = true\n",
-    )
-    .unwrap();
-    let daemon = Daemon::start_in(AGORA, dir, &["--no-opencl", "--config", "{dir}/agora.toml"]);
+        &["--no-opencl"],
+    );
     let tenant = daemon.session_named("tenant");
-    let q = queue(&tenant, "over-the-device", DeviceKind::Sim);
+    let q = queue_preferring(&tenant, "over-the-device", DeviceKind::Sim);
     let saxpy = tenant.kernel("saxpy").unwrap();
     let n = 1 << 18; // 1 MiB of f32: x and three of the eight results fit the device
     let x = tenant.buffer_from(&vec![1.0f32; n]).unwrap();
@@ -724,13 +713,12 @@ fn host_writes_over_device_results_survive_the_evictions_of_those_buffers() {
 /// the attacher's data.
 #[test]
 fn writes_to_an_attached_buffer_survive_the_evictions_of_the_exporters_results() {
-    let dir = agora_test_support::temp_dir("device-host-shared-writes");
-    std::fs::write(
-        dir.path().join("agora.toml"),
+    let daemon = Daemon::start_with_config(
+        AGORA,
+        "device-host-shared-writes",
         "[[sim]]\nname = \"sim0\"\nlanes = 1\nmemory = \"4M\"\nanswer_delay_ms = 150\ndevice_host = true\n",
-    )
-    .unwrap();
-    let daemon = Daemon::start_in(AGORA, dir, &["--no-opencl", "--config", "{dir}/agora.toml"]);
+        &["--no-opencl"],
+    );
     let exporter = daemon.session_named("exporter");
     let attacher = daemon.session_named("attacher");
     let n = 1 << 18; // 1 MiB of f32, as above
@@ -745,7 +733,7 @@ fn writes_to_an_attached_buffer_survive_the_evictions_of_the_exporters_results()
         })
         .collect();
     // The exporter's results stay on the device, never read back.
-    let q = queue(&exporter, "exporter", DeviceKind::Sim);
+    let q = queue_preferring(&exporter, "exporter", DeviceKind::Sim);
     let saxpy = exporter.kernel("saxpy").unwrap();
     let x = exporter.buffer_from(&vec![1.0f32; n]).unwrap();
     for y in &ys {
@@ -762,7 +750,7 @@ fn writes_to_an_attached_buffer_survive_the_evictions_of_the_exporters_results()
         assert!(!y.needs_sync_from(), "the attacher issued nothing on it");
         y.write_slice(&vec![100.0 + i as f32; n]).unwrap();
     }
-    let q = queue(&attacher, "attacher", DeviceKind::Sim);
+    let q = queue_preferring(&attacher, "attacher", DeviceKind::Sim);
     let saxpy = attacher.kernel("saxpy").unwrap();
     let x = attacher.buffer_from(&vec![1.0f32; n]).unwrap();
     for y in &attached {
@@ -807,22 +795,11 @@ fn writes_to_an_attached_buffer_survive_the_evictions_of_the_exporters_results()
 /// launch is done the claim is granted. Beside the claim's test above.
 #[test]
 fn a_claim_while_a_task_uses_the_buffer_times_out_and_the_session_goes_on() {
-    let dir = agora_test_support::temp_dir("device-host-claim-timeout");
-    std::fs::write(
-        dir.path().join("agora.toml"),
-        "[[sim]]\nname = \"sim0\"\nlanes = 1\nlaunch_ns = 3000000000\n",
-    )
-    .unwrap();
-    let daemon = Daemon::start_in(
+    let daemon = Daemon::start_with_config(
         AGORA,
-        dir,
-        &[
-            "--no-opencl",
-            "--preempt-target-us",
-            "0",
-            "--config",
-            "{dir}/agora.toml",
-        ],
+        "device-host-claim-timeout",
+        "[[sim]]\nname = \"sim0\"\nlanes = 1\nlaunch_ns = 3000000000\n",
+        &["--no-opencl", "--preempt-target-us", "0"],
     );
     let tenant = Session::connect_with(agora::SessionOptions {
         socket: Some(daemon.socket().to_path_buf()),
@@ -830,7 +807,7 @@ fn a_claim_while_a_task_uses_the_buffer_times_out_and_the_session_goes_on() {
         ..Default::default()
     })
     .unwrap();
-    let q = queue(&tenant, "slow", DeviceKind::Sim);
+    let q = queue_preferring(&tenant, "slow", DeviceKind::Sim);
     let vector_add = tenant.kernel("vector_add").unwrap();
     let n = 1024;
     let x = tenant.buffer_from(&vec![1.0f32; n]).unwrap();
@@ -895,7 +872,7 @@ fn a_device_host_s_own_log_lines_reach_the_daemon_s_log() {
     let (daemon, log) = logging_daemon(dir, &["--opencl-device-host", "--kernels", "{dir}/packages"]);
     let session = daemon.session_named("tenant");
     require_opencl(&session);
-    let q = queue(&session, "broken", DeviceKind::OpenCl);
+    let q = queue_preferring(&session, "broken", DeviceKind::OpenCl);
     let kernel = session.kernel("broken.scale").unwrap();
     let x = session.buffer_from(&[1.0f32; 64]).unwrap();
     let y = session.buffer_from(&[0.0f32; 64]).unwrap();
@@ -923,8 +900,8 @@ fn a_read_from_another_device_by_a_job_in_a_host_is_right_and_no_link_bug() {
     let (daemon, log) = logging_daemon(dir, &["--opencl-device-host", "--config", "{dir}/agora.toml"]);
     let session = daemon.session_named("tenant");
     require_opencl(&session);
-    let on_sim = queue(&session, "sim", DeviceKind::Sim);
-    let on_opencl = queue(&session, "opencl", DeviceKind::OpenCl);
+    let on_sim = queue_preferring(&session, "sim", DeviceKind::Sim);
+    let on_opencl = queue_preferring(&session, "opencl", DeviceKind::OpenCl);
     let fill = session.kernel("fill").unwrap();
     let saxpy = session.kernel("saxpy").unwrap();
     let n = 4096;

@@ -8,20 +8,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agora::{Arg, DeviceKind, QueueOptions, Session};
-use agora_test_support::Daemon;
+use agora::{Arg, DeviceKind};
+use agora_test_support::{queue_preferring, Daemon};
 
 const AGORA: &str = env!("CARGO_BIN_EXE_agora");
-
-fn opencl_queue(session: &Session, name: &str) -> agora::Queue {
-    session
-        .queue_with(QueueOptions {
-            name: name.into(),
-            preferred_device: Some(DeviceKind::OpenCl),
-            ..Default::default()
-        })
-        .unwrap()
-}
 
 #[test]
 fn a_tenant_over_its_share_of_device_memory_never_fails_a_neighbour() {
@@ -45,7 +35,7 @@ fn a_tenant_over_its_share_of_device_memory_never_fails_a_neighbour() {
             longest.clone(),
         );
         std::thread::spawn(move || {
-            let q = opencl_queue(&neighbour, "small");
+            let q = queue_preferring(&neighbour, "small", DeviceKind::OpenCl);
             let saxpy = neighbour.kernel("saxpy").unwrap();
             let n = 8 << 10; // 2 x 32 KiB
             let x = neighbour.buffer_from(&vec![1.0f32; n]).unwrap();
@@ -78,7 +68,7 @@ fn a_tenant_over_its_share_of_device_memory_never_fails_a_neighbour() {
 
     // The hog: 8 buffers of 8 MiB filled on the OpenCL device, again and again (64 MiB of
     // outputs into 48 MiB).
-    let q = opencl_queue(&hog, "hog");
+    let q = queue_preferring(&hog, "hog", DeviceKind::OpenCl);
     let fill = hog.kernel("fill").unwrap();
     let n = 2 << 20; // 8 MiB of f32
     let buffers: Vec<agora::Buffer> = (0..8).map(|_| hog.buffer(n as u64 * 4).unwrap()).collect();
@@ -141,38 +131,18 @@ fn a_tenant_over_its_share_of_device_memory_never_fails_a_neighbour() {
 /// daemon places it again every millisecond or so (it counted about a thousand before).
 #[test]
 fn a_task_that_waits_for_room_is_counted_once() {
-    let dir = agora_test_support::temp_dir("pressure-waits-counted");
-    std::fs::write(
-        dir.path().join("agora.toml"),
-        "[[sim]]\nname = \"sim0\"\nlanes = 2\nmemory = \"4M\"\nlaunch_ns = 1000000000\n",
-    )
-    .unwrap();
     // One job per launch (no slicing): the sim's launch then takes its launch_ns once.
-    let daemon = Daemon::start_in(
+    let daemon = Daemon::start_with_config(
         AGORA,
-        dir,
-        &[
-            "--no-opencl",
-            "--preempt-target-us",
-            "0",
-            "--config",
-            "{dir}/agora.toml",
-        ],
+        "pressure-waits-counted",
+        "[[sim]]\nname = \"sim0\"\nlanes = 2\nmemory = \"4M\"\nlaunch_ns = 1000000000\n",
+        &["--no-opencl", "--preempt-target-us", "0"],
     );
-    let sim_queue = |session: &Session, name: &str| {
-        session
-            .queue_with(QueueOptions {
-                name: name.into(),
-                preferred_device: Some(DeviceKind::Sim),
-                ..Default::default()
-            })
-            .unwrap()
-    };
     let n = 1 << 18; // 1 MiB of f32
     let holder = daemon.session_named("holder");
     let waiter = daemon.session_named("waiter");
     let held: Vec<_> = (0..3).map(|_| holder.buffer_from(&vec![1.0f32; n]).unwrap()).collect();
-    let q = sim_queue(&holder, "holder");
+    let q = queue_preferring(&holder, "holder", DeviceKind::Sim);
     let vector_add = holder.kernel("vector_add").unwrap();
     q.launch(
         &vector_add,
@@ -185,7 +155,7 @@ fn a_task_that_waits_for_room_is_counted_once() {
     let before = waiter.status().unwrap().memory_waits;
     let x = waiter.buffer_from(&vec![1.0f32; n]).unwrap();
     let y = waiter.buffer_from(&vec![0.0f32; n]).unwrap();
-    let w = sim_queue(&waiter, "waiter");
+    let w = queue_preferring(&waiter, "waiter", DeviceKind::Sim);
     let vector_add = waiter.kernel("vector_add").unwrap();
     w.launch(&vector_add, &[(&x).into(), (&x).into(), (&y).into()], n)
         .unwrap();

@@ -128,6 +128,17 @@ pub fn assert_device_memory_adds_up(session: &Session) {
     }
 }
 
+/// A queue named `name` that prefers devices of `kind`.
+pub fn queue_preferring(session: &Session, name: &str, kind: agora::DeviceKind) -> agora::Queue {
+    session
+        .queue_with(agora::QueueOptions {
+            name: name.into(),
+            preferred_device: Some(kind),
+            ..Default::default()
+        })
+        .unwrap()
+}
+
 /// Fails (never skips) when the daemon has no OpenCL device.
 pub fn require_opencl(session: &Session) {
     let status = session.status().unwrap();
@@ -156,6 +167,15 @@ impl Daemon {
     /// and waits until it answers on its socket. `{dir}` in an argument is the directory.
     pub fn start(agora: impl AsRef<Path>, tag: &str, args: &[&str]) -> Daemon {
         Daemon::start_in(agora, temp_dir(tag), args)
+    }
+
+    /// [`Daemon::start`] with `config` written to `DIR/agora.toml` and passed as `--config`
+    /// after `args`.
+    pub fn start_with_config(agora: impl AsRef<Path>, tag: &str, config: &str, args: &[&str]) -> Daemon {
+        let dir = temp_dir(tag);
+        std::fs::write(dir.path().join("agora.toml"), config).unwrap();
+        let args: Vec<&str> = args.iter().copied().chain(["--config", "{dir}/agora.toml"]).collect();
+        Daemon::start_in(agora, dir, &args)
     }
 
     /// [`Daemon::start`] in a directory the test prepared (e.g. with a configuration file).
