@@ -591,17 +591,32 @@ fn a_device_host_that_never_answers_an_allocation_is_replaced_and_the_task_ends(
 /// buffer, wait for it; a neighbour's round trips on the CPU stay short; every result is exact.
 #[test]
 fn evictions_from_a_device_host_write_buffers_home_without_stalling_anyone_and_lose_nothing() {
+    evictions_from_a_host("device-host-write-back", false);
+}
+
+/// The same with exportable buffers, whose host copies are memory regions of their own outside
+/// every session segment (the host has no mapping of them): their write-backs go through a
+/// staging segment, still without the dispatcher waiting. Before, each was a synchronous read
+/// on the dispatcher, and the neighbour waited for every one (150 ms each here).
+#[test]
+fn evictions_of_exportable_buffers_from_a_device_host_stall_no_one_and_lose_nothing() {
+    evictions_from_a_host("device-host-write-back-shared", true);
+}
+
+/// Eight 1 MiB results computed on a 4 MiB sim in a host answering every allocation and read
+/// 150 ms late, read back in reverse order, beside a neighbour's round trips on the CPU.
+/// `exportable`: the results are exportable buffers (exported, for good measure).
+fn evictions_from_a_host(tag: &str, exportable: bool) {
     let delay = Duration::from_millis(150);
-    let dir = agora_test_support::temp_dir("device-host-write-back");
-    std::fs::write(
-        dir.path().join("agora.toml"),
-        format!(
+    let mut daemon = Daemon::start_with_config(
+        AGORA,
+        tag,
+        &format!(
             "[[sim]]\nname = \"sim0\"\nlanes = 1\nmemory = \"4M\"\nanswer_delay_ms = {}\ndevice_host = true\n",
             delay.as_millis()
         ),
-    )
-    .unwrap();
-    let mut daemon = Daemon::start_in(AGORA, dir, &["--no-opencl", "--config", "{dir}/agora.toml"]);
+        &["--no-opencl"],
+    );
     let tenant = daemon.session_named("tenant");
     let neighbour = daemon.session_named("neighbour");
     let stop = Arc::new(AtomicBool::new(false));
@@ -613,7 +628,17 @@ fn evictions_from_a_device_host_write_buffers_home_without_stalling_anyone_and_l
     let n = 1 << 18;
     let x = tenant.buffer_from(&vec![1.0f32; n]).unwrap();
     let ys: Vec<_> = (0..8)
-        .map(|i| tenant.buffer_from(&vec![i as f32; n]).unwrap())
+        .map(|i| {
+            if !exportable {
+                return tenant.buffer_from(&vec![i as f32; n]).unwrap();
+            }
+            let y = tenant.shared_buffer(4 * n as u64).unwrap();
+            y.write_slice(&vec![i as f32; n]).unwrap();
+            tenant
+                .export(&y, &format!("{tag}-y{i}"), &agora::ExportReaders::default(), false)
+                .unwrap();
+            y
+        })
         .collect();
     for y in &ys {
         q.sync_to(y).unwrap();

@@ -406,8 +406,9 @@ impl Staging {
     fn deliver(&self, len: usize) {
         if let Some(target) = self.target {
             let len = len.min(self.map.len());
-            // SAFETY: the destination is valid for the job's `len` bytes until it finishes; the
-            // map holds at least `len` bytes (clamped).
+            // SAFETY: the destination is valid for `len` bytes until its job finishes (or, for a
+            // `read_later`, until its `done` is called, which comes after this); the map holds at
+            // least `len` bytes (clamped).
             unsafe { std::ptr::copy_nonoverlapping(self.map.as_ptr(), target, len) };
         }
     }
@@ -1426,10 +1427,15 @@ impl Device for RemoteDevice {
         let Ok(buffer) = self.own(from, &link) else {
             return false;
         };
-        // Host memory outside the segments would need a staging copy after the answer: the
-        // caller reads it synchronously instead (rare: an exported buffer's region).
-        let Some(target) = self.platform.segment_of(host, len) else {
-            return false;
+        // Host memory outside the segments (an exportable buffer's region) is read into a
+        // staging segment, copied to `host` on the reader thread once the host has answered:
+        // reading it synchronously would hold the dispatcher for the host's whole answer.
+        let (target, staging) = match self.platform.segment_of(host, len) {
+            Some(segment) => (segment, None),
+            None => match Staging::new(&self.platform, &link, host, len, false) {
+                Ok((target, staging)) => (target, Some(staging)),
+                Err(_) => return false,
+            },
         };
         let buffer = buffer.id;
         link.call_later(
@@ -1441,11 +1447,17 @@ impl Device for RemoteDevice {
                 len: len as u64,
             },
             Box::new(move |reply| {
-                done(match reply {
+                let result = match reply {
                     Ok(Reply::ReadDone { outcome, .. }) => outcome.result(),
                     Ok(_) => Err(link_bug(LINK_WRONG_REPLY, "a read answered with another reply")),
                     Err(e) => Err(e),
-                })
+                };
+                if let (Ok(()), Some(staging)) = (&result, &staging) {
+                    // Before `done`: the caller keeps `host` valid until then.
+                    staging.deliver(len);
+                }
+                drop(staging);
+                done(result)
             }),
         );
         true

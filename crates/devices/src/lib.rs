@@ -546,8 +546,8 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     /// Starts the copy [`Device::read`] makes without waiting for it (an eviction's write-back
     /// from a device in a device host): `done` receives its outcome exactly once, later and
     /// perhaps on another thread. Returns `false`, and never calls `done`, where the device
-    /// cannot (the default; a device host when `host` lies outside every segment it maps): the
-    /// caller reads synchronously.
+    /// cannot (the default; a device host that could not stage memory outside the segments it
+    /// maps): the caller reads synchronously.
     ///
     /// # Safety
     /// `host` must stay valid for `len` bytes of writes until `done` is called, nothing else may

@@ -326,7 +326,12 @@ fn spawn_listening(agora: &Path, socket: &Path, dir: &Path, args: &[String], env
         .arg("--socket")
         .arg(socket)
         .args(args)
-        .env("AGORA_LOG", "warn")
+        // AGORA_TEST_DAEMON_LOG (an `AGORA_LOG` filter) shows more of the daemons' logs when a
+        // test is being investigated.
+        .env(
+            "AGORA_LOG",
+            std::env::var("AGORA_TEST_DAEMON_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .env("AGORA_STATE_DIR", dir.join("state"))
         .stdout(Stdio::null());
     // The project's NVRTC, given to the daemon rather than set in this process's environment:
