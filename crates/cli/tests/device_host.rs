@@ -960,3 +960,54 @@ fn a_read_from_another_device_by_a_job_in_a_host_is_right_and_no_link_bug() {
         "a read from another device was logged as a link bug:\n{text}"
     );
 }
+
+/// A daemon that did not run for a while — its machine paused by the hypervisor (seen on this
+/// project's VMs: the guest's kernel reported its workqueues stuck for 53 s, and two test daemons
+/// took their device hosts for hung at once) or the daemon stopped with SIGSTOP — does not take
+/// its device hosts for hung when it resumes: their hang limits count only the time the daemon
+/// ran. Here a sim in a host answers an allocation 15 s late while the daemon is stopped for
+/// 11 s of it: on resuming the allocation has waited 12 s by the clock, past the 10 s limit,
+/// and about 2 s by the daemon's. Before, the host was killed on resuming and the task replayed
+/// elsewhere.
+#[test]
+fn a_daemon_that_was_paused_does_not_take_its_device_hosts_for_hung() {
+    let mut daemon = Daemon::start_with_config(
+        AGORA,
+        "device-host-paused",
+        "[[sim]]\nname = \"sim0\"\nlanes = 1\nanswer_delay_ms = 15000\ndevice_host = true\n",
+        &["--no-opencl"],
+    );
+    let tenant = daemon.session_named("tenant");
+    let host = host_pid(daemon.pid()).expect("the sim runs in a device host");
+    let q = queue_preferring(&tenant, "paused", DeviceKind::Sim);
+    let fill = tenant.kernel("fill").unwrap();
+    let n = 1024u64;
+    let y = tenant.buffer(4 * n).unwrap();
+    // One buffer, so one allocation: the host answers requests one after another.
+    let task = q.launch(&fill, &[Arg::F32(7.0), (&y).into()], n).unwrap();
+    std::thread::sleep(Duration::from_secs(1)); // the allocation is asked meanwhile
+    let daemon_pid = rustix::process::Pid::from_raw(daemon.pid() as i32).unwrap();
+    rustix::process::kill_process(daemon_pid, rustix::process::Signal::STOP).unwrap();
+    std::thread::sleep(Duration::from_secs(11));
+    rustix::process::kill_process(daemon_pid, rustix::process::Signal::CONT).unwrap();
+    task.wait().unwrap();
+    daemon.assert_alive();
+    let sim = tenant
+        .status()
+        .unwrap()
+        .devices
+        .into_iter()
+        .find(|d| d.name == "sim0")
+        .unwrap();
+    assert!(
+        sim.description.contains("restarted 0 time") && !sim.description.contains("last failure"),
+        "the device host was taken for hung: {}",
+        sim.description
+    );
+    assert_eq!(host_pid(daemon.pid()), Some(host), "the device host was replaced");
+    assert_eq!(
+        sim.lanes.iter().map(|l| l.completed).sum::<u64>(),
+        1,
+        "the fill did not run on the sim"
+    );
+}

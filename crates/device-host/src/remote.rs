@@ -47,6 +47,10 @@ use crate::wire::{
 /// Longest a synchronous request (an allocation, a read) waits for the host's answer.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long the watch thread may go without running before the daemon counts itself as having
+/// been stalled (it runs at least once a second, [`watch`]).
+const STALL_GAP: Duration = Duration::from_secs(3);
+
 /// Longest a kernel's preparation (a GPU's NVRTC compile and JIT) waits for the host's answer: a
 /// large tenant program takes seconds; the build that asked waits, not the dispatcher.
 const PREPARE_TIMEOUT: Duration = Duration::from_secs(120);
@@ -448,6 +452,27 @@ impl LaneCount {
     }
 }
 
+/// The time the daemon as a whole did not run, as its watch thread sees it: a virtual machine
+/// paused by its hypervisor (seen here: the guest's kernel reported its workqueues stuck for
+/// 53 s), or a daemon stopped with SIGSTOP. A host's hang limits count only the time the daemon
+/// ran, so on resuming it does not take every device host for hung (their answers, sent
+/// meanwhile, are waiting in the socket) and replay their tasks elsewhere.
+struct StallClock {
+    /// When the watch thread last ran.
+    last_tick: Instant,
+    /// All the time the daemon was stalled.
+    stalled: Duration,
+}
+
+impl StallClock {
+    fn new() -> StallClock {
+        StallClock {
+            last_tick: Instant::now(),
+            stalled: Duration::ZERO,
+        }
+    }
+}
+
 /// Who waits for the reply to a request.
 enum Waiter {
     /// A thread blocked in [`Link::call_within`].
@@ -485,6 +510,8 @@ pub(crate) struct Link {
     kernels: Mutex<HashMap<usize, (u32, KernelRef)>>,
     /// When a job last finished (or the first job was sent after none waited).
     progress: Mutex<Instant>,
+    /// Time the daemon itself did not run, so the host's hang limits leave it out.
+    stalls: Mutex<StallClock>,
     hang_timeout: Duration,
     /// The daemon closed it on purpose.
     closing: AtomicBool,
@@ -507,6 +534,7 @@ impl Link {
             next_id: AtomicU64::new(1),
             kernels: Mutex::default(),
             progress: Mutex::new(Instant::now()),
+            stalls: Mutex::new(StallClock::new()),
             hang_timeout: Duration::from_secs(60),
             closing: AtomicBool::new(false),
             outbox: Mutex::new(Vec::new()),
@@ -693,14 +721,77 @@ impl Link {
             requests.insert(id, Waiter::Thread(reply));
         }
         self.send(&make(id)).map_err(|()| TaskError::DeviceLost)?;
-        match answer.recv_timeout(limit) {
-            Ok(reply) => Ok(reply),
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                self.fail(&format!("it did not answer a request within {limit:?}"));
-                Err(TaskError::DeviceLost)
+        let (sent, stalled_before) = (Instant::now(), self.stalled());
+        let mut wait = limit;
+        loop {
+            match answer.recv_timeout(wait) {
+                Ok(reply) => return Ok(reply),
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Err(TaskError::DeviceLost),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
             }
-            Err(mpsc::RecvTimeoutError::Disconnected) => Err(TaskError::DeviceLost),
+            // Time the daemon did not run does not count (`StallClock`). Right after such a
+            // stall this thread may run before the watch thread has counted it: then it waits
+            // for the watch thread a little (bounded, should that thread be gone).
+            let waited = sent.elapsed();
+            let allowed = limit + self.stalled().saturating_sub(stalled_before);
+            if waited < allowed {
+                wait = allowed - waited;
+            } else if self.watch_overdue() && waited < 3 * limit {
+                wait = Duration::from_millis(50);
+            } else {
+                self.fail(&format!("it did not answer a request within {limit:?}"));
+                return Err(TaskError::DeviceLost);
+            }
         }
+    }
+
+    /// All the time the daemon did not run, so far ([`StallClock`]).
+    fn stalled(&self) -> Duration {
+        self.stalls.lock().unwrap_or_else(|e| e.into_inner()).stalled
+    }
+
+    /// Whether the watch thread has not run for longer than it ever should: the daemon was just
+    /// stalled, and the watch thread has not counted it yet.
+    fn watch_overdue(&self) -> bool {
+        self.stalls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .last_tick
+            .elapsed()
+            > STALL_GAP
+    }
+
+    /// The watch thread's beat: a gap since its last one (less the `working` time it spent on
+    /// the host in between) longer than it ever sleeps means the daemon did not run meanwhile;
+    /// that time is counted ([`StallClock`]) and the host's clocks (its late requests, its
+    /// progress) move on by it, so no hang limit counts it.
+    fn tick(&self, working: Duration) {
+        let now = Instant::now();
+        let lost = {
+            let mut stalls = self.stalls.lock().unwrap_or_else(|e| e.into_inner());
+            let gap = now.saturating_duration_since(stalls.last_tick).saturating_sub(working);
+            stalls.last_tick = now;
+            if gap <= STALL_GAP {
+                return;
+            }
+            // The watch thread sleeps at most a second between beats.
+            let lost = gap - Duration::from_secs(1);
+            stalls.stalled += lost;
+            lost
+        };
+        for waiter in self.requests.lock().unwrap_or_else(|e| e.into_inner()).values_mut() {
+            if let Waiter::Later { since, .. } = waiter {
+                *since = (*since + lost).min(now);
+            }
+        }
+        {
+            let mut progress = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+            *progress = (*progress + lost).min(now);
+        }
+        tracing::warn!(
+            stalled_ms = lost.as_millis() as u64,
+            "the daemon did not run for {lost:?} (its machine or process was paused): the device host's hang limits leave that time out"
+        );
     }
 
     /// A request whose reply `done` receives later, on the reader thread (or the error that ended
@@ -1003,6 +1094,9 @@ fn describe_exit(status: std::process::ExitStatus) -> String {
 /// while a revocable job runs there) and checks for hangs once a second.
 fn watch(platform: Weak<Platform>) {
     let mut last_hang_check = Instant::now();
+    // The time the last round spent on the host (sending, checking): not a stall of the
+    // daemon's, however long a busy host made it.
+    let mut working = Duration::ZERO;
     loop {
         let Some(p) = platform.upgrade() else { return };
         let mut watched = p.watched.lock().unwrap_or_else(|e| e.into_inner());
@@ -1029,14 +1123,19 @@ fn watch(platform: Weak<Platform>) {
         });
         let busy = !watched.is_empty();
         drop(watched);
+        let link = p.link();
+        link.tick(std::mem::take(&mut working));
+        let began = Instant::now();
         for (job, link) in revoke {
             let _ = link.send(&Request::Revoke { job });
         }
-        p.link().flush();
+        link.flush();
+        drop(link);
         if last_hang_check.elapsed() >= Duration::from_secs(1) {
             last_hang_check = Instant::now();
             p.link().check_hang();
         }
+        working = began.elapsed();
         drop(p);
         if busy {
             std::thread::sleep(Duration::from_micros(100));
