@@ -548,6 +548,45 @@ fn tasks_within_the_quota_wait_for_room_instead_of_failing() {
     );
 }
 
+/// A queue that prefers no device kind leaves the choice to the daemon, which places a launch
+/// whose buffers can never be on a device at once (here over the session's device quota) on
+/// another, however its queue was bound: every task runs and every result is exact. Before, the
+/// policy could pick the OpenCL device for it (as it explores where a kernel runs fastest) —
+/// then the launch failed with the quota's error, its result was poisoned, and each later task
+/// over it failed.
+#[test]
+fn a_queue_with_no_preference_runs_what_can_never_fit_a_device_elsewhere() {
+    let (_daemon, session) = common::daemon_with("outcome-no-preference-over-quota", |c| c.device_quota = 16 << 20);
+    common::require_opencl(&session);
+    let q = session.queue("anywhere").unwrap();
+    let saxpy = session.kernel("saxpy").unwrap();
+    let (small, big) = (1usize << 10, 3usize << 20); // 4 KiB and 12 MiB of f32
+    let x = session.buffer_from(&vec![1.0f32; small]).unwrap();
+    let y = session.buffer_from(&vec![0.0f32; small]).unwrap();
+    let big_x = session.buffer_from(&vec![1.0f32; big]).unwrap();
+    let big_y = session.buffer_from(&vec![0.0f32; big]).unwrap();
+    let rounds = 20;
+    // One at a time: each finds the queue idle, free to go anywhere.
+    for _ in 0..rounds {
+        q.launch(&saxpy, &[Arg::F32(2.0), (&big_x).into(), (&big_y).into()], big)
+            .unwrap()
+            .wait()
+            .unwrap();
+    }
+    // Pipelined: each big launch may find the queue busy on the device its small one went to.
+    for _ in 0..rounds {
+        q.launch(&saxpy, &[Arg::F32(1.0), (&x).into(), (&y).into()], small)
+            .unwrap();
+        q.launch(&saxpy, &[Arg::F32(2.0), (&big_x).into(), (&big_y).into()], big)
+            .unwrap();
+    }
+    q.sync_from(&y).unwrap();
+    q.sync_from(&big_y).unwrap();
+    q.finish().expect("no task needed a device it could never fit");
+    assert!(y.as_slice::<f32>().iter().all(|v| *v == rounds as f32));
+    assert!(big_y.as_slice::<f32>().iter().all(|v| *v == 4.0 * rounds as f32));
+}
+
 /// A task whose buffers together exceed the device it must run on can never run there: it
 /// fails at once with both sizes (it does not wait for room that will never come), and the
 /// queue goes on.

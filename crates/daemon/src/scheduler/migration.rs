@@ -562,7 +562,11 @@ impl Scheduler {
         };
         // A launch beyond the bound device's limits moves the queue like a missing kernel: the
         // launch goes where it fits, or fails naming the limit once the queue is free.
-        let takes = kernel.is_none_or(|k| bound.implements(k)) && self.fit(device, ready).is_ok();
+        // So does, for a queue that prefers no device kind, a launch whose buffers can never be on
+        // it at once (its quota or its size: `never_fits_task`).
+        let takes = kernel.is_none_or(|k| bound.implements(k))
+            && self.fit(device, ready).is_ok()
+            && (queue.preferred.is_some() || self.never_fits_task(device, ready).is_none());
         if self.usable(device) && takes {
             return Ok(false);
         }
@@ -570,7 +574,7 @@ impl Scheduler {
             session,
             queue = %queue.name,
             from = %bound.info().name,
-            reason = if !self.usable(device) { "draining" } else { "kernel missing or beyond the device's limits" },
+            reason = if !self.usable(device) { "draining" } else { "kernel missing, or beyond the device's limits or memory" },
             "migrating a queue: holding its tasks until its in-flight ones finish"
         );
         self.migration.list_or_new(session, queue);

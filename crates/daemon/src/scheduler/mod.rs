@@ -154,6 +154,9 @@ pub(crate) struct Scheduler {
     /// Set while a DAG node job goes through the stages ([`Scheduler::dispatch_node_job`]): the
     /// lane APEDF chose and the job's absolute deadline.
     deadline_job: Option<(crate::session::Binding, std::time::Instant)>,
+    /// The device quota of the session whose task goes through the stages now (0: none), for
+    /// placement: a device the task's buffers can never fit is no candidate.
+    dispatch_quota: u64,
 }
 
 /// Predicted work on one lane beyond which it counts as long ([`Scheduler::long_work_on_lanes`]):
@@ -289,6 +292,7 @@ impl Scheduler {
             now: Instant::now(),
             batch_priority_switches: 0,
             deadline_job: None,
+            dispatch_quota: 0,
         }
     }
 
@@ -653,6 +657,7 @@ impl Scheduler {
         if ready.queue.class == QueueClass::Latency {
             self.latency_seen();
         }
+        self.dispatch_quota = self.device_quota(session);
         // A queue being moved holds its tasks, in order, until its in-flight ones are done.
         match self.must_hold(session.id, &ready) {
             Ok(true) => {

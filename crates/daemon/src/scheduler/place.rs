@@ -11,6 +11,7 @@
 //! model's exploration mark and a victim's revocation flag.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use agora_kernels::KernelDef;
 use agora_protocol::control::QueueClass;
@@ -212,6 +213,35 @@ impl Scheduler {
             self.maybe_revoke(b.device(), b.lane(), ready.estimated_ns, sla_ns);
         }
     }
+    /// Why `ready`'s buffers can never be on `device` at once (a launch whose working set is
+    /// larger than the device, or than the device quota of the session being dispatched), or
+    /// `None` when they can. A queue with no preferred device kind places such a launch on
+    /// another device (one that shares host memory takes any working set): before, the policy
+    /// could choose the device the launch could never run on, and it failed with the quota's
+    /// error though the user had asked for no device. A queue that prefers the device's kind
+    /// keeps it, and the launch fails there naming the working set, the quota and the device's
+    /// size (issue #22 item 2): the user asked for that device.
+    pub(super) fn never_fits_task(&self, device: usize, ready: &Ready) -> Option<TaskError> {
+        if self.devices[device].info().shares_host_memory || !matches!(ready.action, Action::Launch { .. }) {
+            return None;
+        }
+        let buffers = &ready.buffers[..ready.slots];
+        let working_set: u64 = buffers
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, entry)| {
+                let (record, _, _) = entry.as_ref()?;
+                // A buffer passed twice needs one copy.
+                let first = buffers[..slot]
+                    .iter()
+                    .flatten()
+                    .all(|(other, _, _)| !Arc::ptr_eq(other, record));
+                first.then_some(record.len)
+            })
+            .sum();
+        self.never_fits_within(device, working_set, self.dispatch_quota)
+    }
+
     /// How `device` can take `ready`: the fewest row slices (enqueues) a launch must run as
     /// there (1 for anything else), or the device limit it exceeds.
     pub(super) fn fit(&self, device: usize, ready: &Ready) -> Result<u64, TaskError> {
@@ -286,8 +316,14 @@ impl Scheduler {
                 if pass == 0 && preferred.is_some_and(|p| p != device.info().kind) {
                     continue;
                 }
-                // Only devices whose limits take the launch.
-                if let Err(e) = self.fit(index, ready) {
+                // Only devices whose limits take the launch, and, for a queue that left the choice
+                // to the daemon, where its buffers can be at once (`never_fits_task`).
+                let never_fits = if only.is_none() && preferred.is_none() {
+                    self.never_fits_task(index, ready)
+                } else {
+                    None
+                };
+                if let Some(e) = self.fit(index, ready).err().or(never_fits) {
                     beyond_limits.get_or_insert(e);
                     continue;
                 }

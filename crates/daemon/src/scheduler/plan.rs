@@ -312,7 +312,7 @@ impl Scheduler {
     }
 
     /// The session's device quota (bytes per device; 0: none): its job's, else the daemon's.
-    fn device_quota(&self, session: &Session) -> u64 {
+    pub(super) fn device_quota(&self, session: &Session) -> u64 {
         match session.shared.device_quota.load(Ordering::Relaxed) {
             0 => self.config.device_quota,
             job => job,
@@ -322,8 +322,13 @@ impl Scheduler {
     /// Why a working set of `bytes` can never be on `device` for `session` (larger than the
     /// device, or than the session's quota), or `None` when it can.
     pub(super) fn never_fits(&self, session: &Session, device: usize, bytes: u64) -> Option<TaskError> {
+        self.never_fits_within(device, bytes, self.device_quota(session))
+    }
+
+    /// Why a working set of `bytes` can never be on `device` under a device quota of `quota`
+    /// bytes (0: none), or `None` when it can.
+    pub(super) fn never_fits_within(&self, device: usize, bytes: u64, quota: u64) -> Option<TaskError> {
         let info = self.devices[device].info();
-        let quota = self.device_quota(session);
         if bytes > info.memory_bytes {
             Some(TaskError::DeviceTooSmall {
                 needed: bytes,
