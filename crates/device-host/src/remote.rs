@@ -512,6 +512,10 @@ pub(crate) struct Link {
     progress: Mutex<Instant>,
     /// Time the daemon itself did not run, so the host's hang limits leave it out.
     stalls: Mutex<StallClock>,
+    /// When the host last answered an allocation or a read (or the first request was sent after
+    /// none waited). Its message loop answers them one after another: one that answers others
+    /// is busy, not hung, however long a request waits behind them.
+    answered: Mutex<Instant>,
     hang_timeout: Duration,
     /// The daemon closed it on purpose.
     closing: AtomicBool,
@@ -535,6 +539,7 @@ impl Link {
             kernels: Mutex::default(),
             progress: Mutex::new(Instant::now()),
             stalls: Mutex::new(StallClock::new()),
+            answered: Mutex::new(Instant::now()),
             hang_timeout: Duration::from_secs(60),
             closing: AtomicBool::new(false),
             outbox: Mutex::new(Vec::new()),
@@ -718,6 +723,7 @@ impl Link {
             if !self.alive() {
                 return Err(TaskError::DeviceLost);
             }
+            self.first_waiting(&requests);
             requests.insert(id, Waiter::Thread(reply));
         }
         self.send(&make(id)).map_err(|()| TaskError::DeviceLost)?;
@@ -731,18 +737,33 @@ impl Link {
             }
             // Time the daemon did not run does not count (`StallClock`). Right after such a
             // stall this thread may run before the watch thread has counted it: then it waits
-            // for the watch thread a little (bounded, should that thread be gone).
+            // for the watch thread a little. A host that answers other requests meanwhile is
+            // working through a backlog: it is waited for too (both bounded, should the watch
+            // thread be gone or the host never come to this request).
             let waited = sent.elapsed();
             let allowed = limit + self.stalled().saturating_sub(stalled_before);
             if waited < allowed {
                 wait = allowed - waited;
-            } else if self.watch_overdue() && waited < 3 * limit {
+            } else if (self.watch_overdue() || self.answered_within(limit)) && waited < 3 * limit {
                 wait = Duration::from_millis(50);
             } else {
                 self.fail(&format!("it did not answer a request within {limit:?}"));
                 return Err(TaskError::DeviceLost);
             }
         }
+    }
+
+    /// Starts the clock of answers when a request is about to wait and none did (`requests` is
+    /// the table, locked by the caller).
+    fn first_waiting(&self, requests: &HashMap<u64, Waiter>) {
+        if requests.is_empty() {
+            *self.answered.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        }
+    }
+
+    /// Whether the host answered an allocation or a read within the last `limit`.
+    fn answered_within(&self, limit: Duration) -> bool {
+        self.answered.lock().unwrap_or_else(|e| e.into_inner()).elapsed() < limit
     }
 
     /// All the time the daemon did not run, so far ([`StallClock`]).
@@ -784,9 +805,9 @@ impl Link {
                 *since = (*since + lost).min(now);
             }
         }
-        {
-            let mut progress = self.progress.lock().unwrap_or_else(|e| e.into_inner());
-            *progress = (*progress + lost).min(now);
+        for clock in [&self.progress, &self.answered] {
+            let mut clock = clock.lock().unwrap_or_else(|e| e.into_inner());
+            *clock = (*clock + lost).min(now);
         }
         tracing::warn!(
             stalled_ms = lost.as_millis() as u64,
@@ -807,6 +828,7 @@ impl Link {
                 done(Err(TaskError::DeviceLost));
                 return;
             }
+            self.first_waiting(&requests);
             requests.insert(
                 id,
                 Waiter::Later {
@@ -911,6 +933,10 @@ impl Link {
                 Reply::Allocated { request, .. }
                 | Reply::ReadDone { request, .. }
                 | Reply::Prepared { request, .. } => {
+                    // A preparation is answered by a thread of its own, not the message loop.
+                    if !matches!(reply, Reply::Prepared { .. }) {
+                        *self.answered.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+                    }
                     let waiter = self.requests.lock().unwrap_or_else(|e| e.into_inner()).remove(&request);
                     if let Some(waiter) = waiter {
                         waiter.answer(Ok(reply));
@@ -1015,7 +1041,8 @@ impl Link {
     }
 
     /// Kills a host that has jobs waiting and finished none for `hang_timeout`, or left a
-    /// request sent with [`Link::call_later`] unanswered for as long as a blocking call waits.
+    /// request sent with [`Link::call_later`] unanswered for as long as a blocking call waits
+    /// while it answered no other (`answered`).
     fn check_hang(&self) {
         if !self.alive() {
             return;
@@ -1031,9 +1058,12 @@ impl Link {
                 Waiter::Thread(_) => None,
             })
             .max();
-        if let Some(waited) = oldest_late.filter(|w| *w > limit) {
+        // Hung: it answered nothing for the limit while a request waited longer, or it left
+        // one unanswered for three times the limit however busy it was with others.
+        let silent = self.answered.lock().unwrap_or_else(|e| e.into_inner()).elapsed();
+        if let Some(waited) = oldest_late.filter(|w| (*w > limit && silent > limit) || *w > 3 * limit) {
             self.fail(&format!(
-                "it did not answer a request within {limit:?} (waited {waited:?})"
+                "it did not answer a request within {limit:?} (waited {waited:?}; its last answer to any came {silent:?} ago)"
             ));
             return;
         }
