@@ -1062,3 +1062,74 @@ fn a_device_host_working_through_a_backlog_is_not_taken_for_hung() {
     assert_eq!(jobs_on(&tenant, "cpu"), 0, "fills were replayed on the CPU");
     drop(work);
 }
+
+/// A task replayed after its device failed, onto a device in a host that answers allocations
+/// slowly, waits for its allocation like any other task; the dispatcher does not. Here the
+/// rounds run on sim0 (the first device, and a queue stays where it ran), in a host, until its
+/// kernel fault after a few jobs; sim1, in another host, answers each allocation 300 ms late.
+/// Each round computes on a fresh buffer, so a task replayed from sim0 needs its buffer
+/// allocated on sim1. A neighbour's round trips on the
+/// CPU stay short, every round that reports success is exact, and the replay happened. Before,
+/// a replay allocated synchronously and every tenant waited for the host with it.
+#[test]
+fn a_task_replayed_onto_a_device_in_a_host_waits_for_its_allocation_not_the_dispatcher() {
+    let delay = Duration::from_millis(300);
+    let mut daemon = Daemon::start_with_config(
+        AGORA,
+        "device-host-replay-allocation",
+        &format!(
+            "[[sim]]\nname = \"sim0\"\nlanes = 1\nfail_after_jobs = 8\ndevice_host = true\n\n\
+             [[sim]]\nname = \"sim1\"\nlanes = 1\nanswer_delay_ms = {}\ndevice_host = true\n",
+            delay.as_millis()
+        ),
+        &["--no-opencl"],
+    );
+    let tenant = daemon.session_named("tenant");
+    let neighbour = daemon.session_named("neighbour");
+    let stop = Arc::new(AtomicBool::new(false));
+    let watch = round_trips(neighbour, stop.clone());
+    let q = queue_preferring(&tenant, "replayed", DeviceKind::Sim);
+    let saxpy = tenant.kernel("saxpy").unwrap();
+    let n = 4096;
+    let x = tenant.buffer_from(&vec![1.0f32; n]).unwrap();
+    let mut failures = Vec::new();
+    for round in 0..12 {
+        let y = tenant.buffer_from(&vec![round as f32; n]).unwrap();
+        let outcome = (|| -> Result<(), Error> {
+            q.sync_to(&y)?;
+            q.launch(&saxpy, &[Arg::F32(3.0), (&x).into(), (&y).into()], n)?;
+            q.sync_from(&y)?;
+            q.finish()
+        })();
+        match outcome {
+            Ok(()) => assert!(
+                y.as_slice::<f32>().iter().all(|v| *v == round as f32 + 3.0),
+                "round {round} reported success with wrong results"
+            ),
+            Err(e) => failures.push((round as u64, e)),
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (longest, count) = watch.join().unwrap();
+    daemon.assert_alive();
+    let status = tenant.status().unwrap();
+    let jobs: Vec<(String, u64, bool)> = status
+        .devices
+        .iter()
+        .map(|d| (d.name.clone(), d.lanes.iter().map(|l| l.completed).sum(), d.failed))
+        .collect();
+    eprintln!(
+        "replayed {}, lost {}; jobs per device {jobs:?}; failures {failures:?}; neighbour: {count} round trips, longest {longest:?}",
+        status.tasks_replayed, status.tasks_lost
+    );
+    assert_honest(&failures);
+    assert!(
+        status.tasks_replayed >= 1,
+        "no task was replayed (sim0's failure lost none in flight)"
+    );
+    assert!(count >= 10, "the neighbour ran only {count} round trips");
+    assert!(
+        longest < delay / 2,
+        "a neighbour's round trip took {longest:?} while a replay waited {delay:?} for its allocation"
+    );
+}

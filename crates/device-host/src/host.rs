@@ -337,6 +337,9 @@ fn send_answer(writer: &Writer, device: &dyn Device, failed: bool, reply: &Reply
     if (faulted && FAULTED.swap(true, Ordering::AcqRel)) || (!faulted && FAULTED.load(Ordering::Acquire)) {
         return false;
     }
+    if faulted {
+        writer.send(&Reply::Exiting);
+    }
     writer.send(reply);
     if faulted {
         exit_after_fault(device);

@@ -265,7 +265,9 @@ impl Platform {
     /// For a failed host: starts a new one (on a thread), and installs it once it is up.
     fn revive(self: &Arc<Self>) -> bool {
         if self.link().alive() {
-            return true;
+            // Down while alive: it said it is exiting (`Reply::Exiting`); the new host starts
+            // once it has gone.
+            return self.up.load(Ordering::Acquire);
         }
         let mut restart = self.restart.lock().unwrap_or_else(|e| e.into_inner());
         let Some(pending) = &restart.pending else {
@@ -963,6 +965,15 @@ impl Link {
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
                             .insert(device, (utilization_percent, memory_cached));
+                    }
+                }
+                Reply::Exiting => {
+                    // Failed from now (`Device::healthy`): a job answered `DeviceLost` next is
+                    // replayed. Revived only once the host has gone (`Platform::revive`).
+                    if let Some(platform) = platform.upgrade() {
+                        if std::ptr::eq(Arc::as_ptr(&platform.link()), Arc::as_ptr(&self)) {
+                            platform.up.store(false, Ordering::Release);
+                        }
                     }
                 }
                 Reply::Ready { .. } => {}

@@ -11,7 +11,7 @@ use agora_protocol::{Completion, DeviceKind, ParamKind, TaskError};
 use serde::{Deserialize, Serialize};
 
 /// Bumped when a message changes: a daemon and a host of different versions refuse each other.
-pub const PROTOCOL: u32 = 3;
+pub const PROTOCOL: u32 = 4;
 
 /// Daemon → host.
 #[derive(Debug, Serialize, Deserialize)]
@@ -314,6 +314,10 @@ pub enum Reply {
         /// The program's name.
         program: String,
     },
+    /// Its device faulted and is unusable: the host sends the answer that met the fault next,
+    /// then exits. The daemon takes the device as failed from here, so a job that answer fails
+    /// as lost (`DeviceLost`) is replayed elsewhere like the jobs the exit fails.
+    Exiting,
 }
 
 /// A device of the host.

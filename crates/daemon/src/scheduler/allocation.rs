@@ -11,8 +11,9 @@
 //! A refusal (the runtime's memory is fuller than the books say) or a device lost meanwhile
 //! leaves the buffer without a copy: the task, dispatched again, allocates the way it would
 //! have without this stage (synchronously, where a refusal evicts and retries or waits for
-//! room). So does a task that already waited once, a replayed task and a DAG node (their
-//! dispatch carries state a wait would lose): at most one wait per task.
+//! room). So does a task that already waited once, and a DAG node (its lane and deadline come
+//! with its dispatch from its release): at most one wait per task. A replayed task waits like
+//! any other, its replay record held with it.
 //!
 //! Owns: the answers in flight ([`AllocationWait`]) and the device usage they count (each
 //! buffer's own: an attached buffer's bytes are its exporter's, as when allocated synchronously).
@@ -121,10 +122,10 @@ const WRITE_BACK_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
 
 impl Scheduler {
     /// Whether the task being dispatched may wait in its queue's held tasks for an answer: not
-    /// a DAG node (its lane was chosen by its release) nor a replay (its replay record would be
-    /// lost), which go on at once.
+    /// a DAG node (its lane was chosen by its release), which goes on at once. A replay waits
+    /// with its replay record (`Scheduler::wait_for_answers`).
     pub(super) fn may_wait_for_answers(&self) -> bool {
-        self.deadline_job.is_none() && self.migration.replaying.is_none()
+        self.deadline_job.is_none()
     }
 
     /// For a task that cannot wait in its queue: waits here until the write-backs of `records`

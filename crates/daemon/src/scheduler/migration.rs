@@ -209,6 +209,9 @@ pub(crate) struct Migration {
     pub(super) allocated_late: bool,
     /// The task being dispatched again already waited for room (it is not counted again).
     pub(super) room_waited: bool,
+    /// The replay being dispatched was held again (to wait for room or answers), its record
+    /// with it: it counts as replayed when it is dispatched for good.
+    replay_held: bool,
     pub stats: MigrationStats,
 }
 
@@ -230,6 +233,7 @@ impl Migration {
             replaying: None,
             allocated_late: false,
             room_waited: false,
+            replay_held: false,
             stats: MigrationStats::default(),
         }
     }
@@ -313,6 +317,13 @@ impl Migration {
 
     /// The held list of `queue`, new if it had none (counted by `reason`: a migration, a wait
     /// for memory, or neither).
+    /// The record of the replay being dispatched, for a task held again (see `replay_held`).
+    fn take_replay(&mut self) -> Option<Replay> {
+        let replay = self.replaying.take();
+        self.replay_held |= replay.is_some();
+        replay
+    }
+
     fn held_list(&mut self, session: u64, queue: &Arc<QueueState>, reason: HoldReason) -> &mut HeldQueue {
         let lists = self.held.entry(session).or_default();
         match lists.iter().position(|h| Arc::ptr_eq(&h.queue, queue)) {
@@ -590,12 +601,14 @@ impl Scheduler {
             self.telemetry.metrics.memory_waits.inc();
             self.migration.stats.memory_waits += 1;
         }
+        let replay = self.migration.take_replay();
         let list = self.migration.held_list(session.id, &queue, HoldReason::Room);
         // The list is new: `must_hold` would have held the task behind an existing one.
+        list.replays = usize::from(replay.is_some());
         list.tasks.push_back(Held {
             task_id,
             ready,
-            replay: None,
+            replay,
             allocated: false,
             waited_for_room: true,
         });
@@ -608,13 +621,17 @@ impl Scheduler {
         let queue = ready.queue.clone();
         let allocated = matches!(answers, Answers::Allocations(_));
         let waited_for_room = self.migration.room_waited;
+        let replay = self.migration.take_replay();
         let list = self.migration.held_list(session.id, &queue, HoldReason::Answer);
         // The list is new: `must_hold` would have held the task behind an existing one.
         list.waiting_for = Some(answers);
+        // A replay keeps its record (its replay count, the inputs that survived) and its place
+        // ahead of the queue's other lost tasks.
+        list.replays = usize::from(replay.is_some());
         list.tasks.push_back(Held {
             task_id,
             ready,
-            replay: None,
+            replay,
             allocated,
             waited_for_room,
         });
@@ -871,8 +888,9 @@ impl Scheduler {
                 self.migration.replaying = None;
                 self.migration.allocated_late = false;
                 self.migration.room_waited = false;
+                let held_again = std::mem::take(&mut self.migration.replay_held);
                 match outcome {
-                    Ok(()) => self.migration.stats.replayed += u64::from(replayed),
+                    Ok(()) => self.migration.stats.replayed += u64::from(replayed && !held_again),
                     Err(error) => {
                         self.migration.stats.lost += u64::from(replayed);
                         self.inline_done.push(Completion::failed(held.task_id, error));
