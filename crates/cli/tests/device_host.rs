@@ -1068,7 +1068,8 @@ fn a_device_host_working_through_a_backlog_is_not_taken_for_hung() {
 /// rounds run on sim0 (the first device, and a queue stays where it ran), in a host, until its
 /// kernel fault after a few jobs; sim1, in another host, answers each allocation 300 ms late.
 /// Each round computes on a fresh buffer, so a task replayed from sim0 needs its buffer
-/// allocated on sim1. A neighbour's round trips on the
+/// allocated on sim1. A round is three jobs there (sync_to, saxpy, sync_from), so the fault at
+/// each host's eighth job meets a saxpy, whose inputs survive on the host: it is replayed. A neighbour's round trips on the
 /// CPU stay short, every round that reports success is exact, and the replay happened. Before,
 /// a replay allocated synchronously and every tenant waited for the host with it.
 #[test]
@@ -1078,7 +1079,7 @@ fn a_task_replayed_onto_a_device_in_a_host_waits_for_its_allocation_not_the_disp
         AGORA,
         "device-host-replay-allocation",
         &format!(
-            "[[sim]]\nname = \"sim0\"\nlanes = 1\nfail_after_jobs = 8\ndevice_host = true\n\n\
+            "[[sim]]\nname = \"sim0\"\nlanes = 1\nfail_after_jobs = 7\ndevice_host = true\n\n\
              [[sim]]\nname = \"sim1\"\nlanes = 1\nanswer_delay_ms = {}\ndevice_host = true\n",
             delay.as_millis()
         ),
@@ -1131,5 +1132,78 @@ fn a_task_replayed_onto_a_device_in_a_host_waits_for_its_allocation_not_the_disp
     assert!(
         longest < delay / 2,
         "a neighbour's round trip took {longest:?} while a replay waited {delay:?} for its allocation"
+    );
+}
+
+/// A DAG's node job on a deadline device in a host waits for its allocations like any task: the
+/// dispatcher does not. Here the deadline device is a sim in a host answering each allocation
+/// 300 ms late; each release of `fill(x)` then `saxpy(x, y)` allocates x and y there the first
+/// time. A neighbour's round trips on the CPU stay short, every release completes, and y holds
+/// what the releases computed. Before, a node job allocated synchronously and every tenant
+/// waited for the host with it.
+#[test]
+fn a_dag_node_on_a_device_in_a_host_waits_for_its_allocation_not_the_dispatcher() {
+    let delay = Duration::from_millis(300);
+    let mut daemon = Daemon::start_with_config(
+        AGORA,
+        "device-host-dag-allocation",
+        &format!(
+            "[realtime]\ndevice = \"sim0\"\n\n\
+             [[sim]]\nname = \"sim0\"\nlanes = 1\nanswer_delay_ms = {}\ndevice_host = true\n",
+            delay.as_millis()
+        ),
+        &["--no-opencl"],
+    );
+    let tenant = daemon.session_named("tenant");
+    let neighbour = daemon.session_named("neighbour");
+    let stop = Arc::new(AtomicBool::new(false));
+    let watch = round_trips(neighbour, stop.clone());
+    let n = 4096usize;
+    let x = tenant.buffer((n * 4) as u64).unwrap();
+    let y = tenant.buffer_from(&vec![0.0f32; n]).unwrap();
+    let fill = tenant.kernel("fill").unwrap();
+    let saxpy = tenant.kernel("saxpy").unwrap();
+    let mut builder = tenant.dag("on-a-host", Duration::from_secs(2));
+    let a = builder
+        .node("fill", &fill, &[Arg::F32(1.0), Arg::Buffer(&x)], n)
+        .unwrap();
+    let b = builder
+        .node("saxpy", &saxpy, &[Arg::F32(2.0), Arg::Buffer(&x), Arg::Buffer(&y)], n)
+        .unwrap();
+    builder
+        .edge(a, b)
+        .wcet(a, Duration::from_millis(5))
+        .wcet(b, Duration::from_millis(5));
+    builder.sporadic();
+    let dag = builder.declare().unwrap();
+    assert!(
+        dag.admission().lanes.iter().all(|lane| lane.starts_with("sim0/")),
+        "{:?}",
+        dag.admission()
+    );
+    let releases = 2;
+    for _ in 0..releases {
+        dag.release().unwrap();
+        let results = dag.wait_results(1, Duration::from_secs(30)).unwrap();
+        assert_eq!(results.len(), 1, "the release did not complete");
+        assert!(results[0].failed.is_none(), "{:?}", results[0]);
+        std::thread::sleep(Duration::from_millis(2100)); // the period
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (longest, count) = watch.join().unwrap();
+    dag.withdraw().unwrap();
+    let q = queue_preferring(&tenant, "read-back", DeviceKind::Sim);
+    q.sync_from(&y).unwrap().wait().unwrap();
+    daemon.assert_alive();
+    eprintln!("neighbour: {count} round trips, longest {longest:?}");
+    assert!(
+        y.as_slice::<f32>().iter().all(|v| *v == 2.0 * releases as f32),
+        "y[0] = {} after {releases} releases",
+        y.as_slice::<f32>()[0]
+    );
+    assert!(count >= 10, "the neighbour ran only {count} round trips");
+    assert!(
+        longest < delay / 2,
+        "a neighbour's round trip took {longest:?} while a DAG node waited {delay:?} for its allocation"
     );
 }

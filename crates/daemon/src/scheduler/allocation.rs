@@ -11,9 +11,9 @@
 //! A refusal (the runtime's memory is fuller than the books say) or a device lost meanwhile
 //! leaves the buffer without a copy: the task, dispatched again, allocates the way it would
 //! have without this stage (synchronously, where a refusal evicts and retries or waits for
-//! room). So does a task that already waited once, and a DAG node (its lane and deadline come
-//! with its dispatch from its release): at most one wait per task. A replayed task waits like
-//! any other, its replay record held with it.
+//! room). So does a task that already waited once: at most one wait per task. A replayed task
+//! and a DAG node job wait like any other, their replay record, or lane and deadline, held with
+//! them.
 //!
 //! Owns: the answers in flight ([`AllocationWait`]) and the device usage they count (each
 //! buffer's own: an attached buffer's bytes are its exporter's, as when allocated synchronously).
@@ -55,6 +55,11 @@ impl std::fmt::Debug for AllocationWait {
 }
 
 impl AllocationWait {
+    /// The device the allocations are asked on.
+    pub(super) fn device(&self) -> usize {
+        self.device
+    }
+
     /// Whether every answer came.
     pub(super) fn answered(&self) -> bool {
         self.remaining.load(Ordering::Acquire) == 0
@@ -116,31 +121,7 @@ pub(super) fn written_back(ready: &Ready) -> Option<Vec<Arc<BufferRecord>>> {
     (!records.is_empty()).then_some(records)
 }
 
-/// Longest the dispatcher waits itself for a write-back, for a task that cannot wait in its
-/// queue; past it the device host is taken as hung anyway (its requests answered `DeviceLost`).
-const WRITE_BACK_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
-
 impl Scheduler {
-    /// Whether the task being dispatched may wait in its queue's held tasks for an answer: not
-    /// a DAG node (its lane was chosen by its release), which goes on at once. A replay waits
-    /// with its replay record (`Scheduler::wait_for_answers`).
-    pub(super) fn may_wait_for_answers(&self) -> bool {
-        self.deadline_job.is_none()
-    }
-
-    /// For a task that cannot wait in its queue: waits here until the write-backs of `records`
-    /// are finished.
-    pub(super) fn finish_write_backs_here(&mut self, records: &[Arc<BufferRecord>]) {
-        let began = std::time::Instant::now();
-        loop {
-            self.finish_write_backs();
-            if records.iter().all(|r| !r.writing_back.load(Ordering::Acquire)) || began.elapsed() > WRITE_BACK_WAIT {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_micros(20));
-        }
-    }
-
     /// Finishes the evictions whose write-back was answered, counting them in the metrics.
     pub(super) fn finish_write_backs(&mut self) {
         let before = self.residency.evictions;
@@ -156,7 +137,7 @@ impl Scheduler {
     /// returns the wait the task must go through; `None` when the task allocates as it plans.
     pub(super) fn allocate_later(&mut self, ready: &Ready, placement: &Placement) -> Option<Arc<AllocationWait>> {
         let device = placement.binding.device();
-        if !self.devices[device].allocates_far() || !self.may_wait_for_answers() || self.migration.allocated_late {
+        if !self.devices[device].allocates_far() || self.migration.allocated_late == Some(device) {
             return None;
         }
         // The others work on the host copy: an allocation for them would sit unused.

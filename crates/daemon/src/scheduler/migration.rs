@@ -83,10 +83,13 @@ struct Held {
     ready: Ready,
     /// For a task a failed device lost: its replay record.
     replay: Option<Replay>,
-    /// It waited for allocations asked ahead (it will not again).
-    allocated: bool,
+    /// The device it waited for allocations asked ahead on (it will not wait there again).
+    allocated: Option<usize>,
     /// It waited for room already (counted in `memory_waits` once).
     waited_for_room: bool,
+    /// A DAG node job's lane and deadline (`Scheduler::deadline_job`): it goes back to that
+    /// lane with that deadline when it is dispatched again.
+    deadline: Option<(crate::session::Binding, std::time::Instant)>,
 }
 
 #[derive(Clone, Copy)]
@@ -204,9 +207,10 @@ pub(crate) struct Migration {
     held: HashMap<u64, Vec<HeldQueue>>,
     /// Replay count of the task being dispatched again (read by [`Ticket::new`]).
     pub(super) replaying: Option<Replay>,
-    /// The task being dispatched again already waited for allocations asked ahead: it does not
-    /// wait again (`allocation`).
-    pub(super) allocated_late: bool,
+    /// The device on which the task being dispatched again already waited for allocations
+    /// asked ahead: it does not wait there again (`allocation`). Placed on another device (the
+    /// first failed meanwhile), it waits there like any task.
+    pub(super) allocated_late: Option<usize>,
     /// The task being dispatched again already waited for room (it is not counted again).
     pub(super) room_waited: bool,
     /// The replay being dispatched was held again (to wait for room or answers), its record
@@ -231,7 +235,7 @@ impl Migration {
             }),
             held: HashMap::new(),
             replaying: None,
-            allocated_late: false,
+            allocated_late: None,
             room_waited: false,
             replay_held: false,
             stats: MigrationStats::default(),
@@ -609,8 +613,9 @@ impl Scheduler {
             task_id,
             ready,
             replay,
-            allocated: false,
+            allocated: None,
             waited_for_room: true,
+            deadline: self.deadline_job,
         });
     }
 
@@ -619,7 +624,10 @@ impl Scheduler {
     /// it needs); its queue's later tasks wait behind it.
     pub(super) fn wait_for_answers(&mut self, session: &Session, task_id: u64, ready: Ready, answers: Answers) {
         let queue = ready.queue.clone();
-        let allocated = matches!(answers, Answers::Allocations(_));
+        let allocated = match &answers {
+            Answers::Allocations(wait) => Some(wait.device()),
+            Answers::WriteBacks(_) => None,
+        };
         let waited_for_room = self.migration.room_waited;
         let replay = self.migration.take_replay();
         let list = self.migration.held_list(session.id, &queue, HoldReason::Answer);
@@ -634,6 +642,7 @@ impl Scheduler {
             replay,
             allocated,
             waited_for_room,
+            deadline: self.deadline_job,
         });
     }
 
@@ -645,8 +654,9 @@ impl Scheduler {
             task_id,
             ready,
             replay: None,
-            allocated: false,
+            allocated: None,
             waited_for_room,
+            deadline: self.deadline_job,
         });
     }
 
@@ -777,8 +787,9 @@ impl Scheduler {
                     task_id: lost.task_id,
                     ready,
                     replay: Some(replay),
-                    allocated: false,
+                    allocated: None,
                     waited_for_room: false,
+                    deadline: None,
                 },
             );
             list.replays += 1;
@@ -884,10 +895,12 @@ impl Scheduler {
                 let replayed = held.replay.is_some();
                 self.migration.allocated_late = held.allocated;
                 self.migration.room_waited = held.waited_for_room;
+                self.deadline_job = held.deadline;
                 let outcome = self.dispatch(session, held.task_id, held.ready);
                 self.migration.replaying = None;
-                self.migration.allocated_late = false;
+                self.migration.allocated_late = None;
                 self.migration.room_waited = false;
+                self.deadline_job = None;
                 let held_again = std::mem::take(&mut self.migration.replay_held);
                 match outcome {
                     Ok(()) => self.migration.stats.replayed += u64::from(replayed && !held_again),

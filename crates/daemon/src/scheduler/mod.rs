@@ -670,11 +670,8 @@ impl Scheduler {
         // A buffer it names is being written home by an eviction that did not wait.
         if self.residency.writing_back() {
             if let Some(records) = allocation::written_back(&ready) {
-                if self.may_wait_for_answers() {
-                    self.wait_for_answers(session, task_id, ready, Answers::WriteBacks(records));
-                    return Ok(());
-                }
-                self.finish_write_backs_here(&records);
+                self.wait_for_answers(session, task_id, ready, Answers::WriteBacks(records));
+                return Ok(());
             }
         }
         let placement = match self.place(&ready) {
@@ -697,11 +694,7 @@ impl Scheduler {
             // Evictions to make its room are writing buffers home (a device in a device host):
             // it waits for them, not the dispatcher.
             Ok(plan::Room::AfterWriteBacks(records)) => {
-                if self.may_wait_for_answers() {
-                    self.wait_for_answers(session, task_id, ready, Answers::WriteBacks(records));
-                } else {
-                    self.wait_for_room(session, task_id, ready);
-                }
+                self.wait_for_answers(session, task_id, ready, Answers::WriteBacks(records));
                 return Ok(());
             }
             Ok(plan::Room::Later) => {
