@@ -319,8 +319,6 @@ impl Migration {
         self.held_list(session, queue, HoldReason::Moving)
     }
 
-    /// The held list of `queue`, new if it had none (counted by `reason`: a migration, a wait
-    /// for memory, or neither).
     /// The record of the replay being dispatched, for a task held again (see `replay_held`).
     fn take_replay(&mut self) -> Option<Replay> {
         let replay = self.replaying.take();
@@ -328,6 +326,8 @@ impl Migration {
         replay
     }
 
+    /// The held list of `queue`, new if it had none (counted by `reason`: a migration, a wait
+    /// for memory, or neither).
     fn held_list(&mut self, session: u64, queue: &Arc<QueueState>, reason: HoldReason) -> &mut HeldQueue {
         let lists = self.held.entry(session).or_default();
         match lists.iter().position(|h| Arc::ptr_eq(&h.queue, queue)) {

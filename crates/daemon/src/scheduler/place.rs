@@ -213,6 +213,7 @@ impl Scheduler {
             self.maybe_revoke(b.device(), b.lane(), ready.estimated_ns, sla_ns);
         }
     }
+
     /// Why `ready`'s buffers can never be on `device` at once (a launch whose working set is
     /// larger than the device, or than the device quota of the session being dispatched), or
     /// `None` when they can. A queue with no preferred device kind places such a launch on
