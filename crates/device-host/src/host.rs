@@ -9,8 +9,9 @@
 //! daemon bug cannot become a stray write here.
 //!
 //! A device that turns unhealthy (a GPU whose context a kernel fault made unusable for every
-//! stream in it) ends the process: the job that met the fault is answered with its error, then
-//! the host exits with [`FAULT_EXIT_CODE`], so the daemon fails the host's other jobs as lost
+//! stream in it) ends the process: it says so ([`Reply::Exiting`], so the daemon takes the device as
+//! failed before the next answer), the job that met the fault is answered with its error, then the
+//! host exits with [`FAULT_EXIT_CODE`], so the daemon fails the host's other jobs as lost
 //! (and replays them from their host copies) and starts a new host with a fresh context.
 //!
 //! Must not: schedule, reorder or retry anything (the daemon's lanes did); outlive the daemon
