@@ -62,6 +62,7 @@ const C_SOURCE: &str = r#"
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 #include "agora_kernel.h"
 
@@ -94,6 +95,19 @@ AGORA_KERNEL int c_null(const AgoraKernelArgs *args, uint64_t begin, uint64_t en
 AGORA_KERNEL int c_abort(const AgoraKernelArgs *args, uint64_t begin, uint64_t end) {
     abort();
 }
+
+// Runs for `ms` milliseconds of wall-clock time, then sets y[begin] to 1.
+AGORA_KERNEL int c_spin(const AgoraKernelArgs *args, uint64_t begin, uint64_t end) {
+    double ms = agora_f32(args, 0);
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    do {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+    } while ((now.tv_sec - start.tv_sec) * 1e3 + (now.tv_nsec - start.tv_nsec) / 1e6 < ms);
+    float *y = args->args[1].data;
+    y[begin] = 1.0f;
+    return 0;
+}
 "#;
 
 const C_MANIFEST: &str = r#"
@@ -117,6 +131,11 @@ cpu = { symbol = "c_null" }
 params = ["y: f32 readwrite"]
 sizes = { y = "range0" }
 cpu = { symbol = "c_abort" }
+
+[kernels.spin]
+params = ["ms: f32", "y: f32 readwrite"]
+sizes = { y = "range0" }
+cpu = { symbol = "c_spin" }
 "#;
 
 fn start(tag: &str, extra: &[&str]) -> Daemon {
@@ -169,19 +188,26 @@ fn open_fds(pid: u32) -> usize {
 
 /// Processes whose parent is `pid` (zombies included).
 fn children(pid: u32) -> usize {
+    child_pids(pid).len()
+}
+
+/// The process ids of `pid`'s children (zombies included).
+fn child_pids(pid: u32) -> Vec<u32> {
     std::fs::read_dir("/proc")
         .unwrap()
         .filter_map(|e| {
-            let status = std::fs::read_to_string(e.ok()?.path().join("status")).ok()?;
+            let entry = e.ok()?;
+            let child = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            let status = std::fs::read_to_string(entry.path().join("status")).ok()?;
             let ppid = status
                 .lines()
                 .find_map(|l| l.strip_prefix("PPid:"))?
                 .trim()
                 .parse::<u32>()
                 .ok()?;
-            (ppid == pid).then_some(())
+            (ppid == pid).then_some(child)
         })
-        .count()
+        .collect()
 }
 
 /// `(open fds, children)` of `pid` once they equal `want`, or as they are after 5 s.
@@ -449,6 +475,60 @@ fn faulting_and_endless_tenant_kernels_end_their_task_not_the_daemon_or_a_neighb
     stop.store(true, Ordering::Relaxed);
     let runs = runner.join().expect("the neighbour's work all succeeded");
     assert!(runs > 0, "the neighbour ran");
+}
+
+/// A machine that was paused in the middle of a launch (a VM its hypervisor stopped; here
+/// SIGSTOP to the daemon and the executor) does not make the launch look endless: the launch
+/// completes, and one that really overruns still meets the limit. A guard of the behaviour, not
+/// of `agora_wait::Deadline` alone: Linux restarts a `ppoll` that a stop interrupted with the
+/// time it had left, so SIGSTOP leaves the daemon's wait on time; only a pause the kernel does
+/// not see (a hypervisor's) makes the wait return late, which the deadline's unit tests cover.
+#[test]
+fn a_launch_paused_with_the_whole_machine_is_not_taken_for_endless() {
+    let daemon = start("programs-paused", &["--program-timeout", "2000"]);
+    let session = daemon.session();
+    let queue = session.queue("paused").unwrap();
+    let dir = temp_dir("programs-paused-c");
+    let c = session.program_library(&c_library(dir.path()), C_MANIFEST).unwrap();
+    let spin = c.kernel("spin").unwrap();
+    let b = session.buffer_from(&[0f32; 1]).unwrap();
+    // The first launch starts the executor.
+    queue
+        .launch(&spin, &[Arg::F32(1.0), (&b).into()], 1u64)
+        .unwrap()
+        .wait()
+        .unwrap();
+    let executors = child_pids(daemon.pid());
+    assert_eq!(executors.len(), 1, "one executor runs: {executors:?}");
+    let signal = |pid: u32, signal: &str| {
+        let status = Command::new("kill").args([signal, &pid.to_string()]).status().unwrap();
+        assert!(status.success(), "kill {signal} {pid}");
+    };
+    // A launch of 1 s, paused for 3 s after 0.3 s: 4 s of wall-clock time against a limit of
+    // 2 s, about 1 s of it running.
+    let task = queue.launch(&spin, &[Arg::F32(1000.0), (&b).into()], 1u64).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    signal(executors[0], "-STOP");
+    signal(daemon.pid(), "-STOP");
+    std::thread::sleep(Duration::from_secs(3));
+    // The daemon wakes first, as it may after a VM's pause, and finds the launch still running.
+    signal(daemon.pid(), "-CONT");
+    std::thread::sleep(Duration::from_millis(300));
+    signal(executors[0], "-CONT");
+    task.wait()
+        .expect("a launch paused with the machine is not taken for endless");
+    assert_eq!(child_pids(daemon.pid()), executors, "the executor was kept");
+    // A launch that really runs past the limit still fails with the limit.
+    let err = queue
+        .launch(&spin, &[Arg::F32(2500.0), (&b).into()], 1u64)
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    assert_eq!(
+        err.task_error(),
+        Some(&TaskError::KernelTimeout { limit_ms: 2000 }),
+        "{err}"
+    );
 }
 
 fn daemon_alive(daemon: &Daemon) {

@@ -169,17 +169,12 @@ impl Buffer {
     /// most the session's control timeout, then [`Error::Timeout`]). One round trip to the
     /// daemon; [`Buffer::write`] and [`Buffer::as_mut_slice`] call it.
     pub fn claim_host(&self) -> Result<(), Error> {
-        let began = std::time::Instant::now();
-        let mut pause = std::time::Duration::from_micros(100);
+        let mut wait = ClaimWait::new(self.session.control_timeout);
         while !self.try_claim_host()? {
-            if began.elapsed() >= self.session.control_timeout {
-                return Err(Error::Timeout {
-                    request: "host copy claim (a task uses the buffer)".into(),
-                    after: self.session.control_timeout,
-                });
-            }
+            let pause = wait.next_pause()?;
+            let began = std::time::Instant::now();
             std::thread::sleep(pause);
-            pause = (pause * 2).min(std::time::Duration::from_millis(5));
+            wait.paused(began, pause);
         }
         Ok(())
     }
@@ -224,10 +219,11 @@ impl Buffer {
         }
     }
 
-    /// The session's control timeout (how long [`Buffer::claim_host`] waits).
+    /// How [`Buffer::claim_host`] spaces its attempts and when it gives up, for a binding that
+    /// waits between attempts its own way (checking for signals).
     #[doc(hidden)]
-    pub fn control_timeout(&self) -> std::time::Duration {
-        self.session.control_timeout
+    pub fn claim_wait(&self) -> ClaimWait {
+        ClaimWait::new(self.session.control_timeout)
     }
 
     /// Copies `data` into the host copy at byte `offset`, after claiming it
@@ -328,5 +324,44 @@ impl Drop for Buffer {
         // Goes through the ring, so it is ordered after every task issued before it. If the
         // daemon is gone there is nothing left to release.
         let _ = self.session.submit(0, d, false);
+    }
+}
+
+/// The pauses between attempts of [`Buffer::claim_host`] (growing from 100 µs to 5 ms: a task
+/// using the buffer usually ends soon) and its limit, the session's control timeout, which
+/// leaves out time this process did not run ([`agora_wait::Deadline`]).
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct ClaimWait {
+    deadline: agora_wait::Deadline,
+    limit: std::time::Duration,
+    pause: std::time::Duration,
+}
+
+impl ClaimWait {
+    fn new(limit: std::time::Duration) -> ClaimWait {
+        ClaimWait {
+            deadline: agora_wait::Deadline::after(limit),
+            limit,
+            pause: std::time::Duration::from_micros(100),
+        }
+    }
+
+    /// How long to pause before the next attempt, or [`Error::Timeout`] once the limit passed.
+    pub fn next_pause(&mut self) -> Result<std::time::Duration, Error> {
+        let Some(wait) = self.deadline.next_wait() else {
+            return Err(Error::Timeout {
+                request: "host copy claim (a task uses the buffer)".into(),
+                after: self.limit,
+            });
+        };
+        let pause = self.pause.min(wait);
+        self.pause = (self.pause * 2).min(std::time::Duration::from_millis(5));
+        Ok(pause)
+    }
+
+    /// Reports a pause of `asked` that began at `began` (a late one is forgiven).
+    pub fn paused(&mut self, began: std::time::Instant, asked: std::time::Duration) {
+        self.deadline.waited(began, asked);
     }
 }

@@ -58,6 +58,8 @@ pub use agora_protocol::control::{
 pub use agora_protocol::control::{DagAdmission, DagRelease, DagResults, JobAccount, JobStart};
 pub use agora_protocol::{KernelSignature, LaunchLimit, TaskError};
 pub use buffer::Buffer;
+#[doc(hidden)]
+pub use buffer::ClaimWait;
 pub use dag::{Dag, DagBuilder};
 pub use error::{Error, TaskFailures};
 pub use program::Program;

@@ -893,23 +893,27 @@ impl Inner {
     }
 
     fn request_once_with_fd(&self, request: &Request) -> Result<(Response, Option<std::os::fd::OwnedFd>), Error> {
-        let deadline = Instant::now() + self.control_timeout;
+        // Time this process did not run (a paused VM) does not count against the daemon.
+        let mut deadline = agora_wait::Deadline::after(self.control_timeout);
         let mut control = loop {
             match self.control.try_lock() {
                 Ok(guard) => break guard,
                 Err(std::sync::TryLockError::Poisoned(e)) => break e.into_inner(),
                 Err(std::sync::TryLockError::WouldBlock) => {
-                    if Instant::now() >= deadline {
+                    let Some(wait) = deadline.next_wait() else {
                         return Err(Error::Timeout {
                             request: request_name(request).to_string(),
                             after: self.control_timeout,
                         });
-                    }
-                    std::thread::sleep(Duration::from_micros(200));
+                    };
+                    let wait = wait.min(Duration::from_micros(200));
+                    let began = Instant::now();
+                    std::thread::sleep(wait);
+                    deadline.waited(began, wait);
                 }
             }
         };
-        let left = deadline.saturating_duration_since(Instant::now());
+        let left = deadline.left();
         let sent = &self.segment.view().header().control_sent;
         let response = call(&mut control, request, left, Some(sent)).map_err(|(e, gone)| {
             if gone {

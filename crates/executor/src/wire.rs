@@ -198,6 +198,8 @@ pub fn recv<T: serde::de::DeserializeOwned>(
 }
 
 fn send_bytes(fd: std::os::fd::BorrowedFd<'_>, bytes: &[u8], deadline: Option<Instant>) -> Result<(), WireError> {
+    let mut deadline = deadline.map(agora_wait::Deadline::at);
+    let deadline = &mut deadline;
     let mut record = Vec::with_capacity(RECORD);
     let mut chunks = bytes.chunks(CHUNK).peekable();
     if chunks.peek().is_none() {
@@ -212,7 +214,11 @@ fn send_bytes(fd: std::os::fd::BorrowedFd<'_>, bytes: &[u8], deadline: Option<In
     Ok(())
 }
 
-fn send_record(fd: std::os::fd::BorrowedFd<'_>, record: &[u8], deadline: Option<Instant>) -> Result<(), WireError> {
+fn send_record(
+    fd: std::os::fd::BorrowedFd<'_>,
+    record: &[u8],
+    deadline: &mut Option<agora_wait::Deadline>,
+) -> Result<(), WireError> {
     use rustix::net::SendFlags;
     loop {
         wait_for(fd, rustix::event::PollFlags::OUT, deadline)?;
@@ -227,6 +233,8 @@ fn send_record(fd: std::os::fd::BorrowedFd<'_>, record: &[u8], deadline: Option<
 
 fn recv_bytes(fd: std::os::fd::BorrowedFd<'_>, max: usize, deadline: Option<Instant>) -> Result<Vec<u8>, WireError> {
     use rustix::net::RecvFlags;
+    let mut deadline = deadline.map(agora_wait::Deadline::at);
+    let deadline = &mut deadline;
     let mut message = Vec::new();
     let mut record = vec![0u8; RECORD];
     loop {
@@ -256,28 +264,33 @@ fn recv_bytes(fd: std::os::fd::BorrowedFd<'_>, max: usize, deadline: Option<Inst
     }
 }
 
-/// Waits until `fd` is ready for `flags` (or hung up), or `deadline` passes.
+/// Waits until `fd` is ready for `flags` (or hung up), or `deadline` passes. Time this process
+/// did not run (a paused VM, a stopped daemon) is left out ([`agora_wait::Deadline`]): the
+/// executor was paused too, and a launch must not be taken for endless for it.
 fn wait_for(
     fd: std::os::fd::BorrowedFd<'_>,
     flags: rustix::event::PollFlags,
-    deadline: Option<Instant>,
+    deadline: &mut Option<agora_wait::Deadline>,
 ) -> Result<(), WireError> {
     loop {
-        let timeout = match deadline {
+        let wait = match deadline {
             None => None,
-            Some(deadline) => {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(WireError::TimedOut);
-                }
-                Some(rustix::event::Timespec {
-                    tv_sec: left.as_secs() as i64,
-                    tv_nsec: i64::from(left.subsec_nanos()),
-                })
-            }
+            Some(deadline) => match deadline.next_wait() {
+                None => return Err(WireError::TimedOut),
+                Some(wait) => Some(wait),
+            },
         };
+        let timeout = wait.map(|wait| rustix::event::Timespec {
+            tv_sec: wait.as_secs() as i64,
+            tv_nsec: i64::from(wait.subsec_nanos()),
+        });
         let mut fds = [rustix::event::PollFd::new(&fd, flags)];
-        match rustix::event::poll(&mut fds, timeout.as_ref()) {
+        let began = Instant::now();
+        let polled = rustix::event::poll(&mut fds, timeout.as_ref());
+        if let (Some(deadline), Some(wait)) = (deadline.as_mut(), wait) {
+            deadline.waited(began, wait);
+        }
+        match polled {
             Ok(0) => continue,
             // Ready, or hung up / in error: the send or receive says which.
             Ok(_) => return Ok(()),

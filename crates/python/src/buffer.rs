@@ -60,20 +60,13 @@ impl PyBuffer {
     /// `claim_host`: attempts without the GIL, checking for signals between them (a claim waits
     /// while a task uses the buffer, at most the session's control timeout).
     fn claim(&self, py: Python<'_>) -> PyResult<()> {
-        let began = std::time::Instant::now();
-        let mut pause = std::time::Duration::from_micros(100);
+        let mut wait = self.with(|b| b.claim_wait())?;
         while !py.detach(|| self.with(|b| b.try_claim_host()))?.or_raise()? {
-            let limit = self.with(|b| b.control_timeout())?;
-            if began.elapsed() >= limit {
-                return Err(agora::Error::Timeout {
-                    request: "host copy claim (a task uses the buffer)".into(),
-                    after: limit,
-                })
-                .or_raise();
-            }
+            let pause = wait.next_pause().or_raise()?;
+            let began = std::time::Instant::now();
             py.detach(|| std::thread::sleep(pause));
+            wait.paused(began, pause);
             py.check_signals()?;
-            pause = (pause * 2).min(std::time::Duration::from_millis(5));
         }
         Ok(())
     }

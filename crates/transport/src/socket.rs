@@ -65,7 +65,8 @@ pub fn send<T: Serialize>(stream: &UnixStream, message: &T) -> Result<(), Transp
 }
 
 /// Sends `message` as one frame, waiting for room in the socket at most until `deadline`
-/// (blocking or not, the stream is written without blocking past it). `Err(TimedOut)` when the
+/// (blocking or not, the stream is written without blocking past it; time this process did not
+/// run is left out, [`agora_wait::Deadline`]). `Err(TimedOut)` when the
 /// peer did not take the whole frame in time: part of it may have gone, so the connection is
 /// out of step and must be closed.
 pub fn send_before<T: Serialize>(
@@ -78,22 +79,26 @@ pub fn send_before<T: Serialize>(
     if frame.len() - 4 > MAX_FRAME as usize {
         return Err(TransportError::TooLarge(frame.len() - 4));
     }
+    // Time this process did not run (a paused VM) does not count against the peer.
+    let mut patient = agora_wait::Deadline::at(deadline);
     let mut sent = 0;
     while sent < frame.len() {
         match rustix::net::send(stream, &frame[sent..], SendFlags::NOSIGNAL | SendFlags::DONTWAIT) {
             Ok(n) => sent += n,
             Err(rustix::io::Errno::INTR) => {}
             Err(rustix::io::Errno::AGAIN) => {
-                let left = deadline.saturating_duration_since(std::time::Instant::now());
-                if left.is_zero() {
+                let Some(wait) = patient.next_wait() else {
                     return Err(TransportError::TimedOut);
-                }
+                };
                 let timeout = rustix::time::Timespec {
-                    tv_sec: left.as_secs() as i64,
-                    tv_nsec: i64::from(left.subsec_nanos()),
+                    tv_sec: wait.as_secs() as i64,
+                    tv_nsec: i64::from(wait.subsec_nanos()),
                 };
                 let mut fds = [PollFd::new(stream, PollFlags::OUT)];
-                match rustix::event::poll(&mut fds, Some(&timeout)) {
+                let began = std::time::Instant::now();
+                let polled = rustix::event::poll(&mut fds, Some(&timeout));
+                patient.waited(began, wait);
+                match polled {
                     Ok(_) | Err(rustix::io::Errno::INTR) => {}
                     Err(e) => return Err(e.into()),
                 }
@@ -146,7 +151,8 @@ pub fn recv<T: DeserializeOwned>(stream: &UnixStream) -> Result<T, TransportErro
     recv_with_fds(stream).map(|(m, _)| m)
 }
 
-/// Receives one frame before `deadline` (blocking at most until then). Bytes of a frame that
+/// Receives one frame before `deadline` (blocking at most until then, leaving out time this
+/// process did not run, [`agora_wait::Deadline`]). Bytes of a frame that
 /// has not fully arrived stay in `pending` for the next call on the same stream, so a timeout
 /// never leaves the stream in the middle of a frame. Descriptors that arrive are closed (see
 /// [`recv_before_with_fds`]).
@@ -168,6 +174,8 @@ pub fn recv_before_with_fds<T: DeserializeOwned>(
     deadline: std::time::Instant,
 ) -> Result<T, TransportError> {
     use rustix::event::{PollFd, PollFlags};
+    // Time this process did not run (a paused VM) does not count against the peer.
+    let mut patient = agora_wait::Deadline::at(deadline);
     loop {
         if pending.len() >= 4 {
             let len = u32::from_le_bytes(pending[..4].try_into().expect("4 bytes"));
@@ -184,16 +192,18 @@ pub fn recv_before_with_fds<T: DeserializeOwned>(
                 return message;
             }
         }
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        if left.is_zero() {
+        let Some(wait) = patient.next_wait() else {
             return Err(TransportError::TimedOut);
-        }
+        };
         let timeout = rustix::time::Timespec {
-            tv_sec: left.as_secs() as i64,
-            tv_nsec: i64::from(left.subsec_nanos()),
+            tv_sec: wait.as_secs() as i64,
+            tv_nsec: i64::from(wait.subsec_nanos()),
         };
         let mut polled = [PollFd::new(stream, PollFlags::IN)];
-        match rustix::event::poll(&mut polled, Some(&timeout)) {
+        let began = std::time::Instant::now();
+        let polled = rustix::event::poll(&mut polled, Some(&timeout));
+        patient.waited(began, wait);
+        match polled {
             Ok(0) => continue,
             Ok(_) => {}
             Err(rustix::io::Errno::INTR) => continue,

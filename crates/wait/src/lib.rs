@@ -19,8 +19,15 @@
 //! time slice went to a stranger, and the spinner stops yielding for a while (tens of spins,
 //! doubling while strangers stay: who shares the core changes). A caller that knows its own
 //! long work occupies the cores says so ([`AdaptiveSpin::spin_with`]).
+//!
+//! Also owns the other end of waiting, for an event that may never come: [`Deadline`], a limit
+//! that leaves out the time this process did not run (a paused VM), so a peer that was paused
+//! too is not taken for stuck.
 
 use std::time::{Duration, Instant};
+
+mod deadline;
+pub use deadline::{Deadline, LATE_WAKE, WAIT_SLICE};
 
 /// Polls between clock reads (and, past [`PURE_SPIN`], yields): a clock read costs ~20 ns.
 const POLLS_PER_CHECK: u32 = 64;
