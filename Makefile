@@ -18,6 +18,7 @@ demo: setup
 test: setup
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --release -- -D warnings
+	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace
 	cargo test --workspace --release
 	bash scripts/fuzz.sh
 	bash scripts/miri.sh

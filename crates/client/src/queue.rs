@@ -23,7 +23,7 @@ pub struct CheckpointedLaunch {
     pub first_checkpoint: u64,
     /// The checkpoints' level.
     pub level: CheckpointLevel,
-    /// Resume: the checkpoint [`Session::recover`] restored (only later windows run).
+    /// Resume: the checkpoint [`Session::recover`](crate::Session::recover) restored (only later windows run).
     pub resume_after: Option<u64>,
 }
 
@@ -310,7 +310,7 @@ impl Queue {
     /// partial-task checkpoints, LEGaTO's approach B): the launch is issued as row windows, each
     /// followed by a checkpoint task (id `plan.first_checkpoint + k` after window `k`) of the
     /// session's protected buffers, which should include the launch's outputs. After a crash,
-    /// the application protects the same buffers, calls [`Session::recover`], and launches again
+    /// the application protects the same buffers, calls [`Session::recover`](crate::Session::recover), and launches again
     /// with `plan.resume_after` set to the checkpoint it recovered: only the windows after it
     /// run. Returns the last task issued (the last checkpoint; `None` when resumed after the last
     /// window: nothing was left to run).
@@ -389,7 +389,7 @@ impl Queue {
     /// (from whichever device holds them) and completes; the daemon writes them in the
     /// background at `level`, with integrity hashes, writing only blocks that changed since the
     /// application's last checkpoint. `id` must be larger than the application's previous
-    /// checkpoint's (the iteration number, say). [`Session::checkpoints`] reports the writes.
+    /// checkpoint's (the iteration number, say). [`Session::checkpoints`](crate::Session::checkpoints) reports the writes.
     pub fn checkpoint(&self, id: u64, level: CheckpointLevel) -> Result<Task, Error> {
         let mut d = TaskDescriptor::zeroed();
         d.op = Op::Checkpoint as u32;

@@ -3,7 +3,7 @@
 //! One process per node owns every device and serves many client processes. Its parts, as in
 //! DESIGN.md §3:
 //!
-//! * [`server`](crate::server) — the dispatcher thread's event loop: accepts clients, answers
+//! * `server` — the dispatcher thread's event loop: accepts clients, answers
 //!   control requests that change its state, polls session rings, sleeps when idle;
 //! * `control` — the control thread: slow control-plane work (trace files, kernel listings,
 //!   encoding and writing large replies) off the dispatcher;
@@ -148,7 +148,7 @@ const SOCKET_FIX: &str = "pick a socket path in a directory you can write with -
 
 /// Checks, before any device starts, that the daemon can listen on `path`: the path fits in a
 /// socket address, its directory exists (or is created) and is writable, nothing but a stale
-/// socket is in the way, and no daemon answers there already. [`bind`] still handles what
+/// socket is in the way, and no daemon answers there already. `bind` still handles what
 /// changes in between.
 pub fn check_socket_path(path: &Path) -> Result<(), DaemonError> {
     let bad = |message: String| Err(DaemonError::Socket(message));

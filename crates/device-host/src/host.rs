@@ -3,7 +3,7 @@
 //! a `sim` device with an injected fault.
 //!
 //! It maps the segments the daemon sends (by memfd), keeps the buffers the daemon allocates by
-//! id, and turns each [`Submit`](crate::wire::Submit) into a job on the real device's lane, whose
+//! id, and turns each [`Submit`] into a job on the real device's lane, whose
 //! completion goes back as [`Reply::Done`]. It trusts the daemon (its parent, which started it on
 //! a private socketpair) but still checks every segment range before it touches memory, so a
 //! daemon bug cannot become a stray write here.

@@ -1,6 +1,6 @@
 //! The daemon's side: [`RemoteDevice`], a [`Device`] whose work runs in a device-host process.
 //!
-//! Each OpenCL platform, and each GPU, gets one host process ([`Platform`]) and each of its
+//! Each OpenCL platform, and each GPU, gets one host process (`Platform`) and each of its
 //! devices one `RemoteDevice`. The device's lanes stay in the daemon (so ordering, slicing, deadlines,
 //! priorities and revocable-job isolation are exactly those of every other device); a lane's
 //! executor only forwards each job to the host and finishes it when the host says it is done.

@@ -3,7 +3,7 @@
 //! `int f(const AgoraKernelArgs *args, uint64_t row_begin, uint64_t row_end)`, declared in
 //! `crates/capi/include/agora_kernel.h` (installed by `make c`).
 //!
-//! The layout here and in the header must agree: [`tests::header_matches`] checks the header's
+//! The layout here and in the header must agree: `tests::header_matches` checks the header's
 //! constants and field order against this file.
 //!
 //! Owns the layout only; it must not load libraries or run anything.

@@ -8,7 +8,7 @@
 //! Each side keeps its own index privately and never reads it back from shared memory, so a
 //! hostile peer can only lie about *its* index. The daemon checks every index a client
 //! publishes: a submission tail more than `capacity` ahead of the daemon's head is
-//! [`RingError::Corrupt`], and a completion head outside `[tail - capacity, tail]` is clamped.
+//! a [`RingError`], and a completion head outside `[tail - capacity, tail]` is clamped.
 
 use crate::completion::Completion;
 use crate::descriptor::TaskDescriptor;

@@ -115,9 +115,9 @@ impl SegmentHeader {
     }
 }
 
-/// [`Header::daemon_closed`]: the daemon shut down (its clients may resume on the next one).
+/// [`SegmentHeader::daemon_closed`]: the daemon shut down (its clients may resume on the next one).
 pub const DAEMON_SHUT_DOWN: u32 = 1;
-/// [`Header::daemon_closed`]: the daemon ended this session and runs on; the client must not
+/// [`SegmentHeader::daemon_closed`]: the daemon ended this session and runs on; the client must not
 /// resume it.
 pub const SESSION_ENDED: u32 = 2;
 

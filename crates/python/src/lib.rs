@@ -12,8 +12,8 @@
 //! in slices with a check for signals between them, so Ctrl-C interrupts them at once; control
 //! calls end within the session's `control_timeout` (TimeoutError).
 //!
-//! One module per class: [`session`], [`queue`], [`buffer`], [`kernel`], [`task`], and [`dag`]
-//! (`DagBuilder` and `Dag`); [`errors`] holds the exception classes and the error mapping.
+//! One module per class: `session`, `queue`, `buffer`, `kernel`, `task`, and `dag`
+//! (`DagBuilder` and `Dag`); `errors` holds the exception classes and the error mapping.
 
 mod buffer;
 mod dag;

@@ -7,9 +7,9 @@
 //! - [`edf`]: the one-lane EDF test (density, then processor demand with QPA);
 //! - [`admission`]: partitioning DAG nodes onto identical lanes, first-fit or worst-fit, with
 //!   incremental admit/remove and refusals that say what would have fit;
-//! - [`simulate`]: a deterministic discrete-event simulator of FIFO, global EDF and APEDF on
+//! - [`simulate`](mod@simulate): a deterministic discrete-event simulator of FIFO, global EDF and APEDF on
 //!   those lanes, with chunked preemption and injected overruns;
-//! - [`generate`], [`rtdag`], [`sweep`]: seeded synthetic sets, RTDAG's YAML files, and the
+//! - [`generate`](mod@generate), [`rtdag`], [`sweep`](mod@sweep): seeded synthetic sets, RTDAG's YAML files, and the
 //!   utilisation sweep behind `agora bench rt`.
 //!
 //! It must not know about devices, sessions, sockets or the daemon: times are integer

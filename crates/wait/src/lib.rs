@@ -42,7 +42,7 @@ const PURE_SPIN: Duration = Duration::from_micros(2);
 pub enum Yielding {
     /// After a short pure spin, every few polls; after every poll while yields bring the event.
     Cooperative,
-    /// Once per [`RARE_YIELD`] of spinning: enough for a thread sharing the core to make
+    /// Once per `RARE_YIELD` (10 µs) of spinning: enough for a thread sharing the core to make
     /// progress, too little for two spinners to settle on one core handing it back and forth
     /// (the OS spreads threads that keep their core busy, not ones that keep yielding).
     Rarely,
@@ -123,7 +123,7 @@ impl AdaptiveSpin {
 
     /// Spins until `ready()` is true or the budget is spent; returns whether it became ready.
     ///
-    /// Past [`PURE_SPIN`] (from the start when the last wait was ended by a productive yield) it
+    /// Past `PURE_SPIN` (2 µs; from the start when the last wait was ended by a productive yield) it
     /// yields its core every few polls, unless a recent yield went to a stranger (see the module
     /// documentation).
     pub fn spin(&mut self, ready: impl FnMut() -> bool) -> bool {

@@ -7,7 +7,7 @@
 //! applications would.
 //!
 //! One file per benchmark; what they share is in [`harness`] (the daemon process, spread
-//! statistics) and [`client`] (the client process and its modes). Benchmarks use the harness and
+//! statistics) and [`client`](mod@client) (the client process and its modes). Benchmarks use the harness and
 //! the client, never each other.
 
 pub mod checkpoint;
