@@ -21,6 +21,11 @@ pub struct ServeArgs {
     /// else /tmp/agora-$UID/agora.sock].
     #[arg(long, env = "AGORA_SOCKET", value_name = "PATH")]
     socket: Option<PathBuf>,
+    /// Who may connect: user (this daemon's user and root; socket mode 0600), group:NAME (members
+    /// of group NAME; 0660) or all (every local user: a node-wide daemon; 0666). Each tenant
+    /// sees only its own sessions and is held to the per-uid limits [default: user].
+    #[arg(long, value_name = "WHO", value_parser = agora_daemon::SocketAccess::parse)]
+    socket_access: Option<agora_daemon::SocketAccess>,
     /// A TOML configuration file (devices, lanes, memory limits, policy, sim devices...); see
     /// `agora serve --print-config` for every setting and its default.
     #[arg(long, value_name = "FILE")]
@@ -240,6 +245,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.max_spin_us {
             c.max_spin = Duration::from_micros(v);
+        }
+        if let Some(access) = &self.socket_access {
+            c.socket_access = access.clone();
         }
         if let Some(s) = self.shutdown_timeout {
             anyhow::ensure!(

@@ -12,7 +12,7 @@ use agora_protocol::TaskError;
 #[derive(thiserror::Error)]
 pub enum Error {
     /// No daemon answers on the socket.
-    #[error("cannot reach the Agora daemon at {path}: {cause}; start one with `agora serve`, or point AGORA_SOCKET at a running one")]
+    #[error("cannot reach the Agora daemon at {path}: {cause}; {}", connect_hint(cause))]
     Connect {
         /// Socket path tried.
         path: PathBuf,
@@ -158,6 +158,18 @@ impl From<agora_transport::TransportError> for Error {
             }
             other => Error::Protocol(other.to_string()),
         }
+    }
+}
+
+/// What to do about a connection that failed with `cause`.
+fn connect_hint(cause: &std::io::Error) -> &'static str {
+    match cause.kind() {
+        std::io::ErrorKind::PermissionDenied => {
+            "the daemon there does not admit your user (its socket's permissions): ask its operator \
+             to serve it with `agora serve --socket-access all` (or `group:NAME`, a group you are in), \
+             or start one of your own with `agora serve` and point AGORA_SOCKET at it"
+        }
+        _ => "start one with `agora serve`, or point AGORA_SOCKET at a running one",
     }
 }
 

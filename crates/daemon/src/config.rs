@@ -197,12 +197,81 @@ impl PolicyKind {
     }
 }
 
+/// Who may connect to the daemon's control socket. Whoever connects is a tenant, confined to its
+/// own sessions and held to the per-uid limits (`[limits]`); this decides who may be one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum SocketAccess {
+    /// The daemon's own user (and root): socket mode 0600. A personal daemon.
+    User,
+    /// Members of a group (a name, or a number): mode 0660, the socket owned by that group.
+    Group(String),
+    /// Every local user: mode 0666. A node-wide daemon, run by root or a service user.
+    All,
+}
+
+impl SocketAccess {
+    /// Parses `user`, `group:NAME` (or `group:GID`) or `all`.
+    pub fn parse(text: &str) -> Result<SocketAccess, String> {
+        match text {
+            "user" => Ok(SocketAccess::User),
+            "all" => Ok(SocketAccess::All),
+            _ => match text.strip_prefix("group:") {
+                Some(group) if !group.is_empty() && !group.contains(char::is_whitespace) => {
+                    Ok(SocketAccess::Group(group.to_string()))
+                }
+                _ => Err(format!(
+                    "unknown socket access '{text}': choose user (the daemon's user only), \
+                     group:NAME (members of group NAME) or all (every local user)"
+                )),
+            },
+        }
+    }
+
+    /// The socket file's permission bits.
+    pub fn socket_mode(&self) -> u32 {
+        match self {
+            SocketAccess::User => 0o600,
+            SocketAccess::Group(_) => 0o660,
+            SocketAccess::All => 0o666,
+        }
+    }
+}
+
+impl std::fmt::Display for SocketAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SocketAccess::User => f.write_str("user"),
+            SocketAccess::Group(group) => write!(f, "group:{group}"),
+            SocketAccess::All => f.write_str("all"),
+        }
+    }
+}
+
+impl TryFrom<String> for SocketAccess {
+    type Error = String;
+    fn try_from(text: String) -> Result<SocketAccess, String> {
+        SocketAccess::parse(&text)
+    }
+}
+
+impl From<SocketAccess> for String {
+    fn from(access: SocketAccess) -> String {
+        access.to_string()
+    }
+}
+
 /// Settings of one daemon. Each field carries its doc and its default (`#[default(...)]`).
 #[derive(Debug, Clone, SmartDefault)]
 pub struct DaemonConfig {
     /// Control socket path.
     #[default(agora_transport::socket::socket_path(None))]
     pub socket: PathBuf,
+    /// Who may connect to the control socket (`[daemon] socket_access`, `agora serve
+    /// --socket-access`): the daemon's own user (the default), a group's members, or every local
+    /// user (a node-wide daemon).
+    #[default(SocketAccess::User)]
+    pub socket_access: SocketAccess,
     /// CPU lanes.
     #[default(agora_devices::cpu::CpuDevice::default_partition().0)]
     pub cpu_lanes: usize,
@@ -671,6 +740,7 @@ section! {
     /// `[daemon]`
     DaemonSection "daemon." {
         socket: PathBuf => socket,
+        socket_access: SocketAccess => socket_access,
         state_dir: Option<PathBuf> => state_dir,
         inline_max_ns: u64 => inline_max_ns,
         max_spin_us: Micros => max_spin,
@@ -1293,7 +1363,9 @@ impl DaemonConfig {
              #   per connection; hello_timeout_ms: a connection that sends nothing is closed; exempt_uids: counted,\n\
              #   never refused (default none: root and the daemon's user are limited too).\n\
              # [daemon] admin_uids: who may drain devices, reload kernel packages and save the trace (default: root\n\
-             #   and the daemon's user; set, it is the whole list); admin_gids: groups that may too.\n",
+             #   and the daemon's user; set, it is the whole list); admin_gids: groups that may too.\n\
+             # [daemon] socket_access: who may connect: \"user\" (the daemon's user and root: socket mode 0600),\n\
+             #   \"group:NAME\" (0660, owned by group NAME) or \"all\" (0666: a node-wide daemon for every local user).\n",
         );
         if self.trace.is_none() {
             out.push_str("# [telemetry] trace = \"agora.trace.json\" records a task trace (off by default)\n");
@@ -1386,6 +1458,7 @@ mod tests {
             trace: Some("agora.trace.json".into()),
             latency_sla: Duration::from_micros(12_500),
             device_quota: 3 << 20,
+            socket_access: SocketAccess::Group("gpu-users".into()),
             ..Default::default()
         };
         config.sims.push(SimDeviceConfig {
@@ -1428,6 +1501,22 @@ mod tests {
                 Err(ConfigError::Invalid(m)) => assert!(!m.is_empty()),
                 other => panic!("{text}: {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn socket_access_reads_user_group_and_all_and_refuses_anything_else() {
+        let read = |value: &str| DaemonConfig::from_toml(&format!("[daemon]\nsocket_access = \"{value}\""));
+        assert_eq!(DaemonConfig::default().socket_access, SocketAccess::User);
+        assert_eq!(read("all").unwrap().socket_access, SocketAccess::All);
+        assert_eq!(
+            read("group:hpc").unwrap().socket_access,
+            SocketAccess::Group("hpc".into())
+        );
+        assert_eq!(SocketAccess::Group("hpc".into()).socket_mode(), 0o660);
+        for bad in ["everyone", "group:", "group:a b", ""] {
+            let err = read(bad).unwrap_err().to_string();
+            assert!(err.contains("choose user"), "{bad}: {err}");
         }
     }
 

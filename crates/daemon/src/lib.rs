@@ -68,6 +68,7 @@ use agora_transport::wake::Doorbell;
 pub use config::{
     default_state_dir, format_bytes, parse_bytes, state_dir_for_socket, state_home, BatchPriority, ConfigError,
     DaemonConfig, PolicyKind, PowerModel, ProgramAccess, RealtimePacking, SimDeviceConfig, SimKernelProfile,
+    SocketAccess,
 };
 pub use limits::LimitSettings;
 
@@ -146,11 +147,103 @@ pub const MAX_SOCKET_PATH: usize = 107;
 const SOCKET_FIX: &str = "pick a socket path in a directory you can write with --socket PATH or AGORA_SOCKET \
      (the default is $XDG_RUNTIME_DIR/agora/agora.sock, else /tmp/agora-$UID/agora.sock)";
 
+/// Who may connect, as the file system says it: the socket's mode and the group to own it.
+#[derive(Debug, Clone, Copy)]
+struct SocketPermissions {
+    /// The socket file's permission bits.
+    mode: u32,
+    /// Every local user may connect (`all`).
+    everyone: bool,
+    /// The group that owns the socket (`group:NAME`).
+    group: Option<u32>,
+    /// The least a directory on the way must grant (search permission for the audience), and
+    /// the mode of a directory the daemon creates.
+    directory_mode: u32,
+}
+
+impl SocketPermissions {
+    fn of(access: &SocketAccess) -> Result<SocketPermissions, DaemonError> {
+        let group = match access {
+            SocketAccess::Group(name) => Some(group_id(name)?),
+            _ => None,
+        };
+        Ok(SocketPermissions {
+            mode: access.socket_mode(),
+            everyone: *access == SocketAccess::All,
+            group,
+            directory_mode: match access {
+                SocketAccess::User => 0o700,
+                SocketAccess::Group(_) => 0o750,
+                SocketAccess::All => 0o755,
+            },
+        })
+    }
+
+    /// Whether the audience may pass through `dir` (mode `mode`, group `gid`) to the socket.
+    fn passes(&self, mode: u32, gid: u32) -> bool {
+        match (self.everyone, self.group) {
+            (true, _) => mode & 0o001 != 0,
+            (false, Some(group)) => mode & 0o001 != 0 || (gid == group && mode & 0o010 != 0),
+            // The daemon's own user: it created the socket there.
+            (false, None) => true,
+        }
+    }
+}
+
+/// The id of group `name` (a name the system knows, or a number).
+fn group_id(name: &str) -> Result<u32, DaemonError> {
+    if let Ok(gid) = name.parse::<u32>() {
+        return Ok(gid);
+    }
+    match nix::unistd::Group::from_name(name) {
+        Ok(Some(group)) => Ok(group.gid.as_raw()),
+        Ok(None) => Err(DaemonError::Socket(format!(
+            "socket access group:{name}: no group named '{name}' on this machine; name an existing \
+             group (getent group) or give its number"
+        ))),
+        Err(e) => Err(DaemonError::Socket(format!(
+            "socket access group:{name}: cannot look the group up: {e}"
+        ))),
+    }
+}
+
+/// Warns when a directory on the way to the socket keeps out users that `access` admits (a
+/// socket they may connect to is of no use behind a directory they may not enter).
+fn warn_if_unreachable(path: &Path, access: &SocketAccess, permissions: SocketPermissions) {
+    use std::os::unix::fs::MetadataExt;
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    for dir in absolute.ancestors().skip(1) {
+        let Ok(meta) = std::fs::metadata(dir) else {
+            continue;
+        };
+        if !permissions.passes(meta.mode(), meta.gid()) {
+            tracing::warn!(
+                socket = %path.display(),
+                directory = %dir.display(),
+                mode = format!("{:o}", meta.mode() & 0o7777),
+                %access,
+                "the socket admits {access}, but this directory on its way keeps them out: \
+                 give the directory search permission (chmod o+x, or g+x for the group), or \
+                 put the socket elsewhere (e.g. /run/agora/agora.sock)"
+            );
+            return;
+        }
+    }
+}
+
 /// Checks, before any device starts, that the daemon can listen on `path`: the path fits in a
 /// socket address, its directory exists (or is created) and is writable, nothing but a stale
 /// socket is in the way, and no daemon answers there already. `bind` still handles what
-/// changes in between.
-pub fn check_socket_path(path: &Path) -> Result<(), DaemonError> {
+/// changes in between. With `access` beyond the daemon's user, a group that does not exist is
+/// refused, and a directory on the way that keeps the admitted users out is warned about.
+pub fn check_socket_path(path: &Path, access: &SocketAccess) -> Result<(), DaemonError> {
+    let permissions = SocketPermissions::of(access)?;
+    check_socket_location(path, permissions)?;
+    warn_if_unreachable(path, access, permissions);
+    Ok(())
+}
+
+fn check_socket_location(path: &Path, permissions: SocketPermissions) -> Result<(), DaemonError> {
     let bad = |message: String| Err(DaemonError::Socket(message));
     let length = path.as_os_str().len();
     if length == 0 {
@@ -170,8 +263,7 @@ pub fn check_socket_path(path: &Path) -> Result<(), DaemonError> {
         _ => Path::new("."),
     };
     if !dir.exists() {
-        use std::os::unix::fs::DirBuilderExt;
-        if let Err(e) = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir) {
+        if let Err(e) = create_socket_directory(dir, permissions) {
             return bad(format!(
                 "cannot create the socket's directory {}: {e}; {SOCKET_FIX}",
                 dir.display()
@@ -215,7 +307,41 @@ pub fn check_socket_path(path: &Path) -> Result<(), DaemonError> {
     }
 }
 
-fn bind(path: &Path) -> Result<UnixListener, DaemonError> {
+/// Creates the socket's directory (and missing parents) for the audience of `permissions`
+/// (a group's directory belongs to that group).
+fn create_socket_directory(dir: &Path, permissions: SocketPermissions) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(permissions.directory_mode)
+        .create(dir)?;
+    // The umask may have taken bits away.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(permissions.directory_mode))?;
+    if let Some(group) = permissions.group {
+        std::os::unix::fs::chown(dir, None, Some(group))?;
+    }
+    Ok(())
+}
+
+/// Gives the bound socket at `path` its mode and group, whatever the umask was.
+fn set_socket_permissions(path: &Path, permissions: SocketPermissions) -> Result<(), DaemonError> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(permissions.mode))
+        .map_err(|e| DaemonError::io(format!("setting the mode of {}", path.display()), e))?;
+    if let Some(group) = permissions.group {
+        std::os::unix::fs::chown(path, None, Some(group)).map_err(|e| {
+            DaemonError::Socket(format!(
+                "cannot give the socket {} to group {group}: {e}; the daemon's user must belong to \
+                 the group (or run as root)",
+                path.display()
+            ))
+        })?;
+    }
+    Ok(())
+}
+
+fn bind(path: &Path, access: &SocketAccess) -> Result<UnixListener, DaemonError> {
+    let permissions = SocketPermissions::of(access)?;
     if path.exists() {
         if UnixStream::connect(path).is_ok() {
             return Err(DaemonError::AlreadyRunning(path.to_path_buf()));
@@ -225,11 +351,7 @@ fn bind(path: &Path) -> Result<UnixListener, DaemonError> {
             .map_err(|e| DaemonError::io(format!("removing stale socket {}", path.display()), e))?;
     }
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
-        use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
+        create_socket_directory(dir, permissions)
             .map_err(|e| DaemonError::io(format!("creating {}", dir.display()), e))?;
     }
     // Bound under a staging name, then renamed into place: the socket path appears only once
@@ -241,11 +363,22 @@ fn bind(path: &Path) -> Result<UnixListener, DaemonError> {
         std::process::id()
     ));
     if staging.as_os_str().len() > MAX_SOCKET_PATH {
-        return UnixListener::bind(path).map_err(|e| DaemonError::io(format!("binding {}", path.display()), e));
+        let listener =
+            UnixListener::bind(path).map_err(|e| DaemonError::io(format!("binding {}", path.display()), e))?;
+        if let Err(e) = set_socket_permissions(path, permissions) {
+            let _ = std::fs::remove_file(path);
+            return Err(e);
+        }
+        return Ok(listener);
     }
     let _ = std::fs::remove_file(&staging);
     let listener =
         UnixListener::bind(&staging).map_err(|e| DaemonError::io(format!("binding {}", staging.display()), e))?;
+    // Before the rename: the socket appears with the permissions it keeps.
+    if let Err(e) = set_socket_permissions(&staging, permissions) {
+        let _ = std::fs::remove_file(&staging);
+        return Err(e);
+    }
     if let Err(e) = std::fs::rename(&staging, path) {
         let _ = std::fs::remove_file(&staging);
         return Err(DaemonError::io(
@@ -261,7 +394,21 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
         .validate()
         .map_err(|e| DaemonError::io("checking the configuration", std::io::Error::other(e.to_string())))?;
     // Before any device starts: a socket that cannot work fails at once, saying what to do.
-    check_socket_path(&config.socket)?;
+    check_socket_path(&config.socket, &config.socket_access)?;
+    if config.socket_access != SocketAccess::User
+        && config.programs_allow == ProgramAccess::Everyone
+        && !rustix::process::geteuid().is_root()
+    {
+        // Executors take on their tenant's uid only when the daemon may switch to it.
+        tracing::warn!(
+            access = %config.socket_access,
+            uid = rustix::process::getuid().as_raw(),
+            "other users may connect and build tenant programs, which then run (sandboxed) as \
+             this daemon's user, not their own: run a node-wide daemon as root, so each executor \
+             runs as its tenant, or let only some build programs ([programs] allow = \"nobody\", \
+             uids / gids)"
+        );
+    }
     let priorities = lane_priorities(config.batch_priority);
     let mut cpu = CpuDevice::with_priorities(config.cpu_lanes, config.cpu_threads_per_lane, &priorities)
         .map_err(|e| DaemonError::io("starting CPU lanes", e))?;
@@ -550,9 +697,10 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
         }
     }
     // Bind last: a daemon that fails to start must not leave a socket file behind.
-    let listener = bind(&config.socket)?;
+    let listener = bind(&config.socket, &config.socket_access)?;
     tracing::info!(
         socket = %config.socket.display(),
+        access = %config.socket_access,
         kernels = kernels.snapshot().current().len(),
         packages = kernels.snapshot().listing().1.len(),
         "listening"

@@ -1,0 +1,237 @@
+//! Who may connect to a daemon (`agora serve --socket-access`), with real processes of other
+//! uids: a personal daemon's socket admits its own user only, and says so to anyone else; a
+//! node-wide one (`all`) serves every local user, each as a tenant of its own; `group:NAME`
+//! admits the group's members only. The socket's mode and group are checked whoever runs the
+//! tests; the connections as other uids need root (CI runs the suite as root), which the tests
+//! say when they cannot switch uids.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use agora_test_support::{temp_dir, Daemon, TempDir};
+
+const AGORA: &str = env!("CARGO_BIN_EXE_agora");
+
+/// A directory every user may enter, holding a copy of the `agora` binary every user may run
+/// (the build's own directory may be closed to them).
+fn open_dir(tag: &str) -> (TempDir, PathBuf) {
+    let dir = temp_dir(tag);
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let binary = dir.path().join("agora-client");
+    std::fs::copy(AGORA, &binary).unwrap();
+    std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (dir, binary)
+}
+
+fn root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// `agora ARGS --socket SOCKET` run as `uid`:`gid` (no supplementary groups), with an
+/// environment of its own (no HOME of root's).
+fn agora_as(binary: &Path, uid: u32, gid: u32, socket: &Path, args: &[&str]) -> Output {
+    Command::new(binary)
+        .args(args)
+        .arg("--socket")
+        .arg(socket)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", "/nonexistent")
+        .uid(uid)
+        .gid(gid)
+        .stdin(Stdio::null())
+        .output()
+        .expect("the client starts")
+}
+
+fn mode_and_group(path: &Path) -> (u32, u32) {
+    let meta = std::fs::metadata(path).unwrap();
+    (meta.mode() & 0o777, meta.gid())
+}
+
+#[test]
+fn a_personal_daemon_admits_its_own_user_only_and_tells_others_why() {
+    let (dir, binary) = open_dir("access-user");
+    let daemon = Daemon::start_in(AGORA, dir, &["--no-opencl"]);
+    assert_eq!(
+        mode_and_group(daemon.socket()).0,
+        0o600,
+        "the socket of a daemon with the default access (user)"
+    );
+    // Its own user gets in.
+    let status = daemon.agora(&["status"]);
+    assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
+    if !root() {
+        eprintln!("not root: the connection of another uid is not tried (the mode above says it would be refused)");
+        return;
+    }
+    let refused = agora_as(&binary, 65534, 65534, daemon.socket(), &["status"]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "another uid was admitted: {err}");
+    assert!(
+        err.contains("Permission denied")
+            && err.contains("does not admit your user")
+            && err.contains("--socket-access all"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_node_wide_daemon_serves_every_local_user_each_as_a_tenant_of_its_own() {
+    let (dir, binary) = open_dir("access-all");
+    let mut daemon = Daemon::start_in(AGORA, dir, &["--no-opencl", "--socket-access", "all"]);
+    assert_eq!(mode_and_group(daemon.socket()).0, 0o666);
+    if !root() {
+        eprintln!("not root: the connections of other uids are not tried (the mode above admits them)");
+        return;
+    }
+    // Two other users at once, each a verified workload of its own.
+    let run = |uid: u32| {
+        let binary = binary.clone();
+        let socket = daemon.socket().to_path_buf();
+        std::thread::spawn(move || {
+            agora_as(
+                &binary,
+                uid,
+                uid,
+                &socket,
+                &["run", "saxpy", "--size", "262144", "--device-kind", "cpu"],
+            )
+        })
+    };
+    let runs = [run(65534), run(4242)];
+    for (uid, run) in [65534, 4242].into_iter().zip(runs) {
+        let out = run.join().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success() && text.contains("verified OK"),
+            "uid {uid}: {text}"
+        );
+    }
+    // Each was a tenant of its own: the daemon counted a connection for each uid. A session of
+    // uid 4242 held open shows under its uid in the operator's status.
+    let session = Command::new(&binary)
+        .args(["run", "saxpy", "--size", "16777216", "--device-kind", "cpu"])
+        .arg("--socket")
+        .arg(daemon.socket())
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", "/nonexistent")
+        .uid(4242)
+        .gid(4242)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut seen = false;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline && !seen {
+        let status = daemon.agora(&["status"]);
+        seen = String::from_utf8_lossy(&status.stdout).contains("uid 4242");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut session = session;
+    let _ = session.wait();
+    assert!(seen, "the operator's status never listed uid 4242");
+    daemon.assert_alive();
+}
+
+#[test]
+fn a_groups_daemon_admits_the_groups_members_only() {
+    let (dir, binary) = open_dir("access-group");
+    // A group by number (root may give a file any group; the name form is resolved the same
+    // way once the system knows the name).
+    let group = 4243u32;
+    if !root() {
+        // Without root the daemon's user may give the socket only to its own groups.
+        let own = rustix::process::getgid().as_raw();
+        let daemon = Daemon::start_in(AGORA, dir, &["--no-opencl", "--socket-access", &format!("group:{own}")]);
+        assert_eq!(mode_and_group(daemon.socket()), (0o660, own));
+        eprintln!("not root: the connections of other uids are not tried");
+        return;
+    }
+    let daemon = Daemon::start_in(
+        AGORA,
+        dir,
+        &["--no-opencl", "--socket-access", &format!("group:{group}")],
+    );
+    assert_eq!(mode_and_group(daemon.socket()), (0o660, group));
+    let member = agora_as(&binary, 4242, group, daemon.socket(), &["status"]);
+    assert!(
+        member.status.success(),
+        "a member of the group: {}",
+        String::from_utf8_lossy(&member.stderr)
+    );
+    let outsider = agora_as(&binary, 4242, group + 1, daemon.socket(), &["status"]);
+    let err = String::from_utf8_lossy(&outsider.stderr);
+    assert!(
+        !outsider.status.success() && err.contains("does not admit your user"),
+        "an outsider: {err}"
+    );
+}
+
+/// `agora serve ARGS` in `dir` with its log at `info`, until its socket appears or it exits:
+/// whether it listens, and its log so far. The process is killed before returning.
+fn serve_and_log(dir: &Path, args: &[&str]) -> (bool, String) {
+    let socket = dir.join("agora.sock");
+    let log = dir.join("serve.log");
+    let mut child = Command::new(AGORA)
+        .arg("serve")
+        .arg("--socket")
+        .arg(&socket)
+        .args(args)
+        .env("AGORA_LOG", "info")
+        .env("AGORA_STATE_DIR", dir.join("state"))
+        .env_remove("AGORA_SOCKET")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let listening = loop {
+        if socket.exists() {
+            break true;
+        }
+        if child.try_wait().unwrap().is_some() || Instant::now() > deadline {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    (listening, std::fs::read_to_string(&log).unwrap())
+}
+
+#[test]
+fn an_unknown_group_is_refused_and_a_closed_directory_is_warned_about() {
+    let dir = temp_dir("access-refusals");
+    let (listening, log) = serve_and_log(
+        dir.path(),
+        &["--no-opencl", "--socket-access", "group:no-such-agora-group"],
+    );
+    assert!(!listening, "a daemon started for a group that does not exist:\n{log}");
+    assert!(log.contains("no group named 'no-such-agora-group'"), "{log}");
+    let (listening, log) = serve_and_log(dir.path(), &["--no-opencl", "--socket-access", "nobody-at-all"]);
+    assert!(!listening, "{log}");
+    assert!(log.contains("choose user"), "{log}");
+    // The temporary directory is private (0700): a socket for all users behind it is useless.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let (listening, log) = serve_and_log(dir.path(), &["--no-opencl", "--socket-access", "all"]);
+    assert!(listening, "{log}");
+    assert!(
+        log.contains("keeps them out"),
+        "no warning for a socket behind a private directory:\n{log}"
+    );
+    // The same directory opened: no warning.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (listening, log) = serve_and_log(dir.path(), &["--no-opencl", "--socket-access", "all"]);
+    assert!(listening, "{log}");
+    assert!(!log.contains("keeps them out"), "{log}");
+}
