@@ -140,6 +140,13 @@ fn a_node_wide_daemon_serves_every_local_user_each_as_a_tenant_of_its_own() {
     let mut session = session;
     let _ = session.wait();
     assert!(seen, "the operator's status never listed uid 4242");
+    // A tenant is no operator: admin requests stay refused to other uids.
+    let drain = agora_as(&binary, 4242, 4242, daemon.socket(), &["drain", "cpu0"]);
+    let err = String::from_utf8_lossy(&drain.stderr);
+    assert!(
+        !drain.status.success() && err.contains("admin_uids"),
+        "uid 4242 drained a device: {err}"
+    );
     daemon.assert_alive();
 }
 
