@@ -939,7 +939,7 @@ pub fn exports(args: ExportsArgs) -> Result<()> {
 /// Asks the daemon to write its task trace now.
 pub fn trace_save(socket: Option<PathBuf>) -> Result<()> {
     use agora_protocol::control::{Request, Response};
-    let path = agora_transport::socket::socket_path(socket);
+    let path = agora_transport::socket::client_socket_path(socket);
     let stream = std::os::unix::net::UnixStream::connect(&path).with_context(|| {
         format!(
             "cannot reach the daemon at {}; is `agora serve` running?",

@@ -41,7 +41,8 @@ struct Cli {
 #[derive(Args, Debug, Clone, Default)]
 pub struct SocketArg {
     /// Control socket of the daemon (default: $AGORA_SOCKET, else $XDG_RUNTIME_DIR/agora/agora.sock,
-    /// else /tmp/agora-$UID/agora.sock).
+    /// else /tmp/agora-$UID/agora.sock; where no daemon of yours listens there, a node-wide
+    /// daemon's /run/agora/agora.sock).
     #[arg(long, env = "AGORA_SOCKET", value_name = "PATH")]
     pub socket: Option<PathBuf>,
 }

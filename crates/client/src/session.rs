@@ -17,7 +17,7 @@ use agora_protocol::segment::Geometry;
 use agora_protocol::{KernelSignature, TaskDescriptor, TaskError, PROTOCOL_VERSION};
 use agora_transport::shm::Segment;
 use agora_transport::socket::{
-    peer_hung_up, recv_before, recv_before_with_fds, recv_with_fds, send, send_with_fds, socket_path,
+    client_socket_path, peer_hung_up, recv_before, recv_before_with_fds, recv_with_fds, send, send_with_fds,
 };
 use agora_transport::wake::{futex_wait, futex_wake_all, AdaptiveSpin, Doorbell};
 use agora_transport::TransportError;
@@ -214,7 +214,7 @@ impl Session {
 
     /// Connects with explicit options.
     pub fn connect_with(options: SessionOptions) -> Result<Session, Error> {
-        let path = socket_path(options.socket.clone());
+        let path = client_socket_path(options.socket.clone());
         let stream = UnixStream::connect(&path).map_err(|cause| Error::Connect {
             path: path.clone(),
             cause,
@@ -606,7 +606,7 @@ struct Observer {
 
 impl Observer {
     fn connect(socket: Option<PathBuf>) -> Result<Observer, Error> {
-        let path = socket_path(socket);
+        let path = client_socket_path(socket);
         let stream = UnixStream::connect(&path).map_err(|cause| Error::Connect { path, cause })?;
         let _ = stream.set_write_timeout(Some(DEFAULT_CONTROL_TIMEOUT));
         Ok(Observer {

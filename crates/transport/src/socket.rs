@@ -34,6 +34,35 @@ pub fn socket_path(explicit: Option<PathBuf>) -> PathBuf {
     PathBuf::from(format!("/tmp/agora-{uid}")).join("agora.sock")
 }
 
+/// Where a node-wide daemon listens (`examples/systemd/agora.service`, `agora serve
+/// --socket-access all`): clients use it when they were given no path and no daemon of their own
+/// user listens at the personal default.
+pub const SYSTEM_SOCKET: &str = "/run/agora/agora.sock";
+
+/// The socket a client connects to: `explicit`, else `$AGORA_SOCKET`, else the personal default
+/// of [`socket_path`] when a socket is there, else [`SYSTEM_SOCKET`] when a socket is there (a
+/// node-wide daemon), else the personal default (which a failed connection then names). The
+/// daemon itself listens at [`socket_path`]: it never takes the node's path unless told to.
+pub fn client_socket_path(explicit: Option<PathBuf>) -> PathBuf {
+    if explicit.is_some() || std::env::var_os(SOCKET_ENV).is_some_and(|p| !p.is_empty()) {
+        return socket_path(explicit);
+    }
+    default_client_socket(socket_path(None), std::path::Path::new(SYSTEM_SOCKET))
+}
+
+/// `personal` unless only `system` has a socket.
+fn default_client_socket(personal: PathBuf, system: &std::path::Path) -> PathBuf {
+    let is_socket = |path: &std::path::Path| {
+        use std::os::unix::fs::FileTypeExt;
+        std::fs::symlink_metadata(path).is_ok_and(|meta| meta.file_type().is_socket())
+    };
+    if !is_socket(&personal) && is_socket(system) {
+        system.to_path_buf()
+    } else {
+        personal
+    }
+}
+
 /// Sends `message` as one frame with `fds` attached as `SCM_RIGHTS`.
 pub fn send_with_fds<T: Serialize>(
     stream: &UnixStream,
@@ -356,6 +385,40 @@ pub fn peer_hung_up(stream: &UnixStream) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_client_falls_back_to_the_nodes_socket_only_when_no_personal_one_listens() {
+        let dir = tempfile_dir();
+        let personal = dir.join("personal.sock");
+        let system = dir.join("system.sock");
+        // Neither: the personal path, which the connection error then names.
+        assert_eq!(default_client_socket(personal.clone(), &system), personal);
+        // Only the node's.
+        let _node = std::os::unix::net::UnixListener::bind(&system).unwrap();
+        assert_eq!(default_client_socket(personal.clone(), &system), system);
+        // A personal daemon wins.
+        let _mine = std::os::unix::net::UnixListener::bind(&personal).unwrap();
+        assert_eq!(default_client_socket(personal.clone(), &system), personal);
+        // A file that is not a socket is no daemon.
+        let file = dir.join("file");
+        std::fs::write(&file, b"").unwrap();
+        assert_eq!(
+            default_client_socket(dir.join("absent.sock"), &file),
+            dir.join("absent.sock")
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    fn tempfile_dir() -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "agora-transport-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
     use std::os::fd::AsFd;
 
     #[test]
