@@ -1,7 +1,8 @@
 //! Who may connect to a daemon (`agora serve --socket-access`), with real processes of other
 //! uids: a personal daemon's socket admits its own user only, and says so to anyone else; a
 //! node-wide one (`all`) serves every local user, each as a tenant of its own; `group:NAME`
-//! admits the group's members only. The socket's mode and group are checked whoever runs the
+//! admits the group's members only; a user gets its part of a lane however many sessions it
+//! opens. The socket's mode and group are checked whoever runs the
 //! tests; the connections as other uids need root (CI runs the suite as root), which the tests
 //! say when they cannot switch uids.
 
@@ -241,4 +242,81 @@ fn an_unknown_group_is_refused_and_a_closed_directory_is_warned_about() {
     let (listening, log) = serve_and_log(dir.path(), &["--no-opencl", "--socket-access", "all"]);
     assert!(listening, "{log}");
     assert!(!log.contains("keeps them out"), "{log}");
+}
+
+#[test]
+fn a_user_gets_no_more_of_a_lane_for_opening_more_sessions() {
+    let (dir, binary) = open_dir("access-fair");
+    // One CPU lane, so every session's tasks queue on it.
+    let daemon = Daemon::start_in(
+        AGORA,
+        dir,
+        &["--no-opencl", "--cpu-lanes", "1", "--socket-access", "all"],
+    );
+    if !root() {
+        eprintln!("not root: two users cannot be started; the two-level order is tested in agora-devices (lane::fair)");
+        return;
+    }
+    // User 4242 runs three pipelining clients, user 4243 one, all with equal tasks (saxpy of
+    // 2^18 floats, too long to run inline) for longer than the test lasts.
+    let client = |uid: u32| {
+        Command::new(&binary)
+            .args([
+                "run",
+                "saxpy",
+                "--size",
+                "262144",
+                "--iterations",
+                "1000000",
+                "--device-kind",
+                "cpu",
+            ])
+            .arg("--socket")
+            .arg(daemon.socket())
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("HOME", "/nonexistent")
+            .uid(uid)
+            .gid(uid)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut clients = vec![client(4242), client(4242), client(4242), client(4243)];
+    let completed = |uid: u32| -> u64 {
+        daemon
+            .status()
+            .sessions
+            .iter()
+            .filter(|s| s.uid == uid)
+            .map(|s| s.tasks_completed)
+            .sum()
+    };
+    let running = agora_test_support::eventually(Duration::from_secs(20), || {
+        let sessions = daemon.status().sessions;
+        sessions
+            .iter()
+            .filter(|s| s.uid == 4242 && s.tasks_completed > 20)
+            .count()
+            == 3
+            && sessions.iter().any(|s| s.uid == 4243 && s.tasks_completed > 20)
+    });
+    let before = (completed(4242), completed(4243));
+    std::thread::sleep(Duration::from_secs(3));
+    let after = (completed(4242), completed(4243));
+    for client in &mut clients {
+        let _ = client.kill();
+        let _ = client.wait();
+    }
+    assert!(running, "all four clients ran tasks");
+    let (three, one) = (after.0 - before.0, after.1 - before.1);
+    assert!(one > 0, "the one-session user starved: {before:?} → {after:?}");
+    // Equal tasks: their counts are their lane time. Fair by session it would be about 3:1.
+    let ratio = three as f64 / one as f64;
+    eprintln!("tasks in 3 s on one lane: the user of three sessions {three}, of one {one} (ratio {ratio:.2})");
+    assert!(
+        (0.6..=1.6).contains(&ratio),
+        "each user should get about half of the lane: {three} against {one} tasks ({ratio:.2})"
+    );
 }

@@ -93,15 +93,19 @@ pub(crate) struct SessionShared {
     /// The session's device-memory quota when its Slurm job sets one (bytes; 0: the daemon's
     /// `[sessions] device_quota`).
     pub device_quota: AtomicU64,
-    /// Who its batch jobs are on a lane's weighted fair order ([`agora_devices::Share`]): the
-    /// session itself, weight 1, or its Slurm job (all the job's sessions as one tenant) with the
-    /// job's shares as weight.
-    pub share_tenant: AtomicU64,
-    pub share_weight: AtomicU32,
+    /// Whose its batch jobs are on a lane's weighted fair order ([`agora_devices::Share`]): the
+    /// session is a tenant (weight 1) of its user's group (weight 1), or of its Slurm job's
+    /// group (all the job's sessions), weighted by the job's shares. So a user gets no more of a
+    /// lane for opening more sessions.
+    pub share_group: AtomicU64,
+    pub share_group_weight: AtomicU32,
 }
 
-/// Tenants of Slurm jobs have this bit set beside the job id (sessions' ids never do).
-pub(crate) const JOB_TENANT: u64 = 1 << 63;
+/// Groups of Slurm jobs have this bit set beside the job id.
+pub(crate) const JOB_GROUP: u64 = 1 << 63;
+
+/// Groups of users have this bit set beside the uid (and never [`JOB_GROUP`]'s).
+pub(crate) const USER_GROUP: u64 = 1 << 62;
 
 /// Devices whose time a session accounts (by index; later ones are not accounted).
 pub(crate) const ACCOUNTED_DEVICES: usize = 16;
@@ -117,8 +121,10 @@ impl SessionShared {
     /// microsecond: transfers and fills are not predicted, and cost something).
     pub fn lane_share(&self, predicted_ns: u64) -> agora_devices::Share {
         agora_devices::Share {
-            tenant: self.share_tenant.load(Ordering::Relaxed),
-            weight: self.share_weight.load(Ordering::Relaxed).max(1),
+            group: self.share_group.load(Ordering::Relaxed),
+            group_weight: self.share_group_weight.load(Ordering::Relaxed).max(1),
+            tenant: self.id,
+            weight: 1,
             cost_ns: predicted_ns.max(1_000),
         }
     }
@@ -506,8 +512,8 @@ impl Session {
                 realtime: OnceLock::new(),
                 device_ns: Default::default(),
                 device_quota: AtomicU64::new(0),
-                share_tenant: AtomicU64::new(id),
-                share_weight: AtomicU32::new(1),
+                share_group: AtomicU64::new(USER_GROUP | u64::from(credentials.uid)),
+                share_group_weight: AtomicU32::new(1),
             }),
             queues: HandleTable::new(max_queues),
             buffers: HandleTable::new(max_buffers),

@@ -23,7 +23,8 @@
 //! Order: deadline-class jobs (nodes of admitted real-time DAGs, [`Job::deadline`]) start
 //! first, earliest absolute deadline first (EDF; equal deadlines in push order), then
 //! latency-class jobs in push order, then batch work: each tenant's in push order, tenants by
-//! weight ([`crate::Share`], module `fair`). None of them interrupts a job already started: a
+//! weight within their group (a user, a Slurm job), groups by weight ([`crate::Share`], module
+//! `fair`). None of them interrupts a job already started: a
 //! sliced batch launch yields at its next slice boundary, where another tenant's job may go
 //! first.
 //!
@@ -270,7 +271,7 @@ impl Queued {
     /// Puts it back at the front of its tenant's batch jobs.
     fn requeue_front(self, jobs: &mut fair::FairQueue<Queued>) {
         let share = self.job.share;
-        jobs.push_front(share.tenant, share.weight, self);
+        jobs.push_front(&share, self);
     }
 
     /// Whether this is (a slice of) a chunked launch, started only under [`SLICE_DEPTH`].
@@ -552,7 +553,7 @@ impl Lane {
             queued.requeue_front(&mut q.jobs);
         } else {
             let share = queued.job.share;
-            q.jobs.push_back(share.tenant, share.weight, queued);
+            q.jobs.push_back(&share, queued);
         }
         self.pending.fetch_add(1, Ordering::Release);
         let notify = q.sleeping;
@@ -1247,8 +1248,10 @@ mod tests {
             let order_tx = order_tx.clone();
             Job {
                 share: crate::Share {
+                    group: tenant,
+                    group_weight: weight,
                     tenant,
-                    weight,
+                    weight: 1,
                     cost_ns: 50_000,
                 },
                 done: Box::new(move |r: Result<(), TaskError>, _| {

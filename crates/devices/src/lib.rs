@@ -391,20 +391,28 @@ pub struct Job {
 
 /// Who a job belongs to for a lane's weighted fair order of batch work, and what it costs.
 ///
-/// A lane keeps each tenant's batch jobs in push order and starts, among the tenants with jobs
-/// waiting, the one that has received the least lane time for its weight (start-time fair
-/// queueing over predicted device time): two backlogged tenants of weights 3 and 1 get the lane
-/// three quarters and one quarter of the time, whatever their job sizes and however many jobs
-/// each queues. A tenant that was idle comes back at the others' level, with no credit saved up.
+/// A lane keeps each tenant's batch jobs in push order and starts, among the groups with jobs
+/// waiting, the one that has received the least lane time for its weight, and within it the
+/// tenant that has (two-level start-time fair queueing over predicted device time): two
+/// backlogged groups of weights 3 and 1 get the lane three quarters and one quarter of the time,
+/// whatever their job sizes, however many jobs each queues and however many tenants each has. A
+/// group or tenant that was idle comes back at the others' level, with no credit saved up.
 /// Deadline- and latency-class jobs go before batch work as before; they are not weighed.
 ///
-/// The daemon makes each session a tenant of weight 1, and all the sessions of one Slurm job
-/// one tenant whose weight is the job's `agora` shares (issue #17).
+/// Tenants come in groups, weighed first: the lane goes to the group that received the least
+/// for its weight, and within it to the tenant that did. The daemon makes each session a tenant
+/// of weight 1 in the group of its user (weight 1), or of its Slurm job, whose weight is the
+/// job's `agora` shares (issue #17): so a user or job gets its part of a lane however many
+/// sessions it opens, and its sessions share that part.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Share {
-    /// The tenant (0: the daemon's own work and tests).
+    /// The group (0: the daemon's own work and tests).
+    pub group: u64,
+    /// The group's weight, at least 1.
+    pub group_weight: u32,
+    /// The tenant, within its group (0: the daemon's own work and tests).
     pub tenant: u64,
-    /// Its weight, at least 1.
+    /// Its weight within the group, at least 1.
     pub weight: u32,
     /// The job's predicted device time, nanoseconds: what it is charged (a sliced launch's
     /// slices each a part of it).
@@ -412,9 +420,11 @@ pub struct Share {
 }
 
 impl Default for Share {
-    /// Tenant 0, weight 1, charged a microsecond.
+    /// Tenant 0 of group 0, weights 1, charged a microsecond.
     fn default() -> Self {
         Share {
+            group: 0,
+            group_weight: 1,
             tenant: 0,
             weight: 1,
             cost_ns: 1_000,

@@ -128,14 +128,14 @@ impl Server {
                     .device_quota
                     .store(quota, std::sync::atomic::Ordering::Relaxed);
             }
-            // All the job's sessions are one tenant of the lanes, weighted by its shares.
+            // All the job's sessions are one group of the lanes' tenants, weighted by its shares.
             let shared = &session.shared;
-            shared.share_tenant.store(
-                crate::session::JOB_TENANT | job.job,
+            shared.share_group.store(
+                crate::session::JOB_GROUP | job.job,
                 std::sync::atomic::Ordering::Relaxed,
             );
             shared
-                .share_weight
+                .share_group_weight
                 .store(job.shares.max(1), std::sync::atomic::Ordering::Relaxed);
             let job = job.job;
             self.job_session_opened(job);

@@ -1,32 +1,50 @@
-//! A lane's batch queue: each tenant's jobs in push order, tenants served by weight (start-time
-//! fair queueing over predicted device time, see [`crate::Share`]).
+//! A lane's batch queue: each tenant's jobs in push order, tenants served by weight within their
+//! group, groups served by weight (two-level start-time fair queueing over predicted device time,
+//! see [`crate::Share`]).
 //!
-//! Owns the order among tenants only; what a job is and when the lane may start one (slice
-//! depth, exclusivity) stay with the lane. Must not reorder one tenant's jobs: a queue's tasks
-//! and a replay ahead of its queue's later tasks rely on that order.
+//! Owns the order among tenants and groups only; what a job is and when the lane may start one
+//! (slice depth, exclusivity) stay with the lane. Must not reorder one tenant's jobs: a queue's
+//! tasks and a replay ahead of its queue's later tasks rely on that order.
 //!
-//! Each tenant has a *pass*: the lane time it was charged, divided by its weight. The next job
-//! comes from the tenant with the lowest pass (the earliest to arrive among equals), and starting
-//! it adds its charge / weight. A tenant whose jobs ran out and that comes back starts at the
-//! pass of the job that started last (the lane's virtual time), so idling saves no credit and
-//! costs none. Tenants are few (the sessions with work on one lane): a linear scan beats a heap
-//! here, and one tenant costs what the plain FIFO did.
+//! Each group has a *pass*: the lane time it was charged, divided by its weight; so has each
+//! tenant within its group. The next job comes from the group with the lowest pass (the earliest
+//! to arrive among equals), and within it from the tenant with the lowest pass; starting it adds
+//! its charge / weight to both. Why two levels: the daemon's groups are users (or Slurm jobs) and
+//! its tenants their sessions, so a user who opens more sessions gets no more of a lane, while
+//! each of its sessions still gets its turn beside the others. A group or tenant whose jobs ran
+//! out and that comes back starts at the pass of the one that started last (the virtual time
+//! of its level), so idling saves no credit and costs none. Groups and tenants are few (those
+//! with work on one lane): linear scans beat heaps here, and one tenant costs what the plain
+//! FIFO did.
 
 use std::collections::VecDeque;
+
+use crate::Share;
 
 /// Charges are scaled by this before the division by the weight, so that weights up to a
 /// million still order jobs of a nanosecond.
 const SCALE: u128 = 1 << 20;
 
-/// Tenants kept with nothing queued, beyond which those are forgotten (their pass is the lane's
-/// virtual time or near it anyway).
-const IDLE_TENANTS_KEPT: usize = 16;
+/// Groups (and tenants of a group) kept with nothing queued, beyond which those are forgotten
+/// (their pass is the virtual time or near it anyway).
+const IDLE_KEPT: usize = 16;
 
-/// A batch queue shared by tenants by weight.
+/// A batch queue shared by groups of tenants by weight.
 pub(super) struct FairQueue<T> {
-    tenants: Vec<Tenant<T>>,
-    /// The pass of the tenant whose job started last.
+    groups: Vec<Group<T>>,
+    /// The pass of the group whose job started last.
     virtual_time: u128,
+    len: usize,
+}
+
+struct Group<T> {
+    id: u64,
+    weight: u32,
+    pass: u128,
+    /// The pass of this group's tenant whose job started last.
+    virtual_time: u128,
+    tenants: Vec<Tenant<T>>,
+    /// Jobs of its tenants.
     len: usize,
 }
 
@@ -40,11 +58,16 @@ struct Tenant<T> {
 impl<T> Default for FairQueue<T> {
     fn default() -> Self {
         FairQueue {
-            tenants: Vec::new(),
+            groups: Vec::new(),
             virtual_time: 0,
             len: 0,
         }
     }
+}
+
+/// `charge_ns` divided by `weight`, scaled.
+fn charge(charge_ns: u64, weight: u32) -> u128 {
+    (u128::from(charge_ns.max(1)) * SCALE / u128::from(weight.max(1))).max(1)
 }
 
 impl<T> FairQueue<T> {
@@ -52,98 +75,175 @@ impl<T> FairQueue<T> {
         self.len == 0
     }
 
-    /// Appends `item` to `tenant`'s jobs (its weight is updated to `weight`).
-    pub(super) fn push_back(&mut self, tenant: u64, weight: u32, item: T) {
-        self.tenant(tenant, weight).items.push_back(item);
+    /// Appends `item` to the jobs of `share`'s tenant (its and its group's weights are updated
+    /// to `share`'s).
+    pub(super) fn push_back(&mut self, share: &Share, item: T) {
+        self.tenant(share).items.push_back(item);
         self.len += 1;
     }
 
-    /// Puts `item` before `tenant`'s other jobs (a replay, or a sliced launch's rest).
-    pub(super) fn push_front(&mut self, tenant: u64, weight: u32, item: T) {
-        self.tenant(tenant, weight).items.push_front(item);
+    /// Puts `item` before the other jobs of `share`'s tenant (a replay, or a sliced launch's
+    /// rest).
+    pub(super) fn push_front(&mut self, share: &Share, item: T) {
+        self.tenant(share).items.push_front(item);
         self.len += 1;
     }
 
     /// The job [`FairQueue::pop_front`] would take.
     pub(super) fn front(&self) -> Option<&T> {
-        self.next().and_then(|i| self.tenants[i].items.front())
+        let (group, tenant) = self.next()?;
+        self.groups[group].tenants[tenant].items.front()
     }
 
-    /// Takes the next job: the front of the tenant with the lowest pass, which is charged
-    /// `charge_ns(job)` nanoseconds for it.
+    /// Takes the next job: the front of the tenant with the lowest pass in the group with the
+    /// lowest pass, which are charged `charge_ns(job)` nanoseconds for it.
     pub(super) fn pop_front(&mut self, charge_ns: impl FnOnce(&T) -> u64) -> Option<T> {
-        let index = self.next()?;
-        let tenant = &mut self.tenants[index];
+        let (group_index, tenant_index) = self.next()?;
+        let group = &mut self.groups[group_index];
+        let tenant = &mut group.tenants[tenant_index];
         let item = tenant.items.pop_front()?;
         self.len -= 1;
-        self.virtual_time = tenant.pass;
-        let charge = u128::from(charge_ns(&item).max(1)) * SCALE / u128::from(tenant.weight.max(1));
-        tenant.pass = tenant.pass.saturating_add(charge.max(1));
+        group.len -= 1;
+        self.virtual_time = group.pass;
+        group.virtual_time = tenant.pass;
+        let cost = charge_ns(&item);
+        tenant.pass = tenant.pass.saturating_add(charge(cost, tenant.weight));
+        group.pass = group.pass.saturating_add(charge(cost, group.weight));
         Some(item)
     }
 
     /// Takes every job, tenant by tenant (to cancel them).
     pub(super) fn drain(&mut self) -> Vec<T> {
         self.len = 0;
-        self.tenants.drain(..).flat_map(|t| t.items).collect()
+        self.groups
+            .drain(..)
+            .flat_map(|g| g.tenants)
+            .flat_map(|t| t.items)
+            .collect()
     }
 
-    /// Gives back the memory of a flood once the queue is empty: forgets idle tenants and
+    /// Gives back the memory of a flood once the queue is empty: forgets idle groups and
     /// shrinks each queue's room to `keep`.
     pub(super) fn shrink(&mut self, keep: usize) {
         if self.len == 0 {
-            self.tenants.clear();
-            self.tenants.shrink_to(IDLE_TENANTS_KEPT);
+            self.groups.clear();
+            self.groups.shrink_to(IDLE_KEPT);
         }
-        for tenant in &mut self.tenants {
+        for tenant in self.groups.iter_mut().flat_map(|g| g.tenants.iter_mut()) {
             if tenant.items.capacity() > keep {
                 tenant.items.shrink_to(keep);
             }
         }
     }
 
-    /// The index of the tenant whose job goes next: the lowest pass among those with jobs.
-    fn next(&self) -> Option<usize> {
-        let mut best: Option<(usize, u128)> = None;
-        for (index, tenant) in self.tenants.iter().enumerate() {
-            if !tenant.items.is_empty() && best.is_none_or(|(_, pass)| tenant.pass < pass) {
-                best = Some((index, tenant.pass));
-            }
-        }
-        best.map(|(index, _)| index)
+    /// The indices of the group and tenant whose job goes next: the lowest pass among the
+    /// groups with jobs, then among its tenants with jobs.
+    fn next(&self) -> Option<(usize, usize)> {
+        let group = lowest(self.groups.iter().map(|g| (g.len > 0, g.pass)))?;
+        let tenant = lowest(self.groups[group].tenants.iter().map(|t| (!t.items.is_empty(), t.pass)))?;
+        Some((group, tenant))
     }
 
-    /// `id`'s entry, made (at the lane's virtual time) if need be; an idle tenant coming back is
-    /// brought up to the virtual time.
-    fn tenant(&mut self, id: u64, weight: u32) -> &mut Tenant<T> {
-        let index = match self.tenants.iter().position(|t| t.id == id) {
-            Some(index) => index,
-            None => {
-                if self.tenants.len() >= IDLE_TENANTS_KEPT {
-                    self.tenants.retain(|t| !t.items.is_empty());
-                }
-                self.tenants.push(Tenant {
-                    id,
-                    weight,
-                    pass: self.virtual_time,
-                    items: VecDeque::new(),
-                });
-                self.tenants.len() - 1
-            }
-        };
-        let virtual_time = self.virtual_time;
-        let tenant = &mut self.tenants[index];
-        if tenant.items.is_empty() {
-            tenant.pass = tenant.pass.max(virtual_time);
+    /// The entry of `share`'s tenant in its group, each made (at its level's virtual time) if
+    /// need be; an idle group or tenant coming back is brought up to its level's virtual time.
+    fn tenant(&mut self, share: &Share) -> &mut Tenant<T> {
+        let lane_time = self.virtual_time;
+        let group = entry(
+            &mut self.groups,
+            |g| g.id == share.group,
+            |g| g.len == 0,
+            || Group {
+                id: share.group,
+                weight: share.group_weight,
+                pass: lane_time,
+                virtual_time: 0,
+                tenants: Vec::new(),
+                len: 0,
+            },
+        );
+        if group.len == 0 {
+            group.pass = group.pass.max(lane_time);
         }
-        tenant.weight = weight.max(1);
+        group.weight = share.group_weight.max(1);
+        group.len += 1;
+        let group_time = group.virtual_time;
+        let tenant = entry(
+            &mut group.tenants,
+            |t| t.id == share.tenant,
+            |t| t.items.is_empty(),
+            || Tenant {
+                id: share.tenant,
+                weight: share.weight,
+                pass: group_time,
+                items: VecDeque::new(),
+            },
+        );
+        if tenant.items.is_empty() {
+            tenant.pass = tenant.pass.max(group_time);
+        }
+        tenant.weight = share.weight.max(1);
         tenant
     }
+}
+
+/// The index of the lowest pass among the entries that have jobs (`(has jobs, pass)`; the
+/// first among equals).
+fn lowest(entries: impl Iterator<Item = (bool, u128)>) -> Option<usize> {
+    let mut best: Option<(usize, u128)> = None;
+    for (index, (busy, pass)) in entries.enumerate() {
+        if busy && best.is_none_or(|(_, lowest)| pass < lowest) {
+            best = Some((index, pass));
+        }
+    }
+    best.map(|(index, _)| index)
+}
+
+/// The entry `is` finds in `entries`, or a new one from `make` (forgetting the `idle` ones first
+/// when [`IDLE_KEPT`] are kept).
+fn entry<E>(
+    entries: &mut Vec<E>,
+    is: impl Fn(&E) -> bool,
+    idle: impl Fn(&E) -> bool,
+    make: impl FnOnce() -> E,
+) -> &mut E {
+    let index = match entries.iter().position(is) {
+        Some(index) => index,
+        None => {
+            if entries.len() >= IDLE_KEPT {
+                entries.retain(|e| !idle(e));
+            }
+            entries.push(make());
+            entries.len() - 1
+        }
+    };
+    &mut entries[index]
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A tenant alone in a group of its own, of weight `weight`.
+    fn solo(tenant: u64, weight: u32) -> Share {
+        Share {
+            group: tenant,
+            group_weight: weight,
+            tenant,
+            weight: 1,
+            cost_ns: 1_000,
+        }
+    }
+
+    /// Tenant `tenant` (weight 1) of group `group` (weight 1).
+    fn member(group: u64, tenant: u64) -> Share {
+        Share {
+            group,
+            group_weight: 1,
+            tenant,
+            weight: 1,
+            cost_ns: 1_000,
+        }
+    }
 
     /// Starts `count` jobs, each charged `cost` (a job is `(tenant, sequence)`).
     fn start(queue: &mut FairQueue<(u64, u32)>, count: usize, cost: u64) -> Vec<(u64, u32)> {
@@ -154,8 +254,8 @@ mod tests {
     fn backlogged_tenants_share_by_weight_and_each_keeps_its_order() {
         let mut queue = FairQueue::default();
         for sequence in 0..100 {
-            queue.push_back(1, 3, (1, sequence));
-            queue.push_back(2, 1, (2, sequence));
+            queue.push_back(&solo(1, 3), (1, sequence));
+            queue.push_back(&solo(2, 1), (2, sequence));
         }
         let started = start(&mut queue, 80, 1_000);
         let first = started.iter().filter(|(tenant, _)| *tenant == 1).count();
@@ -173,8 +273,8 @@ mod tests {
         // Equal weights alternate.
         let mut queue = FairQueue::default();
         for sequence in 0..10 {
-            queue.push_back(5, 1, (5, sequence));
-            queue.push_back(6, 1, (6, sequence));
+            queue.push_back(&solo(5, 1), (5, sequence));
+            queue.push_back(&solo(6, 1), (6, sequence));
         }
         let tenants: Vec<u64> = start(&mut queue, 6, 1_000).into_iter().map(|(t, _)| t).collect();
         assert_eq!(tenants, [5, 6, 5, 6, 5, 6]);
@@ -186,8 +286,8 @@ mod tests {
         // for each of tenant 1's.
         let mut queue: FairQueue<(u64, u32)> = FairQueue::default();
         for sequence in 0..50 {
-            queue.push_back(1, 1, (1, sequence));
-            queue.push_back(2, 1, (2, sequence));
+            queue.push_back(&solo(1, 1), (1, sequence));
+            queue.push_back(&solo(2, 1), (2, sequence));
         }
         let mut started = Vec::new();
         for _ in 0..44 {
@@ -205,18 +305,18 @@ mod tests {
     fn an_idle_tenant_comes_back_without_credit_and_a_replay_goes_first() {
         let mut queue = FairQueue::default();
         for sequence in 0..20 {
-            queue.push_back(1, 1, (1, sequence));
+            queue.push_back(&solo(1, 1), (1, sequence));
         }
         // Tenant 1 ran alone for a while; tenant 2 arrives and does not get the lane for the
         // next 10 jobs in a row (it starts level, so they alternate).
         let _ = start(&mut queue, 10, 1_000);
         for sequence in 0..10 {
-            queue.push_back(2, 1, (2, sequence));
+            queue.push_back(&solo(2, 1), (2, sequence));
         }
         let tenants: Vec<u64> = start(&mut queue, 4, 1_000).into_iter().map(|(t, _)| t).collect();
         assert_eq!(tenants.iter().filter(|t| **t == 2).count(), 2, "{tenants:?}");
         // A job put back at the front of its tenant's queue is that tenant's next.
-        queue.push_front(2, 1, (2, 99));
+        queue.push_front(&solo(2, 1), (2, 99));
         let next_of_2 = std::iter::from_fn(|| queue.pop_front(|_| 1_000))
             .find(|(t, _)| *t == 2)
             .unwrap();
@@ -225,5 +325,57 @@ mod tests {
         let left = queue.drain();
         assert_eq!(left.len(), 16, "{left:?}");
         assert!(queue.is_empty() && queue.front().is_none());
+    }
+
+    #[test]
+    fn groups_share_by_weight_whatever_their_tenant_count_and_tenants_share_their_groups_part() {
+        // Group 1 (a user) has three backlogged tenants (sessions), group 2 one: each group gets
+        // half the lane, and group 1's half is split evenly among its three.
+        let mut queue = FairQueue::default();
+        for sequence in 0..100 {
+            for tenant in [11, 12, 13] {
+                queue.push_back(&member(1, tenant), (tenant, sequence));
+            }
+            queue.push_back(&member(2, 21), (21, sequence));
+        }
+        let started = start(&mut queue, 120, 1_000);
+        let count = |tenant: u64| started.iter().filter(|(t, _)| *t == tenant).count();
+        assert_eq!(count(21), 60, "the one-tenant group gets half: {started:?}");
+        for tenant in [11, 12, 13] {
+            assert_eq!(count(tenant), 20, "tenant {tenant} gets a third of its group's half");
+            let order: Vec<u32> = started.iter().filter(|(t, _)| *t == tenant).map(|(_, s)| *s).collect();
+            assert!(
+                order.windows(2).all(|w| w[0] + 1 == w[1]),
+                "tenant {tenant} in order: {order:?}"
+            );
+        }
+        // A group's weight still weighs: 3 against 1, with one tenant and two.
+        let mut queue = FairQueue::default();
+        let heavy = Share {
+            group_weight: 3,
+            ..member(1, 11)
+        };
+        for sequence in 0..100 {
+            queue.push_back(&heavy, (11, sequence));
+            queue.push_back(&member(2, 21), (21, sequence));
+            queue.push_back(&member(2, 22), (22, sequence));
+        }
+        let started = start(&mut queue, 80, 1_000);
+        let first = started.iter().filter(|(t, _)| *t == 11).count();
+        assert!(
+            (59..=61).contains(&first),
+            "weight 3 of 4 gets three quarters: {started:?}"
+        );
+        // A tenant that comes back to a busy group starts level with its group's others.
+        let mut queue = FairQueue::default();
+        for sequence in 0..40 {
+            queue.push_back(&member(1, 11), (11, sequence));
+        }
+        let _ = start(&mut queue, 20, 1_000);
+        for sequence in 0..40 {
+            queue.push_back(&member(1, 12), (12, sequence));
+        }
+        let next: Vec<u64> = start(&mut queue, 6, 1_000).into_iter().map(|(t, _)| t).collect();
+        assert_eq!(next.iter().filter(|t| **t == 12).count(), 3, "{next:?}");
     }
 }
