@@ -129,6 +129,14 @@ impl SessionShared {
         }
     }
 
+    /// Makes the session a tenant of `group` (its Slurm job's) of weight `weight` on the lanes'
+    /// fair order, and a part of that group's fair share of device memory.
+    pub fn join_group(&self, group: u64, weight: u32) {
+        self.share_group.store(group, Ordering::Relaxed);
+        self.share_group_weight.store(weight.max(1), Ordering::Relaxed);
+        self.device_usage.group.store(group, Ordering::Relaxed);
+    }
+
     /// Registers the segment with `device` (index `index`) the first time one of the session's
     /// tasks moves data to or from it, for devices that map it (device hosts) or page-lock it
     /// (GPUs, within the per-user limit of `books`; `uid` is the session's user:
@@ -504,7 +512,7 @@ impl Session {
                 max_lane_ns,
                 bytes_to_device: AtomicU64::new(0),
                 bytes_to_host: AtomicU64::new(0),
-                device_usage: Arc::new(DeviceUsage::new(id)),
+                device_usage: Arc::new(DeviceUsage::in_group(id, USER_GROUP | u64::from(credentials.uid))),
                 unread: Arc::new(UnreadReleases {
                     session: id,
                     ..Default::default()

@@ -93,13 +93,23 @@ pub(crate) struct DeviceUsage {
     /// The session, as devices know their tenants (a GPU keeps each tenant's memory in a
     /// partition of its own, which its fenced kernels cannot leave).
     pub tenant: u64,
+    /// Whose fair share of device memory the session's is part of: its user's, or its Slurm
+    /// job's (the same groups as the lanes', [`agora_devices::Share`]).
+    pub group: AtomicU64,
 }
 
 impl DeviceUsage {
+    /// A tenant in a group of its own.
     pub(crate) fn new(tenant: u64) -> Self {
+        DeviceUsage::in_group(tenant, tenant)
+    }
+
+    /// A tenant of `group`.
+    pub(crate) fn in_group(tenant: u64, group: u64) -> Self {
         DeviceUsage {
             bytes: std::array::from_fn(|_| AtomicU64::new(0)),
             tenant,
+            group: AtomicU64::new(group),
         }
     }
 }
@@ -704,7 +714,8 @@ impl Residency {
     /// `quota` is set, in the session's share of it. Returns whether it fits now.
     ///
     /// Fair to the other tenants (issue 22): each tenant with data on the device has a fair share
-    /// of its memory (the device divided among them). Buffers of tenants over their share go
+    /// of its memory ([`FairShares`]: the device divided among the users and Slurm jobs with
+    /// data on it, each one's part among its sessions). Buffers of tenants over their share go
     /// first, each group least recently used first; a session that already holds more than its
     /// share when it asks may evict only its own buffers and those of other tenants over their
     /// share, so it waits (the caller's `Room::Later`) rather than pushing out a tenant within
@@ -725,8 +736,8 @@ impl Residency {
         if fits(session) {
             return true;
         }
-        let (victims, share) = self.idle_on(devices, device, session);
-        let asker_over_share = session.bytes[device].load(Ordering::Relaxed) > share;
+        let (victims, shares) = self.idle_on(devices, device, session);
+        let asker_over_share = session.bytes[device].load(Ordering::Relaxed) > shares.of(session);
         for victim in victims {
             // Bytes of write-backs in flight are as good as free here: once they are answered
             // the task that waits for them finds the room.
@@ -747,7 +758,10 @@ impl Residency {
                 continue;
             }
             // A session over its share does not push out a tenant within its share.
-            if asker_over_share && !own && victim.usage.bytes[device].load(Ordering::Relaxed) <= share {
+            if asker_over_share
+                && !own
+                && victim.usage.bytes[device].load(Ordering::Relaxed) <= shares.of(&victim.usage)
+            {
                 continue;
             }
             self.evict(devices, device, &victim);
@@ -878,17 +892,17 @@ impl Residency {
     }
 
     /// The idle buffers with a copy on `device`, in eviction order — those of tenants over
-    /// their fair share first, each group least recently used first — and that share (`asker`
+    /// their fair share first, each group least recently used first — and the shares (`asker`
     /// counted as a tenant).
     fn idle_on(
         &mut self,
         devices: &[Arc<dyn Device>],
         device: usize,
         asker: &Arc<DeviceUsage>,
-    ) -> (Vec<Arc<BufferRecord>>, u64) {
+    ) -> (Vec<Arc<BufferRecord>>, FairShares) {
         self.buffers.retain(|w| w.strong_count() > 0);
         let live: Vec<Arc<BufferRecord>> = self.buffers.iter().filter_map(Weak::upgrade).collect();
-        let share = fair_share(
+        let shares = FairShares::new(
             devices[device].info().memory_bytes,
             device,
             asker,
@@ -905,11 +919,11 @@ impl Residency {
         // Over their share first (false sorts first), then least recently used.
         victims.sort_by_key(|r| {
             (
-                r.usage.bytes[device].load(Ordering::Relaxed) <= share,
+                r.usage.bytes[device].load(Ordering::Relaxed) <= shares.of(&r.usage),
                 r.last_used.load(Ordering::Relaxed),
             )
         });
-        (victims, share)
+        (victims, shares)
     }
 
     /// Starts writing `victim`'s copy on `device` home without waiting, where that copy is the
@@ -1003,22 +1017,49 @@ impl Residency {
     }
 }
 
-/// A tenant's fair share of `device`'s `capacity`: the device divided among the tenants that
-/// have data on it, `asker` counted even before it has any.
-fn fair_share<'a>(
+/// Each tenant's fair share of a device's memory: the device divided among the groups (users,
+/// Slurm jobs) with data on it, each group's part divided among its sessions with data on it,
+/// the asking session counted even before it has any. Two levels, as on the lanes: a user who
+/// opens more sessions gets no more of the device, only more, smaller, parts of its own share.
+pub(crate) struct FairShares {
     capacity: u64,
-    device: usize,
-    asker: &Arc<DeviceUsage>,
-    usages: impl Iterator<Item = &'a Arc<DeviceUsage>>,
-) -> u64 {
-    let mut tenants: Vec<*const DeviceUsage> = usages
-        .filter(|u| u.bytes[device].load(Ordering::Relaxed) > 0)
-        .map(Arc::as_ptr)
-        .collect();
-    tenants.push(Arc::as_ptr(asker));
-    tenants.sort_unstable();
-    tenants.dedup();
-    capacity / tenants.len() as u64
+    /// `(group, sessions of it with data on the device)`.
+    groups: Vec<(u64, u64)>,
+}
+
+impl FairShares {
+    fn new<'a>(
+        capacity: u64,
+        device: usize,
+        asker: &'a Arc<DeviceUsage>,
+        usages: impl Iterator<Item = &'a Arc<DeviceUsage>>,
+    ) -> FairShares {
+        let mut sessions: Vec<(u64, *const DeviceUsage)> = usages
+            .filter(|u| u.bytes[device].load(Ordering::Relaxed) > 0)
+            .chain(std::iter::once(asker))
+            .map(|u| (u.group.load(Ordering::Relaxed), Arc::as_ptr(u)))
+            .collect();
+        sessions.sort_unstable();
+        sessions.dedup();
+        let mut groups: Vec<(u64, u64)> = Vec::new();
+        for (group, _) in sessions {
+            match groups.last_mut() {
+                Some((last, count)) if *last == group => *count += 1,
+                _ => groups.push((group, 1)),
+            }
+        }
+        FairShares { capacity, groups }
+    }
+
+    /// The share of the session whose usage is `usage`.
+    pub(crate) fn of(&self, usage: &DeviceUsage) -> u64 {
+        let group = usage.group.load(Ordering::Relaxed);
+        match self.groups.iter().find(|(g, _)| *g == group) {
+            Some((_, sessions)) => self.capacity / self.groups.len() as u64 / sessions,
+            // Not counted (no data there): as a group of its own arriving.
+            None => self.capacity / (self.groups.len() as u64 + 1),
+        }
+    }
 }
 
 /// Returns the allocator's free memory to the operating system. glibc keeps memory freed after
@@ -1368,6 +1409,57 @@ mod tests {
         assert!(residency.make_room(&devices, 0, MIB, &over, 0));
         assert!(b.placement().is_on(0) && !a2.placement().is_on(0));
         a1.in_use.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    #[test]
+    fn a_user_with_more_sessions_gets_no_more_of_a_device_s_memory() {
+        // A 4 MiB device: user A's two sessions hold 1 MiB each, user B's one session 2 MiB.
+        let devices: Vec<Arc<dyn Device>> = vec![Arc::new(
+            SimDevice::new(SimSpec {
+                memory_bytes: 4 * MIB,
+                ..Default::default()
+            })
+            .unwrap(),
+        )];
+        let heap = Arc::new(TestHeap(Mutex::new(vec![0u8; 4 * MIB as usize])));
+        let owner: Weak<dyn HostMemory> = Arc::downgrade(&(heap.clone() as Arc<dyn HostMemory>));
+        let (a1, a2) = (
+            Arc::new(DeviceUsage::in_group(1, 10)),
+            Arc::new(DeviceUsage::in_group(2, 10)),
+        );
+        let b = Arc::new(DeviceUsage::in_group(3, 20));
+        let unread = Arc::new(UnreadReleases::default());
+        let mut residency = Residency::default();
+        let records = [(0, &a1), (1, &a2), (2, &b), (3, &b)].map(|(i, usage)| {
+            let record = Arc::new(BufferRecord::new(
+                i * MIB,
+                MIB,
+                usage.clone(),
+                owner.clone(),
+                unread.clone(),
+            ));
+            let host = heap.host_range(record.offset, record.len).unwrap();
+            record
+                .placement()
+                .prepare(&devices, 0, Access::ReadWrite, false, host, MIB, usage, &mut Vec::new())
+                .unwrap();
+            residency.register(&record);
+            residency.touch(&record);
+            record
+        });
+        // Each user's half, split among its sessions: B's one session 2 MiB, A's 1 MiB each
+        // (one level, a third each: B would be over its share).
+        let shares = FairShares::new(4 * MIB, 0, &b, [&a1, &a2, &b].into_iter());
+        assert_eq!((shares.of(&a1), shares.of(&a2), shares.of(&b)), (MIB, MIB, 2 * MIB));
+        // B needs 1 MiB more while its own buffers are busy: within its share, it may take the
+        // place of A's least recently used buffer (one level: over a third, it would wait).
+        records[2].in_use.fetch_add(1, Ordering::AcqRel);
+        records[3].in_use.fetch_add(1, Ordering::AcqRel);
+        assert!(residency.make_room(&devices, 0, MIB, &b, 0));
+        assert!(!records[0].placement().is_on(0) && records[1].placement().is_on(0));
+        assert!(records[2].placement().is_on(0) && records[3].placement().is_on(0));
+        records[2].in_use.fetch_sub(1, Ordering::AcqRel);
+        records[3].in_use.fetch_sub(1, Ordering::AcqRel);
     }
 
     #[test]

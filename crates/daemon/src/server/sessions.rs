@@ -128,15 +128,11 @@ impl Server {
                     .device_quota
                     .store(quota, std::sync::atomic::Ordering::Relaxed);
             }
-            // All the job's sessions are one group of the lanes' tenants, weighted by its shares.
-            let shared = &session.shared;
-            shared.share_group.store(
-                crate::session::JOB_GROUP | job.job,
-                std::sync::atomic::Ordering::Relaxed,
-            );
-            shared
-                .share_group_weight
-                .store(job.shares.max(1), std::sync::atomic::Ordering::Relaxed);
+            // All the job's sessions are one group of the lanes' tenants, weighted by its shares,
+            // and share one fair share of each device's memory.
+            session
+                .shared
+                .join_group(crate::session::JOB_GROUP | job.job, job.shares);
             let job = job.job;
             self.job_session_opened(job);
             tracing::info!(session = session.id, job, "session joins its Slurm job");
