@@ -23,7 +23,8 @@ pub struct ServeArgs {
     socket: Option<PathBuf>,
     /// Who may connect: user (this daemon's user and root; socket mode 0600), group:NAME (members
     /// of group NAME; 0660) or all (every local user: a node-wide daemon; 0666). Each tenant
-    /// sees only its own sessions and is held to the per-uid limits [default: user].
+    /// works in its own sessions only (`agora status` shows every tenant's) and is held to the
+    /// per-uid limits [default: user].
     #[arg(long, value_name = "WHO", value_parser = agora_daemon::SocketAccess::parse)]
     socket_access: Option<agora_daemon::SocketAccess>,
     /// A TOML configuration file (devices, lanes, memory limits, policy, sim devices...); see

@@ -156,8 +156,8 @@ struct SocketPermissions {
     everyone: bool,
     /// The group that owns the socket (`group:NAME`).
     group: Option<u32>,
-    /// The least a directory on the way must grant (search permission for the audience), and
-    /// the mode of a directory the daemon creates.
+    /// The mode of a directory the daemon creates for the socket (search permission for the
+    /// audience).
     directory_mode: u32,
 }
 
