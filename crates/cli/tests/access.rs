@@ -1,8 +1,8 @@
 //! Who may connect to a daemon (`agora serve --socket-access`), with real processes of other
 //! uids: a personal daemon's socket admits its own user only, and says so to anyone else; a
 //! node-wide one (`all`) serves every local user, each as a tenant of its own; `group:NAME`
-//! admits the group's members only; a user gets its part of a lane however many sessions it
-//! opens. The socket's mode and group are checked whoever runs the
+//! admits the group's members only; a user gets its part of a lane, and of a device's memory,
+//! however many sessions it opens. The socket's mode and group are checked whoever runs the
 //! tests; the connections as other uids need root (CI runs the suite as root), which the tests
 //! say when they cannot switch uids.
 
@@ -318,5 +318,133 @@ fn a_user_gets_no_more_of_a_lane_for_opening_more_sessions() {
     assert!(
         (0.6..=1.6).contains(&ratio),
         "each user should get about half of the lane: {three} against {one} tasks ({ratio:.2})"
+    );
+}
+
+/// The environment of a copy of this test binary run as another uid for [`holder`]: the
+/// daemon's socket, and how many 3 MiB buffers to hold on the sim device.
+const HOLDER_SOCKET: &str = "AGORA_TEST_HOLDER_SOCKET";
+const HOLDER_BUFFERS: &str = "AGORA_TEST_HOLDER_BUFFERS";
+
+/// Not a test of its own: what a tenant process of
+/// [`a_user_gets_no_more_of_a_device_s_memory_for_opening_more_sessions`] runs (that test runs
+/// this binary again, as another uid, with `--ignored --exact holder`). Holds
+/// `AGORA_TEST_HOLDER_BUFFERS` buffers of 3 MiB on the sim device (filled there, never read
+/// back), says `held` (at the end of a line: the test harness may have begun it); each line
+/// `more` on its input adds one more and says `more`; it ends at the end of its input.
+#[test]
+#[ignore = "a role of another test, run by it as another uid"]
+fn holder() {
+    use std::io::BufRead;
+    let socket = PathBuf::from(std::env::var(HOLDER_SOCKET).expect("run by the memory fairness test"));
+    let count: usize = std::env::var(HOLDER_BUFFERS).unwrap().parse().unwrap();
+    let session = agora_test_support::connect(&socket, Some("holder"));
+    let queue = agora_test_support::queue_preferring(&session, "hold", agora::DeviceKind::Sim);
+    let fill = session.kernel("fill").unwrap();
+    let floats = 3 << 18; // 3 MiB of f32
+    let mut held = Vec::new();
+    let mut hold = || {
+        let buffer = session.buffer((floats * 4) as u64).unwrap();
+        queue
+            .launch(&fill, &[agora::Arg::F32(1.0), (&buffer).into()], floats)
+            .unwrap();
+        queue.finish().unwrap();
+        held.push(buffer);
+    };
+    for _ in 0..count {
+        hold();
+    }
+    println!("held");
+    for line in std::io::stdin().lock().lines() {
+        if line.unwrap() == "more" {
+            hold();
+            println!("more");
+        }
+    }
+}
+
+#[test]
+fn a_user_gets_no_more_of_a_device_s_memory_for_opening_more_sessions() {
+    use std::io::{BufRead, BufReader, Write};
+    let (dir, binary) = open_dir("access-memory");
+    // This test binary, where other uids may run it.
+    let tests = dir.path().join("access-tests");
+    std::fs::copy(std::env::current_exe().unwrap(), &tests).unwrap();
+    std::fs::set_permissions(&tests, std::fs::Permissions::from_mode(0o755)).unwrap();
+    drop(binary);
+    std::fs::write(
+        dir.path().join("agora.toml"),
+        "[[sim]]\nname = \"sim\"\nmemory = \"12M\"\n",
+    )
+    .unwrap();
+    let daemon = Daemon::start_in(
+        AGORA,
+        dir,
+        &["--no-opencl", "--socket-access", "all", "--config", "{dir}/agora.toml"],
+    );
+    if !root() {
+        eprintln!("not root: two users cannot be started; the two-level share is tested in agora-daemon (memory)");
+        return;
+    }
+    let holder = |uid: u32, buffers: usize| {
+        let mut child = Command::new(&tests)
+            .args(["--ignored", "--exact", "holder", "--nocapture", "--test-threads", "1"])
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("HOME", "/nonexistent")
+            .env(HOLDER_SOCKET, daemon.socket())
+            .env(HOLDER_BUFFERS, buffers.to_string())
+            .uid(uid)
+            .gid(uid)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        assert!(
+            lines.by_ref().map_while(Result::ok).any(|l| l.ends_with("held")),
+            "the holder of uid {uid} did not hold its buffers"
+        );
+        (child, lines)
+    };
+    // User 4242: two sessions of 3 MiB each, first (least recently used); user 4243: one
+    // session of 6 MiB. The 12 MiB device is full.
+    let a1 = holder(4242, 1);
+    let a2 = holder(4242, 1);
+    let (mut b, mut b_lines) = holder(4243, 2);
+    let on_sim = |uid: u32| -> Vec<u64> {
+        let status = daemon.status();
+        let sim = status
+            .devices
+            .iter()
+            .position(|d| d.name == "sim")
+            .expect("the sim device");
+        let mut held: Vec<u64> = status
+            .sessions
+            .iter()
+            .filter(|s| s.uid == uid)
+            .map(|s| s.device_memory.get(sim).copied().unwrap_or(0) >> 20)
+            .collect();
+        held.sort_unstable();
+        held
+    };
+    assert_eq!((on_sim(4242), on_sim(4243)), (vec![3, 3], vec![6]), "the device before");
+    // User 4243 needs 3 MiB more. Counted per session it holds 6 MiB against a share of 4 and
+    // may only evict its own; per user it is within its half (6 of 6), so the least recently
+    // used idle buffer goes: user 4242's first session's.
+    writeln!(b.stdin.as_mut().unwrap(), "more").unwrap();
+    assert!(b_lines.by_ref().map_while(Result::ok).any(|l| l.ends_with("more")));
+    let after = (on_sim(4242), on_sim(4243));
+    for (mut child, _) in [a1, a2] {
+        drop(child.stdin.take());
+        let _ = child.wait();
+    }
+    drop(b.stdin.take());
+    let _ = b.wait();
+    assert_eq!(
+        after,
+        (vec![0, 3], vec![9]),
+        "(user 4242's sessions, user 4243's) MiB on the device after user 4243 asked for 3 more"
     );
 }
