@@ -366,12 +366,11 @@ fn holder() {
 #[test]
 fn a_user_gets_no_more_of_a_device_s_memory_for_opening_more_sessions() {
     use std::io::{BufRead, BufReader, Write};
-    let (dir, binary) = open_dir("access-memory");
-    // This test binary, where other uids may run it.
+    // The tenants are this test binary, copied where other uids may run it.
+    let (dir, _client) = open_dir("access-memory");
     let tests = dir.path().join("access-tests");
     std::fs::copy(std::env::current_exe().unwrap(), &tests).unwrap();
     std::fs::set_permissions(&tests, std::fs::Permissions::from_mode(0o755)).unwrap();
-    drop(binary);
     std::fs::write(
         dir.path().join("agora.toml"),
         "[[sim]]\nname = \"sim\"\nmemory = \"12M\"\n",
