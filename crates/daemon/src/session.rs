@@ -93,11 +93,11 @@ pub(crate) struct SessionShared {
     /// The session's device-memory quota when its Slurm job sets one (bytes; 0: the daemon's
     /// `[sessions] device_quota`).
     pub device_quota: AtomicU64,
-    /// Whose its batch jobs are on a lane's weighted fair order ([`agora_devices::Share`]): the
-    /// session is a tenant (weight 1) of its user's group (weight 1), or of its Slurm job's
-    /// group (all the job's sessions), weighted by the job's shares. So a user gets no more of a
-    /// lane for opening more sessions.
-    pub share_group: AtomicU64,
+    /// The weight of the session's group (`device_usage.group`) in a lane's fair order of batch
+    /// work ([`agora_devices::Share`]): the session is a tenant (weight 1) of its user's group
+    /// (weight 1), or of its Slurm job's group (all the job's sessions), weighted by the job's
+    /// shares. So a user gets no more of a lane, nor of a device's memory, for opening more
+    /// sessions.
     pub share_group_weight: AtomicU32,
 }
 
@@ -121,7 +121,7 @@ impl SessionShared {
     /// microsecond: transfers and fills are not predicted, and cost something).
     pub fn lane_share(&self, predicted_ns: u64) -> agora_devices::Share {
         agora_devices::Share {
-            group: self.share_group.load(Ordering::Relaxed),
+            group: self.device_usage.group.load(Ordering::Relaxed),
             group_weight: self.share_group_weight.load(Ordering::Relaxed).max(1),
             tenant: self.id,
             weight: 1,
@@ -132,7 +132,6 @@ impl SessionShared {
     /// Makes the session a tenant of `group` (its Slurm job's) of weight `weight` on the lanes'
     /// fair order, and a part of that group's fair share of device memory.
     pub fn join_group(&self, group: u64, weight: u32) {
-        self.share_group.store(group, Ordering::Relaxed);
         self.share_group_weight.store(weight.max(1), Ordering::Relaxed);
         self.device_usage.group.store(group, Ordering::Relaxed);
     }
@@ -520,7 +519,6 @@ impl Session {
                 realtime: OnceLock::new(),
                 device_ns: Default::default(),
                 device_quota: AtomicU64::new(0),
-                share_group: AtomicU64::new(USER_GROUP | u64::from(credentials.uid)),
                 share_group_weight: AtomicU32::new(1),
             }),
             queues: HandleTable::new(max_queues),
