@@ -31,20 +31,40 @@ fn root() -> bool {
     rustix::process::geteuid().is_root()
 }
 
-/// `agora ARGS --socket SOCKET` run as `uid`:`gid` (no supplementary groups), with an
-/// environment of its own (no HOME of root's).
-fn agora_as(binary: &Path, uid: u32, gid: u32, socket: &Path, args: &[&str]) -> Output {
-    Command::new(binary)
-        .args(args)
-        .arg("--socket")
-        .arg(socket)
+/// `program` to be run as `uid`:`gid` (no supplementary groups), with an environment of its
+/// own (no HOME of root's).
+fn as_user(program: &Path, uid: u32, gid: u32) -> Command {
+    let mut command = Command::new(program);
+    command
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
         .env("HOME", "/nonexistent")
         .uid(uid)
-        .gid(gid)
+        .gid(gid);
+    command
+}
+
+/// `agora ARGS --socket SOCKET` run as `uid`:`gid` ([`as_user`]), to its end.
+fn agora_as(binary: &Path, uid: u32, gid: u32, socket: &Path, args: &[&str]) -> Output {
+    as_user(binary, uid, gid)
+        .args(args)
+        .arg("--socket")
+        .arg(socket)
         .stdin(Stdio::null())
         .output()
+        .expect("the client starts")
+}
+
+/// `agora ARGS --socket SOCKET` started as `uid` (and its group of the same number), its
+/// output thrown away.
+fn spawn_agora_as(binary: &Path, uid: u32, socket: &Path, args: &[&str]) -> std::process::Child {
+    as_user(binary, uid, uid)
+        .args(args)
+        .arg("--socket")
+        .arg(socket)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
         .expect("the client starts")
 }
 
@@ -118,19 +138,12 @@ fn a_node_wide_daemon_serves_every_local_user_each_as_a_tenant_of_its_own() {
     }
     // Each was a tenant of its own: the daemon counted a connection for each uid. A session of
     // uid 4242 held open shows under its uid in the operator's status.
-    let session = Command::new(&binary)
-        .args(["run", "saxpy", "--size", "16777216", "--device-kind", "cpu"])
-        .arg("--socket")
-        .arg(daemon.socket())
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("HOME", "/nonexistent")
-        .uid(4242)
-        .gid(4242)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let session = spawn_agora_as(
+        &binary,
+        4242,
+        daemon.socket(),
+        &["run", "saxpy", "--size", "16777216", "--device-kind", "cpu"],
+    );
     let mut seen = false;
     let deadline = Instant::now() + Duration::from_secs(20);
     while Instant::now() < deadline && !seen {
@@ -260,8 +273,11 @@ fn a_user_gets_no_more_of_a_lane_for_opening_more_sessions() {
     // User 4242 runs three pipelining clients, user 4243 one, all with equal tasks (saxpy of
     // 2^18 floats, too long to run inline) for longer than the test lasts.
     let client = |uid: u32| {
-        Command::new(&binary)
-            .args([
+        spawn_agora_as(
+            &binary,
+            uid,
+            daemon.socket(),
+            &[
                 "run",
                 "saxpy",
                 "--size",
@@ -270,18 +286,8 @@ fn a_user_gets_no_more_of_a_lane_for_opening_more_sessions() {
                 "1000000",
                 "--device-kind",
                 "cpu",
-            ])
-            .arg("--socket")
-            .arg(daemon.socket())
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .env("HOME", "/nonexistent")
-            .uid(uid)
-            .gid(uid)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap()
+            ],
+        )
     };
     let mut clients = vec![client(4242), client(4242), client(4242), client(4243)];
     let completed = |uid: u32| -> u64 {
@@ -386,15 +392,10 @@ fn a_user_gets_no_more_of_a_device_s_memory_for_opening_more_sessions() {
         return;
     }
     let holder = |uid: u32, buffers: usize| {
-        let mut child = Command::new(&tests)
+        let mut child = as_user(&tests, uid, uid)
             .args(["--ignored", "--exact", "holder", "--nocapture", "--test-threads", "1"])
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .env("HOME", "/nonexistent")
             .env(HOLDER_SOCKET, daemon.socket())
             .env(HOLDER_BUFFERS, buffers.to_string())
-            .uid(uid)
-            .gid(uid)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -1348,29 +1348,32 @@ mod tests {
         assert!(placement.host_valid() && !placement.valid_on(0));
     }
 
-    /// A 3 MiB sim device holding three 1 MiB buffers: `b` of a tenant within its fair share
-    /// (used least recently), then `a1`, `a2` of a tenant over it (2 MiB of a 1.5 MiB share).
-    fn two_tenants() -> Setup {
+    /// A sim device of `N` MiB full of `N` 1 MiB buffers, the `i`th of `owners[i]`, made and
+    /// used in that order (the first least recently used).
+    fn resident<const N: usize>(
+        owners: [&Arc<DeviceUsage>; N],
+    ) -> (Vec<Arc<dyn Device>>, Arc<TestHeap>, Residency, [Arc<BufferRecord>; N]) {
         let devices: Vec<Arc<dyn Device>> = vec![Arc::new(
             SimDevice::new(SimSpec {
-                memory_bytes: 3 * MIB,
+                memory_bytes: N as u64 * MIB,
                 ..Default::default()
             })
             .unwrap(),
         )];
-        let heap = Arc::new(TestHeap(Mutex::new(vec![0u8; 3 * MIB as usize])));
+        let heap = Arc::new(TestHeap(Mutex::new(vec![0u8; N * MIB as usize])));
         let owner: Weak<dyn HostMemory> = Arc::downgrade(&(heap.clone() as Arc<dyn HostMemory>));
-        let (within, over) = (Arc::new(DeviceUsage::default()), Arc::new(DeviceUsage::default()));
         let unread = Arc::new(UnreadReleases::default());
         let mut residency = Residency::default();
-        let records = [(0, &within), (1, &over), (2, &over)].map(|(i, usage)| {
+        let mut index = 0;
+        let records = owners.map(|usage| {
             let record = Arc::new(BufferRecord::new(
-                i * MIB,
+                index * MIB,
                 MIB,
                 usage.clone(),
                 owner.clone(),
                 unread.clone(),
             ));
+            index += 1;
             let host = heap.host_range(record.offset, record.len).unwrap();
             record
                 .placement()
@@ -1381,6 +1384,13 @@ mod tests {
             record
         });
         (devices, heap, residency, records)
+    }
+
+    /// A 3 MiB sim device holding three 1 MiB buffers: `b` of a tenant within its fair share
+    /// (used least recently), then `a1`, `a2` of a tenant over it (2 MiB of a 1.5 MiB share).
+    fn two_tenants() -> Setup {
+        let (within, over) = (Arc::new(DeviceUsage::default()), Arc::new(DeviceUsage::default()));
+        resident([&within, &over, &over])
     }
 
     #[test]
@@ -1414,39 +1424,12 @@ mod tests {
     #[test]
     fn a_user_with_more_sessions_gets_no_more_of_a_device_s_memory() {
         // A 4 MiB device: user A's two sessions hold 1 MiB each, user B's one session 2 MiB.
-        let devices: Vec<Arc<dyn Device>> = vec![Arc::new(
-            SimDevice::new(SimSpec {
-                memory_bytes: 4 * MIB,
-                ..Default::default()
-            })
-            .unwrap(),
-        )];
-        let heap = Arc::new(TestHeap(Mutex::new(vec![0u8; 4 * MIB as usize])));
-        let owner: Weak<dyn HostMemory> = Arc::downgrade(&(heap.clone() as Arc<dyn HostMemory>));
         let (a1, a2) = (
             Arc::new(DeviceUsage::in_group(1, 10)),
             Arc::new(DeviceUsage::in_group(2, 10)),
         );
         let b = Arc::new(DeviceUsage::in_group(3, 20));
-        let unread = Arc::new(UnreadReleases::default());
-        let mut residency = Residency::default();
-        let records = [(0, &a1), (1, &a2), (2, &b), (3, &b)].map(|(i, usage)| {
-            let record = Arc::new(BufferRecord::new(
-                i * MIB,
-                MIB,
-                usage.clone(),
-                owner.clone(),
-                unread.clone(),
-            ));
-            let host = heap.host_range(record.offset, record.len).unwrap();
-            record
-                .placement()
-                .prepare(&devices, 0, Access::ReadWrite, false, host, MIB, usage, &mut Vec::new())
-                .unwrap();
-            residency.register(&record);
-            residency.touch(&record);
-            record
-        });
+        let (devices, _heap, mut residency, records) = resident([&a1, &a2, &b, &b]);
         // Each user's half, split among its sessions: B's one session 2 MiB, A's 1 MiB each
         // (one level, a third each: B would be over its share).
         let shares = FairShares::new(4 * MIB, 0, &b, [&a1, &a2, &b].into_iter());
