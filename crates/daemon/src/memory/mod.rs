@@ -1237,7 +1237,9 @@ mod tests {
 
     /// A 3 MiB sim device and three 1 MiB buffers with a valid copy on it, used in the order
     /// a, b, c (a least recently).
-    type Setup = (Vec<Arc<dyn Device>>, Arc<TestHeap>, Residency, [Arc<BufferRecord>; 3]);
+    /// Devices, the host memory, the books, and `N` buffers.
+    type Resident<const N: usize> = (Vec<Arc<dyn Device>>, Arc<TestHeap>, Residency, [Arc<BufferRecord>; N]);
+    type Setup = Resident<3>;
 
     fn setup() -> Setup {
         setup_on(Arc::new(
@@ -1350,9 +1352,7 @@ mod tests {
 
     /// A sim device of `N` MiB full of `N` 1 MiB buffers, the `i`th of `owners[i]`, made and
     /// used in that order (the first least recently used).
-    fn resident<const N: usize>(
-        owners: [&Arc<DeviceUsage>; N],
-    ) -> (Vec<Arc<dyn Device>>, Arc<TestHeap>, Residency, [Arc<BufferRecord>; N]) {
+    fn resident<const N: usize>(owners: [&Arc<DeviceUsage>; N]) -> Resident<N> {
         let devices: Vec<Arc<dyn Device>> = vec![Arc::new(
             SimDevice::new(SimSpec {
                 memory_bytes: N as u64 * MIB,
