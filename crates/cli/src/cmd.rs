@@ -23,10 +23,16 @@ pub struct ServeArgs {
     socket: Option<PathBuf>,
     /// Who may connect: user (this daemon's user and root; socket mode 0600), group:NAME (members
     /// of group NAME; 0660) or all (every local user: a node-wide daemon; 0666). Each tenant
-    /// works in its own sessions only (`agora status` shows every tenant's) and is held to the
-    /// per-uid limits [default: user].
+    /// works in its own sessions only (`agora status` shows every tenant's unless
+    /// --private-status) and is held to the per-uid limits [default: user].
     #[arg(long, value_name = "WHO", value_parser = agora_daemon::SocketAccess::parse)]
     socket_access: Option<agora_daemon::SocketAccess>,
+    /// Show each user who is no admin only its own sessions, uids, Slurm jobs and DAGs in
+    /// `agora status` and `agora top`, and refuse it other users' `agora status --session ID`
+    /// (node-wide counters and devices stay visible) [default: off: everyone sees all, as with
+    /// `ps` and `squeue`].
+    #[arg(long)]
+    private_status: bool,
     /// A TOML configuration file (devices, lanes, memory limits, policy, sim devices...); see
     /// `agora serve --print-config` for every setting and its default.
     #[arg(long, value_name = "FILE")]
@@ -249,6 +255,9 @@ impl ServeArgs {
         }
         if let Some(access) = &self.socket_access {
             c.socket_access = access.clone();
+        }
+        if self.private_status {
+            c.private_status = true;
         }
         if let Some(s) = self.shutdown_timeout {
             anyhow::ensure!(
@@ -517,9 +526,18 @@ pub fn status(args: StatusArgs) -> Result<()> {
             );
         }
     }
-    let hidden = report.live_sessions.saturating_sub(report.sessions.len() as u64);
+    let listable = report.private.map_or(report.live_sessions, |view| view.sessions);
+    let hidden = listable.saturating_sub(report.sessions.len() as u64);
     if hidden > 0 {
         println!("  … and {hidden} more session(s), the busiest shown: `agora status --session ID` shows any one");
+    }
+    if let Some(view) = report.private {
+        println!(
+            "  (uid {}'s sessions only: this daemon keeps each user's sessions private ([daemon] private_status); \
+             {} of other users not shown)",
+            view.uid,
+            report.live_sessions.saturating_sub(view.sessions)
+        );
     }
     if report.revocations > 0 {
         println!(

@@ -30,9 +30,10 @@ pub struct TopArgs {
     /// tenants: [{id, pid, uid, name, classes, queue_count, queues: [{name, class, in_flight,
     /// bound_to}] (the busiest), in_flight, tasks_per_s, bytes_moved, bytes_per_s}],
     /// live_sessions, evictions, memory_waits, allocation_retries, dispatcher_longest_ms,
-    /// dispatcher_stalls, recent_stalls, batch_lanes}. `tenants` lists the busiest sessions;
-    /// `live_sessions` counts them all; `batch_lanes` is the OS priority batch work runs at now
-    /// (under `auto`, `idle` while latency-class work is live).
+    /// dispatcher_stalls, recent_stalls, batch_lanes, private}. `tenants` lists the busiest
+    /// sessions; `live_sessions` counts them all; `batch_lanes` is the OS priority batch work runs
+    /// at now (under `auto`, `idle` while latency-class work is live); `private` is null, or
+    /// {uid, sessions} when the daemon shows you your own sessions only (`--private-status`).
     #[arg(long, requires = "once")]
     json: bool,
     /// Seconds between refreshes.
@@ -89,6 +90,8 @@ struct View {
     batch_lanes_auto: bool,
     /// Real-time DAGs admitted now.
     dags: Vec<agora_protocol::control::DagStatus>,
+    /// Set when the daemon shows this user its own sessions only.
+    private: Option<agora_protocol::control::PrivateView>,
 }
 
 fn view(previous: Option<(&StatusReport, Instant)>, now: &StatusReport, at: Instant) -> View {
@@ -150,6 +153,7 @@ fn view(previous: Option<(&StatusReport, Instant)>, now: &StatusReport, at: Inst
         batch_lanes: now.batch_priority_now.clone(),
         batch_lanes_auto: now.batch_priority == "auto",
         dags: now.dags.clone(),
+        private: now.private,
     }
 }
 
@@ -229,9 +233,17 @@ fn print_text(v: &View) {
             t.classes.join(",")
         );
     }
-    let hidden = v.live_sessions.saturating_sub(v.tenants.len() as u64);
+    let listable = v.private.map_or(v.live_sessions, |view| view.sessions);
+    let hidden = listable.saturating_sub(v.tenants.len() as u64);
     if hidden > 0 {
         println!("… and {hidden} more session(s) (the busiest are shown)");
+    }
+    if let Some(view) = v.private {
+        println!(
+            "(uid {}'s sessions only: this daemon keeps each user's private; {} of other users not shown)",
+            view.uid,
+            v.live_sessions.saturating_sub(view.sessions)
+        );
     }
     crate::cmd::print_dags(&v.dags);
 }
@@ -355,8 +367,18 @@ fn live(terminal: &mut ratatui::DefaultTerminal, socket: Option<PathBuf>, interv
             let header = match (&current, &problem) {
                 (_, Some(p)) => format!("agora top · daemon unreachable: {p}"),
                 (Some(v), None) => format!(
-                    "agora top · policy {} · up {:.0}s · {} done, {} failed{} · {} sessions ({} busiest shown) · sort: {:?} · q quit, s sort, ↑↓ select, Enter queues",
-                    v.policy, v.uptime_s, v.tasks_completed, v.tasks_failed, pressure(v), v.live_sessions, v.tenants.len(), sort
+                    "agora top · policy {} · up {:.0}s · {} done, {} failed{} · {} sessions ({} busiest shown{}) · sort: {:?} · q quit, s sort, ↑↓ select, Enter queues",
+                    v.policy,
+                    v.uptime_s,
+                    v.tasks_completed,
+                    v.tasks_failed,
+                    pressure(v),
+                    v.live_sessions,
+                    v.tenants.len(),
+                    v.private
+                        .map(|view| format!(", uid {}'s only: the daemon keeps other users' private", view.uid))
+                        .unwrap_or_default(),
+                    sort
                 ),
                 (None, None) => "agora top · connecting…".into(),
             };

@@ -327,13 +327,174 @@ fn a_user_gets_no_more_of_a_lane_for_opening_more_sessions() {
     );
 }
 
+#[test]
+fn a_private_daemon_shows_each_user_its_own_sessions_only() {
+    use std::io::{BufRead, BufReader};
+    let json = |out: &Output| -> serde_json::Value {
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("agora status --json prints JSON")
+    };
+    // The (session, uid) pairs a report lists, and the uids of its per-uid usage.
+    let listed = |report: &serde_json::Value| -> (Vec<(u64, u64)>, Vec<u64>) {
+        let mut sessions: Vec<(u64, u64)> = report["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| (s["id"].as_u64().unwrap(), s["uid"].as_u64().unwrap()))
+            .collect();
+        sessions.sort_by_key(|&(id, uid)| (uid, id));
+        let mut uids: Vec<u64> = report["uids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|u| u["uid"].as_u64().unwrap())
+            .collect();
+        uids.sort_unstable();
+        (sessions, uids)
+    };
+    for private in [false, true] {
+        let (dir, client) = open_dir("access-private");
+        let tests = dir.path().join("access-tests");
+        std::fs::copy(std::env::current_exe().unwrap(), &tests).unwrap();
+        std::fs::set_permissions(&tests, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(
+            dir.path().join("agora.toml"),
+            "[[sim]]\nname = \"sim\"\nmemory = \"12M\"\n",
+        )
+        .unwrap();
+        let mut args = vec!["--no-opencl", "--socket-access", "all", "--config", "{dir}/agora.toml"];
+        if private {
+            args.push("--private-status");
+        }
+        let mut daemon = Daemon::start_in(AGORA, dir, &args);
+        if !root() {
+            eprintln!("not root: other users cannot be started; what each sees is not tried");
+            return;
+        }
+        // One session of uid 4242 and one of uid 4243, each held open.
+        let hold = |uid: u32| {
+            let mut child = as_user(&tests, uid, uid)
+                .args(["--ignored", "--exact", "holder", "--nocapture", "--test-threads", "1"])
+                .env(HOLDER_SOCKET, daemon.socket())
+                .env(HOLDER_BUFFERS, "1")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .unwrap();
+            let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+            assert!(
+                lines.by_ref().map_while(Result::ok).any(|l| l.ends_with("held")),
+                "the holder of uid {uid} did not hold its buffer"
+            );
+            (child, lines) // its output read to the end, so that it ends quietly
+        };
+        let holders = [hold(4242), hold(4243)];
+        // A Slurm job of each user, as the prolog registers them.
+        for (job, uid) in [("91", "4242"), ("92", "4243")] {
+            let started = daemon.agora(&["slurm", "job-start", "--job", job, "--uid", uid]);
+            assert!(started.status.success(), "{}", String::from_utf8_lossy(&started.stderr));
+        }
+        let jobs = |report: &serde_json::Value| -> Vec<u64> {
+            report["jobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|j| j["job"].as_u64().unwrap())
+                .collect()
+        };
+        let operator = json(&daemon.agora(&["status", "--json"]));
+        let tenant = json(&agora_as(&client, 4243, 4243, daemon.socket(), &["status", "--json"]));
+        let tenant_text = agora_as(&client, 4243, 4243, daemon.socket(), &["status"]);
+        let (all_sessions, all_uids) = listed(&operator);
+        let theirs = all_sessions
+            .iter()
+            .find(|&&(_, uid)| uid == 4242)
+            .expect("uid 4242's session")
+            .0;
+        let mine = all_sessions
+            .iter()
+            .find(|&&(_, uid)| uid == 4243)
+            .expect("uid 4243's session")
+            .0;
+        let details = |uid: u32, id: u64| {
+            agora_as(
+                &client,
+                uid,
+                uid,
+                daemon.socket(),
+                &["status", "--session", &id.to_string()],
+            )
+        };
+        let theirs_to_me = details(4243, theirs);
+        let mine_to_me = details(4243, mine);
+        for (mut child, lines) in holders {
+            drop(child.stdin.take());
+            lines.for_each(drop);
+            let _ = child.wait();
+        }
+        // The operator (root: an admin) sees every user, private or not.
+        assert!(operator["private"].is_null(), "{operator}");
+        assert!(
+            all_uids.contains(&4242) && all_uids.contains(&4243),
+            "the operator's uids (its own connection's too): {all_uids:?}"
+        );
+        assert_eq!(jobs(&operator), vec![91, 92], "the operator's jobs");
+        assert!(
+            mine_to_me.status.success(),
+            "a user's own session: {}",
+            String::from_utf8_lossy(&mine_to_me.stderr)
+        );
+        let (sessions, uids) = listed(&tenant);
+        assert_eq!(tenant["live_sessions"], 2, "the node's count stays: {tenant}");
+        let text = String::from_utf8_lossy(&tenant_text.stdout);
+        if private {
+            assert_eq!(
+                sessions,
+                vec![(mine, 4243)],
+                "a private daemon's tenant sees its own session only"
+            );
+            assert_eq!(uids, vec![4243]);
+            assert_eq!(tenant["private"]["uid"], 4243);
+            assert_eq!(tenant["private"]["sessions"], 1);
+            assert_eq!(
+                jobs(&tenant),
+                vec![92],
+                "a private daemon's tenant sees its own job only"
+            );
+            assert!(
+                !text.contains("uid 4242") && text.contains("1 of other users not shown"),
+                "{text}"
+            );
+            let err = String::from_utf8_lossy(&theirs_to_me.stderr);
+            assert!(
+                !theirs_to_me.status.success() && err.contains(&format!("no live session #{theirs} you may see")),
+                "another user's session: {err}"
+            );
+        } else {
+            assert_eq!(sessions, all_sessions, "an open daemon's tenant sees every session");
+            assert!(uids.contains(&4242) && uids.contains(&4243), "{uids:?}");
+            assert!(tenant["private"].is_null());
+            assert_eq!(jobs(&tenant), vec![91, 92]);
+            assert!(text.contains("uid 4242"), "{text}");
+            assert!(
+                theirs_to_me.status.success(),
+                "{}",
+                String::from_utf8_lossy(&theirs_to_me.stderr)
+            );
+        }
+        daemon.assert_alive();
+    }
+}
+
 /// The environment of a copy of this test binary run as another uid for [`holder`]: the
 /// daemon's socket, and how many 3 MiB buffers to hold on the sim device.
 const HOLDER_SOCKET: &str = "AGORA_TEST_HOLDER_SOCKET";
 const HOLDER_BUFFERS: &str = "AGORA_TEST_HOLDER_BUFFERS";
 
 /// Not a test of its own: what a tenant process of
-/// [`a_user_gets_no_more_of_a_device_s_memory_for_opening_more_sessions`] runs (that test runs
+/// [`a_user_gets_no_more_of_a_device_s_memory_for_opening_more_sessions`] and
+/// [`a_private_daemon_shows_each_user_its_own_sessions_only`] runs (they run
 /// this binary again, as another uid, with `--ignored --exact holder`). Holds
 /// `AGORA_TEST_HOLDER_BUFFERS` buffers of 3 MiB on the sim device (filled there, never read
 /// back), says `held` (at the end of a line: the test harness may have begun it); each line

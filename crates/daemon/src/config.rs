@@ -272,6 +272,12 @@ pub struct DaemonConfig {
     /// user (a node-wide daemon).
     #[default(SocketAccess::User)]
     pub socket_access: SocketAccess,
+    /// Whether a user who is no admin sees only its own sessions, uids, Slurm jobs and DAGs in
+    /// `agora status` / `agora top` and may not ask for another user's session (`[daemon]
+    /// private_status`, `agora serve --private-status`; Slurm's `PrivateData`). Off by default:
+    /// like `ps`, `squeue` and `nvidia-smi`, every tenant sees what runs on the node.
+    #[default(false)]
+    pub private_status: bool,
     /// CPU lanes.
     #[default(agora_devices::cpu::CpuDevice::default_partition().0)]
     pub cpu_lanes: usize,
@@ -741,6 +747,7 @@ section! {
     DaemonSection "daemon." {
         socket: PathBuf => socket,
         socket_access: SocketAccess => socket_access,
+        private_status: bool => private_status,
         state_dir: Option<PathBuf> => state_dir,
         inline_max_ns: u64 => inline_max_ns,
         max_spin_us: Micros => max_spin,
@@ -1365,7 +1372,9 @@ impl DaemonConfig {
              # [daemon] admin_uids: who may drain devices, reload kernel packages and save the trace (default: root\n\
              #   and the daemon's user; set, it is the whole list); admin_gids: groups that may too.\n\
              # [daemon] socket_access: who may connect: \"user\" (the daemon's user and root: socket mode 0600),\n\
-             #   \"group:NAME\" (0660, owned by group NAME) or \"all\" (0666: a node-wide daemon for every local user).\n",
+             #   \"group:NAME\" (0660, owned by group NAME) or \"all\" (0666: a node-wide daemon for every local user).\n\
+             # [daemon] private_status: true shows each user who is no admin its own sessions, uids, jobs and DAGs\n\
+             #   only in `agora status` / `agora top` (node-wide counters and devices stay); false (default): all.\n",
         );
         if self.trace.is_none() {
             out.push_str("# [telemetry] trace = \"agora.trace.json\" records a task trace (off by default)\n");

@@ -767,8 +767,9 @@ pub enum ControlError {
         /// The compiler's log, or the loader's reason.
         log: String,
     },
-    /// No live session has that id (it ended, or never existed).
-    #[error("no live session #{0}: run `agora status` for the live ones")]
+    /// No live session has that id (it ended, or never existed), or none the asker may see (a
+    /// private daemon answers the same for another user's session).
+    #[error("no live session #{0} you may see: run `agora status` for the live ones (a daemon with private status shows you yours only)")]
     UnknownSession(u64),
     /// One of the daemon's limits refused the request (per uid, per connection, or the daemon's
     /// own open files): nothing changed, the connection stays usable unless it was refused at
@@ -1065,6 +1066,20 @@ pub struct StatusReport {
     /// their use so far.
     #[serde(default)]
     pub jobs: Vec<JobAccount>,
+    /// `Some` when this report is one user's view of a daemon that keeps each user's sessions
+    /// private (`[daemon] private_status`): `sessions`, `uids`, `jobs` and `dags` then hold the
+    /// asker's own only; the counters and devices stay the node's.
+    #[serde(default)]
+    pub private: Option<PrivateView>,
+}
+
+/// Whose view a private [`StatusReport`] is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrivateView {
+    /// The asker's uid: the sessions, uids, jobs and DAGs listed are this uid's.
+    pub uid: u32,
+    /// Its live sessions, all of them (the report lists the busiest).
+    pub sessions: u64,
 }
 
 /// Most jobs a [`StatusReport`] lists.

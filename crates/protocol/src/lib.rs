@@ -49,5 +49,6 @@ pub use signature::{Access, KernelSignature, ParamKind, ParamSpec, ScalarType};
 /// `allocation_retries` / `dispatcher_longest_iteration_ms` (issue 22).
 /// 9: `Request::ClaimHost` / `Response::HostClaim` (a host write over unread device results).
 /// Later, without a new version: `SegmentHeader::control_sent` (a hint in the header page's
-/// spare room; an older client never bumps it, an older daemon never reads it).
+/// spare room; an older client never bumps it, an older daemon never reads it);
+/// `StatusReport::private` (the report's last field: an older client ignores it).
 pub const PROTOCOL_VERSION: u32 = 9;

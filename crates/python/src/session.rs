@@ -401,7 +401,9 @@ impl PySession {
 
     /// The daemon's status summary as a dict: counters, devices and lanes, and the busiest
     /// sessions (`live_sessions` counts them all), each with its busiest queues (`queue_count`
-    /// counts them all). `session_status()` has every queue of one session.
+    /// counts them all). `session_status()` has every queue of one session. On a daemon that
+    /// keeps each user's sessions private, `private` is `{uid, sessions}` and the sessions,
+    /// uids, jobs and DAGs listed are yours only (else `private` is None).
     fn status(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let session = self.session()?;
         let report = py.detach(|| session.status()).or_raise()?;

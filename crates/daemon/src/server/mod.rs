@@ -736,15 +736,20 @@ impl Server {
             // Any connection may ask these; a pending one becomes an observer.
             Request::Status => {
                 self.observe(id);
-                let report = Response::Status(Box::new(self.status()));
+                let report = Response::Status(Box::new(self.status(self.private_viewer(id))));
                 // Snapshotted here; encoded and written by the control thread.
                 self.offload(id, ControlJob::Reply(report))
             }
             Request::SessionStatus { session, first_queue } => {
                 self.observe(id);
                 let device_names = self.device_names();
+                let viewer = self.private_viewer(id);
                 let reply = match self.conns.get(&session) {
-                    Some(Conn::Session(s)) => Response::SessionDetails(Box::new(s.details(&device_names, first_queue))),
+                    // Another user's session on a private daemon reads as unknown: whether it
+                    // exists is not the asker's to learn either.
+                    Some(Conn::Session(s)) if viewer.is_none_or(|uid| uid == s.credentials.uid) => {
+                        Response::SessionDetails(Box::new(s.details(&device_names, first_queue)))
+                    }
                     _ => Response::Error(ControlError::UnknownSession(session)),
                 };
                 self.offload(id, ControlJob::Reply(reply))

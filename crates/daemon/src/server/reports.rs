@@ -82,14 +82,36 @@ impl Server {
         self.scheduler.devices.iter().map(|d| d.info().name.clone()).collect()
     }
 
+    /// Whose sessions connection `id` may see: `None` for all of them (the default, and an
+    /// admin's view), else its own uid's (`[daemon] private_status`).
+    pub(super) fn private_viewer(&self, id: u64) -> Option<u32> {
+        if !self.config.private_status {
+            return None;
+        }
+        // A connection without credentials (gone) sees nothing of anyone's.
+        let credentials = self.credentials(id).unwrap_or(crate::session::Credentials {
+            pid: 0,
+            uid: u32::MAX,
+            gid: u32::MAX,
+        });
+        (!self.is_admin_credentials(&credentials)).then_some(credentials.uid)
+    }
+
     /// The status summary: every counter, and the busiest sessions (each with its busiest
-    /// queues) as many as fit in [`REPLY_BUDGET`], whatever the tenants created.
-    pub(super) fn status(&self) -> StatusReport {
+    /// queues) as many as fit in [`REPLY_BUDGET`], whatever the tenants created. With a
+    /// `viewer` (a private daemon's tenant), the sessions, uids, jobs and DAGs listed are that
+    /// uid's only; the counters and devices stay the node's.
+    pub(super) fn status(&self, viewer: Option<u32>) -> StatusReport {
         let device_names = self.device_names();
         let live: Vec<&Session> = self.live_sessions().collect();
         let live_completed: u64 = live.iter().map(|s| s.shared.completed.load(Ordering::Relaxed)).sum();
         let live_failed: u64 = live.iter().map(|s| s.shared.failed.load(Ordering::Relaxed)).sum();
-        let mut busiest = live.clone();
+        let visible = |uid: u32| viewer.is_none_or(|v| v == uid);
+        let mut busiest: Vec<&Session> = live.iter().copied().filter(|s| visible(s.credentials.uid)).collect();
+        let private = viewer.map(|uid| agora_protocol::control::PrivateView {
+            uid,
+            sessions: busiest.len() as u64,
+        });
         busiest.sort_by_key(|s| {
             (
                 std::cmp::Reverse(s.shared.in_flight.load(Ordering::Relaxed)),
@@ -156,20 +178,30 @@ impl Server {
             migrations: self.scheduler.migration.stats.migrations,
             tasks_replayed: self.scheduler.migration.stats.replayed,
             tasks_lost: self.scheduler.migration.stats.lost,
-            uids: self.uid_usage(),
+            uids: self.uid_usage(viewer),
             limit_refusals: self.books.refusals(),
-            jobs: self.job_accounts(),
+            jobs: self.job_accounts().into_iter().filter(|job| visible(job.uid)).collect(),
             dags: self
                 .realtime
                 .as_ref()
                 .map(|(service, _)| service.status(agora_protocol::control::STATUS_DAGS))
-                .unwrap_or_default(),
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|dag| viewer.is_none() || session_uid(&live, dag.session) == viewer)
+                .collect(),
+            private,
         }
     }
 
-    /// Each uid present against the limits, the most connected first (at most `STATUS_UIDS`).
-    pub(super) fn uid_usage(&self) -> Vec<agora_protocol::control::UidUsage> {
-        let mut uids: Vec<(u32, usize)> = self.books.uids().map(|(uid, conns, _, _)| (uid, conns)).collect();
+    /// Each uid present against the limits, the most connected first (at most `STATUS_UIDS`);
+    /// with a `viewer`, that uid only.
+    pub(super) fn uid_usage(&self, viewer: Option<u32>) -> Vec<agora_protocol::control::UidUsage> {
+        let mut uids: Vec<(u32, usize)> = self
+            .books
+            .uids()
+            .map(|(uid, conns, _, _)| (uid, conns))
+            .filter(|&(uid, _)| viewer.is_none_or(|v| v == uid))
+            .collect();
         uids.sort_by_key(|&(uid, conns)| (std::cmp::Reverse(conns), uid));
         uids.into_iter()
             .take(agora_protocol::control::STATUS_UIDS)
@@ -180,4 +212,9 @@ impl Server {
             })
             .collect()
     }
+}
+
+/// The uid of live session `session`, if it is one.
+fn session_uid(live: &[&Session], session: u64) -> Option<u32> {
+    live.iter().find(|s| s.id == session).map(|s| s.credentials.uid)
 }
