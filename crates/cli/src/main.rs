@@ -75,9 +75,9 @@ enum Command {
     /// List the exported buffers you may attach (yours, and those exported to your uid or
     /// group; an administrator sees all): name, exporter, size, mode and attachers.
     Exports(cmd::ExportsArgs),
-    /// Periodic task graphs from an RTDAG YAML file: check them, admit them onto lanes (APEDF),
-    /// and simulate them (`--simulate`; the daemon does not run DAGs yet), with RTDAG's
-    /// response-time statistics per DAG.
+    /// Periodic task graphs from an RTDAG YAML file: check them, have the daemon admit them onto
+    /// its lanes (APEDF) and release them for real, or analyse and simulate them (`--simulate`),
+    /// with RTDAG's response-time statistics per DAG.
     Rtdag(rt::RtdagArgs),
     /// Slurm integration: `agora slurm conf` prints the node's slurm.conf and gres.conf lines
     /// (features and a GRES of Agora shares) from what the running daemon sees.

@@ -67,8 +67,9 @@ pub enum BenchCommand {
     /// alone, attach latency, and a recovered run verified bit for bit.
     Insitu(insitu::InsituArgs),
     /// Periodic DAG sets swept from utilisation 0.5 to the number of lanes under FIFO, global
-    /// EDF and APEDF first-fit / worst-fit, in the simulator (the daemon does not run DAGs yet):
-    /// miss ratios, what APEDF admits, misses of admitted sets.
+    /// EDF and APEDF first-fit / worst-fit in the simulator (miss ratios, what APEDF admits,
+    /// misses of admitted sets), then on a daemon started for it: release jitter and the
+    /// sweep's sets admitted and run there.
     Rt(crate::rt::BenchRtArgs),
     /// An honest neighbour's round trips quiet and beside launches that look tiny but run long
     /// (sgemm with k = 2^22, an nw block of 1024²): p99 ratio, the dispatcher's longest stretch.
