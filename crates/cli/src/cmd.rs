@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use agora::{Session, SessionOptions};
 use agora_apps::AppReport;
 use agora_daemon::DaemonConfig;
+use agora_protocol::control::shown;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 
@@ -397,7 +398,7 @@ fn print_session(s: &agora::SessionStatus, devices: &[String]) {
     println!(
         "  #{:<4} {:<16} pid {:<7} uid {:<6} queues {:<3} buffers {:<4} heap {}/{} MiB · tasks {} ok {} failed {} in flight",
         s.id,
-        s.name,
+        shown(&s.name),
         s.pid,
         s.uid,
         s.queue_count,
@@ -425,7 +426,7 @@ fn print_session(s: &agora::SessionStatus, devices: &[String]) {
         // What the client asked for (a hint) beside what the policy chose.
         println!(
             "        queue {:<16} {:<7} in flight {:<5} prefers {:<7} {}",
-            q.name,
+            shown(&q.name),
             format!("{:?}", q.class).to_lowercase(),
             q.in_flight,
             q.preferred.map_or("any", |k| k.name()),
@@ -602,12 +603,12 @@ pub(crate) fn print_dags(dags: &[agora_protocol::control::DagStatus]) {
         let stopped = d
             .stopped
             .as_deref()
-            .map(|s| format!(" · STOPPED: {s}"))
+            .map(|s| format!(" · STOPPED: {}", shown(s)))
             .unwrap_or_default();
         println!(
             "  #{:<4} {:<20} session {:<5} {} every {:.3} ms, deadline {:.3} ms · {} releases: {} met, {} missed, {} overruns · response p99 {:.3} ms, max {:.3} ms · nodes on {}{stopped}",
             d.id,
-            d.name,
+            shown(&d.name),
             d.session,
             if d.periodic { "released" } else { "sporadic, at least" },
             d.period_us as f64 / 1e3,
@@ -942,9 +943,9 @@ pub fn exports(args: ExportsArgs) -> Result<()> {
         };
         println!(
             "{:<24} {:>8} {:<16} {:>6} {:>10} {:<10} {:>8}  {}",
-            e.name,
+            shown(&e.name),
             format!("#{}", e.session),
-            e.client,
+            shown(&e.client),
             e.uid,
             human_bytes(e.len),
             if e.writable { "read-write" } else { "read-only" },

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use agora::StatusReport;
+use agora_protocol::control::shown;
 use anyhow::{bail, Result};
 use clap::Args;
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind};
@@ -125,10 +126,17 @@ fn view(previous: Option<(&StatusReport, Instant)>, now: &StatusReport, at: Inst
                 id: s.id,
                 pid: s.pid,
                 uid: s.uid,
-                name: s.name.clone(),
+                name: shown(&s.name).into_owned(),
                 classes,
                 queue_count: s.queue_count,
-                queues: s.queues.clone(),
+                queues: s
+                    .queues
+                    .iter()
+                    .map(|q| agora_protocol::control::QueueStatus {
+                        name: shown(&q.name).into_owned(),
+                        ..q.clone()
+                    })
+                    .collect(),
                 in_flight: s.in_flight,
                 tasks_per_s,
                 bytes_moved: bytes,
@@ -152,7 +160,15 @@ fn view(previous: Option<(&StatusReport, Instant)>, now: &StatusReport, at: Inst
         recent_stalls: previous.map_or(0, |(p, _)| now.dispatcher_stalls.saturating_sub(p.dispatcher_stalls)),
         batch_lanes: now.batch_priority_now.clone(),
         batch_lanes_auto: now.batch_priority == "auto",
-        dags: now.dags.clone(),
+        dags: now
+            .dags
+            .iter()
+            .map(|d| agora_protocol::control::DagStatus {
+                name: shown(&d.name).into_owned(),
+                stopped: d.stopped.as_deref().map(|s| shown(s).into_owned()),
+                ..d.clone()
+            })
+            .collect(),
         private: now.private,
     }
 }

@@ -186,6 +186,81 @@ fn long_names_are_refused_at_once_without_stalling_the_daemon() {
 }
 
 #[test]
+fn names_that_would_rewrite_an_operators_terminal_are_refused_and_nothing_is_lost() {
+    let daemon = Daemon::start("terminal-names");
+    // A client name with an escape sequence and a forged status line: refused, the name not
+    // echoed; the same connection then opens a session under a printable name.
+    let mut hello = UnixStream::connect(daemon.socket()).unwrap();
+    hello.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let hostile = "\u{1b}[2J\u{1b}[H  #1    sshd             pid 1       uid 0";
+    let hello_as = |stream: &mut UnixStream, name: &str| {
+        write_request(
+            stream,
+            &Request::Hello {
+                version: agora_protocol::PROTOCOL_VERSION,
+                client_name: name.into(),
+                heap_bytes: Some(1 << 16),
+            },
+        );
+        read_reply(stream).1
+    };
+    match hello_as(&mut hello, hostile) {
+        Response::Error(ControlError::BadRequest(message)) => {
+            assert!(
+                message.contains("client name holds U+001B") && !message.contains('\u{1b}'),
+                "{message}"
+            )
+        }
+        other => panic!("a client name with an escape sequence: {other:?}"),
+    }
+    assert!(matches!(hello_as(&mut hello, "printable"), Response::Welcome { .. }));
+    // Queue names: a newline and a text-direction override, refused; the session carries on.
+    for (name, code) in [("q\n  #2    root", "U+000A"), ("report\u{202e}fdp.exe", "U+202E")] {
+        write_request(
+            &mut hello,
+            &Request::CreateQueue {
+                name: name.into(),
+                class: Default::default(),
+                preferred_device: None,
+                sla_ms: None,
+            },
+        );
+        match read_reply(&mut hello).1 {
+            Response::Error(ControlError::BadRequest(message)) => {
+                assert!(message.contains(&format!("queue name holds {code}")), "{message}")
+            }
+            other => panic!("queue {name:?}: {other:?}"),
+        }
+    }
+    write_request(
+        &mut hello,
+        &Request::CreateQueue {
+            name: "données".into(),
+            class: Default::default(),
+            preferred_device: None,
+            sla_ms: None,
+        },
+    );
+    assert!(matches!(read_reply(&mut hello).1, Response::Queue { .. }));
+    // The client library refuses such a name before sending it.
+    let refused = Session::connect_with(SessionOptions {
+        socket: Some(daemon.socket()),
+        name: Some("tab\there".into()),
+        ..Default::default()
+    });
+    assert!(
+        matches!(&refused, Err(Error::Control(ControlError::BadRequest(m))) if m.contains("U+0009")),
+        "{:?}",
+        refused.err()
+    );
+    // What the operator sees: the printable session and queue, and no escape byte at all.
+    let (ok, out, err) = daemon.agora(&["status"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("printable") && out.contains("données"), "{out}");
+    assert!(!out.contains('\u{1b}') && !out.contains("sshd"), "{out}");
+}
+
+#[test]
 fn status_stays_within_the_frame_limit_whatever_tenants_create() {
     let daemon = Daemon::start("status");
     // 4 sessions × 4096 queues, each named with the longest name allowed.

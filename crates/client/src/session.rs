@@ -224,8 +224,8 @@ impl Session {
                 check_name("client", &name)?;
                 name
             }
-            // The program's name, cut to what the daemon accepts.
-            None => truncate(
+            // The program's name, made into what the daemon accepts.
+            None => default_name(
                 std::env::args()
                     .next()
                     .map(|a| a.rsplit('/').next().unwrap_or("").to_string())
@@ -769,8 +769,20 @@ fn request_name(request: &Request) -> &'static str {
     }
 }
 
-/// `name`, cut at a character boundary to at most [`MAX_NAME`] bytes.
-fn truncate(mut name: String) -> String {
+/// A program's name as a client name the daemon accepts: each character it refuses in names
+/// ([`agora_protocol::control::is_unshowable`]) made `_`, cut at a character boundary to at
+/// most [`MAX_NAME`] bytes.
+fn default_name(name: String) -> String {
+    let mut name: String = name
+        .chars()
+        .map(|c| {
+            if agora_protocol::control::is_unshowable(c) {
+                '_'
+            } else {
+                c
+            }
+        })
+        .collect();
     if name.len() > MAX_NAME {
         let mut end = MAX_NAME;
         while !name.is_char_boundary(end) {
@@ -1486,5 +1498,24 @@ pub mod testing {
     /// Rings the daemon's doorbell for the session (makes it look at the rings now).
     pub fn ring_doorbell(session: &Session) {
         session.inner.doorbell.read().unwrap_or_else(|e| e.into_inner()).ring();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_program_s_name_always_makes_a_client_name_the_daemon_accepts() {
+        assert_eq!(default_name("solver".into()), "solver");
+        assert_eq!(default_name("run\u{1b}[2J\n\u{202e}x".into()), "run_[2J__x");
+        let long = default_name("é".repeat(MAX_NAME));
+        assert!(long.len() <= MAX_NAME && long.chars().all(|c| c == 'é'));
+        for name in ["a\tb", "\u{feff}", &"\u{7f}".repeat(400)] {
+            assert!(
+                check_name("client", &default_name(name.to_string())).is_ok(),
+                "{name:?}"
+            );
+        }
     }
 }

@@ -854,7 +854,11 @@ pub struct ReloadReport {
     pub kernels: u32,
 }
 
-/// `Err(NameTooLong)` when `name` is longer than [`MAX_NAME`] bytes.
+/// `Err(NameTooLong)` when `name` is longer than [`MAX_NAME`] bytes; `Err(BadRequest)` when it
+/// holds a character that [`is_unshowable`] (the message names the character and where, never
+/// echoing the name). Names a tenant gives are printed on other users' terminals (`agora
+/// status`, `agora top`, the daemon's log): an escape sequence there could rewrite the
+/// operator's screen, a newline forge a line, a bidirectional override show one name as another.
 pub fn check_name(what: &str, name: &str) -> Result<(), ControlError> {
     if name.len() > MAX_NAME {
         return Err(ControlError::NameTooLong {
@@ -863,7 +867,50 @@ pub fn check_name(what: &str, name: &str) -> Result<(), ControlError> {
             limit: MAX_NAME as u64,
         });
     }
+    if let Some((at, c)) = name.char_indices().find(|&(_, c)| is_unshowable(c)) {
+        return Err(ControlError::BadRequest(format!(
+            "the {what} name holds U+{:04X} ({}) at byte {at}: names are shown on other users' terminals \
+             (`agora status`), so control, zero-width and text-direction characters are refused; use printable ones",
+            c as u32,
+            if c.is_control() {
+                "a control character"
+            } else {
+                "a zero-width or text-direction character"
+            }
+        )));
+    }
     Ok(())
+}
+
+/// Whether `c` must not reach a terminal in a name: a control character (C0, DEL, C1: escape
+/// sequences, newlines, tabs), or one of Unicode's invisible format characters that change how
+/// text around them reads (zero-width spaces and joiners, bidirectional marks, embeddings,
+/// overrides and isolates — "Trojan Source", CVE-2021-42574 — the byte order mark).
+pub fn is_unshowable(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{00AD}' | '\u{061C}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
+                | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{206F}' | '\u{FEFF}' | '\u{FFF9}'..='\u{FFFB}'
+        )
+}
+
+/// `text` as it may be printed on a terminal: each [`is_unshowable`] character written as its
+/// escape (`\u{1b}`), the rest as is. For names from a daemon that did not check them (an older
+/// one), and other text that tenants write.
+pub fn shown(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(is_unshowable) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if is_unshowable(c) {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 fn suggestion(names: &[String]) -> String {
@@ -1217,6 +1264,52 @@ mod tests {
                 .collect();
             let _ = decode_body::<Request>(&body);
         }
+    }
+
+    #[test]
+    fn names_that_would_rewrite_a_terminal_are_refused_without_being_echoed() {
+        for ok in ["saxpy", "my app (run 3)", "données-été", "模型/推理", "a.b_c-d:1"] {
+            assert!(check_name("client", ok).is_ok(), "{ok}");
+        }
+        for (bad, code, at) in [
+            ("\u{1b}[2Jroot", "U+001B", 0),
+            ("job\n  #1    sshd", "U+000A", 3),
+            ("tab\there", "U+0009", 3),
+            ("del\u{7f}", "U+007F", 3),
+            ("c1\u{9b}31m", "U+009B", 2),
+            ("user\u{202e}gnp.exe", "U+202E", 4),
+            ("zero\u{200b}width", "U+200B", 4),
+            ("iso\u{2066}late", "U+2066", 3),
+            ("\u{feff}bom", "U+FEFF", 0),
+        ] {
+            match check_name("queue", bad) {
+                Err(ControlError::BadRequest(message)) => {
+                    assert!(
+                        message.contains(code) && message.contains(&format!("at byte {at}")),
+                        "{bad:?}: {message}"
+                    );
+                    assert!(!message.contains(bad), "the name is echoed: {message}");
+                    assert!(message.starts_with("the queue name"), "{message}");
+                }
+                other => panic!("{bad:?} was not refused: {other:?}"),
+            }
+        }
+        // Length first: a long name is refused for its length, whatever it holds.
+        assert!(matches!(
+            check_name("kernel", &"\u{1b}".repeat(MAX_NAME + 1)),
+            Err(ControlError::NameTooLong { .. })
+        ));
+    }
+
+    #[test]
+    fn shown_escapes_what_a_terminal_would_obey_and_keeps_the_rest() {
+        assert!(matches!(
+            shown("plain ümlaut 名"),
+            std::borrow::Cow::Borrowed("plain ümlaut 名")
+        ));
+        assert_eq!(shown("\u{1b}[31mred\n"), "\\u{1b}[31mred\\u{a}");
+        assert_eq!(shown("a\u{202e}b"), "a\\u{202e}b");
+        assert!(!shown("\u{1b}\u{9b}\u{200f}\u{7f}").chars().any(is_unshowable));
     }
 
     #[test]

@@ -405,10 +405,13 @@ impl Ticket {
         }
     }
 
-    /// A ticket for a job on a device that computes on host memory (it cannot lose the job):
+    /// A ticket for a job on the host device (it cannot lose the job):
     /// never replays, only wakes the dispatcher when its queue drains.
     pub(super) fn unreplayable(migration: &Migration, device: usize) -> Ticket {
-        debug_assert!(migration.inbox.devices[device].info().shares_host_memory);
+        // The host device: it computes on host memory, or (strict coherence) on private copies
+        // in host memory; either way it cannot lose a job apart from the daemon.
+        let info = migration.inbox.devices[device].info();
+        debug_assert!(info.shares_host_memory || info.kind == agora_protocol::DeviceKind::Cpu);
         Ticket {
             inbox: migration.inbox.clone(),
             action: None,

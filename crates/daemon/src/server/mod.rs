@@ -14,7 +14,9 @@
 //! that does not read its replies is disconnected, and a corrupt ring index ends that session.
 //! None of these affects another client. Work per request is bounded too: names longer than
 //! [`MAX_NAME`] are refused before anything looks at them, and every reply fits in a frame (the
-//! status summarises, a session's queues come in pages), whatever tenants create.
+//! status summarises, a session's queues come in pages), whatever tenants create. Names that
+//! others will read (client, queue, program, DAG) are refused when they hold a control,
+//! zero-width or text-direction character (`check_name`): they reach the operator's terminal.
 //!
 //! Limits (`crate::limits`): each connection is booked to its uid at accept; connections,
 //! sessions, heap, queues, buffers and outstanding control requests are checked per uid when a
@@ -784,11 +786,9 @@ impl Server {
                 Err(e) => Some(Response::Error(e)),
                 Ok(()) => self.offload(id, ControlJob::LookupKernel(name)),
             },
-            Request::Hello { client_name, .. } if client_name.len() > MAX_NAME => {
+            // Names others will see are refused before anything keeps them (`check_name`).
+            Request::Hello { client_name, .. } if check_name("client", &client_name).is_err() => {
                 check_name("client", &client_name).err().map(Response::Error)
-            }
-            Request::CreateQueue { name, .. } if name.len() > MAX_NAME => {
-                check_name("queue", &name).err().map(Response::Error)
             }
             Request::Hello {
                 version,
@@ -801,7 +801,7 @@ impl Server {
                 ))),
                 Conn::Observer { .. } => Some(observer_error()),
             },
-            Request::Resume { client_name, .. } if client_name.len() > MAX_NAME => {
+            Request::Resume { client_name, .. } if check_name("client", &client_name).is_err() => {
                 check_name("client", &client_name).err().map(Response::Error)
             }
             Request::Resume {
@@ -1230,6 +1230,9 @@ fn create_queue(
     sla_ms: Option<f64>,
     resumed_handle: Option<u64>,
 ) -> Response {
+    if let Err(refusal) = check_name("queue", &name) {
+        return Response::Error(refusal);
+    }
     if let Some(ms) = sla_ms {
         if !(ms.is_finite() && ms > 0.0 && ms <= 3.6e6) {
             return Response::Error(ControlError::BadRequest(format!(
