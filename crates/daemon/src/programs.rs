@@ -769,7 +769,8 @@ impl ExternalKernel for ProgramKernel {
             },
             ExecError::Stopped => TaskError::Cancelled,
             ExecError::Failed { code, message } => {
-                tracing::info!(code, %message, "a tenant kernel failed");
+                // The tenant's text: escaped, so that it cannot write to the operator's terminal.
+                tracing::info!(code, message = %agora_protocol::control::shown(&message), "a tenant kernel failed");
                 TaskError::KernelFault
             }
             other => {

@@ -413,6 +413,14 @@ def test_status_summarises_and_session_status_lists_every_queue(session):
         session.session_status(10**9)
     with pytest.raises(agora.BadRequestError, match="too long"):
         session.queue("q" * 257)
+    # Names other users' terminals print: no escape sequences, newlines or direction overrides.
+    with pytest.raises(agora.BadRequestError, match=r"queue name holds U\+001B \(a control character\) at byte 0"):
+        session.queue("\x1b[2Jfake")
+    with pytest.raises(agora.BadRequestError, match=r"U\+202E"):
+        session.queue("report\u202efdp.exe")
+    with pytest.raises(agora.BadRequestError, match=r"client name holds U\+000A"):
+        agora.Session(name="job\n  #1 sshd")
+    queues.append(session.queue("données"))  # printable, in any script: fine
     for q in queues:
         q.close()
 
