@@ -246,6 +246,28 @@ impl Task {
     pub fn is_complete(&self) -> Result<bool, Error> {
         self.session.poll(self.id)
     }
+
+    /// For a binding that waits for many tasks of a session on one thread (Python's `await
+    /// task`): how many completions this process has taken from the session's ring so far.
+    #[doc(hidden)]
+    pub fn completions_seen(&self) -> u64 {
+        self.session.completions_seen()
+    }
+
+    /// Waits at most about `timeout` (plus up to 20 ms) until the session's completions taken
+    /// pass `seen` (from [`Task::completions_seen`]): `Ok(true)` when some task of the session
+    /// completed meanwhile, whichever, `Ok(false)` if none did.
+    #[doc(hidden)]
+    pub fn wait_for_completions(&self, seen: u64, timeout: Duration) -> Result<bool, Error> {
+        self.session.wait_for_completions_until(seen, Instant::now() + timeout)
+    }
+
+    /// The same number for every task of one session while any of them (or the session) lives:
+    /// a key for per-session state in a binding.
+    #[doc(hidden)]
+    pub fn session_key(&self) -> usize {
+        Arc::as_ptr(&self.session) as usize
+    }
 }
 
 impl Drop for Task {

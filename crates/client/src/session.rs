@@ -1128,6 +1128,30 @@ impl Inner {
         }
     }
 
+    /// Completions taken from the ring so far (see [`crate::Task::completions_seen`]).
+    pub(crate) fn completions_seen(&self) -> u64 {
+        self.consumed.load(Ordering::Acquire)
+    }
+
+    /// Waits until completions taken pass `seen`, or `deadline`; returns which. Blocks on the
+    /// completion futex without spinning: its caller is a background thread that waits for
+    /// many tasks at once, where a spin would cost a core and gain nothing.
+    pub(crate) fn wait_for_completions_until(&self, seen: u64, deadline: Instant) -> Result<bool, Error> {
+        loop {
+            if self.consumed.load(Ordering::Acquire) != seen {
+                return Ok(true);
+            }
+            if self.pending_in_ring() {
+                self.drain();
+                continue;
+            }
+            if Instant::now() >= deadline {
+                return Ok(false);
+            }
+            self.block(0, || self.consumed.load(Ordering::Acquire) != seen, &ROOM_SPIN)?;
+        }
+    }
+
     /// Whether a task issued now would not wait (see [`Inner::submit`]).
     fn has_room(&self) -> bool {
         let id = self.producer.lock().unwrap_or_else(|e| e.into_inner()).next_id;

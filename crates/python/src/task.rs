@@ -43,6 +43,36 @@ impl PyTask {
         self.task.is_complete().or_raise()
     }
 
+    /// `await task` in a coroutine: suspends it, not the event loop, until the task completes;
+    /// raises the task's error if it failed. One thread per session waits for all the session's
+    /// awaited tasks (`agora._aio`). Cancelling the coroutine leaves the task running.
+    fn __await__(slf: Bound<'_, Self>) -> PyResult<Bound<'_, PyAny>> {
+        slf.get().liveness.check("task")?;
+        let py = slf.py();
+        py.import("agora._aio")?.getattr("await_task")?.call1((slf,))
+    }
+
+    /// How many completions this process has taken from the task's session so far (for
+    /// `agora._aio`'s waiting thread).
+    fn _completions_seen(&self) -> PyResult<u64> {
+        self.liveness.check("task")?;
+        Ok(self.task.completions_seen())
+    }
+
+    /// Blocks (GIL released) at most about `timeout` seconds until the session's completions
+    /// taken pass `seen`: whether any task of the session completed meanwhile.
+    fn _wait_for_completions(&self, py: Python<'_>, seen: u64, timeout: f64) -> PyResult<bool> {
+        self.liveness.check("task")?;
+        let timeout = Duration::try_from_secs_f64(timeout.max(0.0)).unwrap_or(WAIT_SLICE);
+        let task = &self.task;
+        py.detach(|| task.wait_for_completions(seen, timeout)).or_raise()
+    }
+
+    /// The same number for every task of one session (for per-session state in `agora._aio`).
+    fn _session_key(&self) -> usize {
+        self.task.session_key()
+    }
+
     fn __repr__(&self) -> String {
         format!("<agora.Task {}>", self.task.id())
     }

@@ -2,7 +2,7 @@
 
 from os import PathLike
 from types import TracebackType
-from typing import Any, Literal, Optional, Sequence, Tuple, Union
+from typing import Any, Generator, Literal, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -236,6 +236,10 @@ class Task:
         """Blocks (GIL released) until the task completes; raises its error, every time. Ctrl-C
         interrupts the wait at once (the task keeps running)."""
     def done(self) -> bool: ...
+    def __await__(self) -> Generator[Any, None, None]:
+        """`await task` in a coroutine suspends it, not the event loop, until the task completes;
+        raises the task's error if it failed. One thread per session waits for all the session's
+        awaited tasks. Cancelling the coroutine leaves the task running."""
 
 class DagBuilder:
     """A real-time DAG being declared (`Session.dag`); the chaining methods return the builder."""
