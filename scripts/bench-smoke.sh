@@ -27,7 +27,7 @@ case "$bench" in
   latency) expr='all(k in d for k in ("p50_ns", "p99_ns", "throughput_tasks_per_s", "lane_p50_ns", "control_p50_ns", "control_p99_ns", "floor_p50_ns", "opencl_empty_p50_ns", "opencl_native_empty_p50_ns", "opencl_empty_ratio", "opencl_device_host_hop_ratio")) and d["opencl_empty_ratio"] > 0 and d["opencl_device_host_hop_ratio"] > 0 and d["control_p50_ns"] > 0' ;;
   overhead) expr='d["verified"] and all(p["verified"] for p in d["programs"]) and "geomean_ratio" in d and "transfer_ratio" in d
   and d["repetitions"] >= 1 and "load_average_at_start" in d
-  and all(k in d for k in ("geomean_ratio_min", "geomean_ratio_median", "geomean_ratio_max", "transfer_ratio_min", "transfer_ratio_median", "transfer_ratio_max"))
+  and all(k in d for k in ("geomean_ratio_min", "geomean_ratio_median", "geomean_ratio_max", "transfer_ratio_min", "transfer_ratio_median", "transfer_ratio_max", "transfer_shared_ratio", "transfer_shared_ratio_min", "transfer_shared_ratio_median", "transfer_shared_ratio_max", "transfer_shared_agora_s"))
   and all(p["ratio_min"] <= p["ratio_median"] <= p["ratio_max"] and len(p["native_runs_s"]) == len(p["agora_runs_s"]) == d["repetitions"]
           and all(k in p for k in ("ratio", "ratio_best", "native", "agora")) for p in d["programs"])' ;;
   hetero) expr='isinstance(d, list) and d and all(all(k in p for k in ("policy", "makespan_s", "energy_j", "utilisation")) for p in d)' ;;

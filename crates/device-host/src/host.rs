@@ -415,13 +415,21 @@ impl Host {
                 segment,
                 len,
                 page_lock,
+                writable,
             } => {
                 let Some(fd) = fd else {
                     eprintln!("agora device-host: segment {segment} came without its descriptor");
                     return;
                 };
                 let file = std::fs::File::from(fd);
-                match memmap2::MmapOptions::new().len(len as usize).map_raw(&file) {
+                let mut options = memmap2::MmapOptions::new();
+                options.len(len as usize);
+                let mapped = if writable {
+                    options.map_raw(&file)
+                } else {
+                    options.map_raw_read_only(&file)
+                };
+                match mapped {
                     Ok(map) => {
                         let mut locks = Vec::new();
                         for device in self

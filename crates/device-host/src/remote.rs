@@ -168,6 +168,9 @@ pub(crate) struct Platform {
     /// When and why the last host failed, for `agora status` (an operator asking why a GPU's
     /// tasks were replayed finds it there, not only in the log).
     last_failure: Mutex<Option<(Instant, String)>>,
+    /// Bytes copied through staging segments since start: host memory the host had no
+    /// (writable) mapping of ([`DeviceReport::staged_bytes`]).
+    staged_bytes: AtomicU64,
 }
 
 /// A revocable job the watch thread looks after: (job, its flag, its host).
@@ -188,6 +191,10 @@ struct SegmentEntry {
     fd: OwnedFd,
     /// Page-locked in the host (for a GPU's DMA).
     page_lock: bool,
+    /// Mapped writable in the host: false for memory sealed against new writable mappings (a
+    /// read-only export's region), which the host maps read-only and is never asked to write
+    /// (such a destination goes through a staging segment).
+    writable: bool,
     /// Devices of the platform that registered it.
     users: usize,
 }
@@ -209,6 +216,7 @@ impl Platform {
             watch_wake: Condvar::new(),
             loads: Mutex::new(HashMap::new()),
             last_failure: Mutex::new(None),
+            staged_bytes: AtomicU64::new(0),
         }
     }
 
@@ -216,13 +224,14 @@ impl Platform {
         self.link.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Where `len` bytes at `ptr` are for the host: a segment range, or `None` outside them.
-    fn segment_of(&self, ptr: *const u8, len: usize) -> Option<HostRef> {
+    /// Where `len` bytes at `ptr` are for the host: a segment range, or `None` outside them (or,
+    /// when the host is to `write` them, in a segment it maps read-only).
+    fn segment_of(&self, ptr: *const u8, len: usize, write: bool) -> Option<HostRef> {
         let address = ptr as usize;
         let segments = self.segments.lock().unwrap_or_else(|e| e.into_inner());
         let (base, entry) = segments.range(..=address).next_back()?;
         let offset = address - base;
-        (offset.checked_add(len)? <= entry.len).then_some(HostRef {
+        (offset.checked_add(len)? <= entry.len && (entry.writable || !write)).then_some(HostRef {
             segment: entry.id,
             offset: offset as u64,
         })
@@ -243,8 +252,9 @@ impl Platform {
                 .try_clone_to_owned()
                 .map_err(|e| format!("keeping the segment's descriptor for the device host: {e}"))?;
             let id = self.next_segment.fetch_add(1, Ordering::Relaxed);
+            let writable = writable(fd.as_fd());
             // Sent under the table's lock: a host starting now maps the table after this.
-            self.link().map_segment(id, len, fd.as_fd(), page_lock);
+            self.link().map_segment(id, len, fd.as_fd(), page_lock, writable);
             segments.insert(
                 base as usize,
                 SegmentEntry {
@@ -252,6 +262,7 @@ impl Platform {
                     len,
                     fd,
                     page_lock,
+                    writable,
                     users: 1,
                 },
             );
@@ -295,9 +306,12 @@ impl Platform {
                 let restarts = self.restarts.fetch_add(1, Ordering::Relaxed) + 1;
                 {
                     // The segments registered meanwhile went to the dead host: send them all.
-                    let segments = self.segments.lock().unwrap_or_else(|e| e.into_inner());
-                    for entry in segments.values() {
-                        link.map_segment(entry.id, entry.len, entry.fd.as_fd(), entry.page_lock);
+                    let mut segments = self.segments.lock().unwrap_or_else(|e| e.into_inner());
+                    for entry in segments.values_mut() {
+                        // Sealed since it was registered (a region exported read-only): the new
+                        // host may map it read-only only, and is never asked to write it.
+                        entry.writable &= writable(entry.fd.as_fd());
+                        link.map_segment(entry.id, entry.len, entry.fd.as_fd(), entry.page_lock, entry.writable);
                     }
                     *self.link.write().unwrap_or_else(|e| e.into_inner()) = link;
                     // The dead host's last reports; the new one reports its own.
@@ -396,7 +410,8 @@ impl Staging {
             unsafe { std::ptr::copy_nonoverlapping(ptr, map.as_mut_ptr(), len) };
         }
         let id = platform.next_segment.fetch_add(1, Ordering::Relaxed);
-        link.map_segment(id, len.max(1), file.as_fd(), false);
+        platform.staged_bytes.fetch_add(len as u64, Ordering::Relaxed);
+        link.map_segment(id, len.max(1), file.as_fd(), false, true);
         Ok((
             HostRef { segment: id, offset: 0 },
             Staging {
@@ -693,13 +708,14 @@ impl Link {
         Ok(())
     }
 
-    fn map_segment(&self, segment: u64, len: usize, fd: BorrowedFd<'_>, page_lock: bool) {
+    fn map_segment(&self, segment: u64, len: usize, fd: BorrowedFd<'_>, page_lock: bool, writable: bool) {
         let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(stream) = writer.as_ref() {
             let request = Request::MapSegment {
                 segment,
                 len: len as u64,
                 page_lock,
+                writable,
             };
             if let Err(e) = send_with_fds(stream, &request, &[fd]) {
                 drop(writer);
@@ -1372,6 +1388,16 @@ fn link_bug(place: u16, what: &str) -> TaskError {
     TaskError::Internal(place)
 }
 
+/// Whether memory behind `fd` may be mapped writable by another process: not once it is sealed
+/// against new writable mappings (`F_SEAL_FUTURE_WRITE`, a read-only export's region) or
+/// against writes. A descriptor whose seals cannot be read (not a memfd) is taken as writable:
+/// the sessions' segments, the only such memory, are never sealed against writing.
+fn writable(fd: BorrowedFd<'_>) -> bool {
+    rustix::fs::fcntl_get_seals(fd).map_or(true, |seals| {
+        !seals.intersects(rustix::fs::SealFlags::WRITE | rustix::fs::SealFlags::FUTURE_WRITE)
+    })
+}
+
 /// The error for a staging segment the daemon could not make (`errno` from `what`): the daemon
 /// out of descriptors or memory, a transient `ResourceExhausted` for the task to try again, never
 /// `KernelFault`, which would blame its kernel.
@@ -1532,7 +1558,7 @@ impl Device for RemoteDevice {
     unsafe fn read(&self, from: &dyn DeviceBuffer, host: *mut u8, len: usize) -> Result<(), TaskError> {
         let link = self.platform.link();
         let buffer = self.own(from, &link)?;
-        let (target, staging) = match self.platform.segment_of(host, len) {
+        let (target, staging) = match self.platform.segment_of(host, len, true) {
             Some(segment) => (segment, None),
             None => {
                 let (target, staging) = Staging::new(&self.platform, &link, host, len, false)?;
@@ -1570,7 +1596,7 @@ impl Device for RemoteDevice {
         // Host memory outside the segments (an exportable buffer's region) is read into a
         // staging segment, copied to `host` on the reader thread once the host has answered:
         // reading it synchronously would hold the dispatcher for the host's whole answer.
-        let (target, staging) = match self.platform.segment_of(host, len) {
+        let (target, staging) = match self.platform.segment_of(host, len, true) {
             Some(segment) => (segment, None),
             None => match Staging::new(&self.platform, &link, host, len, false) {
                 Ok((target, staging)) => (target, Some(staging)),
@@ -1724,6 +1750,7 @@ impl Device for RemoteDevice {
             threads_per_lane: 1,
             lanes: self.lanes.statuses(),
             failed: !self.healthy(),
+            staged_bytes: self.platform.staged_bytes.load(Ordering::Relaxed),
         }
     }
 
@@ -1764,7 +1791,7 @@ impl RemoteExecutor {
         drained: &mut bool,
         staging: &mut Vec<Staging>,
     ) -> Result<HostRef, TaskError> {
-        if let Some(segment) = self.platform.segment_of(ptr, len) {
+        if let Some(segment) = self.platform.segment_of(ptr, len, !source) {
             return Ok(segment);
         }
         if !*drained {
@@ -1837,7 +1864,7 @@ impl RemoteExecutor {
         }
         let work = match &work {
             Work::Nothing => WorkWire::Nothing,
-            Work::Fill { ptr, len, value } => match self.platform.segment_of(*ptr, *len) {
+            Work::Fill { ptr, len, value } => match self.platform.segment_of(*ptr, *len, true) {
                 Some(host) => WorkWire::Fill {
                     host,
                     len: *len as u64,
@@ -1847,8 +1874,8 @@ impl RemoteExecutor {
             },
             Work::Copy { src, dst, len } => {
                 match (
-                    self.platform.segment_of(*src, *len),
-                    self.platform.segment_of(*dst, *len),
+                    self.platform.segment_of(*src, *len, false),
+                    self.platform.segment_of(*dst, *len, true),
                 ) {
                     (Some(src), Some(dst)) => WorkWire::Copy {
                         src,
@@ -1976,15 +2003,15 @@ impl Executor for RemoteExecutor {
         if !link.alive() || *self.count.count.lock().unwrap_or_else(|e| e.into_inner()) >= CALLER_START_MAX_IN_FLIGHT {
             return false;
         }
-        let mapped = |ptr: *const u8, len: usize| self.platform.segment_of(ptr, len).is_some();
+        let mapped = |ptr: *const u8, len: usize, write: bool| self.platform.segment_of(ptr, len, write).is_some();
         transfers.iter().all(|transfer| match transfer {
-            Transfer::ToDevice { host, len, .. } => mapped(*host, *len),
+            Transfer::ToDevice { host, len, .. } => mapped(*host, *len, false),
             Transfer::ToHost { from, host, len, .. } => {
-                is_own(from.as_ref(), &link, self.device) && mapped(*host, *len)
+                is_own(from.as_ref(), &link, self.device) && mapped(*host, *len, true)
             }
         }) && match work {
-            Work::Fill { ptr, len, .. } => mapped(*ptr, *len),
-            Work::Copy { src, dst, len } => mapped(*src, *len) && mapped(*dst, *len),
+            Work::Fill { ptr, len, .. } => mapped(*ptr, *len, true),
+            Work::Copy { src, dst, len } => mapped(*src, *len, false) && mapped(*dst, *len, true),
             Work::Launch { .. } | Work::Nothing => true,
         }
     }

@@ -11,7 +11,7 @@ use agora_protocol::{Completion, DeviceKind, ParamKind, TaskError};
 use serde::{Deserialize, Serialize};
 
 /// Bumped when a message changes: a daemon and a host of different versions refuse each other.
-pub const PROTOCOL: u32 = 4;
+pub const PROTOCOL: u32 = 5;
 
 /// Daemon → host.
 #[derive(Debug, Serialize, Deserialize)]
@@ -25,6 +25,10 @@ pub enum Request {
         /// Page-lock it for the host's devices that want it (a GPU's DMA), within the user's
         /// limit the daemon keeps; staging segments are never page-locked.
         page_lock: bool,
+        /// Map it writable. False for memory sealed against new writable mappings (a read-only
+        /// export's region): the host maps it read-only, and the daemon never names it as a
+        /// destination.
+        writable: bool,
     },
     /// Unmap a segment: no job that names it is left.
     UnmapSegment {

@@ -147,6 +147,10 @@ pub struct DeviceReport {
     pub lanes: Vec<LaneReport>,
     /// The device failed: [`Device::healthy`] is false, and its jobs fail with `DeviceLost`.
     pub failed: bool,
+    /// A device in a device host: bytes its host moved through staging segments since start
+    /// (host memory it had no mapping of, or only a read-only one for a write), all the host's
+    /// devices together; 0 elsewhere.
+    pub staged_bytes: u64,
 }
 
 /// What a lane says about itself now (see [`lane::Lane::status`]).

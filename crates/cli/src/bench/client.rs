@@ -60,6 +60,10 @@ pub struct ClientArgs {
     /// Workload size, or bytes (transfer mode).
     #[arg(long)]
     size: Option<u64>,
+    /// Transfer mode: an exportable buffer (`shared_buffer`: its host copy a memory region of
+    /// its own, as exports and attachments have) instead of one in the session's heap.
+    #[arg(long)]
+    shared: bool,
     /// Preferred device kind (cpu, opencl, cuda, sim).
     #[arg(long)]
     device_kind: Option<String>,
@@ -119,7 +123,11 @@ fn client_repeat(socket: Option<PathBuf>, args: &ClientArgs) -> Result<()> {
             let bytes = args.size.context("--size")?;
             let queue = agora_apps::queue(&session, "transfer", kind)?;
             let fill = session.kernel("fill")?;
-            let mut buffer = session.buffer(bytes)?;
+            let mut buffer = if args.shared {
+                session.shared_buffer(bytes)?
+            } else {
+                session.buffer(bytes)?
+            };
             let n = bytes / 4;
             Box::new(move || {
                 // A value on every page that only this run's fill can restore.

@@ -245,9 +245,23 @@ pub fn overhead(socket: Option<PathBuf>, args: OverheadArgs) -> Result<()> {
             "opencl".into(),
         ];
         let mut client = StepClient::start(&daemon.socket, "transfer", &extra)?;
-        let (native_runs, agora_runs, verified) = interleaved(reps, native, &mut client)?;
+        let (native_runs, agora_runs, verified) = interleaved(reps, &mut native, &mut client)?;
         client.finish()?;
-        Some((bytes, native_runs, agora_runs, verified))
+        // The same with an exportable buffer, whose host copy is a region outside the segment:
+        // through a device host it used to be staged (copied) on every transfer.
+        let mut shared_extra = extra.to_vec();
+        shared_extra.push("--shared".into());
+        let mut client = StepClient::start(&daemon.socket, "transfer", &shared_extra)?;
+        let (shared_native_runs, shared_runs, shared_verified) = interleaved(reps, &mut native, &mut client)?;
+        client.finish()?;
+        Some((
+            bytes,
+            native_runs,
+            agora_runs,
+            verified && shared_verified,
+            shared_native_runs,
+            shared_runs,
+        ))
     } else {
         None
     };
@@ -256,6 +270,8 @@ pub fn overhead(socket: Option<PathBuf>, args: OverheadArgs) -> Result<()> {
     let all_verified = rows.iter().all(|r| r.verified) && transfer.as_ref().is_none_or(|t| t.3);
     let transfer_ratio = transfer.as_ref().map(|t| median(&t.2) / median(&t.1));
     let transfer_pairs = transfer.as_ref().map(|t| paired_ratios(&t.2, &t.1));
+    let shared_ratio = transfer.as_ref().map(|t| median(&t.5) / median(&t.4));
+    let shared_pairs = transfer.as_ref().map(|t| paired_ratios(&t.5, &t.4));
     if args.json {
         let out = serde_json::json!({
             "repetitions": reps,
@@ -279,6 +295,11 @@ pub fn overhead(socket: Option<PathBuf>, args: OverheadArgs) -> Result<()> {
             "transfer_agora": transfer.as_ref().map(|t| spread(&t.2)),
             "transfer_native_runs_s": transfer.as_ref().map(|t| t.1.clone()),
             "transfer_agora_runs_s": transfer.as_ref().map(|t| t.2.clone()),
+            "transfer_shared_agora_s": transfer.as_ref().map(|t| median(&t.5)),
+            "transfer_shared_ratio": shared_ratio,
+            "transfer_shared_ratio_min": shared_pairs.map(|p| p.min),
+            "transfer_shared_ratio_median": shared_pairs.map(|p| p.median),
+            "transfer_shared_ratio_max": shared_pairs.map(|p| p.max),
             "verified": all_verified,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -314,7 +335,9 @@ pub fn overhead(socket: Option<PathBuf>, args: OverheadArgs) -> Result<()> {
              per repetition min / median / max {:.3} / {:.3} / {:.3}; of best-run ratios: {geomean_best:.3}",
             geomean_spread.min, geomean_spread.median, geomean_spread.max
         );
-        if let (Some((bytes, native, agora, _)), Some(pairs)) = (&transfer, transfer_pairs) {
+        if let (Some((bytes, native, agora, _, shared_native, shared)), Some(pairs), Some(shared_pairs)) =
+            (&transfer, transfer_pairs, shared_pairs)
+        {
             println!(
                 "transfer round trip of {} MiB (write, fill on device, read): native {:.3}s, agora {:.3}s, \
                  ratio {:.3} (per repetition {:.3} / {:.3} / {:.3})",
@@ -325,6 +348,16 @@ pub fn overhead(socket: Option<PathBuf>, args: OverheadArgs) -> Result<()> {
                 pairs.min,
                 pairs.median,
                 pairs.max
+            );
+            println!(
+                "the same with an exportable buffer (shared_buffer): native {:.3}s, agora {:.3}s, ratio {:.3} \
+                 (per repetition {:.3} / {:.3} / {:.3})",
+                median(shared_native),
+                median(shared),
+                median(shared) / median(shared_native),
+                shared_pairs.min,
+                shared_pairs.median,
+                shared_pairs.max
             );
         }
         if let Some(load) = load {

@@ -177,11 +177,19 @@ pub(crate) struct BufferRecord {
     pub provenance: crate::outcome::Provenance,
     /// Where its release is counted when its newest contents were never read back.
     unread: Arc<UnreadReleases>,
+    /// The devices that map `region` by its descriptor (devices in device hosts), by device
+    /// index, each with what keeps it mapped there ([`BufferRecord::map_region_for`]): copies
+    /// between such a device and the region then need no staging copy. Declared before
+    /// `region`, so dropped (unmapped there) before the region is.
+    region_maps: Mutex<Vec<(usize, Option<RegionMap>)>>,
     /// An exportable buffer's host copy: a region of its own instead of a range of the owner's
     /// heap (`offset` is then 0). Held here, so it stays mapped while any session or job holds
     /// the record, whichever session allocated it.
     pub region: Option<Arc<agora_transport::shm::Region>>,
 }
+
+/// What keeps an exportable buffer's region mapped by a device ([`agora_devices::Device::register_host_memory`]).
+type RegionMap = Box<dyn std::any::Any + Send + Sync>;
 
 /// What keeps a buffer's host copy mapped while a copy into it is in flight.
 #[derive(Debug)]
@@ -247,8 +255,42 @@ impl BufferRecord {
             owner,
             provenance: Default::default(),
             unread,
+            region_maps: Mutex::new(Vec::new()),
             region: None,
         }
+    }
+
+    /// Lets `device` (index `index`) map this buffer's region by its descriptor, once, so that
+    /// its copies go straight between the device's host process and the region (a device in a
+    /// device host otherwise stages them through a segment of their own: 64 MiB took 5× as long,
+    /// docs/PERFORMANCE.md). Nothing to do for a heap buffer (its session's segment is mapped
+    /// already, `SessionShared::pin_for`) or a device that computes on memory it was not given.
+    /// A region sealed against writers (a read-only export) is mapped read-only there: copies
+    /// into it are still staged. Called on the dispatcher when a task is planned on `device`.
+    pub(crate) fn map_region_for(&self, index: usize, device: &dyn agora_devices::Device) {
+        let Some(region) = &self.region else {
+            return;
+        };
+        if !device.maps_host_memory() {
+            return;
+        }
+        let mut maps = self.region_maps.lock().unwrap_or_else(|e| e.into_inner());
+        if maps.iter().any(|(mapped, _)| *mapped == index) {
+            return;
+        }
+        let Some(base) = region.range(0, region.len()) else {
+            return;
+        };
+        // Never page-locked: the user's page-locked memory limit counts session segments only.
+        let map = match device.register_host_memory(base, region.len() as usize, region.fd(), false) {
+            Some(Ok(map)) => Some(map),
+            Some(Err(why)) => {
+                tracing::debug!(device = %device.info().name, %why, "an exportable buffer's region is not mapped there; its copies are staged");
+                None
+            }
+            None => None,
+        };
+        maps.push((index, map));
     }
 
     /// A record whose host copy is `region` (an exportable buffer), owned for device-memory

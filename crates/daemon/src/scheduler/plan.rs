@@ -191,6 +191,10 @@ impl Scheduler {
                 session.credentials.uid,
                 &self.pinned,
             );
+            // So must it see an exportable buffer's region, which lies outside the segment.
+            for (record, _, _) in named.slots().iter().flatten() {
+                record.map_region_for(device, self.devices[device].as_ref());
+            }
         }
         // Boxed: the stages hand it on by pointer (a launch's work is about a kilobyte).
         Ok(Some(Box::new(Planned {

@@ -72,6 +72,7 @@ pub(crate) struct Metrics {
     lane_completed: Family<LaneLabels, Gauge>,
     memory_used: Family<DeviceLabels, Gauge>,
     memory_cached: Family<DeviceLabels, Gauge>,
+    staged: Family<DeviceLabels, Gauge>,
     utilization: Family<DeviceLabels, Gauge>,
     memory_total: Family<DeviceLabels, Gauge>,
     revoked: Counter,
@@ -212,6 +213,12 @@ impl Metrics {
             "agora_device_memory_cached_bytes",
             "Device memory kept for tenants beyond their buffers (a GPU's partitions; given back under pressure)",
             memory_cached.clone(),
+        );
+        let staged = Family::<DeviceLabels, Gauge>::default();
+        registry.register(
+            "agora_device_host_staged_bytes",
+            "Bytes a device host moved through staging copies since start (host memory it could not map; its devices together)",
+            staged.clone(),
         );
         let utilization = Family::<DeviceLabels, Gauge>::default();
         registry.register(
@@ -369,6 +376,7 @@ impl Metrics {
             lane_completed,
             memory_used,
             memory_cached,
+            staged,
             utilization,
             memory_total,
             revoked,
@@ -454,6 +462,7 @@ impl Metrics {
             };
             self.memory_used.get_or_create(&d).set(status.memory_used as i64);
             self.memory_cached.get_or_create(&d).set(status.memory_cached as i64);
+            self.staged.get_or_create(&d).set(status.staged_bytes as i64);
             if let Some(percent) = status.utilization_percent {
                 self.utilization.get_or_create(&d).set(i64::from(percent));
             }

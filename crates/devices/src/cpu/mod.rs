@@ -305,6 +305,7 @@ impl Device for CpuDevice {
             threads_per_lane: self.info.threads_per_lane,
             lanes: self.lanes.statuses(),
             failed: false,
+            staged_bytes: 0,
         }
     }
 

@@ -886,6 +886,7 @@ impl Device for CudaDevice {
             threads_per_lane: 1,
             lanes: self.lanes.statuses(),
             failed: self.shared.failed.load(Ordering::Acquire),
+            staged_bytes: 0,
         }
     }
 

@@ -392,6 +392,7 @@ impl Device for OpenClDevice {
             threads_per_lane: 1,
             lanes: self.lanes.statuses(),
             failed: false,
+            staged_bytes: 0,
         }
     }
 

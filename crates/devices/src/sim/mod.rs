@@ -433,6 +433,7 @@ impl Device for SimDevice {
             threads_per_lane: 1,
             lanes: self.lanes.statuses(),
             failed: !self.healthy(),
+            staged_bytes: 0,
         }
     }
 
