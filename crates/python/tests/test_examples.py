@@ -124,3 +124,18 @@ def test_exports_guide_shows_the_insitu_example_verbatim():
     body = textwrap.dedent("\n".join(body.splitlines()[1:])).strip()
     guide = (REPO / "docs" / "exports.md").read_text()
     assert body in guide, "docs/exports.md must show examples/insitu.py's example verbatim"
+
+
+def test_the_asyncio_server_example_serves_verified_results(daemon):
+    run = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "asyncio_server.py"), "--requests", "40", "--concurrency", "8", "--json"],
+        env={**os.environ, "AGORA_SOCKET": str(daemon.socket)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert report["verified"] and report["requests"] == 40 and report["concurrent_requests_per_s"] > 0
+    for key in ("blocking_one_at_a_time", "awaited_one_at_a_time", "awaited_concurrently"):
+        assert 0 < report[key]["p50_us"] <= report[key]["p99_us"], report

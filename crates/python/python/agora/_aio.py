@@ -4,8 +4,8 @@ Owns, per session with awaited tasks, one waiting thread: it blocks on the sessi
 without the GIL and hands each finished task's outcome to the loop that awaits it
 (``call_soon_threadsafe``). So a thousand coroutines awaiting tasks cost one thread per session,
 not a thread each (``run_in_executor(None, task.wait)`` would take a worker of the loop's
-default pool per wait, a handful on a small machine). The thread ends when the session has no
-awaited task left. Must not: hold the GIL while it waits, or call into an event loop from its
+default pool per wait, a handful on a small machine). The thread ends when the session has had
+no awaited task for a second. Must not: hold the GIL while it waits, or call into an event loop from its
 own thread other than through ``call_soon_threadsafe``.
 """
 
@@ -17,8 +17,12 @@ import time
 # at once. It also bounds how late it notices a task completed without a new completion in the
 # ring (a session resumed on a restarted daemon fails its old tasks that way).
 _WAIT_S = 0.05
+# How long the waiting thread stays with nothing to wait for: a coroutine awaiting one task
+# after another would otherwise start a thread for each (~100 µs each, measured).
+_LINGER_S = 1.0
 
 _lock = threading.Lock()
+_work = threading.Condition(_lock)  # an entry was added
 _waiters = {}  # session key -> _Waiter
 
 
@@ -39,6 +43,7 @@ def await_task(task):
             else:
                 start = False
             waiter.entries.append((task, loop, future))
+            _work.notify_all()
         if start:
             waiter.start()
     return future.__await__()
@@ -67,6 +72,8 @@ class _Waiter(threading.Thread):
     def run(self):
         while True:
             with _lock:
+                if not self.entries:
+                    _work.wait_for(lambda: self.entries, timeout=_LINGER_S)
                 if not self.entries:
                     del _waiters[self.key]
                     return
