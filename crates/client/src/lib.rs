@@ -29,6 +29,12 @@
 //! A `Session` is cheap to clone and may be used from many threads at once; so may queues,
 //! buffers (for reading) and tasks.
 //!
+//! # Async
+//! A [`Task`] is a future's worth of work: `queue.launch(...)?.await?` in async code (any
+//! executor: tokio, smol, a hand-written one) suspends the caller, not the executor's thread,
+//! and returns what [`Task::wait`] would. One thread per session waits for all its awaited
+//! tasks and wakes their wakers ([`Completion`]); dropping the future leaves the task running.
+//!
 //! # Errors
 //! A task's failure (bad arguments, unknown kernel, buffer too small…) is reported by
 //! [`Task::wait`] or, for tasks nobody waited on, by [`Queue::finish`], as [`Error::Task`] with a
@@ -43,6 +49,7 @@
 //! written whole). With reconnection off, or no daemon back in time, calls return
 //! [`Error::Disconnected`].
 
+mod awaiting;
 mod buffer;
 mod dag;
 mod error;
@@ -57,6 +64,7 @@ pub use agora_protocol::control::{
 };
 pub use agora_protocol::control::{DagAdmission, DagRelease, DagResults, JobAccount, JobStart};
 pub use agora_protocol::{KernelSignature, LaunchLimit, TaskError};
+pub use awaiting::Completion;
 pub use buffer::Buffer;
 #[doc(hidden)]
 pub use buffer::ClaimWait;

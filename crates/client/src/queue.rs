@@ -262,6 +262,16 @@ impl Task {
         self.session.wait_for_completions_until(seen, Instant::now() + timeout)
     }
 
+    /// Whether the task is known complete from what already arrived, without blocking or
+    /// reconnecting (for [`crate::Completion`]'s `poll`).
+    pub(crate) fn completed_now(&self) -> bool {
+        self.session.done_now(self.id)
+    }
+
+    pub(crate) fn session(&self) -> &Arc<Inner> {
+        &self.session
+    }
+
     /// The same number for every task of one session while any of them (or the session) lives:
     /// a key for per-session state in a binding.
     #[doc(hidden)]

@@ -179,6 +179,8 @@ pub(crate) struct Inner {
     /// `Queue::snapshot`'s clock: the daemon's interval (set by `protect`) and the last
     /// checkpoint it issued (or the first protect).
     pub(crate) snapshots: Mutex<Option<SnapshotClock>>,
+    /// Awaited tasks and the thread that waits for them ([`crate::awaiting`]).
+    pub(crate) watch: Arc<crate::awaiting::Watch>,
 }
 
 /// `Queue::snapshot`'s clock.
@@ -322,6 +324,7 @@ impl Session {
             id: AtomicU64::new(session),
             resume,
             snapshots: Mutex::new(None),
+            watch: Arc::default(),
             segment,
         };
         Ok(Session { inner: Arc::new(inner) })
@@ -1059,6 +1062,15 @@ impl Inner {
     fn pending_in_ring(&self) -> bool {
         let header = self.segment.view().header();
         header.completion_tail.load(Ordering::Acquire) != header.completion_head.load(Ordering::Relaxed)
+    }
+
+    /// Consumes what has arrived and says whether task `id` is complete, never blocking nor
+    /// reconnecting (unlike [`Inner::poll`], which may resume a session on a restarted daemon).
+    pub(crate) fn done_now(&self, id: u64) -> bool {
+        if self.pending_in_ring() {
+            self.drain();
+        }
+        self.is_done(id)
     }
 
     /// Non-blocking: consumes what has arrived and says whether task `id` is complete.

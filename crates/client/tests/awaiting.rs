@@ -1,0 +1,259 @@
+//! `task.await` (`agora::Completion`): many awaited tasks on one executor thread, one waiting
+//! thread per session, the executor never blocked, each failure its own, a dropped future
+//! leaving its task running. The executor is a minimal one written here (any executor works:
+//! the futures only use their `Waker`).
+
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
+
+use agora::{Arg, DeviceKind, Error, QueueOptions, TaskError};
+
+mod common;
+
+/// The tests of this file one at a time: the first counts this process's waiting threads.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Wakes by unparking the thread that runs [`block_on`].
+struct Unpark(std::thread::Thread);
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Runs `future` to its end on this thread, parking while it is pending.
+fn block_on<F: Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    loop {
+        if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+            return output;
+        }
+        std::thread::park_timeout(Duration::from_secs(5));
+    }
+}
+
+/// Every future of `futures`, polled together until all are ready (a `join_all`).
+struct JoinAll<F: Future + Unpin> {
+    futures: Vec<Option<F>>,
+    outputs: Vec<Option<F::Output>>,
+}
+
+fn join_all<F: Future + Unpin>(futures: Vec<F>) -> JoinAll<F> {
+    let outputs = futures.iter().map(|_| None).collect();
+    JoinAll {
+        futures: futures.into_iter().map(Some).collect(),
+        outputs,
+    }
+}
+
+impl<F: Future + Unpin> Future for JoinAll<F>
+where
+    F::Output: Unpin,
+{
+    type Output = Vec<F::Output>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        for (slot, output) in this.futures.iter_mut().zip(this.outputs.iter_mut()) {
+            if let Some(future) = slot {
+                if let Poll::Ready(value) = Pin::new(future).poll(cx) {
+                    *output = Some(value);
+                    *slot = None;
+                }
+            }
+        }
+        if this.futures.iter().all(Option::is_none) {
+            return Poll::Ready(this.outputs.iter_mut().map(|o| o.take().unwrap()).collect());
+        }
+        Poll::Pending
+    }
+}
+
+/// Threads of this process named `agora-await`.
+fn await_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.trim() == "agora-await")
+        .count()
+}
+
+fn cpu_queue(session: &agora::Session, name: &str) -> agora::Queue {
+    session
+        .queue_with(QueueOptions {
+            name: name.into(),
+            preferred_device: Some(DeviceKind::Cpu),
+            ..Default::default()
+        })
+        .unwrap()
+}
+
+#[test]
+fn many_awaited_tasks_share_one_thread_and_each_result_is_exact() {
+    let _alone = alone();
+    let (_daemon, session) = common::daemon("awaiting-many");
+    let saxpy = session.kernel("saxpy").unwrap();
+    let n = 4096;
+    let queues: Vec<_> = (0..4).map(|i| cpu_queue(&session, &format!("await-{i}"))).collect();
+    let x = session.buffer_from(&vec![1.0f32; n]).unwrap();
+    let ys: Vec<_> = (0..4).map(|_| session.buffer_from(&vec![0.0f32; n]).unwrap()).collect();
+    for (q, y) in queues.iter().zip(&ys) {
+        q.sync_to(&x).unwrap();
+        q.sync_to(y).unwrap();
+    }
+    let rounds = 50;
+    let before = await_threads();
+    for _ in 0..rounds {
+        // One task per queue, all awaited together.
+        let tasks: Vec<_> = queues
+            .iter()
+            .zip(&ys)
+            .map(|(q, y)| {
+                q.launch(&saxpy, &[Arg::F32(1.0), (&x).into(), y.into()], n)
+                    .unwrap()
+                    .into_future()
+            })
+            .collect();
+        for outcome in block_on(join_all(tasks)) {
+            outcome.unwrap();
+        }
+        // At most one more than before (another test's may still linger, for up to a second).
+        let now = await_threads();
+        assert!(
+            now <= before + 1,
+            "{now} waiting threads, {before} before this session's tasks"
+        );
+    }
+    for (q, y) in queues.iter().zip(&ys) {
+        block_on(q.sync_from(y).unwrap().into_future()).unwrap();
+        assert!(y.as_slice::<f32>().iter().all(|v| *v == rounds as f32));
+    }
+}
+
+/// Polled again and again (it wakes itself at once) until told to stop: counts how often the
+/// executor thread was free to run it.
+struct Ticker {
+    ticks: u64,
+    stop: Arc<AtomicBool>,
+}
+
+impl Future for Ticker {
+    type Output = u64;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<u64> {
+        if self.stop.load(Ordering::Relaxed) {
+            return Poll::Ready(self.ticks);
+        }
+        self.ticks += 1;
+        cx.waker().wake_by_ref();
+        std::thread::sleep(Duration::from_micros(100));
+        Poll::Pending
+    }
+}
+
+#[test]
+fn the_executor_thread_runs_other_futures_while_a_task_runs() {
+    let _alone = alone();
+    let (_daemon, session) = common::daemon("awaiting-free");
+    let n = 768i32;
+    let a = session.buffer_from(&vec![1.0f32; (n * n) as usize]).unwrap();
+    let c = session.buffer((n * n * 4) as u64).unwrap();
+    let sgemm = session.kernel("sgemm").unwrap();
+    let q = cpu_queue(&session, "long");
+    let args = [
+        Arg::I32(n),
+        Arg::I32(n),
+        Arg::I32(n),
+        Arg::F32(1.0),
+        (&a).into(),
+        (&a).into(),
+        Arg::F32(0.0),
+        (&c).into(),
+    ];
+    q.sync_to(&a).unwrap();
+    let long = q.launch(&sgemm, &args, (n as u64, n as u64)).unwrap().into_future();
+    let stop = Arc::new(AtomicBool::new(false));
+    let ticker = Ticker {
+        ticks: 0,
+        stop: stop.clone(),
+    };
+    // The task's future first, then the ticker, polled together on this one thread.
+    let (outcome, ticks) = block_on(async move {
+        let mut long = std::pin::pin!(long);
+        let mut ticker = std::pin::pin!(ticker);
+        let mut outcome = None;
+        std::future::poll_fn(|cx| {
+            if outcome.is_none() {
+                if let Poll::Ready(o) = long.as_mut().poll(cx) {
+                    outcome = Some(o);
+                    stop.store(true, Ordering::Relaxed);
+                }
+            }
+            match ticker.as_mut().poll(cx) {
+                Poll::Ready(ticks) => Poll::Ready((outcome.take().unwrap(), ticks)),
+                Poll::Pending => Poll::Pending,
+            }
+        })
+        .await
+    });
+    outcome.unwrap();
+    // A future that blocked in `poll` until the task was done would leave the ticker one tick.
+    assert!(
+        ticks >= 20,
+        "the executor ran other work {ticks} times while an sgemm of {n}² ran"
+    );
+    block_on(q.sync_from(&c).unwrap().into_future()).unwrap();
+    assert_eq!(c.as_slice::<f32>()[0], n as f32);
+}
+
+#[test]
+fn an_awaited_failure_is_its_own_and_a_dropped_future_leaves_its_task_running() {
+    let _alone = alone();
+    let (_daemon, session) = common::daemon("awaiting-failures");
+    let saxpy = session.kernel("saxpy").unwrap();
+    let q = cpu_queue(&session, "failures");
+    let small = session.buffer_from(&[0.0f32; 4]).unwrap();
+    let big = session.buffer_from(&vec![2.0f32; 100]).unwrap();
+    let bad = q
+        .launch(&saxpy, &[Arg::F32(1.0), (&big).into(), (&small).into()], 100u64)
+        .unwrap();
+    match block_on(bad.into_future()) {
+        Err(Error::Task(TaskError::BufferTooSmall { .. })) => {}
+        other => panic!("expected the task's own BufferTooSmall, got {other:?}"),
+    }
+    assert!(matches!(q.finish(), Err(Error::Tasks(f)) if f.count == 1));
+    // A future polled once (pending) and dropped: its task runs on.
+    let n = 768i32;
+    let a = session.buffer_from(&vec![1.0f32; (n * n) as usize]).unwrap();
+    let c = session.buffer((n * n * 4) as u64).unwrap();
+    let sgemm = session.kernel("sgemm").unwrap();
+    q.sync_to(&a).unwrap();
+    let args = [
+        Arg::I32(n),
+        Arg::I32(n),
+        Arg::I32(n),
+        Arg::F32(1.0),
+        (&a).into(),
+        (&a).into(),
+        Arg::F32(0.0),
+        (&c).into(),
+    ];
+    let mut long = q.launch(&sgemm, &args, (n as u64, n as u64)).unwrap().into_future();
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let first = Pin::new(&mut long).poll(&mut Context::from_waker(&waker));
+    assert!(first.is_pending(), "an sgemm of {n}² was done at once");
+    drop(long);
+    q.sync_from(&c).unwrap().wait().unwrap();
+    assert_eq!(c.as_slice::<f32>()[0], n as f32);
+}
