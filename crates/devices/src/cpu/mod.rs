@@ -162,6 +162,10 @@ impl Executor for CpuExecutor {
                 }
             },
         );
+        // The job's private copies are let go of before its completion is posted, so that
+        // their memory is free when the dispatcher plans the next task (ARCHITECTURE.md,
+        // "Eviction and quotas"); dropped after `finish`, they were still counted a moment later.
+        drop((transfers, work));
         end.finish(result);
     }
 
