@@ -329,7 +329,6 @@ fn a_user_gets_no_more_of_a_lane_for_opening_more_sessions() {
 
 #[test]
 fn a_private_daemon_shows_each_user_its_own_sessions_only() {
-    use std::io::{BufRead, BufReader};
     let json = |out: &Output| -> serde_json::Value {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         serde_json::from_slice(&out.stdout).expect("agora status --json prints JSON")
@@ -353,42 +352,14 @@ fn a_private_daemon_shows_each_user_its_own_sessions_only() {
         (sessions, uids)
     };
     for private in [false, true] {
-        let (dir, client) = open_dir("access-private");
-        let tests = dir.path().join("access-tests");
-        std::fs::copy(std::env::current_exe().unwrap(), &tests).unwrap();
-        std::fs::set_permissions(&tests, std::fs::Permissions::from_mode(0o755)).unwrap();
-        std::fs::write(
-            dir.path().join("agora.toml"),
-            "[[sim]]\nname = \"sim\"\nmemory = \"12M\"\n",
-        )
-        .unwrap();
-        let mut args = vec!["--no-opencl", "--socket-access", "all", "--config", "{dir}/agora.toml"];
-        if private {
-            args.push("--private-status");
-        }
-        let mut daemon = Daemon::start_in(AGORA, dir, &args);
+        let extra: &[&str] = if private { &["--private-status"] } else { &[] };
+        let (mut daemon, tests, client) = holders_daemon("access-private", extra);
         if !root() {
             eprintln!("not root: other users cannot be started; what each sees is not tried");
             return;
         }
         // One session of uid 4242 and one of uid 4243, each held open.
-        let hold = |uid: u32| {
-            let mut child = as_user(&tests, uid, uid)
-                .args(["--ignored", "--exact", "holder", "--nocapture", "--test-threads", "1"])
-                .env(HOLDER_SOCKET, daemon.socket())
-                .env(HOLDER_BUFFERS, "1")
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .unwrap();
-            let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-            assert!(
-                lines.by_ref().map_while(Result::ok).any(|l| l.ends_with("held")),
-                "the holder of uid {uid} did not hold its buffer"
-            );
-            (child, lines) // its output read to the end, so that it ends quietly
-        };
+        let hold = |uid: u32| spawn_holder(&tests, daemon.socket(), uid, 1);
         let holders = [hold(4242), hold(4243)];
         // A Slurm job of each user, as the prolog registers them.
         for (job, uid) in [("91", "4242"), ("92", "4243")] {
@@ -487,6 +458,47 @@ fn a_private_daemon_shows_each_user_its_own_sessions_only() {
     }
 }
 
+/// A node-wide daemon (`--socket-access all` and `extra` flags) with a 12 MiB sim device, and
+/// a copy of this test binary that other uids may run as [`holder`]s.
+fn holders_daemon(tag: &str, extra: &[&str]) -> (Daemon, PathBuf, PathBuf) {
+    let (dir, client) = open_dir(tag);
+    let tests = dir.path().join("access-tests");
+    std::fs::copy(std::env::current_exe().unwrap(), &tests).unwrap();
+    std::fs::set_permissions(&tests, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(
+        dir.path().join("agora.toml"),
+        "[[sim]]\nname = \"sim\"\nmemory = \"12M\"\n",
+    )
+    .unwrap();
+    let mut args = vec!["--no-opencl", "--socket-access", "all", "--config", "{dir}/agora.toml"];
+    args.extend_from_slice(extra);
+    (Daemon::start_in(AGORA, dir, &args), tests, client)
+}
+
+/// The lines a [`holder`] prints.
+type HolderLines = std::io::Lines<std::io::BufReader<std::process::ChildStdout>>;
+
+/// A [`holder`] run as `uid` (`tests` from [`holders_daemon`]) holding `buffers` buffers, once
+/// it holds them; its input takes `more`, its end ends it.
+fn spawn_holder(tests: &Path, socket: &Path, uid: u32, buffers: usize) -> (std::process::Child, HolderLines) {
+    use std::io::BufRead;
+    let mut child = as_user(tests, uid, uid)
+        .args(["--ignored", "--exact", "holder", "--nocapture", "--test-threads", "1"])
+        .env(HOLDER_SOCKET, socket)
+        .env(HOLDER_BUFFERS, buffers.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    assert!(
+        lines.by_ref().map_while(Result::ok).any(|l| l.ends_with("held")),
+        "the holder of uid {uid} did not hold its buffers"
+    );
+    (child, lines)
+}
+
 /// The environment of a copy of this test binary run as another uid for [`holder`]: the
 /// daemon's socket, and how many 3 MiB buffers to hold on the sim device.
 const HOLDER_SOCKET: &str = "AGORA_TEST_HOLDER_SOCKET";
@@ -532,43 +544,14 @@ fn holder() {
 
 #[test]
 fn a_user_gets_no_more_of_a_device_s_memory_for_opening_more_sessions() {
-    use std::io::{BufRead, BufReader, Write};
+    use std::io::Write;
     // The tenants are this test binary, copied where other uids may run it.
-    let (dir, _client) = open_dir("access-memory");
-    let tests = dir.path().join("access-tests");
-    std::fs::copy(std::env::current_exe().unwrap(), &tests).unwrap();
-    std::fs::set_permissions(&tests, std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::fs::write(
-        dir.path().join("agora.toml"),
-        "[[sim]]\nname = \"sim\"\nmemory = \"12M\"\n",
-    )
-    .unwrap();
-    let daemon = Daemon::start_in(
-        AGORA,
-        dir,
-        &["--no-opencl", "--socket-access", "all", "--config", "{dir}/agora.toml"],
-    );
+    let (daemon, tests, _client) = holders_daemon("access-memory", &[]);
     if !root() {
         eprintln!("not root: two users cannot be started; the two-level share is tested in agora-daemon (memory)");
         return;
     }
-    let holder = |uid: u32, buffers: usize| {
-        let mut child = as_user(&tests, uid, uid)
-            .args(["--ignored", "--exact", "holder", "--nocapture", "--test-threads", "1"])
-            .env(HOLDER_SOCKET, daemon.socket())
-            .env(HOLDER_BUFFERS, buffers.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        assert!(
-            lines.by_ref().map_while(Result::ok).any(|l| l.ends_with("held")),
-            "the holder of uid {uid} did not hold its buffers"
-        );
-        (child, lines)
-    };
+    let holder = |uid: u32, buffers: usize| spawn_holder(&tests, daemon.socket(), uid, buffers);
     // User 4242: two sessions of 3 MiB each, first (least recently used); user 4243: one
     // session of 6 MiB. The 12 MiB device is full.
     let a1 = holder(4242, 1);

@@ -816,13 +816,7 @@ fn writes_to_an_attached_buffer_survive_the_evictions_of_the_exporters_results()
 
 /// Bytes the device host of `device` moved through staging copies so far (the metrics).
 fn staged_bytes(port: u16, device: &str) -> u64 {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
-        .unwrap();
-    let mut metrics = String::new();
-    stream.read_to_string(&mut metrics).unwrap();
+    let metrics = agora_test_support::scrape_metrics(port);
     let line = format!("agora_device_host_staged_bytes{{device=\"{device}\"}} ");
     metrics
         .lines()

@@ -314,12 +314,7 @@ fn sessions_and_heap_per_uid_are_limited_shown_and_counted() {
         "{text}"
     );
     // The metrics count refusals per limit.
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
-        .unwrap();
-    let mut metrics = String::new();
-    stream.read_to_string(&mut metrics).unwrap();
+    let metrics = agora_test_support::scrape_metrics(port);
     assert!(
         metrics.contains("agora_limit_refusals_total{limit=\"sessions per uid\"} 2"),
         "{metrics}"

@@ -99,6 +99,30 @@ fn cpu_queue(session: &agora::Session, name: &str) -> agora::Queue {
         .unwrap()
 }
 
+/// Side of the long task: an sgemm of 768² takes a few hundred milliseconds on a CPU lane.
+const LONG_N: i32 = 768;
+
+/// A long task on `q` (an sgemm of [`LONG_N`]² with all-ones inputs) and its output, whose
+/// every element will be `LONG_N`.
+fn long_task(session: &agora::Session, q: &agora::Queue) -> (agora::Task, agora::Buffer) {
+    let n = LONG_N;
+    let a = session.buffer_from(&vec![1.0f32; (n * n) as usize]).unwrap();
+    let c = session.buffer((n * n * 4) as u64).unwrap();
+    let sgemm = session.kernel("sgemm").unwrap();
+    q.sync_to(&a).unwrap();
+    let args = [
+        Arg::I32(n),
+        Arg::I32(n),
+        Arg::I32(n),
+        Arg::F32(1.0),
+        (&a).into(),
+        (&a).into(),
+        Arg::F32(0.0),
+        (&c).into(),
+    ];
+    (q.launch(&sgemm, &args, (n as u64, n as u64)).unwrap(), c)
+}
+
 #[test]
 fn many_awaited_tasks_share_one_thread_and_each_result_is_exact() {
     let _alone = alone();
@@ -166,23 +190,10 @@ impl Future for Ticker {
 fn the_executor_thread_runs_other_futures_while_a_task_runs() {
     let _alone = alone();
     let (_daemon, session) = common::daemon("awaiting-free");
-    let n = 768i32;
-    let a = session.buffer_from(&vec![1.0f32; (n * n) as usize]).unwrap();
-    let c = session.buffer((n * n * 4) as u64).unwrap();
-    let sgemm = session.kernel("sgemm").unwrap();
+    let n = LONG_N;
     let q = cpu_queue(&session, "long");
-    let args = [
-        Arg::I32(n),
-        Arg::I32(n),
-        Arg::I32(n),
-        Arg::F32(1.0),
-        (&a).into(),
-        (&a).into(),
-        Arg::F32(0.0),
-        (&c).into(),
-    ];
-    q.sync_to(&a).unwrap();
-    let long = q.launch(&sgemm, &args, (n as u64, n as u64)).unwrap().into_future();
+    let (long, c) = long_task(&session, &q);
+    let long = long.into_future();
     let stop = Arc::new(AtomicBool::new(false));
     let ticker = Ticker {
         ticks: 0,
@@ -234,22 +245,9 @@ fn an_awaited_failure_is_its_own_and_a_dropped_future_leaves_its_task_running() 
     }
     assert!(matches!(q.finish(), Err(Error::Tasks(f)) if f.count == 1));
     // A future polled once (pending) and dropped: its task runs on.
-    let n = 768i32;
-    let a = session.buffer_from(&vec![1.0f32; (n * n) as usize]).unwrap();
-    let c = session.buffer((n * n * 4) as u64).unwrap();
-    let sgemm = session.kernel("sgemm").unwrap();
-    q.sync_to(&a).unwrap();
-    let args = [
-        Arg::I32(n),
-        Arg::I32(n),
-        Arg::I32(n),
-        Arg::F32(1.0),
-        (&a).into(),
-        (&a).into(),
-        Arg::F32(0.0),
-        (&c).into(),
-    ];
-    let mut long = q.launch(&sgemm, &args, (n as u64, n as u64)).unwrap().into_future();
+    let n = LONG_N;
+    let (long, c) = long_task(&session, &q);
+    let mut long = long.into_future();
     let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
     let first = Pin::new(&mut long).poll(&mut Context::from_waker(&waker));
     assert!(first.is_pending(), "an sgemm of {n}² was done at once");
