@@ -134,3 +134,24 @@ def test_awaiting_outside_an_event_loop_says_so(session):
         with pytest.raises(RuntimeError, match="no running event loop"):
             task.__await__()
         task.wait()
+
+
+def test_a_session_closed_while_a_task_is_awaited_raises_closed_error(daemon):
+    n = 768
+    s = agora.Session(name="closing")
+    a = s.buffer_from(np.ones((n, n), np.float32))
+    c = s.buffer(n * n * 4)
+    q = s.queue(device="cpu")
+    task = q.launch("sgemm", n, n, n, 1.0, a, a, 0.0, c, range=(n, n))
+
+    async def main():
+        async def waiter():
+            await task
+
+        waiting = asyncio.create_task(waiter())
+        await asyncio.sleep(0.01)
+        s.close()
+        with pytest.raises(agora.ClosedError):
+            await asyncio.wait_for(waiting, 10)
+
+    asyncio.run(main())
