@@ -4,7 +4,7 @@
 
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use agora_protocol::ScalarType;
 use pyo3::exceptions::PyValueError;
@@ -21,7 +21,11 @@ use crate::errors::{closed, ArgumentTypeError, BufferInUseError, Liveness, OrRai
 /// view exists.
 #[pyclass(module = "agora._native", name = "Buffer")]
 pub(crate) struct PyBuffer {
-    pub(crate) inner: Mutex<Option<agora::Buffer>>,
+    /// The client buffer (`None` once released). Only ever locked to clone or take it, never
+    /// held while the GIL is let go and taken back: a thread holding the GIL that issues a task
+    /// on the same buffer would wait for the lock, and the holder for the GIL (a deadlock). A
+    /// task being issued holds its own `Arc`, so `release()` meanwhile frees the buffer after it.
+    inner: Mutex<Option<Arc<agora::Buffer>>>,
     /// Live buffer-protocol exports (NumPy arrays, memoryviews).
     pub(crate) exports: AtomicUsize,
     pub(crate) dtype: Option<Py<PyAny>>,
@@ -32,7 +36,7 @@ pub(crate) struct PyBuffer {
 impl PyBuffer {
     pub(crate) fn new(buffer: agora::Buffer, liveness: Liveness) -> Self {
         PyBuffer {
-            inner: Mutex::new(Some(buffer)),
+            inner: Mutex::new(Some(Arc::new(buffer))),
             exports: AtomicUsize::new(0),
             dtype: None,
             shape: None,
@@ -71,11 +75,16 @@ impl PyBuffer {
         Ok(())
     }
 
-    /// Runs `f` on the client buffer, unless this buffer was released or its session closed.
-    pub(crate) fn with<T>(&self, f: impl FnOnce(&mut agora::Buffer) -> T) -> PyResult<T> {
+    /// The client buffer, unless this buffer was released or its session closed.
+    pub(crate) fn handle(&self) -> PyResult<Arc<agora::Buffer>> {
         self.liveness.check("buffer")?;
-        let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        guard.as_mut().map(f).ok_or_else(|| closed("buffer"))
+        let handle = self.inner.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        handle.ok_or_else(|| closed("buffer"))
+    }
+
+    /// Runs `f` on the client buffer, unless this buffer was released or its session closed.
+    pub(crate) fn with<T>(&self, f: impl FnOnce(&agora::Buffer) -> T) -> PyResult<T> {
+        Ok(f(&*self.handle()?))
     }
 }
 
@@ -275,7 +284,7 @@ impl Drop for PyBuffer {
     /// `sys.unraisablehook` when warnings are errors, as for an unclosed file).
     fn drop(&mut self) {
         let inner = self.inner.get_mut().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(buffer) = inner.filter(agora::Buffer::needs_sync_from) {
+        if let Some(buffer) = inner.filter(|b| b.needs_sync_from()) {
             Python::attach(|py| {
                 if let Err(error) = PyBuffer::warn_unread(py, &buffer) {
                     error.write_unraisable(py, None);

@@ -166,16 +166,14 @@ impl PyQueue {
 
     /// Makes the devices see the buffer's host copy (call after writing it).
     fn sync_to(&self, py: Python<'_>, buffer: &PyBuffer) -> PyResult<PyTask> {
-        let guard = buffer.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let b = guard.as_ref().ok_or_else(|| closed("buffer"))?;
-        self.issue(py, |q| q.sync_to(b))
+        let b = buffer.handle()?;
+        self.issue(py, |q| q.sync_to(&b))
     }
 
     /// Makes the host copy current (read it after this task completes).
     fn sync_from(&self, py: Python<'_>, buffer: &PyBuffer) -> PyResult<PyTask> {
-        let guard = buffer.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let b = guard.as_ref().ok_or_else(|| closed("buffer"))?;
-        self.issue(py, |q| q.sync_from(b))
+        let b = buffer.handle()?;
+        self.issue(py, |q| q.sync_from(&b))
     }
 
     /// Checkpoints the session's protected buffers (FTI's checkpoint) as a task of this queue:
@@ -208,9 +206,8 @@ impl PyQueue {
     /// Sets every byte of `buffer` to `value`.
     #[pyo3(signature = (buffer, value=0))]
     fn memset(&self, py: Python<'_>, buffer: &PyBuffer, value: u8) -> PyResult<PyTask> {
-        let guard = buffer.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let b = guard.as_ref().ok_or_else(|| closed("buffer"))?;
-        self.issue(py, |q| q.memset(b, value))
+        let b = buffer.handle()?;
+        self.issue(py, |q| q.memset(&b, value))
     }
 
     /// Copies `nbytes` bytes (0: all of `src` from `src_offset`) from `src` to `dst`.
@@ -225,15 +222,8 @@ impl PyQueue {
         dst_offset: u64,
         nbytes: u64,
     ) -> PyResult<PyTask> {
-        let same = std::ptr::eq(src, dst);
-        let src_guard = src.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let s = src_guard.as_ref().ok_or_else(|| closed("buffer"))?;
-        if same {
-            return self.issue(py, |q| q.copy(s, src_offset, s, dst_offset, nbytes));
-        }
-        let dst_guard = dst.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let d = dst_guard.as_ref().ok_or_else(|| closed("buffer"))?;
-        self.issue(py, |q| q.copy(s, src_offset, d, dst_offset, nbytes))
+        let (s, d) = (src.handle()?, dst.handle()?);
+        self.issue(py, |q| q.copy(&s, src_offset, &d, dst_offset, nbytes))
     }
 
     /// Waits (without holding the GIL) for every task issued so far; raises when any task issued
@@ -301,13 +291,24 @@ impl PyQueue {
         let kernel: agora::Kernel = if let Ok(k) = kernel.cast::<PyKernel>() {
             k.get().inner.clone()
         } else if let Ok(name) = kernel.extract::<String>() {
-            let mut cache = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
-            match cache.get(&name) {
-                Some(k) => k.clone(),
+            // Not locked while the lookup waits for the daemon without the GIL: a thread that
+            // holds the GIL and launches by name meanwhile would wait for this lock, and this
+            // thread for the GIL (a deadlock, met by callbacks launching on the await thread).
+            let cached = self
+                .kernels
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&name)
+                .cloned();
+            match cached {
+                Some(k) => k,
                 None => {
                     let session = &self.session;
                     let k = args.py().detach(|| session.kernel(&name)).or_raise()?;
-                    cache.insert(name, k.clone());
+                    self.kernels
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(name, k.clone());
                     k
                 }
             }
@@ -396,15 +397,12 @@ pub(crate) fn with_launch_args<R>(
             })
         })
         .collect();
-    let guards: Vec<std::sync::MutexGuard<'_, Option<agora::Buffer>>> = distinct
-        .iter()
-        .map(|b| b.inner.lock().unwrap_or_else(|e| e.into_inner()))
-        .collect();
+    let handles: Vec<Arc<agora::Buffer>> = distinct.iter().map(|b| b.handle()).collect::<PyResult<_>>()?;
     let mut call: Vec<Arg<'_>> = Vec::with_capacity(items.len());
     for (index, ((item, param), slot)) in items.iter().zip(params).zip(&slots).enumerate() {
         match (param.kind, slot) {
             (ParamKind::Buffer { .. }, Some(slot)) => {
-                call.push(Arg::Buffer(guards[*slot].as_ref().ok_or_else(|| closed("buffer"))?));
+                call.push(Arg::Buffer(&handles[*slot]));
             }
             (ParamKind::Scalar(ty), _) => call.push(scalar(item, ty, index, &param.name)?),
             (ParamKind::Buffer { .. }, None) => unreachable!("buffer parameters were borrowed above"),

@@ -239,12 +239,9 @@ impl PySession {
         writable: bool,
     ) -> PyResult<()> {
         let session = self.session()?;
-        let guard = buffer.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let b = guard
-            .as_ref()
-            .ok_or_else(|| crate::errors::ClosedError::new_err("the buffer is closed"))?;
+        let b = buffer.handle()?;
         let readers = agora::ExportReaders { uids, gids };
-        py.detach(|| session.export(b, name, &readers, writable)).or_raise()
+        py.detach(|| session.export(&b, name, &readers, writable)).or_raise()
     }
 
     /// Withdraws the export `name`: nobody new can attach, and attachers' tasks on it raise
@@ -415,11 +412,8 @@ impl PySession {
     /// checkpoints belong to the application named by the session's `name` and the user.
     fn protect(&self, py: Python<'_>, id: u32, buffer: &crate::buffer::PyBuffer) -> PyResult<()> {
         let session = self.session()?;
-        let guard = buffer.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let b = guard
-            .as_ref()
-            .ok_or_else(|| crate::errors::ClosedError::new_err("the buffer is closed"))?;
-        py.detach(|| session.protect(id, b)).or_raise()
+        let b = buffer.handle()?;
+        py.detach(|| session.protect(id, &b)).or_raise()
     }
 
     /// Restores every protected buffer from the application's newest intact checkpoint (FTI's
