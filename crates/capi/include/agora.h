@@ -231,6 +231,13 @@ typedef struct {
 } AgoraArg;
 
 /**
+ * A task's completion callback (`agora_task_on_complete`): the task's id, its outcome (what
+ * `agora_task_wait` would have returned; `agora_last_error_message()` called inside the
+ * callback gives its message), and the `user_data` given with the callback.
+ */
+typedef void (*AgoraTaskCallback)(uint64_t task_id, AgoraStatus status, void *user_data);
+
+/**
  * One finished release of a DAG (`agora_dag_results`).
  */
 typedef struct {
@@ -783,6 +790,32 @@ void agora_task_destroy(AgoraTask *task);
  * A live task handle, not used afterwards.
  */
 AgoraStatus agora_task_wait(AgoraTask *task);
+
+/**
+ * Calls `callback(task_id, status, user_data)` once the task completes, and releases the task
+ * handle (as `agora_task_wait` does, without waiting): StarPU's `callback_func`, OpenCL's
+ * `clSetEventCallback`. The callback runs on the session's waiting thread (one per session,
+ * started when first needed), never on the caller's, even when the task is already complete;
+ * `status` is the task's outcome and, when it is not `AGORA_STATUS_OK`,
+ * `agora_last_error_message()` inside the callback gives its message.
+ *
+ * It is called exactly once: after a failure with that failure, after the daemon went away with
+ * `AGORA_STATUS_DISCONNECTED`, and after `agora_session_close` with the task's real outcome
+ * (a pending callback keeps its session's connection until it has run). Callbacks of one
+ * session run one after another, so one that blocks delays the others: hand long work to a
+ * thread of your own. A callback may issue tasks, wait for them and register callbacks; it must
+ * not close the session it belongs to. `user_data` is passed back untouched, from another
+ * thread: what it points to must be safe to use there.
+ *
+ * `AGORA_STATUS_CLOSED` (the handle released, the callback never called) when the task's
+ * session was closed before this call; `AGORA_STATUS_INVALID_ARGUMENT` for a null task or
+ * callback (a non-null task handle is released all the same).
+ *
+ * # Safety
+ * A live task handle, not used afterwards; `callback` safe to call from another thread with
+ * `user_data`.
+ */
+AgoraStatus agora_task_on_complete(AgoraTask *task, AgoraTaskCallback callback, void *user_data);
 
 /**
  * Waits for every task issued on `queue`. `AGORA_STATUS_TASK` when any task issued since the

@@ -1554,6 +1554,74 @@ pub unsafe extern "C" fn agora_task_wait(task: *mut AgoraTask) -> AgoraStatus {
     done(task.task.wait())
 }
 
+/// A task's completion callback (`agora_task_on_complete`): the task's id, its outcome (what
+/// `agora_task_wait` would have returned; `agora_last_error_message()` called inside the
+/// callback gives its message), and the `user_data` given with the callback.
+pub type AgoraTaskCallback = Option<unsafe extern "C" fn(task_id: u64, status: AgoraStatus, user_data: *mut c_void)>;
+
+/// The caller's `user_data`, carried to the thread that calls the callback.
+struct UserData(*mut c_void);
+// SAFETY: an opaque pointer this library never dereferences, handed back to the caller's own
+// callback; making what it points to safe to use from another thread is the caller's part
+// (documented on `agora_task_on_complete`).
+unsafe impl Send for UserData {}
+
+/// Calls `callback(task_id, status, user_data)` once the task completes, and releases the task
+/// handle (as `agora_task_wait` does, without waiting): StarPU's `callback_func`, OpenCL's
+/// `clSetEventCallback`. The callback runs on the session's waiting thread (one per session,
+/// started when first needed), never on the caller's, even when the task is already complete;
+/// `status` is the task's outcome and, when it is not `AGORA_STATUS_OK`,
+/// `agora_last_error_message()` inside the callback gives its message.
+///
+/// It is called exactly once: after a failure with that failure, after the daemon went away with
+/// `AGORA_STATUS_DISCONNECTED`, and after `agora_session_close` with the task's real outcome
+/// (a pending callback keeps its session's connection until it has run). Callbacks of one
+/// session run one after another, so one that blocks delays the others: hand long work to a
+/// thread of your own. A callback may issue tasks, wait for them and register callbacks; it must
+/// not close the session it belongs to. `user_data` is passed back untouched, from another
+/// thread: what it points to must be safe to use there.
+///
+/// `AGORA_STATUS_CLOSED` (the handle released, the callback never called) when the task's
+/// session was closed before this call; `AGORA_STATUS_INVALID_ARGUMENT` for a null task or
+/// callback (a non-null task handle is released all the same).
+///
+/// # Safety
+/// A live task handle, not used afterwards; `callback` safe to call from another thread with
+/// `user_data`.
+#[no_mangle]
+pub unsafe extern "C" fn agora_task_on_complete(
+    task: *mut AgoraTask,
+    callback: AgoraTaskCallback,
+    user_data: *mut c_void,
+) -> AgoraStatus {
+    begin();
+    if task.is_null() {
+        return fail(AgoraStatus::InvalidArgument, "task is null");
+    }
+    // SAFETY: a live handle from Box::into_raw, released once (contract).
+    let task = unsafe { Box::from_raw(task) };
+    let Some(callback) = callback else {
+        return fail(
+            AgoraStatus::InvalidArgument,
+            "callback is null (the task handle was released; use agora_task_destroy to let a task run without one)",
+        );
+    };
+    if task.closed.load(Ordering::Acquire) {
+        return closed("task");
+    }
+    let id = task.task.id();
+    let user_data = UserData(user_data);
+    task.task.on_complete(move |outcome| {
+        let user_data = user_data;
+        // The message of this thread's last call is the task's, for the callback to read.
+        begin();
+        let status = done(outcome);
+        // SAFETY: the caller's callback with the caller's user data, as it asked (contract).
+        unsafe { callback(id, status, user_data.0) };
+    });
+    AgoraStatus::Ok
+}
+
 /// Waits for every task issued on `queue`. `AGORA_STATUS_TASK` when any task issued since the
 /// previous finish failed: the message says how many and lists the first few with their errors;
 /// `agora_last_failed_tasks` gives their ids.

@@ -1,12 +1,44 @@
 /* Checks of the C API's behaviour against a daemon: queue options, kernel listing, memset/copy,
  * task polling and bounded waits, argument checks at launch, the error message of the last call
- * only, real-time DAGs (declared, released, refused), and objects refusing every call once their
+ * only, completion callbacks, real-time DAGs (declared, released, refused), and objects refusing every call once their
  * session is closed.
  * Built and run by tests/c_example.rs; exit status 0 when every check passed. */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <unistd.h>
 
 #include "checks.h"
+
+/* What the completion callbacks were told (they run one after another on the session's waiting
+   thread; the main thread reads the rest once `count` says all ran). */
+struct Told {
+    atomic_int count, ok, failed, on_caller, other;
+    uint64_t failed_id;
+    char message[256];
+};
+static pthread_t main_thread;
+
+static void on_complete(uint64_t id, AgoraStatus status, void *user_data) {
+    struct Told *told = user_data;
+    if (pthread_equal(pthread_self(), main_thread)) atomic_fetch_add(&told->on_caller, 1);
+    if (status == AGORA_STATUS_OK) {
+        atomic_fetch_add(&told->ok, 1);
+    } else if (status == AGORA_STATUS_TASK) {
+        told->failed_id = id;
+        snprintf(told->message, sizeof told->message, "%s", agora_last_error_message());
+        atomic_fetch_add(&told->failed, 1);
+    } else {
+        atomic_fetch_add(&told->other, 1);
+    }
+    atomic_fetch_add(&told->count, 1); /* last: the main thread reads the rest after it */
+}
+
+/* Waits up to 30 s for `count` callbacks. */
+static bool told_within(struct Told *told, int count) {
+    for (int waited = 0; atomic_load(&told->count) < count && waited < 30000; waited++) usleep(1000);
+    return atomic_load(&told->count) == count;
+}
 
 int main(void) {
     AgoraSession *session;
@@ -133,6 +165,28 @@ int main(void) {
     OK(agora_queue_finish(batch));
     EXPECT(strcmp(agora_last_error_message(), "") == 0);
     EXPECT(agora_last_failed_tasks(NULL, 0) == 0);
+
+    /* Completion callbacks: each runs once, on the session's waiting thread, with its own task's
+       outcome and message; registering one releases the handle. */
+    main_thread = pthread_self();
+    static struct Told told;
+    for (int i = 0; i < 40; i++) {
+        OK(agora_memset(batch, bytes, (unsigned char)i, &task));
+        OK(agora_task_on_complete(task, on_complete, &told));
+    }
+    AgoraTask *failing_task;
+    OK(agora_launch(batch, saxpy, args, 3, &wide, 1, &failing_task));
+    uint64_t failing = agora_task_id(failing_task);
+    OK(agora_task_on_complete(failing_task, on_complete, &told));
+    EXPECT(told_within(&told, 41));
+    EXPECT(atomic_load(&told.ok) == 40 && atomic_load(&told.failed) == 1 && atomic_load(&told.other) == 0);
+    EXPECT(atomic_load(&told.on_caller) == 0);
+    EXPECT(told.failed_id == failing && strstr(told.message, "too small") != NULL);
+    EXPECT(agora_queue_finish(batch) == AGORA_STATUS_TASK); /* the failure is still the queue's */
+    OK(agora_memset(batch, bytes, 0, &task));
+    EXPECT(agora_task_on_complete(task, NULL, NULL) == AGORA_STATUS_INVALID_ARGUMENT && MESSAGE_HAS("callback is null"));
+    EXPECT(agora_task_on_complete(NULL, on_complete, &told) == AGORA_STATUS_INVALID_ARGUMENT);
+    OK(agora_queue_finish(batch));
 
     /* Checkpoint/restart: protect y, checkpoint it as a task, spoil the host copy, recover it. */
     uint64_t used = 0;
@@ -281,9 +335,19 @@ int main(void) {
     }
 
     /* After close, every call on the session's objects fails with CLOSED. */
-    AgoraTask *pending;
+    AgoraTask *pending, *callback_after_close, *callback_before_close;
     OK(agora_sync_to(batch, x, &pending));
+    OK(agora_sync_to(batch, y, &callback_after_close));
+    OK(agora_memset(batch, bytes, 3, &callback_before_close));
+    static struct Told told_at_close;
+    OK(agora_task_on_complete(callback_before_close, on_complete, &told_at_close));
     agora_session_close(session);
+    /* A callback registered before the close runs, with the task's real outcome; one registered
+       after it is refused and never called. */
+    EXPECT(agora_task_on_complete(callback_after_close, on_complete, &told_at_close) == AGORA_STATUS_CLOSED);
+    EXPECT(told_within(&told_at_close, 1) && atomic_load(&told_at_close.ok) == 1);
+    usleep(50000);
+    EXPECT(atomic_load(&told_at_close.count) == 1);
     EXPECT(agora_launch(batch, saxpy, args, 3, &n, 1, NULL) == AGORA_STATUS_CLOSED && MESSAGE_HAS("closed"));
     EXPECT(agora_sync_to(batch, x, NULL) == AGORA_STATUS_CLOSED);
     EXPECT(agora_sync_from(latency, y, NULL) == AGORA_STATUS_CLOSED);

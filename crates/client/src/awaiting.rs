@@ -1,12 +1,17 @@
-//! Awaiting tasks from async code: `queue.launch(...)?.await?` in any executor (tokio, smol,
-//! async-std, a hand-written one), the executor's thread never blocked.
+//! Awaiting tasks from async code (`queue.launch(...)?.await?` in any executor: tokio, smol,
+//! async-std, a hand-written one, the executor's thread never blocked) and completion callbacks
+//! ([`Task::on_complete`], the C client's `agora_task_on_complete`: StarPU's `callback_func`,
+//! OpenCL's `clSetEventCallback`).
 //!
-//! Owns, per session with awaited tasks, one waiting thread: it blocks on the session's
-//! completions (the futex every wait uses) and wakes the [`Waker`] of each awaited task that
-//! completed. So a thousand awaited tasks cost one thread, not one each. The thread holds the
-//! session weakly (a session whose handles are all dropped ends as ever) and ends when nothing
-//! has been awaited for [`LINGER`]. Must not: be polled into blocking (a [`Completion`]'s `poll`
-//! only looks at what already arrived), or hold the session while it lingers.
+//! Owns, per session with awaited tasks or pending callbacks, one waiting thread: it blocks on
+//! the session's completions (the futex every wait uses), wakes the [`Waker`] of each awaited
+//! task that completed and calls each completed task's callbacks. So a thousand awaited tasks
+//! cost one thread, not one each. The thread holds the session weakly (a session whose handles
+//! are all dropped ends as ever; a pending callback holds its task, and so its session) and ends
+//! when nothing has been waited for for [`LINGER`]. Must not: be polled into blocking (a
+//! [`Completion`]'s `poll` only looks at what already arrived), hold the session while it
+//! lingers, or hold its own lock while it calls a callback (a callback may issue and await
+//! tasks).
 
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
@@ -36,8 +41,29 @@ struct Slot {
     waker: Mutex<Option<Waker>>,
 }
 
-/// A session's awaited tasks and whether its waiting thread runs. Shared by the session and
-/// its thread, so the thread can linger without keeping the session alive.
+/// A completion callback with the task it is for (which keeps the task's outcome, and its
+/// session, until the callback has it).
+type Callback = (Task, Box<dyn FnOnce(Result<(), Error>) + Send>);
+
+/// Who is told when a task completes.
+enum Waiter {
+    /// An awaited [`Completion`].
+    Future(Arc<Slot>),
+    /// [`Task::on_complete`]'s callback.
+    Callback(Callback),
+}
+
+impl std::fmt::Debug for Waiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Waiter::Future(slot) => f.debug_tuple("Future").field(slot).finish(),
+            Waiter::Callback((task, _)) => f.debug_tuple("Callback").field(task).finish(),
+        }
+    }
+}
+
+/// A session's awaited tasks and pending callbacks, and whether its waiting thread runs. Shared
+/// by the session and its thread, so the thread can linger without keeping the session alive.
 #[derive(Debug, Default)]
 pub(crate) struct Watch {
     state: Mutex<WatchState>,
@@ -46,16 +72,16 @@ pub(crate) struct Watch {
 
 #[derive(Debug, Default)]
 struct WatchState {
-    /// (task id, its slot), awaited and not complete when last looked at.
-    entries: Vec<(u64, Arc<Slot>)>,
+    /// (task id, who is told), not complete when last looked at.
+    entries: Vec<(u64, Waiter)>,
     running: bool,
 }
 
 impl Watch {
     /// Has the waiting thread of `session` look after task `id`; starts the thread if none runs.
-    fn add(self: &Arc<Self>, session: &Arc<Inner>, id: u64, slot: Arc<Slot>) {
+    fn add(self: &Arc<Self>, session: &Arc<Inner>, id: u64, waiter: Waiter) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.entries.push((id, slot));
+        state.entries.push((id, waiter));
         if state.running {
             self.added.notify_all();
             return;
@@ -66,10 +92,14 @@ impl Watch {
             .spawn(move || watch.run(session));
         match started {
             Ok(_) => state.running = true,
-            // No thread: every awaited task is told so at once (the executor polls again).
+            // No thread: everyone waiting is told so at once (the executor polls again; a
+            // callback runs on this thread, after the lock is let go).
             Err(e) => {
-                for (_, slot) in state.entries.drain(..) {
-                    slot.settle(Err(Error::Protocol(format!("no thread to wait for tasks: {e}"))));
+                let waiters: Vec<_> = state.entries.drain(..).collect();
+                drop(state);
+                let message = format!("no thread to wait for tasks: {e}");
+                for (_, waiter) in waiters {
+                    tell(waiter, Err(Error::Protocol(message.clone())));
                 }
             }
         }
@@ -78,13 +108,15 @@ impl Watch {
     /// Forgets `slot` (its future was dropped before the task completed).
     fn remove(&self, slot: &Arc<Slot>) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.entries.retain(|(_, s)| !Arc::ptr_eq(s, slot));
+        state
+            .entries
+            .retain(|(_, waiter)| !matches!(waiter, Waiter::Future(s) if Arc::ptr_eq(s, slot)));
     }
 
     /// The waiting thread.
     fn run(&self, session: Weak<Inner>) {
         loop {
-            let entries = {
+            let ids: Vec<u64> = {
                 let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
                 let (mut state, _) = self
                     .added
@@ -94,39 +126,66 @@ impl Watch {
                     state.running = false;
                     return;
                 }
-                state.entries.clone()
+                state.entries.iter().map(|(id, _)| *id).collect()
             };
             let Some(inner) = session.upgrade() else {
-                // The session is gone (not reached: an awaited task holds it).
-                let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-                for (_, slot) in state.entries.drain(..) {
-                    slot.settle(Err(Error::Disconnected));
+                // The session is gone (not reached: an awaited task or a callback holds it).
+                let waiters: Vec<_> = {
+                    let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                    state.running = false;
+                    state.entries.drain(..).collect()
+                };
+                for (_, waiter) in waiters {
+                    tell(waiter, Err(Error::Disconnected));
                 }
-                state.running = false;
                 return;
             };
             let seen = inner.completions_seen();
-            let mut settled = Vec::new();
-            for (id, slot) in &entries {
-                let outcome = match inner.poll(*id) {
-                    Ok(false) => continue,
-                    Ok(true) => match inner.task_error(*id) {
-                        Some(error) => Err(Error::Task(error)),
-                        None => Ok(()),
-                    },
-                    Err(error) => Err(error),
-                };
-                slot.settle(outcome);
-                settled.push(slot.clone());
-            }
-            if settled.is_empty() {
+            let mut complete: Vec<u64> = ids
+                .into_iter()
+                .filter(|id| !matches!(inner.poll(*id), Ok(false)))
+                .collect();
+            if complete.is_empty() {
                 let _ = inner.wait_for_completions_until(seen, Instant::now() + WAIT);
                 continue;
             }
-            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            state
-                .entries
-                .retain(|(_, s)| !settled.iter().any(|done| Arc::ptr_eq(s, done)));
+            complete.sort_unstable();
+            // Taken out under the lock, told after it (a callback may await or register more).
+            let done: Vec<(u64, Waiter)> = {
+                let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                let (done, pending) = std::mem::take(&mut state.entries)
+                    .into_iter()
+                    .partition(|(id, _)| complete.binary_search(id).is_ok());
+                state.entries = pending;
+                done
+            };
+            for (id, waiter) in done {
+                tell(waiter, outcome(&inner, id));
+            }
+        }
+    }
+}
+
+/// The outcome of task `id` of `session`, known complete.
+fn outcome(session: &Inner, id: u64) -> Result<(), Error> {
+    match session.poll(id) {
+        Ok(_) => match session.task_error(id) {
+            Some(error) => Err(Error::Task(error)),
+            None => Ok(()),
+        },
+        Err(error) => Err(error),
+    }
+}
+
+/// Tells `waiter` its task's `outcome`. A callback that panics is reported on stderr (by the
+/// panic hook) and the waiting thread goes on: the other tasks' waiters must still be told.
+fn tell(waiter: Waiter, outcome: Result<(), Error>) {
+    match waiter {
+        Waiter::Future(slot) => slot.settle(outcome),
+        Waiter::Callback((task, callback)) => {
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || callback(outcome)));
+            // Only now: until the callback had the outcome, the task kept it.
+            drop(task);
         }
     }
 }
@@ -163,6 +222,45 @@ impl IntoFuture for Task {
     }
 }
 
+impl Task {
+    /// Calls `callback` with the task's outcome (what [`Task::wait`] would return) once it
+    /// completes, on the session's waiting thread (the one `.await` uses; never on the caller's,
+    /// even when the task is already complete, so the callback never runs inside a lock the
+    /// caller holds). The task is handed over: a callback that wants its id takes it first.
+    ///
+    /// The callback runs once, whatever happens: a task that fails gives its error, a session
+    /// whose daemon went away gives [`Error::Disconnected`] (or, where the process has no thread
+    /// left to spare, an error saying so, on the caller's thread). Callbacks of one session run
+    /// one after another: one that blocks delays the others (and awaited tasks), so hand long
+    /// work to a thread of your own. A callback may issue tasks, wait for them and register
+    /// callbacks; one that panics is reported on stderr and the others still run.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), agora::Error> {
+    /// # let session = agora::Session::connect()?;
+    /// # let queue = session.queue("callbacks")?;
+    /// # let buffer = session.buffer(1 << 20)?;
+    /// let (sender, receiver) = std::sync::mpsc::channel();
+    /// let task = queue.memset(&buffer, 0)?;
+    /// let id = task.id();
+    /// task.on_complete(move |outcome| sender.send((id, outcome)).unwrap());
+    /// let (done, outcome) = receiver.recv().unwrap();
+    /// assert_eq!(done, id);
+    /// outcome?;
+    /// # Ok(()) }
+    /// ```
+    pub fn on_complete<F>(self, callback: F)
+    where
+        F: FnOnce(Result<(), Error>) + Send + 'static,
+    {
+        let session = self.session().clone();
+        let id = self.id();
+        session
+            .watch
+            .add(&session, id, Waiter::Callback((self, Box::new(callback))));
+    }
+}
+
 impl Completion {
     /// The task awaited.
     pub fn task(&self) -> &Task {
@@ -191,7 +289,9 @@ impl Future for Completion {
                 let slot = Arc::new(Slot::default());
                 *slot.waker.lock().unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
                 let session = self.task.session().clone();
-                session.watch.add(&session, self.task.id(), slot.clone());
+                session
+                    .watch
+                    .add(&session, self.task.id(), Waiter::Future(slot.clone()));
                 self.slot = Some(slot.clone());
                 slot
             }

@@ -34,6 +34,7 @@
 //! executor: tokio, smol, a hand-written one) suspends the caller, not the executor's thread,
 //! and returns what [`Task::wait`] would. One thread per session waits for all its awaited
 //! tasks and wakes their wakers ([`Completion`]); dropping the future leaves the task running.
+//! Without an executor, [`Task::on_complete`] has that thread call a closure with the outcome.
 //!
 //! # Errors
 //! A task's failure (bad arguments, unknown kernel, buffer too small…) is reported by

@@ -255,3 +255,133 @@ fn an_awaited_failure_is_its_own_and_a_dropped_future_leaves_its_task_running() 
     q.sync_from(&c).unwrap().wait().unwrap();
     assert_eq!(c.as_slice::<f32>()[0], n as f32);
 }
+
+#[test]
+fn each_callback_runs_once_on_the_waiting_thread_with_its_own_outcome() {
+    let _alone = alone();
+    let (_daemon, session) = common::daemon("callbacks-outcomes");
+    let saxpy = session.kernel("saxpy").unwrap();
+    let queues: Vec<_> = (0..4).map(|i| cpu_queue(&session, &format!("callbacks-{i}"))).collect();
+    let n = 1024;
+    let x = session.buffer_from(&vec![1.0f32; n]).unwrap();
+    let y = session.buffer_from(&vec![0.0f32; n]).unwrap();
+    let small = session.buffer_from(&[0.0f32; 4]).unwrap();
+    let scratch: Vec<_> = (0..4).map(|_| session.buffer(1 << 16).unwrap()).collect();
+    let (sender, receiver) = std::sync::mpsc::channel();
+    let mut expected = std::collections::BTreeMap::new();
+    let caller = std::thread::current().id();
+    for i in 0..400 {
+        let q = &queues[i % queues.len()];
+        // Queue 0 adds x to y, but every seventh of its launches names an output too small: it
+        // fails on its own. The other queues fill buffers of their own.
+        let (task, fails) = if i % 4 == 0 {
+            let fails = (i / 4) % 7 == 3;
+            let output = if fails { &small } else { &y };
+            (
+                q.launch(&saxpy, &[Arg::F32(1.0), (&x).into(), output.into()], n as u64),
+                fails,
+            )
+        } else {
+            (q.memset(&scratch[i % 4], i as u8), false)
+        };
+        let task = task.unwrap();
+        expected.insert(task.id(), fails);
+        let sender = sender.clone();
+        let id = task.id();
+        task.on_complete(move |outcome| {
+            let thread = std::thread::current();
+            sender
+                .send((id, outcome, thread.name().map(String::from), thread.id()))
+                .unwrap()
+        });
+    }
+    drop(sender);
+    let mut told = std::collections::BTreeMap::new();
+    for (id, outcome, name, thread) in receiver.iter() {
+        assert_ne!(thread, caller, "task {id}'s callback ran on the caller's thread");
+        assert_eq!(name.as_deref(), Some("agora-await"));
+        assert!(told.insert(id, outcome).is_none(), "task {id}'s callback ran twice");
+    }
+    assert_eq!(
+        told.len(),
+        expected.len(),
+        "every callback ran (the channel closed once all were dropped)"
+    );
+    for (id, fails) in &expected {
+        match (&told[id], fails) {
+            (Ok(()), false) => {}
+            (Err(Error::Task(TaskError::BufferTooSmall { .. })), true) => {}
+            (other, _) => panic!("task {id} (fails: {fails}) was told {other:?}"),
+        }
+    }
+    // The failures were each told to their own callback; finish still reports them.
+    let failed = expected.values().filter(|f| **f).count();
+    assert!(failed > 10);
+    assert!(matches!(queues[0].finish(), Err(Error::Tasks(f)) if f.count == failed as u64));
+    queues[0].sync_from(&y).unwrap().wait().unwrap();
+    let runs = expected.len() / 4 - failed;
+    assert!(y.as_slice::<f32>().iter().all(|v| *v == runs as f32));
+}
+
+#[test]
+fn a_callback_may_issue_more_work_and_one_that_panics_stops_no_other() {
+    let _alone = alone();
+    let (_daemon, session) = common::daemon("callbacks-chain");
+    let q = Arc::new(cpu_queue(&session, "chain"));
+    let saxpy = Arc::new(session.kernel("saxpy").unwrap());
+    let n = 256;
+    let x = Arc::new(session.buffer_from(&vec![1.0f32; n]).unwrap());
+    let y = Arc::new(session.buffer_from(&vec![0.0f32; n]).unwrap());
+    q.sync_to(&x).unwrap();
+    q.sync_to(&y).unwrap();
+    // A chain: each callback launches the next step and hands it its own callback.
+    fn step(
+        left: u32,
+        q: Arc<agora::Queue>,
+        saxpy: Arc<agora::Kernel>,
+        x: Arc<agora::Buffer>,
+        y: Arc<agora::Buffer>,
+        done: std::sync::mpsc::Sender<Result<(), Error>>,
+    ) {
+        let task = q
+            .launch(&saxpy, &[Arg::F32(1.0), (&*x).into(), (&*y).into()], y.len() / 4)
+            .unwrap();
+        task.on_complete(move |outcome| {
+            if outcome.is_err() || left == 1 {
+                done.send(outcome).unwrap();
+            } else {
+                step(left - 1, q, saxpy, x, y, done);
+            }
+        });
+    }
+    let (done, chain_end) = std::sync::mpsc::channel();
+    step(50, q.clone(), saxpy.clone(), x.clone(), y.clone(), done);
+    // Meanwhile: a callback that panics, then others on the same thread.
+    let scratch = session.buffer(4096).unwrap();
+    let (sender, others) = std::sync::mpsc::channel();
+    q.memset(&scratch, 0)
+        .unwrap()
+        .on_complete(|_| panic!("a callback that panics (this test's)"));
+    for _ in 0..5 {
+        let sender = sender.clone();
+        q.sync_to(&scratch)
+            .unwrap()
+            .on_complete(move |outcome| sender.send(outcome.is_ok()).unwrap());
+    }
+    drop(sender);
+    for _ in 0..5 {
+        let told = others.recv_timeout(Duration::from_secs(60));
+        assert_eq!(
+            told,
+            Ok(true),
+            "a callback after the one that panicked ran, told of its success"
+        );
+    }
+    chain_end
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the chain of callbacks ended")
+        .unwrap();
+    q.sync_from(&y).unwrap().wait().unwrap();
+    // 50 steps of y += x, each issued by the previous one's callback.
+    assert!(y.as_slice::<f32>().iter().all(|v| *v == 50.0));
+}

@@ -52,6 +52,20 @@ impl PyTask {
         py.import("agora._aio")?.getattr("await_task")?.call1((slf,))
     }
 
+    /// Calls `callback(task)` once the task completes, on the session's waiting thread (the
+    /// one `await` uses; never the caller's, even when the task is already complete): inside,
+    /// `task.wait()` returns or raises its outcome at once. Callbacks of one session run one after
+    /// another, so one that blocks delays the others; an exception in one is logged (logger
+    /// `agora`) and the others still run. The callback holds the task until it has run.
+    fn add_done_callback(slf: Bound<'_, Self>, callback: Bound<'_, PyAny>) -> PyResult<()> {
+        slf.get().liveness.check("task")?;
+        let py = slf.py();
+        py.import("agora._aio")?
+            .getattr("add_done_callback")?
+            .call1((slf, callback))?;
+        Ok(())
+    }
+
     /// How many completions this process has taken from the task's session so far (for
     /// `agora._aio`'s waiting thread).
     fn _completions_seen(&self) -> PyResult<u64> {

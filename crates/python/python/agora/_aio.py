@@ -1,8 +1,9 @@
-"""asyncio support: ``await task`` suspends the coroutine, not the event loop.
+"""asyncio support (``await task`` suspends the coroutine, not the event loop) and completion
+callbacks (``task.add_done_callback(fn)``).
 
-Owns, per session with awaited tasks, one waiting thread: it blocks on the session's completions
-without the GIL and hands each finished task's outcome to the loop that awaits it
-(``call_soon_threadsafe``). So a thousand coroutines awaiting tasks cost one thread per session,
+Owns, per session with awaited tasks or pending callbacks, one waiting thread: it blocks on the
+session's completions without the GIL, hands each finished task's outcome to the loop that awaits
+it (``call_soon_threadsafe``) and calls each finished task's callbacks. So a thousand coroutines awaiting tasks cost one thread per session,
 not a thread each (``run_in_executor(None, task.wait)`` would take a worker of the loop's
 default pool per wait, a handful on a small machine). The thread ends when the session has had
 no awaited task for a second. Must not: hold the GIL while it waits, or call into an event loop from its
@@ -10,8 +11,11 @@ own thread other than through ``call_soon_threadsafe``.
 """
 
 import asyncio
+import logging
 import threading
 import time
+
+_log = logging.getLogger("agora")
 
 # How long the waiting thread blocks at most before it looks again; a completion wakes it
 # at once. It also bounds how late it notices a task completed without a new completion in the
@@ -34,19 +38,42 @@ def await_task(task):
     if task.done():
         _settle(task, future)
     else:
-        key = task._session_key()
-        with _lock:
-            waiter = _waiters.get(key)
-            if waiter is None:
-                waiter = _waiters[key] = _Waiter(key)
-                start = True
-            else:
-                start = False
-            waiter.entries.append((task, loop, future))
-            _work.notify_all()
-        if start:
-            waiter.start()
+        _watch(task, loop, future)
     return future.__await__()
+
+
+def add_done_callback(task, callback):
+    """What ``Task.add_done_callback`` does: the session's waiting thread calls ``callback(task)``
+    once the task completes (at once on that thread when it already has)."""
+    if not callable(callback):
+        raise TypeError(f"add_done_callback takes a callable, not {type(callback).__name__}")
+    _watch(task, None, callback)
+
+
+def _watch(task, loop, future):
+    """Has the waiting thread of ``task``'s session look after it: with ``loop`` a future of that
+    loop, without one a callback."""
+    key = task._session_key()
+    with _lock:
+        waiter = _waiters.get(key)
+        if waiter is None:
+            waiter = _waiters[key] = _Waiter(key)
+            start = True
+        else:
+            start = False
+        waiter.entries.append((task, loop, future))
+        _work.notify_all()
+    if start:
+        waiter.start()
+
+
+def _call(task, callback):
+    """Runs on the waiting thread: a callback's exception is logged, as ``concurrent.futures``
+    does, and the other callbacks still run."""
+    try:
+        callback(task)
+    except Exception:  # noqa: BLE001  (the caller's code: reported, not allowed to stop the thread)
+        _log.exception("exception calling the completion callback of %r", task)
 
 
 def _settle(task, future):
@@ -67,7 +94,7 @@ class _Waiter(threading.Thread):
     def __init__(self, key):
         super().__init__(name="agora-await", daemon=True)
         self.key = key
-        self.entries = []  # (task, loop, future), under _lock
+        self.entries = []  # (task, loop, future) or (task, None, callback), under _lock
 
     def run(self):
         while True:
@@ -87,18 +114,23 @@ class _Waiter(threading.Thread):
             for entry in entries:
                 task, loop, future = entry
                 try:
-                    complete = future.done() or task.done()
+                    complete = (loop is not None and future.done()) or task.done()
                 except Exception:  # noqa: BLE001  (closed session: task.wait() raises the same)
                     complete = True
                 if complete:
                     finished.append(entry)
+            if finished:
+                # Taken out first: a callback may await or add more.
+                with _lock:
+                    self.entries = [e for e in self.entries if not any(e is f for f in finished)]
+                for task, loop, future in finished:
+                    if loop is None:
+                        _call(task, future)
+                        continue
                     try:
                         loop.call_soon_threadsafe(_settle, task, future)
                     except RuntimeError:  # its loop is closed: nobody awaits it any more
                         pass
-            if finished:
-                with _lock:
-                    self.entries = [e for e in self.entries if not any(e is f for f in finished)]
                 continue
             if seen is not None:
                 try:

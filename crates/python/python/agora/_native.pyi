@@ -2,7 +2,7 @@
 
 from os import PathLike
 from types import TracebackType
-from typing import Any, Generator, Literal, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Generator, Literal, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -240,6 +240,11 @@ class Task:
         """`await task` in a coroutine suspends it, not the event loop, until the task completes;
         raises the task's error if it failed. One thread per session waits for all the session's
         awaited tasks. Cancelling the coroutine leaves the task running."""
+    def add_done_callback(self, callback: Callable[["Task"], Any]) -> None:
+        """Calls `callback(task)` once the task completes, on the session's waiting thread (never
+        the caller's, even when the task is already complete); inside, `task.wait()` returns or
+        raises its outcome at once. Callbacks of one session run one after another; an
+        exception in one is logged (logger `agora`) and the others still run."""
 
 class DagBuilder:
     """A real-time DAG being declared (`Session.dag`); the chaining methods return the builder."""
