@@ -1573,8 +1573,9 @@ unsafe impl Send for UserData {}
 /// `status` is the task's outcome and, when it is not `AGORA_STATUS_OK`,
 /// `agora_last_error_message()` inside the callback gives its message.
 ///
-/// It is called exactly once: after a failure with that failure, after the daemon went away with
-/// `AGORA_STATUS_DISCONNECTED`, and after `agora_session_close` with the task's real outcome
+/// It is called exactly once: after a failure with that failure; when the daemon dies with the
+/// task in flight, with `AGORA_STATUS_DAEMON_RESTARTED` once the session reconnected to a new
+/// daemon, or `AGORA_STATUS_DISCONNECTED` when it did not; and after `agora_session_close` with the task's real outcome
 /// (a pending callback keeps its session's connection until it has run). Callbacks of one
 /// session run one after another, so one that blocks delays the others: hand long work to a
 /// thread of your own. A callback may issue tasks, wait for them and register callbacks; it must

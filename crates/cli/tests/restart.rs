@@ -291,6 +291,82 @@ fn with_reconnection_off_the_session_reports_disconnected() {
     assert!(started.elapsed() < Duration::from_secs(5));
 }
 
+#[test]
+fn a_pending_completion_callback_is_told_once_when_its_daemon_dies_or_restarts() {
+    let mut daemon = Daemon::start(AGORA, "restart-callbacks", &["--no-opencl"]);
+    let resuming = session(daemon.socket(), "callbacks-resuming");
+    let ending = daemon.session_without_resume("callbacks-ending");
+    let (sender, told) = std::sync::mpsc::channel();
+    let n = 768;
+    let mut pending = 0;
+    // Long sgemms (a few hundred ms each on a CPU lane): in flight when the daemon is killed.
+    let keep: Vec<_> = [("resuming", &resuming), ("ending", &ending)]
+        .into_iter()
+        .map(|(which, s)| {
+            let q = s
+                .queue_with(QueueOptions {
+                    name: "long".into(),
+                    preferred_device: Some(DeviceKind::Cpu),
+                    ..Default::default()
+                })
+                .unwrap();
+            let a = s.buffer_from(&vec![1.0f32; n * n]).unwrap();
+            let c = s.buffer((n * n * 4) as u64).unwrap();
+            let sgemm = s.kernel("sgemm").unwrap();
+            q.sync_to(&a).unwrap();
+            let n = n as i32;
+            let args = [
+                Arg::I32(n),
+                Arg::I32(n),
+                Arg::I32(n),
+                Arg::F32(1.0),
+                (&a).into(),
+                (&a).into(),
+                Arg::F32(0.0),
+                (&c).into(),
+            ];
+            for _ in 0..4 {
+                let sender = sender.clone();
+                q.launch(&sgemm, &args, (n as u64, n as u64))
+                    .unwrap()
+                    .on_complete(move |outcome| sender.send((which, outcome)).unwrap());
+                pending += 1;
+            }
+            (q, a, c)
+        })
+        .collect();
+    daemon.restart();
+    let mut outcomes = Vec::new();
+    for _ in 0..pending {
+        outcomes.push(
+            told.recv_timeout(Duration::from_secs(30))
+                .expect("every callback is told"),
+        );
+    }
+    drop(sender);
+    assert!(
+        told.recv_timeout(Duration::from_millis(200)).is_err(),
+        "a callback was told twice"
+    );
+    // Killed while running: the resumed session's tasks fail as restarted, the other's as
+    // disconnected (any that finished before the kill are told so).
+    for (which, outcome) in &outcomes {
+        match (*which, outcome) {
+            (_, Ok(())) => {}
+            ("resuming", Err(Error::Task(TaskError::DaemonRestarted))) => {}
+            ("ending", Err(Error::Disconnected)) => {}
+            other => panic!("unexpected: {other:?}"),
+        }
+    }
+    for which in ["resuming", "ending"] {
+        assert!(
+            outcomes.iter().any(|(w, o)| *w == which && o.is_err()),
+            "none of the {which} session's callbacks was told of the kill: {outcomes:?}"
+        );
+    }
+    drop(keep);
+}
+
 /// The repository's Python virtualenv, made by `make setup`.
 fn python() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python")

@@ -228,9 +228,10 @@ impl Task {
     /// even when the task is already complete, so the callback never runs inside a lock the
     /// caller holds). The task is handed over: a callback that wants its id takes it first.
     ///
-    /// The callback runs once, whatever happens: a task that fails gives its error, a session
-    /// whose daemon went away gives [`Error::Disconnected`] (or, where the process has no thread
-    /// left to spare, an error saying so, on the caller's thread). Callbacks of one session run
+    /// The callback runs once, whatever happens: a task that fails gives its error; one in
+    /// flight when its daemon dies gives [`crate::TaskError::DaemonRestarted`] once the session
+    /// reconnected, or [`Error::Disconnected`] when it did not; where the process has no thread
+    /// left to spare, an error saying so, on the caller's thread. Callbacks of one session run
     /// one after another: one that blocks delays the others (and awaited tasks), so hand long
     /// work to a thread of your own. A callback may issue tasks, wait for them and register
     /// callbacks; one that panics is reported on stderr and the others still run.
