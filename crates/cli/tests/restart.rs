@@ -297,42 +297,22 @@ fn a_pending_completion_callback_is_told_once_when_its_daemon_dies_or_restarts()
     let resuming = session(daemon.socket(), "callbacks-resuming");
     let ending = daemon.session_without_resume("callbacks-ending");
     let (sender, told) = std::sync::mpsc::channel();
-    let n = 768;
     let mut pending = 0;
     // Long sgemms (a few hundred ms each on a CPU lane): in flight when the daemon is killed.
     let keep: Vec<_> = [("resuming", &resuming), ("ending", &ending)]
         .into_iter()
         .map(|(which, s)| {
-            let q = s
-                .queue_with(QueueOptions {
-                    name: "long".into(),
-                    preferred_device: Some(DeviceKind::Cpu),
-                    ..Default::default()
+            let q = agora_test_support::queue_preferring(s, "long", DeviceKind::Cpu);
+            let outputs: Vec<_> = (0..4)
+                .map(|_| {
+                    let (task, c) = agora_test_support::long_sgemm(s, &q, 768);
+                    let sender = sender.clone();
+                    task.on_complete(move |outcome| sender.send((which, outcome)).unwrap());
+                    pending += 1;
+                    c
                 })
-                .unwrap();
-            let a = s.buffer_from(&vec![1.0f32; n * n]).unwrap();
-            let c = s.buffer((n * n * 4) as u64).unwrap();
-            let sgemm = s.kernel("sgemm").unwrap();
-            q.sync_to(&a).unwrap();
-            let n = n as i32;
-            let args = [
-                Arg::I32(n),
-                Arg::I32(n),
-                Arg::I32(n),
-                Arg::F32(1.0),
-                (&a).into(),
-                (&a).into(),
-                Arg::F32(0.0),
-                (&c).into(),
-            ];
-            for _ in 0..4 {
-                let sender = sender.clone();
-                q.launch(&sgemm, &args, (n as u64, n as u64))
-                    .unwrap()
-                    .on_complete(move |outcome| sender.send((which, outcome)).unwrap());
-                pending += 1;
-            }
-            (q, a, c)
+                .collect();
+            (q, outputs)
         })
         .collect();
     daemon.restart();

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-use agora::{Arg, DeviceKind, Error, QueueOptions, TaskError};
+use agora::{Arg, DeviceKind, Error, TaskError};
 
 mod common;
 
@@ -90,37 +90,15 @@ fn await_threads() -> usize {
 }
 
 fn cpu_queue(session: &agora::Session, name: &str) -> agora::Queue {
-    session
-        .queue_with(QueueOptions {
-            name: name.into(),
-            preferred_device: Some(DeviceKind::Cpu),
-            ..Default::default()
-        })
-        .unwrap()
+    agora_test_support::queue_preferring(session, name, DeviceKind::Cpu)
 }
 
 /// Side of the long task: an sgemm of 768² takes a few hundred milliseconds on a CPU lane.
 const LONG_N: i32 = 768;
 
-/// A long task on `q` (an sgemm of [`LONG_N`]² with all-ones inputs) and its output, whose
-/// every element will be `LONG_N`.
+/// A long task on `q` and its output, whose every element will be `LONG_N`.
 fn long_task(session: &agora::Session, q: &agora::Queue) -> (agora::Task, agora::Buffer) {
-    let n = LONG_N;
-    let a = session.buffer_from(&vec![1.0f32; (n * n) as usize]).unwrap();
-    let c = session.buffer((n * n * 4) as u64).unwrap();
-    let sgemm = session.kernel("sgemm").unwrap();
-    q.sync_to(&a).unwrap();
-    let args = [
-        Arg::I32(n),
-        Arg::I32(n),
-        Arg::I32(n),
-        Arg::F32(1.0),
-        (&a).into(),
-        (&a).into(),
-        Arg::F32(0.0),
-        (&c).into(),
-    ];
-    (q.launch(&sgemm, &args, (n as u64, n as u64)).unwrap(), c)
+    agora_test_support::long_sgemm(session, q, LONG_N)
 }
 
 #[test]

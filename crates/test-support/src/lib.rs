@@ -139,6 +139,28 @@ pub fn queue_preferring(session: &Session, name: &str, kind: agora::DeviceKind) 
         .unwrap()
 }
 
+/// A long task on `queue`: an sgemm of `n`² with all-ones inputs (a few hundred milliseconds on
+/// a CPU lane for n = 768), and its output, whose every element will be `n` once read back.
+pub fn long_sgemm(session: &Session, queue: &agora::Queue, n: i32) -> (agora::Task, agora::Buffer) {
+    let elements = (n * n) as usize;
+    let a = session.buffer_from(&vec![1.0f32; elements]).unwrap();
+    let c = session.buffer((elements * 4) as u64).unwrap();
+    let sgemm = session.kernel("sgemm").unwrap();
+    queue.sync_to(&a).unwrap();
+    let args = [
+        agora::Arg::I32(n),
+        agora::Arg::I32(n),
+        agora::Arg::I32(n),
+        agora::Arg::F32(1.0),
+        (&a).into(),
+        (&a).into(),
+        agora::Arg::F32(0.0),
+        (&c).into(),
+    ];
+    let task = queue.launch(&sgemm, &args, (n as u64, n as u64)).unwrap();
+    (task, c)
+}
+
 /// Fails (never skips) when the daemon has no OpenCL device.
 pub fn require_opencl(session: &Session) {
     let status = session.status().unwrap();
