@@ -56,7 +56,8 @@ impl PyTask {
     /// one `await` uses; never the caller's, even when the task is already complete): inside,
     /// `task.wait()` returns or raises its outcome at once. Callbacks of one session run one after
     /// another, so one that blocks delays the others; an exception in one is logged (logger
-    /// `agora`) and the others still run. The callback holds the task until it has run.
+    /// `agora`) and the others still run. A callback pending when its session is closed runs
+    /// then, and `task.wait()` inside raises `ClosedError`.
     fn add_done_callback(slf: Bound<'_, Self>, callback: Bound<'_, PyAny>) -> PyResult<()> {
         slf.get().liveness.check("task")?;
         let py = slf.py();

@@ -99,3 +99,24 @@ def test_a_callback_must_be_callable(session):
             raise AssertionError("a non-callable callback was taken")
         task.wait()
 
+
+
+def test_a_callback_pending_when_its_session_closes_runs_and_sees_closed_error(daemon):
+    n = 768
+    s = agora.Session(name="closing-callbacks")
+    a = s.buffer_from(np.ones((n, n), np.float32))
+    c = s.buffer(n * n * 4)
+    q = s.queue(device="cpu")
+    told = queue_module.Queue()
+
+    def callback(task):
+        try:
+            task.wait()
+            told.put("ok")
+        except agora.ClosedError:
+            told.put("closed")
+
+    q.launch("sgemm", n, n, n, 1.0, a, a, 0.0, c, range=(n, n)).add_done_callback(callback)
+    s.close()
+    assert told.get(timeout=30) == "closed"  # a 768² sgemm is not done a moment after launch
+    assert told.empty()

@@ -244,7 +244,8 @@ class Task:
         """Calls `callback(task)` once the task completes, on the session's waiting thread (never
         the caller's, even when the task is already complete); inside, `task.wait()` returns or
         raises its outcome at once. Callbacks of one session run one after another; an
-        exception in one is logged (logger `agora`) and the others still run."""
+        exception in one is logged (logger `agora`) and the others still run. A callback pending
+        when its session is closed runs then, and `task.wait()` inside raises `ClosedError`."""
 
 class DagBuilder:
     """A real-time DAG being declared (`Session.dag`); the chaining methods return the builder."""
