@@ -25,6 +25,9 @@ pub enum ClientMode {
     /// A control call right after a task: launch a noop, wait, then time one control round
     /// trip (a 64-byte buffer's allocation; released through the ring), `--iterations` times.
     Control,
+    /// One noop at a time with a completion callback (`Task::on_complete`): the time from the
+    /// launch to the callback running on the session's waiting thread, `--iterations` times.
+    Callback,
     /// Open a session, run one task, then sit idle for `--iterations` milliseconds.
     Idle,
     /// Run workload `--app` at `--size` `--iterations` times after a warm-up; print each time.
@@ -403,6 +406,23 @@ pub fn client(args: ClientArgs) -> Result<()> {
                 let buffer = session.buffer(64)?;
                 samples.push(t.elapsed().as_nanos() as u64);
                 drop(buffer);
+            }
+            result.end_ns = monotonic_ns();
+            result.describe(samples);
+        }
+        ClientMode::Callback => {
+            // The callback times itself (the caller's own wake-up afterwards is not part of
+            // what a callback costs) and hands the time over.
+            let (sender, told) = std::sync::mpsc::channel();
+            let mut samples = Vec::with_capacity(args.iterations as usize);
+            result.start_ns = monotonic_ns();
+            for _ in 0..args.iterations {
+                let sender = sender.clone();
+                let t = Instant::now();
+                queue.launch(&noop, &[], 1u64)?.on_complete(move |outcome| {
+                    let _ = sender.send(outcome.map(|()| t.elapsed().as_nanos() as u64));
+                });
+                samples.push(told.recv().context("the callback ran")??);
             }
             result.end_ns = monotonic_ns();
             result.describe(samples);

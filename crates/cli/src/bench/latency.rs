@@ -44,6 +44,10 @@ struct LatencyRun {
     /// A control round trip (a buffer's allocation) right after a task, p50 and p99.
     control_p50_ns: u64,
     control_p99_ns: u64,
+    /// From a noop's launch to its completion callback running (`Task::on_complete`), p50 and
+    /// p99: the waiting thread's wake-up beside the round trip's spin.
+    callback_p50_ns: u64,
+    callback_p99_ns: u64,
     /// The empty (`noop`) kernel on the OpenCL device through Agora, p50 (0 without one).
     opencl_p50_ns: u64,
     /// The same kernel enqueued natively on that device and waited for, p50.
@@ -88,6 +92,7 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
         let single = run_clients(&daemon.socket, ClientMode::Throughput, pipelined, 1)?.remove(0);
         let multi = run_clients(&daemon.socket, ClientMode::Throughput, per_client, 4)?;
         let control = run_clients(&daemon.socket, ClientMode::Control, (iterations / 10).max(200), 1)?.remove(0);
+        let callback = run_clients(&daemon.socket, ClientMode::Callback, (iterations / 10).max(200), 1)?.remove(0);
         drop(daemon);
         let start = multi.iter().map(|r| r.start_ns).min().unwrap_or(0);
         let end = multi.iter().map(|r| r.end_ns).max().unwrap_or(0);
@@ -153,6 +158,8 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
             lane_p99_ns,
             control_p50_ns: control.p50_ns,
             control_p99_ns: control.p99_ns,
+            callback_p50_ns: callback.p50_ns,
+            callback_p99_ns: callback.p99_ns,
         };
         if !args.json {
             eprintln!(
@@ -203,6 +210,8 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
     let lane99 = col(|r| r.lane_p99_ns as f64);
     let control50 = col(|r| r.control_p50_ns as f64);
     let control99 = col(|r| r.control_p99_ns as f64);
+    let callback50 = col(|r| r.callback_p50_ns as f64);
+    let callback99 = col(|r| r.callback_p99_ns as f64);
     let cl = col(|r| r.opencl_p50_ns as f64);
     let cl_native = col(|r| r.opencl_native_p50_ns as f64);
     // Ratio of medians; 0 without an OpenCL device.
@@ -238,6 +247,8 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
             "lane_p99_ns": lane99.median,
             "control_p50_ns": control50.median,
             "control_p99_ns": control99.median,
+            "callback_p50_ns": callback50.median,
+            "callback_p99_ns": callback99.median,
             "opencl_empty_p50_ns": cl.median,
             "opencl_native_empty_p50_ns": cl_native.median,
             "opencl_empty_ratio": cl_ratio,
@@ -254,6 +265,7 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
                 "throughput_tasks_per_s": thr, "multi_client_throughput_tasks_per_s": multi,
                 "lane_p50_ns": lane50, "lane_p99_ns": lane99,
                 "control_p50_ns": control50, "control_p99_ns": control99,
+                "callback_p50_ns": callback50, "callback_p99_ns": callback99,
                 "opencl_empty_p50_ns": cl, "opencl_native_empty_p50_ns": cl_native,
                 "opencl_device_host_empty_p50_ns": cl_hosted,
             },
@@ -280,6 +292,8 @@ pub fn latency(socket: Option<PathBuf>, args: LatencyArgs) -> Result<()> {
     row("pipelined, 4 clients (k tasks/s)", &multi, 1e3);
     row("control call after a task, p50 (ns)", &control50, 1.0);
     row("control call after a task, p99 (ns)", &control99, 1.0);
+    row("launch to its callback, p50 (ns)", &callback50, 1.0);
+    row("launch to its callback, p99 (ns)", &callback99, 1.0);
     if socket.is_none() {
         row("round trip via a lane, p50 (ns)", &lane50, 1.0);
         row("round trip via a lane, p99 (ns)", &lane99, 1.0);
