@@ -16,7 +16,9 @@
 //! child that disappears is reaped (`waitpid`), and a death by signal is reported as
 //! [`ExecError::Crashed`] with the signal. Dropping an [`Executor`] (or [`Executor::stop`])
 //! kills and reaps the child and removes its cache directory, so no zombie, descriptor or
-//! directory outlives a session.
+//! directory outlives a session. A daemon that was killed (SIGKILL, a crash) could not remove
+//! its executors' directories: the first executor a daemon starts removes those of daemons no
+//! longer alive ([`sweep_dead`]).
 //!
 //! Processes are forked by one long-lived thread of this crate ([`spawn`]): the child's
 //! parent-death signal fires when the *thread* that forked it exits, so forking from a lane or
@@ -601,7 +603,14 @@ fn passed_environment() -> Vec<(String, String)> {
 fn private_dir(scratch: &Path, tenant: Option<(u32, u32)>) -> std::io::Result<PathBuf> {
     use std::os::unix::fs::DirBuilderExt;
     static NEXT: AtomicU64 = AtomicU64::new(0);
+    static SWEPT: std::sync::Once = std::sync::Once::new();
     std::fs::create_dir_all(scratch)?;
+    SWEPT.call_once(|| {
+        let removed = sweep_dead(scratch, std::process::id());
+        if removed > 0 {
+            tracing::info!(removed, dir = %scratch.display(), "removed executor directories of daemons no longer running");
+        }
+    });
     loop {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let dir = scratch.join(format!("agora-executor-{}-{n}", std::process::id()));
@@ -616,6 +625,39 @@ fn private_dir(scratch: &Path, tenant: Option<(u32, u32)>) -> std::io::Result<Pa
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Removes the `agora-executor-PID-N` directories under `scratch` of processes that no longer
+/// exist (a daemon killed before it could remove its executors' directories: each holds a PoCL
+/// cache of some hundred kilobytes, so a node whose daemon restarts often would fill `/tmp`).
+/// `own`: this process's id, never swept. A directory whose PID belongs to a live process (this
+/// daemon's peer, or an unrelated process that reused the PID) is left alone; one that cannot be
+/// removed (another user's, for a daemon that is not root) too. Returns how many were removed.
+fn sweep_dead(scratch: &Path, own: u32) -> usize {
+    let Ok(entries) = std::fs::read_dir(scratch) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("agora-executor-"))
+            .and_then(|rest| rest.split_once('-'))
+            .filter(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == own || pid == 0 || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        // Not a link followed out of `scratch`: a directory of that name, as this crate makes.
+        if entry.file_type().is_ok_and(|t| t.is_dir()) && std::fs::remove_dir_all(entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
 }
 
 type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
@@ -651,6 +693,39 @@ pub fn spawn(command: Command) -> std::io::Result<Child> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn directories_of_dead_daemons_are_swept_and_no_other() {
+        let scratch = tempfile::tempdir().unwrap();
+        // A PID that no process has now.
+        let dead = (100_000..4_000_000u32)
+            .find(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+            .unwrap();
+        let own = std::process::id();
+        let make = |name: &str| {
+            let dir = scratch.path().join(name);
+            std::fs::create_dir_all(dir.join("NC/cache")).unwrap();
+            std::fs::write(dir.join("NC/cache/kernel.so"), b"x").unwrap();
+            dir
+        };
+        let swept = [
+            make(&format!("agora-executor-{dead}-0")),
+            make(&format!("agora-executor-{dead}-12")),
+        ];
+        let kept = [
+            make(&format!("agora-executor-{own}-0")),  // this daemon's
+            make("agora-executor-1-3"),                // a live process's (init)
+            make(&format!("agora-executor-{dead}-x")), // not a name this crate makes
+            make(&format!("agora-cache-{dead}-0")),
+        ];
+        // A file of the name is not a directory this crate made.
+        std::fs::write(scratch.path().join(format!("agora-executor-{dead}-7")), b"").unwrap();
+        assert_eq!(sweep_dead(scratch.path(), own), 2);
+        assert!(swept.iter().all(|d| !d.exists()));
+        assert!(kept.iter().all(|d| d.exists()));
+        assert!(scratch.path().join(format!("agora-executor-{dead}-7")).exists());
+        assert_eq!(sweep_dead(scratch.path(), own), 0, "nothing left to sweep");
+    }
     use agora_protocol::{Access, ParamKind, ParamSpec, ScalarType};
 
     fn kernel(name: &str, params: usize) -> BuiltKernel {
