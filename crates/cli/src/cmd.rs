@@ -42,7 +42,7 @@ pub struct ServeArgs {
     #[arg(long)]
     print_config: bool,
     /// Placement policy: rr (round-robin), perf (least expected completion time, learned),
-    /// energy (least predicted energy within the slack) [default: rr].
+    /// energy (least predicted energy within the slack) [default: perf].
     #[arg(long, value_name = "NAME", value_parser = agora_daemon::PolicyKind::parse)]
     policy: Option<agora_daemon::PolicyKind>,
     /// Where the daemon keeps its performance model across restarts [default: $AGORA_STATE_DIR,

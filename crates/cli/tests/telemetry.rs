@@ -206,7 +206,7 @@ fn top_once_json_shows_two_live_tenants() {
     assert_eq!(find("tenant-a")["classes"], serde_json::json!(["latency"]));
     assert_eq!(find("tenant-b")["queues"].as_array().unwrap().len(), 2);
     assert_eq!(find("tenant-b")["pid"], std::process::id());
-    assert_eq!(view["policy"], "rr");
+    assert_eq!(view["policy"], "perf");
     // The dispatcher's stalls are there for an operator to see (how many is the machine's
     // business, not this test's).
     assert!(

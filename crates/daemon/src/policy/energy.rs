@@ -5,9 +5,10 @@
 //! means a predicted finish (queue wait + transfers + execution) within `slack` times the
 //! earliest predicted finish among the candidates: the task's slack. (Deadlines per queue come
 //! with latency classes; until then the slack is the one bound.) Untried devices are tried first,
-//! as in `perf`, so the model learns every device.
+//! as in `perf`, so the model learns every device (but not with a task a measured device runs
+//! within [`super::EXPLORE_WORTH_NS`]).
 
-use super::{untried, Candidate, Policy};
+use super::{measured, untried, Candidate, Policy};
 
 /// Least energy within the slack.
 #[derive(Debug)]
@@ -29,14 +30,12 @@ impl Policy for Energy {
         if let Some(c) = untried(candidates) {
             return c;
         }
-        let earliest = candidates
-            .iter()
+        let earliest = measured(candidates)
             .map(|c| c.finish_ns(0.0))
             .fold(f64::INFINITY, f64::min);
         // A small absolute allowance keeps tiny tasks from being pinned by timer noise.
         let bound = earliest * self.slack + 20_000.0;
-        *candidates
-            .iter()
+        *measured(candidates)
             .filter(|c| c.finish_ns(0.0) <= bound)
             .min_by(|a, b| {
                 let ea = a.exec_ns.unwrap_or(0.0) * a.lane_watts;

@@ -72,13 +72,34 @@ pub trait Policy: Send {
     fn choose(&mut self, kernel: &str, candidates: &[Candidate]) -> Candidate;
 }
 
-/// The first untried device among `candidates` (tried-first exploration), least loaded lane.
+/// Below this predicted finish on a device already measured, no untried device is explored:
+/// an accelerator behind a device host takes 40–55 µs for an empty kernel here (`agora bench
+/// latency`), so it cannot win back a task this short, and the queue that explores it stays
+/// there while it is busy (a pipelined stream of tiny kernels ran 20–30× slower, all on the
+/// explored device). Twice that hand-off.
+pub const EXPLORE_WORTH_NS: f64 = 100_000.0;
+
+/// The first untried device among `candidates` (tried-first exploration), least loaded lane —
+/// unless exploring is not worth it: a measured candidate would finish within
+/// [`EXPLORE_WORTH_NS`]. `None` leaves the choice among the measured candidates ([`measured`]).
 fn untried(candidates: &[Candidate]) -> Option<Candidate> {
+    let best_known = measured(candidates)
+        .map(|c| c.finish_ns(0.0))
+        .fold(f64::INFINITY, f64::min);
+    if best_known < EXPLORE_WORTH_NS {
+        return None;
+    }
     candidates
         .iter()
         .filter(|c| c.exec_ns.is_none())
         .min_by_key(|c| c.load)
         .copied()
+}
+
+/// The candidates with a predicted execution time: all of them once [`untried`] said `None`
+/// (then either every candidate is measured or some measured one is short).
+fn measured(candidates: &[Candidate]) -> impl Iterator<Item = &Candidate> {
+    candidates.iter().filter(|c| c.exec_ns.is_some())
 }
 
 /// The policy named `kind`, with the configuration's parameters.

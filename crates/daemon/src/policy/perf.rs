@@ -4,9 +4,11 @@
 //! task lacks on that device, plus the task's predicted execution time there (learned, see
 //! [`model`](super::model)). A device never measured for the kernel is tried first, once per
 //! size bucket (the scheduler withholds the "untried" mark while a first measurement is on its
-//! way, so one exploring task does not drag every other one along).
+//! way, so one exploring task does not drag every other one along) — unless a measured device
+//! finishes the task within [`super::EXPLORE_WORTH_NS`]: no device is explored for a task that
+//! short.
 
-use super::{untried, Candidate, Policy};
+use super::{measured, untried, Candidate, Policy};
 
 /// Least expected completion time.
 #[derive(Debug, Default)]
@@ -25,10 +27,9 @@ impl Policy for Perf {
         if let Some(c) = untried(candidates) {
             return c;
         }
-        *candidates
-            .iter()
+        *measured(candidates)
             .min_by(|a, b| a.finish_ns(0.0).total_cmp(&b.finish_ns(0.0)).then(a.load.cmp(&b.load)))
-            .expect("candidates are never empty")
+            .expect("without an untried device to explore, some candidate is measured")
     }
 }
 
@@ -57,9 +58,19 @@ mod tests {
     }
 
     #[test]
-    fn tries_an_unmeasured_device_first() {
+    fn tries_an_unmeasured_device_first_unless_a_measured_one_is_quick() {
         let mut p = Perf;
-        let picked = p.choose("k", &[c(0, 0, 0.0, 0.0, Some(1.0)), c(1, 0, 1e9, 0.0, None)]);
-        assert_eq!(picked.device, 1);
+        let picked = p.choose("k", &[c(0, 0, 0.0, 0.0, Some(200_000.0)), c(1, 0, 1e9, 0.0, None)]);
+        assert_eq!(picked.device, 1, "a task of 200 µs is worth exploring with");
+        // 1 µs where it was measured: no device is explored for it (its queue would stay there
+        // while busy), and the untried one is never picked as if it cost nothing.
+        let picked = p.choose("k", &[c(0, 0, 0.0, 0.0, Some(1_000.0)), c(1, 0, 0.0, 0.0, None)]);
+        assert_eq!(picked.device, 0);
+        // Nothing measured: explore.
+        let picked = p.choose("k", &[c(0, 0, 5.0, 0.0, None), c(1, 0, 0.0, 0.0, None)]);
+        assert_eq!(
+            picked.device, 0,
+            "the least loaded untried lane (both at load 0: the first)"
+        );
     }
 }

@@ -343,6 +343,7 @@ impl Scheduler {
         if !self.policy.wants_predictions() && !self.places_for_latency(ready.queue.class, kernel) {
             return beyond_limits;
         }
+        let host = self.host_device();
         let model = self.model.lock().unwrap_or_else(|e| e.into_inner());
         let mut per_device: Vec<Option<(f64, Option<f64>)>> = vec![None; self.devices.len()];
         for c in self.candidates.iter_mut() {
@@ -367,6 +368,11 @@ impl Scheduler {
                             // Someone is measuring it: assume the library's estimate meanwhile.
                             Some(ready.estimated_ns)
                         }
+                        // The host device, never measured on a lane (inline runs are not
+                        // recorded): the library's estimate, made for a host core. So a task
+                        // estimated tiny is not sent off to explore a device behind a hand-off
+                        // it cannot win back (see `policy::EXPLORE_WORTH_NS`).
+                        Estimate::Untried if c.device == host => Some(ready.estimated_ns),
                         estimate => estimate.ns(),
                     },
                 };
