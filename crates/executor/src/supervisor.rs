@@ -18,7 +18,7 @@
 //! kills and reaps the child and removes its cache directory, so no zombie, descriptor or
 //! directory outlives a session. A daemon that was killed (SIGKILL, a crash) could not remove
 //! its executors' directories: the first executor a daemon starts removes those of daemons no
-//! longer alive ([`sweep_dead`]).
+//! longer alive (`sweep_dead`).
 //!
 //! Processes are forked by one long-lived thread of this crate ([`spawn`]): the child's
 //! parent-death signal fires when the *thread* that forked it exits, so forking from a lane or
