@@ -237,3 +237,42 @@ fn status_trace_and_sim_say_what_they_count() {
         "--sweep",
     );
 }
+
+#[test]
+fn the_bundled_workloads_and_the_demo_put_no_false_alarm_in_the_log() {
+    // Strict coherence: the CPU computes on private copies, so every buffer a workload's kernels
+    // write and it does not read back (device scratch: gaussian's multipliers, hotspot's second
+    // grid...) ends its life unread, as on an accelerator.
+    let dir = agora_test_support::temp_dir("first-hour-scratch");
+    let log = dir.path().join("daemon.log");
+    let file = std::fs::File::create(&log).unwrap();
+    let daemon = Daemon::start_in_with(AGORA, dir, &["--no-opencl", "--strict-coherence"], |c| {
+        c.stderr(Stdio::from(file));
+    });
+    for (app, size) in [
+        ("gaussian", "64"),
+        ("hotspot", "64"),
+        ("pathfinder", "1000"),
+        ("backprop", "1024"),
+    ] {
+        let out = daemon.agora(&["run", app, "--size", size]);
+        assert!(out.status.success(), "{app}: {}", stderr(&out));
+        assert!(stdout(&out).contains("verified OK"), "{app}: {}", stdout(&out));
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !text.contains("WARN") && !text.contains("ERROR"),
+        "scratch buffers released unread are no operator's business:\n{text}"
+    );
+    // The main job of the README: every client verified, nothing that looks like a problem.
+    let state = agora_test_support::temp_dir("first-hour-demo");
+    let demo = Command::new(AGORA)
+        .args(["demo", "--gaussian-size", "64", "--saxpy-size", "4096"])
+        .env("AGORA_STATE_DIR", state.path())
+        .output()
+        .unwrap();
+    let (out, err) = (stdout(&demo), stderr(&demo));
+    assert!(demo.status.success(), "{out}{err}");
+    assert!(out.contains("all results verified"), "{out}");
+    assert!(!out.contains("WARN") && !err.contains("WARN"), "{out}{err}");
+}
