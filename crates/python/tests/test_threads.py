@@ -37,6 +37,24 @@ with agora.Session(name="threads-sharing-buffers") as session:
         t.join()
     for q in queues:
         q.finish()
+
+    # Both threads on one fresh queue, launching by name at once: the first launch of a name
+    # looks the kernel up with the daemon (without the GIL) and fills the queue's cache.
+    barrier = threading.Barrier(2)
+
+    def first_launches(shared):
+        for q in shared:
+            barrier.wait()
+            q.launch("saxpy", 0.0, x, y, range=n)
+
+    shared = [session.queue(f"shared-{i}", device="cpu") for i in range(rounds // 20)]
+    threads = [threading.Thread(target=first_launches, args=(shared,)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for q in shared:
+        q.finish()
 print("done")
 """
 
