@@ -3,11 +3,12 @@ callbacks (``task.add_done_callback(fn)``).
 
 Owns, per session with awaited tasks or pending callbacks, one waiting thread: it blocks on the
 session's completions without the GIL, hands each finished task's outcome to the loop that awaits
-it (``call_soon_threadsafe``) and calls each finished task's callbacks. So a thousand coroutines awaiting tasks cost one thread per session,
-not a thread each (``run_in_executor(None, task.wait)`` would take a worker of the loop's
-default pool per wait, a handful on a small machine). The thread ends when the session has had
-no awaited task for a second. Must not: hold the GIL while it waits, or call into an event loop from its
-own thread other than through ``call_soon_threadsafe``.
+it (``call_soon_threadsafe``) and calls each finished task's callbacks. So a thousand coroutines
+awaiting tasks cost one thread per session, not a thread each (``run_in_executor(None,
+task.wait)`` would take a worker of the loop's default pool per wait, a handful on a small
+machine). The thread ends when the session has had nothing to wait for for a second. Must not:
+hold the GIL while it waits, call into an event loop from its own thread other than through
+``call_soon_threadsafe``, or hold ``_lock`` while it calls a callback (a callback may add more).
 """
 
 import asyncio
