@@ -389,9 +389,10 @@ pub struct DaemonConfig {
     /// it and exits (its clients see `Disconnected`). A second signal exits at once.
     #[default(Duration::from_secs(5))]
     pub shutdown_timeout: Duration,
-    /// Placement policy. `perf` by default: measured, `rr` put a pipelined stream of tiny kernels
-    /// on an OpenCL device behind its device host in 3 runs of 4 (4 clients 51–74 k tasks/s
-    /// against 1.35–1.81 M/s under `perf`), and `perf` also led `bench hetero`'s makespan.
+    /// Placement policy. `perf` by default: under `rr`, a pipelined stream of tiny kernels landed
+    /// on the OpenCL device behind its device host and stayed there (`agora bench latency`: 4
+    /// pipelining clients at 44–90 k tasks/s in 3 `--quick` runs of 4, against 1.0–1.7 M/s under
+    /// `perf`; docs/PERFORMANCE.md), and `perf` finishes `bench hetero` in about half the time.
     #[default(PolicyKind::Perf)]
     pub policy: PolicyKind,
     /// `perf`: weight of the old average when a new measurement arrives (0.8 = XiTAO's 4:1).
