@@ -801,8 +801,9 @@ AgoraStatus agora_task_wait(AgoraTask *task);
  *
  * It is called exactly once: after a failure with that failure; when the daemon dies with the
  * task in flight, with `AGORA_STATUS_DAEMON_RESTARTED` once the session reconnected to a new
- * daemon, or `AGORA_STATUS_DISCONNECTED` when it did not; and after `agora_session_close` with the task's real outcome
- * (a pending callback keeps its session's connection until it has run). Callbacks of one
+ * daemon, or `AGORA_STATUS_DISCONNECTED` when it did not; and after `agora_session_close` with
+ * the task's real outcome (a pending callback keeps its session's connection until it has run).
+ * Callbacks of one
  * session run one after another, so one that blocks delays the others: hand long work to a
  * thread of your own. A callback may issue tasks, wait for them and register callbacks; it must
  * not close the session it belongs to. `user_data` is passed back untouched, from another
@@ -816,9 +817,7 @@ AgoraStatus agora_task_wait(AgoraTask *task);
  * A live task handle, not used afterwards; `callback` safe to call from another thread with
  * `user_data`.
  */
-AgoraStatus agora_task_on_complete(AgoraTask *task,
-                                   AgoraTaskCallback callback,
-                                   void *user_data);
+AgoraStatus agora_task_on_complete(AgoraTask *task, AgoraTaskCallback callback, void *user_data);
 
 /**
  * Waits for every task issued on `queue`. `AGORA_STATUS_TASK` when any task issued since the

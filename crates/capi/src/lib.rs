@@ -1575,8 +1575,9 @@ unsafe impl Send for UserData {}
 ///
 /// It is called exactly once: after a failure with that failure; when the daemon dies with the
 /// task in flight, with `AGORA_STATUS_DAEMON_RESTARTED` once the session reconnected to a new
-/// daemon, or `AGORA_STATUS_DISCONNECTED` when it did not; and after `agora_session_close` with the task's real outcome
-/// (a pending callback keeps its session's connection until it has run). Callbacks of one
+/// daemon, or `AGORA_STATUS_DISCONNECTED` when it did not; and after `agora_session_close` with
+/// the task's real outcome (a pending callback keeps its session's connection until it has run).
+/// Callbacks of one
 /// session run one after another, so one that blocks delays the others: hand long work to a
 /// thread of your own. A callback may issue tasks, wait for them and register callbacks; it must
 /// not close the session it belongs to. `user_data` is passed back untouched, from another
@@ -1613,6 +1614,7 @@ pub unsafe extern "C" fn agora_task_on_complete(
     let id = task.task.id();
     let user_data = UserData(user_data);
     task.task.on_complete(move |outcome| {
+        // The whole wrapper is moved in (it is `Send`), not just its raw-pointer field.
         let user_data = user_data;
         // The message of this thread's last call is the task's, for the callback to read.
         begin();
