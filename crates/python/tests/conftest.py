@@ -9,6 +9,25 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 
+# Side of the long task: an sgemm of 768² takes a few hundred milliseconds on a CPU lane.
+LONG_N = 768
+
+
+def long_sgemm(session):
+    """Operands of a long task: ``(launch, c)``, where ``launch(queue)`` issues an sgemm of
+    ``LONG_N``² with all-ones inputs, and every element of ``c`` becomes ``LONG_N`` once read
+    back."""
+    import numpy as np
+
+    n = LONG_N
+    a = session.buffer_from(np.ones((n, n), np.float32))
+    c = session.buffer(n * n * 4)
+
+    def launch(queue):
+        return queue.launch("sgemm", n, n, n, 1.0, a, a, 0.0, c, range=(n, n))
+
+    return launch, c
+
 
 def agora_binary() -> pathlib.Path:
     """The `agora` CLI: $AGORA_BIN, else the workspace's release build."""

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import agora
+from conftest import LONG_N, long_sgemm
 
 
 def await_threads():
@@ -58,9 +59,8 @@ def test_many_coroutines_await_their_tasks_with_one_thread_and_exact_results(ses
 
 
 def test_the_event_loop_runs_while_a_task_runs(session):
-    n = 768
-    a = session.buffer_from(np.ones((n, n), np.float32))
-    c = session.buffer(n * n * 4)
+    n = LONG_N
+    long, c = long_sgemm(session)
 
     async def main():
         ticks = 0
@@ -74,7 +74,7 @@ def test_the_event_loop_runs_while_a_task_runs(session):
                 ticks += 1
 
         with session.queue(device="cpu") as queue:
-            tasks = [queue.launch("sgemm", n, n, n, 1.0, a, a, 0.0, c, range=(n, n)) for _ in range(3)]
+            tasks = [long(queue) for _ in range(3)]
             ticking = asyncio.create_task(ticker())
             await asyncio.sleep(0)  # the ticker starts
             started = time.monotonic()
@@ -114,19 +114,17 @@ def test_an_awaited_failure_raises_its_own_error_every_time(session):
 
 
 def test_a_cancelled_await_leaves_the_task_running_and_the_session_usable(session):
-    n = 768
-    a = session.buffer_from(np.ones((n, n), np.float32))
-    c = session.buffer(n * n * 4)
+    long, c = long_sgemm(session)
 
     async def main():
         with session.queue(device="cpu") as queue:
-            task = queue.launch("sgemm", n, n, n, 1.0, a, a, 0.0, c, range=(n, n))
+            task = long(queue)
             waiting = asyncio.create_task(asyncio.wait_for(_await(task), 0.001))
             with pytest.raises(asyncio.TimeoutError):
                 await waiting
             await task  # the task ran on; awaiting it again works
             await queue.sync_from(c)
-            assert c.numpy().view(np.float32)[0] == float(n)
+            assert c.numpy().view(np.float32)[0] == float(LONG_N)
 
     async def _await(task):
         await task
@@ -143,12 +141,9 @@ def test_awaiting_outside_an_event_loop_says_so(session):
 
 
 def test_a_session_closed_while_a_task_is_awaited_raises_closed_error(daemon):
-    n = 768
     s = agora.Session(name="closing")
-    a = s.buffer_from(np.ones((n, n), np.float32))
-    c = s.buffer(n * n * 4)
-    q = s.queue(device="cpu")
-    task = q.launch("sgemm", n, n, n, 1.0, a, a, 0.0, c, range=(n, n))
+    long, _ = long_sgemm(s)
+    task = long(s.queue(device="cpu"))
 
     async def main():
         async def waiter():

@@ -9,6 +9,7 @@ import threading
 import numpy as np
 
 import agora
+from conftest import long_sgemm
 
 
 def test_each_callback_runs_once_on_the_waiting_thread_with_its_own_outcome(session):
@@ -102,11 +103,8 @@ def test_a_callback_must_be_callable(session):
 
 
 def test_a_callback_pending_when_its_session_closes_runs_and_sees_closed_error(daemon):
-    n = 768
     s = agora.Session(name="closing-callbacks")
-    a = s.buffer_from(np.ones((n, n), np.float32))
-    c = s.buffer(n * n * 4)
-    q = s.queue(device="cpu")
+    long, _ = long_sgemm(s)
     told = queue_module.Queue()
 
     def callback(task):
@@ -116,7 +114,16 @@ def test_a_callback_pending_when_its_session_closes_runs_and_sees_closed_error(d
         except agora.ClosedError:
             told.put("closed")
 
-    q.launch("sgemm", n, n, n, 1.0, a, a, 0.0, c, range=(n, n)).add_done_callback(callback)
+    task = long(s.queue(device="cpu"))
+    task.add_done_callback(callback)
     s.close()
     assert told.get(timeout=30) == "closed"  # a 768² sgemm is not done a moment after launch
+    assert told.empty()
+    # Registered after the close: refused at once, never called.
+    try:
+        task.add_done_callback(callback)
+    except agora.ClosedError:
+        pass
+    else:
+        raise AssertionError("a callback was taken for a task of a closed session")
     assert told.empty()

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import agora
+from conftest import long_sgemm
 
 DEVICES = ["cpu", "opencl"]
 
@@ -127,11 +128,9 @@ def test_memset_copy_and_task_handles(session):
 
 
 def test_wait_releases_the_gil(session):
-    n = 768
-    a = session.buffer_from(np.ones((n, n), np.float32))
-    c = session.buffer(n * n * 4)
+    long, _ = long_sgemm(session)
     with session.queue(device="cpu") as queue:
-        tasks = [queue.launch("sgemm", n, n, n, 1.0, a, a, 0.0, c, range=(n, n)) for _ in range(4)]
+        tasks = [long(queue) for _ in range(4)]
         counter = 0
         stop = threading.Event()
 

@@ -14,6 +14,17 @@ import numpy as np
 import agora
 
 n = 4096
+
+
+# Runs target(*args) for each args on a thread of its own, all at once; returns when all end.
+def together(target, each_args):
+    threads = [threading.Thread(target=target, args=args) for args in each_args]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 with agora.Session(name="threads-sharing-buffers") as session:
     x = session.buffer_from(np.ones(n, np.float32))
     y = session.buffer_from(np.zeros(n, np.float32))
@@ -30,11 +41,7 @@ with agora.Session(name="threads-sharing-buffers") as session:
             q.launch("saxpy" if by_name else saxpy, 0.0, x, y, range=n)
             q.sync_to(x)
 
-    threads = [threading.Thread(target=work, args=(q, i == 1)) for i, q in enumerate(queues)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    together(work, [(q, i == 1) for i, q in enumerate(queues)])
     for q in queues:
         q.finish()
 
@@ -48,11 +55,7 @@ with agora.Session(name="threads-sharing-buffers") as session:
             q.launch("saxpy", 0.0, x, y, range=n)
 
     shared = [session.queue(f"shared-{i}", device="cpu") for i in range(rounds // 20)]
-    threads = [threading.Thread(target=first_launches, args=(shared,)) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    together(first_launches, [(shared,), (shared,)])
     for q in shared:
         q.finish()
 print("done")

@@ -798,3 +798,24 @@ fn a_task_that_makes_no_device_copy_has_nothing_allocated_ahead() {
     assert!(!record.placement().is_on(1));
     assert_eq!(session.shared.device_usage.bytes[1].load(Ordering::Relaxed), 0);
 }
+
+#[test]
+fn perf_sends_a_tiny_task_to_the_host_and_explores_with_a_long_one() {
+    let mut s = scheduler(
+        vec![sim("sim0", None), cpu()],
+        SchedulerConfig {
+            inline_max_ns: 0.0,
+            ..config()
+        },
+    );
+    s.policy = Box::new(crate::policy::Perf);
+    // Nothing measured anywhere. The host's prior is the library's estimate: far below
+    // EXPLORE_WORTH_NS for 16 items, so the untried sim device (listed first) is not explored.
+    let tiny = noop(&queue(QueueClass::Batch, None), 16);
+    assert!(tiny.estimated_ns < crate::policy::EXPLORE_WORTH_NS);
+    assert_eq!(s.place(&tiny).unwrap().binding.device(), 1, "the CPU, device 1");
+    // A launch estimated long is worth trying the untried device with.
+    let long = noop(&queue(QueueClass::Batch, None), 1 << 30);
+    assert!(long.estimated_ns >= crate::policy::EXPLORE_WORTH_NS);
+    assert_eq!(s.place(&long).unwrap().binding.device(), 0, "sim0, explored");
+}
