@@ -30,7 +30,7 @@ case "$bench" in
   and all(k in d for k in ("geomean_ratio_min", "geomean_ratio_median", "geomean_ratio_max", "transfer_ratio_min", "transfer_ratio_median", "transfer_ratio_max", "transfer_shared_ratio", "transfer_shared_ratio_min", "transfer_shared_ratio_median", "transfer_shared_ratio_max", "transfer_shared_agora_s"))
   and all(p["ratio_min"] <= p["ratio_median"] <= p["ratio_max"] and len(p["native_runs_s"]) == len(p["agora_runs_s"]) == d["repetitions"]
           and all(k in p for k in ("ratio", "ratio_best", "native", "agora")) for p in d["programs"])' ;;
-  hetero) expr='isinstance(d, list) and d and all(all(k in p for k in ("policy", "makespan_s", "energy_j", "utilisation")) for p in d)' ;;
+  hetero) expr='isinstance(d, list) and d and all(all(k in p for k in ("policy", "makespan_s", "energy_j", "utilisation", "first_pass_s")) for p in d)' ;;
   sharing) expr='all(k in d for k in ("apps", "shared_s", "sequential_s", "ratio", "shared", "sequential", "load_average_at_start"))
   and d["repetitions"] >= 1 and d["ratio_min"] <= d["ratio_median"] <= d["ratio_max"]' ;;
   sla) expr='all(k in d for k in ("sla_ms", "alone", "unsliced", "chunked", "revoked", "preempt_chunked_p99_ms", "batch_per_s_chunked", "batch_priority", "load_average_at_start"))' ;;

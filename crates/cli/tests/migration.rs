@@ -101,10 +101,11 @@ fn a_drain_that_moves_an_idle_queue_counts_the_migration() {
     assert!(ok, "{err}");
     assert!(out_text.contains("0 queue migration(s)"), "{out_text}");
     run();
-    assert_eq!(
-        last_device().as_deref(),
-        Some("cpu0"),
-        "the queue left the drained device"
+    // Wherever the policy sends it (the CPU, or the OpenCL device it has not measured yet).
+    let now = last_device();
+    assert!(
+        now.as_deref().is_some_and(|d| d != "sim0"),
+        "the queue left the drained device: {now:?}"
     );
     assert_eq!(migrations(), 1);
     run();

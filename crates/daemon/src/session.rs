@@ -396,6 +396,11 @@ pub(crate) struct QueueState {
     /// Being moved to another device: its new tasks are held until its in-flight ones finish
     /// (set and cleared by the scheduler's migration; lanes read it to wake the dispatcher).
     pub moving: AtomicBool,
+    /// Its tasks in flight went to a device to measure the kernel there for the first time: its
+    /// later tasks wait for that measurement, then are placed by it (`Scheduler::must_hold`),
+    /// rather than follow the first to a device that may prove many times slower. Written by the
+    /// dispatcher only, when it places the queue afresh.
+    pub exploring: AtomicBool,
     /// Its lane jobs settle and post their completions in issue order.
     pub sequencer: crate::outcome::Sequencer,
 }
@@ -417,6 +422,7 @@ impl QueueState {
             in_flight: Default::default(),
             binding: AtomicBinding::unbound(),
             moving: Default::default(),
+            exploring: Default::default(),
             sequencer: Default::default(),
         })
     }

@@ -113,6 +113,10 @@ struct HeteroResult {
     utilisation: Vec<(String, f64)>,
     /// Jobs per repetition, all verified against host references.
     jobs: usize,
+    /// Wall time of the first learning pass, which starts from an empty performance model (the
+    /// workload's first run on a new node: explorations of untried devices included); `None`
+    /// with `--learn 0`.
+    first_pass_s: Option<f64>,
 }
 
 /// Runs `jobs` jobs on each of `tenants` sessions at once; returns the wall time.
@@ -205,8 +209,10 @@ pub fn hetero(args: HeteroArgs) -> Result<()> {
         // Learning passes: every policy gets the same ones, so the model (which every policy
         // feeds) has tried each (kernel, device) before the timed runs: exploring a slow device
         // costs time, and belongs to learning, not to the steady state being measured.
+        let mut first_pass_s = None;
         for _ in 0..args.learn {
-            run_jobs(&daemon.socket, args.tenants, jobs)?;
+            let took = run_jobs(&daemon.socket, args.tenants, jobs)?;
+            first_pass_s.get_or_insert(took);
         }
         let mut runs = Vec::new();
         for _ in 0..reps {
@@ -253,14 +259,15 @@ pub fn hetero(args: HeteroArgs) -> Result<()> {
             energy_source: source.to_string(),
             utilisation,
             jobs: jobs * args.tenants,
+            first_pass_s,
         });
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&results)?);
     } else {
         println!(
-            "\n{:<8} {:>28} {:>10} {:>9}  utilisation per device",
-            "policy", "makespan min/median/max (s)", "energy J", "source"
+            "\n{:<8} {:>28} {:>10} {:>9} {:>14}  utilisation per device",
+            "policy", "makespan min/median/max (s)", "energy J", "source", "first pass (s)"
         );
         for r in &results {
             let util: Vec<String> = r
@@ -269,13 +276,14 @@ pub fn hetero(args: HeteroArgs) -> Result<()> {
                 .map(|(d, u)| format!("{d} {:.0}%", u * 100.0))
                 .collect();
             println!(
-                "{:<8} {:>8.3} {:>8.3} {:>8.3}   {:>10.1} {:>9}  {}",
+                "{:<8} {:>8.3} {:>8.3} {:>8.3}   {:>10.1} {:>9} {:>14}  {}",
                 r.policy,
                 r.makespan.min,
                 r.makespan.median,
                 r.makespan.max,
                 r.energy_j,
                 r.energy_source,
+                r.first_pass_s.map_or("-".to_string(), |s| format!("{s:.3}")),
                 util.join(", ")
             );
         }

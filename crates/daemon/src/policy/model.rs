@@ -14,8 +14,9 @@
 //!
 //! Must not decide anything: policies read it, the scheduler feeds it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -26,6 +27,13 @@ use serde::{Deserialize, Serialize};
 /// bucket of their size once measured (never by the regression: small copies are mostly fixed
 /// cost). Parentheses keep it apart from every kernel name.
 pub const TRANSFERS: &str = "(transfers)";
+
+/// How long a mark that a task went to measure a (kernel, device, bucket) for the first time
+/// keeps other tasks from exploring it ([`PerformanceModel::is_exploring`]). A mark whose task
+/// never ran there (placed again elsewhere: its device failed or its memory wait ended on
+/// another, its session went) would otherwise keep that device unexplored for as long as the
+/// daemon runs; a first run longer than this lets one more task explore meanwhile.
+pub const EXPLORING_LAPSES_AFTER: Duration = Duration::from_secs(10);
 
 /// File name of the persisted model inside the state directory.
 pub const MODEL_FILE: &str = "perf-model.json";
@@ -110,9 +118,10 @@ pub fn bucket(items: u64) -> u32 {
 struct Pair {
     /// Measured buckets.
     buckets: BTreeMap<u32, Entry>,
-    /// Buckets sent to the device to be measured for the first time and not yet measured:
-    /// others are not sent to explore the same thing.
-    exploring: BTreeSet<u32>,
+    /// Buckets sent to the device to be measured for the first time and not yet measured, and
+    /// since when: others are not sent to explore the same thing (for
+    /// [`EXPLORING_LAPSES_AFTER`]).
+    exploring: BTreeMap<u32, Instant>,
 }
 
 /// The performance model.
@@ -219,12 +228,15 @@ impl PerformanceModel {
     /// Whether a first measurement of this (kernel, device, bucket) is on its way.
     pub fn is_exploring(&self, kernel: &str, device: &str, items: u64) -> bool {
         self.pair(kernel, device)
-            .is_some_and(|p| p.exploring.contains(&bucket(items)))
+            .and_then(|p| p.exploring.get(&bucket(items)))
+            .is_some_and(|since| since.elapsed() < EXPLORING_LAPSES_AFTER)
     }
 
     /// Notes that a task was sent to measure this (kernel, device, bucket) for the first time.
     pub fn start_exploring(&mut self, kernel: &str, device: &str, items: u64) {
-        self.pair_mut(kernel, device).exploring.insert(bucket(items));
+        self.pair_mut(kernel, device)
+            .exploring
+            .insert(bucket(items), Instant::now());
     }
 
     /// Forgets an exploration whose task failed (so another task may try).
@@ -406,6 +418,19 @@ mod tests {
         assert!(m.is_exploring("k", "d", 120));
         m.record("k", "d", 100, 5.0);
         assert!(!m.is_exploring("k", "d", 100));
+        // A mark whose task never reported lapses.
+        m.start_exploring("k", "e", 100);
+        let mark = m
+            .entries
+            .get_mut("k")
+            .unwrap()
+            .get_mut("e")
+            .unwrap()
+            .exploring
+            .get_mut(&bucket(100))
+            .unwrap();
+        *mark -= EXPLORING_LAPSES_AFTER;
+        assert!(!m.is_exploring("k", "e", 100));
     }
 
     #[test]

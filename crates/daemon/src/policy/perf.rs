@@ -4,9 +4,10 @@
 //! task lacks on that device, plus the task's predicted execution time there (learned, see
 //! [`model`](super::model)). A device never measured for the kernel is tried first, once per
 //! size bucket (the scheduler withholds the "untried" mark while a first measurement is on its
-//! way, so one exploring task does not drag every other one along) — unless a measured device
-//! finishes the task within [`super::EXPLORE_WORTH_NS`]: no device is explored for a task that
-//! short.
+//! way, so one exploring task does not drag every other one along; the exploring task's queue
+//! holds its later launches until the measurement comes, so a stream does not follow it) —
+//! unless a measured device finishes the task within [`super::EXPLORE_WORTH_NS`]: no device is
+//! explored for a task that short.
 
 use super::{measured, untried, Candidate, Policy};
 

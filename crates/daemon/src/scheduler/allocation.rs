@@ -5,8 +5,9 @@
 //! stage asks without waiting (`Device::alloc_later`) and the task waits for the answers at the
 //! head of its queue's held tasks, as it would for room (`migration`); the dispatcher goes on
 //! serving everyone else. When the last answer arrives the dispatcher is woken, the buffers
-//! are adopted as (not yet valid) copies on the device, and the task is dispatched again: it
-//! finds its buffers there and plans its transfers.
+//! are adopted as (not yet valid) copies on the device, and the task is dispatched again: placed
+//! back on that device (`place`: not afresh, which would leave the allocations unused), it finds
+//! its buffers there and plans its transfers.
 //!
 //! A refusal (the runtime's memory is fuller than the books say) or a device lost meanwhile
 //! leaves the buffer without a copy: the task, dispatched again, allocates the way it would

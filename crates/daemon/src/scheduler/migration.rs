@@ -19,6 +19,11 @@
 //!    draining, implement the kernel and take the launch; the rest follow it to that lane.
 //! 4. **Move only what is needed**, lazily, as each task is planned (step 4 above).
 //!
+//! The same hold serves a queue whose tasks in flight went to measure a device never measured
+//! for the kernel (`QueueState::exploring`, set by `place`): its next launch and everything after
+//! it wait for that measurement and are then placed by it, as tasks of an idle queue — not a
+//! migration (nothing is counted), but the same order and release.
+//!
 //! Draining a device (`Request::Drain`, `agora drain`) just marks it: no policy picks it again,
 //! and its queues migrate by the protocol as their next tasks arrive. Its buffers stay readable
 //! there and move on demand; with `evacuate` (`agora drain --evacuate`, before removing the
@@ -152,6 +157,9 @@ enum HoldReason {
     Room,
     /// An answer its first task waits for (allocations, write-backs): counted as neither.
     Answer,
+    /// The measurement its task in flight is taking of a device never measured for the kernel
+    /// (`QueueState::exploring`): counted as neither.
+    Measurement,
 }
 
 /// A task a failed device lost, sent back by its done callback.
@@ -338,7 +346,7 @@ impl Migration {
                         self.stats.migrations += 1;
                         queue.binding.first_move_from(queue.binding.load());
                     }
-                    HoldReason::Room | HoldReason::Answer => {}
+                    HoldReason::Room | HoldReason::Answer | HoldReason::Measurement => {}
                 }
                 queue.moving.store(true, Ordering::Release);
                 lists.push(HeldQueue {
@@ -586,6 +594,14 @@ impl Scheduler {
             && self.fit(device, ready).is_ok()
             && (queue.preferred.is_some() || self.never_fits_task(device, ready).is_none());
         if self.usable(device) && takes {
+            // Its tasks in flight went to measure the device for the first time: a launch waits
+            // for that measurement and is placed by it, like a task of an idle queue, instead of
+            // following them to a device that may be many times slower (a pipelined stream would
+            // otherwise run there whole, as it is never idle).
+            if kernel.is_some() && queue.exploring.load(Ordering::Relaxed) {
+                self.migration.held_list(session, queue, HoldReason::Measurement);
+                return Ok(true);
+            }
             return Ok(false);
         }
         tracing::debug!(

@@ -5,10 +5,12 @@
 //! are usable and can take the launch within their limits, the queue's preferred kind first),
 //! the throughput policy's choice, latency placement (where a latency task starts soonest), the
 //! lanes the `elastic` policy keeps for latency work, and the revocation choice (TReM): whether
-//! a latency task committed to a lane revokes the batch launch running there.
+//! a latency task committed to a lane revokes the batch launch running there; and whether a
+//! queue placed afresh went to explore a device (`QueueState::exploring`: its later launches then
+//! wait for the measurement, `migration`).
 //!
 //! Must not: move data, allocate device memory or submit anything; its only effects are the
-//! model's exploration mark and a victim's revocation flag.
+//! model's exploration mark, the queue's exploring flag and a victim's revocation flag.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -92,6 +94,7 @@ impl Scheduler {
                 .all(|(b, _, _)| b.placement().owner().is_none())
             && self.fit(host, ready) == Ok(1);
         let binding = if tiny_on_host {
+            queue.exploring.store(false, Ordering::Relaxed);
             Binding::new(host, 0)
         } else if idle {
             self.choose(ready, kernel)?
@@ -126,7 +129,11 @@ impl Scheduler {
         let queue = &ready.queue;
         let host = self.host_device();
         let only = match &ready.action {
-            Action::Launch { .. } => None,
+            // A launch whose buffers were allocated ahead on a device (one in a device host:
+            // `allocation`) goes back there: the policy chose it, and placed afresh it would
+            // leave the allocations unused — and a device it went to explore would stay marked
+            // as being explored and never be measured.
+            Action::Launch { .. } => self.migration.allocated_late.filter(|&d| self.usable(d)),
             // Host-side work runs on the device that shares host memory; a sync_from whose
             // valid copy is on a device runs there (any lane can read a device buffer, but the
             // owner's lanes are the natural place), everything else is an ordering point.
@@ -164,11 +171,19 @@ impl Scheduler {
                 .choose(kernel.map_or("transfer", |k| k.label()), &self.candidates)
         };
         debug_assert!(kernel.is_none_or(|k| self.devices[c.device].implements(k)));
-        if let (Some(k), true, None) = (kernel, self.policy.wants_predictions(), c.exec_ns) {
-            let name = &self.devices[c.device].info().name;
-            let mut model = self.model.lock().unwrap_or_else(|e| e.into_inner());
-            model.start_exploring(k.label(), name, ready.items);
+        let mut exploring = false;
+        if let (Some(k), true) = (kernel, self.policy.wants_predictions()) {
+            if c.device != host {
+                let name = &self.devices[c.device].info().name;
+                let mut model = self.model.lock().unwrap_or_else(|e| e.into_inner());
+                if c.exec_ns.is_none() {
+                    model.start_exploring(k.label(), name, ready.items);
+                }
+                exploring = model.estimate(k.label(), name, ready.items) == Estimate::Untried;
+            }
         }
+        // Its later tasks wait for the measurement rather than follow it there (`must_hold`).
+        queue.exploring.store(exploring, Ordering::Relaxed);
         Ok(Binding::new(c.device, self.warm_lane(queue.binding.load(), c)))
     }
 
