@@ -623,3 +623,48 @@ fn a_task_larger_than_its_device_fails_saying_both_sizes() {
     q.sync_from(&small).unwrap().wait().unwrap();
     assert!(small.as_slice::<f32>().iter().all(|v| *v == 2.0));
 }
+
+/// A task the daemon refuses when it checks it (here a buffer too small for the launch) poisons
+/// what it would have written, like a task that failed later: the next task reading it and the
+/// `sync_from` fail `DependencyFailed` naming the refused task, which itself reports its own
+/// error; a whole rewrite clears it. Before, the refused step simply did not happen and the
+/// pipeline went on with `y` as it was. Behind earlier work of its queue, it settles in order.
+#[test]
+fn a_task_refused_at_its_check_poisons_what_it_would_have_written() {
+    let (_daemon, session) = common::daemon_with("outcome-refused", |_| {});
+    let q = session.queue("refused").unwrap();
+    let saxpy = session.kernel("saxpy").unwrap();
+    let n = 1usize << 10;
+    let x = session.buffer_from(&vec![1.0f32; n]).unwrap();
+    let y = session.buffer_from(&vec![2.0f32; n / 2]).unwrap();
+    let z = session.buffer_from(&vec![0.0f32; n / 2]).unwrap();
+    q.sync_to(&y).unwrap();
+    // Behind a long launch of the same queue, so the refusal must wait for its turn.
+    let (long, _) = agora_test_support::long_sgemm(&session, &q, 256);
+    let refused = q.launch(&saxpy, &[Arg::F32(3.0), (&x).into(), (&y).into()], n).unwrap();
+    let reader = q
+        .launch(&saxpy, &[Arg::F32(1.0), (&y).into(), (&z).into()], n / 2)
+        .unwrap();
+    let read_back = q.sync_from(&y).unwrap();
+    long.wait().unwrap();
+    let own = refused.wait().unwrap_err();
+    assert!(
+        matches!(own.task_error(), Some(TaskError::BufferTooSmall { .. })),
+        "the refused task reports its own error: {own}"
+    );
+    for task in [&reader, &read_back] {
+        match task.wait() {
+            Err(Error::Task(TaskError::DependencyFailed { task: origin, .. })) => assert_eq!(origin, refused.id()),
+            other => panic!("reads what the refused task should have written: {other:?}"),
+        }
+    }
+    assert_eq!(z.as_slice::<f32>()[0], 0.0, "the reader did not run");
+    assert!(q.finish().is_err());
+    // A whole rewrite from the host clears it (and `z`, which the failed reader poisoned).
+    q.sync_to(&y).unwrap();
+    q.sync_to(&z).unwrap();
+    q.launch(&saxpy, &[Arg::F32(1.0), (&y).into(), (&z).into()], n / 2)
+        .unwrap();
+    q.sync_from(&z).unwrap().wait().unwrap();
+    assert!(z.as_slice::<f32>().iter().all(|v| *v == 2.0));
+}

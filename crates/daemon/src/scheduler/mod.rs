@@ -76,7 +76,7 @@ mod submit;
 mod validate;
 
 pub(crate) use migration::Migration;
-use validate::{data_roles, resolve, Action, Ready};
+use validate::{data_roles, resolve, written_by_refused, Action, Ready};
 
 /// What the scheduler knows of each device beyond the `Device` trait (from the configuration).
 #[derive(Debug, Clone, Copy)]
@@ -558,7 +558,19 @@ impl Scheduler {
                 if generation != self.kernel_table.1 {
                     self.kernel_table = (self.kernels.snapshot(), generation);
                 }
-                let ready = resolve(session, &self.kernel_table.0, d)?;
+                let ready = match resolve(session, &self.kernel_table.0, d) {
+                    Ok(ready) => ready,
+                    // Refused: what it would have written is poisoned, in its queue's order.
+                    Err(error) => {
+                        return match written_by_refused(session, &self.kernel_table.0, d) {
+                            Some(written) => {
+                                let roles = data_roles(&written);
+                                self.fail_ready(session, d.task_id, written, roles, error)
+                            }
+                            None => Err(error),
+                        }
+                    }
+                };
                 self.dispatch(session, d.task_id, ready)
             }
         }

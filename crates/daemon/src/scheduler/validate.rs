@@ -190,6 +190,80 @@ pub(super) fn heap_ptr(session: &Session, record: &BufferRecord, offset: u64, le
         .ok_or_else(|| crate::internal_error(1, "a buffer's heap range lies outside the session's heap"))
 }
 
+/// For a task that [`resolve`] refused: the buffers it would have written, as a `Ready` whose
+/// failure the dispatcher settles in its queue's order, poisoning them — so a later task that
+/// reads one fails `DependencyFailed`, naming the refused task, instead of computing on contents
+/// that task should have produced (a `saxpy` refused for a buffer too small left `y` as it was,
+/// and the pipeline went on as if that step had never been issued). Only what can be trusted:
+/// `None` without a known queue, a known kernel (for a launch) or a valid handle written. Every
+/// role is a write that reads nothing, so the refusal is reported as itself.
+pub(super) fn written_by_refused(session: &Session, kernels: &KernelTable, d: &Decoded<'_>) -> Option<Ready> {
+    let queue = session.queues.get(d.queue)?.clone();
+    let mut buffers: [Option<(Arc<BufferRecord>, Access, bool)>; MAX_ARGS] = Default::default();
+    let mut written = |index: usize, handle: u64| {
+        let record = session.buffers.get(handle)?;
+        let seen = buffers.iter().flatten().any(|(other, _, _)| Arc::ptr_eq(other, record));
+        if !seen && index < MAX_ARGS {
+            buffers[index] = Some((record.clone(), Access::Write, false));
+        }
+        Some(())
+    };
+    let action = match d.op {
+        Op::Launch => {
+            let kernel = if d.kernel & SESSION_KERNEL_BIT == 0 {
+                kernels.get(d.kernel).cloned()
+            } else {
+                session.program_kernel(d.kernel & !SESSION_KERNEL_BIT)
+            }?;
+            for (index, (arg, param)) in d.args.iter().zip(kernel.params.iter()).enumerate() {
+                if let (true, ParamKind::Buffer { access, .. }) = (arg.tag == ArgTag::Buffer as u32, &param.kind) {
+                    if access.writes() {
+                        written(index, arg.value);
+                    }
+                }
+            }
+            Action::Launch {
+                kernel,
+                id: d.kernel,
+                range: [1; 3],
+                dims: 1,
+                args: [ArgValue::None; MAX_ARGS],
+                arg_count: d.args.len().min(MAX_ARGS),
+                window: None,
+            }
+        }
+        Op::Memset => {
+            written(0, d.buffer_arg(0).ok()?);
+            Action::Fill {
+                offset: 0,
+                len: 0,
+                value: 0,
+            }
+        }
+        Op::Copy => {
+            written(1, d.buffer_arg(1).ok()?);
+            Action::Copy {
+                src_offset: 0,
+                dst_offset: 0,
+                len: 0,
+            }
+        }
+        _ => return None,
+    };
+    if buffers.iter().all(Option::is_none) {
+        return None;
+    }
+    Some(Ready {
+        queue,
+        action,
+        estimated_ns: 0.0,
+        items: 0,
+        touched_bytes: 0,
+        slots: d.args.len().min(MAX_ARGS),
+        buffers,
+    })
+}
+
 pub(super) fn resolve(session: &Session, kernels: &KernelTable, d: &Decoded<'_>) -> Result<Ready, TaskError> {
     let queue = session
         .queues
