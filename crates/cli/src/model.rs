@@ -2,9 +2,10 @@
 //!
 //! Reads the file the daemon on `--socket` (or the default socket) keeps in its state directory
 //! (written every few seconds while it learns, and at shutdown), so it works with or without a
-//! running daemon. Each socket has its own state directory unless one is set, so the socket
-//! picks the model; `--state-dir` / `$AGORA_STATE_DIR` name a directory outright, as they do for
-//! `agora serve`.
+//! running daemon. A running daemon says which state directory it uses (whatever it was
+//! started with); for one that is not running, each socket has its own state directory unless
+//! one is set, so the socket picks the model; `--state-dir` / `$AGORA_STATE_DIR` name a
+//! directory outright, as they do for `agora serve`.
 
 use std::path::PathBuf;
 
@@ -52,10 +53,22 @@ fn show(args: ShowArgs) -> Result<()> {
     let socket = agora_transport::socket::socket_path(args.socket.path());
     let (dir, whose) = match args.state_dir {
         Some(dir) => (dir, "the state directory given".to_string()),
-        None => (
-            agora_daemon::default_state_dir(&socket),
-            format!("the daemon on {}", socket.display()),
-        ),
+        // A running daemon says where it keeps its model (it may have been given --state-dir or
+        // `[daemon] state_dir`); one that is not running left it where its socket puts it,
+        // unless $AGORA_STATE_DIR says otherwise.
+        None => match agora::daemon_status(Some(socket.clone()))
+            .ok()
+            .and_then(|status| status.state_dir)
+        {
+            Some(dir) => (
+                PathBuf::from(dir),
+                format!("the daemon running on {}", socket.display()),
+            ),
+            None => (
+                agora_daemon::default_state_dir(&socket),
+                format!("the daemon on {}, not running", socket.display()),
+            ),
+        },
     };
     let path = PerformanceModel::path(&dir);
     let model = PerformanceModel::load(&dir, 0.8).map_err(anyhow::Error::msg)?;
@@ -69,6 +82,12 @@ fn show(args: ShowArgs) -> Result<()> {
         return Ok(());
     }
     if rows.is_empty() {
+        if let Some(kernel) = &args.kernel {
+            anyhow::bail!(
+                "no measurements of kernel '{kernel}' in {} ({whose}); `agora model show` lists what it has",
+                path.display()
+            );
+        }
         println!(
             "no measurements in {} ({whose}) yet: run work through that daemon (any policy learns)",
             path.display()

@@ -545,6 +545,13 @@ fn a_state_directory_that_cannot_be_used_does_not_stop_the_daemon() {
     std::fs::write(&file, b"not a directory").unwrap();
     let (log, _) = serve_with_state("hardening-state-file", |_| file.clone());
     assert!(log.contains("cannot read") && log.contains("perf-model.json"), "{log}");
+    // Said once, with what is lost and what to do.
+    assert!(
+        log.contains("it is a file, not a directory")
+            && log.contains("Slurm job records")
+            && log.contains("--state-dir"),
+        "{log}"
+    );
     assert_eq!(std::fs::read(&file).unwrap(), b"not a directory");
     // A directory without permissions (denied unless the tests run as root; served either way).
     use std::os::unix::fs::PermissionsExt;

@@ -210,3 +210,33 @@ fn bench_migrate_quick_json_has_sane_fields() {
     assert_eq!(app["from"], "sim0");
     assert_eq!(app["to"], "sim1");
 }
+
+/// With every device drained (as `agora slurm suspend` leaves a node), a launch fails saying
+/// that the devices are drained and how to bring one back — not only that no device implements
+/// the kernel.
+#[test]
+fn a_launch_with_every_device_drained_says_so() {
+    let daemon = Daemon::start(AGORA, "cli-mig-all-drained", &["--no-opencl"]);
+    let (ok, _, err) = agora(&daemon, &["drain", "cpu0"]);
+    assert!(ok, "{err}");
+    let session = daemon.session();
+    let saxpy = session.kernel("saxpy").unwrap();
+    let n = 1usize << 16;
+    let x = session.buffer_from(&vec![1.0f32; n]).unwrap();
+    let y = session.buffer_from(&vec![1.0f32; n]).unwrap();
+    let q = session.queue("drained").unwrap();
+    let e = q
+        .launch(&saxpy, &[agora::Arg::F32(1.0), (&x).into(), (&y).into()], n)
+        .unwrap()
+        .wait()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("drained") && e.contains("agora undrain"), "{e}");
+    assert!(agora(&daemon, &["undrain", "cpu0"]).0);
+    // What the failed launch should have written is poisoned until rewritten.
+    q.sync_to(&y).unwrap();
+    q.launch(&saxpy, &[agora::Arg::F32(1.0), (&x).into(), (&y).into()], n)
+        .unwrap()
+        .wait()
+        .unwrap();
+}

@@ -323,3 +323,55 @@ fn daemons_on_different_sockets_learn_apart_and_model_show_reads_each_ones_own()
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+/// `agora model show` asks a running daemon where it keeps its model: one started with
+/// `--state-dir` (or `[daemon] state_dir`) is read there, not at the socket's default place
+/// (before, it said "no measurements" for a daemon that had them). A kernel with no rows is an
+/// error, not an empty table.
+#[test]
+fn model_show_reads_a_running_daemon_s_own_state_directory() {
+    use agora_test_support::Daemon;
+
+    let scratch = dir("running-state");
+    let state = scratch.path().join("elsewhere");
+    let daemon = Daemon::start(
+        AGORA,
+        "cli-sched-running-state",
+        &[
+            "--no-opencl",
+            "--inline-max-ns",
+            "0",
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
+    );
+    let session = daemon.session();
+    agora_test_support::saxpy_ok(&session, 1 << 14);
+    // The model is saved every 5 s while it changes.
+    let saved = agora_test_support::eventually(std::time::Duration::from_secs(30), || {
+        state.join("perf-model.json").exists()
+    });
+    assert!(saved);
+    let show = |args: &[&str]| {
+        let mut c = Command::new(AGORA);
+        c.args(["model", "show", "--socket", daemon.socket().to_str().unwrap()])
+            .args(args)
+            .env_remove("AGORA_STATE_DIR")
+            .env("XDG_STATE_HOME", scratch.path().join("xdg"));
+        c.output().unwrap()
+    };
+    let out = show(&[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        text.contains("saxpy") && text.contains(&state.display().to_string()) && text.contains("running"),
+        "{text}"
+    );
+    let out = show(&["--kernel", "no_such_kernel"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no measurements of kernel 'no_such_kernel'"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -175,3 +175,93 @@ fn a_second_daemon_on_the_same_socket_is_refused_and_the_first_keeps_serving() {
     assert!(!err.contains("device ready"), "{err}");
     assert_eq!(first.status().pid, first.pid());
 }
+
+/// A daemon whose socket file a clean-up of its directory removed still runs: a second daemon on
+/// that path is refused, naming the first and why it cannot be reached (before, it started, and
+/// the first one's shutdown then removed the second one's socket).
+#[test]
+fn a_daemon_whose_socket_file_was_removed_still_holds_its_path() {
+    let mut first = Daemon::start(AGORA, "startup-removed", &["--no-opencl"]);
+    std::fs::remove_file(first.socket()).unwrap();
+    let scratch = temp_dir("startup-removed-second");
+    let (code, err) = serve(scratch.path(), first.socket(), &["--no-opencl"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(&format!("pid {}", first.pid())) && err.contains("the socket file is gone"),
+        "{err}"
+    );
+    first.assert_alive();
+}
+
+/// A state directory is one daemon's: a second daemon given the same one is refused before its
+/// devices start (before, the two overwrote each other's performance model and job records).
+/// One that is a file is served without, with one warning saying what is lost (issue 20: broken
+/// state never stops a daemon).
+#[test]
+fn a_state_directory_another_daemon_uses_is_refused() {
+    let first = Daemon::start(AGORA, "startup-state", &["--no-opencl"]);
+    let scratch = temp_dir("startup-state-second");
+    let state = first.state_dir();
+    let (code, err) = serve(
+        scratch.path(),
+        &scratch.path().join("second.sock"),
+        &["--no-opencl", "--state-dir", state.to_str().unwrap()],
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(&format!("another daemon (pid {}) uses it", first.pid())) && err.contains("--state-dir"),
+        "{err}"
+    );
+    assert!(!err.contains("device ready"), "{err}");
+    assert_eq!(first.status().pid, first.pid());
+}
+
+/// SIGHUP reloads the kernel packages and the daemon goes on serving (before, it ended the
+/// daemon at once: running work, the trace and the model lost, the socket file left behind).
+#[test]
+fn sighup_reloads_the_kernel_packages_and_the_daemon_goes_on() {
+    let scratch = temp_dir("startup-hup");
+    let log = scratch.path().join("serve.log");
+    let socket = scratch.path().join("hup.sock");
+    let packages = agora_test_support::example_packages();
+    let mut child = Command::new(AGORA)
+        .args(["serve", "--no-opencl", "--kernels"])
+        .arg(&packages)
+        .arg("--socket")
+        .arg(&socket)
+        .env("AGORA_LOG", "info")
+        .env("AGORA_STATE_DIR", scratch.path().join("state"))
+        .env_remove("AGORA_SOCKET")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let listening = agora_test_support::eventually(EXIT_TIMEOUT, || {
+        std::os::unix::net::UnixStream::connect(&socket).is_ok()
+    });
+    assert!(listening, "{}", std::fs::read_to_string(&log).unwrap_or_default());
+    for _ in 0..2 {
+        assert!(Command::new("kill")
+            .args(["-HUP", &child.id().to_string()])
+            .status()
+            .unwrap()
+            .success());
+    }
+    let reloaded = agora_test_support::eventually(EXIT_TIMEOUT, || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .matches("SIGHUP: kernel packages reloaded")
+            .count()
+            == 2
+    });
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(reloaded, "{text}");
+    assert!(child.try_wait().unwrap().is_none(), "the daemon still runs: {text}");
+    let session = agora_test_support::connect(&socket, None);
+    agora_test_support::saxpy_ok(&session, 1 << 12);
+    assert!(session.kernel("imaging.blur").is_ok(), "the packages are loaded");
+    drop(session);
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    assert!(child.wait().unwrap().success());
+    assert!(!socket.exists(), "a clean stop removes its socket");
+}

@@ -212,7 +212,27 @@ impl KernelRegistry {
         for path in &self.paths {
             match agora_packages::discover(path) {
                 Ok(found) => dirs.extend(found),
-                Err(error) => report.errors.push(format!("{}: {error}", path.display())),
+                Err(error) => {
+                    // A path that cannot be read now (an NFS mount briefly away, a directory
+                    // being replaced) unloads nothing: its packages keep their previous version,
+                    // as the report says, and are loaded again from there.
+                    let mut kept = Vec::new();
+                    for p in old.packages.iter().filter(|p| p.dir.starts_with(path)) {
+                        if claim(&mut by_name, p, &mut report) {
+                            packages.push(p.clone());
+                            kept.push(p.name.clone());
+                        }
+                    }
+                    report.errors.push(if kept.is_empty() {
+                        format!("{}: {error}", path.display())
+                    } else {
+                        format!(
+                            "{}: {error} (its packages {} keep their previous version)",
+                            path.display(),
+                            kept.join(", ")
+                        )
+                    });
+                }
             }
         }
         // One package reached through two paths (the default and --kernels) is one package.
@@ -390,5 +410,27 @@ mod tests {
         );
         assert!(report.errors[0].contains("keeps its previous version"), "{report:?}");
         assert_eq!(registry.snapshot().find("imaging.blur").unwrap().0, new_blur);
+    }
+
+    /// A package path that cannot be read at a reload (a mount briefly away) unloads nothing:
+    /// its packages keep their previous version, as the report says, and come back from it.
+    #[test]
+    fn a_package_path_gone_at_a_reload_keeps_its_packages() {
+        let root = imaging_copy();
+        let registry = KernelRegistry::load(vec![root.path().to_path_buf()]).unwrap();
+        let (blur, _) = registry.snapshot().find("imaging.blur").unwrap();
+        let moved = root.path().with_extension("moved");
+        std::fs::rename(root.path(), &moved).unwrap();
+        let report = registry.reload();
+        std::fs::rename(&moved, root.path()).unwrap();
+        assert!(report.removed.is_empty(), "{report:?}");
+        assert_eq!(report.errors.len(), 1, "{report:?}");
+        assert!(
+            report.errors[0].contains("its packages imaging keep their previous version"),
+            "{report:?}"
+        );
+        assert_eq!(registry.snapshot().find("imaging.blur").unwrap().0, blur);
+        let report = registry.reload();
+        assert!(report.errors.is_empty() && report.removed.is_empty(), "{report:?}");
     }
 }

@@ -34,6 +34,7 @@
 //! in another program (as `agora demo` and the tests do).
 
 mod checkpoint;
+mod claims;
 mod config;
 mod control;
 mod exports;
@@ -82,6 +83,10 @@ pub enum DaemonError {
     /// to do.
     #[error("{0}")]
     Socket(String),
+    /// The state directory cannot be used (not a directory, not writable, another daemon's);
+    /// the message says what to do.
+    #[error("{0}")]
+    StateDirectory(String),
     /// A kernel package could not be loaded; the message names the file, line and key.
     #[error("{0}")]
     Packages(String),
@@ -340,7 +345,9 @@ fn set_socket_permissions(path: &Path, permissions: SocketPermissions) -> Result
     Ok(())
 }
 
-fn bind(path: &Path, access: &SocketAccess) -> Result<UnixListener, DaemonError> {
+/// Listens at `path` (claimed by this daemon: `claims::claim_socket`); returns the listener and
+/// the socket file it put there.
+fn bind(path: &Path, access: &SocketAccess) -> Result<(UnixListener, claims::SocketFile), DaemonError> {
     let permissions = SocketPermissions::of(access)?;
     if path.exists() {
         if UnixStream::connect(path).is_ok() {
@@ -369,7 +376,7 @@ fn bind(path: &Path, access: &SocketAccess) -> Result<UnixListener, DaemonError>
             let _ = std::fs::remove_file(path);
             return Err(e);
         }
-        return Ok(listener);
+        return Ok((listener, claims::SocketFile::placed(path)));
     }
     let _ = std::fs::remove_file(&staging);
     let listener =
@@ -386,15 +393,20 @@ fn bind(path: &Path, access: &SocketAccess) -> Result<UnixListener, DaemonError>
             e,
         ));
     }
-    Ok(listener)
+    Ok((listener, claims::SocketFile::placed(path)))
 }
 
 fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, DaemonError> {
     config
         .validate()
         .map_err(|e| DaemonError::io("checking the configuration", std::io::Error::other(e.to_string())))?;
-    // Before any device starts: a socket that cannot work fails at once, saying what to do.
+    // Before any device starts: a socket that cannot work fails at once, saying what to do; so
+    // does a socket path or a state directory that another daemon holds.
     check_socket_path(&config.socket, &config.socket_access)?;
+    let claims = vec![
+        Some(claims::claim_socket(&config.socket)?),
+        claims::claim_state_dir(&config.effective_state_dir())?,
+    ];
     if config.socket_access != SocketAccess::User
         && config.programs_allow == ProgramAccess::Everyone
         && !rustix::process::geteuid().is_root()
@@ -697,7 +709,7 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
         }
     }
     // Bind last: a daemon that fails to start must not leave a socket file behind.
-    let listener = bind(&config.socket, &config.socket_access)?;
+    let (listener, socket_file) = bind(&config.socket, &config.socket_access)?;
     tracing::info!(
         socket = %config.socket.display(),
         access = %config.socket_access,
@@ -705,7 +717,11 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
         packages = kernels.snapshot().listing().1.len(),
         "listening"
     );
-    server::Server::new(config, listener, scheduler, stop, telemetry)
+    let ownership = claims::Ownership {
+        socket_file,
+        _claims: claims,
+    };
+    server::Server::new(config, listener, ownership, scheduler, stop, telemetry)
 }
 
 /// The OS priority lanes run batch jobs at: `requested`, when a thread of this process can go
@@ -831,7 +847,10 @@ fn start_model_saver(model: std::sync::Weak<std::sync::Mutex<policy::Performance
 }
 
 /// Runs a daemon in the foreground until SIGINT or SIGTERM: the first signal shuts it down
-/// gracefully within about `shutdown_timeout`, a second one exits at once.
+/// gracefully within about `shutdown_timeout`, a second one exits at once. SIGHUP reloads the
+/// kernel packages (as `agora kernels reload`; systemd's `ExecReload`) and nothing else: the
+/// configuration file is read at start only. (Its default action, ending the process at once,
+/// lost the running work, the trace and the model, and left the socket file behind.)
 pub fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     raise_open_file_limit();
     let stop = Arc::new(
@@ -846,11 +865,17 @@ pub fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         )
         .map_err(|e| DaemonError::io("installing signal handlers", e))?;
     }
-    // Forward the signal pipe to the stop doorbell so the loop has one stop source. The first
-    // signal starts a graceful shutdown (bounded by `shutdown_timeout`); a second one means the
-    // operator will not wait: exit at once.
-    let forward = stop.clone();
-    let socket = config.socket.clone();
+    let (reload_reader, reload_writer) =
+        UnixStream::pair().map_err(|e| DaemonError::io("creating the signal pipe", e))?;
+    signal_hook::low_level::pipe::register(signal_hook::consts::SIGHUP, reload_writer)
+        .map_err(|e| DaemonError::io("installing signal handlers", e))?;
+    let mut server = build(config, stop.clone())?;
+    // Forward the signal pipe to the stop doorbell so the loop has one stop source (a signal
+    // that came while the daemon started waits in the pipe). The first signal starts a graceful
+    // shutdown (bounded by `shutdown_timeout`); a second one means the operator will not wait:
+    // exit at once.
+    let forward = stop;
+    let socket = server.socket_file();
     std::thread::Builder::new()
         .name("agora-signals".into())
         .spawn(move || {
@@ -861,12 +886,31 @@ pub fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             }
             if std::io::Read::read(&mut &reader, &mut byte).is_ok() {
                 tracing::warn!("second signal: exiting now, without waiting for running work");
-                let _ = std::fs::remove_file(&socket);
+                socket.remove();
                 std::process::exit(1);
             }
         })
         .map_err(|e| DaemonError::io("starting the signal thread", e))?;
-    let mut server = build(config, stop)?;
+    let kernels = server.kernels();
+    std::thread::Builder::new()
+        .name("agora-reload".into())
+        .spawn(move || {
+            let mut byte = [0u8; 1];
+            while std::io::Read::read(&mut &reload_reader, &mut byte).is_ok_and(|n| n > 0) {
+                let report = kernels.reload();
+                for error in &report.errors {
+                    tracing::warn!(%error, "kernel package reload (SIGHUP)");
+                }
+                tracing::info!(
+                    packages = report.packages.len(),
+                    changed = report.changed.len(),
+                    removed = report.removed.len(),
+                    kernels = report.kernels,
+                    "SIGHUP: kernel packages reloaded (the configuration file is read at start only)"
+                );
+            }
+        })
+        .map_err(|e| DaemonError::io("starting the signal thread", e))?;
     server.run()
 }
 

@@ -213,8 +213,12 @@ pub enum TaskError {
         /// Second use.
         other: u64,
     },
-    /// No device of this node implements the kernel.
-    #[error("no device on this node implements kernel id {0}")]
+    /// No usable device of this node implements the kernel: none does, or every one that does is
+    /// drained or failed.
+    #[error(
+        "no usable device on this node runs kernel id {0}: none implements it, or every device that does is \
+         drained or failed (`agora status` shows which; `agora undrain DEVICE` brings one back)"
+    )]
     NoDevice(u32),
     /// The kernel faulted while running (a bug in the kernel library; the daemon survived).
     #[error("the kernel faulted while running; the daemon logged the details")]

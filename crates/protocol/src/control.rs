@@ -1118,6 +1118,10 @@ pub struct StatusReport {
     /// asker's own only; the counters and devices stay the node's.
     #[serde(default)]
     pub private: Option<PrivateView>,
+    /// The daemon's state directory (its performance model, job records, checkpoints), for
+    /// `agora model show` to read the file this daemon writes whatever `--state-dir` it was given.
+    #[serde(default)]
+    pub state_dir: Option<String>,
 }
 
 /// Whose view a private [`StatusReport`] is.

@@ -185,6 +185,9 @@ impl Conn {
 pub(crate) struct Server {
     config: DaemonConfig,
     listener: UnixListener,
+    /// The socket file it put in place and its claims on that path and its state directory
+    /// (released when the server goes).
+    ownership: crate::claims::Ownership,
     epoll: OwnedFd,
     stop: Arc<Doorbell>,
     /// Rung by lanes that send a lost task back to the dispatcher.
@@ -260,6 +263,7 @@ impl Server {
     pub(crate) fn new(
         config: DaemonConfig,
         listener: UnixListener,
+        ownership: crate::claims::Ownership,
         scheduler: Scheduler,
         stop: Arc<Doorbell>,
         telemetry: Arc<Telemetry>,
@@ -327,6 +331,7 @@ impl Server {
             program_policy,
             config,
             listener,
+            ownership,
             epoll,
             stop,
             wake,
@@ -351,6 +356,16 @@ impl Server {
     }
 
     /// Runs until the stop signal.
+    /// The kernel registry (for a reload the daemon's signal handling asks for).
+    pub(crate) fn kernels(&self) -> Arc<crate::kernels::KernelRegistry> {
+        self.scheduler.kernels.clone()
+    }
+
+    /// The socket file this daemon put in place (for a last-moment exit to remove).
+    pub(crate) fn socket_file(&self) -> crate::claims::SocketFile {
+        self.ownership.socket_file.clone()
+    }
+
     pub(crate) fn run(&mut self) -> Result<(), DaemonError> {
         if self.config.dispatcher_nice != 0 {
             match agora_devices::priority::renice_current_thread(self.config.dispatcher_nice) {
@@ -1157,7 +1172,7 @@ impl Server {
         // 1. Nobody new: the socket goes first, so a client that starts now is told at once
         // that no daemon runs, and no ring is read again.
         let _ = epoll::delete(&self.epoll, &self.listener);
-        let _ = std::fs::remove_file(&self.config.socket);
+        self.ownership.socket_file.remove();
         let started = Instant::now();
         let deadline = started + self.config.shutdown_timeout;
         tracing::info!(

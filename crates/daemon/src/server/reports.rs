@@ -190,6 +190,7 @@ impl Server {
                 .filter(|dag| viewer.is_none() || session_uid(&live, dag.session) == viewer)
                 .collect(),
             private,
+            state_dir: Some(self.config.effective_state_dir().display().to_string()),
         }
     }
 
