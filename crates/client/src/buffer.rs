@@ -144,6 +144,22 @@ impl Buffer {
         self.handle
     }
 
+    /// Refused unless the buffer is `session`'s: its handle is a number in its own session's
+    /// table, where another session's call would find a buffer of its own (or none). Named
+    /// `index` in the error (the argument's place). One pointer comparison: it is on the
+    /// launch path.
+    #[inline]
+    pub(crate) fn check_session(&self, session: &Inner, index: usize) -> Result<(), Error> {
+        if std::ptr::eq(Arc::as_ptr(&self.session), session) {
+            Ok(())
+        } else {
+            Err(Error::Task(agora_protocol::TaskError::ForeignBuffer {
+                index: index as u16,
+                handle: self.handle,
+            }))
+        }
+    }
+
     /// Length in bytes.
     pub fn len(&self) -> u64 {
         self.len

@@ -120,7 +120,9 @@ impl Session {
                     kernels: ids
                         .into_iter()
                         .zip(kernels)
-                        .map(|(id, (_, signature)): (u32, (u32, KernelSignature))| Kernel::new(id, signature))
+                        .map(|(id, (_, signature)): (u32, (u32, KernelSignature))| {
+                            Kernel::of_program(id, signature, &self.inner)
+                        })
                         .collect(),
                     log,
                     cached,

@@ -400,6 +400,7 @@ impl Queue {
     }
 
     fn transfer(&self, op: Op, buffer: &Buffer, offset: u64, len: u64) -> Result<Task, Error> {
+        buffer.check_session(&self.session, 0)?;
         let mut d = TaskDescriptor::zeroed();
         d.op = op as u32;
         d.arg_count = 3;
@@ -466,6 +467,7 @@ impl Queue {
 
     /// Sets every byte of `buffer` to `value`.
     pub fn memset(&self, buffer: &Buffer, value: u8) -> Result<Task, Error> {
+        buffer.check_session(&self.session, 0)?;
         let mut d = TaskDescriptor::zeroed();
         d.op = Op::Memset as u32;
         d.arg_count = 2;
@@ -479,6 +481,8 @@ impl Queue {
 
     /// Copies `len` bytes (0 = all of `src` from `src_offset`) between buffers.
     pub fn copy(&self, src: &Buffer, src_offset: u64, dst: &Buffer, dst_offset: u64, len: u64) -> Result<Task, Error> {
+        src.check_session(&self.session, 0)?;
+        dst.check_session(&self.session, 1)?;
         let mut d = TaskDescriptor::zeroed();
         d.op = Op::Copy as u32;
         d.arg_count = 5;
@@ -558,6 +562,7 @@ pub(crate) fn launch_descriptor(
         d.window_rows = u32::try_from(rows.end - rows.start).map_err(|_| refuse())?;
     }
     d.op = Op::Launch as u32;
+    kernel.check_session(session)?;
     d.kernel = session.resume.kernel_ids.real(kernel.id);
     if args.len() > MAX_ARGS {
         return Err(Error::Task(agora_protocol::TaskError::ArgumentCount {
@@ -566,7 +571,10 @@ pub(crate) fn launch_descriptor(
         }));
     }
     d.arg_count = args.len() as u32;
-    for (slot, arg) in d.args.iter_mut().zip(args) {
+    for (index, (slot, arg)) in d.args.iter_mut().zip(args).enumerate() {
+        if let Arg::Buffer(b) = arg {
+            b.check_session(session, index)?;
+        }
         *slot = arg.raw();
     }
     d.dims = range.count;

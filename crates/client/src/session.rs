@@ -78,11 +78,37 @@ pub struct SessionOptions {
 pub struct Kernel {
     pub(crate) id: u32,
     signature: KernelSignature,
+    /// The [`Inner::local_id`] of the session whose program it belongs to, whose ids only that
+    /// session's queues understand; [`GLOBAL_KERNEL`] for a library kernel under its daemon id,
+    /// which names the same kernel in every session of the daemon.
+    owner: u64,
 }
 
+/// [`Kernel::owner`] of a kernel any session may launch.
+const GLOBAL_KERNEL: u64 = 0;
+
+/// The source of [`Inner::local_id`] (0 is [`GLOBAL_KERNEL`]).
+static NEXT_LOCAL_ID: AtomicU64 = AtomicU64::new(1);
+
 impl Kernel {
-    pub(crate) fn new(id: u32, signature: KernelSignature) -> Self {
-        Kernel { id, signature }
+    /// A kernel of a program that session `owner` built.
+    pub(crate) fn of_program(id: u32, signature: KernelSignature, owner: &Inner) -> Self {
+        Kernel {
+            id,
+            signature,
+            owner: owner.local_id,
+        }
+    }
+
+    /// Refused unless a queue of `session` may launch it: a program kernel's id means another
+    /// kernel (or none) in any other session, so launching it there would run the wrong code.
+    #[inline]
+    pub(crate) fn check_session(&self, session: &Inner) -> Result<(), Error> {
+        if self.owner == GLOBAL_KERNEL || self.owner == session.local_id {
+            Ok(())
+        } else {
+            Err(Error::Task(TaskError::ForeignKernel { kernel: self.id }))
+        }
     }
 
     /// Its signature as the daemon declares it.
@@ -174,6 +200,9 @@ pub(crate) struct Inner {
     /// core for a time slice — milliseconds, far beyond a latency target).
     latency_tenant: AtomicBool,
     id: AtomicU64,
+    /// This session's number in this process, never reused (unlike the daemon's session id,
+    /// which a restarted daemon may give again): what kernels record as their owner.
+    pub(crate) local_id: u64,
     /// What a resume after a daemon restart needs ([`crate::resume`]).
     pub(crate) resume: ResumeState,
     /// `Queue::snapshot`'s clock: the daemon's interval (set by `protect`) and the last
@@ -322,6 +351,7 @@ impl Session {
             disconnected: AtomicBool::new(false),
             latency_tenant: AtomicBool::new(false),
             id: AtomicU64::new(session),
+            local_id: NEXT_LOCAL_ID.fetch_add(1, Ordering::Relaxed),
             resume,
             snapshots: Mutex::new(None),
             watch: Arc::default(),
@@ -417,6 +447,7 @@ impl Session {
     /// attacher can ever map it writable. The export ends with [`Session::revoke`], with the
     /// buffer's release, or with this session.
     pub fn export(&self, buffer: &Buffer, name: &str, readers: &ExportReaders, writable: bool) -> Result<(), Error> {
+        buffer.check_session(&self.inner, 0)?;
         match self.inner.request(&Request::Export {
             buffer: buffer.handle(),
             name: name.to_string(),
@@ -482,6 +513,7 @@ impl Session {
     /// name by default) and the user, so a restarted process of the same name recovers them.
     /// At most 16 ids per session; pack small values (an iteration counter) into one buffer.
     pub fn protect(&self, id: u32, buffer: &Buffer) -> Result<(), Error> {
+        buffer.check_session(&self.inner, 0)?;
         match self.inner.request(&Request::Protect {
             id,
             buffer: buffer.handle(),
@@ -540,10 +572,17 @@ impl Session {
     pub fn kernel(&self, name: &str) -> Result<Kernel, Error> {
         check_name("kernel", name)?;
         match self.inner.request(&Request::LookupKernel { name: name.to_string() })? {
-            Response::Kernel { id, signature } => Ok(Kernel {
-                id: self.inner.resume.kernel_found(id, name),
-                signature,
-            }),
+            Response::Kernel { id: real, signature } => {
+                let id = self.inner.resume.kernel_found(real, name);
+                Ok(Kernel {
+                    id,
+                    signature,
+                    // Library kernels have one id per daemon, for every session; an id this
+                    // session made up (the daemon's id was taken by a kernel an earlier daemon
+                    // gave that number) means something only here.
+                    owner: if id == real { GLOBAL_KERNEL } else { self.inner.local_id },
+                })
+            }
             other => Err(unexpected(other)),
         }
     }

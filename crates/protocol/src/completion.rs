@@ -149,6 +149,32 @@ pub enum TaskError {
         /// The handle.
         handle: u64,
     },
+    /// A buffer of another session, refused by the client before the task is issued: buffer
+    /// handles are numbered per session, so the daemon would take this session's buffer of the
+    /// same number. Its kind is `invalid_handle`, like [`TaskError::InvalidHandle`].
+    #[error(
+        "argument {index}: buffer {handle:#x} belongs to another session (handles are numbered per session, \
+         so this session would use its own buffer of that number); use buffers of the queue's own session, \
+         or share one across sessions by exporting it and attaching the export"
+    )]
+    ForeignBuffer {
+        /// Which argument.
+        index: u16,
+        /// The handle (in its own session).
+        handle: u64,
+    },
+    /// A kernel of a program built by another session, refused by the client before the task is
+    /// issued: program kernels are numbered per session, so the daemon would run this session's
+    /// kernel of the same number. Its kind is `invalid_handle`, like [`TaskError::InvalidHandle`].
+    #[error(
+        "kernel id {kernel:#x} belongs to a program built by another session (program kernels are numbered per \
+         session, so this session would run its own kernel of that number); launch it on a queue of the session \
+         that built the program, or build the program in this session too"
+    )]
+    ForeignKernel {
+        /// The kernel's id (in its own session).
+        kernel: u32,
+    },
     /// A buffer is too small for the launch's range and scalars.
     #[error("argument {index}: buffer too small for this launch: needs {needed} bytes, has {len}")]
     BufferTooSmall {
@@ -558,7 +584,9 @@ impl TaskError {
             TaskError::UnknownKernel(_) => "unknown_kernel",
             TaskError::ArgumentCount { .. } => "argument_count",
             TaskError::ArgumentType { .. } => "argument_type",
-            TaskError::InvalidHandle { .. } => "invalid_handle",
+            TaskError::InvalidHandle { .. } | TaskError::ForeignBuffer { .. } | TaskError::ForeignKernel { .. } => {
+                "invalid_handle"
+            }
             TaskError::BufferTooSmall { .. } => "buffer_too_small",
             TaskError::OutOfBounds { .. } => "out_of_bounds",
             TaskError::InvalidScalar { .. } => "invalid_scalar",
@@ -613,6 +641,8 @@ impl TaskError {
             TaskError::ArgumentCount { expected, got } => (7, 0, u64::from(expected), u64::from(got)),
             TaskError::ArgumentType { index, expected, got } => (8, index, u64::from(expected), u64::from(got)),
             TaskError::InvalidHandle { index, handle } => (9, index, handle, 0),
+            TaskError::ForeignBuffer { index, handle } => (35, index, handle, 0),
+            TaskError::ForeignKernel { kernel } => (36, 0, u64::from(kernel), 0),
             TaskError::BufferTooSmall { index, needed, len } => (10, index, needed, len),
             TaskError::OutOfBounds { index, end, len } => (11, index, end, len),
             TaskError::InvalidScalar { index, value } => (12, index, value as u64, 0),
@@ -676,6 +706,8 @@ impl TaskError {
                 got: b as u32,
             },
             9 => TaskError::InvalidHandle { index: arg, handle: a },
+            35 => TaskError::ForeignBuffer { index: arg, handle: a },
+            36 => TaskError::ForeignKernel { kernel: a32 },
             10 => TaskError::BufferTooSmall {
                 index: arg,
                 needed: a,
@@ -792,6 +824,8 @@ mod tests {
                 index: 2,
                 handle: 0xdead,
             },
+            TaskError::ForeignBuffer { index: 1, handle: 3 },
+            TaskError::ForeignKernel { kernel: 0x8000_0001 },
             TaskError::BufferTooSmall {
                 index: 1,
                 needed: 4096,

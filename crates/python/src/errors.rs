@@ -308,7 +308,9 @@ fn task_exception(task: &TaskError, message: String) -> PyErr {
         TaskError::UnknownKernel(_) => UnknownKernelError::new_err(message),
         TaskError::ArgumentCount { .. } => ArgumentCountError::new_err(message),
         TaskError::ArgumentType { .. } => ArgumentTypeError::new_err(message),
-        TaskError::InvalidHandle { .. } => InvalidHandleError::new_err(message),
+        TaskError::InvalidHandle { .. } | TaskError::ForeignBuffer { .. } | TaskError::ForeignKernel { .. } => {
+            InvalidHandleError::new_err(message)
+        }
         TaskError::BufferTooSmall { .. } => BufferTooSmallError::new_err(message),
         TaskError::OutOfBounds { .. } => OutOfBoundsError::new_err(message),
         TaskError::InvalidScalar { .. } => InvalidScalarError::new_err(message),
