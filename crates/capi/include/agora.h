@@ -45,7 +45,9 @@ typedef enum {
    */
   AGORA_STATUS_PROTOCOL = 7,
   /**
-   * The object's session was closed (`agora_session_close`); destroy the object.
+   * The object's session was closed (`agora_session_close`); destroy the object, unless the
+   * call releases its handle itself (`agora_task_wait`, `agora_task_on_complete`: the handle
+   * is gone then, and destroying it again would free it twice).
    */
   AGORA_STATUS_CLOSED = 8,
   /**
@@ -615,9 +617,11 @@ void agora_kernel_list_destroy(AgoraKernelList *list);
 /**
  * Launches `kernel` with `nargs` arguments over a `dims`-dimensional `range` (1 to 3 entries).
  * The arguments are checked against the kernel's signature first: a wrong count, a buffer for a
- * scalar (or the reverse), a scalar of the wrong kind (`AGORA_ARG_KIND_I32` for an `f32`) or an
- * integer out of its type's range fails here with `AGORA_STATUS_INVALID_ARGUMENT` and a message
- * naming the argument. `task_out` may be null (then wait with `agora_queue_finish`).
+ * scalar (or the reverse), a scalar of the wrong kind (`AGORA_ARG_KIND_I32` for an `f32`), a
+ * `kind` that is no `AgoraArgKind` (a zeroed `AgoraArg`'s 0) or an integer out of its type's
+ * range fails here with `AGORA_STATUS_INVALID_ARGUMENT` and a message naming the argument; so
+ * does a buffer or program kernel of another session (handles are numbers in their own
+ * session, so this one would use its own object of that number). `task_out` may be null (then wait with `agora_queue_finish`).
  *
  * # Safety
  * Valid handles; `args` points to `nargs` arguments whose buffers are live; `range` to `dims`
@@ -783,8 +787,9 @@ uint64_t agora_task_id(const AgoraTask *task);
 void agora_task_destroy(AgoraTask *task);
 
 /**
- * Waits for a task and releases its handle; returns its outcome (`AGORA_STATUS_CLOSED`, the
- * handle released all the same, once its session was closed).
+ * Waits for a task and releases its handle; returns its outcome. The handle is released
+ * whatever the outcome, `AGORA_STATUS_CLOSED` (its session was closed) included: never use or
+ * destroy it after this call.
  *
  * # Safety
  * A live task handle, not used afterwards.
@@ -809,9 +814,9 @@ AgoraStatus agora_task_wait(AgoraTask *task);
  * not close the session it belongs to. `user_data` is passed back untouched, from another
  * thread: what it points to must be safe to use there.
  *
- * `AGORA_STATUS_CLOSED` (the handle released, the callback never called) when the task's
- * session was closed before this call; `AGORA_STATUS_INVALID_ARGUMENT` for a null task or
- * callback (a non-null task handle is released all the same).
+ * The handle is released whatever the outcome: never use or destroy it after this call.
+ * `AGORA_STATUS_CLOSED` (the callback never called) when the task's session was closed before
+ * this call; `AGORA_STATUS_INVALID_ARGUMENT` for a null task or callback.
  *
  * # Safety
  * A live task handle, not used afterwards; `callback` safe to call from another thread with

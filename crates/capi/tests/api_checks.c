@@ -61,6 +61,16 @@ int main(void) {
     EXPECT(MESSAGE_HAS("sla_ms") && refused == NULL);
     OK(agora_queue_create_with(session, NULL, &batch));
     EXPECT(strcmp(agora_last_error_message(), "") == 0); /* cleared by the successful call */
+    /* An enum field holding no value of its enum is refused, not taken for some class. */
+    AgoraQueueOptions bad_options;
+    memset(&bad_options, 0, sizeof bad_options);
+    bad_options.queue_class = (AgoraQueueClass)7;
+    EXPECT(agora_queue_create_with(session, &bad_options, &refused) == AGORA_STATUS_INVALID_ARGUMENT);
+    EXPECT(MESSAGE_HAS("queue_class=7") && MESSAGE_HAS("AGORA_QUEUE_CLASS_LATENCY") && refused == NULL);
+    bad_options.queue_class = AGORA_QUEUE_CLASS_BATCH;
+    bad_options.preferred_device = (AgoraDeviceKind)9;
+    EXPECT(agora_queue_create_with(session, &bad_options, &refused) == AGORA_STATUS_INVALID_ARGUMENT);
+    EXPECT(MESSAGE_HAS("preferred_device=9") && refused == NULL);
 
     /* Kernel listing. */
     AgoraKernelList *list;
@@ -148,6 +158,16 @@ int main(void) {
                            {AGORA_ARG_KIND_I32, NULL, 0}};
     EXPECT(agora_launch(batch, fan1, too_big, 4, &n, 1, NULL) == AGORA_STATUS_INVALID_ARGUMENT);
     EXPECT(MESSAGE_HAS("argument 2 ('size')") && MESSAGE_HAS("1099511627776 does not fit"));
+    /* A kind that is no AgoraArgKind (a zeroed AgoraArg's 0, or garbage) is refused, naming the
+       argument. */
+    const int bad_kinds[3] = {0, 8, 42};
+    for (int i = 0; i < 3; i++) {
+        AgoraArg no_kind[3] = {{AGORA_ARG_KIND_F32, NULL, 0, 2.0}, {AGORA_ARG_KIND_BUFFER, x}, {AGORA_ARG_KIND_BUFFER, y}};
+        no_kind[1].kind = (AgoraArgKind)bad_kinds[i];
+        task = NULL;
+        EXPECT(agora_launch(batch, saxpy, no_kind, 3, &n, 1, &task) == AGORA_STATUS_INVALID_ARGUMENT);
+        EXPECT(MESSAGE_HAS("argument 1 ('x') of saxpy has kind") && MESSAGE_HAS("no AgoraArgKind") && task == NULL);
+    }
     OK(agora_queue_finish(batch)); /* nothing refused was issued */
     EXPECT(strcmp(agora_last_error_message(), "") == 0);
 
@@ -242,6 +262,18 @@ int main(void) {
     EXPECT(((const float *)agora_buffer_data(attached))[15] == 99.0f);
     AgoraQueue *rq;
     OK(agora_queue_create(reader, "reader", &rq));
+    /* Handles are numbers in their own session: another session's buffer (whose number this
+       session's own buffers also have) or program kernel is refused, never taken for this
+       session's object of that number. */
+    AgoraBuffer *theirs;
+    OK(agora_buffer_create(reader, 16 * sizeof(float), &theirs));
+    AgoraArg foreign[3] = {{AGORA_ARG_KIND_F32, NULL, 0, 2.0}, {AGORA_ARG_KIND_BUFFER, theirs}, {AGORA_ARG_KIND_BUFFER, y}};
+    EXPECT(agora_launch(batch, saxpy, foreign, 3, &n, 1, NULL) == AGORA_STATUS_INVALID_ARGUMENT);
+    EXPECT(MESSAGE_HAS("argument 1") && MESSAGE_HAS("belongs to another session"));
+    EXPECT(agora_sync_to(batch, theirs, NULL) == AGORA_STATUS_INVALID_ARGUMENT && MESSAGE_HAS("another session"));
+    EXPECT(agora_memset(batch, theirs, 0, NULL) == AGORA_STATUS_INVALID_ARGUMENT && MESSAGE_HAS("another session"));
+    OK(agora_queue_finish(batch));
+    agora_buffer_destroy(theirs);
     OK(agora_memset(rq, attached, 0, NULL));
     EXPECT(agora_queue_finish(rq) == AGORA_STATUS_TASK && MESSAGE_HAS("attached read-only"));
     OK(agora_revoke(session, "c/state"));
@@ -335,8 +367,9 @@ int main(void) {
     }
 
     /* After close, every call on the session's objects fails with CLOSED. */
-    AgoraTask *pending, *callback_after_close, *callback_before_close;
+    AgoraTask *pending, *callback_after_close, *callback_before_close, *waited_after_close;
     OK(agora_sync_to(batch, x, &pending));
+    OK(agora_sync_to(batch, x, &waited_after_close));
     OK(agora_sync_to(batch, y, &callback_after_close));
     OK(agora_memset(batch, bytes, 3, &callback_before_close));
     static struct Told told_at_close;
@@ -345,6 +378,8 @@ int main(void) {
     /* A callback registered before the close runs, with the task's real outcome; one registered
        after it is refused and never called. */
     EXPECT(agora_task_on_complete(callback_after_close, on_complete, &told_at_close) == AGORA_STATUS_CLOSED);
+    /* The call released the handle: the message must not say to destroy it (that freed it twice). */
+    EXPECT(MESSAGE_HAS("released the task handle") && !MESSAGE_HAS("destroy the task"));
     EXPECT(told_within(&told_at_close, 1) && atomic_load(&told_at_close.ok) == 1);
     usleep(50000);
     EXPECT(atomic_load(&told_at_close.count) == 1);
@@ -356,6 +391,24 @@ int main(void) {
     EXPECT(agora_queue_finish(batch) == AGORA_STATUS_CLOSED);
     EXPECT(agora_task_check(pending) == AGORA_STATUS_CLOSED);
     EXPECT(agora_task_done(pending, &done) == AGORA_STATUS_CLOSED);
+    EXPECT(MESSAGE_HAS("destroy the task")); /* these keep the handle */
+    /* agora_task_wait releases the handle, CLOSED or not: its message says so, and doing as it
+       says (not destroying the task; a new session) goes on safely. */
+    EXPECT(agora_task_wait(waited_after_close) == AGORA_STATUS_CLOSED);
+    EXPECT(MESSAGE_HAS("released the task handle") && !MESSAGE_HAS("destroy the task"));
+    AgoraSession *again;
+    OK(agora_session_open(NULL, &again));
+    AgoraQueue *again_queue;
+    AgoraBuffer *again_buffer;
+    OK(agora_queue_create(again, "again", &again_queue));
+    OK(agora_buffer_create(again, 64, &again_buffer));
+    OK(agora_memset(again_queue, again_buffer, 5, NULL));
+    OK(agora_sync_from(again_queue, again_buffer, &task));
+    OK(agora_task_wait(task));
+    EXPECT(((const unsigned char *)agora_buffer_data(again_buffer))[63] == 5);
+    agora_buffer_destroy(again_buffer);
+    agora_queue_destroy(again_queue);
+    agora_session_close(again);
     EXPECT(agora_buffer_data(x) == NULL && MESSAGE_HAS("closed"));
     EXPECT(agora_buffer_len(x) == 0);
     agora_task_destroy(pending);
