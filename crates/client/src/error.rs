@@ -197,4 +197,14 @@ mod tests {
         });
         assert!(format!("{tasks:?}").contains("task 7:"), "{tasks:?}");
     }
+
+    #[test]
+    fn a_timeout_names_the_option_that_sets_its_limit() {
+        // The Python binding puts its own spelling in place of this name: keep them in step.
+        let error = Error::Timeout {
+            request: "status".into(),
+            after: std::time::Duration::from_millis(500),
+        };
+        assert!(error.to_string().contains("SessionOptions::control_timeout"), "{error}");
+    }
 }

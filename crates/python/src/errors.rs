@@ -269,6 +269,9 @@ fn to_python(error: Error) -> PyErr {
     }
 }
 
+/// How the Rust client's [`Error::Timeout`] names the limit it ran into.
+const RUST_CONTROL_TIMEOUT: &str = "SessionOptions::control_timeout";
+
 /// The Python exception for an error that is not a task's.
 fn client_exception(error: &Error, message: String) -> PyErr {
     match error {
@@ -277,7 +280,11 @@ fn client_exception(error: &Error, message: String) -> PyErr {
         Error::OutOfBounds { .. } => OutOfBoundsError::new_err(message),
         Error::ReadOnly => pyo3::exceptions::PyPermissionError::new_err(message),
         Error::Protocol(_) => ProtocolError::new_err(message),
-        Error::Timeout { .. } => TimeoutError::new_err(message),
+        // The limit by the name Python sets it with, not the Rust client's.
+        Error::Timeout { .. } => TimeoutError::new_err(message.replace(
+            RUST_CONTROL_TIMEOUT,
+            "the control_timeout of agora.Session(control_timeout=...)",
+        )),
         Error::Control(control) => match control {
             ControlError::VersionMismatch { .. } => VersionMismatchError::new_err(message),
             ControlError::QuotaExceeded { .. } => QuotaExceededError::new_err(message),
@@ -370,9 +377,14 @@ impl Liveness {
     /// Raises ClosedError, naming `what`, once the session was closed.
     pub(crate) fn check(&self, what: &str) -> PyResult<()> {
         if self.is_closed() {
+            // The session itself is not "this session's session".
+            let whose = if what == "session" {
+                "this session".to_string()
+            } else {
+                format!("this {what}'s session")
+            };
             return Err(ClosedError::new_err(format!(
-                "this {what}'s session was closed (session.close(), or the end of its `with` block); \
-                 open a new session to go on"
+                "{whose} was closed (session.close(), or the end of its `with` block); open a new session to go on"
             )));
         }
         Ok(())

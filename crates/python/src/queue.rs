@@ -205,7 +205,14 @@ impl PyQueue {
 
     /// Sets every byte of `buffer` to `value`.
     #[pyo3(signature = (buffer, value=0))]
-    fn memset(&self, py: Python<'_>, buffer: &PyBuffer, value: u8) -> PyResult<PyTask> {
+    fn memset(&self, py: Python<'_>, buffer: &PyBuffer, value: i64) -> PyResult<PyTask> {
+        // Taken as any int so that a value out of a byte's range gets a message naming it, not
+        // pyo3's bare "out of range integral type conversion".
+        let value = u8::try_from(value).map_err(|_| {
+            pyo3::exceptions::PyValueError::new_err(format!(
+                "memset value={value}: give a byte value, 0 to 255 (every byte of the buffer is set to it)"
+            ))
+        })?;
         let b = buffer.handle()?;
         self.issue(py, |q| q.memset(&b, value))
     }

@@ -125,6 +125,32 @@ def test_memset_copy_and_task_handles(session):
         assert t1.done() and t2.done()
     assert (a.numpy() == 7).all()
     np.testing.assert_array_equal(b.numpy()[:32], np.arange(16, 48, dtype=np.uint8))
+    with session.queue() as queue:
+        for value in (-1, 256):
+            with pytest.raises(ValueError, match=f"memset value={value}: give a byte value, 0 to 255"):
+                queue.memset(a, value)
+
+
+def test_objects_of_another_session_are_refused_not_taken_for_this_ones(daemon):
+    # Handles are numbers in their own session: the other session's first buffer and first
+    # program kernel have the numbers of this session's own.
+    mine, theirs = agora.Session(name="mine"), agora.Session(name="theirs")
+    x = mine.buffer_from(np.full(4, 10.0, np.float32))
+    y = mine.buffer_from(np.zeros(4, np.float32))
+    other = theirs.buffer_from(np.full(4, 1000.0, np.float32))
+    with mine.queue("q") as queue:
+        queue.sync_to(x)
+        queue.sync_to(y)
+        with pytest.raises(agora.InvalidHandleError, match="argument 1: .* belongs to another session"):
+            queue.launch("saxpy", 1.0, other, y, range=4)
+        with pytest.raises(agora.InvalidHandleError, match="belongs to another session"):
+            queue.launch("fill", 7.0, other, range=4)
+        with pytest.raises(agora.InvalidHandleError, match="belongs to another session"):
+            queue.sync_from(other)
+        queue.sync_from(x)
+    np.testing.assert_array_equal(x.numpy(), np.full(4, 10.0, np.float32))
+    mine.close()
+    theirs.close()
 
 
 def test_wait_releases_the_gil(session):
@@ -341,9 +367,10 @@ def test_after_close_every_call_on_the_sessions_objects_raises_closed(daemon):
         "memoryview": lambda: memoryview(y),
     }
     for name, call in calls.items():
-        with pytest.raises(agora.ClosedError, match="session was closed"):
+        with pytest.raises(agora.ClosedError, match="session was closed") as caught:
             call()
             pytest.fail(f"{name} worked after session.close()")
+        assert "session's session" not in str(caught.value), caught.value
     assert "closed" in repr(queue) and "closed" in repr(x)
     assert view[15] == 15.0  # views made before stay readable
     queue.close()  # clean-up after close is allowed
@@ -455,6 +482,9 @@ def test_a_daemon_that_does_not_answer_raises_timeout_error_without_holding_the_
         daemon.process.send_signal(signal.SIGCONT)
     assert isinstance(outcome.get("error"), agora.TimeoutError), outcome
     assert "buffer allocation" in str(outcome["error"])
+    # The limit as Python sets it, not the Rust client's option.
+    assert "Session(control_timeout=...)" in str(outcome["error"]), outcome["error"]
+    assert "SessionOptions" not in str(outcome["error"]), outcome["error"]
     assert 0.4 < elapsed < 10, elapsed
     assert counter > 1000, counter  # this thread ran while the other waited
     # The late reply is skipped; the session works.

@@ -64,6 +64,25 @@ def test_an_opencl_program_runs_like_a_built_in_kernel(plain):
             program.nope
 
 
+def test_a_program_kernel_of_another_session_is_refused_and_a_built_in_one_is_not(plain):
+    socket = str(plain.socket)
+    with agora.Session(socket=socket) as first, agora.Session(socket=socket) as second:
+        # Both sessions' first program kernels have the same id.
+        sevens = first.program("__kernel void seven(__global float *x) { x[get_global_id(0)] = 7.0f; }")
+        second.program("__kernel void eight(__global float *x) { x[get_global_id(0)] = 8.0f; }")
+        b = second.buffer_from(np.zeros(4, np.float32))
+        x = second.buffer_from(np.ones(4, np.float32))
+        with second.queue("q") as queue:
+            queue.sync_to(b)
+            queue.sync_to(x)
+            with pytest.raises(agora.InvalidHandleError, match="belongs to a program built by another session"):
+                queue.launch(sevens.seven, b, range=4)
+            # A built-in kernel's id is the daemon's, the same in every session.
+            queue.launch(first.kernel("saxpy"), 1.0, x, b, range=4)
+            queue.sync_from(b)
+        np.testing.assert_array_equal(b.numpy(), np.ones(4, np.float32))
+
+
 def test_a_build_error_carries_the_compilers_log(plain):
     with agora.Session(socket=str(plain.socket)) as session:
         with pytest.raises(agora.ProgramBuildError) as error:
