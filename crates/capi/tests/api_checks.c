@@ -183,6 +183,12 @@ int main(void) {
     EXPECT(agora_last_failed_tasks(NULL, 0) == 0);
     EXPECT(agora_task_check(bad) == AGORA_STATUS_TASK && MESSAGE_HAS("too small"));
     OK(agora_queue_finish(batch));
+    /* What the refused launch would have written is poisoned: a reader fails naming it, until
+       the host copy is declared current again. */
+    OK(agora_sync_from(batch, y, &task));
+    EXPECT(agora_task_wait(task) == AGORA_STATUS_TASK && MESSAGE_HAS("should have come from task"));
+    EXPECT(agora_queue_finish(batch) == AGORA_STATUS_TASK);
+    OK(agora_sync_to(batch, y, NULL));
     EXPECT(strcmp(agora_last_error_message(), "") == 0);
     EXPECT(agora_last_failed_tasks(NULL, 0) == 0);
 
@@ -203,6 +209,7 @@ int main(void) {
     EXPECT(atomic_load(&told.on_caller) == 0);
     EXPECT(told.failed_id == failing && strstr(told.message, "too small") != NULL);
     EXPECT(agora_queue_finish(batch) == AGORA_STATUS_TASK); /* the failure is still the queue's */
+    OK(agora_sync_to(batch, y, NULL)); /* and its output poisoned: declared current again */
     OK(agora_memset(batch, bytes, 0, &task));
     EXPECT(agora_task_on_complete(task, NULL, NULL) == AGORA_STATUS_INVALID_ARGUMENT && MESSAGE_HAS("callback is null"));
     EXPECT(agora_task_on_complete(NULL, on_complete, &told) == AGORA_STATUS_INVALID_ARGUMENT);
