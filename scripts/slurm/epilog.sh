@@ -16,6 +16,8 @@ if summary=$("$agora" slurm job-end --job "$SLURM_JOB_ID" 2>&1); then
   echo "agora epilog: job $SLURM_JOB_ID: $summary"
   scontrol update JobId="$SLURM_JOB_ID" AdminComment="$summary" >/dev/null 2>&1 || true
 else
-  echo "agora epilog: job $SLURM_JOB_ID not ended on the Agora daemon: $summary" >&2
+  # Either the daemon did not end the job, or it ended it and could not write its record (the
+  # summary is then in $summary, the job's only record).
+  echo "agora epilog: job $SLURM_JOB_ID not ended, or its use not recorded, by the Agora daemon: $summary" >&2
 fi
 exit 0

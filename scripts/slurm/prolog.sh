@@ -23,6 +23,6 @@ if [ -n "${AGORA_DEVICE_QUOTA_PER_SHARE:-}" ] && [ "${shares:-0}" -gt 0 ]; then
   set -- "$@" --device-quota "$((shares * AGORA_DEVICE_QUOTA_PER_SHARE))"
 fi
 if ! out=$("$agora" "$@" 2>&1); then
-  echo "agora prolog: job $SLURM_JOB_ID not registered with the Agora daemon: $out" >&2
+  echo "agora prolog: job $SLURM_JOB_ID not registered with the Agora daemon, or not recorded for its restart: $out" >&2
 fi
 exit 0

@@ -807,7 +807,7 @@ pub fn slurm(command: SlurmCommand) -> Result<()> {
         SlurmCommand::Conf(args) => slurm_conf(args),
         SlurmCommand::JobStart(args) => {
             let job = args.job;
-            agora::slurm_job_start(
+            let registered = agora::slurm_job_start(
                 args.socket.path(),
                 agora::JobStart {
                     job,
@@ -819,17 +819,34 @@ pub fn slurm(command: SlurmCommand) -> Result<()> {
                 },
             )
             .with_context(|| format!("registering Slurm job {job} with the Agora daemon"))?;
-            println!("agora: job {job} registered ({} shares)", args.shares);
+            if registered.again {
+                println!(
+                    "agora: job {job} was registered already (its prolog ran again): its use so far is kept; now {} shares, and the quotas given apply to the sessions it opens from now on",
+                    args.shares
+                );
+            } else {
+                println!("agora: job {job} registered ({} shares)", args.shares);
+            }
+            if let Some(why) = registered.not_recorded {
+                bail!(
+                    "Slurm job {job} is registered, but the daemon {why}: a daemon restart would forget the job (its epilog would then find none); make the daemon's STATE_DIR/jobs/running writable"
+                );
+            }
             Ok(())
         }
         SlurmCommand::JobEnd(args) => {
             let job = args.job;
-            let account = agora::slurm_job_end(args.socket.path(), job)
+            let ended = agora::slurm_job_end(args.socket.path(), job)
                 .with_context(|| format!("ending Slurm job {job} on the Agora daemon"))?;
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&account)?);
+                println!("{}", serde_json::to_string_pretty(&ended.account)?);
             } else {
-                println!("{}", job_summary(&account));
+                println!("{}", job_summary(&ended.account));
+            }
+            if let Some(why) = ended.not_recorded {
+                bail!(
+                    "Slurm job {job} ended, but the daemon {why}: the accounting printed above is the job's only record, keep it; make the daemon's STATE_DIR/jobs writable"
+                );
             }
             Ok(())
         }
@@ -858,21 +875,34 @@ fn job_summary(a: &agora::JobAccount) -> String {
     )
 }
 
-/// Drains (`suspend`) or undrains every device of the node's daemon.
+/// Drains (`suspend`) every device of the node's daemon, or undrains (`resume`) those a suspend
+/// drained.
 fn power(args: SlurmPowerArgs, suspend: bool) -> Result<()> {
-    let report = agora::daemon_status(args.socket.path())?;
-    for device in &report.devices {
-        let outcome = agora::drain_device(args.socket.path(), &device.name, suspend, suspend)
-            .with_context(|| format!("{} {}", if suspend { "draining" } else { "undraining" }, device.name))?;
+    let devices = agora::power_save(args.socket.path(), suspend).with_context(|| {
+        format!(
+            "{} the Agora daemon's devices",
+            if suspend { "suspending" } else { "resuming" }
+        )
+    })?;
+    for device in &devices {
+        let state = match (suspend, device.changed, device.draining) {
+            (true, true, _) => "drained",
+            (true, false, _) => "was drained already",
+            (false, true, _) => "usable again",
+            (false, false, true) => {
+                "stays drained (drained by hand, not by the suspend: `agora undrain` it when it should take work)"
+            }
+            (false, false, false) => "usable",
+        };
         if suspend {
             println!(
-                "{}: drained, {} buffers ({}) written back to host memory",
-                device.name,
-                outcome.evacuated_buffers,
-                human_bytes(outcome.evacuated_bytes)
+                "{}: {state}, {} buffers ({}) written back to host memory",
+                device.device,
+                device.evacuated_buffers,
+                human_bytes(device.evacuated_bytes)
             );
         } else {
-            println!("{}: usable again", device.name);
+            println!("{}: {state}", device.device);
         }
     }
     Ok(())

@@ -277,3 +277,162 @@ fn a_job_s_shares_weigh_its_lane_time_against_its_neighbour_s() {
         "3 shares against 1 should get about 3 times the lane: {heavy} against {light} tasks ({ratio:.2})"
     );
 }
+
+#[test]
+fn job_start_and_job_end_fail_when_the_daemon_cannot_record_the_job() {
+    let daemon = daemon("slurm-jobs-unrecorded");
+    // A regular file where the jobs directory goes: nothing can be written under it (root
+    // writes through permissions, so the test does not rely on them).
+    let jobs = daemon.state_dir().join("jobs");
+    let _ = std::fs::remove_dir_all(&jobs);
+    std::fs::write(&jobs, "not a directory").unwrap();
+    let uid = rustix::process::getuid().as_raw().to_string();
+
+    let start = daemon.agora(&["slurm", "job-start", "--job", "83", "--uid", &uid]);
+    let stderr = String::from_utf8_lossy(&start.stderr);
+    assert!(!start.status.success(), "job-start passed an unrecorded job: {stderr}");
+    assert!(
+        stderr.contains("jobs/running/83.json") && stderr.contains("restart would forget"),
+        "the error names the file and what it costs: {stderr}"
+    );
+    assert!(
+        daemon.status().jobs.iter().any(|j| j.job == 83),
+        "the job is registered all the same"
+    );
+
+    let end = daemon.agora(&["slurm", "job-end", "--job", "83"]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&end.stdout),
+        String::from_utf8_lossy(&end.stderr),
+    );
+    assert!(
+        !end.status.success(),
+        "job-end passed a job with no accounting record: {stderr}"
+    );
+    assert!(
+        stdout.starts_with("agora: 0 sessions"),
+        "the summary is still printed: {stdout}"
+    );
+    assert!(
+        stderr.contains("jobs/83.json") && stderr.contains("only record"),
+        "the error names the record's file and says the summary is all there is: {stderr}"
+    );
+}
+
+#[test]
+fn job_start_again_keeps_the_job_s_use_and_refuses_another_uid() {
+    let daemon = daemon("slurm-jobs-requeue");
+    let uid = rustix::process::getuid().as_raw().to_string();
+    agora_ok(
+        &daemon,
+        &["slurm", "job-start", "--job", "85", "--uid", &uid, "--shares", "1"],
+    );
+    let mut process = job_process(&daemon, 85);
+    let completed = || {
+        daemon
+            .status()
+            .jobs
+            .iter()
+            .find(|j| j.job == 85)
+            .map_or(0, |j| j.tasks_completed)
+    };
+    assert!(
+        eventually(Duration::from_secs(20), || completed() > 0),
+        "the job's process ran no task"
+    );
+    let _ = process.kill();
+    let _ = process.wait();
+    assert!(eventually(Duration::from_secs(10), || {
+        let s = daemon.status();
+        s.live_sessions == 0 && s.closing_sessions == 0
+    }));
+    let used = completed();
+
+    // The prolog again (a requeue): the use stays, the settings are the new ones.
+    let out = agora_ok(
+        &daemon,
+        &["slurm", "job-start", "--job", "85", "--uid", &uid, "--shares", "3"],
+    );
+    assert!(
+        out.contains("registered already") && out.contains("use so far is kept"),
+        "{out}"
+    );
+    let status = daemon.status();
+    let job = status.jobs.iter().find(|j| j.job == 85).expect("the job in status");
+    assert_eq!((job.tasks_completed, job.sessions, job.shares), (used, 1, 3), "{job:?}");
+
+    // Another uid under the same id: refused, the job untouched.
+    let other = (rustix::process::getuid().as_raw() + 1).to_string();
+    let refused = daemon.agora(&["slurm", "job-start", "--job", "85", "--uid", &other]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "a second uid took over job 85");
+    assert!(
+        stderr.contains(&format!("already registered for uid {uid}")) && stderr.contains("job-end"),
+        "{stderr}"
+    );
+    let status = daemon.status();
+    let job = status.jobs.iter().find(|j| j.job == 85).expect("the job in status");
+    assert_eq!((job.uid.to_string(), job.tasks_completed), (uid, used), "{job:?}");
+}
+
+#[test]
+fn job_start_refuses_a_heap_quota_of_zero() {
+    let daemon = daemon("slurm-jobs-zero-quota");
+    let uid = rustix::process::getuid().as_raw().to_string();
+    let out = daemon.agora(&["slurm", "job-start", "--job", "86", "--uid", &uid, "--heap-quota", "0"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a heap quota of 0 was accepted");
+    assert!(
+        stderr.contains("heap quota of 0") && stderr.contains("256M"),
+        "{stderr}"
+    );
+    assert!(daemon.status().jobs.is_empty(), "the job was registered anyway");
+}
+
+#[test]
+fn resume_undrains_only_the_devices_suspend_drained() {
+    let dir = temp_dir("slurm-power");
+    std::fs::write(
+        dir.path().join("agora.toml"),
+        "[[sim]]\nname = \"sim0\"\n\n[[sim]]\nname = \"sim1\"\n",
+    )
+    .unwrap();
+    let daemon = Daemon::start_in(AGORA, dir, &["--no-opencl", "--config", "{dir}/agora.toml"]);
+    let draining = |name: &str| {
+        daemon
+            .status()
+            .devices
+            .iter()
+            .find(|d| d.name == name)
+            .unwrap_or_else(|| panic!("no device {name}"))
+            .draining
+    };
+    agora_ok(&daemon, &["drain", "sim0"]);
+    let out = agora_ok(&daemon, &["slurm", "suspend"]);
+    assert!(
+        out.contains("sim0: was drained already") && out.contains("sim1: drained"),
+        "{out}"
+    );
+    assert!(draining("cpu0") && draining("sim0") && draining("sim1"));
+
+    let out = agora_ok(&daemon, &["slurm", "resume"]);
+    assert!(
+        out.contains("sim0: stays drained") && out.contains("sim1: usable again"),
+        "{out}"
+    );
+    assert!(
+        draining("sim0"),
+        "resume undrained a device drained by hand before the suspend"
+    );
+    assert!(
+        !draining("sim1") && !draining("cpu0"),
+        "resume left a device it had drained"
+    );
+
+    // A device the operator undrains and drains again between the two is theirs, too.
+    agora_ok(&daemon, &["slurm", "suspend"]);
+    agora_ok(&daemon, &["undrain", "sim1"]);
+    agora_ok(&daemon, &["drain", "sim1"]);
+    agora_ok(&daemon, &["slurm", "resume"]);
+    assert!(draining("sim0") && draining("sim1") && !draining("cpu0"));
+}

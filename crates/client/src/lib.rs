@@ -75,8 +75,9 @@ pub use program::Program;
 pub use queue::{Arg, CheckpointLevel, CheckpointedLaunch, DeviceKind, NdRange, Queue, QueueOptions, Task};
 pub use resume::{DEFAULT_RECONNECT_TIMEOUT, RECONNECT_ENV};
 pub use session::{
-    daemon_exports, daemon_session_status, daemon_status, drain_device, kernel_catalog, reload_kernels, slurm_job_end,
-    slurm_job_start, DrainOutcome, Kernel, Session, SessionOptions, DEFAULT_CONTROL_TIMEOUT,
+    daemon_exports, daemon_session_status, daemon_status, drain_device, kernel_catalog, power_save, reload_kernels,
+    slurm_job_end, slurm_job_start, DrainOutcome, JobEnded, JobRegistered, Kernel, Session, SessionOptions,
+    DEFAULT_CONTROL_TIMEOUT,
 };
 
 /// The Rust guide's snippets, compiled (and run unless marked `no_run`) as doctests, so the guide

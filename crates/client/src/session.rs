@@ -753,19 +753,57 @@ pub fn drain_device(socket: Option<PathBuf>, device: &str, drain: bool, evacuate
     }
 }
 
-/// Slurm's prolog: registers `job` with the daemon (root or the daemon's user only).
-pub fn slurm_job_start(socket: Option<PathBuf>, job: agora_protocol::control::JobStart) -> Result<(), Error> {
+/// Slurm's power saving: `suspend` drains every device of the daemon and writes its idle
+/// buffers back to host memory; resume (`suspend: false`) undrains the devices a suspend drained,
+/// and only those. Admin only. Returns every device's state after.
+pub fn power_save(socket: Option<PathBuf>, suspend: bool) -> Result<Vec<agora_protocol::control::PowerDevice>, Error> {
+    match Observer::connect(socket)?.request(&Request::PowerSave { suspend })? {
+        Response::PowerSaved(devices) => Ok(devices),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// What the daemon said to a job's registration ([`slurm_job_start`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobRegistered {
+    /// The job was registered already (its prolog ran again, as on a requeue): its use so far is
+    /// kept; its shares and quotas are now the ones just given.
+    pub again: bool,
+    /// Why the daemon could not record the running job for a restart (naming the file), if it
+    /// could not: the job is registered, but a daemon restart would forget it.
+    pub not_recorded: Option<String>,
+}
+
+/// What the daemon said to a job's end ([`slurm_job_end`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobEnded {
+    /// What the job used on the node.
+    pub account: agora_protocol::control::JobAccount,
+    /// Why the daemon could not write the job's accounting record (naming the file), if it
+    /// could not: `account` is then the job's only record.
+    pub not_recorded: Option<String>,
+}
+
+/// Slurm's prolog: registers `job` with the daemon (root or the daemon's user only). Registering
+/// a running job again with the same uid keeps its use; another uid is refused.
+pub fn slurm_job_start(
+    socket: Option<PathBuf>,
+    job: agora_protocol::control::JobStart,
+) -> Result<JobRegistered, Error> {
     match Observer::connect(socket)?.request(&Request::JobStart(job))? {
-        Response::JobStarted => Ok(()),
+        Response::JobStarted { again, not_recorded } => Ok(JobRegistered { again, not_recorded }),
         other => Err(unexpected(other)),
     }
 }
 
 /// Slurm's epilog: ends `job` on the daemon (its sessions are ended and reclaimed) and returns
-/// its accounting.
-pub fn slurm_job_end(socket: Option<PathBuf>, job: u64) -> Result<agora_protocol::control::JobAccount, Error> {
+/// its accounting, and whether the daemon could record it.
+pub fn slurm_job_end(socket: Option<PathBuf>, job: u64) -> Result<JobEnded, Error> {
     match Observer::connect(socket)?.request(&Request::JobEnd { job })? {
-        Response::JobEnded(account) => Ok(*account),
+        Response::JobEnded { account, not_recorded } => Ok(JobEnded {
+            account: *account,
+            not_recorded,
+        }),
         other => Err(unexpected(other)),
     }
 }
@@ -808,6 +846,8 @@ fn request_name(request: &Request) -> &'static str {
         Request::JobStart(_) => "job start",
         Request::JobEnd { .. } => "job end",
         Request::ClaimHost { .. } => "host copy claim",
+        Request::PowerSave { suspend: true } => "suspend",
+        Request::PowerSave { suspend: false } => "resume",
     }
 }
 

@@ -269,6 +269,15 @@ pub enum Request {
         /// The buffer's handle.
         buffer: u64,
     },
+    /// Admin: Slurm's power saving (`agora slurm suspend` / `resume`). `suspend: true` drains
+    /// every device and writes its idle buffers back to host memory (as `Drain` with
+    /// `evacuate`), remembering the devices it drained; `false` undrains those only: a device
+    /// drained before the suspend (`agora drain`) stays drained, as does one drained or
+    /// undrained by hand since.
+    PowerSave {
+        /// Suspend (true) or resume (false).
+        suspend: bool,
+    },
 }
 
 /// A Slurm job on this node ([`Request::JobStart`]).
@@ -632,15 +641,48 @@ pub enum Response {
     /// Reply to [`Request::DropDag`].
     DagDropped,
     /// Reply to [`Request::JobStart`].
-    JobStarted,
+    JobStarted {
+        /// The job was registered already (Slurm ran its prolog again, as on a requeue): its use
+        /// so far is kept, and its shares and quotas are now this request's (for sessions it
+        /// opens from now on).
+        again: bool,
+        /// Why the daemon could not record the running job for a restart
+        /// (`STATE_DIR/jobs/running/JOB.json`, named), if it could not: the job is registered,
+        /// but a daemon restart would forget it.
+        not_recorded: Option<String>,
+    },
     /// Reply to [`Request::JobEnd`].
-    JobEnded(Box<JobAccount>),
+    JobEnded {
+        /// What the job used.
+        account: Box<JobAccount>,
+        /// Why the daemon could not write the job's accounting record (`STATE_DIR/jobs/JOB.json`,
+        /// named), if it could not: `account` is then the job's only record.
+        not_recorded: Option<String>,
+    },
     /// Reply to [`Request::ClaimHost`].
     HostClaim {
         /// Whether the host copy is now the client's to write; `false`: a task that uses the
         /// buffer, or an eviction's write-back into its host copy, is not finished yet.
         granted: bool,
     },
+    /// Reply to [`Request::PowerSave`]: every device, in the daemon's order.
+    PowerSaved(Vec<PowerDevice>),
+}
+
+/// One device after a [`Request::PowerSave`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PowerDevice {
+    /// Its name.
+    pub device: String,
+    /// Whether this request drained it (suspend) or undrained it (resume); `false`: it was left
+    /// as it was (drained by hand, or already drained by an earlier suspend).
+    pub changed: bool,
+    /// Whether it is draining now.
+    pub draining: bool,
+    /// Buffers written back to host memory and freed on it (suspend).
+    pub evacuated_buffers: u64,
+    /// Device bytes they held.
+    pub evacuated_bytes: u64,
 }
 
 /// What a recovery restored.

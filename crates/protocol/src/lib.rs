@@ -50,5 +50,9 @@ pub use signature::{Access, KernelSignature, ParamKind, ParamSpec, ScalarType};
 /// 9: `Request::ClaimHost` / `Response::HostClaim` (a host write over unread device results).
 /// Later, without a new version: `SegmentHeader::control_sent` (a hint in the header page's
 /// spare room; an older client never bumps it, an older daemon never reads it);
-/// `StatusReport::private` (the report's last field: an older client ignores it).
+/// `StatusReport::private` (the report's last field: an older client ignores it);
+/// `Response::JobStarted`'s and `JobEnded`'s `again` / `not_recorded` (after what an older
+/// client reads, which ignores them; `agora slurm` of the same build as its daemon);
+/// `Request::PowerSave` / `Response::PowerSaved` (new last variants, asked by `agora slurm` only:
+/// no session's traffic changes; an older daemon answers them with a decoding error).
 pub const PROTOCOL_VERSION: u32 = 9;

@@ -117,7 +117,8 @@ fn job_of_process(pid: i32) -> Option<u64> {
 }
 
 impl Server {
-    /// `Request::JobStart`.
+    /// `Request::JobStart`: registers a job; for a job registered already (its prolog run again)
+    /// takes the new settings and keeps its use.
     pub(super) fn job_start(&mut self, id: u64, spec: JobStart) -> Option<Response> {
         let who = self.credentials(id)?;
         if !is_job_controller(&who) {
@@ -126,20 +127,48 @@ impl Server {
                 who.uid
             ))));
         }
-        let running = self.jobs.dir.join("running");
-        let written = std::fs::create_dir_all(&running)
-            .and_then(|()| std::fs::write(running.join(format!("{}.json", spec.job)), serde_json::to_vec(&spec)?));
-        if let Err(e) = written {
-            tracing::warn!(job = spec.job, error = %e, "could not record the running job; a daemon restart will forget it");
+        // A quota of 0 would make every session of the job fail at its first buffer, blaming
+        // the daemon's `--session-quota`: refuse it here, where the cause is.
+        if spec.heap_quota == Some(0) {
+            return Some(Response::Error(ControlError::BadRequest(format!(
+                "a heap quota of 0 for Slurm job {} would refuse every buffer of its sessions: give at least 1 byte (e.g. 256M), or none for the daemon's",
+                spec.job
+            ))));
         }
+        // Slurm runs the prolog again for a requeued job: the job goes on with the use it has,
+        // its settings replaced. A different uid is another job under a reused id, or a mistake:
+        // joining its sessions to the recorded one would mix two users' accounting.
+        let again = match self.jobs.running.get(&spec.job) {
+            Some(job) if job.spec.uid != spec.uid => {
+                return Some(Response::Error(ControlError::BadRequest(format!(
+                    "Slurm job {} is already registered for uid {}, not uid {}: end it first (agora slurm job-end --job {}) if its id now names another job",
+                    spec.job, job.spec.uid, spec.uid, spec.job
+                ))));
+            }
+            Some(_) => true,
+            None => false,
+        };
+        let file = self.jobs.dir.join("running").join(format!("{}.json", spec.job));
+        let written = std::fs::create_dir_all(self.jobs.dir.join("running"))
+            .and_then(|()| std::fs::write(&file, serde_json::to_vec(&spec)?));
+        let not_recorded = written.err().map(|e| {
+            tracing::warn!(job = spec.job, error = %e, file = %file.display(), "could not record the running job; a daemon restart will forget it");
+            format!("could not write {}: {e}", file.display())
+        });
         tracing::info!(
             job = spec.job,
             uid = spec.uid,
             shares = spec.shares,
+            again,
             "Slurm job started"
         );
-        self.jobs.running.insert(spec.job, RunningJob::new(spec));
-        Some(Response::JobStarted)
+        match self.jobs.running.get_mut(&spec.job) {
+            Some(job) => job.spec = spec,
+            None => {
+                self.jobs.running.insert(spec.job, RunningJob::new(spec));
+            }
+        }
+        Some(Response::JobStarted { again, not_recorded })
     }
 
     /// Which job a new session of `who` belongs to, or why it is refused: a process naming a
@@ -223,16 +252,20 @@ impl Server {
                 .into();
             std::fs::write(&record, serde_json::to_vec_pretty(&value)?)
         });
-        if let Err(e) = written {
+        let not_recorded = written.err().map(|e| {
             tracing::warn!(job, error = %e, file = %record.display(), "could not write the job's accounting record");
-        }
+            format!("could not write {}: {e}", record.display())
+        });
         tracing::info!(
             job,
             sessions = account.sessions,
             tasks = account.tasks_completed,
             "Slurm job ended"
         );
-        Some(Response::JobEnded(Box::new(account)))
+        Some(Response::JobEnded {
+            account: Box::new(account),
+            not_recorded,
+        })
     }
 
     /// A job's use so far: its ended sessions' and its live ones'.

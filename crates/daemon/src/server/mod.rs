@@ -244,6 +244,9 @@ pub(crate) struct Server {
     realtime: Option<(Arc<crate::realtime::Realtime>, std::thread::JoinHandle<()>)>,
     /// Slurm jobs running on this node.
     jobs: jobs::Jobs,
+    /// Devices `agora slurm suspend` drained (`Request::PowerSave`), by index: resume undrains
+    /// these only, so a device drained by hand before stays drained.
+    suspended: std::collections::BTreeSet<usize>,
 }
 
 /// How often a spinning dispatcher looks for control traffic (one `epoll_wait` with no timeout).
@@ -327,6 +330,7 @@ impl Server {
             exports: Default::default(),
             realtime,
             jobs: jobs::Jobs::load(&config.effective_state_dir()),
+            suspended: Default::default(),
             program_cache,
             program_policy,
             config,
@@ -888,6 +892,10 @@ impl Server {
             Request::JobEnd { job } => {
                 self.observe(id);
                 self.job_end(id, job)
+            }
+            Request::PowerSave { suspend } => {
+                self.observe(id);
+                Some(self.power_save(id, suspend))
             }
             other => self.in_session_request(id, other),
         }

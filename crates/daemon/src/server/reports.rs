@@ -1,5 +1,6 @@
 //! What the operator asks of the daemon as a whole: the status report (summarised so it fits one
-//! frame), per-uid usage, the device list, and draining a device (admin only).
+//! frame), per-uid usage, the device list, draining a device, and Slurm's suspend and resume of
+//! them all, which remember what the suspend drained (admin only).
 //!
 //! The dispatcher's (`Server`'s) methods for these replies. It must not change sessions.
 
@@ -57,6 +58,8 @@ impl Server {
         if let Err(e) = self.scheduler.set_draining(index, drain) {
             return Response::Error(ControlError::BadRequest(e));
         }
+        // The operator decided about this device since the suspend: resume leaves it so.
+        self.suspended.remove(&index);
         let (evacuated_buffers, evacuated_bytes) = if evacuate && !self.scheduler.migration.is_failed(index) {
             self.scheduler.evacuate(index)
         } else {
@@ -76,6 +79,54 @@ impl Server {
             evacuated_bytes,
             migrations: self.scheduler.migration.stats.migrations,
         }
+    }
+
+    /// `Request::PowerSave`: admin only. Suspend drains and evacuates every device, noting the
+    /// ones it drained; resume undrains only those.
+    pub(super) fn power_save(&mut self, id: u64, suspend: bool) -> Response {
+        let what = if suspend {
+            "suspend the node's devices"
+        } else {
+            "resume the node's devices"
+        };
+        if let Err(refusal) = self.require_admin(id, what) {
+            return refusal;
+        }
+        let mut devices = Vec::with_capacity(self.scheduler.devices.len());
+        for index in 0..self.scheduler.devices.len() {
+            let device = self.scheduler.devices[index].info().name.clone();
+            let was_draining = self.scheduler.migration.is_draining(index);
+            let mut report = agora_protocol::control::PowerDevice {
+                device,
+                changed: false,
+                draining: was_draining,
+                evacuated_buffers: 0,
+                evacuated_bytes: 0,
+            };
+            if suspend {
+                if !was_draining && self.scheduler.set_draining(index, true).is_ok() {
+                    self.suspended.insert(index);
+                    report.changed = true;
+                    report.draining = true;
+                }
+                // A device drained by hand may still hold idle buffers: nothing may be left on
+                // a device that powers down, whoever drained it.
+                if !self.scheduler.migration.is_failed(index) {
+                    (report.evacuated_buffers, report.evacuated_bytes) = self.scheduler.evacuate(index);
+                }
+            } else if self.suspended.remove(&index) {
+                match self.scheduler.set_draining(index, false) {
+                    Ok(()) => {
+                        report.changed = true;
+                        report.draining = false;
+                    }
+                    // Failed meanwhile: it stays drained and comes back by itself.
+                    Err(e) => tracing::warn!(device = %report.device, error = %e, "not resumed"),
+                }
+            }
+            devices.push(report);
+        }
+        Response::PowerSaved(devices)
     }
 
     pub(super) fn device_names(&self) -> Vec<String> {
