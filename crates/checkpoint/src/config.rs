@@ -100,9 +100,12 @@ pub struct StoreConfig {
 }
 
 /// Smallest allowed [`StoreConfig::block_bytes`].
-pub(crate) const MIN_BLOCK_BYTES: u64 = 4 << 10;
+pub const MIN_BLOCK_BYTES: u64 = 4 << 10;
 /// Largest allowed [`StoreConfig::block_bytes`].
-pub(crate) const MAX_BLOCK_BYTES: u64 = 64 << 20;
+pub const MAX_BLOCK_BYTES: u64 = 64 << 20;
+/// Most [`StoreConfig::data_shards`] and [`StoreConfig::parity_shards`] together: GF(2^8)
+/// Reed–Solomon has at most 256 shards in all.
+pub const MAX_SHARDS: usize = 256;
 
 impl StoreConfig {
     /// A configuration with only the local directory, 64 KiB blocks, 4+2 erasure shards and the
@@ -139,11 +142,10 @@ impl StoreConfig {
                 self.data_shards, self.parity_shards
             ));
         }
-        // GF(2^8) Reed–Solomon has at most 256 shards in all.
-        if self.data_shards + self.parity_shards > 256 {
+        if self.data_shards.saturating_add(self.parity_shards) > MAX_SHARDS {
             return bad(format!(
-                "`data_shards` + `parity_shards` is {}, at most 256",
-                self.data_shards + self.parity_shards
+                "`data_shards` + `parity_shards` is {}, at most {MAX_SHARDS}",
+                self.data_shards.saturating_add(self.parity_shards)
             ));
         }
         if self.local.as_os_str().is_empty() {

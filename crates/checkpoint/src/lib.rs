@@ -29,7 +29,10 @@ mod fsio;
 mod manifest;
 mod store;
 
-pub use config::{AppKey, Capture, CheckpointInfo, Entry, Level, Recovered, StoreConfig, WriteReport};
+pub use config::{
+    AppKey, Capture, CheckpointInfo, Entry, Level, Recovered, StoreConfig, WriteReport, MAX_BLOCK_BYTES, MAX_SHARDS,
+    MIN_BLOCK_BYTES,
+};
 pub use error::StoreError;
 pub use store::Store;
 

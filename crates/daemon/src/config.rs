@@ -1273,6 +1273,7 @@ impl DaemonConfig {
                 self.energy_slack
             ));
         }
+        self.validate_checkpoint().map_err(ConfigError::Invalid)?;
         let mut names = std::collections::HashSet::new();
         for sim in &self.sims {
             if sim.name.is_empty() || !names.insert(sim.name.as_str()) {
@@ -1285,6 +1286,54 @@ impl DaemonConfig {
                 return bad(format!(
                     "sim device '{}': lanes, memory, speed and bandwidth must be positive",
                     sim.name
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks `[checkpoint]` against the store's rules here, at load: the store checks them
+    /// again when the daemon opens it, but refusing them there leaves a daemon whose every
+    /// checkpoint fails, telling clients the directory is unusable.
+    fn validate_checkpoint(&self) -> Result<(), String> {
+        use agora_checkpoint::{MAX_BLOCK_BYTES, MAX_SHARDS, MIN_BLOCK_BYTES};
+        if !(MIN_BLOCK_BYTES..=MAX_BLOCK_BYTES).contains(&self.checkpoint_block_bytes) {
+            return Err(format!(
+                "checkpoint.block_bytes = {} must be between {MIN_BLOCK_BYTES} (\"4K\") and {MAX_BLOCK_BYTES} (\"64M\")",
+                self.checkpoint_block_bytes
+            ));
+        }
+        for (key, value) in [
+            ("data_shards", self.checkpoint_data_shards),
+            ("parity_shards", self.checkpoint_parity_shards),
+        ] {
+            if !(1..MAX_SHARDS).contains(&value) {
+                return Err(format!(
+                    "checkpoint.{key} = {value} must be between 1 and {} (data_shards + parity_shards at most {MAX_SHARDS}), e.g. 4 data and 2 parity",
+                    MAX_SHARDS - 1
+                ));
+            }
+        }
+        let shards = self.checkpoint_data_shards + self.checkpoint_parity_shards;
+        if shards > MAX_SHARDS {
+            return Err(format!(
+                "checkpoint.data_shards + checkpoint.parity_shards = {shards} must be at most {MAX_SHARDS} (Reed–Solomon over bytes), e.g. 4 and 2"
+            ));
+        }
+        if self.checkpoint_keep == 0 {
+            return Err(
+                "checkpoint.keep = 0 must be at least 1: the checkpoint just written is kept (2 keeps one to fall back to)"
+                    .into(),
+            );
+        }
+        for (key, dir) in [
+            ("local", &self.checkpoint_local),
+            ("partner", &self.checkpoint_partner),
+            ("shared", &self.checkpoint_shared),
+        ] {
+            if dir.as_ref().is_some_and(|d| d.as_os_str().is_empty()) {
+                return Err(format!(
+                    "checkpoint.{key} is empty: name a directory, or leave the key out"
                 ));
             }
         }
@@ -1564,6 +1613,37 @@ mod tests {
         let e = err("[scheduler]\nbatch_priority = \"fifo\"");
         assert!(e.contains("scheduler.batch_priority") && e.contains("idle"), "{e}");
         assert!(err("[scheduler]\ndispatcher_nice = -21").contains("between -20 and 19"));
+    }
+
+    #[test]
+    fn checkpoint_settings_the_store_would_refuse_are_refused_at_load() {
+        let err = |t: &str| match DaemonConfig::from_toml(&format!("[checkpoint]\n{t}")) {
+            Err(ConfigError::Invalid(m)) => m,
+            other => panic!("{t}: {other:?}"),
+        };
+        let e = err("block_bytes = \"0\"");
+        assert!(
+            e.contains("checkpoint.block_bytes = 0") && e.contains("4096") && e.contains("64M"),
+            "{e}"
+        );
+        assert!(err("block_bytes = \"128M\"").contains("between"));
+        let e = err("data_shards = 0");
+        assert!(
+            e.contains("checkpoint.data_shards = 0") && e.contains("between 1 and 255"),
+            "{e}"
+        );
+        assert!(err("parity_shards = 0").contains("checkpoint.parity_shards = 0"));
+        let e = err("parity_shards = 300");
+        assert!(e.contains("checkpoint.parity_shards = 300") && e.contains("256"), "{e}");
+        let e = err("data_shards = 200\nparity_shards = 100");
+        assert!(e.contains("= 300") && e.contains("at most 256"), "{e}");
+        let e = err("keep = 0");
+        assert!(e.contains("checkpoint.keep = 0") && e.contains("at least 1"), "{e}");
+        assert!(err("local = \"\"").contains("checkpoint.local is empty"));
+        // The edges are accepted, and so is every default.
+        DaemonConfig::from_toml("[checkpoint]\nblock_bytes = \"4K\"\ndata_shards = 1\nparity_shards = 255\nkeep = 1")
+            .unwrap();
+        DaemonConfig::default().validate().unwrap();
     }
 
     #[test]
