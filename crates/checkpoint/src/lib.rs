@@ -8,8 +8,9 @@
 //!
 //! It must not know about sessions, devices, sockets or the protocol: the daemon captures the
 //! buffers (copy-on-checkpoint into memory it owns) and hands a [`Capture`] to [`Store::write`]
-//! on a background thread; at restart it asks [`Store::latest`]. Everything here is plain file
-//! I/O, so it is tested with temporary directories.
+//! on a background thread; at restart it asks [`Store::resume`] ([`Store::latest`], with the
+//! damaged checkpoints passed over set aside so that their ids are free again). Everything here
+//! is plain file I/O, so it is tested with temporary directories.
 //!
 //! Crash consistency rests on one rule: a checkpoint is complete exactly when its manifest file
 //! exists, and the manifest is renamed into place only after every block or shard it names is

@@ -34,6 +34,9 @@ const BLOCKS: &str = "blocks";
 const MANIFESTS: &str = "manifests";
 /// Subdirectory of L3 shard directories.
 const ERASURE: &str = "erasure";
+/// Subdirectory of the manifests of damaged checkpoints [`Store::resume`] set aside: kept for
+/// inspection, no longer taking their ids.
+const DAMAGED: &str = "damaged";
 
 /// The checkpoint store of one node. See the crate documentation.
 #[derive(Debug)]
@@ -196,11 +199,51 @@ impl Store {
         app.check()?;
         let lock = self.app_lock(app);
         let _guard = lock.read().unwrap_or_else(PoisonError::into_inner);
+        self.find_latest(app).map(|(recovered, _)| recovered)
+    }
+
+    /// [`Store::latest`] for an application that goes on from what it returns: the damaged
+    /// checkpoints passed over (every one, when none verifies) are set aside, their manifests
+    /// moved to `damaged/` in each directory, so that the application's next checkpoints may
+    /// take their ids (those after the one recovered). Their blocks go with the next write's
+    /// retention. [`Recovered::skipped`] says which were set aside.
+    pub fn resume(&self, app: &AppKey) -> Result<Option<Recovered>, StoreError> {
+        app.check()?;
+        let lock = self.app_lock(app);
+        let _guard = lock.write().unwrap_or_else(PoisonError::into_inner);
+        let (mut outcome, damaged) = match self.find_latest(app) {
+            Ok((recovered, damaged)) => (Ok(recovered), damaged),
+            Err(e @ StoreError::NoIntactCheckpoint { .. }) => (Err(e), self.sequences(app)?),
+            Err(e) => return Err(e),
+        };
+        for &seq in &damaged {
+            self.set_aside(app, seq)?;
+        }
+        let note = |message: &mut String| message.push_str(" (set aside in damaged/: its id is free again)");
+        match &mut outcome {
+            Ok(Some(recovered)) => recovered.skipped.iter_mut().for_each(note),
+            Err(StoreError::NoIntactCheckpoint { problems, .. }) => problems.iter_mut().for_each(note),
+            _ => {}
+        }
+        outcome
+    }
+
+    /// The newest id `app`'s checkpoints took, damaged ones included: a new checkpoint must be
+    /// numbered above it ([`Store::write`] refuses it otherwise). Cheap (a directory listing).
+    pub fn newest_sequence(&self, app: &AppKey) -> Result<Option<u64>, StoreError> {
+        app.check()?;
+        Ok(self.sequences(app)?.last().copied())
+    }
+
+    /// The newest checkpoint that verifies, and the ids of the newer ones that did not. The
+    /// caller holds the application's lock.
+    fn find_latest(&self, app: &AppKey) -> Result<(Option<Recovered>, Vec<u64>), StoreError> {
         let sequences = self.sequences(app)?;
         if sequences.is_empty() {
-            return Ok(None);
+            return Ok((None, Vec::new()));
         }
         let mut problems = Vec::new();
+        let mut damaged = Vec::new();
         for &seq in sequences.iter().rev() {
             match self.recover(app, seq) {
                 Ok((level, entries)) => {
@@ -208,20 +251,42 @@ impl Store {
                         .into_iter()
                         .map(|p| format!("{p}; using checkpoint {seq}"))
                         .collect();
-                    return Ok(Some(Recovered {
+                    let recovered = Recovered {
                         sequence: seq,
                         level,
                         entries,
                         skipped,
-                    }));
+                    };
+                    return Ok((Some(recovered), damaged));
                 }
-                Err(why) => problems.push(why),
+                Err(why) => {
+                    problems.push(why);
+                    damaged.push(seq);
+                }
             }
         }
         Err(StoreError::NoIntactCheckpoint {
             app: app.to_string(),
             problems,
         })
+    }
+
+    /// Moves checkpoint `seq`'s manifest, in every directory that has one, to `damaged/`.
+    fn set_aside(&self, app: &AppKey, seq: u64) -> Result<(), StoreError> {
+        let name = manifest::file_name(seq);
+        for root in self.all_roots() {
+            let dir = app_dir(root, app);
+            let from = dir.join(MANIFESTS).join(&name);
+            if !from.exists() {
+                continue;
+            }
+            let aside = dir.join(DAMAGED);
+            fsio::ensure_dir(&aside)?;
+            std::fs::rename(&from, aside.join(&name)).map_err(|e| StoreError::io("set aside", &from, e))?;
+            fsio::sync_dir(&aside)?;
+            fsio::sync_dir(&dir.join(MANIFESTS))?;
+        }
+        Ok(())
     }
 
     /// Removes every checkpoint of `app`, at every level. Manifests go first, so a crash midway
@@ -565,6 +630,14 @@ impl Store {
             if removed {
                 // Manifests must be gone for good before the blocks they name.
                 fsio::sync_dir(&dir)?;
+            }
+            // Damaged manifests set aside before the oldest kept checkpoint: nothing to inspect
+            // there any more, and they count against the user's quota.
+            let damaged = app_dir(root, app).join(DAMAGED);
+            for name in fsio::list_names(&damaged)? {
+                if manifest::parse_file_name(&name).is_none_or(|seq| kept.first().is_some_and(|&k| seq < k)) {
+                    fsio::remove_file(&damaged.join(&name))?;
+                }
             }
             // Shard directories of dropped checkpoints, and of writes that crashed before their
             // manifest: neither is anything's data.

@@ -644,3 +644,68 @@ fn a_write_past_the_users_quota_is_refused_before_anything_is_written() {
         .write(&stranger, capture(1, Level::L1, &[Entry { id: 1, bytes: state }]))
         .expect("another user's quota is its own");
 }
+
+#[test]
+fn resume_sets_damaged_checkpoints_aside_and_frees_their_ids() {
+    let f = Fixture::new(3);
+    let a = app("resumed");
+    let data = vec![Entry {
+        id: 1,
+        bytes: noise(7, 3 * BLOCK),
+    }];
+    for seq in [4, 5, 6] {
+        f.store.write(&a, capture(seq, Level::L1, &data)).expect("write");
+    }
+    // The newest manifest truncated (a crash of the disk, say): recovery uses 5.
+    let m6 = manifest_path(&f, &a, 6);
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&m6)
+        .expect("open")
+        .set_len(20)
+        .expect("truncate");
+    assert_eq!(
+        f.store.newest_sequence(&a).expect("newest"),
+        Some(6),
+        "a damaged id is taken"
+    );
+    let got = f.store.resume(&a).expect("resume").expect("some");
+    assert_eq!(got.sequence, 5);
+    assert_eq!(got.skipped.len(), 1);
+    assert!(
+        got.skipped[0].starts_with("checkpoint 6: manifest is damaged") && got.skipped[0].contains("set aside"),
+        "{}",
+        got.skipped[0]
+    );
+    assert!(!m6.exists(), "the damaged manifest is no longer among the checkpoints");
+    assert!(
+        f.app_dir(&f.config.local, &a)
+            .join("damaged")
+            .join(m6.file_name().unwrap())
+            .exists(),
+        "it is kept aside for inspection"
+    );
+    // The application goes on after the checkpoint it recovered.
+    assert_eq!(f.store.newest_sequence(&a).expect("newest"), Some(5));
+    f.store.write(&a, capture(6, Level::L1, &data)).expect("write 6 again");
+    let got = f.store.latest(&a).expect("latest").expect("some");
+    assert_eq!((got.sequence, got.skipped.len()), (6, 0));
+
+    // Nothing intact at all: everything is set aside, and the application starts over.
+    for seq in [4, 5, 6] {
+        let path = manifest_path(&f, &a, seq);
+        if path.exists() {
+            fs::write(&path, "{").expect("damage");
+        }
+    }
+    match f.store.resume(&a) {
+        Err(StoreError::NoIntactCheckpoint { problems, .. }) => {
+            assert!(problems.iter().all(|p| p.contains("set aside")), "{problems:?}")
+        }
+        other => panic!("expected NoIntactCheckpoint, got {other:?}"),
+    }
+    assert_eq!(f.store.newest_sequence(&a).expect("newest"), None);
+    f.store
+        .write(&a, capture(1, Level::L1, &data))
+        .expect("a fresh start at 1");
+}

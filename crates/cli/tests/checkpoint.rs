@@ -601,3 +601,71 @@ fn a_users_checkpoints_past_the_quota_are_refused_and_the_earlier_ones_kept() {
     assert_eq!(back.read_vec::<f32>(), (0..N).map(|i| i as f32).collect::<Vec<_>>());
     daemon.assert_alive();
 }
+
+#[test]
+fn after_recovery_passes_over_a_damaged_checkpoint_its_id_is_free_and_a_taken_id_fails_the_task() {
+    let mut daemon = Daemon::start(AGORA, "checkpoint-damaged-id", &["--no-opencl"]);
+    let manifest6 = daemon.state_dir().join(format!(
+        "checkpoints/{}/damaged-id/manifests/{:020}.json",
+        rustix::process::getuid().as_raw(),
+        6
+    ));
+    let data: Vec<f32> = (0..N).map(|i| i as f32).collect();
+    {
+        let s = daemon.session_without_resume("damaged-id");
+        let q = s.queue("main").unwrap();
+        let x = s.buffer_from(&data).unwrap();
+        s.protect(1, &x).unwrap();
+        for id in [3, 6] {
+            q.checkpoint(id, CheckpointLevel::Local).unwrap();
+        }
+        q.finish().unwrap();
+        written(&s);
+    }
+    // The newest checkpoint damaged (its manifest truncated), as in the operators' audit.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&manifest6)
+        .unwrap()
+        .set_len(20)
+        .unwrap();
+    // A new daemon knows the application's ids from its files only.
+    daemon.restart();
+
+    // Without a recovery, id 6 is still taken: the checkpoint task fails, and says why (it used
+    // to be accepted, then refused by the writer, in the daemon's log only).
+    {
+        let s = daemon.session_without_resume("damaged-id");
+        let q = s.queue("main").unwrap();
+        let x = s.buffer_from(&data).unwrap();
+        s.protect(1, &x).unwrap();
+        q.checkpoint(6, CheckpointLevel::Local).unwrap();
+        let message = failure(q.finish());
+        assert!(message.contains("not larger"), "{message}");
+    }
+
+    // A recovery passes over 6 and uses 3; the run goes on with 6, which is written.
+    let s = daemon.session_without_resume("damaged-id");
+    let q = s.queue("main").unwrap();
+    let x = s.buffer_from(&vec![0f32; N]).unwrap();
+    s.protect(1, &x).unwrap();
+    let recovered = s.recover().unwrap();
+    assert_eq!(recovered.checkpoint, 3, "{recovered:?}");
+    assert!(
+        recovered
+            .skipped
+            .iter()
+            .any(|m| m.contains("checkpoint 6") && m.contains("set aside")),
+        "{recovered:?}"
+    );
+    q.checkpoint(6, CheckpointLevel::Local).unwrap();
+    q.finish().unwrap();
+    let report = written(&s);
+    let write = report
+        .writes
+        .iter()
+        .find(|w| w.checkpoint == 6)
+        .expect("the write of 6");
+    assert_eq!(write.error, None, "{report:?}");
+    assert!(report.checkpoints.iter().any(|c| c.checkpoint == 6), "{report:?}");
+}

@@ -208,8 +208,10 @@ impl Checkpoints {
         let mut books = self.applications.lock().unwrap_or_else(|e| e.into_inner());
         let entry = books.entry((app.uid, app.name.clone())).or_default();
         if entry.newest.is_none() {
-            // What an earlier daemon or process wrote counts too.
-            entry.newest = store.list(app).ok().and_then(|list| list.last().map(|c| c.sequence));
+            // What an earlier daemon or process wrote counts too, damaged checkpoints included:
+            // the store refuses their ids as well, and a refusal there, after the task
+            // completed, would reach the client only through `checkpoints()`.
+            entry.newest = store.newest_sequence(app).ok().flatten();
         }
         if entry.newest.is_some_and(|newest| checkpoint <= newest) {
             return Err(refuse(CHECKPOINT_ID_NOT_NEWER));
@@ -248,7 +250,8 @@ impl Checkpoints {
     /// are waited for first, up to 5 s (this runs on the control thread, which other tenants'
     /// control requests share): they are what to recover from. And the application
     /// restarts from what is on disk: ids admitted for checkpoints that were never captured (a
-    /// crashed process's queued checkpoint tasks, skipped when it died) no longer count, so the
+    /// crashed process's queued checkpoint tasks, skipped when it died) no longer count, and the
+    /// damaged checkpoints recovery passed over are set aside ([`Store::resume`]), so the
     /// resumed run may use the ids after the recovered one.
     pub(crate) fn recover(&self, app: &AppKey) -> Result<Option<Recovered>, String> {
         let store = self
@@ -269,7 +272,7 @@ impl Checkpoints {
             entry.newest = None;
         }
         drop(books);
-        store.latest(app).map_err(|e: StoreError| e.to_string())
+        store.resume(app).map_err(|e: StoreError| e.to_string())
     }
 
     /// What `app` has: its complete checkpoints and its last writes.
