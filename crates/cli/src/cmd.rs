@@ -675,6 +675,9 @@ pub struct DrainArgs {
 
 pub fn drain(args: DrainArgs, on: bool) -> Result<()> {
     let verb = if on { "drain" } else { "undrain" };
+    if args.evacuate && !on {
+        anyhow::bail!("--evacuate goes with `agora drain` (it writes a draining device's buffers home); `agora undrain` takes none");
+    }
     let outcome = agora::drain_device(args.socket.path(), &args.device, on, args.evacuate && on)
         .with_context(|| format!("could not {verb} device '{}'", args.device))?;
     if outcome.draining {

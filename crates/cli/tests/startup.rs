@@ -265,3 +265,36 @@ fn sighup_reloads_the_kernel_packages_and_the_daemon_goes_on() {
     assert!(child.wait().unwrap().success());
     assert!(!socket.exists(), "a clean stop removes its socket");
 }
+
+/// A `[[sim]]` device named like a real one would leave one of the two unreachable by name
+/// (drain, the model, the metrics): refused at start.
+#[test]
+fn a_sim_device_named_like_another_device_is_refused() {
+    let scratch = temp_dir("startup-sim-name");
+    let config = scratch.path().join("agora.toml");
+    std::fs::write(&config, "[[sim]]\nname = \"cpu0\"\nlanes = 1\n").unwrap();
+    let (code, err) = serve(
+        scratch.path(),
+        &scratch.path().join("s.sock"),
+        &["--no-opencl", "--config", config.to_str().unwrap()],
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("two devices are named cpu0"), "{err}");
+}
+
+/// A trace file that cannot be written is refused at start, naming it (before, the daemon
+/// started and the trace was lost at shutdown, with an error that did not say which file).
+#[test]
+fn a_trace_file_that_cannot_be_written_is_refused_at_start() {
+    let scratch = temp_dir("startup-trace");
+    let (code, err) = serve(
+        scratch.path(),
+        &scratch.path().join("t.sock"),
+        &["--no-opencl", "--trace", "/nonexistent-dir/trace.json"],
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("/nonexistent-dir/trace.json") && err.contains("writable directory"),
+        "{err}"
+    );
+}

@@ -1255,6 +1255,9 @@ impl DaemonConfig {
             return bad("the program timeout (--program-timeout, programs.timeout_ms) must be at least 1 ms".into());
         }
         self.limits.validate().map_err(ConfigError::Invalid)?;
+        if self.session_quota == 0 {
+            return bad("the session quota (--session-quota, sessions.quota) must be more than 0".into());
+        }
         if !(0.0..1.0).contains(&self.history_weight) {
             return bad(format!(
                 "scheduler.perf.history_weight = {} must be in [0, 1): the weight of the old average",
@@ -1354,6 +1357,23 @@ impl DaemonConfig {
             }
         }
         Ok(())
+    }
+
+    /// What in these settings deserves a warning at start although they work: a session quota
+    /// above the heap one uid may hold (every session is granted its whole heap against its
+    /// uid's limit, so a session that asks for no smaller heap is always refused).
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if self.session_quota > self.limits.heap_bytes_per_uid {
+            warnings.push(format!(
+                "the session quota (--session-quota, sessions.quota) = {} is more than the heap one uid may hold \
+                 ([limits] heap_bytes_per_uid, --limit-heap-per-uid = {}): only sessions that ask for a smaller \
+                 heap can open; lower the first or raise the second",
+                format_bytes(self.session_quota),
+                format_bytes(self.limits.heap_bytes_per_uid)
+            ));
+        }
+        warnings
     }
 
     /// Every effective setting as a configuration file (what `agora serve --print-config` shows).
@@ -1733,5 +1753,20 @@ mod tests {
         let file = DaemonConfig::from_toml("[kernels]\npaths = [\"/opt/agora/packages\"]\n").unwrap();
         assert_eq!(file.kernel_paths, vec![PathBuf::from("/opt/agora/packages")]);
         assert!(file.to_toml().contains("/opt/agora/packages"));
+    }
+
+    #[test]
+    fn a_session_quota_no_uid_can_hold_is_warned_about_and_zero_is_refused() {
+        let mut c = DaemonConfig::default();
+        assert!(c.warnings().is_empty(), "the defaults fit");
+        c.limits.heap_bytes_per_uid = 1 << 30;
+        c.session_quota = 2 << 30;
+        let warnings = c.warnings();
+        assert!(
+            warnings.len() == 1 && warnings[0].contains("heap_bytes_per_uid") && warnings[0].contains("= 2G"),
+            "{warnings:?}"
+        );
+        c.session_quota = 0;
+        assert!(c.validate().unwrap_err().to_string().contains("must be more than 0"));
     }
 }

@@ -400,6 +400,9 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
     config
         .validate()
         .map_err(|e| DaemonError::io("checking the configuration", std::io::Error::other(e.to_string())))?;
+    for warning in config.warnings() {
+        tracing::warn!("{warning}");
+    }
     // Before any device starts: a socket that cannot work fails at once, saying what to do; so
     // does a socket path or a state directory that another daemon holds.
     check_socket_path(&config.socket, &config.socket_access)?;
@@ -643,6 +646,20 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
         });
         devices.push(Arc::new(device));
     }
+    // Devices are named in the model, the metrics, `agora drain` and the trace: a `[[sim]]`
+    // device named like a real one (`cpu0`) would make one of the two unreachable.
+    for (index, device) in devices.iter().enumerate() {
+        let name = &device.info().name;
+        if devices[..index].iter().any(|d| d.info().name == *name) {
+            return Err(DaemonError::io(
+                "starting devices",
+                std::io::Error::other(format!(
+                    "two devices are named {name}: a [[sim]] device may not take the name of another device \
+                     (this node's are named cpu0, opencl0.., cuda0..); rename it in the configuration file"
+                )),
+            ));
+        }
+    }
     if devices.len() > memory::MAX_DEVICES {
         return Err(DaemonError::io(
             "starting devices",
@@ -653,6 +670,17 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
     let model = load_model(&config, &state_dir);
     let model = Arc::new(std::sync::Mutex::new(model));
     start_model_saver(Arc::downgrade(&model), state_dir);
+    if let Some(path) = &config.trace {
+        telemetry::TraceRecorder::check_writable(path).map_err(|e| {
+            DaemonError::io(
+                format!(
+                    "writing the trace file {} (give --trace, or [telemetry] trace, a path in a writable directory)",
+                    path.display()
+                ),
+                e,
+            )
+        })?;
+    }
     let trace = config.trace.as_ref().map(|path| {
         tracing::info!(file = %path.display(), capacity = config.trace_capacity, "tracing tasks");
         telemetry::TraceRecorder::new(

@@ -81,7 +81,9 @@ impl Limit {
             Limit::Connections => "[limits] connections_per_uid, agora serve --limit-connections-per-uid",
             Limit::Sessions => "[limits] sessions_per_uid, agora serve --limit-sessions-per-uid",
             Limit::HeapBytes => {
-                "[limits] heap_bytes_per_uid, agora serve --limit-heap-per-uid; or open sessions with smaller heaps"
+                "[limits] heap_bytes_per_uid, agora serve --limit-heap-per-uid; each session holds its whole heap \
+                 (the daemon's --session-quota unless it asks for less) whether or not it allocates, so open \
+                 sessions with smaller heaps (SessionOptions::heap_bytes, agora.Session(heap_bytes=...))"
             }
             Limit::Queues => "[limits] queues_per_uid, agora serve --limit-queues-per-uid",
             Limit::Buffers => "[limits] buffers_per_uid, agora serve --limit-buffers-per-uid",

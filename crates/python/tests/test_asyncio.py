@@ -104,6 +104,10 @@ def test_an_awaited_failure_raises_its_own_error_every_time(session):
             for _ in range(2):
                 with pytest.raises(agora.BufferTooSmallError, match="needs 400 bytes, has 16"):
                     await bad
+            # What the refused launch would have written is poisoned until rewritten whole.
+            with pytest.raises(agora.DependencyFailedError):
+                await queue.launch("saxpy", 2.0, x, y, range=4)
+            queue.sync_to(y)
             good = queue.launch("saxpy", 2.0, x, y, range=4)
             await good
             assert good.done()

@@ -1230,7 +1230,16 @@ impl Server {
                 Err(e) => tracing::error!(error = %e, "could not write the trace"),
             }
         }
-        tracing::info!(abandoned, seconds = started.elapsed().as_secs_f64(), "stopped");
+        if abandoned > 0 {
+            // Work given up on: its clients see the daemon go and issue it again.
+            tracing::warn!(
+                abandoned,
+                seconds = started.elapsed().as_secs_f64(),
+                "stopped with work still running (shutdown_timeout reached)"
+            );
+        } else {
+            tracing::info!(seconds = started.elapsed().as_secs_f64(), "stopped");
+        }
         self.conns.clear();
         self.closing.clear();
         self.owed.clear();

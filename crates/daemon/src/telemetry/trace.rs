@@ -66,8 +66,23 @@ impl TraceRecorder {
         t.saturating_duration_since(self.epoch).as_nanos() as f64 / 1000.0
     }
 
-    /// Writes the trace to its file; returns the path and the number of spans written.
+    /// Whether the trace's file can be written: a scratch file beside it is created and
+    /// removed (at start, so that a path that cannot work is refused then, not found out when
+    /// the trace is lost at shutdown).
+    pub(crate) fn check_writable(path: &std::path::Path) -> std::io::Result<()> {
+        let scratch = path.with_extension("tmp");
+        std::fs::File::create(&scratch)?;
+        std::fs::remove_file(&scratch)
+    }
+
+    /// Writes the trace to its file; returns the path and the number of spans written. An
+    /// error names the file.
     pub(crate) fn save(&self) -> std::io::Result<(PathBuf, u64)> {
+        self.save_spans()
+            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", self.path.display())))
+    }
+
+    fn save_spans(&self) -> std::io::Result<(PathBuf, u64)> {
         // Copied without holding the lock that `record` takes on the dispatcher and the lanes
         // for every task: copying 500 000 spans under it stalled every tenant for 8-18 ms
         // (scripts/measure-control-loop.sh). The spans are taken out (O(1)), copied, and put
