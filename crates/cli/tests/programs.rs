@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use agora::{Arg, Error, Kernel, Queue, Session, TaskError};
 use agora_protocol::control::{ControlError, MAX_PROGRAM_BYTES};
-use agora_test_support::{temp_dir, Daemon};
+use agora_test_support::{eventually, temp_dir, Daemon};
 
 const AGORA: &str = env!("CARGO_BIN_EXE_agora");
 
@@ -688,4 +688,48 @@ fn cuda_and_ptx_programs_are_checked_when_built_and_fail_with_no_device_without_
         other => panic!("a PTX program without kernels in its manifest: {other:?}"),
     }
     daemon_alive(&daemon);
+}
+
+/// A session that ends while its tenant kernel runs (its client killed, or gone) has its
+/// executor killed at once: the lane is free again within moments, not after the program timeout
+/// (before, a killed client's endless kernel held a CPU lane for the whole timeout and its
+/// session stayed "closing").
+#[test]
+fn a_session_that_ends_while_its_kernel_runs_frees_the_lane_at_once() {
+    let daemon = start("programs-end", &["--program-timeout", "60000"]);
+    let session = daemon.session();
+    let queue = session.queue("endless").unwrap();
+    let program = session.program_opencl(BAD).unwrap();
+    let b = session.buffer_from(&[0f32; 256]).unwrap();
+    queue.sync_to(&b).unwrap();
+    let _running = queue
+        .launch(&program.kernel("endless").unwrap(), &[(&b).into()], 256u64)
+        .unwrap();
+    // Running: some lane is busy.
+    assert!(eventually(Duration::from_secs(10), || daemon
+        .status()
+        .devices
+        .iter()
+        .any(|d| d.lanes.iter().any(|l| l.busy))));
+    let ended = Instant::now();
+    drop((_running, b, queue, program, session));
+    let freed = eventually(Duration::from_secs(20), || {
+        let status = daemon.status();
+        status.closing_sessions == 0 && status.live_sessions == 0
+    });
+    assert!(
+        freed,
+        "the session was still closing 20 s after it ended (program timeout 60 s)"
+    );
+    assert!(ended.elapsed() < Duration::from_secs(20));
+    // And the lanes serve the next session.
+    let next = daemon.session();
+    saxpy_checked(
+        &next,
+        &next.queue("next").unwrap(),
+        &next.program_opencl(GOOD).unwrap().kernel("saxpy").unwrap(),
+        1024,
+        2.0,
+    )
+    .unwrap();
 }

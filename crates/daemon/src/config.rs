@@ -1453,6 +1453,31 @@ impl DaemonConfig {
         if self.trace.is_none() {
             out.push_str("# [telemetry] trace = \"agora.trace.json\" records a task trace (off by default)\n");
         }
+        // Directories without a value are left out of the body (TOML has no "unset"): say
+        // what each does when set.
+        let unset: Vec<&str> = [
+            (
+                self.checkpoint_local.is_none(),
+                "local (level 1; default: checkpoints/ under state_dir)",
+            ),
+            (
+                self.checkpoint_partner.is_none(),
+                "partner (level 2; unset: level 2 is refused)",
+            ),
+            (
+                self.checkpoint_shared.is_none(),
+                "shared (level 4; unset: level 4 is refused)",
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(unset, text)| unset.then_some(text))
+        .collect();
+        if !unset.is_empty() {
+            out.push_str(&format!(
+                "# [checkpoint] directories not set here: {}\n",
+                unset.join(", ")
+            ));
+        }
         out.push('\n');
         out.push_str(&body);
         out

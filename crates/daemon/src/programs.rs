@@ -232,12 +232,21 @@ impl SessionPrograms {
     }
 }
 
+impl SessionPrograms {
+    /// The session's client is gone: its executor is killed now, so a tenant kernel running
+    /// there fails at once instead of holding its lane until the program timeout (a lane job
+    /// holds these programs, so their drop would wait for that very job).
+    pub(crate) fn end(&self) {
+        self.cell.closed.store(true, Ordering::Release);
+        self.cell.killer.kill();
+    }
+}
+
 impl Drop for SessionPrograms {
     /// The session ended: its executor is killed now (without waiting for a launch that holds
     /// its lock, which then fails) and reaped by whoever holds it last.
     fn drop(&mut self) {
-        self.cell.closed.store(true, Ordering::Release);
-        self.cell.killer.kill();
+        self.end();
         // Reaping waits for the process to finish dying: not on the dispatcher.
         let cell = self.cell.clone();
         let reaper = std::thread::Builder::new()

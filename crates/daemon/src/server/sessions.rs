@@ -365,6 +365,9 @@ impl Server {
                 }
             }
             session.shared.cancelled.store(true, Ordering::Release);
+            if let Some(programs) = &session.programs {
+                programs.end();
+            }
             self.sessions_closed += 1;
             self.telemetry.metrics.sessions.dec();
             tracing::info!(session = id, pid = session.credentials.pid, "session ended");
