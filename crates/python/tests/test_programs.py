@@ -183,3 +183,12 @@ def test_a_ptx_program_is_checked_when_built_and_without_a_gpu_fails_with_no_dev
         with pytest.raises(agora.AgoraError, match="takes 2 parameters; the manifest declares 1"):
             session.program(ptx, language="ptx", manifest=wrong)
         queue.close()
+
+
+def test_a_strict_coherence_daemon_refuses_a_program_saying_why(daemon):
+    # The suite's shared daemon runs with --strict-coherence: tenant OpenCL C and C run on the
+    # session's own memory, which no device computes on there. Before, the build succeeded and
+    # every launch failed with NoDevice naming a raw kernel id.
+    with agora.Session(socket=str(daemon.socket)) as session:
+        with pytest.raises(agora.BadRequestError, match="strict coherence"):
+            session.program(SAXPY)

@@ -1071,6 +1071,17 @@ impl Server {
         if let Err(e) = crate::programs::check_request(&language, &code, manifest.as_deref()) {
             return refuse(e);
         }
+        // Tenant OpenCL C and C run in the session's executor, on its shared memory; under strict
+        // coherence every device computes on private copies the executor cannot see, so every
+        // launch would fail with NoDevice. Said at the build, once, with what to do.
+        if config.strict_coherence && matches!(language.as_str(), "opencl" | "c") {
+            return refuse(ControlError::BadRequest(format!(
+                "this daemon runs with strict coherence (--strict-coherence), where every device computes on private \
+                 copies of the buffers, and tenant {language} programs run on the session's own memory: they cannot \
+                 run here. Check your program's sync_to/sync_from on a daemon without strict coherence, or check \
+                 the coherence of the rest with the library kernels here"
+            )));
+        }
         if session
             .programs
             .as_ref()
