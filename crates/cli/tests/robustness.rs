@@ -569,3 +569,33 @@ fn status_shows_clients_and_an_idle_daemon_sleeps() {
     assert!(used < 20, "an idle daemon used {used} ticks (of 200) in 2 s");
     drop((a, b));
 }
+
+/// A buffer allocation whose reply came after the caller gave up (`TimeoutError`) is released
+/// once the late reply is read, instead of holding its heap for the session's life (before,
+/// the daemon's buffer stayed, with no handle to free it: a later allocation of the rest of the
+/// heap was refused).
+#[test]
+fn a_buffer_whose_allocation_timed_out_is_released_when_its_reply_comes() {
+    let daemon = start("late-alloc", &["--no-opencl"]);
+    let session = Session::connect_with(agora::SessionOptions {
+        socket: Some(daemon.socket().to_path_buf()),
+        control_timeout: Some(Duration::from_millis(300)),
+        ..Default::default()
+    })
+    .unwrap();
+    let me = session.id();
+    signal(daemon.pid(), "-STOP");
+    let late = session.buffer(64 << 20);
+    signal(daemon.pid(), "-CONT");
+    assert!(matches!(late, Err(Error::Timeout { .. })), "{late:?}");
+    // The next control call reads the late reply; what it created goes.
+    let mut held = (u64::MAX, u64::MAX);
+    wait_until("the orphan's release", Duration::from_secs(10), || {
+        let me = session.session_status(me).unwrap();
+        held = (me.buffers, me.heap_used);
+        held == (0, 0)
+    });
+    assert_eq!(held, (0, 0));
+    let whole = session.buffer(1 << 30).expect("the heap is whole again");
+    drop(whole);
+}

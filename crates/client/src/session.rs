@@ -14,7 +14,7 @@ use agora_protocol::control::{
 };
 use agora_protocol::ring::{CompletionConsumer, SubmissionProducer};
 use agora_protocol::segment::Geometry;
-use agora_protocol::{KernelSignature, TaskDescriptor, TaskError, PROTOCOL_VERSION};
+use agora_protocol::{KernelSignature, Op, RawArg, TaskDescriptor, TaskError, PROTOCOL_VERSION};
 use agora_transport::shm::Segment;
 use agora_transport::socket::{
     client_socket_path, peer_hung_up, recv_before, recv_before_with_fds, recv_with_fds, send, send_with_fds,
@@ -156,6 +156,13 @@ struct Resumed {
     kernels: Vec<Option<u32>>,
 }
 
+/// Something a late reply created, to release.
+#[derive(Debug, Clone, Copy)]
+enum Orphan {
+    Buffer(u64),
+    Queue(u64),
+}
+
 /// The control connection of a session.
 struct Control {
     stream: UnixStream,
@@ -164,6 +171,10 @@ struct Control {
     /// Replies still to come for calls that timed out: the daemon answers in request order,
     /// so the next call skips this many before reading its own.
     owed: usize,
+    /// What those late replies created and nobody holds (a buffer or queue the daemon made
+    /// after the caller gave up): released through the ring once seen, or the session's quota
+    /// would keep them for its life.
+    orphans: Vec<Orphan>,
     /// Descriptors that came with the last reply (an exportable or attached buffer's memory).
     fds: Vec<std::os::fd::OwnedFd>,
 }
@@ -327,6 +338,7 @@ impl Session {
                 stream,
                 pending: Vec::new(),
                 owed: 0,
+                orphans: Vec::new(),
                 fds: Vec::new(),
             }),
             control_timeout,
@@ -656,6 +668,7 @@ impl Observer {
                 stream,
                 pending: Vec::new(),
                 owed: 0,
+                orphans: Vec::new(),
                 fds: Vec::new(),
             },
         })
@@ -909,7 +922,14 @@ fn call(
     // Late replies to calls that timed out come first (the daemon answers in order).
     while control.owed > 0 {
         match recv_before::<Response>(&control.stream, &mut control.pending, deadline) {
-            Ok(_) => control.owed -= 1,
+            Ok(late) => {
+                control.owed -= 1;
+                match late {
+                    Response::Buffer { handle, .. } => control.orphans.push(Orphan::Buffer(handle)),
+                    Response::Queue { handle } => control.orphans.push(Orphan::Queue(handle)),
+                    _ => {}
+                }
+            }
             Err(TransportError::TimedOut) => return Err((timed_out(), false)),
             Err(e) => return Err(lost(e)),
         }
@@ -1021,8 +1041,33 @@ impl Inner {
                 },
                 other => other,
             }
-        })?;
-        Ok((response, control.fds.pop()))
+        });
+        let orphans = std::mem::take(&mut control.orphans);
+        let fd = control.fds.pop();
+        drop(control);
+        self.release_orphans(&orphans);
+        Ok((response?, fd))
+    }
+
+    /// Releases what late replies created (through the ring, like a dropped `Buffer` or
+    /// `Queue`).
+    fn release_orphans(&self, orphans: &[Orphan]) {
+        for orphan in orphans {
+            let mut d = TaskDescriptor::zeroed();
+            let queue = match *orphan {
+                Orphan::Buffer(handle) => {
+                    d.op = Op::ReleaseBuffer as u32;
+                    d.arg_count = 1;
+                    d.args[0] = RawArg::buffer(handle);
+                    0
+                }
+                Orphan::Queue(handle) => {
+                    d.op = Op::ReleaseQueue as u32;
+                    handle
+                }
+            };
+            let _ = self.submit(queue, d, false);
+        }
     }
 
     pub(crate) fn segment(&self) -> &Segment {
