@@ -314,6 +314,28 @@ fn opencl_and_c_programs_build_and_compute_and_builds_are_cached() {
         }
         other => panic!("{other:?}"),
     }
+    // Nothing to build is refused before the executor sees it (an empty source crashed it).
+    for blank in ["", "  \n\t"] {
+        match session.program_opencl(blank) {
+            Err(Error::Control(ControlError::BadRequest(m))) => {
+                assert!(m.contains("empty") && m.contains("__kernel"), "{blank:?}: {m}")
+            }
+            other => panic!("an empty source {blank:?}: {other:?}"),
+        }
+    }
+    // Source without kernels, and a __local argument, say so (not CL_INVALID_VALUE, nor a
+    // type that Agora does pass).
+    let build_log = |source: &str| match session.program_opencl(source) {
+        Err(Error::Control(ControlError::ProgramBuild { log, .. })) => log,
+        other => panic!("{source}: {other:?}"),
+    };
+    let log = build_log("int f(int x) { return x; }");
+    assert!(log.contains("defines no kernel") && log.contains("__kernel"), "{log}");
+    let log = build_log("__kernel void k(__global float *x, __local float *t) {}");
+    assert!(
+        log.contains("kernel k: argument 1 (t) is a __local pointer") && !log.contains("float*"),
+        "{log}"
+    );
 
     // A C program with a manifest.
     let dir = temp_dir("programs-c");

@@ -131,21 +131,44 @@ pub(crate) fn check_request(language: &str, code: &[u8], manifest: Option<&str>)
         )));
     }
     match language {
-        "opencl" => Ok(()),
-        "c" if manifest.is_none() => Err(ControlError::BadRequest(
-            "a C program needs a manifest ([kernels.NAME] tables with params and sizes) describing its kernels".into(),
-        )),
-        "cuda" | "ptx" if manifest.is_none() => Err(ControlError::BadRequest(format!(
+        "opencl" => {}
+        "c" if manifest.is_none() => {
+            return Err(ControlError::BadRequest(
+                "a C program needs a manifest ([kernels.NAME] tables with params and sizes) describing its kernels"
+                    .into(),
+            ))
+        }
+        "cuda" | "ptx" if manifest.is_none() => return Err(ControlError::BadRequest(format!(
             "a {} program needs a manifest ([kernels.NAME] tables with params and sizes, and cuda = {{ entry = \"...\" }} \
              where the function's name differs) describing its kernels",
             if language == "cuda" { "CUDA C" } else { "PTX" }
         ))),
-        "c" | "cuda" | "ptx" => Ok(()),
-        other => Err(ControlError::BadRequest(format!(
-            "unknown program language '{}': use opencl (OpenCL C source), c (a shared object), cuda (CUDA C source) \
-             or ptx (PTX text)",
-            other.chars().take(32).collect::<String>()
-        ))),
+        "c" | "cuda" | "ptx" => {}
+        other => {
+            return Err(ControlError::BadRequest(format!(
+                "unknown program language '{}': use opencl (OpenCL C source), c (a shared object), cuda (CUDA C \
+                 source) or ptx (PTX text)",
+                other.chars().take(32).collect::<String>()
+            )))
+        }
+    }
+    // Nothing to build (and an empty OpenCL source once crashed the executor's platform).
+    let blank = if language == "c" {
+        code.is_empty()
+    } else {
+        code.iter().all(u8::is_ascii_whitespace)
+    };
+    if blank {
+        Err(ControlError::BadRequest(match language {
+            "c" => "the program's shared object is empty: pass the bytes (or path) of a library built with \
+                    cc -shared -fPIC"
+                .into(),
+            _ => "the program's source is empty: pass source that defines at least one kernel (in OpenCL C, \
+                  a __kernel void NAME(...) function)"
+                .into(),
+        }))
+    } else {
+        Ok(())
     }
 }
 
@@ -876,6 +899,12 @@ mod tests {
         let big = vec![b' '; MAX_PROGRAM_BYTES + 1];
         let err = check_request("opencl", &big, None).unwrap_err().to_string();
         assert!(err.contains(&MAX_PROGRAM_BYTES.to_string()), "{err}");
+        // Nothing to build is refused before any executor sees it (an empty OpenCL source once
+        // crashed the executor with SIGSEGV).
+        for (language, code) in [("opencl", &b""[..]), ("opencl", b"  \n\t"), ("ptx", b""), ("c", b"")] {
+            let err = check_request(language, code, Some("")).unwrap_err().to_string();
+            assert!(err.contains("empty"), "{language} {code:?}: {err}");
+        }
         assert!(check_request("fortran", b"x", None)
             .unwrap_err()
             .to_string()

@@ -19,6 +19,10 @@ use crate::wire::{Arg, BuiltKernel, MAX_KERNELS};
 /// Options every tenant program is built with (part of the program cache's key).
 pub const BUILD_OPTIONS: &str = "-cl-std=CL1.2 -cl-kernel-arg-info";
 
+/// The build error of a source without kernels.
+pub const NO_KERNEL: &str = "the source defines no kernel: declare at least one function __kernel void NAME(...), \
+                             which is what a launch runs";
+
 /// The executor's OpenCL context.
 pub struct OpenCl {
     context: Context,
@@ -91,6 +95,13 @@ impl OpenCl {
                 return Ok(build);
             }
         }
+        // An empty string reaches clCreateProgramWithSource with length 0, which means "NUL
+        // terminated": the platform then reads from Rust's dangling empty-slice pointer and the
+        // executor dies with SIGSEGV. The daemon refuses empty sources first; this keeps the
+        // executor safe on its own.
+        if source.trim().is_empty() {
+            return Err(NO_KERNEL.into());
+        }
         let mut program = Program::create_from_source(&self.context, source)
             .map_err(|e| format!("the OpenCL platform refused the source: {e}"))?;
         if let Err(e) = program.build(&[self.device], BUILD_OPTIONS) {
@@ -136,10 +147,15 @@ impl OpenCl {
 
     /// The program's kernels with their signatures.
     fn kernels(&self, program: Program) -> Result<(ClProgram, Vec<BuiltKernel>), String> {
+        // clCreateKernelsInProgram fails with CL_INVALID_VALUE (not an empty list) when the
+        // program has no kernel, so ask first.
+        if program.get_num_kernels().is_ok_and(|n| n == 0) {
+            return Err(NO_KERNEL.into());
+        }
         let objects = opencl3::kernel::create_program_kernels(&program)
             .map_err(|e| format!("creating the program's kernels: {e}"))?;
         if objects.is_empty() {
-            return Err("the program defines no __kernel function".into());
+            return Err(NO_KERNEL.into());
         }
         if objects.len() > MAX_KERNELS {
             return Err(format!(
@@ -290,8 +306,8 @@ impl OpenCl {
 /// A kernel's parameters from its argument info.
 fn signature(kernel: &Kernel, name: &str) -> Result<Vec<ParamSpec>, String> {
     use opencl3::kernel::{
-        CL_KERNEL_ARG_ADDRESS_CONSTANT, CL_KERNEL_ARG_ADDRESS_GLOBAL, CL_KERNEL_ARG_ADDRESS_PRIVATE,
-        CL_KERNEL_ARG_TYPE_CONST,
+        CL_KERNEL_ARG_ADDRESS_CONSTANT, CL_KERNEL_ARG_ADDRESS_GLOBAL, CL_KERNEL_ARG_ADDRESS_LOCAL,
+        CL_KERNEL_ARG_ADDRESS_PRIVATE, CL_KERNEL_ARG_TYPE_CONST,
     };
     let count = kernel.num_args().map_err(|e| format!("kernel {name}: {e}"))?;
     if count as usize > agora_protocol::MAX_ARGS {
@@ -316,6 +332,15 @@ fn signature(kernel: &Kernel, name: &str) -> Result<Vec<ParamSpec>, String> {
                  pointers to them"
             )
         };
+        if address == CL_KERNEL_ARG_ADDRESS_LOCAL {
+            // A launch passes buffers and scalars only: there is no way to give a __local
+            // argument its size.
+            return Err(format!(
+                "kernel {name}: argument {index} ({arg_name}) is a __local pointer, and Agora does not pass \
+                 local-memory arguments (a launch cannot size them): declare a fixed-size __local array inside \
+                 the kernel instead (e.g. __local float {arg_name}[256];), or pass a __global buffer"
+            ));
+        }
         let kind = match address {
             CL_KERNEL_ARG_ADDRESS_GLOBAL | CL_KERNEL_ARG_ADDRESS_CONSTANT => {
                 let element = type_name.trim().strip_suffix('*').ok_or_else(unsupported)?;
@@ -346,4 +371,46 @@ pub fn scalar_type(name: &str) -> Option<ScalarType> {
         "double" => ScalarType::F64,
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The executor's OpenCL context, or `None` (the test is skipped) on a machine without an
+    /// OpenCL platform.
+    fn opencl() -> Option<OpenCl> {
+        let cl = OpenCl::init();
+        if cl.is_none() {
+            eprintln!("no OpenCL platform here: skipped");
+        }
+        cl
+    }
+
+    #[test]
+    fn an_empty_source_or_one_without_kernels_says_it_defines_none() {
+        let Some(cl) = opencl() else { return };
+        // An empty String (what the executor receives), unlike a literal "", has a dangling
+        // pointer: it once reached the platform and crashed the process.
+        for source in ["", " \n\t", "int f(int x) { return x; }"] {
+            let err = cl
+                .build(&String::from(source), None)
+                .err()
+                .expect("no kernel, no program");
+            assert_eq!(err, NO_KERNEL, "{source:?}");
+        }
+    }
+
+    #[test]
+    fn a_local_memory_argument_is_named_as_such() {
+        let Some(cl) = opencl() else { return };
+        let err = cl
+            .build("__kernel void k(__global float *x, __local float *t) {}", None)
+            .err()
+            .expect("a __local argument is refused");
+        assert!(
+            err.starts_with("kernel k: argument 1 (t) is a __local pointer") && err.contains("inside the kernel"),
+            "{err}"
+        );
+    }
 }
