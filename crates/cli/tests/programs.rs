@@ -96,6 +96,11 @@ AGORA_KERNEL int c_abort(const AgoraKernelArgs *args, uint64_t begin, uint64_t e
     abort();
 }
 
+// Reports a failure of its own.
+AGORA_KERNEL int c_fails(const AgoraKernelArgs *args, uint64_t begin, uint64_t end) {
+    return 42;
+}
+
 // Runs for `ms` milliseconds of wall-clock time, then sets y[begin] to 1.
 AGORA_KERNEL int c_spin(const AgoraKernelArgs *args, uint64_t begin, uint64_t end) {
     double ms = agora_f32(args, 0);
@@ -131,6 +136,11 @@ cpu = { symbol = "c_null" }
 params = ["y: f32 readwrite"]
 sizes = { y = "range0" }
 cpu = { symbol = "c_abort" }
+
+[kernels.fails]
+params = ["y: f32 readwrite"]
+sizes = { y = "range0" }
+cpu = { symbol = "c_fails" }
 
 [kernels.spin]
 params = ["ms: f32", "y: f32 readwrite"]
@@ -368,6 +378,16 @@ fn opencl_and_c_programs_build_and_compute_and_builds_are_cached() {
         matches!(err.task_error(), Some(TaskError::BufferTooSmall { .. })),
         "{err:?}"
     );
+    // A kernel's own non-zero return reaches the tenant, who cannot read the daemon's log.
+    let bf = session.buffer_from(&[0f32; 4]).unwrap();
+    let err = queue
+        .launch(&c.kernel("fails").unwrap(), &[(&bf).into()], 4u64)
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    assert_eq!(err.task_error(), Some(&TaskError::KernelReturned { code: 42 }), "{err}");
+    assert!(err.to_string().contains("returned 42"), "{err}");
+    let _ = queue.finish();
     // Not an ELF shared object for this machine: refused with the reason.
     let err = session
         .program_library(b"#!/bin/sh\necho hi\n", C_MANIFEST)

@@ -800,6 +800,9 @@ impl ExternalKernel for ProgramKernel {
                 signal: u16::try_from(signal).unwrap_or(u16::MAX),
             },
             ExecError::Stopped => TaskError::Cancelled,
+            // The tenant's own failure report: the code goes to the tenant, who cannot read
+            // the daemon's log.
+            ExecError::Returned { code } => TaskError::KernelReturned { code },
             ExecError::Failed { code, message } => {
                 // The tenant's text: escaped, so that it cannot write to the operator's terminal.
                 tracing::info!(code, message = %agora_protocol::control::shown(&message), "a tenant kernel failed");

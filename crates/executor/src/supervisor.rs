@@ -86,6 +86,12 @@ pub enum ExecError {
     /// The program did not build; the compiler's log.
     #[error("{0}")]
     BuildFailed(String),
+    /// A C library's kernel returned `code`, not 0 (its own report that it failed).
+    #[error("the kernel returned {code}")]
+    Returned {
+        /// What it returned.
+        code: i32,
+    },
     /// A launch failed without crashing the executor.
     #[error("the kernel failed with code {code}: {message}")]
     Failed {
@@ -297,6 +303,7 @@ impl Executor {
         )?;
         match reply {
             FromChild::Done => Ok(()),
+            FromChild::Returned { code } => Err(ExecError::Returned { code }),
             FromChild::Failed { code, message } => Err(ExecError::Failed {
                 code,
                 message: bounded(message),
@@ -565,7 +572,7 @@ fn reply_name(reply: &FromChild) -> &'static str {
         FromChild::Built { .. } => "build result",
         FromChild::BuildFailed { .. } => "build failure",
         FromChild::Done => "launch result",
-        FromChild::Failed { .. } => "launch failure",
+        FromChild::Returned { .. } | FromChild::Failed { .. } => "launch failure",
     }
 }
 

@@ -151,9 +151,15 @@ pub enum FromChild {
     },
     /// A launch finished.
     Done,
+    /// A C library's kernel returned `code`, not 0: the tenant's own failure report, which the
+    /// tenant sees in its task's error (it cannot read the daemon's log).
+    Returned {
+        /// What the kernel returned.
+        code: i32,
+    },
     /// A launch failed without crashing the executor.
     Failed {
-        /// The C kernel's return code, or the OpenCL error code.
+        /// The OpenCL error code, or -1.
         code: i32,
         /// What failed.
         message: String,

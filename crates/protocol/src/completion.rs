@@ -337,6 +337,16 @@ pub enum TaskError {
         /// The limit in milliseconds.
         limit_ms: u64,
     },
+    /// A tenant program's C kernel returned `code`, not 0: its own report that it failed. The
+    /// code travels in the completion, since the tenant cannot read the daemon's log.
+    #[error(
+        "the tenant kernel returned {code} (a C kernel returns 0 for success), so the task failed and what it \
+         wrote is not valid: look in your kernel's source for where it returns {code}"
+    )]
+    KernelReturned {
+        /// What the kernel returned.
+        code: i32,
+    },
     /// The daemon stopped (it crashed, or was restarted or upgraded) while the task was issued
     /// but not complete; the client reconnected to the new daemon, which never saw the task.
     /// Issue it again (its inputs in host copies are intact; a buffer whose newest contents
@@ -607,6 +617,7 @@ impl TaskError {
             TaskError::DeviceTooSmall { .. } => "device_too_small",
             TaskError::KernelCrashed { .. } => "kernel_crashed",
             TaskError::KernelTimeout { .. } => "kernel_timeout",
+            TaskError::KernelReturned { .. } => "kernel_returned",
             TaskError::DaemonRestarted => "daemon_restarted",
             TaskError::ResourceExhausted { .. } => "resource_exhausted",
             TaskError::CheckpointRefused { .. } => "checkpoint_refused",
@@ -662,6 +673,7 @@ impl TaskError {
             TaskError::DeviceTooSmall { needed, capacity } => (27, 0, needed, capacity),
             TaskError::KernelCrashed { signal } => (28, signal, 0, 0),
             TaskError::KernelTimeout { limit_ms } => (29, 0, limit_ms, 0),
+            TaskError::KernelReturned { code } => (37, 0, i64::from(code) as u64, 0),
             TaskError::DaemonRestarted => (30, 0, 0, 0),
             TaskError::ResourceExhausted { resource, retry_ms } => (31, resource, retry_ms, 0),
             TaskError::CheckpointRefused {
@@ -748,6 +760,7 @@ impl TaskError {
             27 => TaskError::DeviceTooSmall { needed: a, capacity: b },
             28 => TaskError::KernelCrashed { signal: arg },
             29 => TaskError::KernelTimeout { limit_ms: a },
+            37 => TaskError::KernelReturned { code: a as i64 as i32 },
             30 => TaskError::DaemonRestarted,
             31 => TaskError::ResourceExhausted {
                 resource: arg,
@@ -901,6 +914,8 @@ mod tests {
             },
             TaskError::KernelCrashed { signal: 11 },
             TaskError::KernelTimeout { limit_ms: 2000 },
+            TaskError::KernelReturned { code: 42 },
+            TaskError::KernelReturned { code: -7 },
             TaskError::ResourceExhausted {
                 resource: Resource::FileDescriptors.code(),
                 retry_ms: 400,
@@ -977,6 +992,13 @@ mod tests {
                 .contains("work items in dimension 1 of the range is 8589934592, at most 4294967296"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_tenant_kernel_s_return_code_reaches_the_tenant() {
+        let e = TaskError::KernelReturned { code: 42 };
+        assert!(e.to_string().contains("returned 42"), "{e}");
+        assert_eq!(Completion::failed(1, e).result(), Err(e));
     }
 
     #[test]

@@ -168,15 +168,16 @@ fn serve(args: Args) -> Result<(), String> {
                 let outcome = match programs.get(program as usize) {
                     None => Err((-1, format!("no program {program}"))),
                     Some(Built::OpenCl(p)) => match opencl.as_ref() {
-                        Some(cl) => cl.run(p, kernel, range, dims, rows, &args, &mapping),
+                        Some(cl) => cl
+                            .run(p, kernel, range, dims, rows, &args, &mapping)
+                            .map(|()| FromChild::Done),
                         None => Err((-1, "no OpenCL device".into())),
                     },
-                    Some(Built::Library(l)) => l.run(kernel, range, rows, &args, &mapping),
+                    Some(Built::Library(l)) => l.run(kernel, range, rows, &args, &mapping).map(|returned| {
+                        returned.map_or_else(|code| FromChild::Returned { code }, |()| FromChild::Done)
+                    }),
                 };
-                match outcome {
-                    Ok(()) => FromChild::Done,
-                    Err((code, message)) => FromChild::Failed { code, message },
-                }
+                outcome.unwrap_or_else(|(code, message)| FromChild::Failed { code, message })
             }
         };
         wire::send(&control, &reply, None).map_err(|e| e.to_string())?;

@@ -117,7 +117,7 @@ impl Library {
     }
 
     /// Runs rows `rows` of kernel `index` over `range` with `args`, whose buffers lie in
-    /// `segment`.
+    /// `segment`. `Ok(Err(code))`: the kernel ran and returned `code`, not 0.
     pub fn run(
         &self,
         index: u32,
@@ -125,7 +125,7 @@ impl Library {
         rows: [u64; 2],
         args: &[Arg],
         segment: &super::Mapping,
-    ) -> Result<(), (i32, String)> {
+    ) -> Result<Result<(), i32>, (i32, String)> {
         let function = self
             .functions
             .get(index as usize)
@@ -159,11 +159,7 @@ impl Library {
         // SAFETY: tenant code with the C ABI of agora_kernel.h, in the sandbox; `call` lives
         // across the call and its buffers lie in the segment mapping.
         let code = unsafe { function(&call, rows[0], rows[1]) };
-        if code == 0 {
-            Ok(())
-        } else {
-            Err((code, format!("the kernel returned error code {code}")))
-        }
+        Ok(if code == 0 { Ok(()) } else { Err(code) })
     }
 }
 
