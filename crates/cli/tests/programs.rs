@@ -689,7 +689,13 @@ fn cuda_and_ptx_programs_are_checked_when_built_and_fail_with_no_device_without_
     let y = session.buffer_from(&[0f32; 64]).unwrap();
     let task = queue.launch(&fill, &[(&y).into(), Arg::F32(1.0)], 64u64).unwrap();
     match task.wait() {
-        Err(Error::Task(TaskError::NoDevice(_))) => {}
+        Err(Error::Task(e @ TaskError::NoDevice(_))) => {
+            let m = e.to_string();
+            assert!(
+                m.contains("of the programs this session built") && m.contains("no GPU on this node runs them"),
+                "{m}"
+            );
+        }
         other => panic!("a CUDA-only kernel without a GPU: {other:?}"),
     }
     let _ = queue.finish();

@@ -22,7 +22,7 @@ use agora_kernels::KernelRef;
 use agora_protocol::control::{KernelListing, PackageListing, ReloadReport};
 
 /// Kernel ids with this bit set name a kernel of the session's own programs.
-pub const SESSION_KERNEL_BIT: u32 = 1 << 31;
+pub const SESSION_KERNEL_BIT: u32 = agora_protocol::completion::SESSION_KERNEL_BIT;
 
 /// One package as loaded.
 #[derive(Debug, Clone)]

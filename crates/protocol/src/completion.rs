@@ -241,10 +241,7 @@ pub enum TaskError {
     },
     /// No usable device of this node implements the kernel: none does, or every one that does is
     /// drained or failed.
-    #[error(
-        "no usable device on this node runs kernel id {0}: none implements it, or every device that does is \
-         drained or failed (`agora status` shows which; `agora undrain DEVICE` brings one back)"
-    )]
+    #[error("{}", no_device(*.0))]
     NoDevice(u32),
     /// The kernel faulted while running (a bug in the kernel library; the daemon survived).
     #[error("the kernel faulted while running; the daemon logged the details")]
@@ -798,6 +795,29 @@ impl TaskError {
     }
 }
 
+/// Kernel ids with this bit set name kernels of programs the session built itself (tenant
+/// programs), numbered in the order they were installed.
+pub const SESSION_KERNEL_BIT: u32 = 1 << 31;
+
+/// [`TaskError::NoDevice`]'s message: for a tenant program's kernel, which the tenant knows by
+/// name, not by id, also where such kernels run.
+fn no_device(kernel: u32) -> String {
+    if kernel & SESSION_KERNEL_BIT != 0 {
+        format!(
+            "no usable device on this node runs kernel id {kernel} (kernel {} of the programs this session built): \
+             a CUDA C or PTX program's kernels run only on an NVIDIA GPU, and no GPU on this node runs them (the \
+             program's build log said so); an OpenCL C or C program's run on the CPU device, which is then \
+             drained or failed (`agora status` shows which)",
+            kernel & !SESSION_KERNEL_BIT
+        )
+    } else {
+        format!(
+            "no usable device on this node runs kernel id {kernel}: none implements it, or every device that does \
+             is drained or failed (`agora status` shows which; `agora undrain DEVICE` brings one back)"
+        )
+    }
+}
+
 /// A signal's conventional name, for messages.
 fn signal_name(signal: u16) -> &'static str {
     match signal {
@@ -961,6 +981,24 @@ mod tests {
     }
 
     #[test]
+    fn a_tenant_kernel_s_return_code_reaches_the_tenant() {
+        let e = TaskError::KernelReturned { code: 42 };
+        assert!(e.to_string().contains("returned 42"), "{e}");
+        assert_eq!(Completion::failed(1, e).result(), Err(e));
+    }
+
+    #[test]
+    fn a_tenant_program_kernel_without_a_device_is_explained() {
+        let e = TaskError::NoDevice(SESSION_KERNEL_BIT | 2).to_string();
+        assert!(
+            e.contains("kernel 2 of the programs this session built") && e.contains("NVIDIA GPU"),
+            "{e}"
+        );
+        let e = TaskError::NoDevice(7).to_string();
+        assert!(e.contains("kernel id 7:") && !e.contains("NVIDIA"), "{e}");
+    }
+
+    #[test]
     fn messages_name_the_problem() {
         let e = TaskError::ArgumentType {
             index: 1,
@@ -992,13 +1030,6 @@ mod tests {
                 .contains("work items in dimension 1 of the range is 8589934592, at most 4294967296"),
             "{e}"
         );
-    }
-
-    #[test]
-    fn a_tenant_kernel_s_return_code_reaches_the_tenant() {
-        let e = TaskError::KernelReturned { code: 42 };
-        assert!(e.to_string().contains("returned 42"), "{e}");
-        assert_eq!(Completion::failed(1, e).result(), Err(e));
     }
 
     #[test]
