@@ -76,10 +76,12 @@ impl Session {
     /// the row (dimension 0 is x), block sizes chosen by the daemon.
     ///
     /// The program runs only on NVIDIA GPUs, fenced: every global memory access is masked into
-    /// this session's own memory. A daemon without such a GPU still builds and checks it, and a
-    /// launch then fails with [`crate::TaskError::NoDevice`]. Source that does not compile
-    /// fails with NVRTC's log ([`ControlError::ProgramBuild`]); code the fence pass refuses
-    /// (`printf`, `cp.async`, textures, ...) fails the build likewise, naming the line and why.
+    /// this session's own memory. A daemon without such a GPU still builds and checks it where
+    /// NVRTC is installed (elsewhere the build is refused, [`ControlError::BadRequest`], saying
+    /// so: send PTX), and a launch then fails with [`crate::TaskError::NoDevice`]. Source that
+    /// does not compile fails with NVRTC's log ([`ControlError::ProgramBuild`]); code the fence
+    /// pass refuses (`printf`, `cp.async`, textures, ...) fails the build likewise, naming the
+    /// line and why.
     pub fn program_cuda(&self, source: &str, manifest: &str) -> Result<Program, Error> {
         self.build_program("cuda", source.as_bytes(), Some(manifest), "cuda program")
     }

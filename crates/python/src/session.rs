@@ -312,7 +312,8 @@ impl PySession {
     /// PTX text. Both need a manifest (`[kernels.NAME]` tables: params, sizes, and
     /// `cuda = { entry = "..." }` when the function's name differs), run only on NVIDIA GPUs,
     /// fenced into this session's memory, one thread per work item (a daemon without such a
-    /// GPU builds them, and a launch raises NoDeviceError). `program(library=...,
+    /// GPU builds them, and a launch raises NoDeviceError; CUDA C needs NVRTC on the node, and
+    /// without it raises BadRequestError). `program(library=...,
     /// manifest=...)`: a C shared object (bytes or a path) exporting `agora_kernel.h`
     /// functions, described by a manifest. A build that fails raises `ProgramBuildError` with
     /// the compiler's log (or the fence's refusal: the line and why).
