@@ -259,6 +259,11 @@ enum TraceCommand {
 }
 
 fn main() {
+    // An empty $AGORA_SOCKET means "not set", as the clients read it (`socket_path`); clap would
+    // take it for a `--socket` given no value. Removed before any thread exists.
+    if std::env::var_os(agora_transport::socket::SOCKET_ENV).is_some_and(|v| v.is_empty()) {
+        std::env::remove_var(agora_transport::socket::SOCKET_ENV);
+    }
     progress::quiet_on_closed_stdout();
     let cli = Cli::parse();
     let cli = match cli.command {

@@ -298,3 +298,23 @@ fn a_trace_file_that_cannot_be_written_is_refused_at_start() {
         "{err}"
     );
 }
+
+/// An empty `AGORA_SOCKET` means "not set", as the clients read it (before, every command
+/// answered "a value is required for '--socket <PATH>'" though no flag was given).
+#[test]
+fn an_empty_agora_socket_is_no_socket() {
+    let scratch = temp_dir("startup-empty-env");
+    let out = Command::new(AGORA)
+        .arg("status")
+        .env("AGORA_SOCKET", "")
+        .env("XDG_RUNTIME_DIR", scratch.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        !err.contains("a value is required")
+            && err.contains(&scratch.path().join("agora/agora.sock").display().to_string()),
+        "{err}"
+    );
+}
