@@ -62,6 +62,19 @@ fn scheduler(devices: Vec<Arc<dyn Device>>, config: SchedulerConfig) -> Schedule
     )
 }
 
+/// A scheduler under `perf` over `devices`, nothing run inline (every launch is placed).
+fn perf_scheduler(devices: Vec<Arc<dyn Device>>) -> Scheduler {
+    let mut s = scheduler(
+        devices,
+        SchedulerConfig {
+            inline_max_ns: 0.0,
+            ..config()
+        },
+    );
+    s.policy = Box::new(crate::policy::Perf);
+    s
+}
+
 fn cpu() -> Arc<dyn Device> {
     Arc::new(CpuDevice::new(2, 1).unwrap())
 }
@@ -480,19 +493,11 @@ fn held_tasks_are_released_in_order_once_their_queue_has_nothing_in_flight() {
     s.release_held(&session);
     assert!(!s.migration.holding());
     assert!(!q.moving.load(Ordering::Acquire));
-    let deadline = Instant::now() + std::time::Duration::from_secs(10);
-    let mut done = Vec::new();
-    while done.len() < 3 {
-        assert!(Instant::now() < deadline, "released tasks completed: {done:?}");
-        match completions.take() {
-            Some(c) => {
-                assert!(c.result().is_ok(), "task {}: {:?}", c.task_id, c.result());
-                done.push(c.task_id);
-            }
-            None => std::thread::yield_now(),
-        }
-    }
-    assert_eq!(done, [21, 22, 23], "in the order they were held");
+    assert_eq!(
+        completed(&mut completions, 3),
+        [21, 22, 23],
+        "in the order they were held"
+    );
 }
 
 /// A device with some answers of another overridden: `slice_floor`, work items each slice must
@@ -755,19 +760,7 @@ fn a_far_allocation_is_awaited_by_its_task_not_by_the_dispatcher() {
         2 * len,
         "the refused bytes stopped counting; each buffer's copy counts once"
     );
-    let deadline = Instant::now() + std::time::Duration::from_secs(10);
-    let mut done = Vec::new();
-    while done.len() < 2 {
-        assert!(Instant::now() < deadline, "both tasks completed: {done:?}");
-        match completions.take() {
-            Some(c) => {
-                assert!(c.result().is_ok(), "task {}: {:?}", c.task_id, c.result());
-                done.push(c.task_id);
-            }
-            None => std::thread::yield_now(),
-        }
-    }
-    assert_eq!(done, [1, 2], "in issue order");
+    assert_eq!(completed(&mut completions, 2), [1, 2], "in issue order");
 }
 
 /// Only tasks that plan copies on the device (launches, `sync_to`) have allocations asked ahead:
@@ -801,14 +794,7 @@ fn a_task_that_makes_no_device_copy_has_nothing_allocated_ahead() {
 
 #[test]
 fn perf_sends_a_tiny_task_to_the_host_and_explores_with_a_long_one() {
-    let mut s = scheduler(
-        vec![sim("sim0", None), cpu()],
-        SchedulerConfig {
-            inline_max_ns: 0.0,
-            ..config()
-        },
-    );
-    s.policy = Box::new(crate::policy::Perf);
+    let mut s = perf_scheduler(vec![sim("sim0", None), cpu()]);
     // Nothing measured anywhere. The host's prior is the library's estimate: far below
     // EXPLORE_WORTH_NS for 16 items, so the untried sim device (listed first) is not explored.
     let tiny = noop(&queue(QueueClass::Batch, None), 16);
@@ -874,14 +860,7 @@ fn completed(completions: &mut agora_protocol::ring::CompletionConsumer, count: 
 #[test]
 fn a_launch_that_waited_for_its_allocations_runs_where_they_were_made() {
     let far = Arc::new(FarDevice::new(sim("far", None)));
-    let mut s = scheduler(
-        vec![cpu(), far.clone()],
-        SchedulerConfig {
-            inline_max_ns: 0.0,
-            ..config()
-        },
-    );
-    s.policy = Box::new(crate::policy::Perf);
+    let mut s = perf_scheduler(vec![cpu(), far.clone()]);
     let mut session = session();
     let view = *session.shared.segment.view();
     let mut completions = agora_protocol::ring::CompletionConsumer::new(view);
@@ -910,14 +889,7 @@ fn a_launch_that_waited_for_its_allocations_runs_where_they_were_made() {
 /// instead of 0.5 s on the CPU).
 #[test]
 fn a_stream_waits_for_the_measurement_its_first_launch_went_to_take() {
-    let mut s = scheduler(
-        vec![sim("sim0", None), cpu()],
-        SchedulerConfig {
-            inline_max_ns: 0.0,
-            ..config()
-        },
-    );
-    s.policy = Box::new(crate::policy::Perf);
+    let mut s = perf_scheduler(vec![sim("sim0", None), cpu()]);
     let mut session = session();
     let view = *session.shared.segment.view();
     let mut completions = agora_protocol::ring::CompletionConsumer::new(view);
