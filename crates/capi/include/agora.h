@@ -311,6 +311,19 @@ uint64_t agora_last_failed_tasks(uint64_t *ids, uint64_t capacity);
 AgoraStatus agora_session_open(const char *socket, AgoraSession **out);
 
 /**
+ * How many times the session resumed on a restarted daemon (`resumes`), and how many tasks it
+ * issued again there because the daemon that died never took them (`reissued`: they complete
+ * as if nothing happened, instead of failing with `AGORA_STATUS_DAEMON_RESTARTED`). Either
+ * pointer may be null.
+ *
+ * # Safety
+ * `session` is null or a live handle; `resumes` and `reissued` are null or valid for a write.
+ */
+AgoraStatus agora_session_resumes(const AgoraSession *session,
+                                  uint64_t *resumes,
+                                  uint64_t *reissued);
+
+/**
  * Closes a session (null is ignored). From then on every call on its queues, buffers and tasks
  * fails with `AGORA_STATUS_CLOSED`; destroy them to release them (the connection ends with the
  * last of them).

@@ -422,6 +422,32 @@ pub unsafe extern "C" fn agora_session_open(socket: *const c_char, out: *mut *mu
     }
 }
 
+/// How many times the session resumed on a restarted daemon (`resumes`), and how many tasks it
+/// issued again there because the daemon that died never took them (`reissued`: they complete
+/// as if nothing happened, instead of failing with `AGORA_STATUS_DAEMON_RESTARTED`). Either
+/// pointer may be null.
+///
+/// # Safety
+/// `session` is null or a live handle; `resumes` and `reissued` are null or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn agora_session_resumes(
+    session: *const AgoraSession,
+    resumes: *mut u64,
+    reissued: *mut u64,
+) -> AgoraStatus {
+    begin();
+    let session = handle!(session, "session");
+    // SAFETY: null or valid for a write (contract).
+    if let Some(out) = unsafe { resumes.as_mut() } {
+        *out = session.session.resumes();
+    }
+    // SAFETY: as above.
+    if let Some(out) = unsafe { reissued.as_mut() } {
+        *out = session.session.tasks_reissued();
+    }
+    AgoraStatus::Ok
+}
+
 /// Closes a session (null is ignored). From then on every call on its queues, buffers and tasks
 /// fails with `AGORA_STATUS_CLOSED`; destroy them to release them (the connection ends with the
 /// last of them).

@@ -42,9 +42,11 @@ struct Progress {
 }
 
 /// One round of saxpy whose inputs depend on `round`, fully rewritten each time: `Ok(true)`
-/// verified, `Ok(false)` a task failed with `DaemonRestarted` (issue the round again), `Err` any
-/// other failure.
+/// verified, `Ok(false)` a task failed with `DaemonRestarted`, or read data that died with the
+/// daemon (`DataLost`: a `sync_from` the dead daemon never took, issued again on the new one)
+/// — issue the round again; `Err` any other failure.
 fn round(
+    session: &Session,
     queue: &agora::Queue,
     saxpy: &agora::Kernel,
     x: &agora::Buffer,
@@ -55,6 +57,7 @@ fn round(
     let ys: Vec<f32> = vec![(r % 7) as f32; N];
     x.write_slice(&xs).unwrap();
     y.write_slice(&ys).unwrap();
+    let resumes = session.resumes();
     let tasks = (|| -> Result<Vec<agora::Task>, Error> {
         Ok(vec![
             queue.sync_to(x)?,
@@ -73,6 +76,8 @@ fn round(
         match task.wait() {
             Ok(()) => {}
             Err(Error::Task(TaskError::DaemonRestarted)) => restarted = true,
+            // The launch completed on the dead daemon, the read was issued again on the new one.
+            Err(Error::Task(TaskError::DataLost { .. })) if session.resumes() > resumes => restarted = true,
             // A task after one that the restart lost may read what it should have written.
             Err(Error::Task(TaskError::DependencyFailed { .. } | TaskError::DataLost { .. })) if restarted => {}
             Err(e) => return Err(format!("round {r}: {e}")),
@@ -105,7 +110,7 @@ fn work(session: Session, device: DeviceKind, progress: Arc<Progress>, stop: Arc
     let y = session.buffer(N as u64 * 4).map_err(|e| e.to_string())?;
     let mut r = 0u64;
     while !stop.load(Ordering::Relaxed) {
-        if round(&queue, &saxpy, &x, &y, r)? {
+        if round(&session, &queue, &saxpy, &x, &y, r)? {
             progress.rounds.fetch_add(1, Ordering::Relaxed);
             progress.completed.lock().unwrap().push(Instant::now());
             r += 1;
@@ -238,17 +243,13 @@ fn data_only_on_a_device_comes_back_lost_and_everything_else_carries_on() {
     let queue_handle = queue.handle();
     daemon.restart();
 
-    // Reading y: its newest contents died with the daemon. (The first try may be issued before
-    // the session noticed the daemon gone: it then fails with DaemonRestarted, to issue again.)
-    let mut outcome = queue.sync_from(&y).unwrap().wait();
-    if matches!(outcome, Err(Error::Task(TaskError::DaemonRestarted))) {
-        outcome = queue.sync_from(&y).unwrap().wait();
-    }
-    match outcome {
+    // Reading y: its newest contents died with the daemon. (Issued before the session noticed
+    // the daemon gone, the read is issued again on the new one.)
+    match queue.sync_from(&y).unwrap().wait() {
         Err(Error::Task(TaskError::DataLost { .. })) => {}
         other => panic!("reading a buffer whose newest copy was on the dead daemon's device: {other:?}"),
     }
-    // finish() reports what failed since the previous one: the lost read, and the reissued one.
+    // finish() reports what failed since the previous one: the lost read.
     match queue.finish() {
         Err(Error::Tasks(failures)) => assert!(failures
             .failures
@@ -345,6 +346,88 @@ fn a_pending_completion_callback_is_told_once_when_its_daemon_dies_or_restarts()
         );
     }
     drop(keep);
+}
+
+/// Tasks issued while the daemon was dead (the client had not noticed yet) sit in a ring nobody
+/// reads: the daemon never took them, so the resumed session issues them again on the next one
+/// and they complete as if nothing happened, releases of buffers and queues included. But once
+/// a task the dead daemon took was lost, the later ones fail too (they might read what it
+/// should have written), and a daemon that shut down cleanly is seen before a task is issued.
+#[test]
+fn tasks_the_dead_daemon_never_took_run_on_the_next_one() {
+    let mut daemon = Daemon::start(AGORA, "restart-untaken", &["--no-opencl"]);
+    let s = session(daemon.socket(), "untaken");
+    let q = agora_test_support::queue_preferring(&s, "untaken", DeviceKind::Cpu);
+    let other = agora_test_support::queue_preferring(&s, "dropped", DeviceKind::Cpu);
+    let saxpy = s.kernel("saxpy").unwrap();
+    let x = s.buffer_from(&vec![1.0f32; N]).unwrap();
+    let y = s.buffer_from(&vec![2.0f32; N]).unwrap();
+    let temporary = s.buffer_from(&vec![0u8; 4096]).unwrap();
+    q.sync_to(&x).unwrap();
+    q.sync_to(&y).unwrap();
+    q.launch(&saxpy, &[Arg::F32(3.0), (&x).into(), (&y).into()], N).unwrap();
+    q.sync_from(&y).unwrap().wait().unwrap();
+    assert!(y.read_vec::<f32>().iter().all(|v| *v == 5.0));
+
+    // Killed while the session is idle; it issues work before noticing.
+    daemon.kill();
+    let launch = q.launch(&saxpy, &[Arg::F32(1.0), (&x).into(), (&y).into()], N).unwrap();
+    other.memset(&temporary, 7).unwrap();
+    drop(temporary);
+    drop(other);
+    let read = q.sync_from(&y).unwrap();
+    assert_eq!(s.resumes(), 0, "nothing noticed the kill yet");
+    daemon.restart();
+    read.wait()
+        .expect("a task the dead daemon never took runs on the new one");
+    launch.wait().unwrap();
+    assert!(
+        y.read_vec::<f32>().iter().all(|v| *v == 6.0),
+        "y = 1·x + 5, exactly once"
+    );
+    q.finish().expect("no task failed");
+    assert_eq!(s.resumes(), 1);
+    // The launch, the memset, the buffer's release, the queue's release and the read.
+    assert_eq!(s.tasks_reissued(), 5);
+    let own = s.session_status(s.id()).unwrap();
+    assert_eq!(
+        own.buffers, 2,
+        "the dropped buffer was released on the new daemon: {own:?}"
+    );
+    assert_eq!(
+        own.queue_count, 1,
+        "the dropped queue was released on the new daemon: {own:?}"
+    );
+
+    // A task the daemon took dies with it: the tasks after it fail too, none runs.
+    let (long, _c) = agora_test_support::long_sgemm(&s, &q, 1536);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!long.is_complete().unwrap(), "the sgemm runs longer than 100 ms");
+    daemon.kill();
+    let after = q.launch(&saxpy, &[Arg::F32(1.0), (&x).into(), (&y).into()], N).unwrap();
+    daemon.restart();
+    for task in [&long, &after] {
+        match task.wait() {
+            Err(Error::Task(TaskError::DaemonRestarted)) => {}
+            other => panic!("a task behind a lost one: {other:?}"),
+        }
+    }
+    assert_eq!(s.tasks_reissued(), 5, "nothing issued again behind a lost task");
+    let _ = q.finish();
+    q.sync_from(&y).unwrap().wait().unwrap();
+    assert!(
+        y.read_vec::<f32>().iter().all(|v| *v == 6.0),
+        "the saxpy behind the lost task never ran"
+    );
+
+    // A daemon that shut down says so in the segment: the next task goes to the next daemon.
+    daemon.stop();
+    daemon.restart();
+    q.launch(&saxpy, &[Arg::F32(1.0), (&x).into(), (&y).into()], N).unwrap();
+    q.sync_from(&y).unwrap().wait().unwrap();
+    assert!(y.read_vec::<f32>().iter().all(|v| *v == 7.0));
+    assert_eq!(s.resumes(), 3);
+    assert_eq!(s.tasks_reissued(), 5, "issued after the resume, not again");
 }
 
 /// The repository's Python virtualenv, made by `make setup`.

@@ -1,6 +1,7 @@
 /* Verified saxpy rounds through the C API until $RESTART_STOP_FILE exists, while the test kills
  * and restarts the daemon under it (crates/cli/tests/restart.rs). Prints "ok" per verified
- * round, "restarted" per round issued again after AGORA_STATUS_DAEMON_RESTARTED, "done" at the
+ * round, "restarted" per round issued again after AGORA_STATUS_DAEMON_RESTARTED (or a read of data
+ * that died with the daemon), "done" at the
  * end; any other failure exits 1 with the message. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,8 +16,12 @@ static void die(const char *what, AgoraStatus s) {
   exit(1);
 }
 
-/* 1: verified; 0: a task failed with DAEMON_RESTARTED (issue the round again). */
-static int round_once(AgoraQueue *q, AgoraKernel *saxpy, AgoraBuffer *x, AgoraBuffer *y, unsigned r) {
+/* 1: verified; 0: a task failed with DAEMON_RESTARTED, or read data that died with the daemon
+ * (a sync_from the dead daemon never took, issued again on the new one): issue the round again. */
+static int round_once(AgoraSession *session, AgoraQueue *q, AgoraKernel *saxpy, AgoraBuffer *x, AgoraBuffer *y,
+                      unsigned r) {
+  uint64_t resumes_before = 0, resumes_after = 0;
+  agora_session_resumes(session, &resumes_before, NULL);
   float *xs = agora_buffer_data(x), *ys = agora_buffer_data(y);
   for (int i = 0; i < N; i++) { xs[i] = (float)((i + r) % 1000); ys[i] = (float)(r % 7); }
   AgoraTask *t[4] = {0};
@@ -32,6 +37,11 @@ static int round_once(AgoraQueue *q, AgoraKernel *saxpy, AgoraBuffer *x, AgoraBu
   int restarted = 0;
   for (int i = 0; i < 4; i++) {
     if (s[i] == AGORA_STATUS_OK) s[i] = agora_task_wait(t[i]);
+    if (s[i] == AGORA_STATUS_TASK && !restarted) {
+      agora_session_resumes(session, &resumes_after, NULL);
+      if (resumes_after > resumes_before) restarted = 1; /* data lost with the daemon */
+      else die("task", s[i]);
+    }
     if (s[i] == AGORA_STATUS_DAEMON_RESTARTED) restarted = 1;
     /* A task after one the restart lost may read what that one should have written. */
     else if (s[i] != AGORA_STATUS_OK && !restarted) die("task", s[i]);
@@ -62,7 +72,7 @@ int main(void) {
   if ((s = agora_buffer_create(session, N * 4, &y))) die("buffer", s);
   unsigned r = 0;
   while (!stop || access(stop, F_OK) != 0) {
-    if (round_once(q, saxpy, x, y, r)) { puts("ok"); r++; } else puts("restarted");
+    if (round_once(session, q, saxpy, x, y, r)) { puts("ok"); r++; } else puts("restarted");
     fflush(stdout);
   }
   agora_buffer_destroy(x);

@@ -336,10 +336,14 @@ impl Drop for Buffer {
         d.op = Op::ReleaseBuffer as u32;
         d.arg_count = 1;
         d.args[0] = RawArg::buffer(self.handle);
-        self.session.resume.buffer_released(self.handle);
         // Goes through the ring, so it is ordered after every task issued before it. If the
-        // daemon is gone there is nothing left to release.
-        let _ = self.session.submit(0, d, false);
+        // daemon is gone there is nothing left to release. The registry forgets the buffer
+        // only once the release completed: a resume before then issues the release again.
+        let release = self.session.submit(0, d, false).ok();
+        let session = &self.session;
+        session
+            .resume
+            .buffer_released(self.handle, release, |id| session.is_done(id));
     }
 }
 

@@ -45,7 +45,9 @@
 //! If the daemon stops, crashes or is restarted, the session notices within about 20 ms and
 //! reconnects (for up to [`SessionOptions::reconnect_timeout`], 30 s by default): buffers keep
 //! their host copies, queues, kernels and programs carry on, and the tasks that were in flight
-//! fail with [`TaskError::DaemonRestarted`] so the application can issue them again. A buffer
+//! fail with [`TaskError::DaemonRestarted`] so the application can issue them again (tasks the
+//! dead daemon never took — issued while it was gone, behind only completed ones — are issued
+//! again by the session itself: [`Session::tasks_reissued`]). A buffer
 //! that a launch wrote after its last `sync_from` comes back lost (`DataLost` when read, until
 //! written whole). With reconnection off, or no daemon back in time, calls return
 //! [`Error::Disconnected`].

@@ -533,8 +533,11 @@ impl Drop for Queue {
     fn drop(&mut self) {
         let mut d = TaskDescriptor::zeroed();
         d.op = Op::ReleaseQueue as u32;
-        self.session.resume.queue_released(self.handle);
-        let _ = self.session.submit(self.handle, d, false);
+        let release = self.session.submit(self.handle, d, false).ok();
+        let session = &self.session;
+        session
+            .resume
+            .queue_released(self.handle, release, |id| session.is_done(id));
     }
 }
 

@@ -9,7 +9,10 @@
 //!
 //! 1. consumes the completions the old daemon had posted (they are real results);
 //! 2. completes every task still outstanding with [`TaskError::DaemonRestarted`], so waits
-//!    return and the application can issue them again;
+//!    return and the application can issue them again — except when every task the old
+//!    daemon took had completed: the ones it never took (issued while it was already gone,
+//!    say) are then kept, and issued again on the new daemon once it took the session
+//!    (step 4), under their ids, so they complete as if nothing happened;
 //! 3. connects again, with backoff, until [`ResumeState::timeout`] (30 s by default;
 //!    `SessionOptions::reconnect_timeout`, or `AGORA_RECONNECT_TIMEOUT` in seconds, `0` = off);
 //! 4. hands the segment back with `Request::Resume` (buffers and queues keep their handles;
@@ -22,7 +25,7 @@
 //! registry updates on the control path (buffer, queue, kernel and program creation) and one
 //! relaxed load per launch ([`KernelIds::real`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -104,6 +107,24 @@ struct RegisteredBuffer {
     offset: u64,
     len: u64,
     whereabouts: Arc<Whereabouts>,
+    /// The release task issued for it, while that task may not have completed: a resume that
+    /// issues the untaken tasks again resumes the buffer too, so that its release (and the
+    /// tasks before it) find it on the new daemon.
+    released_by: Option<u64>,
+}
+
+/// A queue as the registry knows it (`released_by` as for a buffer).
+struct RegisteredQueue {
+    queue: ResumedQueue,
+    released_by: Option<u64>,
+}
+
+/// A buffer or queue whose release task was issued (the registry forgets it once that task
+/// completed).
+#[derive(Clone, Copy)]
+enum Released {
+    Buffer(u64),
+    Queue(u64),
 }
 
 /// A program built by the session: the request to build it again, and the ids (as the
@@ -117,12 +138,39 @@ struct RecordedProgram {
 #[derive(Default)]
 pub(crate) struct Registry {
     buffers: HashMap<u64, RegisteredBuffer>,
-    queues: BTreeMap<u64, ResumedQueue>,
+    queues: BTreeMap<u64, RegisteredQueue>,
+    /// Releases issued, by task id, oldest first, until their tasks complete.
+    releases: VecDeque<(u64, Released)>,
     /// Library kernels looked up, by the id the application holds.
     kernels: BTreeMap<u32, String>,
     programs: Vec<RecordedProgram>,
     /// Buffers protected for checkpoints: id → buffer handle.
     protected: BTreeMap<u32, u64>,
+}
+
+impl Registry {
+    /// Forgets the released buffers and queues whose release tasks completed (oldest first:
+    /// each release costs O(1) amortised).
+    fn forget_released(&mut self, is_done: impl Fn(u64) -> bool) {
+        while let Some(&(id, what)) = self.releases.front() {
+            if !is_done(id) {
+                break;
+            }
+            self.releases.pop_front();
+            match what {
+                Released::Buffer(handle) => {
+                    if self.buffers.get(&handle).is_some_and(|b| b.released_by == Some(id)) {
+                        self.buffers.remove(&handle);
+                    }
+                }
+                Released::Queue(handle) => {
+                    if self.queues.get(&handle).is_some_and(|q| q.released_by == Some(id)) {
+                        self.queues.remove(&handle);
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Kernel ids as the application holds them (in `Kernel` values) → the ids the current daemon
@@ -190,6 +238,8 @@ pub(crate) struct ResumeState {
     pub(crate) recovering: Mutex<()>,
     /// Set when reconnection was given up (or is off): the session is closed for good.
     pub(crate) given_up: AtomicBool,
+    /// Tasks issued again on a new daemon because the dead one never took them.
+    pub(crate) reissued: AtomicU64,
 }
 
 impl ResumeState {
@@ -203,6 +253,7 @@ impl ResumeState {
             epoch: AtomicU64::new(0),
             recovering: Mutex::new(()),
             given_up: AtomicBool::new(timeout.is_zero()),
+            reissued: AtomicU64::new(0),
         }
     }
 
@@ -217,15 +268,30 @@ impl ResumeState {
                 offset,
                 len,
                 whereabouts,
+                released_by: None,
             },
         );
     }
 
-    pub(crate) fn buffer_released(&self, handle: u64) {
+    /// A buffer's release was issued as task `release` (`None`: it could not be issued, the
+    /// session is gone). `is_done` says which tasks completed: the registry forgets released
+    /// buffers and queues once their release tasks have.
+    pub(crate) fn buffer_released(&self, handle: u64, release: Option<u64>, is_done: impl Fn(u64) -> bool) {
         let mut registry = self.registry();
-        registry.buffers.remove(&handle);
         // The daemon unprotects a released buffer too.
         registry.protected.retain(|_, protected| *protected != handle);
+        match release {
+            Some(id) => {
+                if let Some(buffer) = registry.buffers.get_mut(&handle) {
+                    buffer.released_by = Some(id);
+                    registry.releases.push_back((id, Released::Buffer(handle)));
+                }
+            }
+            None => {
+                registry.buffers.remove(&handle);
+            }
+        }
+        registry.forget_released(is_done);
     }
 
     /// A buffer was protected for checkpoints under `id`.
@@ -252,11 +318,30 @@ impl ResumeState {
     }
 
     pub(crate) fn queue_created(&self, queue: ResumedQueue) {
-        self.registry().queues.insert(queue.handle, queue);
+        self.registry().queues.insert(
+            queue.handle,
+            RegisteredQueue {
+                queue,
+                released_by: None,
+            },
+        );
     }
 
-    pub(crate) fn queue_released(&self, handle: u64) {
-        self.registry().queues.remove(&handle);
+    /// A queue's release was issued as task `release` (as [`ResumeState::buffer_released`]).
+    pub(crate) fn queue_released(&self, handle: u64, release: Option<u64>, is_done: impl Fn(u64) -> bool) {
+        let mut registry = self.registry();
+        match release {
+            Some(id) => {
+                if let Some(queue) = registry.queues.get_mut(&handle) {
+                    queue.released_by = Some(id);
+                    registry.releases.push_back((id, Released::Queue(handle)));
+                }
+            }
+            None => {
+                registry.queues.remove(&handle);
+            }
+        }
+        registry.forget_released(is_done);
     }
 
     /// A library kernel was looked up: returns the id to give the application.
@@ -280,19 +365,23 @@ impl ResumeState {
     /// `ResumeMore` as the lists need (the segment's memfd goes with the first), plus the
     /// application's kernel ids in the order the request names them. `is_done`: whether the
     /// daemon that died completed a task (a buffer whose `sync_from` it did not complete is
-    /// lost).
+    /// lost). `replaying`: the tasks it did not complete will be issued again (they are all
+    /// untaken), so the buffers and queues they release are resumed too.
     pub(crate) fn messages(
         &self,
         previous_session: u64,
         submission_capacity: u32,
         completion_capacity: u32,
         heap_len: u64,
+        replaying: bool,
         is_done: impl Fn(u64) -> bool,
     ) -> (Vec<Request>, Vec<u32>) {
         let registry = self.registry();
+        let resumed = |released_by: Option<u64>| released_by.is_none_or(|id| replaying && !is_done(id));
         let mut buffers: Vec<ResumedBuffer> = registry
             .buffers
             .iter()
+            .filter(|(_, b)| resumed(b.released_by))
             .map(|(&handle, b)| ResumedBuffer {
                 handle,
                 offset: b.offset,
@@ -301,7 +390,12 @@ impl ResumeState {
             })
             .collect();
         buffers.sort_by_key(|b| b.handle & 0xffff_ffff);
-        let queues: Vec<ResumedQueue> = registry.queues.values().cloned().collect();
+        let queues: Vec<ResumedQueue> = registry
+            .queues
+            .values()
+            .filter(|q| resumed(q.released_by))
+            .map(|q| q.queue.clone())
+            .collect();
         let (ids, names): (Vec<u32>, Vec<String>) = registry.kernels.iter().map(|(&i, n)| (i, n.clone())).unzip();
         drop(registry);
         let mut buffer_parts = buffers.chunks(RESUME_BUFFERS_PER_MESSAGE);
@@ -330,6 +424,19 @@ impl ResumeState {
             });
         }
         (messages, ids)
+    }
+
+    /// The current daemon's id → the application's id, for every kernel the session knows
+    /// (looked up or built): taken before a resume remaps them, to translate the launches
+    /// issued again.
+    pub(crate) fn kernels_by_real_id(&self) -> HashMap<u32, u32> {
+        let registry = self.registry();
+        let ids = registry
+            .kernels
+            .keys()
+            .copied()
+            .chain(registry.programs.iter().flat_map(|p| p.kernels.iter().copied()));
+        ids.map(|id| (self.kernel_ids.real(id), id)).collect()
     }
 
     /// Applies the new daemon's kernel ids (`real[i]` for `ids[i]`).
@@ -463,7 +570,7 @@ mod tests {
             sla_ms: None,
         });
         state.kernel_found(4, "saxpy");
-        let (messages, ids) = state.messages(1, 1024, 1024, 1 << 30, |_| true);
+        let (messages, ids) = state.messages(1, 1024, 1024, 1 << 30, false, |_| true);
         assert_eq!(messages.len(), 3);
         assert_eq!(ids, vec![4]);
         let mut seen = 0;
@@ -488,5 +595,55 @@ mod tests {
             seen += buffers.len();
         }
         assert_eq!(seen, RESUME_BUFFERS_PER_MESSAGE * 2 + 5);
+    }
+
+    #[test]
+    fn a_release_not_yet_taken_is_resumed_only_when_the_untaken_tasks_are_issued_again() {
+        let state = ResumeState::new(Duration::from_secs(1), PathBuf::from("/nonexistent"), "t".into());
+        for i in 0..3u64 {
+            state.buffer_created(1 << 32 | i, i * 64, 64, Arc::default());
+        }
+        let queue = |handle| ResumedQueue {
+            handle,
+            name: "q".into(),
+            class: agora_protocol::control::QueueClass::Batch,
+            preferred_device: None,
+            sla_ms: None,
+        };
+        state.queue_created(queue(1 << 32));
+        state.queue_created(queue(1 << 32 | 1));
+        let resumed = |replaying: bool, done: u64| {
+            let (messages, _) = state.messages(1, 64, 64, 1 << 20, replaying, |id| id <= done);
+            let Request::Resume { buffers, queues, .. } = &messages[0] else {
+                unreachable!()
+            };
+            let mut buffers: Vec<u64> = buffers.iter().map(|b| b.handle & 0xff).collect();
+            buffers.sort_unstable();
+            (buffers, queues.iter().map(|q| q.handle & 0xff).collect::<Vec<_>>())
+        };
+        // Buffer 1's release is task 10, queue 1's task 11; neither completed.
+        state.buffer_released(1 << 32 | 1, Some(10), |id| id <= 9);
+        state.queue_released(1 << 32 | 1, Some(11), |id| id <= 9);
+        assert_eq!(
+            resumed(true, 9),
+            (vec![0, 1, 2], vec![0, 1]),
+            "replayed releases need their objects"
+        );
+        assert_eq!(
+            resumed(false, 9),
+            (vec![0, 2], vec![0]),
+            "releases failed with the lost tasks"
+        );
+        assert_eq!(
+            resumed(true, 11),
+            (vec![0, 2], vec![0]),
+            "completed releases are not resumed"
+        );
+        // A release that could not be issued forgets the buffer at once; completed releases are
+        // forgotten at the next release.
+        state.buffer_released(1 << 32 | 2, None, |id| id <= 11);
+        assert_eq!(state.registry().buffers.len(), 1);
+        assert_eq!(state.registry().queues.len(), 1);
+        assert!(state.registry().releases.is_empty());
     }
 }

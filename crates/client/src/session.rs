@@ -66,7 +66,8 @@ pub struct SessionOptions {
     pub control_timeout: Option<Duration>,
     /// How long the session keeps trying to reach a restarted daemon when it finds its daemon
     /// gone (killed, crashed, restarted or upgraded): tasks that were in flight then fail with
-    /// [`TaskError::DaemonRestarted`], and everything else — buffers with their host copies,
+    /// [`TaskError::DaemonRestarted`] (those the dead daemon never took, behind only completed
+    /// ones, are issued again by the session), and everything else — buffers with their host copies,
     /// queues, kernels, programs — carries on under the new daemon. Default
     /// `$AGORA_RECONNECT_TIMEOUT` (seconds) or [`crate::DEFAULT_RECONNECT_TIMEOUT`] (30 s);
     /// zero turns reconnection off (the session then fails with [`Error::Disconnected`]).
@@ -131,6 +132,13 @@ impl Kernel {
 struct Producer {
     ring: SubmissionProducer,
     next_id: u64,
+}
+
+/// Tasks a dead daemon never took, to issue again on the next one ([`Inner::untaken_tasks`]).
+struct Replay {
+    /// The oldest one's id (the rest follow in order).
+    first: u64,
+    descriptors: Vec<TaskDescriptor>,
 }
 
 struct Completions {
@@ -381,6 +389,13 @@ impl Session {
     /// How many times the session resumed on a restarted daemon.
     pub fn resumes(&self) -> u64 {
         self.inner.resume.epoch.load(Ordering::Relaxed)
+    }
+
+    /// How many tasks the session issued again on a restarted daemon because the one that
+    /// died never took them (issued while it was gone, or waiting in the ring): they complete
+    /// as if nothing happened, instead of failing with [`TaskError::DaemonRestarted`].
+    pub fn tasks_reissued(&self) -> u64 {
+        self.inner.resume.reissued.load(Ordering::Relaxed)
     }
 
     /// Creates a batch-class queue.
@@ -1406,7 +1421,12 @@ impl Inner {
     fn recover_if_gone(&self) -> Result<(), Error> {
         let epoch = self.resume.epoch.load(Ordering::Acquire);
         if !self.disconnected.load(Ordering::Acquire) {
-            return Ok(());
+            // A daemon that shut down (or ended this session) says so in the segment: resume
+            // before issuing into a ring nobody reads (one load of a line it rarely writes).
+            if self.segment.view().header().daemon_closed.load(Ordering::Acquire) == 0 {
+                return Ok(());
+            }
+            self.disconnected.store(true, Ordering::Release);
         }
         self.recover(epoch)
     }
@@ -1438,10 +1458,13 @@ impl Inner {
         };
         // Nothing else is issued, consumed or asked while the session moves.
         let mut control = self.control.lock().unwrap_or_else(|e| e.into_inner());
-        let producer = self.producer.lock().unwrap_or_else(|e| e.into_inner());
+        let mut producer = self.producer.lock().unwrap_or_else(|e| e.into_inner());
         let geometry = *self.segment.view().geometry();
         let deadline = Instant::now() + self.resume.timeout;
         let mut attempt = 0;
+        // Decided once, at the first look at what the old daemon left (a new daemon that takes
+        // the rings over and then refuses the resume moves the head).
+        let mut replay: Option<Option<Replay>> = None;
         let (stream, resumed, kernel_ids) = loop {
             let stream = match UnixStream::connect(&self.resume.socket) {
                 Ok(stream) => stream,
@@ -1457,6 +1480,7 @@ impl Inner {
             // completion ring at the submission tail, and the slots between were never written.
             let mut completions = self.lock_completions();
             let taken = self.drain_locked(&mut completions);
+            let replay = replay.get_or_insert_with(|| self.untaken_tasks(&producer));
             // Made after that last look: a buffer whose sync_from the old daemon completed is
             // not lost.
             let (messages, kernel_ids) = self.resume.messages(
@@ -1464,11 +1488,13 @@ impl Inner {
                 geometry.submission_capacity,
                 geometry.completion_capacity,
                 geometry.heap_len,
+                replay.is_some(),
                 |id| self.is_done(id),
             );
             let outcome = self.try_resume(&stream, &messages);
             if outcome.is_ok() {
-                self.complete_lost_tasks(&mut completions, producer.next_id);
+                let replayed_from = replay.as_ref().map_or(producer.next_id, |r| r.first);
+                self.complete_lost_tasks(&mut completions, producer.next_id, replayed_from);
             }
             drop(completions);
             if taken > 0 {
@@ -1496,6 +1522,10 @@ impl Inner {
         control.owed = 0;
         *self.doorbell.write().unwrap_or_else(|e| e.into_inner()) = resumed.doorbell;
         self.id.store(resumed.session, Ordering::Relaxed);
+        let kernels_before = match &replay {
+            Some(Some(_)) => self.resume.kernels_by_real_id(),
+            _ => HashMap::new(),
+        };
         self.resume.kernels_resumed(&kernel_ids, &resumed.kernels);
         let timeout = self.control_timeout;
         self.resume
@@ -1505,6 +1535,9 @@ impl Inner {
         let _refused = self
             .resume
             .protect_again(|request| call(&mut control, request, timeout, None).ok());
+        if let Some(Some(replay)) = replay {
+            self.issue_again(&mut producer, replay, &kernels_before);
+        }
         drop(producer);
         drop(control);
         self.disconnected.store(false, Ordering::Release);
@@ -1512,14 +1545,60 @@ impl Inner {
         Ok(())
     }
 
-    /// After a resume: fails every task the lost daemon left outstanding with
-    /// [`TaskError::DaemonRestarted`] and moves the completion head to the submission tail,
-    /// where the new daemon posts from.
-    fn complete_lost_tasks(&self, c: &mut Completions, next_id: u64) {
+    /// The tasks the dead daemon never took, if they can be issued again on the next one:
+    /// when every task before them completed, they continue exactly where the data stands.
+    /// (When one it took did not complete, a later task may read what that one should have
+    /// written: then every outstanding task fails with `DaemonRestarted`, for the application
+    /// to issue again in order.) The daemon releases each descriptor before acting on it, so
+    /// an untaken one never ran.
+    fn untaken_tasks(&self, producer: &Producer) -> Option<Replay> {
+        let descriptors = producer.ring.untaken()?;
+        let first = producer.next_id.checked_sub(descriptors.len() as u64)?;
+        if descriptors.is_empty() || first == 0 {
+            return None;
+        }
+        let earlier_done = (producer.next_id.saturating_sub(self.capacity).max(1)..first).all(|id| self.is_done(id));
+        let in_order = descriptors.iter().zip(first..).all(|(d, id)| d.task_id == id);
+        (earlier_done && in_order).then_some(Replay { first, descriptors })
+    }
+
+    /// After a resume: issues the tasks the old daemon never took again, in their order and
+    /// under their ids (their `Task` handles complete as if nothing happened), with kernel ids
+    /// translated to the new daemon's (`kernels_before`: the old daemon's id → the
+    /// application's).
+    fn issue_again(&self, producer: &mut Producer, replay: Replay, kernels_before: &HashMap<u32, u32>) {
+        let count = replay.descriptors.len();
+        for (i, mut descriptor) in replay.descriptors.into_iter().enumerate() {
+            if descriptor.op == Op::Launch as u32 {
+                if let Some(&id) = kernels_before.get(&descriptor.kernel) {
+                    descriptor.kernel = self.resume.kernel_ids.real(id);
+                }
+            }
+            if !producer.ring.stage(&descriptor) {
+                // Cannot happen (the new daemon took the ring over empty, and these fitted in
+                // it before); if it did, the rest fail as lost tasks would.
+                let mut c = self.lock_completions();
+                for id in replay.first + i as u64..replay.first + count as u64 {
+                    self.complete(&mut c, id, Err(TaskError::DaemonRestarted));
+                }
+                drop(c);
+                self.consumed_more((count - i) as u64);
+                break;
+            }
+        }
+        producer.ring.publish();
+        self.doorbell.read().unwrap_or_else(|e| e.into_inner()).ring();
+        self.resume.reissued.fetch_add(count as u64, Ordering::Relaxed);
+    }
+
+    /// After a resume: fails every task the lost daemon left outstanding before `replayed_from`
+    /// (the first task issued again) with [`TaskError::DaemonRestarted`] and moves the
+    /// completion head to the submission tail, where the new daemon posts from.
+    fn complete_lost_tasks(&self, c: &mut Completions, next_id: u64, replayed_from: u64) {
         let mut lost = 0u64;
         // A slot is reused only after its previous task completed, so the outstanding tasks are
         // among the last `capacity` ids.
-        for id in next_id.saturating_sub(self.capacity).max(1)..next_id {
+        for id in next_id.saturating_sub(self.capacity).max(1)..replayed_from {
             if !self.is_done(id) {
                 self.complete(c, id, Err(TaskError::DaemonRestarted));
                 lost += 1;

@@ -548,8 +548,8 @@ impl Session {
 
     /// Takes over the rings of a segment an earlier daemon served (a resumed session): the
     /// descriptors that daemon had not taken are dropped, and completions continue at the
-    /// submission tail (the client fails the tasks it lost and moves its head there itself,
-    /// after this reply: until then it posts nothing). Also clears what the
+    /// submission tail (the client fails the tasks it lost, moves its head there itself and
+    /// issues the untaken ones again, after this reply: until then it posts nothing). Also clears what the
     /// earlier daemon may have left in the header (closed, asleep).
     pub(crate) fn take_over_rings(&mut self) {
         let view = *self.shared.segment.view();

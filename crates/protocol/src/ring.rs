@@ -65,6 +65,22 @@ impl SubmissionProducer {
         self.view.header().submission_tail.store(self.tail, Ordering::Release);
     }
 
+    /// The descriptors published but not taken yet, oldest first (`None` when the consumer's
+    /// head is not within the ring). Read after the daemon that consumed this ring died: these
+    /// are the tasks it never saw, which a client may issue again on the next daemon.
+    pub fn untaken(&self) -> Option<Vec<TaskDescriptor>> {
+        let head = self.view.header().submission_head.load(Ordering::Acquire);
+        let count = self.tail.wrapping_sub(head);
+        if count > self.view.geometry().submission_capacity {
+            return None;
+        }
+        Some(
+            (0..count)
+                .map(|i| self.view.read_submission(head.wrapping_add(i)))
+                .collect(),
+        )
+    }
+
     /// Test hook: publishes an arbitrary tail (for corrupt-index tests).
     #[doc(hidden)]
     pub fn publish_raw_tail(&self, tail: u32) {
@@ -86,8 +102,9 @@ impl SubmissionConsumer {
     }
 
     /// Takes over the ring of a segment that a previous daemon served (a resumed session):
-    /// whatever that daemon had not taken is dropped (its client fails those tasks itself), so
-    /// consuming starts at the client's current tail, which is also handed back as the head.
+    /// whatever that daemon had not taken is dropped (its client issues those tasks again after
+    /// the resume, or fails them itself), so consuming starts at the client's current tail,
+    /// which is also handed back as the head.
     /// Returns the consumer and that index (a client that lies about it only loses its own
     /// tasks).
     pub fn resume(view: SegmentView) -> (Self, u32) {

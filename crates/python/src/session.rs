@@ -66,8 +66,9 @@ impl PySession {
     /// the daemon before it raises TimeoutError (default 30).
     /// `reconnect_timeout`: seconds the session keeps trying to reach a restarted daemon when
     /// its daemon dies (default $AGORA_RECONNECT_TIMEOUT, else 30; 0 turns reconnection off).
-    /// Tasks in flight then raise DaemonRestartedError; buffers, queues, kernels and programs
-    /// carry on.
+    /// Tasks in flight then raise DaemonRestartedError (those the dead daemon never took, behind
+    /// only completed ones, are issued again: `tasks_reissued`); buffers, queues, kernels and
+    /// programs carry on.
     #[new]
     #[pyo3(signature = (socket=None, name=None, heap_bytes=None, control_timeout=None, reconnect_timeout=None))]
     fn new(
@@ -125,6 +126,20 @@ impl PySession {
     #[getter]
     fn id(&self) -> PyResult<u64> {
         Ok(self.session()?.id())
+    }
+
+    /// How many times the session resumed on a restarted daemon.
+    #[getter]
+    fn resumes(&self) -> PyResult<u64> {
+        Ok(self.session()?.resumes())
+    }
+
+    /// How many tasks the session issued again on a restarted daemon because the one that died
+    /// never took them (they complete as if nothing happened, instead of raising
+    /// DaemonRestartedError).
+    #[getter]
+    fn tasks_reissued(&self) -> PyResult<u64> {
+        Ok(self.session()?.tasks_reissued())
     }
 
     /// Creates a queue: an ordered stream of tasks, bound to no device. `sla_ms`: the

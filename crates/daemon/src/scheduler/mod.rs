@@ -452,6 +452,11 @@ impl Scheduler {
             }
             taken += 1;
             let descriptor = session.submissions.take();
+            // Released before the task can act: a descriptor past the head was never acted on,
+            // so a client whose daemon dies may issue it again on the next one (a resume
+            // replays what was not taken) without running anything twice. One store per task;
+            // the client reads the head only when it stages.
+            session.submissions.release();
             session.ingested = session.ingested.wrapping_add(1);
             session.submitted += 1;
             let task_id = descriptor.task_id;
@@ -462,7 +467,6 @@ impl Scheduler {
             }
         }
         if taken > 0 {
-            session.submissions.release();
             self.flush(&session.shared);
         }
         Ok(taken)

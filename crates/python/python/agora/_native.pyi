@@ -30,11 +30,19 @@ class Session:
         it raises TimeoutError.
         `reconnect_timeout`: seconds the session keeps trying to reach a restarted daemon
         (default $AGORA_RECONNECT_TIMEOUT, else 30; 0 = off). Tasks in flight when the daemon
-        died raise DaemonRestartedError; buffers, queues, kernels and programs carry on.
+        died raise DaemonRestartedError (those it never took, behind only completed ones, are
+        issued again: `tasks_reissued`); buffers, queues, kernels and programs carry on.
 
         Raises ConnectError when no daemon answers."""
     @property
     def id(self) -> int: ...
+    @property
+    def resumes(self) -> int:
+        """How many times the session resumed on a restarted daemon."""
+    @property
+    def tasks_reissued(self) -> int:
+        """Tasks issued again on a restarted daemon because the one that died never took them
+        (they complete as if nothing happened instead of raising DaemonRestartedError)."""
     def queue(
         self,
         name: str = "",
