@@ -28,7 +28,9 @@ pub struct Candidate {
     pub lane: usize,
     /// Jobs queued or running on the lane.
     pub load: usize,
-    /// Predicted nanoseconds of work already queued or running on the lane.
+    /// Predicted nanoseconds before the task would start on the lane: its session's own work
+    /// queued or running there, plus about one job of each other tenant's (lanes serve tenants
+    /// fairly; `scheduler::tenants`), never more than all the lane holds.
     pub queue_ns: f64,
     /// Predicted nanoseconds to move the data this task lacks on the device.
     pub transfer_ns: f64,

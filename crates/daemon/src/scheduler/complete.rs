@@ -53,6 +53,8 @@ pub(super) struct LaneCompletion {
     /// latency-class tasks), for back-pressure.
     pub session_ns: u64,
     pub lane_pending: Arc<AtomicU64>,
+    /// Its lane's tenants, where it is booked under its session.
+    pub lane_tenants: Arc<super::tenants::LaneTenants>,
     /// Its entry in the latency books (latency-class tasks).
     pub latency: Option<LatencyCharge>,
     pub counters: TaskCounters,
@@ -85,6 +87,7 @@ impl LaneCompletion {
         let exec_start = times.transfers_done.unwrap_or(times.started);
         let execution = times.finished.saturating_duration_since(exec_start);
         self.lane_pending.fetch_sub(self.predicted, Ordering::Relaxed);
+        self.lane_tenants.finished(self.shared.id, self.predicted);
         self.shared.add_device_time(self.device, execution.as_nanos() as u64);
         if self.shared.lane_work_done(self.session_ns) {
             // The session was held back over its lane limits and now has room.

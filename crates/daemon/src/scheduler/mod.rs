@@ -73,6 +73,7 @@ mod migration;
 mod place;
 mod plan;
 mod submit;
+mod tenants;
 mod validate;
 
 pub(crate) use migration::Migration;
@@ -127,6 +128,8 @@ pub(crate) struct Scheduler {
     facts: Vec<DeviceFacts>,
     /// Predicted nanoseconds of work queued or running, per device and lane.
     lane_pending: Vec<Vec<Arc<AtomicU64>>>,
+    /// Whose work that is, per device and lane (a newcomer's wait under fair queueing).
+    lane_tenants: Vec<Vec<Arc<tenants::LaneTenants>>>,
     /// Which buffers have device copies (eviction).
     pub residency: Residency,
     /// Host memory registered with devices, per user.
@@ -157,6 +160,8 @@ pub(crate) struct Scheduler {
     /// The device quota of the session whose task goes through the stages now (0: none), for
     /// placement: a device the task's buffers can never fit is no candidate.
     dispatch_quota: u64,
+    /// That session's id, for placement (its own work on a lane, and its neighbours').
+    dispatch_session: u64,
 }
 
 /// Predicted work on one lane beyond which it counts as long ([`Scheduler::long_work_on_lanes`]):
@@ -240,6 +245,10 @@ impl Scheduler {
                 .collect()
         };
         let lane_pending = per_lane();
+        let lane_tenants = devices
+            .iter()
+            .map(|d| (0..d.info().lanes).map(|_| Arc::default()).collect())
+            .collect();
         let books = LatencyBooks::new(&devices);
         let inline_guard = Arc::new(inline::InlineGuard::new(
             config.inline_max_ns,
@@ -279,6 +288,7 @@ impl Scheduler {
             model,
             facts,
             lane_pending,
+            lane_tenants,
             residency,
             pinned,
             allocation_retries: 0,
@@ -293,6 +303,7 @@ impl Scheduler {
             batch_priority_switches: 0,
             deadline_job: None,
             dispatch_quota: 0,
+            dispatch_session: 0,
         }
     }
 
@@ -674,6 +685,7 @@ impl Scheduler {
             self.latency_seen();
         }
         self.dispatch_quota = self.device_quota(session);
+        self.dispatch_session = session.id;
         // A queue being moved holds its tasks, in order, until its in-flight ones are done.
         match self.must_hold(session.id, &ready) {
             Ok(true) => {

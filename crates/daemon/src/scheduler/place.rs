@@ -344,9 +344,16 @@ impl Scheduler {
                     continue;
                 }
                 for lane in 0..device.info().lanes {
+                    // What this session would wait there: its own work and about one job of
+                    // each other tenant (lanes serve tenants fairly), not the lane's whole
+                    // backlog (`tenants`).
+                    let pending = self.lane_pending[index][lane].load(Ordering::Relaxed) as f64;
+                    let wait = self.lane_tenants[index][lane]
+                        .wait_ns(self.dispatch_session)
+                        .map_or(pending, |w| w.min(pending));
                     self.candidates.push(Candidate {
                         lane_watts: self.facts[index].lane_watts,
-                        queue_ns: self.lane_pending[index][lane].load(Ordering::Relaxed) as f64,
+                        queue_ns: wait,
                         ..Candidate::with_load(index, lane, device.lane_load(lane))
                     });
                 }

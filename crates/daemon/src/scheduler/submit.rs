@@ -129,6 +129,8 @@ impl Scheduler {
         let booked = (predicted as f64 + transfer_ns).min(MAX_PREDICTED_NS) as u64;
         let lane_pending = self.lane_pending[device][lane].clone();
         lane_pending.fetch_add(booked, Ordering::Relaxed);
+        let lane_tenants = self.lane_tenants[device][lane].clone();
+        lane_tenants.started(session.shared.id, booked);
         let urgent = queue.class == QueueClass::Latency;
         // A DAG node job: ordered by its deadline on the lane, never sliced or revoked.
         let deadline = self.deadline_job.map(|(_, deadline)| deadline);
@@ -171,6 +173,7 @@ impl Scheduler {
             predicted: booked,
             session_ns,
             lane_pending,
+            lane_tenants,
             latency,
             counters,
             histograms: self.histograms[device].clone(),

@@ -927,3 +927,36 @@ fn a_stream_waits_for_the_measurement_its_first_launch_went_to_take() {
     done.sort();
     assert_eq!(done, [2, 3]);
 }
+
+/// Lanes serve their tenants fairly, so a queue placed afresh waits on a busy lane for about one
+/// job of each neighbour, not for their whole backlog. Costed by the backlog, four identical
+/// pipelining ranks split 190 / 100 / 7.7 / 7.5 launches per second: two were sent to a device
+/// measured seven times slower, because it was idle, and their bursts followed them there.
+#[test]
+fn a_queue_placed_afresh_waits_for_its_neighbours_share_of_a_busy_lane_not_their_backlog() {
+    let mut s = perf_scheduler(vec![cpu(), sim("sim0", None)]);
+    let items = 1 << 20;
+    let label = agora_kernels::find("noop").unwrap().1.label();
+    {
+        let mut model = s.model.lock().unwrap();
+        let cpu_name = s.devices[0].info().name.clone();
+        model.record(label, &cpu_name, items, 5e6);
+        model.record(label, "sim0", items, 40e6);
+    }
+    // Session 7 pipelined 30 jobs of 5 ms onto each CPU lane; sim0 is idle.
+    for lane in 0..2 {
+        for _ in 0..30 {
+            s.lane_pending[0][lane].fetch_add(5_000_000, Ordering::Relaxed);
+            s.lane_tenants[0][lane].started(7, 5_000_000);
+        }
+    }
+    // Another session's queue: about 5 ms behind session 7's next job, then 5 ms, on a CPU
+    // lane, against 40 ms on the idle sim device.
+    s.dispatch_session = 9;
+    let q = queue(QueueClass::Batch, None);
+    assert_eq!(s.place(&noop(&q, items)).unwrap().binding.device(), 0, "the CPU");
+    // Session 7 itself waits for all of its own work there: the idle device is sooner.
+    s.dispatch_session = 7;
+    let q = queue(QueueClass::Batch, None);
+    assert_eq!(s.place(&noop(&q, items)).unwrap().binding.device(), 1, "sim0");
+}
