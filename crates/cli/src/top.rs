@@ -37,8 +37,8 @@ pub struct TopArgs {
     /// {uid, sessions} when the daemon shows you your own sessions only (`--private-status`).
     #[arg(long, requires = "once")]
     json: bool,
-    /// Seconds between refreshes.
-    #[arg(long, default_value_t = 1.0)]
+    /// Seconds between refreshes (0.1 to 60).
+    #[arg(long, default_value_t = 1.0, value_parser = refresh_interval)]
     interval: f64,
     #[command(flatten)]
     pub socket: crate::SocketArg,
@@ -332,7 +332,7 @@ pub fn run(socket: Option<PathBuf>, args: TopArgs) -> Result<()> {
     if !std::io::stdout().is_terminal() {
         bail!("agora top needs a terminal; for scripts use `agora top --once` (or `--once --json`)");
     }
-    let interval = Duration::from_secs_f64(args.interval.clamp(0.1, 60.0));
+    let interval = Duration::from_secs_f64(args.interval);
     let mut terminal = ratatui::init(); // raw mode, alternate screen, and a panic hook that restores
     let result = live(&mut terminal, socket, interval);
     ratatui::restore();
@@ -511,5 +511,19 @@ fn live(terminal: &mut ratatui::DefaultTerminal, socket: Option<PathBuf>, interv
                 }
             }
         }
+    }
+}
+
+/// `--interval`: a number of seconds from 0.1 to 60 (a NaN once made the refresh loop panic, and
+/// 0 was quietly taken as 0.1).
+fn refresh_interval(value: &str) -> std::result::Result<f64, String> {
+    let seconds: f64 = value
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{value}' is not a number of seconds"))?;
+    if (0.1..=60.0).contains(&seconds) {
+        Ok(seconds)
+    } else {
+        Err(format!("{value} s: refresh between 0.1 and 60 seconds"))
     }
 }

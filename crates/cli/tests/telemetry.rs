@@ -228,5 +228,20 @@ fn top_once_json_shows_two_live_tenants() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--once"));
+    // A refresh interval that is no usable number of seconds is refused, naming the range (NaN
+    // made the refresh loop panic).
+    for interval in ["nan", "0", "0.01", "1e9"] {
+        let out = Command::new(AGORA)
+            .args(["top", "--interval", interval, "--socket"])
+            .arg(&socket)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "--interval {interval}: {stderr}");
+        assert!(
+            stderr.contains("between 0.1 and 60 seconds"),
+            "--interval {interval}: {stderr}"
+        );
+    }
     drop((a, b));
 }
