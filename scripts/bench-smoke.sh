@@ -31,8 +31,10 @@ case "$bench" in
   and all(p["ratio_min"] <= p["ratio_median"] <= p["ratio_max"] and len(p["native_runs_s"]) == len(p["agora_runs_s"]) == d["repetitions"]
           and all(k in p for k in ("ratio", "ratio_best", "native", "agora")) for p in d["programs"])' ;;
   hetero) expr='isinstance(d, list) and d and all(all(k in p for k in ("policy", "makespan_s", "energy_j", "utilisation", "first_pass_s")) for p in d)' ;;
-  sharing) expr='all(k in d for k in ("apps", "shared_s", "sequential_s", "ratio", "shared", "sequential", "load_average_at_start"))
-  and d["repetitions"] >= 1 and d["ratio_min"] <= d["ratio_median"] <= d["ratio_max"]' ;;
+  sharing) expr='all(k in d for k in ("apps", "shared_s", "sequential_s", "ratio", "shared", "sequential", "load_average_at_start", "fairness_rates", "fairness_max_over_min"))
+  and d["repetitions"] >= 1 and d["ratio_min"] <= d["ratio_median"] <= d["ratio_max"]
+  and len(d["fairness_rates"]) == d["repetitions"] and all(len(r) >= 2 and min(r) > 0 for r in d["fairness_rates"])
+  and 1 <= d["fairness_max_over_min"]["min"] <= d["fairness_max_over_min"]["max"]' ;;
   sla) expr='all(k in d for k in ("sla_ms", "alone", "unsliced", "chunked", "revoked", "preempt_chunked_p99_ms", "batch_per_s_chunked", "batch_priority", "load_average_at_start"))' ;;
   migrate) expr='d["moves"] and "app" in d' ;;
   kernels) expr='d["verified"] and all(k in d for k in ("package_ratio_geomean", "sandbox_ratio_geomean", "cpu_ratio_geomean", "sandbox_empty_p50_ns", "first_build_ms", "cached_build_ms")) and d["cache_hit"] and len(d["kernels"]) == 3' ;;

@@ -139,6 +139,15 @@ fn bench_hetero_and_sharing_report_their_fields() {
     );
     assert!(shared > 0.0 && sequential > 0.0);
     assert!((ratio - shared / sequential).abs() < 1e-9);
+    // The fairness part: every rank ran (and verified its product) at a positive rate.
+    let rates = r["fairness_rates"].as_array().unwrap();
+    assert_eq!(rates.len(), r["repetitions"].as_u64().unwrap() as usize);
+    for rates in rates {
+        let rates: Vec<f64> = rates.as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+        assert_eq!(rates.len(), 4, "four ranks by default");
+        assert!(rates.iter().all(|r| *r > 0.0), "{rates:?}");
+    }
+    assert!(r["fairness_max_over_min"]["min"].as_f64().unwrap() >= 1.0);
 }
 
 #[test]

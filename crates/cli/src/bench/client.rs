@@ -39,7 +39,14 @@ pub enum ClientMode {
     /// Verified rounds (sync_to, fill, saxpy, copy, sync_from over `--size` floats) until stdin
     /// closes, printing a [`SoakReport`] line of counts every 200 ms (`agora bench soak`).
     Soak,
+    /// An MPI-style rank: `--iterations` bursts of [`PIPELINE_DEPTH`] `sgemm` launches of order
+    /// `--size` (default 256) on one queue that prefers no device, each burst then `finish`;
+    /// the product verified at the end (`agora bench sharing`'s fairness part).
+    Pipeline,
 }
+
+/// Launches in flight per burst of [`ClientMode::Pipeline`].
+pub(crate) const PIPELINE_DEPTH: u64 = 64;
 
 /// `agora bench-client` options.
 #[derive(Args, Debug)]
@@ -331,7 +338,8 @@ pub fn client(args: ClientArgs) -> Result<()> {
     let session = Session::connect_with(SessionOptions {
         socket,
         name: Some(format!("bench-{:?}", args.mode).to_lowercase()),
-        heap_bytes: Some(1 << 20),
+        // A pipeline rank's three matrices need more than the noop modes' megabyte.
+        heap_bytes: (!matches!(args.mode, ClientMode::Pipeline)).then_some(1 << 20),
         control_timeout: None,
         reconnect_timeout: None,
     })?;
@@ -437,6 +445,42 @@ pub fn client(args: ClientArgs) -> Result<()> {
         }
         ClientMode::Idle => {
             std::thread::sleep(Duration::from_millis(args.iterations));
+        }
+        ClientMode::Pipeline => {
+            let n = args.size.unwrap_or(256).clamp(1, 4096);
+            let sgemm = session.kernel("sgemm")?;
+            let elements = (n * n) as usize;
+            let a = session.buffer_from(&vec![1.0f32; elements])?;
+            let b = session.buffer_from(&vec![1.0f32; elements])?;
+            let c = session.buffer((elements * 4) as u64)?;
+            queue.sync_to(&a)?;
+            queue.sync_to(&b)?;
+            let order = agora::Arg::I32(n as i32);
+            let args_of = [
+                order,
+                order,
+                order,
+                agora::Arg::F32(1.0),
+                (&a).into(),
+                (&b).into(),
+                agora::Arg::F32(0.0),
+                (&c).into(),
+            ];
+            queue.finish()?;
+            result.tasks = args.iterations * PIPELINE_DEPTH;
+            result.start_ns = monotonic_ns();
+            for _ in 0..args.iterations {
+                for _ in 0..PIPELINE_DEPTH {
+                    let _ = queue.launch(&sgemm, &args_of, (n, n))?;
+                }
+                queue.finish()?;
+            }
+            result.end_ns = monotonic_ns();
+            queue.sync_from(&c)?.wait()?;
+            // C = 1·A·B + 0·C with A and B all ones: every element is n.
+            if c.read_vec::<f32>().iter().any(|v| *v != n as f32) {
+                bail!("sgemm {n}: wrong product");
+            }
         }
         ClientMode::Workload | ClientMode::Transfer | ClientMode::Soak => unreachable!("handled above"),
     }

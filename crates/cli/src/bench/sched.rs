@@ -360,9 +360,13 @@ pub struct SharingArgs {
     /// Placement policy of the daemon.
     #[arg(long, default_value = "rr", value_parser = agora_daemon::PolicyKind::parse)]
     policy: agora_daemon::PolicyKind,
+    /// Identical ranks of the fairness part (at least 2).
+    #[arg(long, default_value_t = 4)]
+    ranks: usize,
     /// Print JSON: `shared_s`, `sequential_s`, `ratio` (ratio of medians), `ratio_min`,
     /// `ratio_median`, `ratio_max` (over the repetitions' own ratios), `repetitions`,
-    /// `load_average_at_start` and the spreads of both arrangements.
+    /// `load_average_at_start`, the spreads of both arrangements, `fairness_rates` (launches
+    /// per second of each rank, per repetition) and `fairness_max_over_min` (its spread).
     #[arg(long)]
     json: bool,
     /// A short version for smoke checks (smaller sizes, one repetition).
@@ -392,6 +396,36 @@ struct SharingResult {
     load_average_at_start: Option<f64>,
     shared: Spread,
     sequential: Spread,
+    /// Fairness: identical MPI-style ranks pipelining `sgemm` bursts at once on a daemon with
+    /// the default `perf` policy — each repetition's launches per second per rank.
+    fairness_rates: Vec<Vec<f64>>,
+    /// Per repetition, the fastest rank's rate over the slowest's (1 is perfectly fair).
+    fairness_max_over_min: Spread,
+}
+
+/// The fairness part of `agora bench sharing`: `ranks` identical client processes started
+/// together, each pipelining bursts of `sgemm` 256 on a queue that prefers no device, against
+/// a daemon with the default placement policy; per repetition, each rank's launches per second.
+/// (Costed by their lanes' whole backlogs, two of four such ranks once went to an idle device
+/// seven times slower and ran 20× below the others.)
+fn fairness(socket: Option<&Path>, ranks: usize, reps: usize, quick: bool) -> Result<Vec<Vec<f64>>> {
+    let daemon = DaemonProcess::start(socket, &["--policy", "perf"])?;
+    let bursts = if quick { 2 } else { 12 };
+    (0..reps)
+        .map(|_| {
+            let results = super::client::run_clients_with(
+                &daemon.socket,
+                super::client::ClientMode::Pipeline,
+                bursts,
+                ranks.max(2),
+                &["--size", "256"],
+            )?;
+            Ok(results
+                .iter()
+                .map(|r| r.tasks as f64 / (r.end_ns.saturating_sub(r.start_ns).max(1) as f64 / 1e9))
+                .collect())
+        })
+        .collect()
 }
 
 /// Starts `agora run` for one `program[:size]` against `socket`.
@@ -471,6 +505,16 @@ pub fn sharing(socket: Option<PathBuf>, args: SharingArgs) -> Result<()> {
         }
     }
     let pairs = paired_ratios(&shared, &sequential);
+    drop(daemon);
+    let fairness_rates = fairness(socket.as_deref(), args.ranks, reps, args.quick)?;
+    let max_over_min: Vec<f64> = fairness_rates
+        .iter()
+        .map(|rates| {
+            let max = rates.iter().copied().fold(0.0, f64::max);
+            let min = rates.iter().copied().fold(f64::INFINITY, f64::min);
+            max / min
+        })
+        .collect();
     let result = SharingResult {
         apps: args.apps.clone(),
         shared_s: spread(&shared).median,
@@ -483,6 +527,8 @@ pub fn sharing(socket: Option<PathBuf>, args: SharingArgs) -> Result<()> {
         load_average_at_start: load,
         shared: spread(&shared),
         sequential: spread(&sequential),
+        fairness_max_over_min: spread(&max_over_min),
+        fairness_rates,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&result)?);
@@ -503,6 +549,21 @@ pub fn sharing(socket: Option<PathBuf>, args: SharingArgs) -> Result<()> {
             result.ratio_min,
             result.ratio_median,
             result.ratio_max
+        );
+        println!(
+            "fairness: {} identical ranks pipelining {} sgemm 256 per burst (policy perf): fastest/slowest rank \
+             min {:.2}  median {:.2}  max {:.2}; launches/s per rank {}",
+            args.ranks,
+            super::client::PIPELINE_DEPTH,
+            result.fairness_max_over_min.min,
+            result.fairness_max_over_min.median,
+            result.fairness_max_over_min.max,
+            result
+                .fairness_rates
+                .iter()
+                .map(|rates| rates.iter().map(|r| format!("{r:.0}")).collect::<Vec<_>>().join("/"))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
         if let Some(load) = load {
             println!("load average at start: {load:.2}");
