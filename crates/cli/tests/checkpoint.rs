@@ -669,3 +669,108 @@ fn after_recovery_passes_over_a_damaged_checkpoint_its_id_is_free_and_a_taken_id
     assert_eq!(write.error, None, "{report:?}");
     assert!(report.checkpoints.iter().any(|c| c.checkpoint == 6), "{report:?}");
 }
+
+/// Two live sessions of one user under one name (the ranks of an MPI program, two jobs of one
+/// program) would share one checkpoint stream, and a restarted one would recover the other's
+/// data. The second writer's checkpoint is refused, saying so and how to name each process
+/// (not "use increasing ids": its ids do increase); a session of another name, and the second
+/// session once the first has ended, checkpoint as usual.
+#[test]
+fn a_second_live_session_of_one_application_is_refused_its_checkpoints_with_the_reason() {
+    let daemon = Daemon::start(AGORA, "checkpoint-collision", &["--no-opencl"]);
+    let data: Vec<f32> = (0..N).map(|i| i as f32).collect();
+    let first = daemon.session_without_resume("collide");
+    let first_queue = first.queue("main").unwrap();
+    let first_x = first.buffer_from(&data).unwrap();
+    first.protect(1, &first_x).unwrap();
+    first_queue.checkpoint(2, CheckpointLevel::Local).unwrap();
+    first_queue.finish().unwrap();
+
+    let second = daemon.session_without_resume("collide");
+    let q = second.queue("main").unwrap();
+    let x = second.buffer_from(&data).unwrap();
+    second.protect(1, &x).unwrap();
+    q.checkpoint(4, CheckpointLevel::Local).unwrap();
+    let message = failure(q.finish());
+    let pid = std::process::id();
+    for needed in [
+        format!("another live session (pid {pid})"),
+        "SessionOptions::name".into(),
+        "agora.Session(name=...)".into(),
+        "AgoraSessionOptions.name".into(),
+    ] {
+        assert!(message.contains(&needed), "{needed}: {message}");
+    }
+    assert!(!message.contains("increasing ids"), "{message}");
+    // The first one's stream goes on.
+    first_queue.checkpoint(6, CheckpointLevel::Local).unwrap();
+    first_queue.finish().unwrap();
+
+    // A name of its own: its own stream.
+    let other = daemon.session_without_resume("collide.rank1");
+    let oq = other.queue("main").unwrap();
+    let ox = other.buffer_from(&data).unwrap();
+    other.protect(1, &ox).unwrap();
+    oq.checkpoint(1, CheckpointLevel::Local).unwrap();
+    oq.finish().unwrap();
+
+    // The first ends: the name is free for the second.
+    written(&first);
+    drop((first_queue, first_x, first));
+    let mut last = String::new();
+    let mut id = 7;
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            id += 1;
+            q.checkpoint(id, CheckpointLevel::Local).unwrap();
+            match q.finish() {
+                Ok(()) => true,
+                Err(e) => {
+                    last = e.to_string();
+                    false
+                }
+            }
+        }),
+        "the second session still refused once the first ended: {last}"
+    );
+    assert_eq!(written(&second).checkpoints.last().map(|c| c.checkpoint), Some(id));
+}
+
+/// Checkpoint ids start at 1 (status calls report 0 for "none"): 0 is refused when it is
+/// issued, with what to use instead, and nothing is issued.
+#[test]
+fn a_checkpoint_with_id_zero_is_refused_when_issued() {
+    let daemon = Daemon::start(AGORA, "checkpoint-zero", &["--no-opencl"]);
+    let s = daemon.session_without_resume("zero");
+    let q = s.queue("main").unwrap();
+    let x = s.buffer_from(&[1f32; 16]).unwrap();
+    s.protect(1, &x).unwrap();
+    let error = q.checkpoint(0, CheckpointLevel::Local).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            Error::Task(agora::TaskError::CheckpointRefused {
+                reason: agora_protocol::completion::CHECKPOINT_ID_ZERO,
+                ..
+            })
+        ),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("ids start at 1"), "{error}");
+    let plan = agora::CheckpointedLaunch {
+        window_rows: 4,
+        first_checkpoint: 0,
+        level: CheckpointLevel::Local,
+        resume_after: None,
+    };
+    let fill = s.kernel("saxpy").unwrap();
+    let error = q
+        .launch_checkpointed(&fill, &[Arg::F32(1.0), (&x).into(), (&x).into()], 16u64, &plan)
+        .unwrap_err();
+    assert!(error.to_string().contains("ids start at 1"), "{error}");
+    q.finish().unwrap();
+    assert!(written(&s).checkpoints.is_empty(), "nothing was issued");
+    q.checkpoint(1, CheckpointLevel::Local).unwrap();
+    q.finish().unwrap();
+    assert_eq!(written(&s).checkpoints.last().map(|c| c.checkpoint), Some(1));
+}

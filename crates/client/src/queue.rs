@@ -19,12 +19,23 @@ pub struct CheckpointedLaunch {
     /// multiple of 1024 is safe).
     pub window_rows: u64,
     /// The id of the checkpoint after the first window; the `k`-th window's is this plus `k`.
-    /// Larger than the application's previous checkpoints.
+    /// Larger than the application's previous checkpoints, and not 0 (ids start at 1).
     pub first_checkpoint: u64,
     /// The checkpoints' level.
     pub level: CheckpointLevel,
     /// Resume: the checkpoint [`Session::recover`](crate::Session::recover) restored (only later windows run).
     pub resume_after: Option<u64>,
+}
+
+/// The refusal of checkpoint id 0, made before anything is issued (ids start at 1: status calls
+/// report 0 for "no checkpoint").
+fn checkpoint_id_zero(level: CheckpointLevel) -> Error {
+    Error::Task(crate::TaskError::CheckpointRefused {
+        reason: agora_protocol::completion::CHECKPOINT_ID_ZERO,
+        level: level as u8,
+        checkpoint: 0,
+        pid: 0,
+    })
 }
 
 /// How durable a checkpoint is (FTI's levels, on one node and what it reaches).
@@ -353,6 +364,10 @@ impl Queue {
         range: impl Into<NdRange>,
         plan: &CheckpointedLaunch,
     ) -> Result<Option<Task>, Error> {
+        // Refused before the first window runs, as its checkpoint would be.
+        if plan.first_checkpoint == 0 {
+            return Err(checkpoint_id_zero(plan.level));
+        }
         let range = range.into();
         let rows = range.dims[0];
         let window = plan.window_rows.max(1);
@@ -423,7 +438,15 @@ impl Queue {
     /// background at `level`, with integrity hashes, writing only blocks that changed since the
     /// application's last checkpoint. `id` must be larger than the application's previous
     /// checkpoint's (the iteration number, say). [`Session::checkpoints`](crate::Session::checkpoints) reports the writes.
+    ///
+    /// Ids start at 1: id 0 is refused here, before anything is issued
+    /// ([`TaskError::CheckpointRefused`](crate::TaskError::CheckpointRefused) with reason
+    /// [`CHECKPOINT_ID_ZERO`](agora_protocol::completion::CHECKPOINT_ID_ZERO)), because status
+    /// calls report 0 for "no checkpoint" (C's `agora_checkpoint_status`).
     pub fn checkpoint(&self, id: u64, level: CheckpointLevel) -> Result<Task, Error> {
+        if id == 0 {
+            return Err(checkpoint_id_zero(level));
+        }
         let mut d = TaskDescriptor::zeroed();
         d.op = Op::Checkpoint as u32;
         d.arg_count = 2;

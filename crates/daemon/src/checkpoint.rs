@@ -16,11 +16,14 @@
 //! current (the task's transfers bring every protected buffer home first).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 
 use agora_checkpoint::{AppKey, Capture, Entry, Level, Recovered, Store, StoreConfig, StoreError};
-use agora_protocol::completion::{CHECKPOINT_ID_NOT_NEWER, CHECKPOINT_LEVEL_UNAVAILABLE, CHECKPOINT_NO_STORE};
+use agora_protocol::completion::{
+    CHECKPOINT_ID_NOT_NEWER, CHECKPOINT_LEVEL_UNAVAILABLE, CHECKPOINT_NAME_IN_USE, CHECKPOINT_NO_STORE,
+};
 use agora_protocol::control::{
     CheckpointReport, CheckpointSummary, CheckpointWrite, ControlError, RecoverReport, Response,
 };
@@ -45,6 +48,20 @@ struct Application {
     writing: u32,
     /// The last writes' outcomes, oldest first.
     writes: VecDeque<CheckpointWrite>,
+    /// The session whose checkpoint was admitted last: while it lives, another session's
+    /// checkpoint under the same name is refused ([`CHECKPOINT_NAME_IN_USE`]).
+    writer: Option<Writer>,
+}
+
+/// A session that writes an application's checkpoints.
+#[derive(Debug, Clone)]
+pub(crate) struct Writer {
+    /// The daemon's id of the session.
+    pub(crate) session: u64,
+    /// Its client's process id (for the refusal's message).
+    pub(crate) pid: i32,
+    /// Set once the session's client is gone ([`crate::session::SessionShared::cancelled`]).
+    pub(crate) gone: Arc<AtomicBool>,
 }
 
 /// The service: one per daemon.
@@ -189,24 +206,36 @@ impl Checkpoints {
         }
     }
 
-    /// Judges a checkpoint task: its level and its id against the application's newest. On
-    /// success the id becomes the newest.
-    pub(crate) fn admit(&self, app: &AppKey, checkpoint: u64, level: u32) -> Result<Level, TaskError> {
-        let refuse = |reason| TaskError::CheckpointRefused {
+    /// Judges a checkpoint task of `writer`: its level, whether another live session already
+    /// writes the application's checkpoints, and its id against the application's newest. On
+    /// success the id becomes the newest and `writer` the application's writer.
+    ///
+    /// Two live sessions of one user under one name (the ranks of an MPI program, two jobs of
+    /// one program) would write one checkpoint stream: their ids refuse each other's, and a
+    /// restarted one recovers whichever wrote last. So the first writer keeps the name while
+    /// it lives, and the other's checkpoints are refused saying so (not as ids that do not grow).
+    pub(crate) fn admit(&self, app: &AppKey, writer: &Writer, checkpoint: u64, level: u32) -> Result<Level, TaskError> {
+        let refuse = |reason, pid: i32| TaskError::CheckpointRefused {
             reason,
             level: level.min(255) as u8,
             checkpoint,
+            pid: pid.max(0) as u32,
         };
-        let store = self.store.as_ref().ok_or(refuse(CHECKPOINT_NO_STORE))?;
+        let store = self.store.as_ref().ok_or(refuse(CHECKPOINT_NO_STORE, 0))?;
         let level = match level {
             1 => Level::L1,
             2 if self.partner => Level::L2,
             3 => Level::L3,
             4 if self.shared => Level::L4,
-            _ => return Err(refuse(CHECKPOINT_LEVEL_UNAVAILABLE)),
+            _ => return Err(refuse(CHECKPOINT_LEVEL_UNAVAILABLE, 0)),
         };
         let mut books = self.applications.lock().unwrap_or_else(|e| e.into_inner());
         let entry = books.entry((app.uid, app.name.clone())).or_default();
+        if let Some(other) = &entry.writer {
+            if other.session != writer.session && !other.gone.load(Ordering::Acquire) {
+                return Err(refuse(CHECKPOINT_NAME_IN_USE, other.pid));
+            }
+        }
         if entry.newest.is_none() {
             // What an earlier daemon or process wrote counts too, damaged checkpoints included:
             // the store refuses their ids as well, and a refusal there, after the task
@@ -214,9 +243,10 @@ impl Checkpoints {
             entry.newest = store.newest_sequence(app).ok().flatten();
         }
         if entry.newest.is_some_and(|newest| checkpoint <= newest) {
-            return Err(refuse(CHECKPOINT_ID_NOT_NEWER));
+            return Err(refuse(CHECKPOINT_ID_NOT_NEWER, 0));
         }
         entry.newest = Some(checkpoint);
+        entry.writer = Some(writer.clone());
         Ok(level)
     }
 
@@ -397,6 +427,7 @@ impl CheckpointCapture {
                     reason: CHECKPOINT_NO_STORE,
                     level: level_number(self.level),
                     checkpoint: self.checkpoint,
+                    pid: 0,
                 })
             }
         }

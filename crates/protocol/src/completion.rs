@@ -373,7 +373,7 @@ pub enum TaskError {
     },
     /// A checkpoint task the daemon could not take (nothing was captured; earlier checkpoints
     /// are untouched).
-    #[error("checkpoint {checkpoint} refused: {}", checkpoint_refusal(*.reason, *.level))]
+    #[error("checkpoint {checkpoint} refused: {}", checkpoint_refusal(*.reason, *.level, *.pid))]
     CheckpointRefused {
         /// Why ([`CHECKPOINT_NOTHING_PROTECTED`] and the other `CHECKPOINT_*` codes).
         reason: u16,
@@ -381,6 +381,9 @@ pub enum TaskError {
         level: u8,
         /// The checkpoint's id.
         checkpoint: u64,
+        /// [`CHECKPOINT_NAME_IN_USE`]: the process id of the other live session that writes the
+        /// application's checkpoints; 0 otherwise.
+        pid: u32,
     },
     /// Argument `index` is an attached buffer the task may not use that way: the attachment is
     /// read-only and the task writes it, or its export was revoked (or its exporter ended).
@@ -450,13 +453,29 @@ pub const CHECKPOINT_ID_NOT_NEWER: u16 = 3;
 /// [`TaskError::CheckpointRefused`]: the daemon has no checkpoint store (its directory could
 /// not be created; the daemon's log says why).
 pub const CHECKPOINT_NO_STORE: u16 = 4;
+/// [`TaskError::CheckpointRefused`]: the id is 0. Ids start at 1: `agora_checkpoint_status` and
+/// the like report 0 for "no checkpoint", so a checkpoint 0 could not be told from none.
+pub const CHECKPOINT_ID_ZERO: u16 = 5;
+/// [`TaskError::CheckpointRefused`]: another live session of the same user and application
+/// name (its pid in the error) already writes the application's checkpoints. Two processes
+/// writing one checkpoint stream would refuse each other's ids and, after a restart, recover
+/// each other's data.
+pub const CHECKPOINT_NAME_IN_USE: u16 = 6;
 
-fn checkpoint_refusal(reason: u16, level: u8) -> String {
+fn checkpoint_refusal(reason: u16, level: u8, pid: u32) -> String {
     match reason {
         CHECKPOINT_NOTHING_PROTECTED => "no buffer is protected in this session; protect the data first (session.protect(id, buffer))".into(),
         CHECKPOINT_LEVEL_UNAVAILABLE => format!("level {level} is not available on this daemon (levels are 1-4; level 2 needs [checkpoint] partner and level 4 [checkpoint] shared in the daemon's configuration)"),
         CHECKPOINT_ID_NOT_NEWER => "its id is not larger than this application's newest checkpoint; use increasing ids (e.g. the iteration number)".into(),
         CHECKPOINT_NO_STORE => "the daemon has no checkpoint store (see its log for why its directory is unusable)".into(),
+        CHECKPOINT_ID_ZERO => "checkpoint ids start at 1 (0 means \"no checkpoint\" to agora_checkpoint_status); use e.g. the number of iterations done".into(),
+        CHECKPOINT_NAME_IN_USE => format!(
+            "another live session (pid {pid}) of the same user and application already checkpoints under this \
+             session's name, and two processes writing one checkpoint stream would recover each other's data; \
+             give each process its own name (Rust SessionOptions::name, Python agora.Session(name=...), \
+             C AgoraSessionOptions.name with agora_session_open_with), e.g. with its rank in it \
+             (MPI and Slurm ranks get \".rank<N>\" in their default name)"
+        ),
         _ => format!("reason {reason} (a newer daemon)"),
     }
 }
@@ -673,11 +692,13 @@ impl TaskError {
             TaskError::KernelReturned { code } => (37, 0, i64::from(code) as u64, 0),
             TaskError::DaemonRestarted => (30, 0, 0, 0),
             TaskError::ResourceExhausted { resource, retry_ms } => (31, resource, retry_ms, 0),
+            // The pid rides in the upper half of `b` (older clients read the level's byte only).
             TaskError::CheckpointRefused {
                 reason,
                 level,
                 checkpoint,
-            } => (32, reason, checkpoint, u64::from(level)),
+                pid,
+            } => (32, reason, checkpoint, u64::from(level) | u64::from(pid) << 32),
             TaskError::Attachment { index, handle, reason } => (33, index, handle, u64::from(reason)),
             TaskError::BadWindow { reason, first, end } => (34, reason, first, end),
             TaskError::RangeMismatch {
@@ -767,6 +788,7 @@ impl TaskError {
                 reason: arg,
                 level: b as u8,
                 checkpoint: a,
+                pid: (b >> 32) as u32,
             },
             33 => TaskError::Attachment {
                 index: arg,
@@ -944,6 +966,13 @@ mod tests {
                 reason: CHECKPOINT_ID_NOT_NEWER,
                 level: 2,
                 checkpoint: 41,
+                pid: 0,
+            },
+            TaskError::CheckpointRefused {
+                reason: CHECKPOINT_NAME_IN_USE,
+                level: 1,
+                checkpoint: 6,
+                pid: 4_000_000,
             },
             TaskError::Attachment {
                 index: 2,

@@ -227,9 +227,15 @@ impl Scheduler {
             reason: agora_protocol::completion::CHECKPOINT_NO_STORE,
             level: level.min(255) as u8,
             checkpoint,
+            pid: 0,
         })?;
         let app = crate::checkpoint::application(session.credentials.uid, &session.name);
-        let level = service.admit(&app, checkpoint, level)?;
+        let writer = crate::checkpoint::Writer {
+            session: session.id,
+            pid: session.credentials.pid,
+            gone: session.shared.cancelled.clone(),
+        };
+        let level = service.admit(&app, &writer, checkpoint, level)?;
         let may_wait = self.devices[device].info().shares_host_memory;
         let buffers = slots
             .iter()

@@ -960,3 +960,49 @@ fn a_queue_placed_afresh_waits_for_its_neighbours_share_of_a_busy_lane_not_their
     let q = queue(QueueClass::Batch, None);
     assert_eq!(s.place(&noop(&q, items)).unwrap().binding.device(), 1, "sim0");
 }
+
+/// A checkpoint descriptor is untrusted input: id 0 (which status calls report for "no
+/// checkpoint") is refused with its own reason, before anything else about it is judged, and
+/// so is one without an id argument (which reads as 0).
+#[test]
+fn a_checkpoint_with_id_zero_is_refused_by_the_daemon_as_well() {
+    use agora_protocol::completion::{CHECKPOINT_ID_ZERO, CHECKPOINT_NOTHING_PROTECTED};
+    use agora_protocol::{Op, RawArg, TaskDescriptor};
+    let harness = super::fuzzing::ValidateHarness::new();
+    let checkpoint = |args: &[RawArg]| {
+        let mut d = TaskDescriptor::zeroed();
+        d.task_id = 1;
+        d.op = Op::Checkpoint as u32;
+        d.queue = harness.queue;
+        d.arg_count = args.len() as u32;
+        d.args[..args.len()].copy_from_slice(args);
+        harness.validate(&d).map(|_| ())
+    };
+    for args in [&[RawArg::u64(0), RawArg::u32(1)][..], &[]] {
+        let error = checkpoint(args).unwrap_err();
+        assert!(
+            matches!(
+                error,
+                TaskError::CheckpointRefused {
+                    reason: CHECKPOINT_ID_ZERO,
+                    checkpoint: 0,
+                    ..
+                }
+            ),
+            "{error:?}"
+        );
+        assert!(error.to_string().contains("ids start at 1"), "{error}");
+    }
+    // Id 1 passes that check (and meets the next: the harness's session protected nothing).
+    let error = checkpoint(&[RawArg::u64(1), RawArg::u32(1)]).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            TaskError::CheckpointRefused {
+                reason: CHECKPOINT_NOTHING_PROTECTED,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+}

@@ -425,11 +425,22 @@ pub(super) fn resolve(session: &Session, kernels: &KernelTable, d: &Decoded<'_>)
         Op::Checkpoint => {
             let checkpoint = d.u64_arg_or(0, 0)?;
             let level = d.u64_arg_or(1, 1)?;
+            // Ids start at 1: 0 is what status reports for "no checkpoint" (the clients refuse
+            // it before issuing; a descriptor is untrusted input all the same).
+            if checkpoint == 0 {
+                return Err(TaskError::CheckpointRefused {
+                    reason: agora_protocol::completion::CHECKPOINT_ID_ZERO,
+                    level: level.min(255) as u8,
+                    checkpoint,
+                    pid: 0,
+                });
+            }
             if session.protected.is_empty() {
                 return Err(TaskError::CheckpointRefused {
                     reason: agora_protocol::completion::CHECKPOINT_NOTHING_PROTECTED,
                     level: level.min(255) as u8,
                     checkpoint,
+                    pid: 0,
                 });
             }
             let mut ids = [0u32; MAX_ARGS];
