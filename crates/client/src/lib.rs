@@ -79,7 +79,7 @@ pub use resume::{DEFAULT_RECONNECT_TIMEOUT, RECONNECT_ENV};
 pub use session::{
     daemon_exports, daemon_session_status, daemon_status, drain_device, kernel_catalog, power_save, reload_kernels,
     slurm_job_end, slurm_job_start, DrainOutcome, JobEnded, JobRegistered, Kernel, Session, SessionOptions,
-    DEFAULT_CONTROL_TIMEOUT,
+    DEFAULT_CONTROL_TIMEOUT, RANK_VARIABLES,
 };
 
 /// The Rust guide's snippets, compiled (and run unless marked `no_run`) as doctests, so the guide

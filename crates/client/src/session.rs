@@ -57,7 +57,11 @@ thread_local! {
 pub struct SessionOptions {
     /// Socket path; default `$AGORA_SOCKET`, else the per-user default path.
     pub socket: Option<PathBuf>,
-    /// Name shown by `agora status`; default the program name.
+    /// Name shown by `agora status`, and with the user the application that owns its
+    /// checkpoints: processes of one name and user share them. Default the program name (the
+    /// base name of `argv[0]`), with `.rank<N>` appended when the process is rank `N` of an MPI
+    /// or Slurm job ([`RANK_VARIABLES`]), so every rank has checkpoints of its own. A name given
+    /// here is used as it is.
     pub name: Option<String>,
     /// Heap bytes to ask for (the daemon grants at most its per-session quota).
     pub heap_bytes: Option<u64>,
@@ -274,12 +278,13 @@ impl Session {
                 check_name("client", &name)?;
                 name
             }
-            // The program's name, made into what the daemon accepts.
+            // The program's name (and the process's rank), made into what the daemon accepts.
             None => default_name(
                 std::env::args()
                     .next()
                     .map(|a| a.rsplit('/').next().unwrap_or("").to_string())
                     .unwrap_or_default(),
+                rank(|variable| std::env::var(variable).ok()).as_deref(),
             ),
         };
         let control_timeout = options.control_timeout.unwrap_or(DEFAULT_CONTROL_TIMEOUT);
@@ -879,10 +884,37 @@ fn request_name(request: &Request) -> &'static str {
     }
 }
 
+/// The environment variables that give a process's rank in its parallel job, in the order
+/// they are read: the MPI launchers' own first (MPICH, Intel MPI and other PMI-1/2 launchers;
+/// PMIx, as Open MPI 5 and `srun --mpi=pmix` set; Open MPI; MVAPICH2), then Slurm's task id.
+/// Slurm's comes last because a program that `mpirun` starts inside a Slurm batch script
+/// inherits the script's `SLURM_PROCID` (0 for every rank), while the launcher's variable is the
+/// rank. The first that holds a decimal number is the rank.
+pub const RANK_VARIABLES: [&str; 5] = [
+    "PMI_RANK",
+    "PMIX_RANK",
+    "OMPI_COMM_WORLD_RANK",
+    "MV2_COMM_WORLD_RANK",
+    "SLURM_PROCID",
+];
+
+/// The process's rank in its MPI or Slurm job ([`RANK_VARIABLES`], read through `var`), if it
+/// is one.
+fn rank(var: impl Fn(&str) -> Option<String>) -> Option<String> {
+    RANK_VARIABLES.iter().find_map(|variable| {
+        let value = var(variable)?;
+        let value = value.trim();
+        (!value.is_empty() && value.len() <= 10 && value.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| value.trim_start_matches('0').to_string())
+            .map(|n| if n.is_empty() { "0".to_string() } else { n })
+    })
+}
+
 /// A program's name as a client name the daemon accepts: each character it refuses in names
-/// ([`agora_protocol::control::is_unshowable`]) made `_`, cut at a character boundary to at
-/// most [`MAX_NAME`] bytes.
-fn default_name(name: String) -> String {
+/// ([`agora_protocol::control::is_unshowable`]) made `_`, cut at a character boundary so that
+/// with `.rank<N>` appended for a `rank` it has at most [`MAX_NAME`] bytes.
+fn default_name(name: String, rank: Option<&str>) -> String {
+    let suffix = rank.map(|rank| format!(".rank{rank}")).unwrap_or_default();
     let mut name: String = name
         .chars()
         .map(|c| {
@@ -893,14 +925,15 @@ fn default_name(name: String) -> String {
             }
         })
         .collect();
-    if name.len() > MAX_NAME {
-        let mut end = MAX_NAME;
+    let room = MAX_NAME.saturating_sub(suffix.len());
+    if name.len() > room {
+        let mut end = room;
         while !name.is_char_boundary(end) {
             end -= 1;
         }
         name.truncate(end);
     }
-    name
+    name + &suffix
 }
 
 /// The error a daemon wrote on a connection it then closed (it refuses connections beyond a
@@ -1746,15 +1779,49 @@ mod tests {
 
     #[test]
     fn a_program_s_name_always_makes_a_client_name_the_daemon_accepts() {
-        assert_eq!(default_name("solver".into()), "solver");
-        assert_eq!(default_name("run\u{1b}[2J\n\u{202e}x".into()), "run_[2J__x");
-        let long = default_name("é".repeat(MAX_NAME));
+        assert_eq!(default_name("solver".into(), None), "solver");
+        assert_eq!(default_name("run\u{1b}[2J\n\u{202e}x".into(), None), "run_[2J__x");
+        let long = default_name("é".repeat(MAX_NAME), None);
         assert!(long.len() <= MAX_NAME && long.chars().all(|c| c == 'é'));
         for name in ["a\tb", "\u{feff}", &"\u{7f}".repeat(400)] {
-            assert!(
-                check_name("client", &default_name(name.to_string())).is_ok(),
-                "{name:?}"
-            );
+            for rank in [None, Some("4294967295")] {
+                assert!(
+                    check_name("client", &default_name(name.to_string(), rank)).is_ok(),
+                    "{name:?}"
+                );
+            }
         }
+    }
+
+    #[test]
+    fn each_rank_of_a_parallel_job_gets_a_default_name_of_its_own() {
+        assert_eq!(default_name("solver".into(), Some("3")), "solver.rank3");
+        // A long name is cut, never the rank.
+        let long = default_name("é".repeat(MAX_NAME), Some("12"));
+        assert!(long.len() <= MAX_NAME && long.ends_with("é.rank12"), "{long}");
+
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |variable: &str| pairs.iter().find(|(k, _)| *k == variable).map(|(_, v)| v.to_string())
+        };
+        assert_eq!(rank(env(&[])), None);
+        assert_eq!(rank(env(&[("SLURM_PROCID", "5")])).as_deref(), Some("5"));
+        assert_eq!(rank(env(&[("OMPI_COMM_WORLD_RANK", "007")])).as_deref(), Some("7"));
+        assert_eq!(rank(env(&[("PMIX_RANK", "0")])).as_deref(), Some("0"));
+        // mpirun inside a Slurm batch script: the launcher's rank, not the script's task id.
+        assert_eq!(
+            rank(env(&[("SLURM_PROCID", "0"), ("PMI_RANK", "2")])).as_deref(),
+            Some("2")
+        );
+        assert_eq!(
+            rank(env(&[("SLURM_PROCID", "0"), ("MV2_COMM_WORLD_RANK", "6")])).as_deref(),
+            Some("6")
+        );
+        // What is no rank is passed over.
+        assert_eq!(
+            rank(env(&[("PMI_RANK", ""), ("SLURM_PROCID", "1")])).as_deref(),
+            Some("1")
+        );
+        assert_eq!(rank(env(&[("PMI_RANK", "x/../1")])), None);
+        assert_eq!(rank(env(&[("PMI_RANK", "-1")])), None);
     }
 }
