@@ -196,7 +196,7 @@ impl Exports {
         };
         let Some(region) = record.region.clone() else {
             return refuse(format!(
-                "buffer {handle:#x} lives in the session's heap and cannot be exported: allocate it exportable (Rust session.shared_buffer(len), Python session.shared_buffer(n, dtype), C agora_shared_buffer)"
+                "buffer {handle:#x} lives in the session's heap and cannot be exported: allocate it exportable (Rust session.shared_buffer(len), Python session.shared_buffer(n, dtype), C agora_shared_buffer_create(session, len, &buffer))"
             ));
         };
         if session.shared_memory.attached.contains_key(&handle) {

@@ -83,7 +83,8 @@ impl Limit {
             Limit::HeapBytes => {
                 "[limits] heap_bytes_per_uid, agora serve --limit-heap-per-uid; each session holds its whole heap \
                  (the daemon's --session-quota unless it asks for less) whether or not it allocates, so open \
-                 sessions with smaller heaps (SessionOptions::heap_bytes, agora.Session(heap_bytes=...))"
+                 sessions with smaller heaps (Rust SessionOptions::heap_bytes, Python agora.Session(heap_bytes=...), \
+                 C AgoraSessionOptions.heap_bytes with agora_session_open_with)"
             }
             Limit::Queues => "[limits] queues_per_uid, agora serve --limit-queues-per-uid",
             Limit::Buffers => "[limits] buffers_per_uid, agora serve --limit-buffers-per-uid",
@@ -211,6 +212,16 @@ impl LimitSettings {
     }
 }
 
+/// A byte count as a person reads it: `2.0 GiB`, `768.0 KiB`, `512 bytes`.
+fn approx_bytes(n: u64) -> String {
+    for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
+        if n >= 1 << shift {
+            return format!("{:.1} {unit}", n as f64 / (1u64 << shift) as f64);
+        }
+    }
+    format!("{n} bytes")
+}
+
 /// The node's physical memory in bytes (`MemTotal` of `/proc/meminfo`), or 32 GiB when it
 /// cannot be read.
 pub(crate) fn physical_memory() -> u64 {
@@ -306,6 +317,11 @@ impl Books {
 
     /// The refusal of `limit` for `uid` at `value`, counted.
     pub(crate) fn refuse(&mut self, limit: Limit, uid: u32, value: u64, max: u64) -> ControlError {
+        self.refuse_saying(limit, uid, value, max, limit.setting().to_string())
+    }
+
+    /// [`Books::refuse`] with `setting` for what the message says in its parentheses.
+    fn refuse_saying(&mut self, limit: Limit, uid: u32, value: u64, max: u64, setting: String) -> ControlError {
         let index = Limit::ALL.iter().position(|l| *l == limit).unwrap_or(0);
         self.refusals[index] += 1;
         if let Some(counter) = self.counters.get(index) {
@@ -316,7 +332,7 @@ impl Books {
             uid,
             value,
             max,
-            setting: limit.setting().to_string(),
+            setting,
         }
     }
 
@@ -345,7 +361,18 @@ impl Books {
             .get(&uid)
             .map_or((0, 0), |b| (b.sessions.len() as u64, b.heap_bytes));
         self.check(Limit::Sessions, uid, sessions, 1)?;
-        self.check(Limit::HeapBytes, uid, heap_bytes, heap)
+        let max = self.settings.max(Limit::HeapBytes);
+        if self.exempt(uid) || heap_bytes.saturating_add(heap) <= max {
+            return Ok(());
+        }
+        // What the refused session asked for: without it, "at 10G of 11.8G" reads as if a
+        // session of up to 1.8G still fitted.
+        let setting = format!(
+            "this session asked for a heap of {heap} bytes ({}), which does not fit; {}",
+            approx_bytes(heap),
+            Limit::HeapBytes.setting()
+        );
+        Err(self.refuse_saying(Limit::HeapBytes, uid, heap_bytes, max, setting))
     }
 
     /// Connection `id` of `uid` opened a session with `heap` bytes.
@@ -522,6 +549,16 @@ mod tests {
             matches!(&e, ControlError::LimitReached { limit, value: 60, max: 100, .. } if limit == "heap bytes per uid"),
             "{e:?}"
         );
+        // It says what the session asked for, and how each client asks for less.
+        let text = e.to_string();
+        for needed in [
+            "asked for a heap of 50 bytes",
+            "SessionOptions::heap_bytes",
+            "agora.Session(heap_bytes=...)",
+            "AgoraSessionOptions.heap_bytes",
+        ] {
+            assert!(text.contains(needed), "{needed}: {text}");
+        }
         books.may_open_session(7, 40).unwrap();
         // The session ends: its slot is free at once, its heap only once reclaimed.
         books.disconnect(7, 1);
