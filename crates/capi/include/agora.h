@@ -9,6 +9,12 @@
 #include <stdlib.h>
 
 /**
+ * `AgoraSessionOptions.reconnect_timeout_ms`: do not reconnect to a restarted daemon (the
+ * session fails with `AGORA_STATUS_DISCONNECTED` when its daemon dies).
+ */
+#define AGORA_RECONNECT_OFF -1
+
+/**
  * Outcome of a call.
  */
 typedef enum {
@@ -187,6 +193,45 @@ typedef struct AgoraSession AgoraSession;
 typedef struct AgoraTask AgoraTask;
 
 /**
+ * How to open a session (`agora_session_open_with`). A zero-initialised struct gives the
+ * defaults, the ones `agora_session_open(NULL, &session)` uses.
+ */
+typedef struct {
+  /**
+   * The daemon's socket (null: `$AGORA_SOCKET`, else the per-user default path).
+   */
+  const char *socket;
+  /**
+   * The session's name: shown by `agora status`, and with the user the application that
+   * owns its checkpoints (processes of one name and user share them; `agora_recover`
+   * restores what the last of them saved). Null: the program's name (the base name of
+   * `argv[0]`), with `.rank<N>` appended when the process is rank N of an MPI or Slurm job
+   * (`$PMI_RANK`, `$PMIX_RANK`, `$OMPI_COMM_WORLD_RANK`, `$MV2_COMM_WORLD_RANK`, then
+   * `$SLURM_PROCID`). Give each process that checkpoints a name of its own; a name given here
+   * is used as it is (at most 128 bytes of printable UTF-8).
+   */
+  const char *name;
+  /**
+   * Bytes of session heap (buffers) to ask for; the daemon grants at most its per-session
+   * quota (`agora serve --session-quota`). The whole heap counts against the user's
+   * `heap_bytes_per_uid` limit from the start, whether or not it is allocated, so processes
+   * that need little (the ranks of a parallel job) should ask for little. 0: the quota.
+   */
+  uint64_t heap_bytes;
+  /**
+   * Longest a control call (buffer, queue, kernel lookup, status) waits for the daemon
+   * before it returns `AGORA_STATUS_TIMEOUT`, in milliseconds, at most a day. 0: 30 s.
+   */
+  uint64_t control_timeout_ms;
+  /**
+   * How long the session keeps trying to reach a restarted daemon when its daemon dies, in
+   * milliseconds, at most a day. 0: `$AGORA_RECONNECT_TIMEOUT` (seconds), else 30 s;
+   * `AGORA_RECONNECT_OFF` (-1): no reconnection.
+   */
+  int64_t reconnect_timeout_ms;
+} AgoraSessionOptions;
+
+/**
  * How to create a queue (`agora_queue_create_with`). A zero-initialised struct gives the
  * defaults: no name, batch class, no device preference, the daemon's default SLA.
  */
@@ -205,7 +250,8 @@ typedef struct {
   AgoraDeviceKind preferred_device;
   /**
    * Response-time target of each task of a latency queue, in milliseconds (0: the daemon's
-   * default). Ignored for batch queues.
+   * default; a negative or non-finite value is refused). Ignored for batch queues, whatever
+   * it holds.
    */
   double sla_ms;
 } AgoraQueueOptions;
@@ -303,12 +349,35 @@ const char *agora_last_error_message(void);
 uint64_t agora_last_failed_tasks(uint64_t *ids, uint64_t capacity);
 
 /**
- * Opens a session. `socket` may be null (then `$AGORA_SOCKET`, else the default path).
+ * Opens a session with the defaults (see `AgoraSessionOptions`). `socket` may be null (then
+ * `$AGORA_SOCKET`, else the default path). To set the session's name (its checkpoints'
+ * application), heap or timeouts, use `agora_session_open_with`.
  *
  * # Safety
  * `socket` is null or a NUL-terminated string; `out` is a valid pointer.
  */
 AgoraStatus agora_session_open(const char *socket, AgoraSession **out);
+
+/**
+ * Opens a session with options (null: the defaults, as a zero-initialised struct gives). A
+ * value out of its field's range is refused with `AGORA_STATUS_INVALID_ARGUMENT` and a message
+ * naming the field.
+ *
+ * ```c
+ * char name[64];
+ * snprintf(name, sizeof name, "solver.rank%d", rank);
+ * AgoraSessionOptions options = {0};
+ * options.name = name;                 // its own checkpoints
+ * options.heap_bytes = 256 << 20;      // 256 MiB of buffers
+ * AgoraSession *session;
+ * CHECK(agora_session_open_with(&options, &session));
+ * ```
+ *
+ * # Safety
+ * `options` is null or points to an initialised struct whose strings are null or
+ * NUL-terminated; `out` is a valid pointer.
+ */
+AgoraStatus agora_session_open_with(const AgoraSessionOptions *options, AgoraSession **out);
 
 /**
  * How many times the session resumed on a restarted daemon (`resumes`), and how many tasks it
@@ -384,7 +453,7 @@ AgoraStatus agora_shared_buffer_create(const AgoraSession *session,
  * of the `uid_count` uids at `uids` and of the `gid_count` gids at `gids` may attach it
  * (`agora_attach`). `writable`: attachers may attach read-write. The export ends with
  * `agora_revoke`, with the buffer's release, or with the session. A refusal is
- * `AGORA_STATUS_CONTROL` with the reason in `agora_last_error()`.
+ * `AGORA_STATUS_CONTROL` with the reason in `agora_last_error_message()`.
  *
  * # Safety
  * Valid handles; `name` NUL-terminated; `uids`/`gids` null (count 0) or arrays of their count.
@@ -486,7 +555,7 @@ void agora_kernel_destroy(AgoraKernel *kernel);
 /**
  * Builds OpenCL C `source` into a program whose kernels run in the session's sandboxed executor
  * (signatures from the compiler; `manifest`, when not null, adds size rules, see
- * docs/KERNELS.md). A build that fails returns `AGORA_CONTROL` and `agora_last_error_message`
+ * docs/KERNELS.md). A build that fails returns `AGORA_STATUS_CONTROL` and `agora_last_error_message`
  * carries the compiler's log. Release the program with `agora_program_destroy`.
  *
  * # Safety
@@ -551,7 +620,7 @@ AgoraStatus agora_program_ptx(const AgoraSession *session,
 
 /**
  * Kernel `name` of `program`, to launch like any kernel; release it with
- * `agora_kernel_destroy`. `AGORA_INVALID_ARGUMENT` when the program has no such kernel.
+ * `agora_kernel_destroy`. `AGORA_STATUS_INVALID_ARGUMENT` when the program has no such kernel.
  *
  * # Safety
  * A live program handle; `name` NUL-terminated; `out` valid.
@@ -669,7 +738,9 @@ AgoraStatus agora_sync_from(const AgoraQueue *queue,
 /**
  * Protects `buffer` under `id` for checkpoints (FTI's `FTI_Protect`): every later
  * `agora_checkpoint` of this session saves it and `agora_recover` restores it. The checkpoints
- * belong to the application (the program's name) and the user. At most 16 ids per session.
+ * belong to the application (the session's name: `AgoraSessionOptions.name`, by default the
+ * program's name with `.rank<N>` for rank N of an MPI or Slurm job) and the user. At most 16
+ * ids per session.
  *
  * # Safety
  * Valid handles.
@@ -681,8 +752,13 @@ AgoraStatus agora_protect(const AgoraSession *session, uint32_t id, const AgoraB
  * after the queue's earlier tasks it captures their current contents and completes; the daemon
  * writes them in the background at `level` (1 local, 2 also the partner directory, 3 erasure
  * coded, 4 also the shared file system), only the blocks that changed. `id` must grow from one
- * checkpoint to the next. A refused checkpoint fails its task (`AGORA_STATUS_TASK`, the message
- * says why). `task_out` may be null.
+ * checkpoint to the next and starts at 1 (use e.g. the number of iterations done): 0, which
+ * `agora_checkpoint_status` reports for "no checkpoint", is refused with
+ * `AGORA_STATUS_INVALID_ARGUMENT` before anything is issued. A checkpoint the daemon refuses
+ * fails its task (`AGORA_STATUS_TASK`, the message says why): an id not larger than the
+ * application's newest, or another live process of the same name and user already writing
+ * the application's checkpoints (give each process its own `AgoraSessionOptions.name`).
+ * `task_out` may be null.
  *
  * # Safety
  * Valid handles.
@@ -705,8 +781,8 @@ AgoraStatus agora_snapshot(const AgoraQueue *queue, bool *issued, AgoraTask **ta
 
 /**
  * FTI's `FTI_Status`: the application's newest complete checkpoint (`*newest`, 0 when it has
- * none) and how many of its checkpoints the daemon is still writing (`*writing`). Either
- * pointer may be null.
+ * none: checkpoint ids start at 1) and how many of its checkpoints the daemon is still writing
+ * (`*writing`). Either pointer may be null.
  *
  * # Safety
  * A valid handle; `newest` and `writing` null or valid.

@@ -164,7 +164,8 @@ pub struct AgoraQueueOptions {
     /// Preferred kind of device.
     pub preferred_device: AgoraDeviceKind,
     /// Response-time target of each task of a latency queue, in milliseconds (0: the daemon's
-    /// default). Ignored for batch queues.
+    /// default; a negative or non-finite value is refused). Ignored for batch queues, whatever
+    /// it holds.
     pub sla_ms: f64,
 }
 
@@ -185,6 +186,43 @@ const _: () = assert!(
         && std::mem::size_of::<AgoraQueueClass>() == std::mem::size_of::<std::ffi::c_int>()
         && std::mem::size_of::<AgoraDeviceKind>() == std::mem::size_of::<std::ffi::c_int>()
 );
+
+/// `AgoraSessionOptions.reconnect_timeout_ms`: do not reconnect to a restarted daemon (the
+/// session fails with `AGORA_STATUS_DISCONNECTED` when its daemon dies).
+pub const AGORA_RECONNECT_OFF: i64 = -1;
+
+/// The longest `control_timeout_ms` and `reconnect_timeout_ms` (a day), as the Python client
+/// allows.
+const LONGEST_TIMEOUT_MS: u64 = 86_400_000;
+
+/// How to open a session (`agora_session_open_with`). A zero-initialised struct gives the
+/// defaults, the ones `agora_session_open(NULL, &session)` uses.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct AgoraSessionOptions {
+    /// The daemon's socket (null: `$AGORA_SOCKET`, else the per-user default path).
+    pub socket: *const c_char,
+    /// The session's name: shown by `agora status`, and with the user the application that
+    /// owns its checkpoints (processes of one name and user share them; `agora_recover`
+    /// restores what the last of them saved). Null: the program's name (the base name of
+    /// `argv[0]`), with `.rank<N>` appended when the process is rank N of an MPI or Slurm job
+    /// (`$PMI_RANK`, `$PMIX_RANK`, `$OMPI_COMM_WORLD_RANK`, `$MV2_COMM_WORLD_RANK`, then
+    /// `$SLURM_PROCID`). Give each process that checkpoints a name of its own; a name given here
+    /// is used as it is (at most 128 bytes of printable UTF-8).
+    pub name: *const c_char,
+    /// Bytes of session heap (buffers) to ask for; the daemon grants at most its per-session
+    /// quota (`agora serve --session-quota`). The whole heap counts against the user's
+    /// `heap_bytes_per_uid` limit from the start, whether or not it is allocated, so processes
+    /// that need little (the ranks of a parallel job) should ask for little. 0: the quota.
+    pub heap_bytes: u64,
+    /// Longest a control call (buffer, queue, kernel lookup, status) waits for the daemon
+    /// before it returns `AGORA_STATUS_TIMEOUT`, in milliseconds, at most a day. 0: 30 s.
+    pub control_timeout_ms: u64,
+    /// How long the session keeps trying to reach a restarted daemon when its daemon dies, in
+    /// milliseconds, at most a day. 0: `$AGORA_RECONNECT_TIMEOUT` (seconds), else 30 s;
+    /// `AGORA_RECONNECT_OFF` (-1): no reconnection.
+    pub reconnect_timeout_ms: i64,
+}
 
 /// Set by `agora_session_close`; every object of the session checks it.
 type ClosedFlag = Arc<AtomicBool>;
@@ -268,6 +306,10 @@ fn from_error(e: Error) -> AgoraStatus {
         // Refused by the call itself, before anything was issued, like the other mistakes in a
         // call's arguments.
         Error::Task(TaskError::ForeignBuffer { .. } | TaskError::ForeignKernel { .. }) => AgoraStatus::InvalidArgument,
+        Error::Task(TaskError::CheckpointRefused {
+            reason: agora_protocol::completion::CHECKPOINT_ID_ZERO,
+            ..
+        }) => AgoraStatus::InvalidArgument,
         Error::Task(_) | Error::Tasks(_) => AgoraStatus::Task,
         Error::Control(_) => AgoraStatus::Control,
         Error::OutOfBounds { .. } => AgoraStatus::OutOfBounds,
@@ -388,28 +430,112 @@ pub unsafe extern "C" fn agora_last_failed_tasks(ids: *mut u64, capacity: u64) -
     })
 }
 
-/// Opens a session. `socket` may be null (then `$AGORA_SOCKET`, else the default path).
+/// Opens a session with the defaults (see `AgoraSessionOptions`). `socket` may be null (then
+/// `$AGORA_SOCKET`, else the default path). To set the session's name (its checkpoints'
+/// application), heap or timeouts, use `agora_session_open_with`.
 ///
 /// # Safety
 /// `socket` is null or a NUL-terminated string; `out` is a valid pointer.
 #[no_mangle]
 pub unsafe extern "C" fn agora_session_open(socket: *const c_char, out: *mut *mut AgoraSession) -> AgoraStatus {
+    let options = AgoraSessionOptions {
+        socket,
+        name: std::ptr::null(),
+        heap_bytes: 0,
+        control_timeout_ms: 0,
+        reconnect_timeout_ms: 0,
+    };
+    // SAFETY: the caller's pointers, passed on; `options` is a local.
+    unsafe { agora_session_open_with(&options, out) }
+}
+
+/// Opens a session with options (null: the defaults, as a zero-initialised struct gives). A
+/// value out of its field's range is refused with `AGORA_STATUS_INVALID_ARGUMENT` and a message
+/// naming the field.
+///
+/// ```c
+/// char name[64];
+/// snprintf(name, sizeof name, "solver.rank%d", rank);
+/// AgoraSessionOptions options = {0};
+/// options.name = name;                 // its own checkpoints
+/// options.heap_bytes = 256 << 20;      // 256 MiB of buffers
+/// AgoraSession *session;
+/// CHECK(agora_session_open_with(&options, &session));
+/// ```
+///
+/// # Safety
+/// `options` is null or points to an initialised struct whose strings are null or
+/// NUL-terminated; `out` is a valid pointer.
+#[no_mangle]
+pub unsafe extern "C" fn agora_session_open_with(
+    options: *const AgoraSessionOptions,
+    out: *mut *mut AgoraSession,
+) -> AgoraStatus {
     begin();
     if out.is_null() {
         return fail(AgoraStatus::InvalidArgument, "out is null");
     }
+    // SAFETY: null or a valid struct (contract).
+    let options = unsafe { options.as_ref() }.copied().unwrap_or(AgoraSessionOptions {
+        socket: std::ptr::null(),
+        name: std::ptr::null(),
+        heap_bytes: 0,
+        control_timeout_ms: 0,
+        reconnect_timeout_ms: 0,
+    });
     // SAFETY: caller's contract.
-    let socket = match unsafe { opt_str(socket) } {
+    let socket = match unsafe { opt_str(options.socket) } {
         Ok(s) => s.map(std::path::PathBuf::from),
-        Err(status) => return status,
+        Err(_) => return fail(AgoraStatus::InvalidArgument, "socket is not UTF-8"),
+    };
+    // SAFETY: caller's contract.
+    let name = match unsafe { opt_str(options.name) } {
+        Ok(name) => name,
+        Err(_) => return fail(AgoraStatus::InvalidArgument, "name is not UTF-8"),
+    };
+    if name.as_deref() == Some("") {
+        return fail(
+            AgoraStatus::InvalidArgument,
+            "name is empty: give the session a name (e.g. the program's name and its rank), or NULL for the \
+             program's name",
+        );
+    }
+    if let Some(name) = &name {
+        if let Err(e) = agora_protocol::control::check_name("session", name) {
+            return fail(AgoraStatus::InvalidArgument, format!("name: {e}"));
+        }
+    }
+    let control_timeout = match options.control_timeout_ms {
+        0 => None,
+        ms if ms <= LONGEST_TIMEOUT_MS => Some(Duration::from_millis(ms)),
+        ms => {
+            return fail(
+                AgoraStatus::InvalidArgument,
+                format!("control_timeout_ms={ms}: give at most {LONGEST_TIMEOUT_MS} (a day), or 0 for 30 s"),
+            )
+        }
+    };
+    let reconnect_timeout = match options.reconnect_timeout_ms {
+        // $AGORA_RECONNECT_TIMEOUT, else 30 s.
+        0 => None,
+        AGORA_RECONNECT_OFF => Some(Duration::ZERO),
+        ms if ms > 0 && ms as u64 <= LONGEST_TIMEOUT_MS => Some(Duration::from_millis(ms as u64)),
+        ms => {
+            return fail(
+                AgoraStatus::InvalidArgument,
+                format!(
+                    "reconnect_timeout_ms={ms}: give 1 to {LONGEST_TIMEOUT_MS} (a day), 0 for $AGORA_RECONNECT_TIMEOUT \
+                     or 30 s, or AGORA_RECONNECT_OFF (-1) for no reconnection"
+                ),
+            )
+        }
     };
     match Session::connect_with(SessionOptions {
         socket,
-        name: None,
-        heap_bytes: None,
-        control_timeout: None,
-        // $AGORA_RECONNECT_TIMEOUT, else 30 s.
-        reconnect_timeout: None,
+        name,
+        heap_bytes: (options.heap_bytes > 0).then_some(options.heap_bytes),
+        control_timeout,
+        reconnect_timeout,
     }) {
         Ok(session) => store(
             AgoraSession {
@@ -544,6 +670,8 @@ pub unsafe extern "C" fn agora_queue_create_with(
         Err(status) => return status,
     };
     let sla = match options.sla_ms {
+        // Batch work has no response-time target: whatever the field holds, as documented.
+        _ if class == QueueClass::Batch => None,
         0.0 => None,
         ms if ms.is_finite() && ms > 0.0 => Some(Duration::from_secs_f64(ms / 1e3)),
         ms => {
@@ -625,7 +753,7 @@ pub unsafe extern "C" fn agora_shared_buffer_create(
 /// of the `uid_count` uids at `uids` and of the `gid_count` gids at `gids` may attach it
 /// (`agora_attach`). `writable`: attachers may attach read-write. The export ends with
 /// `agora_revoke`, with the buffer's release, or with the session. A refusal is
-/// `AGORA_STATUS_CONTROL` with the reason in `agora_last_error()`.
+/// `AGORA_STATUS_CONTROL` with the reason in `agora_last_error_message()`.
 ///
 /// # Safety
 /// Valid handles; `name` NUL-terminated; `uids`/`gids` null (count 0) or arrays of their count.
@@ -840,7 +968,7 @@ pub unsafe extern "C" fn agora_kernel_destroy(kernel: *mut AgoraKernel) {
 
 /// Builds OpenCL C `source` into a program whose kernels run in the session's sandboxed executor
 /// (signatures from the compiler; `manifest`, when not null, adds size rules, see
-/// docs/KERNELS.md). A build that fails returns `AGORA_CONTROL` and `agora_last_error_message`
+/// docs/KERNELS.md). A build that fails returns `AGORA_STATUS_CONTROL` and `agora_last_error_message`
 /// carries the compiler's log. Release the program with `agora_program_destroy`.
 ///
 /// # Safety
@@ -993,7 +1121,7 @@ fn store_program(built: Result<agora::Program, agora::Error>, out: *mut *mut Ago
 }
 
 /// Kernel `name` of `program`, to launch like any kernel; release it with
-/// `agora_kernel_destroy`. `AGORA_INVALID_ARGUMENT` when the program has no such kernel.
+/// `agora_kernel_destroy`. `AGORA_STATUS_INVALID_ARGUMENT` when the program has no such kernel.
 ///
 /// # Safety
 /// A live program handle; `name` NUL-terminated; `out` valid.
@@ -1396,7 +1524,9 @@ pub unsafe extern "C" fn agora_sync_from(
 
 /// Protects `buffer` under `id` for checkpoints (FTI's `FTI_Protect`): every later
 /// `agora_checkpoint` of this session saves it and `agora_recover` restores it. The checkpoints
-/// belong to the application (the program's name) and the user. At most 16 ids per session.
+/// belong to the application (the session's name: `AgoraSessionOptions.name`, by default the
+/// program's name with `.rank<N>` for rank N of an MPI or Slurm job) and the user. At most 16
+/// ids per session.
 ///
 /// # Safety
 /// Valid handles.
@@ -1419,8 +1549,13 @@ pub unsafe extern "C" fn agora_protect(
 /// after the queue's earlier tasks it captures their current contents and completes; the daemon
 /// writes them in the background at `level` (1 local, 2 also the partner directory, 3 erasure
 /// coded, 4 also the shared file system), only the blocks that changed. `id` must grow from one
-/// checkpoint to the next. A refused checkpoint fails its task (`AGORA_STATUS_TASK`, the message
-/// says why). `task_out` may be null.
+/// checkpoint to the next and starts at 1 (use e.g. the number of iterations done): 0, which
+/// `agora_checkpoint_status` reports for "no checkpoint", is refused with
+/// `AGORA_STATUS_INVALID_ARGUMENT` before anything is issued. A checkpoint the daemon refuses
+/// fails its task (`AGORA_STATUS_TASK`, the message says why): an id not larger than the
+/// application's newest, or another live process of the same name and user already writing
+/// the application's checkpoints (give each process its own `AgoraSessionOptions.name`).
+/// `task_out` may be null.
 ///
 /// # Safety
 /// Valid handles.
@@ -1480,8 +1615,8 @@ pub unsafe extern "C" fn agora_snapshot(
 }
 
 /// FTI's `FTI_Status`: the application's newest complete checkpoint (`*newest`, 0 when it has
-/// none) and how many of its checkpoints the daemon is still writing (`*writing`). Either
-/// pointer may be null.
+/// none: checkpoint ids start at 1) and how many of its checkpoints the daemon is still writing
+/// (`*writing`). Either pointer may be null.
 ///
 /// # Safety
 /// A valid handle; `newest` and `writing` null or valid.

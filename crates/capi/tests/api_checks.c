@@ -59,6 +59,46 @@ int main(void) {
     options.sla_ms = -1.0;
     EXPECT(agora_queue_create_with(session, &options, &refused) == AGORA_STATUS_INVALID_ARGUMENT);
     EXPECT(MESSAGE_HAS("sla_ms") && refused == NULL);
+    /* A batch queue has no SLA: its sla_ms is ignored, whatever it holds (as documented). */
+    AgoraQueue *ignored = NULL;
+    options.queue_class = AGORA_QUEUE_CLASS_BATCH;
+    OK(agora_queue_create_with(session, &options, &ignored));
+    agora_queue_destroy(ignored);
+    options.queue_class = AGORA_QUEUE_CLASS_LATENCY;
+
+    /* Session options: a zeroed struct (or NULL) gives the defaults; a value out of its field's
+     * range is refused naming the field. */
+    {
+        AgoraSessionOptions session_options;
+        memset(&session_options, 0, sizeof session_options);
+        AgoraSession *other = NULL;
+        OK(agora_session_open_with(&session_options, &other));
+        agora_session_close(other);
+        OK(agora_session_open_with(NULL, &other));
+        agora_session_close(other);
+        session_options.name = "c-api-checks.other";
+        session_options.heap_bytes = 1 << 20;
+        session_options.control_timeout_ms = 5000;
+        session_options.reconnect_timeout_ms = AGORA_RECONNECT_OFF;
+        OK(agora_session_open_with(&session_options, &other));
+        agora_session_close(other);
+        other = NULL;
+        session_options.control_timeout_ms = 86400001;
+        EXPECT(agora_session_open_with(&session_options, &other) == AGORA_STATUS_INVALID_ARGUMENT);
+        EXPECT(MESSAGE_HAS("control_timeout_ms=86400001") && other == NULL);
+        session_options.control_timeout_ms = 0;
+        session_options.reconnect_timeout_ms = -5;
+        EXPECT(agora_session_open_with(&session_options, &other) == AGORA_STATUS_INVALID_ARGUMENT);
+        EXPECT(MESSAGE_HAS("reconnect_timeout_ms=-5") && MESSAGE_HAS("AGORA_RECONNECT_OFF") && other == NULL);
+        session_options.reconnect_timeout_ms = 0;
+        session_options.name = "";
+        EXPECT(agora_session_open_with(&session_options, &other) == AGORA_STATUS_INVALID_ARGUMENT);
+        EXPECT(MESSAGE_HAS("name is empty") && other == NULL);
+        session_options.name = "two\nlines";
+        EXPECT(agora_session_open_with(&session_options, &other) == AGORA_STATUS_INVALID_ARGUMENT);
+        EXPECT(MESSAGE_HAS("name: ") && other == NULL);
+        EXPECT(agora_session_open_with(NULL, NULL) == AGORA_STATUS_INVALID_ARGUMENT && MESSAGE_HAS("out is null"));
+    }
     OK(agora_queue_create_with(session, NULL, &batch));
     EXPECT(strcmp(agora_last_error_message(), "") == 0); /* cleared by the successful call */
     /* An enum field holding no value of its enum is refused, not taken for some class. */
@@ -220,6 +260,10 @@ int main(void) {
     EXPECT(agora_recover(session, &used) != AGORA_STATUS_OK && MESSAGE_HAS("nothing is protected"));
     OK(agora_protect(session, 1, y));
     EXPECT(agora_checkpoint(batch, 1, 9, NULL) == AGORA_STATUS_INVALID_ARGUMENT && MESSAGE_HAS("levels are 1"));
+    /* Ids start at 1: 0 is what agora_checkpoint_status reports for "none". */
+    AgoraTask *zero = NULL;
+    EXPECT(agora_checkpoint(batch, 0, 1, &zero) == AGORA_STATUS_INVALID_ARGUMENT && zero == NULL);
+    EXPECT(MESSAGE_HAS("ids start at 1"));
     OK(agora_queue_finish(latency));
     float saved[16];
     memcpy(saved, hy, sizeof saved);
@@ -252,7 +296,7 @@ int main(void) {
     /* Export and attach: a second session attaches an exportable buffer, sees its bytes in
      * place, computes on it, and is refused a write; a heap buffer cannot be exported. */
     EXPECT(agora_export(session, x, "c/heap", NULL, 0, NULL, 0, false) == AGORA_STATUS_CONTROL
-           && MESSAGE_HAS("agora_shared_buffer"));
+           && MESSAGE_HAS("agora_shared_buffer_create("));
     AgoraBuffer *shared;
     OK(agora_shared_buffer_create(session, 16 * sizeof(float), &shared));
     float *hs = agora_buffer_data(shared);

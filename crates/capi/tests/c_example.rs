@@ -165,3 +165,157 @@ fn the_c_program_checks_pass_against_a_daemon() {
     let daemon = agora_test_support::Daemon::start(&agora, "capi-programs", &["--no-opencl"]);
     run_checks("program_checks", daemon.socket(), "C program checks: 0 failed");
 }
+
+/// `tests/rank_checks.c` built against this build's library, in a scratch directory (kept
+/// alive by the returned guard): run it with [`rank_command`].
+fn rank_checks() -> (agora_test_support::TempDir, PathBuf, PathBuf) {
+    let scratch = agora_test_support::temp_dir("rank-checks");
+    let prefix = scratch.path().join("prefix");
+    install(&prefix);
+    let program = scratch.path().join("rank_checks");
+    compile(
+        &prefix,
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/rank_checks.c"),
+        &program,
+    );
+    (scratch, prefix, program)
+}
+
+/// The rank check program with `args`, against `socket`, as no rank of any parallel job (the
+/// test itself may run inside one) unless `rank` says which (`PMI_RANK`).
+fn rank_command(program: &Path, prefix: &Path, socket: &Path, args: &[&str], rank: Option<&str>) -> Command {
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .env("AGORA_SOCKET", socket)
+        .env("LD_LIBRARY_PATH", prefix.join("lib"));
+    for variable in agora::RANK_VARIABLES {
+        command.env_remove(variable);
+    }
+    if let Some(rank) = rank {
+        command.env("PMI_RANK", rank);
+    }
+    command
+}
+
+fn report(output: &std::process::Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// The audit's MPI-style job: two ranks of one C program (so one program name) checkpoint side
+/// by side, "crash" after iteration 7, and are started again. Each gets its own checkpoints by
+/// default (its rank is in its default name), so each recovers its own iteration-6 state and
+/// ends with its own result; they used to share one stream, refuse each other's ids, and
+/// recover each other's data with AGORA_STATUS_OK.
+#[test]
+fn ranks_of_one_c_program_checkpoint_and_recover_their_own_data() {
+    let (_scratch, prefix, program) = rank_checks();
+    let daemon = agora_test_support::EmbeddedDaemon::start("capi-ranks", |_| {});
+    let run_ranks = |stop: &str| -> Vec<std::process::Output> {
+        let children: Vec<_> = ["0", "1"]
+            .iter()
+            .map(|rank| {
+                let value = if *rank == "0" { "1" } else { "2" };
+                rank_command(
+                    &program,
+                    &prefix,
+                    daemon.socket(),
+                    &["solver", value, "10", "2", stop],
+                    Some(rank),
+                )
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+            })
+            .collect();
+        children.into_iter().map(|c| c.wait_with_output().unwrap()).collect()
+    };
+    for output in run_ranks("7") {
+        assert_eq!(output.status.code(), Some(3), "{}", report(&output));
+    }
+    for output in run_ranks("0") {
+        let text = report(&output);
+        assert!(output.status.success(), "{text}");
+        assert!(text.contains("recovered checkpoint 6"), "{text}");
+        assert!(text.contains("rank checks: 0 failed"), "{text}");
+    }
+    daemon.stop().unwrap();
+}
+
+/// Two live processes of one program and user, no rank, one default name: the second one's
+/// checkpoints are refused with the holder's pid and how to name each process, a session named
+/// with `agora_session_open_with` checkpoints, and once the holder ends the name is free.
+#[test]
+fn a_second_live_process_of_a_c_program_is_refused_its_checkpoints_until_the_first_ends() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::Stdio;
+    let (_scratch, prefix, program) = rank_checks();
+    let daemon = agora_test_support::EmbeddedDaemon::start("capi-collision", |_| {});
+    let mut holder = rank_command(&program, &prefix, daemon.socket(), &["holder"], None)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(holder.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "holding", "the holder did not checkpoint");
+    let mut second = rank_command(
+        &program,
+        &prefix,
+        daemon.socket(),
+        &["second", &holder.id().to_string()],
+        None,
+    )
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut stdout = BufReader::new(second.stdout.take().unwrap());
+    line.clear();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "refused while the holder lives");
+    writeln!(holder.stdin.as_mut().unwrap()).unwrap();
+    let held = holder.wait_with_output().unwrap();
+    assert!(held.status.success(), "{}", report(&held));
+    writeln!(second.stdin.as_mut().unwrap()).unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    let output = second.wait_with_output().unwrap();
+    assert!(
+        output.status.success() && rest.contains("rank checks: 0 failed"),
+        "{rest}\n{}",
+        report(&output)
+    );
+    daemon.stop().unwrap();
+}
+
+/// Sessions reserve their whole heap: with a limit that admits one default session, the
+/// second is refused saying what it asked for and how a C program asks for less
+/// (`AgoraSessionOptions.heap_bytes`), and a session that asks for less gets in.
+#[test]
+fn a_c_session_refused_for_the_heap_limit_can_ask_for_a_smaller_heap() {
+    let (_scratch, prefix, program) = rank_checks();
+    let daemon = agora_test_support::EmbeddedDaemon::start("capi-heap", |config| {
+        config.session_quota = 64 << 20;
+        config.limits.heap_bytes_per_uid = 100 << 20;
+        config.limits.exempt_uids.clear();
+    });
+    let output = rank_command(&program, &prefix, daemon.socket(), &["heap"], None)
+        .output()
+        .unwrap();
+    let text = report(&output);
+    assert!(
+        output.status.success() && text.contains("rank checks: 0 failed"),
+        "{text}"
+    );
+    daemon.stop().unwrap();
+}
