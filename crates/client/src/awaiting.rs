@@ -255,6 +255,12 @@ impl Task {
         F: FnOnce(Result<(), Error>) + Send + 'static,
     {
         let session = self.session().clone();
+        if let Err(e) = session.check_process() {
+            // A forked child: the session's waiting thread is the parent's (and its state a
+            // copy, perhaps locked at the fork).
+            callback(Err(e));
+            return;
+        }
         let id = self.id();
         session
             .watch
@@ -273,6 +279,9 @@ impl Future for Completion {
     type Output = Result<(), Error>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if let Err(e) = self.task.session().check_process() {
+            return Poll::Ready(Err(e));
+        }
         if let Some(outcome) = self.slot.as_ref().and_then(|slot| slot.take()) {
             return Poll::Ready(outcome);
         }
@@ -311,6 +320,9 @@ impl Future for Completion {
 impl Drop for Completion {
     fn drop(&mut self) {
         if let Some(slot) = &self.slot {
+            if self.task.session().in_forked_child() {
+                return;
+            }
             self.task.session().watch.remove(slot);
         }
     }

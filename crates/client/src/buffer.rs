@@ -200,6 +200,7 @@ impl Buffer {
     /// checking for signals between attempts).
     #[doc(hidden)]
     pub fn try_claim_host(&self) -> Result<bool, Error> {
+        self.session.check_process()?;
         let unread = self.whereabouts.unread();
         if !unread && !self.is_shared() {
             return Ok(true);
@@ -270,6 +271,8 @@ impl Buffer {
     /// for the claim its own way): copies without asking the daemon again.
     #[doc(hidden)]
     pub fn write_claimed(&self, offset: u64, data: &[u8]) -> Result<(), Error> {
+        // The host copy is shared with the parent that opened the session.
+        self.session.check_process()?;
         self.check_write(offset, data.len() as u64)?;
         // SAFETY: bounds checked above against this buffer's range of the live mapping.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(offset as usize), data.len()) };
@@ -332,6 +335,11 @@ impl Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
+        if self.session.in_forked_child() {
+            // The buffer is the parent's (and so are the ring and the bookkeeping): this copy
+            // just goes.
+            return;
+        }
         let mut d = TaskDescriptor::zeroed();
         d.op = Op::ReleaseBuffer as u32;
         d.arg_count = 1;
@@ -341,6 +349,10 @@ impl Drop for Buffer {
         // only once the release completed: a resume before then issues the release again.
         let release = self.session.submit(0, d, false).ok();
         let session = &self.session;
+        if let (Some(id), None) = (release, &self.region) {
+            // An allocation that finds no room waits for it (`Inner::alloc_buffer`).
+            session.buffer_freeing(id, self.len);
+        }
         session
             .resume
             .buffer_released(self.handle, release, |id| session.is_done(id));

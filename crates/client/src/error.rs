@@ -60,6 +60,21 @@ pub enum Error {
         /// The limit it ran into.
         after: std::time::Duration,
     },
+    /// A call on a session (or its queues, buffers, tasks) made in a process forked from the one
+    /// that opened it. The session's rings, control socket and bookkeeping belong to that
+    /// process: a child that used them would corrupt the parent's session. The child must open
+    /// its own session; its copies of the inherited objects can be dropped (they release
+    /// nothing).
+    #[error("this session was opened by process {owner_pid} before a fork(); a forked child must open its own session (multiprocessing: use the 'spawn' or 'forkserver' start method, or open the session in the worker)")]
+    ForkedChild {
+        /// The process that opened the session.
+        owner_pid: u32,
+    },
+    /// A wait for room in the rings was cut short by the interrupt check a binding installed
+    /// (Python: a signal handler raised, e.g. Ctrl-C); nothing was issued. Only bindings see it.
+    #[doc(hidden)]
+    #[error("interrupted while waiting for room in the rings; nothing was issued")]
+    Interrupted,
 }
 
 impl std::fmt::Debug for Error {
@@ -76,6 +91,8 @@ impl std::fmt::Debug for Error {
                 Error::ReadOnly => "ReadOnly",
                 Error::Protocol(_) => "Protocol",
                 Error::Timeout { .. } => "Timeout",
+                Error::ForkedChild { .. } => "ForkedChild",
+                Error::Interrupted => "Interrupted",
             };
             write!(f, "Error::{kind}: ")?;
         }

@@ -76,6 +76,8 @@ pub use error::{Error, TaskFailures};
 pub use program::Program;
 pub use queue::{Arg, CheckpointLevel, CheckpointedLaunch, DeviceKind, NdRange, Queue, QueueOptions, Task};
 pub use resume::{DEFAULT_RECONNECT_TIMEOUT, RECONNECT_ENV};
+#[doc(hidden)]
+pub use session::with_room_interrupt;
 pub use session::{
     daemon_exports, daemon_session_status, daemon_status, drain_device, kernel_catalog, power_save, reload_kernels,
     slurm_job_end, slurm_job_start, DrainOutcome, JobEnded, JobRegistered, Kernel, Session, SessionOptions,

@@ -554,6 +554,10 @@ impl Queue {
 
 impl Drop for Queue {
     fn drop(&mut self) {
+        if self.session.in_forked_child() {
+            // The parent's queue: this copy just goes.
+            return;
+        }
         let mut d = TaskDescriptor::zeroed();
         d.op = Op::ReleaseQueue as u32;
         let release = self.session.submit(self.handle, d, false).ok();

@@ -95,6 +95,54 @@ const GLOBAL_KERNEL: u64 = 0;
 /// The source of [`Inner::local_id`] (0 is [`GLOBAL_KERNEL`]).
 static NEXT_LOCAL_ID: AtomicU64 = AtomicU64::new(1);
 
+/// How many times this process's ancestry forked since the client first opened a session:
+/// bumped in the child of every `fork()` (a `pthread_atfork` handler), so a session whose
+/// [`Inner::fork_generation`] differs was opened by another process (an ancestor). Comparing
+/// it costs one load on every call; `getpid()` would cost a system call (glibc caches the pid
+/// no more, since 2.25).
+static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// `pthread_atfork`'s child handler (runs in the child, which has one thread then).
+extern "C" fn forked_child() {
+    FORK_GENERATION.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Installs [`forked_child`], once per process (a child inherits it).
+fn watch_forks() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        // SAFETY: registers a handler that only bumps an atomic; `pthread_atfork` fails only
+        // for lack of memory, and then forks go unnoticed as before.
+        unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
+    });
+}
+
+thread_local! {
+    /// The check a binding installed for this thread's waits for room in the rings
+    /// ([`with_room_interrupt`]): true to give the wait up with [`Error::Interrupted`].
+    static ROOM_INTERRUPT: std::cell::Cell<Option<fn() -> bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// How often a wait for room in the rings consults [`ROOM_INTERRUPT`].
+const ROOM_INTERRUPT_EVERY: Duration = Duration::from_millis(50);
+
+/// Runs `f` with `interrupted` consulted about every 50 ms while a task issued in it waits for
+/// room in the rings (when another thread took the room that [`Session::wait_for_room`] found):
+/// once it returns true, the issue fails with [`Error::Interrupted`] and nothing is issued. For
+/// bindings whose waits must react to signals (Python's Ctrl-C); `interrupted` runs on this
+/// thread.
+#[doc(hidden)]
+pub fn with_room_interrupt<R>(interrupted: fn() -> bool, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<fn() -> bool>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            ROOM_INTERRUPT.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(ROOM_INTERRUPT.with(|c| c.replace(Some(interrupted))));
+    f()
+}
+
 impl Kernel {
     /// A kernel of a program that session `owner` built.
     pub(crate) fn of_program(id: u32, signature: KernelSignature, owner: &Inner) -> Self {
@@ -233,7 +281,35 @@ pub(crate) struct Inner {
     pub(crate) snapshots: Mutex<Option<SnapshotClock>>,
     /// Awaited tasks and the thread that waits for them ([`crate::awaiting`]).
     pub(crate) watch: Arc<crate::awaiting::Watch>,
+    /// The process that opened the session, and [`FORK_GENERATION`] then: in a process forked
+    /// from it every call fails with [`Error::ForkedChild`], and the `Drop`s release nothing
+    /// (the rings, the control socket and this bookkeeping are the parent's).
+    owner_pid: u32,
+    fork_generation: u64,
+    /// Heap buffers whose release this session issued lately ([`Inner::alloc_buffer`]).
+    frees: Mutex<std::collections::VecDeque<PendingFree>>,
 }
+
+/// A heap buffer's release, issued through the ring: its range is free for the next
+/// allocation only once the daemon took the release and every task issued before it (those
+/// that may use the buffer) finished.
+struct PendingFree {
+    /// The release task's id.
+    release: u64,
+    /// The buffer's length.
+    len: u64,
+    /// When an allocation first found every task up to the release finished (the range is
+    /// free then, or a moment later: the daemon frees it once the last job holding it is
+    /// dropped, just after its completion is posted).
+    settled: Option<Instant>,
+}
+
+/// How long a settled release ([`PendingFree::settled`]) is still counted on.
+const FREE_SETTLES_WITHIN: Duration = Duration::from_secs(1);
+
+/// Pauses between the allocation attempts after every release in flight settled (doubling
+/// from 1 ms: about 60 ms in all).
+const SETTLED_ATTEMPTS: u32 = 6;
 
 /// `Queue::snapshot`'s clock.
 #[derive(Clone, Copy, Debug)]
@@ -268,6 +344,7 @@ impl Session {
 
     /// Connects with explicit options.
     pub fn connect_with(options: SessionOptions) -> Result<Session, Error> {
+        watch_forks();
         let path = client_socket_path(options.socket.clone());
         let stream = UnixStream::connect(&path).map_err(|cause| Error::Connect {
             path: path.clone(),
@@ -381,6 +458,9 @@ impl Session {
             snapshots: Mutex::new(None),
             watch: Arc::default(),
             segment,
+            owner_pid: std::process::id(),
+            fork_generation: FORK_GENERATION.load(Ordering::Relaxed),
+            frees: Mutex::default(),
         };
         Ok(Session { inner: Arc::new(inner) })
     }
@@ -445,7 +525,7 @@ impl Session {
 
     /// Allocates a zero-filled buffer of `len` bytes in the session heap.
     pub fn buffer(&self, len: u64) -> Result<Buffer, Error> {
-        match self.inner.request(&Request::AllocBuffer { len })? {
+        match self.inner.alloc_buffer(len)? {
             Response::Buffer { handle, offset, len } => {
                 let buffer = Buffer::new(self.inner.clone(), handle, offset, len)?;
                 buffer.zero();
@@ -1017,9 +1097,28 @@ fn call(
 }
 
 impl Inner {
+    /// Whether this process is a child forked after the session was opened (then nothing of
+    /// the session may be touched: see [`Error::ForkedChild`]). One load.
+    #[inline]
+    pub(crate) fn in_forked_child(&self) -> bool {
+        FORK_GENERATION.load(Ordering::Relaxed) != self.fork_generation
+    }
+
+    /// [`Error::ForkedChild`] in a process forked after the session was opened.
+    #[inline]
+    pub(crate) fn check_process(&self) -> Result<(), Error> {
+        if self.in_forked_child() {
+            return Err(Error::ForkedChild {
+                owner_pid: self.owner_pid,
+            });
+        }
+        Ok(())
+    }
+
     /// One control call, within the session's control timeout (waiting for another thread's
     /// call included).
     pub(crate) fn request(&self, request: &Request) -> Result<Response, Error> {
+        self.check_process()?;
         self.recover_if_gone()?;
         let epoch = self.resume.epoch.load(Ordering::Acquire);
         match self.request_once(request) {
@@ -1039,6 +1138,7 @@ impl Inner {
         &self,
         request: &Request,
     ) -> Result<(Response, Option<std::os::fd::OwnedFd>), Error> {
+        self.check_process()?;
         self.recover_if_gone()?;
         let epoch = self.resume.epoch.load(Ordering::Acquire);
         match self.request_once_with_fd(request) {
@@ -1122,6 +1222,113 @@ impl Inner {
         &self.segment
     }
 
+    /// A heap buffer of `len` bytes was released as task `release`.
+    pub(crate) fn buffer_freeing(&self, release: u64, len: u64) {
+        let mut frees = self.frees.lock().unwrap_or_else(|e| e.into_inner());
+        // Every task `capacity` ids before this one finished (its slot had to be free), so
+        // those releases settled long ago: this keeps the list short.
+        while frees.front().is_some_and(|f| f.release + self.capacity <= release) {
+            frees.pop_front();
+        }
+        frees.push_back(PendingFree {
+            release,
+            len,
+            settled: None,
+        });
+    }
+
+    /// What this session's recent heap releases may still free: (bytes, how many are not
+    /// settled yet, i.e. a task issued before them has not finished). Forgets the releases
+    /// settled for a while.
+    fn frees_in_flight(&self) -> (u64, usize) {
+        if self.frees.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+            return (0, 0);
+        }
+        if self.pending_in_ring() {
+            self.drain();
+        }
+        let mut frees = self.frees.lock().unwrap_or_else(|e| e.into_inner());
+        // The oldest task not finished: a release before it has settled. Outstanding tasks are
+        // among the last `capacity` ids (a slot is reused only after its task finished).
+        let next_id = self.producer.lock().unwrap_or_else(|e| e.into_inner()).next_id;
+        let oldest_running = (next_id.saturating_sub(self.capacity).max(1)..next_id)
+            .find(|&id| !self.is_done(id))
+            .unwrap_or(next_id);
+        let now = Instant::now();
+        frees.retain_mut(|f| {
+            if f.release < oldest_running {
+                let settled = *f.settled.get_or_insert(now);
+                now.duration_since(settled) < FREE_SETTLES_WITHIN
+            } else {
+                true
+            }
+        });
+        // Rounded up to pages: a range may be a little longer than its buffer, and erring
+        // high only costs a short wait before an allocation that cannot succeed fails.
+        let bytes = frees.iter().map(|f| f.len.div_ceil(4096) * 4096).sum();
+        let unsettled = frees.iter().filter(|f| f.settled.is_none()).count();
+        (bytes, unsettled)
+    }
+
+    /// Allocates a heap buffer (`Request::AllocBuffer`). A release (a dropped [`Buffer`]) goes
+    /// through the task ring, ordered after the tasks that may use the buffer, while an
+    /// allocation is a control request the daemon may answer before it has read the ring: so
+    /// when the heap has no room but this session's releases in flight would make it, this
+    /// waits for them (they free their range once the daemon took them and every task issued
+    /// before them finished) and asks again, within the control timeout; the daemon's last
+    /// answer is returned, a refusal with its true numbers included. (Done here rather than
+    /// by the daemon reading the ring before it refuses: only this side knows which releases are
+    /// in flight, and the daemon must not hold its control loop while tasks finish.)
+    pub(crate) fn alloc_buffer(&self, len: u64) -> Result<Response, Error> {
+        let request = Request::AllocBuffer { len };
+        let mut deadline: Option<agora_wait::Deadline> = None;
+        let mut settled_attempts = 0;
+        let mut pause = Duration::from_millis(1);
+        loop {
+            let response = self.request(&request)?;
+            let Response::Error(ControlError::QuotaExceeded {
+                requested, available, ..
+            }) = &response
+            else {
+                return Ok(response);
+            };
+            let (freeing, unsettled) = self.frees_in_flight();
+            if freeing == 0 || available.saturating_add(freeing) < *requested {
+                return Ok(response);
+            }
+            let deadline = deadline.get_or_insert_with(|| agora_wait::Deadline::after(self.control_timeout));
+            if unsettled > 0 {
+                // Asks again once one more release settled (not at every completion: the
+                // daemon limits a connection's request rate).
+                loop {
+                    let Some(wait) = deadline.next_wait() else {
+                        return Ok(response);
+                    };
+                    let seen = self.consumed.load(Ordering::Acquire);
+                    let began = Instant::now();
+                    self.wait_for_completions_until(seen, began + wait)?;
+                    deadline.waited(began, wait);
+                    if self.frees_in_flight().1 < unsettled {
+                        break;
+                    }
+                }
+                continue;
+            }
+            if settled_attempts == SETTLED_ATTEMPTS {
+                return Ok(response);
+            }
+            settled_attempts += 1;
+            let Some(wait) = deadline.next_wait() else {
+                return Ok(response);
+            };
+            let wait = wait.min(pause);
+            let began = Instant::now();
+            std::thread::sleep(wait);
+            deadline.waited(began, wait);
+            pause *= 2;
+        }
+    }
+
     fn lock_completions(&self) -> MutexGuard<'_, Completions> {
         self.completions.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -1130,6 +1337,7 @@ impl Inner {
     /// and the queue's `finish` report its outcome (false for releases, which nobody waits
     /// for). Waits while too many tasks are outstanding.
     pub(crate) fn submit(&self, queue: u64, mut descriptor: TaskDescriptor, tracked: bool) -> Result<u64, Error> {
+        self.check_process()?;
         loop {
             self.recover_if_gone()?;
             let mut producer = self.producer.lock().unwrap_or_else(|e| e.into_inner());
@@ -1247,6 +1455,7 @@ impl Inner {
 
     /// Non-blocking: consumes what has arrived and says whether task `id` is complete.
     pub(crate) fn poll(&self, id: u64) -> Result<bool, Error> {
+        self.check_process()?;
         if self.pending_in_ring() {
             self.drain();
         }
@@ -1271,6 +1480,7 @@ impl Inner {
 
     /// Blocks until task `id` is complete, leaving any error of it for later.
     pub(crate) fn wait_done(&self, id: u64) -> Result<(), Error> {
+        self.check_process()?;
         while !self.is_done(id) {
             if self.pending_in_ring() {
                 self.drain();
@@ -1291,6 +1501,7 @@ impl Inner {
     /// false if it is still running then. Overshoots the deadline by at most one sleep on the
     /// completion futex ([`LIVENESS_CHECK`]).
     pub(crate) fn wait_done_until(&self, id: u64, deadline: Instant) -> Result<bool, Error> {
+        self.check_process()?;
         loop {
             if self.is_done(id) {
                 return Ok(true);
@@ -1321,6 +1532,7 @@ impl Inner {
     /// completion futex without spinning: its caller is a background thread that waits for
     /// many tasks at once, where a spin would cost a core and gain nothing.
     pub(crate) fn wait_for_completions_until(&self, seen: u64, deadline: Instant) -> Result<bool, Error> {
+        self.check_process()?;
         loop {
             if self.consumed.load(Ordering::Acquire) != seen {
                 return Ok(true);
@@ -1338,9 +1550,15 @@ impl Inner {
 
     /// Whether a task issued now would not wait (see [`Inner::submit`]).
     fn has_room(&self) -> bool {
-        let id = self.producer.lock().unwrap_or_else(|e| e.into_inner()).next_id;
+        let producer = self.producer.lock().unwrap_or_else(|e| e.into_inner());
+        let id = producer.next_id;
         let slot_free = id <= self.capacity || self.is_done(id - self.capacity);
-        self.issued.load(Ordering::Relaxed) - self.consumed.load(Ordering::Acquire) < self.capacity && slot_free
+        // The ring's own test too, as `submit`'s `stage` makes it.
+        let ring_free = producer.ring.free_slots() > 0;
+        drop(producer);
+        self.issued.load(Ordering::Relaxed) - self.consumed.load(Ordering::Acquire) < self.capacity
+            && slot_free
+            && ring_free
     }
 
     /// How this thread's waits may yield the core (see `latency_tenant`).
@@ -1363,6 +1581,7 @@ impl Inner {
 
     /// Waits until [`Inner::has_room`] or `deadline`; returns which.
     fn wait_for_room_until(&self, deadline: Instant) -> Result<bool, Error> {
+        self.check_process()?;
         loop {
             self.recover_if_gone()?;
             if self.has_room() {
@@ -1383,12 +1602,23 @@ impl Inner {
         }
     }
 
-    /// Waits until at least one completion arrives (to make room in the rings).
+    /// Waits until at least one completion arrives (to make room in the rings), or the
+    /// thread's interrupt check ([`with_room_interrupt`]) says to give up.
     fn wait_for_progress(&self) -> Result<(), Error> {
         let before = self.consumed.load(Ordering::Acquire);
+        let interrupted = ROOM_INTERRUPT.with(std::cell::Cell::get);
+        let mut checked = Instant::now();
         loop {
             if self.drain() > 0 || self.consumed.load(Ordering::Acquire) != before {
                 return Ok(());
+            }
+            if let Some(interrupted) = interrupted {
+                if checked.elapsed() >= ROOM_INTERRUPT_EVERY {
+                    if interrupted() {
+                        return Err(Error::Interrupted);
+                    }
+                    checked = Instant::now();
+                }
             }
             if ROOM_SPIN.with(|s| s.borrow_mut().spin(|| self.pending_in_ring())) {
                 continue;
@@ -1692,6 +1922,11 @@ impl Inner {
 
     /// The handle of task `id` is gone: forget its error.
     pub(crate) fn forget(&self, id: u64) {
+        if self.in_forked_child() {
+            // The bookkeeping is a copy of the parent's, whose locks another thread of the
+            // parent may have held at the fork.
+            return;
+        }
         let slot = (id % self.capacity) as usize;
         match self.handles[slot].compare_exchange(id, 0, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => {}

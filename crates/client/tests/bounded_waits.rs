@@ -1,5 +1,6 @@
 //! `Task::wait_timeout` and `Queue::finish_timeout`: a wait in slices gives up while the task
-//! runs, then reports the same outcome `wait` and `finish` do.
+//! runs, then reports the same outcome `wait` and `finish` do. A wait for room in the rings
+//! gives up when a binding's interrupt check says so.
 
 use std::time::Duration;
 
@@ -121,4 +122,43 @@ fn a_latency_wait_yields_only_after_its_thread_woke_the_dispatcher() {
     let batch_noop = batch.kernel("noop").unwrap();
     bq.launch(&batch_noop, &[], 1u64).unwrap().wait().unwrap();
     assert_eq!(agora::testing::wait_yielding(&batch), "cooperative");
+}
+
+/// A launch that waits for room in full rings (another thread took the room `wait_for_room`
+/// found) ends as soon as the binding's interrupt check (Python: a pending Ctrl-C) says so,
+/// with nothing issued; the session carries on.
+#[test]
+fn a_wait_for_ring_room_ends_when_the_interrupt_check_says_so() {
+    let (_daemon, session) = common::daemon_with("room-interrupt", |c| c.ring_capacity = 2);
+    let queue = session
+        .queue_with(QueueOptions {
+            name: "full".into(),
+            preferred_device: Some(DeviceKind::Cpu),
+            ..Default::default()
+        })
+        .unwrap();
+    // A long task, and tasks behind it until rings of two slots are full.
+    let (long, _c) = agora_test_support::long_sgemm(&session, &queue, 1536);
+    let x = session.buffer(64).unwrap();
+    while session.wait_for_room(Duration::ZERO).unwrap() {
+        queue.memset(&x, 1).unwrap();
+    }
+    assert!(
+        !long.is_complete().unwrap(),
+        "the sgemm should run longer: make it larger"
+    );
+    let began = std::time::Instant::now();
+    let outcome = agora::with_room_interrupt(|| true, || queue.memset(&x, 2));
+    assert!(matches!(outcome, Err(Error::Interrupted)), "{outcome:?}");
+    assert!(
+        began.elapsed() < Duration::from_millis(200) && !long.is_complete().unwrap(),
+        "{:?}",
+        began.elapsed()
+    );
+    // Nothing was issued, and the session goes on.
+    long.wait().unwrap();
+    queue.memset(&x, 3).unwrap();
+    queue.sync_from(&x).unwrap();
+    queue.finish().unwrap();
+    assert!(x.as_slice::<u8>().iter().all(|v| *v == 3));
 }
