@@ -67,6 +67,13 @@ typedef enum {
    * task again (a buffer a launch wrote after its last sync reads as lost until rewritten).
    */
   AGORA_STATUS_DAEMON_RESTARTED = 10,
+  /**
+   * The session was opened by another process, which then forked this one: a forked child
+   * must open its own session (`agora_session_open`). Its copies of the inherited objects
+   * may be destroyed (that releases nothing of the parent's), and the parent's session is
+   * not disturbed.
+   */
+  AGORA_STATUS_FORKED_CHILD = 11,
 } AgoraStatus;
 
 /**

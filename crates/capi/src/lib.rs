@@ -54,6 +54,11 @@ pub enum AgoraStatus {
     /// reconnected to the new daemon, with its buffers, queues, kernels and programs. Issue the
     /// task again (a buffer a launch wrote after its last sync reads as lost until rewritten).
     DaemonRestarted = 10,
+    /// The session was opened by another process, which then forked this one: a forked child
+    /// must open its own session (`agora_session_open`). Its copies of the inherited objects
+    /// may be destroyed (that releases nothing of the parent's), and the parent's session is
+    /// not disturbed.
+    ForkedChild = 11,
 }
 
 /// Kinds of kernel argument.
@@ -316,6 +321,9 @@ fn from_error(e: Error) -> AgoraStatus {
         Error::ReadOnly => AgoraStatus::InvalidArgument,
         Error::Protocol(_) => AgoraStatus::Protocol,
         Error::Timeout { .. } => AgoraStatus::Timeout,
+        Error::ForkedChild { .. } => AgoraStatus::ForkedChild,
+        // Never here: the C client installs no interrupt check.
+        Error::Interrupted => AgoraStatus::Timeout,
     };
     fail(status, e.to_string())
 }
