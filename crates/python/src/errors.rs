@@ -32,6 +32,12 @@ create_exception!(
 );
 create_exception!(
     agora,
+    ForkedChildError,
+    AgoraError,
+    "A session (or one of its queues, buffers, tasks) used in a process forked after it was opened: a forked child must open its own session (multiprocessing: the 'spawn' or 'forkserver' start method, or a session opened in the worker). The parent's session is not disturbed; the child's copies can be dropped."
+);
+create_exception!(
+    agora,
     BufferInUseError,
     AgoraError,
     "A buffer cannot be released while NumPy arrays or memoryviews of it exist."
@@ -303,8 +309,33 @@ fn client_exception(error: &Error, message: String) -> PyErr {
             ControlError::Export(_) => ExportError::new_err(message),
             ControlError::Dag(_) => DagError::new_err(message),
         },
+        Error::ForkedChild { .. } => ForkedChildError::new_err(message),
+        // The exception the signal handler raised (Ctrl-C's KeyboardInterrupt), kept by
+        // `signal_pending` when the client asked it.
+        Error::Interrupted => PENDING_SIGNAL
+            .with(|p| p.borrow_mut().take())
+            .unwrap_or_else(|| pyo3::exceptions::PyKeyboardInterrupt::new_err(message)),
         Error::Task(_) | Error::Tasks(_) => TaskFailedError::new_err(message),
     }
+}
+
+thread_local! {
+    /// The exception a signal handler raised during a wait in the client ([`signal_pending`]),
+    /// raised when that wait returns [`Error::Interrupted`].
+    static PENDING_SIGNAL: std::cell::RefCell<Option<PyErr>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The client's interrupt check for a wait that runs without the GIL
+/// ([`agora::with_room_interrupt`]): runs the signal handlers (taking the GIL for the moment);
+/// true, with the exception kept for the caller, when one raised.
+pub(crate) fn signal_pending() -> bool {
+    Python::attach(|py| match py.check_signals() {
+        Ok(()) => false,
+        Err(e) => {
+            PENDING_SIGNAL.with(|p| *p.borrow_mut() = Some(e));
+            true
+        }
+    })
 }
 
 /// The Python exception for a task's error.

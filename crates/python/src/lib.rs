@@ -53,6 +53,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         ConnectError,
         DisconnectedError,
         ClosedError,
+        ForkedChildError,
         BufferInUseError,
         ProtocolError,
         TimeoutError,

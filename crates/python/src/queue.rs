@@ -49,8 +49,11 @@ impl PyQueue {
             py.check_signals()?;
         }
         // Another thread may have taken the room meanwhile: then this waits, still without
-        // the GIL.
-        let task = py.detach(|| f(&queue)).or_raise()?;
+        // the GIL, and a signal handler that raises (Ctrl-C) ends the wait with its exception,
+        // nothing issued.
+        let task = py
+            .detach(|| agora::with_room_interrupt(crate::errors::signal_pending, || f(&queue)))
+            .or_raise()?;
         Ok(PyTask {
             task,
             liveness: self.liveness.clone(),

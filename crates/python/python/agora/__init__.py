@@ -33,6 +33,7 @@ from ._native import (  # noqa: F401  (re-exported API)
     ConnectError,
     DisconnectedError,
     ClosedError,
+    ForkedChildError,
     BufferInUseError,
     ProtocolError,
     TimeoutError,
