@@ -152,10 +152,9 @@ impl PyBuffer {
     #[pyo3(signature = (array, offset=0))]
     fn write(&self, py: Python<'_>, array: &Bound<'_, PyAny>, offset: u64) -> PyResult<()> {
         let numpy = py.import("numpy")?;
-        let bytes: Vec<u8> = numpy
-            .call_method1("ascontiguousarray", (array,))?
-            .call_method0("tobytes")?
-            .extract()?;
+        let array = numpy.call_method1("ascontiguousarray", (array,))?;
+        check_byte_order(&array.getattr("dtype")?, "the array")?;
+        let bytes: Vec<u8> = array.call_method0("tobytes")?.extract()?;
         // Refused before the claim, which would discard results for nothing.
         self.with(|b| b.check_write(offset, bytes.len() as u64))?.or_raise()?;
         self.claim(py)?;
@@ -306,6 +305,22 @@ fn numpy_name(element: ScalarType) -> &'static str {
     }
 }
 
+/// Refuses `dtype` unless its byte order is the machine's: kernels read native numbers, so a
+/// big-endian array (as FITS, HDF5 or network formats give) would be read as garbage.
+/// `what` names the call's array in the message.
+pub(crate) fn check_byte_order(dtype: &Bound<'_, PyAny>, what: &str) -> PyResult<()> {
+    if dtype.getattr("isnative")?.extract::<bool>()? {
+        return Ok(());
+    }
+    let held: String = dtype.getattr("str")?.extract()?;
+    let native: String = dtype.call_method1("newbyteorder", ("=",))?.getattr("str")?.extract()?;
+    Err(ArgumentTypeError::new_err(format!(
+        "{what} has dtype '{held}', whose byte order is not this machine's: kernels read native \
+         numbers, so convert it first with `arr.astype('{native}')` \
+         (or `arr.astype(arr.dtype.newbyteorder('='))`)"
+    )))
+}
+
 /// A buffer made by `buffer_from` remembers its dtype: passing float64 data to a kernel that
 /// reads f32 would silently compute garbage, so it is refused here with the fix in the message.
 /// Buffers made by `buffer(n)` hold raw bytes and are not checked.
@@ -317,6 +332,7 @@ pub(crate) fn check_element_type(
     kernel: &str,
 ) -> PyResult<()> {
     let Some(dtype) = &buffer.dtype else { return Ok(()) };
+    Python::attach(|py| check_byte_order(dtype.bind(py), &format!("argument {index} ('{name}') of {kernel}")))?;
     let held: String = Python::attach(|py| dtype.bind(py).getattr("name").and_then(|n| n.extract()))?;
     let wanted = numpy_name(element);
     if held == wanted {

@@ -193,6 +193,7 @@ impl PySession {
     fn buffer_from(&self, py: Python<'_>, array: &Bound<'_, PyAny>) -> PyResult<Py<PyBuffer>> {
         let numpy = py.import("numpy")?;
         let array = numpy.call_method1("ascontiguousarray", (array,))?;
+        crate::buffer::check_byte_order(&array.getattr("dtype")?, "the array")?;
         let nbytes: u64 = array.getattr("nbytes")?.extract()?;
         if nbytes == 0 {
             return Err(PyValueError::new_err("cannot make a buffer from an empty array"));
@@ -219,6 +220,9 @@ impl PySession {
     ) -> PyResult<PyBuffer> {
         let numpy = py.import("numpy")?;
         let dtype = dtype.map(|d| numpy.call_method1("dtype", (d,))).transpose()?;
+        if let Some(dtype) = &dtype {
+            crate::buffer::check_byte_order(dtype, "dtype")?;
+        }
         let nbytes = match (nbytes, &dtype, shape) {
             (Some(n), _, _) => n,
             (None, Some(dtype), Some(shape)) => {

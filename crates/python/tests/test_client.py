@@ -575,3 +575,29 @@ def test_writes_over_unread_results_survive_evictions_once_claimed(fresh_daemon,
             assert (y.numpy(np.float32) == 103 + i).all(), (i, y.numpy(np.float32)[0])
         evictions = session.status()["evictions"]
         assert evictions >= 4, f"only {evictions} evictions: the device did not run out of memory"
+
+
+def test_arrays_in_another_byte_order_are_refused_with_the_conversion(session):
+    # Kernels read native numbers: a big-endian array (FITS, HDF5, network data) would be read
+    # as garbage, so every way in refuses it and says how to convert it.
+    swapped = np.ones(4, np.float32).astype(np.dtype(np.float32).newbyteorder("S"))
+    native = np.dtype(np.float32).str
+    with pytest.raises(agora.ArgumentTypeError, match=f"astype\\('{native}'\\)") as caught:
+        session.buffer_from(swapped)
+    assert "newbyteorder('=')" in str(caught.value)
+    y = session.buffer_from(np.zeros(4, np.float32))
+    with pytest.raises(agora.ArgumentTypeError, match="byte order"):
+        y.write(swapped)
+    with pytest.raises(agora.ArgumentTypeError, match="byte order"):
+        session.shared_buffer(dtype=swapped.dtype, shape=(4,))
+    # Converted as the message says, it works.
+    x = session.buffer_from(swapped.astype(native))
+    with session.queue() as queue:
+        queue.sync_to(x)
+        queue.sync_to(y)
+        queue.launch("saxpy", 1.0, x, y, range=4)
+        queue.sync_from(y)
+    assert np.all(y.numpy() == 1.0)
+    # Bytes without numbers in them have no byte order: accepted as before.
+    y.write(np.zeros(16, np.uint8))
+
