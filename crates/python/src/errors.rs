@@ -424,8 +424,15 @@ impl Liveness {
     }
 }
 
+/// ClosedError for an object of kind `what` (`session`, `queue`, `buffer`, `DAG`) that this
+/// program closed, released or withdrew: each says what ended it, as that object ends.
 pub(crate) fn closed(what: &str) -> PyErr {
-    ClosedError::new_err(format!(
-        "this {what} was closed; create a new one (a `with` block closes it at its end)"
-    ))
+    let message = match what {
+        "buffer" => "this buffer was released (buf.release()); make a new one with session.buffer() or session.buffer_from()".to_string(),
+        "queue" => "this queue was closed (queue.close(), or the end of its `with` block); create a new one with session.queue()".to_string(),
+        "DAG" => "this DAG was withdrawn (dag.withdraw(), or the end of its `with` block); declare it again to go on".to_string(),
+        "session" => "this session was closed (session.close(), or the end of its `with` block); open a new session to go on".to_string(),
+        other => format!("this {other} was closed; create a new one"),
+    };
+    ClosedError::new_err(message)
 }

@@ -601,3 +601,15 @@ def test_arrays_in_another_byte_order_are_refused_with_the_conversion(session):
     # Bytes without numbers in them have no byte order: accepted as before.
     y.write(np.zeros(16, np.uint8))
 
+
+def test_each_kind_of_object_says_how_it_ended(session):
+    buffer = session.buffer(16)
+    buffer.release()
+    for use in (lambda: buffer.numpy(), lambda: buffer.write(np.zeros(4, np.uint8)), lambda: len(buffer)):
+        with pytest.raises(agora.ClosedError, match=r"this buffer was released \(buf\.release\(\)\)") as caught:
+            use()
+        assert "`with`" not in str(caught.value)
+    queue = session.queue()
+    queue.close()
+    with pytest.raises(agora.ClosedError, match=r"this queue was closed \(queue\.close\(\), or the end of its `with` block\)"):
+        queue.memset(session.buffer(4), 0)
