@@ -77,6 +77,8 @@ pub use program::Program;
 pub use queue::{Arg, CheckpointLevel, CheckpointedLaunch, DeviceKind, NdRange, Queue, QueueOptions, Task};
 pub use resume::{DEFAULT_RECONNECT_TIMEOUT, RECONNECT_ENV};
 #[doc(hidden)]
+pub use session::default_session_name;
+#[doc(hidden)]
 pub use session::with_room_interrupt;
 pub use session::{
     daemon_exports, daemon_session_status, daemon_status, drain_device, kernel_catalog, power_save, reload_kernels,

@@ -356,12 +356,11 @@ impl Session {
                 name
             }
             // The program's name (and the process's rank), made into what the daemon accepts.
-            None => default_name(
-                std::env::args()
+            None => default_session_name(
+                &std::env::args()
                     .next()
                     .map(|a| a.rsplit('/').next().unwrap_or("").to_string())
                     .unwrap_or_default(),
-                rank(|variable| std::env::var(variable).ok()).as_deref(),
             ),
         };
         let control_timeout = options.control_timeout.unwrap_or(DEFAULT_CONTROL_TIMEOUT);
@@ -988,6 +987,18 @@ fn rank(var: impl Fn(&str) -> Option<String>) -> Option<String> {
             .then(|| value.trim_start_matches('0').to_string())
             .map(|n| if n.is_empty() { "0".to_string() } else { n })
     })
+}
+
+/// The session name a program called `program` gets by default: `program` made into a name
+/// the daemon accepts, with `.rank<N>` when the process is a rank of an MPI or Slurm job
+/// ([`RANK_VARIABLES`]), so that each rank writes checkpoints of its own. For bindings that
+/// name their programs themselves (Python's `python:<script>`).
+#[doc(hidden)]
+pub fn default_session_name(program: &str) -> String {
+    default_name(
+        program.to_string(),
+        rank(|variable| std::env::var(variable).ok()).as_deref(),
+    )
 }
 
 /// A program's name as a client name the daemon accepts: each character it refuses in names

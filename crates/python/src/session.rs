@@ -101,12 +101,9 @@ impl PySession {
             let argv0 = py.import("sys").ok()?.getattr("argv").ok()?.get_item(0).ok()?;
             let argv0: String = argv0.extract().ok()?;
             let base = std::path::Path::new(&argv0).file_name()?.to_string_lossy().into_owned();
-            // Cut to what the daemon accepts (an explicit name that is too long is refused).
-            let mut default = format!("python:{base}");
-            while default.len() > agora_protocol::control::MAX_NAME {
-                default.pop();
-            }
-            (!base.is_empty()).then_some(default)
+            // Made into what the daemon accepts, with `.rank<N>` for a rank of an MPI or Slurm
+            // job (an explicit name that is too long is refused).
+            (!base.is_empty()).then(|| agora::default_session_name(&format!("python:{base}")))
         });
         let options = SessionOptions {
             socket,

@@ -1,6 +1,7 @@
 """Processes and sessions: two Python processes share one daemon at the same time; a forked
 child cannot use the session it inherited (and leaves it to the parent); the heap room a released
-buffer leaves is there for the next allocation."""
+buffer leaves is there for the next allocation; a rank of an MPI or Slurm job gets a default name
+of its own."""
 
 import multiprocessing as mp
 import os
@@ -164,3 +165,25 @@ def test_a_released_buffer_s_room_is_there_for_the_next_allocation(fresh_daemon)
         # Beyond what any release frees: the daemon's refusal, at once.
         with pytest.raises(agora.QuotaExceededError, match="free buffers"):
             session.buffer(65 << 20)
+
+
+def test_a_rank_of_an_mpi_or_slurm_job_gets_a_default_name_of_its_own(daemon):
+    """Each rank writes checkpoints of its own: its default session name carries its rank."""
+    import subprocess
+    import sys
+
+    script = "import agora; s = agora.Session(); print(s.session_status()['name'])"
+    names = []
+    for env in ({"PMI_RANK": "3"}, {"SLURM_PROCID": "12"}, {}):
+        rank_variables = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID")
+        clean = {k: v for k, v in os.environ.items() if k not in rank_variables}
+        out = subprocess.run(
+            [sys.executable, "-c", script],
+            env={**clean, **env, "AGORA_SOCKET": str(daemon.socket)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        names.append(out.stdout.strip())
+    assert names == ["python:-c.rank3", "python:-c.rank12", "python:-c"], names
