@@ -63,7 +63,8 @@ pub struct SessionOptions {
     /// or Slurm job ([`RANK_VARIABLES`]), so every rank has checkpoints of its own. A name given
     /// here is used as it is.
     pub name: Option<String>,
-    /// Heap bytes to ask for (the daemon grants at most its per-session quota).
+    /// Heap bytes to ask for (the daemon grants at most its per-session quota). Default
+    /// `$AGORA_HEAP_BYTES` ([`HEAP_ENV`]), else the daemon's quota.
     pub heap_bytes: Option<u64>,
     /// Longest a control call (buffer, queue, kernel, status...) waits for the daemon before
     /// it fails with [`Error::Timeout`]; default [`DEFAULT_CONTROL_TIMEOUT`].
@@ -367,10 +368,14 @@ impl Session {
         // A daemon that accepts but never answers (stuck, or not an Agora daemon) must not hang
         // us: bound the hello exchange.
         let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
+        let heap_bytes = match options.heap_bytes {
+            Some(bytes) => Some(bytes),
+            None => heap_bytes_from(std::env::var(HEAP_ENV).ok())?,
+        };
         let hello = Request::Hello {
             version: PROTOCOL_VERSION,
             client_name: name.clone(),
-            heap_bytes: options.heap_bytes,
+            heap_bytes,
         };
         if let Err(e) = send(&stream, &hello) {
             // A daemon that refused the connection (a limit) said why before it closed it.
@@ -987,6 +992,49 @@ fn rank(var: impl Fn(&str) -> Option<String>) -> Option<String> {
             .then(|| value.trim_start_matches('0').to_string())
             .map(|n| if n.is_empty() { "0".to_string() } else { n })
     })
+}
+
+/// Environment variable with the heap a session asks for when its options name none: bytes, or
+/// with a `K`, `M` or `G` suffix (powers of 1024), e.g. `256M`. A daemon counts each session's
+/// whole heap against its user's limit whether or not it is used, so the ranks of an MPI-style
+/// job that each need little can all get in without a change to the program:
+/// `export AGORA_HEAP_BYTES=256M`.
+pub const HEAP_ENV: &str = "AGORA_HEAP_BYTES";
+
+/// [`HEAP_ENV`]'s value as bytes (`None`: not set, or empty); a value that is no size is
+/// refused, naming the variable.
+fn heap_bytes_from(value: Option<String>) -> Result<Option<u64>, Error> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let text = value.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    let (digits, unit) = match text.char_indices().last() {
+        Some((at, c)) if c.is_ascii_alphabetic() => (&text[..at], c.to_ascii_uppercase()),
+        _ => (text, 'B'),
+    };
+    let shift = match unit {
+        'B' => 0,
+        'K' => 10,
+        'M' => 20,
+        'G' => 30,
+        _ => u32::MAX,
+    };
+    let bytes = digits
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|_| shift != u32::MAX)
+        .and_then(|n| n.checked_mul(1u64.checked_shl(shift)?))
+        .filter(|&n| n > 0);
+    match bytes {
+        Some(bytes) => Ok(Some(bytes)),
+        None => Err(Error::Control(ControlError::BadRequest(format!(
+            "{HEAP_ENV}={value:?} is no heap size: give bytes, or a number with K, M or G (e.g. 256M), or unset it"
+        )))),
+    }
 }
 
 /// The session name a program called `program` gets by default: `program` made into a name
@@ -2026,6 +2074,20 @@ mod tests {
     #[test]
     fn a_program_s_name_always_makes_a_client_name_the_daemon_accepts() {
         assert_eq!(default_name("solver".into(), None), "solver");
+        let heap = |v: &str| heap_bytes_from(Some(v.to_string()));
+        assert_eq!(heap_bytes_from(None).unwrap(), None);
+        assert_eq!(heap(" ").unwrap(), None);
+        assert_eq!(heap("4096").unwrap(), Some(4096));
+        assert_eq!(heap("256M").unwrap(), Some(256 << 20));
+        assert_eq!(heap("2g").unwrap(), Some(2 << 30));
+        assert_eq!(heap("64 K").unwrap(), Some(64 << 10));
+        for bad in ["0", "-1", "1.5G", "12T", "M", "lots", "99999999999999G"] {
+            let message = heap(bad).unwrap_err().to_string();
+            assert!(
+                message.contains("AGORA_HEAP_BYTES") && message.contains("256M"),
+                "{bad}: {message}"
+            );
+        }
         assert_eq!(default_name("run\u{1b}[2J\n\u{202e}x".into(), None), "run_[2J__x");
         let long = default_name("é".repeat(MAX_NAME), None);
         assert!(long.len() <= MAX_NAME && long.chars().all(|c| c == 'é'));

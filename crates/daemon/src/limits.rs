@@ -84,7 +84,8 @@ impl Limit {
                 "[limits] heap_bytes_per_uid, agora serve --limit-heap-per-uid; each session holds its whole heap \
                  (the daemon's --session-quota unless it asks for less) whether or not it allocates, so open \
                  sessions with smaller heaps (Rust SessionOptions::heap_bytes, Python agora.Session(heap_bytes=...), \
-                 C AgoraSessionOptions.heap_bytes with agora_session_open_with)"
+                 C AgoraSessionOptions.heap_bytes with agora_session_open_with, or AGORA_HEAP_BYTES=256M in any \
+                 client's environment)"
             }
             Limit::Queues => "[limits] queues_per_uid, agora serve --limit-queues-per-uid",
             Limit::Buffers => "[limits] buffers_per_uid, agora serve --limit-buffers-per-uid",

@@ -187,3 +187,25 @@ def test_a_rank_of_an_mpi_or_slurm_job_gets_a_default_name_of_its_own(daemon):
         assert out.returncode == 0, out.stderr
         names.append(out.stdout.strip())
     assert names == ["python:-c.rank3", "python:-c.rank12", "python:-c"], names
+
+
+def test_agora_heap_bytes_in_the_environment_sets_the_default_heap(daemon):
+    """An MPI-style job can ask for smaller heaps without changing its program; a value that is no
+    size is refused, naming the variable."""
+    import subprocess
+    import sys
+
+    script = "import agora; s = agora.Session(); print(s.session_status()['heap_quota'])"
+    run = lambda value: subprocess.run(  # noqa: E731
+        [sys.executable, "-c", script],
+        env={**os.environ, "AGORA_SOCKET": str(daemon.socket), "AGORA_HEAP_BYTES": value},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    out = run("64M")
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) == 64 << 20
+    out = run("lots")
+    assert out.returncode != 0
+    assert "AGORA_HEAP_BYTES" in out.stderr and "256M" in out.stderr, out.stderr
