@@ -149,6 +149,36 @@ pub(crate) struct Registry {
 }
 
 impl Registry {
+    /// The release task recorded for a registered buffer or queue (`None`: not registered).
+    fn released_by(&mut self, what: Released) -> Option<&mut Option<u64>> {
+        match what {
+            Released::Buffer(handle) => self.buffers.get_mut(&handle).map(|b| &mut b.released_by),
+            Released::Queue(handle) => self.queues.get_mut(&handle).map(|q| &mut q.released_by),
+        }
+    }
+
+    fn forget(&mut self, what: Released) {
+        match what {
+            Released::Buffer(handle) => drop(self.buffers.remove(&handle)),
+            Released::Queue(handle) => drop(self.queues.remove(&handle)),
+        }
+    }
+
+    /// `what`'s release was issued as task `release` (`None`: it could not be, the object is
+    /// forgotten at once); then forgets what completed releases released.
+    fn released(&mut self, what: Released, release: Option<u64>, is_done: impl Fn(u64) -> bool) {
+        match release {
+            Some(id) => {
+                if let Some(released_by) = self.released_by(what) {
+                    *released_by = Some(id);
+                    self.releases.push_back((id, what));
+                }
+            }
+            None => self.forget(what),
+        }
+        self.forget_released(is_done);
+    }
+
     /// Forgets the released buffers and queues whose release tasks completed (oldest first:
     /// each release costs O(1) amortised).
     fn forget_released(&mut self, is_done: impl Fn(u64) -> bool) {
@@ -157,17 +187,9 @@ impl Registry {
                 break;
             }
             self.releases.pop_front();
-            match what {
-                Released::Buffer(handle) => {
-                    if self.buffers.get(&handle).is_some_and(|b| b.released_by == Some(id)) {
-                        self.buffers.remove(&handle);
-                    }
-                }
-                Released::Queue(handle) => {
-                    if self.queues.get(&handle).is_some_and(|q| q.released_by == Some(id)) {
-                        self.queues.remove(&handle);
-                    }
-                }
+            // Unless the handle was given to a new object since.
+            if self.released_by(what).is_some_and(|by| *by == Some(id)) {
+                self.forget(what);
             }
         }
     }
@@ -280,18 +302,7 @@ impl ResumeState {
         let mut registry = self.registry();
         // The daemon unprotects a released buffer too.
         registry.protected.retain(|_, protected| *protected != handle);
-        match release {
-            Some(id) => {
-                if let Some(buffer) = registry.buffers.get_mut(&handle) {
-                    buffer.released_by = Some(id);
-                    registry.releases.push_back((id, Released::Buffer(handle)));
-                }
-            }
-            None => {
-                registry.buffers.remove(&handle);
-            }
-        }
-        registry.forget_released(is_done);
+        registry.released(Released::Buffer(handle), release, is_done);
     }
 
     /// A buffer was protected for checkpoints under `id`.
@@ -329,19 +340,7 @@ impl ResumeState {
 
     /// A queue's release was issued as task `release` (as [`ResumeState::buffer_released`]).
     pub(crate) fn queue_released(&self, handle: u64, release: Option<u64>, is_done: impl Fn(u64) -> bool) {
-        let mut registry = self.registry();
-        match release {
-            Some(id) => {
-                if let Some(queue) = registry.queues.get_mut(&handle) {
-                    queue.released_by = Some(id);
-                    registry.releases.push_back((id, Released::Queue(handle)));
-                }
-            }
-            None => {
-                registry.queues.remove(&handle);
-            }
-        }
-        registry.forget_released(is_done);
+        self.registry().released(Released::Queue(handle), release, is_done);
     }
 
     /// A library kernel was looked up: returns the id to give the application.
