@@ -618,6 +618,54 @@ fn a_daemon_that_does_not_come_back_in_time_is_disconnected_after_the_reconnect_
     assert!(started.elapsed() < Duration::from_millis(200));
 }
 
+#[test]
+fn objects_dropped_after_the_daemon_stopped_go_at_once_and_are_released_by_the_next_daemon() {
+    let mut daemon = Daemon::start(AGORA, "restart-drops", &["--no-opencl"]);
+    // The default reconnect timeout is 30 s: a drop that waited for a new daemon would show.
+    let s = Session::connect_with(SessionOptions {
+        socket: Some(daemon.socket().to_path_buf()),
+        name: Some("drops".into()),
+        ..Default::default()
+    })
+    .unwrap();
+    let q = agora_test_support::queue_preferring(&s, "kept", DeviceKind::Cpu);
+    let dropped_queue = s.queue("dropped").unwrap();
+    let kept = s.buffer_from(&vec![3.0f32; N]).unwrap();
+    let dropped: Vec<_> = (0..4).map(|_| s.buffer(4096).unwrap()).collect();
+    q.sync_to(&kept).unwrap().wait().unwrap();
+
+    daemon.stop();
+    let started = Instant::now();
+    drop(dropped);
+    drop(dropped_queue);
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "dropping four buffers and a queue after a clean stop took {took:?}"
+    );
+
+    // The releases wait in the ring; the next call resumes and the new daemon carries them out.
+    daemon.restart();
+    q.sync_from(&kept).unwrap().wait().unwrap();
+    assert!(kept.read_vec::<f32>().iter().all(|v| *v == 3.0));
+    assert_eq!(s.resumes(), 1);
+    let own = s.session_status(s.id()).unwrap();
+    assert_eq!(own.buffers, 1, "only the kept buffer is left: {own:?}");
+    assert_eq!(own.queue_count, 1, "only the kept queue is left: {own:?}");
+
+    // A daemon that is gone for good: the program's exit (every drop) is prompt too.
+    daemon.stop();
+    let started = Instant::now();
+    drop(kept);
+    drop(q);
+    drop(s);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "dropping the session after a clean stop took {:?}",
+        started.elapsed()
+    );
+}
+
 /// One `Request::Resume` sent raw, with `fds` attached; the daemon's reply (`None`: it closed
 /// the connection).
 fn raw_resume(

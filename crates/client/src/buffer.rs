@@ -344,10 +344,10 @@ impl Drop for Buffer {
         d.op = Op::ReleaseBuffer as u32;
         d.arg_count = 1;
         d.args[0] = RawArg::buffer(self.handle);
-        // Goes through the ring, so it is ordered after every task issued before it. If the
-        // daemon is gone there is nothing left to release. The registry forgets the buffer
+        // Goes through the ring, so it is ordered after every task issued before it. Never
+        // waits for a daemon to come back (`submit_release`). The registry forgets the buffer
         // only once the release completed: a resume before then issues the release again.
-        let release = self.session.submit(0, d, false).ok();
+        let release = self.session.submit_release(0, d);
         let session = &self.session;
         if let (Some(id), None) = (release, &self.region) {
             // An allocation that finds no room waits for it (`Inner::alloc_buffer`).

@@ -192,7 +192,9 @@ impl Dag {
 
 impl Drop for Dag {
     fn drop(&mut self) {
-        if !self.withdrawn {
+        // A daemon that is gone took the graph with it (a resume does not bring graphs back),
+        // and a drop must not wait for the next one.
+        if !self.withdrawn && !self.session.daemon_gone() {
             let _ = self.session.request(&Request::DropDag { dag: self.id });
         }
     }

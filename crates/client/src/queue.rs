@@ -560,7 +560,7 @@ impl Drop for Queue {
         }
         let mut d = TaskDescriptor::zeroed();
         d.op = Op::ReleaseQueue as u32;
-        let release = self.session.submit(self.handle, d, false).ok();
+        let release = self.session.submit_release(self.handle, d);
         let session = &self.session;
         session
             .resume

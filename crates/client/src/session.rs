@@ -1395,10 +1395,32 @@ impl Inner {
     /// Issues `descriptor` on `queue`; returns its task id. `tracked`: a [`crate::Task`] handle
     /// and the queue's `finish` report its outcome (false for releases, which nobody waits
     /// for). Waits while too many tasks are outstanding.
-    pub(crate) fn submit(&self, queue: u64, mut descriptor: TaskDescriptor, tracked: bool) -> Result<u64, Error> {
+    pub(crate) fn submit(&self, queue: u64, descriptor: TaskDescriptor, tracked: bool) -> Result<u64, Error> {
+        self.stage(queue, descriptor, tracked, true)
+    }
+
+    /// Issues a release from a `Drop` (untracked); its task id, or `None` when it could not be
+    /// issued. Unlike [`Inner::submit`] it never waits for a daemon to come back: a drop after
+    /// the daemon stopped would otherwise hang for the reconnect timeout (each buffer a
+    /// program drops at exit). With the daemon gone the release is staged in the ring if there
+    /// is room, and a later resume issues it again after the tasks before it
+    /// ([`Inner::untaken_tasks`]); with no room it is not issued at all (`None`: the client
+    /// forgets the object, and a new daemon never learns of it).
+    pub(crate) fn submit_release(&self, queue: u64, descriptor: TaskDescriptor) -> Option<u64> {
+        self.stage(queue, descriptor, false, false).ok()
+    }
+
+    /// [`Inner::submit`]'s work; `may_resume`: whether to resume a session whose daemon is
+    /// gone (and wait for room while it is), or give up at once.
+    fn stage(&self, queue: u64, mut descriptor: TaskDescriptor, tracked: bool, may_resume: bool) -> Result<u64, Error> {
         self.check_process()?;
         loop {
-            self.recover_if_gone()?;
+            if may_resume {
+                self.recover_if_gone()?;
+            } else if self.resume.given_up.load(Ordering::Acquire) && self.daemon_gone() {
+                // Gone for good (or reconnection is off): no daemon will read the ring again.
+                return Err(Error::Disconnected);
+            }
             let mut producer = self.producer.lock().unwrap_or_else(|e| e.into_inner());
             let issued = self.issued.load(Ordering::Relaxed);
             let id = producer.next_id;
@@ -1422,6 +1444,9 @@ impl Inner {
                 }
             }
             drop(producer);
+            if !may_resume && self.daemon_gone() {
+                return Err(Error::Disconnected);
+            }
             self.wait_for_progress()?;
         }
     }
