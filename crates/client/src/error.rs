@@ -70,10 +70,11 @@ pub enum Error {
         /// The process that opened the session.
         owner_pid: u32,
     },
-    /// A wait for room in the rings was cut short by the interrupt check a binding installed
-    /// (Python: a signal handler raised, e.g. Ctrl-C); nothing was issued. Only bindings see it.
+    /// A wait for room in the rings or for a daemon to come back was cut short by the
+    /// interrupt check a binding installed (Python: a signal handler raised, e.g. Ctrl-C);
+    /// nothing was issued. Only bindings see it.
     #[doc(hidden)]
-    #[error("interrupted while waiting for room in the rings; nothing was issued")]
+    #[error("interrupted while waiting for room in the rings or for the daemon to come back; nothing was issued")]
     Interrupted,
 }
 

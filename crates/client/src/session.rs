@@ -119,8 +119,9 @@ fn watch_forks() {
 }
 
 thread_local! {
-    /// The check a binding installed for this thread's waits for room in the rings
-    /// ([`with_room_interrupt`]): true to give the wait up with [`Error::Interrupted`].
+    /// The check a binding installed for this thread's waits for room in the rings and for a
+    /// daemon to come back ([`with_room_interrupt`]): true to give the wait up with
+    /// [`Error::Interrupted`].
     static ROOM_INTERRUPT: std::cell::Cell<Option<fn() -> bool>> = const { std::cell::Cell::new(None) };
 }
 
@@ -128,10 +129,12 @@ thread_local! {
 const ROOM_INTERRUPT_EVERY: Duration = Duration::from_millis(50);
 
 /// Runs `f` with `interrupted` consulted about every 50 ms while a task issued in it waits for
-/// room in the rings (when another thread took the room that [`Session::wait_for_room`] found):
-/// once it returns true, the issue fails with [`Error::Interrupted`] and nothing is issued. For
-/// bindings whose waits must react to signals (Python's Ctrl-C); `interrupted` runs on this
-/// thread.
+/// room in the rings (when another thread took the room that [`Session::wait_for_room`] found),
+/// and between attempts to reach a daemon while a call in it waits for one to come back (up to
+/// the reconnect timeout): once it returns true, the call fails with [`Error::Interrupted`],
+/// nothing is issued, and the session is not given up (the next call tries to resume it
+/// again). For bindings whose waits must react to signals (Python's Ctrl-C); `interrupted` runs
+/// on this thread.
 #[doc(hidden)]
 pub fn with_room_interrupt<R>(interrupted: fn() -> bool, f: impl FnOnce() -> R) -> R {
     struct Restore(Option<fn() -> bool>);
@@ -1816,6 +1819,15 @@ impl Inner {
             let stream = match UnixStream::connect(&self.resume.socket) {
                 Ok(stream) => stream,
                 Err(_) if Instant::now() < deadline => {
+                    // Only before any daemon was reached: from then on the replay decision
+                    // stands, and it must not be taken again after a new daemon moved the head.
+                    if replay.is_none()
+                        && ROOM_INTERRUPT
+                            .with(std::cell::Cell::get)
+                            .is_some_and(|interrupted| interrupted())
+                    {
+                        return Err(Error::Interrupted);
+                    }
                     backoff(attempt, deadline);
                     attempt += 1;
                     continue;

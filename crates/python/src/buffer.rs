@@ -65,7 +65,7 @@ impl PyBuffer {
     /// while a task uses the buffer, at most the session's control timeout).
     fn claim(&self, py: Python<'_>) -> PyResult<()> {
         let mut wait = self.with(|b| b.claim_wait())?;
-        while !py.detach(|| self.with(|b| b.try_claim_host()))?.or_raise()? {
+        while !crate::errors::interruptible(py, || self.with(|b| b.try_claim_host()))?.or_raise()? {
             let pause = wait.next_pause().or_raise()?;
             let began = std::time::Instant::now();
             py.detach(|| std::thread::sleep(pause));

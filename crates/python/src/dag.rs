@@ -93,7 +93,7 @@ impl PyDagBuilder {
             k.get().inner.clone()
         } else if let Ok(kernel_name) = kernel.extract::<String>() {
             let session = &self.session;
-            py.detach(|| session.kernel(&kernel_name)).or_raise()?
+            crate::errors::interruptible(py, || session.kernel(&kernel_name)).or_raise()?
         } else {
             return Err(PyTypeError::new_err(
                 "kernel must be a Kernel (session.kernel(name)) or a kernel name",
@@ -188,7 +188,7 @@ impl PyDagBuilder {
         if self.sporadic {
             builder.sporadic();
         }
-        let dag = py.detach(|| builder.declare()).or_raise()?;
+        let dag = crate::errors::interruptible(py, || builder.declare()).or_raise()?;
         Ok(PyDag {
             id: dag.id(),
             admission: dag.admission().clone(),
@@ -277,7 +277,7 @@ impl PyDag {
     /// comes sooner than the period after the previous one, or the DAG was stopped.
     fn release(&self, py: Python<'_>) -> PyResult<u64> {
         let dag = self.dag()?;
-        py.detach(|| dag.release()).or_raise()
+        crate::errors::interruptible(py, || dag.release()).or_raise()
     }
 
     /// The releases finished since the previous call (oldest first), as a dict: `releases` (a
@@ -289,7 +289,7 @@ impl PyDag {
     /// daemon stopped releasing it).
     fn results<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let dag = self.dag()?;
-        let results = py.detach(|| dag.results()).or_raise()?;
+        let results = crate::errors::interruptible(py, || dag.results()).or_raise()?;
         let d = PyDict::new(py);
         let releases = PyList::empty(py);
         for r in &results.releases {
@@ -311,7 +311,7 @@ impl PyDag {
         let mut releases = Vec::new();
         let mut slice_end = Instant::now() + WAIT_SLICE;
         loop {
-            releases.extend(py.detach(|| dag.results()).or_raise()?.releases);
+            releases.extend(crate::errors::interruptible(py, || dag.results()).or_raise()?.releases);
             let now = Instant::now();
             if releases.len() >= count || now >= until {
                 break;
@@ -336,7 +336,7 @@ impl PyDag {
         let Some(dag) = taken else { return Ok(()) };
         self.liveness.check("DAG")?;
         match Arc::try_unwrap(dag) {
-            Ok(dag) => py.detach(|| dag.withdraw()).or_raise(),
+            Ok(dag) => crate::errors::interruptible(py, || dag.withdraw()).or_raise(),
             // Another thread's call holds it: the last one to let go withdraws it.
             Err(_shared) => Ok(()),
         }

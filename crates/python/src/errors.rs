@@ -325,6 +325,13 @@ thread_local! {
     static PENDING_SIGNAL: std::cell::RefCell<Option<PyErr>> = const { std::cell::RefCell::new(None) };
 }
 
+/// Runs the client call `f` without the GIL, with [`signal_pending`] as its interrupt check:
+/// a signal handler that raises (Ctrl-C) ends its waits — for room in the rings, or for a
+/// restarted daemon (up to the reconnect timeout) — with its exception, nothing issued.
+pub(crate) fn interruptible<T: Send>(py: Python<'_>, f: impl FnOnce() -> T + Send) -> T {
+    py.detach(|| agora::with_room_interrupt(signal_pending, f))
+}
+
 /// The client's interrupt check for a wait that runs without the GIL
 /// ([`agora::with_room_interrupt`]): runs the signal handlers (taking the GIL for the moment);
 /// true, with the exception kept for the caller, when one raised.

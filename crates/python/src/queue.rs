@@ -45,15 +45,13 @@ impl PyQueue {
     ) -> PyResult<PyTask> {
         let queue = self.queue()?;
         let session = &self.session;
-        while !py.detach(|| session.wait_for_room(WAIT_SLICE)).or_raise()? {
+        while !crate::errors::interruptible(py, || session.wait_for_room(WAIT_SLICE)).or_raise()? {
             py.check_signals()?;
         }
         // Another thread may have taken the room meanwhile: then this waits, still without
         // the GIL, and a signal handler that raises (Ctrl-C) ends the wait with its exception,
         // nothing issued.
-        let task = py
-            .detach(|| agora::with_room_interrupt(crate::errors::signal_pending, || f(&queue)))
-            .or_raise()?;
+        let task = crate::errors::interruptible(py, || f(&queue)).or_raise()?;
         Ok(PyTask {
             task,
             liveness: self.liveness.clone(),
@@ -199,7 +197,7 @@ impl PyQueue {
     /// issues a level-1 checkpoint and returns its task, else None.
     fn snapshot(&self, py: Python<'_>) -> PyResult<Option<PyTask>> {
         let queue = self.queue()?;
-        let task = py.detach(|| queue.snapshot()).or_raise()?;
+        let task = crate::errors::interruptible(py, || queue.snapshot()).or_raise()?;
         Ok(task.map(|task| PyTask {
             task,
             liveness: self.liveness.clone(),
@@ -243,7 +241,7 @@ impl PyQueue {
     /// `finish()`).
     fn finish(&self, py: Python<'_>) -> PyResult<()> {
         let queue = self.queue()?;
-        while !py.detach(|| queue.finish_timeout(WAIT_SLICE)).or_raise()? {
+        while !crate::errors::interruptible(py, || queue.finish_timeout(WAIT_SLICE)).or_raise()? {
             py.check_signals()?;
         }
         Ok(())
@@ -314,7 +312,7 @@ impl PyQueue {
                 Some(k) => k,
                 None => {
                     let session = &self.session;
-                    let k = args.py().detach(|| session.kernel(&name)).or_raise()?;
+                    let k = crate::errors::interruptible(args.py(), || session.kernel(&name)).or_raise()?;
                     self.kernels
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
@@ -336,10 +334,9 @@ impl PyQueue {
                 .map(Some),
             LaunchMode::Checkpointed(plan) => {
                 let queue = self.queue()?;
-                let task = args
-                    .py()
-                    .detach(|| queue.launch_checkpointed(&kernel, call, range, &plan))
-                    .or_raise()?;
+                let task =
+                    crate::errors::interruptible(args.py(), || queue.launch_checkpointed(&kernel, call, range, &plan))
+                        .or_raise()?;
                 Ok(task.map(|task| PyTask {
                     task,
                     liveness: self.liveness.clone(),

@@ -112,7 +112,7 @@ impl PySession {
             control_timeout,
             reconnect_timeout,
         };
-        let session = py.detach(|| agora::Session::connect_with(options)).or_raise()?;
+        let session = crate::errors::interruptible(py, || agora::Session::connect_with(options)).or_raise()?;
         Ok(PySession {
             inner: Mutex::new(Some(session)),
             liveness: Liveness::default(),
@@ -166,7 +166,7 @@ impl PySession {
             sla,
         };
         let session = self.session()?;
-        let queue = py.detach(|| session.queue_with(options)).or_raise()?;
+        let queue = crate::errors::interruptible(py, || session.queue_with(options)).or_raise()?;
         Ok(PyQueue {
             inner: Mutex::new(Some(Arc::new(queue))),
             session,
@@ -181,7 +181,7 @@ impl PySession {
             return Err(PyValueError::new_err("buffers must be at least 1 byte long"));
         }
         let session = self.session()?;
-        let buffer = py.detach(|| session.buffer(nbytes)).or_raise()?;
+        let buffer = crate::errors::interruptible(py, || session.buffer(nbytes)).or_raise()?;
         Ok(PyBuffer::new(buffer, self.liveness.clone()))
     }
 
@@ -233,7 +233,7 @@ impl PySession {
             return Err(PyValueError::new_err("buffers must be at least 1 byte long"));
         }
         let session = self.session()?;
-        let buffer = py.detach(|| session.shared_buffer(nbytes)).or_raise()?;
+        let buffer = crate::errors::interruptible(py, || session.shared_buffer(nbytes)).or_raise()?;
         let mut buffer = PyBuffer::new(buffer, self.liveness.clone());
         buffer.dtype = dtype.map(|d| d.unbind());
         buffer.shape = shape.map(|s| s.clone().unbind());
@@ -257,14 +257,14 @@ impl PySession {
         let session = self.session()?;
         let b = buffer.handle()?;
         let readers = agora::ExportReaders { uids, gids };
-        py.detach(|| session.export(&b, name, &readers, writable)).or_raise()
+        crate::errors::interruptible(py, || session.export(&b, name, &readers, writable)).or_raise()
     }
 
     /// Withdraws the export `name`: nobody new can attach, and attachers' tasks on it raise
     /// AttachmentError (their NumPy views stay readable). Returns the sessions that were attached.
     fn revoke(&self, py: Python<'_>, name: &str) -> PyResult<Vec<u64>> {
         let session = self.session()?;
-        py.detach(|| session.revoke(name)).or_raise()
+        crate::errors::interruptible(py, || session.revoke(name)).or_raise()
     }
 
     /// Attaches the export `name`: a buffer backed by the exporter's memory (no copy), usable
@@ -284,7 +284,7 @@ impl PySession {
             Some(d) => Some(py.import("numpy")?.call_method1("dtype", (d,))?.unbind()),
             None => None,
         };
-        let buffer = py.detach(|| session.attach(name, writable)).or_raise()?;
+        let buffer = crate::errors::interruptible(py, || session.attach(name, writable)).or_raise()?;
         let mut buffer = PyBuffer::new(buffer, self.liveness.clone());
         buffer.dtype = dtype;
         buffer.shape = shape.map(|s| s.clone().unbind());
@@ -295,7 +295,7 @@ impl PySession {
     /// `len`, `writable`, `readers`, `attachers`, `attaches`).
     fn exports(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let session = self.session()?;
-        let list = py.detach(|| session.exports()).or_raise()?;
+        let list = crate::errors::interruptible(py, || session.exports()).or_raise()?;
         to_dict(py, serde_json::to_string(&list))
     }
 
@@ -315,7 +315,7 @@ impl PySession {
     /// Looks a kernel up by name.
     fn kernel(&self, py: Python<'_>, name: &str) -> PyResult<PyKernel> {
         let session = self.session()?;
-        let kernel = py.detach(|| session.kernel(name)).or_raise()?;
+        let kernel = crate::errors::interruptible(py, || session.kernel(name)).or_raise()?;
         Ok(PyKernel { inner: kernel })
     }
 
@@ -348,7 +348,7 @@ impl PySession {
                 let source = source.to_string();
                 let manifest = manifest.map(str::to_string);
                 match language {
-                    "opencl" => py.detach(|| match manifest {
+                    "opencl" => crate::errors::interruptible(py, || match manifest {
                         Some(m) => session.program_opencl_with_manifest(&source, &m),
                         None => session.program_opencl(&source),
                     }),
@@ -359,7 +359,7 @@ impl PySession {
                                  cuda = {{ entry = \"...\" }} when the function's name differs; see docs/write-your-own-kernel.md)"
                             ))
                         })?;
-                        py.detach(|| {
+                        crate::errors::interruptible(py, || {
                             if language == "cuda" {
                                 session.program_cuda(&source, &manifest)
                             } else {
@@ -393,7 +393,7 @@ impl PySession {
                         )
                     })?
                     .to_string();
-                py.detach(|| session.program_library(&bytes, &manifest))
+                crate::errors::interruptible(py, || session.program_library(&bytes, &manifest))
             }
             _ => {
                 return Err(PyValueError::new_err(
@@ -409,7 +409,7 @@ impl PySession {
     /// Signatures of every kernel the daemon offers (name, params, doc).
     fn kernels(&self, py: Python<'_>) -> PyResult<Vec<Py<PyDict>>> {
         let session = self.session()?;
-        let signatures = py.detach(|| session.kernels()).or_raise()?;
+        let signatures = crate::errors::interruptible(py, || session.kernels()).or_raise()?;
         signatures.iter().map(|s| signature_dict(py, s)).collect()
     }
 
@@ -420,7 +420,7 @@ impl PySession {
     /// uids, jobs and DAGs listed are yours only (else `private` is None).
     fn status(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let session = self.session()?;
-        let report = py.detach(|| session.status()).or_raise()?;
+        let report = crate::errors::interruptible(py, || session.status()).or_raise()?;
         to_dict(py, serde_json::to_string(&report))
     }
 
@@ -430,7 +430,7 @@ impl PySession {
     fn protect(&self, py: Python<'_>, id: u32, buffer: &crate::buffer::PyBuffer) -> PyResult<()> {
         let session = self.session()?;
         let b = buffer.handle()?;
-        py.detach(|| session.protect(id, &b)).or_raise()
+        crate::errors::interruptible(py, || session.protect(id, &b)).or_raise()
     }
 
     /// Restores every protected buffer from the application's newest intact checkpoint (FTI's
@@ -438,14 +438,14 @@ impl PySession {
     /// damaged newer checkpoints passed over). Raises CheckpointError when there is none.
     fn recover(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let session = self.session()?;
-        let report = py.detach(|| session.recover()).or_raise()?;
+        let report = crate::errors::interruptible(py, || session.recover()).or_raise()?;
         to_dict(py, serde_json::to_string(&report))
     }
 
     /// The application's complete checkpoints (oldest first) and its last writes, as a dict.
     fn checkpoints(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let session = self.session()?;
-        let report = py.detach(|| session.checkpoints()).or_raise()?;
+        let report = crate::errors::interruptible(py, || session.checkpoints()).or_raise()?;
         to_dict(py, serde_json::to_string(&report))
     }
 
@@ -454,7 +454,7 @@ impl PySession {
     fn session_status(&self, py: Python<'_>, session_id: Option<u64>) -> PyResult<Py<PyAny>> {
         let session = self.session()?;
         let id = session_id.unwrap_or_else(|| session.id());
-        let details = py.detach(|| session.session_status(id)).or_raise()?;
+        let details = crate::errors::interruptible(py, || session.session_status(id)).or_raise()?;
         to_dict(py, serde_json::to_string(&details))
     }
 

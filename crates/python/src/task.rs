@@ -31,7 +31,7 @@ impl PyTask {
     fn wait(&self, py: Python<'_>) -> PyResult<()> {
         self.liveness.check("task")?;
         let task = &self.task;
-        while !py.detach(|| task.wait_timeout(WAIT_SLICE)).or_raise()? {
+        while !crate::errors::interruptible(py, || task.wait_timeout(WAIT_SLICE)).or_raise()? {
             py.check_signals()?;
         }
         Ok(())
@@ -80,7 +80,7 @@ impl PyTask {
         self.liveness.check("task")?;
         let timeout = Duration::try_from_secs_f64(timeout.max(0.0)).unwrap_or(WAIT_SLICE);
         let task = &self.task;
-        py.detach(|| task.wait_for_completions(seen, timeout)).or_raise()
+        crate::errors::interruptible(py, || task.wait_for_completions(seen, timeout)).or_raise()
     }
 
     /// The same number for every task of one session (for per-session state in `agora._aio`).

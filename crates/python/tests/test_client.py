@@ -297,6 +297,40 @@ def test_a_killed_daemon_is_a_disconnected_error(fresh_daemon):
             time.sleep(0.01)
 
 
+def test_ctrl_c_interrupts_a_call_waiting_for_a_stopped_daemon_to_come_back(fresh_daemon):
+    daemon = fresh_daemon("--no-opencl")
+    session = agora.Session(socket=str(daemon.socket), name="ctrl-c-reconnect", reconnect_timeout=30)
+    queue = session.queue()
+    queue.launch("noop", range=1).wait()
+    daemon.stop()
+
+    class Interrupted(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Interrupted()
+
+    # A handler of the test's own stands in for Ctrl-C's KeyboardInterrupt (which would end
+    # pytest); the client runs whichever handler is installed.
+    previous = signal.signal(signal.SIGINT, handler)
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    try:
+        timer.start()
+        started = time.monotonic()
+        with pytest.raises(Interrupted):
+            queue.launch("noop", range=1)
+        took = time.monotonic() - started
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, previous)
+    assert took < 5, f"the launch waited {took:.1f} s for the daemon, past Ctrl-C"
+    # The session was not given up: a daemon that comes back takes it over at the next call.
+    fresh_daemon("--no-opencl")
+    queue.launch("noop", range=1).wait()
+    assert session.resumes == 1
+    session.close()
+
+
 def test_a_per_uid_limit_is_a_limit_reached_error_naming_the_setting(fresh_daemon):
     daemon = fresh_daemon("--no-opencl", "--limit-sessions-per-uid", "1")
     with agora.Session(socket=str(daemon.socket), heap_bytes=1 << 20) as first:
