@@ -354,8 +354,11 @@ impl ServeArgs {
             l.hello_timeout = Duration::from_millis(ms);
         }
         if c.program_executor.is_none() {
-            // Tenant programs run in `agora executor`, a subcommand of this very binary.
-            c.program_executor = std::env::current_exe().ok();
+            // Tenant programs and device hosts run in subcommands of this very binary: the
+            // image this daemon runs, not the file at its path, which an upgrade in place
+            // (`install` over it before `systemctl restart`) replaces while the old daemon
+            // still serves — its children would then speak another version's protocol.
+            c.program_executor = Some(agora_daemon::OWN_BINARY.into());
         }
         c.validate().context("invalid settings")?;
         Ok(c)

@@ -1303,3 +1303,75 @@ fn a_dag_node_on_a_device_in_a_host_waits_for_its_allocation_not_the_dispatcher(
         "a neighbour's round trip took {longest:?} while a DAG node waited {delay:?} for its allocation"
     );
 }
+
+/// `install agora /usr/local/bin/agora` before `systemctl restart agora`: until the restart, the
+/// running daemon starts its device hosts and tenant executors from its own image, never from
+/// the new file at its path (which would speak another version's protocol with it).
+#[test]
+fn an_agora_installed_over_the_running_one_is_not_started_by_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = agora_test_support::temp_dir("upgrade-in-place");
+    let installed = dir.path().join("agora");
+    std::fs::copy(AGORA, &installed).unwrap();
+    let daemon = Daemon::start(&installed, "upgrade-in-place", &["--opencl-device-host"]);
+    let session = daemon.session_named("tenant");
+    require_opencl(&session);
+    let first = host_pid(daemon.pid()).expect("the daemon runs OpenCL in a device host");
+
+    // The "new version": a script at the same path that records each run, then runs agora.
+    let ran = dir.path().join("new-binary-ran");
+    let new = dir.path().join("agora.new");
+    std::fs::write(
+        &new,
+        format!("#!/bin/sh\necho \"$@\" >> '{}'\nexec '{AGORA}' \"$@\"\n", ran.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&new, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::rename(&new, &installed).unwrap();
+
+    // A device host restarted after a crash, and a tenant's first program (its executor).
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(first as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    let mut second = None;
+    assert!(
+        eventually(Duration::from_secs(30), || {
+            second = host_pid(daemon.pid()).filter(|pid| *pid != first);
+            second.is_some()
+                && session
+                    .status()
+                    .unwrap()
+                    .devices
+                    .iter()
+                    .any(|d| d.kind == "opencl" && !d.failed)
+        }),
+        "no new device host took over"
+    );
+    let program = session
+        .program_opencl("__kernel void scale2(__global float* x) { size_t i = get_global_id(0); x[i] *= 2.0f; }")
+        .unwrap();
+    let queue = session.queue("upgrade").unwrap();
+    let x = session.buffer_from(&[1.5f32; 64]).unwrap();
+    queue.sync_to(&x).unwrap();
+    queue
+        .launch(&program.kernel("scale2").unwrap(), &[(&x).into()], 64u64)
+        .unwrap();
+    queue.sync_from(&x).unwrap();
+    queue.finish().unwrap();
+    assert!(x.read_vec::<f32>().iter().all(|v| *v == 3.0));
+
+    assert!(
+        !ran.exists(),
+        "the running daemon started the file installed over it: {}",
+        std::fs::read_to_string(&ran).unwrap_or_default()
+    );
+    // What `ps` shows of the new host.
+    let command = std::fs::read(format!("/proc/{}/cmdline", second.unwrap())).unwrap();
+    assert!(
+        command.starts_with(b"agora\0device-host\0"),
+        "{:?}",
+        String::from_utf8_lossy(&command)
+    );
+}

@@ -24,6 +24,12 @@ use serde::{Deserialize, Serialize};
 use smart_default::SmartDefault;
 
 use crate::policy::latency::LatencyPolicy;
+
+/// The daemon's own executable image, whatever became of the file it was started from
+/// (`/proc/self/exe`: in the child about to `exec`, still the daemon's image). `agora serve`
+/// runs its executors and device hosts from it, so an `agora` installed over the running one
+/// is used only once the daemon restarts, never mixed with it.
+pub const OWN_BINARY: &str = "/proc/self/exe";
 pub use agora_devices::priority::BatchPriority;
 
 /// Power draw of a device, for the `energy` policy and for energy reports.
@@ -519,10 +525,10 @@ pub struct DaemonConfig {
     /// with `KernelTimeout`.
     #[default(Duration::from_secs(10))]
     pub program_timeout: Duration,
-    /// The program run as a session's executor (`PROGRAM executor ...`): the `agora` binary.
-    /// `None`: `$AGORA_EXECUTOR`, else (for `agora serve`) the running `agora` binary itself; a
-    /// daemon embedded in another program has none unless one of those is set, and refuses to
-    /// build programs, saying so.
+    /// The program run as a session's executor (`PROGRAM executor ...`) and as device hosts
+    /// (`PROGRAM device-host ...`): the `agora` binary. `None`: `$AGORA_EXECUTOR`, else (for
+    /// `agora serve`) [`OWN_BINARY`], the image the daemon runs; a daemon embedded in another
+    /// program has none unless one of those is set, and refuses to build programs, saying so.
     #[default(executor_from_env())]
     pub program_executor: Option<PathBuf>,
     /// Most bytes of compiled program binaries the daemon keeps under its state directory

@@ -580,6 +580,8 @@ impl Link {
         .map_err(|e| format!("socketpair: {e}"))?;
         let mut command = Command::new(&spec.program);
         command
+            // What `ps` shows whatever the path (the daemon's own image is `/proc/self/exe`).
+            .arg0("agora")
             .args(["device-host", "--fd", "3", "--platform"])
             .arg(&platform.name)
             .args(["--lanes", &spec.lanes.to_string()])

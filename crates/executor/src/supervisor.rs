@@ -471,6 +471,8 @@ impl Executor {
         .map_err(|e| ExecError::Start(format!("socketpair: {e}")))?;
         let mut command = Command::new(program);
         command
+            // What `ps` shows whatever the path (the daemon's own image is `/proc/self/exe`).
+            .arg0("agora")
             .arg("executor")
             .args(["--control-fd", "3", "--segment-fd", "4", "--daemon-pid"])
             .arg(std::process::id().to_string())
