@@ -835,7 +835,7 @@ pub fn slurm(command: SlurmCommand) -> Result<()> {
             }
             if let Some(why) = registered.not_recorded {
                 bail!(
-                    "Slurm job {job} is registered, but the daemon {why}: a daemon restart would forget the job (its epilog would then find none); make the daemon's STATE_DIR/jobs/running writable"
+                    "Slurm job {job} is registered, but the daemon {why}: a daemon restart would forget the job (its epilog would then find none); the daemon's STATE_DIR/jobs/running must be writable and have room"
                 );
             }
             Ok(())
@@ -851,7 +851,7 @@ pub fn slurm(command: SlurmCommand) -> Result<()> {
             }
             if let Some(why) = ended.not_recorded {
                 bail!(
-                    "Slurm job {job} ended, but the daemon {why}: the accounting printed above is the job's only record, keep it; make the daemon's STATE_DIR/jobs writable"
+                    "Slurm job {job} ended, but the daemon {why}: the accounting printed above is the job's only record, keep it; the daemon's STATE_DIR/jobs must be writable and have room"
                 );
             }
             Ok(())

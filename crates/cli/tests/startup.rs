@@ -191,6 +191,14 @@ fn a_daemon_whose_socket_file_was_removed_still_holds_its_path() {
         "{err}"
     );
     first.assert_alive();
+    // The first puts a new socket in place (it looks every 5 s) and clients reach it again.
+    assert!(
+        agora_test_support::eventually(Duration::from_secs(15), || first.socket().exists()),
+        "the socket file was not put back"
+    );
+    assert_eq!(first.status().pid, first.pid());
+    let session = first.session();
+    agora_test_support::saxpy_ok(&session, 1024);
 }
 
 /// A state directory is one daemon's: a second daemon given the same one is refused before its

@@ -147,6 +147,17 @@ pub(crate) struct SocketFile {
     identity: Option<Identity>,
 }
 
+/// What is at a daemon's socket path while it runs ([`SocketFile::state`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SocketState {
+    /// The socket this daemon put there.
+    Ours,
+    /// Nothing: removed (a `/tmp` cleaner, a careless `rm`); clients cannot reach the daemon.
+    Missing,
+    /// Another file (not another daemon's: the socket's claim keeps them out).
+    Replaced,
+}
+
 /// What tells one file at a path from another put there later: its device and inode — which a
 /// file system reuses at once for the next file created — and its change time.
 type Identity = (u64, u64, i64, i64);
@@ -164,6 +175,20 @@ impl SocketFile {
             path: path.to_path_buf(),
             identity: identity(path),
         }
+    }
+
+    /// What is at the socket's path now.
+    pub(crate) fn state(&self) -> SocketState {
+        match identity(&self.path) {
+            None => SocketState::Missing,
+            now if now == self.identity => SocketState::Ours,
+            Some(_) => SocketState::Replaced,
+        }
+    }
+
+    /// The socket's path.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
     }
 
     /// Removes the socket file, unless another daemon's is there now (or it is gone).
@@ -199,6 +224,19 @@ mod tests {
         let file = dir.path().join("state");
         std::fs::write(&file, "").unwrap();
         assert!(claim_state_dir(&file).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_socket_file_knows_whether_it_is_still_at_its_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let placed = SocketFile::placed(&path);
+        assert_eq!(placed.state(), SocketState::Ours);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(placed.state(), SocketState::Missing);
+        std::fs::write(&path, b"").unwrap();
+        assert_eq!(placed.state(), SocketState::Replaced);
     }
 
     #[test]

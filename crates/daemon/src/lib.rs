@@ -56,6 +56,7 @@ mod revocation;
 mod scheduler;
 mod server;
 mod session;
+mod state_files;
 pub mod telemetry;
 
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -347,7 +348,7 @@ fn set_socket_permissions(path: &Path, permissions: SocketPermissions) -> Result
 
 /// Listens at `path` (claimed by this daemon: `claims::claim_socket`); returns the listener and
 /// the socket file it put there.
-fn bind(path: &Path, access: &SocketAccess) -> Result<(UnixListener, claims::SocketFile), DaemonError> {
+pub(crate) fn bind(path: &Path, access: &SocketAccess) -> Result<(UnixListener, claims::SocketFile), DaemonError> {
     let permissions = SocketPermissions::of(access)?;
     if path.exists() {
         if UnixStream::connect(path).is_ok() {

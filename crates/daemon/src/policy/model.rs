@@ -347,9 +347,8 @@ impl PerformanceModel {
         };
         let text = serde_json::to_string_pretty(&file).map_err(|e| e.to_string())?;
         let path = Self::path(state_dir);
-        let temporary = path.with_extension("json.tmp");
-        std::fs::write(&temporary, text).map_err(|e| format!("cannot write {}: {e}", temporary.display()))?;
-        std::fs::rename(&temporary, &path).map_err(|e| format!("cannot replace {}: {e}", path.display()))?;
+        crate::state_files::write_bytes_replacing(&path, text.as_bytes())
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         self.dirty = false;
         Ok(())
     }

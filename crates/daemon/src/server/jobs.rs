@@ -150,7 +150,7 @@ impl Server {
         };
         let file = self.jobs.dir.join("running").join(format!("{}.json", spec.job));
         let written = std::fs::create_dir_all(self.jobs.dir.join("running"))
-            .and_then(|()| std::fs::write(&file, serde_json::to_vec(&spec)?));
+            .and_then(|()| crate::state_files::write_bytes_replacing(&file, &serde_json::to_vec(&spec)?));
         let not_recorded = written.err().map(|e| {
             tracing::warn!(job = spec.job, error = %e, file = %file.display(), "could not record the running job; a daemon restart will forget it");
             format!("could not write {}: {e}", file.display())
@@ -250,7 +250,7 @@ impl Server {
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs())
                 .into();
-            std::fs::write(&record, serde_json::to_vec_pretty(&value)?)
+            crate::state_files::write_bytes_replacing(&record, &serde_json::to_vec_pretty(&value)?)
         });
         let not_recorded = written.err().map(|e| {
             tracing::warn!(job, error = %e, file = %record.display(), "could not write the job's accounting record");

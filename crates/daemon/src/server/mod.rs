@@ -236,6 +236,10 @@ pub(crate) struct Server {
     reserve_fd: Option<std::fs::File>,
     /// While out of descriptors: the listener is out of the epoll set until then.
     listener_paused_until: Option<Instant>,
+    /// When to look next whether the socket file is still in place ([`SOCKET_CHECK_EVERY`]).
+    socket_check_at: Instant,
+    /// What that look last found (logged when it changes).
+    socket_state: crate::claims::SocketState,
     /// "Out of descriptors" is logged at most once per [`ACCEPT_LOG_EVERY`].
     accept_log: LogGate,
     /// Exported buffers by name (`Export`, `Attach`).
@@ -258,6 +262,11 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// At most one "out of descriptors" log line per this long (with the count of those suppressed).
 const ACCEPT_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// How often the daemon looks whether its socket file is still in place: a `/tmp` cleaner or a
+/// careless `rm` leaves a daemon that runs on and that no client can reach (and a second daemon
+/// is refused: this one holds the path's claim). One `lstat`; an idle daemon wakes for it.
+const SOCKET_CHECK_EVERY: Duration = Duration::from_secs(5);
 
 /// Most waiting connections accepted and refused per backoff when out of descriptors.
 const SHED_PER_BACKOFF: usize = 256;
@@ -326,6 +335,8 @@ impl Server {
             hello_deadlines: VecDeque::new(),
             reserve_fd: std::fs::File::open("/dev/null").ok(),
             listener_paused_until: None,
+            socket_check_at: Instant::now() + SOCKET_CHECK_EVERY,
+            socket_state: crate::claims::SocketState::Ours,
             accept_log: LogGate::new(ACCEPT_LOG_EVERY),
             exports: Default::default(),
             realtime,
@@ -621,11 +632,16 @@ impl Server {
     fn next_timer(&self) -> Option<Duration> {
         let now = Instant::now();
         let hello = self.hello_deadlines.front().map(|(at, _)| *at);
-        [hello, self.listener_paused_until, self.scheduler.next_tick()]
-            .into_iter()
-            .flatten()
-            .min()
-            .map(|at| at.saturating_duration_since(now))
+        [
+            hello,
+            self.listener_paused_until,
+            self.scheduler.next_tick(),
+            Some(self.socket_check_at),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .map(|at| at.saturating_duration_since(now))
     }
 
     /// Puts the listener back into the epoll set once its backoff is over.
@@ -646,6 +662,10 @@ impl Server {
 
     fn housekeeping(&mut self) {
         self.expire_hellos();
+        if self.socket_check_at <= Instant::now() {
+            self.socket_check_at = Instant::now() + SOCKET_CHECK_EVERY;
+            self.keep_socket_in_place();
+        }
         for conn in self.conns.values_mut() {
             if let Conn::Session(s) = conn {
                 s.reclaim_zombies();
@@ -660,6 +680,69 @@ impl Server {
                 i += 1;
             }
         }
+    }
+
+    /// Puts a new socket in place when the daemon's was removed (this daemon holds the path's
+    /// claim, so the path is its own to fill); says so once when another file took the path.
+    fn keep_socket_in_place(&mut self) {
+        use crate::claims::SocketState;
+        let state = self.ownership.socket_file.state();
+        let path = self.ownership.socket_file.path().to_path_buf();
+        match state {
+            SocketState::Ours => {}
+            SocketState::Missing => match crate::bind(&path, &self.config.socket_access).and_then(|(listener, file)| {
+                listener
+                    .set_nonblocking(true)
+                    .map_err(|e| DaemonError::io("configuring the listener", e))?;
+                Ok((listener, file))
+            }) {
+                Ok((listener, file)) => {
+                    let watched = self.listener_paused_until.is_none();
+                    if watched {
+                        let _ = epoll::delete(&self.epoll, &self.listener);
+                        if let Err(e) = epoll::add(
+                            &self.epoll,
+                            &listener,
+                            epoll::EventData::new_u64(Token::Listener.encode()),
+                            epoll::EventFlags::IN,
+                        ) {
+                            tracing::error!(error = %e, "could not watch the new listener; retrying");
+                            self.listener_paused_until = Some(Instant::now() + ACCEPT_BACKOFF);
+                        }
+                    }
+                    self.listener = listener;
+                    self.ownership.socket_file = file;
+                    tracing::warn!(
+                        socket = %path.display(),
+                        "the daemon's socket file was removed while it ran (a /tmp cleaner, or rm): put a new one in place; clients reach the daemon again (a socket directory that cleaners skip, e.g. /run, avoids this)"
+                    );
+                }
+                Err(e) => {
+                    if self.socket_state != SocketState::Missing {
+                        tracing::error!(
+                            socket = %path.display(),
+                            error = %e,
+                            "the daemon's socket file was removed and a new one could not be put in place: no client can reach this daemon; it tries again every {} s",
+                            SOCKET_CHECK_EVERY.as_secs()
+                        );
+                    }
+                    self.socket_state = SocketState::Missing;
+                    return;
+                }
+            },
+            SocketState::Replaced => {
+                if self.socket_state != SocketState::Replaced {
+                    tracing::error!(
+                        socket = %path.display(),
+                        "another file took the daemon's socket path: no client can reach this daemon; remove that file (a new socket is then put in place within {} s) or restart the daemon",
+                        SOCKET_CHECK_EVERY.as_secs()
+                    );
+                }
+                self.socket_state = SocketState::Replaced;
+                return;
+            }
+        }
+        self.socket_state = SocketState::Ours;
     }
 
     fn retire(&mut self, session: Box<Session>) {

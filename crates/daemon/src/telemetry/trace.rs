@@ -98,12 +98,7 @@ impl TraceRecorder {
             self.dropped.fetch_add(excess as u64, Ordering::Relaxed);
             *current = kept;
         }
-        let tmp = self.path.with_extension("tmp");
-        let mut file = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
-        self.write_document(&mut file, &spans)?;
-        file.flush()?;
-        drop(file);
-        std::fs::rename(&tmp, &self.path)?;
+        crate::state_files::write_replacing(&self.path, |file| self.write_document(file, &spans))?;
         Ok((self.path.clone(), spans.len() as u64))
     }
 }
