@@ -18,7 +18,7 @@ demo: setup
 test: setup
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --release -- -D warnings
-	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace
+	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --release
 	cargo test --workspace --release
 	bash scripts/fuzz.sh
 	bash scripts/miri.sh

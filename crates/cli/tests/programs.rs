@@ -433,7 +433,10 @@ fn opencl_and_c_programs_build_and_compute_and_builds_are_cached() {
 
 #[test]
 fn faulting_and_endless_tenant_kernels_end_their_task_not_the_daemon_or_a_neighbour() {
-    let daemon = start("programs-faults", &["--program-timeout", "500"]);
+    // Not tighter: PoCL compiles a kernel for its work-group size at its first launch in a new
+    // executor, inside the launch's time (the good kernel's first launch after each restart),
+    // which took over 500 ms beside this file's other tests on 2 cores.
+    let daemon = start("programs-faults", &["--program-timeout", "1500"]);
     let pid = daemon.pid();
     let stop = Arc::new(AtomicBool::new(false));
     let runner = neighbour(daemon.socket().to_path_buf(), stop.clone());
@@ -481,7 +484,7 @@ fn faulting_and_endless_tenant_kernels_end_their_task_not_the_daemon_or_a_neighb
         (c.kernel("abort").unwrap(), TaskError::KernelCrashed { signal: 6 }),
         (
             program.kernel("endless").unwrap(),
-            TaskError::KernelTimeout { limit_ms: 500 },
+            TaskError::KernelTimeout { limit_ms: 1500 },
         ),
     ];
     for (kernel, expected) in cases {
