@@ -9,6 +9,7 @@
 
 mod bench;
 mod cmd;
+mod log_filter;
 mod model;
 mod plot;
 mod progress;
@@ -219,8 +220,8 @@ fn log_to_the_daemons_log(platform: &str) {
         }
     }
     let prefix: std::sync::Arc<str> = format!("device-host[{platform}] ").into();
-    let filter = tracing_subscriber::EnvFilter::try_from_env("AGORA_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    // The daemon has already warned about an unusable AGORA_LOG; a host only falls back.
+    let (filter, _refused) = log_filter::from_env("warn");
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(false)
@@ -281,14 +282,16 @@ fn main() {
         }));
     }
     let verbose = matches!(cli.command, Command::Serve(_));
-    let filter = tracing_subscriber::EnvFilter::try_from_env("AGORA_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(if verbose { "info" } else { "warn" }));
+    let (filter, refused) = log_filter::from_env(if verbose { "info" } else { "warn" });
     use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
+    if let Some(warning) = refused {
+        tracing::warn!("{warning}");
+    }
     let result: Result<()> = match cli.command {
         Command::Serve(args) => cmd::serve(*args),
         Command::Status(args) => cmd::status(args),

@@ -326,3 +326,46 @@ fn an_empty_agora_socket_is_no_socket() {
         "{err}"
     );
 }
+
+/// A misspelt or empty `AGORA_LOG` (audit A3) is not used as a filter: before, `wran` was taken
+/// for a target name and an empty value for an empty filter, and the daemon logged nothing at
+/// all, errors included. Now it logs at the default level, and its first line says why.
+#[test]
+fn a_misspelt_or_empty_agora_log_falls_back_to_info_with_a_warning() {
+    for (tag, value) in [("wran", "wran"), ("empty", "")] {
+        let scratch = temp_dir(&format!("startup-log-{tag}"));
+        let socket = scratch.path().join("agora.sock");
+        let log = scratch.path().join("serve.log");
+        let mut child = Command::new(AGORA)
+            .args(["serve", "--no-opencl", "--socket"])
+            .arg(&socket)
+            .env("AGORA_LOG", value)
+            .env("AGORA_STATE_DIR", scratch.path().join("state"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + EXIT_TIMEOUT;
+        // The log, not the socket, is what is checked: wait for its "listening" line.
+        while !std::fs::read_to_string(&log).unwrap().contains("listening") {
+            if Instant::now() > deadline || child.try_wait().unwrap().is_some() {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "AGORA_LOG='{value}': no listening line: {}",
+                    std::fs::read_to_string(&log).unwrap()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+        let _ = child.wait();
+        let text = std::fs::read_to_string(&log).unwrap();
+        let warning = text
+            .lines()
+            .find(|line| line.contains("WARN") && line.contains(&format!("AGORA_LOG='{value}' is not used")))
+            .unwrap_or_else(|| panic!("AGORA_LOG='{value}': no warning: {text}"));
+        assert!(warning.contains("info"), "the fallback level is named: {warning}");
+        assert!(text.contains("INFO") && text.contains("device ready"), "{text}");
+    }
+}
