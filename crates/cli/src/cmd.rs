@@ -268,13 +268,13 @@ impl ServeArgs {
             c.shutdown_timeout = Duration::from_secs_f64(s);
         }
         if let Some(v) = self.opencl_lanes {
-            c.opencl_lanes = v.max(1);
+            c.opencl_lanes = v;
         }
         if let Some(v) = self.opencl_memory_limit {
             c.opencl_memory_limit = v;
         }
         if let Some(v) = self.cuda_lanes {
-            c.cuda_lanes = v.max(1);
+            c.cuda_lanes = v;
         }
         if let Some(v) = self.cuda_memory_limit {
             c.cuda_memory_limit = v;
@@ -289,9 +289,12 @@ impl ServeArgs {
             c.latency_policy = v;
         }
         if let Some(ms) = self.latency_sla_ms {
+            // The upper bound is `validate`'s; checked here too because a `Duration` cannot hold
+            // every finite number of seconds.
+            let most = agora_daemon::MAX_LATENCY_SLA.as_millis();
             anyhow::ensure!(
-                ms.is_finite() && ms > 0.0,
-                "--latency-sla-ms {ms}: the response-time target must be a positive number of milliseconds"
+                ms.is_finite() && ms > 0.0 && ms <= most as f64,
+                "--latency-sla-ms {ms}: the response-time target must be a positive number of milliseconds, at most {most} (1 h)"
             );
             c.latency_sla = Duration::from_secs_f64(ms / 1e3);
         }

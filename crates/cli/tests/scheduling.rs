@@ -80,6 +80,32 @@ fn a_bad_config_file_is_refused_with_the_reason() {
     assert!(err.contains("scheduler.latency_sla_ms"), "{err}");
 }
 
+/// Out-of-range tuning flags are refused at start (audit A7), and `--opencl-lanes 0` is
+/// refused rather than turned into 1 lane.
+#[test]
+fn tuning_flags_out_of_range_are_refused() {
+    let scratch = dir("tuning");
+    let dir = scratch.path();
+    for (flag, value, says) in [
+        ("--max-spin-us", "999999999999", "daemon.max_spin_us"),
+        ("--inline-max-ns", "99999999999", "daemon.inline_max_ns"),
+        ("--cpu-lanes", "2000", "cpu.lanes"),
+        ("--cpu-threads-per-lane", "2000", "cpu.threads_per_lane"),
+        ("--latency-sla-ms", "1e12", "at most 3600000"),
+        ("--opencl-lanes", "0", "opencl.lanes"),
+        ("--cuda-lanes", "0", "cuda.lanes"),
+    ] {
+        let out = agora(&["serve", flag, value, "--print-config"], dir);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "{flag} {value} accepted: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert!(err.contains(flag) && err.contains(says), "{flag} {value}: {err}");
+    }
+}
+
 #[test]
 fn model_show_prints_what_a_daemon_learned() {
     let scratch = dir("model");

@@ -752,6 +752,29 @@ pub enum ConfigError {
 // The sections stay flat in `DaemonConfig` (`config.cpu_lanes`, not `config.cpu.lanes`): some 500
 // places read it, and the file's nesting is a matter of this table alone.
 
+// Bounds of the tuning settings (`DaemonConfig::validate_tuning`). Each is far beyond any useful
+// value, so a refusal means a typo or a wrong unit, not a setting someone needs.
+/// CPU lanes: each is a thread pinned to work; 1024 is more cores than a node has.
+pub const MAX_CPU_LANES: usize = 1024;
+/// Threads per CPU lane: a lane runs one task over all of them; more than a node's cores only
+/// adds switching.
+pub const MAX_CPU_THREADS_PER_LANE: usize = 1024;
+/// CPU worker threads in all (lanes × threads per lane): 4096 OS threads is already many times
+/// a large node's cores, and each holds a stack.
+pub const MAX_CPU_THREADS: usize = 4096;
+/// Lanes (command queues or streams) per OpenCL device or GPU: drivers overlap a handful; 64
+/// only multiplies the device's queues and the scheduler's choices.
+pub const MAX_DEVICE_LANES: usize = 64;
+/// How long the dispatcher polls before it sleeps: it spins a whole core meanwhile, so beyond a
+/// second an idle daemon would burn a core to save a wake-up that costs microseconds.
+pub const MAX_SPIN: Duration = Duration::from_secs(1);
+/// Tasks predicted below this run on the dispatcher thread, which places no other session's
+/// work meanwhile; beyond 10 ms that stall would be the whole node's.
+pub const MAX_INLINE_NS: u64 = 10_000_000;
+/// The default response-time target of latency-class queues: beyond an hour it is no latency
+/// target (and a larger one overflowed a `Duration` in the flag's conversion).
+pub const MAX_LATENCY_SLA: Duration = Duration::from_secs(3600);
+
 section! {
     /// `[daemon]`
     DaemonSection "daemon." {
@@ -1254,9 +1277,7 @@ impl DaemonConfig {
                 self.ring_capacity
             ));
         }
-        if self.cpu_lanes == 0 || self.cpu_threads_per_lane == 0 || self.opencl_lanes == 0 || self.cuda_lanes == 0 {
-            return bad("cpu.lanes, cpu.threads_per_lane, opencl.lanes and cuda.lanes must be at least 1".into());
-        }
+        self.validate_tuning().map_err(ConfigError::Invalid)?;
         if self.program_timeout.is_zero() {
             return bad("the program timeout (--program-timeout, programs.timeout_ms) must be at least 1 ms".into());
         }
@@ -1304,6 +1325,67 @@ impl DaemonConfig {
     /// Checks `[checkpoint]` against the store's rules here, at load: the store checks them
     /// again when the daemon opens it, but refusing them there leaves a daemon whose every
     /// checkpoint fails, telling clients the directory is unusable.
+    /// The dispatcher's and the devices' tuning: each value within [`TUNING_BOUNDS`]' reasons.
+    /// A value far outside them was accepted before and cost the node silently (a dispatcher
+    /// that spun for days burnt a core on an idle daemon); a refusal at start says so instead.
+    fn validate_tuning(&self) -> Result<(), String> {
+        let count = |flag: &str, key: &str, value: usize, most: usize| {
+            if (1..=most).contains(&value) {
+                Ok(())
+            } else {
+                Err(format!("{flag}, {key}) = {value} must be between 1 and {most}"))
+            }
+        };
+        count("CPU lanes (--cpu-lanes", "cpu.lanes", self.cpu_lanes, MAX_CPU_LANES)?;
+        count(
+            "threads per CPU lane (--cpu-threads-per-lane",
+            "cpu.threads_per_lane",
+            self.cpu_threads_per_lane,
+            MAX_CPU_THREADS_PER_LANE,
+        )?;
+        let threads = self.cpu_lanes.saturating_mul(self.cpu_threads_per_lane);
+        if threads > MAX_CPU_THREADS {
+            return Err(format!(
+                "CPU lanes × threads per lane = {} × {} = {threads} threads: at most {MAX_CPU_THREADS} \
+                 (lower --cpu-lanes / cpu.lanes or --cpu-threads-per-lane / cpu.threads_per_lane)",
+                self.cpu_lanes, self.cpu_threads_per_lane
+            ));
+        }
+        count(
+            "OpenCL lanes (--opencl-lanes",
+            "opencl.lanes",
+            self.opencl_lanes,
+            MAX_DEVICE_LANES,
+        )?;
+        count(
+            "GPU lanes (--cuda-lanes",
+            "cuda.lanes",
+            self.cuda_lanes,
+            MAX_DEVICE_LANES,
+        )?;
+        if self.max_spin > MAX_SPIN {
+            return Err(format!(
+                "the dispatcher's spin (--max-spin-us, daemon.max_spin_us) = {} µs must be at most {} µs (1 s)",
+                self.max_spin.as_micros(),
+                MAX_SPIN.as_micros()
+            ));
+        }
+        if self.inline_max_ns > MAX_INLINE_NS {
+            return Err(format!(
+                "the inline limit (--inline-max-ns, daemon.inline_max_ns) = {} ns must be at most {MAX_INLINE_NS} ns (10 ms; 0: never inline)",
+                self.inline_max_ns
+            ));
+        }
+        if self.latency_sla.is_zero() || self.latency_sla > MAX_LATENCY_SLA {
+            return Err(format!(
+                "the latency target (--latency-sla-ms, scheduler.latency_sla_ms) = {} ms must be more than 0 and at most {} ms (1 h)",
+                self.latency_sla.as_secs_f64() * 1e3,
+                MAX_LATENCY_SLA.as_millis()
+            ));
+        }
+        Ok(())
+    }
+
     fn validate_checkpoint(&self) -> Result<(), String> {
         use agora_checkpoint::{MAX_BLOCK_BYTES, MAX_SHARDS, MIN_BLOCK_BYTES};
         if !(MIN_BLOCK_BYTES..=MAX_BLOCK_BYTES).contains(&self.checkpoint_block_bytes) {
@@ -1616,6 +1698,58 @@ mod tests {
                 other => panic!("{text}: {other:?}"),
             }
         }
+    }
+
+    /// Tuning values far out of range (audit A7) are refused naming the flag, the key and the
+    /// range; before, each was accepted (a spin of 11 days burnt a core on an idle daemon) and a
+    /// flag's 0 lanes became 1 without a word.
+    #[test]
+    fn tuning_out_of_range_is_refused_naming_flag_key_and_range() {
+        for (text, names) in [
+            (
+                "[daemon]\nmax_spin_us = 999999999999",
+                ["--max-spin-us", "daemon.max_spin_us", "at most 1000000"],
+            ),
+            (
+                "[daemon]\ninline_max_ns = 99999999999",
+                ["--inline-max-ns", "daemon.inline_max_ns", "at most 10000000"],
+            ),
+            (
+                "[cpu]\nlanes = 2000",
+                ["--cpu-lanes", "cpu.lanes", "between 1 and 1024"],
+            ),
+            (
+                "[cpu]\nthreads_per_lane = 0",
+                ["--cpu-threads-per-lane", "cpu.threads_per_lane", "between 1 and 1024"],
+            ),
+            (
+                "[cpu]\nlanes = 64\nthreads_per_lane = 500",
+                ["cpu.lanes", "cpu.threads_per_lane", "at most 4096"],
+            ),
+            (
+                "[opencl]\nlanes = 0",
+                ["--opencl-lanes", "opencl.lanes", "between 1 and 64"],
+            ),
+            ("[cuda]\nlanes = 65", ["--cuda-lanes", "cuda.lanes", "between 1 and 64"]),
+            (
+                "[scheduler]\nlatency_sla_ms = 1e12",
+                ["--latency-sla-ms", "scheduler.latency_sla_ms", "at most 3600000"],
+            ),
+        ] {
+            match DaemonConfig::from_toml(text) {
+                Err(ConfigError::Invalid(m)) => {
+                    for name in names {
+                        assert!(m.contains(name), "{text}: '{name}' not in: {m}");
+                    }
+                }
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        // The bounds themselves are accepted.
+        let edge =
+            "[daemon]\nmax_spin_us = 1000000\ninline_max_ns = 10000000\n[cpu]\nlanes = 4\nthreads_per_lane = 1024\n\
+                    [opencl]\nlanes = 64\n[scheduler]\nlatency_sla_ms = 3600000";
+        DaemonConfig::from_toml(edge).unwrap();
     }
 
     #[test]

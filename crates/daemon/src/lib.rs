@@ -70,7 +70,7 @@ use agora_transport::wake::Doorbell;
 pub use config::{
     default_state_dir, format_bytes, parse_bytes, state_dir_for_socket, state_home, BatchPriority, ConfigError,
     DaemonConfig, PolicyKind, PowerModel, ProgramAccess, RealtimePacking, SimDeviceConfig, SimKernelProfile,
-    SocketAccess, OWN_BINARY,
+    SocketAccess, MAX_LATENCY_SLA, OWN_BINARY,
 };
 pub use limits::LimitSettings;
 
