@@ -230,7 +230,7 @@ impl ServeArgs {
         if let Some(path) = &self.config {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("cannot read the configuration file {}", path.display()))?;
-            c.apply_toml(&text)
+            c.apply_toml_file(&text, path)
                 .with_context(|| format!("in the configuration file {}", path.display()))?;
         }
         if socket.is_some() {
@@ -363,6 +363,7 @@ impl ServeArgs {
             // still serves — its children would then speak another version's protocol.
             c.program_executor = Some(agora_daemon::OWN_BINARY.into());
         }
+        c.make_paths_absolute().context("invalid settings")?;
         c.validate().context("invalid settings")?;
         Ok(c)
     }

@@ -106,6 +106,42 @@ fn tuning_flags_out_of_range_are_refused() {
     }
 }
 
+/// A relative path in a configuration file is taken from the file's directory, not from the
+/// directory the daemon starts in, and is printed absolute (audit A5); a relative flag is the
+/// current directory's, printed absolute too.
+#[test]
+fn relative_paths_in_a_config_file_are_the_files_directorys() {
+    let scratch = dir("relative");
+    let files = scratch.path().join("cfgdir");
+    let cwd = scratch.path().join("cwd");
+    std::fs::create_dir_all(&files).unwrap();
+    std::fs::create_dir_all(&cwd).unwrap();
+    let file = files.join("agora.toml");
+    std::fs::write(
+        &file,
+        "[daemon]\nstate_dir = \"relstate\"\n[checkpoint]\nlocal = \"ckpt\"\n",
+    )
+    .unwrap();
+    let out = Command::new(AGORA)
+        .args(["serve", "--config", file.to_str().unwrap(), "--print-config"])
+        .args(["--trace", "t.json"])
+        .current_dir(&cwd)
+        .env_remove("AGORA_STATE_DIR")
+        .env_remove("AGORA_SOCKET")
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let line = |key: &str, path: &std::path::Path| format!("{key} = \"{}\"", path.display());
+    for expected in [
+        line("state_dir", &files.join("relstate")),
+        line("local", &files.join("ckpt")),
+        line("trace", &cwd.join("t.json")),
+    ] {
+        assert!(printed.contains(&expected), "no '{expected}' in:\n{printed}");
+    }
+}
+
 #[test]
 fn model_show_prints_what_a_daemon_learned() {
     let scratch = dir("model");

@@ -1227,6 +1227,64 @@ impl DaemonConfig {
         self.validate()
     }
 
+    /// Applies the configuration file `path`, whose text is `text`, over these settings. A
+    /// relative path the file sets (`state_dir = "state"`) is taken from the file's directory,
+    /// as `include` paths are in most configuration formats: the file then means the same
+    /// whoever starts the daemon from wherever (a unit runs it from `/`, where `state_dir =
+    /// "agora"` became `/agora`).
+    pub fn apply_toml_file(&mut self, text: &str, path: &Path) -> Result<(), ConfigError> {
+        self.apply_toml(text)?;
+        let base = std::path::absolute(path.parent().unwrap_or(Path::new("")))
+            .map_err(|e| ConfigError::Invalid(format!("{}: cannot find its directory: {e}", path.display())))?;
+        // Parsed once more only to see which keys the file names: the values it did not set
+        // (defaults, the environment's) keep their own meaning.
+        let table: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        let names = |key: &str| {
+            let (section, name) = key.split_once('.').expect("path keys are SECTION.NAME");
+            table
+                .get(section)
+                .and_then(|s| s.as_table())
+                .is_some_and(|s| s.contains_key(name))
+        };
+        for (key, paths) in self.path_settings() {
+            if names(key) {
+                for path in paths.into_iter().filter(|p| p.is_relative()) {
+                    *path = base.join(&*path);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes every path setting absolute, taking relative ones (from flags or the environment)
+    /// from the current directory: the daemon's log lines, `agora status` and `--print-config`
+    /// then name paths a reader elsewhere can open (`agora model show` from another directory
+    /// read the wrong file before).
+    pub fn make_paths_absolute(&mut self) -> Result<(), ConfigError> {
+        for (key, paths) in self.path_settings() {
+            for path in paths {
+                *path = std::path::absolute(&*path).map_err(|e| {
+                    ConfigError::Invalid(format!("{key} = {}: cannot make it absolute: {e}", path.display()))
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every setting that holds paths, by its key in the file, with the paths it holds now.
+    fn path_settings(&mut self) -> Vec<(&'static str, Vec<&mut PathBuf>)> {
+        vec![
+            ("daemon.socket", vec![&mut self.socket]),
+            ("daemon.state_dir", self.state_dir.iter_mut().collect()),
+            ("kernels.paths", self.kernel_paths.iter_mut().collect()),
+            ("programs.executor", self.program_executor.iter_mut().collect()),
+            ("checkpoint.local", self.checkpoint_local.iter_mut().collect()),
+            ("checkpoint.partner", self.checkpoint_partner.iter_mut().collect()),
+            ("checkpoint.shared", self.checkpoint_shared.iter_mut().collect()),
+            ("telemetry.trace", self.trace.iter_mut().collect()),
+        ]
+    }
+
     /// Checks values that parse but cannot work.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
@@ -1470,6 +1528,7 @@ impl DaemonConfig {
         let body = toml::to_string_pretty(&file).unwrap_or_else(|e| format!("# cannot print: {e}\n"));
         let mut out = String::from(
             "# Agora daemon configuration: every effective setting (defaults, then the file, then flags).\n\
+             # Relative paths in a file given with --config are taken from that file's directory.\n\
              # Sizes take suffixes (\"512M\", \"2G\"); memory_limit / device_quota 0 means no limit.\n\
              # sessions.latency_uids / latency_gids: who may open latency-class queues (both empty: anyone).\n\
              # sessions.lane_work_ms: a session whose batch work on lanes is predicted to run this long\n\
@@ -1750,6 +1809,41 @@ mod tests {
             "[daemon]\nmax_spin_us = 1000000\ninline_max_ns = 10000000\n[cpu]\nlanes = 4\nthreads_per_lane = 1024\n\
                     [opencl]\nlanes = 64\n[scheduler]\nlatency_sla_ms = 3600000";
         DaemonConfig::from_toml(edge).unwrap();
+    }
+
+    /// Relative paths in a configuration file are the file's directory's (audit A5); before,
+    /// they were the daemon's working directory's and were reported relative. Paths the file
+    /// does not set keep their meaning, and `make_paths_absolute` takes the rest from the
+    /// current directory.
+    #[test]
+    fn relative_paths_in_a_file_are_taken_from_its_directory() {
+        let text = "[daemon]\nstate_dir = \"relstate\"\nsocket = \"/abs/agora.sock\"\n[kernels]\npaths = [\"pkgs\", \"/opt/p\"]\n\
+                    [programs]\nexecutor = \"bin/agora\"\n[checkpoint]\nlocal = \"ckpt\"\npartner = \"../partner\"\n\
+                    [telemetry]\ntrace = \"t.json\"\n";
+        let mut config = DaemonConfig {
+            kernel_paths: Vec::new(),
+            checkpoint_shared: Some("shared".into()),
+            ..Default::default()
+        };
+        config
+            .apply_toml_file(text, Path::new("/etc/agora/agora.toml"))
+            .unwrap();
+        let dir = Path::new("/etc/agora");
+        assert_eq!(config.state_dir, Some(dir.join("relstate")));
+        assert_eq!(config.socket, PathBuf::from("/abs/agora.sock"));
+        assert_eq!(config.kernel_paths, vec![dir.join("pkgs"), PathBuf::from("/opt/p")]);
+        assert_eq!(config.program_executor, Some(dir.join("bin/agora")));
+        assert_eq!(config.checkpoint_local, Some(dir.join("ckpt")));
+        assert_eq!(config.checkpoint_partner, Some(dir.join("../partner")));
+        assert_eq!(config.trace, Some(dir.join("t.json")));
+        // Not set by the file: not the file's directory's, but the current one's once made absolute.
+        assert_eq!(config.checkpoint_shared, Some(PathBuf::from("shared")));
+        config.make_paths_absolute().unwrap();
+        assert_eq!(
+            config.checkpoint_shared,
+            Some(std::env::current_dir().unwrap().join("shared"))
+        );
+        assert_eq!(config.state_dir, Some(dir.join("relstate")));
     }
 
     #[test]
