@@ -1522,6 +1522,47 @@ impl DaemonConfig {
         warnings
     }
 
+    /// Facts about these settings an operator should know but that are no mistake: logged at
+    /// start at INFO. Each session reserves its whole heap against its uid's heap limit, so with
+    /// the defaults (a 2 GiB quota, half the node's memory per uid) a uid gets far fewer
+    /// sessions than `sessions_per_uid`: an 8-rank job failed at rank 6 on a 23 GiB node with
+    /// nothing in the log to say why.
+    pub fn notes(&self) -> Vec<String> {
+        let mut notes = Vec::new();
+        let (quota, heap, sessions) = (
+            self.session_quota,
+            self.limits.heap_bytes_per_uid,
+            self.limits.sessions_per_uid,
+        );
+        // A quota above the heap limit is `warnings`' case.
+        if quota == 0 || quota > heap || quota.saturating_mul(sessions) <= heap {
+            return notes;
+        }
+        let fit = heap / quota;
+        // The largest power of two that lets `sessions_per_uid` sessions fit: the value to
+        // suggest for the clients' AGORA_HEAP_BYTES.
+        let per_session = heap / sessions;
+        let smaller = if per_session >= 1 << 20 {
+            let size = 1u64 << per_session.ilog2();
+            format!(
+                " ({} with AGORA_HEAP_BYTES={} in the clients' environment)",
+                (heap / size).min(sessions),
+                format_bytes(size)
+            )
+        } else {
+            String::new()
+        };
+        notes.push(format!(
+            "a uid can open at most {fit} sessions of the default heap{smaller}, not [limits] sessions_per_uid = \
+             {sessions}: each session reserves its whole heap (sessions.quota, --session-quota = {}) against \
+             [limits] heap_bytes_per_uid (--limit-heap-per-uid = {}); lower the quota or raise the limit to \
+             change it",
+            format_bytes(quota),
+            format_bytes(heap)
+        ));
+        notes
+    }
+
     /// Every effective setting as a configuration file (what `agora serve --print-config` shows).
     pub fn to_toml(&self) -> String {
         let file = File::of(self);
@@ -2027,5 +2068,34 @@ mod tests {
         );
         c.session_quota = 0;
         assert!(c.validate().unwrap_err().to_string().contains("must be more than 0"));
+    }
+
+    /// With a heap limit that holds fewer sessions of the default heap than `sessions_per_uid`
+    /// (the defaults on most nodes), the start-up note says how many, and which heap a client
+    /// may ask for to open them all (audit A8).
+    #[test]
+    fn the_sessions_a_uid_can_open_under_its_heap_limit_are_noted() {
+        let mut c = DaemonConfig::default();
+        c.limits.heap_bytes_per_uid = 12_638_029_824; // half of a 23.5 GiB node
+        c.session_quota = 2 << 30;
+        c.limits.sessions_per_uid = 64;
+        let notes = c.notes();
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].contains("at most 5 sessions of the default heap (64 with AGORA_HEAP_BYTES=128M"),
+            "{}",
+            notes[0]
+        );
+        assert!(
+            notes[0].contains("sessions_per_uid = 64") && notes[0].contains("= 2G"),
+            "{}",
+            notes[0]
+        );
+        // Enough heap for every session: nothing to say.
+        c.limits.heap_bytes_per_uid = 128 << 30;
+        assert!(c.notes().is_empty());
+        // A quota above the limit is a warning, not a note.
+        c.limits.heap_bytes_per_uid = 1 << 30;
+        assert!(c.notes().is_empty() && c.warnings().len() == 1);
     }
 }

@@ -404,6 +404,9 @@ fn build(config: DaemonConfig, stop: Arc<Doorbell>) -> Result<server::Server, Da
     for warning in config.warnings() {
         tracing::warn!("{warning}");
     }
+    for note in config.notes() {
+        tracing::info!("{note}");
+    }
     // Before any device starts: a socket that cannot work fails at once, saying what to do; so
     // does a socket path or a state directory that another daemon holds.
     check_socket_path(&config.socket, &config.socket_access)?;
