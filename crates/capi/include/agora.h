@@ -227,7 +227,8 @@ typedef struct {
   uint64_t heap_bytes;
   /**
    * Longest a control call (buffer, queue, kernel lookup, status) waits for the daemon
-   * before it returns `AGORA_STATUS_TIMEOUT`, in milliseconds, at most a day. 0: 30 s.
+   * before it returns `AGORA_STATUS_TIMEOUT`, in milliseconds, at most a day. 0:
+   * `$AGORA_CONTROL_TIMEOUT` (seconds), else 30 s.
    */
   uint64_t control_timeout_ms;
   /**

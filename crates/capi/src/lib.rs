@@ -221,7 +221,8 @@ pub struct AgoraSessionOptions {
     /// that need little (the ranks of a parallel job) should ask for little. 0: the quota.
     pub heap_bytes: u64,
     /// Longest a control call (buffer, queue, kernel lookup, status) waits for the daemon
-    /// before it returns `AGORA_STATUS_TIMEOUT`, in milliseconds, at most a day. 0: 30 s.
+    /// before it returns `AGORA_STATUS_TIMEOUT`, in milliseconds, at most a day. 0:
+    /// `$AGORA_CONTROL_TIMEOUT` (seconds), else 30 s.
     pub control_timeout_ms: u64,
     /// How long the session keeps trying to reach a restarted daemon when its daemon dies, in
     /// milliseconds, at most a day. 0: `$AGORA_RECONNECT_TIMEOUT` (seconds), else 30 s;
@@ -519,7 +520,7 @@ pub unsafe extern "C" fn agora_session_open_with(
         ms => {
             return fail(
                 AgoraStatus::InvalidArgument,
-                format!("control_timeout_ms={ms}: give at most {LONGEST_TIMEOUT_MS} (a day), or 0 for 30 s"),
+                format!("control_timeout_ms={ms}: give at most {LONGEST_TIMEOUT_MS} (a day), or 0 for the default"),
             )
         }
     };

@@ -99,3 +99,42 @@ fn control_replies_arrive_whole_while_tasks_run() {
     let trace = std::fs::read_to_string(daemon.dir().join("trace.json")).expect("the trace file was written");
     assert!(trace.contains("saxpy"));
 }
+
+/// An operator can bound how long `agora status` waits for a stuck daemon with
+/// `AGORA_CONTROL_TIMEOUT` (audit A13), and the error names that variable; before, the wait was
+/// 30 s and the error named only a Rust option. The "daemon" here accepts and never answers.
+#[test]
+fn agora_control_timeout_bounds_a_command_against_a_stuck_daemon() {
+    let scratch = agora_test_support::temp_dir("control-timeout");
+    let socket = scratch.path().join("stuck.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let started = std::time::Instant::now();
+    let out = Command::new(AGORA)
+        .args(["status", "--socket"])
+        .arg(&socket)
+        .env("AGORA_CONTROL_TIMEOUT", "0.5")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "waited {:?}",
+        started.elapsed()
+    );
+    assert!(
+        err.contains("within 0.5 s") && err.contains("$AGORA_CONTROL_TIMEOUT"),
+        "{err}"
+    );
+    let out = Command::new(AGORA)
+        .args(["status", "--socket"])
+        .arg(&socket)
+        .env("AGORA_CONTROL_TIMEOUT", "soon")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("AGORA_CONTROL_TIMEOUT=\"soon\""),
+        "{err}"
+    );
+}

@@ -53,7 +53,7 @@ pub enum Error {
     Protocol(String),
     /// The daemon did not answer a control call in time (it is overloaded or stuck). The
     /// session stays usable: a late answer is skipped by the next call.
-    #[error("the Agora daemon did not answer the {request} within {:.1} s; it may be overloaded or stuck (the limit is SessionOptions::control_timeout)", after.as_secs_f64())]
+    #[error("the Agora daemon did not answer the {request} within {:.1} s; it may be overloaded or stuck (the limit is $AGORA_CONTROL_TIMEOUT, in seconds, or SessionOptions::control_timeout)", after.as_secs_f64())]
     Timeout {
         /// Which call (e.g. `status`, `buffer allocation`).
         request: String,
@@ -217,12 +217,14 @@ mod tests {
     }
 
     #[test]
-    fn a_timeout_names_the_option_that_sets_its_limit() {
+    fn a_timeout_names_the_variable_and_the_option_that_set_its_limit() {
         // The Python binding puts its own spelling in place of this name: keep them in step.
         let error = Error::Timeout {
             request: "status".into(),
             after: std::time::Duration::from_millis(500),
         };
         assert!(error.to_string().contains("SessionOptions::control_timeout"), "{error}");
+        // An operator running `agora status` can set only the environment variable.
+        assert!(error.to_string().contains("$AGORA_CONTROL_TIMEOUT"), "{error}");
     }
 }

@@ -83,7 +83,7 @@ pub use session::with_room_interrupt;
 pub use session::{
     daemon_exports, daemon_session_status, daemon_status, drain_device, kernel_catalog, power_save, reload_kernels,
     slurm_job_end, slurm_job_start, DrainOutcome, JobEnded, JobRegistered, Kernel, Session, SessionOptions,
-    DEFAULT_CONTROL_TIMEOUT, HEAP_ENV, RANK_VARIABLES,
+    CONTROL_TIMEOUT_ENV, DEFAULT_CONTROL_TIMEOUT, HEAP_ENV, RANK_VARIABLES,
 };
 
 /// The Rust guide's snippets, compiled (and run unless marked `no_run`) as doctests, so the guide

@@ -31,8 +31,18 @@ use crate::{Error, TaskFailures};
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a control call waits for the daemon's answer unless
-/// [`SessionOptions::control_timeout`] says otherwise.
+/// [`SessionOptions::control_timeout`] or `$AGORA_CONTROL_TIMEOUT` ([`CONTROL_TIMEOUT_ENV`])
+/// says otherwise.
 pub const DEFAULT_CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Environment variable with the control timeout, in seconds, when a session's options name
+/// none: the one way to change it for `agora status`, `agora drain` or the Slurm prolog, which
+/// an operator runs but cannot give Rust options to; and for Python and C programs that leave
+/// theirs at the default.
+pub const CONTROL_TIMEOUT_ENV: &str = "AGORA_CONTROL_TIMEOUT";
+
+/// The longest control timeout (a day), as the Python and C options allow.
+const LONGEST_CONTROL_TIMEOUT: Duration = Duration::from_secs(86_400);
 
 /// How long a blocked waiter sleeps before it checks that the daemon is still there.
 const LIVENESS_CHECK: Duration = Duration::from_millis(20);
@@ -67,7 +77,8 @@ pub struct SessionOptions {
     /// `$AGORA_HEAP_BYTES` ([`HEAP_ENV`]), else the daemon's quota.
     pub heap_bytes: Option<u64>,
     /// Longest a control call (buffer, queue, kernel, status...) waits for the daemon before
-    /// it fails with [`Error::Timeout`]; default [`DEFAULT_CONTROL_TIMEOUT`].
+    /// it fails with [`Error::Timeout`]; default `$AGORA_CONTROL_TIMEOUT` (seconds,
+    /// [`CONTROL_TIMEOUT_ENV`]), else [`DEFAULT_CONTROL_TIMEOUT`] (30 s).
     pub control_timeout: Option<Duration>,
     /// How long the session keeps trying to reach a restarted daemon when it finds its daemon
     /// gone (killed, crashed, restarted or upgraded): tasks that were in flight then fail with
@@ -367,7 +378,7 @@ impl Session {
                     .unwrap_or_default(),
             ),
         };
-        let control_timeout = options.control_timeout.unwrap_or(DEFAULT_CONTROL_TIMEOUT);
+        let control_timeout = control_timeout(options.control_timeout)?;
         // A daemon that accepts but never answers (stuck, or not an Agora daemon) must not hang
         // us: bound the hello exchange.
         let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
@@ -760,17 +771,21 @@ fn session_pages(
     }
 }
 
-/// A one-shot observer connection (no session) whose calls have the default deadline.
+/// A one-shot observer connection (no session) whose calls have the default deadline
+/// (`$AGORA_CONTROL_TIMEOUT`, else 30 s).
 struct Observer {
     control: Control,
+    timeout: Duration,
 }
 
 impl Observer {
     fn connect(socket: Option<PathBuf>) -> Result<Observer, Error> {
+        let timeout = control_timeout(None)?;
         let path = client_socket_path(socket);
         let stream = UnixStream::connect(&path).map_err(|cause| Error::Connect { path, cause })?;
-        let _ = stream.set_write_timeout(Some(DEFAULT_CONTROL_TIMEOUT));
+        let _ = stream.set_write_timeout(Some(timeout));
         Ok(Observer {
+            timeout,
             control: Control {
                 stream,
                 pending: Vec::new(),
@@ -782,7 +797,7 @@ impl Observer {
     }
 
     fn request(&mut self, request: &Request) -> Result<Response, Error> {
-        call(&mut self.control, request, DEFAULT_CONTROL_TIMEOUT, None).map_err(|(e, _)| e)
+        call(&mut self.control, request, self.timeout, None).map_err(|(e, _)| e)
     }
 }
 
@@ -995,6 +1010,40 @@ fn rank(var: impl Fn(&str) -> Option<String>) -> Option<String> {
             .then(|| value.trim_start_matches('0').to_string())
             .map(|n| if n.is_empty() { "0".to_string() } else { n })
     })
+}
+
+/// The control timeout: the option if given, else `$AGORA_CONTROL_TIMEOUT`, else
+/// [`DEFAULT_CONTROL_TIMEOUT`].
+fn control_timeout(option: Option<Duration>) -> Result<Duration, Error> {
+    match option {
+        Some(timeout) => Ok(timeout),
+        None => Ok(control_timeout_from(std::env::var(CONTROL_TIMEOUT_ENV).ok())?.unwrap_or(DEFAULT_CONTROL_TIMEOUT)),
+    }
+}
+
+/// [`CONTROL_TIMEOUT_ENV`]'s value (`None`: not set, or empty). Read as
+/// `$AGORA_RECONNECT_TIMEOUT` is (seconds, fractions allowed), but a value that is no number of
+/// seconds is refused naming the variable rather than ignored: an operator who set it for a
+/// slow daemon would otherwise wait the default without knowing why. 0 is refused too: every
+/// call would time out at once.
+fn control_timeout_from(value: Option<String>) -> Result<Option<Duration>, Error> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let text = value.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    match text.parse::<f64>() {
+        Ok(s) if s.is_finite() && s > 0.0 && s <= LONGEST_CONTROL_TIMEOUT.as_secs_f64() => {
+            Ok(Some(Duration::from_secs_f64(s)))
+        }
+        _ => Err(Error::Control(ControlError::BadRequest(format!(
+            "{CONTROL_TIMEOUT_ENV}={value:?} is no control timeout: give a positive number of seconds \
+             (at most {}, a day; e.g. 120), or unset it for 30 s",
+            LONGEST_CONTROL_TIMEOUT.as_secs()
+        )))),
+    }
 }
 
 /// Environment variable with the heap a session asks for when its options name none: bytes, or
@@ -2126,6 +2175,22 @@ mod tests {
             );
         }
         assert_eq!(default_name("run\u{1b}[2J\n\u{202e}x".into(), None), "run_[2J__x");
+        let control = |v: &str| control_timeout_from(Some(v.to_string()));
+        assert_eq!(control_timeout_from(None).unwrap(), None);
+        assert_eq!(control(" ").unwrap(), None);
+        assert_eq!(control("120").unwrap(), Some(Duration::from_secs(120)));
+        assert_eq!(control("0.5").unwrap(), Some(Duration::from_millis(500)));
+        for bad in ["0", "-1", "nan", "inf", "86401", "30s", "lots"] {
+            let message = control(bad).unwrap_err().to_string();
+            assert!(
+                message.contains("AGORA_CONTROL_TIMEOUT") && message.contains("seconds"),
+                "{bad}: {message}"
+            );
+        }
+        assert_eq!(
+            control_timeout(Some(Duration::from_secs(7))).unwrap(),
+            Duration::from_secs(7)
+        );
         let long = default_name("é".repeat(MAX_NAME), None);
         assert!(long.len() <= MAX_NAME && long.chars().all(|c| c == 'é'));
         for name in ["a\tb", "\u{feff}", &"\u{7f}".repeat(400)] {

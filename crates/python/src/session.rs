@@ -63,7 +63,7 @@ impl PySession {
     /// Opens a session with the daemon on `socket` (default: $AGORA_SOCKET, else the per-user
     /// default path).
     /// `control_timeout`: seconds a control call (buffer, queue, kernel, status) may wait for
-    /// the daemon before it raises TimeoutError (default 30).
+    /// the daemon before it raises TimeoutError (default $AGORA_CONTROL_TIMEOUT, else 30).
     /// `reconnect_timeout`: seconds the session keeps trying to reach a restarted daemon when
     /// its daemon dies (default $AGORA_RECONNECT_TIMEOUT, else 30; 0 turns reconnection off).
     /// Tasks in flight then raise DaemonRestartedError (those the dead daemon never took, behind

@@ -26,8 +26,8 @@ class Session:
         reconnect_timeout: Optional[float] = None,
     ) -> None:
         """Connects to `socket` (default: $AGORA_SOCKET, else the per-user default path).
-        `control_timeout`: seconds a control call may wait for the daemon (default 30) before
-        it raises TimeoutError.
+        `control_timeout`: seconds a control call may wait for the daemon (default
+        $AGORA_CONTROL_TIMEOUT, else 30) before it raises TimeoutError.
         `reconnect_timeout`: seconds the session keeps trying to reach a restarted daemon
         (default $AGORA_RECONNECT_TIMEOUT, else 30; 0 = off). Tasks in flight when the daemon
         died raise DaemonRestartedError (those it never took, behind only completed ones, are
