@@ -18,7 +18,8 @@ use crate::SocketArg;
 /// `--print-config` shows the result as a configuration file.
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// Control socket to listen on [default: $AGORA_SOCKET, else $XDG_RUNTIME_DIR/agora/agora.sock,
+    /// Control socket to listen on; this flag, and $AGORA_SOCKET in its place, override the
+    /// file's `[daemon] socket` [default: $AGORA_SOCKET, else $XDG_RUNTIME_DIR/agora/agora.sock,
     /// else /tmp/agora-$UID/agora.sock].
     #[arg(long, env = "AGORA_SOCKET", value_name = "PATH")]
     socket: Option<PathBuf>,
@@ -667,25 +668,38 @@ fn print_limits(report: &agora::StatusReport) {
     }
 }
 
-/// `agora drain` / `agora undrain` options.
+/// `agora undrain` options, and the device `agora drain` names.
 #[derive(Args, Debug)]
-pub struct DrainArgs {
+pub struct DeviceArgs {
     /// Device name, as `agora devices` lists it (e.g. `opencl0`, `sim0`).
     device: String,
     #[command(flatten)]
     socket: SocketArg,
-    /// (drain) Also write the device's idle buffers back to host memory and free them there now,
+}
+
+/// `agora drain` options: `--evacuate` is drain's alone (an undrained device that takes new
+/// work would fill up again), so `agora undrain --help` does not offer it.
+#[derive(Args, Debug)]
+pub struct DrainArgs {
+    #[command(flatten)]
+    target: DeviceArgs,
+    /// Also write the device's idle buffers back to host memory and free them there now,
     /// before removing the device; buffers in use move when their tasks need them.
     #[arg(long)]
     evacuate: bool,
 }
 
-pub fn drain(args: DrainArgs, on: bool) -> Result<()> {
+pub fn drain(args: DrainArgs) -> Result<()> {
+    set_draining(args.target, true, args.evacuate)
+}
+
+pub fn undrain(args: DeviceArgs) -> Result<()> {
+    set_draining(args, false, false)
+}
+
+fn set_draining(args: DeviceArgs, on: bool, evacuate: bool) -> Result<()> {
     let verb = if on { "drain" } else { "undrain" };
-    if args.evacuate && !on {
-        anyhow::bail!("--evacuate goes with `agora drain` (it writes a draining device's buffers home); `agora undrain` takes none");
-    }
-    let outcome = agora::drain_device(args.socket.path(), &args.device, on, args.evacuate && on)
+    let outcome = agora::drain_device(args.socket.path(), &args.device, on, evacuate)
         .with_context(|| format!("could not {verb} device '{}'", args.device))?;
     if outcome.draining {
         println!(
@@ -693,7 +707,7 @@ pub fn drain(args: DrainArgs, on: bool) -> Result<()> {
              idle ones with their next task ({} queue migration(s) since the daemon started; `agora status` counts them)",
             args.device, outcome.queues_bound, outcome.migrations
         );
-        if args.evacuate {
+        if evacuate {
             println!(
                 "evacuated {} buffer(s), {:.1} MiB of device memory, to host memory",
                 outcome.evacuated_buffers,
@@ -1032,8 +1046,9 @@ pub fn trace_save(socket: Option<PathBuf>) -> Result<()> {
 /// `agora kernels` options.
 #[derive(Args, Debug)]
 pub struct KernelsArgs {
-    /// What to do: list the kernels (no action), or `reload` the kernel packages (admin: root or
-    /// the daemon's user) without restarting the daemon.
+    /// What to do: list the kernels (no action), or `reload` the kernel packages without
+    /// restarting the daemon (admins only: the daemon's `[daemon] admin_uids` and members of
+    /// `admin_gids`; by default root and the daemon's user).
     #[arg(value_name = "ACTION", value_parser = ["reload"])]
     action: Option<String>,
     /// Print JSON instead of text.

@@ -69,7 +69,7 @@ enum Command {
     /// buffers move on demand (`agora status` shows it draining).
     Drain(cmd::DrainArgs),
     /// Admin: let the policy place work on a drained device again.
-    Undrain(cmd::DrainArgs),
+    Undrain(cmd::DeviceArgs),
     /// List the kernels the daemon offers (built-in and from kernel packages) with their
     /// signatures and implementations; `agora kernels reload` loads the packages again.
     Kernels(cmd::KernelsArgs),
@@ -297,8 +297,8 @@ fn main() {
         Command::Status(args) => cmd::status(args),
         Command::Top(args) => top::run(args.socket.path(), args),
         Command::Devices(socket) => cmd::devices(socket.path()),
-        Command::Drain(args) => cmd::drain(args, true),
-        Command::Undrain(args) => cmd::drain(args, false),
+        Command::Drain(args) => cmd::drain(args),
+        Command::Undrain(args) => cmd::undrain(args),
         Command::Kernels(args) => cmd::kernels(args),
         Command::Exports(args) => cmd::exports(args),
         Command::Rtdag(args) => rt::rtdag(args),
@@ -354,6 +354,31 @@ mod tests {
             let line = format!("agora bench {} --quick --json", b.get_name());
             assert!(test.contains(&line), "make test lacks `{line}`");
         }
+    }
+
+    /// `agora undrain` does not offer drain's `--evacuate`, which it would refuse (audit B3),
+    /// and `agora kernels --help` names who may reload: the admins of `[daemon] admin_uids` /
+    /// `admin_gids` (audit B2).
+    #[test]
+    fn help_offers_only_what_each_command_takes() {
+        let mut cli = Cli::command();
+        let has = |cli: &clap::Command, sub: &str, arg: &str| {
+            cli.find_subcommand(sub)
+                .unwrap()
+                .get_arguments()
+                .any(|a| a.get_id() == arg)
+        };
+        assert!(has(&cli, "drain", "evacuate"));
+        assert!(!has(&cli, "undrain", "evacuate"));
+        let kernels = cli
+            .find_subcommand_mut("kernels")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        assert!(
+            kernels.contains("admin_uids") && kernels.contains("admin_gids"),
+            "{kernels}"
+        );
     }
 
     /// `--socket` only where the command connects to a daemon or reads one's model.
