@@ -198,6 +198,93 @@ fn a_groups_daemon_admits_the_groups_members_only() {
     );
 }
 
+/// `agora ARGS --socket SOCKET` run as `uid` with primary group `gid` and supplementary
+/// groups `groups` (`Command::groups` is unstable, and `Command::uid` as root drops every
+/// supplementary group), to its end. The ids need no entry in /etc/passwd or /etc/group: the
+/// kernel hands the daemon numbers.
+fn agora_in_groups(binary: &Path, uid: u32, gid: u32, groups: &[u32], socket: &Path, args: &[&str]) -> Output {
+    use rustix::process::{Gid, Uid};
+    let groups: Vec<Gid> = groups.iter().map(|&g| Gid::from_raw(g)).collect();
+    let (uid, gid) = (Uid::from_raw(uid), Gid::from_raw(gid));
+    let mut command = Command::new(binary);
+    command
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", "/nonexistent")
+        .args(args)
+        .arg("--socket")
+        .arg(socket)
+        .stdin(Stdio::null());
+    // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe
+    // work is allowed: it makes three raw system calls (rustix's thread-level calls, which in
+    // the single-threaded child are the whole process's), allocates nothing and takes no
+    // lock; `groups` was built before the fork. Groups first, then gid, then uid: once the
+    // uid is not root the others can no longer be changed.
+    unsafe {
+        command.pre_exec(move || {
+            rustix::thread::set_thread_groups(&groups)?;
+            rustix::thread::set_thread_gid(gid)?;
+            rustix::thread::set_thread_uid(uid)?;
+            Ok(())
+        });
+    }
+    command.output().expect("the client starts")
+}
+
+#[test]
+fn a_member_of_an_admin_group_by_a_supplementary_group_is_an_admin() {
+    let (dir, binary) = open_dir("access-admin-groups");
+    if !root() {
+        eprintln!("not root: a client in other groups cannot be started");
+        return;
+    }
+    // A user whose primary group is its own, in the admins' group as a supplementary one, as
+    // `usermod -aG` makes it (the audit's tenant1 in agorausers).
+    let (uid, own_group, admins) = (64000u32, 64000u32, 64001u32);
+    std::fs::write(
+        dir.path().join("agora.toml"),
+        format!("[daemon]\nadmin_gids = [{admins}]\n"),
+    )
+    .unwrap();
+    let daemon = Daemon::start_in(
+        AGORA,
+        dir,
+        &["--no-opencl", "--socket-access", "all", "--config", "{dir}/agora.toml"],
+    );
+    let member = agora_in_groups(
+        &binary,
+        uid,
+        own_group,
+        &[own_group, admins],
+        daemon.socket(),
+        &["drain", "cpu0"],
+    );
+    assert!(
+        member.status.success(),
+        "a member of admin_gids by a supplementary group was refused: {}",
+        String::from_utf8_lossy(&member.stderr)
+    );
+    let drained = daemon.status();
+    assert!(
+        drained.devices.iter().any(|d| d.name == "cpu0" && d.draining),
+        "the member's drain did not take"
+    );
+    // The same user outside the group stays no admin.
+    let outsider = agora_in_groups(
+        &binary,
+        uid,
+        own_group,
+        &[own_group],
+        daemon.socket(),
+        &["undrain", "cpu0"],
+    );
+    let err = String::from_utf8_lossy(&outsider.stderr);
+    assert!(
+        !outsider.status.success() && err.contains("admin_gids") && err.contains("members of groups [64001]"),
+        "a user outside admin_gids undrained a device: {err}"
+    );
+}
+
 /// `agora serve ARGS` in `dir` with its log at `info`, until its socket appears or it exits:
 /// whether it listens, and its log so far. The process is killed before returning.
 fn serve_and_log(dir: &Path, args: &[&str]) -> (bool, String) {

@@ -418,7 +418,7 @@ pub struct DaemonConfig {
     /// Users allowed to open latency-class queues (with `latency_gids`; both empty: everyone).
     #[default(Vec::new())]
     pub latency_uids: Vec<u32>,
-    /// Groups allowed to open latency-class queues.
+    /// Groups whose members (by primary or supplementary group) may open latency-class queues.
     #[default(Vec::new())]
     pub latency_gids: Vec<u32>,
     /// Target preemption latency for batch kernels: launches predicted to run longer are split
@@ -514,7 +514,8 @@ pub struct DaemonConfig {
     /// Users who may build tenant programs when `programs_allow` is `nobody`.
     #[default(Vec::new())]
     pub program_uids: Vec<u32>,
-    /// Groups who may build tenant programs when `programs_allow` is `nobody`.
+    /// Groups whose members (by primary or supplementary group) may build tenant programs when
+    /// `programs_allow` is `nobody`.
     #[default(Vec::new())]
     pub program_gids: Vec<u32>,
     /// Most programs one session may build.
@@ -556,7 +557,8 @@ pub struct DaemonConfig {
     /// daemon's own user. Set, it is the whole list: root is admin only if listed.
     #[default(None)]
     pub admin_uids: Option<Vec<u32>>,
-    /// Groups whose members may use admin requests (`[daemon] admin_gids`; default none).
+    /// Groups whose members (by primary or supplementary group) may use admin requests
+    /// (`[daemon] admin_gids`; default none).
     #[default(Vec::new())]
     pub admin_gids: Vec<u32>,
     /// Level 1 of checkpoints (`[checkpoint] local`): the node's fast local storage (tmpfs
@@ -613,7 +615,8 @@ pub struct DaemonConfig {
     /// everyone).
     #[default(Vec::new())]
     pub realtime_uids: Vec<u32>,
-    /// Groups allowed to declare real-time DAGs (`[realtime] gids`).
+    /// Groups whose members (by primary or supplementary group) may declare real-time DAGs
+    /// (`[realtime] gids`).
     #[default(Vec::new())]
     pub realtime_gids: Vec<u32>,
     /// Most DAGs one session may have admitted at once (`[realtime] max_dags_per_session`).
@@ -1632,7 +1635,8 @@ impl DaemonConfig {
              #   per connection; hello_timeout_ms: a connection that sends nothing is closed; exempt_uids: counted,\n\
              #   never refused (default none: root and the daemon's user are limited too).\n\
              # [daemon] admin_uids: who may drain devices, reload kernel packages and save the trace (default: root\n\
-             #   and the daemon's user; set, it is the whole list); admin_gids: groups that may too.\n\
+             #   and the daemon's user; set, it is the whole list); admin_gids: groups whose members may too.\n\
+             # Every *_gids / gids list counts a member by its primary or any supplementary group.\n\
              # [daemon] socket_access: who may connect: \"user\" (the daemon's user and root: socket mode 0600),\n\
              #   \"group:NAME\" (0660, owned by group NAME) or \"all\" (0666: a node-wide daemon for every local user).\n\
              # [daemon] private_status: true shows each user who is no admin its own sessions, uids, jobs and DAGs\n\

@@ -139,8 +139,10 @@ struct Export {
 }
 
 impl Export {
-    fn may_attach(&self, uid: u32, gid: u32, admin: bool) -> bool {
-        admin || uid == self.uid || self.readers.uids.contains(&uid) || self.readers.gids.contains(&gid)
+    /// Whether `who` may attach it: an administrator, the exporter's own uid, a listed uid, or
+    /// a member (by primary gid or a supplementary group) of a listed group.
+    fn may_attach(&self, who: &Credentials, admin: bool) -> bool {
+        admin || who.uid == self.uid || self.readers.uids.contains(&who.uid) || who.in_any_group(&self.readers.gids)
     }
 
     fn live_attachers(&self) -> Vec<u64> {
@@ -286,7 +288,7 @@ impl Exports {
         Ok(export.live_attachers())
     }
 
-    /// Attaches `name` to `session` (whose user is `uid`/`gid`, `admin` when an administrator).
+    /// Attaches `name` to `session` (`admin` when its user is an administrator).
     pub(crate) fn attach(
         &mut self,
         session: &mut Session,
@@ -301,11 +303,14 @@ impl Exports {
                 "no export named '{name}': it was never exported, or was revoked, or its exporter ended (`agora exports` lists the names you may attach)"
             ));
         };
-        let Credentials { uid, gid, .. } = session.credentials;
-        if !export.may_attach(uid, gid, admin) {
+        if !export.may_attach(&session.credentials, admin) {
             return refuse(format!(
-                "uid {uid} (gid {gid}) may not attach '{name}': its exporter (uid {}) allows uids {:?} and gids {:?}",
-                export.uid, export.readers.uids, export.readers.gids
+                "uid {} (in groups {:?}) may not attach '{name}': its exporter (uid {}) allows uids {:?} and members of groups {:?}",
+                session.credentials.uid,
+                session.credentials.all_groups(),
+                export.uid,
+                export.readers.uids,
+                export.readers.gids
             ));
         }
         if writable && !export.writable {
@@ -355,13 +360,13 @@ impl Exports {
         });
     }
 
-    /// The exports user `uid`/`gid` may see: its own and those it may attach (all for `admin`).
-    pub(crate) fn list(&mut self, uid: u32, gid: u32, admin: bool) -> Vec<ExportStatus> {
+    /// The exports `who` may see: its own and those it may attach (all for `admin`).
+    pub(crate) fn list(&mut self, who: &Credentials, admin: bool) -> Vec<ExportStatus> {
         self.purge();
         let mut list: Vec<ExportStatus> = self
             .by_name
             .iter()
-            .filter(|(_, e)| e.may_attach(uid, gid, admin))
+            .filter(|(_, e)| e.may_attach(who, admin))
             .map(|(name, e)| ExportStatus {
                 name: name.clone(),
                 session: e.session,
@@ -427,15 +432,25 @@ mod tests {
             attachments: Vec::new(),
             attaches: 0,
         };
+        let who = |uid: u32, gid: u32, groups: &[u32]| Credentials {
+            pid: 1,
+            uid,
+            gid,
+            groups: groups.into(),
+        };
         let open = export(readers);
-        assert!(open.may_attach(1000, 1000, false), "the exporter's own uid");
-        assert!(open.may_attach(2001, 5, false), "a listed uid");
-        assert!(open.may_attach(3000, 300, false), "a member of a listed gid");
-        assert!(!open.may_attach(3000, 301, false), "anyone else");
-        assert!(open.may_attach(3000, 301, true), "an administrator");
+        assert!(open.may_attach(&who(1000, 1000, &[]), false), "the exporter's own uid");
+        assert!(open.may_attach(&who(2001, 5, &[]), false), "a listed uid");
+        assert!(open.may_attach(&who(3000, 300, &[]), false), "a listed primary gid");
+        assert!(
+            open.may_attach(&who(3000, 3000, &[3000, 300]), false),
+            "a member of a listed group by a supplementary group"
+        );
+        assert!(!open.may_attach(&who(3000, 301, &[302]), false), "anyone else");
+        assert!(open.may_attach(&who(3000, 301, &[]), true), "an administrator");
         let private = export(ExportReaders::default());
         assert!(
-            !private.may_attach(2001, 300, false),
+            !private.may_attach(&who(2001, 300, &[]), false),
             "by default the exporter's uid only"
         );
     }

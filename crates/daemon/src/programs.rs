@@ -104,14 +104,15 @@ impl ProgramPolicy {
     pub(crate) fn check(&self, credentials: &Credentials) -> Result<(), ControlError> {
         if self.allow == ProgramAccess::Everyone
             || self.uids.contains(&credentials.uid)
-            || self.gids.contains(&credentials.gid)
+            || credentials.in_any_group(&self.gids)
         {
             return Ok(());
         }
         Err(ControlError::NotPermitted(format!(
-            "uid {} (gid {}) may not build programs: the daemon's [programs] allow = \"nobody\", and \
-             [programs] uids / gids do not list it; ask the operator",
-            credentials.uid, credentials.gid
+            "uid {} (in groups {:?}) may not build programs: the daemon's [programs] allow = \"nobody\", and \
+             [programs] uids / gids list neither it nor a group it is in; ask the operator",
+            credentials.uid,
+            credentials.all_groups()
         )))
     }
 }
@@ -924,6 +925,7 @@ mod tests {
             pid: 1,
             uid: 1000,
             gid: 100,
+            groups: Arc::from([100, 300]),
         };
         let mut policy = ProgramPolicy {
             allow: ProgramAccess::Everyone,
@@ -936,6 +938,8 @@ mod tests {
         assert!(err.contains("[programs] allow") && err.contains("1000"), "{err}");
         policy.gids = vec![100];
         policy.check(&tenant).unwrap();
+        policy.gids = vec![300];
+        policy.check(&tenant).expect("a member by a supplementary group");
         policy.gids.clear();
         policy.uids = vec![1000];
         policy.check(&tenant).unwrap();

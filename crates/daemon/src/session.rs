@@ -35,12 +35,36 @@ pub(crate) enum LaneRoom {
     Closed,
 }
 
-/// Identity from `SO_PEERCRED`.
-#[derive(Debug, Clone, Copy, Default)]
+/// Who is at the other end of a connection: pid, uid and primary gid from `SO_PEERCRED`, and
+/// the supplementary groups from `SO_PEERGROUPS`, both as the kernel recorded them when the
+/// peer connected (so a peer cannot change them afterwards, and no pid can be reused between
+/// the accept and the read).
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Credentials {
     pub pid: i32,
     pub uid: u32,
     pub gid: u32,
+    /// The supplementary groups; empty when the kernel could not say (`SO_PEERGROUPS` needs
+    /// Linux 4.13), and then only `gid` counts. Shared: credentials are copied into every
+    /// session and reply that checks them.
+    pub groups: Arc<[u32]>,
+}
+
+impl Credentials {
+    /// Whether the peer is a member of any group of `gids`: its primary gid or one of its
+    /// supplementary groups, as the kernel counts membership for the socket's own group
+    /// permission (`socket_access = "group:NAME"`). Every group-based permission asks this.
+    pub(crate) fn in_any_group(&self, gids: &[u32]) -> bool {
+        gids.contains(&self.gid) || self.groups.iter().any(|g| gids.contains(g))
+    }
+
+    /// The primary gid and then the supplementary groups not equal to it, for refusals that
+    /// say which groups the peer is in.
+    pub(crate) fn all_groups(&self) -> Vec<u32> {
+        let mut all = vec![self.gid];
+        all.extend(self.groups.iter().filter(|&&g| g != self.gid));
+        all
+    }
 }
 
 /// What keeps a session's segment registered with one device (see [`SessionShared::pin_for`]).
@@ -493,6 +517,7 @@ impl Session {
         let heap = Heap::new(view.geometry().heap_len);
         let completion_capacity = view.geometry().completion_capacity;
         let tenant: Arc<str> = Arc::from(name.as_str());
+        let uid = credentials.uid;
         Session {
             id,
             credentials,
@@ -517,7 +542,7 @@ impl Session {
                 max_lane_ns,
                 bytes_to_device: AtomicU64::new(0),
                 bytes_to_host: AtomicU64::new(0),
-                device_usage: Arc::new(DeviceUsage::in_group(id, USER_GROUP | u64::from(credentials.uid))),
+                device_usage: Arc::new(DeviceUsage::in_group(id, USER_GROUP | u64::from(uid))),
                 unread: Arc::new(UnreadReleases {
                     session: id,
                     ..Default::default()
@@ -865,6 +890,28 @@ mod tests {
             max_buffers,
             max_lane_ns,
         )
+    }
+
+    #[test]
+    fn a_peer_is_in_a_group_by_its_primary_gid_or_any_supplementary_one() {
+        let tenant = Credentials {
+            pid: 1,
+            uid: 1001,
+            gid: 1001,
+            groups: Arc::from([1001, 1003, 27]),
+        };
+        assert!(tenant.in_any_group(&[1001]), "the primary gid");
+        assert!(tenant.in_any_group(&[5, 1003]), "a supplementary group");
+        assert!(!tenant.in_any_group(&[1002]), "a group it is not in");
+        assert!(!tenant.in_any_group(&[]), "no group listed");
+        assert_eq!(tenant.all_groups(), [1001, 1003, 27]);
+        // Without SO_PEERGROUPS only the primary gid counts.
+        let primary_only = Credentials {
+            groups: Arc::from([]),
+            ..tenant
+        };
+        assert!(primary_only.in_any_group(&[1001]) && !primary_only.in_any_group(&[1003]));
+        assert_eq!(primary_only.all_groups(), [1001]);
     }
 
     #[test]

@@ -428,7 +428,8 @@ pub struct DagResults {
 pub struct ExportReaders {
     /// Users allowed.
     pub uids: Vec<u32>,
-    /// Groups allowed (the attaching process's primary group, as the socket reports it).
+    /// Groups whose members may attach: the attaching process's primary group or any of its
+    /// supplementary groups, as the kernel reported them when it connected.
     pub gids: Vec<u32>,
 }
 

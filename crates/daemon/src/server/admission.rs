@@ -5,7 +5,66 @@
 //! The dispatcher's (`Server`'s) methods for admission; the limits themselves are
 //! `crate::limits`. It must not answer requests beyond refusing them.
 
+use std::os::fd::AsRawFd;
+use std::sync::atomic::AtomicBool;
+
 use super::*;
+
+/// The peer's supplementary groups, or none (only its primary gid then counts for group
+/// permissions) where the kernel cannot say; that is logged once, at debug: it is the same for
+/// every connection.
+fn supplementary_groups(stream: &UnixStream) -> Arc<[u32]> {
+    static UNSUPPORTED_LOGGED: AtomicBool = AtomicBool::new(false);
+    // Most users are in a few groups; the kernel says how many bytes it needs when they do not
+    // fit, at most NGROUPS_MAX (65536) gids.
+    match peer_groups(stream, 32) {
+        Ok(groups) => groups.into(),
+        Err(e) => {
+            if !UNSUPPORTED_LOGGED.swap(true, Ordering::Relaxed) {
+                tracing::debug!(
+                    error = %e,
+                    "SO_PEERGROUPS is unavailable (Linux before 4.13?): group permissions count each peer's primary gid only"
+                );
+            }
+            Arc::from([])
+        }
+    }
+}
+
+/// `getsockopt(SOL_SOCKET, SO_PEERGROUPS)`: the supplementary groups the kernel recorded when
+/// the peer connected, read from the socket rather than from `/proc/PID/status`, which a peer
+/// could exit and have its pid reused in between. rustix has no wrapper for it. Room for
+/// `guess` groups first, then as many as the kernel says it needs (ERANGE).
+fn peer_groups(stream: &UnixStream, guess: usize) -> std::io::Result<Vec<u32>> {
+    const GID_BYTES: usize = std::mem::size_of::<libc::gid_t>();
+    let mut groups: Vec<libc::gid_t> = vec![0; guess];
+    loop {
+        let mut len = (groups.len() * GID_BYTES) as libc::socklen_t;
+        // SAFETY: the descriptor is the stream's, open for the whole call; `groups` is `len`
+        // writable bytes of gid_t, the type SO_PEERGROUPS writes, and the kernel writes at most
+        // `len` bytes there and stores in `len` the bytes it wrote (or needs, with ERANGE).
+        let rc = unsafe {
+            libc::getsockopt(
+                stream.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        let needed = len as usize / GID_BYTES;
+        if rc == 0 {
+            groups.truncate(needed);
+            return Ok(groups);
+        }
+        let error = std::io::Error::last_os_error();
+        if error.raw_os_error() == Some(libc::ERANGE) && needed > groups.len() {
+            groups.resize(needed, 0);
+            continue;
+        }
+        return Err(error);
+    }
+}
 
 impl Server {
     /// Closes connections that sent no request within the hello timeout, telling them why.
@@ -43,6 +102,7 @@ impl Server {
                             pid: c.pid.as_raw_nonzero().get(),
                             uid: c.uid.as_raw(),
                             gid: c.gid.as_raw(),
+                            groups: supplementary_groups(&stream),
                         },
                         Err(e) => {
                             tracing::warn!(error = %e, "refusing a connection without peer credentials");
@@ -147,8 +207,8 @@ impl Server {
     /// The identity of connection `id`.
     pub(super) fn credentials(&self, id: u64) -> Option<Credentials> {
         match self.conns.get(&id)? {
-            Conn::Pending { credentials, .. } | Conn::Observer { credentials, .. } => Some(*credentials),
-            Conn::Session(s) => Some(s.credentials),
+            Conn::Pending { credentials, .. } | Conn::Observer { credentials, .. } => Some(credentials.clone()),
+            Conn::Session(s) => Some(s.credentials.clone()),
         }
     }
 
@@ -209,5 +269,26 @@ impl Server {
             .filter_map(|id| self.owed.get(id))
             .map(|o| o.load(Ordering::Acquire) as u64)
             .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_peer_groups_are_the_connecting_processs_however_small_the_first_guess() {
+        let (stream, _peer) = UnixStream::pair().unwrap();
+        let mut own: Vec<u32> = rustix::process::getgroups()
+            .unwrap()
+            .iter()
+            .map(|g| g.as_raw())
+            .collect();
+        own.sort_unstable();
+        for guess in [0, 1, 32] {
+            let mut seen = peer_groups(&stream, guess).expect("SO_PEERGROUPS (Linux 4.13)");
+            seen.sort_unstable();
+            assert_eq!(seen, own, "first guess {guess}");
+        }
     }
 }

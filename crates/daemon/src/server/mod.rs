@@ -1182,7 +1182,7 @@ impl Server {
                     config,
                     session.id,
                     &session.shared.segment,
-                    session.credentials,
+                    session.credentials.clone(),
                     session.program_kernels.clone(),
                 );
                 match created {
@@ -1384,9 +1384,12 @@ fn create_queue(
         && !may_open_latency(config, &session.credentials)
     {
         return Response::Error(ControlError::NotPermitted(format!(
-            "uid {} (gid {}) may not open latency-class queues; this daemon allows uids {:?} and gids {:?} \
-             (sessions.latency_uids / latency_gids): use a batch queue or ask the operator",
-            session.credentials.uid, session.credentials.gid, config.latency_uids, config.latency_gids
+            "uid {} (in groups {:?}) may not open latency-class queues; this daemon allows uids {:?} and members of \
+             groups {:?} (sessions.latency_uids / latency_gids): use a batch queue or ask the operator",
+            session.credentials.uid,
+            session.credentials.all_groups(),
+            config.latency_uids,
+            config.latency_gids
         )));
     }
     let queue = QueueState::new(&name, class, preferred, sla_ms.map(|ms| ms * 1e6));
@@ -1439,5 +1442,5 @@ fn device_status(report: agora_devices::DeviceReport) -> DeviceStatus {
 fn may_open_latency(config: &DaemonConfig, who: &crate::session::Credentials) -> bool {
     (config.latency_uids.is_empty() && config.latency_gids.is_empty())
         || config.latency_uids.contains(&who.uid)
-        || config.latency_gids.contains(&who.gid)
+        || who.in_any_group(&config.latency_gids)
 }

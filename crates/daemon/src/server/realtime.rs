@@ -73,7 +73,7 @@ fn refuse(message: impl Into<String>) -> Option<Response> {
 fn may_declare(config: &DaemonConfig, who: &crate::session::Credentials) -> bool {
     (config.realtime_uids.is_empty() && config.realtime_gids.is_empty())
         || config.realtime_uids.contains(&who.uid)
-        || config.realtime_gids.contains(&who.gid)
+        || who.in_any_group(&config.realtime_gids)
 }
 
 fn micros_up(ns: u64) -> u64 {
@@ -131,8 +131,12 @@ impl Server {
         };
         if !may_declare(&self.config, &session.credentials) {
             return Some(Response::Error(ControlError::NotPermitted(format!(
-                "uid {} (gid {}) may not declare real-time DAGs; this daemon allows uids {:?} and gids {:?} ([realtime] uids / gids): ask the operator",
-                session.credentials.uid, session.credentials.gid, self.config.realtime_uids, self.config.realtime_gids
+                "uid {} (in groups {:?}) may not declare real-time DAGs; this daemon allows uids {:?} and members of groups {:?} \
+                 ([realtime] uids / gids): ask the operator",
+                session.credentials.uid,
+                session.credentials.all_groups(),
+                self.config.realtime_uids,
+                self.config.realtime_gids
             ))));
         }
         if let Err(e) = check_name("DAG", &declaration.name) {

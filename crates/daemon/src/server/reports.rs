@@ -7,19 +7,19 @@
 use super::*;
 
 impl Server {
-    /// `Err(reply)` unless connection `id` is an admin's: root or the daemon's own user by
-    /// default, else the uids of `[daemon] admin_uids`; and members of `admin_gids`.
-    /// Whether `credentials` are an admin's (`[daemon] admin_uids` / `admin_gids`; by default
-    /// root and the daemon's user).
+    /// Whether `credentials` are an admin's: root or the daemon's own user by default, else the
+    /// uids of `[daemon] admin_uids`; and members of `admin_gids` (by primary gid or a
+    /// supplementary group).
     pub(super) fn is_admin_credentials(&self, credentials: &crate::session::Credentials) -> bool {
         let daemon_uid = rustix::process::geteuid().as_raw();
         let listed = match &self.config.admin_uids {
             None => credentials.uid == 0 || credentials.uid == daemon_uid,
             Some(uids) => uids.contains(&credentials.uid),
         };
-        listed || self.config.admin_gids.contains(&credentials.gid)
+        listed || credentials.in_any_group(&self.config.admin_gids)
     }
 
+    /// `Err(reply)` unless connection `id` is an admin's ([`Server::is_admin_credentials`]).
     pub(super) fn require_admin(&self, id: u64, what: &str) -> Result<(), Response> {
         let Some(credentials) = self.credentials(id) else {
             return Err(Response::Error(ControlError::BadRequest("connection gone".into())));
@@ -31,8 +31,10 @@ impl Server {
                 Some(uids) => format!("uids {uids:?}"),
             };
             return Err(Response::Error(ControlError::NotPermitted(format!(
-                "uid {} may not {what}: only {who} or members of gids {:?} may ([daemon] admin_uids / admin_gids)",
-                credentials.uid, self.config.admin_gids
+                "uid {} (in groups {:?}) may not {what}: only {who} or members of groups {:?} may ([daemon] admin_uids / admin_gids)",
+                credentials.uid,
+                credentials.all_groups(),
+                self.config.admin_gids
             ))));
         }
         Ok(())
@@ -144,6 +146,7 @@ impl Server {
             pid: 0,
             uid: u32::MAX,
             gid: u32::MAX,
+            groups: Arc::from([]),
         });
         (!self.is_admin_credentials(&credentials)).then_some(credentials.uid)
     }

@@ -75,7 +75,7 @@ impl Server {
         }
         Self::watch_doorbell(&self.epoll, id, &doorbell);
         let session = self.new_session(id, credentials, client_name, stream, reader, doorbell, segment);
-        tracing::info!(session = id, pid = credentials.pid, uid = credentials.uid, name = %session.name, heap, "session opened");
+        tracing::info!(session = id, pid = session.credentials.pid, uid = session.credentials.uid, name = %session.name, heap, "session opened");
         self.admit_session(session);
         None
     }
@@ -243,8 +243,8 @@ impl Server {
         tracing::info!(
             session = id,
             previous_session,
-            pid = credentials.pid,
-            uid = credentials.uid,
+            pid = session.credentials.pid,
+            uid = session.credentials.uid,
             name = %session.name,
             "session resuming after a daemon restart"
         );

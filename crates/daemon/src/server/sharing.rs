@@ -127,10 +127,6 @@ impl Server {
         self.observe(id);
         let admin = self.is_admin(id);
         let credentials = self.credentials(id)?;
-        Some(Response::Exports(self.exports.list(
-            credentials.uid,
-            credentials.gid,
-            admin,
-        )))
+        Some(Response::Exports(self.exports.list(&credentials, admin)))
     }
 }
