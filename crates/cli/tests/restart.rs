@@ -700,7 +700,13 @@ fn a_resume_is_checked_as_untrusted_input_and_refused_without_harm() {
     use agora_protocol::control::{ControlError, Response, ResumedBuffer};
     use agora_protocol::segment::Geometry;
     use std::os::fd::AsFd;
-    let daemon = Daemon::start(AGORA, "restart-forged", &["--no-opencl"]);
+    // Its log kept, for the refusals it must show the operator.
+    let dir = agora_test_support::temp_dir("restart-forged");
+    let log = dir.path().join("daemon.log");
+    let log_file = std::fs::File::create(&log).unwrap();
+    let daemon = Daemon::start_in_with(AGORA, dir, &["--no-opencl"], |command| {
+        command.env("AGORA_LOG", "warn").stderr(log_file);
+    });
     let neighbour = daemon.session_named("neighbour");
     let heap = 1u64 << 16;
     let geometry = Geometry::new(8, 8, heap).unwrap();
@@ -751,4 +757,19 @@ fn a_resume_is_checked_as_untrusted_input_and_refused_without_harm() {
     // The neighbour never noticed.
     agora_test_support::saxpy_ok(&neighbour, 10_000);
     assert!(daemon.status().sessions.iter().any(|s| s.name == "neighbour"));
+    // The operator saw the first refusal, naming the session, its uid and why; the others of
+    // the same session (as a client retrying would send) were counted, not logged.
+    let log = std::fs::read_to_string(&log).unwrap();
+    let refusals: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("refused a resume"))
+        .collect();
+    let uid = rustix::process::geteuid().as_raw();
+    assert!(
+        refusals.len() == 1
+            && refusals[0].contains("name=\"forger\"")
+            && refusals[0].contains(&format!("uid={uid}"))
+            && refusals[0].contains("exactly one descriptor"),
+        "the daemon's log of refused resumes:\n{log}"
+    );
 }

@@ -485,6 +485,48 @@ impl LogGate {
             }
         }
     }
+
+    /// Whether it logged less than a period before `now` (so the next occurrence is counted,
+    /// not logged).
+    fn recent(&self, now: Instant) -> bool {
+        self.last
+            .is_some_and(|last| now.saturating_duration_since(last) < self.every)
+    }
+}
+
+/// A [`LogGate`] per key (e.g. per uid and session name), so one key's repeats are counted
+/// without silencing another key's first line. It remembers at most `capacity` keys: when a new
+/// one finds it full, the keys quiet for a whole period (whose next line would be logged anyway)
+/// are forgotten, and if every key is recent, all are: a flood of distinct keys may then log
+/// more than once per key and period, but the daemon's memory stays bounded whatever clients
+/// send.
+#[derive(Debug)]
+pub(crate) struct KeyedLogGate<K> {
+    every: Duration,
+    capacity: usize,
+    gates: HashMap<K, LogGate>,
+}
+
+impl<K: std::hash::Hash + Eq> KeyedLogGate<K> {
+    pub(crate) fn new(every: Duration, capacity: usize) -> Self {
+        KeyedLogGate {
+            every,
+            capacity,
+            gates: HashMap::new(),
+        }
+    }
+
+    /// `Some(suppressed)` when this occurrence for `key` is to be logged, else `None` (counted).
+    pub(crate) fn allow(&mut self, key: K, now: Instant) -> Option<u64> {
+        if self.gates.len() >= self.capacity && !self.gates.contains_key(&key) {
+            self.gates.retain(|_, gate| gate.recent(now));
+            if self.gates.len() >= self.capacity {
+                self.gates.clear();
+            }
+        }
+        let every = self.every;
+        self.gates.entry(key).or_insert_with(|| LogGate::new(every)).allow(now)
+    }
 }
 
 #[cfg(test)]
@@ -617,6 +659,34 @@ mod tests {
         }
         assert_eq!(gate.allow(start + Duration::from_secs(10)), Some(999));
         assert_eq!(gate.allow(start + Duration::from_secs(11)), None);
+    }
+
+    #[test]
+    fn keyed_log_gates_count_each_keys_repeats_apart_and_stay_bounded() {
+        let start = Instant::now();
+        let mut gates = KeyedLogGate::new(Duration::from_secs(60), 2);
+        assert_eq!(gates.allow((1000, "a"), start), Some(0));
+        assert_eq!(gates.allow((1000, "a"), start), None, "a repeat is counted");
+        assert_eq!(gates.allow((1000, "b"), start), Some(0), "another name logs its first");
+        assert_eq!(gates.allow((1001, "a"), start), Some(0), "another uid logs its first");
+        // Full, every key recent: all were forgotten, so a repeat logs again (bounded memory).
+        assert_eq!(gates.gates.len(), 1);
+        assert_eq!(gates.allow((1000, "a"), start), Some(0));
+        let later = start + Duration::from_secs(60);
+        assert_eq!(gates.allow((1001, "a"), later), Some(0));
+        assert_eq!(gates.allow((1001, "a"), later), None);
+        assert_eq!(gates.allow((1001, "a"), later + Duration::from_secs(60)), Some(1));
+        // A new key in a full map forgets the quiet keys only.
+        let mut gates = KeyedLogGate::new(Duration::from_secs(60), 2);
+        assert_eq!(gates.allow("old", start), Some(0));
+        assert_eq!(gates.allow("busy", later), Some(0));
+        assert_eq!(gates.allow("busy", later), None);
+        assert_eq!(gates.allow("new", later), Some(0));
+        assert_eq!(
+            gates.allow("busy", later + Duration::from_secs(60)),
+            Some(1),
+            "the busy key kept its count"
+        );
     }
 
     #[test]

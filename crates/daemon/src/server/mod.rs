@@ -59,7 +59,7 @@ use rustix::event::epoll;
 
 use crate::config::DaemonConfig;
 use crate::control::{send_whole, ControlJob, ControlPlane, Owed};
-use crate::limits::{Books, Limit, LogGate, TokenBucket};
+use crate::limits::{Books, KeyedLogGate, Limit, LogGate, TokenBucket};
 use crate::scheduler::Scheduler;
 use crate::session::{Credentials, QueueState, Session};
 use crate::telemetry::Telemetry;
@@ -242,6 +242,8 @@ pub(crate) struct Server {
     socket_state: crate::claims::SocketState,
     /// "Out of descriptors" is logged at most once per [`ACCEPT_LOG_EVERY`].
     accept_log: LogGate,
+    /// Refused resumes, logged at most once a minute per session.
+    resume_refusals: sessions::ResumeRefusals,
     /// Exported buffers by name (`Export`, `Attach`).
     exports: crate::exports::Exports,
     /// Real-time DAGs and their release thread (`None`: no deadline device).
@@ -338,6 +340,7 @@ impl Server {
             socket_check_at: Instant::now() + SOCKET_CHECK_EVERY,
             socket_state: crate::claims::SocketState::Ours,
             accept_log: LogGate::new(ACCEPT_LOG_EVERY),
+            resume_refusals: Default::default(),
             exports: Default::default(),
             realtime,
             jobs: jobs::Jobs::load(&config.effective_state_dir()),

@@ -3,8 +3,9 @@
 //! of it checked as untrusted input), and `close` ends a connection and hands its session to the
 //! reclaim thread.
 //!
-//! Owns nothing of its own: these are the dispatcher's (`Server`'s) methods for a session's
-//! beginning and end. It must not poll rings or schedule tasks.
+//! These are the dispatcher's (`Server`'s) methods for a session's beginning and end; the only
+//! state of its own is how often refused resumes were logged ([`ResumeRefusals`]). It must not
+//! poll rings or schedule tasks.
 
 use super::*;
 
@@ -93,11 +94,7 @@ impl Server {
         doorbell: Doorbell,
         segment: Segment,
     ) -> Session {
-        let name = if client_name.is_empty() {
-            format!("pid{}", credentials.pid)
-        } else {
-            client_name
-        };
+        let name = session_name(&client_name, credentials.pid);
         Session::new(
             id,
             credentials,
@@ -161,8 +158,9 @@ impl Server {
     /// `Request::Resume`: a client whose previous daemon died hands back its segment and names
     /// its buffers, queues and kernels. Everything is checked as untrusted input (the segment's
     /// seals and size, every heap range, every handle, every queue as `CreateQueue` would); a
-    /// refusal leaves the connection pending, as a refused hello does. The session is opened at
-    /// once but answered (and its doorbell watched) only after the last part.
+    /// refusal leaves the connection pending, as a refused hello does, and is logged
+    /// ([`ResumeRefusals`]). The session is opened at once but answered (and its doorbell
+    /// watched) only after the last part.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn resume(
         &mut self,
@@ -174,19 +172,44 @@ impl Server {
         kernels: Vec<String>,
         first_part: (Vec<ResumedBuffer>, Vec<ResumedQueue>, bool),
     ) -> Option<Response> {
+        let who = self.credentials(id)?;
+        let name = session_name(&client_name, who.pid);
+        match self.open_resumed(id, version, client_name, previous_session, geometry, kernels)? {
+            Ok(()) => {
+                let (buffers, queues, more) = first_part;
+                self.resume_more(id, buffers, queues, more)
+            }
+            Err(refusal) => {
+                self.resume_refusals.log(id, who.uid, &name, &refusal);
+                Some(Response::Error(refusal))
+            }
+        }
+    }
+
+    /// The checks of a resume before its first part, and the session they open: `Err` with the
+    /// refusal, `None` when the connection is gone.
+    fn open_resumed(
+        &mut self,
+        id: u64,
+        version: u32,
+        client_name: String,
+        previous_session: u64,
+        geometry: Result<Geometry, agora_protocol::segment::GeometryError>,
+        kernels: Vec<String>,
+    ) -> Option<Result<(), ControlError>> {
         let refuse = |why: String| {
-            Some(Response::Error(ControlError::BadRequest(format!(
+            Some(Err(ControlError::BadRequest(format!(
                 "cannot resume the session: {why}"
             ))))
         };
         if version != PROTOCOL_VERSION {
-            return Some(Response::Error(ControlError::VersionMismatch {
+            return Some(Err(ControlError::VersionMismatch {
                 daemon: PROTOCOL_VERSION,
                 client: version,
             }));
         }
         if let Err(refusal) = self.session_job(&self.credentials(id)?) {
-            return Some(Response::Error(refusal));
+            return Some(Err(refusal));
         }
         let fds = match self.conns.get_mut(&id)? {
             Conn::Pending { reader, .. } => reader.take_fds(),
@@ -213,7 +236,7 @@ impl Server {
         };
         let credentials = self.credentials(id)?;
         if let Err(refusal) = self.books.may_open_session(credentials.uid, geometry.heap_len) {
-            return Some(Response::Error(refusal));
+            return Some(Err(refusal));
         }
         let identity = crate::session::segment_identity(segment_fd.as_fd());
         let holder = self
@@ -221,7 +244,7 @@ impl Server {
             .find(|s| s.segment_identity == identity)
             .map(|s| s.id);
         if let Some(session) = holder {
-            return Some(Response::Error(ControlError::SegmentInUse { session }));
+            return Some(Err(ControlError::SegmentInUse { session }));
         }
         let segment = match Segment::adopt(segment_fd, geometry) {
             Ok(s) => s,
@@ -249,8 +272,7 @@ impl Server {
             "session resuming after a daemon restart"
         );
         self.admit_session(session);
-        let (buffers, queues, more) = first_part;
-        self.resume_more(id, buffers, queues, more)
+        Some(Ok(()))
     }
 
     /// One part of a resume (the first comes with `Request::Resume`): registers its buffers and
@@ -310,9 +332,10 @@ impl Server {
             self.scheduler.buffers_lost_elsewhere();
         }
         if let Some(why) = failure {
-            let refusal = Response::Error(ControlError::BadRequest(format!("cannot resume the session: {why}")));
-            tracing::warn!(session = id, reason = %why, "refused a resume");
-            let _ = send_whole(&session.stream, &refusal, Duration::ZERO);
+            let refusal = ControlError::BadRequest(format!("cannot resume the session: {why}"));
+            self.resume_refusals
+                .log(id, session.credentials.uid, &session.name, &refusal);
+            let _ = send_whole(&session.stream, &Response::Error(refusal), Duration::ZERO);
             self.close(id);
             return None;
         }
@@ -376,6 +399,54 @@ impl Server {
             } else {
                 self.closing.push(session);
             }
+        }
+    }
+}
+
+/// The name of a session whose client named it `client_name` (none: `pid<PID>`).
+fn session_name(client_name: &str, pid: i32) -> String {
+    if client_name.is_empty() {
+        format!("pid{pid}")
+    } else {
+        client_name.to_string()
+    }
+}
+
+/// How often a refused resume of one session (uid and name) is logged at WARN at most.
+const RESUME_REFUSAL_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// The most sessions whose refused resumes are remembered for [`RESUME_REFUSAL_LOG_EVERY`].
+const RESUME_REFUSAL_KEYS: usize = 1024;
+
+/// Refused resumes, logged at WARN: an operator who restarted the daemon (an upgrade, a smaller
+/// `--session-quota`) otherwise never learns that it cut clients off, since only the clients see
+/// the refusal. A client refused for a reason that may pass (the uid's session limit, its
+/// segment still held) retries with backoff of at most 100 ms until its reconnect timeout (30 s
+/// by default): up to some 300 refusals per session and restart, for every session of the node.
+/// So each (uid, session name) logs its first refusal and then at most one line per minute,
+/// which counts the refusals left out since (each of those is logged at debug).
+#[derive(Debug)]
+pub(super) struct ResumeRefusals(KeyedLogGate<(u32, String)>);
+
+impl Default for ResumeRefusals {
+    fn default() -> Self {
+        ResumeRefusals(KeyedLogGate::new(RESUME_REFUSAL_LOG_EVERY, RESUME_REFUSAL_KEYS))
+    }
+}
+
+impl ResumeRefusals {
+    /// Connection `connection` of `uid` was refused resuming session `name` with `refusal`.
+    pub(super) fn log(&mut self, connection: u64, uid: u32, name: &str, refusal: &ControlError) {
+        match self.0.allow((uid, name.to_string()), Instant::now()) {
+            Some(suppressed) => tracing::warn!(
+                connection,
+                uid,
+                name,
+                reason = %refusal,
+                repeats_not_logged = suppressed,
+                "refused a resume"
+            ),
+            None => tracing::debug!(connection, uid, name, reason = %refusal, "refused a resume again"),
         }
     }
 }
