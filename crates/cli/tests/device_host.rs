@@ -415,6 +415,51 @@ fn round_trips(neighbour: Session, stop: Arc<AtomicBool>) -> std::thread::JoinHa
     })
 }
 
+/// A device the operator drained stays drained when its host dies and a new one takes over,
+/// and the daemon's log says so instead of saying that new work may go to it (audit A12).
+#[test]
+fn a_drained_device_whose_host_restarts_stays_drained_and_the_log_says_so() {
+    let dir = agora_test_support::temp_dir("device-host-drained");
+    std::fs::write(
+        dir.path().join("agora.toml"),
+        "[[sim]]\nname = \"sim0\"\nlanes = 1\ndevice_host = true\n",
+    )
+    .unwrap();
+    let log = dir.path().join("daemon.log");
+    let log_file = std::fs::File::create(&log).unwrap();
+    let daemon = Daemon::start_in_with(
+        AGORA,
+        dir,
+        &["--no-opencl", "--config", "{dir}/agora.toml"],
+        |command| {
+            command.env("AGORA_LOG", "warn").stderr(log_file);
+        },
+    );
+    let first = host_pid(daemon.pid()).expect("the sim runs in a device host");
+    let drain = daemon.agora(&["drain", "sim0"]);
+    assert!(drain.status.success(), "{}", String::from_utf8_lossy(&drain.stderr));
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(first as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    let read_log = || std::fs::read_to_string(&log).unwrap();
+    assert!(
+        eventually(Duration::from_secs(30), || read_log().contains("device is back")),
+        "the device never came back:\n{}",
+        read_log()
+    );
+    let text = read_log();
+    assert!(
+        text.contains("but stays drained")
+            && text.contains("agora undrain sim0")
+            && !text.contains("new work may go to it again"),
+        "{text}"
+    );
+    let sim = daemon.status().devices.into_iter().find(|d| d.name == "sim0").unwrap();
+    assert!(sim.draining && !sim.failed, "{sim:?}");
+}
+
 /// Issue 22, 3c: a device host that answers allocations slowly (here a sim in a host that
 /// answers each one 400 ms late; in life a host busy with another tenant's big transfers or
 /// departure) delays only the task that allocates: the dispatcher asks and goes on, so a

@@ -733,13 +733,27 @@ impl Scheduler {
             if self.devices[device].revive() {
                 self.migration.failed[device] = false;
                 self.migration.reviving[device] = None;
-                self.migration.draining[device] = self.migration.drained_by_operator[device];
+                let drained = self.migration.drained_by_operator[device];
+                self.migration.draining[device] = drained;
                 self.migration.stats.revivals += 1;
-                tracing::warn!(
-                    device = %self.devices[device].info().name,
-                    down_ms = down_for.as_millis() as u64,
-                    "device is back (its device host restarted); new work may go to it again"
-                );
+                let name = &self.devices[device].info().name;
+                let down_ms = down_for.as_millis() as u64;
+                // A device drained before it failed stays drained: saying that new work may go
+                // to it would send the operator looking for a drain that did not hold.
+                if drained {
+                    tracing::warn!(
+                        device = %name,
+                        down_ms,
+                        "device is back (its device host restarted) but stays drained, as it was before it failed: \
+                         `agora undrain {name}` to use it again"
+                    );
+                } else {
+                    tracing::warn!(
+                        device = %name,
+                        down_ms,
+                        "device is back (its device host restarted); new work may go to it again"
+                    );
+                }
             }
         }
         // A plain load first: this runs once per dispatcher loop, and a swap would take the
