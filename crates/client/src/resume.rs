@@ -32,9 +32,11 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use agora_protocol::control::{
-    Request, Response, ResumedBuffer, ResumedQueue, RESUME_BUFFERS_PER_MESSAGE, RESUME_QUEUES_PER_MESSAGE,
+    ControlError, Request, Response, ResumedBuffer, ResumedQueue, RESUME_BUFFERS_PER_MESSAGE, RESUME_QUEUES_PER_MESSAGE,
 };
 use agora_protocol::PROTOCOL_VERSION;
+
+use crate::Error;
 
 /// Default of how long a session tries to reach a restarted daemon.
 pub const DEFAULT_RECONNECT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -477,15 +479,38 @@ impl ResumeState {
 
 /// The reconnect timeout: the option if given, else `$AGORA_RECONNECT_TIMEOUT`, else
 /// [`DEFAULT_RECONNECT_TIMEOUT`].
-pub(crate) fn reconnect_timeout(option: Option<Duration>) -> Duration {
-    if let Some(t) = option {
-        return t;
+pub(crate) fn reconnect_timeout(option: Option<Duration>) -> Result<Duration, Error> {
+    match option {
+        Some(t) => Ok(t),
+        None => Ok(reconnect_timeout_from(std::env::var(RECONNECT_ENV).ok())?.unwrap_or(DEFAULT_RECONNECT_TIMEOUT)),
     }
-    std::env::var(RECONNECT_ENV)
-        .ok()
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .map_or(DEFAULT_RECONNECT_TIMEOUT, Duration::from_secs_f64)
+}
+
+/// The longest reconnect timeout (a day), as the Python and C options allow.
+const LONGEST_RECONNECT_TIMEOUT: Duration = Duration::from_secs(86_400);
+
+/// [`RECONNECT_ENV`]'s value (`None`: not set, or empty): seconds, fractions allowed, 0 turns
+/// reconnection off. A value that is no number of seconds is refused naming the variable, as
+/// `$AGORA_CONTROL_TIMEOUT` and `$AGORA_HEAP_BYTES` are (it was ignored: a job that set `5m`
+/// for a long maintenance window silently got 30 s).
+fn reconnect_timeout_from(value: Option<String>) -> Result<Option<Duration>, Error> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let text = value.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    match text.parse::<f64>() {
+        Ok(s) if s.is_finite() && s >= 0.0 && s <= LONGEST_RECONNECT_TIMEOUT.as_secs_f64() => {
+            Ok(Some(Duration::from_secs_f64(s)))
+        }
+        _ => Err(Error::Control(ControlError::BadRequest(format!(
+            "{RECONNECT_ENV}={value:?} is no reconnect timeout: give a number of seconds (at most {}, a \
+             day; 0 turns reconnection off), or unset it for 30 s",
+            LONGEST_RECONNECT_TIMEOUT.as_secs()
+        )))),
+    }
 }
 
 /// Waits between connection attempts: short at first (a restarting daemon is usually back
@@ -499,6 +524,27 @@ pub(crate) fn backoff(attempt: u32, deadline: Instant) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_reconnect_timeout_from_the_environment_is_seconds_or_refused_naming_it() {
+        let read = |v: &str| reconnect_timeout_from(Some(v.to_string()));
+        assert_eq!(reconnect_timeout_from(None).unwrap(), None);
+        assert_eq!(read(" ").unwrap(), None);
+        assert_eq!(read("0").unwrap(), Some(Duration::ZERO), "0 turns reconnection off");
+        assert_eq!(read("300").unwrap(), Some(Duration::from_secs(300)));
+        assert_eq!(read("0.25").unwrap(), Some(Duration::from_millis(250)));
+        for bad in ["-1", "nan", "inf", "86401", "5m", "lots"] {
+            let message = read(bad).unwrap_err().to_string();
+            assert!(
+                message.contains("AGORA_RECONNECT_TIMEOUT") && message.contains("seconds"),
+                "{bad}: {message}"
+            );
+        }
+        assert_eq!(
+            reconnect_timeout(Some(Duration::from_secs(7))).unwrap(),
+            Duration::from_secs(7)
+        );
+    }
 
     #[test]
     fn kernel_ids_stay_the_identity_until_one_changes() {

@@ -379,6 +379,7 @@ impl Session {
             ),
         };
         let control_timeout = control_timeout(options.control_timeout)?;
+        let reconnect = reconnect_timeout(options.reconnect_timeout)?;
         // A daemon that accepts but never answers (stuck, or not an Agora daemon) must not hang
         // us: bound the hello exchange.
         let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
@@ -419,7 +420,6 @@ impl Session {
         // A daemon that stops reading must not block a call forever either (requests are small,
         // so this only fires when it has not read for that long).
         let _ = stream.set_write_timeout(Some(control_timeout));
-        let reconnect = reconnect_timeout(options.reconnect_timeout);
         let resume = ResumeState::new(reconnect, path.clone(), name.clone());
         let (session, sub_cap, comp_cap, heap_len) = match response {
             Response::Welcome {
