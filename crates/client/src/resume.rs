@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use agora_protocol::control::{
-    ControlError, Request, Response, ResumedBuffer, ResumedQueue, RESUME_BUFFERS_PER_MESSAGE, RESUME_QUEUES_PER_MESSAGE,
+    Request, Response, ResumedBuffer, ResumedQueue, RESUME_BUFFERS_PER_MESSAGE, RESUME_QUEUES_PER_MESSAGE,
 };
 use agora_protocol::PROTOCOL_VERSION;
 
@@ -486,31 +486,15 @@ pub(crate) fn reconnect_timeout(option: Option<Duration>) -> Result<Duration, Er
     }
 }
 
-/// The longest reconnect timeout (a day), as the Python and C options allow.
-const LONGEST_RECONNECT_TIMEOUT: Duration = Duration::from_secs(86_400);
-
-/// [`RECONNECT_ENV`]'s value (`None`: not set, or empty): seconds, fractions allowed, 0 turns
-/// reconnection off. A value that is no number of seconds is refused naming the variable, as
-/// `$AGORA_CONTROL_TIMEOUT` and `$AGORA_HEAP_BYTES` are (it was ignored: a job that set `5m`
-/// for a long maintenance window silently got 30 s).
+/// [`RECONNECT_ENV`]'s value (`None`: not set, or empty); 0 turns reconnection off. It was
+/// ignored when no number: a job that set `5m` for a long maintenance window got 30 s.
 fn reconnect_timeout_from(value: Option<String>) -> Result<Option<Duration>, Error> {
-    let Some(value) = value else {
-        return Ok(None);
-    };
-    let text = value.trim();
-    if text.is_empty() {
-        return Ok(None);
-    }
-    match text.parse::<f64>() {
-        Ok(s) if s.is_finite() && s >= 0.0 && s <= LONGEST_RECONNECT_TIMEOUT.as_secs_f64() => {
-            Ok(Some(Duration::from_secs_f64(s)))
-        }
-        _ => Err(Error::Control(ControlError::BadRequest(format!(
-            "{RECONNECT_ENV}={value:?} is no reconnect timeout: give a number of seconds (at most {}, a \
-             day; 0 turns reconnection off), or unset it for 30 s",
-            LONGEST_RECONNECT_TIMEOUT.as_secs()
-        )))),
-    }
+    crate::session::seconds_from_env(
+        RECONNECT_ENV,
+        value,
+        "reconnect timeout",
+        Some("turns reconnection off"),
+    )
 }
 
 /// Waits between connection attempts: short at first (a restarting daemon is usually back

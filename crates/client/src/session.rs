@@ -41,9 +41,6 @@ pub const DEFAULT_CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
 /// theirs at the default.
 pub const CONTROL_TIMEOUT_ENV: &str = "AGORA_CONTROL_TIMEOUT";
 
-/// The longest control timeout (a day), as the Python and C options allow.
-const LONGEST_CONTROL_TIMEOUT: Duration = Duration::from_secs(86_400);
-
 /// How long a blocked waiter sleeps before it checks that the daemon is still there.
 const LIVENESS_CHECK: Duration = Duration::from_millis(20);
 
@@ -1021,12 +1018,24 @@ fn control_timeout(option: Option<Duration>) -> Result<Duration, Error> {
     }
 }
 
-/// [`CONTROL_TIMEOUT_ENV`]'s value (`None`: not set, or empty). Read as
-/// `$AGORA_RECONNECT_TIMEOUT` is (seconds, fractions allowed), but a value that is no number of
-/// seconds is refused naming the variable rather than ignored: an operator who set it for a
-/// slow daemon would otherwise wait the default without knowing why. 0 is refused too: every
-/// call would time out at once.
+/// [`CONTROL_TIMEOUT_ENV`]'s value (`None`: not set, or empty). 0 is refused: every call would
+/// time out at once.
 fn control_timeout_from(value: Option<String>) -> Result<Option<Duration>, Error> {
+    seconds_from_env(CONTROL_TIMEOUT_ENV, value, "control timeout", None)
+}
+
+/// A timeout in seconds from the environment variable `variable` whose value is `value`
+/// (`None`: not set, or empty): fractions allowed, at most a day, 0 only where `zero` says what
+/// it means. Anything else is refused naming the variable rather than ignored: a user who set
+/// it (for a slow daemon, a long maintenance window) would otherwise get the default without
+/// knowing why.
+pub(crate) fn seconds_from_env(
+    variable: &str,
+    value: Option<String>,
+    what: &str,
+    zero: Option<&str>,
+) -> Result<Option<Duration>, Error> {
+    const LONGEST: Duration = Duration::from_secs(86_400);
     let Some(value) = value else {
         return Ok(None);
     };
@@ -1035,13 +1044,15 @@ fn control_timeout_from(value: Option<String>) -> Result<Option<Duration>, Error
         return Ok(None);
     }
     match text.parse::<f64>() {
-        Ok(s) if s.is_finite() && s > 0.0 && s <= LONGEST_CONTROL_TIMEOUT.as_secs_f64() => {
+        Ok(s) if s.is_finite() && (s > 0.0 || (s == 0.0 && zero.is_some())) && s <= LONGEST.as_secs_f64() => {
             Ok(Some(Duration::from_secs_f64(s)))
         }
         _ => Err(Error::Control(ControlError::BadRequest(format!(
-            "{CONTROL_TIMEOUT_ENV}={value:?} is no control timeout: give a positive number of seconds \
-             (at most {}, a day; e.g. 120), or unset it for 30 s",
-            LONGEST_CONTROL_TIMEOUT.as_secs()
+            "{variable}={value:?} is no {what}: give a {}number of seconds (at most {}, a day{}), or unset \
+             it for 30 s",
+            if zero.is_some() { "" } else { "positive " },
+            LONGEST.as_secs(),
+            zero.map(|z| format!("; 0 {z}")).unwrap_or_default(),
         )))),
     }
 }
