@@ -27,6 +27,35 @@ fn host_pid(daemon: u32) -> Option<u32> {
     })
 }
 
+/// SIGKILL to a device host: what a driver assertion or a segfault does to it.
+fn kill_host(pid: u32) {
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+}
+
+/// Waits until a device host other than `first` serves the daemon's OpenCL device again;
+/// its pid.
+fn new_opencl_host(daemon: u32, first: u32, watcher: &Session) -> u32 {
+    let mut second = None;
+    assert!(
+        eventually(Duration::from_secs(30), || {
+            second = host_pid(daemon).filter(|pid| *pid != first);
+            second.is_some()
+                && watcher
+                    .status()
+                    .unwrap()
+                    .devices
+                    .iter()
+                    .any(|d| d.kind == "opencl" && !d.failed)
+        }),
+        "no new device host took over"
+    );
+    second.unwrap()
+}
+
 /// Checks that every failed round lost data that died with the device, and nothing else: a
 /// crash's one honest loss.
 fn assert_honest(failures: &[(u64, Error)]) {
@@ -170,28 +199,11 @@ fn a_crashed_device_host_costs_the_daemon_nothing_and_comes_back() {
     assert!(opencl_jobs_before > 0, "the tenant's rounds ran on OpenCL");
 
     // What a driver assertion or segfault does to the host.
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(first as i32).unwrap(),
-        rustix::process::Signal::KILL,
-    )
-    .unwrap();
+    kill_host(first);
     let at_kill = workers.tenant_done();
 
     // A new host starts and the device is back.
-    let mut second = None;
-    assert!(
-        eventually(Duration::from_secs(30), || {
-            second = host_pid(daemon.pid()).filter(|pid| *pid != first);
-            second.is_some()
-                && watcher
-                    .status()
-                    .unwrap()
-                    .devices
-                    .iter()
-                    .any(|d| d.kind == "opencl" && !d.failed)
-        }),
-        "no new device host took over"
-    );
+    let second = new_opencl_host(daemon.pid(), first, &watcher);
     // `agora status` names the new host and counts the restart.
     let described = watcher
         .status()
@@ -201,9 +213,8 @@ fn a_crashed_device_host_costs_the_daemon_nothing_and_comes_back() {
         .find(|d| d.kind == "opencl")
         .unwrap()
         .description;
-    let second_pid = second.unwrap();
     assert!(
-        described.contains(&format!("host pid {second_pid}"))
+        described.contains(&format!("host pid {second}"))
             && described.contains("restarted 1 time")
             && described.contains("last failure")
             && described.contains("signal 9"),
@@ -224,7 +235,11 @@ fn a_crashed_device_host_costs_the_daemon_nothing_and_comes_back() {
         tenant_failures.len() <= 3,
         "a crash cost more than the rounds in flight: {tenant_failures:?}"
     );
-    assert_eq!(host_pid(daemon.pid()), second, "one host per platform, restarted once");
+    assert_eq!(
+        host_pid(daemon.pid()),
+        Some(second),
+        "one host per platform, restarted once"
+    );
 }
 
 #[test]
@@ -438,11 +453,7 @@ fn a_drained_device_whose_host_restarts_stays_drained_and_the_log_says_so() {
     let first = host_pid(daemon.pid()).expect("the sim runs in a device host");
     let drain = daemon.agora(&["drain", "sim0"]);
     assert!(drain.status.success(), "{}", String::from_utf8_lossy(&drain.stderr));
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(first as i32).unwrap(),
-        rustix::process::Signal::KILL,
-    )
-    .unwrap();
+    kill_host(first);
     let read_log = || std::fs::read_to_string(&log).unwrap();
     assert!(
         eventually(Duration::from_secs(30), || read_log().contains("device is back")),
@@ -570,11 +581,7 @@ fn a_device_host_that_dies_while_an_allocation_is_asked_fails_no_task_silently()
     let round = allocating_round(tenant);
     // The first allocation is asked and unanswered for 1.5 s: the host dies meanwhile.
     std::thread::sleep(Duration::from_millis(500));
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(host as i32).unwrap(),
-        rustix::process::Signal::KILL,
-    )
-    .unwrap();
+    kill_host(host);
     let began = std::time::Instant::now();
     let (outcome, exact) = round
         .recv_timeout(Duration::from_secs(30))
@@ -1375,25 +1382,8 @@ fn an_agora_installed_over_the_running_one_is_not_started_by_it() {
     std::fs::rename(&new, &installed).unwrap();
 
     // A device host restarted after a crash, and a tenant's first program (its executor).
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(first as i32).unwrap(),
-        rustix::process::Signal::KILL,
-    )
-    .unwrap();
-    let mut second = None;
-    assert!(
-        eventually(Duration::from_secs(30), || {
-            second = host_pid(daemon.pid()).filter(|pid| *pid != first);
-            second.is_some()
-                && session
-                    .status()
-                    .unwrap()
-                    .devices
-                    .iter()
-                    .any(|d| d.kind == "opencl" && !d.failed)
-        }),
-        "no new device host took over"
-    );
+    kill_host(first);
+    let second = new_opencl_host(daemon.pid(), first, &session);
     let program = session
         .program_opencl("__kernel void scale2(__global float* x) { size_t i = get_global_id(0); x[i] *= 2.0f; }")
         .unwrap();
@@ -1413,7 +1403,7 @@ fn an_agora_installed_over_the_running_one_is_not_started_by_it() {
         std::fs::read_to_string(&ran).unwrap_or_default()
     );
     // What `ps` shows of the new host.
-    let command = std::fs::read(format!("/proc/{}/cmdline", second.unwrap())).unwrap();
+    let command = std::fs::read(format!("/proc/{}/cmdline", second)).unwrap();
     assert!(
         command.starts_with(b"agora\0device-host\0"),
         "{:?}",

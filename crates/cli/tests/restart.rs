@@ -666,6 +666,37 @@ fn objects_dropped_after_the_daemon_stopped_go_at_once_and_are_released_by_the_n
     );
 }
 
+#[test]
+fn a_drop_with_the_rings_full_of_a_killed_daemon_s_tasks_does_not_wait_for_the_next() {
+    // Two outstanding tasks fill the rings — the sgemm and the release of its input, which
+    // waits for it — and the daemon dies with both taken.
+    let mut daemon = Daemon::start(AGORA, "restart-full-drop", &["--no-opencl", "--ring-capacity", "2"]);
+    let s = session(daemon.socket(), "full-drop");
+    let q = agora_test_support::queue_preferring(&s, "full", DeviceKind::Cpu);
+    let kept = s.buffer(4096).unwrap();
+    let dropped = s.buffer(4096).unwrap();
+    let (long, _c) = agora_test_support::long_sgemm(&s, &q, 1536);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!long.is_complete().unwrap(), "the sgemm runs longer than 100 ms");
+    daemon.kill();
+    let started = Instant::now();
+    drop(dropped);
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "a drop with full rings waited {took:?} for a new daemon (the reconnect timeout is 20 s)"
+    );
+    // Not issued: the next daemon never learns of the dropped buffer; the lost tasks say so.
+    daemon.restart();
+    assert!(matches!(long.wait(), Err(Error::Task(TaskError::DaemonRestarted))));
+    let own = s.session_status(s.id()).unwrap();
+    assert_eq!(
+        own.buffers, 2,
+        "the kept buffer and the sgemm's, not the dropped one: {own:?}"
+    );
+    q.memset(&kept, 2).unwrap().wait().unwrap();
+}
+
 /// One `Request::Resume` sent raw, with `fds` attached; the daemon's reply (`None`: it closed
 /// the connection).
 fn raw_resume(

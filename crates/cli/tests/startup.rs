@@ -199,6 +199,19 @@ fn a_daemon_whose_socket_file_was_removed_still_holds_its_path() {
     assert_eq!(first.status().pid, first.pid());
     let session = first.session();
     agora_test_support::saxpy_ok(&session, 1024);
+    // Another file on the path is not the daemon's to remove: it stays (past a check), and once
+    // it is gone the socket comes back.
+    std::fs::remove_file(first.socket()).unwrap();
+    std::fs::write(first.socket(), b"not a socket").unwrap();
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(std::fs::read(first.socket()).unwrap(), b"not a socket");
+    std::fs::remove_file(first.socket()).unwrap();
+    assert!(
+        agora_test_support::eventually(Duration::from_secs(15), || first.socket().exists()),
+        "the socket file was not put back after the other file went"
+    );
+    agora_test_support::saxpy_ok(&session, 1024);
+    assert_eq!(first.status().pid, first.pid());
 }
 
 /// A state directory is one daemon's: a second daemon given the same one is refused before its

@@ -1510,7 +1510,7 @@ impl Inner {
             if !may_resume && self.daemon_gone() {
                 return Err(Error::Disconnected);
             }
-            self.wait_for_progress()?;
+            self.wait_for_progress(may_resume)?;
         }
     }
 
@@ -1750,8 +1750,10 @@ impl Inner {
     }
 
     /// Waits until at least one completion arrives (to make room in the rings), or the
-    /// thread's interrupt check ([`with_room_interrupt`]) says to give up.
-    fn wait_for_progress(&self) -> Result<(), Error> {
+    /// thread's interrupt check ([`with_room_interrupt`]) says to give up. `may_resume`: false
+    /// for a release from a `Drop`, which gives up (`Disconnected`) once the daemon is gone
+    /// rather than resume the session.
+    fn wait_for_progress(&self, may_resume: bool) -> Result<(), Error> {
         let before = self.consumed.load(Ordering::Acquire);
         let interrupted = ROOM_INTERRUPT.with(std::cell::Cell::get);
         let mut checked = Instant::now();
@@ -1770,7 +1772,16 @@ impl Inner {
             if ROOM_SPIN.with(|s| s.borrow_mut().spin(|| self.pending_in_ring())) {
                 continue;
             }
-            self.block(0, || self.consumed.load(Ordering::Acquire) != before, &ROOM_SPIN)?;
+            if may_resume {
+                self.block(0, || self.consumed.load(Ordering::Acquire) != before, &ROOM_SPIN)?;
+            } else {
+                // A release from a `Drop`: a daemon that died with the rings full is not waited
+                // for (`Inner::submit_release`).
+                self.sleep_for_completion(0, || self.consumed.load(Ordering::Acquire) != before, &ROOM_SPIN);
+                if self.daemon_gone() && !self.pending_in_ring() {
+                    return Err(Error::Disconnected);
+                }
+            }
         }
     }
 
@@ -1783,6 +1794,23 @@ impl Inner {
         satisfied: impl Fn() -> bool,
         spin: &'static std::thread::LocalKey<RefCell<AdaptiveSpin>>,
     ) -> Result<(), Error> {
+        self.sleep_for_completion(target, satisfied, spin);
+        if self.disconnected.load(Ordering::Relaxed) && !self.pending_in_ring() {
+            // Resumed on a new daemon: the tasks the old one left are complete (failed with
+            // DaemonRestarted), so the caller's condition is worth checking again.
+            self.recover_if_gone()?;
+        }
+        Ok(())
+    }
+
+    /// [`Inner::block`]'s sleep, without resuming a session whose daemon it finds gone (it
+    /// marks it `disconnected`).
+    fn sleep_for_completion(
+        &self,
+        target: u64,
+        satisfied: impl Fn() -> bool,
+        spin: &'static std::thread::LocalKey<RefCell<AdaptiveSpin>>,
+    ) {
         let header = self.segment.view().header();
         header.client_waiters.fetch_add(1, Ordering::SeqCst);
         header.client_wait_for.fetch_min(target, Ordering::SeqCst);
@@ -1811,12 +1839,6 @@ impl Inner {
         {
             self.disconnected.store(true, Ordering::Relaxed);
         }
-        if self.disconnected.load(Ordering::Relaxed) && !self.pending_in_ring() {
-            // Resumed on a new daemon: the tasks the old one left are complete (failed with
-            // DaemonRestarted), so the caller's condition is worth checking again.
-            self.recover_if_gone()?;
-        }
-        Ok(())
     }
 
     /// Whether the daemon is known to be gone (a call found the socket closed) or said it
