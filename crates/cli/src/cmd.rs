@@ -57,7 +57,7 @@ pub struct ServeArgs {
     device_quota: Option<u64>,
     /// Back-pressure: once a session's batch work on lanes is predicted to run this long, no
     /// more of its batch tasks are taken from its ring until lanes finish some (its client
-    /// waits for ring room) [default: 2000].
+    /// waits for ring room); 1 to 3600000 (1 h) [default: 2000].
     #[arg(long, value_name = "MS")]
     session_lane_work_ms: Option<u64>,
     /// Batch kernels predicted to run longer than twice this are split into slices of about this
@@ -281,7 +281,7 @@ impl ServeArgs {
             c.cuda_memory_limit = v;
         }
         if let Some(v) = self.session_lane_work_ms {
-            c.session_lane_work = Duration::from_millis(v.max(1));
+            c.session_lane_work = Duration::from_millis(v);
         }
         if let Some(v) = self.preempt_target_us {
             c.preempt_target = Duration::from_micros(v);

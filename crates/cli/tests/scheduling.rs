@@ -80,8 +80,8 @@ fn a_bad_config_file_is_refused_with_the_reason() {
     assert!(err.contains("scheduler.latency_sla_ms"), "{err}");
 }
 
-/// Out-of-range tuning flags are refused at start (audit A7), and `--opencl-lanes 0` is
-/// refused rather than turned into 1 lane.
+/// Out-of-range tuning flags are refused at start (audit A7), and `--opencl-lanes 0` and
+/// `--session-lane-work-ms 0` are refused rather than turned into 1.
 #[test]
 fn tuning_flags_out_of_range_are_refused() {
     let scratch = dir("tuning");
@@ -94,6 +94,8 @@ fn tuning_flags_out_of_range_are_refused() {
         ("--latency-sla-ms", "1e12", "at most 3600000"),
         ("--opencl-lanes", "0", "opencl.lanes"),
         ("--cuda-lanes", "0", "cuda.lanes"),
+        ("--session-lane-work-ms", "0", "sessions.lane_work_ms"),
+        ("--session-lane-work-ms", "99999999999", "at most 3600000"),
     ] {
         let out = agora(&["serve", flag, value, "--print-config"], dir);
         let err = String::from_utf8_lossy(&out.stderr);

@@ -777,6 +777,10 @@ pub const MAX_INLINE_NS: u64 = 10_000_000;
 /// The default response-time target of latency-class queues: beyond an hour it is no latency
 /// target (and a larger one overflowed a `Duration` in the flag's conversion).
 pub const MAX_LATENCY_SLA: Duration = Duration::from_secs(3600);
+/// The batch work a session may have queued on lanes before its ring stops being read: beyond
+/// an hour back-pressure never acts, and a session could hold the lanes' queues (and the
+/// daemon's memory) for that long.
+pub const MAX_SESSION_LANE_WORK: Duration = Duration::from_secs(3600);
 
 section! {
     /// `[daemon]`
@@ -1444,6 +1448,14 @@ impl DaemonConfig {
                 MAX_LATENCY_SLA.as_millis()
             ));
         }
+        if self.session_lane_work.is_zero() || self.session_lane_work > MAX_SESSION_LANE_WORK {
+            return Err(format!(
+                "the batch work a session may queue on lanes (--session-lane-work-ms, sessions.lane_work_ms) = {} ms \
+                 must be more than 0 and at most {} ms (1 h)",
+                self.session_lane_work.as_secs_f64() * 1e3,
+                MAX_SESSION_LANE_WORK.as_millis()
+            ));
+        }
         Ok(())
     }
 
@@ -1839,6 +1851,10 @@ mod tests {
                 "[scheduler]\nlatency_sla_ms = 1e12",
                 ["--latency-sla-ms", "scheduler.latency_sla_ms", "at most 3600000"],
             ),
+            (
+                "[sessions]\nlane_work_ms = 1e9",
+                ["--session-lane-work-ms", "sessions.lane_work_ms", "at most 3600000"],
+            ),
         ] {
             match DaemonConfig::from_toml(text) {
                 Err(ConfigError::Invalid(m)) => {
@@ -1852,7 +1868,7 @@ mod tests {
         // The bounds themselves are accepted.
         let edge =
             "[daemon]\nmax_spin_us = 1000000\ninline_max_ns = 10000000\n[cpu]\nlanes = 4\nthreads_per_lane = 1024\n\
-                    [opencl]\nlanes = 64\n[scheduler]\nlatency_sla_ms = 3600000";
+                    [opencl]\nlanes = 64\n[scheduler]\nlatency_sla_ms = 3600000\n[sessions]\nlane_work_ms = 3600000";
         DaemonConfig::from_toml(edge).unwrap();
     }
 
