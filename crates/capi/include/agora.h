@@ -39,7 +39,9 @@ typedef enum {
    */
   AGORA_STATUS_CONTROL = 4,
   /**
-   * An argument of this call is invalid (null pointer, bad string, too many dimensions).
+   * An argument of this call is invalid (null pointer, bad string, too many dimensions), or a
+   * setting in the environment (AGORA_HEAP_BYTES, AGORA_CONTROL_TIMEOUT, AGORA_RECONNECT_TIMEOUT)
+   * has a value the client cannot use (the message names it).
    */
   AGORA_STATUS_INVALID_ARGUMENT = 5,
   /**

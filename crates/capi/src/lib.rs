@@ -37,7 +37,9 @@ pub enum AgoraStatus {
     Task = 3,
     /// A control request failed (quota exhausted, unknown kernel, ...); see the message.
     Control = 4,
-    /// An argument of this call is invalid (null pointer, bad string, too many dimensions).
+    /// An argument of this call is invalid (null pointer, bad string, too many dimensions), or a
+    /// setting in the environment (AGORA_HEAP_BYTES, AGORA_CONTROL_TIMEOUT, AGORA_RECONNECT_TIMEOUT)
+    /// has a value the client cannot use (the message names it).
     InvalidArgument = 5,
     /// A host-side access outside a buffer.
     OutOfBounds = 6,
@@ -323,6 +325,8 @@ fn from_error(e: Error) -> AgoraStatus {
         Error::Protocol(_) => AgoraStatus::Protocol,
         Error::Timeout { .. } => AgoraStatus::Timeout,
         Error::ForkedChild { .. } => AgoraStatus::ForkedChild,
+        // A value the program's environment gave, refused like a call's own argument.
+        Error::Environment { .. } => AgoraStatus::InvalidArgument,
         // Never here: the C client installs no interrupt check.
         Error::Interrupted => AgoraStatus::Timeout,
     };

@@ -70,6 +70,17 @@ pub enum Error {
         /// The process that opened the session.
         owner_pid: u32,
     },
+    /// A setting in the environment (`AGORA_HEAP_BYTES`, `AGORA_CONTROL_TIMEOUT`,
+    /// `AGORA_RECONNECT_TIMEOUT`) has a value the client cannot use; the message names it and
+    /// what it accepts. Nothing was asked of the daemon: it is refused rather than ignored, since
+    /// a user who set it would otherwise get the default without knowing why.
+    #[error("{message}")]
+    Environment {
+        /// The variable.
+        variable: &'static str,
+        /// What is wrong with its value and what it accepts.
+        message: String,
+    },
     /// A wait for room in the rings or for a daemon to come back was cut short by the
     /// interrupt check a binding installed (Python: a signal handler raised, e.g. Ctrl-C);
     /// nothing was issued. Only bindings see it.
@@ -93,6 +104,7 @@ impl std::fmt::Debug for Error {
                 Error::Protocol(_) => "Protocol",
                 Error::Timeout { .. } => "Timeout",
                 Error::ForkedChild { .. } => "ForkedChild",
+                Error::Environment { .. } => "Environment",
                 Error::Interrupted => "Interrupted",
             };
             write!(f, "Error::{kind}: ")?;

@@ -1030,7 +1030,7 @@ fn control_timeout_from(value: Option<String>) -> Result<Option<Duration>, Error
 /// it (for a slow daemon, a long maintenance window) would otherwise get the default without
 /// knowing why.
 pub(crate) fn seconds_from_env(
-    variable: &str,
+    variable: &'static str,
     value: Option<String>,
     what: &str,
     zero: Option<&str>,
@@ -1047,13 +1047,16 @@ pub(crate) fn seconds_from_env(
         Ok(s) if s.is_finite() && (s > 0.0 || (s == 0.0 && zero.is_some())) && s <= LONGEST.as_secs_f64() => {
             Ok(Some(Duration::from_secs_f64(s)))
         }
-        _ => Err(Error::Control(ControlError::BadRequest(format!(
-            "{variable}={value:?} is no {what}: give a {}number of seconds (at most {}, a day{}), or unset \
+        _ => Err(Error::Environment {
+            variable,
+            message: format!(
+                "{variable}={value:?} is no {what}: give a {}number of seconds (at most {}, a day{}), or unset \
              it for 30 s",
-            if zero.is_some() { "" } else { "positive " },
-            LONGEST.as_secs(),
-            zero.map(|z| format!("; 0 {z}")).unwrap_or_default(),
-        )))),
+                if zero.is_some() { "" } else { "positive " },
+                LONGEST.as_secs(),
+                zero.map(|z| format!("; 0 {z}")).unwrap_or_default(),
+            ),
+        }),
     }
 }
 
@@ -1094,9 +1097,12 @@ fn heap_bytes_from(value: Option<String>) -> Result<Option<u64>, Error> {
         .filter(|&n| n > 0);
     match bytes {
         Some(bytes) => Ok(Some(bytes)),
-        None => Err(Error::Control(ControlError::BadRequest(format!(
-            "{HEAP_ENV}={value:?} is no heap size: give bytes, or a number with K, M or G (e.g. 256M), or unset it"
-        )))),
+        None => Err(Error::Environment {
+            variable: HEAP_ENV,
+            message: format!(
+                "{HEAP_ENV}={value:?} is no heap size: give bytes, or a number with K, M or G (e.g. 256M), or unset it"
+            ),
+        }),
     }
 }
 
@@ -2201,9 +2207,14 @@ mod tests {
         assert_eq!(heap("2g").unwrap(), Some(2 << 30));
         assert_eq!(heap("64 K").unwrap(), Some(64 << 10));
         for bad in ["0", "-1", "1.5G", "12T", "M", "lots", "99999999999999G"] {
-            let message = heap(bad).unwrap_err().to_string();
+            let error = heap(bad).unwrap_err();
             assert!(
-                message.contains("AGORA_HEAP_BYTES") && message.contains("256M"),
+                matches!(error, Error::Environment { variable: HEAP_ENV, .. }),
+                "{bad}: {error:#?}"
+            );
+            let message = error.to_string();
+            assert!(
+                message.contains("AGORA_HEAP_BYTES") && message.contains("256M") && !message.contains("bad request"),
                 "{bad}: {message}"
             );
         }
@@ -2214,9 +2225,22 @@ mod tests {
         assert_eq!(control("120").unwrap(), Some(Duration::from_secs(120)));
         assert_eq!(control("0.5").unwrap(), Some(Duration::from_millis(500)));
         for bad in ["0", "-1", "nan", "inf", "86401", "30s", "lots"] {
-            let message = control(bad).unwrap_err().to_string();
+            let error = control(bad).unwrap_err();
             assert!(
-                message.contains("AGORA_CONTROL_TIMEOUT") && message.contains("seconds"),
+                matches!(
+                    error,
+                    Error::Environment {
+                        variable: CONTROL_TIMEOUT_ENV,
+                        ..
+                    }
+                ),
+                "{bad}: {error:#?}"
+            );
+            let message = error.to_string();
+            assert!(
+                message.contains("AGORA_CONTROL_TIMEOUT")
+                    && message.contains("seconds")
+                    && !message.contains("bad request"),
                 "{bad}: {message}"
             );
         }

@@ -236,6 +236,12 @@ create_exception!(
 );
 create_exception!(
     agora,
+    EnvironmentSettingError,
+    AgoraError,
+    "A setting in the environment (AGORA_HEAP_BYTES, AGORA_CONTROL_TIMEOUT, AGORA_RECONNECT_TIMEOUT) has a value the client cannot use; the message names it and what it accepts. Nothing was asked of the daemon."
+);
+create_exception!(
+    agora,
     BadRequestError,
     AgoraError,
     "The daemon refused a malformed request."
@@ -310,6 +316,7 @@ fn client_exception(error: &Error, message: String) -> PyErr {
             ControlError::Dag(_) => DagError::new_err(message),
         },
         Error::ForkedChild { .. } => ForkedChildError::new_err(message),
+        Error::Environment { .. } => EnvironmentSettingError::new_err(message),
         // The exception the signal handler raised (Ctrl-C's KeyboardInterrupt), kept by
         // `signal_pending` when the client asked it.
         Error::Interrupted => PENDING_SIGNAL

@@ -54,6 +54,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         DisconnectedError,
         ClosedError,
         ForkedChildError,
+        EnvironmentSettingError,
         BufferInUseError,
         ProtocolError,
         TimeoutError,

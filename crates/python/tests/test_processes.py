@@ -209,3 +209,5 @@ def test_agora_heap_bytes_in_the_environment_sets_the_default_heap(daemon):
     out = run("lots")
     assert out.returncode != 0
     assert "AGORA_HEAP_BYTES" in out.stderr and "256M" in out.stderr, out.stderr
+    # Its own class, not the daemon's refusal of a request: nothing was asked of the daemon.
+    assert "agora.EnvironmentSettingError" in out.stderr and "bad request" not in out.stderr, out.stderr

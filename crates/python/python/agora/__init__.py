@@ -34,6 +34,7 @@ from ._native import (  # noqa: F401  (re-exported API)
     DisconnectedError,
     ClosedError,
     ForkedChildError,
+    EnvironmentSettingError,
     BufferInUseError,
     ProtocolError,
     TimeoutError,

@@ -317,6 +317,10 @@ class ForkedChildError(AgoraError):
     opened: a forked child must open its own session (multiprocessing: the 'spawn' or
     'forkserver' start method, or a session opened in the worker). The parent's session is
     not disturbed, and the child may drop its copies of the inherited objects."""
+class EnvironmentSettingError(AgoraError):
+    """A setting in the environment (AGORA_HEAP_BYTES, AGORA_CONTROL_TIMEOUT,
+    AGORA_RECONNECT_TIMEOUT) has a value the client cannot use; the message names it and
+    what it accepts. Nothing was asked of the daemon."""
 class BufferInUseError(AgoraError): ...
 class ProtocolError(AgoraError): ...
 class TimeoutError(AgoraError): ...
