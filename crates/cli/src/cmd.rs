@@ -1046,11 +1046,18 @@ pub fn trace_save(socket: Option<PathBuf>) -> Result<()> {
 /// `agora kernels` options.
 #[derive(Args, Debug)]
 pub struct KernelsArgs {
-    /// What to do: list the kernels (no action), or `reload` the kernel packages without
+    /// What to do: list the kernels (no action); `reload` the kernel packages without
     /// restarting the daemon (admins only: the daemon's `[daemon] admin_uids` and members of
-    /// `admin_gids`; by default root and the daemon's user).
-    #[arg(value_name = "ACTION", value_parser = ["reload"])]
+    /// `admin_gids`; by default root and the daemon's user); or `check DIR...`: load the
+    /// packages in DIR as the daemon would and compile their OpenCL C on this node's OpenCL
+    /// devices (and their CUDA C with NVRTC where installed), without a daemon. The daemon
+    /// compiles a package's OpenCL C only at a kernel's first launch, so check a package before
+    /// installing it.
+    #[arg(value_name = "ACTION", value_parser = ["reload", "check"])]
     action: Option<String>,
+    /// For `check`: package directories, or directories of packages.
+    #[arg(value_name = "DIR")]
+    dirs: Vec<PathBuf>,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -1059,6 +1066,12 @@ pub struct KernelsArgs {
 }
 
 pub fn kernels(args: KernelsArgs) -> Result<()> {
+    if args.action.as_deref() == Some("check") {
+        return check_packages(&args.dirs, args.json);
+    }
+    if !args.dirs.is_empty() {
+        bail!("directories are for `agora kernels check DIR...`; `agora kernels` and `agora kernels reload` take none");
+    }
     if args.action.as_deref() == Some("reload") {
         let report = agora::reload_kernels(args.socket.path()).context("could not reload the kernel packages")?;
         if args.json {
@@ -1120,6 +1133,134 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `agora kernels check DIR...`: loads each package as the daemon would (manifest, size rules,
+/// shared object and symbols) and compiles its OpenCL C on every OpenCL device of this node and
+/// its CUDA C with NVRTC (for compute_80) where NVRTC is installed. Fails when any package does
+/// not load or any implementation does not compile.
+fn check_packages(dirs: &[PathBuf], json: bool) -> Result<()> {
+    if dirs.is_empty() {
+        bail!("give the package directories to check: agora kernels check DIR... (a package directory, with package.toml, or a directory of packages)");
+    }
+    let mut report = Vec::new();
+    let mut problems = 0usize;
+    for dir in dirs {
+        let packages = agora_packages::discover(dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+        if packages.is_empty() {
+            bail!(
+                "{}: no package here (a package directory has a package.toml)",
+                dir.display()
+            );
+        }
+        for package_dir in packages {
+            let package = match agora_packages::load(&package_dir) {
+                Ok(package) => package,
+                Err(e) => {
+                    problems += 1;
+                    report
+                        .push(serde_json::json!({ "dir": package_dir.display().to_string(), "error": e.to_string() }));
+                    if !json {
+                        println!("{}: does not load: {e}", package_dir.display());
+                    }
+                    continue;
+                }
+            };
+            if !json {
+                let version = package.version.as_deref().map(|v| format!(" {v}")).unwrap_or_default();
+                println!(
+                    "package {}{version} ({}): loads, {} kernel(s)",
+                    package.name,
+                    package_dir.display(),
+                    package.kernels.len()
+                );
+            }
+            let mut kernels = Vec::new();
+            for kernel in &package.kernels {
+                let name = kernel.def.name.to_string();
+                let mut checks = Vec::new();
+                if kernel.def.cpu.is_some() {
+                    checks.push(("cpu".to_string(), Ok("its symbol is bound".to_string())));
+                }
+                if let Some(imp) = &kernel.def.opencl {
+                    match agora_devices::opencl::check_build(imp) {
+                        Ok(devices) if devices.is_empty() => checks.push((
+                            "opencl".to_string(),
+                            Ok("not compiled: no OpenCL device on this node".to_string()),
+                        )),
+                        Ok(devices) => {
+                            for (device, outcome) in devices {
+                                checks.push((format!("opencl on {device}"), outcome.map(|()| "compiles".to_string())));
+                            }
+                        }
+                        Err(why) => checks.push(("opencl".to_string(), Ok(format!("not compiled: {why}")))),
+                    }
+                }
+                if let Some(imp) = &kernel.def.cuda {
+                    let outcome = match &imp.code {
+                        agora_kernels::CudaCode::Source(source) if agora_devices::cuda::programs::nvrtc_available() => {
+                            agora_devices::cuda::programs::compile_ptx(&imp.program, source, 80)
+                                .map(|_| "compiles (NVRTC, compute_80)".to_string())
+                                .map_err(|e| e.log)
+                        }
+                        agora_kernels::CudaCode::Source(_) => Ok(
+                            "not compiled: NVRTC is not installed here (set AGORA_NVRTC to libnvrtc.so)".to_string(),
+                        ),
+                        agora_kernels::CudaCode::Ptx(_) => {
+                            Ok("PTX: assembled by the driver on a GPU, not here".to_string())
+                        }
+                    };
+                    checks.push(("cuda".to_string(), outcome));
+                }
+                for (what, outcome) in &checks {
+                    match outcome {
+                        Ok(said) if !json => println!("  {name}: {what}: {said}"),
+                        Err(log) => {
+                            problems += 1;
+                            if !json {
+                                println!(
+                                    "  {name}: {what}: DOES NOT COMPILE:\n{}",
+                                    indent(log.trim_end(), "      ")
+                                );
+                            }
+                        }
+                        Ok(_) => {}
+                    }
+                }
+                kernels.push(serde_json::json!({
+                    "name": name,
+                    "checks": checks.iter().map(|(what, outcome)| match outcome {
+                        Ok(said) => serde_json::json!({ "what": what, "ok": true, "said": said }),
+                        Err(log) => serde_json::json!({ "what": what, "ok": false, "log": log }),
+                    }).collect::<Vec<_>>(),
+                }));
+            }
+            report.push(serde_json::json!({
+                "dir": package_dir.display().to_string(),
+                "package": package.name,
+                "version": package.version,
+                "kernels": kernels,
+            }));
+        }
+    }
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "packages": report, "problems": problems }))?
+        );
+    }
+    if problems > 0 {
+        bail!("{problems} problem(s) found: fix them before installing these packages (the daemon would refuse a package that does not load, and fail the first launch of a kernel that does not compile)");
+    }
+    Ok(())
+}
+
+/// `text` with `prefix` before each line.
+fn indent(text: &str, prefix: &str) -> String {
+    text.lines()
+        .map(|line| format!("{prefix}{line}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// `agora run` options.

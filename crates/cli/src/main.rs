@@ -71,7 +71,8 @@ enum Command {
     /// Admin: let the policy place work on a drained device again.
     Undrain(cmd::DeviceArgs),
     /// List the kernels the daemon offers (built-in and from kernel packages) with their
-    /// signatures and implementations; `agora kernels reload` loads the packages again.
+    /// signatures and implementations; `agora kernels reload` loads the packages again;
+    /// `agora kernels check DIR` checks packages before they are installed.
     Kernels(cmd::KernelsArgs),
     /// List the exported buffers you may attach (yours, and those exported to your uid or
     /// group; an administrator sees all): name, exporter, size, mode and attachers.

@@ -131,6 +131,28 @@ fn a_package_is_listed_and_runs_on_the_cpu_and_on_opencl() {
     let text = daemon.agora(&["kernels"]);
     assert!(String::from_utf8_lossy(&text.stdout).contains("[package demo; opencl, cpu, chunkable]"));
 
+    // `agora kernels check` passes it, without a daemon: it loads, its symbol is bound and its
+    // OpenCL C compiles; `--json` says the same.
+    let out = Command::new(AGORA)
+        .args(["kernels", "check", "--json"])
+        .arg(dir.path().join("pkgs"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let checked: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(checked["problems"], 0);
+    let checks = checked["packages"][0]["kernels"][0]["checks"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(checks.iter().all(|c| c["ok"] == true), "{checks:?}");
+    assert!(
+        checks
+            .iter()
+            .any(|c| c["what"].as_str().unwrap().starts_with("opencl on") && c["said"] == "compiles"),
+        "{checks:?}"
+    );
+
     scale_on(&daemon, DeviceKind::Cpu);
     if daemon.status().devices.iter().any(|d| d.kind == "opencl") {
         scale_on(&daemon, DeviceKind::OpenCl);
@@ -225,4 +247,129 @@ fn two_packages_defining_one_kernel_are_refused_at_start() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("no-such-dir") && err.contains("package.toml"), "{err}");
     assert!(!dir.path().join("agora.sock").exists(), "no socket left behind");
+}
+
+/// A package whose OpenCL C does not compile (audit K-D7): its first launch fails with a message
+/// that says the kernel's source did not compile and the device is fine (it read "the device
+/// failed to run the task (OpenCL error -11)"), later ones with NoDevice saying why a device
+/// may not run a kernel (it read "no usable device on this node runs kernel id 19" and pointed
+/// at `agora undrain`), and the device goes on running other kernels.
+#[test]
+fn a_package_whose_opencl_does_not_compile_says_so_and_leaves_the_device_working() {
+    let dir = temp_dir("packages-broken-cl");
+    let package = dir.path().join("pkgs/broken");
+    std::fs::create_dir_all(&package).unwrap();
+    std::fs::write(
+        package.join("package.toml"),
+        r#"[package]
+name = "broken"
+
+[kernels.k]
+doc = "y = 1; range n"
+params = ["y: f32 write", "n: i32"]
+range = ["n"]
+sizes = { y = "n" }
+opencl = { file = "broken.cl", entry = "k" }
+"#,
+    )
+    .unwrap();
+    std::fs::write(
+        package.join("broken.cl"),
+        "__kernel void k(__global float *y, const int n, const ulong r0, const ulong r1, const ulong r2) {\n    y[get_global_id(0)] = undeclared_identifier;\n}\n",
+    )
+    .unwrap();
+    // `agora kernels check` finds it before any daemon runs it, with the compiler's log naming
+    // the package's file (not the compiler's temporary copy).
+    let out = Command::new(AGORA)
+        .args(["kernels", "check"])
+        .arg(dir.path().join("pkgs"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        said.contains("broken.k: opencl on") && said.contains("DOES NOT COMPILE") && said.contains("broken.cl:2:"),
+        "{said}"
+    );
+    assert!(!said.contains("tempfile_"), "{said}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("1 problem(s) found"));
+    let daemon = Daemon::start(
+        AGORA,
+        "packages-broken-cl",
+        &["--kernels", &format!("{}/pkgs", dir.path().display())],
+    );
+    assert!(
+        daemon.status().devices.iter().any(|d| d.kind == "opencl"),
+        "this test needs the OpenCL device (PoCL, installed by scripts/setup.sh)"
+    );
+    let session = daemon.session();
+    let kernel = session.kernel("broken.k").unwrap();
+    let queue = session.queue("broken").unwrap();
+    let y = session.buffer(64).unwrap();
+    let launch = || {
+        queue
+            .launch(&kernel, &[(&y).into(), Arg::I32(16)], 16u64)
+            .unwrap()
+            .wait()
+            .expect_err("a kernel whose source does not compile cannot run")
+            .to_string()
+    };
+    let first = launch();
+    assert!(
+        first.contains("did not compile") && first.contains("the device is fine") && !first.contains("-11)"),
+        "{first}"
+    );
+    // Later launches (the device no longer offers the kernel: NoDevice, or the same refusal
+    // while the queue's binding lasts), from this session and from a new one, say why too.
+    let second = launch();
+    assert!(
+        second.contains("did not compile") && !second.contains("kernel id"),
+        "{second}"
+    );
+    let other = daemon.session();
+    let (queue, y) = (other.queue("broken too").unwrap(), other.buffer(64).unwrap());
+    let third = queue
+        .launch(&other.kernel("broken.k").unwrap(), &[(&y).into(), Arg::I32(16)], 16u64)
+        .unwrap()
+        .wait()
+        .expect_err("a kernel whose source does not compile cannot run")
+        .to_string();
+    assert!(
+        third.contains("did not compile") && !third.contains("kernel id"),
+        "{third}"
+    );
+    // The device runs the library's kernels as before.
+    let opencl = session
+        .queue_with(QueueOptions {
+            name: "after".into(),
+            class: QueueClass::Batch,
+            preferred_device: Some(DeviceKind::OpenCl),
+            sla: None,
+        })
+        .unwrap();
+    let x = session.buffer_from(&[1.0f32; 16]).unwrap();
+    let z = session.buffer_from(&[1.0f32; 16]).unwrap();
+    opencl.sync_to(&x).unwrap();
+    opencl.sync_to(&z).unwrap();
+    let saxpy = session.kernel("saxpy").unwrap();
+    opencl
+        .launch(&saxpy, &[Arg::F32(2.0), (&x).into(), (&z).into()], 16u64)
+        .unwrap();
+    opencl.sync_from(&z).unwrap();
+    opencl.finish().unwrap();
+    assert_eq!(z.read_vec::<f32>(), vec![3.0f32; 16]);
+    assert!(
+        daemon
+            .status()
+            .devices
+            .iter()
+            .any(|d| d.kind == DeviceKind::OpenCl && !d.failed && !d.draining),
+        "{:?}",
+        daemon.status().devices
+    );
 }

@@ -268,8 +268,9 @@ pub enum TaskError {
         /// The device's memory, MiB (sent in the completion record's `reserved` word).
         device_mib: u32,
     },
-    /// The device reported an error running the task (logged by the daemon).
-    #[error("the device failed to run the task (OpenCL error {0}); the daemon logged the details")]
+    /// The device reported an error running the task (logged by the daemon): an OpenCL error
+    /// code (negative) or a CUDA driver result (positive).
+    #[error("{}", device_failed(*.0))]
     DeviceFailed(i64),
     /// The device running the task failed (a backend reports this for every job on a device
     /// that is gone). The daemon replays such a task on another device when its inputs survive;
@@ -826,7 +827,7 @@ pub const SESSION_KERNEL_BIT: u32 = 1 << 31;
 fn no_device(kernel: u32) -> String {
     if kernel & SESSION_KERNEL_BIT != 0 {
         format!(
-            "no usable device on this node runs kernel id {kernel} (kernel {} of the programs this session built): \
+            "no usable device on this node runs this kernel (kernel {} of the programs this session built, id {kernel}): \
              a CUDA C or PTX program's kernels run only on an NVIDIA GPU, and no GPU on this node runs them (the \
              program's build log said so); an OpenCL C or C program's run on the CPU device, which is then \
              drained or failed (`agora status` shows which)",
@@ -834,10 +835,82 @@ fn no_device(kernel: u32) -> String {
         )
     } else {
         format!(
-            "no usable device on this node runs kernel id {kernel}: none implements it, or every device that does \
-             is drained or failed (`agora status` shows which; `agora undrain DEVICE` brings one back)"
+            "no usable device on this node runs this kernel (id {kernel}): none implements it, its OpenCL C did not \
+             compile on the device that would (a broken kernel package: the daemon logged the compiler's output), or \
+             every device that does is drained or failed (`agora status` shows which; `agora undrain DEVICE` brings \
+             one back)"
         )
     }
+}
+
+/// [`TaskError::DeviceFailed`]'s message: the code's name, and for a kernel whose OpenCL C did
+/// not compile (a broken kernel package: tenant programs are compiled when built, library
+/// kernels are tested) what follows from it, since the code alone reads like a failed device.
+fn device_failed(code: i64) -> String {
+    const CL_BUILD_PROGRAM_FAILURE: i64 = -11;
+    if code == CL_BUILD_PROGRAM_FAILURE {
+        return "the kernel's OpenCL C did not compile for this device (CL_BUILD_PROGRAM_FAILURE): its kernel \
+                package is broken, the device is fine. The daemon logged the compiler's output; the device no longer \
+                offers this kernel (later launches fail with NoDevice) until the package is fixed and reloaded \
+                (`agora kernels reload`)"
+            .to_string();
+    }
+    let name = if code < 0 { opencl_error_name(code) } else { None };
+    match (code < 0, name) {
+        (true, Some(name)) => {
+            format!("the device failed to run the task (OpenCL error {code}, {name}); the daemon logged the details")
+        }
+        (true, None) => {
+            format!("the device failed to run the task (OpenCL error {code}); the daemon logged the details")
+        }
+        (false, _) => format!("the device failed to run the task (CUDA error {code}); the daemon logged the details"),
+    }
+}
+
+/// The names of the OpenCL error codes a task can meet (`CL_*`, OpenCL 1.2 and 2.x).
+fn opencl_error_name(code: i64) -> Option<&'static str> {
+    Some(match code {
+        -1 => "CL_DEVICE_NOT_FOUND",
+        -2 => "CL_DEVICE_NOT_AVAILABLE",
+        -3 => "CL_COMPILER_NOT_AVAILABLE",
+        -4 => "CL_MEM_OBJECT_ALLOCATION_FAILURE",
+        -5 => "CL_OUT_OF_RESOURCES",
+        -6 => "CL_OUT_OF_HOST_MEMORY",
+        -7 => "CL_PROFILING_INFO_NOT_AVAILABLE",
+        -8 => "CL_MEM_COPY_OVERLAP",
+        -9 => "CL_IMAGE_FORMAT_MISMATCH",
+        -10 => "CL_IMAGE_FORMAT_NOT_SUPPORTED",
+        -12 => "CL_MAP_FAILURE",
+        -13 => "CL_MISALIGNED_SUB_BUFFER_OFFSET",
+        -14 => "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST",
+        -15 => "CL_COMPILE_PROGRAM_FAILURE",
+        -16 => "CL_LINKER_NOT_AVAILABLE",
+        -17 => "CL_LINK_PROGRAM_FAILURE",
+        -30 => "CL_INVALID_VALUE",
+        -33 => "CL_INVALID_DEVICE",
+        -34 => "CL_INVALID_CONTEXT",
+        -36 => "CL_INVALID_COMMAND_QUEUE",
+        -38 => "CL_INVALID_MEM_OBJECT",
+        -44 => "CL_INVALID_PROGRAM",
+        -45 => "CL_INVALID_PROGRAM_EXECUTABLE",
+        -46 => "CL_INVALID_KERNEL_NAME",
+        -47 => "CL_INVALID_KERNEL_DEFINITION",
+        -48 => "CL_INVALID_KERNEL",
+        -49 => "CL_INVALID_ARG_INDEX",
+        -50 => "CL_INVALID_ARG_VALUE",
+        -51 => "CL_INVALID_ARG_SIZE",
+        -52 => "CL_INVALID_KERNEL_ARGS",
+        -53 => "CL_INVALID_WORK_DIMENSION",
+        -54 => "CL_INVALID_WORK_GROUP_SIZE",
+        -55 => "CL_INVALID_WORK_ITEM_SIZE",
+        -56 => "CL_INVALID_GLOBAL_OFFSET",
+        -57 => "CL_INVALID_EVENT_WAIT_LIST",
+        -58 => "CL_INVALID_EVENT",
+        -59 => "CL_INVALID_OPERATION",
+        -61 => "CL_INVALID_BUFFER_SIZE",
+        -63 => "CL_INVALID_GLOBAL_WORK_SIZE",
+        _ => return None,
+    })
 }
 
 /// A signal's conventional name, for messages.
@@ -1024,7 +1097,27 @@ mod tests {
             "{e}"
         );
         let e = TaskError::NoDevice(7).to_string();
-        assert!(e.contains("kernel id 7:") && !e.contains("NVIDIA"), "{e}");
+        assert!(
+            e.contains("(id 7)") && e.contains("did not compile") && !e.contains("NVIDIA"),
+            "{e}"
+        );
+    }
+
+    /// A device error names its code (audit K-D7: a package whose OpenCL C did not compile read
+    /// "the device failed to run the task (OpenCL error -11)", on a device that was fine).
+    #[test]
+    fn a_device_error_names_its_code_and_a_failed_compile_says_so() {
+        let e = TaskError::DeviceFailed(-11).to_string();
+        assert!(
+            e.contains("did not compile") && e.contains("CL_BUILD_PROGRAM_FAILURE") && e.contains("the device is fine"),
+            "{e}"
+        );
+        let e = TaskError::DeviceFailed(-54).to_string();
+        assert!(e.contains("OpenCL error -54, CL_INVALID_WORK_GROUP_SIZE"), "{e}");
+        let e = TaskError::DeviceFailed(-9999).to_string();
+        assert!(e.contains("OpenCL error -9999)"), "{e}");
+        let e = TaskError::DeviceFailed(700).to_string();
+        assert!(e.contains("CUDA error 700"), "{e}");
     }
 
     #[test]

@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 use agora_kernels::OpenClImpl;
 use agora_protocol::{Resource, TaskError};
 use opencl3::context::Context;
-use opencl3::error_codes::{CL_BUILD_PROGRAM_FAILURE, CL_OUT_OF_HOST_MEMORY, CL_OUT_OF_RESOURCES};
+use opencl3::error_codes::{
+    CL_BUILD_PROGRAM_FAILURE, CL_INVALID_KERNEL_ARGS, CL_OUT_OF_HOST_MEMORY, CL_OUT_OF_RESOURCES,
+};
 use opencl3::kernel::Kernel;
 use opencl3::program::Program;
 
@@ -62,7 +64,12 @@ struct Retry {
 impl Programs {
     /// The program of `imp` for `context` (the device named `device`), built now if it was not.
     pub(super) fn get(&self, context: &Context, device: &str, imp: &OpenClImpl) -> Result<Arc<Program>, TaskError> {
-        self.get_or_build(device, &imp.program, || build(context, device, imp))
+        self.get_or_build(device, &imp.program, || {
+            build(context, device, imp).map_err(|mut failure| {
+                failure.log = with_source_named(&failure.log, imp);
+                failure
+            })
+        })
     }
 
     /// Program `name` of device `device`: the cached one, or the one `build` makes now (unless
@@ -280,6 +287,68 @@ fn build(context: &Context, device: &str, imp: &OpenClImpl) -> Result<Program, B
     from_source(context, &imp.source)
 }
 
+/// A device's name (`platform: device`) and whether a program built on it (else the compiler's
+/// log), from [`check_build`].
+pub type DeviceBuild = (String, Result<(), String>);
+
+/// Compiles `imp` for every OpenCL device of this node (its shipped binary where one matches the
+/// device, else its source), as the daemon does at a kernel's first use, and looks its entry
+/// point up: `agora kernels check` reports a package's OpenCL C that does not compile before
+/// the package is installed (the daemon learns it only at a first launch). Each device's name
+/// with `Ok`, or the compiler's log. The driver's compiler runs in the calling process: a tool's,
+/// never the daemon's, so a compiler that crashes ends only the check.
+pub fn check_build(imp: &OpenClImpl) -> Result<Vec<DeviceBuild>, String> {
+    use opencl3::device::{Device, CL_DEVICE_TYPE_ALL};
+    let platforms = match std::panic::catch_unwind(opencl3::platform::get_platforms) {
+        Ok(Ok(platforms)) => platforms,
+        Ok(Err(e)) => {
+            return Err(format!(
+                "no OpenCL platform: {e} (install an ICD, e.g. pocl-opencl-icd)"
+            ))
+        }
+        Err(_) => return Err("OpenCL is not available (no ICD loader libOpenCL.so.1 found)".into()),
+    };
+    let mut results = Vec::new();
+    for platform in platforms {
+        let platform_name = platform.name().unwrap_or_else(|_| "unknown platform".into());
+        let ids = platform
+            .get_devices(CL_DEVICE_TYPE_ALL)
+            .map_err(|e| format!("OpenCL platform {platform_name}: cannot list devices: {e}"))?;
+        for id in ids {
+            let device = Device::new(id);
+            let name = format!("{platform_name}: {}", device.name().unwrap_or_default());
+            let outcome = Context::from_device(&device)
+                .map_err(|e| format!("cannot create a context: {e}"))
+                .and_then(|context| {
+                    let program =
+                        build(&context, &name, imp).map_err(|failure| with_source_named(&failure.log, imp))?;
+                    Kernel::create(&program, &imp.entry)
+                        .map(drop)
+                        .map_err(|e| format!("no kernel `{}` in the program: {e}", imp.entry))
+                });
+            results.push((name, outcome));
+        }
+    }
+    Ok(results)
+}
+
+/// `log` with the compiler's temporary file (PoCL compiles a copy, `…/tempfile_XXXX.cl`) named
+/// as the operator knows it: the file part of the program's name (`package/file.cl@hash`).
+fn with_source_named(log: &str, imp: &OpenClImpl) -> String {
+    let file = imp.program.split('@').next().unwrap_or(&imp.program);
+    let file = file.rsplit('/').next().unwrap_or(file);
+    log.split_inclusive(|c: char| c.is_whitespace())
+        .map(|word| match word.find("tempfile_") {
+            Some(at) if word[at..].contains(".cl") => {
+                let start = word[..at].rfind(|c: char| c.is_whitespace()).map_or(0, |i| i + 1);
+                let end = at + word[at..].find(".cl").unwrap_or(0) + 3;
+                format!("{}{file}{}", &word[..start], &word[end..])
+            }
+            _ => word.to_string(),
+        })
+        .collect()
+}
+
 /// A program compiled from `source` for the context's devices.
 fn from_source(context: &Context, source: &str) -> Result<Program, BuildFailure> {
     clear_errno();
@@ -345,7 +414,7 @@ pub(super) fn kernel_object(
         Some(4) => Convention::Revocable,
         _ => {
             tracing::error!(device = %device, kernel = %imp.entry, declared, params, "OpenCL kernel does not match its signature");
-            return Err(TaskError::DeviceFailed(-51)); // CL_INVALID_KERNEL_ARGS
+            return Err(TaskError::DeviceFailed(CL_INVALID_KERNEL_ARGS.into()));
         }
     };
     Ok((kernel, convention))
@@ -361,7 +430,8 @@ mod tests {
     use opencl3::program::Program;
 
     use super::super::{discover, OpenClDevice};
-    use super::{backoff, from_source, BuildFailure, Programs, RETRY_AFTER, RETRY_AFTER_MAX};
+    use super::{backoff, from_source, with_source_named, BuildFailure, Programs, RETRY_AFTER, RETRY_AFTER_MAX};
+    use agora_kernels::OpenClImpl;
 
     fn failure(code: i32, errno: Option<i32>, log: &str) -> BuildFailure {
         BuildFailure {
@@ -412,6 +482,22 @@ mod tests {
         for f in own {
             assert_eq!(f.transient(), None, "{f:?}");
         }
+    }
+
+    #[test]
+    fn a_build_log_names_the_packages_file_not_the_compilers_copy() {
+        let imp = OpenClImpl {
+            program: "badcl/broken.cl@7a9754d6".into(),
+            source: "".into(),
+            entry: "k".into(),
+            local: None,
+            binaries: Default::default(),
+        };
+        let log = "CL_BUILD_PROGRAM_FAILURE, build log: error: /root/.cache/pocl/kcache/tempfile_hsqZZB.cl:2:27: use of undeclared identifier 'x'\nerror: tempfile_a1.cl:3:1: more";
+        assert_eq!(
+            with_source_named(log, &imp),
+            "CL_BUILD_PROGRAM_FAILURE, build log: error: broken.cl:2:27: use of undeclared identifier 'x'\nerror: broken.cl:3:1: more"
+        );
     }
 
     #[test]
