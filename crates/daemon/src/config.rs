@@ -1241,7 +1241,10 @@ impl DaemonConfig {
     /// "agora"` became `/agora`).
     pub fn apply_toml_file(&mut self, text: &str, path: &Path) -> Result<(), ConfigError> {
         self.apply_toml(text)?;
-        let base = std::path::absolute(path.parent().unwrap_or(Path::new("")))
+        // The file made absolute first: a bare name (`--config agora.toml`) has an empty parent,
+        // which `absolute` refuses.
+        let base = std::path::absolute(path)
+            .map(|file| file.parent().map(Path::to_path_buf).unwrap_or(file))
             .map_err(|e| ConfigError::Invalid(format!("{}: cannot find its directory: {e}", path.display())))?;
         // Parsed once more only to see which keys the file names: the values it did not set
         // (defaults, the environment's) keep their own meaning.
@@ -1870,6 +1873,20 @@ mod tests {
             "[daemon]\nmax_spin_us = 1000000\ninline_max_ns = 10000000\n[cpu]\nlanes = 4\nthreads_per_lane = 1024\n\
                     [opencl]\nlanes = 64\n[scheduler]\nlatency_sla_ms = 3600000\n[sessions]\nlane_work_ms = 3600000";
         DaemonConfig::from_toml(edge).unwrap();
+    }
+
+    /// A bare file name (`agora serve --config agora.toml`, the README's example) is in the
+    /// current directory (audit C-D6): it failed with "cannot make an empty path absolute".
+    #[test]
+    fn a_file_named_without_a_directory_is_the_current_directorys() {
+        let mut config = DaemonConfig::default();
+        config
+            .apply_toml_file("[daemon]\nstate_dir = \"relstate\"\n", Path::new("agora.toml"))
+            .unwrap();
+        assert_eq!(
+            config.state_dir,
+            Some(std::env::current_dir().unwrap().join("relstate"))
+        );
     }
 
     /// Relative paths in a configuration file are the file's directory's (audit A5); before,
