@@ -42,6 +42,16 @@ impl PolicyArg {
     }
 }
 
+/// The exit of a run of `total` DAGs of which `admitted` were admitted: a failure when none
+/// was, so that a script sees that nothing ran (the report above says why each was refused); a
+/// partly admitted file is a success, its report says which were refused.
+fn nothing_admitted(admitted: usize, total: usize) -> Result<()> {
+    if admitted == 0 && total > 0 {
+        bail!("none of the file's {total} DAG(s) was admitted, so nothing ran (the refusals above say why)");
+    }
+    Ok(())
+}
+
 /// `agora rtdag` options.
 #[derive(Args, Debug)]
 pub struct RtdagArgs {
@@ -104,13 +114,19 @@ struct RtdagReport {
 pub fn rtdag(args: RtdagArgs) -> Result<()> {
     let specs = agora_realtime::rtdag::read_file(&args.file)?;
     if !args.simulate {
+        // Structural errors (a cycle, a deadline shorter than the critical path) end the run
+        // before the calibration, as with --simulate; the daemon would only refuse them one by one.
+        for spec in &specs {
+            spec.validate(&DagLimits::default())
+                .with_context(|| format!("DAG {}", spec.name))?;
+        }
         let run = crate::rt_daemon::run(args.socket.path(), &specs, args.seconds, args.run_fraction)?;
         if args.json {
             println!("{}", serde_json::to_string_pretty(&run)?);
         } else {
             crate::rt_daemon::print(&args.file.display().to_string(), &run);
         }
-        return Ok(());
+        return nothing_admitted(run.dags.iter().filter(|d| d.refusal.is_none()).count(), run.dags.len());
     }
     let config = AdmissionConfig {
         lanes: args.lanes,
@@ -175,9 +191,10 @@ pub fn rtdag(args: RtdagArgs) -> Result<()> {
         dags: lines,
         simulation,
     };
+    let admitted = report.dags.iter().filter(|d| d.admitted).count();
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(());
+        return nothing_admitted(admitted, report.dags.len());
     }
     println!(
         "{} (simulated: {} lanes, {}; without --simulate the DAGs run on the daemon)",
@@ -218,7 +235,7 @@ pub fn rtdag(args: RtdagArgs) -> Result<()> {
             );
         }
     }
-    Ok(())
+    nothing_admitted(admitted, report.dags.len())
 }
 
 /// `agora bench rt` options.

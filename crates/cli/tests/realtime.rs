@@ -109,4 +109,62 @@ fn a_bad_rtdag_file_is_refused_with_the_line_and_field() {
     let (ok, _, stderr) = run(&["rtdag", wrong.to_str().unwrap(), "--simulate"]);
     assert!(!ok);
     assert!(stderr.contains("dag_period"), "{stderr}");
+    // A misspelt field is refused naming it (it was ignored: the deadline became the period).
+    let typo = dir.path().join("typo.yaml");
+    std::fs::write(
+        &typo,
+        std::fs::read_to_string(&cyclic)
+            .unwrap()
+            .replace("dag_deadline", "dag_dealine")
+            .replace("[[0, 1], [1, 0]]", "[[0, 1], [0, 0]]"),
+    )
+    .unwrap();
+    let (ok, _, stderr) = run(&["rtdag", typo.to_str().unwrap(), "--simulate"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("typo.yaml:4: unknown key 'dag_dealine': did you mean 'dag_deadline'?"),
+        "{stderr}"
+    );
+
+    // On the daemon too a structural error fails the run (it printed the refusal and exited 0),
+    // before anything is calibrated; and a file none of whose DAGs is admitted is a failure, with
+    // the refusals printed (it exited 0 as if all had run).
+    let daemon = agora_test_support::Daemon::start(AGORA, "rtdag-refused", &["--no-opencl", "--cpu-lanes", "1"]);
+    let socket = daemon.socket().to_str().unwrap().to_string();
+    let (ok, stdout, stderr) = run(&[
+        "rtdag",
+        cyclic.to_str().unwrap(),
+        "--socket",
+        &socket,
+        "--seconds",
+        "0.2",
+    ]);
+    assert!(!ok, "{stdout}");
+    assert!(
+        stderr.contains("cycle") && !stdout.contains("calibrat"),
+        "{stdout}{stderr}"
+    );
+    let heavy = dir.path().join("heavy.yaml");
+    std::fs::write(
+        &heavy,
+        "dag_name: \"heavy\"\nn_tasks: 2\ndag_period: 1000\ndag_deadline: 1000\ntasks_name: [\"a\", \"b\"]\n\
+         tasks_type: [\"cpu\", \"cpu\"]\ntasks_wcet: [600, 600]\nadjacency_matrix: [[0, 0], [0, 0]]\n",
+    )
+    .unwrap();
+    let (ok, stdout, stderr) = run(&["rtdag", heavy.to_str().unwrap(), "--simulate", "--lanes", "1"]);
+    assert!(
+        !ok && stdout.contains("heavy                REFUSED"),
+        "{stdout}{stderr}"
+    );
+    assert!(stderr.contains("none of the file's 1 DAG(s) was admitted"), "{stderr}");
+    let (ok, stdout, stderr) = run(&[
+        "rtdag",
+        heavy.to_str().unwrap(),
+        "--socket",
+        &socket,
+        "--seconds",
+        "0.2",
+    ]);
+    assert!(!ok && stdout.contains("REFUSED"), "{stdout}{stderr}");
+    assert!(stderr.contains("none of the file's 1 DAG(s) was admitted"), "{stderr}");
 }

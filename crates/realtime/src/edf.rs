@@ -77,10 +77,12 @@ const UTILISATION_MARGIN: f64 = 1e-9;
 
 /// Sum of `C/T` over the reservations.
 pub fn utilisation(tasks: &[LaneTask]) -> f64 {
+    // Folded from +0.0: `Sum` for floats starts at -0.0, which an empty lane printed as
+    // "-0.000".
     tasks
         .iter()
         .map(|task| task.budget_us as f64 / task.period_us as f64)
-        .sum()
+        .fold(0.0, |sum, u| sum + u)
 }
 
 /// Sum of `C/D` over the reservations (a reservation with a zero deadline counts as 1 when it
@@ -89,7 +91,7 @@ pub fn density(tasks: &[LaneTask]) -> f64 {
     tasks
         .iter()
         .map(|task| density_of(task.budget_us, task.relative_deadline_us))
-        .sum()
+        .fold(0.0, |sum, d| sum + d)
 }
 
 fn density_of(budget_us: u64, relative_deadline_us: u64) -> f64 {
@@ -308,6 +310,15 @@ fn processor_demand(groups: &[Group], blocking_us: u64, shortest_deadline: u64, 
 
 #[cfg(test)]
 mod tests {
+    /// An empty lane's utilisation and density are +0 (printed "0.000", not "-0.000": audit
+    /// C-D11).
+    #[test]
+    fn an_empty_lane_is_positive_zero() {
+        assert!(super::utilisation(&[]).is_sign_positive());
+        assert!(super::density(&[]).is_sign_positive());
+        assert_eq!(format!("{:.3}", super::utilisation(&[])), "0.000");
+    }
+
     use super::*;
 
     fn task(group: u64, period: u64, offset: u64, deadline: u64, budget: u64) -> LaneTask {

@@ -19,7 +19,9 @@
 //!
 //! Everything else RTDAG reads (`tasks_runtime`, `tasks_affinity`, `cpus_freq`, `repetitions`,
 //! `hyperperiod`, matrix sizes, priorities, ...) configures the emulator, not the task model,
-//! and is ignored, as are keys this parser does not know. `tasks_wcet`, not `tasks_runtime`,
+//! and is ignored, as are keys this parser does not know — except one spelt almost like a
+//! field read here (`dag_dealine`), which is refused naming the field: ignoring it would drop
+//! what it sets without a word. `tasks_wcet`, not `tasks_runtime`,
 //! is the WCET: the runtime is RTDAG's `SCHED_DEADLINE` budget, which admission recomputes.
 //!
 //! Errors name the source, the line of the offending key and the field; structural problems
@@ -91,6 +93,19 @@ pub enum RtdagError {
         /// Where the expected count comes from (`tasks_name` or `n_tasks`).
         reference: &'static str,
     },
+    /// A key that is none of the fields read but is spelt almost like one: ignoring it would
+    /// silently drop what it sets (a misspelt `dag_deadline` left the deadline at the period).
+    #[error("{source_name}:{line}: unknown key '{key}': did you mean '{field}'? (other keys are ignored as RTDAG emulator settings, but this one is too close to a field to be one)")]
+    Misspelt {
+        /// File name or other label.
+        source_name: String,
+        /// Line of the key.
+        line: usize,
+        /// The key as written.
+        key: String,
+        /// The field it resembles.
+        field: &'static str,
+    },
     /// A value out of its range.
     #[error("{source_name}:{line}: {field}{} is {value}; {expected}", index.map(|index| format!("[{index}]")).unwrap_or_default())]
     BadValue {
@@ -131,7 +146,44 @@ struct RawDag {
     tasks_rel_deadline: Option<Vec<i64>>,
     tasks_expected_wcet_ratio: Option<Vec<f64>>,
     adjacency_matrix: Option<Vec<Vec<i64>>>,
+    /// Every other key: ignored (RTDAG's emulator settings), unless it looks like a misspelling
+    /// of one of the fields above ([`Document::misspelt`]).
+    #[serde(flatten)]
+    others: std::collections::BTreeMap<String, serde::de::IgnoredAny>,
 }
+
+/// The fields this parser reads, for [`Document::misspelt`].
+const FIELDS: [&str; 10] = [
+    "dag_name",
+    "n_tasks",
+    "dag_period",
+    "dag_deadline",
+    "tasks_name",
+    "tasks_type",
+    "tasks_wcet",
+    "tasks_rel_deadline",
+    "tasks_expected_wcet_ratio",
+    "adjacency_matrix",
+];
+
+/// Keys of RTDAG's own format that this parser does not read (they configure its emulator):
+/// never taken for misspellings, however close to a field they are.
+const RTDAG_KEYS: [&str; 14] = [
+    "n_edges",
+    "max_msg_len",
+    "tasks_matrix_size",
+    "tasks_omp_target",
+    "tasks_ticks_per_us",
+    "n_cpus",
+    "max_out_edges",
+    "max_in_edges",
+    "max_path_len",
+    "hyperperiod",
+    "repetitions",
+    "tasks_runtime",
+    "tasks_affinity",
+    "cpus_freq",
+];
 
 /// Reads an RTDAG file; see [`parse_str`].
 pub fn read_file(path: &Path) -> Result<Vec<DagSpec>, RtdagError> {
@@ -174,6 +226,21 @@ pub fn parse_str(text: &str, source_name: &str) -> Result<Vec<DagSpec>, RtdagErr
         dags.push(context.convert(raw)?);
     }
     Ok(dags)
+}
+
+/// Levenshtein distance between `a` and `b` (by character).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut current = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let substitution = previous[j] + usize::from(ca != *cb);
+            current[j + 1] = substitution.min(previous[j + 1] + 1).min(current[j] + 1);
+        }
+        previous = current;
+    }
+    previous[b.len()]
 }
 
 /// serde's message ends with " at line L column C"; the error carries that position already.
@@ -281,7 +348,31 @@ impl Document<'_> {
             .ok_or_else(|| self.bad(field, index, value, "it must be a positive number of microseconds"))
     }
 
+    /// An error for the first key of `others` that is spelt almost like a field: at most two
+    /// edits apart, or equal once case, `-` and `_` are ignored.
+    fn misspelt(&self, others: &std::collections::BTreeMap<String, serde::de::IgnoredAny>) -> Result<(), RtdagError> {
+        let folded = |key: &str| key.to_ascii_lowercase().replace(['-', '_'], "");
+        for key in others.keys() {
+            if RTDAG_KEYS.contains(&key.as_str()) {
+                continue;
+            }
+            let close = FIELDS
+                .iter()
+                .find(|field| folded(key) == folded(field) || edit_distance(key, field) <= 2);
+            if let Some(field) = close {
+                return Err(RtdagError::Misspelt {
+                    source_name: self.source_name.to_owned(),
+                    line: self.line_of(key),
+                    key: key.clone(),
+                    field,
+                });
+            }
+        }
+        Ok(())
+    }
+
     fn convert(&self, raw: RawDag) -> Result<DagSpec, RtdagError> {
+        self.misspelt(&raw.others)?;
         let name = raw.dag_name.ok_or_else(|| self.missing("dag_name"))?;
         let period = raw.dag_period.ok_or_else(|| self.missing("dag_period"))?;
         let period_us = self.positive("dag_period", None, period)?;
@@ -450,6 +541,38 @@ adjacency_matrix: [
             .map(|timing| timing.release_offset_us)
             .collect();
         assert_eq!(offsets, vec![0, 1_000, 1_000, 2_000]);
+    }
+
+    /// A key spelt almost like a field is refused naming it (audit C-D4: `dag_dealine` was
+    /// ignored and the deadline silently became the period); RTDAG's own emulator keys and keys
+    /// far from every field are still ignored.
+    #[test]
+    fn a_misspelt_field_is_refused_and_other_keys_are_ignored() {
+        for (typo, field) in [
+            ("dag_dealine: 3000", "dag_deadline"),
+            ("tasks_rel_dedline: [1000,1000,1000,1000]", "tasks_rel_deadline"),
+            ("DAG-Deadline: 3000", "dag_deadline"),
+        ] {
+            let text = MINIMAL.replace("dag_deadline: 3000", typo);
+            match parse_str(&text, "typo.yaml") {
+                Err(RtdagError::Misspelt {
+                    key,
+                    field: named,
+                    line,
+                    ..
+                }) => {
+                    assert_eq!(named, field, "{typo}");
+                    assert_eq!(format!("{key}:"), typo.split_whitespace().next().unwrap());
+                    assert!(
+                        text.lines().nth(line - 1).unwrap().starts_with(typo),
+                        "{typo}: line {line}"
+                    );
+                }
+                other => panic!("{typo}: {other:?}"),
+            }
+        }
+        let text = format!("{MINIMAL}hyperperiod: 3000\nn_edges: 4\ntasks_affinity: [0,0,0,0]\nmy_own_note: hello\n");
+        assert_eq!(parse_str(&text, "extra.yaml").unwrap()[0].deadline_us, Some(3_000));
     }
 
     #[test]
