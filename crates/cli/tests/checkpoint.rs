@@ -301,6 +301,53 @@ fn a_session_resumed_on_a_restarted_daemon_keeps_its_buffers_protected() {
     assert_eq!(into.as_slice::<u32>(), &[2u32; 1024][..]);
 }
 
+/// `recover()` writes every protected buffer whole, so it clears what a failed task left behind
+/// (audit C-D1): a buffer whose writer failed, and a resumed session's buffers after a daemon
+/// restart (their contents were lost with the daemon), are usable at once after it, without a
+/// `sync_to`. Before, every later task reading them failed with DependencyFailed, for ever.
+#[test]
+fn recover_makes_poisoned_buffers_usable_again() {
+    let mut daemon = Daemon::start(AGORA, "checkpoint-poison", &["--no-opencl"]);
+    let s = daemon.session_named("poisoned");
+    let q = s.queue("main").unwrap();
+    let saxpy = s.kernel("saxpy").unwrap();
+    let x = s.buffer_from(&[1.0f32; 256]).unwrap();
+    let state = s.buffer_from(&[3.0f32; 256]).unwrap();
+    q.sync_to(&x).unwrap();
+    q.sync_to(&state).unwrap();
+    s.protect(1, &state).unwrap();
+    q.checkpoint(1, CheckpointLevel::Local).unwrap();
+    q.finish().unwrap();
+    written(&s);
+    // A launch over more elements than the buffers hold fails and poisons what it writes.
+    q.launch(&saxpy, &[Arg::F32(2.0), (&x).into(), (&state).into()], 1024u64)
+        .unwrap();
+    assert!(failure(q.finish()).contains("too small"));
+    let compute = |q: &agora::Queue| -> Result<Vec<f32>, Error> {
+        q.launch(&saxpy, &[Arg::F32(2.0), (&x).into(), (&state).into()], 256u64)?;
+        q.sync_from(&state)?;
+        q.finish()?;
+        Ok(state.read_vec::<f32>())
+    };
+    assert!(compute(&q).is_err(), "the buffer is poisoned before the recovery");
+    assert_eq!(s.recover().unwrap().checkpoint, 1);
+    assert_eq!(
+        compute(&q).unwrap_or_else(|e| panic!("after recover(): {e}")),
+        vec![5.0f32; 256]
+    );
+
+    // After a daemon restart the resumed session recovers and computes, no sync_to.
+    q.checkpoint(2, CheckpointLevel::Local).unwrap();
+    q.finish().unwrap();
+    written(&s);
+    daemon.restart();
+    assert_eq!(s.recover().expect("the session resumes and recovers").checkpoint, 2);
+    assert_eq!(
+        compute(&q).unwrap_or_else(|e| panic!("after a restart and recover(): {e}")),
+        vec![7.0f32; 256]
+    );
+}
+
 #[test]
 fn a_daemon_whose_checkpoint_directory_is_unusable_refuses_checkpoints_and_serves_the_rest() {
     let dir = temp_dir("checkpoint-nostore");

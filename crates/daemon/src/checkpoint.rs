@@ -479,6 +479,9 @@ impl RecoverJob {
             if !record.write_host(&entry.bytes) {
                 return refuse("the session ended during its recovery".into());
             }
+            // Written whole, as by a `sync_to`: a failed writer's poison (or a restarted
+            // daemon's lost contents) no longer applies.
+            record.provenance.restored();
         }
         for message in &recovered.skipped {
             tracing::warn!(app = %self.app.name, uid = self.app.uid, "{message}");

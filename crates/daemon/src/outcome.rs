@@ -73,6 +73,14 @@ impl Provenance {
         self.rewritten_by.fetch_max(task, Ordering::AcqRel);
     }
 
+    /// The whole buffer was written outside any task, none using it (a checkpoint's recovery
+    /// wrote its host copy): whatever a failed task left behind is gone, as after a `sync_to`.
+    pub(crate) fn restored(&self) {
+        let mut poison = self.poison.lock().unwrap_or_else(|e| e.into_inner());
+        *poison = None;
+        self.poisoned.store(false, Ordering::Release);
+    }
+
     /// A task that wrote the buffer settled: `whole` if it rewrote all of it, `failure` the
     /// origin of its failure if it failed.
     fn settled_write(&self, writer: u64, whole: bool, failure: Option<(u64, u16)>) {
