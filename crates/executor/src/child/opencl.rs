@@ -19,6 +19,14 @@ use crate::wire::{Arg, BuiltKernel, MAX_KERNELS};
 /// Options every tenant program is built with (part of the program cache's key).
 pub const BUILD_OPTIONS: &str = "-cl-std=CL1.2 -cl-kernel-arg-info";
 
+/// Most bytes of a tenant OpenCL kernel's name: fewer than the protocol's
+/// [`MAX_NAME`](agora_protocol::control::MAX_NAME) because PoCL keeps each compiled kernel in a
+/// file `NAME.so`, and a file name has at most 255 bytes; a longer name made PoCL abort the
+/// executor when it compiled the kernel (at the first request for the program's binary).
+pub const MAX_KERNEL_NAME: usize = 252;
+
+const _: () = assert!(MAX_KERNEL_NAME <= agora_protocol::control::MAX_NAME);
+
 /// The build error of a source without kernels.
 pub const NO_KERNEL: &str = "the source defines no kernel: declare at least one function __kernel void NAME(...), \
                              which is what a launch runs";
@@ -113,15 +121,20 @@ impl OpenCl {
             });
         }
         let log = program.get_build_log(self.device).unwrap_or_default();
+        // Before the binary: asking for it compiles every kernel (see MAX_KERNEL_NAME).
+        check_kernel_names(&program)?;
+        let (kernels, built) = self.kernels(&program)?;
         let binary = program
             .get_binaries()
             .ok()
             .and_then(|mut b| b.pop())
             .filter(|b| !b.is_empty());
-        let (program, kernels) = self.kernels(program)?;
         Ok(ClBuild {
-            program,
-            kernels,
+            program: ClProgram {
+                _program: program,
+                kernels,
+            },
+            kernels: built,
             log,
             binary,
             from_binary: false,
@@ -135,24 +148,30 @@ impl OpenCl {
         program
             .build(&[self.device], BUILD_OPTIONS)
             .map_err(|e| e.to_string())?;
-        let (program, kernels) = self.kernels(program)?;
+        check_kernel_names(&program)?;
+        let (kernels, built) = self.kernels(&program)?;
         Ok(ClBuild {
-            program,
-            kernels,
+            program: ClProgram {
+                _program: program,
+                kernels,
+            },
+            kernels: built,
             log: String::new(),
             binary: Some(binary.to_vec()),
             from_binary: true,
         })
     }
 
-    /// The program's kernels with their signatures.
-    fn kernels(&self, program: Program) -> Result<(ClProgram, Vec<BuiltKernel>), String> {
+    /// The program's kernel objects with their parameters, in name order, and the same as
+    /// reported to the daemon. Creating kernel objects compiles nothing on PoCL.
+    #[allow(clippy::type_complexity)]
+    fn kernels(&self, program: &Program) -> Result<(Vec<(Kernel, Vec<ParamSpec>)>, Vec<BuiltKernel>), String> {
         // clCreateKernelsInProgram fails with CL_INVALID_VALUE (not an empty list) when the
         // program has no kernel, so ask first.
         if program.get_num_kernels().is_ok_and(|n| n == 0) {
             return Err(NO_KERNEL.into());
         }
-        let objects = opencl3::kernel::create_program_kernels(&program)
+        let objects = opencl3::kernel::create_program_kernels(program)
             .map_err(|e| format!("creating the program's kernels: {e}"))?;
         if objects.is_empty() {
             return Err(NO_KERNEL.into());
@@ -166,6 +185,7 @@ impl OpenCl {
         let mut kernels = Vec::new();
         for kernel in objects {
             let name = kernel.function_name().map_err(|e| format!("a kernel's name: {e}"))?;
+            check_kernel_name(&name)?;
             let params = signature(&kernel, &name)?;
             kernels.push((name, kernel, params));
         }
@@ -177,13 +197,7 @@ impl OpenCl {
                 params: params.clone(),
             })
             .collect();
-        Ok((
-            ClProgram {
-                _program: program,
-                kernels: kernels.into_iter().map(|(_, k, p)| (k, p)).collect(),
-            },
-            built,
-        ))
+        Ok((kernels.into_iter().map(|(_, k, p)| (k, p)).collect(), built))
     }
 
     /// Runs rows `rows` of kernel `index` of `program` over `range` with `args`, whose buffers
@@ -303,6 +317,50 @@ impl OpenCl {
     }
 }
 
+/// Checks the names of `program`'s kernels (from its metadata: nothing is compiled).
+fn check_kernel_names(program: &Program) -> Result<(), String> {
+    // A program without kernels: `kernels` says so (PoCL's list of no names is not empty, but
+    // garbage).
+    if program.get_num_kernels().map_or(true, |n| n == 0) {
+        return Ok(());
+    }
+    let names = program.get_kernel_names().unwrap_or_default();
+    names
+        .split(';')
+        .filter(|n| !n.is_empty())
+        .try_for_each(check_kernel_name)
+}
+
+/// `Err` naming `name` (cut) unless it is an ASCII identifier of at most [`MAX_KERNEL_NAME`]
+/// bytes: clang accepts identifiers with other Unicode letters, which Agora's kernel names
+/// (C identifiers everywhere else) do not allow.
+pub fn check_kernel_name(name: &str) -> Result<(), String> {
+    const SHOWN: usize = 48;
+    let shown = if name.chars().count() > SHOWN {
+        format!(
+            "{}… ({} bytes)",
+            name.chars().take(SHOWN).collect::<String>(),
+            name.len()
+        )
+    } else {
+        name.to_string()
+    };
+    let identifier =
+        name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && !name.starts_with(|c: char| c.is_ascii_digit());
+    if !identifier {
+        return Err(format!(
+            "kernel {shown}: kernel names must be ASCII identifiers (letters a-z and A-Z, digits, _); rename it"
+        ));
+    }
+    if name.len() > MAX_KERNEL_NAME {
+        return Err(format!(
+            "kernel {shown}: a kernel's name may be at most {MAX_KERNEL_NAME} bytes (the OpenCL platform keeps each \
+             compiled kernel in a file named after it); use a shorter name"
+        ));
+    }
+    Ok(())
+}
+
 /// A kernel's parameters from its argument info.
 fn signature(kernel: &Kernel, name: &str) -> Result<Vec<ParamSpec>, String> {
     use opencl3::kernel::{
@@ -399,6 +457,22 @@ mod tests {
                 .expect("no kernel, no program");
             assert_eq!(err, NO_KERNEL, "{source:?}");
         }
+    }
+
+    #[test]
+    fn kernel_names_are_ascii_identifiers_short_enough_for_a_file_name() {
+        check_kernel_name("saxpy_2").unwrap();
+        check_kernel_name(&"k".repeat(MAX_KERNEL_NAME)).unwrap();
+        let err = check_kernel_name(&"k".repeat(MAX_KERNEL_NAME + 1)).unwrap_err();
+        assert!(
+            err.contains("at most 252 bytes") && err.contains("(253 bytes)"),
+            "{err}"
+        );
+        let err = check_kernel_name("café").unwrap_err();
+        assert!(
+            err.contains("kernel café") && err.contains("ASCII identifiers"),
+            "{err}"
+        );
     }
 
     #[test]
