@@ -3,16 +3,43 @@
 //!
 //! * OpenCL kernel names PoCL cannot store (longer than 252 bytes: it aborted the executor) or
 //!   that are not ASCII identifiers fail the build naming the kernel, and the session builds
-//!   on.
+//!   on;
+//! * a kernel declaring `reqd_work_group_size` fails the build (every launch failed with
+//!   `CL_INVALID_WORK_GROUP_SIZE`, which PoCL reports only for this; protocol unit tests cover
+//!   how another OpenCL error of a launch reads);
+//! * a C library calling a function nothing defines fails the build naming the symbol (lazy
+//!   binding let it build, then ended the executor with status 127 at every launch), and an
+//!   executor that exits during a launch gives its status.
 
-use agora::{Error, Session};
+use std::path::Path;
+use std::process::Command;
+
+use agora::{Arg, Error, Session, TaskError};
 use agora_protocol::control::ControlError;
-use agora_test_support::Daemon;
+use agora_test_support::{temp_dir, Daemon};
 
 const AGORA: &str = env!("CARGO_BIN_EXE_agora");
 
 fn start(tag: &str) -> Daemon {
     Daemon::start(AGORA, tag, &["--no-opencl", "--cpu-lanes", "2"])
+}
+
+/// Compiles C `source` into a shared object in `dir`; its bytes.
+fn c_library(dir: &Path, name: &str, source: &str) -> Vec<u8> {
+    let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("../capi/include");
+    let file = dir.join(format!("{name}.c"));
+    let library = dir.join(format!("lib{name}.so"));
+    std::fs::write(&file, source).unwrap();
+    let status = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O1", "-o"])
+        .arg(&library)
+        .arg("-I")
+        .arg(&include)
+        .arg(&file)
+        .status()
+        .expect("a C compiler (cc) builds the test's shared object");
+    assert!(status.success(), "cc failed on {name}.c");
+    std::fs::read(library).unwrap()
 }
 
 /// The build log of a build that must fail.
@@ -39,6 +66,12 @@ fn opencl_runs(session: &Session, name: &str) {
     assert_eq!(y.read_vec::<f32>()[0], 3.0);
 }
 
+const MANIFEST: &str = r#"
+[kernels.k]
+params = ["y: f32 readwrite"]
+sizes = { y = "range0" }
+"#;
+
 #[test]
 fn opencl_kernel_names_too_long_for_the_platform_or_not_ascii_fail_the_build_naming_the_kernel() {
     let daemon = start("program-builds-names");
@@ -60,4 +93,72 @@ fn opencl_kernel_names_too_long_for_the_platform_or_not_ascii_fail_the_build_nam
     );
     // The longest name builds and runs, in the same session's (uncrashed) executor.
     opencl_runs(&session, &"k".repeat(252));
+}
+
+#[test]
+fn a_required_work_group_size_fails_the_build_naming_the_kernel() {
+    let daemon = start("program-builds-wg");
+    let session = daemon.session();
+    let log = build_log(session.program_opencl(
+        "__attribute__((reqd_work_group_size(64, 1, 1))) __kernel void r(__global float *y) { y[get_global_id(0)] = 1; }",
+    ));
+    assert!(
+        log.contains("kernel r ") && log.contains("reqd_work_group_size(64, 1, 1)") && log.contains("remove"),
+        "{log}"
+    );
+    opencl_runs(&session, "after");
+}
+
+#[test]
+fn a_c_library_with_an_unresolved_symbol_fails_the_build_and_an_exit_status_reaches_the_task() {
+    let daemon = start("program-builds-symbols");
+    let session = daemon.session();
+    let dir = temp_dir("program-builds-symbols-c");
+    let undefined = c_library(
+        dir.path(),
+        "undef",
+        r#"#include "agora_kernel.h"
+extern int not_defined_anywhere(int);
+AGORA_KERNEL int k(const AgoraKernelArgs *a, uint64_t b, uint64_t e) { return not_defined_anywhere(1); }
+"#,
+    );
+    let log = build_log(session.program_library(&undefined, MANIFEST));
+    assert!(
+        log.contains("undefined symbol: not_defined_anywhere") && !log.contains("/proc/self/fd"),
+        "{log}"
+    );
+    // A kernel that exits: its status, and for 127 what the dynamic linker means by it.
+    let exits = c_library(
+        dir.path(),
+        "exits",
+        r#"#include <unistd.h>
+#include "agora_kernel.h"
+AGORA_KERNEL int k(const AgoraKernelArgs *a, uint64_t b, uint64_t e) { _exit(agora_i32(a, 0)); }
+"#,
+    );
+    let manifest = r#"
+[kernels.k]
+params = ["status: i32", "y: f32 readwrite"]
+sizes = { y = "range0" }
+"#;
+    let program = session.program_library(&exits, manifest).expect("it builds");
+    let kernel = program.kernel("k").unwrap();
+    let queue = session.queue("exits").unwrap();
+    for (status, says) in [(3, "called exit()"), (127, "a symbol could not be resolved")] {
+        // A fresh buffer each time: a failed task's output is not valid input.
+        let y = session.buffer_from(&[0f32; 4]).unwrap();
+        queue.sync_to(&y).unwrap();
+        let err = queue
+            .launch(&kernel, &[Arg::I32(status), (&y).into()], 1u64)
+            .unwrap()
+            .wait()
+            .unwrap_err();
+        assert_eq!(err.task_error(), Some(&TaskError::KernelExited { status }), "{err}");
+        let message = err.to_string();
+        assert!(
+            message.contains(&format!("exit status {status}")) && message.contains(says) && !message.contains("logged"),
+            "{message}"
+        );
+    }
+    opencl_runs(&session, "after");
 }

@@ -807,7 +807,19 @@ impl ExternalKernel for ProgramKernel {
             ExecError::Failed { code, message } => {
                 // The tenant's text: escaped, so that it cannot write to the operator's terminal.
                 tracing::info!(code, message = %agora_protocol::control::shown(&message), "a tenant kernel failed");
-                TaskError::KernelFault
+                // An OpenCL error of the launch goes to the tenant, who cannot read this log;
+                // -1 is the executor's own refusal of a request (a daemon bug).
+                if code < -1 {
+                    TaskError::KernelOpenCl { code }
+                } else {
+                    TaskError::KernelFault
+                }
+            }
+            // The tenant's code called exit (or the dynamic linker did, status 127): the status
+            // goes to the tenant.
+            ExecError::Exited(Some(status)) => {
+                tracing::info!(status, "a tenant kernel ended its executor with an exit status");
+                TaskError::KernelExited { status }
             }
             other => {
                 tracing::warn!(error = %other, "a tenant program's executor failed during a launch");

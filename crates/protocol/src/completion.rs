@@ -345,6 +345,30 @@ pub enum TaskError {
         /// What the kernel returned.
         code: i32,
     },
+    /// A tenant program's kernel ended its sandboxed executor process with an exit status (it,
+    /// or a library it uses, called `exit`; 127 is the dynamic linker's status for a symbol it
+    /// could not resolve). The daemon restarted the executor. The status travels in the
+    /// completion, since the tenant cannot read the daemon's log.
+    #[error(
+        "the tenant kernel ended its sandbox with exit status {status} ({}); the executor was restarted",
+        exit_meaning(*.status)
+    )]
+    KernelExited {
+        /// The exit status.
+        status: i32,
+    },
+    /// A tenant OpenCL kernel's launch failed in its executor with this OpenCL error (the
+    /// executor survived). The code travels in the completion, since the tenant cannot read the
+    /// daemon's log.
+    #[error(
+        "the tenant kernel's launch failed in its sandbox with OpenCL error {code} ({}): check the kernel's \
+         resources (e.g. the size of its __local arrays) and the launch's range",
+        opencl_error_name(*.code)
+    )]
+    KernelOpenCl {
+        /// The OpenCL error code (negative).
+        code: i32,
+    },
     /// The daemon stopped (it crashed, or was restarted or upgraded) while the task was issued
     /// but not complete; the client reconnected to the new daemon, which never saw the task.
     /// Issue it again (its inputs in host copies are intact; a buffer whose newest contents
@@ -635,6 +659,8 @@ impl TaskError {
             TaskError::KernelCrashed { .. } => "kernel_crashed",
             TaskError::KernelTimeout { .. } => "kernel_timeout",
             TaskError::KernelReturned { .. } => "kernel_returned",
+            TaskError::KernelExited { .. } => "kernel_exited",
+            TaskError::KernelOpenCl { .. } => "kernel_opencl",
             TaskError::DaemonRestarted => "daemon_restarted",
             TaskError::ResourceExhausted { .. } => "resource_exhausted",
             TaskError::CheckpointRefused { .. } => "checkpoint_refused",
@@ -691,6 +717,8 @@ impl TaskError {
             TaskError::KernelCrashed { signal } => (28, signal, 0, 0),
             TaskError::KernelTimeout { limit_ms } => (29, 0, limit_ms, 0),
             TaskError::KernelReturned { code } => (37, 0, i64::from(code) as u64, 0),
+            TaskError::KernelExited { status } => (38, 0, i64::from(status) as u64, 0),
+            TaskError::KernelOpenCl { code } => (39, 0, i64::from(code) as u64, 0),
             TaskError::DaemonRestarted => (30, 0, 0, 0),
             TaskError::ResourceExhausted { resource, retry_ms } => (31, resource, retry_ms, 0),
             // The pid rides in the upper half of `b` (older clients read the level's byte only).
@@ -780,6 +808,10 @@ impl TaskError {
             28 => TaskError::KernelCrashed { signal: arg },
             29 => TaskError::KernelTimeout { limit_ms: a },
             37 => TaskError::KernelReturned { code: a as i64 as i32 },
+            38 => TaskError::KernelExited {
+                status: a as i64 as i32,
+            },
+            39 => TaskError::KernelOpenCl { code: a as i64 as i32 },
             30 => TaskError::DaemonRestarted,
             31 => TaskError::ResourceExhausted {
                 resource: arg,
@@ -929,9 +961,80 @@ fn signal_name(signal: u16) -> &'static str {
     }
 }
 
+/// What an executor's exit status says, for [`TaskError::KernelExited`].
+fn exit_meaning(status: i32) -> &'static str {
+    match status {
+        127 => "a symbol could not be resolved: the code calls a function that nothing it is linked with defines",
+        _ => "the kernel, or a library it uses, called exit()",
+    }
+}
+
+/// An OpenCL error code's name, for messages.
+pub fn opencl_error_name(code: i32) -> &'static str {
+    match code {
+        -1 => "CL_DEVICE_NOT_FOUND",
+        -2 => "CL_DEVICE_NOT_AVAILABLE",
+        -3 => "CL_COMPILER_NOT_AVAILABLE",
+        -4 => "CL_MEM_OBJECT_ALLOCATION_FAILURE",
+        -5 => "CL_OUT_OF_RESOURCES",
+        -6 => "CL_OUT_OF_HOST_MEMORY",
+        -7 => "CL_PROFILING_INFO_NOT_AVAILABLE",
+        -8 => "CL_MEM_COPY_OVERLAP",
+        -9 => "CL_IMAGE_FORMAT_MISMATCH",
+        -10 => "CL_IMAGE_FORMAT_NOT_SUPPORTED",
+        -11 => "CL_BUILD_PROGRAM_FAILURE",
+        -12 => "CL_MAP_FAILURE",
+        -13 => "CL_MISALIGNED_SUB_BUFFER_OFFSET",
+        -14 => "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST",
+        -30 => "CL_INVALID_VALUE",
+        -33 => "CL_INVALID_DEVICE",
+        -34 => "CL_INVALID_CONTEXT",
+        -36 => "CL_INVALID_COMMAND_QUEUE",
+        -38 => "CL_INVALID_MEM_OBJECT",
+        -44 => "CL_INVALID_PROGRAM",
+        -45 => "CL_INVALID_PROGRAM_EXECUTABLE",
+        -46 => "CL_INVALID_KERNEL_NAME",
+        -48 => "CL_INVALID_KERNEL",
+        -49 => "CL_INVALID_ARG_INDEX",
+        -50 => "CL_INVALID_ARG_VALUE",
+        -51 => "CL_INVALID_ARG_SIZE",
+        -52 => "CL_INVALID_KERNEL_ARGS",
+        -53 => "CL_INVALID_WORK_DIMENSION",
+        -54 => "CL_INVALID_WORK_GROUP_SIZE",
+        -55 => "CL_INVALID_WORK_ITEM_SIZE",
+        -56 => "CL_INVALID_GLOBAL_OFFSET",
+        -57 => "CL_INVALID_EVENT_WAIT_LIST",
+        -58 => "CL_INVALID_EVENT",
+        -59 => "CL_INVALID_OPERATION",
+        -61 => "CL_INVALID_BUFFER_SIZE",
+        -63 => "CL_INVALID_GLOBAL_WORK_SIZE",
+        _ => "an OpenCL error",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_executors_exit_status_and_a_launchs_opencl_error_are_explained() {
+        let exited = TaskError::KernelExited { status: 127 }.to_string();
+        assert!(
+            exited.contains("exit status 127") && exited.contains("symbol could not be resolved"),
+            "{exited}"
+        );
+        let exited = TaskError::KernelExited { status: 3 }.to_string();
+        assert!(
+            exited.contains("exit status 3") && exited.contains("exit()"),
+            "{exited}"
+        );
+        let failed = TaskError::KernelOpenCl { code: -54 }.to_string();
+        assert!(
+            failed.contains("-54") && failed.contains("CL_INVALID_WORK_GROUP_SIZE"),
+            "{failed}"
+        );
+        assert!(!failed.contains("logged"), "{failed}");
+    }
 
     #[test]
     fn every_error_round_trips_through_a_completion() {
@@ -1031,6 +1134,9 @@ mod tests {
             TaskError::KernelTimeout { limit_ms: 2000 },
             TaskError::KernelReturned { code: 42 },
             TaskError::KernelReturned { code: -7 },
+            TaskError::KernelExited { status: 127 },
+            TaskError::KernelExited { status: -1 },
+            TaskError::KernelOpenCl { code: -54 },
             TaskError::ResourceExhausted {
                 resource: Resource::FileDescriptors.code(),
                 retry_ms: 400,

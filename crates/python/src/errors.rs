@@ -374,9 +374,11 @@ fn task_exception(task: &TaskError, message: String) -> PyErr {
         | TaskError::BadWindow { .. } => InvalidRangeError::new_err(message),
         TaskError::Aliased { .. } => AliasedBuffersError::new_err(message),
         TaskError::NoDevice(_) => NoDeviceError::new_err(message),
-        TaskError::KernelFault | TaskError::KernelCrashed { .. } | TaskError::KernelReturned { .. } => {
-            KernelFaultError::new_err(message)
-        }
+        TaskError::KernelFault
+        | TaskError::KernelCrashed { .. }
+        | TaskError::KernelReturned { .. }
+        | TaskError::KernelExited { .. }
+        | TaskError::KernelOpenCl { .. } => KernelFaultError::new_err(message),
         TaskError::KernelTimeout { .. } => KernelTimeoutError::new_err(message),
         TaskError::ResourceExhausted { .. } => ResourceExhaustedError::new_err(message),
         TaskError::Attachment { .. } => AttachmentError::new_err(message),

@@ -75,8 +75,22 @@ pub fn check_elf(bytes: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
+/// The build error for a shared object the dynamic linker refused (`dlerror`'s text, which
+/// starts with the memfd's path `path`, meaningless to the tenant).
+fn load_error(reason: &str, path: &str) -> String {
+    let reason = reason.replace(&format!("{path}: "), "");
+    if reason.contains("undefined symbol") {
+        format!(
+            "the shared object could not be loaded: {reason}. Every symbol is bound when it loads: define the \
+             function in the library, or link it (-l) with a library this node has"
+        )
+    } else {
+        format!("the shared object could not be loaded: {reason}")
+    }
+}
+
 impl Library {
-    /// Loads `bytes` and resolves `symbols`.
+    /// Loads `bytes`, binding every symbol now, and resolves `symbols`.
     pub fn load(bytes: &[u8], symbols: &[String]) -> Result<Library, String> {
         check_elf(bytes)?;
         let fd = rustix::fs::memfd_create("agora-program", rustix::fs::MemfdFlags::CLOEXEC)
@@ -84,10 +98,19 @@ impl Library {
         let mut file = std::fs::File::from(fd);
         file.write_all(bytes).map_err(|e| format!("writing the program: {e}"))?;
         let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file));
+        // RTLD_NOW binds every symbol here, so a function that nothing defines fails the build
+        // naming it; with lazy binding (libloading's default) the build succeeded and the
+        // dynamic linker ended the process (status 127) at the kernel's first call.
         // SAFETY: loading runs the object's initialisers: tenant code, which is why this runs in
         // the sandboxed executor and nowhere else.
-        let library =
-            unsafe { libloading::Library::new(&path) }.map_err(|e| format!("loading the shared object: {e}"))?;
+        let library = unsafe {
+            libloading::os::unix::Library::open(
+                Some(&path),
+                libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL,
+            )
+        }
+        .map_err(|e| load_error(&e.to_string(), &path))?;
+        let library = libloading::Library::from(library);
         drop(file);
         let mut functions = Vec::new();
         for symbol in symbols {
@@ -189,6 +212,16 @@ mod tests {
         assert!(err.contains(&machine_name(other)) && err.contains(name), "{err}");
         assert!(check_elf(&header(2, 1, 1, ours)).unwrap_err().contains("relocatable"));
         assert!(check_elf(&header(2, 1, 2, ours)).unwrap_err().contains("executable"));
+    }
+
+    #[test]
+    fn a_load_error_names_the_symbol_not_the_memfd() {
+        let err = load_error(
+            "/proc/self/fd/7: undefined symbol: not_defined_anywhere",
+            "/proc/self/fd/7",
+        );
+        assert!(err.contains("undefined symbol: not_defined_anywhere"), "{err}");
+        assert!(!err.contains("/proc/self/fd"), "{err}");
     }
 
     #[test]
