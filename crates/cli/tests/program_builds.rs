@@ -9,12 +9,16 @@
 //!   how another OpenCL error of a launch reads);
 //! * a C library calling a function nothing defines fails the build naming the symbol (lazy
 //!   binding let it build, then ended the executor with status 127 at every launch), and an
-//!   executor that exits during a launch gives its status.
+//!   executor that exits during a launch gives its status;
+//! * a C library whose constructor never returns fails the build within the load limit, before
+//!   the client stops waiting (even with a short control timeout), and the session's next build
+//!   works.
 
 use std::path::Path;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
-use agora::{Arg, Error, Session, TaskError};
+use agora::{Arg, Error, Session, SessionOptions, TaskError};
 use agora_protocol::control::ControlError;
 use agora_test_support::{temp_dir, Daemon};
 
@@ -160,5 +164,60 @@ sizes = { y = "range0" }
             "{message}"
         );
     }
+    opencl_runs(&session, "after");
+}
+
+#[test]
+fn a_c_library_whose_constructor_never_returns_fails_its_build_in_time_and_the_session_builds_on() {
+    let daemon = start("program-builds-ctor");
+    // A control timeout shorter than the load limit: a build's reply is waited for longer.
+    let session = Session::connect_with(SessionOptions {
+        socket: Some(daemon.socket().to_path_buf()),
+        control_timeout: Some(Duration::from_secs(5)),
+        ..Default::default()
+    })
+    .unwrap();
+    let dir = temp_dir("program-builds-ctor-c");
+    let spin = c_library(
+        dir.path(),
+        "spin",
+        r#"#include "agora_kernel.h"
+__attribute__((constructor)) static void init(void) { for (;;) {} }
+AGORA_KERNEL int k(const AgoraKernelArgs *a, uint64_t b, uint64_t e) { return 0; }
+"#,
+    );
+    let started = Instant::now();
+    let log = build_log(session.program_library(&spin, MANIFEST));
+    let took = started.elapsed();
+    assert!(
+        log.contains("initialisation did not finish within 10 s") && log.contains("constructor"),
+        "{log}"
+    );
+    // Well before the 30-s default control timeout, and far from the 60-s compiler limit.
+    assert!(took < Duration::from_secs(25), "the build failed after {took:?}");
+    // The session's next builds work at once.
+    let healthy = c_library(
+        dir.path(),
+        "healthy",
+        r#"#include "agora_kernel.h"
+AGORA_KERNEL int k(const AgoraKernelArgs *a, uint64_t b, uint64_t e) {
+    float *y = a->args[0].data;
+    for (uint64_t i = b; i < e; i++) y[i] = 5.0f;
+    return 0;
+}
+"#,
+    );
+    let program = session
+        .program_library(&healthy, MANIFEST)
+        .expect("the next build works");
+    let queue = session.queue("after").unwrap();
+    let y = session.buffer_from(&[0f32; 4]).unwrap();
+    queue.sync_to(&y).unwrap();
+    queue
+        .launch(&program.kernel("k").unwrap(), &[(&y).into()], 4u64)
+        .unwrap();
+    queue.sync_from(&y).unwrap();
+    queue.finish().unwrap();
+    assert_eq!(y.read_vec::<f32>(), vec![5.0; 4]);
     opencl_runs(&session, "after");
 }

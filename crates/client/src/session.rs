@@ -948,6 +948,20 @@ pub(crate) fn unexpected(response: Response) -> Error {
 }
 
 /// The name of a request, for [`Error::Timeout`].
+/// How long to wait for the daemon's reply to `request`: the control timeout, but for a program
+/// build at least the daemon's own limit on it plus a margin. A compilation may legitimately take
+/// most of that limit, and the daemon then answers with the program or a build error; a client
+/// that gave up first reported a stuck daemon, and its next requests met the late reply's queue.
+fn reply_wait(request: &Request, control_timeout: Duration) -> Duration {
+    use agora_protocol::control::{BUILD_REPLY_MARGIN_SECONDS, PROGRAM_BUILD_SECONDS};
+    match request {
+        Request::BuildProgram { .. } => {
+            control_timeout.max(Duration::from_secs(PROGRAM_BUILD_SECONDS + BUILD_REPLY_MARGIN_SECONDS))
+        }
+        _ => control_timeout,
+    }
+}
+
 fn request_name(request: &Request) -> &'static str {
     match request {
         Request::Hello { .. } => "hello",
@@ -1283,8 +1297,9 @@ impl Inner {
     }
 
     fn request_once_with_fd(&self, request: &Request) -> Result<(Response, Option<std::os::fd::OwnedFd>), Error> {
+        let limit = reply_wait(request, self.control_timeout);
         // Time this process did not run (a paused VM) does not count against the daemon.
-        let mut deadline = agora_wait::Deadline::after(self.control_timeout);
+        let mut deadline = agora_wait::Deadline::after(limit);
         let mut control = loop {
             match self.control.try_lock() {
                 Ok(guard) => break guard,
@@ -1293,7 +1308,7 @@ impl Inner {
                     let Some(wait) = deadline.next_wait() else {
                         return Err(Error::Timeout {
                             request: request_name(request).to_string(),
-                            after: self.control_timeout,
+                            after: limit,
                         });
                     };
                     let wait = wait.min(Duration::from_micros(200));
@@ -1311,10 +1326,7 @@ impl Inner {
             }
             match e {
                 // Report the whole limit, not what was left of it after waiting for the lock.
-                Error::Timeout { request, .. } => Error::Timeout {
-                    request,
-                    after: self.control_timeout,
-                },
+                Error::Timeout { request, .. } => Error::Timeout { request, after: limit },
                 other => other,
             }
         });
@@ -1976,7 +1988,7 @@ impl Inner {
         self.resume.kernels_resumed(&kernel_ids, &resumed.kernels);
         let timeout = self.control_timeout;
         self.resume
-            .rebuild_programs(|request| call(&mut control, request, timeout, None).ok());
+            .rebuild_programs(|request| call(&mut control, request, reply_wait(request, timeout), None).ok());
         // A buffer the new daemon refuses to protect is left out of later checkpoints (a
         // checkpoint with none protected fails, saying so).
         let _refused = self

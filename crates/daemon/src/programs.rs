@@ -50,7 +50,13 @@ use crate::kernels::SESSION_KERNEL_BIT;
 use crate::session::Credentials;
 
 /// Longest one build may take (a compiler that hangs on a tenant's source is killed).
-pub(crate) const BUILD_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const BUILD_TIMEOUT: Duration = Duration::from_secs(agora_protocol::control::PROGRAM_BUILD_SECONDS);
+
+/// Longest a C program's loading may take: no compiler runs, only the dynamic linker and the
+/// library's initialisers (tenant code), so a constructor that never returns fails the build
+/// after this, well before the client stops waiting (the client's control timeout, 30 s by
+/// default, or for a build at least `BUILD_TIMEOUT` plus a margin).
+const LOAD_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Longest an executor may take to start and initialise OpenCL.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
@@ -233,6 +239,7 @@ impl SessionPrograms {
             tenant,
             start_timeout: START_TIMEOUT,
             build_timeout: BUILD_TIMEOUT,
+            load_timeout: LOAD_TIMEOUT,
         });
         Ok(SessionPrograms {
             kernels,
@@ -424,6 +431,16 @@ fn build_inner(job: BuildJob) -> Result<Response, ControlError> {
     }
     let started = |e: ExecError| match e {
         ExecError::BuildFailed(log) => failed(log),
+        // The tenant's code did not finish building: a build error, not a daemon failure.
+        ExecError::BuildTimedOut(limit) if language == "c" => failed(format!(
+            "the shared object's loading and initialisation did not finish within {} s (a constructor, \
+             __attribute__((constructor)) or C++ static initialiser, that does not return?); it was stopped",
+            limit.as_secs()
+        )),
+        ExecError::BuildTimedOut(limit) => failed(format!(
+            "the OpenCL compiler did not finish within {} s; it was stopped: simplify the program",
+            limit.as_secs()
+        )),
         other => {
             tracing::warn!(session = programs.session, error = %other, "a tenant program's executor failed during a build");
             ControlError::BadRequest(format!("the program's executor failed: {other}"))

@@ -32,6 +32,7 @@ fn main() {
         tenant: None,
         start_timeout: Duration::from_secs(20),
         build_timeout: Duration::from_secs(60),
+        load_timeout: Duration::from_secs(10),
     });
     let t = Instant::now();
     println!("device {:?}, started in {:?}", executor.device(), t.elapsed());

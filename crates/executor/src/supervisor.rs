@@ -60,6 +60,9 @@ pub struct ExecutorSpec {
     pub start_timeout: Duration,
     /// Longest one build may take.
     pub build_timeout: Duration,
+    /// Longest loading a C shared object may take (no compiler runs: only the dynamic linker
+    /// and the library's own initialisers, tenant code).
+    pub load_timeout: Duration,
 }
 
 /// Why a request to the executor failed.
@@ -74,6 +77,10 @@ pub enum ExecError {
     /// The request ran past its limit; the executor was killed.
     #[error("the executor did not answer within {0:?} and was killed")]
     TimedOut(Duration),
+    /// A build ran past its limit (the compiler, or a C library's initialisers, did not
+    /// finish); the executor was killed.
+    #[error("the build did not finish within {0:?}; the executor was killed")]
+    BuildTimedOut(Duration),
     /// The executor exited by itself (a tenant kernel called `exit`).
     #[error("the executor exited with status {0:?}")]
     Exited(Option<i32>),
@@ -229,13 +236,19 @@ impl Executor {
             Code::Library { symbols, .. } => Some(symbols.clone()),
             Code::OpenCl { .. } => None,
         };
-        let reply = self.exchange(
-            &ToChild::Build {
-                program,
-                code: code.clone(),
-            },
-            self.spec.build_timeout,
-        )?;
+        let limit = self.build_limit(&code);
+        let reply = self
+            .exchange(
+                &ToChild::Build {
+                    program,
+                    code: code.clone(),
+                },
+                limit,
+            )
+            .map_err(|e| match e {
+                ExecError::TimedOut(limit) => ExecError::BuildTimedOut(limit),
+                other => other,
+            })?;
         match reply {
             FromChild::Built {
                 kernels,
@@ -270,6 +283,14 @@ impl Executor {
             }
             FromChild::BuildFailed { log } => Err(ExecError::BuildFailed(bounded(log))),
             other => Err(self.kill_for(format!("a {} in reply to a build", reply_name(&other)))),
+        }
+    }
+
+    /// How long building `code` may take.
+    fn build_limit(&self, code: &Code) -> Duration {
+        match code {
+            Code::OpenCl { .. } => self.spec.build_timeout,
+            Code::Library { .. } => self.spec.load_timeout,
         }
     }
 
@@ -439,7 +460,8 @@ impl Executor {
                 program: index as u32,
                 code: self.programs[index].code.clone(),
             };
-            match self.exchange(&request, self.spec.build_timeout)? {
+            let limit = self.build_limit(&self.programs[index].code);
+            match self.exchange(&request, limit)? {
                 FromChild::Built { kernels, .. } if kernels == self.programs[index].kernels => {}
                 other => {
                     return Err(self.kill_for(format!(
@@ -786,6 +808,7 @@ mod tests {
             tenant: None,
             start_timeout: Duration::from_secs(1),
             build_timeout: Duration::from_secs(1),
+            load_timeout: Duration::from_secs(1),
         });
         match executor.device() {
             Err(ExecError::Start(message)) => {

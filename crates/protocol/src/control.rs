@@ -854,6 +854,17 @@ pub enum ControlError {
 /// frame with its manifest; larger code belongs in a kernel package the operator installs).
 pub const MAX_PROGRAM_BYTES: usize = 960 * 1024;
 
+/// Longest the daemon lets one OpenCL program's compilation in an executor take before it
+/// stops it and fails the build (a C shared object's loading gets much less). A client waits
+/// for a build's reply at least this long plus [`BUILD_REPLY_MARGIN_SECONDS`], whatever its
+/// control timeout: a legitimate long compilation then ends in a program or a build error,
+/// never in the client's timeout.
+pub const PROGRAM_BUILD_SECONDS: u64 = 60;
+
+/// What a client adds to [`PROGRAM_BUILD_SECONDS`] when it waits for a build's reply: the
+/// executor's start (at most 20 s) and the reply's way back.
+pub const BUILD_REPLY_MARGIN_SECONDS: u64 = 30;
+
 /// One kernel as `agora kernels` lists it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct KernelListing {
