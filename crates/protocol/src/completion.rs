@@ -887,7 +887,7 @@ fn device_failed(code: i64) -> String {
                 (`agora kernels reload`)"
             .to_string();
     }
-    let name = if code < 0 { opencl_error_name(code) } else { None };
+    let name = if code < 0 { known_opencl_error(code) } else { None };
     match (code < 0, name) {
         (true, Some(name)) => {
             format!("the device failed to run the task (OpenCL error {code}, {name}); the daemon logged the details")
@@ -900,7 +900,7 @@ fn device_failed(code: i64) -> String {
 }
 
 /// The names of the OpenCL error codes a task can meet (`CL_*`, OpenCL 1.2 and 2.x).
-fn opencl_error_name(code: i64) -> Option<&'static str> {
+fn known_opencl_error(code: i64) -> Option<&'static str> {
     Some(match code {
         -1 => "CL_DEVICE_NOT_FOUND",
         -2 => "CL_DEVICE_NOT_AVAILABLE",
@@ -912,6 +912,7 @@ fn opencl_error_name(code: i64) -> Option<&'static str> {
         -8 => "CL_MEM_COPY_OVERLAP",
         -9 => "CL_IMAGE_FORMAT_MISMATCH",
         -10 => "CL_IMAGE_FORMAT_NOT_SUPPORTED",
+        -11 => "CL_BUILD_PROGRAM_FAILURE",
         -12 => "CL_MAP_FAILURE",
         -13 => "CL_MISALIGNED_SUB_BUFFER_OFFSET",
         -14 => "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST",
@@ -969,47 +970,9 @@ fn exit_meaning(status: i32) -> &'static str {
     }
 }
 
-/// An OpenCL error code's name, for messages.
+/// An OpenCL error code's name, for messages ("an OpenCL error" for a code not in the table).
 pub fn opencl_error_name(code: i32) -> &'static str {
-    match code {
-        -1 => "CL_DEVICE_NOT_FOUND",
-        -2 => "CL_DEVICE_NOT_AVAILABLE",
-        -3 => "CL_COMPILER_NOT_AVAILABLE",
-        -4 => "CL_MEM_OBJECT_ALLOCATION_FAILURE",
-        -5 => "CL_OUT_OF_RESOURCES",
-        -6 => "CL_OUT_OF_HOST_MEMORY",
-        -7 => "CL_PROFILING_INFO_NOT_AVAILABLE",
-        -8 => "CL_MEM_COPY_OVERLAP",
-        -9 => "CL_IMAGE_FORMAT_MISMATCH",
-        -10 => "CL_IMAGE_FORMAT_NOT_SUPPORTED",
-        -11 => "CL_BUILD_PROGRAM_FAILURE",
-        -12 => "CL_MAP_FAILURE",
-        -13 => "CL_MISALIGNED_SUB_BUFFER_OFFSET",
-        -14 => "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST",
-        -30 => "CL_INVALID_VALUE",
-        -33 => "CL_INVALID_DEVICE",
-        -34 => "CL_INVALID_CONTEXT",
-        -36 => "CL_INVALID_COMMAND_QUEUE",
-        -38 => "CL_INVALID_MEM_OBJECT",
-        -44 => "CL_INVALID_PROGRAM",
-        -45 => "CL_INVALID_PROGRAM_EXECUTABLE",
-        -46 => "CL_INVALID_KERNEL_NAME",
-        -48 => "CL_INVALID_KERNEL",
-        -49 => "CL_INVALID_ARG_INDEX",
-        -50 => "CL_INVALID_ARG_VALUE",
-        -51 => "CL_INVALID_ARG_SIZE",
-        -52 => "CL_INVALID_KERNEL_ARGS",
-        -53 => "CL_INVALID_WORK_DIMENSION",
-        -54 => "CL_INVALID_WORK_GROUP_SIZE",
-        -55 => "CL_INVALID_WORK_ITEM_SIZE",
-        -56 => "CL_INVALID_GLOBAL_OFFSET",
-        -57 => "CL_INVALID_EVENT_WAIT_LIST",
-        -58 => "CL_INVALID_EVENT",
-        -59 => "CL_INVALID_OPERATION",
-        -61 => "CL_INVALID_BUFFER_SIZE",
-        -63 => "CL_INVALID_GLOBAL_WORK_SIZE",
-        _ => "an OpenCL error",
-    }
+    known_opencl_error(i64::from(code)).unwrap_or("an OpenCL error")
 }
 
 #[cfg(test)]
