@@ -1157,7 +1157,13 @@ pub unsafe extern "C" fn agora_program_kernel(
     };
     match program.program.kernel(&name) {
         Some(kernel) => store(AgoraKernel(kernel), out),
-        None => fail(AgoraStatus::InvalidArgument, "the program has no kernel of that name"),
+        None => {
+            let names: Vec<&str> = program.program.kernels().iter().map(|k| k.name()).collect();
+            fail(
+                AgoraStatus::InvalidArgument,
+                format!("the program has no kernel '{name}'; it has: {}", names.join(", ")),
+            )
+        }
     }
 }
 

@@ -26,7 +26,7 @@ int main(void) {
     OK(agora_program_kernel(program, "twice", &twice));
     OK(agora_program_kernel(program, "crash", &crash));
     EXPECT(agora_program_kernel(program, "thrice", &missing) == AGORA_STATUS_INVALID_ARGUMENT);
-    EXPECT(MESSAGE_HAS("no kernel"));
+    EXPECT(MESSAGE_HAS("no kernel 'thrice'; it has: "));
 
     AgoraQueue *queue;
     OK(agora_queue_create(session, "c program", &queue));

@@ -2,7 +2,7 @@
 //! source, or a C shared object with a manifest). Its kernels run in the session's sandboxed
 //! executor process and are launched like the built-in ones: `queue.launch(program.name, ...)`.
 
-use pyo3::exceptions::PyAttributeError;
+use pyo3::exceptions::{PyAttributeError, PyKeyError};
 use pyo3::prelude::*;
 
 use crate::kernel::PyKernel;
@@ -12,6 +12,16 @@ use crate::kernel::PyKernel;
 #[pyclass(module = "agora._native", name = "Program", frozen)]
 pub(crate) struct PyProgram {
     pub(crate) inner: agora::Program,
+}
+
+impl PyProgram {
+    /// The message for a kernel name the program does not have.
+    fn no_kernel(&self, name: &str) -> String {
+        format!(
+            "the program has no kernel '{name}'; it has: {}",
+            self.names().join(", ")
+        )
+    }
 }
 
 #[pymethods]
@@ -34,23 +44,28 @@ impl PyProgram {
         self.inner.cached()
     }
 
-    /// The kernel `name`.
+    /// The kernel `name`; `KeyError` when the program has none of that name (as
+    /// `program[name]`; `program.name` raises `AttributeError`, as attribute access must).
     fn kernel(&self, name: &str) -> PyResult<PyKernel> {
-        match self.inner.kernel(name) {
-            Some(kernel) => Ok(PyKernel { inner: kernel.clone() }),
-            None => Err(PyAttributeError::new_err(format!(
-                "the program has no kernel '{name}'; it has: {}",
-                self.names().join(", ")
-            ))),
-        }
+        self.inner
+            .kernel(name)
+            .map(|kernel| PyKernel { inner: kernel })
+            .ok_or_else(|| PyKeyError::new_err(self.no_kernel(name)))
     }
 
     fn __getattr__(&self, name: &str) -> PyResult<PyKernel> {
-        self.kernel(name)
+        self.inner
+            .kernel(name)
+            .map(|kernel| PyKernel { inner: kernel })
+            .ok_or_else(|| PyAttributeError::new_err(self.no_kernel(name)))
     }
 
     fn __getitem__(&self, name: &str) -> PyResult<PyKernel> {
         self.kernel(name)
+    }
+
+    fn __contains__(&self, name: &str) -> bool {
+        self.inner.kernel(name).is_some()
     }
 
     fn __dir__(&self) -> Vec<String> {

@@ -60,9 +60,15 @@ impl PyQueue {
 }
 
 /// A scalar argument converted to the type the kernel's signature declares.
-fn scalar(value: &Bound<'_, PyAny>, ty: ScalarType, index: usize, name: &str) -> PyResult<Arg<'static>> {
-    let wrong =
-        |what: &str| ArgumentTypeError::new_err(format!("argument {index} ('{name}') is a {ty:?} scalar; got {what}"));
+fn scalar(value: &Bound<'_, PyAny>, ty: ScalarType, index: usize, name: &str, kernel: &str) -> PyResult<Arg<'static>> {
+    // "an f32", "an i32", "a u32", as the type names are read.
+    let article = if ty.name().starts_with('u') { "a" } else { "an" };
+    let wrong = |what: &str| {
+        ArgumentTypeError::new_err(format!(
+            "argument {index} ('{name}') of {kernel} is {article} {} scalar; got {what}",
+            ty.name()
+        ))
+    };
     if value.is_instance_of::<PyBuffer>() {
         return Err(wrong("a Buffer"));
     }
@@ -371,8 +377,9 @@ pub(crate) fn with_launch_args<R>(
             ParamKind::Buffer { .. } => {
                 let buffer = item.cast::<PyBuffer>().map_err(|_| {
                     ArgumentTypeError::new_err(format!(
-                        "argument {index} ('{}') is a buffer; got {}",
+                        "argument {index} ('{}') of {} is a buffer; got {}",
                         param.name,
+                        kernel.name(),
                         item.get_type().name().map(|n| n.to_string()).unwrap_or_default()
                     ))
                 })?;
@@ -411,7 +418,7 @@ pub(crate) fn with_launch_args<R>(
             (ParamKind::Buffer { .. }, Some(slot)) => {
                 call.push(Arg::Buffer(&handles[*slot]));
             }
-            (ParamKind::Scalar(ty), _) => call.push(scalar(item, ty, index, &param.name)?),
+            (ParamKind::Scalar(ty), _) => call.push(scalar(item, ty, index, &param.name, kernel.name())?),
             (ParamKind::Buffer { .. }, None) => unreachable!("buffer parameters were borrowed above"),
         }
     }

@@ -62,6 +62,16 @@ def test_an_opencl_program_runs_like_a_built_in_kernel(plain):
         assert np.array_equal(y.numpy(), 2.0 * np.arange(1000, dtype=np.float32) + 1.0)
         with pytest.raises(AttributeError, match="saxpy"):
             program.nope
+        # A mapping's missing key is a KeyError (audit K-D10: it was AttributeError).
+        with pytest.raises(KeyError, match="no kernel 'nope'; it has: "):
+            program["nope"]
+        with pytest.raises(KeyError):
+            program.kernel("nope")
+        assert "saxpy" in program and "nope" not in program
+        # A scalar mistake names the kernel and reads "an f32" (it read "a F32").
+        with session.queue("mistakes") as queue:
+            with pytest.raises(agora.ArgumentTypeError, match=r"argument 0 \('a'\) of saxpy is an f32 scalar; got a Buffer"):
+                queue.launch(program["saxpy"], x, x, y, range=1000)
 
 
 def test_a_program_kernel_of_another_session_is_refused_and_a_built_in_one_is_not(plain):
