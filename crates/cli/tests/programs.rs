@@ -9,8 +9,9 @@
 //!   an endless loop with `KernelTimeout` — and after each the same session's next launch
 //!   works (a new executor), the neighbour's work all succeeds, and the daemon has as many
 //!   open descriptors and child processes as before;
-//! * limits: a 2 MB program, the 65th program of a session, and a tenant the policy excludes
-//!   are refused with messages naming the limit or setting.
+//! * limits: a 2 MB program, the 65th program a session holds at once, and a tenant the policy
+//!   excludes are refused with messages naming the limit or setting; the same source built
+//!   again is the program the session holds (same kernel ids, no new slot, no rebuild).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -409,18 +410,22 @@ fn opencl_and_c_programs_build_and_compute_and_builds_are_cached() {
     // Its kernel ids are its own: the first session's ids mean nothing there.
     assert!(daemon.state_dir().join("programs").read_dir().unwrap().count() >= 1);
 
-    // Limits: the size, and the 65th program.
+    // Limits: the size, and the 65th program held at once (distinct sources: the same source
+    // again would be the program the session holds).
     let huge = " ".repeat(2 << 20);
     let err = other.program_opencl(&huge).unwrap_err().to_string();
     assert!(err.contains(&MAX_PROGRAM_BYTES.to_string()), "{err}");
     let started = Instant::now();
+    let mut held = vec![again];
     for built in 1..64 {
-        other
-            .program_opencl(GOOD)
-            .unwrap_or_else(|e| panic!("program {} of 64: {e}", built + 1));
+        held.push(
+            other
+                .program_opencl(&format!("{GOOD}\n// variant {built}\n"))
+                .unwrap_or_else(|e| panic!("program {} of 64: {e}", built + 1)),
+        );
     }
     let loop_ms = started.elapsed().as_secs_f64() * 1e3 / 63.0;
-    let err = other.program_opencl(GOOD).unwrap_err();
+    let err = other.program_opencl(&format!("{GOOD}\n// variant 64\n")).unwrap_err();
     assert!(
         matches!(&err, Error::Control(ControlError::TooMany { what, limit: 64 }) if what == "programs"),
         "{err:?}"
@@ -429,6 +434,65 @@ fn opencl_and_c_programs_build_and_compute_and_builds_are_cached() {
         "first build {first_ms:.0} ms, cached build in a new session {cached_ms:.1} ms, cached build in a running \
          executor {loop_ms:.1} ms, empty-kernel round trip {round_trip_us:.0} us (library noop {noop_us:.0} us)"
     );
+}
+
+/// A service that builds its kernel per request: the same source built again (OpenCL, and a C
+/// library with its manifest) is the program the session holds — the same kernels under the
+/// same ids, no rebuild, no new slot — so 100 builds pass a limit of 64 and every launch computes.
+#[test]
+fn the_same_program_built_again_is_the_one_the_session_holds() {
+    let daemon = start("programs-reuse", &[]);
+    let session = daemon.session();
+    let queue = session.queue("reuse").unwrap();
+    let first = session.program_opencl(GOOD).expect("the program builds");
+    let ids: Vec<u32> = first.kernels().iter().map(Kernel::id).collect();
+    let dir = temp_dir("programs-reuse-c");
+    let library = c_library(dir.path());
+    let c_first = session
+        .program_library(&library, C_MANIFEST)
+        .expect("the C program loads");
+    let c_ids: Vec<u32> = c_first.kernels().iter().map(Kernel::id).collect();
+    for round in 0..100 {
+        let again = session
+            .program_opencl(GOOD)
+            .unwrap_or_else(|e| panic!("build {} of the same source: {e}", round + 2));
+        assert!(again.cached(), "build {}: reused, not rebuilt", round + 2);
+        assert_eq!(again.kernels().iter().map(Kernel::id).collect::<Vec<_>>(), ids);
+        saxpy_checked(&session, &queue, &again.kernel("saxpy").unwrap(), 1000, round as f32).unwrap();
+        let c = session
+            .program_library(&library, C_MANIFEST)
+            .unwrap_or_else(|e| panic!("build {} of the same library: {e}", round + 2));
+        assert_eq!(c.kernels().iter().map(Kernel::id).collect::<Vec<_>>(), c_ids);
+    }
+    // The C program computes under its reused ids.
+    let scale = session
+        .program_library(&library, C_MANIFEST)
+        .unwrap()
+        .kernel("scale")
+        .unwrap();
+    let x: Vec<f32> = (0..256).map(|i| i as f32).collect();
+    let bx = session.buffer_from(&x).unwrap();
+    let by = session.buffer_from(&vec![0f32; 256]).unwrap();
+    queue.sync_to(&bx).unwrap();
+    queue
+        .launch(&scale, &[Arg::F32(4.0), (&bx).into(), (&by).into()], 256u64)
+        .unwrap();
+    queue.sync_from(&by).unwrap();
+    queue.finish().unwrap();
+    assert!(by
+        .read_vec::<f32>()
+        .iter()
+        .enumerate()
+        .all(|(i, v)| *v == 4.0 * i as f32));
+    // Another manifest is another build: a program of its own, with new ids.
+    let described = session
+        .program_opencl_with_manifest(
+            GOOD,
+            "[kernels.saxpy]\nparams = [\"a: f32\", \"x: f32 read\", \"y: f32 readwrite\"]\nsizes = { x = \"range0\", y = \"range0\" }\n",
+        )
+        .unwrap();
+    assert!(described.kernels().iter().all(|k| !ids.contains(&k.id())));
+    saxpy_checked(&session, &queue, &described.kernel("saxpy").unwrap(), 500, 9.0).unwrap();
 }
 
 #[test]

@@ -56,7 +56,7 @@ pub(crate) enum ControlJob {
     /// `agora kernels reload` (admin; the dispatcher checked the caller).
     ReloadKernels,
     /// `session.program(...)`: a build on a builder thread (the dispatcher checked the caller,
-    /// the size and the session's program count).
+    /// and the size; the builder counts the session's programs).
     BuildProgram(Box<crate::programs::BuildJob>),
     /// `session.recover()`: a checkpoint read back into the protected buffers.
     Recover(Box<crate::checkpoint::RecoverJob>),

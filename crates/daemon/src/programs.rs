@@ -29,11 +29,19 @@
 //!
 //! Builds take 100 ms to a second, so they run on a builder thread that the control thread
 //! starts (see `crate::control`), which replies in request order.
+//!
+//! `[programs] max_per_session` counts the programs a session holds at once ([`Held`]). The
+//! same build asked for again (same language, name, code and manifest: everything the build
+//! depends on, the daemon's settings aside, which do not change while it runs) is the program
+//! the session holds already: the reply lists the same kernels under the same ids, marked
+//! `cached`, and takes no slot; a service that builds its kernel per request therefore holds
+//! it once.
 
 mod cache;
 
 use std::borrow::Cow;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -198,13 +206,65 @@ impl ExecutorCell {
     }
 }
 
+/// What identifies a build: a digest of its language, name, code and manifest.
+type BuildKey = [u8; 32];
+
+/// The digest of a build request ([`BuildKey`]); each part is length-prefixed, so no two
+/// requests share one by moving bytes between parts.
+fn build_key(language: &str, name: &str, code: &[u8], manifest: Option<&str>) -> BuildKey {
+    use sha2::Digest;
+    let mut hash = sha2::Sha256::new();
+    for part in [language.as_bytes(), name.as_bytes(), code] {
+        hash.update((part.len() as u64).to_le_bytes());
+        hash.update(part);
+    }
+    match manifest {
+        Some(m) => {
+            hash.update([1]);
+            hash.update((m.len() as u64).to_le_bytes());
+            hash.update(m.as_bytes());
+        }
+        None => hash.update([0]),
+    }
+    hash.finalize().into()
+}
+
+/// A program the session holds.
+#[derive(Debug)]
+struct HeldProgram {
+    /// The reply its build got (ids and signatures, log), given again when it is reused.
+    kernels: Vec<(u32, KernelSignature)>,
+    log: String,
+}
+
+/// The programs a session holds, by the index of their first kernel (ids without
+/// [`SESSION_KERNEL_BIT`]), and which build each is.
+#[derive(Debug, Default)]
+struct Held {
+    programs: BTreeMap<u32, HeldProgram>,
+    by_key: HashMap<BuildKey, u32>,
+}
+
+impl Held {
+    /// The reply for a build the session holds already, if it does.
+    fn reuse(&mut self, key: &BuildKey) -> Option<Response> {
+        let first = *self.by_key.get(key)?;
+        let program = self.programs.get(&first)?;
+        Some(Response::Program {
+            kernels: program.kernels.clone(),
+            log: program.log.clone(),
+            cached: true,
+        })
+    }
+}
+
 /// A session's programs.
 #[derive(Debug)]
 pub(crate) struct SessionPrograms {
     kernels: Arc<ProgramKernels>,
     cell: Arc<ExecutorCell>,
-    /// Programs built so far (the dispatcher's quick check; the builder re-checks).
-    built: AtomicUsize,
+    /// The programs it holds (the limit counts them; a build of one of them reuses it).
+    held: Mutex<Held>,
     session: u64,
     /// Whether the daemon has an executor program (`[programs] executor`): OpenCL and C programs
     /// run in one.
@@ -251,15 +311,25 @@ impl SessionPrograms {
                 timeout: config.program_timeout,
                 closed: AtomicBool::new(false),
             }),
-            built: AtomicUsize::new(0),
+            held: Mutex::default(),
             session,
             has_executor,
         })
     }
 
-    /// Programs built so far.
-    pub(crate) fn built(&self) -> usize {
-        self.built.load(Ordering::Acquire)
+    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `Err(TooMany)` when the session holds `max` programs.
+    fn check_room(&self, max: usize) -> Result<(), ControlError> {
+        if self.held().programs.len() >= max {
+            return Err(ControlError::TooMany {
+                what: "programs".into(),
+                limit: max as u64,
+            });
+        }
+        Ok(())
     }
 }
 
@@ -348,6 +418,12 @@ fn build_inner(job: BuildJob) -> Result<Response, ControlError> {
         devices,
     } = job;
     check_request(&language, &code, manifest.as_deref())?;
+    // The same build again is the program the session holds (a connection builds one program
+    // at a time, so no build of the same key runs meanwhile).
+    let key = build_key(&language, &name, &code, manifest.as_deref());
+    if let Some(reply) = programs.held().reuse(&key) {
+        return Ok(reply);
+    }
     let specs = match manifest.as_deref() {
         None => None,
         Some(text) => Some(
@@ -373,12 +449,7 @@ fn build_inner(job: BuildJob) -> Result<Response, ControlError> {
                     .into(),
             ));
         }
-        if programs.built() >= max_programs {
-            return Err(ControlError::TooMany {
-                what: "programs".into(),
-                limit: max_programs as u64,
-            });
-        }
+        programs.check_room(max_programs)?;
         let specs = specs.unwrap_or_default();
         let (defs, log) = cuda_definitions(&language, code, &specs, &name).map_err(|e| match e {
             CudaBuildError::Refused(message) => ControlError::BadRequest(message),
@@ -409,7 +480,7 @@ fn build_inner(job: BuildJob) -> Result<Response, ControlError> {
                 }
             )
         };
-        return Ok(install(&programs, defs, log, false));
+        return Ok(install(&programs, key, defs, log, false));
     }
     if !programs.has_executor {
         return Err(ControlError::BadRequest(
@@ -422,13 +493,8 @@ fn build_inner(job: BuildJob) -> Result<Response, ControlError> {
     if cell.closed.load(Ordering::Acquire) {
         return Err(ControlError::BadRequest("the session ended".into()));
     }
+    programs.check_room(max_programs)?;
     let mut executor = cell.lock();
-    if executor.programs() >= max_programs {
-        return Err(ControlError::TooMany {
-            what: "programs".into(),
-            limit: max_programs as u64,
-        });
-    }
     let started = |e: ExecError| match e {
         ExecError::BuildFailed(log) => failed(log),
         // The tenant's code did not finish building: a build error, not a daemon failure.
@@ -447,7 +513,7 @@ fn build_inner(job: BuildJob) -> Result<Response, ControlError> {
         }
     };
     let mut daemon_source = None;
-    let (code, key) = match language.as_str() {
+    let (code, cache_key) = match language.as_str() {
         "opencl" => {
             let source = String::from_utf8(code)
                 .map_err(|_| ControlError::BadRequest("OpenCL C source must be UTF-8 text".into()))?;
@@ -470,8 +536,8 @@ fn build_inner(job: BuildJob) -> Result<Response, ControlError> {
     };
     let built = executor.build(code).map_err(started)?;
     drop(executor);
-    if let (Some(key), Some(binary), false, true) = (&key, &built.binary, built.from_binary, built.clean) {
-        cache.store(key, binary);
+    if let (Some(cache_key), Some(binary), false, true) = (&cache_key, &built.binary, built.from_binary, built.clean) {
+        cache.store(cache_key, binary);
     }
     let library = language == "c";
     let mut defs =
@@ -498,25 +564,30 @@ fn build_inner(job: BuildJob) -> Result<Response, ControlError> {
             });
         }
     }
-    Ok(install(&programs, defs, built.log, built.from_binary))
+    Ok(install(&programs, key, defs, built.log, built.from_binary))
 }
 
-/// Installs a built program's kernels for its session; the reply.
-fn install(programs: &SessionPrograms, defs: Vec<KernelDef>, log: String, cached: bool) -> Response {
+/// Installs a built program's kernels for its session, which now holds it; the reply.
+fn install(programs: &SessionPrograms, key: BuildKey, defs: Vec<KernelDef>, log: String, cached: bool) -> Response {
     let signatures: Vec<KernelSignature> = defs.iter().map(|d| d.signature()).collect();
     let first = programs
         .kernels
         .install(defs.into_iter().map(|d| KernelRef::Shared(Arc::new(d))).collect());
-    programs.built.fetch_add(1, Ordering::AcqRel);
-    Response::Program {
-        kernels: signatures
-            .into_iter()
-            .enumerate()
-            .map(|(j, s)| (SESSION_KERNEL_BIT | (first + j as u32), s))
-            .collect(),
-        log,
-        cached,
-    }
+    let kernels: Vec<(u32, KernelSignature)> = signatures
+        .into_iter()
+        .enumerate()
+        .map(|(j, s)| (SESSION_KERNEL_BIT | (first + j as u32), s))
+        .collect();
+    let mut held = programs.held();
+    held.by_key.insert(key, first);
+    held.programs.insert(
+        first,
+        HeldProgram {
+            kernels: kernels.clone(),
+            log: log.clone(),
+        },
+    );
+    Response::Program { kernels, log, cached }
 }
 
 /// Why a CUDA C or PTX program was not built.
