@@ -106,6 +106,8 @@ fn check(h: &ValidateHarness, d: &TaskDescriptor) {
             match e {
                 TaskError::UnknownQueue(q) => assert_ne!(q, h.queue),
                 TaskError::InvalidHandle { handle, .. } => assert!(live_len(h, handle).is_none()),
+                // The harness installs program kernels without a program a release could give back.
+                TaskError::UnknownKernel(_) if d.op == Op::ReleaseProgram as u32 => {}
                 TaskError::UnknownKernel(k) => assert!(h.kernels_ids.iter().all(|(id, ..)| *id != k)),
                 TaskError::OutOfBounds { end, len, .. } => assert!(end > len),
                 TaskError::BufferTooSmall { needed, len, .. } => assert!(needed > len),

@@ -495,6 +495,88 @@ fn the_same_program_built_again_is_the_one_the_session_holds() {
     saxpy_checked(&session, &queue, &described.kernel("saxpy").unwrap(), 500, 9.0).unwrap();
 }
 
+/// A program the client drops is given back: its slot is free again (200 distinct programs,
+/// OpenCL and C, built one after another with a limit of 64, each dropped after a verified
+/// launch), kernel ids are never given twice, a kernel handle keeps its program, and a launch
+/// naming a released program's kernel id fails with `UnknownKernel` saying it was released.
+#[test]
+fn dropped_programs_free_their_slots_and_their_kernel_ids_are_refused() {
+    use agora_protocol::{Op, RawArg, TaskDescriptor};
+    let daemon = start("programs-release", &[]);
+    let session = daemon.session();
+    let queue = session.queue("release").unwrap();
+    let dir = temp_dir("programs-release-c");
+    let library = c_library(dir.path());
+    let mut seen = std::collections::HashSet::new();
+    let mut fresh = |program: &agora::Program| {
+        for k in program.kernels() {
+            assert!(seen.insert(k.id()), "kernel id {} given twice", k.id());
+        }
+    };
+    for round in 0..200 {
+        let program = session
+            .program_opencl(&format!("{GOOD}\n// variant {round}\n"))
+            .unwrap_or_else(|e| panic!("program {} of 200: {e}", round + 1));
+        fresh(&program);
+        saxpy_checked(&session, &queue, &program.kernel("saxpy").unwrap(), 256, round as f32).unwrap();
+        drop(program);
+        if round % 20 == 0 {
+            // A C library, loaded and unloaded again and again.
+            let c = session.program_library(&library, C_MANIFEST).unwrap();
+            fresh(&c);
+            let x: Vec<f32> = (0..64).map(|i| i as f32).collect();
+            let bx = session.buffer_from(&x).unwrap();
+            let by = session.buffer_from(&[0f32; 64]).unwrap();
+            queue.sync_to(&bx).unwrap();
+            queue
+                .launch(
+                    &c.kernel("scale").unwrap(),
+                    &[Arg::F32(0.5), (&bx).into(), (&by).into()],
+                    64u64,
+                )
+                .unwrap();
+            queue.sync_from(&by).unwrap();
+            queue.finish().unwrap();
+            assert!(by
+                .read_vec::<f32>()
+                .iter()
+                .enumerate()
+                .all(|(i, v)| *v == 0.5 * i as f32));
+        }
+    }
+    // A kernel handle keeps its program: it still computes once the Program is gone.
+    let program = session.program_opencl(GOOD).unwrap();
+    fresh(&program);
+    let saxpy = program.kernel("saxpy").unwrap();
+    let id = saxpy.id();
+    drop(program);
+    saxpy_checked(&session, &queue, &saxpy, 512, 1.0).unwrap();
+    drop(saxpy);
+    // Now released: a launch naming its id (only a raw descriptor can) is refused, saying why.
+    let x = session.buffer_from(&[1f32; 16]).unwrap();
+    let y = session.buffer_from(&[1f32; 16]).unwrap();
+    let mut d = TaskDescriptor::zeroed();
+    d.op = Op::Launch as u32;
+    d.kernel = id;
+    d.dims = 1;
+    d.range = [16, 1, 1];
+    d.arg_count = 3;
+    d.args[0] = RawArg::f32(2.0);
+    d.args[1] = RawArg::buffer(agora::testing::buffer_handle(&x));
+    d.args[2] = RawArg::buffer(agora::testing::buffer_handle(&y));
+    let err = agora::testing::submit_raw(&session, queue.handle(), d)
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    assert_eq!(err.task_error(), Some(&TaskError::UnknownKernel(id)), "{err}");
+    assert!(err.to_string().contains("was released"), "{err}");
+    let _ = queue.finish();
+    // Built again, it is a new program under new ids, and computes.
+    let again = session.program_opencl(GOOD).unwrap();
+    fresh(&again);
+    saxpy_checked(&session, &queue, &again.kernel("saxpy").unwrap(), 512, 2.0).unwrap();
+}
+
 #[test]
 fn faulting_and_endless_tenant_kernels_end_their_task_not_the_daemon_or_a_neighbour() {
     // Not tighter: PoCL compiles a kernel for its work-group size at its first launch in a new

@@ -1,14 +1,23 @@
 //! Tenant programs: kernels a session builds from its own code, run by the daemon in the
 //! session's sandboxed executor process (never inside the daemon).
 
-use agora_protocol::control::{ControlError, Request, Response, MAX_PROGRAM_BYTES};
-use agora_protocol::KernelSignature;
+use std::sync::{Arc, Weak};
 
-use crate::session::{Kernel, Session};
+use agora_protocol::control::{ControlError, Request, Response, MAX_PROGRAM_BYTES};
+use agora_protocol::{KernelSignature, Op, TaskDescriptor};
+
+use crate::session::{Inner, Kernel, Session};
 use crate::Error;
 
 /// A program built for this session: its kernels, callable like the library's with
 /// [`crate::Queue::launch`], from this session only.
+///
+/// The session holds the program while this value, a clone of it or one of its [`Kernel`]s
+/// lives: dropping the last gives it back to the daemon, which frees its slot
+/// (`[programs] max_per_session` counts the programs a session holds at once) and unloads its
+/// code once the tasks issued before are done. Building the same code again while the session
+/// holds it returns the same program (same kernels and ids, [`Program::cached`]) and takes no
+/// new slot.
 #[derive(Debug, Clone)]
 pub struct Program {
     kernels: Vec<Kernel>,
@@ -36,6 +45,46 @@ impl Program {
     /// almost nothing.
     pub fn cached(&self) -> bool {
         self.cached
+    }
+}
+
+/// One build reply's hold on a program, shared by the [`Kernel`]s of that [`Program`]: when the
+/// last goes, the program is released (`Op::ReleaseProgram`, through the ring: after every task
+/// issued before it, which therefore still finds its kernels).
+pub(crate) struct ProgramLease {
+    /// Weak: a program does not keep its session open (it never did); once the session is
+    /// gone, so is the program.
+    session: Weak<Inner>,
+    /// The application's id of the program's first kernel.
+    kernel: u32,
+    /// The program's entry in the resume registry.
+    record: u64,
+}
+
+impl std::fmt::Debug for ProgramLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProgramLease").field("kernel", &self.kernel).finish()
+    }
+}
+
+impl Drop for ProgramLease {
+    fn drop(&mut self) {
+        let Some(session) = self.session.upgrade() else {
+            return;
+        };
+        if session.in_forked_child() {
+            // The parent's program: this copy just goes.
+            return;
+        }
+        let mut d = TaskDescriptor::zeroed();
+        d.op = Op::ReleaseProgram as u32;
+        d.kernel = session.resume.kernel_ids.real(self.kernel);
+        // Never waits for a daemon to come back (`submit_release`); a daemon of before this
+        // operation fails it and keeps the program, as it always did.
+        let release = session.submit_release(0, d);
+        session
+            .resume
+            .program_released(self.record, release, |id| session.is_done(id));
     }
 }
 
@@ -117,13 +166,23 @@ impl Session {
             Response::Program { kernels, log, cached } => {
                 // Recorded, so that a session resumed on a restarted daemon builds it again.
                 let real: Vec<u32> = kernels.iter().map(|(id, _)| *id).collect();
-                let ids = self.inner.resume.program_built(request, &real);
+                let (ids, record) = self.inner.resume.program_built(request, &real);
+                let lease = ids.first().map(|&kernel| {
+                    Arc::new(ProgramLease {
+                        session: Arc::downgrade(&self.inner),
+                        kernel,
+                        record,
+                    })
+                });
+                let Some(lease) = lease else {
+                    return Err(Error::Protocol("the daemon built a program without kernels".into()));
+                };
                 Ok(Program {
                     kernels: ids
                         .into_iter()
                         .zip(kernels)
                         .map(|(id, (_, signature)): (u32, (u32, KernelSignature))| {
-                            Kernel::of_program(id, signature, &self.inner)
+                            Kernel::of_program(id, signature, &self.inner, lease.clone())
                         })
                         .collect(),
                     log,

@@ -121,19 +121,24 @@ struct RegisteredQueue {
     released_by: Option<u64>,
 }
 
-/// A buffer or queue whose release task was issued (the registry forgets it once that task
-/// completed).
+/// A buffer, queue or program whose release task was issued (the registry forgets it once that
+/// task completed).
 #[derive(Clone, Copy)]
 enum Released {
     Buffer(u64),
     Queue(u64),
+    /// By its number in [`Registry::programs`].
+    Program(u64),
 }
 
 /// A program built by the session: the request to build it again, and the ids (as the
-/// application holds them) of its kernels, in the order the daemon listed them.
+/// application holds them) of its kernels, in the order the daemon listed them (`released_by`
+/// as for a buffer). One per build reply: the same code built twice is recorded twice, as the
+/// daemon counts two holds of one program.
 struct RecordedProgram {
     request: Request,
     kernels: Vec<u32>,
+    released_by: Option<u64>,
 }
 
 /// What a session created, to create it again on a new daemon.
@@ -145,7 +150,9 @@ pub(crate) struct Registry {
     releases: VecDeque<(u64, Released)>,
     /// Library kernels looked up, by the id the application holds.
     kernels: BTreeMap<u32, String>,
-    programs: Vec<RecordedProgram>,
+    /// By number, in build order.
+    programs: BTreeMap<u64, RecordedProgram>,
+    next_program: u64,
     /// Buffers protected for checkpoints: id → buffer handle.
     protected: BTreeMap<u32, u64>,
 }
@@ -156,6 +163,7 @@ impl Registry {
         match what {
             Released::Buffer(handle) => self.buffers.get_mut(&handle).map(|b| &mut b.released_by),
             Released::Queue(handle) => self.queues.get_mut(&handle).map(|q| &mut q.released_by),
+            Released::Program(number) => self.programs.get_mut(&number).map(|p| &mut p.released_by),
         }
     }
 
@@ -163,6 +171,7 @@ impl Registry {
         match what {
             Released::Buffer(handle) => drop(self.buffers.remove(&handle)),
             Released::Queue(handle) => drop(self.queues.remove(&handle)),
+            Released::Program(number) => drop(self.programs.remove(&number)),
         }
     }
 
@@ -352,14 +361,28 @@ impl ResumeState {
         id
     }
 
-    /// A program was built: returns the ids to give the application for its kernels.
-    pub(crate) fn program_built(&self, request: Request, real: &[u32]) -> Vec<u32> {
+    /// A program was built: returns the ids to give the application for its kernels, and its
+    /// number here (for [`ResumeState::program_released`]).
+    pub(crate) fn program_built(&self, request: Request, real: &[u32]) -> (Vec<u32>, u64) {
         let kernels: Vec<u32> = real.iter().map(|&r| self.kernel_ids.adopt(r)).collect();
-        self.registry().programs.push(RecordedProgram {
-            request,
-            kernels: kernels.clone(),
-        });
-        kernels
+        let mut registry = self.registry();
+        let number = registry.next_program;
+        registry.next_program += 1;
+        registry.programs.insert(
+            number,
+            RecordedProgram {
+                request,
+                kernels: kernels.clone(),
+                released_by: None,
+            },
+        );
+        (kernels, number)
+    }
+
+    /// Program `number`'s release was issued as task `release` (as
+    /// [`ResumeState::buffer_released`]).
+    pub(crate) fn program_released(&self, number: u64, release: Option<u64>, is_done: impl Fn(u64) -> bool) {
+        self.registry().released(Released::Program(number), release, is_done);
     }
 
     /// The resume messages for a session with this segment geometry: a `Resume` and as many
@@ -436,7 +459,7 @@ impl ResumeState {
             .kernels
             .keys()
             .copied()
-            .chain(registry.programs.iter().flat_map(|p| p.kernels.iter().copied()));
+            .chain(registry.programs.values().flat_map(|p| p.kernels.iter().copied()));
         ids.map(|id| (self.kernel_ids.real(id), id)).collect()
     }
 
@@ -449,14 +472,25 @@ impl ResumeState {
 
     /// Builds the session's programs again with `call`, in their original order, and maps their
     /// kernels' ids. A program that no longer builds leaves its kernels gone (their launches
-    /// fail with `UnknownKernel`); returns how many did not build.
-    pub(crate) fn rebuild_programs(&self, mut call: impl FnMut(&Request) -> Option<Response>) -> usize {
-        let programs: Vec<(Request, Vec<u32>)> = self
-            .registry()
-            .programs
-            .iter()
-            .map(|p| (p.request.clone(), p.kernels.clone()))
-            .collect();
+    /// fail with `UnknownKernel`); returns how many did not build. A released program is built
+    /// again only while its release may still be issued on the new daemon (`replaying`, the
+    /// release not done), as for buffers; otherwise its kernels are gone.
+    pub(crate) fn rebuild_programs(
+        &self,
+        mut call: impl FnMut(&Request) -> Option<Response>,
+        replaying: bool,
+        is_done: impl Fn(u64) -> bool,
+    ) -> usize {
+        let mut programs: Vec<(Request, Vec<u32>)> = Vec::new();
+        for p in self.registry().programs.values() {
+            if p.released_by.is_none_or(|id| replaying && !is_done(id)) {
+                programs.push((p.request.clone(), p.kernels.clone()));
+            } else {
+                for &id in &p.kernels {
+                    self.kernel_ids.set(id, None);
+                }
+            }
+        }
         let mut failed = 0;
         for (request, ids) in programs {
             match call(&request) {

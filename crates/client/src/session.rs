@@ -96,6 +96,10 @@ pub struct Kernel {
     /// session's queues understand; [`GLOBAL_KERNEL`] for a library kernel under its daemon id,
     /// which names the same kernel in every session of the daemon.
     owner: u64,
+    /// A program kernel's hold on its program: the program is released when the last
+    /// [`crate::Program`] and kernel of that build are dropped, so a kernel handle always names
+    /// a kernel its session still has (held, never read).
+    _program: Option<Arc<crate::program::ProgramLease>>,
 }
 
 /// [`Kernel::owner`] of a kernel any session may launch.
@@ -157,11 +161,17 @@ pub fn with_room_interrupt<R>(interrupted: fn() -> bool, f: impl FnOnce() -> R) 
 
 impl Kernel {
     /// A kernel of a program that session `owner` built.
-    pub(crate) fn of_program(id: u32, signature: KernelSignature, owner: &Inner) -> Self {
+    pub(crate) fn of_program(
+        id: u32,
+        signature: KernelSignature,
+        owner: &Inner,
+        program: Arc<crate::program::ProgramLease>,
+    ) -> Self {
         Kernel {
             id,
             signature,
             owner: owner.local_id,
+            _program: Some(program),
         }
     }
 
@@ -708,6 +718,7 @@ impl Session {
                     // session made up (the daemon's id was taken by a kernel an earlier daemon
                     // gave that number) means something only here.
                     owner: if id == real { GLOBAL_KERNEL } else { self.inner.local_id },
+                    _program: None,
                 })
             }
             other => Err(unexpected(other)),
@@ -1987,8 +1998,13 @@ impl Inner {
         };
         self.resume.kernels_resumed(&kernel_ids, &resumed.kernels);
         let timeout = self.control_timeout;
-        self.resume
-            .rebuild_programs(|request| call(&mut control, request, reply_wait(request, timeout), None).ok());
+        // Programs whose release the old daemon did not complete are built again only when that
+        // release is issued again (with the untaken tasks), so that it finds them.
+        self.resume.rebuild_programs(
+            |request| call(&mut control, request, reply_wait(request, timeout), None).ok(),
+            matches!(replay, Some(Some(_))),
+            |id| self.is_done(id),
+        );
         // A buffer the new daemon refuses to protect is left out of later checkpoints (a
         // checkpoint with none protected fails, saying so).
         let _refused = self
@@ -2028,7 +2044,7 @@ impl Inner {
     fn issue_again(&self, producer: &mut Producer, replay: Replay, kernels_before: &HashMap<u32, u32>) {
         let count = replay.descriptors.len();
         for (i, mut descriptor) in replay.descriptors.into_iter().enumerate() {
-            if descriptor.op == Op::Launch as u32 {
+            if descriptor.op == Op::Launch as u32 || descriptor.op == Op::ReleaseProgram as u32 {
                 if let Some(&id) = kernels_before.get(&descriptor.kernel) {
                     descriptor.kernel = self.resume.kernel_ids.real(id);
                 }

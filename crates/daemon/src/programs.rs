@@ -36,6 +36,17 @@
 //! the session holds already: the reply lists the same kernels under the same ids, marked
 //! `cached`, and takes no slot; a service that builds its kernel per request therefore holds
 //! it once.
+//!
+//! The client gives a program back (`Op::ReleaseProgram`, in its ring: after every task it
+//! issued before) once per build reply it got, when it dropped the last handle to that program
+//! or its kernels. When the session holds it no more, its slot is free at once and its kernel
+//! ids leave the table: a later launch naming them fails with `UnknownKernel`, and they are
+//! never given to another kernel (ids only grow). Its code stays loaded in the executor while
+//! any task that resolved one of its kernels before the release may still run: each kernel's
+//! definition holds an [`Unload`], and the last one to go asks the executor to unload the
+//! program ([`ExecutorCell::lock`] carries it out before the next use; a restarted executor
+//! never builds it again). So no task can reach an executor that no longer has its code, and
+//! a session cannot keep more than its limit loaded for longer than its tasks in flight last.
 
 mod cache;
 
@@ -73,27 +84,50 @@ const START_TIMEOUT: Duration = Duration::from_secs(20);
 pub(crate) const MAX_MANIFEST_BYTES: usize = 64 << 10;
 
 /// The kernels of a session's programs, by index (the id without [`SESSION_KERNEL_BIT`]):
-/// written by the builder thread, read by the dispatcher's `validate`.
+/// written by the builder thread and by releases, read by the dispatcher's `validate`.
 #[derive(Debug, Default)]
-pub(crate) struct ProgramKernels(Mutex<Vec<KernelRef>>);
+pub(crate) struct ProgramKernels(Mutex<KernelTable>);
+
+#[derive(Debug, Default)]
+struct KernelTable {
+    kernels: HashMap<u32, KernelRef>,
+    /// The next index: indexes only grow, so a released program's ids never name another
+    /// kernel of the session.
+    next: u32,
+}
 
 impl ProgramKernels {
+    fn table(&self) -> std::sync::MutexGuard<'_, KernelTable> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Kernel `index`.
     #[inline]
     pub(crate) fn get(&self, index: u32) -> Option<KernelRef> {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(index as usize)
-            .cloned()
+        self.table().kernels.get(&index).cloned()
     }
 
-    /// Appends `kernels`; returns the index of the first.
-    pub(crate) fn install(&self, kernels: Vec<KernelRef>) -> u32 {
-        let mut table = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let first = table.len() as u32;
-        table.extend(kernels);
-        first
+    /// Adds `kernels` under new indexes; returns the index of the first, or `None` when the
+    /// session has used up its ids (2^31 kernels).
+    pub(crate) fn install(&self, kernels: Vec<KernelRef>) -> Option<u32> {
+        let mut table = self.table();
+        let first = table.next;
+        let next = first
+            .checked_add(kernels.len() as u32)
+            .filter(|&n| n <= SESSION_KERNEL_BIT)?;
+        for (j, kernel) in kernels.into_iter().enumerate() {
+            table.kernels.insert(first + j as u32, kernel);
+        }
+        table.next = next;
+        Some(first)
+    }
+
+    /// Takes kernels `first .. first + count` out; the caller drops them (outside the lock).
+    fn remove(&self, first: u32, count: u32) -> Vec<KernelRef> {
+        let mut table = self.table();
+        (first..first.saturating_add(count))
+            .filter_map(|index| table.kernels.remove(&index))
+            .collect()
     }
 }
 
@@ -198,11 +232,42 @@ pub(crate) struct ExecutorCell {
     segment_len: u64,
     timeout: Duration,
     closed: AtomicBool,
+    /// Programs whose last kernel definition went ([`Unload`]), for the executor to unload at
+    /// its next use: the definitions go on whatever thread drops them last (the dispatcher,
+    /// a lane), which must not wait for the executor's lock.
+    unloads: Mutex<Vec<u32>>,
 }
 
 impl ExecutorCell {
+    /// The executor, once it has unloaded the programs no kernel definition names any more.
     fn lock(&self) -> std::sync::MutexGuard<'_, Executor> {
-        self.executor.lock().unwrap_or_else(|e| e.into_inner())
+        let mut executor = self.executor.lock().unwrap_or_else(|e| e.into_inner());
+        let unloads = std::mem::take(&mut *self.unloads.lock().unwrap_or_else(|e| e.into_inner()));
+        for program in unloads {
+            executor.unload(program);
+        }
+        executor
+    }
+}
+
+/// Held by each kernel definition of an executor program: when the last goes (the session
+/// released the program, and every task that resolved one of its kernels is done with it), the
+/// executor unloads the program. A kernel definition cannot outlive its code this way, which a
+/// release acting on the executor at once could not promise: a task resolved before the release
+/// may still be queued.
+#[derive(Debug)]
+struct Unload {
+    cell: Arc<ExecutorCell>,
+    program: u32,
+}
+
+impl Drop for Unload {
+    fn drop(&mut self) {
+        self.cell
+            .unloads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(self.program);
     }
 }
 
@@ -232,6 +297,9 @@ fn build_key(language: &str, name: &str, code: &[u8], manifest: Option<&str>) ->
 /// A program the session holds.
 #[derive(Debug)]
 struct HeldProgram {
+    key: BuildKey,
+    /// Build replies that gave it to the client, less its releases.
+    holds: u64,
     /// The reply its build got (ids and signatures, log), given again when it is reused.
     kernels: Vec<(u32, KernelSignature)>,
     log: String,
@@ -249,12 +317,23 @@ impl Held {
     /// The reply for a build the session holds already, if it does.
     fn reuse(&mut self, key: &BuildKey) -> Option<Response> {
         let first = *self.by_key.get(key)?;
-        let program = self.programs.get(&first)?;
+        let program = self.programs.get_mut(&first)?;
+        program.holds += 1;
         Some(Response::Program {
             kernels: program.kernels.clone(),
             log: program.log.clone(),
             cached: true,
         })
+    }
+
+    /// The first kernel index of the held program whose kernel has id `kernel`.
+    fn program_of(&self, kernel: u32) -> Option<u32> {
+        if kernel & SESSION_KERNEL_BIT == 0 {
+            return None;
+        }
+        let index = kernel & !SESSION_KERNEL_BIT;
+        let (&first, program) = self.programs.range(..=index).next_back()?;
+        (index - first < program.kernels.len() as u32).then_some(first)
     }
 }
 
@@ -310,6 +389,7 @@ impl SessionPrograms {
                 segment_len: segment.len() as u64,
                 timeout: config.program_timeout,
                 closed: AtomicBool::new(false),
+                unloads: Mutex::default(),
             }),
             held: Mutex::default(),
             session,
@@ -319,6 +399,39 @@ impl SessionPrograms {
 
     fn held(&self) -> std::sync::MutexGuard<'_, Held> {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The client gave back the program whose kernel has id `kernel` (`Op::ReleaseProgram`);
+    /// `false` when the session holds no such program. When this was its last hold, the
+    /// program is forgotten: its slot is free, its ids are refused from now on, and its code is
+    /// unloaded once the tasks that resolved its kernels are done (see the module doc).
+    pub(crate) fn release(&self, kernel: u32) -> bool {
+        let mut held = self.held();
+        let Some(first) = held.program_of(kernel) else {
+            return false;
+        };
+        let Some(program) = held.programs.get_mut(&first) else {
+            return false;
+        };
+        program.holds -= 1;
+        if program.holds > 0 {
+            return true;
+        }
+        let Some(program) = held.programs.remove(&first) else {
+            return false;
+        };
+        if held.by_key.get(&program.key) == Some(&first) {
+            held.by_key.remove(&program.key);
+        }
+        drop(held);
+        // Dropped here, on the dispatcher: the last definitions only queue an unload.
+        drop(self.kernels.remove(first, program.kernels.len() as u32));
+        true
+    }
+
+    /// Whether the session holds the program whose kernel has id `kernel`.
+    pub(crate) fn holds(&self, kernel: u32) -> bool {
+        self.held().program_of(kernel).is_some()
     }
 
     /// `Err(TooMany)` when the session holds `max` programs.
@@ -480,7 +593,7 @@ fn build_inner(job: BuildJob) -> Result<Response, ControlError> {
                 }
             )
         };
-        return Ok(install(&programs, key, defs, log, false));
+        return install(&programs, key, defs, log, false);
     }
     if !programs.has_executor {
         return Err(ControlError::BadRequest(
@@ -540,8 +653,11 @@ fn build_inner(job: BuildJob) -> Result<Response, ControlError> {
         cache.store(cache_key, binary);
     }
     let library = language == "c";
-    let mut defs =
-        definitions(&built.kernels, specs.as_deref(), library, cell, built.program, &name).map_err(failed)?;
+    let unload = Arc::new(Unload {
+        cell: cell.clone(),
+        program: built.program,
+    });
+    let mut defs = definitions(&built.kernels, specs.as_deref(), library, &unload, &name).map_err(failed)?;
     if let Some(source) = daemon_source {
         // In-daemon placement allowed: the same source as an OpenCL implementation the daemon's
         // devices build and run like a package's (plain convention: exact range, no revocation).
@@ -564,15 +680,27 @@ fn build_inner(job: BuildJob) -> Result<Response, ControlError> {
             });
         }
     }
-    Ok(install(&programs, key, defs, built.log, built.from_binary))
+    install(&programs, key, defs, built.log, built.from_binary)
 }
 
 /// Installs a built program's kernels for its session, which now holds it; the reply.
-fn install(programs: &SessionPrograms, key: BuildKey, defs: Vec<KernelDef>, log: String, cached: bool) -> Response {
+fn install(
+    programs: &SessionPrograms,
+    key: BuildKey,
+    defs: Vec<KernelDef>,
+    log: String,
+    cached: bool,
+) -> Result<Response, ControlError> {
     let signatures: Vec<KernelSignature> = defs.iter().map(|d| d.signature()).collect();
     let first = programs
         .kernels
-        .install(defs.into_iter().map(|d| KernelRef::Shared(Arc::new(d))).collect());
+        .install(defs.into_iter().map(|d| KernelRef::Shared(Arc::new(d))).collect())
+        .ok_or_else(|| {
+            ControlError::BadRequest(
+                "this session has used up its 2^31 program kernel ids (ids are never reused): open a new session"
+                    .into(),
+            )
+        })?;
     let kernels: Vec<(u32, KernelSignature)> = signatures
         .into_iter()
         .enumerate()
@@ -583,11 +711,13 @@ fn install(programs: &SessionPrograms, key: BuildKey, defs: Vec<KernelDef>, log:
     held.programs.insert(
         first,
         HeldProgram {
+            key,
+            holds: 1,
             kernels: kernels.clone(),
             log: log.clone(),
         },
     );
-    Response::Program { kernels, log, cached }
+    Ok(Response::Program { kernels, log, cached })
 }
 
 /// Why a CUDA C or PTX program was not built.
@@ -740,8 +870,7 @@ fn definitions(
     kernels: &[agora_executor::wire::BuiltKernel],
     specs: Option<&[agora_packages::KernelSpec]>,
     library: bool,
-    cell: &Arc<ExecutorCell>,
-    program: u32,
+    unload: &Arc<Unload>,
     name: &str,
 ) -> Result<Vec<KernelDef>, String> {
     let mut defs = Vec::new();
@@ -784,8 +913,7 @@ fn definitions(
             chunkable: spec.is_some_and(|s| s.chunkable),
             check: spec.map_or(SizeCheck::Builtin(no_size_check), |s| s.check.clone()),
             cpu: Some(CpuImpl::External(Arc::new(ProgramKernel {
-                cell: cell.clone(),
-                program,
+                program: unload.clone(),
                 kernel: index as u32,
                 arity: params.len(),
             }))),
@@ -844,15 +972,15 @@ fn no_size_check(_: &agora_kernels::LaunchShape<'_>) -> Result<(), TaskError> {
 /// A kernel of a tenant program: a launch is a request to the session's executor.
 #[derive(Debug)]
 pub(crate) struct ProgramKernel {
-    cell: Arc<ExecutorCell>,
-    program: u32,
+    /// Its program, in its session's executor: loaded while this lives.
+    program: Arc<Unload>,
     kernel: u32,
     arity: usize,
 }
 
 impl ExternalKernel for ProgramKernel {
     fn run(&self, call: &KernelCall<'_>, rows: std::ops::Range<u64>) -> Result<(), TaskError> {
-        let cell = &self.cell;
+        let cell = &self.program.cell;
         let args = translate(call, self.arity, cell.segment_base, cell.segment_len)?;
         let range = call.range();
         // The launch's dimensions as OpenCL sees them (trailing extents of 1 do not count).
@@ -868,7 +996,7 @@ impl ExternalKernel for ProgramKernel {
         }
         let mut executor = cell.lock();
         let outcome = executor.run(
-            self.program,
+            self.program.program,
             self.kernel,
             range,
             dims,

@@ -5,8 +5,8 @@
 //! of a `SOCK_SEQPACKET` socketpair and the session's segment memfd — as 3 and 4, with
 //! `/dev/null` on 0–2, a cleared environment (but `PATH`, `LD_LIBRARY_PATH` and the `POCL_*`
 //! and `OCL_ICD_*` settings) and a fresh private cache directory. It waits for the child's
-//! [`FromChild::Ready`] and then replays every program built so far, so a restarted executor
-//! serves the same kernel numbers.
+//! [`FromChild::Ready`] and then replays every program built so far and not unloaded
+//! ([`Executor::unload`]), so a restarted executor serves the same program numbers.
 //!
 //! The executor leads a process group of its own (`setsid` before `exec`; its seccomp filter
 //! forbids leaving it), so anything it starts — PoCL runs the system linker — is killed with it.
@@ -115,7 +115,7 @@ pub enum ExecError {
 /// A successful build.
 #[derive(Debug, Clone)]
 pub struct Build {
-    /// The program's number (its place among the session's programs).
+    /// The program's number (larger than every earlier build's; never used again).
     pub program: u32,
     /// Its kernels (validated).
     pub kernels: Vec<BuiltKernel>,
@@ -149,7 +149,10 @@ struct Running {
 pub struct Executor {
     spec: ExecutorSpec,
     running: Option<Running>,
-    programs: Vec<Recorded>,
+    /// The programs built and not unloaded, by number.
+    programs: std::collections::BTreeMap<u32, Recorded>,
+    /// The next build's number.
+    next_program: u32,
     /// Tenant code has run in the current process.
     tainted: bool,
     stopped: bool,
@@ -187,7 +190,8 @@ impl Executor {
         Executor {
             spec,
             running: None,
-            programs: Vec::new(),
+            programs: std::collections::BTreeMap::new(),
+            next_program: 0,
             tainted: false,
             stopped: false,
             device: None,
@@ -202,7 +206,7 @@ impl Executor {
         Killer(self.pid.clone())
     }
 
-    /// Programs built so far.
+    /// Programs built and not unloaded.
     pub fn programs(&self) -> usize {
         self.programs.len()
     }
@@ -231,7 +235,7 @@ impl Executor {
     /// Builds `code` as the next program.
     pub fn build(&mut self, code: Code) -> Result<Build, ExecError> {
         self.ensure_running()?;
-        let program = self.programs.len() as u32;
+        let program = self.next_program;
         let symbols = match &code {
             Code::Library { symbols, .. } => Some(symbols.clone()),
             Code::OpenCl { .. } => None,
@@ -268,10 +272,14 @@ impl Executor {
                     },
                     library => library,
                 };
-                self.programs.push(Recorded {
-                    code: replay,
-                    kernels: kernels.clone(),
-                });
+                self.programs.insert(
+                    program,
+                    Recorded {
+                        code: replay,
+                        kernels: kernels.clone(),
+                    },
+                );
+                self.next_program += 1;
                 Ok(Build {
                     program,
                     kernels,
@@ -306,7 +314,7 @@ impl Executor {
         args: Vec<Arg>,
         limit: Duration,
     ) -> Result<(), ExecError> {
-        if program as usize >= self.programs.len() {
+        if !self.programs.contains_key(&program) {
             return Err(ExecError::Protocol(format!("no program {program}")));
         }
         self.ensure_running()?;
@@ -330,6 +338,21 @@ impl Executor {
                 message: bounded(message),
             }),
             other => Err(self.kill_for(format!("a {} in reply to a launch", reply_name(&other)))),
+        }
+    }
+
+    /// Forgets program `program` (its session will launch it no more): a restart does not build
+    /// it again, and a running process unloads its code. A process that fails to answer is
+    /// killed (the next use starts one without it); the program is forgotten either way.
+    pub fn unload(&mut self, program: u32) {
+        if self.programs.remove(&program).is_none() || self.running.is_none() {
+            return;
+        }
+        match self.exchange(&ToChild::Unload { program }, self.spec.start_timeout) {
+            Ok(FromChild::Done) | Err(_) => {}
+            Ok(other) => {
+                let _ = self.kill_for(format!("a {} in reply to an unload", reply_name(&other)));
+            }
         }
     }
 
@@ -455,14 +478,15 @@ impl Executor {
             None => return Err(ExecError::Stopped),
         }
         // The same programs again, under the same numbers.
-        for index in 0..self.programs.len() {
+        let numbers: Vec<u32> = self.programs.keys().copied().collect();
+        for index in numbers {
             let request = ToChild::Build {
-                program: index as u32,
-                code: self.programs[index].code.clone(),
+                program: index,
+                code: self.programs[&index].code.clone(),
             };
-            let limit = self.build_limit(&self.programs[index].code);
+            let limit = self.build_limit(&self.programs[&index].code);
             match self.exchange(&request, limit)? {
-                FromChild::Built { kernels, .. } if kernels == self.programs[index].kernels => {}
+                FromChild::Built { kernels, .. } if kernels == self.programs[&index].kernels => {}
                 other => {
                     return Err(self.kill_for(format!(
                         "program {index} did not build again the same way after a restart ({})",

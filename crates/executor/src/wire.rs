@@ -23,7 +23,8 @@ use serde::{Deserialize, Serialize};
 
 /// Version of this protocol; an executor announces it in [`FromChild::Ready`], and the daemon
 /// refuses an executor that speaks another (an `agora` binary of another build).
-pub const PROTOCOL: u32 = 1;
+/// 2: [`ToChild::Unload`]; program numbers only grow (an unloaded one leaves a gap).
+pub const PROTOCOL: u32 = 2;
 
 /// Most bytes of encoding per record.
 pub const CHUNK: usize = 32 * 1024;
@@ -85,9 +86,10 @@ pub enum Arg {
 /// A message from the daemon to an executor.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum ToChild {
-    /// Build program number `program` (programs are numbered from 0 in build order).
+    /// Build program number `program` (programs are numbered from 0 in build order; a number
+    /// is never used again, so after unloads the numbers have gaps).
     Build {
-        /// Its number: the count of programs built so far.
+        /// Its number: larger than every number built before.
         program: u32,
         /// Its code.
         code: Code,
@@ -106,6 +108,12 @@ pub enum ToChild {
         rows: [u64; 2],
         /// Arguments in signature order.
         args: Vec<Arg>,
+    },
+    /// Forget program `program` (its session released it and no launch of it is left): its
+    /// code is unloaded. Answered with [`FromChild::Done`], also when there is no such program.
+    Unload {
+        /// The program's number.
+        program: u32,
     },
     /// Exit now.
     Shutdown,
@@ -149,7 +157,7 @@ pub enum FromChild {
         /// The compiler's log, or the loader's reason.
         log: String,
     },
-    /// A launch finished.
+    /// A launch finished (or an unload did).
     Done,
     /// A C library's kernel returned `code`, not 0: the tenant's own failure report, which the
     /// tenant sees in its task's error (it cannot read the daemon's log).

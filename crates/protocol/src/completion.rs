@@ -119,7 +119,7 @@ pub enum TaskError {
     #[error("unknown queue handle {0:#x}: the queue was released or never created in this session")]
     UnknownQueue(u64),
     /// The kernel id is not in the daemon's kernel table.
-    #[error("unknown kernel id {0}: look kernels up by name with Session::kernel")]
+    #[error("{}", unknown_kernel(*.0))]
     UnknownKernel(u32),
     /// Wrong number of arguments.
     #[error("wrong argument count: the kernel takes {expected}, the launch passed {got}")]
@@ -944,6 +944,21 @@ fn known_opencl_error(code: i64) -> Option<&'static str> {
         -63 => "CL_INVALID_GLOBAL_WORK_SIZE",
         _ => return None,
     })
+}
+
+/// [`TaskError::UnknownKernel`]'s message: for an id of the session's own programs, the likely
+/// reason (its program was released) and what to do.
+fn unknown_kernel(kernel: u32) -> String {
+    if kernel & SESSION_KERNEL_BIT != 0 {
+        format!(
+            "unknown kernel id {kernel} (kernel {} of the programs this session built): its program was released \
+             (every handle to it dropped: Python del, C agora_program_destroy) or was never built in this session; \
+             keep the program (or one of its kernels) while you launch its kernels, or build it again",
+            kernel & !SESSION_KERNEL_BIT
+        )
+    } else {
+        format!("unknown kernel id {kernel}: look kernels up by name with Session::kernel")
+    }
 }
 
 /// A signal's conventional name, for messages.

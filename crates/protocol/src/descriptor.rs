@@ -39,6 +39,13 @@ pub enum Op {
     /// previous one), `args[1]` its level (`u32`, 1–4). The task completes once the bytes are
     /// captured; the daemon writes them in the background.
     Checkpoint = 8,
+    /// Release the tenant program whose kernel `kernel` is (one of its ids; the client sends
+    /// its first): the session holds it once less, and when it holds it no more its slot is
+    /// free, its kernel ids are refused from then on (never reused), and its executor unloads
+    /// its code once no task issued before uses it. Ordered after every task issued before it.
+    /// Added without a new [`crate::PROTOCOL_VERSION`]: an older daemon fails it with
+    /// `Malformed::UnknownOp` and keeps the program, as it always did.
+    ReleaseProgram = 9,
 }
 
 impl Op {
@@ -53,6 +60,7 @@ impl Op {
             6 => Op::ReleaseBuffer,
             7 => Op::ReleaseQueue,
             8 => Op::Checkpoint,
+            9 => Op::ReleaseProgram,
             _ => return None,
         })
     }

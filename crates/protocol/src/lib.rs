@@ -54,5 +54,7 @@ pub use signature::{Access, KernelSignature, ParamKind, ParamSpec, ScalarType};
 /// `Response::JobStarted`'s and `JobEnded`'s `again` / `not_recorded` (after what an older
 /// client reads, which ignores them; `agora slurm` of the same build as its daemon);
 /// `Request::PowerSave` / `Response::PowerSaved` (new last variants, asked by `agora slurm` only:
-/// no session's traffic changes; an older daemon answers them with a decoding error).
+/// no session's traffic changes; an older daemon answers them with a decoding error);
+/// `Op::ReleaseProgram` (a new operation code: an older daemon fails that task with
+/// `Malformed::UnknownOp` and keeps the program, which costs the client nothing else).
 pub const PROTOCOL_VERSION: u32 = 9;

@@ -95,7 +95,7 @@ pub struct BufferUse {
 /// What the validate stage made of a descriptor.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
-    /// A release (`ReleaseBuffer`, `ReleaseQueue`) that would be carried out.
+    /// A release (`ReleaseBuffer`, `ReleaseQueue`, `ReleaseProgram`) that would be carried out.
     Released,
     /// A task ready for placement.
     Ready {
@@ -209,6 +209,12 @@ impl ValidateHarness {
                 return match session.queues.get(d.queue) {
                     Some(_) => Ok(Outcome::Released),
                     None => Err(TaskError::UnknownQueue(d.queue)),
+                }
+            }
+            Op::ReleaseProgram => {
+                return match session.programs.as_ref().is_some_and(|p| p.holds(d.kernel)) {
+                    true => Ok(Outcome::Released),
+                    false => Err(TaskError::UnknownKernel(d.kernel)),
                 }
             }
             _ => {}

@@ -568,6 +568,15 @@ impl Scheduler {
                 self.inline_done.push(Completion::ok(d.task_id));
                 Ok(())
             }
+            Op::ReleaseProgram => {
+                // Launches issued before it resolved their kernels already (the ring's order),
+                // and hold them: the executor keeps the code until they are done.
+                if !session.programs.as_ref().is_some_and(|p| p.release(d.kernel)) {
+                    return Err(TaskError::UnknownKernel(d.kernel));
+                }
+                self.inline_done.push(Completion::ok(d.task_id));
+                Ok(())
+            }
             _ => {
                 let generation = self.kernels.generation();
                 if generation != self.kernel_table.1 {

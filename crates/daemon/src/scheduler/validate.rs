@@ -460,7 +460,7 @@ pub(super) fn resolve(session: &Session, kernels: &KernelTable, d: &Decoded<'_>)
                 bytes as f64 * 0.1,
             )
         }
-        Op::ReleaseBuffer | Op::ReleaseQueue => unreachable!("handled by admit"),
+        Op::ReleaseBuffer | Op::ReleaseQueue | Op::ReleaseProgram => unreachable!("handled by admit"),
     };
     let items = match &action {
         Action::Launch {

@@ -16,6 +16,7 @@
 //! * [`ToChild::Build`] builds an OpenCL C program with its own OpenCL context (or loads a C
 //!   shared object) and answers [`FromChild::Built`] with the kernels and their signatures, or
 //!   [`FromChild::BuildFailed`] with the compiler's log;
+//! * [`ToChild::Unload`] forgets a program the daemon will launch no more (its code goes);
 //! * [`ToChild::Run`] runs rows of one kernel over buffers given as offsets into the segment
 //!   and answers [`FromChild::Done`] or [`FromChild::Failed`]. A kernel that faults kills this
 //!   process (the daemon reports the signal and starts a new executor); one that runs too long
@@ -139,7 +140,8 @@ fn serve(args: Args) -> Result<(), String> {
         None,
     )
     .map_err(|e| e.to_string())?;
-    let mut programs: Vec<Built> = Vec::new();
+    // By number: unloads leave gaps, and numbers only grow.
+    let mut programs: std::collections::BTreeMap<u32, Built> = std::collections::BTreeMap::new();
     loop {
         let request: ToChild = match wire::recv(&control, MAX_TO_CHILD, None) {
             Ok(request) => request,
@@ -148,14 +150,22 @@ fn serve(args: Args) -> Result<(), String> {
         };
         let reply = match request {
             ToChild::Shutdown => return Ok(()),
-            ToChild::Build { program, code } => {
-                if program as usize != programs.len() {
-                    FromChild::BuildFailed {
-                        log: format!("program {program} out of order: {} built so far", programs.len()),
+            ToChild::Build { program, code } => match programs.last_key_value() {
+                Some((&last, _)) if program <= last => FromChild::BuildFailed {
+                    log: format!("program {program} out of order: program {last} was built already"),
+                },
+                _ => match build(opencl.as_ref(), code) {
+                    Ok((built, reply)) => {
+                        programs.insert(program, built);
+                        reply
                     }
-                } else {
-                    build(opencl.as_ref(), code, &mut programs)
-                }
+                    Err(reply) => reply,
+                },
+            },
+            ToChild::Unload { program } => {
+                // Drops its OpenCL program and kernels, or closes its library.
+                programs.remove(&program);
+                FromChild::Done
             }
             ToChild::Run {
                 program,
@@ -165,7 +175,7 @@ fn serve(args: Args) -> Result<(), String> {
                 rows,
                 args,
             } => {
-                let outcome = match programs.get(program as usize) {
+                let outcome = match programs.get(&program) {
                     None => Err((-1, format!("no program {program}"))),
                     Some(Built::OpenCl(p)) => match opencl.as_ref() {
                         Some(cl) => cl
@@ -184,27 +194,28 @@ fn serve(args: Args) -> Result<(), String> {
     }
 }
 
-fn build(opencl: Option<&opencl::OpenCl>, code: Code, programs: &mut Vec<Built>) -> FromChild {
+/// Builds `code`: the program and the reply, or the failure's reply.
+fn build(opencl: Option<&opencl::OpenCl>, code: Code) -> Result<(Built, FromChild), FromChild> {
     match code {
         Code::OpenCl { source, binary } => {
             let Some(cl) = opencl else {
-                return FromChild::BuildFailed {
+                return Err(FromChild::BuildFailed {
                     log:
                         "no OpenCL device is available to the executor (is an OpenCL platform such as PoCL installed?)"
                             .into(),
-                };
+                });
             };
             match cl.build(&source, binary.as_deref()) {
-                Ok(built) => {
-                    programs.push(Built::OpenCl(built.program));
+                Ok(built) => Ok((
+                    Built::OpenCl(built.program),
                     FromChild::Built {
                         kernels: built.kernels,
                         log: cut(built.log),
                         binary: built.binary.filter(|b| b.len() <= wire::MAX_BINARY),
                         from_binary: built.from_binary,
-                    }
-                }
-                Err(log) => FromChild::BuildFailed { log: cut(log) },
+                    },
+                )),
+                Err(log) => Err(FromChild::BuildFailed { log: cut(log) }),
             }
         }
         Code::Library { bytes, symbols } => match native::Library::load(&bytes, &symbols) {
@@ -216,15 +227,17 @@ fn build(opencl: Option<&opencl::OpenCl>, code: Code, programs: &mut Vec<Built>)
                         params: Vec::new(),
                     })
                     .collect();
-                programs.push(Built::Library(library));
-                FromChild::Built {
-                    kernels,
-                    log: String::new(),
-                    binary: None,
-                    from_binary: false,
-                }
+                Ok((
+                    Built::Library(library),
+                    FromChild::Built {
+                        kernels,
+                        log: String::new(),
+                        binary: None,
+                        from_binary: false,
+                    },
+                ))
             }
-            Err(log) => FromChild::BuildFailed { log },
+            Err(log) => Err(FromChild::BuildFailed { log }),
         },
     }
 }
