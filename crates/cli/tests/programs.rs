@@ -430,6 +430,20 @@ fn opencl_and_c_programs_build_and_compute_and_builds_are_cached() {
         matches!(&err, Error::Control(ControlError::TooMany { what, limit: 64 }) if what == "programs"),
         "{err:?}"
     );
+    // The message says what frees a slot.
+    let message = err.to_string();
+    for what in [
+        "at most 64 programs at once",
+        "agora_program_destroy",
+        "reuses it",
+        "[programs] max_per_session",
+    ] {
+        assert!(message.contains(what), "{what}: {message}");
+    }
+    drop(held);
+    other
+        .program_opencl(&format!("{GOOD}\n// variant 64\n"))
+        .expect("dropped programs freed their slots");
     eprintln!(
         "first build {first_ms:.0} ms, cached build in a new session {cached_ms:.1} ms, cached build in a running \
          executor {loop_ms:.1} ms, empty-kernel round trip {round_trip_us:.0} us (library noop {noop_us:.0} us)"

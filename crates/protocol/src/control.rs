@@ -778,10 +778,10 @@ pub enum ControlError {
         /// Close names that do exist.
         suggestions: Vec<String>,
     },
-    /// Too many queues or buffers in one session.
-    #[error("session limit reached: at most {limit} {what} per session")]
+    /// Too many queues, buffers or programs in one session.
+    #[error("{}", too_many(what, *limit))]
     TooMany {
-        /// What ran out (`queues`, `buffers`).
+        /// What ran out (`queues`, `buffers`, `programs`).
         what: String,
         /// The limit.
         limit: u64,
@@ -848,6 +848,21 @@ pub enum ControlError {
     /// fit), or a release, result or drop that could not be done.
     #[error("{0}")]
     Dag(String),
+}
+
+/// [`ControlError::TooMany`]'s message: for programs, which count those held at once, what
+/// frees one (a service that builds per request hits this limit).
+fn too_many(what: &str, limit: u64) -> String {
+    if what == "programs" {
+        format!(
+            "session limit reached: at most {limit} programs at once per session: drop programs you no longer \
+             need (Rust: drop; Python: del; C: agora_program_destroy), build each source once and keep its \
+             Program (the same source built again reuses it), or ask the operator to raise [programs] \
+             max_per_session"
+        )
+    } else {
+        format!("session limit reached: at most {limit} {what} per session")
+    }
 }
 
 /// Most bytes of a tenant program's code in one [`Request::BuildProgram`] (it must fit in a
