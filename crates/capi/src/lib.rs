@@ -1182,7 +1182,12 @@ pub unsafe extern "C" fn agora_program_log(program: *const AgoraProgram) -> *con
     }
 }
 
-/// Releases a program handle (kernels taken from it stay usable while the session lives).
+/// Releases a program handle (kernels taken from it stay usable while the session lives). Once
+/// the program and every kernel taken from it (`agora_kernel_destroy`) are released, the session
+/// gives the program back: its slot under `[programs] max_per_session` (which counts the
+/// programs a session holds at once) is free, and its code is unloaded once the tasks issued
+/// before are done. Building the same code again while the session still holds it returns the
+/// same program and takes no new slot.
 ///
 /// # Safety
 /// Null or a live program handle, not used afterwards.

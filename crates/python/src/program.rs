@@ -8,7 +8,10 @@ use pyo3::prelude::*;
 use crate::kernel::PyKernel;
 
 /// A program built from the session's own code; its kernels are attributes
-/// (`program.saxpy`) and items (`program["saxpy"]`).
+/// (`program.saxpy`) and items (`program["saxpy"]`). The session holds it while this object or
+/// one of its kernels lives; `del` of the last gives it back (its slot under `[programs]
+/// max_per_session`, which counts programs held at once, is free). The same source built again
+/// while held is this program (`cached` is True).
 #[pyclass(module = "agora._native", name = "Program", frozen)]
 pub(crate) struct PyProgram {
     pub(crate) inner: agora::Program,

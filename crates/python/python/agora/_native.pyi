@@ -224,7 +224,11 @@ class Kernel:
 
 class Program:
     """A program built from the session's own code; its kernels are attributes and items
-    (a missing one raises AttributeError, KeyError as an item or from `kernel`)."""
+    (a missing one raises AttributeError, KeyError as an item or from `kernel`).
+
+    The session holds it while this object or one of its kernels lives; `del` of the last gives
+    it back (its slot under `[programs] max_per_session`, which counts programs held at once, is
+    free). The same source built again while held is this program (`cached` is True)."""
 
     @property
     def names(self) -> list[str]: ...
