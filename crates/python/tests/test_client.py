@@ -202,7 +202,7 @@ def test_errors_are_typed_and_say_what_to_do(session, daemon):
             queue.launch("saxpy", 1.0, x, range=4)
         with pytest.raises(agora.ArgumentTypeError, match="is a buffer"):
             queue.launch("saxpy", 1.0, 2.0, y, range=4)
-        with pytest.raises(agora.ArgumentTypeError, match="F32 scalar"):
+        with pytest.raises(agora.ArgumentTypeError, match="of saxpy is an f32 scalar"):
             queue.launch("saxpy", x, x, y, range=4)
         with pytest.raises(agora.ArgumentTypeError, match="not an i32"):
             queue.launch("gaussian.fan1", x, y, 2**40, 0, range=1)

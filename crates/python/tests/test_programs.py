@@ -202,3 +202,21 @@ def test_a_strict_coherence_daemon_refuses_a_program_saying_why(daemon):
     with agora.Session(socket=str(daemon.socket)) as session:
         with pytest.raises(agora.BadRequestError, match="strict coherence"):
             session.program(SAXPY)
+
+
+def test_a_dropped_program_gives_its_slot_back(plain):
+    """`del program` gives the program back (audit K-D1): a service that builds a kernel per
+    request kept failing with TooManyError after 64 builds (the limit counted every build of the
+    session's life); the same source built again while held is the same program, cached."""
+    with agora.Session(socket=str(plain.socket)) as session:
+        x = session.buffer_from(np.zeros(16, dtype=np.float32))
+        for i in range(66):
+            source = f"__kernel void k{i}(__global float *x) {{ x[get_global_id(0)] = {i}.0f; }}"
+            program = session.program(source)
+            with session.queue("per request") as queue:
+                queue.launch(program[f"k{i}"], x, range=16)
+                queue.sync_from(x)
+            assert np.all(x.numpy() == float(i)), i
+            again = session.program(source)
+            assert again.cached and again.names == [f"k{i}"]
+            del program, again
