@@ -43,6 +43,12 @@ pub enum StoreError {
         /// The configuration key it needs.
         key: &'static str,
     },
+    /// A level whose directory is configured but unusable (see [`crate::Unusable`]).
+    #[error("{message}")]
+    LevelUnusable {
+        /// [`crate::Unusable::message`]: the key, the directory, the reason and what to do.
+        message: String,
+    },
     /// A write whose sequence number does not exceed the newest existing checkpoint's.
     #[error("checkpoint {sequence} of {app} is stale: checkpoint {newest} already exists; number new checkpoints above {newest}")]
     StaleSequence {

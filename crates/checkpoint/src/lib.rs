@@ -35,7 +35,7 @@ pub use config::{
     MIN_BLOCK_BYTES,
 };
 pub use error::StoreError;
-pub use store::Store;
+pub use store::{Store, Unusable};
 
 // The daemon shares one store between its checkpoint writer thread and its control thread: keep
 // that a compile-time guarantee rather than a test that could be forgotten.

@@ -28,6 +28,29 @@ use crate::error::StoreError;
 use crate::fsio::{self, TEMP_PREFIX};
 use crate::manifest::{self, ErasureInfo, Manifest, ManifestEntry};
 
+/// Creates `root` if need be and checks that a file can be written in it (a read-only mount
+/// passes creation); its canonical path, or the system's reason.
+fn usable_dir(root: &Path) -> Result<PathBuf, String> {
+    let reason = |e: StoreError| match e {
+        StoreError::Io { source, .. } => plain(&source),
+        other => other.to_string(),
+    };
+    fsio::ensure_dir(root).map_err(reason)?;
+    let probe = root.join(format!("{TEMP_PREFIX}probe-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(|e| plain(&e))?;
+    let _ = std::fs::remove_file(&probe);
+    root.canonicalize().map_err(|e| plain(&e))
+}
+
+/// An I/O error's message without its " (os error N)" suffix.
+fn plain(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    match text.find(" (os error") {
+        Some(at) => text[..at].to_string(),
+        None => text,
+    }
+}
+
 /// Subdirectory of content-addressed blocks.
 const BLOCKS: &str = "blocks";
 /// Subdirectory of manifests.
@@ -46,6 +69,35 @@ pub struct Store {
     /// One lock per application that has been touched; never shrinks (an entry is a few bytes,
     /// and removing one while another thread holds it would let two writers in).
     locks: Mutex<HashMap<AppKey, Arc<RwLock<()>>>>,
+    /// The configured `partner`/`shared` directories that could not be used, and why: their
+    /// levels are refused naming them, the others work.
+    unusable: Vec<Unusable>,
+}
+
+/// A configured level directory ([`StoreConfig::partner`] or [`StoreConfig::shared`]) that
+/// [`Store::open`] could not use.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unusable {
+    /// The level that needs it (L2 or L4).
+    pub level: Level,
+    /// Its configuration key (`partner`, `shared`).
+    pub key: &'static str,
+    /// The directory.
+    pub directory: PathBuf,
+    /// Why it is unusable (the system's message, e.g. "Not a directory").
+    pub reason: String,
+}
+
+impl Unusable {
+    /// The refusal of a checkpoint at its level, naming the key, the directory and the reason.
+    pub fn message(&self) -> String {
+        format!(
+            "checkpoint.{} = {} is unusable: {}; fix it and restart the daemon",
+            self.key,
+            self.directory.display(),
+            self.reason
+        )
+    }
 }
 
 /// What writing the data of one checkpoint did.
@@ -61,19 +113,43 @@ impl Store {
     /// Opens (creating, mode 0700) the configured directories after checking the configuration:
     /// `keep` >= 1, shards >= 1 each and at most 256 together, `block_bytes` in 4 KiB..=64 MiB,
     /// and no two level directories the same (a copy in the same place protects nothing).
-    pub fn open(config: StoreConfig) -> Result<Store, StoreError> {
+    ///
+    /// An unusable `local` directory is an error. An unusable `partner` or `shared` one (it
+    /// cannot be created, or a file cannot be written in it) is not: the store opens without
+    /// it, so levels 1 and 3 (and the other level) keep working, and writes at its level are
+    /// refused with [`StoreError::LevelUnusable`]; [`Store::unusable`] lists them.
+    pub fn open(mut config: StoreConfig) -> Result<Store, StoreError> {
         config.validate()?;
         let mut seen: Vec<(PathBuf, &'static str)> = Vec::new();
-        for (root, key) in [
-            (Some(&config.local), "local"),
-            (config.partner.as_ref(), "partner"),
-            (config.shared.as_ref(), "shared"),
-        ] {
+        let mut unusable = Vec::new();
+        for (level, key) in [(Level::L1, "local"), (Level::L2, "partner"), (Level::L4, "shared")] {
+            let root = match level {
+                Level::L1 => Some(config.local.clone()),
+                Level::L2 => config.partner.clone(),
+                _ => config.shared.clone(),
+            };
             let Some(root) = root else { continue };
-            fsio::ensure_dir(root)?;
-            let canonical = root
-                .canonicalize()
-                .map_err(|e| StoreError::io("resolve directory", root, e))?;
+            let canonical = match usable_dir(&root) {
+                Ok(canonical) => canonical,
+                Err(_) if level == Level::L1 => {
+                    fsio::ensure_dir(&root)?;
+                    root.canonicalize()
+                        .map_err(|e| StoreError::io("resolve directory", &root, e))?
+                }
+                Err(reason) => {
+                    match level {
+                        Level::L2 => config.partner = None,
+                        _ => config.shared = None,
+                    }
+                    unusable.push(Unusable {
+                        level,
+                        key,
+                        directory: root,
+                        reason,
+                    });
+                    continue;
+                }
+            };
             if let Some((_, other)) = seen.iter().find(|(p, _)| *p == canonical) {
                 return Err(StoreError::BadConfig {
                     what: format!(
@@ -87,7 +163,13 @@ impl Store {
         Ok(Store {
             config,
             locks: Mutex::new(HashMap::new()),
+            unusable,
         })
+    }
+
+    /// The configured `partner`/`shared` directories [`Store::open`] could not use.
+    pub fn unusable(&self) -> &[Unusable] {
+        &self.unusable
     }
 
     /// Writes one checkpoint durably and applies retention.
@@ -336,6 +418,9 @@ impl Store {
             Level::L2 => (self.config.partner.as_deref(), "partner"),
             Level::L4 => (self.config.shared.as_deref(), "shared"),
         };
+        if let Some(bad) = self.unusable.iter().find(|u| u.level == level) {
+            return Err(StoreError::LevelUnusable { message: bad.message() });
+        }
         match second {
             Some(dir) => Ok(vec![local, dir]),
             None => Err(StoreError::LevelNotConfigured { level, key }),

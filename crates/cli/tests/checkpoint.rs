@@ -372,6 +372,67 @@ fn a_daemon_whose_checkpoint_directory_is_unusable_refuses_checkpoints_and_serve
     daemon.assert_alive();
 }
 
+/// D2 of the checkpoint audit: a `shared` directory below a regular file (unusable) used to
+/// leave the daemon with no store at all, so level-1 checkpoints were refused too, and the log
+/// named the local directory beside an error about `shared`.
+#[test]
+fn an_unusable_shared_directory_refuses_level_4_naming_it_and_level_1_still_works() {
+    let dir = temp_dir("checkpoint-badshared");
+    std::fs::write(dir.path().join("afile"), b"not a directory").unwrap();
+    let shared = dir.path().join("afile").join("shared");
+    std::fs::write(
+        dir.path().join("agora.toml"),
+        format!("[checkpoint]\nshared = \"{}\"\n", shared.display()),
+    )
+    .unwrap();
+    let log = dir.path().join("daemon.log");
+    let log_file = std::fs::File::create(&log).unwrap();
+    let mut daemon = Daemon::start_in_with(
+        AGORA,
+        dir,
+        &["--config", "{dir}/agora.toml", "--no-opencl"],
+        |command| {
+            command.env("AGORA_LOG", "warn").stderr(log_file);
+        },
+    );
+    let s = daemon.session_without_resume("badshared");
+    let q = s.queue("main").unwrap();
+    let b = s.buffer_from(&[1f32; 16]).unwrap();
+    s.protect(1, &b).unwrap();
+    // Level 1 works: the store opened without the unusable directory.
+    q.checkpoint(1, CheckpointLevel::Local).unwrap();
+    q.finish()
+        .expect("a level-1 checkpoint despite the unusable shared directory");
+    let report = written(&s);
+    assert_eq!(
+        report.checkpoints.iter().map(|c| c.checkpoint).collect::<Vec<_>>(),
+        vec![1],
+        "{report:?}"
+    );
+    // Level 4 is refused naming the key, the directory and why.
+    let refusal = q
+        .checkpoint(2, CheckpointLevel::Shared)
+        .expect_err("level 4 needs the unusable directory")
+        .to_string();
+    let expected = format!(
+        "checkpoint.shared = {} is unusable: Not a directory; fix it and restart the daemon",
+        shared.display()
+    );
+    assert!(refusal.contains(&expected), "{refusal}");
+    // The start-up error names the key and the directory it is about.
+    let logged = std::fs::read_to_string(&log).unwrap();
+    let line = logged
+        .lines()
+        .find(|l| l.contains("ERROR"))
+        .unwrap_or_else(|| panic!("no ERROR line in the log:\n{logged}"));
+    assert!(
+        line.contains("checkpoint.shared") && line.contains(&shared.display().to_string()),
+        "{line}"
+    );
+    assert!(!line.contains("no checkpoint store"), "{line}");
+    daemon.assert_alive();
+}
+
 #[test]
 fn protecting_more_buffers_than_a_checkpoint_carries_is_refused_with_the_limit() {
     let daemon = Daemon::start(AGORA, "checkpoint-many", &["--no-opencl"]);

@@ -447,6 +447,17 @@ impl Queue {
         if id == 0 {
             return Err(checkpoint_id_zero(level));
         }
+        let unusable = self
+            .session
+            .checkpoint_unusable
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some((_, why)) = unusable.iter().find(|(l, _)| *l == level as u8) {
+            return Err(Error::Control(agora_protocol::control::ControlError::Checkpoint(
+                format!("checkpoint {id} refused at level {}: {why}", level as u8),
+            )));
+        }
+        drop(unusable);
         let mut d = TaskDescriptor::zeroed();
         d.op = Op::Checkpoint as u32;
         d.arg_count = 2;

@@ -301,6 +301,10 @@ pub(crate) struct Inner {
     /// `Queue::snapshot`'s clock: the daemon's interval (set by `protect`) and the last
     /// checkpoint it issued (or the first protect).
     pub(crate) snapshots: Mutex<Option<SnapshotClock>>,
+    /// Checkpoint levels whose directory the daemon found unusable, with its message naming the
+    /// key, the directory and why (told by `protect`): `Queue::checkpoint` refuses them before
+    /// issuing, since the task's failure could only give a code.
+    pub(crate) checkpoint_unusable: Mutex<Vec<(u8, String)>>,
     /// Awaited tasks and the thread that waits for them ([`crate::awaiting`]).
     pub(crate) watch: Arc<crate::awaiting::Watch>,
     /// The process that opened the session, and [`FORK_GENERATION`] then: in a process forked
@@ -481,6 +485,7 @@ impl Session {
             local_id: NEXT_LOCAL_ID.fetch_add(1, Ordering::Relaxed),
             resume,
             snapshots: Mutex::new(None),
+            checkpoint_unusable: Mutex::new(Vec::new()),
             watch: Arc::default(),
             segment,
             owner_pid: std::process::id(),
@@ -655,8 +660,11 @@ impl Session {
             id,
             buffer: buffer.handle(),
         })? {
-            Response::Protected { interval_ms, .. } => {
+            Response::Protected {
+                interval_ms, unusable, ..
+            } => {
                 self.inner.resume.protected(id, buffer.handle());
+                *self.inner.checkpoint_unusable.lock().unwrap_or_else(|e| e.into_inner()) = unusable;
                 let mut clock = self.inner.snapshots.lock().unwrap_or_else(|e| e.into_inner());
                 let interval = Duration::from_millis(interval_ms);
                 match clock.as_mut() {

@@ -22,7 +22,8 @@ use std::sync::{Arc, Mutex};
 
 use agora_checkpoint::{AppKey, Capture, Entry, Level, Recovered, Store, StoreConfig, StoreError};
 use agora_protocol::completion::{
-    CHECKPOINT_ID_NOT_NEWER, CHECKPOINT_LEVEL_UNAVAILABLE, CHECKPOINT_NAME_IN_USE, CHECKPOINT_NO_STORE,
+    CHECKPOINT_ID_NOT_NEWER, CHECKPOINT_LEVEL_UNAVAILABLE, CHECKPOINT_LEVEL_UNUSABLE, CHECKPOINT_NAME_IN_USE,
+    CHECKPOINT_NO_STORE,
 };
 use agora_protocol::control::{
     CheckpointReport, CheckpointSummary, CheckpointWrite, ControlError, RecoverReport, Response,
@@ -77,6 +78,9 @@ pub(crate) struct Checkpoints {
     room: Arc<std::sync::Condvar>,
     partner: bool,
     shared: bool,
+    /// Levels whose configured directory is unusable, with the refusal that names it (told to
+    /// clients when they protect, since a task's failure carries no text).
+    unusable: Vec<(u8, String)>,
 }
 
 /// A captured checkpoint on its way to the writer.
@@ -114,12 +118,24 @@ impl Checkpoints {
             store_config.test_pause_before_manifest = Some(std::time::Duration::from_millis(ms));
         }
         let store = match Store::open(store_config) {
-            Ok(store) => Some(Arc::new(store)),
+            Ok(store) => {
+                // Only the levels that need it are refused: a level-1 application must not lose
+                // its checkpoints to a level-4 setting it never uses.
+                for bad in store.unusable() {
+                    tracing::error!(key = %format!("checkpoint.{}", bad.key), directory = %bad.directory.display(), error = %bad.reason, "checkpoint level {} will be refused: its directory is unusable (the other levels work); fix it and restart the daemon", level_number(bad.level));
+                }
+                Some(Arc::new(store))
+            }
             Err(e) => {
-                tracing::error!(directory = %local.display(), error = %e, "no checkpoint store: checkpoint tasks will be refused (fix [checkpoint] in the configuration)");
+                tracing::error!(key = "checkpoint.local", directory = %local.display(), error = %e, "no checkpoint store: checkpoint tasks will be refused (fix [checkpoint] in the configuration)");
                 None
             }
         };
+        let unusable: Vec<(u8, String)> = store
+            .iter()
+            .flat_map(|s| s.unusable())
+            .map(|u| (level_number(u.level), u.message()))
+            .collect();
         let applications: Arc<Mutex<HashMap<(u32, String), Application>>> = Arc::default();
         let room: Arc<std::sync::Condvar> = Arc::default();
         let (sender, receiver) = mpsc::channel::<Capturing>();
@@ -183,6 +199,7 @@ impl Checkpoints {
                         room,
                         partner: false,
                         shared: false,
+                        unusable: Vec::new(),
                     });
                 }
             }
@@ -195,7 +212,13 @@ impl Checkpoints {
             room,
             partner: config.checkpoint_partner.is_some(),
             shared: config.checkpoint_shared.is_some(),
+            unusable,
         })
+    }
+
+    /// Levels whose configured directory is unusable, with the message naming it and why.
+    pub(crate) fn unusable(&self) -> Vec<(u8, String)> {
+        self.unusable.clone()
     }
 
     /// Stops taking checkpoints and waits until the writer has written the captured ones.
@@ -222,6 +245,9 @@ impl Checkpoints {
             pid: pid.max(0) as u32,
         };
         let store = self.store.as_ref().ok_or(refuse(CHECKPOINT_NO_STORE, 0))?;
+        if self.unusable.iter().any(|(l, _)| u32::from(*l) == level) {
+            return Err(refuse(CHECKPOINT_LEVEL_UNUSABLE, 0));
+        }
         let level = match level {
             1 => Level::L1,
             2 if self.partner => Level::L2,

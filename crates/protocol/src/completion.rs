@@ -487,11 +487,16 @@ pub const CHECKPOINT_ID_ZERO: u16 = 5;
 /// each other's data.
 pub const CHECKPOINT_NAME_IN_USE: u16 = 6;
 
+/// [`TaskError::CheckpointRefused`]: the level's directory is configured but unusable (the
+/// daemon's log, and the client's own refusal, name it and why).
+pub const CHECKPOINT_LEVEL_UNUSABLE: u16 = 7;
+
 fn checkpoint_refusal(reason: u16, level: u8, pid: u32) -> String {
     match reason {
         CHECKPOINT_NOTHING_PROTECTED => "no buffer is protected in this session; protect the data first (session.protect(id, buffer))".into(),
         CHECKPOINT_LEVEL_UNAVAILABLE => format!("level {level} is not available on this daemon (levels are 1-4; level 2 needs [checkpoint] partner and level 4 [checkpoint] shared in the daemon's configuration)"),
         CHECKPOINT_ID_NOT_NEWER => "its id is not larger than this application's newest checkpoint; use increasing ids (e.g. the iteration number)".into(),
+        CHECKPOINT_LEVEL_UNUSABLE => format!("level {level}'s directory ([checkpoint] partner for level 2, shared for level 4) is configured but unusable (the daemon's log names it and why); fix it and restart the daemon, or use level 1 or 3"),
         CHECKPOINT_NO_STORE => "the daemon has no checkpoint store (see its log for why its directory is unusable)".into(),
         CHECKPOINT_ID_ZERO => "checkpoint ids start at 1 (0 means \"no checkpoint\" to agora_checkpoint_status); use e.g. the number of iterations done".into(),
         CHECKPOINT_NAME_IN_USE => format!(

@@ -597,6 +597,9 @@ pub enum Response {
         /// The daemon's snapshot interval (`[checkpoint] interval_s`), milliseconds: how often
         /// the client's `snapshot()` checkpoints.
         interval_ms: u64,
+        /// Levels whose configured directory is unusable, each with the refusal naming the
+        /// key, the directory and why: the client refuses checkpoints at them before issuing.
+        unusable: Vec<(u8, String)>,
     },
     /// Reply to [`Request::Recover`].
     Recovered(RecoverReport),

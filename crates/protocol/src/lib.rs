@@ -56,5 +56,6 @@ pub use signature::{Access, KernelSignature, ParamKind, ParamSpec, ScalarType};
 /// `Request::PowerSave` / `Response::PowerSaved` (new last variants, asked by `agora slurm` only:
 /// no session's traffic changes; an older daemon answers them with a decoding error);
 /// `Op::ReleaseProgram` (a new operation code: an older daemon fails that task with
-/// `Malformed::UnknownOp` and keeps the program, which costs the client nothing else).
+/// `Malformed::UnknownOp` and keeps the program, which costs the client nothing else);
+/// `Response::Protected`'s `unusable` (its last field: an older client ignores it).
 pub const PROTOCOL_VERSION: u32 = 9;

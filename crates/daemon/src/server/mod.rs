@@ -1002,7 +1002,9 @@ impl Server {
             } => self.in_session(id, |config, session| {
                 create_queue(config, session, name, class, preferred_device, sla_ms, None)
             }),
-            Request::Protect { id: protected, buffer } => self.in_session(id, |config, session| {
+            Request::Protect { id: protected, buffer } => {
+                let unusable_levels = self.scheduler.checkpoints().map(|c| c.unusable()).unwrap_or_default();
+                self.in_session(id, |config, session| {
                 if session.buffers.get(buffer).is_none() {
                     return Response::Error(ControlError::Checkpoint(format!(
                         "no buffer with handle {buffer} in this session; protect a buffer the session holds"
@@ -1022,8 +1024,10 @@ impl Server {
                 Response::Protected {
                     ids: session.protected.keys().copied().collect(),
                     interval_ms: config.checkpoint_interval.as_millis().try_into().unwrap_or(u64::MAX),
+                    unusable: unusable_levels.clone(),
                 }
-            }),
+            })
+            }
             // Answered here, on the dispatcher, so no eviction can start between the check and
             // the claim.
             Request::ClaimHost { buffer } => self.in_session(id, |_, session| {
