@@ -1607,7 +1607,9 @@ pub unsafe extern "C" fn agora_checkpoint(
 /// FTI's `FTI_Snapshot`: call it every iteration; once the daemon's checkpoint interval
 /// (`[checkpoint] interval_s`) has passed since the last one (or the first `agora_protect`), it
 /// issues a level-1 checkpoint on `queue` and `*issued` (may be null) is set to true, else
-/// false. `task_out` (may be null) receives the checkpoint's task when one was issued.
+/// false. `task_out` (may be null) receives the checkpoint's task when one was issued. The
+/// daemon numbers it: the id after the application's newest checkpoint, so snapshots mix with
+/// explicit `agora_checkpoint` ids (it counts checkpoints, not iterations).
 ///
 /// # Safety
 /// Valid handles; `issued` and `task_out` null or valid.

@@ -271,6 +271,48 @@ fn snapshots_checkpoint_once_the_configured_interval_has_passed() {
     assert!(report.checkpoints[0].checkpoint < report.checkpoints[1].checkpoint);
 }
 
+/// D3 of the checkpoint audit: snapshot ids were the wall clock in milliseconds, so after one
+/// `snapshot()` every later `checkpoint(iteration)` was refused until the snapshot left the store,
+/// and the refusal gave neither the newest id nor where it came from.
+#[test]
+fn snapshots_and_explicit_checkpoint_ids_interleave() {
+    let dir = temp_dir("checkpoint-snapmix");
+    std::fs::write(dir.path().join("agora.toml"), "[checkpoint]\ninterval_s = 0.05\n").unwrap();
+    let daemon = Daemon::start_in(AGORA, dir, &["--config", "{dir}/agora.toml", "--no-opencl"]);
+    let s = daemon.session_without_resume("snapmix");
+    let q = s.queue("main").unwrap();
+    let state = s.buffer_from(&[7u64; 8]).unwrap();
+    s.protect(1, &state).unwrap();
+    q.checkpoint(1, CheckpointLevel::Local).unwrap();
+    let mut snapshot = None;
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            snapshot = q.snapshot().unwrap();
+            snapshot.is_some()
+        }),
+        "no snapshot after the interval"
+    );
+    q.finish().expect("checkpoint 1 and the snapshot");
+    // The snapshot took the id after the newest: 2.
+    let report = written(&s);
+    let ids: Vec<u64> = report.checkpoints.iter().map(|c| c.checkpoint).collect();
+    assert_eq!(ids, vec![1, 2], "{report:?}");
+    // An explicit id it took is refused, saying which id is the newest and where it came from.
+    q.checkpoint(2, CheckpointLevel::Local).unwrap();
+    let message = failure(q.finish());
+    assert!(
+        message.contains("newest checkpoint, 2, taken by snapshot()"),
+        "{message}"
+    );
+    // The next iteration's explicit checkpoint goes on after the snapshot.
+    q.checkpoint(3, CheckpointLevel::Local).unwrap();
+    q.finish().expect("an explicit checkpoint after a snapshot");
+    let report = written(&s);
+    let ids: Vec<u64> = report.checkpoints.iter().map(|c| c.checkpoint).collect();
+    assert_eq!(ids, vec![2, 3], "{report:?}");
+    assert_eq!(s.recover().unwrap().checkpoint, 3);
+}
+
 #[test]
 fn a_session_resumed_on_a_restarted_daemon_keeps_its_buffers_protected() {
     let mut daemon = Daemon::start(AGORA, "checkpoint-resume", &["--no-opencl"]);

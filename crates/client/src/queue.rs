@@ -34,7 +34,7 @@ fn checkpoint_id_zero(level: CheckpointLevel) -> Error {
         reason: agora_protocol::completion::CHECKPOINT_ID_ZERO,
         level: level as u8,
         checkpoint: 0,
-        pid: 0,
+        detail: 0,
     })
 }
 
@@ -444,6 +444,11 @@ impl Queue {
     /// [`CHECKPOINT_ID_ZERO`](agora_protocol::completion::CHECKPOINT_ID_ZERO)), because status
     /// calls report 0 for "no checkpoint" (C's `agora_checkpoint_status`).
     pub fn checkpoint(&self, id: u64, level: CheckpointLevel) -> Result<Task, Error> {
+        self.issue_checkpoint(id, level, false)
+    }
+
+    /// A checkpoint task; a `snapshot` one is numbered by the daemon (`id` is then ignored).
+    fn issue_checkpoint(&self, id: u64, level: CheckpointLevel, snapshot: bool) -> Result<Task, Error> {
         if id == 0 {
             return Err(checkpoint_id_zero(level));
         }
@@ -463,30 +468,33 @@ impl Queue {
         d.arg_count = 2;
         d.args[0] = RawArg::u64(id);
         d.args[1] = RawArg::u32(level as u32);
+        if snapshot {
+            d.arg_count = 3;
+            d.args[2] = RawArg::u32(1);
+        }
         self.issue(d)
     }
 
     /// FTI's `FTI_Snapshot`: call it every iteration; once the daemon's checkpoint interval
     /// (`[checkpoint] interval_s`, 60 s by default) has passed since the last snapshot (or the
     /// first `protect`), it issues a level-1 [`Queue::checkpoint`] and returns its task, else
-    /// `None`. Its ids are the time in milliseconds since the Unix epoch (they grow across runs;
-    /// mix them with your own ids only if yours stay below).
+    /// `None`. The daemon numbers it: the id after the application's newest checkpoint (its
+    /// own or an explicit [`Queue::checkpoint`]'s), so snapshots and explicit ids interleave; an
+    /// explicit id is refused only when it is not above the newest, snapshots included. A
+    /// snapshot's id is therefore not an iteration number: keep the iteration in a protected
+    /// buffer if you resume from snapshots.
     pub fn snapshot(&self) -> Result<Option<Task>, Error> {
-        let id = {
+        {
             let mut clock = self.session.snapshots.lock().unwrap_or_else(|e| e.into_inner());
             match clock.as_mut() {
                 Some(clock) if clock.since.elapsed() >= clock.interval => {
                     clock.since = std::time::Instant::now();
-                    let now_ms = std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_millis() as u64);
-                    clock.last_id = now_ms.max(clock.last_id + 1);
-                    clock.last_id
                 }
                 _ => return Ok(None),
             }
-        };
-        self.checkpoint(id, CheckpointLevel::Local).map(Some)
+        }
+        // The id is a placeholder (not 0, which is refused): the daemon picks the real one.
+        self.issue_checkpoint(1, CheckpointLevel::Local, true).map(Some)
     }
 
     /// Makes the devices see the buffer's host copy (after the host wrote it).

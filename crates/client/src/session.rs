@@ -344,8 +344,6 @@ pub(crate) struct SnapshotClock {
     pub(crate) interval: Duration,
     /// The last snapshot (or the first `protect`).
     pub(crate) since: Instant,
-    /// The last snapshot's id (ids grow even within one millisecond).
-    pub(crate) last_id: u64,
 }
 
 /// A connection to the daemon. Clone it freely; all clones share one session.
@@ -673,7 +671,6 @@ impl Session {
                         *clock = Some(SnapshotClock {
                             interval,
                             since: Instant::now(),
-                            last_id: 0,
                         })
                     }
                 }

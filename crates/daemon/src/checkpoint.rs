@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use agora_checkpoint::{AppKey, Capture, Entry, Level, Recovered, Store, StoreConfig, StoreError};
 use agora_protocol::completion::{
     CHECKPOINT_ID_NOT_NEWER, CHECKPOINT_LEVEL_UNAVAILABLE, CHECKPOINT_LEVEL_UNUSABLE, CHECKPOINT_NAME_IN_USE,
-    CHECKPOINT_NO_STORE,
+    CHECKPOINT_NO_STORE, NEWEST_FROM_CHECKPOINT, NEWEST_FROM_SNAPSHOT, NEWEST_FROM_STORE,
 };
 use agora_protocol::control::{
     CheckpointReport, CheckpointSummary, CheckpointWrite, ControlError, RecoverReport, Response,
@@ -45,6 +45,8 @@ const WRITES_KEPT: usize = 64;
 struct Application {
     /// The newest checkpoint id accepted (`None` until the store was asked).
     newest: Option<u64>,
+    /// Where `newest` came from (`NEWEST_FROM_*`), for the refusal of an id not above it.
+    newest_from: u8,
     /// Captured, not yet written.
     writing: u32,
     /// The last writes' outcomes, oldest first.
@@ -233,16 +235,29 @@ impl Checkpoints {
     /// writes the application's checkpoints, and its id against the application's newest. On
     /// success the id becomes the newest and `writer` the application's writer.
     ///
+    /// A `snapshot` takes the id after the application's newest, whatever `checkpoint` says,
+    /// and the id it took is returned with the level. Snapshot ids used to be the wall clock in
+    /// milliseconds: one snapshot then shut out every later `checkpoint(iteration)` (ids must
+    /// grow) until it left the store. Numbered after the newest, snapshots and explicit ids
+    /// interleave: an explicit id is refused only when a checkpoint or snapshot already took it.
+    ///
     /// Two live sessions of one user under one name (the ranks of an MPI program, two jobs of
     /// one program) would write one checkpoint stream: their ids refuse each other's, and a
     /// restarted one recovers whichever wrote last. So the first writer keeps the name while
     /// it lives, and the other's checkpoints are refused saying so (not as ids that do not grow).
-    pub(crate) fn admit(&self, app: &AppKey, writer: &Writer, checkpoint: u64, level: u32) -> Result<Level, TaskError> {
+    pub(crate) fn admit(
+        &self,
+        app: &AppKey,
+        writer: &Writer,
+        checkpoint: u64,
+        snapshot: bool,
+        level: u32,
+    ) -> Result<(Level, u64), TaskError> {
         let refuse = |reason, pid: i32| TaskError::CheckpointRefused {
             reason,
             level: level.min(255) as u8,
             checkpoint,
-            pid: pid.max(0) as u32,
+            detail: u64::from(pid.max(0) as u32),
         };
         let store = self.store.as_ref().ok_or(refuse(CHECKPOINT_NO_STORE, 0))?;
         if self.unusable.iter().any(|(l, _)| u32::from(*l) == level) {
@@ -267,13 +282,29 @@ impl Checkpoints {
             // the store refuses their ids as well, and a refusal there, after the task
             // completed, would reach the client only through `checkpoints()`.
             entry.newest = store.newest_sequence(app).ok().flatten();
+            entry.newest_from = NEWEST_FROM_STORE;
         }
-        if entry.newest.is_some_and(|newest| checkpoint <= newest) {
-            return Err(refuse(CHECKPOINT_ID_NOT_NEWER, 0));
+        let checkpoint = if snapshot {
+            entry.newest.map_or(1, |newest| newest.saturating_add(1))
+        } else {
+            checkpoint
+        };
+        if let Some(newest) = entry.newest.filter(|&newest| checkpoint <= newest) {
+            return Err(TaskError::CheckpointRefused {
+                reason: CHECKPOINT_ID_NOT_NEWER,
+                level: level_number(level),
+                checkpoint,
+                detail: agora_protocol::completion::newest_detail(newest, entry.newest_from),
+            });
         }
         entry.newest = Some(checkpoint);
+        entry.newest_from = if snapshot {
+            NEWEST_FROM_SNAPSHOT
+        } else {
+            NEWEST_FROM_CHECKPOINT
+        };
         entry.writer = Some(writer.clone());
-        Ok(level)
+        Ok((level, checkpoint))
     }
 
     /// Counts one more capture of `app` being written; with `may_wait`, first waits until it has
@@ -453,7 +484,7 @@ impl CheckpointCapture {
                     reason: CHECKPOINT_NO_STORE,
                     level: level_number(self.level),
                     checkpoint: self.checkpoint,
-                    pid: 0,
+                    detail: 0,
                 })
             }
         }

@@ -398,7 +398,7 @@ pub enum TaskError {
     },
     /// A checkpoint task the daemon could not take (nothing was captured; earlier checkpoints
     /// are untouched).
-    #[error("checkpoint {checkpoint} refused: {}", checkpoint_refusal(*.reason, *.level, *.pid))]
+    #[error("checkpoint {checkpoint} refused: {}", checkpoint_refusal(*.reason, *.level, *.detail))]
     CheckpointRefused {
         /// Why ([`CHECKPOINT_NOTHING_PROTECTED`] and the other `CHECKPOINT_*` codes).
         reason: u16,
@@ -407,8 +407,10 @@ pub enum TaskError {
         /// The checkpoint's id.
         checkpoint: u64,
         /// [`CHECKPOINT_NAME_IN_USE`]: the process id of the other live session that writes the
-        /// application's checkpoints; 0 otherwise.
-        pid: u32,
+        /// application's checkpoints. [`CHECKPOINT_ID_NOT_NEWER`]: the application's newest id
+        /// and where it came from, [`newest_detail`]. 0 otherwise. (One field for both keeps
+        /// `TaskError` at 24 bytes: it rides in many `Result`s.)
+        detail: u64,
     },
     /// Argument `index` is an attached buffer the task may not use that way: the attachment is
     /// read-only and the task writes it, or its export was revoked (or its exporter ended).
@@ -491,11 +493,40 @@ pub const CHECKPOINT_NAME_IN_USE: u16 = 6;
 /// daemon's log, and the client's own refusal, name it and why).
 pub const CHECKPOINT_LEVEL_UNUSABLE: u16 = 7;
 
-fn checkpoint_refusal(reason: u16, level: u8, pid: u32) -> String {
+/// [`TaskError::CheckpointRefused`]'s `newest_from`: the newest id was in the checkpoint store
+/// when this daemon first looked (written by an earlier run of the application, or an earlier
+/// daemon).
+pub const NEWEST_FROM_STORE: u8 = 1;
+/// `newest_from`: taken by `snapshot()`.
+pub const NEWEST_FROM_SNAPSHOT: u8 = 2;
+/// `newest_from`: taken by an explicit `checkpoint(id)` since the daemon started.
+pub const NEWEST_FROM_CHECKPOINT: u8 = 3;
+/// The largest newest id a [`TaskError::CheckpointRefused`] carries (48 bits; a larger one is
+/// reported as this, "at least").
+pub const NEWEST_MAX: u64 = (1 << 48) - 1;
+
+/// [`TaskError::CheckpointRefused`]'s `detail` for [`CHECKPOINT_ID_NOT_NEWER`]: the newest id
+/// (capped at [`NEWEST_MAX`]) and where it came from (`NEWEST_FROM_*`).
+pub fn newest_detail(newest: u64, from: u8) -> u64 {
+    newest.min(NEWEST_MAX) | u64::from(from) << 48
+}
+
+fn checkpoint_refusal(reason: u16, level: u8, detail: u64) -> String {
+    let pid = detail as u32;
+    let (newest, newest_from) = (detail & NEWEST_MAX, (detail >> 48) as u8);
     match reason {
         CHECKPOINT_NOTHING_PROTECTED => "no buffer is protected in this session; protect the data first (session.protect(id, buffer))".into(),
         CHECKPOINT_LEVEL_UNAVAILABLE => format!("level {level} is not available on this daemon (levels are 1-4; level 2 needs [checkpoint] partner and level 4 [checkpoint] shared in the daemon's configuration)"),
-        CHECKPOINT_ID_NOT_NEWER => "its id is not larger than this application's newest checkpoint; use increasing ids (e.g. the iteration number)".into(),
+        CHECKPOINT_ID_NOT_NEWER => {
+            let at_least = if newest >= NEWEST_MAX { "at least " } else { "" };
+            let from = match newest_from {
+                NEWEST_FROM_STORE => ", found in the checkpoint store (an earlier run of the application wrote it)",
+                NEWEST_FROM_SNAPSHOT => ", taken by snapshot() (a snapshot takes the id after the newest)",
+                NEWEST_FROM_CHECKPOINT => ", taken by an earlier checkpoint() of the application",
+                _ => "",
+            };
+            format!("its id is not larger than this application's newest checkpoint, {at_least}{newest}{from}; use increasing ids (e.g. the iteration number), or recover() to go on from an older one")
+        }
         CHECKPOINT_LEVEL_UNUSABLE => format!("level {level}'s directory ([checkpoint] partner for level 2, shared for level 4) is configured but unusable (the daemon's log names it and why); fix it and restart the daemon, or use level 1 or 3"),
         CHECKPOINT_NO_STORE => "the daemon has no checkpoint store (see its log for why its directory is unusable)".into(),
         CHECKPOINT_ID_ZERO => "checkpoint ids start at 1 (0 means \"no checkpoint\" to agora_checkpoint_status); use e.g. the number of iterations done".into(),
@@ -727,12 +758,22 @@ impl TaskError {
             TaskError::DaemonRestarted => (30, 0, 0, 0),
             TaskError::ResourceExhausted { resource, retry_ms } => (31, resource, retry_ms, 0),
             // The pid rides in the upper half of `b` (older clients read the level's byte only).
+            // For CHECKPOINT_ID_NOT_NEWER (no pid) the newest id's origin and the id itself.
             TaskError::CheckpointRefused {
                 reason,
                 level,
                 checkpoint,
-                pid,
-            } => (32, reason, checkpoint, u64::from(level) | u64::from(pid) << 32),
+                detail,
+            } => (
+                32,
+                reason,
+                checkpoint,
+                if reason == CHECKPOINT_ID_NOT_NEWER {
+                    u64::from(level) | detail << 8
+                } else {
+                    u64::from(level) | (detail & 0xffff_ffff) << 32
+                },
+            ),
             TaskError::Attachment { index, handle, reason } => (33, index, handle, u64::from(reason)),
             TaskError::BadWindow { reason, first, end } => (34, reason, first, end),
             TaskError::RangeMismatch {
@@ -826,7 +867,11 @@ impl TaskError {
                 reason: arg,
                 level: b as u8,
                 checkpoint: a,
-                pid: (b >> 32) as u32,
+                detail: if arg == CHECKPOINT_ID_NOT_NEWER {
+                    b >> 8
+                } else {
+                    b >> 32
+                },
             },
             33 => TaskError::Attachment {
                 index: arg,
@@ -1128,13 +1173,13 @@ mod tests {
                 reason: CHECKPOINT_ID_NOT_NEWER,
                 level: 2,
                 checkpoint: 41,
-                pid: 0,
+                detail: newest_detail(1_795_966_155_633, NEWEST_FROM_SNAPSHOT),
             },
             TaskError::CheckpointRefused {
                 reason: CHECKPOINT_NAME_IN_USE,
                 level: 1,
                 checkpoint: 6,
-                pid: 4_000_000,
+                detail: 4_000_000,
             },
             TaskError::Attachment {
                 index: 2,

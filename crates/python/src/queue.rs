@@ -200,7 +200,9 @@ impl PyQueue {
 
     /// FTI's snapshot: call it every iteration; once the daemon's checkpoint interval
     /// (`[checkpoint] interval_s`) has passed since the last one (or the first `protect`), it
-    /// issues a level-1 checkpoint and returns its task, else None.
+    /// issues a level-1 checkpoint and returns its task, else None. The daemon numbers it: the
+    /// id after the application's newest checkpoint, so it mixes with explicit checkpoint(id)
+    /// calls; it counts checkpoints, not iterations.
     fn snapshot(&self, py: Python<'_>) -> PyResult<Option<PyTask>> {
         let queue = self.queue()?;
         let task = crate::errors::interruptible(py, || queue.snapshot()).or_raise()?;

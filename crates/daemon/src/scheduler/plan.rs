@@ -111,7 +111,12 @@ impl Scheduler {
         let name = operation_name(&ready.action);
         let (items, estimated_ns) = (ready.items, ready.estimated_ns);
         let checkpoint = match &ready.action {
-            Action::Checkpoint { checkpoint, level, ids } => Some((*checkpoint, *level, *ids)),
+            Action::Checkpoint {
+                checkpoint,
+                level,
+                snapshot,
+                ids,
+            } => Some((*checkpoint, *level, *snapshot, *ids)),
             _ => None,
         };
         // Its buffers are in use from now until it finishes, so eviction leaves them alone.
@@ -137,8 +142,8 @@ impl Scheduler {
         // Judged before anything is planned, so a refusal leaves the buffers' copies as they were.
         let capture = match checkpoint {
             None => None,
-            Some((checkpoint, level, ids)) => {
-                match self.admit_checkpoint(session, checkpoint, level, ids, named.slots(), device) {
+            Some((checkpoint, level, snapshot, ids)) => {
+                match self.admit_checkpoint(session, (checkpoint, snapshot), level, ids, named.slots(), device) {
                     Ok(capture) => Some(Box::new(capture)),
                     Err(error) => {
                         return Err(Failed {
@@ -212,12 +217,13 @@ impl Scheduler {
         })))
     }
 
-    /// Judges a checkpoint task (level, id) and makes its capture of the protected buffers in
-    /// `slots` (ids in `ids`, slot by slot), to run on `device`.
+    /// Judges a checkpoint task (level, id, whether it is a snapshot the daemon numbers) and
+    /// makes its capture of the protected buffers in `slots` (ids in `ids`, slot by slot), to
+    /// run on `device`.
     fn admit_checkpoint(
         &self,
         session: &Session,
-        checkpoint: u64,
+        (checkpoint, snapshot): (u64, bool),
         level: u32,
         ids: [u32; MAX_ARGS],
         slots: &[Option<(Arc<BufferRecord>, Access, bool)>],
@@ -227,7 +233,7 @@ impl Scheduler {
             reason: agora_protocol::completion::CHECKPOINT_NO_STORE,
             level: level.min(255) as u8,
             checkpoint,
-            pid: 0,
+            detail: 0,
         })?;
         let app = crate::checkpoint::application(session.credentials.uid, &session.name);
         let writer = crate::checkpoint::Writer {
@@ -235,7 +241,7 @@ impl Scheduler {
             pid: session.credentials.pid,
             gone: session.shared.cancelled.clone(),
         };
-        let level = service.admit(&app, &writer, checkpoint, level)?;
+        let (level, checkpoint) = service.admit(&app, &writer, checkpoint, snapshot, level)?;
         let may_wait = self.devices[device].info().shares_host_memory;
         let buffers = slots
             .iter()

@@ -65,6 +65,9 @@ pub(super) enum Action {
     Checkpoint {
         checkpoint: u64,
         level: u32,
+        /// A `snapshot()`: the daemon numbers it (after the application's newest id) and
+        /// `checkpoint` is ignored.
+        snapshot: bool,
         /// The protected id of each buffer slot.
         ids: [u32; MAX_ARGS],
     },
@@ -425,6 +428,7 @@ pub(super) fn resolve(session: &Session, kernels: &KernelTable, d: &Decoded<'_>)
         Op::Checkpoint => {
             let checkpoint = d.u64_arg_or(0, 0)?;
             let level = d.u64_arg_or(1, 1)?;
+            let snapshot = d.u64_arg_or(2, 0)? != 0;
             // Ids start at 1: 0 is what status reports for "no checkpoint" (the clients refuse
             // it before issuing; a descriptor is untrusted input all the same).
             if checkpoint == 0 {
@@ -432,7 +436,7 @@ pub(super) fn resolve(session: &Session, kernels: &KernelTable, d: &Decoded<'_>)
                     reason: agora_protocol::completion::CHECKPOINT_ID_ZERO,
                     level: level.min(255) as u8,
                     checkpoint,
-                    pid: 0,
+                    detail: 0,
                 });
             }
             if session.protected.is_empty() {
@@ -440,7 +444,7 @@ pub(super) fn resolve(session: &Session, kernels: &KernelTable, d: &Decoded<'_>)
                     reason: agora_protocol::completion::CHECKPOINT_NOTHING_PROTECTED,
                     level: level.min(255) as u8,
                     checkpoint,
-                    pid: 0,
+                    detail: 0,
                 });
             }
             let mut ids = [0u32; MAX_ARGS];
@@ -455,6 +459,7 @@ pub(super) fn resolve(session: &Session, kernels: &KernelTable, d: &Decoded<'_>)
                 Action::Checkpoint {
                     checkpoint,
                     level: level.min(u64::from(u32::MAX)) as u32,
+                    snapshot,
                     ids,
                 },
                 bytes as f64 * 0.1,
