@@ -373,3 +373,54 @@ fn a_shared_buffer_is_still_written_after_its_daemon_died_or_restarted() {
     assert_eq!(a.read_vec::<u32>(), vec![7u32; 16]);
     agora_test_support::saxpy_ok(&resumed, 64);
 }
+
+/// D8 of the export audit: after a daemon restart an exportable buffer's handle in the resumed
+/// session gave "invalid buffer handle … (released, never allocated, or from another session)"
+/// and its export again "no buffer with handle …", saying neither what happened nor what to
+/// do; the attacher's buffer likewise.
+#[test]
+fn exportable_and_attached_buffers_after_a_daemon_restart_say_they_are_not_kept_and_what_to_do() {
+    let mut daemon = Daemon::start(AGORA, "exports-restart-lost", &["--no-opencl"]);
+    let exporter = daemon.session_named("exporter");
+    let attacher = daemon.session_named("attacher");
+    let state = exporter.shared_buffer(64).unwrap();
+    exporter
+        .export(&state, "restart/state", &ExportReaders::default(), false)
+        .unwrap();
+    let view = attacher.attach("restart/state", false).unwrap();
+    daemon.restart();
+    // Both sessions resume on the new daemon (their next tasks run there).
+    agora_test_support::saxpy_ok(&exporter, 64);
+    agora_test_support::saxpy_ok(&attacher, 64);
+    assert!(exporter.resumes() >= 1 && attacher.resumes() >= 1);
+
+    let q = exporter.queue("after").unwrap();
+    let message = q
+        .memset(&state, 1)
+        .expect_err("a buffer the new daemon does not know")
+        .to_string();
+    assert!(
+        message.contains("not kept across a daemon restart") && message.contains("export it again"),
+        "{message}"
+    );
+    let message = exporter
+        .export(&state, "restart/again", &ExportReaders::default(), false)
+        .expect_err("exporting a buffer the new daemon does not know")
+        .to_string();
+    assert!(
+        message.contains("not kept across a daemon restart") && message.contains("shared buffer"),
+        "{message}"
+    );
+    let q = attacher.queue("after").unwrap();
+    let message = q
+        .sync_from(&view)
+        .expect_err("an attachment the new daemon does not know")
+        .to_string();
+    assert!(
+        message.contains("not kept across a daemon restart") && message.contains("attach"),
+        "{message}"
+    );
+    // The memory stays mapped and readable.
+    assert_eq!(view.len(), 64);
+    assert_eq!(view.as_slice::<u8>().len(), 64);
+}

@@ -49,6 +49,11 @@ pub struct Buffer {
     /// An exportable or attached buffer's own memory (not the segment's heap), kept mapped
     /// while the buffer lives; `None` for an ordinary buffer.
     region: Option<Arc<agora_transport::shm::Region>>,
+    /// For an exportable or attached buffer: whether it is attached, and how many times the
+    /// session had resumed on a restarted daemon when it was made. A restarted daemon does not
+    /// know such buffers (only heap buffers are resumed), so once the session resumed again
+    /// they are refused here, saying so, instead of as an unknown handle by the daemon.
+    made_in: Option<(bool, u64)>,
 }
 
 // SAFETY: the pointer refers to the session's mapping, which `session` keeps alive; the type
@@ -81,6 +86,7 @@ impl Buffer {
             len,
             whereabouts,
             region: None,
+            made_in: None,
         })
     }
 
@@ -90,11 +96,13 @@ impl Buffer {
         session: Arc<Inner>,
         handle: u64,
         region: agora_transport::shm::Region,
+        attached: bool,
     ) -> Result<Self, Error> {
         let len = region.len();
         let ptr = region
             .range(0, len)
             .ok_or_else(|| Error::Protocol("an empty region for a buffer".into()))?;
+        let epoch = session.resume.epoch.load(std::sync::atomic::Ordering::Relaxed);
         Ok(Buffer {
             session,
             handle,
@@ -102,6 +110,7 @@ impl Buffer {
             len,
             whereabouts: Arc::new(Whereabouts::default()),
             region: Some(Arc::new(region)),
+            made_in: Some((attached, epoch)),
         })
     }
 
@@ -151,7 +160,21 @@ impl Buffer {
     #[inline]
     pub(crate) fn check_session(&self, session: &Inner, index: usize) -> Result<(), Error> {
         if std::ptr::eq(Arc::as_ptr(&self.session), session) {
-            Ok(())
+            match self.made_in {
+                Some((attached, epoch)) if epoch != session.resume.epoch.load(std::sync::atomic::Ordering::Relaxed) => {
+                    let what = if attached {
+                        "attach the export again once its exporter has exported a new buffer"
+                    } else {
+                        "allocate a new shared buffer (shared_buffer) and export it again; attachers attach it again"
+                    };
+                    Err(Error::Control(agora_protocol::control::ControlError::BadRequest(format!(
+                        "buffer {:#x} is {} from before the daemon restarted: exportable and attached buffers are not kept across a daemon restart (its memory stays mapped and readable here, but the new daemon does not know it); {what}",
+                        self.handle,
+                        if attached { "an attached buffer" } else { "an exportable buffer" },
+                    ))))
+                }
+                _ => Ok(()),
+            }
         } else {
             Err(Error::Task(agora_protocol::TaskError::ForeignBuffer {
                 index: index as u16,

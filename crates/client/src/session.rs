@@ -572,7 +572,7 @@ impl Session {
         match self.inner.request_with_memory(&Request::AllocShared { len })? {
             (Response::SharedBuffer { handle, len }, Some(fd)) => {
                 let region = agora_transport::shm::Region::open(fd, len, true)?;
-                Buffer::in_region(self.inner.clone(), handle, region)
+                Buffer::in_region(self.inner.clone(), handle, region, false)
             }
             (Response::SharedBuffer { .. }, None) => Err(Error::Protocol(
                 "an exportable buffer arrived without its memory".into(),
@@ -628,7 +628,7 @@ impl Session {
                 Some(fd),
             ) => {
                 let region = agora_transport::shm::Region::open(fd, len, writable)?;
-                Buffer::in_region(self.inner.clone(), handle, region)
+                Buffer::in_region(self.inner.clone(), handle, region, true)
             }
             (Response::Attached { .. }, None) => {
                 Err(Error::Protocol("an attachment arrived without its memory".into()))
