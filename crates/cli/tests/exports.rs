@@ -424,3 +424,76 @@ fn exportable_and_attached_buffers_after_a_daemon_restart_say_they_are_not_kept_
     assert_eq!(view.len(), 64);
     assert_eq!(view.as_slice::<u8>().len(), 64);
 }
+
+/// Run as another user by the next test: tries to attach the names in `AGORA_TEST_PROBE_NAMES`
+/// and prints each refusal.
+#[test]
+#[ignore = "a helper process of an_export_a_caller_may_not_attach_is_answered_as_an_unknown_name, not a test by itself"]
+fn attach_probe_process() {
+    let Ok(socket) = std::env::var("AGORA_TEST_PROBE_SOCKET") else {
+        return;
+    };
+    let session = agora_test_support::connect(std::path::Path::new(&socket), Some("probe"));
+    for name in std::env::var("AGORA_TEST_PROBE_NAMES").unwrap().split(',') {
+        match session.attach(name, false) {
+            Ok(_) => println!("probe {name}: attached"),
+            Err(e) => println!("probe {name}: {e}"),
+        }
+    }
+}
+
+/// D7 of the export audit: `attach()` of an export the caller may not attach answered "uid …
+/// may not attach 'NAME': its exporter (uid 0) allows uids [1001] …", while an unknown name got
+/// "no export named …": anyone could learn which names exist, their exporters and their ACLs.
+/// Needs root, to run the probe as another user (tenant2, uid 1002, not in the ACL).
+#[test]
+fn an_export_a_caller_may_not_attach_is_answered_as_an_unknown_name() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let dir = agora_test_support::temp_dir("exports-probe");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let probe = dir.path().join("probe");
+    std::fs::copy(std::env::current_exe().unwrap(), &probe).unwrap();
+    std::fs::set_permissions(&probe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let daemon = Daemon::start_in(AGORA, dir, &["--no-opencl", "--socket-access", "all"]);
+    let exporter = daemon.session_without_resume("secret-exporter");
+    let state = exporter.shared_buffer(64).unwrap();
+    let readers = ExportReaders {
+        uids: vec![1001],
+        gids: vec![],
+    };
+    exporter.export(&state, "secret/run42", &readers, false).unwrap();
+    let output = Command::new(&probe)
+        .env_clear()
+        .env("AGORA_TEST_PROBE_SOCKET", daemon.socket())
+        .env("AGORA_TEST_PROBE_NAMES", "secret/run42,secret/none")
+        .args(["--ignored", "--exact", "attach_probe_process", "--nocapture"])
+        .uid(1002)
+        .gid(1002)
+        .output()
+        .expect("the probe starts (the tests run as root)");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let answer = |name: &str| {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("probe {name}: ")))
+            .unwrap_or_else(|| panic!("no answer for {name}: {stdout}"))
+            .replace(name, "NAME")
+    };
+    let hidden = answer("secret/run42");
+    assert_eq!(hidden, answer("secret/none"), "{stdout}");
+    assert!(hidden.contains("no export named"), "{hidden}");
+    assert!(!stdout.contains("uid 0") && !stdout.contains("1001"), "{stdout}");
+    // Its exporter's user still gets the real refusal (here: a writable attach of a read-only
+    // export).
+    let own = exporter
+        .attach("secret/run42", true)
+        .expect_err("read-only")
+        .to_string();
+    assert!(own.contains("read-only"), "{own}");
+}

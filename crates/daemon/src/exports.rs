@@ -297,21 +297,31 @@ impl Exports {
         admin: bool,
     ) -> Result<Attached, ControlError> {
         let refuse = |message: String| Err(ControlError::Export(message));
+        let unknown = || {
+            refuse(format!(
+                "no export named '{name}': it was never exported, or was revoked, or its exporter ended (`agora exports` lists the names you may attach)"
+            ))
+        };
         self.purge();
         let Some(export) = self.by_name.get_mut(name) else {
-            return refuse(format!(
-                "no export named '{name}': it was never exported, or was revoked, or its exporter ended (`agora exports` lists the names you may attach)"
-            ));
+            return unknown();
         };
+        // A caller who may not attach it is answered as for a name that does not exist (as
+        // `agora exports` does not list it): telling it apart would let anyone probe which
+        // names exist, who exports them and whom they allow. Administrators and the
+        // exporter's uid may always attach, so they never get here. The reason goes to the
+        // daemon's log for the operator.
         if !export.may_attach(&session.credentials, admin) {
-            return refuse(format!(
-                "uid {} (in groups {:?}) may not attach '{name}': its exporter (uid {}) allows uids {:?} and members of groups {:?}",
-                session.credentials.uid,
-                session.credentials.all_groups(),
-                export.uid,
-                export.readers.uids,
-                export.readers.gids
-            ));
+            tracing::info!(
+                uid = session.credentials.uid,
+                groups = ?session.credentials.all_groups(),
+                %name,
+                exporter_uid = export.uid,
+                allowed_uids = ?export.readers.uids,
+                allowed_gids = ?export.readers.gids,
+                "attach refused (answered as an unknown name): the caller is not among the export's readers"
+            );
+            return unknown();
         }
         if writable && !export.writable {
             return refuse(format!("'{name}' is exported read-only; attach it read-only"));
