@@ -46,7 +46,9 @@ pub struct ServeArgs {
     /// energy (least predicted energy within the slack) [default: perf].
     #[arg(long, value_name = "NAME", value_parser = agora_daemon::PolicyKind::parse)]
     policy: Option<agora_daemon::PolicyKind>,
-    /// Where the daemon keeps its performance model across restarts [default: $AGORA_STATE_DIR,
+    /// Where the daemon keeps its performance model across restarts, and by default its level-1
+    /// checkpoints (`checkpoints/`, unless `[checkpoint] local` says otherwise): cleaning or
+    /// moving it loses them [default: $AGORA_STATE_DIR,
     /// else a directory of this socket's own under $XDG_STATE_HOME/agora/daemons (else
     /// ~/.local/state/agora/daemons), so daemons on different sockets learn apart].
     #[arg(long, value_name = "DIR")]

@@ -408,7 +408,8 @@ pub struct DaemonConfig {
     /// earliest predicted finish (the task's slack).
     #[default(1.5)]
     pub energy_slack: f64,
-    /// Where the daemon keeps state across restarts (the performance model). `None`: a
+    /// Where the daemon keeps state across restarts (the performance model, and level-1
+    /// checkpoints unless `[checkpoint] local` is set). `None`: a
     /// directory of this daemon's own, derived from its socket ([`state_dir_for_socket`]), so
     /// daemons on different sockets do not overwrite each other's learning. Set (by
     /// `--state-dir`, `$AGORA_STATE_DIR` or `[daemon] state_dir`), it is used as it is: daemons
