@@ -512,6 +512,7 @@ impl Store {
             .sum();
         let manifest_bytes = 4096 + 80 * blocks;
         let mut adding = manifest_bytes * roots.len() as u64;
+        let mut capture_blocks = HashSet::new();
         if capture.level == Level::L3 {
             let (k, m) = (self.config.data_shards as u64, self.config.parity_shards as u64);
             let bytes: u64 = capture.entries.iter().map(|e| e.bytes.len() as u64 + 64).sum();
@@ -535,6 +536,7 @@ impl Store {
                     }
                 }
             }
+            capture_blocks.extend(unique.into_iter().map(|(h, _)| h));
         }
         let mut used = 0u64;
         for root in [
@@ -547,7 +549,11 @@ impl Store {
         {
             used += fsio::tree_bytes(&root.join(app.uid.to_string()));
         }
-        let would = used.saturating_add(adding);
+        // What the retention after this write deletes counts as gone: the quota then holds
+        // `keep` checkpoints, not `keep` + 1 (the write itself briefly needs the room of one
+        // more, until retention runs).
+        let freed = self.freed_by_retention(app, &capture_blocks);
+        let would = used.saturating_add(adding).saturating_sub(freed);
         if would > quota {
             return Err(StoreError::QuotaExceeded {
                 uid: app.uid,
@@ -557,6 +563,51 @@ impl Store {
             });
         }
         Ok(())
+    }
+
+    /// Bytes [`Store::retain`] deletes after a write of a new newest checkpoint whose blocks
+    /// are `capture_blocks`: the manifests and shards of the checkpoints it drops, and the
+    /// blocks that neither the new checkpoint nor a kept one names. 0 for the blocks when a
+    /// kept manifest cannot be read (retention then deletes none). The caller holds the
+    /// application's lock.
+    fn freed_by_retention(&self, app: &AppKey, capture_blocks: &HashSet<String>) -> u64 {
+        let Ok(existing) = self.sequences(app) else {
+            return 0;
+        };
+        // The new checkpoint is the newest of existing.len() + 1; `keep` of them stay.
+        let cut = (existing.len() + 1)
+            .saturating_sub(self.config.keep)
+            .min(existing.len());
+        let (dropped, kept) = existing.split_at(cut);
+        if dropped.is_empty() {
+            return 0;
+        }
+        let size = |path: &Path| std::fs::metadata(path).map_or(0, |m| m.len());
+        let roots = self.all_roots();
+        let mut freed = 0u64;
+        for root in &roots {
+            let dir = app_dir(root, app);
+            for &seq in dropped {
+                freed += size(&dir.join(MANIFESTS).join(manifest::file_name(seq)));
+                freed += fsio::tree_bytes(&dir.join(ERASURE).join(format!("{seq:020}")));
+            }
+        }
+        let mut referenced = capture_blocks.clone();
+        for &seq in kept {
+            match self.load_manifest(app, seq) {
+                Ok(m) => referenced.extend(m.entries.into_iter().flat_map(|e| e.blocks)),
+                Err(_) => return freed,
+            }
+        }
+        for root in &roots {
+            let dir = app_dir(root, app).join(BLOCKS);
+            for name in fsio::list_names(&dir).unwrap_or_default() {
+                if !referenced.contains(&name) {
+                    freed += size(&dir.join(&name));
+                }
+            }
+        }
+        freed
     }
 
     /// Writes an L3 checkpoint's shards under the local root, durable before this returns.

@@ -752,6 +752,38 @@ fn a_users_checkpoints_past_the_quota_are_refused_and_the_earlier_ones_kept() {
     daemon.assert_alive();
 }
 
+/// D9 of the checkpoint audit: the quota had to hold `keep` + 1 checkpoints: with `keep` 2 and
+/// 1 MiB of state changing every time, a 3 MiB quota refused checkpoint 3 and every later one,
+/// though retention would have brought the total back to 2 MiB.
+#[test]
+fn the_quota_counts_what_retention_deletes_after_the_write() {
+    let dir = temp_dir("checkpoint-quota-keep");
+    std::fs::write(
+        dir.path().join("agora.toml"),
+        "[checkpoint]\nquota_per_user = \"3M\"\nkeep = 2\n",
+    )
+    .unwrap();
+    let daemon = Daemon::start_in(AGORA, dir, &["--config", "{dir}/agora.toml", "--no-opencl"]);
+    let s = daemon.session_without_resume("quota-keep");
+    let q = s.queue("q").unwrap();
+    let state = s.buffer(N as u64 * 4).unwrap();
+    s.protect(1, &state).unwrap();
+    for id in 1..=4u64 {
+        state
+            .write_slice(&(0..N).map(|i| (i as u64 * id) as f32).collect::<Vec<_>>())
+            .unwrap();
+        q.sync_to(&state).unwrap();
+        q.checkpoint(id, CheckpointLevel::Local).unwrap();
+        q.finish().unwrap();
+        written(&s);
+    }
+    let report = written(&s);
+    let failed: Vec<_> = report.writes.iter().filter(|w| w.error.is_some()).collect();
+    assert!(failed.is_empty(), "{failed:?}");
+    let ids: Vec<u64> = report.checkpoints.iter().map(|c| c.checkpoint).collect();
+    assert_eq!(ids, vec![3, 4], "{report:?}");
+}
+
 #[test]
 fn after_recovery_passes_over_a_damaged_checkpoint_its_id_is_free_and_a_taken_id_fails_the_task() {
     let mut daemon = Daemon::start(AGORA, "checkpoint-damaged-id", &["--no-opencl"]);
