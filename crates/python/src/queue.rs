@@ -99,6 +99,18 @@ fn scalar(value: &Bound<'_, PyAny>, ty: ScalarType, index: usize, name: &str, ke
     })
 }
 
+/// `value` as an integer in `min..=max`, or a ValueError naming `what`, the value, the range
+/// and `hint` (a TypeError for a value that is not an integer).
+pub(crate) fn int_argument(value: &Bound<'_, PyAny>, what: &str, min: u64, max: u64, hint: &str) -> PyResult<u64> {
+    let n: i128 = value.extract()?;
+    if n < i128::from(min) || n > i128::from(max) {
+        return Err(PyValueError::new_err(format!(
+            "{what} {n} is out of range ({min} to {max}): {hint}"
+        )));
+    }
+    Ok(n as u64)
+}
+
 pub(crate) fn parse_range(range: &Bound<'_, PyAny>) -> PyResult<agora::NdRange> {
     if let Ok(x) = range.extract::<u64>() {
         return Ok(agora::NdRange::d1(x));
@@ -188,8 +200,28 @@ impl PyQueue {
     /// the daemon writes them in the background at `level` (1 local, 2 also the partner
     /// directory, 3 erasure coded, 4 also the shared file system), writing only blocks that
     /// changed. `id` must grow from one checkpoint to the next (the iteration number, say).
-    #[pyo3(signature = (id, level=1))]
-    fn checkpoint(&self, py: Python<'_>, id: u64, level: u32) -> PyResult<PyTask> {
+    #[pyo3(signature = (id, level=None))]
+    fn checkpoint(&self, py: Python<'_>, id: &Bound<'_, PyAny>, level: Option<&Bound<'_, PyAny>>) -> PyResult<PyTask> {
+        // Checked here, as ValueErrors naming the argument: id 0 would otherwise surface as a
+        // TaskFailedError for a task that was never issued, a negative one as a bare
+        // OverflowError.
+        let id = int_argument(
+            id,
+            "checkpoint id",
+            1,
+            u64::MAX,
+            "ids start at 1 (0 means \"no checkpoint\"); use e.g. the number of iterations done",
+        )?;
+        let level = match level {
+            None => 1,
+            Some(level) => int_argument(
+                level,
+                "checkpoint level",
+                1,
+                4,
+                "levels are 1 (local), 2 (partner), 3 (erasure coded) and 4 (shared)",
+            )? as u32,
+        };
         let level = agora::CheckpointLevel::from_number(level).ok_or_else(|| {
             pyo3::exceptions::PyValueError::new_err(format!(
                 "checkpoint level {level}: levels are 1 (local), 2 (partner), 3 (erasure coded) and 4 (shared)"

@@ -427,7 +427,14 @@ impl PySession {
     /// Protects `buffer` under `id` for checkpoints (FTI's protect): every later
     /// `queue.checkpoint()` of this session saves it and `recover()` restores it. The
     /// checkpoints belong to the application named by the session's `name` and the user.
-    fn protect(&self, py: Python<'_>, id: u32, buffer: &crate::buffer::PyBuffer) -> PyResult<()> {
+    fn protect(&self, py: Python<'_>, id: &Bound<'_, PyAny>, buffer: &crate::buffer::PyBuffer) -> PyResult<()> {
+        let id = crate::queue::int_argument(
+            id,
+            "protected id",
+            0,
+            u64::from(u32::MAX),
+            "protected ids are unsigned 32-bit numbers",
+        )? as u32;
         let session = self.session()?;
         let b = buffer.handle()?;
         crate::errors::interruptible(py, || session.protect(id, &b)).or_raise()

@@ -104,3 +104,23 @@ def test_a_checkpointed_launch_runs_in_windows_and_resumes_after_the_recovered_o
         q = s.queue("resumed")
         # Resumed after the last window: nothing is left to run.
         assert q.launch_checkpointed("saxpy", 2.0, x, y, range=n, window_rows=1024, first_checkpoint=1, resume_after=8) is None
+
+
+def test_bad_checkpoint_arguments_raise_value_errors_naming_them(fresh_daemon):
+    """D10 of the checkpoint audit: checkpoint(0) raised TaskFailedError ("task failed: ...")
+    though nothing was issued, and negative ids and levels a bare OverflowError."""
+    daemon = fresh_daemon()
+    with agora.Session(name="py-bad-args", socket=str(daemon.socket)) as s:
+        q = s.queue("main")
+        b = s.buffer(64)
+        s.protect(1, b)
+        with pytest.raises(ValueError, match=r"checkpoint id 0 is out of range \(1 to .*ids start at 1"):
+            q.checkpoint(0)
+        with pytest.raises(ValueError, match=r"checkpoint id -5 is out of range"):
+            q.checkpoint(-5)
+        with pytest.raises(ValueError, match=r"checkpoint level -1 is out of range \(1 to 4\)"):
+            q.checkpoint(1, -1)
+        with pytest.raises(ValueError, match=r"protected id -1 is out of range \(0 to 4294967295\)"):
+            s.protect(-1, b)
+        q.checkpoint(1)
+        q.finish()
