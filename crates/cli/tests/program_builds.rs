@@ -4,9 +4,9 @@
 //! * OpenCL kernel names PoCL cannot store (longer than 252 bytes: it aborted the executor) or
 //!   that are not ASCII identifiers fail the build naming the kernel, and the session builds
 //!   on;
-//! * a kernel declaring `reqd_work_group_size` fails the build (every launch failed with
-//!   `CL_INVALID_WORK_GROUP_SIZE`, which PoCL reports only for this; protocol unit tests cover
-//!   how another OpenCL error of a launch reads);
+//! * a kernel declaring `reqd_work_group_size` runs over multiples of it, and another launch's
+//!   task names CL_INVALID_WORK_GROUP_SIZE (it read "the daemon logged the details"; protocol
+//!   unit tests cover how another OpenCL error of a launch reads);
 //! * a C library calling a function nothing defines fails the build naming the symbol (lazy
 //!   binding let it build, then ended the executor with status 127 at every launch), and an
 //!   executor that exits during a launch gives its status;
@@ -99,17 +99,31 @@ fn opencl_kernel_names_too_long_for_the_platform_or_not_ascii_fail_the_build_nam
     opencl_runs(&session, &"k".repeat(252));
 }
 
+/// A kernel that requires a work-group size (`reqd_work_group_size`, which tiled kernels with
+/// `__local` arrays need: `agora bench kernels`' matmul) builds and runs over ranges that are
+/// multiples of it; over another range its task fails naming CL_INVALID_WORK_GROUP_SIZE (it
+/// read "the kernel faulted while running; the daemon logged the details").
 #[test]
-fn a_required_work_group_size_fails_the_build_naming_the_kernel() {
+fn a_required_work_group_size_runs_over_multiples_and_names_the_error_otherwise() {
     let daemon = start("program-builds-wg");
     let session = daemon.session();
-    let log = build_log(session.program_opencl(
-        "__attribute__((reqd_work_group_size(64, 1, 1))) __kernel void r(__global float *y) { y[get_global_id(0)] = 1; }",
-    ));
-    assert!(
-        log.contains("kernel r ") && log.contains("reqd_work_group_size(64, 1, 1)") && log.contains("remove"),
-        "{log}"
-    );
+    let program = session
+        .program_opencl(
+            "__attribute__((reqd_work_group_size(64, 1, 1))) __kernel void r(__global float *y) { y[get_global_id(0)] = 1; }",
+        )
+        .expect("a kernel with a required work-group size builds");
+    let kernel = program.kernel("r").unwrap();
+    let queue = session.queue("wg").unwrap();
+    let y = session.buffer(128 * 4).unwrap();
+    queue.launch(&kernel, &[(&y).into()], 128u64).unwrap();
+    queue.sync_from(&y).unwrap();
+    queue
+        .finish()
+        .expect("a range that is a multiple of the work-group size runs");
+    assert_eq!(y.read_vec::<f32>(), vec![1.0f32; 128]);
+    queue.launch(&kernel, &[(&y).into()], 100u64).unwrap();
+    let error = queue.finish().expect_err("100 is no multiple of 64").to_string();
+    assert!(error.contains("CL_INVALID_WORK_GROUP_SIZE"), "{error}");
     opencl_runs(&session, "after");
 }
 

@@ -186,18 +186,6 @@ impl OpenCl {
         for kernel in objects {
             let name = kernel.function_name().map_err(|e| format!("a kernel's name: {e}"))?;
             check_kernel_name(&name)?;
-            // A launch gives no local size (it runs over exactly its range, which need not be a
-            // multiple of anything), so such a kernel failed every launch with
-            // CL_INVALID_WORK_GROUP_SIZE.
-            let required = kernel.get_compile_work_group_size(self.device).unwrap_or_default();
-            if required.iter().any(|&size| size > 0) {
-                let sizes: Vec<String> = required.iter().map(usize::to_string).collect();
-                return Err(format!(
-                    "kernel {name} declares __attribute__((reqd_work_group_size({}))), but tenant programs run \
-                     with the exact range and no required work-group size: remove the attribute",
-                    sizes.join(", ")
-                ));
-            }
             let params = signature(&kernel, &name)?;
             kernels.push((name, kernel, params));
         }
@@ -278,16 +266,38 @@ impl OpenCl {
         }
         let offsets = [rows[0] as usize, 0, 0];
         let sizes = [(rows[1] - rows[0]) as usize, range[1] as usize, range[2] as usize];
-        // No local size: the runtime's choice (a kernel that requires one is refused at build).
-        // SAFETY: the kernel's arguments are set; offsets and sizes hold at least `dims`
-        // entries.
+        // A kernel that declares reqd_work_group_size (tiled kernels size their `__local` arrays
+        // with it) gets exactly that local size (PoCL does not pick it by itself when given
+        // none); any other gets the runtime's choice. Every dimension of the range must then be
+        // a multiple of it, else OpenCL refuses the launch: checked here to say so in the log;
+        // the task's message names CL_INVALID_WORK_GROUP_SIZE.
+        let required = kernel
+            .get_compile_work_group_size(self.device)
+            .ok()
+            .filter(|l| l.len() >= dims && l[..dims].iter().all(|&x| x > 0));
+        if let Some(local) = &required {
+            if let Some(dim) = (0..dims).find(|&d| !sizes[d].is_multiple_of(local[d])) {
+                const CL_INVALID_WORK_GROUP_SIZE: i32 = -54;
+                return Err((
+                    CL_INVALID_WORK_GROUP_SIZE,
+                    format!(
+                        "the kernel requires work-groups of {:?} (reqd_work_group_size) but dimension {dim} of this \
+                         launch is {}: launch a range whose dimensions are multiples of it",
+                        &local[..dims],
+                        sizes[dim]
+                    ),
+                ));
+            }
+        }
+        // SAFETY: the kernel's arguments are set; offsets, sizes and the local size (when given)
+        // hold at least `dims` entries.
         let event = unsafe {
             self.queue.enqueue_nd_range_kernel(
                 kernel.get(),
                 dims as u32,
                 offsets.as_ptr(),
                 sizes.as_ptr(),
-                std::ptr::null(),
+                required.as_ref().map_or(std::ptr::null(), |l| l.as_ptr()),
                 &[],
             )
         }
