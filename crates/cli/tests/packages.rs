@@ -298,6 +298,30 @@ opencl = { file = "broken.cl", entry = "k" }
     );
     assert!(!said.contains("tempfile_"), "{said}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("1 problem(s) found"));
+    // A package that does not load at all is a problem too, named with its manifest's error.
+    let unloadable = dir.path().join("unloadable");
+    std::fs::create_dir_all(&unloadable).unwrap();
+    std::fs::write(
+        unloadable.join("package.toml"),
+        "[package]\nname = \"unloadable\"\nbogus = 1\n",
+    )
+    .unwrap();
+    let out = Command::new(AGORA)
+        .args(["kernels", "check"])
+        .arg(&unloadable)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        said.contains("does not load") && said.contains("package.toml"),
+        "{said}"
+    );
     let daemon = Daemon::start(
         AGORA,
         "packages-broken-cl",

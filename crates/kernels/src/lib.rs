@@ -542,24 +542,11 @@ pub fn suggestions(name: &str) -> Vec<String> {
 /// Names among `names` close to `name` (same prefix or small edit distance), at most three.
 pub fn suggestions_among<'a>(name: &str, names: impl Iterator<Item = &'a str>) -> Vec<String> {
     let mut out: Vec<String> = names
-        .filter(|k| edit_distance(k, name) <= 2 || (name.len() >= 3 && k.starts_with(name)))
+        .filter(|k| strsim::levenshtein(k, name) <= 2 || (name.len() >= 3 && k.starts_with(name)))
         .map(|k| k.to_string())
         .collect();
     out.truncate(3);
     out
-}
-
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut cur = vec![i + 1; b.len() + 1];
-        for (j, cb) in b.iter().enumerate() {
-            cur[j + 1] = (prev[j] + usize::from(ca != *cb)).min(prev[j + 1] + 1).min(cur[j] + 1);
-        }
-        prev = cur;
-    }
-    prev[b.len()]
 }
 
 #[cfg(test)]

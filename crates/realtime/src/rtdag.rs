@@ -228,21 +228,6 @@ pub fn parse_str(text: &str, source_name: &str) -> Result<Vec<DagSpec>, RtdagErr
     Ok(dags)
 }
 
-/// Levenshtein distance between `a` and `b` (by character).
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut previous: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut current = vec![i + 1; b.len() + 1];
-        for (j, cb) in b.iter().enumerate() {
-            let substitution = previous[j] + usize::from(ca != *cb);
-            current[j + 1] = substitution.min(previous[j + 1] + 1).min(current[j] + 1);
-        }
-        previous = current;
-    }
-    previous[b.len()]
-}
-
 /// serde's message ends with " at line L column C"; the error carries that position already.
 fn strip_location(message: &str) -> String {
     match message.rfind(" at line ") {
@@ -358,7 +343,7 @@ impl Document<'_> {
             }
             let close = FIELDS
                 .iter()
-                .find(|field| folded(key) == folded(field) || edit_distance(key, field) <= 2);
+                .find(|field| folded(key) == folded(field) || strsim::levenshtein(key, field) <= 2);
             if let Some(field) = close {
                 return Err(RtdagError::Misspelt {
                     source_name: self.source_name.to_owned(),

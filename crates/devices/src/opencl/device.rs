@@ -167,21 +167,27 @@ impl OpenClDevice {
     }
 }
 
-/// The names of the OpenCL platforms installed (loading the ICD loader): what a daemon that
-/// serves each platform from a device-host process of its own starts one host for.
-pub fn platform_names() -> Result<Vec<String>, String> {
-    static DISCOVERY: Mutex<()> = Mutex::new(());
-    let _one_at_a_time = DISCOVERY.lock().unwrap_or_else(|e| e.into_inner());
+/// The OpenCL platforms installed (loading the ICD loader), or why there are none: opencl3
+/// panics when no loader is installed, which is caught here.
+pub(super) fn installed_platforms() -> Result<Vec<opencl3::platform::Platform>, String> {
     match std::panic::catch_unwind(opencl3::platform::get_platforms) {
-        Ok(Ok(platforms)) => Ok(platforms
-            .iter()
-            .map(|p| p.name().unwrap_or_else(|_| "unknown platform".into()))
-            .collect()),
+        Ok(Ok(platforms)) => Ok(platforms),
         Ok(Err(e)) => Err(format!(
             "no OpenCL platform: {e} (install an ICD, e.g. pocl-opencl-icd)"
         )),
         Err(_) => Err("OpenCL is not available (no ICD loader libOpenCL.so.1 found)".into()),
     }
+}
+
+/// The names of the OpenCL platforms installed (loading the ICD loader): what a daemon that
+/// serves each platform from a device-host process of its own starts one host for.
+pub fn platform_names() -> Result<Vec<String>, String> {
+    static DISCOVERY: Mutex<()> = Mutex::new(());
+    let _one_at_a_time = DISCOVERY.lock().unwrap_or_else(|e| e.into_inner());
+    Ok(installed_platforms()?
+        .iter()
+        .map(|p| p.name().unwrap_or_else(|_| "unknown platform".into()))
+        .collect())
 }
 
 /// Finds every OpenCL device. Returns the devices that work and one message per platform or
@@ -215,16 +221,10 @@ pub fn discover_except(
     let _one_at_a_time = DISCOVERY.lock().unwrap_or_else(|e| e.into_inner());
     let mut devices = Vec::new();
     let mut problems = Vec::new();
-    let platforms = match std::panic::catch_unwind(opencl3::platform::get_platforms) {
-        Ok(Ok(p)) => p,
-        Ok(Err(e)) => {
-            problems.push(format!(
-                "no OpenCL platform: {e} (install an ICD, e.g. pocl-opencl-icd)"
-            ));
-            return (devices, problems);
-        }
-        Err(_) => {
-            problems.push("OpenCL is not available (no ICD loader libOpenCL.so.1 found)".into());
+    let platforms = match installed_platforms() {
+        Ok(platforms) => platforms,
+        Err(why) => {
+            problems.push(why);
             return (devices, problems);
         }
     };

@@ -299,17 +299,8 @@ pub type DeviceBuild = (String, Result<(), String>);
 /// never the daemon's, so a compiler that crashes ends only the check.
 pub fn check_build(imp: &OpenClImpl) -> Result<Vec<DeviceBuild>, String> {
     use opencl3::device::{Device, CL_DEVICE_TYPE_ALL};
-    let platforms = match std::panic::catch_unwind(opencl3::platform::get_platforms) {
-        Ok(Ok(platforms)) => platforms,
-        Ok(Err(e)) => {
-            return Err(format!(
-                "no OpenCL platform: {e} (install an ICD, e.g. pocl-opencl-icd)"
-            ))
-        }
-        Err(_) => return Err("OpenCL is not available (no ICD loader libOpenCL.so.1 found)".into()),
-    };
     let mut results = Vec::new();
-    for platform in platforms {
+    for platform in super::device::installed_platforms()? {
         let platform_name = platform.name().unwrap_or_else(|_| "unknown platform".into());
         let ids = platform
             .get_devices(CL_DEVICE_TYPE_ALL)
