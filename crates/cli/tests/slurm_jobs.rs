@@ -223,8 +223,10 @@ fn a_job_s_shares_weigh_its_lane_time_against_its_neighbour_s() {
             &["slurm", "job-start", "--job", job, "--uid", &uid, "--shares", shares],
         );
     }
-    // Each job pipelines saxpy launches of 2^18 floats (tens of microseconds each, too long to
-    // run inline) for longer than the test lasts: both stay backlogged on the lane.
+    // Each job pipelines saxpy launches of 2^20 floats (a millisecond or so each) for longer
+    // than the test lasts. Tasks this long keep both jobs backlogged on the lane even when the
+    // clients get little CPU: with tasks of tens of microseconds, a client starved of CPU on a
+    // loaded machine could not submit its share, and the test measured the clients.
     let mut processes: Vec<Child> = [91, 92]
         .into_iter()
         .map(|job| {
@@ -233,7 +235,7 @@ fn a_job_s_shares_weigh_its_lane_time_against_its_neighbour_s() {
                     "run",
                     "saxpy",
                     "--size",
-                    "262144",
+                    "1048576",
                     "--iterations",
                     "1000000",
                     "--device-kind",
@@ -246,35 +248,60 @@ fn a_job_s_shares_weigh_its_lane_time_against_its_neighbour_s() {
                 .unwrap()
         })
         .collect();
-    let completed = |job: u64| {
-        daemon
-            .status()
+    let pids: Vec<i32> = processes.iter().map(|p| p.id() as i32).collect();
+    // Lane time (the lane's measured execution) of each job, and the tasks each client's
+    // session has on the lane.
+    let lane_seconds = |status: &agora_protocol::control::StatusReport, job: u64| {
+        status
             .jobs
             .iter()
             .find(|j| j.job == job)
-            .map_or(0, |j| j.tasks_completed)
+            .map_or(0.0, |j| j.device_seconds.iter().map(|(_, s)| s).sum::<f64>())
+    };
+    let backlogs = |status: &agora_protocol::control::StatusReport| -> Vec<u64> {
+        pids.iter()
+            .map(|pid| {
+                status
+                    .sessions
+                    .iter()
+                    .find(|s| s.pid == *pid)
+                    .map_or(0, |s| s.in_flight)
+            })
+            .collect()
     };
     assert!(
-        eventually(Duration::from_secs(20), || completed(91) > 200 && completed(92) > 50),
-        "both jobs run tasks: {} and {}",
-        completed(91),
-        completed(92)
+        eventually(Duration::from_secs(30), || {
+            let status = daemon.status();
+            backlogs(&status).iter().all(|&b| b >= 8)
+        }),
+        "both jobs queue work on the lane: {:?} tasks in flight",
+        backlogs(&daemon.status())
     );
-    let before = (completed(91), completed(92));
-    std::thread::sleep(Duration::from_secs(3));
-    let after = (completed(91), completed(92));
+    let first = daemon.status();
+    let before = (lane_seconds(&first, 91), lane_seconds(&first, 92));
+    // Both stay backlogged throughout, or the measurement would say how fast a client submits.
+    for _ in 0..15 {
+        std::thread::sleep(Duration::from_millis(200));
+        let backlog = backlogs(&daemon.status());
+        assert!(
+            backlog.iter().all(|&b| b >= 2),
+            "a job ran out of queued work during the measurement: {backlog:?} tasks in flight"
+        );
+    }
+    let last = daemon.status();
+    let after = (lane_seconds(&last, 91), lane_seconds(&last, 92));
     for process in &mut processes {
         let _ = process.kill();
         let _ = process.wait();
     }
     let (heavy, light) = (after.0 - before.0, after.1 - before.1);
-    assert!(light > 0, "the one-share job starved: {before:?} → {after:?}");
-    // Equal tasks: their counts are their lane time. A FIFO lane gives about 1:1 here.
-    let ratio = heavy as f64 / light as f64;
-    eprintln!("tasks in 3 s on one lane: 3 shares {heavy}, 1 share {light} (ratio {ratio:.2})");
+    assert!(light > 0.0, "the one-share job starved: {before:?} → {after:?}");
+    // A FIFO lane gives about 1:1 here.
+    let ratio = heavy / light;
+    eprintln!("lane seconds in 3 s on one lane: 3 shares {heavy:.3}, 1 share {light:.3} (ratio {ratio:.2})");
     assert!(
         (2.2..=4.5).contains(&ratio),
-        "3 shares against 1 should get about 3 times the lane: {heavy} against {light} tasks ({ratio:.2})"
+        "3 shares against 1 should get about 3 times the lane: {heavy:.3} s against {light:.3} s ({ratio:.2})"
     );
 }
 

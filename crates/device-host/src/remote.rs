@@ -1805,10 +1805,10 @@ impl RemoteExecutor {
         Ok(host)
     }
 
-    fn forward(&self, transfers: Vec<Transfer>, work: Work, end: JobEnd) -> Result<(), (JobEnd, TaskError)> {
+    fn forward(&self, transfers: Vec<Transfer>, work: Work, end: JobEnd) -> Result<(), Unsent> {
         let link = self.platform.link();
         if !link.alive() {
-            return Err((end, TaskError::DeviceLost));
+            return Err(Box::new((end, TaskError::DeviceLost)));
         }
         let mut drained = false;
         let mut staging = Vec::new();
@@ -1831,7 +1831,7 @@ impl RemoteExecutor {
                     // SAFETY: `host` is the buffer's host copy, valid for `len` bytes until the
                     // job finishes.
                     if let Err(e) = unsafe { device.read(from.as_ref(), *host, *len) } {
-                        return Err((end, e));
+                        return Err(Box::new((end, e)));
                     }
                 }
             }
@@ -1862,7 +1862,7 @@ impl RemoteExecutor {
             Ok::<_, TaskError>(())
         })();
         if let Err(e) = result {
-            return Err((end, e));
+            return Err(Box::new((end, e)));
         }
         let work = match &work {
             Work::Nothing => WorkWire::Nothing,
@@ -1898,7 +1898,7 @@ impl RemoteExecutor {
             } => {
                 let id = match link.kernel_id(kernel) {
                     Ok(id) => id,
-                    Err(e) => return Err((end, e)),
+                    Err(e) => return Err(Box::new((end, e))),
                 };
                 let mut wire_args = Vec::with_capacity(*arg_count);
                 for index in 0..*arg_count {
@@ -1908,7 +1908,7 @@ impl RemoteExecutor {
                                 buffer: b.id,
                                 len: b.len,
                             },
-                            Err(e) => return Err((end, e)),
+                            Err(e) => return Err(Box::new((end, e))),
                         },
                         (ArgValue::Scalar(bits), None) => ArgWire::Scalar(*bits),
                         _ => ArgWire::None,
@@ -1936,7 +1936,7 @@ impl RemoteExecutor {
         staging: Vec<Staging>,
         end: JobEnd,
         link: &Arc<Link>,
-    ) -> Result<(), (JobEnd, TaskError)> {
+    ) -> Result<(), Unsent> {
         self.count.wait_idle();
         if transfers.is_empty() && staging.is_empty() {
             let result = agora_devices::run_host_work(work).unwrap_or(Err(TaskError::KernelFault));
@@ -1957,7 +1957,7 @@ impl RemoteExecutor {
         end: JobEnd,
         link: &Arc<Link>,
         after: Option<Work>,
-    ) -> Result<(), (JobEnd, TaskError)> {
+    ) -> Result<(), Unsent> {
         let job = (self.next_job.fetch_add(1, Ordering::Relaxed) << 24)
             | (u64::from(self.device) << 12)
             | u64::from(self.lane);
@@ -1984,13 +1984,18 @@ impl RemoteExecutor {
             after,
         };
         link.submit(submit, pending)
-            .map_err(|pending| (pending.end, TaskError::DeviceLost))
+            .map_err(|pending| Box::new((pending.end, TaskError::DeviceLost)))
     }
 }
 
+/// A job an executor could not forward to its host, handed back with why. Boxed: a [`JobEnd`]
+/// is large and a failed forward rare, so the common path moves a pointer's worth of error.
+type Unsent = Box<(JobEnd, TaskError)>;
+
 impl Executor for RemoteExecutor {
     fn run(&mut self, transfers: Vec<Transfer>, work: Work, end: JobEnd) {
-        if let Err((end, e)) = self.forward(transfers, work, end) {
+        if let Err(unsent) = self.forward(transfers, work, end) {
+            let (end, e) = *unsent;
             end.finish(Err(e));
         }
     }

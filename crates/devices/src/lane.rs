@@ -48,6 +48,7 @@ use agora_protocol::TaskError;
 use agora_wait::AdaptiveSpin;
 
 use crate::priority::{Class, LaneClass};
+use crate::Share;
 use crate::{Job, JobTimes, LaneReport, Slices, Transfer, Work};
 
 /// Longest an idle lane thread polls for its next job before it sleeps (the budget adapts below
@@ -109,6 +110,9 @@ pub struct JobEnd {
     cold: bool,
     revoke: Option<Arc<AtomicBool>>,
     urgent: bool,
+    /// A batch job's tenant and what starting it charged there, settled to the time it took
+    /// when it finishes ([`fair::FairQueue::settle`]).
+    charged: Option<(Share, u64)>,
 }
 
 impl JobEnd {
@@ -137,6 +141,7 @@ impl JobEnd {
             cold,
             revoke: _,
             urgent: _,
+            charged,
         } = self;
         lane.completed.fetch_add(1, Ordering::Relaxed);
         let times = JobTimes {
@@ -146,6 +151,15 @@ impl JobEnd {
             finished: Instant::now(),
             cold,
         };
+        if let Some((share, charged_ns)) = charged {
+            let ran_ns =
+                u64::try_from(times.finished.saturating_duration_since(started).as_nanos()).unwrap_or(u64::MAX);
+            lane.queue
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .jobs
+                .settle(&share, charged_ns, ran_ns);
+        }
         done(result, times);
         if lane.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
             // The lane goes idle: count the wall time it had work in flight (jobs overlap on
@@ -596,7 +610,8 @@ impl Lane {
     }
 
     /// The next job to start, after an idle spin with `spin` (`None`: sleep at once).
-    fn next(&self, mut spin: Option<&mut AdaptiveSpin>) -> Option<(Job, Instant)> {
+    /// With it, what starting it charged its tenant when it is batch work.
+    fn next(&self, mut spin: Option<&mut AdaptiveSpin>) -> Option<(Job, Instant, Option<u64>)> {
         if self.pending.load(Ordering::Acquire) == 0 {
             if let Some(spin) = spin.as_deref_mut() {
                 spin.spin(|| self.pending.load(Ordering::Acquire) > 0);
@@ -612,6 +627,12 @@ impl Lane {
                 None => q.urgent.pop_front().map(|u| Self::to_start(u, &mut q.jobs)),
             };
             let mut held_back = false;
+            let mut charged = None;
+            let mut charge = |queued: &Queued| {
+                let ns = queued.charge_ns();
+                charged = Some(ns);
+                ns
+            };
             if job.is_none() {
                 match q.jobs.front() {
                     Some(front) if front.is_slice() => {
@@ -619,20 +640,12 @@ impl Lane {
                         // Pairs with the fence in `JobEnd::finish` (see there).
                         fence(Ordering::SeqCst);
                         if q.stopping || self.in_flight.load(Ordering::SeqCst) < SLICE_DEPTH {
-                            job = q
-                                .jobs
-                                .pop_front(Queued::charge_ns)
-                                .map(|f| Self::to_start(f, &mut q.jobs));
+                            job = q.jobs.pop_front(&mut charge).map(|f| Self::to_start(f, &mut q.jobs));
                         } else {
                             held_back = true;
                         }
                     }
-                    _ => {
-                        job = q
-                            .jobs
-                            .pop_front(Queued::charge_ns)
-                            .map(|f| Self::to_start(f, &mut q.jobs))
-                    }
+                    _ => job = q.jobs.pop_front(&mut charge).map(|f| Self::to_start(f, &mut q.jobs)),
                 }
             }
             if let Some((job, left_queue)) = job {
@@ -654,7 +667,7 @@ impl Lane {
                         .store(self.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 }
                 q.starting = true;
-                return Some(job);
+                return Some((job.0, job.1, charged));
             }
             if q.stopping && !held_back {
                 return None;
@@ -710,10 +723,10 @@ impl Lane {
     fn run(self: Arc<Self>, idle_spin: bool) {
         let _member = self.class.join();
         let mut spin = AdaptiveSpin::new(agora_wait::MIN_BUDGET, IDLE_SPIN_MAX);
-        while let Some((job, queued)) = self.next(idle_spin.then_some(&mut spin)) {
+        while let Some((job, queued, charged)) = self.next(idle_spin.then_some(&mut spin)) {
             {
                 let mut executor = self.executor.lock().unwrap_or_else(|e| e.into_inner());
-                self.start_job(executor.as_mut(), job, queued);
+                self.start_job(executor.as_mut(), job, queued, charged);
             }
             // After the executor is let go, so a caller that sees `starting` clear finds it free.
             self.queue.lock().unwrap_or_else(|e| e.into_inner()).starting = false;
@@ -727,8 +740,9 @@ impl Lane {
         }
     }
 
-    /// Starts `job` (counted in flight already) with `executor`, on the calling thread.
-    fn start_job(self: &Arc<Self>, executor: &mut dyn Executor, job: Job, queued: Instant) {
+    /// Starts `job` (counted in flight already) with `executor`, on the calling thread; a batch
+    /// job with what starting it `charged` its tenant.
+    fn start_job(self: &Arc<Self>, executor: &mut dyn Executor, job: Job, queued: Instant, charged: Option<u64>) {
         let Job {
             transfers,
             work,
@@ -739,6 +753,7 @@ impl Lane {
             exclusive,
             urgent,
             deadline,
+            share,
             ..
         } = job;
         let revocable = revoke.is_some();
@@ -756,6 +771,7 @@ impl Lane {
             cold: false,
             revoke,
             urgent: urgent || deadline.is_some(),
+            charged: charged.map(|ns| (share, ns)),
         };
         let set = |flag: Option<&Arc<AtomicBool>>| flag.is_some_and(|c| c.load(Ordering::Acquire));
         if set(cancelled.as_ref()) || set(end.revoke_flag()) {
@@ -817,7 +833,7 @@ impl Lane {
             self.busy_since
                 .store(self.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
-        self.start_job(executor.as_mut(), job, Instant::now());
+        self.start_job(executor.as_mut(), job, Instant::now(), None);
         None
     }
 }
@@ -920,10 +936,11 @@ mod tests {
     use std::sync::mpsc;
 
     /// Reports the lane thread's scheduling policy at the start of each job, and holds a job
-    /// until told to go on when `hold` has a receiver.
+    /// until told to go on when `hold` has a receiver, then runs it for `run_for`.
     struct Recorder {
         seen: mpsc::Sender<i32>,
         hold: Option<mpsc::Receiver<()>>,
+        run_for: Duration,
     }
 
     impl Executor for Recorder {
@@ -934,6 +951,7 @@ mod tests {
                 hold.recv().unwrap();
                 self.seen.send(current_thread_priority().unwrap().0).unwrap();
             }
+            std::thread::sleep(self.run_for);
             end.finish(Ok(()));
         }
     }
@@ -950,11 +968,27 @@ mod tests {
         Arc<Lane>,
         std::thread::JoinHandle<()>,
     ) {
+        held_lane_running_for(name, priorities, Duration::ZERO)
+    }
+
+    /// [`held_lane`] whose jobs take `run_for` each once released.
+    #[allow(clippy::type_complexity)]
+    fn held_lane_running_for(
+        name: &str,
+        priorities: &LanePriorities,
+        run_for: Duration,
+    ) -> (
+        mpsc::Receiver<i32>,
+        mpsc::Sender<()>,
+        Arc<Lane>,
+        std::thread::JoinHandle<()>,
+    ) {
         let (seen_tx, seen) = mpsc::channel();
         let (release, hold) = mpsc::channel();
         let executor = Recorder {
             seen: seen_tx,
             hold: Some(hold),
+            run_for,
         };
         let (lane, thread) = Lane::start(name.into(), Box::new(executor), LaneClass::new(priorities)).unwrap();
         (seen, release, lane, thread)
@@ -1114,6 +1148,7 @@ mod tests {
         let executor = Recorder {
             seen: seen_tx,
             hold: None,
+            run_for: Duration::ZERO,
         };
         let (lane, thread) = Lane::start("test-lane".into(), Box::new(executor), LaneClass::new(priorities)).unwrap();
         let (done_tx, done) = mpsc::channel();
@@ -1242,7 +1277,9 @@ mod tests {
     #[test]
     fn batch_jobs_of_tenants_share_the_lane_by_weight_each_in_its_order() {
         let priorities = LanePriorities::resolve(BatchPriority::Normal);
-        let (seen, release, lane, thread) = held_lane("fair-lane", &priorities);
+        // Jobs that take the time they are predicted to take (the lane charges a job what it
+        // took once it finished).
+        let (seen, release, lane, thread) = held_lane_running_for("fair-lane", &priorities, Duration::from_millis(10));
         let (order_tx, order) = mpsc::channel();
         let tagged = |tenant: u64, weight: u32, sequence: u32| {
             let order_tx = order_tx.clone();
@@ -1252,7 +1289,7 @@ mod tests {
                     group_weight: weight,
                     tenant,
                     weight: 1,
-                    cost_ns: 50_000,
+                    cost_ns: 10_000_000,
                 },
                 done: Box::new(move |r: Result<(), TaskError>, _| {
                     r.unwrap();

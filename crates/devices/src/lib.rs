@@ -397,7 +397,8 @@ pub struct Job {
 ///
 /// A lane keeps each tenant's batch jobs in push order and starts, among the groups with jobs
 /// waiting, the one that has received the least lane time for its weight, and within it the
-/// tenant that has (two-level start-time fair queueing over predicted device time): two
+/// tenant that has (two-level start-time fair queueing over device time: a job is charged its
+/// predicted time when it starts, and the time it took once it finished): two
 /// backlogged groups of weights 3 and 1 get the lane three quarters and one quarter of the time,
 /// whatever their job sizes, however many jobs each queues and however many tenants each has. A
 /// group or tenant that was idle comes back at the others' level, with no credit saved up.
@@ -418,8 +419,8 @@ pub struct Share {
     pub tenant: u64,
     /// Its weight within the group, at least 1.
     pub weight: u32,
-    /// The job's predicted device time, nanoseconds: what it is charged (a sliced launch's
-    /// slices each a part of it).
+    /// The job's predicted device time, nanoseconds: what starting it charges (a sliced
+    /// launch's slices each a part of it) until it finished and the time it took replaces it.
     pub cost_ns: u64,
 }
 
