@@ -330,7 +330,11 @@ fn from_error(e: Error) -> AgoraStatus {
         // Never here: the C client installs no interrupt check.
         Error::Interrupted => AgoraStatus::Timeout,
     };
-    fail(status, e.to_string())
+    match (&e, status) {
+        // A call's argument refused before anything ran: not "task failed: ...".
+        (Error::Task(refusal), AgoraStatus::InvalidArgument) => fail(status, refusal.to_string()),
+        _ => fail(status, e.to_string()),
+    }
 }
 
 fn done(r: Result<(), Error>) -> AgoraStatus {

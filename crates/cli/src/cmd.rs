@@ -987,8 +987,21 @@ pub fn exports(args: ExportsArgs) -> Result<()> {
         println!("no exports you may see (a session publishes one with session.export(buffer, name))");
         return Ok(());
     }
+    // Columns as wide as their longest entry: export names run to 256 bytes.
+    let name_width = list
+        .iter()
+        .map(|e| shown(&e.name).chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(24);
+    let client_width = list
+        .iter()
+        .map(|e| shown(&e.client).chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(16);
     println!(
-        "{:<24} {:>8} {:<16} {:>6} {:>10} {:<10} {:>8}  readers",
+        "{:<name_width$} {:>8} {:<client_width$} {:>6} {:>10} {:<10} {:>8}  readers",
         "name", "session", "client", "uid", "size", "mode", "attached"
     );
     for e in &list {
@@ -998,7 +1011,7 @@ pub fn exports(args: ExportsArgs) -> Result<()> {
             format!("uids {:?} gids {:?}", e.readers.uids, e.readers.gids)
         };
         println!(
-            "{:<24} {:>8} {:<16} {:>6} {:>10} {:<10} {:>8}  {}",
+            "{:<name_width$} {:>8} {:<client_width$} {:>6} {:>10} {:<10} {:>8}  {}",
             shown(&e.name),
             format!("#{}", e.session),
             shown(&e.client),
@@ -1404,7 +1417,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     let session = Session::connect_with(SessionOptions {
         socket: private
             .as_ref()
-            .map(|(_, socket)| socket.clone())
+            .map(|(_, socket, _)| socket.clone())
             .or(args.socket.path()),
         name: Some(format!("agora run {app}")),
         heap_bytes: None,
@@ -1515,11 +1528,12 @@ pub fn run(args: RunArgs) -> Result<()> {
 }
 
 /// A daemon in this process with strict coherence on a private socket (`agora run --check`),
-/// with the rest of its settings at their defaults; stopped when the handle is dropped.
-fn strict_daemon() -> Result<(agora_daemon::DaemonHandle, PathBuf)> {
-    let dir = std::env::temp_dir().join(format!("agora-check-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+/// with the rest of its settings at their defaults; stopped when the handle is dropped, its
+/// directory removed after it (the tuple's fields drop in order).
+fn strict_daemon() -> Result<(agora_daemon::DaemonHandle, PathBuf, crate::bench::harness::ScratchDir)> {
+    let scratch = crate::bench::harness::ScratchDir::new("check")
+        .context("cannot create the private daemon's directory under $TMPDIR")?;
+    let dir = scratch.path();
     let socket = dir.join("agora.sock");
     let config = DaemonConfig {
         socket: socket.clone(),
@@ -1528,7 +1542,7 @@ fn strict_daemon() -> Result<(agora_daemon::DaemonHandle, PathBuf)> {
         ..Default::default()
     };
     let handle = agora_daemon::spawn(config).context("starting a private daemon for --check")?;
-    Ok((handle, socket))
+    Ok((handle, socket, scratch))
 }
 
 /// Shows `bar` if it is still running after a second; the flag returned stops that.
@@ -1611,8 +1625,9 @@ pub struct DemoArgs {
 }
 
 pub fn demo(args: DemoArgs) -> Result<()> {
-    let dir = std::env::temp_dir().join(format!("agora-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
+    // Removed when the demo ends, however it ends (declared first, dropped after the daemon).
+    let scratch = crate::bench::harness::ScratchDir::new("demo")?;
+    let dir = scratch.path().to_path_buf();
     let socket = dir.join("agora.sock");
     let config = DaemonConfig {
         socket: socket.clone(),
@@ -1664,7 +1679,6 @@ pub fn demo(args: DemoArgs) -> Result<()> {
     let wall = started.elapsed();
     let status = agora::daemon_status(Some(socket.clone()))?;
     daemon.stop()?;
-    let _ = std::fs::remove_dir_all(&dir);
 
     println!(
         "\n{:<12} {:>8} {:>10} {:>9} {:>10}  {:<16} result",

@@ -118,6 +118,47 @@ fn raw_session(daemon: &Daemon) -> UnixStream {
 }
 
 #[test]
+fn a_client_of_another_protocol_version_is_refused_at_hello_naming_both() {
+    let daemon = Daemon::start("versions");
+    for (client, side) in [
+        (agora_protocol::PROTOCOL_VERSION - 1, "older"),
+        (agora_protocol::PROTOCOL_VERSION + 1, "newer"),
+    ] {
+        let mut stream = UnixStream::connect(daemon.socket()).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        write_request(
+            &mut stream,
+            &Request::Hello {
+                version: client,
+                client_name: "old".into(),
+                heap_bytes: Some(1 << 16),
+            },
+        );
+        let error = match read_reply(&mut stream).1 {
+            Response::Error(error) => error,
+            other => panic!("a version-{client} client was let in: {other:?}"),
+        };
+        assert_eq!(
+            error,
+            ControlError::VersionMismatch {
+                daemon: agora_protocol::PROTOCOL_VERSION,
+                client
+            }
+        );
+        let message = error.to_string();
+        assert!(
+            message.contains(&format!("version {}", agora_protocol::PROTOCOL_VERSION))
+                && message.contains(&format!("this client {client}"))
+                && message.contains(side)
+                && message.contains("the client of the daemon's Agora build"),
+            "{message}"
+        );
+    }
+    // The daemon serves a matching client afterwards.
+    drop(raw_session(&daemon));
+}
+
+#[test]
 fn long_names_are_refused_at_once_without_stalling_the_daemon() {
     let daemon = Daemon::start("names");
     let mut raw = raw_session(&daemon);

@@ -224,6 +224,18 @@ fn declarations_that_cannot_work_are_refused_with_the_reason() {
     let refused = dag_refusal(unknown.declare());
     assert!(refused.contains("no WCET"), "{refused}");
 
+    // A declared WCET of nothing is refused, as the RTDAG files' tasks_wcet of 0 is.
+    let mut nothing = session.dag("nothing", period);
+    nothing
+        .node("fill", &fill, &[Arg::F32(1.0), Arg::Buffer(&x)], N)
+        .unwrap();
+    nothing.wcet(0, Duration::ZERO);
+    let refused = dag_refusal(nothing.declare());
+    assert!(
+        refused.contains("node 'fill'") && refused.contains("WCET of 0"),
+        "{refused}"
+    );
+
     // More than the lanes hold: 2 lanes, 0.9 each per DAG (a single node of 9 ms every 10 ms).
     let heavy = |name: &str, session: &Session| {
         let fill = session.kernel("fill").unwrap();

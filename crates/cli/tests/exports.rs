@@ -99,9 +99,26 @@ fn an_attached_buffer_is_the_exporters_memory_and_a_kernel_argument() {
     assert!(cli.status.success(), "{}", String::from_utf8_lossy(&cli.stderr));
     let json: serde_json::Value = serde_json::from_slice(&cli.stdout).unwrap();
     assert_eq!(json[0]["name"], "sim/state", "{json}");
+    // A long name widens its column: every row's session number ends under the header's.
+    let long_name = "simulation/checkpointed/state/of/step/1000";
+    let long = exporter.shared_buffer(64).unwrap();
+    exporter
+        .export(&long, long_name, &ExportReaders::default(), false)
+        .unwrap();
     let table = daemon.agora(&["exports"]);
     let table = String::from_utf8_lossy(&table.stdout);
-    assert!(table.contains("sim/state") && table.contains("simulation"), "{table}");
+    assert!(
+        table.contains("sim/state") && table.contains("simulation") && table.contains(long_name),
+        "{table}"
+    );
+    let mut lines = table.lines();
+    let header = lines.next().unwrap();
+    let column_end = header.find("session").unwrap() + "session".len();
+    for row in lines {
+        let end = row.find('#').unwrap() + row[row.find('#').unwrap()..].find(' ').unwrap();
+        assert_eq!(end, column_end, "columns aligned:\n{table}");
+    }
+    exporter.revoke(long_name).unwrap();
 
     // The attacher ends: the export stays, with no attacher.
     drop(q);
@@ -478,10 +495,13 @@ fn an_export_a_caller_may_not_attach_is_answered_as_an_unknown_name() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
+    // Anywhere in a line: a test harness that runs one test at a time (on one CPU) prints
+    // "test attach_probe_process ... " before the test's own output, on the same line.
     let answer = |name: &str| {
+        let marker = format!("probe {name}: ");
         stdout
             .lines()
-            .find_map(|l| l.strip_prefix(&format!("probe {name}: ")))
+            .find_map(|l| l.find(&marker).map(|at| &l[at + marker.len()..]))
             .unwrap_or_else(|| panic!("no answer for {name}: {stdout}"))
             .replace(name, "NAME")
     };

@@ -53,7 +53,7 @@ pub enum Error {
     Protocol(String),
     /// The daemon did not answer a control call in time (it is overloaded or stuck). The
     /// session stays usable: a late answer is skipped by the next call.
-    #[error("the Agora daemon did not answer the {request} within {:.1} s; it may be overloaded or stuck (the limit is $AGORA_CONTROL_TIMEOUT, in seconds, or SessionOptions::control_timeout)", after.as_secs_f64())]
+    #[error("{}", timeout_message(request, *after))]
     Timeout {
         /// Which call (e.g. `status`, `buffer allocation`).
         request: String,
@@ -203,6 +203,24 @@ fn connect_hint(cause: &std::io::Error) -> &'static str {
     }
 }
 
+/// [`Error::Timeout`]'s message: what the limit was and which setting sets it (a program build
+/// waits at least the daemon's own compile limit plus a margin, whatever the control timeout).
+fn timeout_message(request: &str, after: std::time::Duration) -> String {
+    use agora_protocol::control::{BUILD_REPLY_MARGIN_SECONDS, PROGRAM_BUILD_SECONDS};
+    let limit = if request == "program build" {
+        format!(
+            "a build waits the daemon's {PROGRAM_BUILD_SECONDS} s compile limit plus {BUILD_REPLY_MARGIN_SECONDS} s, \
+             or $AGORA_CONTROL_TIMEOUT / SessionOptions::control_timeout when that is longer"
+        )
+    } else {
+        "the limit is $AGORA_CONTROL_TIMEOUT, in seconds, or SessionOptions::control_timeout".to_string()
+    };
+    format!(
+        "the Agora daemon did not answer the {request} within {:.1} s; it may be overloaded or stuck ({limit})",
+        after.as_secs_f64()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,5 +256,15 @@ mod tests {
         assert!(error.to_string().contains("SessionOptions::control_timeout"), "{error}");
         // An operator running `agora status` can set only the environment variable.
         assert!(error.to_string().contains("$AGORA_CONTROL_TIMEOUT"), "{error}");
+        // A build's wait is the daemon's compile limit and margin, not the control timeout.
+        let build = Error::Timeout {
+            request: "program build".into(),
+            after: std::time::Duration::from_secs(90),
+        };
+        let message = build.to_string();
+        assert!(
+            message.contains("within 90.0 s") && message.contains("60 s compile limit plus 30 s"),
+            "{message}"
+        );
     }
 }

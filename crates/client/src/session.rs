@@ -963,7 +963,6 @@ pub(crate) fn unexpected(response: Response) -> Error {
     }
 }
 
-/// The name of a request, for [`Error::Timeout`].
 /// How long to wait for the daemon's reply to `request`: the control timeout, but for a program
 /// build at least the daemon's own limit on it plus a margin. A compilation may legitimately take
 /// most of that limit, and the daemon then answers with the program or a build error; a client
@@ -978,6 +977,7 @@ fn reply_wait(request: &Request, control_timeout: Duration) -> Duration {
     }
 }
 
+/// The name of a request, for [`Error::Timeout`].
 fn request_name(request: &Request) -> &'static str {
     match request {
         Request::Hello { .. } => "hello",

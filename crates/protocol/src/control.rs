@@ -747,11 +747,25 @@ pub struct CheckpointReport {
     pub writing: u32,
 }
 
+/// [`ControlError::VersionMismatch`]'s message: which side is older, and what to install.
+fn version_mismatch(daemon: u32, client: u32) -> String {
+    let older = if client < daemon {
+        "this client library is older than the daemon"
+    } else {
+        "this client library is newer than the daemon"
+    };
+    format!(
+        "protocol version mismatch: the daemon speaks version {daemon}, this client {client} ({older}); \
+         use the client of the daemon's Agora build (the Python wheel, libagora or the agora crate \
+         built with it), or restart the daemon from the client's build"
+    )
+}
+
 /// Why a control request failed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum ControlError {
     /// Protocol versions differ.
-    #[error("protocol version mismatch: daemon speaks {daemon}, client {client}; use matching Agora builds")]
+    #[error("{}", version_mismatch(*daemon, *client))]
     VersionMismatch {
         /// Daemon's version.
         daemon: u32,

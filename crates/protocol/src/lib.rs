@@ -48,14 +48,12 @@ pub use signature::{Access, KernelSignature, ParamKind, ParamSpec, ScalarType};
 /// `segment::SESSION_ENDED` in `Header::daemon_closed`; `StatusReport::memory_waits` /
 /// `allocation_retries` / `dispatcher_longest_iteration_ms` (issue 22).
 /// 9: `Request::ClaimHost` / `Response::HostClaim` (a host write over unread device results).
-/// Later, without a new version: `SegmentHeader::control_sent` (a hint in the header page's
-/// spare room; an older client never bumps it, an older daemon never reads it);
-/// `StatusReport::private` (the report's last field: an older client ignores it);
-/// `Response::JobStarted`'s and `JobEnded`'s `again` / `not_recorded` (after what an older
-/// client reads, which ignores them; `agora slurm` of the same build as its daemon);
-/// `Request::PowerSave` / `Response::PowerSaved` (new last variants, asked by `agora slurm` only:
-/// no session's traffic changes; an older daemon answers them with a decoding error);
-/// `Op::ReleaseProgram` (a new operation code: an older daemon fails that task with
-/// `Malformed::UnknownOp` and keeps the program, which costs the client nothing else);
-/// `Response::Protected`'s `unusable` (its last field: an older client ignores it).
-pub const PROTOCOL_VERSION: u32 = 9;
+/// 10: what was added to 9 in place, gathered under a version of its own because a client of
+/// the newer build could not decode an older daemon's replies (postcard has no missing trailing
+/// fields) and mismatched builds must fail at `Hello` with [`control::ControlError::VersionMismatch`],
+/// not at their first checkpoint: `SegmentHeader::control_sent` (a hint in the header page's
+/// spare room); `StatusReport::private`; `Response::JobStarted`'s and `JobEnded`'s `again` /
+/// `not_recorded`; `Request::PowerSave` / `Response::PowerSaved`; `Op::ReleaseProgram`;
+/// `Response::Protected`'s `unusable`; `TaskError::CheckpointRefused`'s `detail`;
+/// `TaskError::KernelExited` (code 38) and `KernelOpenCl` (39).
+pub const PROTOCOL_VERSION: u32 = 10;

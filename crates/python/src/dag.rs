@@ -125,6 +125,12 @@ impl PyDagBuilder {
     /// performance model estimates it, which needs the launch to have run there before).
     fn wcet(mut slf: PyRefMut<'_, Self>, node: usize, seconds: f64) -> PyResult<PyRefMut<'_, Self>> {
         let wcet = duration("wcet", seconds)?;
+        if wcet.is_zero() {
+            return Err(PyValueError::new_err(format!(
+                "wcet={seconds}: give the longest one run of node {node} may take, more than 0 seconds \
+                 (or no wcet, and the daemon's performance model estimates it)"
+            )));
+        }
         slf.node_mut(node)?.wcet = Some(wcet);
         Ok(slf)
     }

@@ -78,6 +78,8 @@ def test_a_cycle_is_refused_with_the_reason(dag_session):
     # Mistakes the builder sees itself raise at once.
     with pytest.raises(IndexError):
         builder.wcet(5, 0.001)
+    with pytest.raises(ValueError, match="more than 0 seconds"):
+        builder.wcet(0, 0.0)
     with pytest.raises(agora.ArgumentCountError):
         builder.node("short", "saxpy", [2.0, x], N)
     with pytest.raises(ValueError, match="seconds"):

@@ -22,7 +22,9 @@ use cudarc::driver::sys::{self, CUcontext, CUdeviceptr, CUfunction, CUresult, CU
 use serde::Serialize;
 
 use super::client::{run_clients_with, ClientMode, StepClient};
-use super::harness::{geomean, load_average_at_start, median, paired_ratios, spread, DaemonProcess, Spread};
+use super::harness::{
+    geomean, load_average_at_start, median, paired_ratios, spread, DaemonProcess, ScratchDir, Spread,
+};
 
 /// `agora bench gpu` options.
 #[derive(Args, Debug)]
@@ -80,8 +82,7 @@ fn pipeline(arch: u32) -> Result<Pipeline> {
     };
     let ptxas = find_ptxas();
     let mut ptxas_ms = 0.0;
-    let dir = std::env::temp_dir().join(format!("agora-bench-gpu-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
+    let dir = ScratchDir::new("bench-gpu")?;
     for imp in programs::library_programs() {
         out.programs += 1;
         let t = Instant::now();
@@ -93,7 +94,7 @@ fn pipeline(arch: u32) -> Result<Pipeline> {
         out.fence_ms += t.elapsed().as_secs_f64() * 1e3;
         out.fenced_accesses += fenced.fenced_accesses;
         if let Some(ptxas) = &ptxas {
-            let file = dir.join(format!("{}.ptx", imp.program));
+            let file = dir.path().join(format!("{}.ptx", imp.program));
             std::fs::write(&file, &fenced.ptx)?;
             let t = Instant::now();
             let status = std::process::Command::new(ptxas)
@@ -108,7 +109,6 @@ fn pipeline(arch: u32) -> Result<Pipeline> {
             }
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
     out.ptxas_ms = ptxas.map(|_| ptxas_ms);
     Ok(out)
 }

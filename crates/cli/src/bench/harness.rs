@@ -96,6 +96,31 @@ impl Drop for DaemonProcess {
     }
 }
 
+/// A scratch directory, `$TMPDIR/agora-NAME-PID` (a benchmark's, `agora run --check`'s private
+/// daemon's), removed when it is dropped, so a run that fails halfway leaves nothing behind
+/// either.
+pub(crate) struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    /// Makes it empty (a directory of a previous process of the same id is removed first).
+    pub(crate) fn new(name: &str) -> Result<Self> {
+        let dir = std::env::temp_dir().join(format!("agora-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        Ok(ScratchDir(dir))
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// CPU time (user + system) of a process, in clock ticks (1/100 s).
 pub(crate) fn cpu_ticks(pid: u32) -> Result<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;

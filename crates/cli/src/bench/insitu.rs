@@ -31,7 +31,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
-use super::harness::{median, percentile, spread, DaemonProcess, Spread};
+use super::harness::{median, percentile, spread, DaemonProcess, ScratchDir, Spread};
 
 /// `agora bench insitu` options.
 #[derive(Args, Debug)]
@@ -561,14 +561,15 @@ pub fn insitu(socket: Option<std::path::PathBuf>, args: InsituArgs) -> Result<()
     let region_bytes = args.region_mib.unwrap_or(if args.quick { 2 } else { 64 }).max(1) << 20;
     let reps = args.repetitions.unwrap_or(if args.quick { 1 } else { 3 }).max(1);
 
-    let dir = ScratchDir::new()?;
-    let config = dir.0.join("agora.toml");
+    // The benchmark's checkpoint directories and configuration.
+    let dir = ScratchDir::new("bench-insitu")?;
+    let config = dir.path().join("agora.toml");
     std::fs::write(
         &config,
         format!(
             "[checkpoint]\nlocal = \"{}\"\npartner = \"{}\"\n",
-            dir.0.join("local").display(),
-            dir.0.join("partner").display()
+            dir.path().join("local").display(),
+            dir.path().join("partner").display()
         ),
     )?;
     let config_arg = config.display().to_string();
@@ -766,22 +767,5 @@ fn wait_written(session: &Session) -> Result<()> {
             bail!("checkpoints still being written after 120 s");
         }
         std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// The benchmark's checkpoint directories and configuration, removed at its end.
-struct ScratchDir(std::path::PathBuf);
-
-impl ScratchDir {
-    fn new() -> Result<Self> {
-        let dir = std::env::temp_dir().join(format!("agora-bench-insitu-{}", std::process::id()));
-        std::fs::create_dir_all(&dir)?;
-        Ok(ScratchDir(dir))
-    }
-}
-
-impl Drop for ScratchDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }

@@ -25,7 +25,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
 
-use super::harness::{spread, DaemonProcess, Spread};
+use super::harness::{spread, DaemonProcess, ScratchDir, Spread};
 
 /// `agora bench migrate` options.
 #[derive(Args, Debug)]
@@ -267,15 +267,13 @@ pub fn migrate(args: MigrateArgs) -> Result<()> {
     if sizes.iter().any(|s| *s == 0 || *s > 1024) {
         bail!("--sizes: each size must be 1 to 1024 MiB");
     }
-    let scratch = std::env::temp_dir().join(format!("agora-bench-migrate-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&scratch);
-    std::fs::create_dir_all(&scratch)?;
-    let config = scratch.join("agora.toml");
+    let scratch = ScratchDir::new("bench-migrate")?;
+    let config = scratch.path().join("agora.toml");
     std::fs::write(
         &config,
         format!(
             "{MIGRATE_CONFIG}\n[daemon]\nstate_dir = \"{}\"\n",
-            scratch.join("state").display()
+            scratch.path().join("state").display()
         ),
     )?;
     let daemon = DaemonProcess::start(None, &["--config", config.to_str().context("path")?])?;
@@ -374,7 +372,7 @@ pub fn migrate(args: MigrateArgs) -> Result<()> {
     };
     drop(session);
     drop(daemon);
-    let _ = std::fs::remove_dir_all(&scratch);
+    drop(scratch);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());

@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
 
-use super::harness::{load_average_at_start, paired_ratios, spread, DaemonProcess, Spread};
+use super::harness::{load_average_at_start, paired_ratios, spread, DaemonProcess, ScratchDir, Spread};
 
 /// `agora bench hetero` options.
 #[derive(Args, Debug)]
@@ -186,9 +186,9 @@ pub fn hetero(args: HeteroArgs) -> Result<()> {
     }
     let mut results = Vec::new();
     let mut perf_model_dir: Option<PathBuf> = None;
-    let scratch = std::env::temp_dir().join(format!("agora-bench-hetero-{}", std::process::id()));
+    let scratch = ScratchDir::new("bench-hetero")?;
     for policy in &args.policy {
-        let dir = scratch.join(policy.name());
+        let dir = scratch.path().join(policy.name());
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
         let config = dir.join("agora.toml");
@@ -302,7 +302,6 @@ pub fn hetero(args: HeteroArgs) -> Result<()> {
             print_model_summary(dir)?;
         }
     }
-    let _ = std::fs::remove_dir_all(&scratch);
     Ok(())
 }
 

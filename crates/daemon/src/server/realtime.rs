@@ -211,7 +211,16 @@ impl Server {
                 }
             };
             let (wcet_ns, source) = match (node.wcet_ns, estimate) {
-                (Some(declared), _) => (declared.max(1), "declared"),
+                (Some(0), _) => {
+                    // As the RTDAG files' tasks_wcet: a WCET of nothing would make every run an
+                    // overrun and reserve nothing.
+                    failure = Some(format!(
+                        "node '{}' (#{index}): a declared WCET of 0: declare the longest one run may take, or none and the performance model estimates it",
+                        node.name
+                    ));
+                    break;
+                }
+                (Some(declared), _) => (declared, "declared"),
                 (None, Some(ns)) => ((ns * self.config.realtime_model_factor).ceil().max(1.0) as u64, "model"),
                 (None, None) => {
                     failure = Some(format!(

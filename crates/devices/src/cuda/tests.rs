@@ -49,9 +49,10 @@ pub(crate) fn ptxas() -> PathBuf {
 
 /// Assembles `ptx` for `sm_<arch>`; returns ptxas's error output on failure.
 pub(crate) fn assemble(ptx: &str, arch: u32) -> Result<(), String> {
-    let dir = std::env::temp_dir().join(format!("agora-ptxas-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join(format!("k{arch}-{}.ptx", ptx.len()));
+    // A file of its own per call: tests assemble in parallel, and nothing stays in $TMPDIR.
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let file = std::env::temp_dir().join(format!("agora-ptxas-{}-{call}-sm{arch}.ptx", std::process::id()));
     std::fs::write(&file, ptx).unwrap();
     let out = Command::new(ptxas())
         .arg(format!("-arch=sm_{arch}"))

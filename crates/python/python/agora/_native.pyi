@@ -274,7 +274,7 @@ class DagBuilder:
         """Adds a node launching `kernel` with `args` over `range` (checked against the kernel's
         signature now); returns its index."""
     def wcet(self, node: int, seconds: float) -> DagBuilder:
-        """Declares node `node`'s worst-case execution time (else the daemon's model estimates it)."""
+        """Declares node `node`'s worst-case execution time, more than 0 seconds (else the daemon's model estimates it)."""
     def node_deadline(self, node: int, seconds: float) -> DagBuilder:
         """Fixes node `node`'s relative deadline."""
     def edge(self, a: int, b: int) -> DagBuilder:
