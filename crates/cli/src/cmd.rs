@@ -1205,7 +1205,13 @@ fn check_packages(dirs: &[PathBuf], json: bool) -> Result<()> {
                         )),
                         Ok(devices) => {
                             for (device, outcome) in devices {
-                                checks.push((format!("opencl on {device}"), outcome.map(|()| "compiles".to_string())));
+                                use agora_devices::opencl::BuildProblem;
+                                let outcome = match outcome {
+                                    Ok(()) => Ok("compiles".to_string()),
+                                    Err(BuildProblem::DoesNotCompile(log)) => Err(("DOES NOT COMPILE", log)),
+                                    Err(BuildProblem::CannotRun(why)) => Err(("CANNOT RUN", why)),
+                                };
+                                checks.push((format!("opencl on {device}"), outcome));
                             }
                         }
                         Err(why) => checks.push(("opencl".to_string(), Ok(format!("not compiled: {why}")))),
@@ -1216,7 +1222,7 @@ fn check_packages(dirs: &[PathBuf], json: bool) -> Result<()> {
                         agora_kernels::CudaCode::Source(source) if agora_devices::cuda::programs::nvrtc_available() => {
                             agora_devices::cuda::programs::compile_ptx(&imp.program, source, 80)
                                 .map(|_| "compiles (NVRTC, compute_80)".to_string())
-                                .map_err(|e| e.log)
+                                .map_err(|e| ("DOES NOT COMPILE", e.log))
                         }
                         agora_kernels::CudaCode::Source(_) => Ok(
                             "not compiled: NVRTC is not installed here (set AGORA_NVRTC to libnvrtc.so)".to_string(),
@@ -1230,13 +1236,10 @@ fn check_packages(dirs: &[PathBuf], json: bool) -> Result<()> {
                 for (what, outcome) in &checks {
                     match outcome {
                         Ok(said) if !json => println!("  {name}: {what}: {said}"),
-                        Err(log) => {
+                        Err((problem, log)) => {
                             problems += 1;
                             if !json {
-                                println!(
-                                    "  {name}: {what}: DOES NOT COMPILE:\n{}",
-                                    indent(log.trim_end(), "      ")
-                                );
+                                println!("  {name}: {what}: {problem}:\n{}", indent(log.trim_end(), "      "));
                             }
                         }
                         Ok(_) => {}
@@ -1246,7 +1249,9 @@ fn check_packages(dirs: &[PathBuf], json: bool) -> Result<()> {
                     "name": name,
                     "checks": checks.iter().map(|(what, outcome)| match outcome {
                         Ok(said) => serde_json::json!({ "what": what, "ok": true, "said": said }),
-                        Err(log) => serde_json::json!({ "what": what, "ok": false, "log": log }),
+                        Err((problem, log)) => {
+                            serde_json::json!({ "what": what, "ok": false, "problem": problem, "log": log })
+                        }
                     }).collect::<Vec<_>>(),
                 }));
             }

@@ -249,6 +249,55 @@ fn two_packages_defining_one_kernel_are_refused_at_start() {
     assert!(!dir.path().join("agora.sock").exists(), "no socket left behind");
 }
 
+/// A package kernel whose `__local` arrays exceed a work-group's local memory compiles, and its
+/// first launch made PoCL assert in the device host: `agora kernels check` says it cannot run.
+#[test]
+fn kernels_check_finds_a_kernel_whose_local_memory_exceeds_the_device() {
+    let dir = temp_dir("packages-local-memory");
+    let package = dir.path().join("greedy");
+    std::fs::create_dir_all(&package).unwrap();
+    std::fs::write(
+        package.join("package.toml"),
+        r#"[package]
+name = "greedy"
+
+[kernels.k]
+doc = "y = y[0]; range n"
+params = ["y: f32 readwrite", "n: i32"]
+range = ["n"]
+sizes = { y = "n" }
+opencl = { file = "greedy.cl", entry = "k" }
+"#,
+    )
+    .unwrap();
+    // 256 MiB of __local floats: more than any device's local memory.
+    std::fs::write(
+        package.join("greedy.cl"),
+        "__kernel void k(__global float *y, const int n, const ulong r0, const ulong r1, const ulong r2) {\n    \
+         __local float t[67108864];\n    t[get_local_id(0)] = y[get_global_id(0)];\n    \
+         barrier(CLK_LOCAL_MEM_FENCE);\n    y[get_global_id(0)] = t[0];\n}\n",
+    )
+    .unwrap();
+    let out = Command::new(AGORA)
+        .args(["kernels", "check", "--json"])
+        .arg(&package)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let checks = report.to_string();
+    assert!(
+        checks.contains("CANNOT RUN") && checks.contains("its __local memory takes 268435456 bytes"),
+        "{said}"
+    );
+}
+
 /// A package whose OpenCL C does not compile (audit K-D7): its first launch fails with a message
 /// that says the kernel's source did not compile and the device is fine (it read "the device
 /// failed to run the task (OpenCL error -11)"), later ones with NoDevice saying why a device

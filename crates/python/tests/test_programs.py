@@ -100,6 +100,22 @@ def test_a_build_error_carries_the_compilers_log(plain):
         assert "not_declared" in str(error.value)
 
 
+def test_local_arrays_larger_than_the_device_fail_the_build_not_the_launch(plain):
+    # 256 MiB of __local floats: PoCL asserted at the first launch and the task read as a
+    # crash of the kernel's own making.
+    source = """
+__kernel void greedy(__global float *x) {
+    __local float t[67108864];
+    t[get_local_id(0)] = x[get_global_id(0)];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    x[get_global_id(0)] = t[0];
+}
+"""
+    with agora.Session(socket=str(plain.socket)) as s:
+        with pytest.raises(agora.ProgramBuildError, match="__local memory takes 268435456 bytes"):
+            s.program(source)
+
+
 def test_a_c_library_program_computes(plain, tmp_path):
     source = tmp_path / "scale.c"
     source.write_text(

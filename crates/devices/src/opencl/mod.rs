@@ -62,7 +62,7 @@ use agora_protocol::TaskError;
 
 pub use device::{discover, discover_except, discover_with, platform_names, OpenClDevice};
 pub use limits::fixed_work_group;
-pub use programs::{check_build, DeviceBuild};
+pub use programs::{check_build, BuildProblem, DeviceBuild};
 
 /// NVIDIA's OpenCL platform: the same GPUs the CUDA backend serves.
 pub const NVIDIA_PLATFORM: &str = "NVIDIA CUDA";

@@ -287,15 +287,24 @@ fn build(context: &Context, device: &str, imp: &OpenClImpl) -> Result<Program, B
     from_source(context, &imp.source)
 }
 
-/// A device's name (`platform: device`) and whether a program built on it (else the compiler's
-/// log), from [`check_build`].
-pub type DeviceBuild = (String, Result<(), String>);
+/// Why a kernel cannot serve on a device, from [`check_build`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BuildProblem {
+    /// The compiler refused its program: the compiler's log.
+    DoesNotCompile(String),
+    /// It compiled, but no launch of it could run there (or the device could not be used):
+    /// why.
+    CannotRun(String),
+}
+
+/// A device's name (`platform: device`) and whether a kernel built on it, from [`check_build`].
+pub type DeviceBuild = (String, Result<(), BuildProblem>);
 
 /// Compiles `imp` for every OpenCL device of this node (its shipped binary where one matches the
 /// device, else its source), as the daemon does at a kernel's first use, and looks its entry
 /// point up: `agora kernels check` reports a package's OpenCL C that does not compile before
 /// the package is installed (the daemon learns it only at a first launch). Each device's name
-/// with `Ok`, or the compiler's log. The driver's compiler runs in the calling process: a tool's,
+/// with `Ok`, or what stops it. The driver's compiler runs in the calling process: a tool's,
 /// never the daemon's, so a compiler that crashes ends only the check.
 pub fn check_build(imp: &OpenClImpl) -> Result<Vec<DeviceBuild>, String> {
     use opencl3::device::{Device, CL_DEVICE_TYPE_ALL};
@@ -309,13 +318,23 @@ pub fn check_build(imp: &OpenClImpl) -> Result<Vec<DeviceBuild>, String> {
             let device = Device::new(id);
             let name = format!("{platform_name}: {}", device.name().unwrap_or_default());
             let outcome = Context::from_device(&device)
-                .map_err(|e| format!("cannot create a context: {e}"))
+                .map_err(|e| BuildProblem::CannotRun(format!("cannot create a context: {e}")))
                 .and_then(|context| {
-                    let program =
-                        build(&context, &name, imp).map_err(|failure| with_source_named(&failure.log, imp))?;
-                    Kernel::create(&program, &imp.entry)
-                        .map(drop)
-                        .map_err(|e| format!("no kernel `{}` in the program: {e}", imp.entry))
+                    let program = build(&context, &name, imp)
+                        .map_err(|failure| BuildProblem::DoesNotCompile(with_source_named(&failure.log, imp)))?;
+                    let kernel = Kernel::create(&program, &imp.entry).map_err(|e| {
+                        BuildProblem::CannotRun(format!("no kernel `{}` in the program: {e}", imp.entry))
+                    })?;
+                    // No launch of a kernel whose `__local` arrays exceed a work-group's local
+                    // memory can run, and PoCL asserts on the first one (ending the device host).
+                    match (kernel.get_local_mem_size(id), device.local_mem_size()) {
+                        (Ok(used), Ok(available)) if used > available => Err(BuildProblem::CannotRun(format!(
+                            "kernel `{}`: its __local memory takes {used} bytes, and a work-group of this device has \
+                             {available}: make its __local arrays smaller (tile the work)",
+                            imp.entry
+                        ))),
+                        _ => Ok(()),
+                    }
                 });
             results.push((name, outcome));
         }

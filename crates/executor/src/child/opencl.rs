@@ -187,6 +187,7 @@ impl OpenCl {
             let name = kernel.function_name().map_err(|e| format!("a kernel's name: {e}"))?;
             check_kernel_name(&name)?;
             let params = signature(&kernel, &name)?;
+            self.check_local_memory(&kernel, &name)?;
             kernels.push((name, kernel, params));
         }
         kernels.sort_by(|a, b| a.0.cmp(&b.0));
@@ -198,6 +199,23 @@ impl OpenCl {
             })
             .collect();
         Ok((kernels.into_iter().map(|(_, k, p)| (k, p)).collect(), built))
+    }
+
+    /// `Err` naming `name` when its `__local` arrays need more memory than a work-group of the
+    /// device has: no launch of it could run, and PoCL asserts on the first one (the executor
+    /// died with SIGABRT and the task read as a crash of the kernel's own making).
+    fn check_local_memory(&self, kernel: &Kernel, name: &str) -> Result<(), String> {
+        let Ok(available) = Device::new(self.device).local_mem_size() else {
+            return Ok(());
+        };
+        match kernel.get_local_mem_size(self.device) {
+            Ok(used) if used > available => Err(format!(
+                "kernel {name}: its __local memory takes {used} bytes, and a work-group of the device ({}) has \
+                 {available}: make its __local arrays smaller (tile the work)",
+                self.name
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// Runs rows `rows` of kernel `index` of `program` over `range` with `args`, whose buffers
@@ -490,6 +508,27 @@ mod tests {
             err.contains("kernel café") && err.contains("ASCII identifiers"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_kernel_whose_local_arrays_exceed_the_device_fails_its_build() {
+        let Some(cl) = opencl() else { return };
+        let available = Device::new(cl.device).local_mem_size().unwrap();
+        let source = |floats: u64| {
+            format!(
+                "__kernel void big(__global float *x) {{ __local float t[{floats}]; t[get_local_id(0)] = x[0]; \
+                 barrier(CLK_LOCAL_MEM_FENCE); x[get_global_id(0)] = t[0]; }}"
+            )
+        };
+        let err = cl
+            .build(&source(available / 4 * 2), None)
+            .err()
+            .expect("twice the device's local memory is refused");
+        assert!(
+            err.starts_with("kernel big: its __local memory takes") && err.contains(&available.to_string()),
+            "{err}"
+        );
+        assert!(cl.build(&source(256), None).is_ok(), "a kilobyte fits");
     }
 
     #[test]
