@@ -456,6 +456,10 @@ fn attach_probe_process() {
             Ok(_) => println!("probe {name}: attached"),
             Err(e) => println!("probe {name}: {e}"),
         }
+        match session.revoke(name) {
+            Ok(_) => println!("revoke {name}: revoked"),
+            Err(e) => println!("revoke {name}: {e}"),
+        }
     }
 }
 
@@ -497,17 +501,26 @@ fn an_export_a_caller_may_not_attach_is_answered_as_an_unknown_name() {
     );
     // Anywhere in a line: a test harness that runs one test at a time (on one CPU) prints
     // "test attach_probe_process ... " before the test's own output, on the same line.
-    let answer = |name: &str| {
-        let marker = format!("probe {name}: ");
+    let answer_to = |what: &str, name: &str| {
+        let marker = format!("{what} {name}: ");
         stdout
             .lines()
             .find_map(|l| l.find(&marker).map(|at| &l[at + marker.len()..]))
             .unwrap_or_else(|| panic!("no answer for {name}: {stdout}"))
             .replace(name, "NAME")
     };
+    let answer = |name: &str| answer_to("probe", name);
     let hidden = answer("secret/run42");
     assert_eq!(hidden, answer("secret/none"), "{stdout}");
     assert!(hidden.contains("no export named"), "{hidden}");
+    // So is a revoke of it (it said "'NAME' is exported by uid 0; only its exporter's user ...").
+    let hidden = answer_to("revoke", "secret/run42");
+    assert_eq!(hidden, answer_to("revoke", "secret/none"), "{stdout}");
+    assert!(hidden.contains("no export named"), "{hidden}");
+    assert!(
+        exporter.exports().unwrap().iter().any(|e| e.name == "secret/run42"),
+        "still exported"
+    );
     assert!(!stdout.contains("uid 0") && !stdout.contains("1001"), "{stdout}");
     // Its exporter's user still gets the real refusal (here: a writable attach of a read-only
     // export).

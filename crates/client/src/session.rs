@@ -1518,7 +1518,14 @@ impl Inner {
                 // Gone for good (or reconnection is off): no daemon will read the ring again.
                 return Err(Error::Disconnected);
             }
-            let mut producer = self.producer.lock().unwrap_or_else(|e| e.into_inner());
+            let mut producer = if may_resume {
+                self.producer.lock().unwrap_or_else(|e| e.into_inner())
+            } else {
+                match self.producer_unless_resuming() {
+                    Some(producer) => producer,
+                    None => return Err(Error::Disconnected),
+                }
+            };
             let issued = self.issued.load(Ordering::Relaxed);
             let id = producer.next_id;
             // Room in the rings, and this id's slot is free: completions of different queues
@@ -1545,6 +1552,23 @@ impl Inner {
                 return Err(Error::Disconnected);
             }
             self.wait_for_progress(may_resume)?;
+        }
+    }
+
+    /// The producer, unless a resume holds it (the daemon is gone meanwhile): a release from a
+    /// `Drop` must not wait out a reconnection. It did, and deadlocked the Python client: the
+    /// resuming thread checks for Ctrl-C under the GIL while it holds the producer, and the
+    /// thread that dropped a buffer held the GIL while it waited for the producer.
+    fn producer_unless_resuming(&self) -> Option<std::sync::MutexGuard<'_, Producer>> {
+        loop {
+            match self.producer.try_lock() {
+                Ok(producer) => return Some(producer),
+                Err(std::sync::TryLockError::Poisoned(e)) => return Some(e.into_inner()),
+                // Held: briefly by another thread issuing a task, or for as long as a resume
+                // takes, which marks the daemon gone before it takes the lock.
+                Err(std::sync::TryLockError::WouldBlock) if self.daemon_gone() => return None,
+                Err(std::sync::TryLockError::WouldBlock) => std::thread::yield_now(),
+            }
         }
     }
 
@@ -1922,6 +1946,9 @@ impl Inner {
             self.disconnected.store(true, Ordering::Release);
             Err(e)
         };
+        // Marked gone before the producer is taken, so that a release from a `Drop` does not
+        // wait for the resume (`producer_unless_resuming`); cleared once it succeeded.
+        self.disconnected.store(true, Ordering::Release);
         // Nothing else is issued, consumed or asked while the session moves.
         let mut control = self.control.lock().unwrap_or_else(|e| e.into_inner());
         let mut producer = self.producer.lock().unwrap_or_else(|e| e.into_inner());

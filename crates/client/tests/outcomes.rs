@@ -668,3 +668,53 @@ fn a_task_refused_at_its_check_poisons_what_it_would_have_written() {
     q.sync_from(&z).unwrap().wait().unwrap();
     assert!(z.as_slice::<f32>().iter().all(|v| *v == 2.0));
 }
+
+/// ML-serving audit, defect 2: an sgemm with beta = 0 replaces all of C (no implementation reads
+/// it), yet C, read-write in the signature, stayed poisoned by one bad request before it, and
+/// every later request on that output buffer failed with `DependencyFailed`. With beta = 0 the
+/// launch is write-only for C; with beta ≠ 0 it still reads (and is refused).
+#[test]
+fn an_sgemm_with_beta_zero_rewrites_c_whole_and_clears_its_poison() {
+    let (_daemon, session) = common::daemon_with("outcome-sgemm-beta", |_| {});
+    let q = session.queue("serving").unwrap();
+    let sgemm = session.kernel("sgemm").unwrap();
+    let n = 64usize;
+    let x = session.buffer_from(&vec![1.0f32; n * n]).unwrap();
+    let w = session.buffer_from(&vec![0.5f32; n * n]).unwrap();
+    let y = session.buffer_from(&vec![0.0f32; n * n]).unwrap();
+    q.sync_to(&x).unwrap();
+    q.sync_to(&w).unwrap();
+    let dims = [
+        Arg::I32(n as i32),
+        Arg::I32(n as i32),
+        Arg::I32(n as i32),
+        Arg::F32(1.0),
+    ];
+    let gemm = |beta: f32, rows: u64| {
+        let mut args = dims.to_vec();
+        args.extend([(&x).into(), (&w).into(), Arg::F32(beta), (&y).into()]);
+        q.launch(&sgemm, &args, (rows, n as u64)).unwrap()
+    };
+    // One bad request (a range the kernel refuses) poisons y.
+    let bad = gemm(0.0, n as u64 + 1);
+    assert!(matches!(
+        bad.wait().unwrap_err().task_error(),
+        Some(TaskError::RangeMismatch { .. })
+    ));
+    // beta ≠ 0 reads y: refused, naming the bad request.
+    match gemm(1.0, n as u64).wait() {
+        Err(Error::Task(TaskError::DependencyFailed { task, .. })) => assert_eq!(task, bad.id()),
+        other => panic!("an sgemm reading a poisoned C must not run: {other:?}"),
+    }
+    // beta = 0 replaces y whole: it runs, and y is good again.
+    gemm(0.0, n as u64).wait().unwrap();
+    q.sync_from(&y).unwrap().wait().unwrap();
+    assert!(
+        y.as_slice::<f32>().iter().all(|v| *v == 32.0),
+        "C = 1·(1 × 0.5 summed over 64)"
+    );
+    let _ = q.finish();
+    gemm(1.0, n as u64).wait().unwrap();
+    q.sync_from(&y).unwrap().wait().unwrap();
+    assert!(y.as_slice::<f32>().iter().all(|v| *v == 64.0), "C = A·B + C");
+}

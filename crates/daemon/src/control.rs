@@ -49,8 +49,9 @@ pub(crate) enum ControlJob {
     SaveTrace,
     /// `agora kernels`.
     ListKernels,
-    /// `Session::kernel(name)`.
-    LookupKernel(String),
+    /// `Session::kernel(name)`; with it whether one of the asking session's programs defines a
+    /// kernel of that name (said when no installed kernel has it).
+    LookupKernel { name: String, in_own_program: bool },
     /// `agora kernels` (with packages and implementations).
     KernelCatalog,
     /// `agora kernels reload` (admin; the dispatcher checked the caller).
@@ -305,13 +306,14 @@ pub(crate) fn answer(context: &ControlContext, job: ControlJob) -> Response {
             let table = context.kernels.snapshot();
             Response::Kernels(table.current().into_iter().map(|(_, k)| k.signature()).collect())
         }
-        ControlJob::LookupKernel(name) => {
+        ControlJob::LookupKernel { name, in_own_program } => {
             let table = context.kernels.snapshot();
             match table.find(&name) {
                 Some((kernel_id, k)) => Response::Kernel {
                     id: kernel_id,
                     signature: k.signature(),
                 },
+                None if in_own_program => Response::Error(ControlError::ProgramKernelByName { name }),
                 None => Response::Error(ControlError::UnknownKernel {
                     suggestions: table.suggestions(&name),
                     name,
@@ -365,7 +367,14 @@ mod tests {
         let daemon_side = Arc::new(daemon_side);
         let owed = Owed::default();
         assert!(control
-            .submit(&daemon_side, ControlJob::LookupKernel("saxpi".into()), &owed)
+            .submit(
+                &daemon_side,
+                ControlJob::LookupKernel {
+                    name: "saxpi".into(),
+                    in_own_program: false
+                },
+                &owed
+            )
             .is_ok());
         assert!(control.submit(&daemon_side, ControlJob::SaveTrace, &owed).is_ok());
         assert!(control.submit(&daemon_side, ControlJob::ListKernels, &owed).is_ok());

@@ -267,16 +267,30 @@ impl Exports {
         Ok(())
     }
 
-    /// Withdraws `name` (asked by session `session` of `uid`); returns the sessions that were
-    /// attached.
-    pub(crate) fn revoke(&mut self, session: u64, uid: u32, admin: bool, name: &str) -> Result<Vec<u64>, ControlError> {
+    /// Withdraws `name` (asked by session `session` of the user `who`); returns the sessions
+    /// that were attached.
+    pub(crate) fn revoke(
+        &mut self,
+        session: u64,
+        who: &Credentials,
+        admin: bool,
+        name: &str,
+    ) -> Result<Vec<u64>, ControlError> {
         self.purge();
-        let Some(export) = self.by_name.get(name) else {
-            return Err(ControlError::Export(format!(
+        let unknown = || {
+            Err(ControlError::Export(format!(
                 "no export named '{name}' (`agora exports` lists the names you may see)"
-            )));
+            )))
         };
-        if export.session != session && export.uid != uid && !admin {
+        let Some(export) = self.by_name.get(name) else {
+            return unknown();
+        };
+        // As for an attach: a caller who may not even attach it learns nothing of it (that it
+        // exists, or its exporter's uid) from the refusal.
+        if !export.may_attach(who, admin) {
+            return unknown();
+        }
+        if export.session != session && export.uid != who.uid && !admin {
             return Err(ControlError::Export(format!(
                 "'{name}' is exported by uid {}; only its exporter's user or an administrator may revoke it",
                 export.uid

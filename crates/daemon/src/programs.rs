@@ -122,6 +122,12 @@ impl ProgramKernels {
         Some(first)
     }
 
+    /// Whether one of the kernels is called `name` (a session holds a few programs of a few
+    /// kernels each: a scan).
+    pub(crate) fn has_named(&self, name: &str) -> bool {
+        self.table().kernels.values().any(|kernel| kernel.name == name)
+    }
+
     /// Takes kernels `first .. first + count` out; the caller drops them (outside the lock).
     fn remove(&self, first: u32, count: u32) -> Vec<KernelRef> {
         let mut table = self.table();

@@ -34,6 +34,9 @@ pub struct LaunchShape<'a> {
     /// Filled in by [`LaunchShape::need`]: bytes the launch touches in each buffer argument (the
     /// scheduler uses it to skip copying in a write-only buffer the launch overwrites entirely).
     pub needed: &'a [std::cell::Cell<u64>],
+    /// Set by [`LaunchShape::overwrite`]: read-write buffer arguments this launch writes without
+    /// reading (empty: the caller does not ask).
+    pub overwritten: &'a [std::cell::Cell<bool>],
 }
 
 impl LaunchShape<'_> {
@@ -45,6 +48,21 @@ impl LaunchShape<'_> {
     /// Scalar `index` read as `i32`.
     pub fn i32(&self, index: usize) -> i32 {
         self.scalars[index] as u32 as i32
+    }
+
+    /// Scalar `index` read as `f32`.
+    pub fn f32(&self, index: usize) -> f32 {
+        f32::from_bits(self.scalars[index] as u32)
+    }
+
+    /// Buffer `index`, read-write in the signature, is written by this launch without being
+    /// read (sgemm's C when beta = 0): the scheduler treats it as write-only for this launch,
+    /// so its old contents need not reach the device, and a launch over all of it replaces
+    /// whatever a failed task or a lost device left there.
+    pub fn overwrite(&self, index: usize) {
+        if let Some(cell) = self.overwritten.get(index) {
+            cell.set(true);
+        }
     }
 
     /// Fails with `BufferTooSmall` unless buffer `index` has at least `elements` × `size` bytes.
@@ -273,6 +291,7 @@ pub fn run_on_host(
         scalars: &bits,
         buffer_lens: &lens,
         needed: &needed,
+        overwritten: &[],
     })?;
     // SAFETY: buffers are live, distinct `&mut` slices for the duration of the call; alignment
     // is the caller's (tests allocate Vec<f32>, which is 4-byte aligned, enough for f32).

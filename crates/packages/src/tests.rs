@@ -604,6 +604,7 @@ fn check(spec: &KernelSpec, range: &[u64], scalars: &[u64], lens: &[u64]) -> (Re
         scalars,
         buffer_lens: lens,
         needed: &needed,
+        overwritten: &[],
     };
     let SizeCheck::Rules(rules) = &spec.check else {
         panic!("rules")

@@ -300,7 +300,7 @@ pub enum TaskError {
     /// run. `task` is the failure's origin (the first task in the chain that failed for a reason
     /// of its own) and `cause` its error code.
     #[error(
-        "argument {index}: this buffer's contents should have come from task {task}, which failed ({}); the task did not run. Rewrite the buffer (sync_to, a memset or copy over all of it, or a launch that writes all of it) to use it again",
+        "argument {index}: this buffer's contents should have come from task {task}, which failed ({}); the task did not run. Rewrite the buffer (sync_to, a memset or copy over all of it, or a launch that writes all of it without reading it: a write-only argument, or sgemm with beta = 0) to use it again",
         cause_name(*.cause)
     )]
     DependencyFailed {

@@ -865,6 +865,18 @@ pub enum ControlError {
     /// fit), or a release, result or drop that could not be done.
     #[error("{0}")]
     Dag(String),
+    /// A kernel looked up by name that no package or library defines, but one of the session's
+    /// own programs does: those are reached through their program, never by name (another
+    /// session's program may define the same name).
+    #[error(
+        "no kernel named '{name}' is installed, but one of this session's programs defines one: launch it through \
+         its program (Python program.{name} or program[\"{name}\"], Rust program.kernel(\"{name}\"), C \
+         agora_program_kernel), not by name"
+    )]
+    ProgramKernelByName {
+        /// The name asked for.
+        name: String,
+    },
 }
 
 /// [`ControlError::TooMany`]'s message: for programs, which count those held at once, what

@@ -55,5 +55,6 @@ pub use signature::{Access, KernelSignature, ParamKind, ParamSpec, ScalarType};
 /// spare room); `StatusReport::private`; `Response::JobStarted`'s and `JobEnded`'s `again` /
 /// `not_recorded`; `Request::PowerSave` / `Response::PowerSaved`; `Op::ReleaseProgram`;
 /// `Response::Protected`'s `unusable`; `TaskError::CheckpointRefused`'s `detail`;
-/// `TaskError::KernelExited` (code 38) and `KernelOpenCl` (39).
+/// `TaskError::KernelExited` (code 38) and `KernelOpenCl` (39); and new in 10,
+/// `ControlError::ProgramKernelByName`.
 pub const PROTOCOL_VERSION: u32 = 10;

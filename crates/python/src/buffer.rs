@@ -148,12 +148,27 @@ impl PyBuffer {
     }
 
     /// Copies `array`'s bytes into the host copy at byte `offset` (a copy; `numpy()` is the
-    /// zero-copy way). Claims the host copy first (see `claim_host`).
+    /// zero-copy way). Claims the host copy first (see `claim_host`). A buffer made by
+    /// `buffer_from` takes only arrays of the dtype it was made from, as launches check it.
     #[pyo3(signature = (array, offset=0))]
     fn write(&self, py: Python<'_>, array: &Bound<'_, PyAny>, offset: u64) -> PyResult<()> {
         let numpy = py.import("numpy")?;
         let array = numpy.call_method1("ascontiguousarray", (array,))?;
-        check_byte_order(&array.getattr("dtype")?, "the array")?;
+        let dtype = array.getattr("dtype")?;
+        check_byte_order(&dtype, "the array")?;
+        if let Some(held) = &self.dtype {
+            // float64 data (a Python list, a default NumPy array) written into a float32
+            // buffer was taken as its bytes, and kernels then computed on garbage.
+            let held: String = held.bind(py).getattr("name")?.extract()?;
+            let written: String = dtype.getattr("name")?.extract()?;
+            if held != written {
+                return Err(ArgumentTypeError::new_err(format!(
+                    "the buffer holds {held} elements (it was made from a {held} array) but the array written \
+                     is {written}; write `array.astype(numpy.{held})` (or write raw bytes through a view: \
+                     `buf.numpy(dtype=...)`)"
+                )));
+            }
+        }
         let bytes: Vec<u8> = array.call_method0("tobytes")?.extract()?;
         // Refused before the claim, which would discard results for nothing.
         self.with(|b| b.check_write(offset, bytes.len() as u64))?.or_raise()?;

@@ -301,7 +301,9 @@ fn client_exception(error: &Error, message: String) -> PyErr {
             ControlError::VersionMismatch { .. } => VersionMismatchError::new_err(message),
             ControlError::QuotaExceeded { .. } => QuotaExceededError::new_err(message),
             ControlError::EmptyBuffer => PyValueError::new_err(message),
-            ControlError::UnknownKernel { .. } => UnknownKernelError::new_err(message),
+            ControlError::UnknownKernel { .. } | ControlError::ProgramKernelByName { .. } => {
+                UnknownKernelError::new_err(message)
+            }
             ControlError::TooMany { .. } => TooManyError::new_err(message),
             ControlError::LimitReached { .. } => LimitReachedError::new_err(message),
             ControlError::BadRequest(_) => BadRequestError::new_err(message),

@@ -297,6 +297,74 @@ def test_a_killed_daemon_is_a_disconnected_error(fresh_daemon):
             time.sleep(0.01)
 
 
+DROP_DURING_RESUME = """
+import sys, threading, time
+import agora
+
+session = agora.Session(socket=sys.argv[1], name="drop-during-resume", reconnect_timeout=30)
+queue = session.queue()
+queue.launch("noop", range=1).wait()
+spare = session.buffer(64)
+print("ready", flush=True)
+sys.stdin.readline()  # the daemon is dead now
+outcome = []
+
+def resume():
+    try:
+        queue.launch("noop", range=1).wait()
+        outcome.append("ok")
+    except Exception as error:
+        outcome.append(repr(error))
+
+resuming = threading.Thread(target=resume)
+resuming.start()
+time.sleep(0.5)  # in its reconnection loop by now
+started = time.monotonic()
+del spare
+print(f"dropped {time.monotonic() - started:.3f}", flush=True)
+resuming.join(60)
+print(f"resumed {outcome} {session.resumes}", flush=True)
+session.close()
+"""
+
+
+def test_a_buffer_dropped_while_another_thread_resumes_the_session_goes_at_once(fresh_daemon):
+    # ML-serving audit, defect 1: a thread waiting for a daemon to come back holds the session's
+    # producer and checks for Ctrl-C under the GIL; a buffer dropped meanwhile (a finished
+    # request's, on the event loop thread) held the GIL while it waited for the producer, and the
+    # process hung for good. In a process of its own, so that a hang fails the test, not the run.
+    daemon = fresh_daemon("--no-opencl")
+    child = subprocess.Popen(
+        [sys.executable, "-c", DROP_DURING_RESUME, str(daemon.socket)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        daemon.kill()
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        lines = []
+        reader = threading.Thread(target=lambda: lines.extend(child.stdout))
+        reader.start()
+        deadline = time.monotonic() + 20
+        while not any(line.startswith("dropped") for line in lines) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        dropped = [line for line in lines if line.startswith("dropped")]
+        assert dropped, f"dropping a buffer during the reconnection hung: {lines}"
+        took = float(dropped[0].split()[1])
+        assert took < 1, f"dropping a buffer waited {took:.1f} s for the reconnection"
+        fresh_daemon("--no-opencl")
+        assert child.wait(60) == 0, lines
+        reader.join(10)
+        assert any(line.strip() == "resumed ['ok'] 1" for line in lines), lines
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_ctrl_c_interrupts_a_call_waiting_for_a_stopped_daemon_to_come_back(fresh_daemon):
     daemon = fresh_daemon("--no-opencl")
     session = agora.Session(socket=str(daemon.socket), name="ctrl-c-reconnect", reconnect_timeout=30)
@@ -632,8 +700,16 @@ def test_arrays_in_another_byte_order_are_refused_with_the_conversion(session):
         queue.launch("saxpy", 1.0, x, y, range=4)
         queue.sync_from(y)
     assert np.all(y.numpy() == 1.0)
-    # Bytes without numbers in them have no byte order: accepted as before.
-    y.write(np.zeros(16, np.uint8))
+    # Bytes without numbers in them have no byte order: accepted as before (into a buffer of
+    # raw bytes: one made from float32 takes float32 only).
+    session.buffer(16).write(np.zeros(16, np.uint8))
+    # ML-serving audit, defect 5: float64 data (a list, a default NumPy array) was written into a
+    # float32 buffer as its bytes, and saxpy then computed on garbage.
+    for wrong in (np.arange(4, dtype=np.float64), [1.0, 2.0, 3.0, 4.0], np.zeros(16, np.uint8)):
+        with pytest.raises(agora.ArgumentTypeError, match=r"holds float32 elements .*astype\(numpy.float32\)"):
+            y.write(wrong)
+    assert np.all(y.numpy() == 1.0), "a refused write changes nothing"
+    y.write(np.arange(4, dtype=np.float32))
 
 
 def test_each_kind_of_object_says_how_it_ended(session):

@@ -68,6 +68,13 @@ def test_an_opencl_program_runs_like_a_built_in_kernel(plain):
         with pytest.raises(KeyError):
             program.kernel("nope")
         assert "saxpy" in program and "nope" not in program
+        # A program's kernel by name alone: "crash" is installed nowhere but the program has
+        # it, and the error says how to reach it (it read "unknown kernel 'crash'").
+        with pytest.raises(agora.UnknownKernelError, match=r"launch it through its program \(Python program.crash"):
+            session.kernel("crash")
+        with session.queue("by name") as queue:
+            with pytest.raises(agora.UnknownKernelError, match="one of this session's programs defines one"):
+                queue.launch("crash", x, range=1)
         # A scalar mistake names the kernel and reads "an f32" (it read "a F32").
         with session.queue("mistakes") as queue:
             with pytest.raises(agora.ArgumentTypeError, match=r"argument 0 \('a'\) of saxpy is an f32 scalar; got a Buffer"):

@@ -319,13 +319,23 @@ pub(super) fn resolve(session: &Session, kernels: &KernelTable, d: &Decoded<'_>)
                 }
             }
             let needed: [std::cell::Cell<u64>; MAX_ARGS] = Default::default();
+            let overwritten: [std::cell::Cell<bool>; MAX_ARGS] = Default::default();
             let shape = LaunchShape {
                 range: d.range,
                 scalars: &scalars[..d.args.len()],
                 buffer_lens: &lens[..d.args.len()],
                 needed: &needed,
+                overwritten: &overwritten,
             };
             kernel.check_shape(&shape)?;
+            // A read-write argument this launch writes without reading is write-only here.
+            for (entry, overwritten) in buffers.iter_mut().zip(&overwritten) {
+                if let Some((_, access, _)) = entry {
+                    if overwritten.get() && *access == Access::ReadWrite {
+                        *access = Access::Write;
+                    }
+                }
+            }
             if let Some((first, end)) = d.window {
                 if !kernel.chunkable {
                     return Err(TaskError::BadWindow {

@@ -889,7 +889,13 @@ impl Server {
             Request::LookupKernel { name } => match check_name("kernel", &name) {
                 // Refused before the "did you mean" search, whose work grows with the name.
                 Err(e) => Some(Response::Error(e)),
-                Ok(()) => self.offload(id, ControlJob::LookupKernel(name)),
+                Ok(()) => {
+                    let in_own_program = match self.conns.get(&id) {
+                        Some(Conn::Session(session)) => session.program_kernels.has_named(&name),
+                        _ => false,
+                    };
+                    self.offload(id, ControlJob::LookupKernel { name, in_own_program })
+                }
             },
             // Names others will see are refused before anything keeps them (`check_name`).
             Request::Hello { client_name, .. } if check_name("client", &client_name).is_err() => {

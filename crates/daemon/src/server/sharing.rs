@@ -87,7 +87,7 @@ impl Server {
     pub(super) fn revoke(&mut self, id: u64, name: String) -> Option<Response> {
         let admin = self.is_admin(id);
         let credentials = self.credentials(id)?;
-        Some(match self.exports.revoke(id, credentials.uid, admin, &name) {
+        Some(match self.exports.revoke(id, &credentials, admin, &name) {
             Ok(attachers) => Response::Exported { name, attachers },
             Err(e) => Response::Error(e),
         })

@@ -204,7 +204,8 @@ class Buffer:
         """A zero-copy NumPy view of the host copy; it keeps the buffer alive. `dtype` defaults to
         the dtype the buffer was made from, also when only `shape` is given."""
     def write(self, array: npt.ArrayLike, offset: int = 0) -> None:
-        """Copies `array`'s bytes into the host copy at byte `offset` (claiming it first)."""
+        """Copies `array`'s bytes into the host copy at byte `offset` (claiming it first); a buffer
+        made by `buffer_from` takes only arrays of its dtype (ArgumentTypeError)."""
     def claim_host(self) -> None:
         """Before writing through a NumPy view over a kernel's results never read back: discards
         them, so no eviction writes them over what you write (`write()` claims by itself)."""
