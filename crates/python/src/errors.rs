@@ -48,6 +48,30 @@ create_exception!(
     AgoraError,
     "The daemon did not answer a call within the session's control_timeout (it is overloaded or stuck)."
 );
+
+/// `agora.TimeoutError` as Python code sees it: [`TimeoutError`] and Python's built-in
+/// `TimeoutError` both, so `except TimeoutError` catches a daemon that did not answer in time,
+/// as it catches `asyncio.wait_for`'s. Made once, at import: `create_exception!` takes one base.
+static TIMEOUT_ERROR: pyo3::sync::PyOnceLock<Py<pyo3::types::PyType>> = pyo3::sync::PyOnceLock::new();
+
+/// The class behind `agora.TimeoutError` (see [`TIMEOUT_ERROR`]).
+pub(crate) fn timeout_error_type(py: Python<'_>) -> PyResult<&Bound<'_, pyo3::types::PyType>> {
+    TIMEOUT_ERROR
+        .get_or_try_init(py, || {
+            let builtins = py.import("builtins")?;
+            let namespace = pyo3::types::PyDict::new(py);
+            namespace.set_item("__module__", "agora")?;
+            namespace.set_item(
+                "__doc__",
+                "The daemon did not answer a call within the session's control_timeout (it is overloaded or \
+                 stuck). Also a built-in TimeoutError.",
+            )?;
+            let bases = (py.get_type::<TimeoutError>(), builtins.getattr("TimeoutError")?);
+            let made = builtins.getattr("type")?.call1(("TimeoutError", bases, namespace))?;
+            Ok::<_, PyErr>(made.cast_into::<pyo3::types::PyType>()?.unbind())
+        })
+        .map(|made| made.bind(py))
+}
 create_exception!(
     agora,
     ProtocolError,
@@ -293,10 +317,16 @@ fn client_exception(error: &Error, message: String) -> PyErr {
         Error::ReadOnly => pyo3::exceptions::PyPermissionError::new_err(message),
         Error::Protocol(_) => ProtocolError::new_err(message),
         // The limit by the name Python sets it with, not the Rust client's.
-        Error::Timeout { .. } => TimeoutError::new_err(message.replace(
-            RUST_CONTROL_TIMEOUT,
-            "the control_timeout of agora.Session(control_timeout=...)",
-        )),
+        Error::Timeout { .. } => {
+            let message = message.replace(
+                RUST_CONTROL_TIMEOUT,
+                "the control_timeout of agora.Session(control_timeout=...)",
+            );
+            Python::attach(|py| match timeout_error_type(py) {
+                Ok(class) => PyErr::from_type(class.clone(), message),
+                Err(_) => TimeoutError::new_err(message),
+            })
+        }
         Error::Control(control) => match control {
             ControlError::VersionMismatch { .. } => VersionMismatchError::new_err(message),
             ControlError::QuotaExceeded { .. } => QuotaExceededError::new_err(message),

@@ -57,7 +57,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         EnvironmentSettingError,
         BufferInUseError,
         ProtocolError,
-        TimeoutError,
         OutOfBoundsError,
         TaskFailedError,
         MalformedTaskError,
@@ -91,6 +90,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         BadRequestError,
         NotPermittedError,
     );
+    m.add("TimeoutError", errors::timeout_error_type(py)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

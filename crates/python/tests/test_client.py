@@ -583,6 +583,9 @@ def test_a_daemon_that_does_not_answer_raises_timeout_error_without_holding_the_
     finally:
         daemon.process.send_signal(signal.SIGCONT)
     assert isinstance(outcome.get("error"), agora.TimeoutError), outcome
+    # ML-serving audit, defect 4: `except TimeoutError` missed it.
+    assert isinstance(outcome["error"], TimeoutError) and isinstance(outcome["error"], agora.AgoraError)
+    assert type(outcome["error"]).__module__ == "agora" and type(outcome["error"]).__name__ == "TimeoutError"
     assert "buffer allocation" in str(outcome["error"])
     # The limit as Python sets it, not the Rust client's option.
     assert "Session(control_timeout=...)" in str(outcome["error"]), outcome["error"]
