@@ -78,7 +78,7 @@ pub enum StoreError {
         id: u32,
     },
     /// A file system operation failed.
-    #[error("checkpoint store could not {action} {}: {source}", path.display())]
+    #[error("checkpoint store could not {action} {}: {source}{}", path.display(), io_advice(source))]
     Io {
         /// What the store was doing ("create directory", "write block", …).
         action: &'static str,
@@ -106,6 +106,25 @@ pub enum StoreError {
         /// One message per checkpoint, newest first, saying what was wrong with it.
         problems: Vec<String>,
     },
+}
+
+/// What to do about an I/O error, where there is something.
+fn io_advice(source: &io::Error) -> &'static str {
+    match source.kind() {
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => {
+            "; the file system is full: what this write had added was removed and the earlier checkpoints are \
+             intact; free space there, keep fewer checkpoints ([checkpoint] keep), or set a quota below the \
+             free space ([checkpoint] quota_per_user)"
+        }
+        io::ErrorKind::ReadOnlyFilesystem => {
+            "; the file system is read-only: remount it writable or configure another directory"
+        }
+        io::ErrorKind::NotADirectory | io::ErrorKind::NotFound => {
+            "; the directory is gone or replaced by a file: make it again (mode 0700, owned by the daemon's user) \
+             or configure another one"
+        }
+        _ => "",
+    }
 }
 
 impl StoreError {

@@ -204,35 +204,13 @@ impl Store {
         if let Some(quota) = self.config.quota_per_user {
             self.check_quota(app, &roots, &capture, quota)?;
         }
-        let data = if capture.level == Level::L3 {
-            self.write_erasure(app, &capture)?
-        } else {
-            self.write_blocks(app, &roots, &capture.entries)?
-        };
-        let manifest = Manifest {
-            format: manifest::FORMAT,
-            sequence: capture.sequence,
-            level: capture.level,
-            created_unix_ms: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64),
-            bytes_total,
-            block_bytes: self.config.block_bytes,
-            entries: data.entries,
-            erasure: data.erasure,
-        };
-        let encoded = manifest::encode(&manifest)?;
-        if let Some(pause) = self.config.test_pause_before_manifest {
-            std::thread::sleep(pause);
+        let written = self.write_data_and_manifests(app, &roots, &capture, bytes_total);
+        if written.is_err() {
+            // What a failed write left (blocks no manifest names, shards, temporaries) goes at
+            // once: on a full disk, they kept every later checkpoint from fitting, for good.
+            let _ = self.retain(app);
         }
-        // The manifest goes last and makes the checkpoint complete; every copy names data that is
-        // already durable in its own root.
-        for root in &roots {
-            let dir = app_dir(root, app).join(MANIFESTS);
-            fsio::ensure_dir(&dir)?;
-            fsio::write_atomic(&dir, &manifest::file_name(capture.sequence), &encoded)?;
-            fsio::sync_dir(&dir)?;
-        }
+        let data = written?;
         // Best effort, see above: the checkpoint is already complete.
         let _ = self.retain(app);
         Ok(WriteReport {
@@ -243,6 +221,61 @@ impl Store {
             blocks_total: data.blocks_total,
             blocks_written: data.blocks_written,
             seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// [`Store::write`]'s data (blocks or shards) and then its manifest in every root. The
+    /// caller holds the application's lock.
+    fn write_data_and_manifests(
+        &self,
+        app: &AppKey,
+        roots: &[&Path],
+        capture: &Capture,
+        bytes_total: u64,
+    ) -> Result<DataWritten, StoreError> {
+        let data = if capture.level == Level::L3 {
+            self.write_erasure(app, capture)?
+        } else {
+            self.write_blocks(app, roots, &capture.entries)?
+        };
+        let DataWritten {
+            entries,
+            erasure,
+            blocks_total,
+            blocks_written,
+            bytes_written,
+        } = data;
+        let manifest = Manifest {
+            format: manifest::FORMAT,
+            sequence: capture.sequence,
+            level: capture.level,
+            created_unix_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            bytes_total,
+            block_bytes: self.config.block_bytes,
+            entries,
+            erasure,
+        };
+        let encoded = manifest::encode(&manifest)?;
+        if let Some(pause) = self.config.test_pause_before_manifest {
+            std::thread::sleep(pause);
+        }
+        // The manifest goes last and makes the checkpoint complete; every copy names data that is
+        // already durable in its own root.
+        for root in roots {
+            let dir = app_dir(root, app).join(MANIFESTS);
+            fsio::ensure_dir(&dir)?;
+            fsio::write_atomic(&dir, &manifest::file_name(capture.sequence), &encoded)?;
+            fsio::sync_dir(&dir)?;
+        }
+        // The manifest has the entries now; the caller reports the counts.
+        Ok(DataWritten {
+            entries: Vec::new(),
+            erasure: None,
+            blocks_total,
+            blocks_written,
+            bytes_written,
         })
     }
 
@@ -440,11 +473,18 @@ impl Store {
     }
 
     /// Sequence numbers with a manifest file in any root, ascending. Damaged manifests count:
-    /// their sequence numbers are taken.
+    /// their sequence numbers are taken. A partner or shared directory that cannot be listed
+    /// (gone, replaced by a file, an NFS error) is passed over: level 2 is there to survive
+    /// losing either copy, and an unreachable second copy stopped every level's writes and
+    /// every recovery. The local directory's error is the caller's.
     fn sequences(&self, app: &AppKey) -> Result<Vec<u64>, StoreError> {
         let mut seqs = BTreeSet::new();
-        for root in self.all_roots() {
-            let names = fsio::list_names(&app_dir(root, app).join(MANIFESTS))?;
+        for (index, root) in self.all_roots().into_iter().enumerate() {
+            let names = match fsio::list_names(&app_dir(root, app).join(MANIFESTS)) {
+                Ok(names) => names,
+                Err(_) if index > 0 => continue,
+                Err(e) => return Err(e),
+            };
             seqs.extend(names.iter().filter_map(|n| manifest::parse_file_name(n)));
         }
         Ok(seqs.into_iter().collect())
@@ -749,7 +789,15 @@ impl Store {
         let sequences = self.sequences(app)?;
         let cut = sequences.len().saturating_sub(self.config.keep);
         let (dropped, kept) = sequences.split_at(cut);
-        let roots = self.all_roots();
+        // A partner or shared directory that cannot be listed is left as it is (see
+        // `sequences`); the others are still cleaned.
+        let roots: Vec<&Path> = self
+            .all_roots()
+            .into_iter()
+            .enumerate()
+            .filter(|(index, root)| *index == 0 || fsio::list_names(&app_dir(root, app).join(MANIFESTS)).is_ok())
+            .map(|(_, root)| root)
+            .collect();
         for root in &roots {
             let dir = app_dir(root, app).join(MANIFESTS);
             let mut removed = false;

@@ -709,3 +709,50 @@ fn resume_sets_damaged_checkpoints_aside_and_frees_their_ids() {
         .write(&a, capture(1, Level::L1, &data))
         .expect("a fresh start at 1");
 }
+
+/// SRE audit, defects 1 and 2: the partner directory replaced by a file (NFS gone, a mistaken
+/// clean-up). A level-2 write fails, and what it had written locally before it failed goes with
+/// it (on a full disk those orphan blocks kept every later checkpoint from fitting, for good);
+/// level 1 goes on and recovery uses the local copies (every level's writes and every recovery
+/// failed listing the partner's manifests).
+#[test]
+fn an_unreachable_partner_fails_only_level_2_and_a_failed_write_leaves_nothing() {
+    let f = Fixture::new(3);
+    let a = app("partner-gone");
+    let first = sample_entries(1);
+    f.store
+        .write(&a, capture(1, Level::L2, &first))
+        .expect("level 2 while the partner is there");
+    let blocks_of_first = names(&f.local(&a, "blocks"));
+    let partner_root = f.config.partner.clone().expect("partner");
+    fs::remove_dir_all(&partner_root).expect("remove the partner");
+    fs::write(&partner_root, b"not a directory").expect("a file in its place");
+
+    let error = f
+        .store
+        .write(&a, capture(2, Level::L2, &sample_entries(2)))
+        .expect_err("level 2 needs the partner");
+    let message = error.to_string();
+    assert!(
+        message.contains("gone or replaced by a file"),
+        "the error says what to do: {message}"
+    );
+    assert_eq!(
+        names(&f.local(&a, "blocks")),
+        blocks_of_first,
+        "the failed write's local blocks were removed"
+    );
+
+    f.store
+        .write(&a, capture(3, Level::L1, &sample_entries(3)))
+        .expect("level 1 does not need the partner");
+    let listed: Vec<u64> = f.store.list(&a).expect("list").iter().map(|c| c.sequence).collect();
+    assert_eq!(listed, [1, 3]);
+    let recovered = f.store.latest(&a).expect("recovery").expect("a checkpoint");
+    assert_eq!(recovered.sequence, 3);
+    assert_eq!(recovered.entries, sample_entries(3));
+    // Checkpoint 1 (level 2) recovers from its local copy alone.
+    fs::remove_file(manifest_path(&f, &a, 3)).expect("drop checkpoint 3");
+    let recovered = f.store.latest(&a).expect("recovery").expect("a checkpoint");
+    assert_eq!((recovered.sequence, recovered.entries), (1, first));
+}
