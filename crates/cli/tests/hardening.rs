@@ -568,3 +568,50 @@ fn a_state_directory_that_cannot_be_used_does_not_stop_the_daemon() {
         "an unreadable directory was not reported:\n{log}"
     );
 }
+
+/// SRE audit, defect 6: out of descriptors while it makes a session's segment, the daemon
+/// answered "bad request: the daemon could not create the session: system call: Too many open
+/// files" with no advice; now the refusal the accept path gives, naming the limit and how to
+/// raise it. Raising it lets sessions in again.
+#[test]
+fn out_of_descriptors_while_opening_a_session_names_the_limit() {
+    let (daemon, _log) = start_logged("hardening-emfile-session", &["--no-opencl", "--cpu-lanes", "1"]);
+    let pid = rustix::process::Pid::from_raw(daemon.pid() as i32);
+    let set_limit = |limit: u64| {
+        rustix::process::prlimit(
+            pid,
+            rustix::process::Resource::Nofile,
+            rustix::process::Rlimit {
+                current: Some(limit),
+                maximum: Some(4096),
+            },
+        )
+        .expect("the test may change the daemon's open-file limit");
+    };
+    // Room for the connection's own descriptor, none for the session's memory and doorbell:
+    // the limit caps descriptor numbers, and a new descriptor takes the lowest free one.
+    let open_numbers: std::collections::HashSet<u64> = std::fs::read_dir(format!("/proc/{}/fd", daemon.pid()))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    let lowest_free = (0..).find(|n| !open_numbers.contains(n)).unwrap();
+    set_limit(lowest_free + 1);
+    let open = || {
+        Session::connect_with(SessionOptions {
+            socket: Some(daemon.socket().to_path_buf()),
+            heap_bytes: Some(1 << 20),
+            ..Default::default()
+        })
+    };
+    match open() {
+        Err(Error::Control(ControlError::LimitReached {
+            ref limit, ref setting, ..
+        })) => {
+            assert_eq!(limit, "open files of the daemon");
+            assert!(setting.contains("ulimit -n"), "{setting}");
+        }
+        other => panic!("a session without descriptors: {other:?}"),
+    }
+    set_limit(4096);
+    saxpy_ok(&open().expect("a session once the limit is raised"), 1024);
+}

@@ -279,6 +279,11 @@ impl PerformanceModel {
         self.dirty = false;
     }
 
+    /// A save of it failed: it is saved again at the next chance (the periodic save, shutdown).
+    pub fn mark_unsaved(&mut self) {
+        self.dirty = true;
+    }
+
     /// The model file in `state_dir`.
     pub fn path(state_dir: &Path) -> PathBuf {
         state_dir.join(MODEL_FILE)

@@ -780,7 +780,9 @@ impl Scheduler {
 }
 
 /// Writes `model` to `state_dir` if it changed since the last save; a failure is logged (the
-/// daemon keeps serving with the model in memory).
+/// daemon keeps serving with the model in memory) and the model stays unsaved, so the next
+/// periodic save and the one at shutdown try again (one failed save, on a full disk say, left
+/// it unsaved for good).
 pub(crate) fn save_model(model: &Mutex<PerformanceModel>, state_dir: &std::path::Path) {
     let mut snapshot = {
         let mut model = model.lock().unwrap_or_else(|e| e.into_inner());
@@ -790,9 +792,22 @@ pub(crate) fn save_model(model: &Mutex<PerformanceModel>, state_dir: &std::path:
         model.mark_saved();
         model.clone()
     };
+    // Said once per run of failures, not at every periodic try.
+    static FAILING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     match snapshot.save(state_dir) {
-        Ok(()) => tracing::debug!(dir = %state_dir.display(), "performance model saved"),
-        Err(error) => tracing::warn!(%error, "could not save the performance model"),
+        Ok(()) => {
+            if FAILING.swap(false, Ordering::Relaxed) {
+                tracing::info!(dir = %state_dir.display(), "performance model saved again");
+            } else {
+                tracing::debug!(dir = %state_dir.display(), "performance model saved");
+            }
+        }
+        Err(error) => {
+            model.lock().unwrap_or_else(|e| e.into_inner()).mark_unsaved();
+            if !FAILING.swap(true, Ordering::Relaxed) {
+                tracing::warn!(%error, "could not save the performance model; the daemon tries again every few seconds and at shutdown");
+            }
+        }
     }
 }
 

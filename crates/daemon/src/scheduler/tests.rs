@@ -1006,3 +1006,21 @@ fn a_checkpoint_with_id_zero_is_refused_by_the_daemon_as_well() {
         "{error:?}"
     );
 }
+
+/// SRE audit, defect 5: one failed save (a full disk) marked the model saved, and it was never
+/// written, not even at shutdown, once the disk had room again.
+#[test]
+fn a_model_that_failed_to_save_is_saved_at_the_next_try() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Mutex::new(PerformanceModel::new(0.8));
+    model.lock().unwrap().record("saxpy", "cpu0", 1024, 5_000.0);
+    // A file where the state directory goes: the save fails.
+    let state = dir.path().join("state");
+    std::fs::write(&state, "not a directory").unwrap();
+    super::save_model(&model, &state);
+    assert!(model.lock().unwrap().is_dirty(), "still unsaved after the failure");
+    std::fs::remove_file(&state).unwrap();
+    super::save_model(&model, &state);
+    assert!(!model.lock().unwrap().is_dirty());
+    assert!(PerformanceModel::path(&state).exists(), "written at the next try");
+}

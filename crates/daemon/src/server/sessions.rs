@@ -37,15 +37,40 @@ impl Server {
             return Some(Response::Error(refusal));
         }
         let capacity = self.config.ring_capacity;
-        let opened = (|| -> Result<(Segment, Doorbell, Geometry), String> {
-            let geometry = Geometry::new(capacity, capacity, heap).map_err(|e| e.to_string())?;
-            let segment = Segment::create(&format!("agora-session-{id}"), geometry).map_err(|e| e.to_string())?;
-            let doorbell = Doorbell::new().map_err(|e| e.to_string())?;
+        // The error, and the OS's error number when a system call failed.
+        let opened = (|| -> Result<(Segment, Doorbell, Geometry), (String, Option<i32>)> {
+            let os = |e: agora_transport::TransportError| {
+                let code = match &e {
+                    agora_transport::TransportError::Os { cause, .. } => cause.raw_os_error(),
+                    _ => None,
+                };
+                (e.to_string(), code)
+            };
+            let geometry = Geometry::new(capacity, capacity, heap).map_err(|e| (e.to_string(), None))?;
+            let segment = Segment::create(&format!("agora-session-{id}"), geometry).map_err(os)?;
+            let doorbell = Doorbell::new().map_err(os)?;
             Ok((segment, doorbell, geometry))
         })();
         let (segment, doorbell, geometry) = match opened {
             Ok(v) => v,
-            Err(e) => {
+            Err((e, Some(code)))
+                if code == rustix::io::Errno::MFILE.raw_os_error()
+                    || code == rustix::io::Errno::NFILE.raw_os_error() =>
+            {
+                // Out of descriptors: the refusal the accept path gives, naming the limit and
+                // how to raise it (it read "bad request: ... Too many open files").
+                tracing::error!(error = %e, "could not create a session segment: out of file descriptors");
+                let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+                    .current
+                    .unwrap_or(u64::MAX);
+                return Some(Response::Error(self.books.refuse(
+                    Limit::DaemonFiles,
+                    uid,
+                    limit,
+                    limit,
+                )));
+            }
+            Err((e, _)) => {
                 tracing::error!(error = %e, "could not create a session segment");
                 return Some(Response::Error(ControlError::BadRequest(format!(
                     "the daemon could not create the session: {e}"
