@@ -389,9 +389,15 @@ impl Session {
         };
         let control_timeout = control_timeout(options.control_timeout)?;
         let reconnect = reconnect_timeout(options.reconnect_timeout)?;
-        // A daemon that accepts but never answers (stuck, or not an Agora daemon) must not hang
-        // us: bound the hello exchange.
-        let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
+        // A daemon that accepts but never answers (stuck, stopped, or not an Agora daemon) must
+        // not hang us: bound the hello exchange, by the control timeout when one was set (it
+        // was a fixed 10 s whatever $AGORA_CONTROL_TIMEOUT said).
+        let hello_wait = if options.control_timeout.is_some() || std::env::var_os(CONTROL_TIMEOUT_ENV).is_some() {
+            control_timeout
+        } else {
+            HELLO_TIMEOUT
+        };
+        let _ = stream.set_read_timeout(Some(hello_wait));
         let heap_bytes = match options.heap_bytes {
             Some(bytes) => Some(bytes),
             None => heap_bytes_from(std::env::var(HEAP_ENV).ok())?,
@@ -412,15 +418,10 @@ impl Session {
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                 ) =>
             {
-                Error::Connect {
-                    path: path.clone(),
-                    cause: std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        format!(
-                            "it accepted the connection but did not answer within {} s",
-                            HELLO_TIMEOUT.as_secs()
-                        ),
-                    ),
+                // A daemon is there (it accepted): not "start one with agora serve".
+                Error::Timeout {
+                    request: "hello (opening the session)".into(),
+                    after: hello_wait,
                 }
             }
             other => Error::from(other),

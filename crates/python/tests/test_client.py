@@ -580,6 +580,12 @@ def test_a_daemon_that_does_not_answer_raises_timeout_error_without_holding_the_
     daemon.process.send_signal(signal.SIGSTOP)
     try:
         outcome, counter, elapsed = counting_while(lambda: session.buffer(64))
+        # SRE audit, defect 7: opening a session waited a fixed 10 s whatever the timeout, then
+        # said to start a daemon with `agora serve` (one was there, stopped).
+        started = time.monotonic()
+        with pytest.raises(agora.TimeoutError, match=r"did not answer the hello \(opening the session\) within 0.5 s"):
+            agora.Session(socket=str(daemon.socket), control_timeout=0.5)
+        assert time.monotonic() - started < 5
     finally:
         daemon.process.send_signal(signal.SIGCONT)
     assert isinstance(outcome.get("error"), agora.TimeoutError), outcome
