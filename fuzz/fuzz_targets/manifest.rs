@@ -65,6 +65,7 @@ fn check_spec(spec: &KernelSpec, shape_bytes: &[u8]) {
         scalars: &scalars,
         buffer_lens: &lens,
         needed: &needed,
+        overwritten: &[],
     };
     let result = rules.check(&shape);
     let needed_first: Vec<u64> = needed.iter().map(Cell::get).collect();
