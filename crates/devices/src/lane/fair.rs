@@ -326,21 +326,36 @@ mod tests {
         assert_eq!(big, 4, "{started:?}");
     }
 
+    /// Tenant 1 (weight 3) and tenant 2 (weight 1), each with `jobs` jobs queued.
+    fn three_to_one(jobs: u32) -> FairQueue<(u64, u32)> {
+        let mut queue = FairQueue::default();
+        for sequence in 0..jobs {
+            queue.push_back(&solo(1, weight(1)), (1, sequence));
+            queue.push_back(&solo(2, weight(2)), (2, sequence));
+        }
+        queue
+    }
+
+    /// The weight of tenant `tenant` in [`three_to_one`].
+    fn weight(tenant: u64) -> u32 {
+        if tenant == 1 {
+            3
+        } else {
+            1
+        }
+    }
+
     #[test]
     fn settled_charges_are_the_time_jobs_took_whatever_was_predicted() {
         // Weights 3 and 1, every job taking 1 µs; tenant 2's jobs were predicted at 30 µs (a
         // model still learning). Settled, they share 3:1; unsettled, tenant 2 would get one job
         // in ninety-one.
-        let mut queue: FairQueue<(u64, u32)> = FairQueue::default();
-        for sequence in 0..200 {
-            queue.push_back(&solo(1, 3), (1, sequence));
-            queue.push_back(&solo(2, 1), (2, sequence));
-        }
+        let mut queue = three_to_one(200);
         let predicted = |&(tenant, _): &(u64, u32)| if tenant == 2 { 30_000 } else { 1_000 };
         let mut started = Vec::new();
         for _ in 0..80 {
             let job = queue.pop_front(predicted).unwrap();
-            queue.settle(&solo(job.0, if job.0 == 1 { 3 } else { 1 }), predicted(&job), 1_000);
+            queue.settle(&solo(job.0, weight(job.0)), predicted(&job), 1_000);
             started.push(job);
         }
         let light = started.iter().filter(|(t, _)| *t == 2).count();
@@ -350,16 +365,12 @@ mod tests {
         );
         // Tenant 2's jobs predicted right but taking three times as long (its data cold in the
         // caches): it gets a quarter of the time, a ninth of the jobs.
-        let mut queue: FairQueue<(u64, u32)> = FairQueue::default();
-        for sequence in 0..200 {
-            queue.push_back(&solo(1, 3), (1, sequence));
-            queue.push_back(&solo(2, 1), (2, sequence));
-        }
+        let mut queue = three_to_one(200);
         let mut started = Vec::new();
         for _ in 0..100 {
             let job = queue.pop_front(|_| 1_000).unwrap();
-            let (weight, ran) = if job.0 == 1 { (3, 1_000) } else { (1, 3_000) };
-            queue.settle(&solo(job.0, weight), 1_000, ran);
+            let ran = if job.0 == 1 { 1_000 } else { 3_000 };
+            queue.settle(&solo(job.0, weight(job.0)), 1_000, ran);
             started.push(job);
         }
         let light = started.iter().filter(|(t, _)| *t == 2).count();
