@@ -956,3 +956,84 @@ fn a_checkpoint_with_id_zero_is_refused_when_issued() {
     q.finish().unwrap();
     assert_eq!(written(&s).checkpoints.last().map(|c| c.checkpoint), Some(1));
 }
+
+/// SRE audit, defect 3: four checkpoints of 128 MiB got a daemon in a 384 MiB cgroup
+/// OOM-killed: each capture holds a copy of its buffers until the writer is done, and only the
+/// captures of one application were bounded (four at once), not all of them together. Now
+/// `[checkpoint] capture_memory` bounds them all: with room for one 1 MiB capture, two
+/// applications' four checkpoints are held one at a time while the (slowed) writer works, each
+/// is written whole, and a third tenant's work meanwhile is not held up.
+#[test]
+fn captures_of_all_applications_together_stay_within_the_capture_memory() {
+    let dir = temp_dir("checkpoint-capture-memory");
+    std::fs::write(
+        dir.path().join("agora.toml"),
+        "[checkpoint]\ncapture_memory = \"1536K\"\nkeep = 4\n",
+    )
+    .unwrap();
+    let mut daemon = Daemon::start_in_with(
+        AGORA,
+        dir,
+        &["--config", "{dir}/agora.toml", "--no-opencl"],
+        |command| {
+            command.env("AGORA_TEST_CHECKPOINT_PAUSE_MS", "700");
+        },
+    );
+    let sessions: Vec<Session> = ["capture-a", "capture-b"]
+        .into_iter()
+        .map(|name| daemon.session_without_resume(name))
+        .collect();
+    let mut queues = Vec::new();
+    let mut states = Vec::new();
+    for (k, s) in sessions.iter().enumerate() {
+        let q = s.queue("q").unwrap();
+        let state = s.buffer_from(&vec![k as f32; N]).unwrap();
+        s.protect(1, &state).unwrap();
+        q.checkpoint(1, CheckpointLevel::Local).unwrap();
+        q.checkpoint(2, CheckpointLevel::Local).unwrap();
+        queues.push(q);
+        states.push(state);
+    }
+    // Another tenant computes meanwhile: checkpoints waiting for capture memory hold up their own
+    // queues, not the dispatcher.
+    let other = daemon.session_without_resume("capture-other");
+    let oq = other.queue("work").unwrap();
+    let x = other.buffer_from(&vec![1f32; 1024]).unwrap();
+    let y = other.buffer_from(&vec![0f32; 1024]).unwrap();
+    let saxpy = other.kernel("saxpy").unwrap();
+    let started = std::time::Instant::now();
+    oq.launch(&saxpy, &[Arg::F32(2.0), (&x).into(), (&y).into()], 1024u64)
+        .unwrap();
+    oq.finish().unwrap();
+    let other_took = started.elapsed();
+    // Sampled while the four captures go through: never more than one held at a time.
+    let mut most_held = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let reports: Vec<_> = sessions.iter().map(|s| s.checkpoints().unwrap()).collect();
+        most_held = most_held.max(reports.iter().map(|r| r.writing).sum::<u32>());
+        let done = reports
+            .iter()
+            .all(|r| r.writing == 0 && r.checkpoints.iter().any(|c| c.checkpoint == 2));
+        if done || std::time::Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(40));
+    }
+    assert_eq!(
+        most_held, 1,
+        "captures held at once, all applications together (1 MiB each, 1.5 MiB allowed)"
+    );
+    for (q, s) in queues.iter().zip(&sessions) {
+        q.finish().unwrap();
+        let report = written(s);
+        assert!(report.writes.iter().all(|w| w.error.is_none()), "{report:?}");
+        let ids: Vec<u64> = report.checkpoints.iter().map(|c| c.checkpoint).collect();
+        assert_eq!(ids, vec![1, 2], "both checkpoints written: {report:?}");
+    }
+    assert!(
+        other_took < Duration::from_millis(1500),
+        "another tenant's task waited {other_took:?} behind the checkpoints"
+    );
+    daemon.assert_alive();
+}

@@ -16,7 +16,7 @@
 //! current (the task's transfers bring every protected buffer home first).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 
@@ -29,6 +29,7 @@ use agora_protocol::control::{
     CheckpointReport, CheckpointSummary, CheckpointWrite, ControlError, RecoverReport, Response,
 };
 use agora_protocol::TaskError;
+use agora_transport::wake::Doorbell;
 
 use crate::config::DaemonConfig;
 use crate::memory::BufferRecord;
@@ -78,6 +79,8 @@ pub(crate) struct Checkpoints {
     applications: Arc<Mutex<HashMap<(u32, String), Application>>>,
     /// Signalled by the writer when a write is done (a capture may be waiting for room).
     room: Arc<std::sync::Condvar>,
+    /// The bytes all applications' captures hold until written, and their bound.
+    capture_memory: Arc<CaptureMemory>,
     partner: bool,
     shared: bool,
     /// Levels whose configured directory is unusable, with the refusal that names it (told to
@@ -90,6 +93,94 @@ pub(crate) struct Checkpoints {
 struct Capturing {
     app: AppKey,
     capture: Capture,
+    /// Its share of the capture memory, given back once it is written.
+    reservation: CaptureReservation,
+}
+
+/// The daemon's bound on the bytes that captures hold in its memory until the writer is done
+/// with them, all tenants together (`[checkpoint] capture_memory`). Each application may also
+/// hold at most [`MAX_WRITING`] captures, but that bounds nothing across applications: four
+/// tenants checkpointing 128 MiB each got a daemon in a 384 MiB cgroup OOM-killed, ending every
+/// tenant's work. A checkpoint task reserves its bytes before it is planned and waits (its queue
+/// with it, like a task waiting for device memory) while the others' captures fill the bound.
+#[derive(Debug)]
+pub(crate) struct CaptureMemory {
+    limit: u64,
+    held: AtomicU64,
+    /// Rung when bytes are given back (the dispatcher looks at the tasks waiting for them).
+    wake: Mutex<Option<Arc<Doorbell>>>,
+}
+
+impl CaptureMemory {
+    fn new(limit: u64) -> Self {
+        CaptureMemory {
+            limit: limit.max(1),
+            held: AtomicU64::new(0),
+            wake: Mutex::new(None),
+        }
+    }
+
+    /// Whether `bytes` more fit now. A capture larger than the whole bound fits when nothing
+    /// else is held (alone, it holds no more than it must: refusing it would make its
+    /// application's checkpoints impossible).
+    pub(crate) fn has_room(&self, bytes: u64) -> bool {
+        let held = self.held.load(Ordering::Acquire);
+        held == 0 || held.saturating_add(bytes) <= self.limit
+    }
+
+    /// Takes `bytes` if they fit ([`CaptureMemory::has_room`]).
+    fn reserve(self: &Arc<Self>, bytes: u64) -> Option<CaptureReservation> {
+        let mut held = self.held.load(Ordering::Acquire);
+        loop {
+            if held != 0 && held.saturating_add(bytes) > self.limit {
+                return None;
+            }
+            match self
+                .held
+                .compare_exchange_weak(held, held.saturating_add(bytes), Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    return Some(CaptureReservation {
+                        memory: self.clone(),
+                        bytes,
+                    })
+                }
+                Err(now) => held = now,
+            }
+        }
+    }
+
+    /// Takes `bytes` whatever is held.
+    fn reserve_anyway(self: &Arc<Self>, bytes: u64) -> CaptureReservation {
+        self.held.fetch_add(bytes, Ordering::AcqRel);
+        CaptureReservation {
+            memory: self.clone(),
+            bytes,
+        }
+    }
+
+    /// Bytes held now.
+    #[cfg(test)]
+    fn held(&self) -> u64 {
+        self.held.load(Ordering::Acquire)
+    }
+}
+
+/// A capture's bytes of [`CaptureMemory`], given back when dropped (written, failed, or never
+/// captured).
+#[derive(Debug)]
+pub(crate) struct CaptureReservation {
+    memory: Arc<CaptureMemory>,
+    bytes: u64,
+}
+
+impl Drop for CaptureReservation {
+    fn drop(&mut self) {
+        self.memory.held.fetch_sub(self.bytes, Ordering::AcqRel);
+        if let Some(wake) = &*self.memory.wake.lock().unwrap_or_else(|e| e.into_inner()) {
+            wake.ring();
+        }
+    }
 }
 
 impl Checkpoints {
@@ -140,6 +231,11 @@ impl Checkpoints {
             .collect();
         let applications: Arc<Mutex<HashMap<(u32, String), Application>>> = Arc::default();
         let room: Arc<std::sync::Condvar> = Arc::default();
+        let capture_memory = Arc::new(CaptureMemory::new(config.effective_capture_memory()));
+        tracing::debug!(
+            bytes = capture_memory.limit,
+            "captured checkpoints may hold this much memory until written ([checkpoint] capture_memory)"
+        );
         let (sender, receiver) = mpsc::channel::<Capturing>();
         let mut thread = None;
         if let Some(store) = store.clone() {
@@ -148,7 +244,7 @@ impl Checkpoints {
             let spawned = std::thread::Builder::new()
                 .name("agora-checkpoint".into())
                 .spawn(move || {
-                    for Capturing { app, capture } in receiver {
+                    for Capturing { app, capture, reservation } in receiver {
                         let (checkpoint, level) = (capture.sequence, capture.level);
                         let bytes_total: u64 = capture.entries.iter().map(|e| e.bytes.len() as u64).sum();
                         // A panic in the store must not end the writer: captures waiting for room
@@ -179,6 +275,8 @@ impl Checkpoints {
                                 }
                             }
                         };
+                        // The capture's bytes were freed by the write: others may capture now.
+                        drop(reservation);
                         let mut books = books.lock().unwrap_or_else(|e| e.into_inner());
                         let entry = books.entry((app.uid, app.name.clone())).or_default();
                         entry.writing = entry.writing.saturating_sub(1);
@@ -199,6 +297,7 @@ impl Checkpoints {
                         thread: Mutex::new(None),
                         applications,
                         room,
+                        capture_memory,
                         partner: false,
                         shared: false,
                         unusable: Vec::new(),
@@ -212,10 +311,33 @@ impl Checkpoints {
             thread: Mutex::new(thread),
             applications,
             room,
+            capture_memory,
             partner: config.checkpoint_partner.is_some(),
             shared: config.checkpoint_shared.is_some(),
             unusable,
         })
+    }
+
+    /// Rings `wake` whenever capture memory is given back (the dispatcher's doorbell).
+    pub(crate) fn set_wake(&self, wake: Arc<Doorbell>) {
+        *self.capture_memory.wake.lock().unwrap_or_else(|e| e.into_inner()) = Some(wake);
+    }
+
+    /// The bound on captured bytes held for the writer, and its use.
+    pub(crate) fn capture_memory(&self) -> &Arc<CaptureMemory> {
+        &self.capture_memory
+    }
+
+    /// Reserves `bytes` of capture memory for a checkpoint task about to be planned; `None`:
+    /// other captures fill it, the task waits ([`CaptureMemory::has_room`]).
+    pub(crate) fn reserve_capture(&self, bytes: u64) -> Option<CaptureReservation> {
+        self.capture_memory.reserve(bytes)
+    }
+
+    /// Reserves `bytes` of capture memory whatever the others hold (a capture planned without
+    /// going through the dispatcher's wait).
+    pub(crate) fn reserve_capture_anyway(&self, bytes: u64) -> CaptureReservation {
+        self.capture_memory.reserve_anyway(bytes)
     }
 
     /// Levels whose configured directory is unusable, with the message naming it and why.
@@ -442,6 +564,8 @@ pub(crate) struct CheckpointCapture {
     /// tenant's jobs there share; it does not wait there (the bound on held copies is exceeded
     /// instead).
     pub(crate) may_wait: bool,
+    /// Its bytes of the daemon's capture memory, reserved before it was planned.
+    pub(crate) reservation: CaptureReservation,
 }
 
 impl CheckpointCapture {
@@ -474,6 +598,7 @@ impl CheckpointCapture {
                         level: self.level,
                         entries,
                     },
+                    reservation: self.reservation,
                 })
             });
         match sent {
@@ -555,6 +680,27 @@ impl RecoverJob {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn capture_memory_admits_what_fits_and_a_capture_larger_than_it_alone() {
+        let memory = Arc::new(CaptureMemory::new(100));
+        let first = memory.reserve(60).expect("fits");
+        assert!(memory.reserve(50).is_none(), "60 + 50 passes 100");
+        assert!(!memory.has_room(50));
+        let second = memory.reserve(40).expect("60 + 40 fits");
+        assert_eq!(memory.held(), 100);
+        drop(first);
+        assert_eq!(memory.held(), 40);
+        assert!(
+            memory.reserve(250).is_none(),
+            "larger than the bound: not beside others"
+        );
+        drop(second);
+        let alone = memory.reserve(250).expect("larger than the bound, alone");
+        assert!(memory.reserve(1).is_none());
+        drop(alone);
+        assert_eq!(memory.held(), 0);
+    }
 
     #[test]
     fn application_names_are_made_file_name_safe() {

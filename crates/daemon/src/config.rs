@@ -596,6 +596,11 @@ pub struct DaemonConfig {
     /// fails before anything is written (its write reports why); earlier ones stay intact.
     #[default(0)]
     pub checkpoint_quota_per_user: u64,
+    /// Most bytes all tenants' captured checkpoints may hold in the daemon's memory until they are
+    /// written (`[checkpoint] capture_memory`; 0: a quarter of the memory the daemon may use,
+    /// its cgroup's limit or the node's). A checkpoint task waits while others' captures fill it.
+    #[default(0)]
+    pub checkpoint_capture_memory: u64,
     /// The device whose lanes run real-time DAGs (`[realtime] device`, a name such as `cpu0`).
     /// `None`: the first CPU device. Admission partitions DAG nodes onto its lanes.
     #[default(None)]
@@ -930,6 +935,7 @@ section! {
         keep: usize => checkpoint_keep,
         interval_s: Seconds => checkpoint_interval,
         quota_per_user: Bytes => checkpoint_quota_per_user,
+        capture_memory: Bytes => checkpoint_capture_memory,
     }
 }
 
@@ -1214,6 +1220,16 @@ impl InFile<Duration> for LimitMs {
 }
 
 impl DaemonConfig {
+    /// Most bytes captured checkpoints may hold in memory until written: the one set, else a
+    /// quarter of the memory this process may use (its cgroup's limit or the node's).
+    pub fn effective_capture_memory(&self) -> u64 {
+        if self.checkpoint_capture_memory > 0 {
+            self.checkpoint_capture_memory
+        } else {
+            crate::limits::memory_limit() / 4
+        }
+    }
+
     /// The state directory this daemon uses: the one set, else its socket's own.
     pub fn effective_state_dir(&self) -> PathBuf {
         self.state_dir
@@ -1684,6 +1700,13 @@ impl DaemonConfig {
             out.push_str(&format!(
                 "# [checkpoint] directories not set here: {}\n",
                 unset.join(", ")
+            ));
+        }
+        if self.checkpoint_capture_memory == 0 {
+            out.push_str(&format!(
+                "# [checkpoint] capture_memory = \"0\": captured checkpoints waiting to be written hold at most a quarter of\n\
+                 #   the memory this daemon may use (its cgroup's limit or the node's): {} MiB here\n",
+                self.effective_capture_memory() >> 20
             ));
         }
         out.push('\n');

@@ -236,6 +236,61 @@ pub(crate) fn physical_memory() -> u64 {
         .unwrap_or(32 << 30)
 }
 
+/// The memory this process may use: the least of the node's physical memory and every memory
+/// limit of the control groups it runs in (cgroup v2 `memory.max`, v1 `memory.limit_in_bytes`,
+/// its own group's and its ancestors'). A service under `MemoryMax=` or a container's limit
+/// is OOM-killed at that limit, not at the node's size, so bounds derived from memory use this.
+///
+/// Read by hand (a few files) rather than through a cgroup crate: the crates that exist manage
+/// groups (create, move, set) and pull in far more than reading two numbers needs.
+pub(crate) fn memory_limit() -> u64 {
+    let physical = physical_memory();
+    let Ok(groups) = std::fs::read_to_string("/proc/self/cgroup") else {
+        return physical;
+    };
+    cgroup_memory_limit(&groups, std::path::Path::new("/sys/fs/cgroup")).map_or(physical, |limit| limit.min(physical))
+}
+
+/// The least memory limit among the groups `proc_self_cgroup` names (the text of
+/// `/proc/self/cgroup`) and their ancestors, under the cgroup file system mounted at `root`.
+/// `None`: no limit is set, or none could be read. In a container the group's path may not
+/// exist inside the mount (it shows the container's own group as its root): the mount's root
+/// and what exists of the path are read.
+fn cgroup_memory_limit(proc_self_cgroup: &str, root: &std::path::Path) -> Option<u64> {
+    let mut least: Option<u64> = None;
+    for line in proc_self_cgroup.lines() {
+        let mut fields = line.splitn(3, ':');
+        let (Some(_id), Some(controllers), Some(path)) = (fields.next(), fields.next(), fields.next()) else {
+            continue;
+        };
+        let (base, file) = if controllers.is_empty() {
+            (root.to_path_buf(), "memory.max")
+        } else if controllers.split(',').any(|c| c == "memory") {
+            (root.join("memory"), "memory.limit_in_bytes")
+        } else {
+            continue;
+        };
+        let mut dir = base.clone();
+        let mut dirs = vec![base.clone()];
+        for part in path.split('/').filter(|p| !p.is_empty()) {
+            dir.push(part);
+            dirs.push(dir.clone());
+        }
+        for dir in dirs {
+            let Ok(text) = std::fs::read_to_string(dir.join(file)) else {
+                continue;
+            };
+            // "max" (v2) or a huge page-rounded number (v1) means no limit.
+            if let Ok(limit) = text.trim().parse::<u64>() {
+                if limit < 1 << 60 {
+                    least = Some(least.map_or(limit, |l| l.min(limit)));
+                }
+            }
+        }
+    }
+    least
+}
+
 /// A token bucket: `rate` tokens per second, at most `burst` saved; a request takes one.
 #[derive(Debug, Clone)]
 pub(crate) struct TokenBucket {
@@ -540,6 +595,43 @@ mod tests {
             heap_bytes_per_uid: 100,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn cgroup_memory_limits_are_read_from_the_group_and_its_ancestors() {
+        let root = tempfile::tempdir().unwrap();
+        let v2 = root.path().join("system.slice/agora.service");
+        std::fs::create_dir_all(&v2).unwrap();
+        std::fs::write(root.path().join("system.slice/memory.max"), "1073741824\n").unwrap();
+        std::fs::write(v2.join("memory.max"), "402653184\n").unwrap();
+        assert_eq!(
+            cgroup_memory_limit("0::/system.slice/agora.service\n", root.path()),
+            Some(384 << 20)
+        );
+        std::fs::write(v2.join("memory.max"), "max\n").unwrap();
+        assert_eq!(
+            cgroup_memory_limit("0::/system.slice/agora.service\n", root.path()),
+            Some(1 << 30)
+        );
+        // cgroup v1: the memory controller's own hierarchy; "no limit" is a huge number.
+        let v1 = root.path().join("memory/docker/abc");
+        std::fs::create_dir_all(&v1).unwrap();
+        std::fs::write(v1.join("memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
+        assert_eq!(
+            cgroup_memory_limit("4:memory:/docker/abc\n3:cpu:/x\n", root.path()),
+            None
+        );
+        std::fs::write(v1.join("memory.limit_in_bytes"), "268435456\n").unwrap();
+        assert_eq!(
+            cgroup_memory_limit("4:memory:/docker/abc\n", root.path()),
+            Some(256 << 20)
+        );
+        // A path that does not exist inside the mount (a container's view): nothing read, no limit.
+        assert_eq!(
+            cgroup_memory_limit("0::/elsewhere\n", tempfile::tempdir().unwrap().path()),
+            None
+        );
+        assert!(memory_limit() <= physical_memory());
     }
 
     #[test]

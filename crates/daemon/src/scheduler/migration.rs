@@ -132,6 +132,9 @@ pub(super) enum Answers {
     /// The write-backs of these buffers (evictions that did not wait; `memory::WriteBack`): it
     /// names them, or needs the room they free.
     WriteBacks(Vec<Arc<crate::memory::BufferRecord>>),
+    /// Room for this many bytes in the daemon's capture memory (a checkpoint task while other
+    /// captures wait to be written; the writer rings the dispatcher's doorbell as it frees them).
+    CaptureMemory(Arc<crate::checkpoint::CaptureMemory>, u64),
 }
 
 impl HeldQueue {
@@ -141,6 +144,7 @@ impl HeldQueue {
             None => return drained,
             Some(Answers::Allocations(wait)) => wait.answered(),
             Some(Answers::WriteBacks(records)) => records.iter().all(|r| !r.writing_back.load(Ordering::Acquire)),
+            Some(Answers::CaptureMemory(memory, bytes)) => memory.has_room(*bytes),
         };
         // Lost tasks that joined it wait for the rest of their queue to come back first.
         answered && (self.replays == 0 || drained)
@@ -645,7 +649,7 @@ impl Scheduler {
         let queue = ready.queue.clone();
         let allocated = match &answers {
             Answers::Allocations(wait) => Some(wait.device()),
-            Answers::WriteBacks(_) => None,
+            Answers::WriteBacks(_) | Answers::CaptureMemory(..) => None,
         };
         let waited_for_room = self.migration.room_waited;
         let replay = self.migration.take_replay();

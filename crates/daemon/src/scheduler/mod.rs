@@ -162,6 +162,9 @@ pub(crate) struct Scheduler {
     dispatch_quota: u64,
     /// That session's id, for placement (its own work on a lane, and its neighbours').
     dispatch_session: u64,
+    /// The capture memory reserved for the checkpoint task being planned now (taken by its
+    /// capture; dropped, so given back, if planning fails).
+    capture_reserved: Option<crate::checkpoint::CaptureReservation>,
 }
 
 /// Predicted work on one lane beyond which it counts as long ([`Scheduler::long_work_on_lanes`]):
@@ -304,6 +307,7 @@ impl Scheduler {
             deadline_job: None,
             dispatch_quota: 0,
             dispatch_session: 0,
+            capture_reserved: None,
         }
     }
 
@@ -742,9 +746,30 @@ impl Scheduler {
             }
             Err(error) => return self.fail_ready(session, task_id, ready, roles, error),
         }
+        // A checkpoint's capture holds a copy of its buffers in the daemon until the writer is
+        // done with it: it waits while other captures fill the daemon's capture memory.
+        if let (Action::Checkpoint { .. }, Some(service)) = (&ready.action, &self.config.checkpoints) {
+            let bytes: u64 = ready.buffers[..ready.slots]
+                .iter()
+                .flatten()
+                .map(|(r, _, _)| r.len)
+                .sum();
+            match service.reserve_capture(bytes) {
+                Some(reservation) => self.capture_reserved = Some(reservation),
+                None => {
+                    let memory = service.capture_memory().clone();
+                    self.telemetry.metrics.capture_waits.inc();
+                    self.wait_for_answers(session, task_id, ready, Answers::CaptureMemory(memory, bytes));
+                    return Ok(());
+                }
+            }
+        }
         self.revoke_for(&ready, &placement);
         let queue = ready.queue.clone();
-        let planned = match self.plan_task(session, task_id, ready, roles, &placement) {
+        let planned = self.plan_task(session, task_id, ready, roles, &placement);
+        // Not taken by a capture: planning failed (or this is no checkpoint).
+        self.capture_reserved = None;
+        let planned = match planned {
             Ok(Some(planned)) => planned,
             // Its device failed while it was planned: it went back for replay.
             Ok(None) => return Ok(()),

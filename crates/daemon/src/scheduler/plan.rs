@@ -143,7 +143,16 @@ impl Scheduler {
         let capture = match checkpoint {
             None => None,
             Some((checkpoint, level, snapshot, ids)) => {
-                match self.admit_checkpoint(session, (checkpoint, snapshot), level, ids, named.slots(), device) {
+                let reserved = self.capture_reserved.take();
+                match self.admit_checkpoint(
+                    session,
+                    (checkpoint, snapshot),
+                    level,
+                    ids,
+                    named.slots(),
+                    device,
+                    reserved,
+                ) {
                     Ok(capture) => Some(Box::new(capture)),
                     Err(error) => {
                         return Err(Failed {
@@ -219,7 +228,8 @@ impl Scheduler {
 
     /// Judges a checkpoint task (level, id, whether it is a snapshot the daemon numbers) and
     /// makes its capture of the protected buffers in `slots` (ids in `ids`, slot by slot), to
-    /// run on `device`.
+    /// run on `device`, with its capture memory (`reserved` before planning).
+    #[allow(clippy::too_many_arguments)]
     fn admit_checkpoint(
         &self,
         session: &Session,
@@ -228,6 +238,7 @@ impl Scheduler {
         ids: [u32; MAX_ARGS],
         slots: &[Option<(Arc<BufferRecord>, Access, bool)>],
         device: usize,
+        reserved: Option<crate::checkpoint::CaptureReservation>,
     ) -> Result<crate::checkpoint::CheckpointCapture, TaskError> {
         let service = self.config.checkpoints.clone().ok_or(TaskError::CheckpointRefused {
             reason: agora_protocol::completion::CHECKPOINT_NO_STORE,
@@ -243,6 +254,12 @@ impl Scheduler {
         };
         let (level, checkpoint) = service.admit(&app, &writer, checkpoint, snapshot, level)?;
         let may_wait = self.devices[device].info().shares_host_memory;
+        // Reserved by `place_and_submit` before planning; a capture made elsewhere (a test's
+        // direct call) reserves its bytes now, whatever the others hold.
+        let reservation = match reserved {
+            Some(reservation) => reservation,
+            None => service.reserve_capture_anyway(slots.iter().flatten().map(|(r, _, _)| r.len).sum()),
+        };
         let buffers = slots
             .iter()
             .zip(ids)
@@ -255,6 +272,7 @@ impl Scheduler {
             level,
             buffers,
             may_wait,
+            reservation,
         })
     }
 

@@ -312,6 +312,9 @@ impl Server {
         )
         .map_err(|e| DaemonError::io("watching the wake doorbell", e.into()))?;
         scheduler.migration.set_wake(wake.clone());
+        if let Some(checkpoints) = scheduler.checkpoints() {
+            checkpoints.set_wake(wake.clone());
+        }
         let spin = AdaptiveSpin::new(agora_wait::MIN_BUDGET.min(config.max_spin), config.max_spin);
         let host_cores = match std::env::var_os("AGORA_DISPATCHER_SPIN_BESIDE_LONG_WORK") {
             Some(v) if v == "1" => usize::MAX,

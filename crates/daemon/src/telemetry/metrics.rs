@@ -93,6 +93,8 @@ pub(crate) struct Metrics {
     pub inline_refused: Counter,
     /// Times a task waited for device memory instead of failing.
     pub memory_waits: Counter,
+    /// Times a checkpoint task waited for the daemon's capture memory.
+    pub capture_waits: Counter,
     /// Buffers evicted from device memory to make room for a task.
     pub evictions: Counter,
     /// Device allocations a runtime refused though they fit the books, retried after eviction.
@@ -286,6 +288,12 @@ impl Metrics {
             "Tasks whose buffers fit their device, but not then, that waited for earlier tasks to free memory (each counted once)",
             memory_waits.clone(),
         );
+        let capture_waits = Counter::default();
+        registry.register(
+            "agora_checkpoint_capture_waits",
+            "Checkpoint tasks that waited because other captures, not yet written, filled the daemon's capture memory ([checkpoint] capture_memory)",
+            capture_waits.clone(),
+        );
         let evictions = Counter::default();
         registry.register(
             "agora_evictions",
@@ -356,6 +364,7 @@ impl Metrics {
             limit_refusals,
             registry: Mutex::new(registry),
             memory_waits,
+            capture_waits,
             evictions,
             allocation_retries,
             allocations_awaited,
