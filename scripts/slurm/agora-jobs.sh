@@ -4,8 +4,9 @@
 #   bash scripts/slurm/agora-jobs.sh [AGORA]      (AGORA: the agora binary, default target/release/agora)
 #
 # Starts a two-node Slurm cluster on loopback (scripts/slurm/cluster.sh) with one Agora daemon
-# per node and the project's Prolog, Epilog and TaskProlog (scripts/slurm/*.sh, through wrappers
-# that name each node's daemon: two nodes share this host). Then checks:
+# per node and the project's Prolog, Epilog and TaskProlog installed as docs/slurm.md says
+# (scripts/slurm/*.sh copied, their settings in agora-hooks.env beside them: Slurm passes
+# slurmd's environment to none of them). Then checks:
 #   1. `agora slurm conf` prints the node's Features and GRES lines from what the daemon sees;
 #   2. two batch jobs on one node at once, each an Agora client running a verified workload,
 #      share that node's daemon (both verified, both sessions seen by that node's daemon, none by
@@ -15,7 +16,10 @@
 #      `agora status --json`), and the node's daemon serves the next job;
 #   5. the epilog records each job's use in the node daemon's STATE_DIR/jobs/JOB.json;
 #   6. a process that escaped its job (setsid) and still runs loses its session when the job ends;
-#   7. with a node's daemon down, a job runs without Agora and says so, and a job that requires
+#   7. a job's shares are its `agora` GRES per node: a name or comment spelling "agora:64"
+#      gives none, and a two-node job of --gres=agora:2 has 2 on each node (not the total);
+#   8. a requeued job's record adds its runs' use up (Slurm runs the epilog after each run);
+#   9. with a node's daemon down, a job runs without Agora and says so, and a job that requires
 #      Agora (AGORA_REQUIRED=1) is not started.
 # Exits non-zero on any failure, keeping the cluster's directory for its logs.
 set -euo pipefail
@@ -39,7 +43,7 @@ fail() { echo "slurm/agora-jobs: FAILED: $*" >&2; failed=1; exit 1; }
 pass() { echo "slurm/agora-jobs: ok: $*"; }
 
 # One Agora daemon per node, each with its own socket and state, and the project's Prolog,
-# Epilog and TaskProlog through wrappers that name each node's daemon.
+# Epilog and TaskProlog installed with a settings file that names each node's daemon.
 . scripts/slurm/common.sh
 start_agora_daemons "$dir" || fail "an Agora daemon did not start"
 hooks=$(write_hooks "$dir")
@@ -140,7 +144,50 @@ for _ in $(seq 1 50); do [ -s "$dir/agora-n1/jobs/$e.json" ] && break; sleep 0.1
 check_record "$dir/agora-n1/jobs/$e.json" 1 1 || fail "job record: $(cat "$dir/agora-n1/jobs/$e.json")"
 pass "the job's end ended the session of a process that escaped it: $(tail -1 "$dir/escaped.out")"
 
-# 7. A node whose daemon is down: a job runs without Agora and its output says why; a job that
+# 7. Shares come from the job's GRES on each node, nothing else: Slurm validates that, while a
+# job's name, comment and paths are whatever its user wrote.
+h=$(sbatch --parsable -w n1 -J agora:64 --comment=agora:99 -o "$dir/job-h.out" --wrap "$agora run vector-add --json")
+i=$(sbatch --parsable -N2 --gres=agora:2 -J agora:64 -o "$dir/job-i.out" --wrap "srun $agora run vector-add --json")
+wait_jobs "$h" "$i"
+for _ in $(seq 1 100); do
+  [ -s "$dir/agora-n1/jobs/$h.json" ] && [ -s "$dir/agora-n1/jobs/$i.json" ] && [ -s "$dir/agora-n2/jobs/$i.json" ] && break
+  sleep 0.1
+done
+check_record "$dir/agora-n1/jobs/$h.json" 0 0 || fail "a job named agora:64 without GRES: $(cat "$dir/agora-n1/jobs/$h.json" 2>&1)"
+check_record "$dir/agora-n1/jobs/$i.json" 2 0 || fail "a two-node job of agora:2 on n1: $(cat "$dir/agora-n1/jobs/$i.json" 2>&1)"
+check_record "$dir/agora-n2/jobs/$i.json" 2 0 || fail "a two-node job of agora:2 on n2: $(cat "$dir/agora-n2/jobs/$i.json" 2>&1)"
+pass "shares are the job's agora GRES per node: a job named agora:64 without GRES has 0, a two-node agora:2 job 2 on each"
+
+# 8. A requeued job: Slurm runs the epilog after the first run and the prolog again before the
+# next (once the first run's credential expired: 10 s in this cluster, 120 s by default); the
+# record adds both runs up.
+j=$(sbatch --parsable --requeue --open-mode=append -w n1 --gres=agora:1 -o "$dir/job-j.out" --wrap "$agora run vector-add --json; sleep 60")
+record="$dir/agora-n1/jobs/$j.json"
+tasks_of() { python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["tasks_completed"], r.get("runs", 1))' "$1"; }
+job_tasks() { status n1 | python3 -c 'import json,sys; print(sum(j["tasks_completed"] for j in json.load(sys.stdin)["jobs"] if j["job"] == int(sys.argv[1])))' "$1"; }
+# A run is done with Agora once its workload printed its verdict (its session then ended).
+runs_done() { grep -Ec '"verified": ?true' "$dir/job-j.out" 2>/dev/null || true; }
+for _ in $(seq 1 300); do [ "$(runs_done)" -ge 1 ] && break; sleep 0.1; done
+[ "$(runs_done)" -ge 1 ] || fail "the requeue job's first run never verified: $(cat "$dir/job-j.out" 2>&1)"
+scontrol requeue "$j"
+for _ in $(seq 1 300); do [ -s "$record" ] && break; sleep 0.1; done
+[ -s "$record" ] || fail "no record after the first run of job $j (hooks log: $(cat "$dir/hooks.log" 2>/dev/null))"
+read -r first_tasks first_runs < <(tasks_of "$record")
+for _ in $(seq 1 400); do [ "$(runs_done)" -ge 2 ] && break; sleep 0.1; done
+[ "$(runs_done)" -ge 2 ] || fail "the requeued run never verified: $(cat "$dir/job-j.out" 2>&1)"
+second_tasks=$(job_tasks "$j")
+scancel "$j"
+wait_jobs "$j"
+for _ in $(seq 1 100); do
+  [ "$(tasks_of "$record" | cut -d' ' -f2)" = 2 ] && break
+  sleep 0.1
+done
+read -r total_tasks runs < <(tasks_of "$record")
+[ "$first_runs" = 1 ] && [ "$runs" = 2 ] && [ "$total_tasks" -eq $((first_tasks + second_tasks)) ] ||
+  fail "requeued job $j: first run $first_tasks tasks, second $second_tasks, record $total_tasks over $runs runs: $(cat "$record")"
+pass "a requeued job's record adds its runs up: $first_tasks + $second_tasks = $total_tasks tasks over $runs runs"
+
+# 9. A node whose daemon is down: a job runs without Agora and its output says why; a job that
 # requires Agora (AGORA_REQUIRED=1) is not started, and says why.
 n2_pid=$(status n2 | field pid)
 kill "$n2_pid"

@@ -81,7 +81,10 @@ SlurmctldPort=$ctld_port
 SlurmUser=$(id -un)
 SlurmdUser=$(id -un)
 AuthType=auth/munge
-AuthInfo=socket=$dir/munge/munge.socket
+# cred_expire: how long a job credential lives, and so how long a requeued job waits before it
+# runs again (its prolog runs again on a node only once the old credential expired): 10 s, not
+# Slurm's 120, so tests of requeued jobs are quick.
+AuthInfo=socket=$dir/munge/munge.socket,cred_expire=10
 CredType=cred/munge
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool/%n

@@ -17,20 +17,27 @@ start_agora_daemons() {
   done
 }
 
-# Writes DIR/{prolog,epilog,task-prolog}.sh: wrappers that run the project's hooks with this
-# node's daemon (two nodes share one host here; an administrator sets AGORA and AGORA_SOCKET once
-# per node instead), or, with `empty`, hooks that do nothing. Prints the slurm.conf lines.
+# Installs the project's hooks into DIR/hooks as an administrator would (the scripts copied, their
+# settings in DIR/hooks/agora-hooks.env: slurmd's environment does not reach them, and two nodes
+# share this host here, so the socket names $SLURMD_NODENAME), or, with `empty`, hooks that do
+# nothing. Prints the slurm.conf lines.
 write_hooks() {
   local dir=$1 kind=${2:-agora} scripts hook
   scripts=$(realpath "$(dirname "${BASH_SOURCE[0]}")")
+  mkdir -p "$dir/hooks"
   for hook in prolog epilog task-prolog; do
     if [ "$kind" = empty ]; then
-      printf '#!/bin/sh\nexit 0\n' >"$dir/$hook.sh"
+      printf '#!/bin/sh\nexit 0\n' >"$dir/hooks/$hook.sh"
     else
-      printf '#!/bin/sh\nexport AGORA=%s AGORA_SOCKET=%s/agora-$SLURMD_NODENAME.sock SLURM_CONF=%s/slurm.conf\nexec %s/%s.sh\n' \
-        "$agora" "$dir" "$dir" "$scripts" "$hook" >"$dir/$hook.sh"
+      cp "$scripts/$hook.sh" "$dir/hooks/$hook.sh"
     fi
-    chmod 0755 "$dir/$hook.sh"
+    chmod 0755 "$dir/hooks/$hook.sh"
   done
-  printf 'TaskProlog=%s/task-prolog.sh\nProlog=%s/prolog.sh\nEpilog=%s/epilog.sh\n' "$dir" "$dir" "$dir"
+  if [ "$kind" != empty ]; then
+    cp "$scripts/hooks-common.sh" "$dir/hooks/"
+    printf 'AGORA=%s\nAGORA_SOCKET=%s/agora-$SLURMD_NODENAME.sock\nSLURM_CONF=%s/slurm.conf\nAGORA_HOOK_LOG=%s/hooks.log\n' \
+      "$agora" "$dir" "$dir" "$dir" >"$dir/hooks/agora-hooks.env"
+    chmod 0644 "$dir/hooks/agora-hooks.env" "$dir/hooks/hooks-common.sh"
+  fi
+  printf 'TaskProlog=%s/hooks/task-prolog.sh\nProlog=%s/hooks/prolog.sh\nEpilog=%s/hooks/epilog.sh\n' "$dir" "$dir" "$dir"
 }

@@ -791,6 +791,10 @@ pub struct SlurmJobStartArgs {
     /// daemon's `[sessions] device_quota`, which also bounds this].
     #[arg(long, value_parser = parse_size)]
     pub device_quota: Option<u64>,
+    /// Slurm's restart count of the job [default: $SLURM_JOB_RESTART_COUNT, else 0]: after a
+    /// requeue, the epilog's record adds this run's use to the earlier runs'.
+    #[arg(long, env = "SLURM_JOB_RESTART_COUNT", default_value_t = 0)]
+    pub restarts: u32,
 }
 
 /// `agora slurm job-end`.
@@ -842,6 +846,7 @@ pub fn slurm(command: SlurmCommand) -> Result<()> {
                     heap_quota: args.heap_quota,
                     latency: args.latency,
                     device_quota: args.device_quota,
+                    restarts: args.restarts,
                 },
             )
             .with_context(|| format!("registering Slurm job {job} with the Agora daemon"))?;

@@ -298,6 +298,11 @@ pub struct JobStart {
     /// of jobs a daemon of before wrote: none.
     #[serde(default)]
     pub device_quota: Option<u64>,
+    /// Slurm's restart count of the job (squeue's `RestartCnt`): 0 on its first run, N after N
+    /// requeues. A run after a requeue adds its use to the record the earlier runs left.
+    /// Missing from records of jobs a daemon of before wrote: 0.
+    #[serde(default)]
+    pub restarts: u32,
 }
 
 /// What a job used on this node ([`Request::JobEnd`]), as its epilog records it.

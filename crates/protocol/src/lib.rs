@@ -57,4 +57,4 @@ pub use signature::{Access, KernelSignature, ParamKind, ParamSpec, ScalarType};
 /// `Response::Protected`'s `unusable`; `TaskError::CheckpointRefused`'s `detail`;
 /// `TaskError::KernelExited` (code 38) and `KernelOpenCl` (39); and new in 10,
 /// `ControlError::ProgramKernelByName`.
-pub const PROTOCOL_VERSION: u32 = 10;
+pub const PROTOCOL_VERSION: u32 = 11;

@@ -244,12 +244,23 @@ impl Server {
         account.sessions_ended_by_daemon = sessions.len() as u64;
         let _ = std::fs::remove_file(self.jobs.dir.join("running").join(format!("{job}.json")));
         let record = self.jobs.dir.join(format!("{job}.json"));
+        // A requeued job's epilog ran after each earlier run and left its record: this run's use
+        // is added to it (the record then covers every run), never written over it.
+        let runs = match earlier_runs(&record, &running.spec) {
+            Some((earlier, runs)) => {
+                add_account(&mut account, &earlier);
+                runs + 1
+            }
+            None => 1,
+        };
         let written = std::fs::create_dir_all(&self.jobs.dir).and_then(|()| {
             let mut value = serde_json::to_value(&account)?;
             value["ended_unix_s"] = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs())
                 .into();
+            value["restarts"] = running.spec.restarts.into();
+            value["runs"] = runs.into();
             crate::state_files::write_bytes_replacing(&record, &serde_json::to_vec_pretty(&value)?)
         });
         let not_recorded = written.err().map(|e| {
@@ -260,6 +271,7 @@ impl Server {
             job,
             sessions = account.sessions,
             tasks = account.tasks_completed,
+            runs,
             "Slurm job ended"
         );
         Some(Response::JobEnded {
@@ -310,5 +322,93 @@ impl Server {
         let mut jobs: Vec<&RunningJob> = self.jobs.running.values().collect();
         jobs.sort_by_key(|j| j.spec.job);
         jobs.into_iter().take(STATUS_JOBS).map(|j| self.account(j)).collect()
+    }
+}
+
+/// The use that earlier runs of a requeued job recorded in `record`, and how many runs that
+/// was: only when `spec` is a restart (Slurm's restart count above 0) of the same user's job and
+/// the record is of an earlier run (its restart count lower). A record of a job of another user
+/// or one left by a cluster whose job ids started again is no earlier run of this job.
+fn earlier_runs(record: &std::path::Path, spec: &JobStart) -> Option<(JobAccount, u64)> {
+    if spec.restarts == 0 {
+        return None;
+    }
+    let text = std::fs::read_to_string(record).ok()?;
+    let value: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let restarts = value.get("restarts").and_then(serde_json::Value::as_u64).unwrap_or(0);
+    let runs = value.get("runs").and_then(serde_json::Value::as_u64).unwrap_or(1);
+    let earlier: JobAccount = serde_json::from_value(value).ok()?;
+    (earlier.job == spec.job && earlier.uid == spec.uid && restarts < u64::from(spec.restarts))
+        .then_some((earlier, runs))
+}
+
+/// Adds `earlier`'s use to `account` (shares stay this run's).
+fn add_account(account: &mut JobAccount, earlier: &JobAccount) {
+    account.sessions += earlier.sessions;
+    account.sessions_ended_by_daemon += earlier.sessions_ended_by_daemon;
+    account.tasks_completed += earlier.tasks_completed;
+    account.tasks_failed += earlier.tasks_failed;
+    for (kind, seconds) in &earlier.device_seconds {
+        match account.device_seconds.iter_mut().find(|(k, _)| k == kind) {
+            Some((_, total)) => *total += seconds,
+            None => account.device_seconds.push((kind.clone(), *seconds)),
+        }
+    }
+    account.bytes_to_device += earlier.bytes_to_device;
+    account.bytes_to_host += earlier.bytes_to_host;
+    account.energy_model_joules += earlier.energy_model_joules;
+    account.wall_seconds += earlier.wall_seconds;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn account(tasks: u64, seconds: f64) -> JobAccount {
+        JobAccount {
+            job: 9,
+            uid: 1001,
+            shares: 1,
+            sessions: 1,
+            tasks_completed: tasks,
+            device_seconds: vec![("cpu".into(), seconds)],
+            wall_seconds: 5.0,
+            ..JobAccount::default()
+        }
+    }
+
+    #[test]
+    fn a_requeued_run_adds_its_use_to_the_earlier_runs_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let record = dir.path().join("9.json");
+        let mut value = serde_json::to_value(account(10_879, 1.63)).unwrap();
+        value["restarts"] = 0.into();
+        std::fs::write(&record, serde_json::to_vec(&value).unwrap()).unwrap();
+        let spec = |uid, restarts| JobStart {
+            job: 9,
+            uid,
+            shares: 1,
+            restarts,
+            ..JobStart::default()
+        };
+        // A first run (no restart) never adds: its id may be reused by a fresh cluster.
+        assert!(earlier_runs(&record, &spec(1001, 0)).is_none());
+        // Another user's job under the same id is no earlier run.
+        assert!(earlier_runs(&record, &spec(1002, 1)).is_none());
+        let (earlier, runs) = earlier_runs(&record, &spec(1001, 1)).expect("the first run's record");
+        assert_eq!(runs, 1);
+        let mut now = account(20_006, 2.18);
+        add_account(&mut now, &earlier);
+        assert_eq!(now.tasks_completed, 30_885);
+        assert!((now.device_seconds[0].1 - 3.81).abs() < 1e-9, "{now:?}");
+        assert_eq!(now.sessions, 2);
+        assert!((now.wall_seconds - 10.0).abs() < 1e-9);
+        // A record written by this run's own restart count (or a later one) is not earlier.
+        let mut value = serde_json::to_value(&now).unwrap();
+        value["restarts"] = 1.into();
+        value["runs"] = 2.into();
+        std::fs::write(&record, serde_json::to_vec(&value).unwrap()).unwrap();
+        assert!(earlier_runs(&record, &spec(1001, 1)).is_none());
+        assert_eq!(earlier_runs(&record, &spec(1001, 2)).map(|(_, runs)| runs), Some(2));
     }
 }
