@@ -310,6 +310,9 @@ fn from_error(e: Error) -> AgoraStatus {
     let status = match &e {
         Error::Connect { .. } => AgoraStatus::Connect,
         Error::Disconnected | Error::SessionEnded => AgoraStatus::Disconnected,
+        Error::Ended => AgoraStatus::Closed,
+        // The session could not be opened, as when no daemon answers.
+        Error::MapSegment { .. } => AgoraStatus::Connect,
         Error::Task(TaskError::DaemonRestarted) => AgoraStatus::DaemonRestarted,
         // Refused by the call itself, before anything was issued, like the other mistakes in a
         // call's arguments.

@@ -1443,7 +1443,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     if bytes > quota {
         bail!(
             "{app} --size {size} needs {} of buffers, more than this session's heap quota of {} \
-             (the daemon's --session-quota); use a smaller --size",
+             (the daemon's --session-quota, or in a Slurm job its prolog's AGORA_HEAP_QUOTA); use a smaller --size",
             human_bytes(bytes),
             human_bytes(quota)
         );

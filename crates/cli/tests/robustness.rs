@@ -147,6 +147,66 @@ fn a_corrupt_ring_ends_only_that_session() {
     saxpy_ok(&good, 10_000);
 }
 
+/// `Session::end` ends the daemon's session while handles of it live on (Python's `close()`
+/// with NumPy views alive kept it for as long as they lived: SRE audit, defect 4): the daemon
+/// reclaims it, the buffer's memory stays readable here, and every later call says the program
+/// ended it (not that the daemon went away).
+#[test]
+fn a_session_ended_by_its_program_is_reclaimed_while_its_buffers_live() {
+    let daemon = start("end", &["--no-opencl"]);
+    let session = daemon.session_named("ending");
+    let buffer = session.buffer_from(&[7f32; 256]).unwrap();
+    let queue = session.queue("q").unwrap();
+    session.end();
+    wait_until("the ended session to be reclaimed", Duration::from_secs(10), || {
+        daemon.status().sessions.iter().all(|s| s.name != "ending")
+    });
+    assert_eq!(
+        buffer.read_vec::<f32>(),
+        vec![7f32; 256],
+        "the host copy stays readable"
+    );
+    assert!(matches!(session.queue("later"), Err(Error::Ended)), "a control call");
+    assert!(matches!(queue.sync_to(&buffer), Err(Error::Ended)), "a task");
+    assert!(matches!(queue.finish(), Ok(()) | Err(Error::Ended)));
+    session.end(); // twice: nothing
+    drop((buffer, queue, session)); // releases after the end: not issued, no wait
+    saxpy_ok(&daemon.session_named("after"), 1000);
+}
+
+/// A client whose address space cannot hold the session's heap (`ulimit -v`, a batch job's
+/// limit) is told to ask for a smaller heap, not "protocol error ... same Agora version?" (SRE
+/// audit, defect 7); with a smaller `AGORA_HEAP_BYTES` the same process works.
+#[test]
+fn a_client_that_cannot_map_its_heap_is_told_to_ask_for_a_smaller_one() {
+    let daemon = start("address-space", &["--no-opencl"]);
+    // 1 GiB of address space: the agora binary runs, the default 2 GiB heap cannot be mapped.
+    let run = |heap: Option<&str>| {
+        let mut command = Command::new("sh");
+        command
+            .arg("-c")
+            .arg(format!("ulimit -v 1048576 && exec {AGORA} run vector-add --size 4096"))
+            .env("AGORA_SOCKET", daemon.socket())
+            .env_remove("AGORA_HEAP_BYTES");
+        if let Some(heap) = heap {
+            command.env("AGORA_HEAP_BYTES", heap);
+        }
+        command.output().unwrap()
+    };
+    let refused = run(None);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("cannot map the session's shared memory")
+            && stderr.contains("AGORA_HEAP_BYTES")
+            && !stderr.contains("same Agora version"),
+        "{stderr}"
+    );
+    let fine = run(Some("64M"));
+    assert!(fine.status.success(), "{}", String::from_utf8_lossy(&fine.stderr));
+    saxpy_ok(&daemon.session_named("after"), 1000);
+}
+
 /// Issue 2, case 2: each kind of mistake is a typed error naming the problem.
 #[test]
 fn mistakes_are_typed_errors_naming_the_problem() {

@@ -26,6 +26,19 @@ pub enum Error {
     /// every session of the job), or its ring was found corrupt. It is not resumed.
     #[error("the Agora daemon ended this session (its Slurm job ended, or it found the session's ring corrupt); open a new one if you may")]
     SessionEnded,
+    /// This process could not map the session's shared memory: its address space is limited
+    /// (`ulimit -v`) or memory is short. Nothing is left open.
+    #[error("this process cannot map the session's shared memory ({bytes} bytes): {cause}; its address space is limited (`ulimit -v`, RLIMIT_AS, a container's or batch job's limit) or memory is short: ask for a smaller heap (AGORA_HEAP_BYTES=256M in the environment, SessionOptions::heap_bytes, Python agora.Session(heap_bytes=...), C AgoraSessionOptions.heap_bytes) or raise the limit")]
+    MapSegment {
+        /// The segment's size (rings and heap).
+        bytes: u64,
+        /// The operating system's error.
+        cause: std::io::Error,
+    },
+    /// This program ended the session ([`Session::end`](crate::Session::end); Python's
+    /// `session.close()`) while handles of it lived on.
+    #[error("this session was ended by this program (Session::end, or Python's session.close()); open a new session to go on")]
+    Ended,
     /// A task failed.
     #[error("task failed: {0}")]
     Task(#[from] TaskError),
@@ -96,6 +109,8 @@ impl std::fmt::Debug for Error {
                 Error::Connect { .. } => "Connect",
                 Error::Disconnected => "Disconnected",
                 Error::SessionEnded => "SessionEnded",
+                Error::Ended => "Ended",
+                Error::MapSegment { .. } => "MapSegment",
                 Error::Task(_) => "Task",
                 Error::Tasks(_) => "Tasks",
                 Error::Control(_) => "Control",

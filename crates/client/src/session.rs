@@ -288,6 +288,8 @@ pub(crate) struct Inner {
     /// Queues with failures not yet reported by a `finish` (a fast check for the common case).
     failing_queues: AtomicUsize,
     disconnected: AtomicBool,
+    /// This program ended the session ([`Inner::end`]): every call fails with [`Error::Ended`].
+    ended: AtomicBool,
     /// The session opened a latency-class queue: its waits never yield their core (a yield
     /// that goes to another program's busy thread, or to the daemon's batch lanes, loses the
     /// core for a time slice — milliseconds, far beyond a latency target).
@@ -446,7 +448,17 @@ impl Session {
             return Err(Error::Protocol("the daemon sent no segment".into()));
         };
         let geometry = Geometry::new(sub_cap, comp_cap, heap_len).map_err(|e| Error::Protocol(e.to_string()))?;
-        let segment = Segment::open(segment_fd, geometry)?;
+        let segment = Segment::open(segment_fd, geometry).map_err(|e| match e {
+            // An address-space limit (or no memory) refuses the mapping: say what to change,
+            // not "a protocol error".
+            agora_transport::TransportError::Os { cause, .. } if cause.raw_os_error() == Some(libc::ENOMEM) => {
+                Error::MapSegment {
+                    bytes: geometry.total_len,
+                    cause,
+                }
+            }
+            other => Error::from(other),
+        })?;
         let view = *segment.view();
         // Never have more tasks outstanding than either ring holds.
         let capacity = u64::from(sub_cap.min(comp_cap));
@@ -479,6 +491,7 @@ impl Session {
             capacity,
             failing_queues: AtomicUsize::new(0),
             disconnected: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
             latency_tenant: AtomicBool::new(false),
             id: AtomicU64::new(session),
             local_id: NEXT_LOCAL_ID.fetch_add(1, Ordering::Relaxed),
@@ -492,6 +505,17 @@ impl Session {
             frees: Mutex::default(),
         };
         Ok(Session { inner: Arc::new(inner) })
+    }
+
+    /// Ends the session with the daemon now, whatever handles of it (buffers, queues, tasks,
+    /// clones of this session) live on: the daemon reclaims it as for a client that exited (its
+    /// heap quota, queues and device memory are free for others at once), and it is never
+    /// resumed. Buffers' host memory stays mapped in this process until their last handle goes,
+    /// so slices and views taken before stay readable; every later call on the session or its
+    /// objects fails with [`Error::Ended`]. Dropping the last handle ends a session too; this
+    /// is for programs (and bindings: Python's `session.close()`) whose handles outlive it.
+    pub fn end(&self) {
+        self.inner.end();
     }
 
     /// Session id assigned by the daemon (a new one after the session resumed on a restarted
@@ -1271,7 +1295,31 @@ impl Inner {
                 owner_pid: self.owner_pid,
             });
         }
+        if self.ended.load(Ordering::Acquire) {
+            return Err(Error::Ended);
+        }
         Ok(())
+    }
+
+    /// Ends the session with the daemon now ([`Session::end`]): hangs up its connection, so the
+    /// daemon reclaims the session as for a client that exited, and never resumes it. The
+    /// segment stays mapped here until the last handle goes (views of buffers stay readable);
+    /// the daemon no longer reads its rings, so releases from `Drop`s are not issued.
+    pub(crate) fn end(&self) {
+        if self.in_forked_child() || self.ended.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.resume.given_up.store(true, Ordering::Release);
+        self.disconnected.store(true, Ordering::Release);
+        // The second handle on the connection: another thread's control call may hold the
+        // first for its whole timeout. Shutting one shuts the socket for both.
+        let _ = self
+            .liveness
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .shutdown(std::net::Shutdown::Both);
+        // Wakes this process's threads that wait for completions: they see the session ended.
+        futex_wake_all(&self.segment.view().header().completion_tail);
     }
 
     /// One control call, within the session's control timeout (waiting for another thread's
@@ -1927,6 +1975,9 @@ impl Inner {
     /// session back within the reconnect timeout; a daemon's refusal (another version, a
     /// limit) as its error, once (later calls say `Disconnected`).
     fn recover(&self, seen_epoch: u64) -> Result<(), Error> {
+        if self.ended.load(Ordering::Acquire) {
+            return Err(Error::Ended);
+        }
         let _recovering = self.resume.recovering.lock().unwrap_or_else(|e| e.into_inner());
         if self.resume.epoch.load(Ordering::Acquire) != seen_epoch {
             return Ok(());

@@ -778,7 +778,7 @@ pub enum ControlError {
         client: u32,
     },
     /// The session heap cannot hold the buffer.
-    #[error("allocation of {requested} bytes failed: {available} of the session's {quota}-byte heap quota left (largest free block {largest_free}); free buffers or ask the operator for a larger quota (agora serve --session-quota)")]
+    #[error("allocation of {requested} bytes failed: {available} of the session's {quota}-byte heap quota left (largest free block {largest_free}); free buffers, open the session with a larger heap_bytes (AGORA_HEAP_BYTES) up to the quota, or ask the operator for a larger quota (agora serve --session-quota; in a Slurm job, the prolog's AGORA_HEAP_QUOTA)")]
     QuotaExceeded {
         /// Bytes requested.
         requested: u64,

@@ -313,6 +313,10 @@ fn client_exception(error: &Error, message: String) -> PyErr {
     match error {
         Error::Connect { .. } => ConnectError::new_err(message),
         Error::Disconnected | Error::SessionEnded => DisconnectedError::new_err(message),
+        // Another thread's call, under way when this program closed the session.
+        Error::Ended => ClosedError::new_err(
+            "this session was closed (session.close(), or the end of its `with` block) while the call waited; open a new session to go on",
+        ),
         Error::OutOfBounds { .. } => OutOfBoundsError::new_err(message),
         Error::ReadOnly => pyo3::exceptions::PyPermissionError::new_err(message),
         Error::Protocol(_) => ProtocolError::new_err(message),
@@ -348,6 +352,7 @@ fn client_exception(error: &Error, message: String) -> PyErr {
             ControlError::Dag(_) => DagError::new_err(message),
         },
         Error::ForkedChild { .. } => ForkedChildError::new_err(message),
+        Error::MapSegment { .. } => pyo3::exceptions::PyMemoryError::new_err(message),
         Error::Environment { .. } => EnvironmentSettingError::new_err(message),
         // The exception the signal handler raised (Ctrl-C's KeyboardInterrupt), kept by
         // `signal_pending` when the client asked it.

@@ -465,12 +465,16 @@ impl PySession {
         to_dict(py, serde_json::to_string(&details))
     }
 
-    /// Closes the session: from now on every call on it and on its queues, buffers and tasks
-    /// raises ClosedError (NumPy arrays already viewing its buffers stay readable). The
-    /// connection ends once they are all garbage collected. Closing twice does nothing.
+    /// Closes the session: the daemon ends it at once (its heap quota, queues and device memory
+    /// are free for others, whatever objects of it this program still holds), and from now on
+    /// every call on it and on its queues, buffers and tasks raises ClosedError. NumPy arrays
+    /// already viewing its buffers stay readable: the memory stays mapped in this process until
+    /// they are garbage collected. Closing twice does nothing.
     fn close(&self) {
         self.liveness.close();
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(session) = self.inner.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            session.end();
+        }
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {

@@ -441,6 +441,29 @@ def test_numpy_shape_keeps_the_remembered_dtype(session):
     assert buf.numpy(np.uint8).shape == (64,)  # an explicit dtype drops the remembered shape
 
 
+def test_close_ends_the_daemons_session_at_once_while_views_of_its_buffers_live(daemon):
+    # SRE audit, defect 4: close() left the daemon's session (its heap quota, its place among
+    # the user's sessions) alive for as long as any NumPy view or buffer object of it was
+    # referenced, which in a long-running service is for ever.
+    with agora.Session(name="observer") as observer:
+        before = observer.status()["live_sessions"]
+        session = agora.Session(name="closing-with-views")
+        x = session.buffer_from(np.arange(1024, dtype=np.float32))
+        queue = session.queue("q")
+        view = x.numpy()
+        assert observer.status()["live_sessions"] == before + 1
+        session.close()
+        deadline = time.monotonic() + 10
+        while observer.status()["live_sessions"] > before and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert observer.status()["live_sessions"] == before, "the daemon still holds the closed session"
+        assert view[1023] == 1023.0  # the view stays readable: the memory is still mapped here
+        with pytest.raises(agora.ClosedError, match="session was closed"):
+            queue.launch("noop", range=1)
+        del x, queue  # releases after the end are not issued, and raise nothing
+        assert view.sum() == sum(range(1024))
+
+
 def test_after_close_every_call_on_the_sessions_objects_raises_closed(daemon):
     session = agora.Session(name="closing")
     queue = session.queue("q")

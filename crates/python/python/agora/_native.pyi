@@ -130,8 +130,9 @@ class Session:
         """Starts a real-time DAG released every `period` seconds (its end-to-end deadline is
         the period unless `deadline()` says otherwise); add nodes and edges, then `declare()`."""
     def close(self) -> None:
-        """Closes the session: every later call on it and on its queues, buffers and tasks raises
-        ClosedError (NumPy views made before stay readable)."""
+        """Closes the session: the daemon reclaims it at once (heap quota, queues, device memory),
+        every later call on it and on its queues, buffers and tasks raises ClosedError, and NumPy
+        views made before stay readable (mapped until they are garbage collected)."""
     def __enter__(self) -> Session: ...
     def __exit__(self, *exc: Any) -> bool: ...
 
