@@ -17,7 +17,8 @@
 #   5. the epilog records each job's use in the node daemon's STATE_DIR/jobs/JOB.json;
 #   6. a process that escaped its job (setsid) and still runs loses its session when the job ends;
 #   7. a job's shares are its `agora` GRES per node: a name or comment spelling "agora:64"
-#      gives none, and a two-node job of --gres=agora:2 has 2 on each node (not the total);
+#      gives none, a two-node job of --gres=agora:2 has 2 on each node (not the total), and
+#      --gres=agora (no count) has 1;
 #   8. a requeued job's record adds its runs' use up (Slurm runs the epilog after each run);
 #   9. with a node's daemon down, a job runs without Agora and says so, and a job that requires
 #      Agora (AGORA_REQUIRED=1) is not started.
@@ -148,15 +149,18 @@ pass "the job's end ended the session of a process that escaped it: $(tail -1 "$
 # job's name, comment and paths are whatever its user wrote.
 h=$(sbatch --parsable -w n1 -J agora:64 --comment=agora:99 -o "$dir/job-h.out" --wrap "$agora run vector-add --json")
 i=$(sbatch --parsable -N2 --gres=agora:2 -J agora:64 -o "$dir/job-i.out" --wrap "srun $agora run vector-add --json")
-wait_jobs "$h" "$i"
+k=$(sbatch --parsable -w n1 --gres=agora -o "$dir/job-k.out" --wrap "$agora run vector-add --json")
+wait_jobs "$h" "$i" "$k"
 for _ in $(seq 1 100); do
-  [ -s "$dir/agora-n1/jobs/$h.json" ] && [ -s "$dir/agora-n1/jobs/$i.json" ] && [ -s "$dir/agora-n2/jobs/$i.json" ] && break
+  [ -s "$dir/agora-n1/jobs/$h.json" ] && [ -s "$dir/agora-n1/jobs/$i.json" ] && [ -s "$dir/agora-n2/jobs/$i.json" ] &&
+    [ -s "$dir/agora-n1/jobs/$k.json" ] && break
   sleep 0.1
 done
+check_record "$dir/agora-n1/jobs/$k.json" 1 0 || fail "a job of --gres=agora (no count): $(cat "$dir/agora-n1/jobs/$k.json" 2>&1)"
 check_record "$dir/agora-n1/jobs/$h.json" 0 0 || fail "a job named agora:64 without GRES: $(cat "$dir/agora-n1/jobs/$h.json" 2>&1)"
 check_record "$dir/agora-n1/jobs/$i.json" 2 0 || fail "a two-node job of agora:2 on n1: $(cat "$dir/agora-n1/jobs/$i.json" 2>&1)"
 check_record "$dir/agora-n2/jobs/$i.json" 2 0 || fail "a two-node job of agora:2 on n2: $(cat "$dir/agora-n2/jobs/$i.json" 2>&1)"
-pass "shares are the job's agora GRES per node: a job named agora:64 without GRES has 0, a two-node agora:2 job 2 on each"
+pass "shares are the job's agora GRES per node: a job named agora:64 without GRES has 0, a two-node agora:2 job 2 on each, --gres=agora 1"
 
 # 8. A requeued job: Slurm runs the epilog after the first run and the prolog again before the
 # next (once the first run's credential expired: 10 s in this cluster, 120 s by default); the

@@ -39,5 +39,5 @@ write_hooks() {
       "$agora" "$dir" "$dir" "$dir" >"$dir/hooks/agora-hooks.env"
     chmod 0644 "$dir/hooks/agora-hooks.env" "$dir/hooks/hooks-common.sh"
   fi
-  printf 'TaskProlog=%s/hooks/task-prolog.sh\nProlog=%s/hooks/prolog.sh\nEpilog=%s/hooks/epilog.sh\n' "$dir" "$dir" "$dir"
+  printf 'TaskProlog=%s/hooks/task-prolog.sh\nProlog=%s/hooks/prolog.sh\nEpilog=%s/hooks/epilog.sh\nPrologFlags=Alloc\n' "$dir" "$dir" "$dir"
 }

@@ -21,8 +21,15 @@ if summary=$("$agora" slurm job-end --job "$SLURM_JOB_ID" 2>&1); then
   echo "agora epilog: job $SLURM_JOB_ID: $summary"
   scontrol update JobId="$SLURM_JOB_ID" AdminComment="$summary" >/dev/null 2>&1 || true
 else
-  # Either the daemon did not end the job, or it ended it and could not write its record (the
-  # summary is then in $summary, the job's only record: it goes to syslog with the rest).
-  hook_log "agora epilog: job $SLURM_JOB_ID not ended, or its use not recorded, by the Agora daemon on $node: $summary"
+  case $summary in
+    *"is running on this daemon"*)
+      # Registered nowhere here: without `PrologFlags=Alloc` Slurm runs the prolog only on the
+      # nodes where a step ran, and the epilog on all of the job's nodes.
+      hook_log "agora epilog: job $SLURM_JOB_ID was not registered with the Agora daemon on $node (its prolog did not run here: set PrologFlags=Alloc in slurm.conf so it runs on every node of a job; or the prolog failed, see above): $summary" ;;
+    *)
+      # Either the daemon did not end the job, or it ended it and could not write its record
+      # (the summary is then in $summary, the job's only record: it goes to syslog with the rest).
+      hook_log "agora epilog: job $SLURM_JOB_ID not ended, or its use not recorded, by the Agora daemon on $node: $summary" ;;
+  esac
 fi
 exit 0

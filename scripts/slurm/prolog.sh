@@ -25,16 +25,21 @@ fi
 # `scontrol show job`'s text: a job's name, comment and paths are its user's and may spell
 # "agora:64", and its JOB_GRES is the total over all its nodes.
 tres=$(squeue -h -j "$SLURM_JOB_ID" -o %b 2>/dev/null) || hook_log "agora prolog: job $SLURM_JOB_ID: squeue failed; registering it with 0 shares"
-shares=$(printf '%s\n' "$tres" | tr ',' '\n' |
-  sed -n 's#^\(gres[:/]\)\{0,1\}agora\(:[A-Za-z0-9_.-]*\)\{0,1\}:\([0-9][0-9]*\)$#\3#p' | head -1)
+# `--gres=agora` (or `agora:TYPE`) without a count is one, as Slurm counts it.
+shares=$(printf '%s\n' "$tres" | tr ',' '\n' | sed -n \
+  -e 's#^\(gres[:/]\)\{0,1\}agora\(:[A-Za-z_][A-Za-z0-9_.-]*\)\{0,1\}:\([0-9][0-9]*\)$#\3#p' \
+  -e 's#^\(gres[:/]\)\{0,1\}agora\(:[A-Za-z_][A-Za-z0-9_.-]*\)\{0,1\}$#1#p' | head -1)
 # Slurm's restart count (0 on a job's first run): the epilog then adds a requeued run's use to
 # the earlier runs' record.
 restarts=${SLURM_JOB_RESTART_COUNT:-0}
 case $restarts in '' | *[!0-9]*) restarts=0 ;; esac
 set -- slurm job-start --job "$SLURM_JOB_ID" --uid "$SLURM_JOB_UID" --shares "${shares:-0}" --restarts "$restarts"
 [ -n "${AGORA_HEAP_QUOTA:-}" ] && set -- "$@" --heap-quota "$AGORA_HEAP_QUOTA"
-if [ -n "${AGORA_DEVICE_QUOTA_PER_SHARE:-}" ] && [ "${shares:-0}" -gt 0 ]; then
-  set -- "$@" --device-quota "$((shares * AGORA_DEVICE_QUOTA_PER_SHARE))"
+# A job without the GRES gets one share's device memory: never more than a job that asked.
+if [ -n "${AGORA_DEVICE_QUOTA_PER_SHARE:-}" ]; then
+  quota_shares=${shares:-0}
+  [ "$quota_shares" -gt 0 ] || quota_shares=1
+  set -- "$@" --device-quota "$((quota_shares * AGORA_DEVICE_QUOTA_PER_SHARE))"
 fi
 if ! out=$("$agora" "$@" 2>&1); then
   hook_log "agora prolog: job $SLURM_JOB_ID not registered with the Agora daemon on $node, or not recorded for its restart: $out"

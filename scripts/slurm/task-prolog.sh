@@ -24,7 +24,16 @@ if ! agora_found; then
 elif why=$("$agora" status "$@" 2>&1 >/dev/null); then
   exit 0
 else
-  problem="no Agora daemon answers on $node${socket:+ at $socket} ($(printf '%s' "$why" | head -1 | cut -c1-200)); ask the administrator (agora serve)"
+  why=$(printf '%s\n' "$why" | head -1 | sed 's/^error: //')
+  where="$node${socket:+ at $socket}"
+  case $why in
+    *"Permission denied"* | *"does not admit"*)
+      problem="the Agora daemon on $where does not admit this job's user ($(id -un 2>/dev/null || id -u)): ask the administrator (agora serve --socket-access)" ;;
+    *"cannot reach the Agora daemon"*)
+      problem="no Agora daemon answers on $where: ask the administrator to start the node's daemon" ;;
+    *)
+      problem="the Agora daemon on $where did not answer \`agora status\`: $why; tell the administrator" ;;
+  esac
 fi
 if [ "$required" = 1 ]; then
   echo "print agora: this job requires Agora (AGORA_REQUIRED=1) and $problem: the task is not started"

@@ -259,7 +259,7 @@ pub enum TaskError {
     },
     /// The task's buffers do not fit in the session's device-memory quota, even with the
     /// session's other buffers evicted.
-    #[error("the task's buffers need {needed} bytes of device memory at once but the session's device quota is {quota} bytes per device (the device has {device_mib} MiB), so it can never run there; use smaller buffers or ask the operator for a larger quota (agora serve --device-quota)")]
+    #[error("the task's buffers need {needed} bytes of device memory at once but the session's device quota is {quota} bytes per device (the device has {device_mib} MiB), so it can never run there; use smaller buffers or ask the operator for a larger quota (agora serve --device-quota; in a Slurm job, more `agora` GRES shares or the prolog's AGORA_DEVICE_QUOTA_PER_SHARE)")]
     DeviceQuota {
         /// Bytes the task's buffers need on the device.
         needed: u64,
