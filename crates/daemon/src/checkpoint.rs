@@ -109,6 +109,8 @@ pub(crate) struct CaptureMemory {
     held: AtomicU64,
     /// Rung when bytes are given back (the dispatcher looks at the tasks waiting for them).
     wake: Mutex<Option<Arc<Doorbell>>>,
+    /// The daemon's metric of the bytes held (`agora_checkpoint_capture_bytes`), once attached.
+    gauge: std::sync::OnceLock<prometheus_client::metrics::gauge::Gauge>,
 }
 
 impl CaptureMemory {
@@ -117,6 +119,7 @@ impl CaptureMemory {
             limit: limit.max(1),
             held: AtomicU64::new(0),
             wake: Mutex::new(None),
+            gauge: std::sync::OnceLock::new(),
         }
     }
 
@@ -140,10 +143,11 @@ impl CaptureMemory {
                 .compare_exchange_weak(held, held.saturating_add(bytes), Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => {
+                    self.show(held.saturating_add(bytes));
                     return Some(CaptureReservation {
                         memory: self.clone(),
                         bytes,
-                    })
+                    });
                 }
                 Err(now) => held = now,
             }
@@ -152,10 +156,18 @@ impl CaptureMemory {
 
     /// Takes `bytes` whatever is held.
     fn reserve_anyway(self: &Arc<Self>, bytes: u64) -> CaptureReservation {
-        self.held.fetch_add(bytes, Ordering::AcqRel);
+        let held = self.held.fetch_add(bytes, Ordering::AcqRel);
+        self.show(held.saturating_add(bytes));
         CaptureReservation {
             memory: self.clone(),
             bytes,
+        }
+    }
+
+    /// Sets the metric to `held` bytes (a racing update may show a moment-old value: a gauge).
+    fn show(&self, held: u64) {
+        if let Some(gauge) = self.gauge.get() {
+            gauge.set(i64::try_from(held).unwrap_or(i64::MAX));
         }
     }
 
@@ -176,7 +188,8 @@ pub(crate) struct CaptureReservation {
 
 impl Drop for CaptureReservation {
     fn drop(&mut self) {
-        self.memory.held.fetch_sub(self.bytes, Ordering::AcqRel);
+        let held = self.memory.held.fetch_sub(self.bytes, Ordering::AcqRel);
+        self.memory.show(held.saturating_sub(self.bytes));
         if let Some(wake) = &*self.memory.wake.lock().unwrap_or_else(|e| e.into_inner()) {
             wake.ring();
         }
@@ -318,9 +331,11 @@ impl Checkpoints {
         })
     }
 
-    /// Rings `wake` whenever capture memory is given back (the dispatcher's doorbell).
-    pub(crate) fn set_wake(&self, wake: Arc<Doorbell>) {
+    /// Rings `wake` whenever capture memory is given back (the dispatcher's doorbell), and
+    /// keeps `gauge` at the bytes held.
+    pub(crate) fn set_wake(&self, wake: Arc<Doorbell>, gauge: prometheus_client::metrics::gauge::Gauge) {
         *self.capture_memory.wake.lock().unwrap_or_else(|e| e.into_inner()) = Some(wake);
+        let _ = self.capture_memory.gauge.set(gauge);
     }
 
     /// The bound on captured bytes held for the writer, and its use.
@@ -684,7 +699,10 @@ mod tests {
     #[test]
     fn capture_memory_admits_what_fits_and_a_capture_larger_than_it_alone() {
         let memory = Arc::new(CaptureMemory::new(100));
+        let gauge = prometheus_client::metrics::gauge::Gauge::<i64>::default();
+        memory.gauge.set(gauge.clone()).unwrap();
         let first = memory.reserve(60).expect("fits");
+        assert_eq!(gauge.get(), 60, "the metric follows");
         assert!(memory.reserve(50).is_none(), "60 + 50 passes 100");
         assert!(!memory.has_room(50));
         let second = memory.reserve(40).expect("60 + 40 fits");
@@ -698,8 +716,10 @@ mod tests {
         drop(second);
         let alone = memory.reserve(250).expect("larger than the bound, alone");
         assert!(memory.reserve(1).is_none());
+        assert_eq!(gauge.get(), 250);
         drop(alone);
         assert_eq!(memory.held(), 0);
+        assert_eq!(gauge.get(), 0);
     }
 
     #[test]

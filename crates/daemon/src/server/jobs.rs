@@ -148,6 +148,16 @@ impl Server {
             Some(_) => true,
             None => false,
         };
+        // Granted, but a session never gets more than the daemon's own bound (`hello`): say so where
+        // the operator looks, since the prolog that asked shows nothing of a success.
+        if let Some(asked) = spec.heap_quota.filter(|&asked| asked > self.config.session_quota) {
+            tracing::warn!(
+                job = spec.job,
+                asked,
+                granted = self.config.session_quota,
+                "Slurm job's heap quota (AGORA_HEAP_QUOTA, job-start --heap-quota) is above this daemon's session quota ([sessions] quota, --session-quota): its sessions get the daemon's; raise that to grant more"
+            );
+        }
         let file = self.jobs.dir.join("running").join(format!("{}.json", spec.job));
         let written = std::fs::create_dir_all(self.jobs.dir.join("running"))
             .and_then(|()| crate::state_files::write_bytes_replacing(&file, &serde_json::to_vec(&spec)?));

@@ -313,7 +313,7 @@ impl Server {
         .map_err(|e| DaemonError::io("watching the wake doorbell", e.into()))?;
         scheduler.migration.set_wake(wake.clone());
         if let Some(checkpoints) = scheduler.checkpoints() {
-            checkpoints.set_wake(wake.clone());
+            checkpoints.set_wake(wake.clone(), telemetry.metrics.capture_bytes.clone());
         }
         let spin = AdaptiveSpin::new(agora_wait::MIN_BUDGET.min(config.max_spin), config.max_spin);
         let host_cores = match std::env::var_os("AGORA_DISPATCHER_SPIN_BESIDE_LONG_WORK") {

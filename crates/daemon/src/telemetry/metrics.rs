@@ -95,6 +95,9 @@ pub(crate) struct Metrics {
     pub memory_waits: Counter,
     /// Times a checkpoint task waited for the daemon's capture memory.
     pub capture_waits: Counter,
+    /// Bytes captured checkpoints hold in the daemon's memory until written (reserved ones
+    /// included).
+    pub capture_bytes: Gauge,
     /// Buffers evicted from device memory to make room for a task.
     pub evictions: Counter,
     /// Device allocations a runtime refused though they fit the books, retried after eviction.
@@ -294,6 +297,12 @@ impl Metrics {
             "Checkpoint tasks that waited because other captures, not yet written, filled the daemon's capture memory ([checkpoint] capture_memory)",
             capture_waits.clone(),
         );
+        let capture_bytes = Gauge::default();
+        registry.register(
+            "agora_checkpoint_capture_bytes",
+            "Bytes captured checkpoints hold (or have reserved) in the daemon's memory until they are written; at most [checkpoint] capture_memory, or one capture larger than it",
+            capture_bytes.clone(),
+        );
         let evictions = Counter::default();
         registry.register(
             "agora_evictions",
@@ -365,6 +374,7 @@ impl Metrics {
             registry: Mutex::new(registry),
             memory_waits,
             capture_waits,
+            capture_bytes,
             evictions,
             allocation_retries,
             allocations_awaited,

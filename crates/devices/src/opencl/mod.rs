@@ -58,6 +58,27 @@ mod programs;
 #[cfg(test)]
 mod tests;
 
+/// Keeps this thread's test the only one using OpenCL until it ends. The daemon drives each
+/// platform from one process and its own threads, but the test harness runs tests on several
+/// threads with a context each, and PoCL then crashes the process now and then (its kernel
+/// cache's `pocl_release_dlhandle_cache` assertion: 4 of 15 runs of this crate's tests with 12
+/// test threads). The lock is held in a thread-local, released as the test's thread ends (the
+/// harness runs each test on a thread of its own; on one thread, it is simply kept).
+#[cfg(test)]
+pub(crate) fn one_opencl_test_at_a_time() {
+    use std::sync::{Mutex, MutexGuard};
+    static LOCK: Mutex<()> = Mutex::new(());
+    thread_local! {
+        static HELD: std::cell::RefCell<Option<MutexGuard<'static, ()>>> = const { std::cell::RefCell::new(None) };
+    }
+    HELD.with(|held| {
+        let mut held = held.borrow_mut();
+        if held.is_none() {
+            *held = Some(LOCK.lock().unwrap_or_else(|e| e.into_inner()));
+        }
+    });
+}
+
 use agora_protocol::TaskError;
 
 pub use device::{discover, discover_except, discover_with, platform_names, OpenClDevice};

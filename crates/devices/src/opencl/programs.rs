@@ -521,6 +521,7 @@ mod tests {
 
     /// The first OpenCL device (PoCL here), for its context; fails, not skips, without one.
     fn device() -> OpenClDevice {
+        super::super::one_opencl_test_at_a_time();
         let (mut devices, problems) = discover(1, 0);
         assert!(
             !devices.is_empty(),

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 /// The first OpenCL device (PoCL here). These tests fail, not skip, without one.
 fn device() -> OpenClDevice {
+    super::one_opencl_test_at_a_time();
     let (mut devices, problems) = discover(1, 0);
     assert!(
         !devices.is_empty(),

@@ -470,19 +470,26 @@ pub fn scalar_type(name: &str) -> Option<ScalarType> {
 mod tests {
     use super::*;
 
-    /// The executor's OpenCL context, or `None` (the test is skipped) on a machine without an
-    /// OpenCL platform.
-    fn opencl() -> Option<OpenCl> {
-        let cl = OpenCl::init();
-        if cl.is_none() {
+    /// Held while a test uses OpenCL. An executor builds from one thread, but the test harness
+    /// runs tests on several: PoCL then built programs in several contexts of one process at
+    /// once and crashed it (SIGSEGV, 22 of 40 runs of this binary with 12 test threads; CI saw
+    /// one).
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// The executor's OpenCL context with the lock that keeps other tests off OpenCL meanwhile,
+    /// or `None` (the test is skipped) on a machine without an OpenCL platform.
+    fn opencl() -> Option<(std::sync::MutexGuard<'static, ()>, OpenCl)> {
+        let serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(cl) = OpenCl::init() else {
             eprintln!("no OpenCL platform here: skipped");
-        }
-        cl
+            return None;
+        };
+        Some((serial, cl))
     }
 
     #[test]
     fn an_empty_source_or_one_without_kernels_says_it_defines_none() {
-        let Some(cl) = opencl() else { return };
+        let Some((_serial, cl)) = opencl() else { return };
         // An empty String (what the executor receives), unlike a literal "", has a dangling
         // pointer: it once reached the platform and crashed the process.
         for source in ["", " \n\t", "int f(int x) { return x; }"] {
@@ -512,7 +519,7 @@ mod tests {
 
     #[test]
     fn a_kernel_whose_local_arrays_exceed_the_device_fails_its_build() {
-        let Some(cl) = opencl() else { return };
+        let Some((_serial, cl)) = opencl() else { return };
         let available = Device::new(cl.device).local_mem_size().unwrap();
         let source = |floats: u64| {
             format!(
@@ -533,7 +540,7 @@ mod tests {
 
     #[test]
     fn a_local_memory_argument_is_named_as_such() {
-        let Some(cl) = opencl() else { return };
+        let Some((_serial, cl)) = opencl() else { return };
         let err = cl
             .build("__kernel void k(__global float *x, __local float *t) {}", None)
             .err()
