@@ -154,16 +154,6 @@ impl CaptureMemory {
         }
     }
 
-    /// Takes `bytes` whatever is held.
-    fn reserve_anyway(self: &Arc<Self>, bytes: u64) -> CaptureReservation {
-        let held = self.held.fetch_add(bytes, Ordering::AcqRel);
-        self.show(held.saturating_add(bytes));
-        CaptureReservation {
-            memory: self.clone(),
-            bytes,
-        }
-    }
-
     /// Sets the metric to `held` bytes (a racing update may show a moment-old value: a gauge).
     fn show(&self, held: u64) {
         if let Some(gauge) = self.gauge.get() {
@@ -349,12 +339,6 @@ impl Checkpoints {
         self.capture_memory.reserve(bytes)
     }
 
-    /// Reserves `bytes` of capture memory whatever the others hold (a capture planned without
-    /// going through the dispatcher's wait).
-    pub(crate) fn reserve_capture_anyway(&self, bytes: u64) -> CaptureReservation {
-        self.capture_memory.reserve_anyway(bytes)
-    }
-
     /// Levels whose configured directory is unusable, with the message naming it and why.
     pub(crate) fn unusable(&self) -> Vec<(u8, String)> {
         self.unusable.clone()
@@ -536,7 +520,7 @@ impl Checkpoints {
 }
 
 /// The level's number on the wire (1–4).
-fn level_number(level: Level) -> u8 {
+pub(crate) fn level_number(level: Level) -> u8 {
     match level {
         Level::L1 => 1,
         Level::L2 => 2,

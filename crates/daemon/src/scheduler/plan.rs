@@ -254,12 +254,14 @@ impl Scheduler {
         };
         let (level, checkpoint) = service.admit(&app, &writer, checkpoint, snapshot, level)?;
         let may_wait = self.devices[device].info().shares_host_memory;
-        // Reserved by `place_and_submit` before planning; a capture made elsewhere (a test's
-        // direct call) reserves its bytes now, whatever the others hold.
-        let reservation = match reserved {
-            Some(reservation) => reservation,
-            None => service.reserve_capture_anyway(slots.iter().flatten().map(|(r, _, _)| r.len).sum()),
-        };
+        // Reserved by `place_and_submit` before planning, for every checkpoint task of a daemon
+        // with a store (the only caller).
+        let reservation = reserved.ok_or(TaskError::CheckpointRefused {
+            reason: agora_protocol::completion::CHECKPOINT_NO_STORE,
+            level: crate::checkpoint::level_number(level),
+            checkpoint,
+            detail: 0,
+        })?;
         let buffers = slots
             .iter()
             .zip(ids)
